@@ -1,0 +1,106 @@
+"""The ``costguard`` command line: a thin layer that parses, calls a feature, renders.
+
+One module per command. Errors from the features are shown as ``Error:`` and ``Hint:``
+lines with the error's exit code (2 for bad input); a traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from costguard import __version__
+from costguard.cli.estimate import estimate_command
+from costguard.cli.pricing import pricing_group
+from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
+from costguard.settings import Settings
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class CostguardGroup(click.Group):
+    """A click group that turns every failure into ``Error:``/``Hint:`` and an exit code."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        try:
+            code = super().main(
+                argv, prog_name or "costguard", complete_var, standalone_mode=False, **extra
+            )
+        except click.UsageError as exc:
+            command = exc.ctx.command_path if exc.ctx else "costguard"
+            _fail(exc.format_message(), f"'{command} --help' shows the options and an example",
+                  EXIT_BAD_INPUT)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(130)
+        except click.ClickException as exc:
+            _fail(exc.format_message(), None, exc.exit_code)
+        except CostguardError as exc:
+            if _debug_requested(argv):
+                raise
+            _fail(exc.message, exc.hint, exc.exit_code)
+        except (KeyboardInterrupt, BrokenPipeError):
+            sys.exit(130)
+        except Exception as exc:
+            if _debug_requested(argv):
+                raise
+            _fail(f"unexpected {type(exc).__name__}: {exc}",
+                  "run again with --debug for a traceback, and report it", EXIT_FAILURE)
+        if standalone_mode:
+            sys.exit(code if isinstance(code, int) else 0)
+        return code
+
+
+def _fail(message: str, hint: str | None, code: int) -> NoReturn:
+    click.secho(f"Error: {message}", err=True, fg="red")
+    if hint:
+        click.echo(f"Hint: {hint}", err=True)
+    sys.exit(code)
+
+
+def _debug_requested(argv: Sequence[str]) -> bool:
+    try:
+        return "--debug" in argv or Settings.load().debug
+    except CostguardError:
+        return False
+
+
+@click.group(cls=CostguardGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="costguard")
+@click.option(
+    "--pricing-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="COSTGUARD_PRICING_DIR",
+    help="Use price tables from this folder instead of the bundled ones.",
+)
+@click.option("--debug", is_flag=True, default=None, help="Show tracebacks for unexpected errors.")
+@click.pass_context
+def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> None:
+    """Keep ML and science work on cloud GPUs within budget.
+
+    \b
+    Start with an estimate, offline, from the bundled price tables:
+      costguard estimate --gpu a10g --hours 8 --count 4
+    """
+    ctx.obj = Settings.load({"pricing_dir": pricing_dir, "debug": debug})
+
+
+cli.add_command(estimate_command)
+cli.add_command(pricing_group)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli.main()

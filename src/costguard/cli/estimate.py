@@ -1,0 +1,285 @@
+"""``costguard estimate``: what a run will cost, before you run it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+import click
+
+from costguard.cli import render
+from costguard.cli.params import FORMAT, DecimalRange
+from costguard.errors import BudgetExceededError
+from costguard.money import format_usd
+from costguard.pricing.catalog import Catalog, Market, PriceStatus, check_provider, load_catalog
+from costguard.pricing.estimate import (
+    DEFAULT_DISK_GB,
+    CostOption,
+    Estimate,
+    EstimateRequest,
+    estimate,
+    limit_places,
+)
+from costguard.pricing.gpus import canonical_gpu
+from costguard.settings import Settings
+
+MAX_HOURS = 24 * 366 * 10
+MAX_COUNT = 100_000
+MAX_GB = 10**9
+
+OPTION_FIELDS = (
+    "provider",
+    "region",
+    "instance_type",
+    "accelerator",
+    "gpus_per_instance",
+    "market",
+    "usd_per_hour",
+    "price_status",
+    "compute_usd",
+    "block_storage_usd",
+    "object_storage_usd",
+    "storage_usd",
+    "internet_egress_usd",
+    "data_transfer_usd",
+    "egress_usd",
+    "total_usd",
+    "notes",
+)
+
+EXAMPLES = """
+\b
+Examples:
+  costguard estimate --gpu a10g --hours 8 --count 4
+  costguard estimate --gpu h100 --gpus-per-instance 8 --hours 24 --spot --format json
+  costguard estimate --gpu l4 --hours 10 --data-region us-east-1 --data-gb 500
+  costguard estimate --instance-type g5.xlarge --region us-east-1 --hours 8 --budget 50
+"""
+
+
+@click.command(
+    "estimate",
+    epilog=EXAMPLES,
+    short_help="Estimate what a GPU run costs, across providers, regions and markets.",
+)
+@click.option("--gpu", help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200...")
+@click.option("--hours", required=True, type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS),
+              help="Hours each instance runs.")
+@click.option("--count", default=1, show_default=True, type=click.IntRange(1, MAX_COUNT),
+              help="Number of instances.")
+@click.option("--gpus-per-instance", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Only instances with this many GPUs.")
+@click.option("--provider", "providers", multiple=True,
+              help="aws, gcp or azure (repeatable). Default: all.")
+@click.option("--region", "regions", multiple=True,
+              help="Region (repeatable), e.g. us-east-1, us-central1, eastus. Default: all.")
+@click.option("--instance-type", help="One instance type, e.g. g5.xlarge (then --gpu is optional).")
+@click.option("--spot/--on-demand", "spot", default=None,
+              help="Only spot, or only on-demand. Default: both, side by side.")
+@click.option("--disk-gb", type=DecimalRange(0, maximum=MAX_GB), default=DEFAULT_DISK_GB,
+              show_default=True, help="Block storage per instance, in GB.")
+@click.option("--storage-gb", type=DecimalRange(0, maximum=MAX_GB), default=Decimal(0),
+              help="Object storage (bucket) next to the compute, in GB.")
+@click.option("--storage-months", type=DecimalRange(0, maximum=1200), default=Decimal(1),
+              show_default=True, help="How long the object storage is kept.")
+@click.option("--egress-gb", type=DecimalRange(0, maximum=MAX_GB), default=Decimal(0),
+              help="Data sent out to the internet, in GB (in total).")
+@click.option("--data-region",
+              help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1.")
+@click.option("--data-gb", type=DecimalRange(0, maximum=MAX_GB), default=Decimal(0),
+              help="GB read from --data-region, in total over all instances.")
+@click.option("--budget", type=DecimalRange(0, minimum_open=True, maximum=10**9),
+              help="Exit 1 if even the cheapest option costs more (USD).")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10_000),
+              help="Show the N cheapest provider/regions (0: all).")
+@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True,
+              help="table for people, json or csv for scripts.")
+@click.pass_obj
+def estimate_command(settings: Settings, **options: Any) -> None:
+    """Estimate a GPU run: price x hours x count + storage + egress, cheapest first.
+
+    Works offline from the price tables bundled with costguard. On-demand and spot are
+    shown side by side for the cheapest instance in each provider and region, and every
+    figure says what it assumes.
+    """
+    catalog = load_catalog(settings.pricing_dir)
+    request = build_request(catalog, options)
+    result = estimate(request, catalog)
+    shown = limit_places(result.options, options["top"])
+    budget: Decimal | None = options["budget"]
+    output_format = options["output_format"].lower()
+    if output_format == "json":
+        render.print_json(to_document(result, shown, catalog, budget, options["top"]))
+    elif output_format == "csv":
+        render.print_csv((*OPTION_FIELDS, "pricing_as_of"),
+                         (option_row(o, catalog) for o in shown))
+        render.print_notes([*result.notes, *result.assumptions], err=True)
+    else:
+        print_table(result, shown, catalog)
+    cheapest = result.cheapest
+    if budget is not None and cheapest is not None and cheapest.total_usd > budget:
+        msg = (
+            f"the cheapest option ({cheapest.provider} {cheapest.region} "
+            f"{cheapest.instance_type} {cheapest.market}, {format_usd(cheapest.total_usd)}) "
+            f"is over the budget of {format_usd(budget)}"
+        )
+        raise BudgetExceededError(
+            msg, hint="fewer hours or instances, spot, a smaller GPU, or a bigger budget"
+        )
+
+
+def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
+    """Validate names against the tables and build the request (no cloud call)."""
+    providers = tuple(dict.fromkeys(check_provider(p) for p in options["providers"]))
+    regions = []
+    for name in options["regions"]:
+        region = catalog.find_region(name)
+        if providers and region.provider not in providers:
+            providers = (*providers, region.provider)
+        regions.append(region.name)
+    gpu = options["gpu"]
+    spot = options["spot"]
+    markets = (Market.ON_DEMAND, Market.SPOT) if spot is None else (
+        (Market.SPOT,) if spot else (Market.ON_DEMAND,)
+    )
+    data_region = options["data_region"]
+    return EstimateRequest(
+        hours=options["hours"],
+        count=options["count"],
+        gpu=canonical_gpu(gpu, catalog.accelerators) if gpu else None,
+        gpus_per_instance=options["gpus_per_instance"],
+        instance_type=options["instance_type"],
+        providers=providers,
+        regions=tuple(dict.fromkeys(regions)),
+        markets=markets,
+        disk_gb=options["disk_gb"],
+        storage_gb=options["storage_gb"],
+        storage_months=options["storage_months"],
+        egress_gb=options["egress_gb"],
+        data_region=catalog.find_region(data_region) if data_region else None,
+        data_gb=options["data_gb"],
+    )
+
+
+def option_row(option: CostOption, catalog: Catalog) -> dict[str, Any]:
+    """One option as a flat record (JSON object or CSV row)."""
+    row: dict[str, Any] = {name: getattr(option, name) for name in OPTION_FIELDS}
+    row["market"] = str(option.market)
+    row["price_status"] = str(option.price_status) if option.price_status else None
+    row["notes"] = list(option.notes)
+    row["pricing_as_of"] = catalog.as_of.isoformat()
+    return row
+
+
+def to_document(
+    result: Estimate,
+    shown: Sequence[CostOption],
+    catalog: Catalog,
+    budget: Decimal | None,
+    top: int,
+) -> dict[str, Any]:
+    """The ``--format json`` document: query, pricing_as_of, assumptions, options."""
+    request = result.request
+    options = []
+    for option in shown:
+        row = option_row(option, catalog)
+        del row["pricing_as_of"]
+        options.append(row)
+    cheapest = result.cheapest
+    return {
+        "query": {
+            "gpu": request.gpu,
+            "instance_type": request.instance_type,
+            "hours": request.hours,
+            "count": request.count,
+            "gpus_per_instance": request.gpus_per_instance,
+            "providers": list(request.providers),
+            "regions": list(request.regions),
+            "markets": [str(m) for m in request.markets],
+            "disk_gb": request.disk_gb,
+            "storage_gb": request.storage_gb,
+            "storage_months": request.storage_months,
+            "egress_gb": request.egress_gb,
+            "data_region": str(request.data_region) if request.data_region else None,
+            "data_gb": request.data_gb,
+            "budget_usd": budget,
+            "top": top,
+        },
+        "pricing_as_of": catalog.as_of.isoformat(),
+        "pricing_source": {
+            "origin": catalog.origin,
+            "directory": str(catalog.directory),
+            "tables": {
+                name: {"as_of": info.as_of.isoformat(), "source": info.source}
+                for name, info in catalog.tables.items()
+            },
+        },
+        "assumptions": list(result.assumptions),
+        "notes": list(result.notes),
+        "within_budget": None if budget is None or cheapest is None
+        else cheapest.total_usd <= budget,
+        "options_total": len(result.options),
+        "near_data": option_row(result.near_data, catalog) if result.near_data else None,
+        "options": options,
+    }
+
+
+def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog) -> None:
+    """One row per provider and region: on-demand and spot side by side."""
+    from rich.table import Table  # noqa: PLC0415 - only the table view needs rich
+
+    request = result.request
+    markets = request.markets
+    places: dict[tuple[str, str], dict[Market, CostOption]] = {}
+    for option in shown:
+        places.setdefault((option.provider, option.region), {})[option.market] = option
+    what = request.gpu or request.instance_type
+    per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
+    title = (
+        f"{what}{per_instance}, {request.count} instance(s), {request.hours} h"
+        f" - {catalog.origin} prices as of {catalog.as_of.isoformat()}"
+    )
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("Provider", no_wrap=True)
+    table.add_column("Region", no_wrap=True)
+    for market in markets:
+        label = "On-demand" if market is Market.ON_DEMAND else "Spot"
+        table.add_column(f"{label}\ninstance", no_wrap=True)
+        for name in ("$/h", "compute", "total"):
+            table.add_column(f"{label}\n{name}", justify="right", no_wrap=True)
+    table.add_column("Storage", justify="right", no_wrap=True)
+    table.add_column("Egress", justify="right", no_wrap=True)
+    flagged = False
+    for (provider, region), by_market in places.items():
+        cells = [provider, region]
+        for market in markets:
+            option = by_market.get(market)
+            if option is None:
+                cells += ["-", "-", "-", "-"]
+                continue
+            mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
+            flagged = flagged or bool(mark)
+            cells += [
+                option.instance_type,
+                format_usd(option.usd_per_hour, rate=True) + mark,
+                format_usd(option.compute_usd),
+                format_usd(option.total_usd),
+            ]
+        any_option = next(iter(by_market.values()))
+        cells += [format_usd(any_option.storage_usd), format_usd(any_option.egress_usd)]
+        table.add_row(*cells)
+    render.console().print(table)
+    hidden = len({(o.provider, o.region) for o in result.options}) - len(places)
+    if hidden > 0:
+        click.echo(f"({hidden} more region(s): --top 0 shows all)")
+    notes = list(result.notes)
+    if flagged:
+        notes.append(
+            "* unverified price (suspect in the source, or not read from one): "
+            "`costguard pricing show gpu_instances --unverified` gives the reasons"
+        )
+    render.print_notes(notes, heading="Notes:")
+    render.print_notes(
+        ["total = compute + storage + egress", *result.assumptions], heading="Assumptions:"
+    )

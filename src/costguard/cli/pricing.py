@@ -1,0 +1,242 @@
+"""``costguard pricing``: look inside the price tables."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, fields
+from decimal import Decimal
+from typing import Any
+
+import click
+
+from costguard.cli import render
+from costguard.cli.params import FORMAT
+from costguard.money import format_usd
+from costguard.pricing.catalog import (
+    Catalog,
+    InstancePrice,
+    Market,
+    Region,
+    StorageRate,
+    TransferRate,
+    check_provider,
+    load_catalog,
+)
+from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
+from costguard.settings import Settings
+
+TABLES = ("gpu_instances", "cpu_instances", "storage", "transfer", "regions")
+
+
+@click.group("pricing", short_help="Inspect the price tables.")
+def pricing_group() -> None:
+    """Inspect the price tables costguard estimates from.
+
+    \b
+    Examples:
+      costguard pricing show
+      costguard pricing show gpu_instances --gpu h100 --region us-central1
+      costguard pricing gpus
+    """
+
+
+@pricing_group.command(
+    "show",
+    epilog="""\b
+Examples:
+  costguard pricing show
+  costguard pricing show gpu_instances --gpu a100-80gb
+  costguard pricing show storage --provider azure --format csv""",
+)
+@click.argument("table", required=False, type=click.Choice(TABLES))
+@click.option("--provider", "providers", multiple=True, help="aws, gcp or azure (repeatable).")
+@click.option("--region", "regions", multiple=True, help="Region (repeatable).")
+@click.option("--gpu", help="Only instances with this GPU (instance tables).")
+@click.option("--unverified", is_flag=True, help="Only rows whose price is not verified.")
+@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@click.pass_obj
+def show_command(
+    settings: Settings,
+    table: str | None,
+    providers: Sequence[str],
+    regions: Sequence[str],
+    gpu: str | None,
+    unverified: bool,
+    output_format: str,
+) -> None:
+    """Without TABLE: where each table comes from and how old it is. With TABLE: its rows."""
+    catalog = load_catalog(settings.pricing_dir)
+    output_format = output_format.lower()
+    if table is None:
+        _show_summary(catalog, output_format)
+        return
+    wanted_providers = {check_provider(p) for p in providers}
+    wanted_regions = {catalog.find_region(r).name for r in regions}
+    wanted_gpu = canonical_gpu(gpu, catalog.accelerators) if gpu else None
+    rows = [
+        row
+        for row in _table_rows(catalog, table)
+        if (not wanted_providers or row["provider"] in wanted_providers)
+        and (not wanted_regions or row.get("region", row.get("name")) in wanted_regions)
+        and (wanted_gpu is None or row.get("accelerator") == wanted_gpu)
+        and (not unverified or "unverified" in _statuses(row))
+    ]
+    columns = list(rows[0]) if rows else _columns(table)
+    info = catalog.tables[table]
+    if output_format == "json":
+        render.print_json({
+            "table": table,
+            "as_of": info.as_of.isoformat(),
+            "source": info.source,
+            "origin": catalog.origin,
+            "rows": rows,
+        })
+    elif output_format == "csv":
+        render.print_csv(columns, rows)
+    else:
+        _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
+        click.echo(f"Source: {info.source}")
+        click.echo(f"{len(rows)} row(s).")
+
+
+@pricing_group.command(
+    "gpus",
+    epilog="""\b
+Examples:
+  costguard pricing gpus
+  costguard pricing gpus --provider gcp --format json""",
+)
+@click.option("--provider", "providers", multiple=True, help="aws, gcp or azure (repeatable).")
+@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@click.pass_obj
+def gpus_command(settings: Settings, providers: Sequence[str], output_format: str) -> None:
+    """The GPUs in the tables: names you can type, where they are, lowest $/GPU-hour."""
+    catalog = load_catalog(settings.pricing_dir)
+    wanted = {check_provider(p) for p in providers}
+    rows = list(_gpu_rows(catalog, wanted))
+    output_format = output_format.lower()
+    if output_format == "json":
+        render.print_json({"as_of": catalog.as_of.isoformat(), "gpus": rows})
+    elif output_format == "csv":
+        render.print_csv(list(rows[0]) if rows else ["gpu"], rows)
+    else:
+        _print_rows(
+            f"GPUs in the tables - as of {catalog.as_of.isoformat()} ({catalog.origin})",
+            list(rows[0]) if rows else ["gpu"],
+            rows,
+        )
+        click.echo("Lowest $/GPU-hour over all instance sizes and regions listed.")
+
+
+def _gpu_rows(catalog: Catalog, providers: set[str]) -> Iterable[dict[str, Any]]:
+    by_gpu: dict[str, list[InstancePrice]] = {}
+    for inst in catalog.instances:
+        if inst.accelerator and (not providers or inst.provider in providers):
+            by_gpu.setdefault(inst.accelerator, []).append(inst)
+    order = {m.name: i for i, m in enumerate(MODELS)}
+    for name in sorted(by_gpu, key=lambda n: (order.get(n, len(order)), n)):
+        instances = by_gpu[name]
+        model = gpu_model(name)
+        yield {
+            "gpu": name,
+            "aliases": ", ".join(model.aliases) if model else "",
+            "memory_gb": model.memory_gb if model else None,
+            "providers": ", ".join(sorted({i.provider for i in instances})),
+            "regions": len({(i.provider, i.region) for i in instances}),
+            "gpus_per_instance": ", ".join(
+                str(c) for c in sorted({i.accelerator_count for i in instances})
+            ),
+            "ondemand_usd_per_gpu_hour": _lowest_per_gpu(instances, Market.ON_DEMAND),
+            "spot_usd_per_gpu_hour": _lowest_per_gpu(instances, Market.SPOT),
+        }
+
+
+def _lowest_per_gpu(instances: Sequence[InstancePrice], market: Market) -> Decimal | None:
+    per_gpu = [
+        price / inst.accelerator_count
+        for inst in instances
+        if (price := inst.usd_per_hour(market)) is not None and inst.accelerator_count
+    ]
+    return min(per_gpu) if per_gpu else None
+
+
+def _show_summary(catalog: Catalog, output_format: str) -> None:
+    counts = {
+        "gpu_instances": sum(1 for i in catalog.instances if i.accelerator),
+        "cpu_instances": sum(1 for i in catalog.instances if not i.accelerator),
+        "storage": len(catalog.storage),
+        "transfer": len(catalog.transfer),
+        "regions": len(catalog.regions),
+    }
+    rows = [
+        {
+            "table": name,
+            "rows": counts[name],
+            "as_of": info.as_of.isoformat(),
+            "source": info.source,
+        }
+        for name, info in catalog.tables.items()
+    ]
+    if output_format == "json":
+        render.print_json(
+            {"origin": catalog.origin, "directory": str(catalog.directory), "tables": rows}
+        )
+    elif output_format == "csv":
+        render.print_csv(list(rows[0]), rows)
+    else:
+        _print_rows(f"Price tables ({catalog.origin}: {catalog.directory})", list(rows[0]), rows)
+
+
+def _table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
+    records: Sequence[InstancePrice | StorageRate | TransferRate | Region]
+    if table == "gpu_instances":
+        records = [i for i in catalog.instances if i.accelerator]
+    elif table == "cpu_instances":
+        records = [i for i in catalog.instances if not i.accelerator]
+    elif table == "storage":
+        records = catalog.storage
+    elif table == "transfer":
+        records = catalog.transfer
+    else:
+        records = catalog.regions
+    return [_plain(asdict(r)) for r in records]
+
+
+def _columns(table: str) -> list[str]:
+    kind = {
+        "gpu_instances": InstancePrice,
+        "cpu_instances": InstancePrice,
+        "storage": StorageRate,
+        "transfer": TransferRate,
+        "regions": Region,
+    }[table]
+    return [f.name for f in fields(kind)]
+
+
+def _plain(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v.isoformat() if hasattr(v, "isoformat") else
+                str(v) if hasattr(v, "value") else v) for k, v in record.items()}
+
+
+def _statuses(row: dict[str, Any]) -> set[str]:
+    return {str(row.get(k)) for k in ("ondemand_status", "spot_status", "status")}
+
+
+def _print_rows(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    from rich.table import Table  # noqa: PLC0415 - only the table view needs rich
+
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in columns:
+        money = name.endswith(("usd_per_hour", "usd_per_gpu_hour")) or name == "usd"
+        table.add_column(name, justify="right" if money else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(name, row.get(name)) for name in columns))
+    render.console().print(table)
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, Decimal) and "usd" in name:
+        return format_usd(value, rate=True)
+    return str(value)

@@ -1,0 +1,92 @@
+"""One exception root for costguard, with actionable messages and exit codes.
+
+Library code raises these and never prints or exits; the CLI shows ``Error: <message>``
+and ``Hint: <hint>`` and exits with :attr:`CostguardError.exit_code`:
+
+* ``2`` - bad input (unknown names, out-of-range numbers); nothing was done.
+* ``1`` - the command ran but failed or found a problem (e.g. over budget).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+
+
+class CostguardError(Exception):
+    """Root of every error costguard raises on purpose.
+
+    >>> err = CostguardError("the table is missing", hint="reinstall costguard")
+    >>> (str(err), err.hint, err.exit_code)
+    ('the table is missing', 'reinstall costguard', 1)
+    """
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class InputError(CostguardError):
+    """The user's input cannot be used; nothing was done (exit code 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class UnknownNameError(InputError):
+    """A name (GPU, region, provider, instance type) that is not in the tables.
+
+    The hint suggests the closest known names.
+
+    >>> err = UnknownNameError("GPU", "a10q", ["A10G", "L4", "T4"])
+    >>> str(err)
+    "unknown GPU 'a10q'"
+    >>> err.hint
+    'did you mean A10G?'
+    """
+
+    def __init__(
+        self, kind: str, name: str, known: Iterable[str], *, hint: str | None = None
+    ) -> None:
+        known = sorted(set(known))
+        if hint is None:
+            hint = did_you_mean(name, known) or f"known {kind} names: {', '.join(known)}"
+        super().__init__(f"unknown {kind} {name!r}", hint=hint)
+        self.kind = kind
+        self.name = name
+        self.known = known
+
+
+class BudgetExceededError(CostguardError):
+    """The cheapest option is over the budget the user gave (exit code 1)."""
+
+
+class MissingDependencyError(CostguardError):
+    """An optional dependency (a cloud SDK, torch) is not installed."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"this feature needs {module}, which is not installed",
+            hint=f'pip install "costguard[{extra}]"',
+        )
+        self.module = module
+        self.extra = extra
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str | None:
+    """Suggest close matches for ``name`` among ``known`` (case-insensitive).
+
+    >>> did_you_mean("h10", ["H100", "H200", "L4"])
+    'did you mean H100?'
+    """
+    by_lower = {k.lower(): k for k in known}
+    matches = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
+    if not matches:
+        return None
+    names = [by_lower[m] for m in matches]
+    return "did you mean " + " or ".join(names) + "?"

@@ -1,0 +1,441 @@
+"""Load the price tables into plain, immutable dataclasses.
+
+The tables are CSV files plus a ``tables.toml`` that names each file's source and as-of
+date (see ``pricing/README.md`` in the repository). They ship inside the package; a user
+can point at another directory (``--pricing-dir`` / ``COSTGUARD_PRICING_DIR``) with the
+same layout.
+
+Loading validates every row and fails with the file and line of a bad one; the lookups
+afterwards are pure.
+"""
+
+from __future__ import annotations
+
+import csv
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import date
+from decimal import Decimal
+from enum import StrEnum
+from functools import cached_property
+from importlib import resources
+from pathlib import Path
+from typing import Any, TypeVar
+
+from costguard.errors import CostguardError, UnknownNameError
+from costguard.money import parse_decimal
+
+PROVIDERS = ("aws", "gcp", "azure")
+INSTANCE_TABLES = ("gpu_instances", "cpu_instances")
+REQUIRED_TABLES = (*INSTANCE_TABLES, "storage", "transfer", "regions")
+
+
+class Market(StrEnum):
+    """How an instance is bought."""
+
+    ON_DEMAND = "on-demand"
+    SPOT = "spot"
+
+
+class PriceStatus(StrEnum):
+    """How far a price can be trusted (see pricing/README.md)."""
+
+    LISTED = "listed"  # as the source lists it, no known problem
+    CORRECTED = "corrected"  # the source was wrong; fixed from a provider list price
+    ASSUMED = "assumed"  # copied from a neighbouring region with the same price tier
+    UNVERIFIED = "unverified"  # suspect or from memory; treat as a rough figure
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePrice:
+    """One instance type in one region, with its hourly prices per market."""
+
+    provider: str
+    region: str
+    instance_type: str
+    accelerator: str | None
+    accelerator_count: int
+    vcpus: Decimal | None  # blank for TPU rows
+    memory_gib: Decimal | None
+    ondemand_usd_per_hour: Decimal | None
+    spot_usd_per_hour: Decimal | None
+    ondemand_status: PriceStatus | None
+    spot_status: PriceStatus | None
+    note: str = ""
+
+    def usd_per_hour(self, market: Market) -> Decimal | None:
+        """The hourly price in ``market``, or ``None`` when it is not offered there."""
+        if market is Market.SPOT:
+            return self.spot_usd_per_hour
+        return self.ondemand_usd_per_hour
+
+    def status(self, market: Market) -> PriceStatus | None:
+        """How trustworthy the price in ``market`` is."""
+        return self.spot_status if market is Market.SPOT else self.ondemand_status
+
+
+@dataclass(frozen=True, slots=True)
+class StorageRate:
+    """A block-storage or object-storage price in one region.
+
+    ``unit`` is ``GB-month``, ``GiB-month`` or ``disk-month``; a ``disk-month`` price is
+    for a whole disk of ``disk_size_gib`` (Azure managed-disk tiers).
+    """
+
+    provider: str
+    region: str
+    kind: str  # "block" | "object"
+    sku: str
+    unit: str
+    disk_size_gib: Decimal | None
+    usd: Decimal
+    status: PriceStatus
+    as_of: date
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRate:
+    """A per-GB (or per-GiB) data-transfer price out of one region.
+
+    ``kind`` is ``internet_egress`` (destination ``internet``) or ``inter_region``
+    (destination ``same-continent``, ``other-continent``, ``any`` or a region name for a
+    special pair such as us-east-1 <-> us-east-2).
+    """
+
+    provider: str
+    region: str
+    kind: str
+    destination: str
+    unit: str  # "GB" | "GiB"
+    usd: Decimal
+    status: PriceStatus
+    as_of: date
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    """A provider region and the continent it is on (transfer prices depend on it)."""
+
+    provider: str
+    name: str
+    continent: str
+    location: str
+
+    def __str__(self) -> str:
+        return f"{self.provider}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TableInfo:
+    """Where one table came from and how old it is."""
+
+    name: str
+    path: Path
+    as_of: date
+    source: str
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """All price tables, loaded and validated. Lookups are pure."""
+
+    instances: tuple[InstancePrice, ...]
+    storage: tuple[StorageRate, ...]
+    transfer: tuple[TransferRate, ...]
+    regions: tuple[Region, ...]
+    tables: Mapping[str, TableInfo]
+    directory: Path
+    origin: str = "bundled"  # "bundled" or "directory"
+    _region_index: dict[tuple[str, str], Region] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        for region in self.regions:
+            self._region_index[(region.provider, region.name)] = region
+
+    @property
+    def as_of(self) -> date:
+        """The as-of date of the instance price tables (the figure users care most about)."""
+        return min(self.tables[name].as_of for name in INSTANCE_TABLES if name in self.tables)
+
+    @cached_property
+    def accelerators(self) -> tuple[str, ...]:
+        """Every accelerator name in the instance tables."""
+        return tuple(sorted({i.accelerator for i in self.instances if i.accelerator}))
+
+    def region(self, provider: str, name: str) -> Region:
+        """The region ``name`` of ``provider``; :class:`UnknownNameError` if not in the tables."""
+        found = self._region_index.get((provider, name))
+        if found is None:
+            known = [r.name for r in self.regions if r.provider == provider]
+            raise UnknownNameError(f"{provider} region", name, known)
+        return found
+
+    def find_region(self, name: str) -> Region:
+        """Resolve ``region`` or ``provider:region`` across providers.
+
+        Region names do not collide across AWS, GCP and Azure, so the provider is
+        implied; the ``provider:`` prefix is accepted for clarity.
+        """
+        provider, _, bare = name.strip().rpartition(":")
+        if provider:
+            check_provider(provider)
+            return self.region(provider, bare)
+        matches = [r for r in self.regions if r.name == bare]
+        if not matches:
+            raise UnknownNameError("region", bare, [r.name for r in self.regions])
+        return matches[0]
+
+    def storage_rates(self, provider: str, region: str, kind: str) -> list[StorageRate]:
+        """Storage prices of ``kind`` (block/object) in a region, smallest disk first."""
+        rates = [
+            s
+            for s in self.storage
+            if s.provider == provider and s.region == region and s.kind == kind
+        ]
+        return sorted(rates, key=lambda s: s.disk_size_gib or Decimal(0))
+
+    def transfer_rate(self, provider: str, region: str, kind: str, destination: str) -> (
+        TransferRate | None
+    ):
+        """The transfer price out of ``region`` to ``destination``, if the table has one."""
+        for rate in self.transfer:
+            if (rate.provider, rate.region, rate.kind, rate.destination) == (
+                provider,
+                region,
+                kind,
+                destination,
+            ):
+                return rate
+        return None
+
+
+def check_provider(name: str) -> str:
+    """Validate a provider name (``aws``, ``gcp``, ``azure``), case-insensitively."""
+    lowered = name.strip().lower()
+    if lowered not in PROVIDERS:
+        raise UnknownNameError("provider", name, PROVIDERS)
+    return lowered
+
+
+def bundled_tables_dir() -> Path:
+    """The directory of the tables shipped with the package.
+
+    In a wheel they sit in ``costguard/_tables``; in a source checkout (editable install)
+    they are the repository's ``pricing/`` directory.
+    """
+    packaged = Path(str(resources.files("costguard"))) / "_tables"
+    if (packaged / "tables.toml").is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[3] / "pricing"
+    if (checkout / "tables.toml").is_file():
+        return checkout
+    msg = "the price tables are missing from this installation of costguard"
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+
+
+def load_catalog(directory: Path | None = None) -> Catalog:
+    """Load and validate the tables in ``directory`` (default: the bundled ones)."""
+    origin = "directory" if directory is not None else "bundled"
+    directory = bundled_tables_dir() if directory is None else directory
+    index_path = directory / "tables.toml"
+    if not index_path.is_file():
+        msg = f"no price tables in {directory} (tables.toml is missing)"
+        raise CostguardError(msg, hint="point --pricing-dir at a folder laid out like pricing/")
+    try:
+        index = tomllib.loads(index_path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        msg = f"{index_path} is not valid TOML: {exc}"
+        raise CostguardError(msg) from None
+    tables = {name: _table_info(name, index, directory) for name in REQUIRED_TABLES}
+    instances = tuple(
+        row for name in INSTANCE_TABLES for row in _load(tables[name].path, _instance)
+    )
+    return Catalog(
+        instances=instances,
+        storage=_load(tables["storage"].path, _storage),
+        transfer=_load(tables["transfer"].path, _transfer),
+        regions=_load(tables["regions"].path, _region),
+        tables=tables,
+        directory=directory,
+        origin=origin,
+    )
+
+
+def _table_info(name: str, index: Mapping[str, Any], directory: Path) -> TableInfo:
+    entry = index.get(name)
+    if not isinstance(entry, Mapping):
+        msg = f"{directory / 'tables.toml'} has no [{name}] table"
+        raise CostguardError(msg, hint="each table needs file, as_of and source")
+    try:
+        as_of = entry["as_of"]
+        as_of = as_of if isinstance(as_of, date) else date.fromisoformat(str(as_of))
+        return TableInfo(name, directory / str(entry["file"]), as_of, str(entry["source"]))
+    except (KeyError, ValueError) as exc:
+        msg = f"[{name}] in {directory / 'tables.toml'} is incomplete or malformed: {exc}"
+        raise CostguardError(msg, hint="each table needs file, as_of (YYYY-MM-DD) and source") from None
+
+
+class _BadRow(ValueError):
+    """A row of a price table that cannot be used."""
+
+
+_Row = TypeVar("_Row")
+
+
+def _load(path: Path, parse: Callable[[Mapping[str, str]], _Row]) -> tuple[_Row, ...]:
+    """Parse every row of a CSV table; a bad row fails with its file and line."""
+    parsed: list[_Row] = []
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            reader = csv.DictReader(handle)
+            for row in reader:
+                try:
+                    parsed.append(parse(row))
+                except (_BadRow, UnknownNameError) as exc:
+                    msg = f"{path}, line {reader.line_num}: {exc}"
+                    raise CostguardError(msg, hint="fix or remove that row") from None
+    except FileNotFoundError:
+        msg = f"price table {path} is missing"
+        raise CostguardError(msg, hint="check tables.toml in that folder") from None
+    return tuple(parsed)
+
+
+def _field(row: Mapping[str, str], name: str) -> str:
+    value = row.get(name)
+    if value is None:
+        msg = f"column {name!r} is missing"
+        raise _BadRow(msg)
+    return value.strip()
+
+
+def _price(row: Mapping[str, str], name: str, *, optional: bool = False) -> Decimal | None:
+    text = _field(row, name)
+    if not text:
+        if optional:
+            return None
+        msg = f"{name} is empty"
+        raise _BadRow(msg)
+    try:
+        value = parse_decimal(text)
+    except ValueError as exc:
+        raise _BadRow(f"{name}: {exc}") from None
+    if value < 0:
+        msg = f"{name} is negative ({text})"
+        raise _BadRow(msg)
+    return value
+
+
+def _status(row: Mapping[str, str], name: str) -> PriceStatus | None:
+    text = _field(row, name)
+    if not text:
+        return None
+    try:
+        return PriceStatus(text)
+    except ValueError:
+        msg = f"{name} must be one of {', '.join(PriceStatus)}, not {text!r}"
+        raise _BadRow(msg) from None
+
+
+def _date(row: Mapping[str, str], name: str) -> date:
+    try:
+        return date.fromisoformat(_field(row, name))
+    except ValueError:
+        msg = f"{name} must be a YYYY-MM-DD date"
+        raise _BadRow(msg) from None
+
+
+def _required_price(row: Mapping[str, str], name: str) -> Decimal:
+    value = _price(row, name)
+    assert value is not None  # noqa: S101 - _price raises for an empty required field
+    return value
+
+
+def _instance(row: Mapping[str, str]) -> InstancePrice:
+    ondemand = _price(row, "ondemand_usd_per_hour", optional=True)
+    spot = _price(row, "spot_usd_per_hour", optional=True)
+    if ondemand is not None and spot is not None and spot > ondemand:
+        msg = f"spot price {spot} is above on-demand {ondemand}"
+        raise _BadRow(msg)
+    count_text = _field(row, "accelerator_count")
+    try:
+        count = int(count_text) if count_text else 0
+    except ValueError:
+        msg = f"accelerator_count must be a whole number, not {count_text!r}"
+        raise _BadRow(msg) from None
+    return InstancePrice(
+        provider=check_provider(_field(row, "provider")),
+        region=_field(row, "region"),
+        instance_type=_field(row, "instance_type"),
+        accelerator=_field(row, "accelerator") or None,
+        accelerator_count=count,
+        vcpus=_price(row, "vcpus", optional=True),
+        memory_gib=_price(row, "memory_gib", optional=True),
+        ondemand_usd_per_hour=ondemand,
+        spot_usd_per_hour=spot,
+        ondemand_status=_status(row, "ondemand_status"),
+        spot_status=_status(row, "spot_status"),
+        note=_field(row, "note"),
+    )
+
+
+def _storage(row: Mapping[str, str]) -> StorageRate:
+    unit = _field(row, "unit")
+    if unit not in ("GB-month", "GiB-month", "disk-month"):
+        msg = f"unit must be GB-month, GiB-month or disk-month, not {unit!r}"
+        raise _BadRow(msg)
+    size = _price(row, "disk_size_gib", optional=True)
+    if unit == "disk-month" and not size:
+        msg = "a disk-month price needs disk_size_gib"
+        raise _BadRow(msg)
+    status = _status(row, "status")
+    if status is None:
+        msg = "status is empty"
+        raise _BadRow(msg)
+    return StorageRate(
+        provider=check_provider(_field(row, "provider")),
+        region=_field(row, "region"),
+        kind=_field(row, "kind"),
+        sku=_field(row, "sku"),
+        unit=unit,
+        disk_size_gib=size,
+        usd=_required_price(row, "usd"),
+        status=status,
+        as_of=_date(row, "as_of"),
+        source=_field(row, "source"),
+    )
+
+
+def _transfer(row: Mapping[str, str]) -> TransferRate:
+    unit = _field(row, "unit")
+    if unit not in ("GB", "GiB"):
+        msg = f"unit must be GB or GiB, not {unit!r}"
+        raise _BadRow(msg)
+    status = _status(row, "status")
+    if status is None:
+        msg = "status is empty"
+        raise _BadRow(msg)
+    return TransferRate(
+        provider=check_provider(_field(row, "provider")),
+        region=_field(row, "region"),
+        kind=_field(row, "kind"),
+        destination=_field(row, "destination"),
+        unit=unit,
+        usd=_required_price(row, "usd"),
+        status=status,
+        as_of=_date(row, "as_of"),
+        source=_field(row, "source"),
+    )
+
+
+def _region(row: Mapping[str, str]) -> Region:
+    return Region(
+        provider=check_provider(_field(row, "provider")),
+        name=_field(row, "region"),
+        continent=_field(row, "continent"),
+        location=_field(row, "location"),
+    )

@@ -1,0 +1,101 @@
+"""The GPU name registry: what people type -> the canonical names the tables use.
+
+Canonical names follow the tables (``A10G``, ``A100-80GB``, ``H100-MEGA``). Lookup is
+forgiving about case, spaces, underscores and an ``nvidia`` prefix; unknown names get
+a did-you-mean hint.
+
+>>> canonical_gpu("a10g"), canonical_gpu("NVIDIA A100 80GB"), canonical_gpu("h100")
+('A10G', 'A100-80GB', 'H100')
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from costguard.errors import UnknownNameError
+
+
+@dataclass(frozen=True, slots=True)
+class GpuModel:
+    """One accelerator model: its canonical name, what it is, and how people spell it."""
+
+    name: str
+    vendor: str
+    memory_gb: int | None
+    aliases: tuple[str, ...] = ()
+    #: Close relatives offered elsewhere under another name (A10 on Azure, A10G on AWS).
+    similar: tuple[str, ...] = ()
+
+
+MODELS: tuple[GpuModel, ...] = (
+    GpuModel("T4", "NVIDIA", 16, ("t4", "tesla-t4")),
+    GpuModel("T4g", "NVIDIA", 16, ("t4g",), similar=("T4",)),
+    GpuModel("L4", "NVIDIA", 24, ("l4",)),
+    GpuModel("L40S", "NVIDIA", 48, ("l40s", "l40-s")),
+    GpuModel("A10G", "NVIDIA", 24, ("a10g",), similar=("A10",)),
+    GpuModel("A10", "NVIDIA", 24, ("a10",), similar=("A10G",)),
+    GpuModel("A100", "NVIDIA", 40, ("a100", "a100-40gb", "a100-40g", "a100-40"),
+             similar=("A100-80GB",)),
+    GpuModel("A100-80GB", "NVIDIA", 80, ("a100-80gb", "a100-80g", "a100-80"),
+             similar=("A100",)),
+    GpuModel("H100", "NVIDIA", 80, ("h100", "h100-80gb", "h100-sxm"), similar=("H100-MEGA",)),
+    GpuModel("H100-MEGA", "NVIDIA", 80, ("h100-mega", "h100mega"), similar=("H100",)),
+    GpuModel("H200", "NVIDIA", 141, ("h200",)),
+    GpuModel("B200", "NVIDIA", 180, ("b200",)),
+    GpuModel("B300", "NVIDIA", 288, ("b300",)),
+    GpuModel("V100", "NVIDIA", 16, ("v100", "v100-16gb"), similar=("V100-32GB",)),
+    GpuModel("V100-32GB", "NVIDIA", 32, ("v100-32gb", "v100-32g"), similar=("V100",)),
+    GpuModel("P100", "NVIDIA", 16, ("p100",)),
+    GpuModel("P4", "NVIDIA", 8, ("p4",)),
+    GpuModel("M60", "NVIDIA", 8, ("m60",)),
+    GpuModel("Radeon Pro V520", "AMD", 8, ("v520", "radeon-pro-v520")),
+    GpuModel("Radeon MI25", "AMD", 16, ("mi25", "radeon-mi25")),
+)
+
+_BY_NAME = {m.name: m for m in MODELS}
+
+
+def _normalise(name: str) -> str:
+    key = re.sub(r"[\s_]+", "-", name.strip().lower())
+    key = re.sub(r"^nvidia-?", "", key)
+    return re.sub(r"-+", "-", key).strip("-")
+
+
+def _alias_table(extra_names: Iterable[str]) -> dict[str, str]:
+    table: dict[str, str] = {}
+    for model in MODELS:
+        table[_normalise(model.name)] = model.name
+        for alias in model.aliases:
+            table[_normalise(alias)] = model.name
+    # Accelerators that appear in the tables but not in MODELS (TPUs, new GPUs)
+    # are still found by their own name.
+    for name in extra_names:
+        table.setdefault(_normalise(name), name)
+    return table
+
+
+def canonical_gpu(name: str, known: Iterable[str] = ()) -> str:
+    """Map a GPU name as typed to its canonical table name.
+
+    ``known`` adds accelerator names from the loaded tables (so a refreshed table with a
+    new GPU needs no code change). Raises :class:`UnknownNameError` with a did-you-mean.
+
+    >>> canonical_gpu("A100_80GB")
+    'A100-80GB'
+    >>> canonical_gpu("tpu-v3-8", known=["tpu-v3-8"])
+    'tpu-v3-8'
+    """
+    known = list(known)
+    table = _alias_table(known)
+    found = table.get(_normalise(name))
+    if found is None:
+        candidates = [m.name for m in MODELS] + known
+        raise UnknownNameError("GPU", name, candidates)
+    return found
+
+
+def gpu_model(name: str) -> GpuModel | None:
+    """The registry entry for a canonical name, or ``None`` for names only the tables know."""
+    return _BY_NAME.get(name)

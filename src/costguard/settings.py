@@ -1,0 +1,97 @@
+"""Settings: one frozen object, built once from flags > ``COSTGUARD_*`` env > config file.
+
+The CLI builds it and passes it down explicitly; library code never reads the
+environment behind the caller's back.
+
+The config file is TOML, at ``$COSTGUARD_CONFIG`` or
+``$XDG_CONFIG_HOME/costguard/config.toml`` (``~/.config/costguard/config.toml``)::
+
+    pricing_dir = "/data/mirror/costguard-pricing"
+    debug = false
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from costguard.errors import InputError
+
+ENV_PREFIX = "COSTGUARD_"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a command may need to know about its environment."""
+
+    #: A directory of price tables to use instead of the bundled ones.
+    pricing_dir: Path | None = None
+    #: Show tracebacks for unexpected errors.
+    debug: bool = False
+
+    @classmethod
+    def load(
+        cls,
+        flags: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Settings:
+        """Merge flags (not ``None``) over ``COSTGUARD_*`` variables over the config file."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        values.update(_read_config(config_path(env)))
+        for f in fields(cls):
+            text = env.get(ENV_PREFIX + f.name.upper())
+            if text is not None:
+                values[f.name] = text
+        values.update({k: v for k, v in (flags or {}).items() if v is not None})
+        return cls._coerce(values)
+
+    @classmethod
+    def _coerce(cls, values: Mapping[str, Any]) -> Settings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            msg = f"unknown setting(s): {', '.join(unknown)}"
+            raise InputError(msg, hint=f"known settings: {', '.join(sorted(known))}")
+        pricing_dir = values.get("pricing_dir")
+        return cls(
+            pricing_dir=Path(pricing_dir).expanduser() if pricing_dir else None,
+            debug=_as_bool("debug", values.get("debug", False)),
+        )
+
+
+def config_path(env: Mapping[str, str]) -> Path:
+    """Where the config file is looked for."""
+    explicit = env.get(ENV_PREFIX + "CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or str(Path("~/.config").expanduser())
+    return Path(base) / "costguard" / "config.toml"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, OSError) as exc:
+        msg = f"cannot read the config file {path}: {exc}"
+        raise InputError(msg, hint="fix it, or point COSTGUARD_CONFIG at another file") from None
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    msg = f"setting {name} must be true or false, not {value!r}"
+    raise InputError(msg, hint=f"e.g. {ENV_PREFIX}{name.upper()}=1")
