@@ -25,7 +25,7 @@ CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 
 class CostguardGroup(click.Group):
     """A click group that turns every failure into ``Error:``/``Hint:`` and an exit code."""
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Sequence[str] | None = None,
         prog_name: str | None = None,
@@ -40,8 +40,11 @@ class CostguardGroup(click.Group):
             )
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "costguard"
-            _fail(exc.format_message(), f"'{command} --help' shows the options and an example",
-                  EXIT_BAD_INPUT)
+            _fail(
+                exc.format_message(),
+                f"'{command} --help' shows the options and an example",
+                EXIT_BAD_INPUT,
+            )
         except click.Abort:
             click.echo("Aborted.", err=True)
             sys.exit(130)
@@ -56,8 +59,11 @@ class CostguardGroup(click.Group):
         except Exception as exc:
             if _debug_requested(argv):
                 raise
-            _fail(f"unexpected {type(exc).__name__}: {exc}",
-                  "run again with --debug for a traceback, and report it", EXIT_FAILURE)
+            _fail(
+                f"unexpected {type(exc).__name__}: {exc}",
+                "run again with --debug for a traceback, and report it",
+                EXIT_FAILURE,
+            )
         if standalone_mode:
             sys.exit(code if isinstance(code, int) else 0)
         return code

@@ -64,39 +64,99 @@ Examples:
     short_help="Estimate what a GPU run costs, across providers, regions and markets.",
 )
 @click.option("--gpu", help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200...")
-@click.option("--hours", required=True, type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS),
-              help="Hours each instance runs.")
-@click.option("--count", default=1, show_default=True, type=click.IntRange(1, MAX_COUNT),
-              help="Number of instances.")
-@click.option("--gpus-per-instance", default=1, show_default=True, type=click.IntRange(1, 64),
-              help="Only instances with this many GPUs.")
-@click.option("--provider", "providers", multiple=True,
-              help="aws, gcp or azure (repeatable). Default: all.")
-@click.option("--region", "regions", multiple=True,
-              help="Region (repeatable), e.g. us-east-1, us-central1, eastus. Default: all.")
+@click.option(
+    "--hours",
+    required=True,
+    type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS),
+    help="Hours each instance runs.",
+)
+@click.option(
+    "--count",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, MAX_COUNT),
+    help="Number of instances.",
+)
+@click.option(
+    "--gpus-per-instance",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Only instances with this many GPUs.",
+)
+@click.option(
+    "--provider", "providers", multiple=True, help="aws, gcp or azure (repeatable). Default: all."
+)
+@click.option(
+    "--region",
+    "regions",
+    multiple=True,
+    help="Region (repeatable), e.g. us-east-1, us-central1, eastus. Default: all.",
+)
 @click.option("--instance-type", help="One instance type, e.g. g5.xlarge (then --gpu is optional).")
-@click.option("--spot/--on-demand", "spot", default=None,
-              help="Only spot, or only on-demand. Default: both, side by side.")
-@click.option("--disk-gb", type=DecimalRange(0, maximum=MAX_GB), default=DEFAULT_DISK_GB,
-              show_default=True, help="Block storage per instance, in GB.")
-@click.option("--storage-gb", type=DecimalRange(0, maximum=MAX_GB), default=Decimal(0),
-              help="Object storage (bucket) next to the compute, in GB.")
-@click.option("--storage-months", type=DecimalRange(0, maximum=1200), default=Decimal(1),
-              show_default=True, help="How long the object storage is kept.")
-@click.option("--egress-gb", type=DecimalRange(0, maximum=MAX_GB), default=Decimal(0),
-              help="Data sent out to the internet, in GB (in total).")
-@click.option("--data-region",
-              help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1.")
-@click.option("--data-gb", type=DecimalRange(0, maximum=MAX_GB), default=Decimal(0),
-              help="GB read from --data-region, in total over all instances.")
-@click.option("--budget", type=DecimalRange(0, minimum_open=True, maximum=10**9),
-              help="Exit 1 if even the cheapest option costs more (USD).")
-@click.option("--top", default=10, show_default=True, type=click.IntRange(0, 10_000),
-              help="Show the N cheapest provider/regions (0: all).")
-@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True,
-              help="table for people, json or csv for scripts.")
+@click.option(
+    "--spot/--on-demand",
+    "spot",
+    default=None,
+    help="Only spot, or only on-demand. Default: both, side by side.",
+)
+@click.option(
+    "--disk-gb",
+    type=DecimalRange(0, maximum=MAX_GB),
+    default=DEFAULT_DISK_GB,
+    show_default=True,
+    help="Block storage per instance, in GB.",
+)
+@click.option(
+    "--storage-gb",
+    type=DecimalRange(0, maximum=MAX_GB),
+    default=Decimal(0),
+    help="Object storage (bucket) next to the compute, in GB.",
+)
+@click.option(
+    "--storage-months",
+    type=DecimalRange(0, maximum=1200),
+    default=Decimal(1),
+    show_default=True,
+    help="How long the object storage is kept.",
+)
+@click.option(
+    "--egress-gb",
+    type=DecimalRange(0, maximum=MAX_GB),
+    default=Decimal(0),
+    help="Data sent out to the internet, in GB (in total).",
+)
+@click.option(
+    "--data-region", help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1."
+)
+@click.option(
+    "--data-gb",
+    type=DecimalRange(0, maximum=MAX_GB),
+    default=Decimal(0),
+    help="GB read from --data-region, in total over all instances.",
+)
+@click.option(
+    "--budget",
+    type=DecimalRange(0, minimum_open=True, maximum=10**9),
+    help="Exit 1 if even the cheapest option costs more (USD).",
+)
+@click.option(
+    "--top",
+    default=10,
+    show_default=True,
+    type=click.IntRange(0, 10_000),
+    help="Show the N cheapest provider/regions (0: all).",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=FORMAT,
+    default="table",
+    show_default=True,
+    help="table for people, json or csv for scripts.",
+)
 @click.pass_obj
-def estimate_command(settings: Settings, **options: Any) -> None:
+def estimate_command(settings: Settings, /, **options: Any) -> None:
     """Estimate a GPU run: price x hours x count + storage + egress, cheapest first.
 
     Works offline from the price tables bundled with costguard. On-demand and spot are
@@ -112,8 +172,7 @@ def estimate_command(settings: Settings, **options: Any) -> None:
     if output_format == "json":
         render.print_json(to_document(result, shown, catalog, budget, options["top"]))
     elif output_format == "csv":
-        render.print_csv((*OPTION_FIELDS, "pricing_as_of"),
-                         (option_row(o, catalog) for o in shown))
+        render.print_csv((*OPTION_FIELDS, "pricing_as_of"), (option_row(o, catalog) for o in shown))
         render.print_notes([*result.notes, *result.assumptions], err=True)
     else:
         print_table(result, shown, catalog)
@@ -140,8 +199,10 @@ def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
         regions.append(region.name)
     gpu = options["gpu"]
     spot = options["spot"]
-    markets = (Market.ON_DEMAND, Market.SPOT) if spot is None else (
-        (Market.SPOT,) if spot else (Market.ON_DEMAND,)
+    markets = (
+        (Market.ON_DEMAND, Market.SPOT)
+        if spot is None
+        else ((Market.SPOT,) if spot else (Market.ON_DEMAND,))
     )
     data_region = options["data_region"]
     return EstimateRequest(
@@ -217,7 +278,8 @@ def to_document(
         },
         "assumptions": list(result.assumptions),
         "notes": list(result.notes),
-        "within_budget": None if budget is None or cheapest is None
+        "within_budget": None
+        if budget is None or cheapest is None
         else cheapest.total_usd <= budget,
         "options_total": len(result.options),
         "near_data": option_row(result.near_data, catalog) if result.near_data else None,
@@ -227,13 +289,15 @@ def to_document(
 
 def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog) -> None:
     """One row per provider and region: on-demand and spot side by side."""
-    from rich.table import Table  # noqa: PLC0415 - only the table view needs rich
+    from rich.table import Table
 
     request = result.request
     markets = request.markets
     places: dict[tuple[str, str], dict[Market, CostOption]] = {}
-    for option in shown:
-        places.setdefault((option.provider, option.region), {})[option.market] = option
+    for shown_option in shown:
+        places.setdefault((shown_option.provider, shown_option.region), {})[shown_option.market] = (
+            shown_option
+        )
     what = request.gpu or request.instance_type
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
     title = (

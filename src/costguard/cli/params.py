@@ -10,7 +10,7 @@ import click
 from costguard.money import parse_decimal
 
 
-class DecimalRange(click.ParamType):
+class DecimalRange(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5
     """A finite decimal number within bounds; NaN, infinity and text are refused.
 
     ``minimum_open`` makes the lower bound exclusive (hours must be more than 0).
@@ -29,9 +29,9 @@ class DecimalRange(click.ParamType):
         self.minimum_open = minimum_open
         self.maximum = None if maximum is None else Decimal(maximum)
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> (
-        Decimal
-    ):
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Decimal:
         if isinstance(value, Decimal):
             number = value
         else:

@@ -84,13 +84,15 @@ def show_command(
     columns = list(rows[0]) if rows else _columns(table)
     info = catalog.tables[table]
     if output_format == "json":
-        render.print_json({
-            "table": table,
-            "as_of": info.as_of.isoformat(),
-            "source": info.source,
-            "origin": catalog.origin,
-            "rows": rows,
-        })
+        render.print_json(
+            {
+                "table": table,
+                "as_of": info.as_of.isoformat(),
+                "source": info.source,
+                "origin": catalog.origin,
+                "rows": rows,
+            }
+        )
     elif output_format == "csv":
         render.print_csv(columns, rows)
     else:
@@ -214,8 +216,10 @@ def _columns(table: str) -> list[str]:
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v.isoformat() if hasattr(v, "isoformat") else
-                str(v) if hasattr(v, "value") else v) for k, v in record.items()}
+    return {
+        k: (v.isoformat() if hasattr(v, "isoformat") else str(v) if hasattr(v, "value") else v)
+        for k, v in record.items()
+    }
 
 
 def _statuses(row: dict[str, Any]) -> set[str]:
@@ -223,7 +227,7 @@ def _statuses(row: dict[str, Any]) -> set[str]:
 
 
 def _print_rows(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    from rich.table import Table  # noqa: PLC0415 - only the table view needs rich
+    from rich.table import Table
 
     table = Table(title=title, title_justify="left", header_style="bold")
     for name in columns:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from decimal import Decimal
 from typing import IO, Any
@@ -14,8 +15,8 @@ from costguard.money import usd_str
 
 
 def stdout() -> IO[str]:
-    """The current standard output (click's test runner swaps it)."""
-    return click.get_text_stream("stdout")
+    """The current standard output, looked up at call time (click's test runner swaps it)."""
+    return sys.stdout
 
 
 def is_terminal(stream: IO[str] | None = None) -> bool:
@@ -27,9 +28,9 @@ def is_terminal(stream: IO[str] | None = None) -> bool:
 
 def console(*, stderr: bool = False) -> Any:
     """A rich console on stdout (or stderr); wide and colourless when not a terminal."""
-    from rich.console import Console  # noqa: PLC0415 - rich costs ~50 ms; only tables need it
+    from rich.console import Console
 
-    stream = click.get_text_stream("stderr") if stderr else stdout()
+    stream = sys.stderr if stderr else stdout()
     terminal = is_terminal(stream)
     return Console(
         file=stream,

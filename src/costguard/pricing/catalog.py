@@ -172,7 +172,7 @@ class Catalog:
         found = self._region_index.get((provider, name))
         if found is None:
             known = [r.name for r in self.regions if r.provider == provider]
-            raise UnknownNameError(f"{provider} region", name, known)
+            raise UnknownNameError(kind=f"{provider} region", name=name, known=known)
         return found
 
     def find_region(self, name: str) -> Region:
@@ -187,7 +187,7 @@ class Catalog:
             return self.region(provider, bare)
         matches = [r for r in self.regions if r.name == bare]
         if not matches:
-            raise UnknownNameError("region", bare, [r.name for r in self.regions])
+            raise UnknownNameError(kind="region", name=bare, known=[r.name for r in self.regions])
         return matches[0]
 
     def storage_rates(self, provider: str, region: str, kind: str) -> list[StorageRate]:
@@ -199,9 +199,9 @@ class Catalog:
         ]
         return sorted(rates, key=lambda s: s.disk_size_gib or Decimal(0))
 
-    def transfer_rate(self, provider: str, region: str, kind: str, destination: str) -> (
-        TransferRate | None
-    ):
+    def transfer_rate(
+        self, provider: str, region: str, kind: str, destination: str
+    ) -> TransferRate | None:
         """The transfer price out of ``region`` to ``destination``, if the table has one."""
         for rate in self.transfer:
             if (rate.provider, rate.region, rate.kind, rate.destination) == (
@@ -218,7 +218,7 @@ def check_provider(name: str) -> str:
     """Validate a provider name (``aws``, ``gcp``, ``azure``), case-insensitively."""
     lowered = name.strip().lower()
     if lowered not in PROVIDERS:
-        raise UnknownNameError("provider", name, PROVIDERS)
+        raise UnknownNameError(kind="provider", name=name, known=PROVIDERS)
     return lowered
 
 
@@ -277,10 +277,12 @@ def _table_info(name: str, index: Mapping[str, Any], directory: Path) -> TableIn
         return TableInfo(name, directory / str(entry["file"]), as_of, str(entry["source"]))
     except (KeyError, ValueError) as exc:
         msg = f"[{name}] in {directory / 'tables.toml'} is incomplete or malformed: {exc}"
-        raise CostguardError(msg, hint="each table needs file, as_of (YYYY-MM-DD) and source") from None
+        raise CostguardError(
+            msg, hint="each table needs file, as_of (YYYY-MM-DD) and source"
+        ) from None
 
 
-class _BadRow(ValueError):
+class _BadRowError(ValueError):
     """A row of a price table that cannot be used."""
 
 
@@ -296,7 +298,7 @@ def _load(path: Path, parse: Callable[[Mapping[str, str]], _Row]) -> tuple[_Row,
             for row in reader:
                 try:
                     parsed.append(parse(row))
-                except (_BadRow, UnknownNameError) as exc:
+                except (_BadRowError, UnknownNameError) as exc:
                     msg = f"{path}, line {reader.line_num}: {exc}"
                     raise CostguardError(msg, hint="fix or remove that row") from None
     except FileNotFoundError:
@@ -309,7 +311,7 @@ def _field(row: Mapping[str, str], name: str) -> str:
     value = row.get(name)
     if value is None:
         msg = f"column {name!r} is missing"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     return value.strip()
 
 
@@ -319,14 +321,15 @@ def _price(row: Mapping[str, str], name: str, *, optional: bool = False) -> Deci
         if optional:
             return None
         msg = f"{name} is empty"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     try:
         value = parse_decimal(text)
     except ValueError as exc:
-        raise _BadRow(f"{name}: {exc}") from None
+        msg = f"{name}: {exc}"
+        raise _BadRowError(msg) from None
     if value < 0:
         msg = f"{name} is negative ({text})"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     return value
 
 
@@ -338,7 +341,7 @@ def _status(row: Mapping[str, str], name: str) -> PriceStatus | None:
         return PriceStatus(text)
     except ValueError:
         msg = f"{name} must be one of {', '.join(PriceStatus)}, not {text!r}"
-        raise _BadRow(msg) from None
+        raise _BadRowError(msg) from None
 
 
 def _date(row: Mapping[str, str], name: str) -> date:
@@ -346,12 +349,12 @@ def _date(row: Mapping[str, str], name: str) -> date:
         return date.fromisoformat(_field(row, name))
     except ValueError:
         msg = f"{name} must be a YYYY-MM-DD date"
-        raise _BadRow(msg) from None
+        raise _BadRowError(msg) from None
 
 
 def _required_price(row: Mapping[str, str], name: str) -> Decimal:
     value = _price(row, name)
-    assert value is not None  # noqa: S101 - _price raises for an empty required field
+    assert value is not None
     return value
 
 
@@ -360,13 +363,13 @@ def _instance(row: Mapping[str, str]) -> InstancePrice:
     spot = _price(row, "spot_usd_per_hour", optional=True)
     if ondemand is not None and spot is not None and spot > ondemand:
         msg = f"spot price {spot} is above on-demand {ondemand}"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     count_text = _field(row, "accelerator_count")
     try:
         count = int(count_text) if count_text else 0
     except ValueError:
         msg = f"accelerator_count must be a whole number, not {count_text!r}"
-        raise _BadRow(msg) from None
+        raise _BadRowError(msg) from None
     return InstancePrice(
         provider=check_provider(_field(row, "provider")),
         region=_field(row, "region"),
@@ -387,15 +390,15 @@ def _storage(row: Mapping[str, str]) -> StorageRate:
     unit = _field(row, "unit")
     if unit not in ("GB-month", "GiB-month", "disk-month"):
         msg = f"unit must be GB-month, GiB-month or disk-month, not {unit!r}"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     size = _price(row, "disk_size_gib", optional=True)
     if unit == "disk-month" and not size:
         msg = "a disk-month price needs disk_size_gib"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     status = _status(row, "status")
     if status is None:
         msg = "status is empty"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     return StorageRate(
         provider=check_provider(_field(row, "provider")),
         region=_field(row, "region"),
@@ -414,11 +417,11 @@ def _transfer(row: Mapping[str, str]) -> TransferRate:
     unit = _field(row, "unit")
     if unit not in ("GB", "GiB"):
         msg = f"unit must be GB or GiB, not {unit!r}"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     status = _status(row, "status")
     if status is None:
         msg = "status is empty"
-        raise _BadRow(msg)
+        raise _BadRowError(msg)
     return TransferRate(
         provider=check_provider(_field(row, "provider")),
         region=_field(row, "region"),

@@ -237,7 +237,7 @@ def _cost(
     request: EstimateRequest, catalog: Catalog, inst: InstancePrice, market: Market
 ) -> CostOption:
     usd_per_hour = inst.usd_per_hour(market)
-    assert usd_per_hour is not None  # noqa: S101 - callers filter unpriced markets
+    assert usd_per_hour is not None
     notes: list[str] = []
     status = inst.status(market)
     if status in (PriceStatus.UNVERIFIED, PriceStatus.CORRECTED):
@@ -281,11 +281,13 @@ def _block_storage(
     rates = catalog.storage_rates(inst.provider, inst.region, "block")
     if not rates:
         return ZERO, f"no block-storage price for {inst.region}: disks not included"
-    months = request.hours / HOURS_PER_MONTH
+    # Monthly rates prorated by the hour; dividing last keeps the result exact where it
+    # can be (and linear in hours and count).
+    instance_hours = request.hours * request.count
     first = rates[0]
     if first.unit != "disk-month":
-        per_instance = _per_unit(request.disk_gb, first.unit) * first.usd * months
-        return per_instance * request.count, None
+        size = _per_unit(request.disk_gb, first.unit)
+        return size * first.usd * instance_hours / HOURS_PER_MONTH, None
     # Azure managed disks bill per tier: the smallest tier that holds the disk.
     size_gib = gb_to_gib(request.disk_gb)
     tier = _disk_tier(rates, size_gib)
@@ -293,7 +295,7 @@ def _block_storage(
     note = None
     if disks > 1:
         note = f"{request.disk_gb} GB is more than one {tier.sku} disk: priced as {disks} disks"
-    return tier.usd * disks * months * request.count, note
+    return tier.usd * disks * instance_hours / HOURS_PER_MONTH, note
 
 
 def _disk_tier(rates: Sequence[StorageRate], size_gib: Decimal) -> StorageRate:
@@ -313,9 +315,7 @@ def _object_storage(request: EstimateRequest, catalog: Catalog, inst: InstancePr
     return _per_unit(request.storage_gb, rate.unit) * rate.usd * request.storage_months
 
 
-def _internet_egress(quantity_gb: Decimal, catalog: Catalog, provider: str, region: str) -> (
-    Decimal
-):
+def _internet_egress(quantity_gb: Decimal, catalog: Catalog, provider: str, region: str) -> Decimal:
     if quantity_gb == 0:
         return ZERO
     rate = catalog.transfer_rate(provider, region, "internet_egress", "internet")
@@ -324,9 +324,7 @@ def _internet_egress(quantity_gb: Decimal, catalog: Catalog, provider: str, regi
     return _per_unit(quantity_gb, rate.unit) * rate.usd
 
 
-def transfer_rate_between(catalog: Catalog, source: Region, target: Region) -> (
-    TransferRate | None
-):
+def transfer_rate_between(catalog: Catalog, source: Region, target: Region) -> TransferRate | None:
     """The price of moving data from ``source`` to compute in ``target``.
 
     Same region: free (``None``). Same provider: the source region's inter-region rate
@@ -360,7 +358,7 @@ def _data_transfer(
 
 
 def _near_data(request: EstimateRequest, catalog: Catalog) -> CostOption | None:
-    assert request.data_region is not None  # noqa: S101 - only called with a data region
+    assert request.data_region is not None
     region = request.data_region
     nearby = [
         inst
@@ -453,10 +451,13 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
             hint = "costguard pricing show --provider aws lists instance types"
             if request.gpu:
                 hint = f"{request.instance_type} does not carry {request.gpu}; drop --gpu"
-            return InputError(f"instance type {request.instance_type} is not in the tables",
-                              hint=hint)
-        return InputError(f"no instance with {what} in the tables",
-                          hint="costguard pricing gpus lists the GPUs and where they are")
+            return InputError(
+                f"instance type {request.instance_type} is not in the tables", hint=hint
+            )
+        return InputError(
+            f"no instance with {what} in the tables",
+            hint="costguard pricing gpus lists the GPUs and where they are",
+        )
     located = _matching(request, catalog.instances, ignore_count=True)
     if not located:
         places = sorted({f"{i.provider}:{i.region}" for i in anywhere})
@@ -465,12 +466,13 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
         return InputError(f"{what} is not offered in {where} (in the tables)", hint=hint)
     counts = sorted({i.accelerator_count for i in located})
     alternatives = " or ".join(str(c) for c in counts)
+    suggestion = next((c for c in counts if c >= request.gpus_per_instance), counts[-1])
     model = gpu_model(request.gpu or "")
     similar = f"; similar: {', '.join(model.similar)}" if model and model.similar else ""
     return InputError(
         f"no instance with {request.gpus_per_instance} x {what} per instance here",
         hint=f"{what} comes with {alternatives} GPUs per instance: try --gpus-per-instance "
-        f"{counts[0] if counts[0] > request.gpus_per_instance else counts[-1]}{similar}",
+        f"{suggestion}{similar}",
     )
 
 

@@ -36,10 +36,10 @@ MODELS: tuple[GpuModel, ...] = (
     GpuModel("L40S", "NVIDIA", 48, ("l40s", "l40-s")),
     GpuModel("A10G", "NVIDIA", 24, ("a10g",), similar=("A10",)),
     GpuModel("A10", "NVIDIA", 24, ("a10",), similar=("A10G",)),
-    GpuModel("A100", "NVIDIA", 40, ("a100", "a100-40gb", "a100-40g", "a100-40"),
-             similar=("A100-80GB",)),
-    GpuModel("A100-80GB", "NVIDIA", 80, ("a100-80gb", "a100-80g", "a100-80"),
-             similar=("A100",)),
+    GpuModel(
+        "A100", "NVIDIA", 40, ("a100", "a100-40gb", "a100-40g", "a100-40"), similar=("A100-80GB",)
+    ),
+    GpuModel("A100-80GB", "NVIDIA", 80, ("a100-80gb", "a100-80g", "a100-80"), similar=("A100",)),
     GpuModel("H100", "NVIDIA", 80, ("h100", "h100-80gb", "h100-sxm"), similar=("H100-MEGA",)),
     GpuModel("H100-MEGA", "NVIDIA", 80, ("h100-mega", "h100mega"), similar=("H100",)),
     GpuModel("H200", "NVIDIA", 141, ("h200",)),
@@ -92,7 +92,7 @@ def canonical_gpu(name: str, known: Iterable[str] = ()) -> str:
     found = table.get(_normalise(name))
     if found is None:
         candidates = [m.name for m in MODELS] + known
-        raise UnknownNameError("GPU", name, candidates)
+        raise UnknownNameError(kind="GPU", name=name, known=candidates)
     return found
 
 

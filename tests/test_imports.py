@@ -1,0 +1,62 @@
+"""`import costguard` and `costguard estimate` must load no cloud SDK and no torch.
+
+Checked in a fresh interpreter, the way click's own test suite checks its imports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("boto3", "botocore", "google", "azure", "torch", "pandas", "numpy", "fsspec")
+
+PROBE = """
+import json, sys
+{body}
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in {heavy!r})
+print(json.dumps(heavy))
+"""
+
+
+def loaded_heavy_modules(body: str) -> list[str]:
+    code = PROBE.format(body=body, heavy=HEAVY)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_probe_detects_a_heavy_import() -> None:
+    # The probe must be able to fail: watch a stdlib module the body does import.
+    code = PROBE.format(body="import sqlite3", heavy=("sqlite3",))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "sqlite3" in json.loads(out.stdout.strip())
+
+
+def test_import_costguard_is_light() -> None:
+    assert loaded_heavy_modules("import costguard") == []
+
+
+def test_estimate_command_is_light() -> None:
+    body = (
+        "import io, contextlib\n"
+        "from costguard.cli import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    code = cli.main(['estimate', '--gpu', 'a10g', '--hours', '8', '--count', '4',\n"
+        "                     '--format', 'json'], standalone_mode=False)\n"
+        "assert code in (0, None), code\n"
+    )
+    assert loaded_heavy_modules(body) == []
+
+
+def test_estimate_table_output_is_light() -> None:
+    body = (
+        "import io, contextlib\n"
+        "from costguard.cli import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['estimate', '--gpu', 'h100', '--hours', '1'], standalone_mode=False)\n"
+    )
+    assert loaded_heavy_modules(body) == []

@@ -1,0 +1,153 @@
+"""The bundled tables: loadable, internally consistent, and the known fixes applied."""
+
+from __future__ import annotations
+
+import shutil
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from costguard.errors import CostguardError, UnknownNameError
+from costguard.pricing.catalog import Catalog, Market, PriceStatus, load_catalog
+
+REPO_PRICING = Path(__file__).resolve().parents[2] / "pricing"
+
+
+def test_bundled_tables_load(catalog: Catalog) -> None:
+    assert len([i for i in catalog.instances if i.accelerator]) > 400
+    assert {i.provider for i in catalog.instances} == {"aws", "gcp", "azure"}
+    assert catalog.as_of.isoformat() == "2026-11-30"
+    assert set(catalog.tables) == {
+        "gpu_instances", "cpu_instances", "storage", "transfer", "regions"
+    }
+
+
+def test_instance_keys_are_unique(catalog: Catalog) -> None:
+    keys = [(i.provider, i.region, i.instance_type, i.accelerator) for i in catalog.instances]
+    assert len(keys) == len(set(keys))
+
+
+def test_spot_never_above_on_demand(catalog: Catalog) -> None:
+    for inst in catalog.instances:
+        if inst.ondemand_usd_per_hour is not None and inst.spot_usd_per_hour is not None:
+            assert inst.spot_usd_per_hour <= inst.ondemand_usd_per_hour, inst
+
+
+def test_spot_equal_to_on_demand_rows_are_dropped(catalog: Catalog) -> None:
+    for inst in catalog.instances:
+        if inst.spot_usd_per_hour is not None and inst.ondemand_usd_per_hour is not None:
+            assert inst.spot_usd_per_hour < inst.ondemand_usd_per_hour * Decimal("0.99"), inst
+    azure_h100 = [i for i in catalog.instances if i.provider == "azure" and i.accelerator == "H100"]
+    assert azure_h100
+    assert all(i.spot_usd_per_hour is None for i in azure_h100)
+
+
+def test_every_price_has_a_status(catalog: Catalog) -> None:
+    for inst in catalog.instances:
+        for market in Market:
+            assert (inst.usd_per_hour(market) is None) == (inst.status(market) is None), inst
+
+
+def test_azure_nd96isr_h100_has_eight_gpus(catalog: Catalog) -> None:
+    rows = [i for i in catalog.instances if i.instance_type == "Standard_ND96isr_H100_v5"]
+    assert rows
+    assert all(i.accelerator_count == 8 for i in rows)
+
+
+@pytest.mark.parametrize(
+    ("region", "instance_type", "price"),
+    [
+        ("us-central1", "a3-highgpu-8g", "87.83"),
+        ("us-west1", "a3-highgpu-1g", "10.98"),
+        ("us-central1", "a2-ultragpu-1g", "5.03"),
+        ("europe-west4", "a2-ultragpu-8g", "44.29"),
+    ],
+)
+def test_suspect_gcp_rows_are_corrected(
+    catalog: Catalog, region: str, instance_type: str, price: str
+) -> None:
+    (row,) = [
+        i
+        for i in catalog.instances
+        if (i.provider, i.region, i.instance_type) == ("gcp", region, instance_type)
+    ]
+    assert row.ondemand_usd_per_hour == Decimal(price)
+    assert row.ondemand_status is PriceStatus.CORRECTED
+    assert row.spot_status is PriceStatus.UNVERIFIED
+    assert "Cyclenerd" in row.note
+
+
+def test_unconfirmed_gcp_rows_are_marked_unverified(catalog: Catalog) -> None:
+    h200 = [i for i in catalog.instances if i.provider == "gcp" and i.accelerator == "H200"]
+    mega = [
+        i for i in catalog.instances
+        if i.provider == "gcp" and i.accelerator == "H100-MEGA" and i.region != "europe-west4"
+    ]
+    assert h200
+    assert mega
+    for row in h200 + mega:
+        assert row.ondemand_status is PriceStatus.UNVERIFIED
+        assert row.spot_status is PriceStatus.UNVERIFIED
+        assert row.note
+
+
+def test_every_gpu_region_has_storage_and_transfer_prices(catalog: Catalog) -> None:
+    for provider, region in {(i.provider, i.region) for i in catalog.instances}:
+        catalog.region(provider, region)  # known, with a continent
+        assert catalog.storage_rates(provider, region, "block"), region
+        assert catalog.storage_rates(provider, region, "object"), region
+        assert catalog.transfer_rate(provider, region, "internet_egress", "internet"), region
+
+
+def test_find_region_with_and_without_provider(catalog: Catalog) -> None:
+    assert catalog.find_region("us-east-1").provider == "aws"
+    assert catalog.find_region("gcp:us-central1").name == "us-central1"
+    with pytest.raises(UnknownNameError) as info:
+        catalog.find_region("us-east-9")
+    assert "us-east-1" in (info.value.hint or "")
+    with pytest.raises(UnknownNameError):
+        catalog.find_region("aws:us-central1")
+
+
+def copy_tables(tmp_path: Path) -> Path:
+    target = tmp_path / "pricing"
+    shutil.copytree(REPO_PRICING, target)
+    return target
+
+
+def test_load_from_a_directory(tmp_path: Path) -> None:
+    directory = copy_tables(tmp_path)
+    loaded = load_catalog(directory)
+    assert loaded.origin == "directory"
+    assert loaded.directory == directory
+
+
+def test_bad_row_names_file_and_line(tmp_path: Path) -> None:
+    directory = copy_tables(tmp_path)
+    path = directory / "gpu_instances.csv"
+    lines = path.read_text().splitlines()
+    fields = lines[3].split(",")
+    fields[7] = "-1"  # ondemand_usd_per_hour
+    lines[3] = ",".join(fields)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CostguardError, match=r"gpu_instances.csv, line 4: .*negative"):
+        load_catalog(directory)
+
+
+def test_spot_above_on_demand_is_refused(tmp_path: Path) -> None:
+    directory = copy_tables(tmp_path)
+    path = directory / "gpu_instances.csv"
+    text = path.read_text().replace(
+        "aws,us-east-1,g5.xlarge,A10G,1,4,16,1.006,", "aws,us-east-1,g5.xlarge,A10G,1,4,16,0.1,"
+    )
+    assert "0.1," in text
+    path.write_text(text)
+    with pytest.raises(CostguardError, match="spot price .* above on-demand"):
+        load_catalog(directory)
+
+
+def test_missing_index_is_explained(tmp_path: Path) -> None:
+    with pytest.raises(CostguardError, match="tables.toml is missing") as info:
+        load_catalog(tmp_path)
+    assert info.value.hint

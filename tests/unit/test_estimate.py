@@ -1,0 +1,213 @@
+"""The cost arithmetic, checked against figures worked out by hand from the tables."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from costguard.errors import InputError
+from costguard.money import HOURS_PER_MONTH, gb_to_gib
+from costguard.pricing.catalog import Catalog, Market
+from costguard.pricing.estimate import (
+    EstimateRequest,
+    estimate,
+    limit_places,
+    transfer_rate_between,
+)
+
+D = Decimal
+ON_DEMAND = (Market.ON_DEMAND,)
+SPOT = (Market.SPOT,)
+
+
+def only(result, provider, region, market):
+    (option,) = [
+        o for o in result.options
+        if (o.provider, o.region, o.market) == (provider, region, market)
+    ]
+    return option
+
+
+def test_issue_example_g5_xlarge(catalog: Catalog) -> None:
+    result = estimate(
+        EstimateRequest(gpu="A10G", hours=D(8), count=4, regions=("us-east-1",)), catalog
+    )
+    option = only(result, "aws", "us-east-1", Market.ON_DEMAND)
+    assert option.instance_type == "g5.xlarge"
+    assert option.usd_per_hour == D("1.006")
+    assert option.compute_usd == D("32.192")
+    # 100 GB gp3 at $0.08/GB-month for 8 of 730 hours, 4 instances.
+    assert option.block_storage_usd == D(100) * D("0.08") * D(8) * 4 / HOURS_PER_MONTH
+    assert option.total_usd == option.compute_usd + option.storage_usd + option.egress_usd
+
+
+def test_best_instance_per_region_and_market(catalog: Catalog) -> None:
+    result = estimate(EstimateRequest(gpu="A10G", hours=D(1), regions=("us-east-2",)), catalog)
+    od = only(result, "aws", "us-east-2", Market.ON_DEMAND)
+    spot = only(result, "aws", "us-east-2", Market.SPOT)
+    candidates = [
+        i for i in catalog.instances
+        if i.region == "us-east-2" and i.accelerator == "A10G" and i.accelerator_count == 1
+    ]
+    assert od.usd_per_hour == min(i.ondemand_usd_per_hour for i in candidates)
+    assert spot.usd_per_hour == min(i.spot_usd_per_hour for i in candidates if i.spot_usd_per_hour)
+
+
+def test_options_sorted_cheapest_first(catalog: Catalog) -> None:
+    result = estimate(EstimateRequest(gpu="L4", hours=D(5), count=2), catalog)
+    totals = [o.total_usd for o in result.options]
+    assert totals == sorted(totals)
+    assert {o.provider for o in result.options} == {"aws", "gcp"}
+
+
+def test_gpus_per_instance_selects_sizes(catalog: Catalog) -> None:
+    result = estimate(EstimateRequest(gpu="H100", hours=D(1), gpus_per_instance=8), catalog)
+    assert result.options
+    assert all(o.gpus_per_instance == 8 for o in result.options)
+
+
+def test_instance_type_without_gpu(catalog: Catalog) -> None:
+    result = estimate(
+        EstimateRequest(instance_type="G5.XLARGE", hours=D(2), markets=ON_DEMAND), catalog
+    )
+    assert {o.instance_type for o in result.options} == {"g5.xlarge"}
+    assert len(result.options) == 6  # six AWS regions in the table
+
+
+def test_gcp_disk_is_priced_per_gib(catalog: Catalog) -> None:
+    result = estimate(
+        EstimateRequest(gpu="L4", hours=D(730), regions=("us-central1",), markets=ON_DEMAND),
+        catalog,
+    )
+    option = only(result, "gcp", "us-central1", Market.ON_DEMAND)
+    assert option.block_storage_usd == gb_to_gib(D(100)) * D("0.10")
+
+
+def test_azure_disk_bills_the_tier_that_holds_it(catalog: Catalog) -> None:
+    def disk_cost(gb: int) -> Decimal:
+        result = estimate(
+            EstimateRequest(gpu="T4", hours=D(730), regions=("eastus",), markets=ON_DEMAND,
+                            disk_gb=D(gb)),
+            catalog,
+        )
+        return only(result, "azure", "eastus", Market.ON_DEMAND).block_storage_usd
+
+    assert disk_cost(100) == D("19.71")  # P10, 128 GiB
+    assert disk_cost(137) == D("19.71")  # 137 GB = 127.6 GiB still fits a P10
+    assert disk_cost(140) == D("38.01")  # 130.4 GiB needs a P15
+    assert disk_cost(3000) == 2 * D("235.52")  # two P40 disks
+
+
+def test_object_storage_and_egress(catalog: Catalog) -> None:
+    result = estimate(
+        EstimateRequest(gpu="A10G", hours=D(1), regions=("us-east-1",), markets=ON_DEMAND,
+                        disk_gb=D(0), storage_gb=D(1000), storage_months=D(2),
+                        egress_gb=D(50)),
+        catalog,
+    )
+    option = only(result, "aws", "us-east-1", Market.ON_DEMAND)
+    assert option.block_storage_usd == 0
+    assert option.object_storage_usd == D(1000) * D("0.023") * 2
+    assert option.internet_egress_usd == D(50) * D("0.09")
+
+
+def test_data_transfer_rules(catalog: Catalog) -> None:
+    east1 = catalog.find_region("us-east-1")
+    east2 = catalog.find_region("us-east-2")
+    tokyo = catalog.find_region("ap-northeast-1")
+    iowa = catalog.find_region("us-central1")
+    assert transfer_rate_between(catalog, east1, east1) is None
+    assert transfer_rate_between(catalog, east1, east2).usd == D("0.01")  # special pair
+    assert transfer_rate_between(catalog, tokyo, east1).usd == D("0.09")
+    cross = transfer_rate_between(catalog, iowa, east1)
+    assert cross.kind == "internet_egress"  # another cloud pays the source's egress
+    assert cross.provider == "gcp"
+
+
+def test_data_region_charges_and_points_to_local_option(catalog: Catalog) -> None:
+    data = catalog.find_region("us-west-2")
+    result = estimate(
+        EstimateRequest(gpu="A10G", hours=D(8), markets=ON_DEMAND, data_region=data,
+                        data_gb=D(500)),
+        catalog,
+    )
+    local = only(result, "aws", "us-west-2", Market.ON_DEMAND)
+    remote = only(result, "aws", "us-east-1", Market.ON_DEMAND)
+    assert local.data_transfer_usd == 0
+    assert remote.data_transfer_usd == D(500) * D("0.02")
+    assert result.near_data is not None
+    assert result.near_data.region == "us-west-2"
+
+
+def test_data_region_outside_filter_is_still_pointed_out(catalog: Catalog) -> None:
+    data = catalog.find_region("us-east-1")
+    result = estimate(
+        EstimateRequest(gpu="A10G", hours=D(8), regions=("eu-west-1",), markets=ON_DEMAND,
+                        data_region=data, data_gb=D(1000)),
+        catalog,
+    )
+    assert {o.region for o in result.options} == {"eu-west-1"}
+    assert result.near_data is not None
+    assert result.near_data.region == "us-east-1"
+    assert any("next to the data" in note for note in result.notes)
+
+
+def test_gpu_not_offered_in_data_region_is_said(catalog: Catalog) -> None:
+    data = catalog.find_region("us-central1")
+    result = estimate(
+        EstimateRequest(gpu="A10G", hours=D(1), data_region=data, data_gb=D(10)), catalog
+    )
+    assert result.near_data is None
+    assert any("not offered in the data's region" in note for note in result.notes)
+
+
+def test_unverified_price_carries_a_note(catalog: Catalog) -> None:
+    result = estimate(
+        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, providers=("gcp",)),
+        catalog,
+    )
+    assert result.options
+    assert all(o.price_status == "unverified" and o.notes for o in result.options)
+
+
+def test_limit_places_keeps_markets_together(catalog: Catalog) -> None:
+    result = estimate(EstimateRequest(gpu="T4", hours=D(1)), catalog)
+    top = limit_places(result.options, 2)
+    assert len({(o.provider, o.region) for o in top}) == 2
+    assert limit_places(result.options, 0) == result.options
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "message", "hint"),
+    [
+        ({"gpu": "A10G", "regions": ("us-central1",)}, "not offered in us-central1",
+         "aws:us-east-1"),
+        ({"gpu": "H100", "gpus_per_instance": 3}, "3 x H100", "--gpus-per-instance 4"),
+        ({"gpu": "H100", "gpus_per_instance": 16}, "16 x H100", "--gpus-per-instance 8"),
+        ({"instance_type": "x9.huge"}, "not in the tables", "pricing show"),
+        ({"gpu": "T4", "instance_type": "g5.xlarge"}, "not in the tables", "drop --gpu"),
+    ],
+)
+def test_no_match_explains(catalog: Catalog, request_kwargs, message, hint) -> None:
+    with pytest.raises(InputError, match=message) as info:
+        estimate(EstimateRequest(hours=D(1), **request_kwargs), catalog)
+    assert hint in (info.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"gpu": "T4", "hours": D(0)},
+        {"gpu": "T4", "hours": D(-1)},
+        {"gpu": "T4", "hours": D(1), "count": 0},
+        {"gpu": "T4", "hours": D(1), "disk_gb": D(-5)},
+        {"gpu": "T4", "hours": D(1), "data_gb": D(5)},
+        {"gpu": "T4", "hours": D(1), "markets": ()},
+        {"hours": D(1)},
+    ],
+)
+def test_request_validation(kwargs) -> None:
+    with pytest.raises(InputError) as info:
+        EstimateRequest(**kwargs)
+    assert info.value.hint
