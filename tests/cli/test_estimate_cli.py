@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -39,9 +40,19 @@ def test_json_document_shape_and_issue_example(run_cli) -> None:
     options = doc["options"]
     totals = [Decimal(o["total_usd"]) for o in options]
     assert totals == sorted(totals)
-    required = {"provider", "region", "instance_type", "accelerator", "gpus_per_instance",
-                "market", "usd_per_hour", "compute_usd", "storage_usd", "egress_usd",
-                "total_usd"}
+    required = {
+        "provider",
+        "region",
+        "instance_type",
+        "accelerator",
+        "gpus_per_instance",
+        "market",
+        "usd_per_hour",
+        "compute_usd",
+        "storage_usd",
+        "egress_usd",
+        "total_usd",
+    }
     for option in options:
         assert required <= set(option)
         assert option["market"] in ("on-demand", "spot")
@@ -52,7 +63,8 @@ def test_json_document_shape_and_issue_example(run_cli) -> None:
     assert example["instance_type"] == "g5.xlarge"
     assert example["compute_usd"] == "32.192"
     assert Decimal(example["total_usd"]) == (
-        Decimal(example["compute_usd"]) + Decimal(example["storage_usd"])
+        Decimal(example["compute_usd"])
+        + Decimal(example["storage_usd"])
         + Decimal(example["egress_usd"])
     )
 
@@ -74,39 +86,100 @@ def test_spot_only(run_cli) -> None:
 
 
 def test_filters_and_top(run_cli) -> None:
-    doc = run_cli("estimate", "--gpu", "t4", "--hours", "2", "--provider", "gcp", "--top", "2",
-                  "--format", "json").json()
+    doc = run_cli(
+        "estimate",
+        "--gpu",
+        "t4",
+        "--hours",
+        "2",
+        "--provider",
+        "gcp",
+        "--top",
+        "2",
+        "--format",
+        "json",
+    ).json()
     assert {o["provider"] for o in doc["options"]} == {"gcp"}
     assert len({o["region"] for o in doc["options"]}) == 2
     assert doc["options_total"] > len(doc["options"])
-    doc = run_cli("estimate", "--gpu", "t4", "--hours", "2", "--region", "eastus",
-                  "--region", "us-east-1", "--format", "json", "--top", "0").json()
+    doc = run_cli(
+        "estimate",
+        "--gpu",
+        "t4",
+        "--hours",
+        "2",
+        "--region",
+        "eastus",
+        "--region",
+        "us-east-1",
+        "--format",
+        "json",
+        "--top",
+        "0",
+    ).json()
     assert {o["region"] for o in doc["options"]} == {"eastus", "us-east-1"}
 
 
 def test_instance_type_and_gpus_per_instance(run_cli) -> None:
-    doc = run_cli("estimate", "--instance-type", "p5.48xlarge", "--hours", "1",
-                  "--format", "json").json()
+    doc = run_cli(
+        "estimate", "--instance-type", "p5.48xlarge", "--hours", "1", "--format", "json"
+    ).json()
     assert {o["instance_type"] for o in doc["options"]} == {"p5.48xlarge"}
-    doc = run_cli("estimate", "--gpu", "h100", "--gpus-per-instance", "8", "--hours", "1",
-                  "--format", "json", "--top", "0").json()
+    doc = run_cli(
+        "estimate",
+        "--gpu",
+        "h100",
+        "--gpus-per-instance",
+        "8",
+        "--hours",
+        "1",
+        "--format",
+        "json",
+        "--top",
+        "0",
+    ).json()
     assert {o["gpus_per_instance"] for o in doc["options"]} == {8}
 
 
 def test_unverified_prices_are_flagged(run_cli) -> None:
-    result = run_cli("estimate", "--gpu", "h200", "--gpus-per-instance", "8", "--hours", "1",
-                     "--provider", "gcp")
+    result = run_cli(
+        "estimate", "--gpu", "h200", "--gpus-per-instance", "8", "--hours", "1", "--provider", "gcp"
+    )
     assert result.exit_code == 0
     assert "*" in result.stdout
     assert "unverified price" in result.stdout
-    doc = run_cli("estimate", "--gpu", "h200", "--gpus-per-instance", "8", "--hours", "1",
-                  "--provider", "gcp", "--format", "json").json()
+    doc = run_cli(
+        "estimate",
+        "--gpu",
+        "h200",
+        "--gpus-per-instance",
+        "8",
+        "--hours",
+        "1",
+        "--provider",
+        "gcp",
+        "--format",
+        "json",
+    ).json()
     assert all(o["price_status"] == "unverified" for o in doc["options"])
 
 
 def test_data_region_in_output(run_cli) -> None:
-    doc = run_cli("estimate", "--gpu", "a10g", "--hours", "8", "--data-region", "us-west-2",
-                  "--data-gb", "500", "--format", "json", "--top", "0").json()
+    doc = run_cli(
+        "estimate",
+        "--gpu",
+        "a10g",
+        "--hours",
+        "8",
+        "--data-region",
+        "us-west-2",
+        "--data-gb",
+        "500",
+        "--format",
+        "json",
+        "--top",
+        "0",
+    ).json()
     assert doc["near_data"]["region"] == "us-west-2"
     assert doc["near_data"]["data_transfer_usd"] == "0"
     remote = [o for o in doc["options"] if o["region"] == "us-east-1"]
@@ -176,11 +249,16 @@ def clean_env() -> dict[str, str]:
 
 
 def test_python_dash_m_and_console_script(tmp_path) -> None:
-    script = os.path.join(os.path.dirname(sys.executable), "costguard")
+    script = str(Path(sys.executable).with_name("costguard"))
     for command in ([sys.executable, "-m", "costguard"], [script]):
         done = subprocess.run(
-            [*command, *ARGS, "--format", "json"], capture_output=True, text=True,
-            timeout=60, cwd=tmp_path, env=clean_env(), check=False,
+            [*command, *ARGS, "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=clean_env(),
+            check=False,
         )
         assert done.returncode == 0, done.stderr
         assert '"compute_usd": "32.192"' in done.stdout
@@ -189,7 +267,12 @@ def test_python_dash_m_and_console_script(tmp_path) -> None:
 def test_real_process_bad_input_has_no_traceback(tmp_path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "costguard", "estimate", "--gpu", "a10g", "--hours", "nan"],
-        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=clean_env(), check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=clean_env(),
+        check=False,
     )
     assert done.returncode == 2
     assert done.stderr.startswith("Error: ")

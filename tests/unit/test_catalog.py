@@ -19,7 +19,11 @@ def test_bundled_tables_load(catalog: Catalog) -> None:
     assert {i.provider for i in catalog.instances} == {"aws", "gcp", "azure"}
     assert catalog.as_of.isoformat() == "2026-11-30"
     assert set(catalog.tables) == {
-        "gpu_instances", "cpu_instances", "storage", "transfer", "regions"
+        "gpu_instances",
+        "cpu_instances",
+        "storage",
+        "transfer",
+        "regions",
     }
 
 
@@ -81,7 +85,8 @@ def test_suspect_gcp_rows_are_corrected(
 def test_unconfirmed_gcp_rows_are_marked_unverified(catalog: Catalog) -> None:
     h200 = [i for i in catalog.instances if i.provider == "gcp" and i.accelerator == "H200"]
     mega = [
-        i for i in catalog.instances
+        i
+        for i in catalog.instances
         if i.provider == "gcp" and i.accelerator == "H100-MEGA" and i.region != "europe-west4"
     ]
     assert h200
@@ -143,11 +148,11 @@ def test_spot_above_on_demand_is_refused(tmp_path: Path) -> None:
     )
     assert "0.1," in text
     path.write_text(text)
-    with pytest.raises(CostguardError, match="spot price .* above on-demand"):
+    with pytest.raises(CostguardError, match=r"spot price .* above on-demand"):
         load_catalog(directory)
 
 
 def test_missing_index_is_explained(tmp_path: Path) -> None:
-    with pytest.raises(CostguardError, match="tables.toml is missing") as info:
+    with pytest.raises(CostguardError, match=r"tables\.toml is missing") as info:
         load_catalog(tmp_path)
     assert info.value.hint

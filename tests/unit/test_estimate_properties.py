@@ -11,9 +11,9 @@ from costguard.pricing.catalog import Catalog, Market, load_catalog
 from costguard.pricing.estimate import EstimateRequest, estimate
 
 CATALOG: Catalog = load_catalog()
-SINGLE_GPU = sorted({
-    i.accelerator for i in CATALOG.instances if i.accelerator and i.accelerator_count == 1
-})
+SINGLE_GPU = sorted(
+    {i.accelerator for i in CATALOG.instances if i.accelerator and i.accelerator_count == 1}
+)
 
 hours = st.decimals(min_value="0.01", max_value="10000", places=2)
 counts = st.integers(min_value=1, max_value=64)
@@ -43,18 +43,40 @@ def test_cost_is_linear_in_hours_and_count(gpu, h, count, factor) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(gpu=gpus, h=hours, count=counts, disk=gigabytes, storage=gigabytes, egress=gigabytes,
-       data=gigabytes, data_region=st.sampled_from(CATALOG.regions))
-def test_costs_are_never_negative_and_add_up(gpu, h, count, disk, storage, egress, data,
-                                             data_region) -> None:
+@given(
+    gpu=gpus,
+    h=hours,
+    count=counts,
+    disk=gigabytes,
+    storage=gigabytes,
+    egress=gigabytes,
+    data=gigabytes,
+    data_region=st.sampled_from(CATALOG.regions),
+)
+def test_costs_are_never_negative_and_add_up(
+    gpu, h, count, disk, storage, egress, data, data_region
+) -> None:
     result = estimate(
-        EstimateRequest(gpu=gpu, hours=h, count=count, disk_gb=disk, storage_gb=storage,
-                        egress_gb=egress, data_gb=data, data_region=data_region),
+        EstimateRequest(
+            gpu=gpu,
+            hours=h,
+            count=count,
+            disk_gb=disk,
+            storage_gb=storage,
+            egress_gb=egress,
+            data_gb=data,
+            data_region=data_region,
+        ),
         CATALOG,
     )
     for option in result.options:
-        parts = (option.compute_usd, option.block_storage_usd, option.object_storage_usd,
-                 option.internet_egress_usd, option.data_transfer_usd)
+        parts = (
+            option.compute_usd,
+            option.block_storage_usd,
+            option.object_storage_usd,
+            option.internet_egress_usd,
+            option.data_transfer_usd,
+        )
         assert all(part >= 0 for part in parts)
         assert option.total_usd == option.compute_usd + option.storage_usd + option.egress_usd
         assert abs(option.total_usd - sum(parts, Decimal(0))) < Decimal("1e-18")

@@ -10,7 +10,7 @@ import click
 from costguard.money import parse_decimal
 
 
-class DecimalRange(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.5
+class DecimalRange(click.ParamType):
     """A finite decimal number within bounds; NaN, infinity and text are refused.
 
     ``minimum_open`` makes the lower bound exclusive (hours must be more than 0).
