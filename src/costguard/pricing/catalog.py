@@ -386,50 +386,51 @@ def _instance(row: Mapping[str, str]) -> InstancePrice:
     )
 
 
-def _storage(row: Mapping[str, str]) -> StorageRate:
-    unit = _field(row, "unit")
-    if unit not in ("GB-month", "GiB-month", "disk-month"):
-        msg = f"unit must be GB-month, GiB-month or disk-month, not {unit!r}"
+def _one_of(row: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:
+    value = _field(row, name)
+    if value not in allowed:
+        msg = f"{name} must be one of {', '.join(allowed)}, not {value!r}"
         raise _BadRowError(msg)
-    size = _price(row, "disk_size_gib", optional=True)
-    if unit == "disk-month" and not size:
-        msg = "a disk-month price needs disk_size_gib"
-        raise _BadRowError(msg)
+    return value
+
+
+def _required_status(row: Mapping[str, str]) -> PriceStatus:
     status = _status(row, "status")
     if status is None:
         msg = "status is empty"
         raise _BadRowError(msg)
+    return status
+
+
+def _storage(row: Mapping[str, str]) -> StorageRate:
+    unit = _one_of(row, "unit", ("GB-month", "GiB-month", "disk-month"))
+    size = _price(row, "disk_size_gib", optional=True)
+    if unit == "disk-month" and not size:
+        msg = "a disk-month price needs disk_size_gib"
+        raise _BadRowError(msg)
     return StorageRate(
         provider=check_provider(_field(row, "provider")),
         region=_field(row, "region"),
-        kind=_field(row, "kind"),
+        kind=_one_of(row, "kind", ("block", "object")),
         sku=_field(row, "sku"),
         unit=unit,
         disk_size_gib=size,
         usd=_required_price(row, "usd"),
-        status=status,
+        status=_required_status(row),
         as_of=_date(row, "as_of"),
         source=_field(row, "source"),
     )
 
 
 def _transfer(row: Mapping[str, str]) -> TransferRate:
-    unit = _field(row, "unit")
-    if unit not in ("GB", "GiB"):
-        msg = f"unit must be GB or GiB, not {unit!r}"
-        raise _BadRowError(msg)
-    status = _status(row, "status")
-    if status is None:
-        msg = "status is empty"
-        raise _BadRowError(msg)
     return TransferRate(
         provider=check_provider(_field(row, "provider")),
         region=_field(row, "region"),
-        kind=_field(row, "kind"),
+        kind=_one_of(row, "kind", ("internet_egress", "inter_region")),
         destination=_field(row, "destination"),
-        unit=unit,
+        unit=_one_of(row, "unit", ("GB", "GiB")),
         usd=_required_price(row, "usd"),
-        status=status,
+        status=_required_status(row),
         as_of=_date(row, "as_of"),
         source=_field(row, "source"),
     )
