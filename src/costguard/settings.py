@@ -8,6 +8,8 @@ The config file is TOML, at ``$COSTGUARD_CONFIG`` or
 
     pricing_dir = "/data/mirror/costguard-pricing"
     debug = false
+    gcp_endpoint = "https://private.googleapis.com"   # optional
+    azure_endpoint = "https://management.usgovcloudapi.net"   # optional
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Settings:
     pricing_dir: Path | None = None
     #: Show tracebacks for unexpected errors.
     debug: bool = False
+    #: Base URL for Google Cloud API calls (a mirror, a private endpoint, a test server).
+    gcp_endpoint: str | None = None
+    #: Base URL for Azure Resource Manager calls (sovereign clouds, test servers).
+    azure_endpoint: str | None = None
 
     @classmethod
     def load(
@@ -63,6 +69,10 @@ class Settings:
         return cls(
             pricing_dir=Path(pricing_dir).expanduser() if pricing_dir else None,
             debug=_as_bool("debug", values.get("debug", False)),
+            gcp_endpoint=str(values["gcp_endpoint"]) if values.get("gcp_endpoint") else None,
+            azure_endpoint=(
+                str(values["azure_endpoint"]) if values.get("azure_endpoint") else None
+            ),
         )
 
 

@@ -1,0 +1,77 @@
+"""boto3 clients with bounded retries and timeouts, and botocore errors made actionable.
+
+Endpoints come from the standard ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``
+variables, which boto3 reads itself; credentials from the usual chain (env, profile,
+instance role). No secret is ever logged.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
+from costguard.errors import CostguardError, InputError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+EXTRA = "aws"
+
+
+def client(service: str, region: str | None = None, *, max_attempts: int = 5) -> Any:
+    """A boto3 client for ``service`` with adaptive retries and timeouts.
+
+    ``region`` defaults to the usual chain (``AWS_DEFAULT_REGION``, profile), then us-east-1.
+    """
+    boto3 = require("boto3", EXTRA)
+    config = require("botocore.config", EXTRA).Config(
+        retries={"max_attempts": max_attempts, "mode": "adaptive"},
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        user_agent_extra="costguard",
+    )
+    session = boto3.session.Session()
+    return session.client(
+        service, region_name=region or session.region_name or "us-east-1", config=config
+    )
+
+
+def translate(exc: BaseException, action: str) -> CostguardError:
+    """A botocore/boto3 exception as a :class:`CostguardError` that says what to do.
+
+    ``action`` says what was being done, e.g. ``"creating the budget"``.
+    """
+    exceptions = require("botocore.exceptions", EXTRA)
+    if isinstance(exc, exceptions.NoCredentialsError | exceptions.PartialCredentialsError):
+        return CostguardError(
+            f"no AWS credentials while {action}",
+            hint="run `aws configure` or `aws sso login`, or set AWS_PROFILE",
+        )
+    if isinstance(exc, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
+        return CostguardError(
+            f"cannot reach AWS while {action}: {exc}",
+            hint="check the network, the region, and AWS_ENDPOINT_URL if you set it",
+        )
+    if isinstance(exc, exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", "Unknown"))
+        message = str(error.get("Message", "")).strip()
+        text = f"AWS refused {action}: {code}" + (f" ({message})" if message else "")
+        if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
+            return CostguardError(text, hint="the policies costguard needs are in infra/aws/")
+        if code in ("ValidationException", "InvalidParameterValue", "InvalidParameterException"):
+            return InputError(text, hint="check the values you passed")
+        return CostguardError(text)
+    return CostguardError(f"AWS call failed while {action}: {exc}")
+
+
+def errors() -> tuple[type[BaseException], ...]:
+    """The botocore exception classes :func:`translate` understands (for ``except``)."""
+    exceptions = require("botocore.exceptions", EXTRA)
+    return (exceptions.BotoCoreError, exceptions.ClientError)
+
+
+def paginate(aws_client: Any, operation: str, key: str, **kwargs: Any) -> Iterator[Any]:
+    """Every item under ``key`` across all pages of ``operation``."""
+    for page in aws_client.get_paginator(operation).paginate(**kwargs):
+        yield from page.get(key, [])

@@ -1,0 +1,50 @@
+"""The shared client factories: lazy imports, endpoints, error translation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from costguard.clouds import aws, require
+from costguard.errors import CostguardError, InputError, MissingDependencyError
+
+
+def test_missing_sdk_names_the_extra() -> None:
+    with pytest.raises(MissingDependencyError) as info:
+        require("costguard_no_such_sdk", "gcp")
+    assert info.value.hint == 'pip install "costguard[gcp]"'
+
+
+def test_aws_client_reaches_moto_through_the_standard_endpoint(aws_env: str) -> None:
+    sts = aws.client("sts")
+    assert sts.meta.endpoint_url == aws_env
+    assert sts.get_caller_identity()["Account"]
+
+
+def test_aws_errors_are_translated(aws_env: str) -> None:
+    budgets = aws.client("budgets", max_attempts=1)
+    with pytest.raises(aws.errors()) as info:
+        budgets.describe_budget(AccountId="123456789012", BudgetName="costguard-none")
+    translated = aws.translate(info.value, "reading the budget")
+    assert isinstance(translated, CostguardError)
+    assert "reading the budget" in translated.message
+
+
+def test_aws_no_credentials_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    sts = aws.client("sts", max_attempts=1)
+    with pytest.raises(aws.errors()) as info:
+        sts.get_caller_identity()
+    translated = aws.translate(info.value, "checking the account")
+    assert "no AWS credentials" in translated.message
+    assert translated.hint
+
+
+def test_input_errors_exit_2() -> None:
+    assert InputError("x").exit_code == 2
