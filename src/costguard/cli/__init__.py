@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 import click
 
 from costguard import __version__
+from costguard.cli.alarm import alarm_group
 from costguard.cli.estimate import estimate_command
 from costguard.cli.pricing import pricing_group
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
@@ -105,6 +106,7 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
 
 cli.add_command(estimate_command)
 cli.add_command(pricing_group)
+cli.add_command(alarm_group)
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ instance role). No secret is ever logged.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
@@ -22,10 +23,16 @@ def client(service: str, region: str | None = None, *, max_attempts: int = 5) ->
     """A boto3 client for ``service`` with adaptive retries and timeouts.
 
     ``region`` defaults to the usual chain (``AWS_DEFAULT_REGION``, profile), then us-east-1.
+    The standard ``AWS_MAX_ATTEMPTS`` / ``AWS_RETRY_MODE`` variables override the retry
+    policy, as they do for the AWS CLI.
     """
     boto3 = require("boto3", EXTRA)
+    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
     config = require("botocore.config", EXTRA).Config(
-        retries={"max_attempts": max_attempts, "mode": "adaptive"},
+        retries={
+            "max_attempts": int(attempts) if attempts.isdigit() else max_attempts,
+            "mode": os.environ.get("AWS_RETRY_MODE", "adaptive"),
+        },
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,
         user_agent_extra="costguard",
@@ -63,6 +70,20 @@ def translate(exc: BaseException, action: str) -> CostguardError:
             return InputError(text, hint="check the values you passed")
         return CostguardError(text)
     return CostguardError(f"AWS call failed while {action}: {exc}")
+
+
+def is_unsupported(exc: BaseException) -> bool:
+    """Whether an endpoint answered that it does not implement the operation.
+
+    S3-compatible stores, LocalStack and moto answer an unknown action with HTTP 500/501;
+    callers then fall back to an equivalent sequence of calls that is supported.
+    """
+    response = getattr(exc, "response", None)
+    if not isinstance(response, dict):
+        return False
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    code = str(response.get("Error", {}).get("Code", ""))
+    return status in (500, 501) and code in ("500", "501", "NotImplemented", "InternalFailure")
 
 
 def errors() -> tuple[type[BaseException], ...]:

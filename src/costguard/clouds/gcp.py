@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from costguard.clouds import require
+from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
 from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
 
@@ -39,6 +39,37 @@ def client(module: str, name: str, settings: Settings, credentials: Any = None) 
         client_options=options,
         transport="rest",
     )
+
+
+class RestSession:
+    """Plain REST calls for the few Google APIs whose Python client has no REST transport.
+
+    Cloud Monitoring's notification channels are one: ``google-cloud-monitoring`` speaks
+    gRPC only. Requests go to ``https://<service>.googleapis.com`` (or ``gcp_endpoint``).
+    """
+
+    def __init__(self, service: str, settings: Settings, credentials: Any = None) -> None:
+        transport = require("google.auth.transport.requests", EXTRA)
+        self._session = transport.AuthorizedSession(
+            credentials if credentials is not None else default_credentials()
+        )
+        self.base_url = (settings.gcp_endpoint or f"https://{service}.googleapis.com").rstrip("/")
+
+    def request(self, method: str, path: str, action: str, **kwargs: Any) -> Any:
+        """One call; a JSON answer, or an actionable error."""
+        kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, READ_TIMEOUT_S))
+        try:
+            response = self._session.request(method, f"{self.base_url}/{path}", **kwargs)
+        except OSError as exc:
+            msg = f"cannot reach Google Cloud while {action}: {exc}"
+            raise CostguardError(msg, hint="check the network and gcp_endpoint") from None
+        if response.status_code in (401, 403):
+            msg = f"Google Cloud refused {action} (HTTP {response.status_code})"
+            raise CostguardError(msg, hint="the custom role costguard needs is in infra/gcp/")
+        if response.status_code >= 400:
+            msg = f"Google Cloud rejected {action} (HTTP {response.status_code}): {response.text}"
+            raise CostguardError(msg)
+        return response.json() if response.content else {}
 
 
 def translate(exc: BaseException, action: str) -> CostguardError:

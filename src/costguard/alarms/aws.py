@@ -1,0 +1,418 @@
+"""AWS Budgets + SNS + CloudWatch billing alarm: read what exists, run a plan.
+
+Budgets, the SNS topic and the billing alarm all live in us-east-1 (AWS/Billing metrics
+exist only there). Endpoints that lack an operation (moto has no ``update_budget`` or
+subscriber calls) get an equivalent sequence: delete + recreate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from costguard.alarms.plan import (
+    AWS_BILLING_REGION,
+    NAME_PREFIX,
+    AlarmSpec,
+    ApiCall,
+    Notification,
+    ObservedAws,
+    ObservedAwsBudget,
+    Plan,
+    aws_alarm_name,
+    aws_create_budget,
+    aws_notification_key,
+    aws_subscribers,
+    aws_topic_arn,
+    plan_aws,
+)
+from costguard.clouds import aws
+
+ClientFactory = Callable[[str, str], Any]
+
+
+def _default_clients(service: str, region: str) -> Any:
+    return aws.client(service, region)
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    """One costguard budget as it stands."""
+
+    provider: str
+    name: str
+    amount_usd: Decimal
+    actual_usd: Decimal | None
+    forecast_usd: Decimal | None
+    alerts: tuple[str, ...]
+    extra: str = ""
+
+
+class AwsAlarms:
+    """The AWS side of ``costguard alarm``. Clients come from ``clients(service, region)``."""
+
+    def __init__(self, clients: ClientFactory = _default_clients) -> None:
+        self._clients = clients
+        self._cache: dict[str, Any] = {}
+
+    def _client(self, service: str) -> Any:
+        if service not in self._cache:
+            self._cache[service] = self._clients(service, AWS_BILLING_REGION)
+        return self._cache[service]
+
+    def _call(self, service: str, operation: str, action: str, **params: Any) -> Any:
+        try:
+            return getattr(self._client(service), operation)(**params)
+        except aws.errors() as exc:
+            raise aws.translate(exc, action) from None
+
+    # -- reading ---------------------------------------------------------------------
+
+    def account(self) -> tuple[str, str]:
+        """(account id, partition) of the credentials in use."""
+        identity = self._call("sts", "get_caller_identity", "checking the AWS account")
+        partition = str(identity["Arn"]).split(":")[1]
+        return str(identity["Account"]), partition
+
+    def observe(self, spec: AlarmSpec) -> ObservedAws:
+        """Everything ``plan_aws`` needs to know about the account."""
+        account, partition = self.account()
+        topic_arn = aws_topic_arn(account, partition)
+        topic_exists, policy_ok = self._topic(topic_arn, account)
+        alarm_threshold, alarm_actions = self._alarm(aws_alarm_name(spec))
+        metrics = self._call(
+            "cloudwatch",
+            "list_metrics",
+            "checking for AWS/Billing metrics",
+            Namespace="AWS/Billing",
+            MetricName="EstimatedCharges",
+        )
+        return ObservedAws(
+            account_id=account,
+            partition=partition,
+            budget=self._budget(account, spec.name),
+            topic_exists=topic_exists,
+            topic_policy_allows_budgets=policy_ok,
+            topic_email_subscriptions=self._email_subscriptions(topic_arn)
+            if topic_exists
+            else frozenset(),
+            alarm_threshold_usd=alarm_threshold,
+            alarm_actions=alarm_actions,
+            billing_metrics_enabled=bool(metrics.get("Metrics")),
+        )
+
+    def _budget(self, account: str, name: str) -> ObservedAwsBudget | None:
+        budgets = self._client("budgets")
+        try:
+            raw = budgets.describe_budget(AccountId=account, BudgetName=name)["Budget"]
+        except budgets.exceptions.NotFoundException:
+            return None
+        except aws.errors() as exc:
+            raise aws.translate(exc, f"reading budget {name}") from None
+        notifications = self._notifications(account, name)
+        return ObservedAwsBudget(
+            amount_usd=Decimal(raw["BudgetLimit"]["Amount"]),
+            time_unit=raw.get("TimeUnit", "MONTHLY"),
+            notifications=frozenset(notifications),
+            subscribers=self._subscribers(account, name, notifications),
+        )
+
+    def _notifications(self, account: str, name: str) -> dict[Notification, dict[str, Any]]:
+        found: dict[Notification, dict[str, Any]] = {}
+        params: dict[str, Any] = {"AccountId": account, "BudgetName": name, "MaxResults": 100}
+        for _page in range(100):  # bounded: a budget has at most 10 notifications
+            page = self._call(
+                "budgets",
+                "describe_notifications_for_budget",
+                f"reading the alerts of {name}",
+                **params,
+            )
+            for raw in page.get("Notifications", []):
+                key = aws_notification_key(raw)
+                if key is not None:
+                    found[key] = raw
+            if not page.get("NextToken"):
+                break
+            params["NextToken"] = page["NextToken"]
+        return found
+
+    def _subscribers(
+        self, account: str, name: str, notifications: dict[Notification, dict[str, Any]]
+    ) -> dict[Notification, frozenset[tuple[str, str]]] | None:
+        subscribers = {}
+        budgets = self._client("budgets")
+        for key, raw in notifications.items():
+            try:
+                page = budgets.describe_subscribers_for_notification(
+                    AccountId=account, BudgetName=name, Notification=raw, MaxResults=100
+                )
+            except aws.errors() as exc:
+                if aws.is_unsupported(exc):
+                    return None
+                raise aws.translate(exc, f"reading the subscribers of {name}") from None
+            subscribers[key] = frozenset(
+                (s["SubscriptionType"], s["Address"]) for s in page.get("Subscribers", [])
+            )
+        return subscribers
+
+    def _topic(self, topic_arn: str, account: str) -> tuple[bool, bool]:
+        sns = self._client("sns")
+        try:
+            attributes = sns.get_topic_attributes(TopicArn=topic_arn)["Attributes"]
+        except sns.exceptions.NotFoundException:
+            return False, False
+        except aws.errors() as exc:
+            raise aws.translate(exc, "reading the alert topic") from None
+        policy = json.loads(attributes.get("Policy") or "{}")
+        allowed = any(
+            s.get("Sid") == "CostguardBudgetsPublish"
+            and s.get("Condition", {}).get("StringEquals", {}).get("aws:SourceAccount") == account
+            for s in policy.get("Statement", [])
+        )
+        return True, allowed
+
+    def _email_subscriptions(self, topic_arn: str) -> frozenset[str]:
+        emails: set[str] = set()
+        params: dict[str, Any] = {"TopicArn": topic_arn}
+        for _page in range(100):
+            page = self._call("sns", "list_subscriptions_by_topic", "reading the topic", **params)
+            emails.update(
+                s["Endpoint"] for s in page.get("Subscriptions", []) if s.get("Protocol") == "email"
+            )
+            if not page.get("NextToken"):
+                break
+            params["NextToken"] = page["NextToken"]
+        return frozenset(emails)
+
+    def _alarm(self, name: str) -> tuple[Decimal | None, tuple[str, ...]]:
+        alarms = self._call(
+            "cloudwatch", "describe_alarms", "reading the billing alarm", AlarmNames=[name]
+        ).get("MetricAlarms", [])
+        if not alarms:
+            return None, ()
+        alarm = alarms[0]
+        return Decimal(str(alarm["Threshold"])), tuple(alarm.get("AlarmActions", []))
+
+    def plan(self, spec: AlarmSpec) -> Plan:
+        """Read the account and return the calls that make it match ``spec``."""
+        return plan_aws(spec, self.observe(spec))
+
+    def dry_run_plan(self, spec: AlarmSpec) -> Plan:
+        """Every call a run would make in a fresh account, without making any."""
+        fresh = plan_aws(spec, ObservedAws(account_id="<account-id>"))
+        return Plan(self._read_calls(spec) + fresh.calls, fresh.notes)
+
+    def _read_calls(self, spec: AlarmSpec) -> tuple[ApiCall, ...]:
+        return tuple(
+            ApiCall(service, operation, params, reason, read_only=True)
+            for service, operation, params, reason in (
+                ("sts", "get_caller_identity", {}, "which account"),
+                (
+                    "sns",
+                    "get_topic_attributes",
+                    {"TopicArn": aws_topic_arn("<account-id>")},
+                    "the alert topic",
+                ),
+                (
+                    "cloudwatch",
+                    "describe_alarms",
+                    {"AlarmNames": [aws_alarm_name(spec)]},
+                    "billing alarm",
+                ),
+                (
+                    "cloudwatch",
+                    "list_metrics",
+                    {"Namespace": "AWS/Billing"},
+                    "billing metrics enabled?",
+                ),
+                ("budgets", "describe_budget", {"BudgetName": spec.name}, "budget"),
+                (
+                    "budgets",
+                    "describe_notifications_for_budget",
+                    {"BudgetName": spec.name},
+                    "its alerts",
+                ),
+            )
+        )
+
+    # -- changing --------------------------------------------------------------------
+
+    def apply(self, spec: AlarmSpec, plan: Plan) -> list[ApiCall]:
+        """Run the plan's changes in order; return the calls actually made.
+
+        When the budget had to be recreated (no ``update_budget`` on this endpoint), it
+        was recreated with every alert and subscriber of the spec, so the plan's
+        remaining alert edits for it are skipped.
+        """
+        made: list[ApiCall] = []
+        recreated = False
+        for call in plan.changes:
+            if recreated and call.service == "budgets":
+                continue
+            done = list(self._execute(spec, call))
+            if call.operation == "update_budget":
+                recreated = any(c.operation == "create_budget" for c in done)
+            made.extend(done)
+        return made
+
+    def _execute(self, spec: AlarmSpec, call: ApiCall) -> Iterator[ApiCall]:
+        params = dict(call.params)
+        if call.operation == "set_topic_attributes":
+            params["AttributeValue"] = json.dumps(params["AttributeValue"])
+        client = self._client(call.service)
+        try:
+            getattr(client, call.operation)(**params)
+        except aws.errors() as exc:
+            if not aws.is_unsupported(exc):
+                raise aws.translate(exc, f"{call} ({call.reason})") from None
+            yield from self._fallback(spec, call)
+            return
+        yield call
+
+    def _fallback(self, spec: AlarmSpec, call: ApiCall) -> Iterator[ApiCall]:
+        """Equivalent calls for an endpoint that lacks ``call``'s operation."""
+        params = call.params
+        account = str(params.get("AccountId", ""))
+        _, partition = self.account() if account else ("", "aws")
+        topic = aws_topic_arn(account, partition)
+        if call.operation == "update_budget":
+            steps = [
+                ApiCall(
+                    "budgets",
+                    "delete_budget",
+                    {"AccountId": account, "BudgetName": spec.name},
+                    "this endpoint has no update_budget: delete and recreate",
+                ),
+                aws_create_budget(spec, account, topic),
+            ]
+        elif call.operation in ("create_subscriber", "delete_subscriber"):
+            base = {k: params[k] for k in ("AccountId", "BudgetName", "Notification")}
+            subscribers = aws_subscribers(spec, topic)
+            steps = [
+                ApiCall(
+                    "budgets",
+                    "delete_notification",
+                    base,
+                    "this endpoint has no subscriber calls: recreate the alert",
+                ),
+                ApiCall(
+                    "budgets",
+                    "create_notification",
+                    {**base, "Subscribers": subscribers},
+                    call.reason,
+                ),
+            ]
+        else:
+            msg = f"{call} is not supported by this endpoint"
+            raise aws.translate(RuntimeError(msg), str(call))
+        for step in steps:
+            yield from self._execute(spec, step)
+
+    # -- status and delete -----------------------------------------------------------
+
+    def budgets(self) -> list[dict[str, Any]]:
+        """Every costguard budget in the account (raw AWS dicts)."""
+        account, _ = self.account()
+        found = []
+        params: dict[str, Any] = {"AccountId": account, "MaxResults": 100}
+        for _page in range(100):
+            page = self._call("budgets", "describe_budgets", "listing budgets", **params)
+            found += [b for b in page.get("Budgets", []) if b["BudgetName"].startswith(NAME_PREFIX)]
+            if not page.get("NextToken"):
+                break
+            params["NextToken"] = page["NextToken"]
+        return found
+
+    def status(self) -> list[BudgetStatus]:
+        """What costguard has set up: budgets with their alerts and the billing alarm state."""
+        account, _ = self.account()
+        statuses = []
+        for raw in self.budgets():
+            name = raw["BudgetName"]
+            spend = raw.get("CalculatedSpend", {})
+            actual = spend.get("ActualSpend", {}).get("Amount")
+            forecast = spend.get("ForecastedSpend", {}).get("Amount")
+            alarms = self._call(
+                "cloudwatch",
+                "describe_alarms",
+                "reading the billing alarm",
+                AlarmNames=[f"{name}-estimated-charges"],
+            ).get("MetricAlarms", [])
+            alarm = f"billing alarm {alarms[0]['StateValue']}" if alarms else "no billing alarm"
+            statuses.append(
+                BudgetStatus(
+                    provider="aws",
+                    name=name,
+                    amount_usd=Decimal(raw["BudgetLimit"]["Amount"]),
+                    actual_usd=Decimal(actual) if actual is not None else None,
+                    forecast_usd=Decimal(forecast) if forecast is not None else None,
+                    alerts=tuple(sorted(str(n) for n in self._notifications(account, name))),
+                    extra=alarm,
+                )
+            )
+        return statuses
+
+    def plan_delete(self, names: Sequence[str] | None = None) -> Plan:
+        """Calls that remove costguard's budgets (all, or ``names``), alarms, and the topic."""
+        account, partition = self.account()
+        existing = [b["BudgetName"] for b in self.budgets()]
+        targets = [n for n in existing if names is None or n in names]
+        calls = [
+            ApiCall(
+                "budgets",
+                "delete_budget",
+                {"AccountId": account, "BudgetName": n},
+                "costguard budget",
+            )
+            for n in targets
+        ]
+        alarm_names = [f"{n}-estimated-charges" for n in targets]
+        found_alarms = (
+            [
+                a["AlarmName"]
+                for a in self._call(
+                    "cloudwatch",
+                    "describe_alarms",
+                    "reading billing alarms",
+                    AlarmNames=alarm_names,
+                ).get("MetricAlarms", [])
+            ]
+            if alarm_names
+            else []
+        )
+        if found_alarms:
+            calls.append(
+                ApiCall(
+                    "cloudwatch",
+                    "delete_alarms",
+                    {"AlarmNames": found_alarms},
+                    "costguard billing alarms",
+                )
+            )
+        if set(targets) == set(existing):
+            topic = aws_topic_arn(account, partition)
+            if self._topic(topic, account)[0]:
+                calls.append(
+                    ApiCall(
+                        "sns",
+                        "delete_topic",
+                        {"TopicArn": topic},
+                        "no costguard budget is left to use it",
+                    )
+                )
+        return Plan(tuple(calls))
+
+    def delete(self, plan: Plan) -> list[ApiCall]:
+        """Run a plan from :meth:`plan_delete`."""
+        made = []
+        for call in plan.changes:
+            self._call(call.service, call.operation, str(call), **call.params)
+            made.append(call)
+        return made
+
+    def has_alarm(self) -> bool:
+        """Whether any costguard budget exists (the launch guard's question)."""
+        return bool(self.budgets())

@@ -1,0 +1,246 @@
+"""Google Cloud: a Cloud Billing budget on a billing account (Billing Budgets API v1).
+
+GCP emails budget alerts to the billing account's admins by default; other addresses go
+through Cloud Monitoring email notification channels in ``--project`` (created here when
+missing, at most 5 per budget).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from costguard.alarms.aws import BudgetStatus
+from costguard.alarms.plan import (
+    NAME_PREFIX,
+    AlarmSpec,
+    ApiCall,
+    Basis,
+    Notification,
+    ObservedGcpBudget,
+    Plan,
+    plan_gcp,
+)
+from costguard.clouds import gcp
+from costguard.errors import InputError
+from costguard.settings import Settings
+
+BUDGETS = ("google.cloud.billing.budgets_v1", "BudgetServiceClient")
+
+
+class GcpAlarms:
+    """The GCP side of ``costguard alarm``.
+
+    ``budgets_client`` / ``channels`` may be passed in (custom transports); otherwise they
+    are built with :func:`costguard.clouds.gcp.client` and
+    :class:`costguard.clouds.gcp.RestSession` (Monitoring's client has no REST transport).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        billing_account: str,
+        project: str | None = None,
+        *,
+        budgets_client: Any = None,
+        channels: gcp.RestSession | None = None,
+    ) -> None:
+        self._settings = settings
+        self.parent = f"billingAccounts/{billing_account.removeprefix('billingAccounts/')}"
+        self.project = project
+        self._budgets = budgets_client
+        self._channels = channels
+
+    @property
+    def budgets_client(self) -> Any:
+        if self._budgets is None:
+            self._budgets = gcp.client(*BUDGETS, self._settings)
+        return self._budgets
+
+    @property
+    def channels(self) -> gcp.RestSession:
+        if self._channels is None:
+            self._channels = gcp.RestSession("monitoring", self._settings)
+        return self._channels
+
+    def _call(self, client: Any, operation: str, action: str, **params: Any) -> Any:
+        try:
+            return getattr(client, operation)(**params)
+        except gcp.errors() as exc:
+            raise gcp.translate(exc, action) from None
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _ours(self) -> list[Any]:
+        budgets = self._call(
+            self.budgets_client, "list_budgets", "listing budgets", parent=self.parent
+        )
+        return [b for b in budgets if b.display_name.startswith(NAME_PREFIX)]
+
+    def _find(self, name: str) -> Any | None:
+        return next((b for b in self._ours() if b.display_name == name), None)
+
+    @staticmethod
+    def _observed(raw: Any) -> ObservedGcpBudget:
+        money = raw.amount.specified_amount
+        amount = Decimal(money.units) + Decimal(money.nanos) / Decimal(10**9)
+        notifications = frozenset(
+            Notification(
+                Basis.FORECASTED if rule.spend_basis.name == "FORECASTED_SPEND" else Basis.ACTUAL,
+                (Decimal(str(rule.threshold_percent)) * 100).normalize(),
+            )
+            for rule in raw.threshold_rules
+        )
+        rule = raw.notifications_rule
+        return ObservedGcpBudget(
+            name=raw.name,
+            amount_usd=amount.normalize(),
+            notifications=notifications,
+            projects=tuple(raw.budget_filter.projects),
+            pubsub_topic=rule.pubsub_topic or None,
+            channels=tuple(rule.monitoring_notification_channels),
+        )
+
+    def _channels_for(self, emails: Sequence[str], *, create: bool) -> list[str]:
+        if not emails:
+            return []
+        if not self.project:
+            msg = "GCP sends budget emails to other addresses through a project's channels"
+            raise InputError(msg, hint="add --project PROJECT_ID (or leave out --email)")
+        project = f"projects/{self.project.removeprefix('projects/')}"
+        path = f"v3/{project}/notificationChannels"
+        existing: dict[str, str] = {}
+        params: dict[str, str] = {"filter": 'type="email"'}
+        for _page in range(100):  # bounded paging
+            page = self.channels.request(
+                "GET", path, "listing notification channels", params=params
+            )
+            for channel in page.get("notificationChannels", []):
+                existing[channel.get("labels", {}).get("email_address", "")] = channel["name"]
+            if not page.get("nextPageToken"):
+                break
+            params["pageToken"] = page["nextPageToken"]
+        names = []
+        for email in emails:
+            if email in existing:
+                names.append(existing[email])
+            elif create:
+                channel = self.channels.request(
+                    "POST",
+                    path,
+                    f"creating an email channel for {email}",
+                    json={
+                        "type": "email",
+                        "displayName": f"costguard {email}",
+                        "labels": {"email_address": email},
+                    },
+                )
+                names.append(channel["name"])
+            else:
+                names.append(f"{project}/notificationChannels/<new: {email}>")
+        return names
+
+    # -- the AlarmBackend protocol ---------------------------------------------------
+
+    def plan(self, spec: AlarmSpec) -> Plan:
+        """Read the budget (creating missing email channels first) and diff it."""
+        channels = self._channels_for(spec.emails, create=True)
+        existing = self._find(spec.name)
+        return plan_gcp(spec, self._observed(existing) if existing else None, channels)
+
+    def dry_run_plan(self, spec: AlarmSpec) -> Plan:
+        """The calls of a first run, without making any."""
+        reads = [
+            ApiCall(
+                "billing_budgets",
+                "list_budgets",
+                {"parent": self.parent},
+                "find ours",
+                read_only=True,
+            )
+        ]
+        if spec.emails:
+            reads.append(
+                ApiCall(
+                    "monitoring",
+                    "list_notification_channels",
+                    {"name": f"projects/{spec.project}"},
+                    "email channels",
+                    read_only=True,
+                )
+            )
+        writes = [
+            ApiCall(
+                "monitoring",
+                "create_notification_channel",
+                {
+                    "name": f"projects/{spec.project}",
+                    "notification_channel": {"type": "email", "labels": {"email_address": email}},
+                },
+                f"an email channel for {email} (if missing)",
+            )
+            for email in spec.emails
+        ]
+        placeholder = [
+            f"projects/{spec.project}/notificationChannels/<new: {e}>" for e in spec.emails
+        ]
+        fresh = plan_gcp(spec, None, placeholder)
+        return Plan(tuple(reads + writes) + fresh.calls, fresh.notes)
+
+    def apply(self, spec: AlarmSpec, plan: Plan) -> list[ApiCall]:
+        """Run the plan (create or update the budget)."""
+        made = []
+        for call in plan.changes:
+            params = dict(call.params)
+            if call.operation == "update_budget":
+                params["update_mask"] = {
+                    "paths": [
+                        "display_name",
+                        "budget_filter",
+                        "amount",
+                        "threshold_rules",
+                        "notifications_rule",
+                    ]
+                }
+            self._call(self.budgets_client, call.operation, f"{call} ({call.reason})", **params)
+            made.append(call)
+        return made
+
+    def status(self) -> list[BudgetStatus]:
+        """costguard's budgets on the billing account."""
+        statuses = []
+        for raw in self._ours():
+            observed = self._observed(raw)
+            statuses.append(
+                BudgetStatus(
+                    provider="gcp",
+                    name=raw.display_name,
+                    amount_usd=observed.amount_usd,
+                    actual_usd=None,
+                    forecast_usd=None,
+                    alerts=tuple(sorted(str(n) for n in observed.notifications)),
+                    extra=", ".join(observed.projects) or "whole billing account",
+                )
+            )
+        return statuses
+
+    def plan_delete(self, names: Sequence[str] | None = None) -> Plan:
+        """Calls that delete costguard's budgets (all, or ``names``)."""
+        return Plan(
+            tuple(
+                ApiCall("billing_budgets", "delete_budget", {"name": raw.name}, raw.display_name)
+                for raw in self._ours()
+                if names is None or raw.display_name in names
+            )
+        )
+
+    def delete(self, plan: Plan) -> list[ApiCall]:
+        """Run a plan from :meth:`plan_delete`."""
+        for call in plan.changes:
+            self._call(self.budgets_client, call.operation, str(call), **call.params)
+        return list(plan.changes)
+
+    def has_alarm(self) -> bool:
+        """Whether any costguard budget exists on the billing account."""
+        return bool(self._ours())

@@ -1,0 +1,329 @@
+"""``costguard alarm``: a budget with alerts on day one, before the first instance."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import click
+
+from costguard.alarms.aws import BudgetStatus
+from costguard.alarms.plan import AlarmSpec, ApiCall, Plan, alarm_spec
+from costguard.cli import render
+from costguard.errors import InputError
+from costguard.money import format_usd
+from costguard.settings import Settings
+
+FORMAT = click.Choice(["table", "json"], case_sensitive=False)
+PROVIDERS = click.Choice(["aws", "gcp", "azure"], case_sensitive=False)
+
+EXAMPLES = """
+\b
+Examples:
+  costguard alarm --budget 200 --email me@uni.edu
+  costguard alarm --budget 200 --email me@uni.edu --dry-run
+  costguard alarm --budget 500 --thresholds 25,50,75,100 --name thesis
+  costguard alarm --provider gcp --billing-account 012345-6789AB-CDEF01 --project my-proj \\
+      --budget 200 --email me@uni.edu
+  costguard alarm --provider azure --subscription <id> --budget 200 --email me@uni.edu
+  costguard alarm status
+  costguard alarm delete --yes
+"""
+
+
+class AlarmBackend(Protocol):
+    """What the CLI needs from a provider (see costguard.alarms.{aws,gcp,azure})."""
+
+    def plan(self, spec: AlarmSpec) -> Plan: ...
+
+    def dry_run_plan(self, spec: AlarmSpec) -> Plan: ...
+
+    def apply(self, spec: AlarmSpec, plan: Plan) -> list[ApiCall]: ...
+
+    def status(self) -> list[BudgetStatus]: ...
+
+    def plan_delete(self, names: Sequence[str] | None = None) -> Plan: ...
+
+    def delete(self, plan: Plan) -> list[ApiCall]: ...
+
+
+def backend(
+    provider: str,
+    settings: Settings,
+    *,
+    billing_account: str | None = None,
+    project: str | None = None,
+    subscription: str | None = None,
+    resource_group: str | None = None,
+) -> AlarmBackend:
+    """The provider's alarm backend, its SDK imported only now."""
+    if provider == "gcp":
+        from costguard.alarms.gcp import GcpAlarms  # the SDK loads only now
+
+        if not billing_account:
+            msg = "--billing-account is needed for GCP budgets"
+            raise InputError(msg, hint="gcloud billing accounts list shows yours")
+        return GcpAlarms(settings, billing_account, project)
+    if provider == "azure":
+        from costguard.alarms.azure import AzureAlarms
+
+        if not subscription:
+            msg = "--subscription is needed for Azure budgets"
+            raise InputError(msg, hint="az account show --query id shows yours")
+        return AzureAlarms(settings, subscription, resource_group)
+    from costguard.alarms.aws import AwsAlarms
+
+    return AwsAlarms()
+
+
+def _provider_options(command: Any) -> Any:
+    options = [
+        click.option(
+            "--provider",
+            type=PROVIDERS,
+            default="aws",
+            show_default=True,
+            envvar="COSTGUARD_PROVIDER",
+            help="Which cloud.",
+        ),
+        click.option("--billing-account", help="GCP: billing account XXXXXX-XXXXXX-XXXXXX."),
+        click.option("--project", help="GCP: scope the budget to this project."),
+        click.option("--subscription", help="Azure: subscription id."),
+        click.option("--resource-group", help="Azure: scope the budget to a resource group."),
+        click.option(
+            "--format",
+            "output_format",
+            type=FORMAT,
+            default="table",
+            show_default=True,
+            help="table for people, json for scripts.",
+        ),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@click.group(
+    "alarm",
+    invoke_without_command=True,
+    epilog=EXAMPLES,
+    short_help="Set a monthly budget with alerts (run it on day one).",
+)
+@click.option("--budget", help="Monthly budget in USD, e.g. 200.")
+@click.option("--email", "emails", multiple=True, help="Who gets the alerts (repeatable).")
+@click.option(
+    "--thresholds",
+    default="50,80,100",
+    show_default=True,
+    help="Alert at these percentages of the budget (actual spend).",
+)
+@click.option(
+    "--forecast/--no-forecast",
+    default=True,
+    show_default=True,
+    help="Also alert when the month's forecast passes 100%.",
+)
+@click.option(
+    "--name", default="monthly", show_default=True, help="Budget name (costguard- is prefixed)."
+)
+@click.option("--pubsub-topic", help="GCP: also publish alerts to this Pub/Sub topic.")
+@click.option(
+    "--dry-run", is_flag=True, help="Print exactly the API calls it would make, and make none."
+)
+@_provider_options
+@click.pass_context
+def alarm_group(ctx: click.Context, **options: Any) -> None:
+    """Create or update a monthly cost budget with alerts, idempotently.
+
+    AWS: an AWS Budgets budget (alerts at each threshold on actual spend, and on the
+    forecast) to your emails and an SNS topic, plus a CloudWatch billing alarm as a second
+    layer. GCP: a Cloud Billing budget. Azure: a consumption budget. A second run with the
+    same arguments changes nothing; a new amount updates the budget in place.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    settings: Settings = ctx.obj
+    if options["budget"] is None:
+        msg = "Missing option '--budget'."
+        raise click.UsageError(msg, ctx)
+    spec = alarm_spec(
+        budget=options["budget"],
+        provider=options["provider"],
+        emails=options["emails"],
+        thresholds=options["thresholds"],
+        forecast=options["forecast"],
+        name=options["name"],
+        billing_account=options["billing_account"],
+        project=options["project"],
+        pubsub_topic=options["pubsub_topic"],
+        subscription=options["subscription"],
+        resource_group=options["resource_group"],
+    )
+    cloud = backend(
+        spec.provider,
+        settings,
+        billing_account=spec.billing_account,
+        project=spec.project,
+        subscription=spec.subscription,
+        resource_group=spec.resource_group,
+    )
+    json_output = options["output_format"].lower() == "json"
+    if options["dry_run"]:
+        plan = cloud.dry_run_plan(spec)
+        _report(spec, plan, list(plan.calls), json_output, dry_run=True)
+        return
+    plan = cloud.plan(spec)
+    made = cloud.apply(spec, plan)
+    _report(spec, plan, made, json_output, dry_run=False)
+
+
+def _call_record(call: ApiCall) -> dict[str, Any]:
+    return {
+        "call": str(call),
+        "reason": call.reason,
+        "read_only": call.read_only,
+        "params": render.to_jsonable(dict(call.params)),
+    }
+
+
+def _report(
+    spec: AlarmSpec, plan: Plan, calls: list[ApiCall], json_output: bool, *, dry_run: bool
+) -> None:
+    if json_output:
+        render.print_json(
+            {
+                "provider": spec.provider,
+                "budget": spec.name,
+                "budget_usd": spec.budget_usd,
+                "alerts": [str(n) for n in spec.notifications],
+                "emails": list(spec.emails),
+                "dry_run": dry_run,
+                "changed": bool([c for c in calls if not c.read_only]) and not dry_run,
+                "calls": [_call_record(c) for c in calls],
+                "notes": list(plan.notes),
+            }
+        )
+        return
+    alerts = ", ".join(str(n) for n in spec.notifications)
+    summary = f"{spec.provider} budget {spec.name}: {format_usd(spec.budget_usd)} a month; {alerts}"
+    if dry_run:
+        click.echo(f"Dry run - no call is made. {summary}")
+        click.echo("A run would make these calls, in order (reads first):")
+        for call in calls:
+            kind = "read " if call.read_only else "write"
+            click.echo(f"  {kind} {call}  # {call.reason}")
+            click.echo(f"        {json.dumps(render.to_jsonable(dict(call.params)))}")
+    elif not calls:
+        click.echo(f"No changes: {summary} already in place.")
+    else:
+        click.echo(f"Done: {summary}.")
+        for call in calls:
+            click.echo(f"  {call}  # {call.reason}")
+    render.print_notes(plan.notes, heading="Notes:")
+
+
+@alarm_group.command(
+    "status",
+    epilog="""\b
+Examples:
+  costguard alarm status
+  costguard alarm status --provider gcp --billing-account 012345-6789AB-CDEF01 --format json""",
+)
+@_provider_options
+@click.pass_obj
+def status_command(settings: Settings, **options: Any) -> None:
+    """List the budgets costguard manages, with amounts, spend and alerts."""
+    cloud = backend(
+        options["provider"],
+        settings,
+        billing_account=options["billing_account"],
+        project=options["project"],
+        subscription=options["subscription"],
+        resource_group=options["resource_group"],
+    )
+    statuses = cloud.status()
+    if options["output_format"].lower() == "json":
+        render.print_json(
+            {
+                "budgets": [
+                    {
+                        "provider": s.provider,
+                        "name": s.name,
+                        "amount_usd": s.amount_usd,
+                        "actual_usd": s.actual_usd,
+                        "forecast_usd": s.forecast_usd,
+                        "alerts": list(s.alerts),
+                        "extra": s.extra,
+                    }
+                    for s in statuses
+                ]
+            }
+        )
+        return
+    if not statuses:
+        click.echo(f"No costguard budget on {options['provider']}.")
+        click.echo("Hint: costguard alarm --budget 200 --email me@uni.edu")
+        return
+    from rich.table import Table  # only the table view needs rich
+
+    table = Table(title=f"costguard budgets on {options['provider']}", title_justify="left")
+    for name in ("Name", "Budget", "Spent", "Forecast", "Alerts", "Also"):
+        table.add_column(
+            name, justify="right" if name in ("Budget", "Spent", "Forecast") else "left"
+        )
+    for s in statuses:
+        table.add_row(
+            s.name,
+            format_usd(s.amount_usd),
+            format_usd(s.actual_usd) if s.actual_usd is not None else "-",
+            format_usd(s.forecast_usd) if s.forecast_usd is not None else "-",
+            "\n".join(s.alerts),
+            s.extra,
+        )
+    render.console().print(table)
+    click.echo("Provider billing data lags hours; `costguard burn` shows the live rate.")
+
+
+@alarm_group.command(
+    "delete",
+    epilog="""\b
+Examples:
+  costguard alarm delete            # shows what would be deleted
+  costguard alarm delete --yes
+  costguard alarm delete --name thesis --yes""",
+)
+@click.option("--name", "names", multiple=True, help="Only these budgets (default: all of ours).")
+@click.option("--yes", is_flag=True, help="Really delete (without it: a dry run).")
+@_provider_options
+@click.pass_obj
+def delete_command(settings: Settings, names: Sequence[str], yes: bool, **options: Any) -> None:
+    """Remove costguard's budgets and alerts - only ours (named costguard-*)."""
+    cloud = backend(
+        options["provider"],
+        settings,
+        billing_account=options["billing_account"],
+        project=options["project"],
+        subscription=options["subscription"],
+        resource_group=options["resource_group"],
+    )
+    wanted = [n if n.startswith("costguard-") else f"costguard-{n}" for n in names] or None
+    plan = cloud.plan_delete(wanted)
+    made = cloud.delete(plan) if yes else []
+    if options["output_format"].lower() == "json":
+        render.print_json(
+            {
+                "dry_run": not yes,
+                "calls": [_call_record(c) for c in plan.calls],
+                "deleted": bool(made),
+            }
+        )
+        return
+    if not plan.calls:
+        click.echo("Nothing to delete: no costguard budget found.")
+        return
+    click.echo("Deleted:" if yes else "Would delete (dry run; --yes deletes):")
+    for call in plan.calls:
+        params = json.dumps(render.to_jsonable(dict(call.params)))
+        click.echo(f"  {call}  # {call.reason}: {params}")

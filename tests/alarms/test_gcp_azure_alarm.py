@@ -1,0 +1,169 @@
+"""GCP and Azure budgets through the real SDK clients, against local REST servers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from costguard.clouds import azure as azure_clouds
+from costguard.clouds import gcp as gcp_clouds
+from tests.alarms.conftest import FakeAzure, FakeGcp, JsonServer, azure_test_kwargs
+
+ACCOUNT = "012345-6789AB-CDEF01"
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
+
+
+@pytest.fixture
+def gcp_cli(gcp_server: tuple[JsonServer, FakeGcp], monkeypatch: pytest.MonkeyPatch):
+    from google.auth.credentials import AnonymousCredentials
+
+    server, fake = gcp_server
+    monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", server.url)
+    monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
+    return server, fake
+
+
+@pytest.fixture
+def azure_cli(azure_server: tuple[JsonServer, FakeAzure], monkeypatch: pytest.MonkeyPatch):
+    server, fake = azure_server
+    monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", server.url)
+    real_client = azure_clouds.client
+
+    def test_client(*args: Any, **kwargs: Any) -> Any:
+        return real_client(*args, **{**kwargs, **azure_test_kwargs()})
+
+    monkeypatch.setattr(azure_clouds, "client", test_client)
+    return server, fake
+
+
+GCP_ARGS = ("alarm", "--provider", "gcp", "--billing-account", ACCOUNT, "--project", "thesis-1")
+
+
+def test_gcp_create_rerun_update_status_delete(run_cli: Callable[..., Any], gcp_cli) -> None:
+    server, fake = gcp_cli
+    created = run_cli(*GCP_ARGS, "--budget", "200", "--email", "me@uni.edu")
+    assert created.exit_code == 0, created.stderr
+    (budget,) = fake.budgets.values()
+    assert budget["displayName"] == "costguard-monthly"
+    assert budget["amount"]["specifiedAmount"]["currencyCode"] == "USD"
+    assert str(budget["amount"]["specifiedAmount"]["units"]) == "200"
+    assert budget["budgetFilter"]["projects"] == ["projects/thesis-1"]
+    rules = {(r["spendBasis"], r["thresholdPercent"]) for r in budget["thresholdRules"]}
+    assert len(rules) == 4
+    assert {basis for basis, _ in rules} == {"CURRENT_SPEND", "FORECASTED_SPEND"} or {
+        basis for basis, _ in rules
+    } == {1, 2}  # enum names or numbers, both are valid JSON
+    (channel,) = fake.channels.values()
+    assert channel["type"] == "email"
+    assert channel["labels"] == {"email_address": "me@uni.edu"}
+    assert budget["notificationsRule"]["monitoringNotificationChannels"] == [channel["name"]]
+
+    writes_before = len(server.writes())
+    again = run_cli(*GCP_ARGS, "--budget", "200", "--email", "me@uni.edu")
+    assert again.exit_code == 0, again.stderr
+    assert again.stdout.startswith("No changes")
+    assert len(server.writes()) == writes_before
+
+    updated = run_cli(*GCP_ARGS, "--budget", "250.50", "--email", "me@uni.edu")
+    assert updated.exit_code == 0, updated.stderr
+    assert "update_budget" in updated.stdout
+    (budget,) = fake.budgets.values()
+    money = budget["amount"]["specifiedAmount"]
+    assert (str(money["units"]), money["nanos"]) == ("250", 500000000)
+    patch = server.writes()[-1]
+    assert patch.method == "PATCH"
+    assert "updateMask" in patch.query
+
+    status = run_cli(*GCP_ARGS[:1], "status", *GCP_ARGS[1:5], "--format", "json")
+    assert status.exit_code == 0, status.stderr
+    (row,) = status.json()["budgets"]
+    assert (row["name"], row["amount_usd"]) == ("costguard-monthly", "250.5")
+
+    preview = run_cli("alarm", "delete", *GCP_ARGS[1:5])
+    assert "Would delete" in preview.stdout
+    assert fake.budgets
+    gone = run_cli("alarm", "delete", *GCP_ARGS[1:5], "--yes")
+    assert gone.exit_code == 0, gone.stderr
+    assert fake.budgets == {}
+
+
+def test_gcp_leaves_other_budgets_alone(run_cli: Callable[..., Any], gcp_cli) -> None:
+    _server, fake = gcp_cli
+    fake.budgets[f"billingAccounts/{ACCOUNT}/budgets/other"] = {
+        "name": f"billingAccounts/{ACCOUNT}/budgets/other",
+        "displayName": "team budget",
+        "amount": {"specifiedAmount": {"currencyCode": "USD", "units": "9"}},
+    }
+    assert run_cli(*GCP_ARGS, "--budget", "200").exit_code == 0
+    assert run_cli("alarm", "delete", *GCP_ARGS[1:5], "--yes").exit_code == 0
+    assert list(fake.budgets) == [f"billingAccounts/{ACCOUNT}/budgets/other"]
+
+
+def test_gcp_dry_run_makes_no_call(run_cli: Callable[..., Any], gcp_cli) -> None:
+    server, _fake = gcp_cli
+    result = run_cli(*GCP_ARGS, "--budget", "200", "--email", "me@uni.edu", "--dry-run")
+    assert result.exit_code == 0, result.stderr
+    assert "billing_budgets.create_budget" in result.stdout
+    assert server.requests == []
+
+
+AZURE_ARGS = ("alarm", "--provider", "azure", "--subscription", SUBSCRIPTION)
+
+
+def test_azure_create_rerun_update_status_delete(run_cli: Callable[..., Any], azure_cli) -> None:
+    server, fake = azure_cli
+    created = run_cli(*AZURE_ARGS, "--budget", "200", "--email", "me@uni.edu")
+    assert created.exit_code == 0, created.stderr
+    (key,) = fake.budgets
+    assert key == (
+        f"/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Consumption/budgets/costguard-monthly"
+    )
+    props = fake.budgets[key]["properties"]
+    assert props["category"] == "Cost"
+    assert props["amount"] == 200
+    assert props["timeGrain"] == "Monthly"
+    assert props["timePeriod"]["startDate"].endswith("-01T00:00:00.000Z") or props["timePeriod"][
+        "startDate"
+    ].endswith("-01T00:00:00Z")
+    kinds = sorted((n["thresholdType"], n["threshold"]) for n in props["notifications"].values())
+    assert kinds == [("Actual", 50), ("Actual", 80), ("Actual", 100), ("Forecasted", 100)]
+    assert all(n["contactEmails"] == ["me@uni.edu"] for n in props["notifications"].values())
+    assert all(n["operator"] == "GreaterThan" for n in props["notifications"].values())
+    put = server.writes()[-1]
+    assert put.method == "PUT"
+    assert "api-version" in put.query
+
+    writes_before = len(server.writes())
+    again = run_cli(*AZURE_ARGS, "--budget", "200", "--email", "me@uni.edu")
+    assert again.stdout.startswith("No changes"), again.stdout + again.stderr
+    assert len(server.writes()) == writes_before
+
+    updated = run_cli(
+        *AZURE_ARGS, "--budget", "400", "--email", "me@uni.edu", "--email", "pi@uni.edu"
+    )
+    assert updated.exit_code == 0, updated.stderr
+    props = fake.budgets[key]["properties"]
+    assert props["amount"] == 400
+    assert all(
+        sorted(n["contactEmails"]) == ["me@uni.edu", "pi@uni.edu"]
+        for n in props["notifications"].values()
+    )
+
+    status = run_cli("alarm", "status", *AZURE_ARGS[1:], "--format", "json").json()
+    assert [(b["name"], b["amount_usd"]) for b in status["budgets"]] == [
+        ("costguard-monthly", "400")
+    ]
+    assert run_cli("alarm", "delete", *AZURE_ARGS[1:], "--yes").exit_code == 0
+    assert fake.budgets == {}
+
+
+def test_azure_resource_group_scope(run_cli: Callable[..., Any], azure_cli) -> None:
+    _server, fake = azure_cli
+    result = run_cli(
+        *AZURE_ARGS, "--resource-group", "gpu-rg", "--budget", "50", "--email", "me@uni.edu"
+    )
+    assert result.exit_code == 0, result.stderr
+    (key,) = fake.budgets
+    assert key.startswith(f"/subscriptions/{SUBSCRIPTION}/resourceGroups/gpu-rg/providers/")
