@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from costguard.alarms.burn import RunningInstance
 from costguard.alarms.plan import (
     AWS_BILLING_REGION,
     NAME_PREFIX,
@@ -30,6 +31,7 @@ from costguard.alarms.plan import (
     plan_aws,
 )
 from costguard.clouds import aws
+from costguard.pricing.catalog import Market
 
 ClientFactory = Callable[[str, str], Any]
 
@@ -416,3 +418,54 @@ class AwsAlarms:
     def has_alarm(self) -> bool:
         """Whether any costguard budget exists (the launch guard's question)."""
         return bool(self.budgets())
+
+
+def running_instances(
+    regions: Sequence[str], clients: ClientFactory = _default_clients
+) -> list[RunningInstance]:
+    """Every running EC2 instance in ``regions`` (one paginated DescribeInstances each)."""
+    found = []
+    for region in regions:
+        ec2 = clients("ec2", region)
+        try:
+            reservations = list(
+                aws.paginate(
+                    ec2,
+                    "describe_instances",
+                    "Reservations",
+                    Filters=[{"Name": "instance-state-name", "Values": ["running"]}],
+                )
+            )
+        except aws.errors() as exc:
+            raise aws.translate(exc, f"listing instances in {region}") from None
+        for reservation in reservations:
+            for raw in reservation.get("Instances", []):
+                spot = raw.get("InstanceLifecycle") == "spot"
+                found.append(
+                    RunningInstance(
+                        provider="aws",
+                        region=region,
+                        instance_id=raw["InstanceId"],
+                        instance_type=raw["InstanceType"],
+                        market=Market.SPOT if spot else Market.ON_DEMAND,
+                        launched_at=raw["LaunchTime"],
+                        tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
+                    )
+                )
+    return found
+
+
+def publish_alert(subject: str, message: str, clients: ClientFactory = _default_clients) -> bool:
+    """Publish to costguard's alert topic if it exists (the alarm's channel)."""
+    sns = clients("sns", AWS_BILLING_REGION)
+    try:
+        account = clients("sts", AWS_BILLING_REGION).get_caller_identity()
+        arn = aws_topic_arn(str(account["Account"]), str(account["Arn"]).split(":")[1])
+        sns.get_topic_attributes(TopicArn=arn)
+    except aws.errors():
+        return False
+    try:
+        sns.publish(TopicArn=arn, Subject=subject[:100], Message=message)
+    except aws.errors() as exc:
+        raise aws.translate(exc, "publishing the burn-rate alert") from None
+    return True

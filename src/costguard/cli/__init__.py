@@ -15,6 +15,7 @@ import click
 
 from costguard import __version__
 from costguard.cli.alarm import alarm_group
+from costguard.cli.burn import burn_command
 from costguard.cli.estimate import estimate_command
 from costguard.cli.pricing import pricing_group
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
@@ -107,6 +108,7 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
 cli.add_command(estimate_command)
 cli.add_command(pricing_group)
 cli.add_command(alarm_group)
+cli.add_command(burn_command)
 
 
 def main() -> None:

@@ -1,0 +1,41 @@
+"""The launch guard: no costguard budget, no instance.
+
+The spot launcher calls :func:`require_alarm` before it creates anything. A user who
+really wants to launch without a budget passes ``override=True`` (``--no-alarm-check``)
+and gets a warning instead of a refusal.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from costguard.errors import CostguardError
+
+
+class _HasAlarm(Protocol):
+    def has_alarm(self) -> bool: ...
+
+
+class NoAlarmError(CostguardError):
+    """No costguard budget exists on the provider: launching is refused (exit 1)."""
+
+
+def require_alarm(provider: str, backend: _HasAlarm, *, override: bool = False) -> str | None:
+    """Refuse unless a costguard budget exists; return a warning when overridden.
+
+    ``backend`` is the provider's alarm backend (``AwsAlarms``, ``GcpAlarms``,
+    ``AzureAlarms``). With ``override`` nothing is checked, so no cloud call is made.
+    """
+    if override:
+        return (
+            f"launching on {provider} without checking for a budget alarm (--no-alarm-check): "
+            "nothing will warn you before the bill does"
+        )
+    if backend.has_alarm():
+        return None
+    msg = f"no costguard budget alarm on {provider}: set one before launching anything"
+    raise NoAlarmError(
+        msg,
+        hint=f"costguard alarm --provider {provider} --budget 200 --email you@uni.edu "
+        "(or --no-alarm-check to launch anyway)",
+    )

@@ -1,0 +1,206 @@
+"""`costguard burn` on a seeded moto fleet, and the launch guard."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import boto3
+import pytest
+
+from costguard.alarms.aws import AwsAlarms
+from costguard.alarms.burn import (
+    PricedInstance,
+    RunningInstance,
+    burn_report,
+    month_bounds,
+    price_instances,
+)
+from costguard.alarms.guard import NoAlarmError, require_alarm
+from costguard.pricing.catalog import Catalog, Market
+from tests.alarms.conftest import JsonServer
+
+
+def launch(region: str, instance_type: str, count: int = 1, *, spot: bool = False) -> list[str]:
+    ec2 = boto3.client("ec2", region_name=region)
+    image = "ami-12345678"  # moto accepts any image id; looking one up costs seconds
+    extra: dict[str, Any] = {}
+    if spot:
+        extra["InstanceMarketOptions"] = {"MarketType": "spot"}
+    made = ec2.run_instances(
+        ImageId=image, InstanceType=instance_type, MinCount=count, MaxCount=count, **extra
+    )
+    return [i["InstanceId"] for i in made["Instances"]]
+
+
+@pytest.fixture
+def fleet(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[str]]:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    stopped = launch("us-east-1", "g5.xlarge")
+    boto3.client("ec2", region_name="us-east-1").stop_instances(InstanceIds=stopped)
+    return {
+        "on_demand": launch("us-east-1", "g5.xlarge", 2),
+        "spot": launch("us-west-2", "g5.xlarge", spot=True),
+        "unknown": launch("us-west-2", "m1.small"),
+        "stopped": stopped,
+    }
+
+
+@pytest.fixture
+def webhook() -> Iterator[JsonServer]:
+    server = JsonServer(lambda method, path, query, body: (200, {"ok": True}))
+    yield server
+    server.stop()
+
+
+def table_price(catalog: Catalog, region: str, instance_type: str, market: Market) -> Decimal:
+    (row,) = [
+        i
+        for i in catalog.instances
+        if (i.provider, i.region, i.instance_type) == ("aws", region, instance_type)
+    ]
+    price = row.usd_per_hour(market)
+    assert price is not None
+    return price
+
+
+def test_burn_prices_the_running_fleet(run_cli: Callable[..., Any], fleet, catalog) -> None:
+    result = run_cli("burn", "--region", "us-east-1", "--region", "us-west-2", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    seen = {i["instance_id"]: i for i in doc["instances"]}
+    assert set(seen) == set(fleet["on_demand"] + fleet["spot"] + fleet["unknown"])
+    (spot_id,) = fleet["spot"]
+    assert seen[spot_id]["market"] == "spot"
+    (unknown,) = fleet["unknown"]
+    assert seen[unknown]["usd_per_hour"] is None
+    assert "not in the price tables" in seen[unknown]["note"]
+    expected = 2 * table_price(catalog, "us-east-1", "g5.xlarge", Market.ON_DEMAND) + table_price(
+        catalog, "us-west-2", "g5.xlarge", Market.SPOT
+    )
+    assert Decimal(doc["usd_per_hour"]) == expected
+    # moto launches "now": the projection is the burn rate over what is left of the month.
+    _, end = month_bounds(datetime.now(UTC))
+    hours_left = Decimal((end - datetime.now(UTC)).total_seconds()) / 3600
+    assert abs(Decimal(doc["projected_month_usd"]) - expected * hours_left) < expected
+    assert doc["over_budget"] is False
+    assert doc["budget_usd"] is None
+
+
+def test_burn_over_budget_exits_1_and_alerts(
+    run_cli: Callable[..., Any], fleet, webhook: JsonServer
+) -> None:
+    assert run_cli("alarm", "--budget", "300").exit_code == 0
+    sqs = boto3.client("sqs", region_name="us-east-1")
+    queue = sqs.create_queue(QueueName="alerts")["QueueUrl"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    topic = "arn:aws:sns:us-east-1:123456789012:costguard-budget-alerts"
+    boto3.client("sns", region_name="us-east-1").subscribe(
+        TopicArn=topic, Protocol="sqs", Endpoint=queue_arn
+    )
+
+    result = run_cli(
+        "burn", "--region", "us-east-1", "--region", "us-west-2", "--webhook", f"{webhook.url}/hook"
+    )
+    assert result.exit_code == 1
+    assert "over the budget of $300.00" in result.stderr  # the costguard-monthly amount
+    assert "Projected this month" in result.stdout
+    (posted,) = webhook.requests
+    assert (posted.method, posted.path) == ("POST", "/hook")
+    assert posted.body["over_budget"] is True
+    assert Decimal(posted.body["budget_usd"]) == 300
+    messages = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]
+    assert "projected spend this month" in json.loads(messages[0]["Body"])["Message"]
+
+
+def test_burn_no_notify(run_cli: Callable[..., Any], fleet, webhook: JsonServer) -> None:
+    result = run_cli(
+        "burn", "--budget", "1", "--region", "us-east-1", "--no-notify", "--webhook", webhook.url
+    )
+    assert result.exit_code == 1
+    assert webhook.requests == []
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--budget", "0"), "--budget"),
+        (("--budget", "nan"), "--budget"),
+        (("--region", "mars-1"), "region"),
+        (("--webhook", "file:///etc/passwd"), "--webhook"),
+        (("--provider", "oracle"), "--provider"),
+    ],
+)
+def test_burn_bad_input(run_cli: Callable[..., Any], aws_env: str, args, needle) -> None:
+    result = run_cli("burn", *args)
+    assert result.exit_code == 2
+    assert needle in result.stderr
+    assert "Hint:" in result.stderr
+
+
+def test_burn_report_arithmetic() -> None:
+    now = datetime(2026, 2, 10, 12, tzinfo=UTC)
+    early = RunningInstance(
+        "aws", "us-east-1", "i-a", "g5.xlarge", Market.ON_DEMAND, datetime(2026, 1, 20, tzinfo=UTC)
+    )  # before the month: from Feb 1
+    late = RunningInstance(
+        "aws", "us-east-1", "i-b", "g5.xlarge", Market.SPOT, now - timedelta(hours=2)
+    )
+    report = burn_report(
+        [
+            PricedInstance(early, Decimal(1)),
+            PricedInstance(late, Decimal(2)),
+            PricedInstance(late, None),
+        ],
+        now,
+        Decimal(1000),
+    )
+    assert report.month_start == datetime(2026, 2, 1, tzinfo=UTC)
+    assert report.month_end == datetime(2026, 3, 1, tzinfo=UTC)
+    assert report.usd_per_hour == 3
+    assert report.spent_usd == Decimal(9 * 24 + 12) * 1 + Decimal(2) * 2
+    hours_left = Decimal(18 * 24 + 12)
+    assert report.projected_usd == report.spent_usd + 3 * hours_left
+    assert report.over_budget is True
+    assert len(report.unpriced) == 1
+
+
+def test_spot_without_spot_price_falls_back_to_on_demand(catalog: Catalog) -> None:
+    vm = RunningInstance(
+        "aws", "us-east-1", "i-x", "p5.4xlarge", Market.SPOT, datetime(2026, 12, 1, tzinfo=UTC)
+    )
+    (priced,) = price_instances([vm], catalog)
+    assert priced.usd_per_hour == table_price(catalog, "us-east-1", "p5.4xlarge", Market.ON_DEMAND)
+    assert "on-demand" in priced.note
+
+
+def test_month_bounds_in_december() -> None:
+    start, end = month_bounds(datetime(2026, 12, 31, 23, tzinfo=UTC))
+    assert (start.month, end.year, end.month) == (12, 2027, 1)
+
+
+def test_guard_refuses_without_a_budget_then_allows(
+    aws_env: str, monkeypatch: pytest.MonkeyPatch, run_cli: Callable[..., Any]
+) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(NoAlarmError) as info:
+        require_alarm("aws", AwsAlarms())
+    assert "costguard alarm" in (info.value.hint or "")
+    assert info.value.exit_code == 1
+    assert run_cli("alarm", "--budget", "100").exit_code == 0
+    assert require_alarm("aws", AwsAlarms()) is None
+
+
+def test_guard_override_warns_without_calling() -> None:
+    class Exploding:
+        def has_alarm(self) -> bool:
+            raise AssertionError("no call may be made with --no-alarm-check")
+
+    warning = require_alarm("gcp", Exploding(), override=True)
+    assert warning is not None
+    assert "--no-alarm-check" in warning
