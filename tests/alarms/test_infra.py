@@ -26,18 +26,36 @@ def allowed_actions() -> dict[str, set[str]]:
     return actions
 
 
+BUDGET_ACTIONS = ("create_budget_action", "describe_budget_actions_for_budget")
+
+
 def test_aws_policy_covers_every_call_of_a_run() -> None:
-    spec = alarm_spec(budget="200", emails=["me@uni.edu"])
+    spec = alarm_spec(budget="200", emails=["me@uni.edu"], hard_stop=True,
+                      hard_stop_role_arn="arn:aws:iam::111122223333:role/costguard-budgets",
+                      hard_stop_targets=["user/alice"])
     calls = AwsAlarms().dry_run_plan(spec).calls
+    assert {c.operation for c in calls} >= {"create_policy", *BUDGET_ACTIONS}
     allowed = allowed_actions()
     for call in calls:
         if call.service == "sts":
             continue  # GetCallerIdentity needs no permission
-        if call.service == "budgets":
+        if call.service == "budgets" and call.operation not in BUDGET_ACTIONS:
+            # Budgets authorises its API with two actions only.
             needed = "budgets:ViewBudget" if call.read_only else "budgets:ModifyBudget"
         else:
             needed = f"{call.service}:{pascal(call.operation)}"
         assert needed in allowed, f"{call} needs {needed}"
+    assert "iam:PassRole" in allowed  # Budgets assumes the execution role
+
+
+def test_hard_stop_role_documents() -> None:
+    trust = json.loads((INFRA / "aws" / "budgets-action-role-trust.json").read_text())
+    (statement,) = trust["Statement"]
+    assert statement["Principal"] == {"Service": "budgets.amazonaws.com"}
+    permissions = json.loads((INFRA / "aws" / "budgets-action-role-policy.json").read_text())
+    (statement,) = permissions["Statement"]
+    assert statement["Condition"]["ArnEquals"]["iam:PolicyARN"].endswith(
+        ":policy/costguard-deny-run-instances")
 
 
 def test_aws_policy_is_scoped_to_costguard_resources() -> None:
@@ -63,9 +81,12 @@ def test_gcp_role_and_azure_role_parse() -> None:
     role = (INFRA / "gcp" / "alarm-role.yaml").read_text()
     permissions = re.findall(r"^\s+- ([a-z.]+)$", role, flags=re.MULTILINE)
     assert "billing.budgets.create" in permissions
-    assert all(p.startswith(("billing.budgets.", "monitoring.notificationChannels."))
-               for p in permissions)
+    assert all(
+        p.startswith(("billing.budgets.", "monitoring.notificationChannels.")) for p in permissions
+    )
     azure = json.loads((INFRA / "azure" / "alarm-role.json").read_text())
     assert azure["IsCustom"] is True
-    assert all(a.startswith(("Microsoft.Consumption/budgets/", "Microsoft.Compute/"))
-               for a in azure["Actions"])
+    assert all(
+        a.startswith(("Microsoft.Consumption/budgets/", "Microsoft.Compute/"))
+        for a in azure["Actions"]
+    )

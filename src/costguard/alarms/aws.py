@@ -16,6 +16,7 @@ from typing import Any
 from costguard.alarms.burn import RunningInstance
 from costguard.alarms.plan import (
     AWS_BILLING_REGION,
+    HARD_STOP_POLICY,
     NAME_PREFIX,
     AlarmSpec,
     ApiCall,
@@ -92,10 +93,17 @@ class AwsAlarms:
             Namespace="AWS/Billing",
             MetricName="EstimatedCharges",
         )
+        budget = self._budget(account, spec.name)
+        hard_stop = spec.hard_stop_role_arn is not None
+        policy_arn = f"arn:{partition}:iam::{account}:policy/{HARD_STOP_POLICY}"
         return ObservedAws(
             account_id=account,
             partition=partition,
-            budget=self._budget(account, spec.name),
+            budget=budget,
+            hard_stop_policy_exists=hard_stop and self._policy_exists(policy_arn),
+            budget_actions=self._budget_actions(account, spec.name)
+            if hard_stop and budget is not None
+            else (),
             topic_exists=topic_exists,
             topic_policy_allows_budgets=policy_ok,
             topic_email_subscriptions=self._email_subscriptions(topic_arn)
@@ -140,6 +148,28 @@ class AwsAlarms:
                 break
             params["NextToken"] = page["NextToken"]
         return found
+
+    def _policy_exists(self, arn: str) -> bool:
+        iam = self._client("iam")
+        try:
+            iam.get_policy(PolicyArn=arn)
+        except iam.exceptions.NoSuchEntityException:
+            return False
+        except aws.errors() as exc:
+            raise aws.translate(exc, "reading the hard-stop policy") from None
+        return True
+
+    def _budget_actions(self, account: str, name: str) -> tuple[dict[str, Any], ...] | None:
+        budgets = self._client("budgets")
+        try:
+            page = budgets.describe_budget_actions_for_budget(
+                AccountId=account, BudgetName=name, MaxResults=100
+            )
+        except aws.errors() as exc:
+            if aws.is_unsupported(exc):
+                return None
+            raise aws.translate(exc, f"reading the actions of {name}") from None
+        return tuple(page.get("Actions", []))
 
     def _subscribers(
         self, account: str, name: str, notifications: dict[Notification, dict[str, Any]]
@@ -208,6 +238,24 @@ class AwsAlarms:
         return Plan(self._read_calls(spec) + fresh.calls, fresh.notes)
 
     def _read_calls(self, spec: AlarmSpec) -> tuple[ApiCall, ...]:
+        hard_stop = (
+            (
+                (
+                    "iam",
+                    "get_policy",
+                    {"PolicyArn": f"...:policy/{HARD_STOP_POLICY}"},
+                    "hard-stop policy",
+                ),
+                (
+                    "budgets",
+                    "describe_budget_actions_for_budget",
+                    {"BudgetName": spec.name},
+                    "hard-stop action",
+                ),
+            )
+            if spec.hard_stop_role_arn
+            else ()
+        )
         return tuple(
             ApiCall(service, operation, params, reason, read_only=True)
             for service, operation, params, reason in (
@@ -237,6 +285,7 @@ class AwsAlarms:
                     {"BudgetName": spec.name},
                     "its alerts",
                 ),
+                *hard_stop,
             )
         )
 
@@ -251,8 +300,14 @@ class AwsAlarms:
         """
         made: list[ApiCall] = []
         recreated = False
+        alert_edits = (
+            "create_notification",
+            "delete_notification",
+            "create_subscriber",
+            "delete_subscriber",
+        )
         for call in plan.changes:
-            if recreated and call.service == "budgets":
+            if recreated and call.operation in alert_edits:
                 continue
             done = list(self._execute(spec, call))
             if call.operation == "update_budget":
@@ -262,8 +317,9 @@ class AwsAlarms:
 
     def _execute(self, spec: AlarmSpec, call: ApiCall) -> Iterator[ApiCall]:
         params = dict(call.params)
-        if call.operation == "set_topic_attributes":
-            params["AttributeValue"] = json.dumps(params["AttributeValue"])
+        for key in ("AttributeValue", "PolicyDocument"):  # IAM/SNS take policies as JSON text
+            if isinstance(params.get(key), dict):
+                params[key] = json.dumps(params[key])
         client = self._client(call.service)
         try:
             getattr(client, call.operation)(**params)

@@ -74,6 +74,10 @@ class AlarmSpec:
     #: Azure: the subscription and optional resource group (the budget's scope).
     subscription: str | None = None
     resource_group: str | None = None
+    #: AWS --hard-stop: the role AWS Budgets assumes, and the IAM principals
+    #: (``user/NAME``, ``role/NAME``, ``group/NAME``) denied ``ec2:RunInstances`` at 100%.
+    hard_stop_role_arn: str | None = None
+    hard_stop_targets: tuple[str, ...] = ()
 
     @property
     def thresholds(self) -> tuple[Decimal, ...]:
@@ -94,6 +98,9 @@ def alarm_spec(
     pubsub_topic: str | None = None,
     subscription: str | None = None,
     resource_group: str | None = None,
+    hard_stop: bool = False,
+    hard_stop_role_arn: str | None = None,
+    hard_stop_targets: Iterable[str] = (),
 ) -> AlarmSpec:
     """Validate everything the user typed; raise :class:`InputError` (exit 2) on the first problem.
 
@@ -131,6 +138,7 @@ def alarm_spec(
     if provider == "azure" and not addresses:
         msg = "Azure sends budget alerts only to contact emails: --email is missing"
         raise InputError(msg, hint="e.g. --email me@uni.edu")
+    targets = _hard_stop(provider, hard_stop, hard_stop_role_arn, tuple(hard_stop_targets))
     return AlarmSpec(
         provider=provider,
         name=full_name,
@@ -142,7 +150,41 @@ def alarm_spec(
         pubsub_topic=pubsub_topic,
         subscription=subscription,
         resource_group=resource_group,
+        hard_stop_role_arn=hard_stop_role_arn if hard_stop else None,
+        hard_stop_targets=targets,
     )
+
+
+_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
+_TARGET = re.compile(r"^(user|role|group)/[\w+=,.@-]{1,128}$")
+
+
+def _hard_stop(
+    provider: str, enabled: bool, role_arn: str | None, targets: tuple[str, ...]
+) -> tuple[str, ...]:
+    if not enabled:
+        if role_arn or targets:
+            msg = "--hard-stop-role-arn and --hard-stop-target only apply with --hard-stop"
+            raise InputError(msg, hint="add --hard-stop, or leave them out")
+        return ()
+    if provider != "aws":
+        msg = "--hard-stop is an AWS Budgets action; GCP and Azure budgets only alert"
+        raise InputError(msg, hint="leave out --hard-stop-role-arn/--hard-stop-target")
+    if role_arn is None or not _ROLE_ARN.match(role_arn):
+        msg = f"--hard-stop needs the ARN of the role AWS Budgets assumes, not {role_arn!r}"
+        raise InputError(
+            msg,
+            hint="create it from infra/aws/budgets-action-role-*.json; "
+            "--hard-stop-role-arn arn:aws:iam::123456789012:role/costguard-budgets",
+        )
+    if not targets:
+        msg = "--hard-stop needs at least one --hard-stop-target (who may no longer launch)"
+        raise InputError(msg, hint="e.g. --hard-stop-target user/alice or role/ResearchRole")
+    for target in targets:
+        if not _TARGET.match(target):
+            msg = f"hard-stop target {target!r} is not user/NAME, role/NAME or group/NAME"
+            raise InputError(msg, hint="e.g. --hard-stop-target user/alice")
+    return tuple(sorted(set(targets)))
 
 
 def _budget(value: str | Decimal) -> Decimal:
@@ -247,6 +289,7 @@ class Plan:
 # --- AWS ---------------------------------------------------------------------------------
 
 AWS_TOPIC = "costguard-budget-alerts"
+HARD_STOP_POLICY = "costguard-deny-run-instances"
 AWS_BILLING_REGION = "us-east-1"  # AWS/Billing metrics exist only there
 BILLING_PERIOD_S = 21600  # EstimatedCharges is published about every 6 hours
 
@@ -274,6 +317,10 @@ class ObservedAws:
     alarm_threshold_usd: Decimal | None = None
     alarm_actions: tuple[str, ...] = ()
     billing_metrics_enabled: bool = True
+    #: --hard-stop: whether the deny policy exists, and the budget's actions
+    #: (``None`` when this endpoint cannot list them).
+    hard_stop_policy_exists: bool = False
+    budget_actions: tuple[Mapping[str, Any], ...] | None = ()
 
 
 def aws_topic_arn(account_id: str, partition: str = "aws") -> str:
@@ -296,6 +343,87 @@ def aws_topic_policy(account_id: str, topic_arn: str) -> dict[str, Any]:
             }
         ],
     }
+
+
+def hard_stop_policy_document() -> dict[str, Any]:
+    """What a hard stop applies: no new or restarted instances. Running ones keep running."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "CostguardBudgetExhausted",
+                "Effect": "Deny",
+                "Action": ["ec2:RunInstances", "ec2:StartInstances"],
+                "Resource": "*",
+            }
+        ],
+    }
+
+
+def _hard_stop_definition(spec: AlarmSpec, policy_arn: str) -> dict[str, Any]:
+    kinds: dict[str, list[str]] = {"Users": [], "Roles": [], "Groups": []}
+    for target in spec.hard_stop_targets:
+        kind, _, name = target.partition("/")
+        kinds[f"{kind.title()}s"].append(name)
+    return {
+        "IamActionDefinition": {"PolicyArn": policy_arn, **{k: v for k, v in kinds.items() if v}}
+    }
+
+
+def _plan_hard_stop(
+    spec: AlarmSpec, observed: ObservedAws, topic_arn: str, notes: list[str]
+) -> list[ApiCall]:
+    if spec.hard_stop_role_arn is None:
+        if observed.budget_actions:
+            notes.append("a hard-stop action exists on this budget and was left as it is")
+        return []
+    account = observed.account_id
+    policy_arn = f"arn:{observed.partition}:iam::{account}:policy/{HARD_STOP_POLICY}"
+    calls = []
+    if not observed.hard_stop_policy_exists:
+        calls.append(
+            ApiCall(
+                "iam",
+                "create_policy",
+                {
+                    "PolicyName": HARD_STOP_POLICY,
+                    "PolicyDocument": hard_stop_policy_document(),
+                    "Description": "costguard --hard-stop: deny ec2:RunInstances/StartInstances",
+                },
+                "the deny policy a hard stop attaches",
+            )
+        )
+    definition = _hard_stop_definition(spec, policy_arn)
+    wanted = (definition, spec.hard_stop_role_arn)
+    if observed.budget_actions is None:
+        notes.append("this endpoint cannot list budget actions; the hard stop was not checked")
+        return calls
+    if any(
+        (a.get("Definition"), a.get("ExecutionRoleArn")) == wanted for a in observed.budget_actions
+    ):
+        return calls
+    calls.append(
+        ApiCall(
+            "budgets",
+            "create_budget_action",
+            {
+                "AccountId": account,
+                "BudgetName": spec.name,
+                "NotificationType": "ACTUAL",
+                "ActionType": "APPLY_IAM_POLICY",
+                "ActionThreshold": {
+                    "ActionThresholdValue": 100.0,
+                    "ActionThresholdType": "PERCENTAGE",
+                },
+                "Definition": definition,
+                "ExecutionRoleArn": spec.hard_stop_role_arn,
+                "ApprovalModel": "AUTOMATIC",
+                "Subscribers": aws_subscribers(spec, topic_arn),
+            },
+            f"hard stop: at 100% deny launches to {', '.join(spec.hard_stop_targets)}",
+        )
+    )
+    return calls
 
 
 def aws_alarm_name(spec: AlarmSpec) -> str:
@@ -389,6 +517,7 @@ def plan_aws(spec: AlarmSpec, observed: ObservedAws) -> Plan:
                 )
             )
     calls.extend(_plan_aws_budget(spec, observed.budget, account, topic_arn, notes))
+    calls.extend(_plan_hard_stop(spec, observed, topic_arn, notes))
     if observed.alarm_threshold_usd != spec.budget_usd or tuple(observed.alarm_actions) != (
         topic_arn,
     ):

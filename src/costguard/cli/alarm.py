@@ -130,6 +130,21 @@ def _provider_options(command: Any) -> Any:
 )
 @click.option("--pubsub-topic", help="GCP: also publish alerts to this Pub/Sub topic.")
 @click.option(
+    "--hard-stop",
+    is_flag=True,
+    help="AWS: at 100% actual spend, deny ec2:RunInstances to --hard-stop-target.",
+)
+@click.option(
+    "--hard-stop-role-arn",
+    help="AWS: the role AWS Budgets assumes to apply it (infra/aws/budgets-action-*).",
+)
+@click.option(
+    "--hard-stop-target",
+    "hard_stop_targets",
+    multiple=True,
+    help="AWS: user/NAME, role/NAME or group/NAME denied launches (repeatable).",
+)
+@click.option(
     "--dry-run", is_flag=True, help="Print exactly the API calls it would make, and make none."
 )
 @_provider_options
@@ -160,6 +175,9 @@ def alarm_group(ctx: click.Context, **options: Any) -> None:
         pubsub_topic=options["pubsub_topic"],
         subscription=options["subscription"],
         resource_group=options["resource_group"],
+        hard_stop=options["hard_stop"],
+        hard_stop_role_arn=options["hard_stop_role_arn"],
+        hard_stop_targets=options["hard_stop_targets"],
     )
     cloud = backend(
         spec.provider,
