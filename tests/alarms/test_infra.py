@@ -30,9 +30,13 @@ BUDGET_ACTIONS = ("create_budget_action", "describe_budget_actions_for_budget")
 
 
 def test_aws_policy_covers_every_call_of_a_run() -> None:
-    spec = alarm_spec(budget="200", emails=["me@uni.edu"], hard_stop=True,
-                      hard_stop_role_arn="arn:aws:iam::111122223333:role/costguard-budgets",
-                      hard_stop_targets=["user/alice"])
+    spec = alarm_spec(
+        budget="200",
+        emails=["me@uni.edu"],
+        hard_stop=True,
+        hard_stop_role_arn="arn:aws:iam::111122223333:role/costguard-budgets",
+        hard_stop_targets=["user/alice"],
+    )
     calls = AwsAlarms().dry_run_plan(spec).calls
     assert {c.operation for c in calls} >= {"create_policy", *BUDGET_ACTIONS}
     allowed = allowed_actions()
@@ -55,7 +59,8 @@ def test_hard_stop_role_documents() -> None:
     permissions = json.loads((INFRA / "aws" / "budgets-action-role-policy.json").read_text())
     (statement,) = permissions["Statement"]
     assert statement["Condition"]["ArnEquals"]["iam:PolicyARN"].endswith(
-        ":policy/costguard-deny-run-instances")
+        ":policy/costguard-deny-run-instances"
+    )
 
 
 def test_aws_policy_is_scoped_to_costguard_resources() -> None:
@@ -70,9 +75,9 @@ def test_plan_writes_only_costguard_named_resources() -> None:
     spec = alarm_spec(budget="200", name="thesis")
     for call in plan_aws(spec, ObservedAws(account_id="111122223333")).calls:
         params = dict(call.params)
-        names = [params.get(key) for key in ("Name", "BudgetName", "AlarmName")]
-        names += [params.get("Budget", {}).get("BudgetName"), params.get("TopicArn")]
-        names = [str(n).rsplit(":", 1)[-1] for n in names if n]
+        found = [params.get(key) for key in ("Name", "BudgetName", "AlarmName", "TopicArn")]
+        found.append(params.get("Budget", {}).get("BudgetName"))
+        names = [str(n).rsplit(":", 1)[-1] for n in found if n]
         assert names, call
         assert all(n.startswith("costguard-") for n in names), (call, names)
 
