@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +19,7 @@ from costguard.alarms.plan import (
     NAME_PREFIX,
     AlarmSpec,
     ApiCall,
+    BudgetStatus,
     Notification,
     ObservedAws,
     ObservedAwsBudget,
@@ -32,6 +32,7 @@ from costguard.alarms.plan import (
     plan_aws,
 )
 from costguard.clouds import aws
+from costguard.errors import CostguardError
 from costguard.pricing.catalog import Market
 
 ClientFactory = Callable[[str, str], Any]
@@ -41,25 +42,13 @@ def _default_clients(service: str, region: str) -> Any:
     return aws.client(service, region)
 
 
-@dataclass(frozen=True)
-class BudgetStatus:
-    """One costguard budget as it stands."""
-
-    provider: str
-    name: str
-    amount_usd: Decimal
-    actual_usd: Decimal | None
-    forecast_usd: Decimal | None
-    alerts: tuple[str, ...]
-    extra: str = ""
-
-
 class AwsAlarms:
     """The AWS side of ``costguard alarm``. Clients come from ``clients(service, region)``."""
 
     def __init__(self, clients: ClientFactory = _default_clients) -> None:
         self._clients = clients
         self._cache: dict[str, Any] = {}
+        self._identity: tuple[str, str] | None = None
 
     def _client(self, service: str) -> Any:
         if service not in self._cache:
@@ -75,17 +64,18 @@ class AwsAlarms:
     # -- reading ---------------------------------------------------------------------
 
     def account(self) -> tuple[str, str]:
-        """(account id, partition) of the credentials in use."""
-        identity = self._call("sts", "get_caller_identity", "checking the AWS account")
-        partition = str(identity["Arn"]).split(":")[1]
-        return str(identity["Account"]), partition
+        """(account id, partition) of the credentials in use (asked once)."""
+        if self._identity is None:
+            identity = self._call("sts", "get_caller_identity", "checking the AWS account")
+            self._identity = (str(identity["Account"]), str(identity["Arn"]).split(":")[1])
+        return self._identity
 
     def observe(self, spec: AlarmSpec) -> ObservedAws:
         """Everything ``plan_aws`` needs to know about the account."""
         account, partition = self.account()
         topic_arn = aws_topic_arn(account, partition)
         topic_exists, policy_ok = self._topic(topic_arn, account)
-        alarm_threshold, alarm_actions = self._alarm(aws_alarm_name(spec))
+        alarm_threshold, alarm_actions = self._alarm(aws_alarm_name(spec.name))
         metrics = self._call(
             "cloudwatch",
             "list_metrics",
@@ -269,7 +259,7 @@ class AwsAlarms:
                 (
                     "cloudwatch",
                     "describe_alarms",
-                    {"AlarmNames": [aws_alarm_name(spec)]},
+                    {"AlarmNames": [aws_alarm_name(spec.name)]},
                     "billing alarm",
                 ),
                 (
@@ -365,7 +355,7 @@ class AwsAlarms:
             ]
         else:
             msg = f"{call} is not supported by this endpoint"
-            raise aws.translate(RuntimeError(msg), str(call))
+            raise CostguardError(msg, hint="check AWS_ENDPOINT_URL: it is not AWS itself")
         for step in steps:
             yield from self._execute(spec, step)
 
@@ -397,7 +387,7 @@ class AwsAlarms:
                 "cloudwatch",
                 "describe_alarms",
                 "reading the billing alarm",
-                AlarmNames=[f"{name}-estimated-charges"],
+                AlarmNames=[aws_alarm_name(name)],
             ).get("MetricAlarms", [])
             alarm = f"billing alarm {alarms[0]['StateValue']}" if alarms else "no billing alarm"
             statuses.append(
@@ -427,7 +417,7 @@ class AwsAlarms:
             )
             for n in targets
         ]
-        alarm_names = [f"{n}-estimated-charges" for n in targets]
+        alarm_names = [aws_alarm_name(n) for n in targets]
         found_alarms = (
             [
                 a["AlarmName"]

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from costguard.alarms.aws import BudgetStatus
 from costguard.alarms.plan import (
     NAME_PREFIX,
     AlarmSpec,
     ApiCall,
     Basis,
+    BudgetStatus,
     Notification,
     ObservedGcpBudget,
     Plan,

@@ -258,6 +258,19 @@ def _billing_account(account: str) -> str:
 
 
 @dataclass(frozen=True)
+class BudgetStatus:
+    """One costguard budget as it stands, on any provider."""
+
+    provider: str
+    name: str
+    amount_usd: Decimal
+    actual_usd: Decimal | None
+    forecast_usd: Decimal | None
+    alerts: tuple[str, ...]
+    extra: str = ""
+
+
+@dataclass(frozen=True)
 class ApiCall:
     """One cloud API call: printed by ``--dry-run``, executed otherwise."""
 
@@ -426,9 +439,9 @@ def _plan_hard_stop(
     return calls
 
 
-def aws_alarm_name(spec: AlarmSpec) -> str:
-    """The CloudWatch billing alarm that backs the budget up."""
-    return f"{spec.name}-estimated-charges"
+def aws_alarm_name(budget_name: str) -> str:
+    """The CloudWatch billing alarm that backs the budget ``budget_name`` up."""
+    return f"{budget_name}-estimated-charges"
 
 
 def _aws_notification(n: Notification) -> dict[str, Any]:
@@ -526,7 +539,7 @@ def plan_aws(spec: AlarmSpec, observed: ObservedAws) -> Plan:
                 "cloudwatch",
                 "put_metric_alarm",
                 {
-                    "AlarmName": aws_alarm_name(spec),
+                    "AlarmName": aws_alarm_name(spec.name),
                     "AlarmDescription": f"costguard: estimated charges reached the {spec.name} "
                     f"budget of ${spec.budget_usd:f}",
                     "Namespace": "AWS/Billing",

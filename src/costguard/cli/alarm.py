@@ -8,8 +8,7 @@ from typing import Any, Protocol
 
 import click
 
-from costguard.alarms.aws import BudgetStatus
-from costguard.alarms.plan import AlarmSpec, ApiCall, Plan, alarm_spec
+from costguard.alarms.plan import AlarmSpec, ApiCall, BudgetStatus, Plan, alarm_spec
 from costguard.cli import render
 from costguard.errors import InputError
 from costguard.money import format_usd
