@@ -110,17 +110,3 @@ def test_broken_pricing_dir_is_a_clear_error(run_cli, tmp_path) -> None:
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: no price tables in")
     assert "Hint:" in result.stderr
-
-
-def test_help_everywhere_has_examples(run_cli) -> None:
-    for args in (
-        ("--help",),
-        ("pricing", "--help"),
-        ("pricing", "show", "--help"),
-        ("pricing", "gpus", "--help"),
-        ("estimate", "--help"),
-    ):
-        result = run_cli(*args)
-        assert result.exit_code == 0
-        assert "costguard " in result.stdout.split("Options:")[0] + result.stdout
-        assert "Example" in result.stdout or "costguard estimate --gpu" in result.stdout
