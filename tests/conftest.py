@@ -34,9 +34,16 @@ class Run:
 @pytest.fixture
 def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
     """Invoke ``costguard ARGS`` in-process; no config file or COSTGUARD_* leaks in."""
-    for name in ("COSTGUARD_PRICING_DIR", "COSTGUARD_DEBUG", "COSTGUARD_CONFIG"):
+    for name in (
+        "COSTGUARD_PRICING_DIR",
+        "COSTGUARD_DEBUG",
+        "COSTGUARD_CONFIG",
+        "COSTGUARD_STALE_WARNING",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent-costguard-test")
+    # A developer's own refreshed price cache must not leak into the tests.
+    monkeypatch.setenv("COSTGUARD_CACHE_DIR", "/nonexistent-costguard-test/cache")
 
     def invoke(*args: str) -> Run:
         result = CliRunner().invoke(cli, list(args), catch_exceptions=False)

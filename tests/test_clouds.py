@@ -23,7 +23,7 @@ def test_aws_client_reaches_moto_through_the_standard_endpoint(aws_env: str) -> 
 
 
 def test_aws_errors_are_translated(aws_env: str) -> None:
-    budgets = aws.client("budgets", max_attempts=1)
+    budgets = aws.client("budgets", attempts=1)
     with pytest.raises(aws.errors()) as info:
         budgets.describe_budget(AccountId="123456789012", BudgetName="costguard-none")
     translated = aws.translate(info.value, "reading the budget")
@@ -38,7 +38,7 @@ def test_aws_no_credentials_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-    sts = aws.client("sts", max_attempts=1)
+    sts = aws.client("sts", attempts=1)
     with pytest.raises(aws.errors()) as info:
         sts.get_caller_identity()
     translated = aws.translate(info.value, "checking the account")

@@ -10,6 +10,9 @@ The config file is TOML, at ``$COSTGUARD_CONFIG`` or
     debug = false
     gcp_endpoint = "https://private.googleapis.com"   # optional
     azure_endpoint = "https://management.usgovcloudapi.net"   # optional
+    cache_dir = "/scratch/me/costguard-pricing"   # where `pricing refresh` writes
+    stale_warning = true                          # warn when the prices are old
+    azure_prices_endpoint = "https://prices.azure.com"   # optional
 """
 
 from __future__ import annotations
@@ -40,6 +43,22 @@ class Settings:
     gcp_endpoint: str | None = None
     #: Base URL for Azure Resource Manager calls (sovereign clouds, test servers).
     azure_endpoint: str | None = None
+    #: Where ``costguard pricing refresh`` writes the tables it builds; ``None`` means
+    #: ``$XDG_CACHE_HOME/costguard/pricing`` (``~/.cache/costguard/pricing``).
+    cache_dir: Path | None = None
+    #: Warn when the price tables in use are old (``--no-stale-warning`` turns it off once).
+    stale_warning: bool = True
+    #: Base URL of the Azure Retail Prices API (a mirror or a test server).
+    azure_prices_endpoint: str | None = None
+
+    @property
+    def pricing_cache_dir(self) -> Path:
+        """Where the refreshed price tables live.
+
+        >>> Settings(cache_dir=Path("/tmp/prices")).pricing_cache_dir.name
+        'prices'
+        """
+        return self.cache_dir or Path("~/.cache/costguard/pricing").expanduser()
 
     @classmethod
     def load(
@@ -50,6 +69,9 @@ class Settings:
         """Merge flags (not ``None``) over ``COSTGUARD_*`` variables over the config file."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
+        # The XDG base directory is the default's default: any explicit setting wins.
+        if env.get("XDG_CACHE_HOME"):
+            values["cache_dir"] = Path(env["XDG_CACHE_HOME"]) / "costguard" / "pricing"
         values.update(_read_config(config_path(env)))
         for f in fields(cls):
             text = env.get(ENV_PREFIX + f.name.upper())
@@ -66,12 +88,20 @@ class Settings:
             msg = f"unknown setting(s): {', '.join(unknown)}"
             raise InputError(msg, hint=f"known settings: {', '.join(sorted(known))}")
         pricing_dir = values.get("pricing_dir")
+        cache_dir = values.get("cache_dir")
         return cls(
             pricing_dir=Path(pricing_dir).expanduser() if pricing_dir else None,
             debug=_as_bool("debug", values.get("debug", False)),
             gcp_endpoint=str(values["gcp_endpoint"]) if values.get("gcp_endpoint") else None,
             azure_endpoint=(
                 str(values["azure_endpoint"]) if values.get("azure_endpoint") else None
+            ),
+            cache_dir=Path(cache_dir).expanduser() if cache_dir else None,
+            stale_warning=_as_bool("stale_warning", values.get("stale_warning", True)),
+            azure_prices_endpoint=(
+                str(values["azure_prices_endpoint"])
+                if values.get("azure_prices_endpoint")
+                else None
             ),
         )
 

@@ -245,6 +245,7 @@ def test_help_has_an_example(run_cli) -> None:
 def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
     env["XDG_CONFIG_HOME"] = "/nonexistent-costguard-test"
+    env["COSTGUARD_CACHE_DIR"] = "/nonexistent-costguard-test/cache"
     return env
 
 

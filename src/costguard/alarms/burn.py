@@ -10,7 +10,7 @@ It sees only the instances it lists, so it is a floor on spend, and the provider
 ...                      datetime(2026, 12, 1, tzinfo=UTC))
 >>> report = burn_report([PricedInstance(vm, Decimal("1.006"))], now, budget_usd=Decimal(500))
 >>> report.usd_per_hour, report.spent_usd, report.projected_usd, report.over_budget
-(Decimal('1.006'), Decimal('241.440'), Decimal('748.464'), True)
+(Decimal('1.006'), Decimal('241.4400'), Decimal('748.4640'), True)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from costguard.cli.params import DecimalRange
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
-from costguard.pricing.catalog import load_catalog
+from costguard.pricing.catalog import load_tables
 from costguard.settings import Settings
 
 EXIT_OVER_BUDGET = 1
@@ -87,7 +87,7 @@ def burn_command(
     if webhook and not webhook.startswith(("https://", "http://")):
         msg = f"--webhook must be an http(s) URL, not {webhook!r}"
         raise InputError(msg, hint="e.g. --webhook https://hooks.slack.com/services/...")
-    catalog = load_catalog(settings.pricing_dir)
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     known = sorted({r.name for r in catalog.regions if r.provider == provider})
     wanted = [catalog.region(provider, r).name for r in regions] or known
     from costguard.alarms import aws as aws_alarms  # the SDK loads only now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +13,15 @@ from costguard.cli import render
 from costguard.cli.params import FORMAT, DecimalRange
 from costguard.errors import BudgetExceededError
 from costguard.money import format_usd
-from costguard.pricing.catalog import Catalog, Market, PriceStatus, check_provider, load_catalog
+from costguard.pricing.catalog import (
+    Catalog,
+    Market,
+    PriceStatus,
+    Staleness,
+    check_provider,
+    load_tables,
+    staleness,
+)
 from costguard.pricing.estimate import (
     DEFAULT_DISK_GB,
     CostOption,
@@ -155,27 +164,42 @@ Examples:
     show_default=True,
     help="table for people, json or csv for scripts.",
 )
+@click.option(
+    "--no-stale-warning",
+    is_flag=True,
+    help="Do not warn when the prices used are old (COSTGUARD_STALE_WARNING=0 for always).",
+)
 @click.pass_obj
 def estimate_command(settings: Settings, /, **options: Any) -> None:
     """Estimate a GPU run: price x hours x count + storage + egress, cheapest first.
 
-    Works offline from the price tables bundled with costguard. On-demand and spot are
-    shown side by side for the cheapest instance in each provider and region, and every
-    figure says what it assumes.
+    Works offline, from the fresher of the tables bundled with costguard and those
+    `costguard pricing refresh` wrote, and says which. On-demand and spot are shown side
+    by side for the cheapest instance in each provider and region, and every figure
+    says what it assumes. Prices older than 30 days (spot: 7) draw a warning.
     """
-    catalog = load_catalog(settings.pricing_dir)
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     request = build_request(catalog, options)
     result = estimate(request, catalog)
     shown = limit_places(result.options, options["top"])
     budget: Decimal | None = options["budget"]
+    stale = staleness(catalog, places(shown), datetime.now(UTC).date())
     output_format = options["output_format"].lower()
     if output_format == "json":
-        render.print_json(to_document(result, shown, catalog, budget, options["top"]))
+        document = to_document(result, shown, catalog, budget, options["top"])
+        document["pricing_source"]["stale_warning"] = stale_text(stale, catalog)
+        render.print_json(document)
     elif output_format == "csv":
         render.print_csv((*OPTION_FIELDS, "pricing_as_of"), (option_row(o, catalog) for o in shown))
         render.print_notes([*result.notes, *result.assumptions], err=True)
     else:
         print_table(result, shown, catalog)
+    if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
+        click.echo(
+            f"Warning: {stale_text(stale, catalog)}: `costguard pricing refresh` updates "
+            "them (--no-stale-warning hides this)",
+            err=True,
+        )
     cheapest = result.cheapest
     if budget is not None and cheapest is not None and cheapest.total_usd > budget:
         msg = (
@@ -220,6 +244,25 @@ def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
         egress_gb=options["egress_gb"],
         data_region=catalog.find_region(data_region) if data_region else None,
         data_gb=options["data_gb"],
+    )
+
+
+def places(options: Sequence[CostOption]) -> list[tuple[str, str, str, Market]]:
+    """The (table, provider, region, market) each option was priced from."""
+    return [
+        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
+        for o in options
+    ]
+
+
+def stale_text(stale: Staleness | None, catalog: Catalog) -> str | None:
+    """The staleness warning, without its prefix and hint; ``None`` when fresh."""
+    if stale is None:
+        return None
+    what = "spot prices" if stale.spot_only else "prices"
+    return (
+        f"the {what} used are {stale.age_days} days old "
+        f"({catalog.origin} tables, as of {stale.as_of.isoformat()})"
     )
 
 
@@ -272,7 +315,11 @@ def to_document(
             "origin": catalog.origin,
             "directory": str(catalog.directory),
             "tables": {
-                name: {"as_of": info.as_of.isoformat(), "source": info.source}
+                name: {
+                    "as_of": info.as_of.isoformat(),
+                    "refreshed_at": (info.refreshed_at.isoformat() if info.refreshed_at else None),
+                    "source": info.source,
+                }
                 for name, info in catalog.tables.items()
             },
         },

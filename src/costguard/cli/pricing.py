@@ -1,16 +1,20 @@
-"""``costguard pricing``: look inside the price tables."""
+"""``costguard pricing``: look inside the price tables, and refresh them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, fields
 from decimal import Decimal
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from costguard.cli import render
 from costguard.cli.params import FORMAT
+from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
 from costguard.pricing.catalog import (
     Catalog,
@@ -20,23 +24,27 @@ from costguard.pricing.catalog import (
     StorageRate,
     TransferRate,
     check_provider,
-    load_catalog,
+    load_tables,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.settings import Settings
 
+if TYPE_CHECKING:
+    from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
+
 TABLES = ("gpu_instances", "cpu_instances", "storage", "transfer", "regions")
 
 
-@click.group("pricing", short_help="Inspect the price tables.")
+@click.group("pricing", short_help="Inspect the price tables, or refresh them.")
 def pricing_group() -> None:
-    """Inspect the price tables costguard estimates from.
+    """Inspect the price tables costguard estimates from, or refresh them.
 
     \b
     Examples:
       costguard pricing show
       costguard pricing show gpu_instances --gpu h100 --region us-central1
       costguard pricing gpus
+      costguard pricing refresh --provider aws --region us-east-1
     """
 
 
@@ -65,7 +73,7 @@ def show_command(
     output_format: str,
 ) -> None:
     """Without TABLE: where each table comes from and how old it is. With TABLE: its rows."""
-    catalog = load_catalog(settings.pricing_dir)
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     output_format = output_format.lower()
     if table is None:
         _show_summary(catalog, output_format)
@@ -113,7 +121,7 @@ Examples:
 @click.pass_obj
 def gpus_command(settings: Settings, providers: Sequence[str], output_format: str) -> None:
     """The GPUs in the tables: names you can type, where they are, lowest $/GPU-hour."""
-    catalog = load_catalog(settings.pricing_dir)
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     wanted = {check_provider(p) for p in providers}
     rows = list(_gpu_rows(catalog, wanted))
     output_format = output_format.lower()
@@ -175,6 +183,7 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
             "table": name,
             "rows": counts[name],
             "as_of": info.as_of.isoformat(),
+            "refreshed_at": info.refreshed_at.isoformat() if info.refreshed_at else None,
             "source": info.source,
         }
         for name, info in catalog.tables.items()
@@ -244,3 +253,191 @@ def _cell(name: str, value: Any) -> str:
     if isinstance(value, Decimal) and "usd" in name:
         return format_usd(value, rate=True)
     return str(value)
+
+
+REFRESH_EPILOG = """\b
+Examples:
+  costguard pricing refresh
+  costguard pricing refresh --provider aws --region us-east-1 --region us-west-2
+  costguard pricing refresh --from /media/usb/price-responses
+  costguard pricing refresh --output /shared/costguard-pricing --format json
+
+\b
+Sources (estimate and pricing show never reach the network; refresh does):
+  aws    Price List Query API (GetProducts) and EC2 DescribeSpotPriceHistory, through
+         boto3 and your AWS credentials; AWS_ENDPOINT_URL_PRICING overrides the endpoint.
+  gcp    Cloud Billing Catalog API (Compute Engine SKUs), Application Default
+         Credentials; COSTGUARD_GCP_ENDPOINT overrides the endpoint.
+  azure  Retail Prices API, no account; COSTGUARD_AZURE_PRICES_ENDPOINT overrides it.
+
+\b
+--from DIR reads responses downloaded earlier (air-gapped sites), one file per page:
+  DIR/aws/pricing-*.json   GetProducts responses
+  DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
+  DIR/gcp/skus-*.json      services.skus.list responses
+  DIR/azure/prices-*.json  Retail Prices responses
+"""
+
+
+@pricing_group.command("refresh", epilog=REFRESH_EPILOG)
+@click.option(
+    "--provider",
+    "providers",
+    multiple=True,
+    help="aws, gcp or azure (repeatable). Default: all (with --from: those in DIR).",
+)
+@click.option(
+    "--region",
+    "regions",
+    multiple=True,
+    help="Only these regions (repeatable). Default: every region in the tables.",
+)
+@click.option(
+    "--from",
+    "mirror_dir",
+    metavar="DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Read API responses downloaded earlier from DIR; nothing is fetched.",
+)
+@click.option(
+    "--output",
+    metavar="DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the tables to this folder. Default: the user cache (COSTGUARD_CACHE_DIR).",
+)
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json"], case_sensitive=False),
+    default="table",
+    show_default=True,
+)
+@click.pass_context
+def refresh_command(
+    ctx: click.Context,
+    providers: Sequence[str],
+    regions: Sequence[str],
+    mirror_dir: Path | None,
+    output: Path | None,
+    output_format: str,
+) -> None:
+    """Rebuild the instance price tables from the providers' official price APIs.
+
+    On-demand and spot prices of the instance types in the tables are read again and
+    written, with the date and the API of every part, to the user cache, which
+    `costguard estimate` then uses (when it is fresher than the bundled tables). Rows
+    of other providers and regions are carried over from the tables already there. A
+    provider that fails keeps its old prices; the others are refreshed all the same,
+    and the command exits 1 naming what failed.
+    """
+    from costguard.pricing.refresh.runner import current_tables, plan_refresh, refresh_tables
+
+    settings: Settings = ctx.obj
+    target = output or settings.pricing_cache_dir
+    catalog = current_tables(target)
+    plan = plan_refresh(catalog, providers, regions, output=target, mirror_dir=mirror_dir)
+    with _progress_bar(plan) as progress:
+        report = refresh_tables(plan, catalog, settings, progress=progress)
+    if output_format.lower() == "json":
+        render.print_json(_refresh_document(report))
+    else:
+        _print_refresh(report)
+    if settings.pricing_dir is not None and report.written and output is None:
+        click.echo(
+            f"Note: --pricing-dir/COSTGUARD_PRICING_DIR is set, so estimates keep using "
+            f"{settings.pricing_dir}, not the refreshed cache.",
+            err=True,
+        )
+    for failure in report.failed:
+        assert failure.error is not None
+        click.secho(f"Error: {failure.provider}: {failure.error.message}", err=True, fg="red")
+        if failure.error.hint:
+            click.echo(f"Hint: {failure.error.hint}", err=True)
+    if report.failed:
+        ctx.exit(EXIT_FAILURE)
+
+
+@contextmanager
+def _progress_bar(plan: RefreshPlan) -> Iterator[Progress | None]:
+    """A spinner per provider with the records read so far, on a terminal only."""
+    if not render.is_terminal(sys.stderr):
+        yield None
+        return
+    from rich.progress import Progress as Bar
+    from rich.progress import SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed:,} records"),
+        TimeElapsedColumn(),
+    )
+    with Bar(*columns, console=render.console(stderr=True), transient=True) as bar:
+        tasks = {
+            t.provider: bar.add_task(f"{t.provider} ({len(t.regions)} region(s))", total=None)
+            for t in plan.targets
+        }
+        yield lambda provider, records: bar.update(tasks[provider], completed=records)
+
+
+def _refresh_document(report: RefreshReport) -> dict[str, Any]:
+    return {
+        "output": str(report.output),
+        "written": report.written,
+        "refreshed_at": report.refreshed_at.isoformat(),
+        "providers": [
+            {
+                "provider": p.provider,
+                "status": "refreshed" if p.ok else "failed",
+                "regions": list(p.regions),
+                "records": p.records,
+                "rows_updated": p.stats.updated if p.stats else 0,
+                "rows_not_found": p.stats.not_found if p.stats else 0,
+                "rows_kept": p.stats.kept if p.stats else 0,
+                "seconds": round(p.seconds, 3),
+                "source": p.source or None,
+                "error": p.error.message if p.error else None,
+                "hint": p.error.hint if p.error else None,
+            }
+            for p in report.providers
+        ],
+        "tables": [
+            {"table": t.name, "as_of": t.as_of.isoformat(), "source": t.source}
+            for t in report.tables
+        ],
+    }
+
+
+def _print_refresh(report: RefreshReport) -> None:
+    rows = [
+        {
+            "provider": p.provider,
+            "status": "refreshed" if p.ok else "FAILED",
+            "regions": ", ".join(p.regions),
+            "records": p.records,
+            "updated": p.stats.updated if p.stats else "-",
+            "not found": p.stats.not_found if p.stats else "-",
+            "kept": p.stats.kept if p.stats else "-",
+            "source": p.source or (p.error.message if p.error else ""),
+        }
+        for p in report.providers
+    ]
+    title = (
+        f"Price tables refreshed into {report.output}"
+        if report.written
+        else f"Nothing written: {report.output} is as it was"
+    )
+    _print_rows(title, list(rows[0]), rows)
+    if not report.written:
+        return
+    render.print_notes(
+        [
+            "updated: rows with a price read just now; kept: rows that API does not price "
+            "(TPUs), left as they were",
+            "not found: rows the API did not list; their old price is kept and flagged "
+            "unverified (costguard pricing show gpu_instances --unverified)",
+            "storage, transfer and regions: kept as they were (refresh updates instance "
+            "prices only); providers not refreshed keep their rows and dates",
+        ],
+        heading="Notes:",
+    )

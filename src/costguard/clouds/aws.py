@@ -19,19 +19,23 @@ if TYPE_CHECKING:
 EXTRA = "aws"
 
 
-def client(service: str, region: str | None = None, *, max_attempts: int = 5) -> Any:
-    """A boto3 client for ``service`` with adaptive retries and timeouts.
+def client(
+    service: str, region: str | None = None, *, attempts: int = 5, mode: str = "adaptive"
+) -> Any:
+    """A boto3 client for ``service`` with bounded retries and timeouts.
 
-    ``region`` defaults to the usual chain (``AWS_DEFAULT_REGION``, profile), then us-east-1.
-    The standard ``AWS_MAX_ATTEMPTS`` / ``AWS_RETRY_MODE`` variables override the retry
-    policy, as they do for the AWS CLI.
+    ``attempts`` counts every try, the first included (1 = no retry); ``mode`` is
+    botocore's retry mode (``adaptive`` also slows down after throttling; ``standard``
+    does not). The standard ``AWS_MAX_ATTEMPTS`` / ``AWS_RETRY_MODE`` variables override
+    both, as they do for the AWS CLI. ``region`` defaults to the usual chain
+    (``AWS_DEFAULT_REGION``, profile), then us-east-1.
     """
     boto3 = require("boto3", EXTRA)
-    attempts = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+    from_env = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
     config = require("botocore.config", EXTRA).Config(
         retries={
-            "max_attempts": int(attempts) if attempts.isdigit() else max_attempts,
-            "mode": os.environ.get("AWS_RETRY_MODE", "adaptive"),
+            "total_max_attempts": int(from_env) if from_env.isdigit() else attempts,
+            "mode": os.environ.get("AWS_RETRY_MODE", mode),
         },
         connect_timeout=CONNECT_TIMEOUT_S,
         read_timeout=READ_TIMEOUT_S,

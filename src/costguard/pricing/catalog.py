@@ -3,7 +3,8 @@
 The tables are CSV files plus a ``tables.toml`` that names each file's source and as-of
 date (see ``pricing/README.md`` in the repository). They ship inside the package; a user
 can point at another directory (``--pricing-dir`` / ``COSTGUARD_PRICING_DIR``) with the
-same layout.
+same layout. ``costguard pricing refresh`` writes such a directory into the user cache;
+:func:`load_tables` prices from the fresher of that cache and the bundled tables.
 
 Loading validates every row and fails with the file and line of a bad one; the lookups
 afterwards are pure.
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 import csv
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from enum import StrEnum
 from functools import cached_property
@@ -129,13 +130,32 @@ class Region:
 
 
 @dataclass(frozen=True, slots=True)
+class TablePart:
+    """How old the rows of one provider and region are, and where they came from."""
+
+    as_of: date
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class TableInfo:
-    """Where one table came from and how old it is."""
+    """Where one table came from and how old it is.
+
+    A table rebuilt by ``costguard pricing refresh`` also says when, and has a part per
+    provider and region: a refresh of one provider or region carries the others over
+    as they were, so their rows keep their own date and source.
+    """
 
     name: str
     path: Path
     as_of: date
     source: str
+    refreshed_at: datetime | None = None
+    parts: Mapping[tuple[str, str], TablePart] = field(default_factory=dict)
+
+    def part(self, provider: str, region: str) -> TablePart:
+        """The date and source of this table's rows for one provider and region."""
+        return self.parts.get((provider, region)) or TablePart(self.as_of, self.source)
 
 
 @dataclass(frozen=True)
@@ -148,7 +168,7 @@ class Catalog:
     regions: tuple[Region, ...]
     tables: Mapping[str, TableInfo]
     directory: Path
-    origin: str = "bundled"  # "bundled" or "directory"
+    origin: str = "bundled"  # "bundled", "cache" (costguard pricing refresh) or "directory"
     _region_index: dict[tuple[str, str], Region] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -238,19 +258,19 @@ def bundled_tables_dir() -> Path:
     raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
 
 
-def load_catalog(directory: Path | None = None) -> Catalog:
-    """Load and validate the tables in ``directory`` (default: the bundled ones)."""
-    origin = "directory" if directory is not None else "bundled"
+def load_catalog(directory: Path | None = None, *, origin: str | None = None) -> Catalog:
+    """Load and validate the tables in ``directory`` (default: the bundled ones).
+
+    ``origin`` names where the directory comes from in what the estimate prints
+    (default: ``directory``, or ``bundled`` for the bundled tables).
+    """
+    origin = origin or ("directory" if directory is not None else "bundled")
     directory = bundled_tables_dir() if directory is None else directory
     index_path = directory / "tables.toml"
     if not index_path.is_file():
         msg = f"no price tables in {directory} (tables.toml is missing)"
         raise CostguardError(msg, hint="point --pricing-dir at a folder laid out like pricing/")
-    try:
-        index = tomllib.loads(index_path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
-        msg = f"{index_path} is not valid TOML: {exc}"
-        raise CostguardError(msg) from None
+    index = _read_index(index_path)
     tables = {name: _table_info(name, index, directory) for name in REQUIRED_TABLES}
     instances = tuple(
         row for name in INSTANCE_TABLES for row in _load(tables[name].path, _instance)
@@ -266,20 +286,145 @@ def load_catalog(directory: Path | None = None) -> Catalog:
     )
 
 
+def load_tables(pricing_dir: Path | None = None, cache_dir: Path | None = None) -> Catalog:
+    """The tables to price from: ``pricing_dir`` when given, else the fresher of the
+    user cache (``cache_dir``, written by ``costguard pricing refresh``) and the bundled
+    tables; the cache wins a tie, as it holds at least one refresh.
+
+    Only the ``tables.toml`` files are compared, so one catalog is loaded. A cache
+    directory is only ever complete (it is renamed into place after it is written);
+    one that cannot be read is an error that says how to recover.
+
+    >>> load_tables(cache_dir=Path("/nonexistent")).origin
+    'bundled'
+    """
+    if pricing_dir is not None:
+        return load_catalog(pricing_dir)
+    bundled = bundled_tables_dir()
+    if cache_dir is None or not (cache_dir / "tables.toml").is_file():
+        return load_catalog(bundled, origin="bundled")
+    try:
+        if _index_as_of(cache_dir) < _index_as_of(bundled):
+            return load_catalog(bundled, origin="bundled")
+        return load_catalog(cache_dir, origin="cache")
+    except CostguardError as exc:
+        msg = f"the price cache {cache_dir} cannot be used: {exc.message}"
+        raise CostguardError(
+            msg,
+            hint=f"run `costguard pricing refresh` again, or delete {cache_dir} "
+            "to use the bundled tables",
+        ) from None
+
+
+def _index_as_of(directory: Path) -> date:
+    """The as-of date of the instance tables named in ``directory/tables.toml``."""
+    index = _read_index(directory / "tables.toml")
+    return min(_table_info(name, index, directory).as_of for name in INSTANCE_TABLES)
+
+
+def _read_index(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        msg = f"{path} is not valid TOML: {exc}"
+        raise CostguardError(msg) from None
+
+
 def _table_info(name: str, index: Mapping[str, Any], directory: Path) -> TableInfo:
     entry = index.get(name)
     if not isinstance(entry, Mapping):
         msg = f"{directory / 'tables.toml'} has no [{name}] table"
         raise CostguardError(msg, hint="each table needs file, as_of and source")
     try:
-        as_of = entry["as_of"]
-        as_of = as_of if isinstance(as_of, date) else date.fromisoformat(str(as_of))
-        return TableInfo(name, directory / str(entry["file"]), as_of, str(entry["source"]))
-    except (KeyError, ValueError) as exc:
+        parts: Mapping[str, Mapping[str, Mapping[str, Any]]] = entry.get("parts", {})
+        refreshed = entry.get("refreshed_at")
+        return TableInfo(
+            name,
+            directory / str(entry["file"]),
+            _as_date(entry["as_of"]),
+            str(entry["source"]),
+            refreshed_at=None if refreshed is None else _as_datetime(refreshed),
+            parts={
+                (check_provider(provider), str(region)): TablePart(
+                    _as_date(part["as_of"]), str(part["source"])
+                )
+                for provider, regions in parts.items()
+                for region, part in regions.items()
+            },
+        )
+    except (KeyError, ValueError, TypeError, AttributeError, UnknownNameError) as exc:
         msg = f"[{name}] in {directory / 'tables.toml'} is incomplete or malformed: {exc}"
         raise CostguardError(
             msg, hint="each table needs file, as_of (YYYY-MM-DD) and source"
         ) from None
+
+
+def _as_date(value: Any) -> date:
+    """A TOML date or date-time (or its text) as a date; a date-time counts by its UTC day."""
+    if isinstance(value, datetime):  # before date: a datetime is a date too
+        return _as_datetime(value).date()
+    if isinstance(value, date):
+        return value
+    text = str(value)
+    return _as_datetime(text).date() if "T" in text else date.fromisoformat(text)
+
+
+def _as_datetime(value: Any) -> datetime:
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    if moment.tzinfo is None:
+        msg = f"{value} has no time zone"
+        raise ValueError(msg)
+    return moment.astimezone(UTC)
+
+
+#: A table older than this many days draws a warning; spot prices move faster.
+STALE_AFTER_DAYS = 30
+SPOT_STALE_AFTER_DAYS = 7
+
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """The oldest prices an answer used, when they are past their threshold."""
+
+    as_of: date
+    age_days: int
+    spot_only: bool  # only spot prices are past theirs (on-demand ones are not)
+
+
+def staleness(
+    catalog: Catalog,
+    places: Iterable[tuple[str, str, str, Market]],
+    today: date,
+    *,
+    max_age_days: int = STALE_AFTER_DAYS,
+    spot_max_age_days: int = SPOT_STALE_AFTER_DAYS,
+) -> Staleness | None:
+    """Whether the prices used for ``places`` are too old; pure.
+
+    ``places`` are ``(table, provider, region, market)`` of the figures shown. A price
+    is stale when its rows are older than ``max_age_days``, or ``spot_max_age_days``
+    for a spot price. Returns the oldest stale as-of date, or ``None``.
+
+    >>> catalog = load_catalog()
+    >>> place = ("gpu_instances", "aws", "us-east-1", Market.SPOT)
+    >>> staleness(catalog, [place], catalog.as_of) is None
+    True
+    >>> staleness(catalog, [place], date(2027, 1, 1))
+    Staleness(as_of=datetime.date(2026, 11, 30), age_days=32, spot_only=False)
+    """
+    stale: list[tuple[date, Market]] = []
+    for table, provider, region, market in places:
+        as_of = catalog.tables[table].part(provider, region).as_of
+        limit = spot_max_age_days if market is Market.SPOT else max_age_days
+        if (today - as_of).days > limit:
+            stale.append((as_of, market))
+    if not stale:
+        return None
+    oldest = min(as_of for as_of, _ in stale)
+    spot_only = all(
+        market is Market.SPOT and (today - as_of).days <= max_age_days for as_of, market in stale
+    )
+    return Staleness(oldest, (today - oldest).days, spot_only)
 
 
 class _BadRowError(ValueError):

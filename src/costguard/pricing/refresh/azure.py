@@ -1,0 +1,221 @@
+"""Azure prices: the public Retail Prices REST API (no account, no SDK).
+
+``GET {endpoint}/api/retail/prices?api-version=2023-01-01-preview&$filter=...`` for
+``serviceName eq 'Virtual Machines'``, one region at a time, pay-as-you-go
+(``priceType eq 'Consumption'``), following ``NextPageLink`` page by page (only to the
+same host). Plain :mod:`urllib` with timeouts; throttling (429, with ``Retry-After``) and
+5xx are retried. ``Settings.azure_prices_endpoint`` points it at a mirror or a test
+server.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
+from decimal import Decimal
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from costguard import __version__
+from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from costguard.errors import CostguardError, InputError
+from costguard.pricing.catalog import Market
+from costguard.pricing.refresh import mirror as mirrors
+from costguard.pricing.refresh.merge import FreshPrices, Target
+from costguard.pricing.refresh.parse import azure_prices
+from costguard.pricing.refresh.progress import RecordCounter
+from costguard.pricing.refresh.retry import (
+    RetryPolicy,
+    Transient,
+    call_with_retry,
+    parse_retry_after,
+)
+from costguard.settings import Settings
+
+DEFAULT_ENDPOINT = "https://prices.azure.com"
+API_VERSION = "2023-01-01-preview"
+MAX_PAGES = 10_000
+#: One socket timeout covers connecting and each read (urllib has a single timeout).
+TIMEOUT_S = max(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+
+
+def fetch(
+    target: Target,
+    settings: Settings,
+    *,
+    now: datetime,
+    mirror: Path | None = None,
+    retry: RetryPolicy | None = None,
+    progress: Callable[[int], object] | None = None,
+) -> FreshPrices:
+    """Fresh Azure prices for ``target`` from the Retail Prices API, or from ``mirror``.
+
+    Raises :class:`~costguard.errors.CostguardError` saying what failed.
+    """
+    count = RecordCounter(progress)
+    if mirror is not None:
+        pages: Iterator[Mapping[str, Any]] = mirrors.pages(mirror, "azure", "prices")
+        source = f"Azure Retail Prices API responses in {mirror / 'azure'}"
+    else:
+        endpoint = endpoint_of(settings)
+        pages = _live_pages(endpoint, target.regions, retry or RetryPolicy())
+        source = f"Azure Retail Prices API ({endpoint}/api/retail/prices)"
+    items = (item for page in pages for item in mirrors.records(page, "Items"))
+    try:
+        rows = azure_prices(count(items), target.rows)
+    except urllib.error.HTTPError as exc:
+        raise _http_error(exc) from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        reason = getattr(exc, "reason", exc)
+        msg = f"cannot reach the Azure Retail Prices API at {endpoint_of(settings)}: {reason}"
+        raise CostguardError(
+            msg, hint="check the network, and COSTGUARD_AZURE_PRICES_ENDPOINT if you set it"
+        ) from None
+    return FreshPrices(
+        provider="azure",
+        regions=frozenset(target.regions),
+        markets=frozenset(Market),
+        rows=rows,
+        source=source,
+        fetched_at=now,
+        records=count.total,
+    )
+
+
+def _http_error(exc: urllib.error.HTTPError) -> CostguardError:
+    try:
+        detail = exc.read(500).decode("utf-8", "replace").strip()
+    except OSError:
+        detail = ""
+    finally:
+        exc.close()
+    text = f"the Azure Retail Prices API answered HTTP {exc.code} {exc.reason}"
+    if detail:
+        text += f": {detail}"
+    if exc.code == 429 or exc.code >= 500:
+        return CostguardError(text, hint="the API is busy or failing: try again later")
+    return CostguardError(text, hint="check COSTGUARD_AZURE_PRICES_ENDPOINT if you set it")
+
+
+def endpoint_of(settings: Settings) -> str:
+    """The API's base URL (``http`` or ``https``), without a trailing slash.
+
+    >>> endpoint_of(Settings())
+    'https://prices.azure.com'
+    """
+    endpoint = (settings.azure_prices_endpoint or DEFAULT_ENDPOINT).rstrip("/")
+    if urllib.parse.urlsplit(endpoint).scheme not in ("http", "https"):
+        msg = f"the Azure prices endpoint must be an http(s) URL, not {endpoint!r}"
+        raise InputError(msg, hint="e.g. COSTGUARD_AZURE_PRICES_ENDPOINT=https://prices.azure.com")
+    return endpoint
+
+
+def region_url(endpoint: str, region: str) -> str:
+    """The first page's URL for one region's Linux and Spot VM prices.
+
+    >>> region_url("https://prices.azure.com", "eastus")  # doctest: +ELLIPSIS
+    "https://prices.azure.com/api/retail/prices?api-version=...&$filter=serviceName%20eq%20'Vir..."
+    """
+    odata_filter = (
+        f"serviceName eq 'Virtual Machines' and armRegionName eq '{region}' "
+        "and priceType eq 'Consumption'"
+    )
+    # Spelled as the API's documentation does: a literal $filter, spaces as %20.
+    query = urllib.parse.urlencode(
+        {"api-version": API_VERSION, "$filter": odata_filter},
+        quote_via=urllib.parse.quote,
+        safe="$'",
+    )
+    return f"{endpoint}/api/retail/prices?{query}"
+
+
+def _live_pages(
+    endpoint: str, regions: tuple[str, ...], policy: RetryPolicy
+) -> Iterator[Mapping[str, Any]]:
+    for region in regions:
+        url: str | None = region_url(endpoint, region)
+        seen: set[str] = set()
+        for _ in range(MAX_PAGES):
+            assert url is not None
+            seen.add(url)
+            page = call_with_retry(partial(get_json, url), _transient, policy)
+            yield page
+            url = page.get("NextPageLink") or None
+            if url is None:
+                break
+            if not same_origin(url, endpoint):
+                msg = f"the Azure Retail Prices API sent a next page on another host: {url}"
+                raise CostguardError(msg, hint="set COSTGUARD_AZURE_PRICES_ENDPOINT to that host")
+            if url in seen:
+                msg = "the Azure Retail Prices API sent the same next page twice: paging stopped"
+                raise CostguardError(msg, hint="try again later")
+        else:
+            msg = f"the Azure Retail Prices API kept paging past {MAX_PAGES} pages for {region}"
+            raise CostguardError(msg, hint="try again later")
+
+
+def get_json(url: str) -> dict[str, Any]:
+    """GET ``url`` and parse the JSON object it answers; fractions become Decimal.
+
+    Raises :class:`urllib.error.URLError` (``HTTPError`` for an HTTP error status),
+    ``TimeoutError``, or :class:`~costguard.errors.CostguardError` for a body that is
+    not a JSON object.
+    """
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        msg = f"refusing a non-HTTP URL: {url}"
+        raise CostguardError(msg)
+    request = urllib.request.Request(  # noqa: S310 - http(s) only, checked above
+        url,
+        headers={
+            "Accept": "application/json",
+            "Accept-Encoding": "gzip",
+            "User-Agent": f"costguard/{__version__}",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:  # noqa: S310
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+    try:
+        page = json.loads(body, parse_float=Decimal)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        msg = f"the Azure Retail Prices API answered something that is not JSON ({exc})"
+        raise CostguardError(msg, hint="try again later") from None
+    if not isinstance(page, dict):
+        msg = "the Azure Retail Prices API answered JSON that is not an object"
+        raise CostguardError(msg, hint="try again later")
+    return page
+
+
+def same_origin(url: str, endpoint: str) -> bool:
+    """Whether ``url`` is on the endpoint's scheme and host (default ports ignored).
+
+    >>> same_origin("https://prices.azure.com:443/api/retail/prices?x", "https://prices.azure.com")
+    True
+    >>> same_origin("https://elsewhere.example/api", "https://prices.azure.com")
+    False
+    """
+    a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(endpoint)
+    default = {"http": 80, "https": 443}
+    return (a.scheme, a.hostname, a.port or default.get(a.scheme)) == (
+        b.scheme,
+        b.hostname,
+        b.port or default.get(b.scheme),
+    )
+
+
+def _transient(exc: Exception) -> Transient | None:
+    """429, 5xx, timeouts and dropped connections are worth another try."""
+    if isinstance(exc, urllib.error.HTTPError):
+        if exc.code == 429 or exc.code >= 500:
+            return Transient(f"HTTP {exc.code}", parse_retry_after(exc.headers.get("Retry-After")))
+        return None
+    if isinstance(exc, urllib.error.URLError | TimeoutError | ConnectionError):
+        return Transient(str(exc))
+    return None

@@ -1,0 +1,247 @@
+"""Merge fresh prices into the tables in use, and record where every row came from. Pure.
+
+A refresh replaces only the rows of the providers (and regions) it read; every other
+row, and the storage, transfer and regions tables, are carried over from the tables in
+use (bundled or cache) as they were, and the table metadata says so. The rules for one
+row (:func:`merge_row`):
+
+* a fresh price replaces the old one and is ``listed``;
+* a price the API should list but did not is kept, flagged ``unverified``, with a note
+  (a budget tool should not silently lose a price, nor pass an old one off as new);
+* a row the API does not price at all (GCP TPUs are not Compute Engine SKUs) is kept;
+* a spot price above on-demand is left out, as the loader refuses it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import date, datetime
+from enum import StrEnum
+
+from costguard.pricing.catalog import (
+    INSTANCE_TABLES,
+    REQUIRED_TABLES,
+    Catalog,
+    InstancePrice,
+    Market,
+    PriceStatus,
+    TableInfo,
+    TablePart,
+)
+from costguard.pricing.refresh.parse import RowPrices, row_key
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to refresh for one provider: its regions, and the table rows in them."""
+
+    provider: str
+    regions: tuple[str, ...]
+    rows: tuple[InstancePrice, ...]
+
+    def instance_types(self, region: str) -> list[str]:
+        """The instance types of the rows in ``region``, sorted, each once."""
+        return sorted({row.instance_type for row in self.rows if row.region == region})
+
+
+@dataclass(frozen=True)
+class FreshPrices:
+    """What one provider's refresh read: prices for its rows, from which API, when."""
+
+    provider: str
+    regions: frozenset[str]
+    markets: frozenset[Market]  # read from a mirror without spot history: on-demand only
+    rows: RowPrices
+    source: str  # the API and its endpoint (or the mirror folder)
+    fetched_at: datetime
+    records: int  # API records read (products, SKUs, price items)
+
+
+class Outcome(StrEnum):
+    """What a refresh did to one row."""
+
+    UPDATED = "updated"  # at least one fresh price
+    NOT_FOUND = "not found"  # the API should price it but did not list it: flagged
+    KEPT = "kept"  # the API does not price such rows: kept as they were
+
+
+@dataclass(frozen=True)
+class MergeStats:
+    """Rows per outcome, for one provider."""
+
+    updated: int = 0
+    not_found: int = 0
+    kept: int = 0
+
+    def add(self, outcome: Outcome) -> MergeStats:
+        """These counts with one more row of ``outcome``."""
+        field_name = outcome.name.lower()
+        return replace(self, **{field_name: getattr(self, field_name) + 1})
+
+
+@dataclass(frozen=True)
+class TableMeta:
+    """One entry of the index (``tables.toml``) of the tables a refresh writes."""
+
+    name: str
+    file: str
+    as_of: date
+    source: str
+    refreshed_at: datetime | None = None
+    parts: Mapping[tuple[str, str], TablePart] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MergedTables:
+    """The tables to write: new instance rows, every table's metadata, per-provider counts."""
+
+    instances: Mapping[str, tuple[InstancePrice, ...]]  # gpu_instances, cpu_instances
+    meta: tuple[TableMeta, ...]  # every table, in REQUIRED_TABLES order
+    stats: Mapping[str, MergeStats]
+
+
+def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Outcome]:
+    """One row after a refresh of its provider and region (see the module docstring).
+
+    >>> from decimal import Decimal as D
+    >>> from datetime import UTC
+    >>> from costguard.pricing.refresh.parse import RowPrices, row_key
+    >>> row = InstancePrice("aws", "us-east-1", "g5.xlarge", "A10G", 1, D(4), D(16),
+    ...                     D("1.006"), D("0.4246"), PriceStatus.LISTED, PriceStatus.LISTED)
+    >>> fresh = FreshPrices("aws", frozenset({"us-east-1"}), frozenset(Market),
+    ...     RowPrices({row_key(row): {Market.ON_DEMAND: D("1.1")}}, frozenset({row_key(row)})),
+    ...     "test", datetime(2026, 12, 1, tzinfo=UTC), 1)
+    >>> new, outcome = merge_row(row, fresh)
+    >>> new.ondemand_usd_per_hour, new.spot_status, outcome
+    (Decimal('1.1'), <PriceStatus.UNVERIFIED: 'unverified'>, <Outcome.UPDATED: 'updated'>)
+    """
+    key = row_key(row)
+    if key not in fresh.rows.covered:
+        return row, Outcome.KEPT
+    found = fresh.rows.prices.get(key, {})
+    day = fresh.fetched_at.date().isoformat()
+    prices = {
+        Market.ON_DEMAND: (row.ondemand_usd_per_hour, row.ondemand_status),
+        Market.SPOT: (row.spot_usd_per_hour, row.spot_status),
+    }
+    notes: list[str] = []
+    kept_old = False
+    for market in Market:
+        old_price, _ = prices[market]
+        if market in found:
+            prices[market] = (found[market], PriceStatus.LISTED)
+        elif market in fresh.markets and old_price is not None:
+            prices[market] = (old_price, PriceStatus.UNVERIFIED)
+            notes.append(f"{market} not listed by the API on {day}: kept {old_price} from before")
+            kept_old = True
+        elif market not in fresh.markets and old_price is not None:
+            kept_old = True
+    (ondemand, ondemand_status), (spot, spot_status) = prices[Market.ON_DEMAND], prices[Market.SPOT]
+    if ondemand is not None and spot is not None and spot > ondemand:
+        notes.append(f"spot {spot} above on-demand {ondemand}: spot left out")
+        spot, spot_status = None, None
+    if (kept_old or not found) and row.note:
+        notes.append(row.note)  # it still explains the prices that were kept
+    merged = replace(
+        row,
+        ondemand_usd_per_hour=ondemand,
+        ondemand_status=ondemand_status if ondemand is not None else None,
+        spot_usd_per_hour=spot,
+        spot_status=spot_status if spot is not None else None,
+        note="; ".join(notes),
+    )
+    return merged, Outcome.UPDATED if found else Outcome.NOT_FOUND
+
+
+def merge_tables(
+    catalog: Catalog, fresh: Sequence[FreshPrices], refreshed_at: datetime
+) -> MergedTables:
+    """The tables after merging ``fresh`` (one entry per provider that refreshed)."""
+    by_provider = {f.provider: f for f in fresh}
+    stats = {f.provider: MergeStats() for f in fresh}
+    instances: dict[str, tuple[InstancePrice, ...]] = {}
+    meta: list[TableMeta] = []
+    for name in REQUIRED_TABLES:
+        info = catalog.tables[name]
+        if name not in INSTANCE_TABLES:
+            meta.append(_kept_table(info, catalog.origin))
+            continue
+        rows = []
+        parts: dict[tuple[str, str], TablePart] = {}
+        for row in _table_rows(catalog, name):
+            provider_fresh = by_provider.get(row.provider)
+            place = (row.provider, row.region)
+            if provider_fresh is None or row.region not in provider_fresh.regions:
+                rows.append(row)
+                parts.setdefault(place, _kept_part(info, place, catalog.origin))
+                continue
+            merged, outcome = merge_row(row, provider_fresh)
+            rows.append(merged)
+            stats[row.provider] = stats[row.provider].add(outcome)
+            parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
+        instances[name] = tuple(sorted(rows, key=_sort_key))
+        meta.append(
+            TableMeta(
+                name=name,
+                file=info.path.name,
+                as_of=min((p.as_of for p in parts.values()), default=info.as_of),
+                source=summarise_sources(parts),
+                refreshed_at=refreshed_at,
+                parts=parts,
+            )
+        )
+    return MergedTables(instances=instances, meta=tuple(meta), stats=stats)
+
+
+def _table_rows(catalog: Catalog, name: str) -> Iterable[InstancePrice]:
+    gpu = name == "gpu_instances"
+    return (row for row in catalog.instances if (row.accelerator is not None) == gpu)
+
+
+def _sort_key(row: InstancePrice) -> tuple[str, str, str, str]:
+    return (row.provider, row.region, row.instance_type, row.accelerator or "")
+
+
+def _kept_part(info: TableInfo, place: tuple[str, str], origin: str) -> TablePart:
+    part = info.part(*place)
+    if place in info.parts:
+        return part
+    return TablePart(part.as_of, f"{part.source} (kept from the {origin} tables)")
+
+
+def _fresh_part(
+    info: TableInfo, place: tuple[str, str], fresh: FreshPrices, origin: str
+) -> TablePart:
+    if fresh.markets == frozenset(Market):
+        return TablePart(fresh.fetched_at.date(), fresh.source)
+    # Only some markets were read: the rows are as old as the markets that were not.
+    kept = _kept_part(info, place, origin)
+    markets = ", ".join(sorted(fresh.markets))
+    return TablePart(kept.as_of, f"{markets} from {fresh.source}; the rest: {kept.source}")
+
+
+def _kept_table(info: TableInfo, origin: str) -> TableMeta:
+    source = info.source
+    if origin != "cache":
+        source = f"{source} (kept from the {origin} tables: refresh updates instance prices only)"
+    return TableMeta(name=info.name, file=info.path.name, as_of=info.as_of, source=source)
+
+
+def summarise_sources(parts: Mapping[tuple[str, str], TablePart]) -> str:
+    """One line naming each provider's sources, with the regions when they differ.
+
+    >>> summarise_sources({("aws", "us-east-1"): TablePart(date(2026, 12, 1), "API"),
+    ...                    ("aws", "us-west-2"): TablePart(date(2026, 11, 30), "old"),
+    ...                    ("gcp", "us-central1"): TablePart(date(2026, 12, 1), "API")})
+    'aws us-east-1: API; aws us-west-2: old; gcp: API'
+    """
+    by_provider: dict[str, dict[str, list[str]]] = {}
+    for (provider, region), part in sorted(parts.items()):
+        by_provider.setdefault(provider, {}).setdefault(part.source, []).append(region)
+    lines = []
+    for provider, sources in by_provider.items():
+        for source, regions in sources.items():
+            where = provider if len(sources) == 1 else f"{provider} {', '.join(regions)}"
+            lines.append(f"{where}: {source}")
+    return "; ".join(lines)

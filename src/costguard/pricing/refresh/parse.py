@@ -1,0 +1,432 @@
+"""Read the providers' price records into hourly prices per table row. Pure: no I/O.
+
+Records come in the shapes the providers document (parsed JSON, or plain values read
+off an SDK object), whether fetched live or read from a mirror:
+
+* AWS: Price List products (``FormatVersion`` ``aws_v1``): ``product.attributes`` and
+  ``terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD``; and EC2 spot price history
+  records (``AvailabilityZone``, ``InstanceType``, ``SpotPrice``, ``Timestamp``).
+* GCP: Cloud Billing Catalog SKUs of Compute Engine. GCP bills a VM as vCPUs x the core
+  SKU + GiB x the RAM SKU of its series, plus GPUs x the GPU SKU; :func:`gcp_prices` sums
+  them per machine type, with the shapes taken from the table rows.
+* Azure: Retail Prices items: Linux pay-as-you-go and Spot meters; Low Priority and
+  Windows meters are skipped.
+
+Every ``*_prices`` function gets the table rows to price and returns
+:class:`RowPrices`: the fresh price per row and market, and which rows that API prices
+at all (GCP TPUs, for example, are not in the Compute Engine catalog).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from costguard.money import parse_decimal
+from costguard.pricing.catalog import InstancePrice, Market
+
+#: A row of the instance tables: region, instance type and accelerator (a GCP n1 host
+#: type carries several GPU models, so the type alone is not a key).
+RowKey = tuple[str, str, str | None]
+
+
+def row_key(row: InstancePrice) -> RowKey:
+    """The key of a table row."""
+    return (row.region, row.instance_type, row.accelerator)
+
+
+@dataclass(frozen=True)
+class RowPrices:
+    """Fresh hourly prices for table rows, and the rows the API prices at all."""
+
+    prices: Mapping[RowKey, Mapping[Market, Decimal]]
+    covered: frozenset[RowKey]
+
+
+def _price(value: Any) -> Decimal | None:
+    """A positive finite price, or ``None``. A zero price is a placeholder, not a price."""
+    try:
+        price = parse_decimal(value)
+    except (ValueError, TypeError):
+        return None
+    return price if price > 0 else None
+
+
+def _keep_higher(prices: dict[Any, Decimal], key: Any, price: Decimal) -> None:
+    # Duplicate records should not happen; when they do, the higher price keeps an
+    # estimate on the safe side, and the result does not depend on record order.
+    current = prices.get(key)
+    if current is None or price > current:
+        prices[key] = price
+
+
+# --- AWS -------------------------------------------------------------------------------
+
+#: The on-demand price costguard lists: Linux, shared tenancy, no pre-installed
+#: software, an instance in use (not an unused capacity reservation).
+AWS_LINUX_ATTRIBUTES = {
+    "operatingSystem": "Linux",
+    "tenancy": "Shared",
+    "preInstalledSw": "NA",
+    "capacitystatus": "Used",
+}
+_AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d+)[a-z]$")
+
+
+def aws_ondemand(products: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Decimal]:
+    """On-demand $/h per (region, instance type) from Price List products.
+
+    Products other than Linux/shared/no-software/used are skipped, whatever the query
+    asked for (a mirror may hold more than one query's answer).
+
+    >>> product = {"product": {"attributes": {**AWS_LINUX_ATTRIBUTES,
+    ...     "regionCode": "us-east-1", "instanceType": "g5.xlarge"}},
+    ...     "terms": {"OnDemand": {"T": {"priceDimensions": {"D": {
+    ...         "unit": "Hrs", "pricePerUnit": {"USD": "1.0060000000"}}}}}}}
+    >>> aws_ondemand([product])
+    {('us-east-1', 'g5.xlarge'): Decimal('1.0060000000')}
+    """
+    prices: dict[tuple[str, str], Decimal] = {}
+    for product in products:
+        attributes = product.get("product", {}).get("attributes", {})
+        if any(attributes.get(k) != v for k, v in AWS_LINUX_ATTRIBUTES.items()):
+            continue
+        # Capacity Blocks and other purchase options are products of their own.
+        if attributes.get("marketoption", "OnDemand") != "OnDemand":
+            continue
+        region, instance_type = attributes.get("regionCode"), attributes.get("instanceType")
+        if not region or not instance_type:
+            continue
+        for term in product.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                if dimension.get("unit") != "Hrs":
+                    continue
+                price = _price(dimension.get("pricePerUnit", {}).get("USD"))
+                if price is not None:
+                    _keep_higher(prices, (region, instance_type), price)
+    return prices
+
+
+def aws_zone_region(zone: str) -> str | None:
+    """The region of an availability zone; ``None`` for Local and Wavelength Zones.
+
+    >>> aws_zone_region("us-east-1a"), aws_zone_region("us-west-2-lax-1a")
+    ('us-east-1', None)
+    """
+    match = _AWS_ZONE.match(zone)
+    return match["region"] if match else None
+
+
+def _timestamp(value: Any) -> datetime:
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
+
+
+def aws_spot(history: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Decimal]:
+    """Spot $/h per (region, instance type): the latest price in each zone, then the
+    lowest over the region's zones (Local Zones excluded), for Linux/UNIX.
+
+    >>> aws_spot([
+    ...     {"AvailabilityZone": "us-east-1a", "InstanceType": "g5.xlarge",
+    ...      "ProductDescription": "Linux/UNIX", "SpotPrice": "0.50",
+    ...      "Timestamp": "2026-11-30T10:00:00+00:00"},
+    ...     {"AvailabilityZone": "us-east-1a", "InstanceType": "g5.xlarge",
+    ...      "ProductDescription": "Linux/UNIX", "SpotPrice": "0.45",
+    ...      "Timestamp": "2026-11-30T11:00:00+00:00"},
+    ...     {"AvailabilityZone": "us-east-1b", "InstanceType": "g5.xlarge",
+    ...      "ProductDescription": "Linux/UNIX", "SpotPrice": "0.47",
+    ...      "Timestamp": "2026-11-30T09:00:00+00:00"}])
+    {('us-east-1', 'g5.xlarge'): Decimal('0.45')}
+    """
+    latest: dict[tuple[str, str], tuple[datetime, Decimal]] = {}
+    for record in history:
+        if not str(record.get("ProductDescription", "")).startswith("Linux/UNIX"):
+            continue
+        zone, instance_type = record.get("AvailabilityZone"), record.get("InstanceType")
+        price = _price(record.get("SpotPrice"))
+        if not zone or not instance_type or price is None:
+            continue
+        moment = _timestamp(record.get("Timestamp", "1970-01-01T00:00:00+00:00"))
+        key = (str(zone), str(instance_type))
+        seen = latest.get(key)
+        if seen is None or (moment, price) > seen:
+            latest[key] = (moment, price)
+    lowest: dict[tuple[str, str], Decimal] = {}
+    for (zone, instance_type), (_, price) in latest.items():
+        region = aws_zone_region(zone)
+        if region is None:
+            continue
+        key = (region, instance_type)
+        if key not in lowest or price < lowest[key]:
+            lowest[key] = price
+    return lowest
+
+
+def aws_prices(
+    ondemand: Mapping[tuple[str, str], Decimal],
+    spot: Mapping[tuple[str, str], Decimal],
+    rows: Iterable[InstancePrice],
+) -> RowPrices:
+    """Fresh prices for AWS rows: every EC2 instance type is in the Price List."""
+    prices: dict[RowKey, dict[Market, Decimal]] = {}
+    covered = set()
+    for row in rows:
+        key = row_key(row)
+        covered.add(key)
+        found = {
+            market: table[(row.region, row.instance_type)]
+            for market, table in ((Market.ON_DEMAND, ondemand), (Market.SPOT, spot))
+            if (row.region, row.instance_type) in table
+        }
+        if found:
+            prices[key] = found
+    return RowPrices(prices, frozenset(covered))
+
+
+# --- GCP -------------------------------------------------------------------------------
+
+#: The Compute Engine service in the Cloud Billing Catalog.
+GCP_COMPUTE_SERVICE = "services/6F81-5844-456A"
+
+#: The vCPU/RAM SKU series of each machine-type prefix (the longest prefix wins), as in
+#: "N1 Predefined Instance Core running in Americas". The A3 Mega/Ultra and A4 names
+#: follow the pattern but were not seen in a live catalog: rows whose SKUs are not
+#: found keep their old price and are flagged unverified.
+GCP_HOST_SERIES: dict[str, str] = {
+    "a2-": "A2 Instance",
+    "a3-highgpu-": "A3 Instance",
+    "a3-megagpu-": "A3 Mega Instance",
+    "a3-ultragpu-": "A3 Ultra Instance",
+    "a4-": "A4 Instance",
+    "c2-": "Compute optimized",
+    "e2-": "E2 Instance",
+    "g2-": "G2 Instance",
+    "n1-": "N1 Predefined Instance",
+    "n2-": "N2 Instance",
+    "n4-": "N4 Instance",
+    "t2d-": "T2D AMD Instance",
+}
+#: GPU SKU models ("Nvidia Tesla T4 GPU running in ...", lower case) -> table names.
+GCP_GPUS: dict[str, str] = {
+    "tesla t4": "T4",
+    "tesla p4": "P4",
+    "tesla p100": "P100",
+    "tesla v100": "V100",
+    "tesla a100": "A100",
+    "tesla a100 80gb": "A100-80GB",
+    "a100 80gb": "A100-80GB",
+    "l4": "L4",
+    "h100 80gb": "H100",
+    "h100": "H100",
+    "h100 80gb mega": "H100-MEGA",
+    "h200 141gb": "H200",
+    "b200": "B200",
+}
+_GCP_MARKETS = {"OnDemand": Market.ON_DEMAND, "Preemptible": Market.SPOT}
+_GCP_HOST = re.compile(
+    r"^(?:Spot )?(?:Preemptible )?(?P<series>.+?) (?P<kind>Core|Ram) running in ", re.IGNORECASE
+)
+_GCP_GPU = re.compile(
+    r"^Nvidia (?P<model>.+?) GPU(?: attached to Spot Preemptible VMs)? running in ",
+    re.IGNORECASE,
+)
+# Committed-use, reservation, DWS/Flex and sole-tenant SKUs price other ways of buying.
+_GCP_OTHER = re.compile(
+    r"commit|reserv|\bDWS\b|dynamic workload|flex|calendar|sole tenan|custom|extended",
+    re.IGNORECASE,
+)
+_GCP_UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h"}
+
+
+@dataclass(frozen=True, slots=True)
+class GcpSku:
+    """The parts of a Cloud Billing Catalog SKU that price a VM."""
+
+    description: str
+    usage_type: str  # OnDemand, Preemptible, Commit1Yr, ...
+    regions: tuple[str, ...]
+    usage_unit: str  # "h" for cores and GPUs, "GiBy.h" for RAM
+    usd: Decimal  # per usage unit, the first tier
+
+
+def gcp_money(units: Any, nanos: Any) -> Decimal:
+    """A ``google.type.Money``-style amount (whole units + nanos) as an exact Decimal.
+
+    >>> gcp_money("0", 31611000)
+    Decimal('0.031611000')
+    """
+    return Decimal(int(units or 0)) + Decimal(int(nanos or 0)).scaleb(-9)
+
+
+def gcp_sku_from_json(record: Mapping[str, Any]) -> GcpSku | None:
+    """A SKU as the REST API returns it (``skus[]`` of ``services.skus.list``).
+
+    The last ``pricingInfo`` entry is the current one; its first tier is the price.
+    ``None`` for SKUs that are not priced in USD.
+    """
+    pricing = record.get("pricingInfo") or []
+    if not pricing:
+        return None
+    expression = pricing[-1].get("pricingExpression", {})
+    tiers = expression.get("tieredRates") or []
+    first = min(tiers, key=lambda t: float(t.get("startUsageAmount", 0)), default=None)
+    if first is None:
+        return None
+    unit_price = first.get("unitPrice", {})
+    if unit_price.get("currencyCode", "USD") != "USD":
+        return None
+    return GcpSku(
+        description=str(record.get("description", "")),
+        usage_type=str(record.get("category", {}).get("usageType", "")),
+        regions=tuple(record.get("serviceRegions", ())),
+        usage_unit=str(expression.get("usageUnit", "")),
+        usd=gcp_money(unit_price.get("units"), unit_price.get("nanos")),
+    )
+
+
+def gcp_component(sku: GcpSku) -> tuple[str, Market] | None:
+    """What a SKU prices, e.g. ``("core:N1 Predefined Instance", on-demand)`` or
+    ``("gpu:T4", spot)``; ``None`` for SKUs that do not price a VM costguard lists.
+
+    >>> gcp_component(GcpSku("Spot Preemptible N1 Predefined Instance Core running in "
+    ...                      "Americas", "Preemptible", ("us-central1",), "h", Decimal(1)))
+    ('core:N1 Predefined Instance', <Market.SPOT: 'spot'>)
+    """
+    market = _GCP_MARKETS.get(sku.usage_type)
+    if market is None or _GCP_OTHER.search(sku.description):
+        return None
+    gpu = _GCP_GPU.match(sku.description)
+    if gpu:
+        name = GCP_GPUS.get(gpu["model"].lower())
+        component = f"gpu:{name}" if name else None
+    else:
+        host = _GCP_HOST.match(sku.description)
+        component = f"{host['kind'].lower()}:{host['series']}" if host else None
+    if component is None or sku.usage_unit != _GCP_UNITS[component.split(":")[0]]:
+        return None
+    return component, market
+
+
+def gcp_unit_prices(skus: Iterable[GcpSku]) -> dict[tuple[str, str, Market], Decimal]:
+    """Unit prices per (component, region, market) from a stream of SKUs."""
+    prices: dict[tuple[str, str, Market], Decimal] = {}
+    for sku in skus:
+        found = gcp_component(sku)
+        if found is None:
+            continue
+        component, market = found
+        for region in sku.regions:
+            _keep_higher(prices, (component, region, market), sku.usd)
+    return prices
+
+
+def gcp_series(instance_type: str) -> str | None:
+    """The vCPU/RAM SKU series of a machine type (longest prefix match).
+
+    >>> gcp_series("a3-megagpu-8g"), gcp_series("n1-highmem-8"), gcp_series("tpu-v3-8")
+    ('A3 Mega Instance', 'N1 Predefined Instance', None)
+    """
+    matches = [prefix for prefix in GCP_HOST_SERIES if instance_type.startswith(prefix)]
+    return GCP_HOST_SERIES[max(matches, key=len)] if matches else None
+
+
+def gcp_prices(
+    unit_prices: Mapping[tuple[str, str, Market], Decimal], rows: Iterable[InstancePrice]
+) -> RowPrices:
+    """Sum a machine type's price the way GCP bills it, per row and market.
+
+    vCPUs x core + GiB x RAM of the row's series, + GPUs x the GPU SKU. A market is
+    priced only when every part is in the catalog. Rows of series this module does not
+    know (TPUs) or without a shape are not covered.
+
+    >>> row = InstancePrice("gcp", "us-central1", "g2-standard-4", "L4", 1, Decimal(4),
+    ...                     Decimal(16), None, None, None, None)
+    >>> units = {("core:G2 Instance", "us-central1", Market.ON_DEMAND): Decimal("0.02"),
+    ...          ("ram:G2 Instance", "us-central1", Market.ON_DEMAND): Decimal("0.003"),
+    ...          ("gpu:L4", "us-central1", Market.ON_DEMAND): Decimal("0.5")}
+    >>> gcp_prices(units, [row]).prices[row_key(row)][Market.ON_DEMAND]
+    Decimal('0.628')
+    """
+    prices: dict[RowKey, dict[Market, Decimal]] = {}
+    covered = set()
+    known_gpus = set(GCP_GPUS.values())
+    for row in rows:
+        series = gcp_series(row.instance_type)
+        if series is None or row.vcpus is None or row.memory_gib is None:
+            continue
+        if row.accelerator is not None and row.accelerator not in known_gpus:
+            continue
+        key = row_key(row)
+        covered.add(key)
+        shape = [(f"core:{series}", row.vcpus), (f"ram:{series}", row.memory_gib)]
+        if row.accelerator is not None:
+            shape.append((f"gpu:{row.accelerator}", Decimal(row.accelerator_count)))
+        found: dict[Market, Decimal] = {}
+        for market in Market:
+            units = [unit_prices.get((part, row.region, market)) for part, _ in shape]
+            if all(unit is not None for unit in units):
+                found[market] = sum(
+                    (
+                        unit * size
+                        for unit, (_, size) in zip(units, shape, strict=True)
+                        if unit is not None
+                    ),
+                    Decimal(0),
+                )
+        if found:
+            prices[key] = found
+    return RowPrices(prices, frozenset(covered))
+
+
+# --- Azure -----------------------------------------------------------------------------
+
+
+def azure_item(item: Mapping[str, Any]) -> tuple[str, str, Market, Decimal] | None:
+    """(region, ARM SKU name, market, $/h) of a Retail Prices item, or ``None`` when it
+    is not a Linux pay-as-you-go or Spot VM meter.
+
+    >>> azure_item({"serviceName": "Virtual Machines", "type": "Consumption",
+    ...             "armRegionName": "eastus", "armSkuName": "Standard_NC4as_T4_v3",
+    ...             "skuName": "NC4as T4 v3 Spot", "meterName": "NC4as T4 v3 Spot",
+    ...             "productName": "Virtual Machines NCasT4_v3 Series",
+    ...             "unitOfMeasure": "1 Hour", "retailPrice": 0.0627})
+    ('eastus', 'Standard_NC4as_T4_v3', <Market.SPOT: 'spot'>, Decimal('0.0627'))
+    """
+    if item.get("serviceName") != "Virtual Machines" or item.get("type") != "Consumption":
+        return None  # reservations, savings plans and dev/test prices are other offers
+    if item.get("currencyCode", "USD") != "USD" or item.get("unitOfMeasure") != "1 Hour":
+        return None
+    names = f"{item.get('skuName', '')} {item.get('meterName', '')}"
+    if "Low Priority" in names or "Windows" in str(item.get("productName", "")):
+        return None
+    region, sku = item.get("armRegionName"), item.get("armSkuName")
+    price = _price(item.get("retailPrice", item.get("unitPrice")))
+    if not region or not sku or price is None:
+        return None
+    market = Market.SPOT if "Spot" in names else Market.ON_DEMAND
+    return str(region), str(sku), market, price
+
+
+def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePrice]) -> RowPrices:
+    """Fresh prices for Azure rows from Retail Prices items (matched on ``armSkuName``,
+    ignoring case)."""
+    found: dict[tuple[str, str, Market], Decimal] = {}
+    for item in items:
+        parsed = azure_item(item)
+        if parsed is not None:
+            region, sku, market, price = parsed
+            _keep_higher(found, (region.lower(), sku.lower(), market), price)
+    prices: dict[RowKey, dict[Market, Decimal]] = {}
+    covered = set()
+    for row in rows:
+        key = row_key(row)
+        covered.add(key)
+        wanted = (row.region.lower(), row.instance_type.lower())
+        fresh = {m: found[(*wanted, m)] for m in Market if (*wanted, m) in found}
+        if fresh:
+            prices[key] = fresh
+    return RowPrices(prices, frozenset(covered))

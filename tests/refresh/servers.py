@@ -1,0 +1,384 @@
+"""Local HTTP servers that speak the price APIs' documented shapes, and record builders.
+
+* AWS Price List Query API: JSON 1.1 over ``POST /`` with ``X-Amz-Target:
+  AWSPriceListService.GetProducts``; filters TERM_MATCH/EQUALS/ANY_OF; ``NextToken`` pages.
+* Cloud Billing Catalog API: ``GET /v1/services/{service}/skus``; ``nextPageToken`` pages.
+* Azure Retail Prices API: ``GET /api/retail/prices?$filter=...``; ``NextPageLink`` pages.
+
+Each server binds 127.0.0.1 on a free port, records every request, and can be told to
+answer the next requests (``script``) or every request (``always``) with a fault, to test
+throttling and failures. Also used by ``benchmarks/refresh.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+JSON = "application/json"
+AMZ_JSON = "application/x-amz-json-1.1"
+GCP_COMPUTE = "6F81-5844-456A"
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Reply:
+    status: int
+    body: Any  # a JSON-able value, or bytes sent as they are
+    headers: dict[str, str] = field(default_factory=dict)
+    content_type: str = JSON
+
+
+Handler = Callable[["LocalServer", Request], Reply]
+
+
+class LocalServer:
+    """A threaded HTTP server on loopback answering with ``handler``; stop with ``close``."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.requests: list[Request] = []
+        self.script: list[Reply] = []  # answered first, one per request
+        self.always: Reply | None = None  # answered to every request when set
+        self._lock = threading.Lock()
+        server = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                self._answer("GET")
+
+            def do_POST(self) -> None:
+                self._answer("POST")
+
+            def _answer(self, method: str) -> None:
+                parts = urlsplit(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                request = Request(
+                    method=method,
+                    path=parts.path,
+                    query={k: v[-1] for k, v in parse_qs(parts.query).items()},
+                    headers={k.lower(): v for k, v in self.headers.items()},
+                    body=self.rfile.read(length) if length else b"",
+                )
+                reply = server.dispatch(request)
+                body = reply.body if isinstance(reply.body, bytes) else dumps(reply.body)
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Content-Length", str(len(body)))
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass  # keep test output clean
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def dispatch(self, request: Request) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if self.script:
+                return self.script.pop(0)
+            if self.always is not None:
+                return self.always
+        return self.handler(self, request)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+
+def _digest(*parts: Any) -> str:
+    """A stable made-up identifier (SKU, meter) for a record."""
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:12].upper()
+
+
+def dumps(value: Any) -> bytes:
+    """JSON as the APIs send it (Decimal prices as JSON numbers)."""
+    return json.dumps(
+        value, default=lambda d: float(d) if isinstance(d, Decimal) else str(d)
+    ).encode()
+
+
+# --- AWS Price List Query API ------------------------------------------------------------
+
+
+def aws_product(
+    instance_type: str,
+    region: str,
+    usd: str,
+    *,
+    sku: str | None = None,
+    **attributes: str,
+) -> dict[str, Any]:
+    """A Price List product (aws_v1) for a Linux shared instance; ``attributes`` override."""
+    sku = sku or _digest("aws", instance_type, region, usd, sorted(attributes.items()))
+    attrs = {
+        "servicecode": "AmazonEC2",
+        "instanceType": instance_type,
+        "regionCode": region,
+        "location": region,
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+        "licenseModel": "No License required",
+        "usagetype": f"BoxUsage:{instance_type}",
+        "operation": "RunInstances",
+        **attributes,
+    }
+    term = f"{sku}.JRTCKXETXF"
+    return {
+        "product": {"productFamily": "Compute Instance", "attributes": attrs, "sku": sku},
+        "serviceCode": "AmazonEC2",
+        "terms": {
+            "OnDemand": {
+                term: {
+                    "offerTermCode": "JRTCKXETXF",
+                    "sku": sku,
+                    "effectiveDate": "2026-11-01T00:00:00Z",
+                    "priceDimensions": {
+                        f"{term}.6YS6EN2CT7": {
+                            "unit": "Hrs",
+                            "beginRange": "0",
+                            "endRange": "Inf",
+                            "description": f"${usd} per On Demand Linux {instance_type} Hour",
+                            "pricePerUnit": {"USD": usd},
+                            "appliesTo": [],
+                        }
+                    },
+                    "termAttributes": {},
+                }
+            },
+            "Reserved": {
+                f"{sku}.4NA7Y494T4": {
+                    "priceDimensions": {
+                        f"{sku}.4NA7Y494T4.6YS6EN2CT7": {
+                            "unit": "Hrs",
+                            "pricePerUnit": {"USD": "0.0100000000"},
+                        }
+                    }
+                }
+            },
+        },
+        "version": "20261101000000",
+        "publicationDate": "2026-11-01T00:00:00Z",
+    }
+
+
+def _aws_matches(product: Mapping[str, Any], filters: Sequence[Mapping[str, str]]) -> bool:
+    attributes = product["product"]["attributes"]
+    for item in filters:
+        value = attributes.get(item["Field"])
+        if item["Type"] in ("TERM_MATCH", "EQUALS") and value != item["Value"]:
+            return False
+        if item["Type"] == "ANY_OF" and value not in item["Value"].split(","):
+            return False
+    return True
+
+
+def aws_pricing_handler(products: Sequence[Mapping[str, Any]], page_size: int = 2) -> Handler:
+    """GetProducts over the JSON 1.1 protocol, ``page_size`` products per page."""
+
+    def handle(server: LocalServer, request: Request) -> Reply:
+        if request.headers.get("x-amz-target") != "AWSPriceListService.GetProducts":
+            return Reply(400, {"__type": "UnknownOperationException"}, content_type=AMZ_JSON)
+        body = json.loads(request.body)
+        if body.get("ServiceCode") != "AmazonEC2":
+            return Reply(400, {"__type": "InvalidParameterException"}, content_type=AMZ_JSON)
+        matched = [p for p in products if _aws_matches(p, body.get("Filters", []))]
+        start = int(body.get("NextToken") or 0)
+        page: dict[str, Any] = {
+            "FormatVersion": "aws_v1",
+            "PriceList": [json.dumps(p) for p in matched[start : start + page_size]],
+        }
+        if start + page_size < len(matched):
+            page["NextToken"] = str(start + page_size)
+        return Reply(200, page, content_type=AMZ_JSON)
+
+    return handle
+
+
+def aws_throttled(retry_after: str | None = "0") -> Reply:
+    headers = {"Retry-After": retry_after} if retry_after is not None else {}
+    body = {"__type": "ThrottlingException", "message": "Rate exceeded"}
+    return Reply(400, body, headers, content_type=AMZ_JSON)
+
+
+# --- GCP Cloud Billing Catalog API -------------------------------------------------------
+
+
+def gcp_sku(
+    description: str,
+    usd: str,
+    *,
+    regions: Iterable[str] = ("us-central1",),
+    usage_type: str = "OnDemand",
+    unit: str = "h",
+    group: str = "CPU",
+) -> dict[str, Any]:
+    """A Compute Engine SKU as ``services.skus.list`` returns it."""
+    price = Decimal(usd)
+    units = int(price)
+    nanos = int((price - units) * 10**9)
+    sku_id = _digest("gcp", description, usage_type, usd)
+    return {
+        "name": f"services/{GCP_COMPUTE}/skus/{sku_id}",
+        "skuId": sku_id,
+        "description": description,
+        "category": {
+            "serviceDisplayName": "Compute Engine",
+            "resourceFamily": "Compute",
+            "resourceGroup": group,
+            "usageType": usage_type,
+        },
+        "serviceRegions": list(regions),
+        "pricingInfo": [
+            {
+                "effectiveTime": "2026-11-30T00:00:00Z",
+                "summary": "",
+                "pricingExpression": {
+                    "usageUnit": unit,
+                    "usageUnitDescription": "hour" if unit == "h" else "gibibyte hour",
+                    "baseUnit": "s",
+                    "baseUnitDescription": "second",
+                    "baseUnitConversionFactor": 3600,
+                    "displayQuantity": 1,
+                    "tieredRates": [
+                        {
+                            "startUsageAmount": 0,
+                            "unitPrice": {
+                                "currencyCode": "USD",
+                                "units": str(units),
+                                "nanos": nanos,
+                            },
+                        }
+                    ],
+                },
+                "currencyConversionRate": 1,
+            }
+        ],
+        "serviceProviderName": "Google",
+    }
+
+
+def gcp_catalog_handler(skus: Sequence[Mapping[str, Any]], page_size: int = 4) -> Handler:
+    """``GET /v1/services/{service}/skus``, at most ``page_size`` SKUs per page."""
+    path = re.compile(r"^/v1/services/(?P<service>[^/]+)/skus$")
+
+    def handle(server: LocalServer, request: Request) -> Reply:
+        match = path.match(request.path)
+        if request.method != "GET" or not match or match["service"] != GCP_COMPUTE:
+            error = {"code": 404, "message": "Not found", "status": "NOT_FOUND"}
+            return Reply(404, {"error": error})
+        size = min(int(request.query.get("pageSize") or page_size), page_size)
+        start = int(request.query.get("pageToken") or 0)
+        page: dict[str, Any] = {"skus": list(skus[start : start + size])}
+        page["nextPageToken"] = str(start + size) if start + size < len(skus) else ""
+        return Reply(200, page)
+
+    return handle
+
+
+def gcp_error(status: int, retry_after: str | None = "0") -> Reply:
+    names = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
+    body = {"error": {"code": status, "message": "try later", "status": names.get(status, "")}}
+    return Reply(status, body, {"Retry-After": retry_after} if retry_after is not None else {})
+
+
+# --- Azure Retail Prices API -------------------------------------------------------------
+
+
+def azure_item(
+    sku: str,
+    region: str,
+    usd: str,
+    *,
+    spot: bool = False,
+    windows: bool = False,
+    low_priority: bool = False,
+    price_type: str = "Consumption",
+) -> dict[str, Any]:
+    """A Retail Prices item for a VM meter (Linux pay-as-you-go unless told otherwise)."""
+    short = sku.removeprefix("Standard_").replace("_", " ")
+    suffix = " Spot" if spot else " Low Priority" if low_priority else ""
+    series = short.split(" ")[0]
+    return {
+        "currencyCode": "USD",
+        "tierMinimumUnits": 0.0,
+        "retailPrice": Decimal(usd),
+        "unitPrice": Decimal(usd),
+        "armRegionName": region,
+        "location": region,
+        "effectiveStartDate": "2026-11-01T00:00:00Z",
+        "meterId": _digest("azure", sku, region, spot, windows, low_priority, price_type),
+        "meterName": short + suffix,
+        "productId": "DZH318Z0BQPS",
+        "skuId": "DZH318Z0BQPS/00TG",
+        "productName": f"Virtual Machines {series} Series" + (" Windows" if windows else ""),
+        "skuName": short + suffix,
+        "serviceName": "Virtual Machines",
+        "serviceId": "DZH313Z7MMC8",
+        "serviceFamily": "Compute",
+        "unitOfMeasure": "1 Hour",
+        "type": price_type,
+        "isPrimaryMeterRegion": True,
+        "armSkuName": sku,
+    }
+
+
+def azure_prices_handler(items: Sequence[Mapping[str, Any]], page_size: int = 3) -> Handler:
+    """``GET /api/retail/prices``: items of the ``armRegionName`` in ``$filter``, paged."""
+    region_filter = re.compile(r"armRegionName eq '(?P<region>[^']+)'")
+
+    def handle(server: LocalServer, request: Request) -> Reply:
+        if request.path != "/api/retail/prices" or "api-version" not in request.query:
+            return Reply(400, {"Error": {"Code": "BadRequest", "Message": "bad request"}})
+        match = region_filter.search(request.query.get("$filter", ""))
+        region = match["region"] if match else None
+        chosen = [i for i in items if region is None or i["armRegionName"] == region]
+        skip = int(request.query.get("$skip") or 0)
+        page: dict[str, Any] = {
+            "BillingCurrency": "USD",
+            "CustomerEntityId": "Default",
+            "CustomerEntityType": "Retail",
+            "Items": list(chosen[skip : skip + page_size]),
+            "NextPageLink": None,
+            "Count": len(chosen[skip : skip + page_size]),
+        }
+        if skip + page_size < len(chosen):
+            query = {**request.query, "$skip": str(skip + page_size)}
+            page["NextPageLink"] = f"{server.url}/api/retail/prices?{urlencode(query)}"
+        return Reply(200, page)
+
+    return handle

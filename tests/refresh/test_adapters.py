@@ -1,0 +1,255 @@
+"""Each provider's adapter with its real client against a server on loopback.
+
+AWS: boto3 ``pricing`` to the local Price List server (``AWS_ENDPOINT_URL_PRICING``), EC2
+spot history to moto. GCP: google-cloud-billing's ``CloudCatalogClient`` (REST) to the
+local catalog server. Azure: urllib to the local Retail Prices server.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from google.auth.credentials import AnonymousCredentials
+
+from costguard.errors import CostguardError
+from costguard.pricing.catalog import Catalog, Market
+from costguard.pricing.refresh import aws, azure, gcp
+from costguard.pricing.refresh.merge import Target
+from costguard.pricing.refresh.parse import row_key
+from costguard.pricing.refresh.retry import RetryPolicy
+from costguard.settings import Settings
+from tests.refresh.conftest import (
+    G2_STANDARD_4_SPOT_USD,
+    G2_STANDARD_4_USD,
+    G5_XLARGE_USD,
+    MOTO_SPOT_USD,
+    NC4AS_T4_SPOT_USD,
+    NC4AS_T4_USD,
+)
+from tests.refresh.servers import LocalServer, Reply, aws_throttled, gcp_error
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+FAST = RetryPolicy(attempts=4, base_s=0.001, cap_s=0.01)
+
+
+def target(catalog: Catalog, provider: str, region: str) -> Target:
+    rows = tuple(r for r in catalog.instances if (r.provider, r.region) == (provider, region))
+    return Target(provider, (region,), rows)
+
+
+def price(fresh, catalog: Catalog, region: str, instance_type: str, accelerator=None) -> dict:
+    row = next(
+        r
+        for r in catalog.instances
+        if (r.region, r.instance_type) == (region, instance_type)
+        and (accelerator is None or r.accelerator == accelerator)
+    )
+    return dict(fresh.rows.prices.get(row_key(row), {}))
+
+
+@pytest.fixture
+def aws_live(
+    aws_env: str, aws_pricing: LocalServer, monkeypatch: pytest.MonkeyPatch
+) -> LocalServer:
+    monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", aws_pricing.url)
+    return aws_pricing
+
+
+def test_aws_reads_every_page_and_spot_from_moto(aws_live: LocalServer, catalog: Catalog) -> None:
+    progress: list[int] = []
+    fresh = aws.fetch(
+        target(catalog, "aws", "us-east-1"),
+        Settings(),
+        now=NOW,
+        retry=FAST,
+        progress=progress.append,
+    )
+    assert price(fresh, catalog, "us-east-1", "g5.xlarge") == {
+        Market.ON_DEMAND: G5_XLARGE_USD,
+        Market.SPOT: MOTO_SPOT_USD,  # moto's dummy spot price, the same in every zone
+    }
+    assert price(fresh, catalog, "us-east-1", "p4d.24xlarge")[Market.ON_DEMAND] == Decimal("21.96")
+    calls = [r for r in aws_live.requests if r.headers["x-amz-target"].endswith("GetProducts")]
+    assert len(calls) >= 3  # two products per page: several pages, followed by NextToken
+    assert any('"NextToken"' in r.body.decode() for r in calls)
+    assert "AWS Price List Query API GetProducts (http://127.0.0.1:" in fresh.source
+    assert fresh.records == progress[-1] > 0
+    assert fresh.markets == frozenset(Market)
+
+
+def test_aws_filters_are_the_documented_ones(aws_live: LocalServer, catalog: Catalog) -> None:
+    aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+    import json
+
+    filters = json.loads(aws_live.requests[0].body)["Filters"]
+    fields = {(f["Type"], f["Field"]): f["Value"] for f in filters}
+    assert fields[("TERM_MATCH", "operatingSystem")] == "Linux"
+    assert fields[("TERM_MATCH", "tenancy")] == "Shared"
+    assert fields[("TERM_MATCH", "preInstalledSw")] == "NA"
+    assert fields[("TERM_MATCH", "capacitystatus")] == "Used"
+    assert fields[("TERM_MATCH", "regionCode")] == "us-east-1"
+    assert all(len(v) <= 1024 for v in fields.values())
+    assert "g5.xlarge" in ",".join(
+        json.loads(r.body)["Filters"][-1]["Value"] for r in aws_live.requests
+    )
+
+
+def test_aws_throttling_is_retried(aws_live: LocalServer, catalog: Catalog) -> None:
+    # Without Retry-After (the policy's own backoff) and with it.
+    aws_live.script = [aws_throttled(retry_after=None), aws_throttled(retry_after="0")]
+    fresh = aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+    assert price(fresh, catalog, "us-east-1", "g5.xlarge")[Market.ON_DEMAND] == G5_XLARGE_USD
+
+
+def test_aws_gives_up_after_the_attempts(aws_live: LocalServer, catalog: Catalog) -> None:
+    aws_live.always = aws_throttled()
+    with pytest.raises(CostguardError, match="ThrottlingException"):
+        aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+    assert len(aws_live.requests) == FAST.attempts
+
+
+def test_aws_access_denied_is_not_retried(aws_live: LocalServer, catalog: Catalog) -> None:
+    aws_live.always = Reply(
+        400,
+        {"__type": "AccessDeniedException", "message": "no"},
+        content_type="application/x-amz-json-1.1",
+    )
+    with pytest.raises(CostguardError) as info:
+        aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+    assert "AccessDeniedException" in info.value.message
+    assert info.value.hint
+    assert "infra/aws" in info.value.hint
+    assert len(aws_live.requests) == 1
+
+
+def gcp_settings(server: LocalServer) -> Settings:
+    return Settings(gcp_endpoint=server.url)
+
+
+def test_gcp_sums_skus_per_machine_type(gcp_catalog: LocalServer, catalog: Catalog) -> None:
+    fresh = gcp.fetch(
+        target(catalog, "gcp", "us-central1"),
+        gcp_settings(gcp_catalog),
+        now=NOW,
+        retry=FAST,
+        credentials=AnonymousCredentials(),
+    )
+    assert price(fresh, catalog, "us-central1", "g2-standard-4") == {
+        Market.ON_DEMAND: G2_STANDARD_4_USD,
+        Market.SPOT: G2_STANDARD_4_SPOT_USD,
+    }
+    # One n1 host type, several GPU models: each row its own sum.
+    t4 = price(fresh, catalog, "us-central1", "n1-highmem-8", "T4")[Market.ON_DEMAND]
+    v100 = price(fresh, catalog, "us-central1", "n1-highmem-8", "V100")[Market.ON_DEMAND]
+    host = 8 * Decimal("0.031611") + 52 * Decimal("0.004237")
+    assert (t4, v100) == (host + 2 * Decimal("0.35"), host + Decimal("2.48"))
+    # TPUs are not Compute Engine SKUs: not this API's rows.
+    tpu = next(r for r in catalog.instances if r.instance_type == "tpu-v3-8")
+    assert row_key(tpu) not in fresh.rows.covered
+    pages = [r for r in gcp_catalog.requests if r.path.endswith("/skus")]
+    assert len(pages) > 3  # several pages, followed by nextPageToken
+    assert pages[0].query["currencyCode"] == "USD"
+    assert fresh.source == f"Cloud Billing Catalog API services.skus.list ({gcp_catalog.url})"
+
+
+def test_gcp_throttling_is_retried_and_500_fails(
+    gcp_catalog: LocalServer, catalog: Catalog
+) -> None:
+    gcp_catalog.script = [gcp_error(429), gcp_error(503, retry_after=None)]
+    fresh = gcp.fetch(
+        target(catalog, "gcp", "us-central1"),
+        gcp_settings(gcp_catalog),
+        now=NOW,
+        retry=FAST,
+        credentials=AnonymousCredentials(),
+    )
+    assert (
+        price(fresh, catalog, "us-central1", "g2-standard-4")[Market.ON_DEMAND] == G2_STANDARD_4_USD
+    )
+    gcp_catalog.always = gcp_error(500)
+    with pytest.raises(CostguardError, match="Compute Engine SKUs"):
+        gcp.fetch(
+            target(catalog, "gcp", "us-central1"),
+            gcp_settings(gcp_catalog),
+            now=NOW,
+            retry=FAST,
+            credentials=AnonymousCredentials(),
+        )
+
+
+def test_gcp_unreachable_endpoint_is_explained(catalog: Catalog) -> None:
+    from tests.conftest import free_port
+
+    settings = Settings(gcp_endpoint=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(CostguardError, match="cannot reach the Cloud Billing Catalog API"):
+        gcp.fetch(
+            target(catalog, "gcp", "us-central1"),
+            settings,
+            now=NOW,
+            retry=RetryPolicy(attempts=2, base_s=0.001),
+            credentials=AnonymousCredentials(),
+        )
+
+
+def azure_settings(server: LocalServer) -> Settings:
+    return Settings(azure_prices_endpoint=server.url)
+
+
+def test_azure_follows_next_page_links(azure_prices: LocalServer, catalog: Catalog) -> None:
+    fresh = azure.fetch(
+        target(catalog, "azure", "eastus"), azure_settings(azure_prices), now=NOW, retry=FAST
+    )
+    assert price(fresh, catalog, "eastus", "Standard_NC4as_T4_v3") == {
+        Market.ON_DEMAND: NC4AS_T4_USD,  # not the Windows, Low Priority or dev/test meters
+        Market.SPOT: NC4AS_T4_SPOT_USD,
+    }
+    assert len(azure_prices.requests) > 2
+    first = azure_prices.requests[0]
+    assert first.query["api-version"] == azure.API_VERSION
+    assert first.query["$filter"] == (
+        "serviceName eq 'Virtual Machines' and armRegionName eq 'eastus' "
+        "and priceType eq 'Consumption'"
+    )
+    assert all("$skip" in r.query for r in azure_prices.requests[1:])
+
+
+def test_azure_retries_429_then_gives_up_on_500(
+    azure_prices: LocalServer, catalog: Catalog
+) -> None:
+    azure_prices.script = [Reply(429, {"Error": "slow down"}, {"Retry-After": "0"})]
+    fresh = azure.fetch(
+        target(catalog, "azure", "eastus"), azure_settings(azure_prices), now=NOW, retry=FAST
+    )
+    assert fresh.rows.prices
+    azure_prices.always = Reply(500, {"Error": "broken"})
+    with pytest.raises(CostguardError, match="HTTP 500") as info:
+        azure.fetch(
+            target(catalog, "azure", "eastus"), azure_settings(azure_prices), now=NOW, retry=FAST
+        )
+    assert "broken" in info.value.message
+
+
+def test_azure_never_follows_a_link_to_another_host(
+    azure_prices: LocalServer, catalog: Catalog
+) -> None:
+    azure_prices.script = [
+        Reply(200, {"Items": [], "NextPageLink": "http://198.51.100.1/api/retail/prices?x=1"})
+    ]
+    with pytest.raises(CostguardError, match="another host"):
+        azure.fetch(
+            target(catalog, "azure", "eastus"), azure_settings(azure_prices), now=NOW, retry=FAST
+        )
+    assert len(azure_prices.requests) == 1
+
+
+def test_azure_endpoint_must_be_http(catalog: Catalog) -> None:
+    from costguard.errors import InputError
+
+    with pytest.raises(InputError):
+        azure.fetch(
+            target(catalog, "azure", "eastus"),
+            Settings(azure_prices_endpoint="file:///etc/passwd"),
+            now=NOW,
+        )

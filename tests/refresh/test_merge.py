@@ -1,0 +1,213 @@
+"""Merging fresh prices into the tables in use (pure): the row rules and the invariants."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from decimal import Decimal
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costguard.pricing.catalog import InstancePrice, Market, PriceStatus, TablePart, load_catalog
+from costguard.pricing.refresh.merge import FreshPrices, Outcome, merge_row, merge_tables
+from costguard.pricing.refresh.parse import RowPrices, row_key
+
+NOW = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
+CATALOG = load_catalog()
+BOTH = frozenset(Market)
+
+
+def g5(
+    ondemand: str | None = "1.006", spot: str | None = "0.4246", note: str = ""
+) -> InstancePrice:
+    return InstancePrice(
+        "aws",
+        "us-east-1",
+        "g5.xlarge",
+        "A10G",
+        1,
+        Decimal(4),
+        Decimal(16),
+        Decimal(ondemand) if ondemand else None,
+        Decimal(spot) if spot else None,
+        PriceStatus.CORRECTED if ondemand else None,
+        PriceStatus.LISTED if spot else None,
+        note,
+    )
+
+
+def fresh_for(
+    row: InstancePrice, found: dict[Market, Decimal], markets=BOTH, covered=True
+) -> FreshPrices:
+    key = row_key(row)
+    return FreshPrices(
+        "aws",
+        frozenset({row.region}),
+        markets,
+        RowPrices({key: found} if found else {}, frozenset({key}) if covered else frozenset()),
+        "test API",
+        NOW,
+        1,
+    )
+
+
+def test_fresh_prices_replace_old_ones_and_old_notes_go() -> None:
+    row = g5(note="corrected from a catalog")
+    new, outcome = merge_row(
+        row, fresh_for(row, {Market.ON_DEMAND: Decimal("1.1"), Market.SPOT: Decimal("0.3")})
+    )
+    assert outcome is Outcome.UPDATED
+    assert (new.ondemand_usd_per_hour, new.spot_usd_per_hour) == (Decimal("1.1"), Decimal("0.3"))
+    assert (new.ondemand_status, new.spot_status) == (PriceStatus.LISTED, PriceStatus.LISTED)
+    assert new.note == ""
+
+
+def test_a_price_the_api_did_not_list_is_kept_and_flagged() -> None:
+    row = g5(note="an old remark")
+    new, outcome = merge_row(row, fresh_for(row, {}))
+    assert outcome is Outcome.NOT_FOUND
+    assert (new.ondemand_usd_per_hour, new.spot_usd_per_hour) == (
+        row.ondemand_usd_per_hour,
+        row.spot_usd_per_hour,
+    )
+    assert new.ondemand_status is PriceStatus.UNVERIFIED
+    assert new.spot_status is PriceStatus.UNVERIFIED
+    assert "on-demand not listed by the API on 2026-12-01: kept 1.006" in new.note
+    assert "an old remark" in new.note
+
+
+def test_a_market_not_read_stays_as_it_was() -> None:
+    row = g5()
+    new, _ = merge_row(
+        row, fresh_for(row, {Market.ON_DEMAND: Decimal(2)}, markets=frozenset({Market.ON_DEMAND}))
+    )
+    assert new.spot_usd_per_hour == row.spot_usd_per_hour
+    assert new.spot_status is PriceStatus.LISTED
+
+
+def test_rows_the_api_does_not_price_are_kept_untouched() -> None:
+    row = g5(note="TPU price only")
+    new, outcome = merge_row(row, fresh_for(row, {}, covered=False))
+    assert (new, outcome) == (row, Outcome.KEPT)
+
+
+def test_spot_above_on_demand_is_left_out() -> None:
+    row = g5(spot=None)
+    new, _ = merge_row(row, fresh_for(row, {Market.ON_DEMAND: Decimal(1), Market.SPOT: Decimal(2)}))
+    assert new.spot_usd_per_hour is None
+    assert new.spot_status is None
+    assert "spot 2 above on-demand 1: spot left out" in new.note
+
+
+optional_price = st.none() | st.decimals(
+    min_value=Decimal("0.0001"), max_value=Decimal(100), places=4
+)
+
+
+@given(
+    old_ondemand=optional_price,
+    old_spot=optional_price,
+    new_ondemand=optional_price,
+    new_spot=optional_price,
+    markets=st.sampled_from([BOTH, frozenset({Market.ON_DEMAND})]),
+)
+def test_a_merged_row_is_always_one_the_loader_accepts(
+    old_ondemand, old_spot, new_ondemand, new_spot, markets
+) -> None:
+    if old_ondemand is not None and old_spot is not None and old_spot > old_ondemand:
+        old_spot = old_ondemand
+    row = g5(str(old_ondemand) if old_ondemand else None, str(old_spot) if old_spot else None)
+    found = {
+        m: p
+        for m, p in ((Market.ON_DEMAND, new_ondemand), (Market.SPOT, new_spot))
+        if p is not None and m in markets
+    }
+    new, outcome = merge_row(row, fresh_for(row, found, markets))
+    for price, status in (
+        (new.ondemand_usd_per_hour, new.ondemand_status),
+        (new.spot_usd_per_hour, new.spot_status),
+    ):
+        assert (price is None) == (status is None)
+    if new.ondemand_usd_per_hour is not None and new.spot_usd_per_hour is not None:
+        assert new.spot_usd_per_hour <= new.ondemand_usd_per_hour
+    assert outcome is (Outcome.UPDATED if found else Outcome.NOT_FOUND)
+    if Market.ON_DEMAND in found:
+        assert new.ondemand_usd_per_hour == found[Market.ON_DEMAND]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    providers=st.sets(st.sampled_from(["aws", "gcp", "azure"]), min_size=1),
+    factor=st.decimals(min_value=Decimal("0.5"), max_value=Decimal(2), places=2),
+)
+def test_merge_tables_only_touches_the_refreshed_providers(providers, factor) -> None:
+    fresh = []
+    for provider in providers:
+        rows = [r for r in CATALOG.instances if r.provider == provider]
+        prices = {
+            row_key(r): {Market.ON_DEMAND: r.ondemand_usd_per_hour * factor}
+            for r in rows
+            if r.ondemand_usd_per_hour is not None
+        }
+        regions = frozenset(r.region for r in rows)
+        covered = frozenset(row_key(r) for r in rows)
+        fresh.append(
+            FreshPrices(
+                provider,
+                regions,
+                frozenset({Market.ON_DEMAND}),
+                RowPrices(prices, covered),
+                f"{provider} API",
+                NOW,
+                len(rows),
+            )
+        )
+    merged = merge_tables(CATALOG, fresh, NOW)
+    rows = [r for name in ("gpu_instances", "cpu_instances") for r in merged.instances[name]]
+    assert len(rows) == len(CATALOG.instances)
+    before = {(r.provider, *row_key(r)): r for r in CATALOG.instances}
+    for row in rows:
+        old = before[(row.provider, *row_key(row))]
+        if row.provider not in providers:
+            assert row == old
+        elif old.ondemand_usd_per_hour is not None:
+            assert row.ondemand_usd_per_hour == old.ondemand_usd_per_hour * factor
+            assert (
+                row.spot_usd_per_hour is None or row.spot_usd_per_hour <= row.ondemand_usd_per_hour
+            )
+    gpu = next(m for m in merged.meta if m.name == "gpu_instances")
+    for (provider, _), part in gpu.parts.items():
+        # Spot was not read: the rows are as old as their spot prices.
+        assert part.as_of == date(2026, 11, 30)
+        if provider in providers:
+            assert part.source.startswith(f"on-demand from {provider} API; the rest: ")
+        else:
+            assert "kept from the bundled tables" in part.source
+    assert [m.name for m in merged.meta] == [
+        "gpu_instances",
+        "cpu_instances",
+        "storage",
+        "transfer",
+        "regions",
+    ]
+    assert set(merged.stats) == providers
+
+
+def test_full_refresh_dates_the_parts_and_the_table() -> None:
+    rows = [r for r in CATALOG.instances if r.provider == "azure"]
+    fresh = FreshPrices(
+        "azure",
+        frozenset(r.region for r in rows),
+        BOTH,
+        RowPrices({}, frozenset(row_key(r) for r in rows)),
+        "Azure Retail Prices API (https://prices.azure.com/api/retail/prices)",
+        NOW,
+        0,
+    )
+    merged = merge_tables(CATALOG, [fresh], NOW)
+    gpu = next(m for m in merged.meta if m.name == "gpu_instances")
+    assert gpu.parts[("azure", "eastus")] == TablePart(date(2026, 12, 1), fresh.source)
+    assert gpu.as_of == date(2026, 11, 30)  # the oldest part: AWS and GCP were not refreshed
+    assert gpu.source.startswith("aws: SkyPilot catalog v8")
+    assert "azure: Azure Retail Prices API" in gpu.source
+    assert merged.stats["azure"].not_found == len(rows)
