@@ -14,10 +14,12 @@ from typing import Any, NoReturn
 import click
 
 from costguard import __version__
+from costguard.cli.agent import agent_command
 from costguard.cli.alarm import alarm_group
 from costguard.cli.burn import burn_command
 from costguard.cli.estimate import estimate_command
 from costguard.cli.pricing import pricing_group
+from costguard.cli.reap import reap_command
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.settings import Settings
 
@@ -109,6 +111,8 @@ cli.add_command(estimate_command)
 cli.add_command(pricing_group)
 cli.add_command(alarm_group)
 cli.add_command(burn_command)
+cli.add_command(reap_command)
+cli.add_command(agent_command)
 
 
 def main() -> None:

@@ -1,0 +1,138 @@
+"""``costguard agent``: on-instance autostop once the GPU (and the rest) has been idle."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from costguard.cli.params import DecimalRange
+from costguard.reaper.policy import MAX_IDLE_MINUTES
+from costguard.settings import Settings
+
+EXAMPLES = """
+\b
+Examples:
+  costguard agent --once                          # one reading: what the agent sees
+  costguard agent --dry-run --idle-minutes 5      # watch and log, never shut down
+  costguard agent --idle-minutes 60               # the systemd unit in infra/systemd/
+  costguard agent --action azure-deallocate       # Azure: a powered-off VM still bills
+\b
+Busy: GPU, CPU or network at or above the thresholds, a job started with `costguard run`
+(a pid file in $COSTGUARD_JOBS_DIR, default /run/costguard/jobs), or an SSH session.
+"""
+
+_PERCENT = DecimalRange(0, maximum=100)
+
+
+@click.command(
+    "agent",
+    epilog=EXAMPLES,
+    short_help="On-instance autostop: shut down after the GPU has been idle.",
+)
+@click.option(
+    "--idle-minutes",
+    type=click.IntRange(1, MAX_IDLE_MINUTES),
+    default=60,
+    show_default=True,
+    help="Shut down after this long with every reading idle.",
+)
+@click.option("--gpu-threshold", type=_PERCENT, default=5, show_default=True, help="GPU %.")
+@click.option("--cpu-threshold", type=_PERCENT, default=5, show_default=True, help="CPU %.")
+@click.option(
+    "--network-threshold-mbps",
+    type=DecimalRange(0, maximum=1_000_000),
+    default=1,
+    show_default=True,
+    help="Network in + out, Mbit/s.",
+)
+@click.option(
+    "--interval-seconds",
+    type=click.IntRange(1, 3600),
+    default=60,
+    show_default=True,
+    help="Time between readings.",
+)
+@click.option("--ignore-jobs", is_flag=True, help="`costguard run` jobs do not keep it up.")
+@click.option("--ignore-ssh", is_flag=True, help="SSH sessions do not keep it up.")
+@click.option("--gpu-missing-ok", is_flag=True, help="Judge by CPU and network without a GPU.")
+@click.option(
+    "--action",
+    type=click.Choice(["poweroff", "azure-deallocate"], case_sensitive=False),
+    default="poweroff",
+    show_default=True,
+    help="poweroff runs --shutdown-command; azure-deallocate calls the Azure API.",
+)
+@click.option(
+    "--shutdown-command",
+    default="systemctl poweroff",
+    show_default=True,
+    help="The command --action poweroff runs.",
+)
+@click.option(
+    "--jobs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where `costguard run` registers jobs. Default: $COSTGUARD_JOBS_DIR, else "
+    "/run/costguard/jobs.",
+)
+@click.option("--dry-run", is_flag=True, help="Log what it would do; never shut down.")
+@click.option("--once", is_flag=True, help="Take one reading, print it and the decision, exit.")
+@click.pass_context
+def agent_command(ctx: click.Context, /, **options: Any) -> None:
+    """Watch this machine and shut it down once it has been idle for --idle-minutes.
+
+    Every --interval-seconds it reads the GPUs (nvidia-smi), CPU and network (/proc),
+    `costguard run` jobs and SSH sessions, and logs one line. Shutting down needs root.
+    """
+    from costguard.reaper import agent
+
+    settings = ctx.find_object(Settings) or Settings.load()
+    policy = agent.AgentPolicy(
+        idle_minutes=options["idle_minutes"],
+        gpu_threshold_percent=float(options["gpu_threshold"]),
+        cpu_threshold_percent=float(options["cpu_threshold"]),
+        network_threshold_mbps=float(options["network_threshold_mbps"]),
+        interval_seconds=options["interval_seconds"],
+        jobs_keep_awake=not options["ignore_jobs"],
+        ssh_keeps_awake=not options["ignore_ssh"],
+        gpu_missing_ok=options["gpu_missing_ok"],
+    )
+    command = shlex.split(options["shutdown_command"])
+    if not command:
+        msg = "--shutdown-command is empty"
+        raise click.UsageError(msg)
+    shutdown: agent.Shutdown = (
+        agent.AzureDeallocate(settings)
+        if options["action"].lower() == "azure-deallocate"
+        else agent.PowerOff(command)
+    )
+    sampler = agent.SystemSampler(options["jobs_dir"] or agent.jobs_dir(os.environ))
+
+    def log(tick: agent.Tick) -> None:
+        verdict = tick.decision.reason
+        if tick.decision.shutdown:
+            verdict = ("shutting down: " if tick.acted else "would shut down (dry run): ") + verdict
+        click.echo(f"{tick.reading} -> {verdict}")
+
+    if options["once"]:
+        # One reading cannot cover a window, so this never shuts down: it shows what the
+        # agent sees (is nvidia-smi found? are jobs and SSH sessions detected?).
+        time.sleep(1)  # rates need two looks at the counters, a moment apart
+        reading = sampler.read()
+        decision = agent.decide([reading], policy, reading.at)
+        log(agent.Tick(reading, decision, acted=False))
+        return
+    agent.run_agent(
+        sampler,
+        shutdown,
+        policy,
+        clock=lambda: datetime.now(UTC),
+        sleep=time.sleep,
+        dry_run=options["dry_run"],
+        on_tick=log,
+    )

@@ -1,0 +1,392 @@
+"""``costguard reap``: stop or terminate idle GPU instances. A dry run unless ``--execute``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import click
+
+from costguard.cli import render
+from costguard.cli.params import DecimalRange
+from costguard.errors import CostguardError
+from costguard.money import format_usd
+from costguard.pricing.catalog import load_tables
+from costguard.reaper.fleet import Fleet, PriceBook, ReapReport, reap
+from costguard.reaper.policy import (
+    DESTRUCTIVE,
+    MAX_IDLE_MINUTES,
+    Action,
+    IdlePolicy,
+    IdleVerdict,
+    ReapLimits,
+    format_timestamp,
+    parse_protect_tag,
+)
+from costguard.settings import Settings
+
+EXAMPLES = """
+\b
+Examples:
+  costguard reap                                  # dry run: what would stop, and why
+  costguard reap --idle-minutes 90 --execute      # stop GPU instances idle for 90 min
+  costguard reap --all-regions --action terminate --max-actions 3 --execute
+  costguard reap --mark --execute                 # two-phase: tag now, act on a later run
+  costguard reap --provider gcp --project my-lab --region us-central1
+  costguard reap --provider azure --subscription SUB --resource-group ml --format json
+\b
+Never touched: instances tagged costguard:keep=true (or --protect-tag), with termination
+protection, younger than --grace-minutes, with a future costguard:expires-at, or with
+any busy sample in the window. Cron and systemd units are in infra/.
+"""
+
+_PERCENT = DecimalRange(0, maximum=100)
+_PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
+
+
+@click.command(
+    "reap",
+    epilog=EXAMPLES,
+    short_help="Stop or terminate idle GPU instances (dry run unless --execute).",
+)
+@click.option(
+    "--provider",
+    type=click.Choice(["aws", "gcp", "azure"], case_sensitive=False),
+    default="aws",
+    show_default=True,
+    help="Which cloud to look at.",
+)
+@click.option(
+    "--region",
+    "regions",
+    multiple=True,
+    help="Region (repeatable). Default: AWS's default region; all for GCP/Azure.",
+)
+@click.option("--all-regions", is_flag=True, help="AWS: every region enabled in the account.")
+@click.option("--zone", "zones", multiple=True, help="GCP zone (repeatable), e.g. us-central1-a.")
+@click.option("--project", envvar="GOOGLE_CLOUD_PROJECT", help="GCP project ID.")
+@click.option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="Azure subscription ID.")
+@click.option("--resource-group", help="Azure: only this resource group.")
+@click.option(
+    "--idle-minutes",
+    type=click.IntRange(1, MAX_IDLE_MINUTES),
+    default=60,
+    show_default=True,
+    help="How long every sample must have been below every threshold.",
+)
+@click.option(
+    "--gpu-threshold",
+    type=_PERCENT,
+    default=Decimal(5),
+    show_default=True,
+    help="GPU utilisation (%) at or above which a sample is busy.",
+)
+@click.option(
+    "--cpu-threshold",
+    type=_PERCENT,
+    default=Decimal(5),
+    show_default=True,
+    help="CPU utilisation (%) at or above which a sample is busy.",
+)
+@click.option(
+    "--network-threshold-mbps",
+    type=DecimalRange(0, maximum=1_000_000),
+    default=Decimal(1),
+    show_default=True,
+    help="Network in + out (Mbit/s) at or above which a sample is busy.",
+)
+@click.option(
+    "--grace-minutes",
+    type=click.IntRange(0, MAX_IDLE_MINUTES),
+    default=30,
+    show_default=True,
+    help="Leave instances started less than this long ago alone.",
+)
+@click.option(
+    "--action",
+    type=click.Choice(["stop", "terminate"], case_sensitive=False),
+    default="stop",
+    show_default=True,
+    help="stop keeps the disks (Azure: deallocate); terminate deletes the instance.",
+)
+@click.option(
+    "--max-actions",
+    type=click.IntRange(0, 100_000),
+    default=10,
+    show_default=True,
+    help="Act on none if more than this many instances are selected.",
+)
+@click.option(
+    "--max-percent",
+    type=_PERCENT,
+    default=Decimal(100),
+    show_default=True,
+    help="Act on none if more than this share of the running GPU instances is selected.",
+)
+@click.option(
+    "--protect-tag",
+    "protect_tags",
+    multiple=True,
+    metavar="KEY[=VALUE]",
+    help="More tags that protect an instance (repeatable); costguard:keep=true always does.",
+)
+@click.option(
+    "--gpu-missing-ok",
+    is_flag=True,
+    help="Judge instances without GPU metrics by CPU and network alone.",
+)
+@click.option(
+    "--mark",
+    "two_phase",
+    is_flag=True,
+    help="Two-phase: tag idle instances; act once they stay idle a whole window after.",
+)
+@click.option("--execute", is_flag=True, help="Act. Without it nothing is changed.")
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json"], case_sensitive=False),
+    default="table",
+    show_default=True,
+)
+@click.pass_context
+def reap_command(ctx: click.Context, /, **options: Any) -> None:
+    """Find GPU instances idle for a window and stop or terminate them.
+
+    Idle means every GPU, CPU and network sample in the last --idle-minutes is below its
+    threshold and the samples cover the whole window. Without GPU metrics an instance is
+    not idle (unless --gpu-missing-ok). The report lists every instance seen, its verdict,
+    the reason and its list price per hour. Exits 1 when the safety limit stops the run.
+    """
+    settings = ctx.find_object(Settings) or Settings.load()
+    provider = options["provider"].lower()
+    _check_combinations(provider, options)
+    policy = _policy(provider, options)
+    limits = ReapLimits(options["max_actions"], float(options["max_percent"]))
+    prices = PriceBook(load_tables(settings.pricing_dir, settings.pricing_cache_dir))
+    fleets = _fleets(provider, options, prices, settings)
+    report = reap(fleets, policy, limits, datetime.now(UTC), execute=options["execute"])
+    if options["output_format"].lower() == "json":
+        render.print_json(to_document(report, provider))
+    else:
+        print_table(report)
+    if report.plan.breach:
+        raise report.plan.breach.error()
+    if report.failures:
+        msg = f"{len(report.failures)} of {len(report.outcomes)} actions failed"
+        raise CostguardError(msg, hint="the report says which and why; a rerun retries them")
+
+
+def _check_combinations(provider: str, options: dict[str, Any]) -> None:
+    """Flags that only make sense together; bad ones exit 2 before any cloud call."""
+    if options["all_regions"] and (options["regions"] or provider != "aws"):
+        msg = "--all-regions is for AWS and replaces --region"
+        raise click.UsageError(msg)
+    if options["zones"] and provider != "gcp":
+        msg = "--zone is for --provider gcp"
+        raise click.UsageError(msg)
+    if provider == "gcp" and not options["project"]:
+        msg = "--provider gcp needs --project (or GOOGLE_CLOUD_PROJECT)"
+        raise click.UsageError(msg)
+    if options["resource_group"] and provider != "azure":
+        msg = "--resource-group is for --provider azure"
+        raise click.UsageError(msg)
+    if provider == "azure" and not options["subscription"]:
+        msg = "--provider azure needs --subscription (or AZURE_SUBSCRIPTION_ID)"
+        raise click.UsageError(msg)
+
+
+def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
+    from costguard.reaper import aws, azure, gcp
+
+    adapter = {"aws": aws, "gcp": gcp, "azure": azure}[provider]
+    return IdlePolicy(
+        idle_minutes=options["idle_minutes"],
+        gpu_threshold_percent=float(options["gpu_threshold"]),
+        cpu_threshold_percent=float(options["cpu_threshold"]),
+        network_threshold_mbps=float(options["network_threshold_mbps"]),
+        grace_minutes=options["grace_minutes"],
+        action=Action(options["action"].lower()),
+        gpu_missing_ok=options["gpu_missing_ok"],
+        protect_tags=tuple(parse_protect_tag(t) for t in options["protect_tags"]),
+        two_phase=options["two_phase"],
+        sample_period_seconds=adapter.PERIOD_SECONDS,
+        max_lag_seconds=adapter.MAX_LAG_SECONDS,
+    )
+
+
+def _fleets(
+    provider: str, options: dict[str, Any], prices: PriceBook, settings: Settings
+) -> list[Fleet]:
+    """Validate locations offline, then build one fleet per AWS region or one per account."""
+    regions: Sequence[str] = options["regions"]
+    if provider == "aws":
+        from costguard.reaper import aws
+
+        regions = aws.check_regions(regions) if regions else ()
+        if options["all_regions"]:
+            regions = tuple(aws.enabled_regions())
+        return [aws.AwsFleet(r, prices) for r in regions or (aws.default_region(),)]
+    if provider == "gcp":
+        from costguard.reaper import gcp
+
+        gcp.check_locations(regions, options["zones"])
+        return [
+            gcp.GcpFleet(
+                options["project"], prices, settings, regions=regions, zones=options["zones"]
+            )
+        ]
+    from costguard.reaper import azure
+
+    azure.check_regions(regions)
+    return [
+        azure.AzureFleet(
+            options["subscription"],
+            prices,
+            settings,
+            regions=regions,
+            resource_group=options["resource_group"],
+        )
+    ]
+
+
+def _rate(verdict: IdleVerdict) -> str:
+    price = verdict.instance.usd_per_hour
+    return format_usd(price, rate=True) if price is not None else "-"
+
+
+def _done(report: ReapReport) -> dict[tuple[str, str, str], str]:
+    """Per instance: what happened to its action ("done" or the error)."""
+    return {
+        (o.instance.provider, o.instance.region, o.instance.instance_id): (
+            "done" if o.ok else f"failed: {o.message}"
+        )
+        for o in report.outcomes
+    }
+
+
+def _status(verdict: IdleVerdict, report: ReapReport, done: dict[tuple[str, str, str], str]) -> str:
+    if verdict.action is Action.KEEP:
+        return "keep"
+    key = (verdict.instance.provider, verdict.instance.region, verdict.instance.instance_id)
+    if key in done:
+        return f"{verdict.action} ({done[key]})"
+    if report.plan.breach:
+        return f"{verdict.action} (refused: over the limit)"
+    return f"would {verdict.action}"
+
+
+def to_document(report: ReapReport, provider: str) -> dict[str, Any]:
+    """The ``--format json`` document: the rule, every instance seen, the summary."""
+    plan = report.plan
+    policy = report.policy
+    done = _done(report)
+    instances = []
+    for verdict in plan.verdicts:
+        instance = verdict.instance
+        key = (instance.provider, instance.region, instance.instance_id)
+        instances.append(
+            {
+                "provider": instance.provider,
+                "region": instance.region,
+                "zone": instance.zone,
+                "instance_id": instance.instance_id,
+                "name": instance.name,
+                "instance_type": instance.instance_type,
+                "state": instance.state,
+                "accelerator": instance.accelerator,
+                "gpu_count": instance.gpu_count,
+                "spot": instance.spot,
+                "usd_per_hour": instance.usd_per_hour,
+                "action": str(verdict.action),
+                "code": str(verdict.code),
+                "reason": verdict.reason,
+                "peaks": {str(k): v for k, v in verdict.peaks.items()},
+                "outcome": done.get(key),
+            }
+        )
+    breach = plan.breach
+    return {
+        "provider": provider,
+        "now": format_timestamp(report.now),
+        "executed": report.executed,
+        "policy": {
+            "idle_minutes": policy.idle_minutes,
+            "gpu_threshold_percent": policy.gpu_threshold_percent,
+            "cpu_threshold_percent": policy.cpu_threshold_percent,
+            "network_threshold_mbps": policy.network_threshold_mbps,
+            "grace_minutes": policy.grace_minutes,
+            "action": str(policy.action),
+            "gpu_missing_ok": policy.gpu_missing_ok,
+            "two_phase": policy.two_phase,
+            "protect_tags": [f"{k}={v}" if v is not None else k for k, v in policy.protect_tags],
+            "max_actions": report.limits.max_actions,
+            "max_percent": report.limits.max_percent,
+        },
+        "summary": {
+            "instances_seen": len(plan.verdicts),
+            "gpu_instances_running": plan.population,
+            "selected": len(plan.selected),
+            "acted": sum(1 for o in report.outcomes if o.ok and o.action in DESTRUCTIVE),
+            "failed": len(report.failures),
+            "usd_per_hour_selected": plan.usd_per_hour,
+            "usd_per_hour_saved": report.usd_per_hour_saved,
+            "unpriced": [v.instance.instance_id for v in plan.unpriced],
+        },
+        "refused": None
+        if breach is None
+        else {
+            "limit_type": breach.limit_type,
+            "limit": breach.limit,
+            "selection_count": breach.selection_count,
+            "population_count": breach.population_count,
+        },
+        "instances": instances,
+    }
+
+
+def print_table(report: ReapReport) -> None:
+    """One row per instance seen, then what the run did or would do."""
+    from rich.table import Table
+
+    plan = report.plan
+    done = _done(report)
+    mode = "executed" if report.executed else "dry run"
+    table = Table(
+        title=f"costguard reap - {mode} at {format_timestamp(report.now)}",
+        title_justify="left",
+        header_style="bold",
+    )
+    for column in ("Instance", "Name", "Type", "Where", "$/h", "Verdict", "Reason"):
+        table.add_column(column, justify="right" if column == "$/h" else "left")
+    for verdict in plan.verdicts:
+        instance = verdict.instance
+        table.add_row(
+            instance.instance_id,
+            instance.name,
+            instance.instance_type,
+            instance.zone or instance.region,
+            _rate(verdict),
+            _status(verdict, report, done),
+            verdict.reason,
+        )
+    render.console().print(table)
+    verb = _PAST[report.policy.action]
+    selected = format_usd(plan.usd_per_hour, rate=True)
+    lines = [
+        f"{len(plan.verdicts)} instance(s) seen, {plan.population} running with GPUs; "
+        f"{len(plan.selected)} idle and selected ({selected}/h at list prices)."
+    ]
+    if plan.unpriced:
+        lines.append(f"{len(plan.unpriced)} selected instance(s) have no price in the tables.")
+    if plan.breach:
+        lines.append("Nothing was done: over the safety limit (see the error below).")
+    elif not report.executed:
+        lines.append("Dry run: nothing was changed. Add --execute to act.")
+    else:
+        acted = sum(1 for o in report.outcomes if o.ok and o.action in DESTRUCTIVE)
+        saved = format_usd(report.usd_per_hour_saved, rate=True)
+        lines.append(f"Done: {acted} instance(s) {verb}, {saved}/h saved.")
+    render.print_notes(lines, heading="Summary:")

@@ -1,0 +1,510 @@
+"""On-instance autostop: ``costguard agent`` shuts the machine down once it has been idle.
+
+It runs on the GPU instance (``infra/systemd/costguard-agent.service``), takes a
+:class:`Reading` every ``interval_seconds`` and shuts down when every reading of the last
+``idle_minutes`` is idle (:func:`decide`, the same window rule as the reaper). Unlike
+SkyPilot's autostop it watches the GPU itself, not only jobs and SSH (skypilot#10628).
+
+Busy is any of: GPU utilisation, CPU utilisation or network at or above its threshold; no
+GPU reading (unless ``gpu_missing_ok``); a job registered by ``costguard run``; an SSH
+session (the last two unless configured otherwise).
+
+The job contract (what ``costguard run`` writes, what the agent reads)
+-----------------------------------------------------------------------
+* The directory is ``$COSTGUARD_JOBS_DIR``, default ``/run/costguard/jobs`` (the systemd
+  unit creates it world-writable and sticky, like ``/tmp``).
+* A running job is a file ``<pid>.pid`` in it whose text is that same process id, written
+  atomically (temporary file + rename) when the job starts and removed when it ends;
+  :func:`registered_job` does both.
+* A file counts only while process ``<pid>`` is alive, so a wrapper killed with SIGKILL
+  cannot keep the machine up forever. Other files in the directory are ignored.
+
+The sampler and the shutdown action are plain objects passed in (:class:`Sampler`,
+:data:`Shutdown`), and the loop takes its clock and sleep as arguments: tests run it with
+a fake sampler, a fake clock and a recording action, for a bounded number of ticks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+from costguard.clouds import azure as azure_clouds
+from costguard.clouds import require
+from costguard.errors import CostguardError, InputError
+from costguard.reaper.policy import IdlePolicy, covers, format_timestamp
+from costguard.settings import Settings
+
+JOBS_DIR_ENV = "COSTGUARD_JOBS_DIR"
+DEFAULT_JOBS_DIR = Path("/run/costguard/jobs")
+POWEROFF = ("systemctl", "poweroff")
+AZURE_IMDS = "http://169.254.169.254"
+
+
+def jobs_dir(env: Mapping[str, str]) -> Path:
+    """Where ``costguard run`` registers its jobs: ``$COSTGUARD_JOBS_DIR`` or the default.
+
+    >>> jobs_dir({}), jobs_dir({"COSTGUARD_JOBS_DIR": "/tmp/j"})
+    (PosixPath('/run/costguard/jobs'), PosixPath('/tmp/j'))
+    """
+    return Path(env.get(JOBS_DIR_ENV) or DEFAULT_JOBS_DIR)
+
+
+def job_file(directory: Path, pid: int) -> Path:
+    """The file that says process ``pid`` is a running job.
+
+    >>> job_file(Path("/run/costguard/jobs"), 4242)
+    PosixPath('/run/costguard/jobs/4242.pid')
+    """
+    return directory / f"{pid}.pid"
+
+
+@contextmanager
+def registered_job(directory: Path, pid: int | None = None) -> Iterator[Path]:
+    """Register a running job for the agent (the writer side of the contract).
+
+    ``costguard run`` wraps the user's command in this; the file is removed on exit::
+
+        with registered_job(jobs_dir(os.environ), child.pid):
+            child.wait()
+    """
+    pid = os.getpid() if pid is None else pid
+    directory.mkdir(parents=True, exist_ok=True)
+    target = job_file(directory, pid)
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".job-", suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(f"{pid}\n")
+    Path(temporary).replace(target)
+    try:
+        yield target
+    finally:
+        target.unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, it is another user's
+    return True
+
+
+def active_jobs(directory: Path, alive: Callable[[int], bool] = pid_alive) -> list[int]:
+    """Process ids of registered jobs that are still running (stale files are ignored)."""
+    pids = []
+    for path in sorted(directory.glob("*.pid")) if directory.is_dir() else []:
+        try:
+            pid = int(path.read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            continue
+        if path.stem == str(pid) and alive(pid):
+            pids.append(pid)
+    return pids
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One look at the machine. ``None`` means the signal could not be read."""
+
+    at: datetime
+    gpu_util_percent: float | None
+    cpu_percent: float | None
+    network_mbps: float | None
+    jobs: int = 0
+    ssh_sessions: int = 0
+
+    def __str__(self) -> str:
+        def shown(value: float | None, unit: str) -> str:
+            return "none" if value is None else f"{value:.1f}{unit}"
+
+        return (
+            f"{format_timestamp(self.at)} gpu={shown(self.gpu_util_percent, '%')} "
+            f"cpu={shown(self.cpu_percent, '%')} net={shown(self.network_mbps, 'Mbit/s')} "
+            f"jobs={self.jobs} ssh={self.ssh_sessions}"
+        )
+
+
+@dataclass(frozen=True)
+class AgentPolicy:
+    """When the agent shuts the machine down.
+
+    >>> AgentPolicy(interval_seconds=0)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: the interval must be between 1 and 3600 seconds, not 0
+    """
+
+    idle_minutes: int = 60
+    gpu_threshold_percent: float = 5.0
+    cpu_threshold_percent: float = 5.0
+    network_threshold_mbps: float = 1.0
+    interval_seconds: int = 60
+    jobs_keep_awake: bool = True
+    ssh_keeps_awake: bool = True
+    gpu_missing_ok: bool = False
+    window_rule: IdlePolicy = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.interval_seconds <= 3600:
+            msg = f"the interval must be between 1 and 3600 seconds, not {self.interval_seconds}"
+            raise InputError(msg, hint="e.g. --interval-seconds 60")
+        # The reaper's rule does the validation and the window arithmetic: a reading may be
+        # late by half an interval (a slow nvidia-smi), and the newest must be recent.
+        rule = IdlePolicy(
+            idle_minutes=self.idle_minutes,
+            gpu_threshold_percent=self.gpu_threshold_percent,
+            cpu_threshold_percent=self.cpu_threshold_percent,
+            network_threshold_mbps=self.network_threshold_mbps,
+            grace_minutes=0,
+            sample_period_seconds=self.interval_seconds,
+            max_lag_seconds=2 * self.interval_seconds,
+        )
+        object.__setattr__(self, "window_rule", rule)
+
+
+@dataclass(frozen=True)
+class AgentDecision:
+    """Whether to shut down now, and why (a sentence for the log)."""
+
+    shutdown: bool
+    reason: str
+
+
+def busy_reason(reading: Reading, policy: AgentPolicy) -> str | None:
+    """Why this reading is busy, or ``None`` when it is idle.
+
+    >>> now = datetime(2026, 12, 1, tzinfo=UTC)
+    >>> busy_reason(Reading(now, 0.0, 1.0, 0.1, jobs=1), AgentPolicy())
+    'a costguard run job is running'
+    >>> busy_reason(Reading(now, 0.0, 1.0, 0.1, jobs=1), AgentPolicy(jobs_keep_awake=False))
+    """
+    if reading.jobs and policy.jobs_keep_awake:
+        return "a costguard run job is running"
+    if reading.ssh_sessions and policy.ssh_keeps_awake:
+        return f"{reading.ssh_sessions} SSH session(s) open"
+    if reading.gpu_util_percent is None:
+        if not policy.gpu_missing_ok:
+            return "no GPU reading (is nvidia-smi installed?); --gpu-missing-ok ignores the GPU"
+    elif not reading.gpu_util_percent < policy.gpu_threshold_percent:
+        return f"GPU {reading.gpu_util_percent:.1f}%"
+    if reading.cpu_percent is None or not reading.cpu_percent < policy.cpu_threshold_percent:
+        return "CPU " + (
+            "unreadable" if reading.cpu_percent is None else f"{reading.cpu_percent:.1f}%"
+        )
+    if reading.network_mbps is None or not reading.network_mbps < policy.network_threshold_mbps:
+        shown = (
+            "unreadable" if reading.network_mbps is None else f"{reading.network_mbps:.2f} Mbit/s"
+        )
+        return f"network {shown}"
+    return None
+
+
+def decide(readings: Sequence[Reading], policy: AgentPolicy, now: datetime) -> AgentDecision:
+    """Shut down when every reading of the window is idle and the readings cover it.
+
+    The agent must itself have watched the whole window: right after a (re)start it waits
+    a full window, whatever happened before.
+
+    >>> t = datetime(2026, 12, 1, tzinfo=UTC)
+    >>> quiet = [Reading(t + timedelta(minutes=m), 0.0, 1.0, 0.0) for m in range(61)]
+    >>> decide(quiet, AgentPolicy(), t + timedelta(minutes=60)).shutdown
+    True
+    >>> decide(quiet[-30:], AgentPolicy(), t + timedelta(minutes=60)).reason
+    'idle for 29 of 60 min'
+    """
+    start = now - policy.window_rule.window
+    inside = [r for r in readings if r.at >= start]
+    for reading in reversed(inside):
+        why = busy_reason(reading, policy)
+        if why:
+            return AgentDecision(False, f"busy at {format_timestamp(reading.at)}: {why}")
+    # The agent must have been watching since the window began (not just "within a gap of
+    # it", as the reaper allows for cloud metrics), so it never stops early.
+    watching = min((r.at for r in readings), default=now) <= start
+    if not watching or not covers((r.at for r in inside), start, now, policy.window_rule):
+        watched = (now - min(r.at for r in inside)) if inside else timedelta(0)
+        minutes = int(watched.total_seconds() // 60)
+        return AgentDecision(False, f"idle for {minutes} of {policy.idle_minutes} min")
+    return AgentDecision(True, f"idle for {policy.idle_minutes} min")
+
+
+class Sampler(Protocol):
+    """Takes one :class:`Reading` of the machine."""
+
+    def read(self) -> Reading:
+        """Look at the machine now."""
+        ...
+
+
+#: Shuts the machine down (or stops it through the provider); gets the reason.
+Shutdown = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One turn of the loop: what was read, what was decided, whether it acted."""
+
+    reading: Reading
+    decision: AgentDecision
+    acted: bool
+
+
+def run_agent(
+    sampler: Sampler,
+    shutdown: Shutdown,
+    policy: AgentPolicy,
+    *,
+    clock: Callable[[], datetime],
+    sleep: Callable[[float], None],
+    max_ticks: int | None = None,
+    dry_run: bool = False,
+    on_tick: Callable[[Tick], None] | None = None,
+) -> list[Tick]:
+    """Read, decide, act; sleep ``interval_seconds``; repeat until shut down or out of ticks.
+
+    In a dry run the decision is reported and the loop goes on. Returns the ticks (tests
+    bound them with ``max_ticks``; the service runs with ``None``: until shutdown). Example::
+
+        run_agent(SystemSampler(jobs_dir(os.environ)), PowerOff(), AgentPolicy(idle_minutes=30),
+                  clock=lambda: datetime.now(UTC), sleep=time.sleep)
+    """
+    keep = policy.window_rule.window + timedelta(seconds=3 * policy.interval_seconds)
+    history: deque[Reading] = deque()
+    ticks: list[Tick] = []
+    while max_ticks is None or len(ticks) < max_ticks:
+        reading = sampler.read()
+        history.append(reading)
+        now = clock()
+        while history and history[0].at < now - keep:
+            history.popleft()
+        decision = decide(history, policy, now)
+        acted = decision.shutdown and not dry_run
+        if acted:
+            shutdown(decision.reason)
+        tick = Tick(reading, decision, acted)
+        ticks.append(tick)
+        if on_tick:
+            on_tick(tick)
+        if acted:
+            break
+        if max_ticks is None or len(ticks) < max_ticks:
+            sleep(policy.interval_seconds)
+    return ticks
+
+
+# ------------------------------------------------------------------ the real machine
+
+
+def parse_proc_stat(text: str) -> tuple[int, int]:
+    """``(busy, total)`` CPU jiffies from ``/proc/stat`` (iowait counts as idle).
+
+    >>> parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\\ncpu0 1 2 3 4\\n")
+    (150, 1000)
+    """
+    fields = [int(v) for v in text.splitlines()[0].split()[1:9]]
+    total = sum(fields)
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return total - idle, total
+
+
+def parse_net_dev(text: str) -> int:
+    """Bytes received + sent on every interface but loopback, from ``/proc/net/dev``.
+
+    >>> parse_net_dev("h1\\nh2\\n  lo: 5 0 0 0 0 0 0 0 5 0\\neth0: 100 1 0 0 0 0 0 0 20 1\\n")
+    120
+    """
+    total = 0
+    for line in text.splitlines()[2:]:
+        name, _, numbers = line.partition(":")
+        values = numbers.split()
+        if name.strip() == "lo" or len(values) < 9:
+            continue
+        total += int(values[0]) + int(values[8])
+    return total
+
+
+def parse_nvidia_smi(text: str) -> float | None:
+    """The busiest GPU, from ``nvidia-smi --query-gpu=utilization.gpu`` (CSV, no units).
+
+    >>> parse_nvidia_smi("3\\n97\\n"), parse_nvidia_smi("[N/A]\\n")
+    (97.0, None)
+    """
+    values = []
+    for line in text.splitlines():
+        try:
+            values.append(float(line.strip()))
+        except ValueError:
+            continue
+    return max(values) if values else None
+
+
+def count_ssh_sessions(proc: Path) -> int:
+    """Open SSH sessions: ``sshd: user@pts/0`` or ``user@notty`` (VS Code, scp) processes.
+
+    OpenSSH 9.8 renamed the session process ``sshd-session``; both are counted.
+    """
+    count = 0
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue  # the process ended while we looked
+        if text.startswith(("sshd: ", "sshd-session: ")) and "@" in text:
+            count += 1
+    return count
+
+
+class SystemSampler:
+    """Reads nvidia-smi, ``/proc`` and the jobs directory. ``proc`` and the nvidia-smi
+    command can be pointed elsewhere (tests, containers)."""
+
+    def __init__(
+        self,
+        jobs: Path,
+        *,
+        proc: Path = Path("/proc"),
+        nvidia_smi: Sequence[str] = ("nvidia-smi",),
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.jobs = jobs
+        self.proc = proc
+        self.nvidia_smi = tuple(nvidia_smi)
+        self.clock = clock
+        self.monotonic = monotonic
+        # The first reading needs a previous one to compute rates from.
+        self._last = self._counters()
+
+    def _counters(self) -> tuple[float, tuple[int, int] | None, int | None]:
+        def read(name: str) -> str | None:
+            try:
+                return (self.proc / name).read_text(encoding="utf-8")
+            except OSError:
+                return None
+
+        stat, net = read("stat"), read("net/dev")
+        return (
+            self.monotonic(),
+            parse_proc_stat(stat) if stat else None,
+            parse_net_dev(net) if net else None,
+        )
+
+    def gpu(self) -> float | None:
+        """The busiest GPU's utilisation, or ``None`` without nvidia-smi or a GPU."""
+        command = [*self.nvidia_smi, "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=20, check=True)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return parse_nvidia_smi(done.stdout)
+
+    def read(self) -> Reading:
+        """One reading: rates since the previous one."""
+        gpu = self.gpu()
+        before_time, before_cpu, before_net = self._last
+        self._last = after_time, after_cpu, after_net = self._counters()
+        cpu = None
+        if before_cpu and after_cpu and after_cpu[1] > before_cpu[1]:
+            cpu = 100 * (after_cpu[0] - before_cpu[0]) / (after_cpu[1] - before_cpu[1])
+        network = None
+        seconds = after_time - before_time
+        if before_net is not None and after_net is not None and seconds > 0:
+            network = max(0, after_net - before_net) * 8 / seconds / 1_000_000
+        return Reading(
+            self.clock(),
+            gpu,
+            cpu,
+            network,
+            jobs=len(active_jobs(self.jobs)),
+            ssh_sessions=count_ssh_sessions(self.proc),
+        )
+
+
+class PowerOff:
+    """Shut the machine down with a command (default ``systemctl poweroff``).
+
+    AWS stops the instance on an OS shutdown (unless its shutdown behaviour is terminate);
+    GCP stops it. Azure does **not** deallocate it, and a powered-off VM keeps billing:
+    use :class:`AzureDeallocate` there.
+    """
+
+    def __init__(self, command: Sequence[str] = POWEROFF) -> None:
+        self.command = tuple(command)
+
+    def __call__(self, reason: str) -> None:
+        try:
+            subprocess.run(self.command, check=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            msg = f"could not shut down with {' '.join(self.command)}: {exc}"
+            raise CostguardError(
+                msg, hint="run the agent as root, or set --shutdown-command"
+            ) from None
+
+
+class AzureDeallocate:
+    """Deallocate this Azure VM through the API (found through the instance metadata
+    service), with the VM's managed identity. Needs the ``azure`` extra and the
+    ``deallocate`` permission (infra/azure/reaper-role.json)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        imds: str = AZURE_IMDS,
+        credential: Any = None,
+        client_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.imds = imds.rstrip("/")
+        self.credential = credential
+        self.client_options = dict(client_options or {})
+
+    def identity(self) -> dict[str, str]:
+        """Subscription, resource group and name of this VM, from the metadata service."""
+        # The URL is the fixed metadata address (or a test server's), never user input.
+        request = urllib.request.Request(  # noqa: S310
+            f"{self.imds}/metadata/instance/compute?api-version=2021-02-01",
+            headers={"Metadata": "true"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:  # noqa: S310
+                body = json.load(reply)
+        except (OSError, ValueError) as exc:
+            msg = f"cannot read the Azure instance metadata service: {exc}"
+            raise CostguardError(
+                msg, hint="is this an Azure VM? use --action poweroff elsewhere"
+            ) from None
+        return {k: str(body[k]) for k in ("subscriptionId", "resourceGroupName", "name")}
+
+    def __call__(self, reason: str) -> None:
+        me = self.identity()
+        credential = self.credential
+        if credential is None:
+            credential = require("azure.identity", azure_clouds.EXTRA).ManagedIdentityCredential()
+        compute = azure_clouds.client(
+            "azure.mgmt.compute",
+            "ComputeManagementClient",
+            me["subscriptionId"],
+            self.settings,
+            credential,
+            **self.client_options,
+        )
+        try:
+            # Not waited for: the deallocation ends this very process.
+            compute.virtual_machines.begin_deallocate(me["resourceGroupName"], me["name"])
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, f"deallocating {me['name']}") from None

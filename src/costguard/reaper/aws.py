@@ -1,0 +1,416 @@
+"""AWS: EC2 instances and CloudWatch metrics for the reaper, in batches.
+
+Per region and run: one paginated ``DescribeInstances``; ``GetMetricData`` with up to 500
+queries a call (4 per candidate instance: GPU, CPU, network in and out), never a call per
+instance for metrics; ``DescribeInstanceAttribute`` only for instances about to be acted
+on (EC2 returns termination/stop protection nowhere else); stop/terminate/tag calls in
+batches of 100.
+
+GPU utilisation comes from the CloudWatch agent's ``nvidia_gpu`` section (namespace
+``CWAgent``, metric ``nvidia_smi_utilization_gpu``). The agent must add the ``InstanceId``
+dimension (``append_dimensions``) for a metric to be tied to an instance, and should also
+publish the per-instance series (``aggregation_dimensions: [["InstanceId"]]``); see
+``infra/cloudwatch-agent.json``. When the per-instance series is absent, one
+``ListMetrics`` listing tells why, and per-GPU series carrying the ``InstanceId`` are used
+instead.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any, TypeVar
+
+from costguard.clouds import aws as aws_clouds
+from costguard.clouds import require
+from costguard.errors import UnknownNameError
+from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.policy import (
+    MARK_TAG,
+    Action,
+    Instance,
+    InstanceSamples,
+    Sample,
+    format_timestamp,
+)
+
+#: CloudWatch's basic EC2 metrics come every 5 minutes; asking finer gives nothing more.
+PERIOD_SECONDS = 300
+#: Basic EC2 metrics appear up to ~10 minutes late; allow a little more.
+MAX_LAG_SECONDS = 900
+#: The GetMetricData limit on queries per call.
+MAX_QUERIES = 500
+#: Instances per StopInstances/TerminateInstances/CreateTags call.
+ACTION_BATCH = 100
+GPU_NAMESPACE = "CWAgent"
+GPU_METRIC = "nvidia_smi_utilization_gpu"
+#: Instances that bill (or are about to) for compute; stopped ones are not looked at.
+LIVE_STATES = ("pending", "running")
+AGENT_CONFIG = "infra/cloudwatch-agent.json"
+
+_T = TypeVar("_T")
+
+
+def available_regions() -> list[str]:
+    """EC2 regions in botocore's bundled endpoint data (no API call), all partitions."""
+    boto3 = require("boto3", aws_clouds.EXTRA)
+    session = boto3.session.Session()
+    return sorted(
+        {
+            region
+            for partition in session.get_available_partitions()
+            for region in session.get_available_regions("ec2", partition_name=partition)
+        }
+    )
+
+
+def check_regions(regions: Sequence[str]) -> tuple[str, ...]:
+    """Validate region names offline; :class:`UnknownNameError` (exit 2) for a bad one."""
+    known = available_regions()
+    for region in regions:
+        if region not in known:
+            raise UnknownNameError(kind="AWS region", name=region, known=known)
+    return tuple(dict.fromkeys(regions))
+
+
+def default_region() -> str:
+    """The region boto3 would use (``AWS_DEFAULT_REGION``, the profile), else us-east-1."""
+    boto3 = require("boto3", aws_clouds.EXTRA)
+    return str(boto3.session.Session().region_name or "us-east-1")
+
+
+def enabled_regions(ec2: Any = None) -> list[str]:
+    """The regions this account can use (``--all-regions``): one ``DescribeRegions`` call."""
+    ec2 = ec2 if ec2 is not None else aws_clouds.client("ec2")
+    try:
+        reply = ec2.describe_regions(
+            Filters=[{"Name": "opt-in-status", "Values": ["opt-in-not-required", "opted-in"]}]
+        )
+    except aws_clouds.errors() as exc:
+        raise aws_clouds.translate(exc, "listing the enabled regions") from None
+    return sorted(r["RegionName"] for r in reply["Regions"])
+
+
+def _chunks(items: Sequence[_T], size: int) -> Iterator[Sequence[_T]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _dims(instance_id: str) -> list[dict[str, str]]:
+    return [{"Name": "InstanceId", "Value": instance_id}]
+
+
+def _query(query_id: str, namespace: str, name: str, dims: Any, stat: str) -> dict[str, Any]:
+    metric = {"Namespace": namespace, "MetricName": name, "Dimensions": dims}
+    return {
+        "Id": query_id,
+        "MetricStat": {"Metric": metric, "Period": PERIOD_SECONDS, "Stat": stat},
+        "ReturnData": True,
+    }
+
+
+class AwsFleet:
+    """One AWS region. Clients may be injected (tests); by default they come from
+    :func:`costguard.clouds.aws.client`, which honours ``AWS_ENDPOINT_URL``. Example::
+
+        fleet = AwsFleet("us-east-1", PriceBook(load_catalog()))
+        report = reap([fleet], IdlePolicy(), ReapLimits(), datetime.now(UTC), execute=False)
+    """
+
+    provider = "aws"
+
+    def __init__(
+        self, region: str, prices: PriceBook, *, ec2: Any = None, cloudwatch: Any = None
+    ) -> None:
+        self.region = region
+        self.prices = prices
+        self.ec2 = ec2 if ec2 is not None else aws_clouds.client("ec2", region)
+        self.cloudwatch = (
+            cloudwatch if cloudwatch is not None else aws_clouds.client("cloudwatch", region)
+        )
+        self._hosts: dict[str, set[str]] = {}
+
+    def _call(self, what: str, method: Any, **kwargs: Any) -> Any:
+        try:
+            return method(**kwargs)
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, f"{what} in {self.region}") from None
+
+    def instances(self) -> list[Instance]:
+        """Pending and running instances, with GPU facts from the tables or the API."""
+        try:
+            raw = [
+                item
+                for reservation in aws_clouds.paginate(
+                    self.ec2,
+                    "describe_instances",
+                    "Reservations",
+                    Filters=[{"Name": "instance-state-name", "Values": list(LIVE_STATES)}],
+                )
+                for item in reservation.get("Instances", [])
+            ]
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, f"listing instances in {self.region}") from None
+        types = {item["InstanceType"] for item in raw}
+        gpus = {t: self.prices.gpus(self.provider, t) for t in types}
+        unknown = sorted(t for t, known in gpus.items() if known is None)
+        gpus.update(self._describe_types(unknown))
+        return [self._instance(item, gpus) for item in raw]
+
+    def _describe_types(self, types: Sequence[str]) -> dict[str, tuple[str | None, int]]:
+        """GPU facts for instance types the price tables do not know (new families)."""
+        found: dict[str, tuple[str | None, int]] = {}
+        for batch in _chunks(types, 100):
+            reply = self._call(
+                "describing instance types",
+                self.ec2.describe_instance_types,
+                InstanceTypes=list(batch),
+            )
+            for info in reply.get("InstanceTypes", []):
+                gpu_list = info.get("GpuInfo", {}).get("Gpus", [])
+                count = sum(int(g.get("Count", 0)) for g in gpu_list)
+                name = gpu_list[0].get("Name") if gpu_list else None
+                found[info["InstanceType"]] = (name, count)
+        return found
+
+    def _instance(
+        self, item: Mapping[str, Any], gpus: Mapping[str, tuple[str | None, int] | None]
+    ) -> Instance:
+        instance_id = item["InstanceId"]
+        instance_type = item["InstanceType"]
+        accelerator, count = gpus.get(instance_type) or (None, 0)
+        spot = item.get("InstanceLifecycle") == "spot"
+        tags = {t["Key"]: t.get("Value", "") for t in item.get("Tags", [])}
+        dns = item.get("PrivateDnsName") or ""
+        self._hosts[instance_id] = {dns, dns.split(".")[0]} - {""}
+        state = item.get("State", {}).get("Name", "")
+        return Instance(
+            provider=self.provider,
+            region=self.region,
+            instance_id=instance_id,
+            instance_type=instance_type,
+            running=state == "running",
+            gpu_count=count,
+            launched_at=item.get("LaunchTime"),
+            tags=tags,
+            accelerator=accelerator,
+            usd_per_hour=self.prices.usd_per_hour(
+                self.provider, self.region, instance_type, spot=spot
+            ),
+            spot=spot,
+            name=tags.get("Name", ""),
+            zone=item.get("Placement", {}).get("AvailabilityZone", ""),
+            state=state,
+        )
+
+    def _metric_data(
+        self, queries: Sequence[dict[str, Any]], start: datetime, end: datetime
+    ) -> dict[str, list[tuple[datetime, float]]]:
+        """Run queries in calls of at most 500, following NextToken; points by query id."""
+        points: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+        for batch in _chunks(queries, MAX_QUERIES):
+            token: str | None = None
+            while True:
+                kwargs: dict[str, Any] = {
+                    "MetricDataQueries": list(batch),
+                    "StartTime": start,
+                    "EndTime": end,
+                    "ScanBy": "TimestampAscending",
+                }
+                if token:
+                    kwargs["NextToken"] = token
+                reply = self._call(
+                    "reading CloudWatch metrics", self.cloudwatch.get_metric_data, **kwargs
+                )
+                for result in reply.get("MetricDataResults", []):
+                    points[result["Id"]].extend(
+                        zip(result.get("Timestamps", []), result.get("Values", []), strict=True)
+                    )
+                token = reply.get("NextToken")
+                if not token:
+                    break
+        return points
+
+    def samples(
+        self, instances: Sequence[Instance], start: datetime, end: datetime
+    ) -> list[InstanceSamples]:
+        """Four queries per instance, 500 a call: GPU (max), CPU (max), network in/out (sum)."""
+        if not instances:
+            return []
+        queries: list[dict[str, Any]] = []
+        for n, instance in enumerate(instances):
+            dims = _dims(instance.instance_id)
+            queries += [
+                _query(f"g{n}", GPU_NAMESPACE, GPU_METRIC, dims, "Maximum"),
+                _query(f"c{n}", "AWS/EC2", "CPUUtilization", dims, "Maximum"),
+                _query(f"i{n}", "AWS/EC2", "NetworkIn", dims, "Sum"),
+                _query(f"o{n}", "AWS/EC2", "NetworkOut", dims, "Sum"),
+            ]
+        points = self._metric_data(queries, start, end)
+        missing = [i for n, i in enumerate(instances) if not points.get(f"g{n}")]
+        fallback = self._gpu_fallback(missing, start, end) if missing else {}
+        result = []
+        for n, instance in enumerate(instances):
+            gpu, why = fallback.get(instance.instance_id, (_samples(points.get(f"g{n}")), None))
+            network = _network(points.get(f"i{n}", []), points.get(f"o{n}", []))
+            result.append(
+                InstanceSamples(
+                    instance,
+                    gpu=gpu,
+                    cpu=_samples(points.get(f"c{n}")),
+                    network=network,
+                    gpu_missing=why,
+                )
+            )
+        return result
+
+    def _gpu_fallback(
+        self, instances: Sequence[Instance], start: datetime, end: datetime
+    ) -> dict[str, tuple[tuple[Sample, ...], str | None]]:
+        """For instances without a per-instance GPU series: use per-GPU series, or say why.
+
+        One paginated ``ListMetrics`` for the region; then one more ``GetMetricData`` round
+        for the per-GPU series that carry an ``InstanceId``.
+        """
+        try:
+            listed = list(
+                aws_clouds.paginate(
+                    self.cloudwatch,
+                    "list_metrics",
+                    "Metrics",
+                    Namespace=GPU_NAMESPACE,
+                    MetricName=GPU_METRIC,
+                    RecentlyActive="PT3H",
+                )
+            )
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(
+                exc, f"listing CloudWatch metrics in {self.region}"
+            ) from None
+        per_gpu: dict[str, list[list[dict[str, str]]]] = defaultdict(list)
+        own: set[str] = set()
+        hosts_without_id: dict[str, int] = defaultdict(int)
+        seen: set[frozenset[tuple[str, str]]] = set()
+        for metric in listed:
+            dims = metric.get("Dimensions", [])
+            key = frozenset((d["Name"], d["Value"]) for d in dims)
+            if key in seen:  # ListMetrics may repeat a series (moto does)
+                continue
+            seen.add(key)
+            by_name = dict(key)
+            instance_id = by_name.get("InstanceId")
+            if instance_id is None:
+                hosts_without_id[by_name.get("host", "")] += 1
+            elif len(by_name) == 1:
+                own.add(instance_id)
+            else:
+                per_gpu[instance_id].append(dims)
+        queries: list[dict[str, Any]] = []
+        owner: dict[str, str] = {}
+        found: dict[str, tuple[tuple[Sample, ...], str | None]] = {}
+        for instance in instances:
+            iid = instance.instance_id
+            for dims in per_gpu.get(iid, []):
+                query_id = f"x{len(queries)}"
+                owner[query_id] = iid
+                queries.append(_query(query_id, GPU_NAMESPACE, GPU_METRIC, dims, "Maximum"))
+            if iid not in per_gpu:
+                found[iid] = ((), self._why_no_gpu(instance, iid in own, hosts_without_id))
+        if queries:
+            points = self._metric_data(queries, start, end)
+            merged: dict[str, dict[datetime, float]] = defaultdict(dict)
+            for query_id, iid in owner.items():
+                for at, value in points.get(query_id, []):
+                    merged[iid][at] = max(value, merged[iid].get(at, value))
+            for iid in {*owner.values()}:
+                samples = tuple(Sample(at, v) for at, v in sorted(merged[iid].items()))
+                found[iid] = (samples, None)
+        return found
+
+    def _why_no_gpu(self, instance: Instance, has_own: bool, hosts: Mapping[str, int]) -> str:
+        names = self._hosts.get(instance.instance_id, set())
+        matched = sorted(names & set(hosts))
+        if matched:
+            return (
+                f"GPU metrics arrive from host {matched[0]} without the InstanceId dimension: "
+                f"add append_dimensions InstanceId to the CloudWatch agent ({AGENT_CONFIG})"
+            )
+        if has_own:
+            return "the CloudWatch agent sent no GPU data in the window (is it running?)"
+        if hosts:
+            return (
+                f"no GPU metrics carry this InstanceId, and {sum(hosts.values())} {GPU_NAMESPACE} "
+                "GPU series lack the InstanceId dimension: add append_dimensions InstanceId "
+                f"to the CloudWatch agent ({AGENT_CONFIG})"
+            )
+        return (
+            f"no GPU metrics: the CloudWatch agent (nvidia_gpu section, {AGENT_CONFIG}) is "
+            "not publishing from this instance"
+        )
+
+    def confirm_protection(self, instances: Sequence[Instance]) -> list[Instance]:
+        """Fill in termination and stop protection: two attribute reads per instance."""
+        confirmed = []
+        for instance in instances:
+            protected = False
+            for attribute, key in (
+                ("disableApiTermination", "DisableApiTermination"),
+                ("disableApiStop", "DisableApiStop"),
+            ):
+                reply = self._call(
+                    "reading instance protection",
+                    self.ec2.describe_instance_attribute,
+                    InstanceId=instance.instance_id,
+                    Attribute=attribute,
+                )
+                protected = protected or bool(reply.get(key, {}).get("Value"))
+            confirmed.append(replace(instance, protected=protected))
+        return confirmed
+
+    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+        """Carry out ``action`` in batches; a failed batch is retried one by one so that one
+        bad instance (say, a one-time spot instance that cannot stop) does not block the rest."""
+        outcomes: list[Outcome] = []
+        for batch in _chunks(instances, ACTION_BATCH):
+            outcomes.extend(self._apply_batch(action, batch, now))
+        return outcomes
+
+    def _apply_batch(
+        self, action: Action, batch: Sequence[Instance], now: datetime
+    ) -> list[Outcome]:
+        ids = [i.instance_id for i in batch]
+        try:
+            if action is Action.STOP:
+                self.ec2.stop_instances(InstanceIds=ids)
+            elif action is Action.TERMINATE:
+                self.ec2.terminate_instances(InstanceIds=ids)
+            elif action is Action.MARK:
+                tag = {"Key": MARK_TAG, "Value": format_timestamp(now)}
+                self.ec2.create_tags(Resources=ids, Tags=[tag])
+            elif action is Action.UNMARK:
+                self.ec2.delete_tags(Resources=ids, Tags=[{"Key": MARK_TAG}])
+        except aws_clouds.errors() as exc:
+            if len(batch) > 1:
+                return [o for i in batch for o in self._apply_batch(action, [i], now)]
+            message = aws_clouds.translate(exc, f"{action} {ids[0]}").message
+            return [Outcome(batch[0], action, ok=False, message=message)]
+        return [Outcome(i, action, ok=True) for i in batch]
+
+
+def _samples(points: Sequence[tuple[datetime, float]] | None) -> tuple[Sample, ...]:
+    return tuple(Sample(at, float(v)) for at, v in sorted(points or []))
+
+
+def _network(
+    inbound: Sequence[tuple[datetime, float]], outbound: Sequence[tuple[datetime, float]]
+) -> tuple[Sample, ...]:
+    """In + out bytes per period as Mbit/s, for periods where both directions reported."""
+    out_by_time = dict(outbound)
+    seconds = PERIOD_SECONDS
+    return tuple(
+        Sample(at, (value + out_by_time[at]) * 8 / seconds / 1_000_000)
+        for at, value in sorted(inbound)
+        if at in out_by_time
+    )

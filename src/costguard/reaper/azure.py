@@ -1,0 +1,359 @@
+"""Azure: virtual machines and Azure Monitor metrics for the reaper.
+
+Per subscription and run: one ``virtualMachines.listAll`` with ``statusOnly=true`` (power
+states included), and per region two subscription-scope metrics queries split by
+``Microsoft.ResourceId eq '*'`` (platform CPU + network, and the in-guest GPU metric), so
+the number of calls does not grow with the fleet.
+
+Stop means **deallocate**: a VM that is only powered off keeps billing for its compute.
+
+Azure has no first-party GPU metric for VMs. The in-guest one read here is what Telegraf's
+``nvidia_smi`` input publishes through its ``azure_monitor`` output (namespace
+``Telegraf/nvidia_smi``, metric ``utilization_gpu``); see infra/README.md. GPU VMs are the
+N-series sizes (``Standard_N...``), priced from the tables when they list the size.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from costguard.clouds import READ_TIMEOUT_S, require
+from costguard.clouds import azure as azure_clouds
+from costguard.errors import InputError
+from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.policy import (
+    MARK_TAG,
+    Action,
+    Instance,
+    InstanceSamples,
+    Sample,
+    format_timestamp,
+)
+from costguard.settings import Settings
+
+#: Azure Monitor platform metrics for VMs have a one-minute grain.
+PERIOD_SECONDS = 60
+#: Platform metrics arrive within about three minutes.
+MAX_LAG_SECONDS = 300
+VM_NAMESPACE = "Microsoft.Compute/virtualMachines"
+CPU_METRIC = "Percentage CPU"
+NETWORK_IN_METRIC = "Network In Total"
+NETWORK_OUT_METRIC = "Network Out Total"
+GPU_NAMESPACE = "Telegraf/nvidia_smi"
+GPU_METRIC = "utilization_gpu"
+#: Power states that bill for compute and can be judged by their metrics.
+LIVE_POWER_STATES = ("running", "starting")
+_LOCATION = re.compile(r"^[a-z][a-z0-9]+$")
+_GROUP = re.compile(r"/resourceGroups/([^/]+)/", re.IGNORECASE)
+
+
+def check_regions(regions: Sequence[str]) -> None:
+    """Validate Azure location names offline (``eastus``, ``westeurope``).
+
+    >>> check_regions(["eastus"])
+    >>> check_regions(["East US"])
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: unknown Azure region 'East US'
+    """
+    for region in regions:
+        if not _LOCATION.match(region):
+            msg = f"unknown Azure region {region!r}"
+            raise InputError(msg, hint="use the location name, e.g. eastus or westeurope")
+
+
+def resource_group(resource_id: str) -> str:
+    """The resource group in an Azure resource ID.
+
+    >>> resource_group("/subscriptions/s/resourceGroups/ml/providers/Microsoft.Compute/x/a")
+    'ml'
+    """
+    found = _GROUP.search(resource_id)
+    return found.group(1) if found else ""
+
+
+def _timespan(start: datetime, end: datetime) -> str:
+    return f"{format_timestamp(start)}/{format_timestamp(end)}"
+
+
+class AzureFleet:
+    """One Azure subscription (optionally one resource group). Clients may be injected, or
+    built by :func:`costguard.clouds.azure.client` with ``credential`` and ``client_options``
+    (azure-core pipeline options such as a custom ``authentication_policy``). Example::
+
+        fleet = AzureFleet(subscription_id, PriceBook(load_catalog()), Settings.load(),
+                           resource_group="ml")
+    """
+
+    provider = "azure"
+
+    def __init__(
+        self,
+        subscription_id: str,
+        prices: PriceBook,
+        settings: Settings,
+        *,
+        regions: Sequence[str] = (),
+        resource_group: str | None = None,
+        credential: Any = None,
+        client_options: Mapping[str, Any] | None = None,
+        compute: Any = None,
+        monitor: Any = None,
+    ) -> None:
+        self.subscription_id = subscription_id
+        self.prices = prices
+        self.regions = tuple(r.lower() for r in regions)
+        self.resource_group = resource_group
+        options = dict(client_options or {})
+        if credential is None and (compute is None or monitor is None):
+            credential = azure_clouds.default_credential()
+        self.compute = (
+            compute
+            if compute is not None
+            else azure_clouds.client(
+                "azure.mgmt.compute",
+                "ComputeManagementClient",
+                subscription_id,
+                settings,
+                credential,
+                **options,
+            )
+        )
+        self.monitor = (
+            monitor
+            if monitor is not None
+            else azure_clouds.client(
+                "azure.mgmt.monitor",
+                "MonitorManagementClient",
+                subscription_id,
+                settings,
+                credential,
+                **options,
+            )
+        )
+        self._vms: dict[str, Any] = {}
+
+    def instances(self) -> list[Instance]:
+        """VMs in scope that are running or starting (one listing with power states)."""
+        try:
+            listed = list(self.compute.virtual_machines.list_all(status_only="true"))
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, "listing virtual machines") from None
+        found = []
+        for vm in listed:
+            if self.resource_group and resource_group(vm.id).lower() != self.resource_group.lower():
+                continue
+            if self.regions and vm.location.lower() not in self.regions:
+                continue
+            key = vm.id.lower()
+            self._vms[key] = vm
+            power = _power_state(vm)
+            if power in LIVE_POWER_STATES:
+                found.append(self._instance(vm, power))
+            elif power == "stopped":
+                # Powered off from inside but still allocated: it bills. Shown, not judged.
+                found.append(
+                    self._instance(vm, "stopped (still allocated and billed: deallocate it)")
+                )
+        return found
+
+    def _instance(self, vm: Any, power: str) -> Instance:
+        size = vm.hardware_profile.vm_size if vm.hardware_profile else ""
+        known = self.prices.gpus(self.provider, size)
+        if known is None and size.lower().startswith("standard_n"):
+            known = (None, 1)  # N-series: GPU sizes by Azure's naming, count unknown
+        accelerator, count = known or (None, 0)
+        spot = (vm.priority or "").lower() == "spot"
+        tags = dict(vm.tags or {})
+        return Instance(
+            provider=self.provider,
+            region=vm.location.lower(),
+            instance_id=vm.id.lower(),
+            instance_type=size,
+            running=power == "running",
+            gpu_count=count,
+            launched_at=vm.time_created,
+            # Azure has no per-VM termination protection; resource locks make the call fail.
+            protected=False,
+            tags=tags,
+            accelerator=accelerator,
+            usd_per_hour=self.prices.usd_per_hour(
+                self.provider, vm.location.lower(), size, spot=spot
+            ),
+            spot=spot,
+            name=vm.name,
+            zone=resource_group(vm.id),
+            state=power,
+        )
+
+    def _metrics(
+        self,
+        region: str,
+        namespace: str,
+        names: Sequence[str],
+        aggregation: str,
+        start: datetime,
+        end: datetime,
+        count: int,
+    ) -> dict[tuple[str, str], list[tuple[datetime, Any]]]:
+        """One subscription-scope query, one series per VM: points by (VM id, metric)."""
+        reply = self.monitor.metrics.list_at_subscription_scope(
+            region=region,
+            timespan=_timespan(start, end),
+            interval=f"PT{PERIOD_SECONDS // 60}M",
+            metricnames=",".join(names),
+            aggregation=aggregation,
+            filter="Microsoft.ResourceId eq '*'",
+            metricnamespace=namespace,
+            # ``top`` caps the series returned per query; the default (10) would drop VMs.
+            top=max(10, count),
+            auto_adjust_timegrain=False,
+        )
+        points: dict[tuple[str, str], list[tuple[datetime, Any]]] = defaultdict(list)
+        for metric in reply.value or []:
+            for series in metric.timeseries or []:
+                owner = next(
+                    (
+                        m.value
+                        for m in series.metadatavalues or []
+                        if m.name and (m.name.value or "").lower() == "microsoft.resourceid"
+                    ),
+                    None,
+                )
+                if owner is None:
+                    continue
+                for value in series.data or []:
+                    points[(owner.lower(), metric.name.value)].append((value.time_stamp, value))
+        return points
+
+    def samples(
+        self, instances: Sequence[Instance], start: datetime, end: datetime
+    ) -> list[InstanceSamples]:
+        """Two queries per region: platform CPU and network, then the in-guest GPU metric."""
+        by_region: dict[str, list[Instance]] = defaultdict(list)
+        for instance in instances:
+            by_region[instance.region].append(instance)
+        result = []
+        for region, members in by_region.items():
+            try:
+                platform = self._metrics(
+                    region,
+                    VM_NAMESPACE,
+                    (CPU_METRIC, NETWORK_IN_METRIC, NETWORK_OUT_METRIC),
+                    "Maximum,Total",
+                    start,
+                    end,
+                    len(members),
+                )
+            except azure_clouds.errors() as exc:
+                raise azure_clouds.translate(exc, f"reading VM metrics in {region}") from None
+            gpu, gpu_error = self._gpu(region, start, end, len(members))
+            for instance in members:
+                result.append(self._instance_samples(instance, platform, gpu, gpu_error))
+        return result
+
+    def _gpu(
+        self, region: str, start: datetime, end: datetime, count: int
+    ) -> tuple[dict[tuple[str, str], list[tuple[datetime, Any]]], str | None]:
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        try:
+            return self._metrics(
+                region, GPU_NAMESPACE, (GPU_METRIC,), "Maximum", start, end, count
+            ), None
+        except core.HttpResponseError as exc:
+            # A namespace nobody publishes to is "not found" (400/404): no agent anywhere.
+            if exc.status_code in (400, 404):
+                return {}, f"the {GPU_NAMESPACE} metric namespace does not exist in {region}"
+            raise azure_clouds.translate(exc, f"reading GPU metrics in {region}") from None
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, f"reading GPU metrics in {region}") from None
+
+    def _instance_samples(
+        self,
+        instance: Instance,
+        platform: Mapping[tuple[str, str], list[tuple[datetime, Any]]],
+        gpu: Mapping[tuple[str, str], list[tuple[datetime, Any]]],
+        gpu_error: str | None,
+    ) -> InstanceSamples:
+        key = instance.instance_id
+
+        def series(points: Sequence[tuple[datetime, Any]], field: str) -> dict[datetime, float]:
+            return {
+                at: float(getattr(v, field)) for at, v in points if getattr(v, field) is not None
+            }
+
+        cpu = series(platform.get((key, CPU_METRIC), []), "maximum")
+        received = series(platform.get((key, NETWORK_IN_METRIC), []), "total")
+        sent = series(platform.get((key, NETWORK_OUT_METRIC), []), "total")
+        gpu_values = series(gpu.get((key, GPU_METRIC), []), "maximum")
+        missing = None
+        if not gpu_values:
+            missing = (
+                f"no in-guest GPU metric ({GPU_NAMESPACE} {GPU_METRIC}"
+                + (f"; {gpu_error}" if gpu_error else "")
+                + "): run Telegraf's nvidia_smi input with the azure_monitor output "
+                "(infra/README.md)"
+            )
+        return InstanceSamples(
+            instance,
+            gpu=tuple(Sample(at, v) for at, v in sorted(gpu_values.items())),
+            cpu=tuple(Sample(at, v) for at, v in sorted(cpu.items())),
+            # Totals are bytes per one-minute grain.
+            network=tuple(
+                Sample(at, (value + sent[at]) * 8 / PERIOD_SECONDS / 1_000_000)
+                for at, value in sorted(received.items())
+                if at in sent
+            ),
+            gpu_missing=missing,
+        )
+
+    def confirm_protection(self, instances: Sequence[Instance]) -> list[Instance]:
+        """Nothing to ask: Azure VMs carry no termination protection flag."""
+        return list(instances)
+
+    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+        """Start every long-running operation, then wait for each (stop = deallocate)."""
+        models = require("azure.mgmt.compute.models", azure_clouds.EXTRA)
+        pollers: list[tuple[Instance, Any]] = []
+        outcomes: list[Outcome] = []
+        operations = self.compute.virtual_machines
+        for instance in instances:
+            vm = self._vms[instance.instance_id]
+            group = resource_group(vm.id)
+            try:
+                if action is Action.STOP:
+                    poller = operations.begin_deallocate(group, vm.name)
+                elif action is Action.TERMINATE:
+                    poller = operations.begin_delete(group, vm.name)
+                else:
+                    tags = {k: v for k, v in (vm.tags or {}).items() if k.lower() != MARK_TAG}
+                    if action is Action.MARK:
+                        tags[MARK_TAG] = format_timestamp(now.astimezone(UTC))
+                    poller = operations.begin_update(
+                        group, vm.name, models.VirtualMachineUpdate(tags=tags)
+                    )
+                pollers.append((instance, poller))
+            except azure_clouds.errors() as exc:
+                message = azure_clouds.translate(exc, f"{action} {vm.name}").message
+                outcomes.append(Outcome(instance, action, ok=False, message=message))
+        for instance, poller in pollers:
+            try:
+                poller.result(timeout=READ_TIMEOUT_S * 10)
+                outcomes.append(Outcome(instance, action, ok=True))
+            except azure_clouds.errors() as exc:
+                message = azure_clouds.translate(exc, f"{action} {instance.name}").message
+                outcomes.append(Outcome(instance, action, ok=False, message=message))
+        return outcomes
+
+
+def _power_state(vm: Any) -> str:
+    view = getattr(vm, "instance_view", None)
+    for status in view.statuses if view and view.statuses else []:
+        code = (status.code or "").lower()
+        if code.startswith("powerstate/"):
+            return code.split("/", 1)[1]
+    return "unknown"

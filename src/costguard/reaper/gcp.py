@@ -1,0 +1,339 @@
+"""GCP: Compute Engine instances and Cloud Monitoring time series for the reaper.
+
+Per project and run: one ``instances.aggregatedList`` (or one ``instances.list`` per
+``--zone``), and four ``projects.timeSeries.list`` queries (GPU, CPU, bytes received,
+bytes sent), each aligned and reduced to one series per instance by Cloud Monitoring itself,
+so the number of calls does not grow with the fleet (only pages do).
+
+GPU utilisation comes from the Ops Agent (``agent.googleapis.com/gpu/utilization``, the
+busiest GPU of the VM after ``REDUCE_MAX``). A GPU is what the API lists in
+``guestAccelerators``; the accelerator-optimised families (A2, A3, A4, G2) always have one.
+
+``google-cloud-monitoring`` ships only a gRPC transport, so the time series are read over
+its documented REST API (:class:`costguard.clouds.gcp.RestSession`: same credentials, same
+``Settings.gcp_endpoint`` override as the compute client).
+
+Label keys cannot hold ``:`` on GCP, so the policy's ``costguard:keep`` is the label
+``costguard-keep`` here (likewise ``costguard-expires-at`` and ``costguard-idle-since``,
+whose values are Unix seconds).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from costguard.clouds import READ_TIMEOUT_S, require
+from costguard.clouds import gcp as gcp_clouds
+from costguard.errors import InputError
+from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.policy import MARK_TAG, Action, Instance, InstanceSamples, Sample
+from costguard.settings import Settings
+
+#: The Ops Agent and Compute Engine metrics are sampled every 60 s.
+PERIOD_SECONDS = 60
+#: Cloud Monitoring shows compute metrics up to 240 s after sampling.
+MAX_LAG_SECONDS = 300
+GPU_METRIC = "agent.googleapis.com/gpu/utilization"
+CPU_METRIC = "compute.googleapis.com/instance/cpu/utilization"
+RECEIVED_METRIC = "compute.googleapis.com/instance/network/received_bytes_count"
+SENT_METRIC = "compute.googleapis.com/instance/network/sent_bytes_count"
+LIVE_STATES = ("PROVISIONING", "STAGING", "RUNNING")
+#: Machine families that always come with GPUs attached.
+GPU_FAMILIES = ("a2", "a3", "a4", "g2")
+#: ``acceleratorTypes/<name>`` -> the canonical names of the price tables.
+ACCELERATORS = {
+    "nvidia-tesla-t4": "T4",
+    "nvidia-tesla-t4-vws": "T4",
+    "nvidia-l4": "L4",
+    "nvidia-l4-vws": "L4",
+    "nvidia-tesla-p4": "P4",
+    "nvidia-tesla-p4-vws": "P4",
+    "nvidia-tesla-p100": "P100",
+    "nvidia-tesla-p100-vws": "P100",
+    "nvidia-tesla-v100": "V100",
+    "nvidia-tesla-a100": "A100",
+    "nvidia-a100-80gb": "A100-80GB",
+    "nvidia-h100-80gb": "H100",
+    "nvidia-h100-mega-80gb": "H100-MEGA",
+    "nvidia-h200-141gb": "H200",
+    "nvidia-b200": "B200",
+}
+_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_LABEL_PREFIX = "costguard-"
+_TAG_PREFIX = "costguard:"
+MARK_LABEL = MARK_TAG.replace(_TAG_PREFIX, _LABEL_PREFIX, 1)
+
+
+def check_locations(regions: Sequence[str], zones: Sequence[str]) -> None:
+    """Validate region and zone names offline (``us-central1``, ``us-central1-a``).
+
+    >>> check_locations(["us-central1"], ["europe-west4-b"])
+    >>> check_locations(["us-central1-a"], [])
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: unknown GCP region 'us-central1-a'
+    """
+    for region in regions:
+        if not _REGION.match(region):
+            msg = f"unknown GCP region {region!r}"
+            raise InputError(msg, hint="a region looks like us-central1; zones go in --zone")
+    for zone in zones:
+        if not _ZONE.match(zone):
+            msg = f"unknown GCP zone {zone!r}"
+            raise InputError(msg, hint="a zone looks like us-central1-a")
+
+
+def tag_name(label: str) -> str:
+    """A GCP label key in the policy's spelling.
+
+    >>> tag_name("costguard-keep"), tag_name("team")
+    ('costguard:keep', 'team')
+    """
+    if label.startswith(_LABEL_PREFIX):
+        return _TAG_PREFIX + label[len(_LABEL_PREFIX) :]
+    return label
+
+
+def _last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _time(text: str) -> datetime:
+    """RFC 3339 with up to nanoseconds (Python reads at most microseconds)."""
+    text = re.sub(r"(\.\d{6})\d+", r"\1", text.strip())
+    parsed = datetime.fromisoformat(text)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class _Handle:
+    """What the actions need that the policy does not: where the instance lives."""
+
+    zone: str
+    name: str
+    labels: Mapping[str, str]
+    fingerprint: str
+
+
+class GcpFleet:
+    """One GCP project. Pass ``credentials`` (or ready clients) to bypass Application
+    Default Credentials; ``settings.gcp_endpoint`` redirects every call. Example::
+
+        fleet = GcpFleet("my-lab", PriceBook(load_catalog()), Settings.load(),
+                         regions=["us-central1"])
+    """
+
+    provider = "gcp"
+
+    def __init__(
+        self,
+        project: str,
+        prices: PriceBook,
+        settings: Settings,
+        *,
+        regions: Sequence[str] = (),
+        zones: Sequence[str] = (),
+        credentials: Any = None,
+        instances_client: Any = None,
+        monitoring: Any = None,
+    ) -> None:
+        self.project = project
+        self.prices = prices
+        self.regions = tuple(regions)
+        self.zones = tuple(zones)
+        if credentials is None and (instances_client is None or monitoring is None):
+            credentials = gcp_clouds.default_credentials()
+        self.instances_client = (
+            instances_client
+            if instances_client is not None
+            else gcp_clouds.client(
+                "google.cloud.compute_v1", "InstancesClient", settings, credentials
+            )
+        )
+        self.monitoring = (
+            monitoring
+            if monitoring is not None
+            else gcp_clouds.RestSession("monitoring", settings, credentials)
+        )
+        self._handles: dict[str, _Handle] = {}
+
+    def _wanted(self, zone: str) -> bool:
+        if self.zones:
+            return zone in self.zones
+        return not self.regions or zone.rsplit("-", 1)[0] in self.regions
+
+    def instances(self) -> list[Instance]:
+        """Live instances in the project (one aggregated listing), or in the given zones."""
+        found = []
+        try:
+            if self.zones:
+                for zone in self.zones:
+                    pager = self.instances_client.list(project=self.project, zone=zone)
+                    found += [(zone, item) for item in pager]
+            else:
+                pager = self.instances_client.aggregated_list(project=self.project)
+                for scope, scoped in pager:
+                    zone = _last(scope)
+                    if self._wanted(zone):
+                        found += [(zone, item) for item in scoped.instances]
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, f"listing instances in {self.project}") from None
+        return [self._instance(zone, item) for zone, item in found if item.status in LIVE_STATES]
+
+    def _instance(self, zone: str, item: Any) -> Instance:
+        machine_type = _last(item.machine_type)
+        count = sum(a.accelerator_count for a in item.guest_accelerators)
+        accelerator = None
+        if item.guest_accelerators:
+            name = _last(item.guest_accelerators[0].accelerator_type)
+            accelerator = ACCELERATORS.get(name, name)
+        elif machine_type.split("-")[0] in GPU_FAMILIES:
+            known = self.prices.gpus(self.provider, machine_type)
+            accelerator, count = known if known and known[1] else (None, 1)
+        region = zone.rsplit("-", 1)[0]
+        spot = item.scheduling.provisioning_model == "SPOT" or bool(item.scheduling.preemptible)
+        labels = dict(item.labels)
+        started = item.last_start_timestamp or item.creation_timestamp
+        instance_id = str(item.id)
+        self._handles[instance_id] = _Handle(zone, item.name, labels, item.label_fingerprint)
+        return Instance(
+            provider=self.provider,
+            region=region,
+            instance_id=instance_id,
+            instance_type=machine_type,
+            running=item.status == "RUNNING",
+            gpu_count=count,
+            launched_at=_time(started) if started else None,
+            # Deletion protection does not block a stop, but it says "do not touch".
+            protected=bool(item.deletion_protection),
+            tags={tag_name(k): v for k, v in labels.items()},
+            accelerator=accelerator,
+            usd_per_hour=self.prices.usd_per_hour(
+                self.provider,
+                region,
+                machine_type,
+                spot=spot,
+                accelerator=accelerator if item.guest_accelerators else None,
+                accelerator_count=count if item.guest_accelerators else None,
+            ),
+            spot=spot,
+            name=item.name,
+            zone=zone,
+            state=item.status.lower(),
+        )
+
+    def _series(
+        self, metric: str, aligner: str, reducer: str, start: datetime, end: datetime
+    ) -> dict[str, list[tuple[datetime, float]]]:
+        """One metric for every instance in the project: points by instance id."""
+        params: dict[str, str] = {
+            "filter": f'metric.type = "{metric}" AND resource.type = "gce_instance"',
+            "interval.startTime": _rfc3339(start),
+            "interval.endTime": _rfc3339(end),
+            "aggregation.alignmentPeriod": f"{PERIOD_SECONDS}s",
+            "aggregation.perSeriesAligner": aligner,
+            "aggregation.crossSeriesReducer": reducer,
+            "aggregation.groupByFields": "resource.label.instance_id",
+            "view": "FULL",
+        }
+        points: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+        while True:
+            body = self.monitoring.request(
+                "GET", f"v3/projects/{self.project}/timeSeries", f"reading {metric}", params=params
+            )
+            for series in body.get("timeSeries", []):
+                instance_id = series.get("resource", {}).get("labels", {}).get("instance_id")
+                for point in series.get("points", []):
+                    value = point.get("value", {})
+                    number = value.get("doubleValue", value.get("int64Value"))
+                    if instance_id and number is not None:
+                        when = _time(point["interval"]["endTime"])
+                        points[instance_id].append((when, float(number)))
+            token = body.get("nextPageToken")
+            if not token:
+                return points
+            params["pageToken"] = token
+
+    def samples(
+        self, instances: Sequence[Instance], start: datetime, end: datetime
+    ) -> list[InstanceSamples]:
+        """Four project-wide queries, whatever the number of instances."""
+        if not instances:
+            return []
+        gpu = self._series(GPU_METRIC, "ALIGN_MAX", "REDUCE_MAX", start, end)
+        cpu = self._series(CPU_METRIC, "ALIGN_MAX", "REDUCE_MAX", start, end)
+        received = self._series(RECEIVED_METRIC, "ALIGN_RATE", "REDUCE_SUM", start, end)
+        sent = self._series(SENT_METRIC, "ALIGN_RATE", "REDUCE_SUM", start, end)
+        result = []
+        for instance in instances:
+            iid = instance.instance_id
+            sent_at = dict(sent.get(iid, []))
+            network = tuple(
+                Sample(at, (rate + sent_at[at]) * 8 / 1_000_000)
+                for at, rate in sorted(received.get(iid, []))
+                if at in sent_at
+            )
+            result.append(
+                InstanceSamples(
+                    instance,
+                    gpu=tuple(Sample(at, v) for at, v in sorted(gpu.get(iid, []))),
+                    # Compute Engine reports CPU utilisation as a fraction of 1.
+                    cpu=tuple(Sample(at, v * 100) for at, v in sorted(cpu.get(iid, []))),
+                    network=network,
+                    gpu_missing=None
+                    if iid in gpu
+                    else f"no {GPU_METRIC} series: the Ops Agent (with its NVIDIA GPU "
+                    "metrics) is not running on this VM",
+                )
+            )
+        return result
+
+    def confirm_protection(self, instances: Sequence[Instance]) -> list[Instance]:
+        """Deletion protection came with the listing: nothing to ask."""
+        return list(instances)
+
+    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+        """Start every operation first, then wait for each, so that stops run in parallel."""
+        started: list[tuple[Instance, Any]] = []
+        outcomes: list[Outcome] = []
+        failures: tuple[type[BaseException], ...] = (*gcp_clouds.errors(), TimeoutError)
+        for instance in instances:
+            handle = self._handles[instance.instance_id]
+            where = {"project": self.project, "zone": handle.zone, "instance": handle.name}
+            try:
+                if action is Action.STOP:
+                    operation = self.instances_client.stop(**where)
+                elif action is Action.TERMINATE:
+                    operation = self.instances_client.delete(**where)
+                else:
+                    labels = {k: v for k, v in handle.labels.items() if k != MARK_LABEL}
+                    if action is Action.MARK:
+                        labels[MARK_LABEL] = str(int(now.timestamp()))
+                    compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+                    body = compute.InstancesSetLabelsRequest(
+                        labels=labels, label_fingerprint=handle.fingerprint
+                    )
+                    operation = self.instances_client.set_labels(
+                        **where, instances_set_labels_request_resource=body
+                    )
+                started.append((instance, operation))
+            except gcp_clouds.errors() as exc:
+                message = gcp_clouds.translate(exc, f"{action} {handle.name}").message
+                outcomes.append(Outcome(instance, action, ok=False, message=message))
+        for instance, operation in started:
+            try:
+                operation.result(timeout=READ_TIMEOUT_S * 5)
+                outcomes.append(Outcome(instance, action, ok=True))
+            except failures as exc:
+                outcomes.append(Outcome(instance, action, ok=False, message=str(exc)))
+        return outcomes

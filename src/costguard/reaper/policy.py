@@ -1,0 +1,668 @@
+"""Which GPU instances are idle, and what one reaper run may do about them. Pure: no I/O.
+
+An idle GPU bills exactly like a busy one, but a wrong "idle" stops somebody's training
+run, so every rule here fails safe: when in doubt, keep the instance.
+
+* :func:`judge_idle` gives one instance's :class:`IdleVerdict` from what the adapters saw
+  (:class:`InstanceSamples`), an :class:`IdlePolicy` and the time ``now``.
+* :func:`plan_reap` turns all verdicts into a :class:`ReapPlan` that respects
+  :class:`ReapLimits`: more selected instances than the limit allow means nothing at all
+  is done (cloud-custodian's ``ResourceLimitExceeded`` rail).
+
+Idle means *every* sample in the window ``[now - idle_minutes, now]`` is below *every*
+threshold (GPU utilisation, CPU utilisation, network), and the samples cover the whole
+window without gaps. Tools that compare one datapoint (cloud-custodian#8715) or use no
+GPU signal at all (SkyPilot autostop) stop busy machines; this one does not.
+
+>>> from datetime import datetime, timedelta, timezone
+>>> now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+>>> box = Instance("aws", "us-east-1", "i-0abc", "g5.xlarge", running=True, gpu_count=1,
+...                launched_at=now - timedelta(hours=5), protected=False)
+>>> quiet = tuple(Sample(now - timedelta(minutes=m), 0.0) for m in range(0, 65, 5))
+>>> judge_idle(InstanceSamples(box, gpu=quiet, cpu=quiet, network=quiet),
+...            IdlePolicy(), now).action
+<Action.STOP: 'stop'>
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from enum import StrEnum
+from itertools import pairwise
+
+from costguard.errors import CostguardError, InputError
+
+#: Tag (GCP label ``costguard-keep``) that protects an instance from every reaper run.
+KEEP_TAG = "costguard:keep"
+#: Tag holding a time (ISO 8601 or Unix seconds) before which the instance is left alone.
+EXPIRES_TAG = "costguard:expires-at"
+#: Tag the two-phase mode writes on the first idle run: when the instance was found idle.
+MARK_TAG = "costguard:idle-since"
+#: Tag values that mean "yes" (compared case-insensitively).
+TRUE_VALUES = frozenset({"true", "yes", "1", "on"})
+
+MAX_IDLE_MINUTES = 7 * 24 * 60
+
+
+class Signal(StrEnum):
+    """A kind of activity the reaper measures."""
+
+    GPU = "gpu"  # utilisation, percent of the busiest GPU
+    CPU = "cpu"  # utilisation, percent
+    NETWORK = "network"  # in + out, megabits per second
+
+
+class Action(StrEnum):
+    """What a verdict asks for."""
+
+    KEEP = "keep"
+    MARK = "mark"  # two-phase mode: tag now, act on a later run if still idle
+    UNMARK = "unmark"  # two-phase mode: the instance was marked but is no longer idle
+    STOP = "stop"  # AWS stop, GCP stop, Azure deallocate
+    TERMINATE = "terminate"  # AWS terminate, GCP/Azure delete
+
+
+#: The actions that end billing for compute, and that the safety limits count.
+DESTRUCTIVE = frozenset({Action.STOP, Action.TERMINATE})
+
+
+class Reason(StrEnum):
+    """Why a verdict is what it is (stable codes for scripts; the text says more)."""
+
+    IDLE = "idle"
+    NOT_RUNNING = "not-running"
+    NO_GPU = "no-gpu"
+    PROTECT_TAG = "protect-tag"
+    PROTECTED = "termination-protected"
+    PROTECTION_UNCHECKED = "protection-unchecked"
+    EXPIRES_LATER = "expires-later"
+    BAD_TAG = "bad-tag"
+    LAUNCH_UNKNOWN = "launch-time-unknown"
+    YOUNG = "young"
+    NO_GPU_METRICS = "no-gpu-metrics"
+    NO_METRICS = "no-metrics"
+    BUSY = "busy"
+    TOO_FEW_SAMPLES = "too-few-samples"
+    MARKED = "marked"
+    NO_LONGER_IDLE = "no-longer-idle"
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One datapoint: when, and the value in the signal's unit (percent or Mbit/s)."""
+
+    at: datetime
+    value: float
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What a cloud told us about one instance. Adapters build these; nothing here calls out.
+
+    ``protected`` is termination/deletion/stop protection: ``None`` until checked (AWS
+    needs one call per instance for it, so the adapter checks only the candidates).
+    ``tags`` use the policy's names (``costguard:keep``) whatever the cloud's spelling.
+    """
+
+    provider: str
+    region: str
+    instance_id: str
+    instance_type: str
+    running: bool
+    gpu_count: int
+    launched_at: datetime | None
+    protected: bool | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    accelerator: str | None = None
+    usd_per_hour: Decimal | None = None
+    spot: bool = False
+    name: str = ""
+    zone: str = ""
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class InstanceSamples:
+    """An instance and its samples per signal. ``gpu_missing`` explains absent GPU data.
+
+    ``gpu_missing`` is the adapter's sentence for *why* there is no GPU series (agent not
+    installed, metrics published without the ``InstanceId`` dimension...); ``None`` means
+    the series was found (it may still have too few samples).
+    """
+
+    instance: Instance
+    gpu: tuple[Sample, ...] = ()
+    cpu: tuple[Sample, ...] = ()
+    network: tuple[Sample, ...] = ()
+    gpu_missing: str | None = None
+
+    def series(self, signal: Signal) -> tuple[Sample, ...]:
+        """The samples of one signal."""
+        return {Signal.GPU: self.gpu, Signal.CPU: self.cpu, Signal.NETWORK: self.network}[signal]
+
+
+@dataclass(frozen=True)
+class IdlePolicy:
+    """The rule: thresholds, window, grace, action, and how the metrics are sampled.
+
+    ``sample_period_seconds`` is the spacing of the samples the adapter asks for, and
+    ``max_lag_seconds`` how old the newest sample may be (cloud metrics arrive minutes
+    late). Both come from the adapter; the defaults suit CloudWatch's 5-minute EC2 data.
+
+    >>> IdlePolicy(gpu_threshold_percent=120)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: gpu threshold must be between 0 and 100, not 120
+    """
+
+    idle_minutes: int = 60
+    gpu_threshold_percent: float = 5.0
+    cpu_threshold_percent: float = 5.0
+    network_threshold_mbps: float = 1.0
+    grace_minutes: int = 30
+    action: Action = Action.STOP
+    gpu_missing_ok: bool = False
+    #: Extra protecting tags: (key, value) pairs; value ``None`` protects whatever the value.
+    protect_tags: tuple[tuple[str, str | None], ...] = ()
+    two_phase: bool = False
+    sample_period_seconds: int = 300
+    max_lag_seconds: int = 900
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.idle_minutes <= MAX_IDLE_MINUTES:
+            msg = f"idle minutes must be between 1 and {MAX_IDLE_MINUTES}, not {self.idle_minutes}"
+            raise InputError(msg, hint="e.g. --idle-minutes 60")
+        if not 0 <= self.grace_minutes <= MAX_IDLE_MINUTES:
+            msg = (
+                f"grace minutes must be between 0 and {MAX_IDLE_MINUTES}, not {self.grace_minutes}"
+            )
+            raise InputError(msg, hint="e.g. --grace-minutes 30")
+        for name in ("gpu", "cpu"):
+            value = getattr(self, f"{name}_threshold_percent")
+            if not 0 <= value <= 100:
+                msg = f"{name} threshold must be between 0 and 100, not {value:g}"
+                raise InputError(msg, hint=f"a percentage, e.g. --{name}-threshold 5")
+        if not 0 <= self.network_threshold_mbps <= 1_000_000:
+            msg = (
+                "network threshold must be between 0 and 1000000 Mbit/s, "
+                f"not {self.network_threshold_mbps:g}"
+            )
+            raise InputError(msg, hint="e.g. --network-threshold-mbps 1")
+        if self.action not in DESTRUCTIVE:
+            msg = f"the reaper's action must be stop or terminate, not {self.action}"
+            raise InputError(msg, hint="--action stop (the default) or --action terminate")
+        if self.sample_period_seconds < 1 or self.max_lag_seconds < 0:
+            msg = "the sample period must be positive and the lag not negative"
+            raise InputError(msg)
+
+    @property
+    def window(self) -> timedelta:
+        """How long an instance must have been idle."""
+        return timedelta(minutes=self.idle_minutes)
+
+    @property
+    def max_gap(self) -> timedelta:
+        """The largest spacing between samples that still counts as covering the window.
+
+        One and a half periods: jitter is tolerated, a missing sample is not, because a
+        busy burst could hide in it.
+        """
+        return timedelta(seconds=self.sample_period_seconds * 1.5)
+
+    @property
+    def max_lag(self) -> timedelta:
+        """How old the newest sample may be."""
+        return timedelta(seconds=self.max_lag_seconds)
+
+    def threshold(self, signal: Signal) -> float:
+        """The value at or above which a sample of ``signal`` is busy."""
+        return {
+            Signal.GPU: self.gpu_threshold_percent,
+            Signal.CPU: self.cpu_threshold_percent,
+            Signal.NETWORK: self.network_threshold_mbps,
+        }[signal]
+
+
+@dataclass(frozen=True)
+class IdleVerdict:
+    """The decision for one instance: an action, a sentence saying why, and a stable code.
+
+    ``peaks`` holds the highest sample per signal in the window, for the report.
+    """
+
+    action: Action
+    reason: str
+    code: Reason
+    instance: Instance
+    peaks: Mapping[Signal, float] = field(default_factory=dict)
+
+
+def parse_protect_tag(text: str) -> tuple[str, str | None]:
+    """Parse ``KEY`` or ``KEY=VALUE`` (a ``--protect-tag`` value).
+
+    >>> parse_protect_tag("team=vision"), parse_protect_tag("do-not-reap")
+    (('team', 'vision'), ('do-not-reap', None))
+    """
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not key:
+        msg = f"a protect tag needs a key: {text!r}"
+        raise InputError(msg, hint="--protect-tag KEY or --protect-tag KEY=VALUE")
+    return key, (value.strip() if sep else None)
+
+
+def parse_timestamp(text: str) -> datetime | None:
+    """Read a tag's time: ISO 8601 (UTC when no offset) or Unix seconds; ``None`` if neither.
+
+    Unix seconds are accepted because GCP label values may not contain ``:``.
+
+    >>> parse_timestamp("2026-12-01T12:00:00Z")
+    datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
+    >>> parse_timestamp("1796126400") == parse_timestamp("2026-12-01T12:00:00+00:00")
+    True
+    >>> parse_timestamp("next tuesday") is None
+    True
+    """
+    text = text.strip()
+    if text.isdigit():
+        return datetime.fromtimestamp(int(text), tz=UTC)
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def format_timestamp(moment: datetime) -> str:
+    """A tag value for ``moment``: ISO 8601 in UTC, to the second.
+
+    >>> format_timestamp(datetime(2026, 12, 1, 12, 0, 30, 999, tzinfo=UTC))
+    '2026-12-01T12:00:30Z'
+    """
+    return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def covers(times: Iterable[datetime], start: datetime, end: datetime, policy: IdlePolicy) -> bool:
+    """Whether sample times cover ``[start, end]``: no gap over ``max_gap``, the newest recent.
+
+    The first sample must come within ``max_gap`` of the start, each next one within
+    ``max_gap`` of the previous, and the last within ``max_lag`` of the end. A shorter
+    window inside a covered one is covered too (the idle verdict is monotone).
+
+    >>> t = datetime(2026, 12, 1, tzinfo=UTC)
+    >>> every_5 = [t + timedelta(minutes=m) for m in range(0, 61, 5)]
+    >>> covers(every_5, t, t + timedelta(minutes=60), IdlePolicy())
+    True
+    >>> covers(every_5[:3] + every_5[5:], t, t + timedelta(minutes=60), IdlePolicy())
+    False
+    """
+    inside = sorted(moment for moment in times if moment >= start)
+    if not inside:
+        return False
+    if any(later - earlier > policy.max_gap for earlier, later in pairwise([start, *inside])):
+        return False
+    return end - inside[-1] <= policy.max_lag
+
+
+def _busy(value: float, threshold: float) -> bool:
+    # "Idle" is strictly below the threshold; NaN (a broken datapoint) counts as busy.
+    return not value < threshold
+
+
+def _tag(tags: Mapping[str, str], key: str) -> str | None:
+    lowered = key.lower()
+    for name, value in tags.items():
+        if name.lower() == lowered:
+            return value
+    return None
+
+
+def _protect_tag(instance: Instance, policy: IdlePolicy) -> str | None:
+    keep = _tag(instance.tags, KEEP_TAG)
+    if keep is not None and keep.strip().lower() in TRUE_VALUES:
+        return f"{KEEP_TAG}={keep}"
+    for key, wanted in policy.protect_tags:
+        value = _tag(instance.tags, key)
+        if value is None:
+            continue
+        if wanted is None or value.strip().lower() == wanted.lower():
+            return f"{key}={value}"
+    return None
+
+
+def _keep(code: Reason, reason: str, instance: Instance) -> IdleVerdict:
+    return IdleVerdict(Action.KEEP, reason, code, instance)
+
+
+def static_verdict(instance: Instance, policy: IdlePolicy, now: datetime) -> IdleVerdict | None:
+    """The verdict that needs no metrics (not running, no GPU, protected, young), if any.
+
+    Adapters ask metrics only for instances this returns ``None`` for.
+
+    >>> t = datetime(2026, 12, 1, tzinfo=UTC)
+    >>> box = Instance("aws", "us-east-1", "i-1", "g5.xlarge", True, 1, t,
+    ...                tags={"costguard:keep": "true"})
+    >>> static_verdict(box, IdlePolicy(), t).code
+    <Reason.PROTECT_TAG: 'protect-tag'>
+    """
+    if not instance.running:
+        state = f" ({instance.state})" if instance.state else ""
+        return _keep(Reason.NOT_RUNNING, f"not running{state}", instance)
+    if instance.gpu_count <= 0:
+        return _keep(Reason.NO_GPU, f"no GPU ({instance.instance_type})", instance)
+    tag = _protect_tag(instance, policy)
+    if tag:
+        return _keep(Reason.PROTECT_TAG, f"protected by tag {tag}", instance)
+    if instance.protected:
+        return _keep(Reason.PROTECTED, "termination/deletion/stop protection is on", instance)
+    expires = _tag(instance.tags, EXPIRES_TAG)
+    if expires is not None:
+        until = parse_timestamp(expires)
+        if until is None:
+            return _keep(
+                Reason.BAD_TAG,
+                f"cannot read {EXPIRES_TAG}={expires!r} (use ISO 8601 or Unix seconds)",
+                instance,
+            )
+        if until > now:
+            return _keep(
+                Reason.EXPIRES_LATER, f"{EXPIRES_TAG} is {format_timestamp(until)}", instance
+            )
+    if instance.launched_at is None:
+        return _keep(Reason.LAUNCH_UNKNOWN, "launch time unknown", instance)
+    age = now - instance.launched_at
+    if age < timedelta(minutes=policy.grace_minutes):
+        minutes = max(0, int(age.total_seconds() // 60))
+        return _keep(
+            Reason.YOUNG,
+            f"started {minutes} min ago, within the {policy.grace_minutes} min grace period",
+            instance,
+        )
+    return None
+
+
+def _signals(samples: InstanceSamples, policy: IdlePolicy) -> tuple[Signal, ...] | IdleVerdict:
+    """The signals that must all be idle, or a keep verdict when the GPU signal is missing."""
+    if samples.gpu_missing is None:
+        return (Signal.GPU, Signal.CPU, Signal.NETWORK)
+    if policy.gpu_missing_ok:
+        return (Signal.CPU, Signal.NETWORK)
+    return _keep(
+        Reason.NO_GPU_METRICS,
+        f"{samples.gpu_missing}; not judged idle without a GPU signal "
+        "(--gpu-missing-ok judges by CPU and network alone)",
+        samples.instance,
+    )
+
+
+def _unit(signal: Signal) -> str:
+    return " Mbit/s" if signal is Signal.NETWORK else "%"
+
+
+def _mark_time(instance: Instance) -> datetime | None:
+    text = _tag(instance.tags, MARK_TAG)
+    return parse_timestamp(text) if text is not None else None
+
+
+def _metrics_verdict(
+    samples: InstanceSamples, policy: IdlePolicy, now: datetime
+) -> IdleVerdict | dict[Signal, float]:
+    """A keep verdict from the metrics, or the peaks of a window that is idle throughout."""
+    signals = _signals(samples, policy)
+    if isinstance(signals, IdleVerdict):
+        return signals
+    start = now - policy.window
+    peaks: dict[Signal, float] = {}
+    windows: dict[Signal, list[Sample]] = {}
+    for signal in signals:
+        inside = [s for s in samples.series(signal) if s.at >= start]
+        windows[signal] = inside
+        if inside:
+            peaks[signal] = max(
+                (s.value for s in inside), key=lambda v: math.inf if math.isnan(v) else v
+            )
+    for signal in signals:
+        threshold = policy.threshold(signal)
+        busy = [s for s in windows[signal] if _busy(s.value, threshold)]
+        if busy:
+            first = busy[0]
+            return IdleVerdict(
+                Action.KEEP,
+                f"busy: {signal} {first.value:g}{_unit(signal)} at {format_timestamp(first.at)} "
+                f"(threshold {threshold:g}{_unit(signal)}; {len(busy)} busy sample(s) "
+                "in the window)",
+                Reason.BUSY,
+                samples.instance,
+                peaks,
+            )
+    for signal in signals:
+        if not samples.series(signal):
+            return IdleVerdict(
+                Action.KEEP,
+                f"no {signal} samples",
+                Reason.NO_METRICS,
+                samples.instance,
+                peaks,
+            )
+    for signal in signals:
+        if not covers((s.at for s in windows[signal]), start, now, policy):
+            return IdleVerdict(
+                Action.KEEP,
+                f"too few {signal} samples to cover the {policy.idle_minutes} min window "
+                f"({len(windows[signal])} sample(s), gaps or a stale last sample)",
+                Reason.TOO_FEW_SAMPLES,
+                samples.instance,
+                peaks,
+            )
+    return peaks
+
+
+def _idle_text(peaks: Mapping[Signal, float], policy: IdlePolicy) -> str:
+    shown = ", ".join(f"{s} max {v:g}{_unit(s)}" for s, v in peaks.items())
+    text = f"idle for {policy.idle_minutes} min ({shown})"
+    if Signal.GPU not in peaks:
+        text += "; no GPU metrics, judged by CPU and network (--gpu-missing-ok)"
+    return text
+
+
+def judge_idle(samples: InstanceSamples, policy: IdlePolicy, now: datetime) -> IdleVerdict:
+    """Decide what to do with one instance. Rules in order; the first that applies wins.
+
+    1. Keep what is not running, has no GPU, carries a protect tag, has termination
+       protection, a future ``costguard:expires-at``, or started within the grace period.
+    2. Keep it when the GPU series is missing (unless ``gpu_missing_ok``), when any sample
+       in the window is at or above its threshold, or when the samples do not cover the
+       window.
+    3. Keep it while its protection is unchecked (``protected is None``).
+    4. Otherwise act: the policy's action, or in two-phase mode mark it first and act only
+       when it was marked at least one window ago and is still idle.
+
+    >>> from datetime import datetime, timedelta, timezone
+    >>> now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+    >>> box = Instance("aws", "us-east-1", "i-0abc", "g5.xlarge", running=True, gpu_count=1,
+    ...                launched_at=now - timedelta(hours=5), protected=False)
+    >>> quiet = tuple(Sample(now - timedelta(minutes=m), 1.0) for m in range(0, 65, 5))
+    >>> burst = quiet[:4] + (Sample(quiet[4].at, 80.0),) + quiet[5:]
+    >>> judge_idle(InstanceSamples(box, gpu=burst, cpu=quiet, network=quiet),
+    ...            IdlePolicy(), now).code
+    <Reason.BUSY: 'busy'>
+    """
+    instance = samples.instance
+    marked_at = _mark_time(instance) if policy.two_phase else None
+    verdict = static_verdict(instance, policy, now)
+    if verdict is None:
+        outcome = _metrics_verdict(samples, policy, now)
+        if isinstance(outcome, IdleVerdict):
+            verdict = outcome
+        else:
+            verdict = _idle_verdict(instance, outcome, policy, now, marked_at)
+    if (
+        verdict.action is Action.KEEP
+        and policy.two_phase
+        and instance.running
+        and _tag(instance.tags, MARK_TAG) is not None
+        and verdict.code not in (Reason.MARKED, Reason.PROTECTION_UNCHECKED)
+    ):
+        return IdleVerdict(
+            Action.UNMARK,
+            f"{verdict.reason}; removing the {MARK_TAG} mark",
+            Reason.NO_LONGER_IDLE,
+            instance,
+            verdict.peaks,
+        )
+    return verdict
+
+
+def _idle_verdict(
+    instance: Instance,
+    peaks: Mapping[Signal, float],
+    policy: IdlePolicy,
+    now: datetime,
+    marked_at: datetime | None,
+) -> IdleVerdict:
+    text = _idle_text(peaks, policy)
+    if instance.protected is None:
+        return IdleVerdict(
+            Action.KEEP,
+            f"{text}, but termination protection is not checked yet",
+            Reason.PROTECTION_UNCHECKED,
+            instance,
+            peaks,
+        )
+    if policy.two_phase:
+        if marked_at is None:
+            return IdleVerdict(Action.MARK, f"{text}; marking it", Reason.IDLE, instance, peaks)
+        due = marked_at + policy.window
+        if now < due:
+            return IdleVerdict(
+                Action.KEEP,
+                f"{text}; marked {format_timestamp(marked_at)}, acts from "
+                f"{format_timestamp(due)} if still idle",
+                Reason.MARKED,
+                instance,
+                peaks,
+            )
+        text += f"; marked {format_timestamp(marked_at)}"
+    return IdleVerdict(policy.action, text, Reason.IDLE, instance, peaks)
+
+
+class ResourceLimitExceededError(CostguardError):
+    """A run selected more instances than its safety limit allows, so it did nothing.
+
+    Structured like cloud-custodian's ``ResourceLimitExceeded``: which limit, its value,
+    how many were selected and out of how many.
+
+    >>> err = ResourceLimitExceededError("max-actions", 10, 12, 40)
+    >>> err.exit_code, err.message
+    (1, '12 of 40 GPU instances were selected, over the max-actions limit of 10; nothing was done')
+    """
+
+    def __init__(
+        self, limit_type: str, limit: float, selection_count: int, population_count: int
+    ) -> None:
+        flag = "--max-actions" if limit_type == "max-actions" else "--max-percent"
+        super().__init__(
+            f"{selection_count} of {population_count} GPU instances were selected, over the "
+            f"{limit_type} limit of {limit:g}; nothing was done",
+            hint=f"check the report; if it is right, raise {flag} or act in smaller steps "
+            "(--region, --protect-tag)",
+        )
+        self.limit_type = limit_type
+        self.limit = limit
+        self.selection_count = selection_count
+        self.population_count = population_count
+
+
+@dataclass(frozen=True)
+class ReapLimits:
+    """How much one run may do: at most ``max_actions`` stops/terminations, and at most
+    ``max_percent`` of the running GPU instances seen."""
+
+    max_actions: int = 10
+    max_percent: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.max_actions < 0:
+            msg = f"max actions must not be negative, not {self.max_actions}"
+            raise InputError(msg, hint="e.g. --max-actions 10")
+        if not 0 <= self.max_percent <= 100:
+            msg = f"max percent must be between 0 and 100, not {self.max_percent:g}"
+            raise InputError(msg, hint="e.g. --max-percent 50")
+
+
+@dataclass(frozen=True)
+class LimitBreach:
+    """Why a plan does nothing: the limit broken and the counts."""
+
+    limit_type: str
+    limit: float
+    selection_count: int
+    population_count: int
+
+    def error(self) -> ResourceLimitExceededError:
+        """The error the command exits with."""
+        return ResourceLimitExceededError(
+            self.limit_type, self.limit, self.selection_count, self.population_count
+        )
+
+
+@dataclass(frozen=True)
+class ReapPlan:
+    """All verdicts, and what will be done: every non-keep verdict, or nothing on a breach."""
+
+    verdicts: tuple[IdleVerdict, ...]
+    actions: tuple[IdleVerdict, ...]
+    population: int
+    breach: LimitBreach | None = None
+
+    @property
+    def selected(self) -> tuple[IdleVerdict, ...]:
+        """Verdicts that ask to stop or terminate (whether or not the plan allows it)."""
+        return tuple(v for v in self.verdicts if v.action in DESTRUCTIVE)
+
+    @property
+    def destructive(self) -> tuple[IdleVerdict, ...]:
+        """The stops and terminations the plan will carry out."""
+        return tuple(v for v in self.actions if v.action in DESTRUCTIVE)
+
+    @property
+    def usd_per_hour(self) -> Decimal:
+        """List price per hour of the selected instances (those the tables price)."""
+        return sum(
+            (v.instance.usd_per_hour for v in self.selected if v.instance.usd_per_hour),
+            Decimal(0),
+        )
+
+    @property
+    def unpriced(self) -> tuple[IdleVerdict, ...]:
+        """Selected instances without a price in the tables (left out of the total)."""
+        return tuple(v for v in self.selected if v.instance.usd_per_hour is None)
+
+
+def plan_reap(verdicts: Sequence[IdleVerdict], limits: ReapLimits) -> ReapPlan:
+    """Apply the safety limits: all selected instances are acted on, or none at all.
+
+    Marks and unmarks only write a tag and are not counted; on a breach they are not done
+    either, because a breach means the run's view of the fleet is suspect.
+
+    >>> from datetime import datetime, timezone
+    >>> t = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    >>> boxes = [Instance("aws", "us-east-1", f"i-{n}", "g5.xlarge", True, 1, t) for n in range(3)]
+    >>> stops = [IdleVerdict(Action.STOP, "idle", Reason.IDLE, b) for b in boxes]
+    >>> plan = plan_reap(stops, ReapLimits(max_actions=2))
+    >>> (len(plan.actions), plan.breach.limit_type, plan.breach.selection_count)
+    (0, 'max-actions', 3)
+    """
+    population = sum(1 for v in verdicts if v.instance.running and v.instance.gpu_count > 0)
+    selected = [v for v in verdicts if v.action in DESTRUCTIVE]
+    breach = None
+    if len(selected) > limits.max_actions:
+        breach = LimitBreach("max-actions", limits.max_actions, len(selected), population)
+    elif len(selected) * 100 > limits.max_percent * population:
+        breach = LimitBreach("max-percent", limits.max_percent, len(selected), population)
+    actions = () if breach else tuple(v for v in verdicts if v.action is not Action.KEEP)
+    return ReapPlan(tuple(verdicts), actions, population, breach)

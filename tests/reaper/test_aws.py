@@ -1,0 +1,333 @@
+"""`costguard reap` end to end against a moto server: a seeded fleet, real HTTP, counted calls.
+
+Moto notes (checked with real calls, see also shared TESTING.md):
+* ``LaunchTime`` is moto's clock at ``RunInstances``; the tests move that clock back for the
+  instances that must look old (the server runs in this process).
+* ``DisableApiTermination`` passed to ``RunInstances`` is ignored; ``ModifyInstanceAttribute``
+  works.
+* ``GetMetricData`` buckets from ``StartTime`` and matches dimensions exactly (a query with
+  only ``InstanceId`` does not see a series that also has ``index``), like CloudWatch.
+* ``ListMetrics`` repeats a series once per datapoint; the adapter de-duplicates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from costguard.clouds import aws as aws_clouds
+from costguard.reaper.policy import MARK_TAG, format_timestamp
+
+NOW = datetime.now(UTC)
+OLD = NOW - timedelta(hours=3)
+
+
+class Calls(Counter[str]):
+    """AWS operations made through costguard's client factory, counted by name."""
+
+
+@pytest.fixture
+def calls(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Calls:
+    """Count every API call the reaper makes, with a botocore ``before-call`` hook."""
+    counted = Calls()
+    original = aws_clouds.client
+    # One client per service for the whole test: each new boto3 session re-reads the EC2
+    # model (~0.6 s), which is most of a run's time against a local server.
+    made: dict[tuple[str, str | None], Any] = {}
+
+    def record(model: Any, **_: Any) -> None:
+        counted[model.name] += 1
+
+    def counting_client(service: str, region: str | None = None, **kwargs: Any) -> Any:
+        if (service, region) not in made:
+            made[(service, region)] = original(service, region, attempts=1)
+            made[(service, region)].meta.events.register("before-call", record)
+        return made[(service, region)]
+
+    monkeypatch.setattr(aws_clouds, "client", counting_client)
+    return counted
+
+
+@pytest.fixture
+def reap(run_cli: Callable[..., Any]) -> Callable[..., Any]:
+
+    def invoke(*args: str) -> Any:
+        return run_cli("reap", *args)
+
+    return invoke
+
+
+@pytest.fixture
+def ec2(aws_env: str) -> Any:
+    return original_client("ec2")
+
+
+@pytest.fixture
+def cloudwatch(aws_env: str) -> Any:
+    return original_client("cloudwatch")
+
+
+def original_client(service: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        service, region_name="us-east-1", config=Config(retries={"max_attempts": 1})
+    )
+
+
+@contextmanager
+def moto_clock(at: datetime) -> Iterator[None]:
+    """Launch instances as if at ``at`` (moto stamps LaunchTime with its own clock)."""
+    from moto.ec2.models import instances as moto_instances
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(moto_instances, "utcnow", lambda: at.astimezone(UTC).replace(tzinfo=None))
+        yield
+
+
+def launch(ec2: Any, name: str, instance_type: str = "g5.xlarge", *, at: datetime = OLD,
+           tags: dict[str, str] | None = None) -> str:  # fmt: skip
+    all_tags = [{"Key": "Name", "Value": name}] + [
+        {"Key": k, "Value": v} for k, v in (tags or {}).items()
+    ]
+    with moto_clock(at):
+        reply = ec2.run_instances(
+            ImageId="ami-12c6146b",
+            MinCount=1,
+            MaxCount=1,
+            InstanceType=instance_type,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": all_tags}],
+        )
+    return str(reply["Instances"][0]["InstanceId"])
+
+
+def points(values: list[float] | float) -> list[tuple[datetime, float]]:
+    """Thirteen datapoints, one per 5 minutes back from 2 minutes ago (covers 60 minutes)."""
+    seq = values if isinstance(values, list) else [values] * 13
+    return [(NOW - timedelta(minutes=2 + 5 * k), v) for k, v in enumerate(seq)]
+
+
+class Metrics:
+    """Datapoints gathered per namespace, sent in a few PutMetricData calls."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, list[dict[str, Any]]] = {}
+
+    def put(self, namespace: str, metric: str, dims: dict[str, str],
+            data: list[tuple[datetime, float]]) -> None:  # fmt: skip
+        dimensions = [{"Name": k, "Value": v} for k, v in dims.items()]
+        self.data.setdefault(namespace, []).extend(
+            {"MetricName": metric, "Dimensions": dimensions, "Timestamp": t, "Value": v}
+            for t, v in data
+        )
+
+    def seed(self, instance_id: str, *, gpu: list[float] | float | None = 1.0,
+             cpu: float = 2.0, net_bytes: float = 1000.0) -> None:  # fmt: skip
+        dims = {"InstanceId": instance_id}
+        if gpu is not None:
+            self.put("CWAgent", "nvidia_smi_utilization_gpu", dims, points(gpu))
+        self.put("AWS/EC2", "CPUUtilization", dims, points(cpu))
+        self.put("AWS/EC2", "NetworkIn", dims, points(net_bytes))
+        self.put("AWS/EC2", "NetworkOut", dims, points(net_bytes))
+
+    def send(self, cloudwatch: Any) -> None:
+        for namespace, data in self.data.items():
+            for start in range(0, len(data), 1000):  # the PutMetricData limit
+                cloudwatch.put_metric_data(
+                    Namespace=namespace, MetricData=data[start : start + 1000]
+                )
+
+
+@pytest.fixture
+def fleet(ec2: Any, cloudwatch: Any) -> dict[str, str]:
+    """The issue's fleet: name -> instance id. Only `idle` and `idle-per-gpu` are idle."""
+    ids = {}
+    metrics = Metrics()
+    ids["idle"] = launch(ec2, "idle")
+    metrics.seed(ids["idle"])
+    # An agent with append_dimensions but no aggregation_dimensions: per-GPU series only.
+    ids["idle-per-gpu"] = launch(ec2, "idle-per-gpu", "g4dn.12xlarge")
+    metrics.seed(ids["idle-per-gpu"], gpu=None)
+    for index in ("0", "1"):
+        dims = {"InstanceId": ids["idle-per-gpu"], "index": index, "name": "Tesla T4"}
+        metrics.put("CWAgent", "nvidia_smi_utilization_gpu", dims, points(0.0))
+    ids["busy"] = launch(ec2, "busy")
+    metrics.seed(ids["busy"], gpu=93.0)
+    ids["spiky"] = launch(ec2, "spiky")
+    metrics.seed(ids["spiky"], gpu=[1.0] * 6 + [80.0] + [1.0] * 6)
+    ids["network-busy"] = launch(ec2, "network-busy")
+    metrics.seed(ids["network-busy"], net_bytes=50_000_000.0)
+    ids["keep"] = launch(ec2, "keep", tags={"costguard:keep": "true"})
+    metrics.seed(ids["keep"])
+    ids["protected"] = launch(ec2, "protected")
+    ec2.modify_instance_attribute(
+        InstanceId=ids["protected"], DisableApiTermination={"Value": True}
+    )
+    metrics.seed(ids["protected"])
+    ids["young"] = launch(ec2, "young", at=NOW - timedelta(minutes=10))
+    metrics.seed(ids["young"])
+    tomorrow = format_timestamp(NOW + timedelta(days=1))
+    ids["expires-later"] = launch(ec2, "expires-later", tags={"costguard:expires-at": tomorrow})
+    metrics.seed(ids["expires-later"])
+    ids["no-metrics"] = launch(ec2, "no-metrics")
+    ids["no-instance-id"] = launch(ec2, "no-instance-id")
+    metrics.seed(ids["no-instance-id"], gpu=None)
+    host = ec2.describe_instances(InstanceIds=[ids["no-instance-id"]])["Reservations"][0][
+        "Instances"
+    ][0]["PrivateDnsName"]
+    metrics.put("CWAgent", "nvidia_smi_utilization_gpu",
+                {"host": host, "index": "0", "name": "NVIDIA A10G"}, points(0.0))  # fmt: skip
+    ids["cpu-only"] = launch(ec2, "cpu-only", "m5.large")
+    metrics.seed(ids["cpu-only"])
+    metrics.send(cloudwatch)
+    return ids
+
+
+EXPECTED_CODES = {
+    "idle": ("stop", "idle"),
+    "idle-per-gpu": ("stop", "idle"),
+    "busy": ("keep", "busy"),
+    "spiky": ("keep", "busy"),
+    "network-busy": ("keep", "busy"),
+    "keep": ("keep", "protect-tag"),
+    "protected": ("keep", "termination-protected"),
+    "young": ("keep", "young"),
+    "expires-later": ("keep", "expires-later"),
+    "no-metrics": ("keep", "no-gpu-metrics"),
+    "no-instance-id": ("keep", "no-gpu-metrics"),
+    "cpu-only": ("keep", "no-gpu"),
+}
+
+
+def states(ec2: Any) -> dict[str, str]:
+    found = ec2.describe_instances()["Reservations"]
+    return {
+        tag["Value"]: item["State"]["Name"]
+        for reservation in found
+        for item in reservation["Instances"]
+        for tag in item.get("Tags", [])
+        if tag["Key"] == "Name"
+    }
+
+
+def by_name(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {row["name"]: row for row in document["instances"]}
+
+
+def test_dry_runs_and_refusals_judge_every_instance_and_change_nothing(
+    fleet: dict[str, str], calls: Calls, reap: Callable[..., Any], ec2: Any
+) -> None:
+    result = reap("--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    rows = by_name(doc)
+    assert {name: (r["action"], r["code"]) for name, r in rows.items()} == EXPECTED_CODES
+    assert "80%" in rows["spiky"]["reason"]
+    assert "gpu" not in rows["network-busy"]["reason"].split(":")[1][:5]
+    assert "network" in rows["network-busy"]["reason"]
+    assert "without the InstanceId dimension" in rows["no-instance-id"]["reason"]
+    # Another host publishes without InstanceId, so this one cannot be told apart from it.
+    assert "no GPU metrics carry this InstanceId" in rows["no-metrics"]["reason"]
+    assert rows["idle"]["usd_per_hour"] == "1.006"
+    assert rows["idle-per-gpu"]["accelerator"] == "T4"
+    assert doc["summary"]["usd_per_hour_selected"] == str(1.006 + 3.912)
+    assert doc["executed"] is False
+    assert set(states(ec2).values()) == {"running"}
+    # One listing; 4 metric queries for each of the 8 instances left open by the static
+    # rules -> one GetMetricData; one ListMetrics and one more GetMetricData for the
+    # instance that only has per-GPU series; protection read only for the 3 idle ones.
+    assert calls["DescribeInstances"] == 1
+    assert calls["GetMetricData"] == math.ceil(8 * 4 / 500) + math.ceil(2 / 500)
+    assert calls["ListMetrics"] == 1
+    assert calls["GetMetricStatistics"] == 0
+    assert calls["DescribeInstanceAttribute"] == 2 * 3
+    assert not {"StopInstances", "TerminateInstances", "CreateTags", "DeleteTags"} & set(calls)
+
+    table = reap()
+    assert table.exit_code == 0, table.stderr
+    for name in EXPECTED_CODES:
+        assert name in table.stdout
+    assert "would stop" in table.stdout
+    assert "Dry run: nothing was changed" in table.stdout
+    assert "$1.006" in table.stdout
+
+    rows = by_name(reap("--gpu-missing-ok", "--format", "json").json())
+    assert rows["no-instance-id"]["action"] == "stop"
+    assert "judged by CPU and network" in rows["no-instance-id"]["reason"]
+    assert rows["no-metrics"]["code"] == "no-metrics"  # no CPU samples either: kept
+
+    over = reap("--execute", "--max-actions", "1")
+    assert over.exit_code == 1
+    assert "max-actions limit of 1" in over.stderr
+    assert "Hint:" in over.stderr
+    assert "refused" in over.stdout
+    percent = reap("--execute", "--max-percent", "10", "--format", "json")
+    assert percent.exit_code == 1
+    assert percent.json()["refused"]["limit_type"] == "max-percent"
+    assert set(states(ec2).values()) == {"running"}
+    assert not {"StopInstances", "TerminateInstances", "CreateTags", "DeleteTags"} & set(calls)
+
+
+def test_execute_stops_exactly_the_idle_ones_and_a_rerun_changes_nothing(
+    fleet: dict[str, str], calls: Calls, reap: Callable[..., Any], ec2: Any
+) -> None:
+    result = reap("--execute", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["summary"]["acted"] == 2
+    assert doc["summary"]["usd_per_hour_saved"] == str(1.006 + 3.912)
+    after = states(ec2)
+    stopped = {name for name, state in after.items() if state != "running"}
+    assert stopped == {"idle", "idle-per-gpu"}
+    assert {after[n] for n in stopped} <= {"stopping", "stopped"}
+    assert calls["StopInstances"] == 1  # one batch
+    calls.clear()
+    again = reap("--execute", "--format", "json")
+    assert again.exit_code == 0, again.stderr
+    assert again.json()["summary"]["acted"] == 0
+    assert states(ec2) == after
+    assert not {"StopInstances", "TerminateInstances", "CreateTags", "DeleteTags"} & set(calls)
+
+
+def test_terminate_never_touches_protected_or_tagged(
+    fleet: dict[str, str], reap: Callable[..., Any], ec2: Any
+) -> None:
+    result = reap("--execute", "--action", "terminate", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    after = states(ec2)
+    assert {n for n, s in after.items() if s != "running"} == {"idle", "idle-per-gpu"}
+    assert after["idle"] in ("shutting-down", "terminated")
+
+
+def test_two_phase_marks_first_and_acts_a_window_later(
+    fleet: dict[str, str], calls: Calls, reap: Callable[..., Any], ec2: Any
+) -> None:
+    first = reap("--mark", "--execute", "--format", "json")
+    assert first.exit_code == 0, first.stderr
+    marked = {r["name"] for r in first.json()["instances"] if r["action"] == "mark"}
+    assert marked == {"idle", "idle-per-gpu"}
+    assert set(states(ec2).values()) == {"running"}
+    calls.clear()
+    soon = reap("--mark", "--execute", "--format", "json")
+    assert {r["code"] for r in soon.json()["instances"] if r["name"] in marked} == {"marked"}
+    assert not {"StopInstances", "CreateTags", "DeleteTags"} & set(calls)
+    # Backdate one mark by two hours (as if marked on an earlier cron run), and mark a
+    # busy instance by hand: the next run stops the first and unmarks the second.
+    two_hours_ago = format_timestamp(NOW - timedelta(hours=2))
+    ec2.create_tags(Resources=[fleet["idle"], fleet["busy"]],
+                    Tags=[{"Key": MARK_TAG, "Value": two_hours_ago}])  # fmt: skip
+    later = reap("--mark", "--execute", "--format", "json")
+    rows = by_name(later.json())
+    assert (rows["idle"]["action"], rows["idle"]["outcome"]) == ("stop", "done")
+    assert rows["busy"]["action"] == "unmark"
+    assert rows["idle-per-gpu"]["code"] == "marked"
+    tags = ec2.describe_tags(Filters=[{"Name": "key", "Values": [MARK_TAG]}])["Tags"]
+    assert {t["ResourceId"] for t in tags} == {fleet["idle"], fleet["idle-per-gpu"]}
+    assert {n for n, s in states(ec2).items() if s != "running"} == {"idle"}

@@ -1,0 +1,164 @@
+"""The Azure adapter with the real azure-mgmt clients against the local REST server (conftest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from costguard.pricing.catalog import load_catalog
+from costguard.reaper import azure
+from costguard.reaper.fleet import PriceBook, reap
+from costguard.reaper.policy import Action, IdlePolicy, ReapLimits
+from costguard.settings import Settings
+from tests.reaper.conftest import (
+    AZURE_SUBSCRIPTION,
+    AzureServer,
+    AzureVm,
+    FakeTokenCredential,
+    azure_client_options,
+)
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+PRICES = PriceBook(load_catalog())
+
+
+def minutes(value: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the last 62 minutes."""
+    return [(NOW - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+
+
+def seed(server: AzureServer, vm: AzureVm, gpu: float | None = 1.0) -> None:
+    if gpu is not None:
+        server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, minutes(gpu))
+    server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, minutes(1.5))
+    # Bytes per one-minute grain: 6 kB/min each way is far below 1 Mbit/s.
+    server.put(azure.VM_NAMESPACE, azure.NETWORK_IN_METRIC, vm, minutes(6000.0))
+    server.put(azure.VM_NAMESPACE, azure.NETWORK_OUT_METRIC, vm, minutes(6000.0))
+
+
+@pytest.fixture
+def fleet(azure_server: AzureServer) -> AzureServer:
+    s = azure_server
+    seed(s, s.add(AzureVm("idle-t4", "Standard_NC4as_T4_v3")))
+    seed(s, s.add(AzureVm("idle-west", "Standard_NC4as_T4_v3", location="westeurope")))
+    seed(s, s.add(AzureVm("busy", "Standard_NC24ads_A100_v4")), gpu=91.0)
+    seed(s, s.add(AzureVm("keep", "Standard_NC4as_T4_v3", tags={"costguard:keep": "True"})))
+    seed(s, s.add(AzureVm("young", "Standard_NC4as_T4_v3", created=NOW - timedelta(minutes=5))))
+    seed(s, s.add(AzureVm("no-agent", "Standard_NC6s_v3")), gpu=None)
+    seed(s, s.add(AzureVm("cpu-only", "Standard_D4s_v5")))
+    s.add(AzureVm("powered-off", "Standard_NC4as_T4_v3", power="stopped"))
+    s.add(AzureVm("deallocated", "Standard_NC4as_T4_v3", power="deallocated"))
+    s.add(AzureVm("other-group", "Standard_NC4as_T4_v3", group="web"))
+    return s
+
+
+def make_fleet(server: AzureServer, **kwargs: Any) -> azure.AzureFleet:
+    return azure.AzureFleet(
+        AZURE_SUBSCRIPTION,
+        PRICES,
+        Settings(azure_endpoint=server.url),
+        credential=FakeTokenCredential(),
+        client_options=azure_client_options(),
+        **kwargs,
+    )
+
+
+def policy(**kwargs: Any) -> IdlePolicy:
+    return IdlePolicy(
+        sample_period_seconds=azure.PERIOD_SECONDS,
+        max_lag_seconds=azure.MAX_LAG_SECONDS,
+        **kwargs,
+    )
+
+
+def verdicts(report: Any) -> dict[str, tuple[str, str]]:
+    return {v.instance.name: (str(v.action), str(v.code)) for v in report.plan.verdicts}
+
+
+def test_dry_run_judges_with_two_metric_calls_per_region(fleet: AzureServer) -> None:
+    report = reap([make_fleet(fleet, resource_group="ml")], policy(), ReapLimits(), NOW,
+                  execute=False)  # fmt: skip
+    assert verdicts(report) == {
+        "idle-t4": ("stop", "idle"),
+        "idle-west": ("stop", "idle"),
+        "busy": ("keep", "busy"),
+        "keep": ("keep", "protect-tag"),
+        "young": ("keep", "young"),
+        "no-agent": ("keep", "no-gpu-metrics"),
+        "cpu-only": ("keep", "no-gpu"),
+        "powered-off": ("keep", "not-running"),
+    }
+    by_name = {v.instance.name: v for v in report.plan.verdicts}
+    assert "still allocated and billed" in by_name["powered-off"].reason
+    assert "Telegraf" in by_name["no-agent"].reason
+    assert by_name["idle-t4"].instance.usd_per_hour == Decimal("0.526")
+    metric_calls = fleet.calls("GET", "/Microsoft.Insights/metrics")
+    assert sorted(c.query["region"][0] for c in metric_calls) == [
+        "eastus", "eastus", "westeurope", "westeurope",
+    ]  # fmt: skip
+    assert all(int(c.query["top"][0]) >= 10 for c in metric_calls)
+    assert len(fleet.calls("GET", "/virtualMachines")) == 1
+    assert not fleet.calls("POST", "/deallocate")
+
+
+def test_stop_deallocates_never_powers_off_and_rerun_changes_nothing(fleet: AzureServer) -> None:
+    report = reap([make_fleet(fleet)], policy(), ReapLimits(), NOW, execute=True)
+    assert all(o.ok for o in report.outcomes), report.outcomes
+    deallocated = {c.path.split("/")[-2] for c in fleet.calls("POST", "/deallocate")}
+    assert deallocated == {"idle-t4", "idle-west"}
+    assert not fleet.calls("POST", "/powerOff")
+    assert fleet.vms["idle-t4"].power == "deallocated"
+    fleet.requests.clear()
+    again = reap([make_fleet(fleet)], policy(), ReapLimits(), NOW, execute=True)
+    assert again.outcomes == ()
+    assert not fleet.calls("POST", "/deallocate")
+
+
+def test_terminate_deletes_and_regions_narrow_the_run(fleet: AzureServer) -> None:
+    fleets = [make_fleet(fleet, regions=["westeurope"])]
+    report = reap(fleets, policy(action=Action.TERMINATE), ReapLimits(), NOW, execute=True)
+    assert {o.instance.name for o in report.outcomes if o.ok} == {"idle-west"}
+    assert "idle-west" not in fleet.vms
+    assert "idle-t4" in fleet.vms
+
+
+def test_mark_tags_through_a_vm_update(fleet: AzureServer) -> None:
+    reap([make_fleet(fleet)], policy(two_phase=True), ReapLimits(), NOW, execute=True)
+    assert "costguard:idle-since" in fleet.vms["idle-t4"].tags
+    assert fleet.calls("PATCH", "/virtualMachines/idle-t4")
+    assert not fleet.calls("POST", "/deallocate")
+
+
+def test_missing_gpu_namespace_is_explained(azure_server: AzureServer) -> None:
+    seed(azure_server, azure_server.add(AzureVm("lonely", "Standard_NC4as_T4_v3")), gpu=None)
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
+    (verdict,) = report.plan.verdicts
+    assert verdict.code == "no-gpu-metrics"
+    assert "namespace does not exist" in verdict.reason
+
+
+def test_cli_refuses_over_the_limit(
+    fleet: AzureServer, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = azure.AzureFleet
+
+    def test_fleet(*args: Any, **kwargs: Any) -> azure.AzureFleet:
+        # The CLI builds clients the production way; only the test's auth override is added.
+        return real(
+            *args,
+            **kwargs,
+            credential=FakeTokenCredential(),
+            client_options=azure_client_options(),
+        )
+
+    monkeypatch.setattr(azure, "AzureFleet", test_fleet)
+    monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", fleet.url)
+    args = ("reap", "--provider", "azure", "--subscription", AZURE_SUBSCRIPTION)
+    result = run_cli(*args, "--execute", "--max-actions", "1")
+    assert result.exit_code == 1
+    assert "over the max-actions limit of 1" in result.stderr
+    assert not fleet.calls("POST", "/deallocate")

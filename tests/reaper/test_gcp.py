@@ -1,0 +1,153 @@
+"""The GCP adapter with the real google clients against the local REST server (conftest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from costguard.pricing.catalog import load_catalog
+from costguard.reaper import gcp
+from costguard.reaper.fleet import PriceBook, reap
+from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
+from costguard.settings import Settings
+from tests.reaper.conftest import GCP_PROJECT, GcpServer, GcpVm
+
+NOW = datetime.now(UTC).replace(microsecond=0)
+PRICES = PriceBook(load_catalog())
+
+
+def minutes(value: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the last 62 minutes."""
+    return [(NOW - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+
+
+def seed(server: GcpServer, vm: GcpVm, gpu: float | None = 1.0, cpu: float = 0.01) -> None:
+    if gpu is not None:
+        server.put(gcp.GPU_METRIC, vm.instance_id, minutes(gpu))
+    server.put(gcp.CPU_METRIC, vm.instance_id, minutes(cpu))  # a fraction of 1
+    server.put(gcp.RECEIVED_METRIC, vm.instance_id, minutes(100.0))  # bytes/s after ALIGN_RATE
+    server.put(gcp.SENT_METRIC, vm.instance_id, minutes(100.0))
+
+
+@pytest.fixture
+def fleet(gcp_server: GcpServer) -> GcpServer:
+    s = gcp_server
+    seed(s, s.add(GcpVm("idle-l4", "us-central1-a", "g2-standard-4", "101", "nvidia-l4", 1)))
+    seed(s, s.add(GcpVm("spot-t4", "us-central1-b", "n1-highmem-8", "102", "nvidia-tesla-t4", 2,
+                        spot=True)))  # fmt: skip
+    seed(s, s.add(GcpVm("busy-a100", "us-central1-a", "a2-highgpu-1g", "103")), gpu=97.0)
+    keep = GcpVm("keep", "us-central1-a", "g2-standard-4", "104", "nvidia-l4", 1,
+                 labels={"costguard-keep": "true"})  # fmt: skip
+    seed(s, s.add(keep))
+    seed(s, s.add(GcpVm("protected", "us-central1-a", "g2-standard-4", "105", "nvidia-l4", 1,
+                        deletion_protection=True)))  # fmt: skip
+    seed(s, s.add(GcpVm("no-agent", "us-central1-a", "n1-standard-8", "106", "nvidia-tesla-t4",
+                        1)), gpu=None)  # fmt: skip
+    seed(s, s.add(GcpVm("cpu-only", "us-central1-a", "n1-highmem-8", "107")))
+    seed(s, s.add(GcpVm("stopped", "us-central1-a", "g2-standard-4", "108", "nvidia-l4", 1,
+                        status="TERMINATED")))  # fmt: skip
+    seed(s, s.add(GcpVm("elsewhere", "europe-west4-a", "g2-standard-4", "109", "nvidia-l4", 1)))
+    return s
+
+
+def make_fleet(server: GcpServer, **kwargs: Any) -> gcp.GcpFleet:
+    from google.auth.credentials import AnonymousCredentials
+
+    return gcp.GcpFleet(
+        GCP_PROJECT,
+        PRICES,
+        Settings(gcp_endpoint=server.url),
+        credentials=AnonymousCredentials(),
+        **kwargs,
+    )
+
+
+def policy(**kwargs: Any) -> IdlePolicy:
+    return IdlePolicy(
+        sample_period_seconds=gcp.PERIOD_SECONDS, max_lag_seconds=gcp.MAX_LAG_SECONDS, **kwargs
+    )
+
+
+def verdicts(report: Any) -> dict[str, tuple[str, str]]:
+    return {v.instance.name: (str(v.action), str(v.code)) for v in report.plan.verdicts}
+
+
+def test_dry_run_judges_with_four_monitoring_calls(fleet: GcpServer) -> None:
+    report = reap([make_fleet(fleet)], policy(), ReapLimits(), NOW, execute=False)
+    assert verdicts(report) == {
+        "idle-l4": ("stop", "idle"),
+        "spot-t4": ("stop", "idle"),
+        "busy-a100": ("keep", "busy"),
+        "keep": ("keep", "protect-tag"),
+        "protected": ("keep", "termination-protected"),
+        "no-agent": ("keep", "no-gpu-metrics"),
+        "cpu-only": ("keep", "no-gpu"),
+        "elsewhere": ("stop", "idle"),
+    }
+    by_name = {v.instance.name: v for v in report.plan.verdicts}
+    assert by_name["busy-a100"].instance.accelerator == "A100"  # from the A2 family
+    assert by_name["idle-l4"].instance.usd_per_hour == Decimal("0.70683")
+    assert by_name["spot-t4"].instance.usd_per_hour == Decimal("0.47932")  # spot, 2 x T4 row
+    assert "Ops Agent" in by_name["no-agent"].reason
+    # CPU arrives as a fraction of 1 and is shown in percent.
+    assert by_name["idle-l4"].peaks[Signal.CPU] == pytest.approx(1.0)
+    series_calls = fleet.calls("GET", "/timeSeries")
+    assert len(series_calls) == 4
+    for call in series_calls:
+        assert call.query["aggregation.groupByFields"] == ["resource.label.instance_id"]
+        assert call.query["aggregation.alignmentPeriod"] == ["60s"]
+    assert len(fleet.calls("GET", "/aggregated/instances")) == 1
+    assert not fleet.calls("POST", "/stop")
+    assert not fleet.calls("DELETE", "/instances/")
+
+
+def test_execute_stops_then_rerun_changes_nothing(fleet: GcpServer) -> None:
+    fleets = [make_fleet(fleet, regions=["us-central1"])]
+    report = reap(fleets, policy(), ReapLimits(), NOW, execute=True)
+    assert all(o.ok for o in report.outcomes), report.outcomes
+    stopped = {c.path.split("/")[-2] for c in fleet.calls("POST", "/stop")}
+    assert stopped == {"idle-l4", "spot-t4"}  # not "elsewhere": other region
+    assert fleet.vms["idle-l4"].status == "TERMINATED"
+    assert report.usd_per_hour_saved == Decimal("0.70683") + Decimal("0.47932")
+    fleet.requests.clear()
+    again = reap([make_fleet(fleet, regions=["us-central1"])], policy(), ReapLimits(), NOW,
+                 execute=True)  # fmt: skip
+    assert again.outcomes == ()
+    assert not fleet.calls("POST", "/stop")
+
+
+def test_terminate_deletes_and_zones_limit_the_listing(fleet: GcpServer) -> None:
+    fleets = [make_fleet(fleet, zones=["us-central1-a"])]
+    report = reap(fleets, policy(action=Action.TERMINATE), ReapLimits(), NOW, execute=True)
+    assert {o.instance.name for o in report.outcomes if o.ok} == {"idle-l4"}
+    assert "idle-l4" not in fleet.vms
+    assert fleet.calls("GET", "/zones/us-central1-a/instances")
+    assert not fleet.calls("GET", "/aggregated/instances")
+
+
+def test_mark_writes_a_label_gcp_accepts(fleet: GcpServer) -> None:
+    fleets = [make_fleet(fleet, regions=["us-central1"])]
+    reap(fleets, policy(two_phase=True), ReapLimits(), NOW, execute=True)
+    label = fleet.vms["idle-l4"].labels["costguard-idle-since"]
+    assert label == str(int(NOW.timestamp()))
+    assert not fleet.calls("POST", "/stop")
+
+
+def test_cli_reaches_the_server_through_the_endpoint_setting(
+    fleet: GcpServer, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from google.auth.credentials import AnonymousCredentials
+
+    from costguard.clouds import gcp as gcp_clouds
+
+    monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
+    monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", fleet.url)
+    result = run_cli("reap", "--provider", "gcp", "--project", GCP_PROJECT, "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert doc["summary"]["selected"] == 3
+    assert not fleet.calls("POST", "/stop")
