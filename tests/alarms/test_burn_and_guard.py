@@ -12,15 +12,11 @@ import boto3
 import pytest
 
 from costguard.alarms.aws import AwsAlarms
-from costguard.alarms.burn import (
-    PricedInstance,
-    RunningInstance,
-    burn_report,
-    month_bounds,
-    price_instances,
-)
+from costguard.alarms.burn import PricedInstance, burn_report, month_bounds, price_running
 from costguard.alarms.guard import NoAlarmError, require_alarm
 from costguard.pricing.catalog import Catalog, Market
+from costguard.reaper.fleet import PriceBook
+from costguard.reaper.policy import Instance
 from tests.alarms.conftest import JsonServer
 
 
@@ -145,11 +141,12 @@ def test_burn_bad_input(run_cli: Callable[..., Any], aws_env: str, args, needle)
 
 def test_burn_report_arithmetic() -> None:
     now = datetime(2026, 2, 10, 12, tzinfo=UTC)
-    early = RunningInstance(
-        "aws", "us-east-1", "i-a", "g5.xlarge", Market.ON_DEMAND, datetime(2026, 1, 20, tzinfo=UTC)
-    )  # before the month: from Feb 1
-    late = RunningInstance(
-        "aws", "us-east-1", "i-b", "g5.xlarge", Market.SPOT, now - timedelta(hours=2)
+    # Launched before the month: counted from February 1.
+    early = Instance(
+        "aws", "us-east-1", "i-a", "g5.xlarge", True, 1, datetime(2026, 1, 20, tzinfo=UTC)
+    )
+    late = Instance(
+        "aws", "us-east-1", "i-b", "g5.xlarge", True, 1, now - timedelta(hours=2), spot=True
     )
     report = burn_report(
         [
@@ -170,13 +167,23 @@ def test_burn_report_arithmetic() -> None:
     assert len(report.unpriced) == 1
 
 
-def test_spot_without_spot_price_falls_back_to_on_demand(catalog: Catalog) -> None:
-    vm = RunningInstance(
-        "aws", "us-east-1", "i-x", "p5.4xlarge", Market.SPOT, datetime(2026, 12, 1, tzinfo=UTC)
+def test_pricing_running_instances(catalog: Catalog) -> None:
+    book = PriceBook(catalog)
+    launched = datetime(2026, 12, 1, tzinfo=UTC)
+    spot_unpriced = Instance("aws", "us-east-1", "i-x", "p5.4xlarge", True, 1, launched, spot=True)
+    stopped = Instance(
+        "aws", "us-east-1", "i-s", "g5.xlarge", False, 1, launched, usd_per_hour=Decimal(1)
     )
-    (priced,) = price_instances([vm], catalog)
-    assert priced.usd_per_hour == table_price(catalog, "us-east-1", "p5.4xlarge", Market.ON_DEMAND)
-    assert "on-demand" in priced.note
+    unknown = Instance("aws", "us-east-1", "i-u", "x9.huge", True, 0, launched)
+    priced = price_running(
+        [spot_unpriced, stopped, unknown],
+        lambda vm: book.usd_per_hour(vm.provider, vm.region, vm.instance_type, spot=False),
+    )
+    assert [p.instance.instance_id for p in priced] == ["i-x", "i-u"]
+    expected = table_price(catalog, "us-east-1", "p5.4xlarge", Market.ON_DEMAND)
+    assert priced[0].usd_per_hour == expected
+    assert "on-demand" in priced[0].note
+    assert priced[1].usd_per_hour is None
 
 
 def test_month_bounds_in_december() -> None:

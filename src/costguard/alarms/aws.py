@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
-from costguard.alarms.burn import RunningInstance
 from costguard.alarms.plan import (
     AWS_BILLING_REGION,
     HARD_STOP_POLICY,
@@ -33,7 +32,6 @@ from costguard.alarms.plan import (
 )
 from costguard.clouds import aws
 from costguard.errors import CostguardError
-from costguard.pricing.catalog import Market
 
 ClientFactory = Callable[[str, str], Any]
 
@@ -464,41 +462,6 @@ class AwsAlarms:
     def has_alarm(self) -> bool:
         """Whether any costguard budget exists (the launch guard's question)."""
         return bool(self.budgets())
-
-
-def running_instances(
-    regions: Sequence[str], clients: ClientFactory = _default_clients
-) -> list[RunningInstance]:
-    """Every running EC2 instance in ``regions`` (one paginated DescribeInstances each)."""
-    found = []
-    for region in regions:
-        ec2 = clients("ec2", region)
-        try:
-            reservations = list(
-                aws.paginate(
-                    ec2,
-                    "describe_instances",
-                    "Reservations",
-                    Filters=[{"Name": "instance-state-name", "Values": ["running"]}],
-                )
-            )
-        except aws.errors() as exc:
-            raise aws.translate(exc, f"listing instances in {region}") from None
-        for reservation in reservations:
-            for raw in reservation.get("Instances", []):
-                spot = raw.get("InstanceLifecycle") == "spot"
-                found.append(
-                    RunningInstance(
-                        provider="aws",
-                        region=region,
-                        instance_id=raw["InstanceId"],
-                        instance_type=raw["InstanceType"],
-                        market=Market.SPOT if spot else Market.ON_DEMAND,
-                        launched_at=raw["LaunchTime"],
-                        tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
-                    )
-                )
-    return found
 
 
 def publish_alert(subject: str, message: str, clients: ClientFactory = _default_clients) -> bool:

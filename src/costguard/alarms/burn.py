@@ -2,47 +2,35 @@
 
 Provider billing data lags (AWS ~6 h, Azure 8-20 h, GCP hours to days); this does not.
 It sees only the instances it lists, so it is a floor on spend, and the provider budget
-(``costguard alarm``) stays the authority on the whole bill.
+(``costguard alarm``) stays the authority on the whole bill. Instances come from the same
+cloud adapters the reaper uses (:class:`costguard.reaper.policy.Instance`).
 
 >>> from datetime import datetime, UTC
 >>> now = datetime(2026, 12, 11, tzinfo=UTC)
->>> vm = RunningInstance("aws", "us-east-1", "i-1", "g5.xlarge", Market.ON_DEMAND,
-...                      datetime(2026, 12, 1, tzinfo=UTC))
->>> report = burn_report([PricedInstance(vm, Decimal("1.006"))], now, budget_usd=Decimal(500))
+>>> vm = Instance("aws", "us-east-1", "i-1", "g5.xlarge", True, 1,
+...               datetime(2026, 12, 1, tzinfo=UTC), usd_per_hour=Decimal("1.006"))
+>>> report = burn_report(price_running([vm], lambda i: None), now, budget_usd=Decimal(500))
 >>> report.usd_per_hour, report.spent_usd, report.projected_usd, report.over_budget
 (Decimal('1.006'), Decimal('241.4400'), Decimal('748.4640'), True)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from costguard.pricing.catalog import Catalog, Market
+from costguard.reaper.policy import Instance
 
 SECONDS_PER_HOUR = Decimal(3600)
 
 
 @dataclass(frozen=True)
-class RunningInstance:
-    """An instance seen running, as any provider describes it."""
-
-    provider: str
-    region: str
-    instance_id: str
-    instance_type: str
-    market: Market
-    launched_at: datetime
-    tags: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class PricedInstance:
-    """A running instance with its list price; ``usd_per_hour`` is ``None`` if unknown."""
+    """A running instance with the price burn counts; ``usd_per_hour`` ``None``: unknown."""
 
-    instance: RunningInstance
+    instance: Instance
     usd_per_hour: Decimal | None
     note: str = ""
 
@@ -71,24 +59,24 @@ class BurnReport:
         return tuple(p for p in self.instances if p.usd_per_hour is None)
 
 
-def price_instances(instances: Iterable[RunningInstance], catalog: Catalog) -> list[PricedInstance]:
-    """Look each instance up in the price tables (spot price for spot instances).
+def price_running(
+    instances: Iterable[Instance], on_demand: Callable[[Instance], Decimal | None]
+) -> list[PricedInstance]:
+    """The running instances, priced as the adapter priced them.
 
-    A spot instance whose spot price the tables lack is priced on-demand (an upper bound)
-    and says so.
+    A spot instance whose spot price the tables lack is priced on-demand (``on_demand``
+    looks it up): an upper bound, and it says so.
     """
-    index = {(i.provider, i.region, i.instance_type): i for i in catalog.instances}
     priced = []
     for vm in instances:
-        row = index.get((vm.provider, vm.region, vm.instance_type))
-        if row is None:
-            priced.append(PricedInstance(vm, None, "not in the price tables: not counted"))
+        if not vm.running:
             continue
-        price = row.usd_per_hour(vm.market)
-        note = ""
-        if price is None and vm.market is Market.SPOT:
-            price, note = row.ondemand_usd_per_hour, "no spot price in the tables: on-demand"
-        priced.append(PricedInstance(vm, price, note))
+        if vm.usd_per_hour is not None:
+            priced.append(PricedInstance(vm, vm.usd_per_hour))
+        elif vm.spot and (fallback := on_demand(vm)) is not None:
+            priced.append(PricedInstance(vm, fallback, "no spot price in the tables: on-demand"))
+        else:
+            priced.append(PricedInstance(vm, None, "not in the price tables: not counted"))
     return priced
 
 
@@ -96,12 +84,9 @@ def month_bounds(now: datetime) -> tuple[datetime, datetime]:
     """The start of this calendar month and of the next, in UTC (billing months are UTC)."""
     now = now.astimezone(UTC)
     start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    following = (
-        start.replace(year=start.year + 1, month=1)
-        if start.month == 12
-        else start.replace(month=start.month + 1)
-    )
-    return start, following
+    if start.month == 12:
+        return start, start.replace(year=start.year + 1, month=1)
+    return start, start.replace(month=start.month + 1)
 
 
 def _hours(seconds: float) -> Decimal:
@@ -119,7 +104,8 @@ def burn_report(
         if item.usd_per_hour is None:
             continue
         rate += item.usd_per_hour
-        since = max(item.instance.launched_at.astimezone(UTC), start)
+        launched = item.instance.launched_at or now  # unknown launch: counts from now
+        since = max(launched.astimezone(UTC), start)
         spent += item.usd_per_hour * _hours(max((now - since).total_seconds(), 0.0))
     remaining = _hours((end - now).total_seconds())
     return BurnReport(

@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import click
 
-from costguard.alarms.burn import BurnReport, burn_report, price_instances
+from costguard.alarms.burn import BurnReport, burn_report, price_running
+from costguard.alarms.plan import BudgetStatus
 from costguard.cli import render
+from costguard.cli.fleets import fleet_options, fleets
 from costguard.cli.params import DecimalRange
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.pricing.catalog import load_tables
+from costguard.reaper.fleet import PriceBook
+from costguard.reaper.policy import Instance
 from costguard.settings import Settings
 
 EXIT_OVER_BUDGET = 1
@@ -30,36 +33,26 @@ EXIT_OVER_BUDGET = 1
 Examples:
   costguard burn --budget 200
   costguard burn --region us-east-1 --region us-west-2 --format json
+  costguard burn --provider gcp --project my-lab --budget 300
+  costguard burn --provider azure --subscription SUB --budget 300
   costguard burn --budget 200 --webhook https://hooks.example.org/T0/B0   # for cron
 \b
 In cron every 10 minutes (infra/cron/costguard-burn has the line):
-  */10 * * * * costguard burn --budget 200 --format json >> ~/.cache/costguard/burn.log""",
+  */10 * * * * costguard burn --budget 200 --format json >> ~/.cache/costguard-burn.log""",
     short_help="Live burn rate of running instances and the month's projection.",
 )
 @click.option(
     "--budget",
     type=DecimalRange(0, minimum_open=True, maximum=10**9),
-    help="Monthly budget in USD (default: the costguard-monthly budget's amount).",
+    help="Monthly budget in USD (AWS and Azure default: the costguard-monthly budget).",
 )
-@click.option(
-    "--provider",
-    type=click.Choice(["aws"]),
-    default="aws",
-    show_default=True,
-    help="Which cloud to list (GCP and Azure listing: planned).",
-)
-@click.option(
-    "--region",
-    "regions",
-    multiple=True,
-    help="Region (repeatable). Default: every region in the price tables.",
-)
+@fleet_options("Region (repeatable). Default: every region in the price tables (AWS); all.")
 @click.option("--webhook", help="POST a JSON alert to this URL when over budget.")
 @click.option(
     "--notify/--no-notify",
     default=True,
     show_default=True,
-    help="Alert through the alarm's SNS topic and --webhook when over budget.",
+    help="Alert through the alarm's SNS topic (AWS) and --webhook when over budget.",
 )
 @click.option(
     "--format",
@@ -69,52 +62,46 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
     show_default=True,
 )
 @click.pass_obj
-def burn_command(
-    settings: Settings,
-    budget: Decimal | None,
-    provider: str,
-    regions: Sequence[str],
-    webhook: str | None,
-    notify: bool,
-    output_format: str,
-) -> None:
+def burn_command(settings: Settings, /, **options: Any) -> None:
     """List running instances, price them, and project the month.
 
     Burn rate = the list price of every running instance, per hour. The projection
     assumes they keep running to the end of the month. Exit 1 (and alert) when the
     projection passes the budget. Provider billing lags hours; this is live.
     """
+    webhook: str | None = options["webhook"]
     if webhook and not webhook.startswith(("https://", "http://")):
         msg = f"--webhook must be an http(s) URL, not {webhook!r}"
         raise InputError(msg, hint="e.g. --webhook https://hooks.slack.com/services/...")
+    provider = options["provider"].lower()
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    known = sorted({r.name for r in catalog.regions if r.provider == provider})
-    wanted = [catalog.region(provider, r).name for r in regions] or known
-    from costguard.alarms import aws as aws_alarms  # the SDK loads only now
-
+    prices = PriceBook(catalog)
+    in_tables = sorted({r.name for r in catalog.regions if r.provider == provider})
+    chosen = fleets(provider, options, prices, settings, aws_default_regions=in_tables)
+    budget: Decimal | None = options["budget"]
     if budget is None:
-        budget = next(
-            (
-                b.amount_usd
-                for b in aws_alarms.AwsAlarms().status()
-                if b.name == "costguard-monthly"
-            ),
-            None,
-        )
-    running = aws_alarms.running_instances(wanted)
-    report = burn_report(price_instances(running, catalog), datetime.now(UTC), budget)
-    if output_format == "json":
-        render.print_json(_document(report, wanted))
+        budget = _alarm_budget(provider, options, settings)
+    seen = [vm for fleet in chosen for vm in fleet.instances()]
+
+    def on_demand(vm: Instance) -> Decimal | None:
+        return prices.usd_per_hour(vm.provider, vm.region, vm.instance_type, spot=False)
+
+    report = burn_report(price_running(seen, on_demand), datetime.now(UTC), budget)
+    if options["output_format"] == "json":
+        render.print_json(_document(report))
     else:
-        _print(report, wanted)
+        _print(report)
     if not report.over_budget:
         return
     message = _alert_text(report)
-    if notify:
-        if aws_alarms.publish_alert("costguard: projected spend over budget", message):
-            click.echo("Alert published to the costguard-budget-alerts topic.", err=True)
+    if options["notify"]:
+        if provider == "aws":
+            from costguard.alarms import aws as aws_alarms  # the SDK loads only now
+
+            if aws_alarms.publish_alert("costguard: projected spend over budget", message):
+                click.echo("Alert published to the costguard-budget-alerts topic.", err=True)
         if webhook:
-            _post(webhook, _document(report, wanted))
+            _post(webhook, _document(report))
             click.echo(f"Alert posted to {webhook.split('?')[0]}.", err=True)
     raise CostguardError(
         message,
@@ -122,10 +109,26 @@ def burn_command(
     )
 
 
-def _document(report: BurnReport, regions: Sequence[str]) -> dict[str, Any]:
+def _alarm_budget(provider: str, options: dict[str, Any], settings: Settings) -> Decimal | None:
+    """The amount of the costguard-monthly budget, where it can be read without more flags."""
+    statuses: list[BudgetStatus]
+    if provider == "aws":
+        from costguard.alarms.aws import AwsAlarms  # the SDK loads only now
+
+        statuses = AwsAlarms().status()
+    elif provider == "azure":
+        from costguard.alarms.azure import AzureAlarms
+
+        statuses = AzureAlarms(settings, options["subscription"]).status()
+    else:
+        return None  # GCP budgets sit on a billing account, not the project: use --budget
+    return next((s.amount_usd for s in statuses if s.name == "costguard-monthly"), None)
+
+
+def _document(report: BurnReport) -> dict[str, Any]:
     return {
         "as_of": report.now.isoformat(timespec="seconds"),
-        "regions": list(regions),
+        "regions": sorted({p.instance.region for p in report.instances}),
         "usd_per_hour": report.usd_per_hour,
         "spent_this_month_usd": report.spent_usd,
         "projected_month_usd": report.projected_usd,
@@ -137,8 +140,10 @@ def _document(report: BurnReport, regions: Sequence[str]) -> dict[str, Any]:
                 "region": p.instance.region,
                 "instance_id": p.instance.instance_id,
                 "instance_type": p.instance.instance_type,
-                "market": str(p.instance.market),
-                "launched_at": p.instance.launched_at.isoformat(timespec="seconds"),
+                "market": "spot" if p.instance.spot else "on-demand",
+                "launched_at": p.instance.launched_at.isoformat(timespec="seconds")
+                if p.instance.launched_at
+                else None,
                 "usd_per_hour": p.usd_per_hour,
                 "note": p.note,
             }
@@ -162,7 +167,7 @@ def _alert_text(report: BurnReport) -> str:
     )
 
 
-def _print(report: BurnReport, regions: Sequence[str]) -> None:
+def _print(report: BurnReport) -> None:
     if report.instances:
         from rich.table import Table  # only the table view needs rich
 
@@ -176,13 +181,13 @@ def _print(report: BurnReport, regions: Sequence[str]) -> None:
                 p.instance.region,
                 p.instance.instance_id,
                 p.instance.instance_type,
-                str(p.instance.market),
-                f"{p.instance.launched_at:%Y-%m-%d %H:%M}",
+                "spot" if p.instance.spot else "on-demand",
+                f"{p.instance.launched_at:%Y-%m-%d %H:%M}" if p.instance.launched_at else "?",
                 format_usd(p.usd_per_hour, rate=True) if p.usd_per_hour is not None else "?",
             )
         render.console().print(table)
     else:
-        click.echo(f"No running instance in {len(regions)} region(s).")
+        click.echo("No running instance seen.")
     click.echo(f"Burn rate:            {format_usd(report.usd_per_hour)}/h")
     click.echo(f"Spent this month:     {format_usd(report.spent_usd)} (instances seen)")
     click.echo(f"Projected this month: {format_usd(report.projected_usd)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -10,11 +9,12 @@ from typing import Any
 import click
 
 from costguard.cli import render
+from costguard.cli.fleets import check_combinations, fleet_options, fleets
 from costguard.cli.params import DecimalRange
 from costguard.errors import CostguardError
 from costguard.money import format_usd
 from costguard.pricing.catalog import load_tables
-from costguard.reaper.fleet import Fleet, PriceBook, ReapReport, reap
+from costguard.reaper.fleet import PriceBook, ReapReport, reap
 from costguard.reaper.policy import (
     DESTRUCTIVE,
     MAX_IDLE_MINUTES,
@@ -51,24 +51,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     epilog=EXAMPLES,
     short_help="Stop or terminate idle GPU instances (dry run unless --execute).",
 )
-@click.option(
-    "--provider",
-    type=click.Choice(["aws", "gcp", "azure"], case_sensitive=False),
-    default="aws",
-    show_default=True,
-    help="Which cloud to look at.",
-)
-@click.option(
-    "--region",
-    "regions",
-    multiple=True,
-    help="Region (repeatable). Default: AWS's default region; all for GCP/Azure.",
-)
-@click.option("--all-regions", is_flag=True, help="AWS: every region enabled in the account.")
-@click.option("--zone", "zones", multiple=True, help="GCP zone (repeatable), e.g. us-central1-a.")
-@click.option("--project", envvar="GOOGLE_CLOUD_PROJECT", help="GCP project ID.")
-@click.option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="Azure subscription ID.")
-@click.option("--resource-group", help="Azure: only this resource group.")
+@fleet_options("Region (repeatable). Default: AWS's default region; all for GCP/Azure.")
 @click.option(
     "--idle-minutes",
     type=click.IntRange(1, MAX_IDLE_MINUTES),
@@ -162,12 +145,17 @@ def reap_command(ctx: click.Context, /, **options: Any) -> None:
     """
     settings = ctx.find_object(Settings) or Settings.load()
     provider = options["provider"].lower()
-    _check_combinations(provider, options)
+    check_combinations(provider, options)
     policy = _policy(provider, options)
     limits = ReapLimits(options["max_actions"], float(options["max_percent"]))
     prices = PriceBook(load_tables(settings.pricing_dir, settings.pricing_cache_dir))
-    fleets = _fleets(provider, options, prices, settings)
-    report = reap(fleets, policy, limits, datetime.now(UTC), execute=options["execute"])
+    report = reap(
+        fleets(provider, options, prices, settings),
+        policy,
+        limits,
+        datetime.now(UTC),
+        execute=options["execute"],
+    )
     if options["output_format"].lower() == "json":
         render.print_json(to_document(report, provider))
     else:
@@ -177,25 +165,6 @@ def reap_command(ctx: click.Context, /, **options: Any) -> None:
     if report.failures:
         msg = f"{len(report.failures)} of {len(report.outcomes)} actions failed"
         raise CostguardError(msg, hint="the report says which and why; a rerun retries them")
-
-
-def _check_combinations(provider: str, options: dict[str, Any]) -> None:
-    """Flags that only make sense together; bad ones exit 2 before any cloud call."""
-    if options["all_regions"] and (options["regions"] or provider != "aws"):
-        msg = "--all-regions is for AWS and replaces --region"
-        raise click.UsageError(msg)
-    if options["zones"] and provider != "gcp":
-        msg = "--zone is for --provider gcp"
-        raise click.UsageError(msg)
-    if provider == "gcp" and not options["project"]:
-        msg = "--provider gcp needs --project (or GOOGLE_CLOUD_PROJECT)"
-        raise click.UsageError(msg)
-    if options["resource_group"] and provider != "azure":
-        msg = "--resource-group is for --provider azure"
-        raise click.UsageError(msg)
-    if provider == "azure" and not options["subscription"]:
-        msg = "--provider azure needs --subscription (or AZURE_SUBSCRIPTION_ID)"
-        raise click.UsageError(msg)
 
 
 def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
@@ -215,41 +184,6 @@ def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
         sample_period_seconds=adapter.PERIOD_SECONDS,
         max_lag_seconds=adapter.MAX_LAG_SECONDS,
     )
-
-
-def _fleets(
-    provider: str, options: dict[str, Any], prices: PriceBook, settings: Settings
-) -> list[Fleet]:
-    """Validate locations offline, then build one fleet per AWS region or one per account."""
-    regions: Sequence[str] = options["regions"]
-    if provider == "aws":
-        from costguard.reaper import aws
-
-        regions = aws.check_regions(regions) if regions else ()
-        if options["all_regions"]:
-            regions = tuple(aws.enabled_regions())
-        return [aws.AwsFleet(r, prices) for r in regions or (aws.default_region(),)]
-    if provider == "gcp":
-        from costguard.reaper import gcp
-
-        gcp.check_locations(regions, options["zones"])
-        return [
-            gcp.GcpFleet(
-                options["project"], prices, settings, regions=regions, zones=options["zones"]
-            )
-        ]
-    from costguard.reaper import azure
-
-    azure.check_regions(regions)
-    return [
-        azure.AzureFleet(
-            options["subscription"],
-            prices,
-            settings,
-            regions=regions,
-            resource_group=options["resource_group"],
-        )
-    ]
 
 
 def _rate(verdict: IdleVerdict) -> str:

@@ -1,0 +1,110 @@
+"""Which instances a command looks at: the shared ``--provider``/``--region``/... flags.
+
+``costguard reap`` and ``costguard burn`` both list instances through the reaper's cloud
+adapters (:mod:`costguard.reaper.aws`, ``gcp``, ``azure``): one listing per AWS region,
+GCP project or Azure subscription. Locations are checked offline, before any cloud call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+
+from costguard.reaper.fleet import Fleet, PriceBook
+from costguard.settings import Settings
+
+
+def fleet_options(region_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the location flags to a click command; ``region_help`` says the default."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        region = click.option("--region", "regions", multiple=True, help=region_help)
+        for option in reversed((_PROVIDER, region, *_OPTIONS)):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+_PROVIDER = click.option(
+    "--provider",
+    type=click.Choice(["aws", "gcp", "azure"], case_sensitive=False),
+    default="aws",
+    show_default=True,
+    help="Which cloud to look at.",
+)
+_OPTIONS = (
+    click.option("--all-regions", is_flag=True, help="AWS: every region enabled in the account."),
+    click.option(
+        "--zone", "zones", multiple=True, help="GCP zone (repeatable), e.g. us-central1-a."
+    ),
+    click.option("--project", envvar="GOOGLE_CLOUD_PROJECT", help="GCP project ID."),
+    click.option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="Azure subscription ID."),
+    click.option("--resource-group", help="Azure: only this resource group."),
+)
+
+
+def check_combinations(provider: str, options: dict[str, Any]) -> None:
+    """Flags that only make sense together; bad ones exit 2 before any cloud call."""
+    if options["all_regions"] and (options["regions"] or provider != "aws"):
+        msg = "--all-regions is for AWS and replaces --region"
+        raise click.UsageError(msg)
+    if options["zones"] and provider != "gcp":
+        msg = "--zone is for --provider gcp"
+        raise click.UsageError(msg)
+    if provider == "gcp" and not options["project"]:
+        msg = "--provider gcp needs --project (or GOOGLE_CLOUD_PROJECT)"
+        raise click.UsageError(msg)
+    if options["resource_group"] and provider != "azure":
+        msg = "--resource-group is for --provider azure"
+        raise click.UsageError(msg)
+    if provider == "azure" and not options["subscription"]:
+        msg = "--provider azure needs --subscription (or AZURE_SUBSCRIPTION_ID)"
+        raise click.UsageError(msg)
+
+
+def fleets(
+    provider: str,
+    options: dict[str, Any],
+    prices: PriceBook,
+    settings: Settings,
+    *,
+    aws_default_regions: Sequence[str] = (),
+) -> list[Fleet]:
+    """Validate locations offline, then one fleet per AWS region or one per account.
+
+    AWS without ``--region`` looks at ``aws_default_regions``, or the profile's region.
+    """
+    check_combinations(provider, options)
+    regions: Sequence[str] = options["regions"]
+    if provider == "aws":
+        from costguard.reaper import aws  # the SDK loads only now
+
+        regions = aws.check_regions(regions) if regions else ()
+        if options["all_regions"]:
+            regions = tuple(aws.enabled_regions())
+        chosen = regions or tuple(aws_default_regions) or (aws.default_region(),)
+        return [aws.AwsFleet(r, prices) for r in chosen]
+    if provider == "gcp":
+        from costguard.reaper import gcp
+
+        gcp.check_locations(regions, options["zones"])
+        return [
+            gcp.GcpFleet(
+                options["project"], prices, settings, regions=regions, zones=options["zones"]
+            )
+        ]
+    from costguard.reaper import azure
+
+    azure.check_regions(regions)
+    return [
+        azure.AzureFleet(
+            options["subscription"],
+            prices,
+            settings,
+            regions=regions,
+            resource_group=options["resource_group"],
+        )
+    ]
