@@ -31,4 +31,5 @@ def test_help_shows_an_example(run_cli: Callable[..., Any], path: tuple[str, ...
 
 
 def test_every_registered_command_is_covered() -> None:
-    assert {"estimate", "pricing", "alarm", "burn", "reap", "agent"} <= {p[0] for p in PATHS if p}
+    expected = {"estimate", "pricing", "alarm", "burn", "reap", "agent", "run", "checkpoint"}
+    assert expected <= {p[0] for p in PATHS if p}

@@ -17,9 +17,11 @@ from costguard import __version__
 from costguard.cli.agent import agent_command
 from costguard.cli.alarm import alarm_group
 from costguard.cli.burn import burn_command
+from costguard.cli.checkpoint import checkpoint_group
 from costguard.cli.estimate import estimate_command
 from costguard.cli.pricing import pricing_group
 from costguard.cli.reap import reap_command
+from costguard.cli.run import run_command
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.settings import Settings
 
@@ -113,6 +115,8 @@ cli.add_command(alarm_group)
 cli.add_command(burn_command)
 cli.add_command(reap_command)
 cli.add_command(agent_command)
+cli.add_command(run_command)
+cli.add_command(checkpoint_group)
 
 
 def main() -> None:

@@ -1,0 +1,31 @@
+"""Checkpoint to object storage and resume after preemption.
+
+``from costguard.checkpoint import Checkpointer`` is all a training script needs (see
+:class:`~costguard.checkpoint.checkpointer.Checkpointer`). torch and fsspec are imported
+when a Checkpointer is made, not here.
+"""
+
+from costguard.checkpoint.checkpointer import (
+    EXIT_PREEMPTED,
+    Checkpointer,
+    Preempted,
+    RestoreError,
+    SaveResult,
+)
+from costguard.checkpoint.schedule import Schedule, suggest_interval_s, young_daly_interval_s
+from costguard.checkpoint.state import ResumableLoader
+from costguard.checkpoint.store import RetryPolicy, StoreError
+
+__all__ = [
+    "EXIT_PREEMPTED",
+    "Checkpointer",
+    "Preempted",
+    "RestoreError",
+    "ResumableLoader",
+    "RetryPolicy",
+    "SaveResult",
+    "Schedule",
+    "StoreError",
+    "suggest_interval_s",
+    "young_daly_interval_s",
+]

@@ -1,0 +1,324 @@
+"""Checkpoints as values: names, manifests, which one is the latest complete, what to delete. Pure.
+
+A checkpoint is a folder ``ckpt-<step>-<id>/`` under the store's root holding payload
+objects and ``manifest.json``. The manifest lists every payload object with its size and
+sha256 and is written **last**, so a checkpoint without a readable manifest whose objects
+are all present is never "latest", whatever its step number. Restore walks
+:func:`restore_order` and verifies each object's sha256 before using it.
+
+>>> m = Manifest(name=checkpoint_name(200, "0a1b2c3d"), step=200, created_unix=1.0,
+...              objects=(ObjectEntry("state.pt", 10, "ab" * 32),))
+>>> m.name
+'ckpt-000000000200-0a1b2c3d'
+>>> latest_complete([m], {"ckpt-000000000200-0a1b2c3d/state.pt": 10}) == m
+True
+>>> latest_complete([m], {"ckpt-000000000200-0a1b2c3d/state.pt": 9}) is None
+True
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from costguard.errors import CostguardError
+
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d{12})-([0-9a-f]{8})$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_OBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+class ManifestError(CostguardError):
+    """A manifest that cannot be parsed or does not describe a checkpoint."""
+
+
+@dataclass(frozen=True, order=True)
+class ObjectEntry:
+    """One payload object of a checkpoint: its file name, size and sha256."""
+
+    name: str
+    size_bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The commit record of one checkpoint (written after all its payload objects)."""
+
+    #: The checkpoint's folder name, ``ckpt-<step:012d>-<8 hex>``.
+    name: str
+    #: Completed training steps: restore returns it as the step to start from.
+    step: int
+    created_unix: float
+    objects: tuple[ObjectEntry, ...]
+    epoch: int | None = None
+    library_version: str = ""
+    format_version: int = FORMAT_VERSION
+    #: Why it was saved: ``schedule``, ``demand``, ``notice:<source>``.
+    reason: str = "schedule"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def size_bytes(self) -> int:
+        """Total payload bytes."""
+        return sum(o.size_bytes for o in self.objects)
+
+    def object_path(self, obj: ObjectEntry | str) -> str:
+        """The object's path relative to the store's root.
+
+        >>> Manifest("ckpt-000000000001-00000000", 1, 0.0, ()).object_path("state.pt")
+        'ckpt-000000000001-00000000/state.pt'
+        """
+        return f"{self.name}/{obj if isinstance(obj, str) else obj.name}"
+
+    @property
+    def manifest_path(self) -> str:
+        """Where this manifest lives relative to the store's root."""
+        return f"{self.name}/{MANIFEST_FILE}"
+
+    def to_json(self) -> str:
+        """The manifest as JSON text (stable key order, so equal manifests are equal bytes)."""
+        return json.dumps(
+            {
+                "format_version": self.format_version,
+                "name": self.name,
+                "step": self.step,
+                "epoch": self.epoch,
+                "created_unix": self.created_unix,
+                "library_version": self.library_version,
+                "reason": self.reason,
+                "objects": [
+                    {"name": o.name, "size_bytes": o.size_bytes, "sha256": o.sha256}
+                    for o in self.objects
+                ],
+                "extra": dict(self.extra),
+            },
+            sort_keys=True,
+            indent=1,
+        )
+
+
+def checkpoint_name(step: int, unique: str) -> str:
+    """The folder name of the checkpoint of ``step``; ``unique`` is 8 hex digits.
+
+    The unique part keeps a re-save of the same step (after a resume) from overwriting a
+    complete checkpoint in place.
+
+    >>> checkpoint_name(7, "deadbeef")
+    'ckpt-000000000007-deadbeef'
+    """
+    if step < 0 or step >= 10**12:
+        msg = f"step {step} is out of range (0 to 10**12 - 1)"
+        raise ValueError(msg)
+    if not re.fullmatch(r"[0-9a-f]{8}", unique):
+        msg = f"unique part {unique!r} must be 8 lowercase hex digits"
+        raise ValueError(msg)
+    return f"ckpt-{step:012d}-{unique}"
+
+
+def parse_name(name: str) -> int | None:
+    """The step encoded in a checkpoint folder name, or ``None`` if it is not one.
+
+    >>> parse_name("ckpt-000000000042-0123abcd"), parse_name("notes.txt")
+    (42, None)
+    """
+    match = _NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_manifest(text: str | bytes, name: str) -> Manifest:
+    """Parse and validate the manifest of checkpoint ``name``; :class:`ManifestError` if bad.
+
+    >>> try:
+    ...     parse_manifest("{", "ckpt-000000000001-00000000")
+    ... except ManifestError as exc:
+    ...     print(exc)
+    manifest of ckpt-000000000001-00000000 is not valid JSON
+    """
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError):
+        msg = f"manifest of {name} is not valid JSON"
+        raise ManifestError(msg) from None
+    try:
+        return _from_dict(data, name)
+    except (KeyError, TypeError, ValueError) as exc:
+        msg = f"manifest of {name} is malformed: {exc}"
+        raise ManifestError(msg) from None
+
+
+def _from_dict(data: Any, name: str) -> Manifest:
+    if not isinstance(data, dict):
+        msg = "not a JSON object"
+        raise TypeError(msg)
+    if data["format_version"] != FORMAT_VERSION:
+        msg = f"format_version {data['format_version']!r} (this costguard reads {FORMAT_VERSION})"
+        raise ValueError(msg)
+    if data["name"] != name:
+        msg = f"it names {data['name']!r}"
+        raise ValueError(msg)
+    step = data["step"]
+    if not isinstance(step, int) or isinstance(step, bool) or parse_name(name) != step:
+        msg = f"step {step!r} does not match the folder name"
+        raise ValueError(msg)
+    objects = []
+    for raw in data["objects"]:
+        size, digest, object_name = raw["size_bytes"], raw["sha256"], raw["name"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            msg = f"object size {size!r}"
+            raise ValueError(msg)
+        if not isinstance(digest, str) or not _SHA256.match(digest):
+            msg = f"object sha256 {digest!r}"
+            raise ValueError(msg)
+        if (
+            not isinstance(object_name, str)
+            or not _OBJECT.match(object_name)
+            or object_name == MANIFEST_FILE
+        ):
+            msg = f"object name {object_name!r}"
+            raise ValueError(msg)
+        objects.append(ObjectEntry(object_name, size, digest))
+    if not objects or len({o.name for o in objects}) != len(objects):
+        msg = "no objects, or an object listed twice"
+        raise ValueError(msg)
+    epoch = data.get("epoch")
+    extra = data.get("extra", {})
+    if not isinstance(extra, dict):
+        msg = "extra is not an object"
+        raise TypeError(msg)
+    return Manifest(
+        name=name,
+        step=step,
+        created_unix=float(data["created_unix"]),
+        objects=tuple(objects),
+        epoch=int(epoch) if epoch is not None else None,
+        library_version=str(data.get("library_version", "")),
+        reason=str(data.get("reason", "schedule")),
+        extra=extra,
+    )
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a store's listing says about one checkpoint folder."""
+
+    name: str
+    step: int
+    #: Object file name -> size in bytes, as listed (the manifest included).
+    objects: Mapping[str, int]
+
+    @property
+    def has_manifest(self) -> bool:
+        """Whether a manifest object is present (it may still be unreadable)."""
+        return MANIFEST_FILE in self.objects
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes this folder holds in the store."""
+        return sum(self.objects.values())
+
+
+def scan(paths: Mapping[str, int]) -> list[Listing]:
+    """Group a store listing (relative path -> size) into checkpoint folders, oldest first.
+
+    Paths outside a checkpoint folder (another tool's files, probe objects) are ignored.
+
+    >>> [(c.name, c.has_manifest) for c in scan({
+    ...     "ckpt-000000000002-00000000/state.pt": 5,
+    ...     "ckpt-000000000002-00000000/manifest.json": 1,
+    ...     "ckpt-000000000003-00000001/state.pt": 2,
+    ...     "README": 3})]
+    [('ckpt-000000000002-00000000', True), ('ckpt-000000000003-00000001', False)]
+    """
+    folders: dict[str, dict[str, int]] = {}
+    for path, size in paths.items():
+        folder, _, rest = path.strip("/").partition("/")
+        if rest and parse_name(folder) is not None:
+            folders.setdefault(folder, {})[rest] = size
+    return sorted(
+        (Listing(name, parse_name(name) or 0, objects) for name, objects in folders.items()),
+        key=lambda c: (c.step, c.name),
+    )
+
+
+def is_complete(manifest: Manifest, present: Mapping[str, int]) -> bool:
+    """Whether every object the manifest lists is present with the listed size.
+
+    ``present`` maps relative paths to sizes (a store listing). Sizes catch truncation
+    cheaply; the sha256 is checked when the checkpoint is read.
+    """
+    return all(present.get(manifest.object_path(o)) == o.size_bytes for o in manifest.objects)
+
+
+def restore_order(manifests: Iterable[Manifest], present: Mapping[str, int]) -> list[Manifest]:
+    """Complete checkpoints, the one to try first first (highest step, then newest).
+
+    >>> a = Manifest("ckpt-000000000001-00000000", 1, 5.0, (ObjectEntry("s", 1, "0" * 64),))
+    >>> b = Manifest("ckpt-000000000002-00000000", 2, 1.0, (ObjectEntry("s", 1, "0" * 64),))
+    >>> [m.step for m in restore_order([a, b], {a.object_path("s"): 1, b.object_path("s"): 1})]
+    [2, 1]
+    """
+    complete = [m for m in manifests if is_complete(m, present)]
+    return sorted(complete, key=lambda m: (m.step, m.created_unix, m.name), reverse=True)
+
+
+def latest_complete(manifests: Iterable[Manifest], present: Mapping[str, int]) -> Manifest | None:
+    """The checkpoint to resume from: the first of :func:`restore_order`, or ``None``."""
+    order = restore_order(manifests, present)
+    return order[0] if order else None
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """Delete one checkpoint folder: its manifest first (so it stops being complete)."""
+
+    name: str
+    paths: tuple[str, ...]
+    reason: str  # "retention" or "partial"
+
+
+def plan_retention(
+    listings: Iterable[Listing],
+    committed: Collection[str],
+    keep_last: int,
+    *,
+    protect: Collection[str] = (),
+) -> list[Deletion]:
+    """What to delete after a commit: complete checkpoints beyond the newest ``keep_last``,
+    and partial folders left by a killed writer.
+
+    ``committed`` names the folders whose manifest was read and found complete; anything
+    else is partial. ``protect`` names folders never to touch (a save in flight). Each
+    deletion lists the manifest first: deleting it makes the folder partial, never a
+    "latest" with missing objects.
+
+    >>> ls = scan({f"ckpt-00000000000{s}-00000000/{f}": 1
+    ...            for s in (1, 2, 3) for f in ("state.pt", "manifest.json")})
+    >>> [(d.name, d.reason) for d in plan_retention(ls, [c.name for c in ls], keep_last=2)]
+    [('ckpt-000000000001-00000000', 'retention')]
+    """
+    if keep_last < 1:
+        msg = f"keep_last must be at least 1, not {keep_last}"
+        raise ValueError(msg)
+    listings = list(listings)
+    complete = sorted(
+        (c for c in listings if c.name in committed), key=lambda c: (c.step, c.name), reverse=True
+    )
+    deletions = []
+    for c in complete[keep_last:]:
+        if c.name not in protect:
+            deletions.append(Deletion(c.name, _paths_manifest_first(c), "retention"))
+    for c in listings:
+        if c.name not in committed and c.name not in protect:
+            deletions.append(Deletion(c.name, _paths_manifest_first(c), "partial"))
+    return deletions
+
+
+def _paths_manifest_first(listing: Listing) -> tuple[str, ...]:
+    names = sorted(listing.objects, key=lambda n: (n != MANIFEST_FILE, n))
+    return tuple(f"{listing.name}/{n}" for n in names)

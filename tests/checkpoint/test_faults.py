@@ -1,0 +1,153 @@
+"""Faults: an HTTP proxy in front of moto S3 that answers some requests with 503 or
+stalls them. Saves retry and succeed, or are reported; training goes on; nothing
+earlier is lost."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import pytest
+import torch
+
+from costguard.checkpoint import Checkpointer, RetryPolicy
+from tests.checkpoint.conftest import make_s3_bucket
+
+
+@dataclass
+class Faults:
+    """Fail the next ``fail_puts`` PUTs with 503; stall the next ``stall_puts`` PUTs."""
+
+    fail_puts: int = 0
+    stall_puts: int = 0
+    stall_s: float = 3.0
+    failed: int = 0
+    stalled: int = 0
+
+
+def make_handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
+    target = urlsplit(upstream)
+
+    class Proxy(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if self.command == "PUT" and faults.fail_puts > 0:
+                faults.fail_puts -= 1
+                faults.failed += 1
+                payload = b"<Error><Code>SlowDown</Code><Message>Please reduce</Message></Error>"
+                self.send_response(503)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            if self.command == "PUT" and faults.stall_puts > 0:
+                faults.stall_puts -= 1
+                faults.stalled += 1
+                time.sleep(faults.stall_s)  # longer than the client's read timeout
+                self.close_connection = True
+                return
+            conn = http.client.HTTPConnection(
+                target.hostname or "127.0.0.1", target.port, timeout=30
+            )
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            self.send_response(response.status)
+            for key, value in response.getheaders():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(key, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            conn.close()
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+    return Proxy
+
+
+@pytest.fixture
+def flaky_s3(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
+    make_s3_bucket(aws_env, "flaky")
+    faults = Faults()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(aws_env, faults))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        yield faults
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def train(model: torch.nn.Linear, opt: torch.optim.Optimizer) -> None:
+    loss = model(torch.randn(4, 6)).pow(2).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
+
+
+@pytest.mark.slow
+def test_throttled_and_stalled_puts_are_retried(flaky_s3: Faults) -> None:
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = Checkpointer(
+        "s3://flaky/run",
+        every_steps=1,
+        retry=FAST,
+        storage_options={"config_kwargs": {"read_timeout": 1, "retries": {"max_attempts": 1}}},
+    )
+    flaky_s3.fail_puts, flaky_s3.stall_puts, flaky_s3.stall_s = 3, 1, 2.0
+    for step in range(3):
+        train(model, opt)
+        ckpt.step(step, model=model, optimizer=opt)
+    ckpt.close()
+    assert flaky_s3.failed == 3
+    assert flaky_s3.stalled == 1
+    assert [r.ok for r in ckpt.results] == [True, True, True]
+    fresh = torch.nn.Linear(6, 3)
+    assert Checkpointer("s3://flaky/run").restore(model=fresh) == 3
+    assert torch.equal(fresh.weight, model.weight)
+
+
+@pytest.mark.slow
+def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(flaky_s3: Faults) -> None:
+    model = torch.nn.Linear(6, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ckpt = Checkpointer(
+        "s3://flaky/run",
+        every_steps=1,
+        retry=FAST,
+        storage_options={"config_kwargs": {"retries": {"max_attempts": 1}}},
+    )
+    train(model, opt)
+    ckpt.step(0, model=model, optimizer=opt)
+    ckpt.flush()
+    saved = model.weight.detach().clone()
+    flaky_s3.fail_puts = 10**6  # the store refuses every write from now on
+    for step in range(1, 3):
+        train(model, opt)
+        assert ckpt.step(step, model=model, optimizer=opt) is False  # training goes on
+    ckpt.close()
+    assert [r.ok for r in ckpt.results] == [True, False, False]
+    assert all("Please reduce" in (r.error or "") for r in ckpt.results[1:])
+    flaky_s3.fail_puts = 0
+    fresh = torch.nn.Linear(6, 3)
+    assert Checkpointer("s3://flaky/run").restore(model=fresh) == 1
+    assert torch.equal(fresh.weight, saved)

@@ -1,0 +1,325 @@
+"""Acceptance through `costguard run`: real training children, real signals, real notices.
+
+* exact resume: killed by SIGTERM/SIGUSR1 at random steps 3 times, resumed each time,
+  the final weights are bitwise identical to an uninterrupted run (local store, moto S3);
+* notices: each cloud's metadata service announces a preemption while training; the
+  emergency save is durable before the deadline and the resume loses zero steps;
+* bad input fails before the script starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from email.utils import formatdate
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from costguard.checkpoint.store import Store
+from costguard.cli.checkpoint import checkpoint_group
+from tests.checkpoint.conftest import (
+    TRAIN_SCRIPT,
+    MetadataState,
+    costguard_command,
+    make_s3_bucket,
+)
+
+STEPS = 40
+TIMEOUT_S = 120
+
+
+class Child:
+    """A `costguard run -- python train_script.py` process whose stdout lines we follow."""
+
+    def __init__(self, url: str, out: Path, env: dict[str, str], *extra: str) -> None:
+        command = [*costguard_command(), "run", "--checkpoint", url, *extra, "--"]
+        command += [sys.executable, str(TRAIN_SCRIPT), "--steps", str(STEPS), "--out", str(out)]
+        command += ["--sleep", "0.05"]
+        self.proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: list[str] = []
+        self.deadline = time.monotonic() + TIMEOUT_S
+
+    def read_until(self, predicate: Callable[[str], bool]) -> str:
+        assert self.proc.stdout is not None
+        while time.monotonic() < self.deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.strip())
+            if predicate(line.strip()):
+                return line.strip()
+        self.proc.kill()
+        raise AssertionError(f"child ended or timed out; stdout {self.lines[-5:]}, {self.stderr()}")
+
+    def finish(self) -> int:
+        out, _ = self.proc.communicate(timeout=TIMEOUT_S)
+        self.lines.extend(line.strip() for line in out.splitlines())
+        return self.proc.returncode
+
+    def stderr(self) -> str:
+        return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+
+    def steps(self) -> list[int]:
+        return [int(line.split()[1]) for line in self.lines if line.startswith("STEP ")]
+
+    def ready(self) -> int:
+        return int(next(line for line in self.lines if line.startswith("READY")).split()[1])
+
+
+def reached(line: str, step: int) -> bool:
+    return line.startswith("STEP ") and int(line.split()[1]) >= step
+
+
+def reference_weights(tmp_path: Path, env: dict[str, str]) -> dict[str, object]:
+    out = tmp_path / "reference.pt"
+    subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), "--steps", str(STEPS), "--out", str(out)],
+        env={**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
+        check=True,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+    )
+    return torch.load(out, weights_only=True)
+
+
+def assert_bitwise_equal(a: object, b: object) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        assert a.dtype == b.dtype
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_bitwise_equal(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_bitwise_equal(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_exact_resume_after_three_signals(
+    store: str,
+    tmp_path: Path,
+    train_env: Callable[..., dict[str, str]],
+    request: pytest.FixtureRequest,
+) -> None:
+    env = train_env()
+    if store == "s3":
+        request.getfixturevalue("aws_env")
+        make_s3_bucket(os.environ["AWS_ENDPOINT_URL"], "resume")
+        env.update({k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+        url = "s3://resume/run"
+    else:
+        url = str(tmp_path / "ckpt")
+    reference = reference_weights(tmp_path, env)
+    seed = random.randrange(10**6)
+    rng = random.Random(seed)
+    out = tmp_path / "resumed.pt"
+    done = 0
+    for attempt, sig in enumerate((signal.SIGTERM, signal.SIGUSR1, signal.SIGTERM)):
+        child = Child(url, out, env, "--every-steps", "4")
+        target = done + rng.randint(2, 8)
+        child.read_until(functools.partial(reached, step=target))
+        child.proc.send_signal(sig)
+        code = child.finish()
+        assert code == 75, (seed, attempt, child.lines[-3:], child.stderr())
+        # The save happens at the step boundary after the signal: the step being trained
+        # when it arrived is finished and saved before its STEP line is printed.
+        assert done <= child.ready() <= done + 1, (seed, attempt)
+        done = max(child.steps())
+    final = Child(url, out, env, "--every-steps", "4")
+    assert final.finish() == 0, final.stderr()
+    assert done <= final.ready() <= done + 1, f"lost steps (seed {seed})"
+    assert_bitwise_equal(torch.load(out, weights_only=True), reference)
+
+
+def _notice(cloud: str, state: MetadataState, deadline: float) -> None:
+    if cloud == "aws":
+        when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+        state.aws_action = {"action": "terminate", "time": when}
+    elif cloud == "gcp":
+        state.gcp_preempted = True
+    else:
+        state.azure_events = [
+            {
+                "EventId": "A1",
+                "EventType": "Preempt",
+                "ResourceType": "VirtualMachine",
+                "Resources": ["vm"],
+                "EventStatus": "Scheduled",
+                "NotBefore": formatdate(deadline, usegmt=True),
+                "Description": "Spot eviction",
+                "EventSource": "Platform",
+                "DurationInSeconds": -1,
+            }
+        ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
+    cloud: str,
+    tmp_path: Path,
+    train_env: Callable[..., dict[str, str]],
+    metadata_server: tuple[str, MetadataState],
+) -> None:
+    base, state = metadata_server
+    env = train_env(
+        COSTGUARD_CLOUD=cloud,
+        COSTGUARD_NOTICE_POLL_S="0.2",
+        **{f"COSTGUARD_{cloud.upper()}_METADATA_URL": base},
+    )
+    url = str(tmp_path / "ckpt")
+    child = Child(url, tmp_path / "out.pt", env, "--every-steps", "1000")
+    child.read_until(lambda line: line == "STEP 5")
+    deadline = time.time() + 30
+    _notice(cloud, state, deadline)
+    assert child.finish() == 75, child.stderr()
+    last = max(child.steps()) + 1  # the step in training when the notice came is saved too
+    manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
+    assert [m["step"] for m in manifests] in ([last], [last - 1])  # next step boundary
+    assert manifests[0]["reason"] == f"notice:{cloud}-preempt" or cloud == "aws"
+    assert manifests[0]["created_unix"] < deadline
+    resumed = Child(url, tmp_path / "out.pt", {**env, "COSTGUARD_CLOUD": "none"})
+    resumed.read_until(lambda line: line.startswith("READY"))
+    resumed.proc.kill()
+    resumed.finish()
+    assert resumed.ready() == manifests[0]["step"] >= last - 1  # zero lost steps
+    assert any("GET" in r for r in state.requests)
+
+
+def test_bad_input_fails_before_the_script_starts(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]], aws_env: str
+) -> None:
+    marker = tmp_path / "started"
+    script = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    env = train_env(**{k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    (tmp_path / "file").write_text("")
+    cases = [
+        (["--checkpoint", "s3://no-such-bucket/run"], "does not exist"),
+        (["--checkpoint", str(tmp_path / "file" / "run")], "cannot write|does not exist"),
+        (["--checkpoint", "ftp://host/x"], "scheme"),
+        (["--checkpoint", str(tmp_path / "ok"), "--every-steps", "0"], "every-steps"),
+        (["--checkpoint", str(tmp_path / "ok"), "--cloud", "mars"], "cloud"),
+    ]
+    for args, message in cases:
+        done = subprocess.run(
+            [*costguard_command(), "run", *args, "--", *script],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
+        assert done.returncode == 2, (args, done.stderr)
+        assert "Error:" in done.stderr
+        assert re.search(message, done.stderr), done.stderr
+        assert not marker.exists()
+    missing = subprocess.run(
+        [*costguard_command(), "run", "--checkpoint", str(tmp_path / "ok"), "--", "no-such-cmd-x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert missing.returncode == 2
+    assert "cannot start" in missing.stderr
+
+
+def test_exit_code_and_signal_forwarding(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+) -> None:
+    child = (
+        "import os, signal, sys, time\n"
+        "assert os.environ['COSTGUARD_CHECKPOINT_URL'].endswith('ck')\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(42))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [
+            *costguard_command(),
+            "run",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        env=train_env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "up"
+    proc.send_signal(signal.SIGUSR1)
+    assert proc.wait(timeout=30) == 42
+    proc.stdout.close()
+    code = subprocess.run(
+        [
+            *costguard_command(),
+            "run",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--",
+            sys.executable,
+            "-c",
+            "import os; os.kill(os.getpid(), 9)",
+        ],
+        env=train_env(),
+        timeout=TIMEOUT_S,
+    ).returncode
+    assert code == 137
+
+
+def test_checkpoint_ls_and_verify(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    store.put("ckpt-000000000001-00000000/state.pt", b"abc")
+    import hashlib
+
+    from costguard.checkpoint.manifest import Manifest, ObjectEntry
+
+    m = Manifest(
+        "ckpt-000000000001-00000000",
+        1,
+        0.0,
+        (ObjectEntry("state.pt", 3, hashlib.sha256(b"abc").hexdigest()),),
+    )
+    store.put(m.manifest_path, m.to_json().encode())
+    store.put("ckpt-000000000002-00000000/state.pt", b"partial")
+    runner = CliRunner()
+    ls = runner.invoke(checkpoint_group, ["ls", str(tmp_path), "--format", "json"])
+    assert ls.exit_code == 0
+    entries = json.loads(ls.stdout)["checkpoints"]
+    assert [(e["step"], e["status"], e["latest"]) for e in entries] == [
+        (1, "complete", True),
+        (2, "partial", False),
+    ]
+    ok = runner.invoke(checkpoint_group, ["verify", str(tmp_path)])
+    assert ok.exit_code == 0
+    assert "ok" in ok.stdout
+    store.put("ckpt-000000000001-00000000/state.pt", b"abd")  # same size, other bytes
+    bad = runner.invoke(checkpoint_group, ["verify", str(tmp_path)])
+    assert bad.exit_code == 1
+    assert "BAD" in bad.stdout
+    empty = runner.invoke(checkpoint_group, ["verify", str(tmp_path / "none")])
+    assert empty.exit_code == 1
