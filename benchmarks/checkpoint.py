@@ -1,0 +1,221 @@
+"""What checkpointing costs training, measured side by side in one run.
+
+1. Training stall per save / the in-memory state copy alone (target <= 1.2).
+2. Save throughput to moto S3 / raw boto3 ``upload_file`` of the same bytes (target >= 0.8);
+   restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
+   ranged GETs slowly, so both baselines are printed).
+3. Steps/s of a small training loop while a background save runs / steps/s without
+   (target >= 0.9).
+
+The state is a stack of Linear layers with AdamW moments, >= 512 MB in all. moto runs as a
+separate process on loopback so its work does not share this process's GIL.
+
+    python benchmarks/checkpoint.py [--size-mb 640] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import boto3
+import torch
+
+from costguard.checkpoint import Checkpointer
+from costguard.checkpoint import state as state_mod
+
+BUCKET = "bench-bucket"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/moto-api/", timeout=2):
+                return process, url
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    sys.exit("moto server did not start")
+
+
+def big_state(size_mb: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Linear layers whose weights plus two AdamW moments come to about ``size_mb``."""
+    dim = 2048
+    per_layer_mb = 3 * (dim * dim + dim) * 4 / 2**20
+    layers = max(1, round(size_mb / per_layer_mb))
+    model = torch.nn.Sequential(*[torch.nn.Linear(dim, dim) for _ in range(layers)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    model(torch.randn(2, dim)).sum().backward()
+    optimizer.step()  # creates the moments
+    return model, optimizer
+
+
+def small_loop() -> Any:
+    """A small training step (one thread), the work a save must not slow down."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = torch.randn(64, 256)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        model(batch).pow(2).mean().backward()
+        optimizer.step()
+
+    return step
+
+
+def steps_per_second(step: Any, seconds: float) -> float:
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        step()
+        done += 1
+    return done / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=640)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    process, endpoint = start_moto()
+    os.environ.update(
+        AWS_ENDPOINT_URL=endpoint,
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    try:
+        run(args.size_mb, args.repeats)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def run(size_mb: int, repeats: int) -> None:
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    model, optimizer = big_state(size_mb)
+    payload = state_mod.serialise(
+        state_mod.CpuCopier().copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+    )
+    size = len(payload)
+    print(f"state: {size / 2**20:.0f} MiB (model + AdamW moments), {repeats} repeats, medians")
+
+    # 1. Stall per save vs the copy alone (a local folder: the stall does not depend on it).
+    copier = state_mod.CpuCopier()
+    copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))  # warm buffers
+    copy_s = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+        copy_s.append(time.perf_counter() - started)
+    with tempfile.TemporaryDirectory() as folder:
+        ckpt = Checkpointer(folder, keep_last=1)
+        stall_s = []
+        for step in range(repeats + 1):
+            future = ckpt.save(step, model=model, optimizer=optimizer)
+            assert future is not None
+            result = future.result()
+            if step:  # the first save warms the copier's buffers
+                stall_s.append(result.stall_s)
+        ckpt.close()
+    copy_med, stall_med = statistics.median(copy_s), statistics.median(stall_s)
+    print(
+        f"1. copy alone {copy_med:.3f} s; training blocked per save {stall_med:.3f} s; "
+        f"ratio {stall_med / copy_med:.2f} (target <= 1.2)"
+    )
+
+    # 2. Save and restore through moto S3 vs boto3 on the same bytes.
+    with tempfile.TemporaryDirectory() as folder:
+        raw = Path(folder) / "payload.bin"
+        raw.write_bytes(payload)
+        upload_s, download_s, get_s = [], [], []
+        for i in range(repeats):
+            started = time.perf_counter()
+            s3.upload_file(str(raw), BUCKET, f"raw/{i}.bin")
+            upload_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            s3.download_file(BUCKET, f"raw/{i}.bin", str(Path(folder) / "down.bin"))
+            download_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            s3.get_object(Bucket=BUCKET, Key=f"raw/{i}.bin")["Body"].read()
+            get_s.append(time.perf_counter() - started)
+    ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=1)
+    save_s, restore_s = [], []
+    for step in range(repeats):
+        started = time.perf_counter()
+        future = ckpt.save(step, model=model, optimizer=optimizer)
+        assert future is not None
+        result = future.result()
+        save_s.append(time.perf_counter() - started)
+        assert result.ok, result.error
+    ckpt.close()
+    for _ in range(repeats):
+        reader = Checkpointer(f"s3://{BUCKET}/run", check=False)
+        started = time.perf_counter()
+        reader.restore(model=model, optimizer=optimizer)
+        restore_s.append(time.perf_counter() - started)
+        reader.close()
+    mb = size / 1e6
+    up, save = statistics.median(upload_s), statistics.median(save_s)
+    down, get, restore = (statistics.median(x) for x in (download_s, get_s, restore_s))
+    print(
+        f"2. save (copy+serialise+sha256+upload+manifest) {mb / save:.0f} MB/s; boto3 "
+        f"upload_file {mb / up:.0f} MB/s; ratio {up / save:.2f} (target >= 0.8)"
+    )
+    print(
+        f"   restore (download+verify+load) {mb / restore:.0f} MB/s; download_file "
+        f"{mb / down:.0f} MB/s: ratio {down / restore:.2f} (target >= 0.8); one get_object "
+        f"{mb / get:.0f} MB/s: ratio {get / restore:.2f}"
+    )
+
+    # 3. A small training loop's steps/s while the big state saves in the background.
+    step = small_loop()
+    steps_per_second(step, 1.0)  # warm up
+    alone = statistics.median(steps_per_second(step, 3.0) for _ in range(repeats))
+    with tempfile.TemporaryDirectory() as folder:
+        ckpt = Checkpointer(folder, keep_last=1)
+        ckpt.save(0, model=model, optimizer=optimizer, block=True)  # warm buffers
+        during = []
+        for i in range(repeats):
+            future = ckpt.save(i + 1, model=model, optimizer=optimizer)
+            assert future is not None
+            done, started = 0, time.perf_counter()
+            while not future.done():
+                step()
+                done += 1
+            during.append(done / (time.perf_counter() - started))
+        ckpt.close()
+    with_save = statistics.median(during)
+    print(
+        f"3. small loop alone {alone:.0f} steps/s; while a save runs {with_save:.0f} steps/s; "
+        f"ratio {with_save / alone:.2f} (target >= 0.9)"
+    )
+
+
+if __name__ == "__main__":
+    main()
