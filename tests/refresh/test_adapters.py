@@ -7,12 +7,14 @@ local catalog server. Azure: urllib to the local Retail Prices server.
 
 from __future__ import annotations
 
+import http.client
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
 
+from costguard.clouds import pages
 from costguard.errors import CostguardError
 from costguard.pricing.catalog import Catalog, Market
 from costguard.pricing.refresh import aws, azure, gcp
@@ -253,3 +255,93 @@ def test_azure_endpoint_must_be_http(catalog: Catalog) -> None:
             Settings(azure_prices_endpoint="file:///etc/passwd"),
             now=NOW,
         )
+
+
+# --- Errors that are not the SDK's own, and the shared paging guard ----------------------
+
+
+def test_aws_connection_errors_are_translated(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Dropping:
+        meta = type("Meta", (), {"endpoint_url": "https://pricing.example"})()
+
+        def get_products(self, **kwargs: object) -> None:
+            raise http.client.RemoteDisconnected("Remote end closed connection")
+
+    monkeypatch.setattr("costguard.clouds.aws.client", lambda *args, **kwargs: Dropping())
+    with pytest.raises(CostguardError, match="connection to AWS failed") as info:
+        aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+    assert "RemoteDisconnected" in info.value.message
+
+
+def test_gcp_credentials_that_cannot_refresh_are_translated(
+    gcp_catalog: LocalServer, catalog: Catalog
+) -> None:
+    from google.auth import credentials as google_credentials
+    from google.auth.exceptions import RefreshError
+
+    class Revoked(google_credentials.Credentials):
+        def refresh(self, request: object) -> None:
+            raise RefreshError("invalid_grant: token revoked")
+
+    with pytest.raises(CostguardError, match="credentials failed") as info:
+        gcp.fetch(
+            target(catalog, "gcp", "us-central1"),
+            gcp_settings(gcp_catalog),
+            now=NOW,
+            retry=FAST,
+            credentials=Revoked(),
+        )
+    assert "token revoked" in info.value.message
+    assert "gcloud auth application-default login" in (info.value.hint or "")
+    assert not gcp_catalog.requests
+
+
+def test_azure_answers_cut_short_are_retried_then_translated(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[str] = []
+
+    def cut_short(url: str) -> None:
+        calls.append(url)
+        raise http.client.IncompleteRead(b"{", 100)
+
+    monkeypatch.setattr(azure, "get_json", cut_short)
+    with pytest.raises(CostguardError, match="connection to the Azure Retail Prices API"):
+        azure.fetch(
+            target(catalog, "azure", "eastus"),
+            Settings(azure_prices_endpoint="http://127.0.0.1:9"),
+            now=NOW,
+            retry=FAST,
+        )
+    assert len(calls) == FAST.attempts
+
+
+def test_azure_stops_on_a_next_page_sent_twice(azure_prices: LocalServer, catalog: Catalog) -> None:
+    again = Reply(200, {"Items": [], "NextPageLink": f"{azure_prices.url}/api/retail/prices?p=2"})
+    azure_prices.script = [again, again]
+    with pytest.raises(CostguardError, match="twice: paging stopped"):
+        azure.fetch(
+            target(catalog, "azure", "eastus"), azure_settings(azure_prices), now=NOW, retry=FAST
+        )
+    assert len(azure_prices.requests) == 2
+
+
+def test_pages_follows_tokens_lazily_and_stops_endless_paging() -> None:
+    fetched: list[str | None] = []
+
+    def book(token: str | None) -> tuple[list[int], str | None]:
+        fetched.append(token)
+        return {None: ([1, 2], "b"), "b": ([], "c"), "c": ([3], "")}[token]
+
+    items = pages(book)
+    assert next(items) == 1
+    assert fetched == [None]  # one page at a time, as the items are used
+    assert list(items) == [2, 3]
+    assert fetched == [None, "b", "c"]
+    with pytest.raises(CostguardError, match="'x' twice"):
+        list(pages(lambda token: ([0], "x")))
+    counter = iter(range(10**6))
+    with pytest.raises(CostguardError, match="past 5 pages"):
+        list(pages(lambda token: ([0], str(next(counter))), max_pages=5))

@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
 import tomllib
 from dataclasses import replace
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from costguard.errors import CostguardError, InputError
+from costguard.pricing import catalog as catalog_module
 from costguard.pricing.catalog import (
+    Catalog,
+    InstancePrice,
     Market,
+    PriceStatus,
     Staleness,
     TablePart,
     bundled_tables_dir,
+    cache_tables_dir,
     load_catalog,
     load_tables,
     staleness,
@@ -48,7 +56,10 @@ def test_written_tables_load_back_identical(tmp_path: Path) -> None:
         ("gcp", "us-central1"): TablePart(date(2026, 11, 30), "bundled"),
     }
     cache.write_tables(target, merged_with_parts(parts), CATALOG, NOW)
-    loaded = load_catalog(target, origin="cache")
+    version = cache_tables_dir(target)
+    assert version is not None
+    assert version.parent == (target / "versions").resolve()
+    loaded = load_catalog(version, origin="cache")
     assert sorted(loaded.instances, key=repr) == sorted(CATALOG.instances, key=repr)
     assert loaded.storage == CATALOG.storage
     assert loaded.transfer == CATALOG.transfer
@@ -59,6 +70,8 @@ def test_written_tables_load_back_identical(tmp_path: Path) -> None:
     assert gpu.part("aws", "us-east-1").as_of == date(2026, 12, 1)
     assert gpu.part("azure", "eastus") == TablePart(gpu.as_of, gpu.source)  # no part: the table's
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pricing"]  # no staging left behind
+    assert sorted(p.name for p in target.iterdir()) == [".lock", "current", "versions"]
+    assert [p.name for p in (target / "versions").iterdir()] == [version.name]
 
 
 text = st.text(st.characters(codec="utf-8"), max_size=40)  # any text a file can hold
@@ -81,28 +94,75 @@ def test_index_round_trips_any_text(source: str, region: str) -> None:
     assert entry["refreshed_at"] == NOW.replace(microsecond=0)
 
 
-def test_publish_replaces_the_folder_in_one_step(tmp_path: Path) -> None:
+def test_publish_switches_current_and_keeps_only_the_previous_version(tmp_path: Path) -> None:
     target = tmp_path / "pricing"
-    cache.publish(target, {"tables.toml": b"one", "a.csv": b"1"})
-    cache.publish(target, {"tables.toml": b"two", "b.csv": b"2"})
-    assert sorted(p.name for p in target.iterdir()) == ["b.csv", "tables.toml"]
-    assert (target / "tables.toml").read_bytes() == b"two"
+    first = cache.publish(target, {"tables.toml": b"one", "a.csv": b"1"})
+    second = cache.publish(target, {"tables.toml": b"two", "b.csv": b"2"})
+    assert cache_tables_dir(target) == second.resolve()
+    assert sorted(p.name for p in second.iterdir()) == ["b.csv", "tables.toml"]
+    assert (target / "current" / "tables.toml").read_bytes() == b"two"
+    assert (target / "current").readlink() == Path("versions") / second.name  # relative
+    assert first.is_dir()  # a reader may still be reading it
+    third = cache.publish(target, {"tables.toml": b"three"})
+    assert sorted(p.name for p in (target / "versions").iterdir()) == [second.name, third.name]
+    assert not first.exists()
+    assert sorted(p.name for p in target.iterdir()) == [".lock", "current", "versions"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pricing"]
 
 
-def test_a_crash_before_the_rename_leaves_the_old_folder(tmp_path: Path, monkeypatch) -> None:
+def test_a_crash_before_the_switch_leaves_the_old_version_in_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "pricing"
-    cache.publish(target, {"tables.toml": b"old"})
+    old = cache.publish(target, {"tables.toml": b"old"})
 
-    def crash(staging: Path, target: Path) -> None:
-        assert (staging / "tables.toml").read_bytes() == b"new"  # fully written, not yet in place
+    def crash(target: Path, version: Path) -> None:
+        assert (version / "tables.toml").read_bytes() == b"new"  # fully written, not in use
         raise OSError("disk vanished")
 
-    monkeypatch.setattr(cache, "_swap_into_place", crash)
+    monkeypatch.setattr(cache, "_switch_current", crash)
     with pytest.raises(OSError, match="disk vanished"):
         cache.publish(target, {"tables.toml": b"new"})
-    assert (target / "tables.toml").read_bytes() == b"old"
+    assert (target / "current" / "tables.toml").read_bytes() == b"old"
+    assert [p.name for p in (target / "versions").iterdir()] == [old.name]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pricing"]
+
+
+def test_no_symbolic_links_is_a_clear_error_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "pricing"
+    old = cache.publish(target, {"tables.toml": b"old"})
+
+    def refuse(self: Path, *args: object, **kwargs: object) -> None:
+        raise OSError(1314, "A required privilege is not held by the client")  # Windows
+
+    monkeypatch.setattr(Path, "symlink_to", refuse)
+    with pytest.raises(CostguardError, match="cannot make a symbolic link") as info:
+        cache.publish(target, {"tables.toml": b"new"})
+    assert "Developer Mode" in (info.value.hint or "")
+    assert cache_tables_dir(target) == old.resolve()
+    assert [p.name for p in (target / "versions").iterdir()] == [old.name]
+    assert sorted(p.name for p in target.iterdir()) == [".lock", "current", "versions"]
+
+
+def test_tidy_clears_what_a_crashed_refresh_left(tmp_path: Path) -> None:
+    target = tmp_path / "pricing"
+    first = cache.publish(target, {"tables.toml": b"1"})
+    second = cache.publish(target, {"tables.toml": b"2"})
+    current = cache.publish(target, {"tables.toml": b"3"})
+    versions = target / "versions"
+    (versions / ".tmp-crashed").mkdir()  # staging, half written
+    orphan = versions / "99991231T000000000000Z-deadbeef"  # written, never made current
+    orphan.mkdir()
+    (target / ".current.tmp-crashed").symlink_to(Path("versions") / orphan.name)
+    (target / "tables.toml").write_text("an earlier release's layout")
+    (target / "gpu_instances.csv").write_text("x")
+    assert not first.exists()
+    cache.tidy(target)
+    assert sorted(p.name for p in versions.iterdir()) == [second.name, current.name]
+    assert sorted(p.name for p in target.iterdir()) == [".lock", "current", "versions"]
+    assert (target / "current" / "tables.toml").read_bytes() == b"3"
 
 
 def test_tidy_restores_tables_moved_aside_and_clears_old_staging(tmp_path: Path) -> None:
@@ -133,7 +193,14 @@ def test_check_target_refuses_foreign_folders(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"README\.md"):
         cache.check_target(tables)
     (tables / "README.md").unlink()
+    cache.check_target(tables)  # an earlier release's layout: the next refresh replaces it
+    cache.publish(tables, {"tables.toml": b"x"})
+    cache.check_target(tables)  # what a refresh writes
+    (tables / "versions" / "notes.txt").write_text("mine")  # inside versions/: ours to manage
     cache.check_target(tables)
+    (tables / "current-backup").symlink_to("versions")
+    with pytest.raises(InputError, match="current-backup"):
+        cache.check_target(tables)
 
 
 def test_load_tables_prefers_the_fresher(tmp_path: Path) -> None:
@@ -145,6 +212,41 @@ def test_load_tables_prefers_the_fresher(tmp_path: Path) -> None:
     index.write_text(index.read_text().replace('as_of = "2026-11-30"', 'as_of = "2026-01-01"'))
     assert load_tables(cache_dir=cache_dir).origin == "bundled"
     assert load_tables(pricing_dir=cache_dir, cache_dir=cache_dir).origin == "directory"
+
+
+def write_refreshed_cache(cache_dir: Path, refreshed_on: date, oldest: date) -> None:
+    """A cache as a partial refresh leaves it: one region fresh, the rest as old as ``oldest``."""
+    merged = merge_tables(CATALOG, [], NOW)
+    meta = tuple(
+        TableMeta(
+            m.name,
+            m.file,
+            oldest,
+            m.source,
+            datetime(refreshed_on.year, refreshed_on.month, refreshed_on.day, 8, tzinfo=UTC),
+            {
+                ("aws", "us-east-1"): TablePart(refreshed_on, "AWS API"),
+                ("aws", "us-west-2"): TablePart(oldest, "kept"),
+            },
+        )
+        if m.name in ("gpu_instances", "cpu_instances")
+        else m
+        for m in merged.meta
+    )
+    cache.write_tables(cache_dir, MergedTables(merged.instances, meta, merged.stats), CATALOG, NOW)
+
+
+def test_a_newer_bundled_release_does_not_replace_a_partial_refresh(tmp_path: Path) -> None:
+    cache_dir = tmp_path / "cache"
+    bundled = CATALOG.as_of  # 2026-11-30
+    # Refreshed (one region) after the bundled tables were made; other regions older.
+    write_refreshed_cache(cache_dir, bundled + timedelta(days=3), bundled - timedelta(days=60))
+    catalog = load_tables(cache_dir=cache_dir)
+    assert catalog.origin == "cache"  # the oldest cache date is older, but not all of it
+    assert catalog.tables["gpu_instances"].part("aws", "us-east-1").as_of == date(2026, 12, 3)
+    # Refreshed before the bundled tables were made: everything bundled is newer.
+    write_refreshed_cache(cache_dir, bundled - timedelta(days=1), bundled - timedelta(days=60))
+    assert load_tables(cache_dir=cache_dir).origin == "bundled"
 
 
 def test_a_broken_cache_says_how_to_recover(tmp_path: Path) -> None:
@@ -183,3 +285,121 @@ def test_settings_cache_dir(tmp_path: Path) -> None:
     settings = Settings.load(env=env)
     assert settings.pricing_cache_dir == tmp_path / "mine"
     assert settings.stale_warning is False
+
+
+# --- Readers and writers at once --------------------------------------------------------
+
+HEADERS = {
+    name: (bundled_tables_dir() / f"{name}.csv").read_text().splitlines()[0]
+    for name in ("storage", "transfer", "regions")
+}
+
+
+def tiny_version(number: int) -> dict[str, bytes]:
+    """Small, valid tables whose index and every CSV row say which version they are."""
+    tag = f"v{number}"
+    row = InstancePrice(
+        "aws", "us-east-1", "g5.xlarge", "A10G", 1, Decimal(4), Decimal(16),
+        Decimal(number + 1), None, PriceStatus.LISTED, None, tag,
+    )  # fmt: skip
+    cpu = replace(row, instance_type="m5.large", accelerator=None, accelerator_count=0)
+    files = {
+        "gpu_instances.csv": cache.render_instances([row]),
+        "cpu_instances.csv": cache.render_instances([cpu]),
+        **{f"{name}.csv": (header + "\n").encode() for name, header in HEADERS.items()},
+    }
+    meta = [
+        TableMeta(name, f"{name}.csv", date(2099, 1, 1), tag)
+        for name in ("gpu_instances", "cpu_instances", "storage", "transfer", "regions")
+    ]
+    files["tables.toml"] = cache.render_index(meta, NOW).encode()
+    return files
+
+
+def version_of(catalog: Catalog) -> str:
+    """The version a catalog was read from; fails when its parts disagree."""
+    tags = {info.source for info in catalog.tables.values()}
+    tags |= {row.note for row in catalog.instances}
+    assert len(tags) == 1, f"a read mixed versions: {sorted(tags)}"
+    return tags.pop()
+
+
+def test_reads_during_publishes_always_see_one_whole_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What readers see is the point here, not durability: skip the (slow) fsyncs.
+    monkeypatch.setattr(cache, "_write_synced", Path.write_bytes)
+    monkeypatch.setattr(cache, "_fsync_dir", lambda path: None)
+    target = tmp_path / "pricing"
+    cache.publish(target, tiny_version(0))
+    publishes = 30
+    done = threading.Event()
+    errors: list[BaseException] = []
+    seen: list[str] = []
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                catalog = load_tables(cache_dir=target)
+                assert catalog.origin == "cache"
+                seen.append(version_of(catalog))
+            except BaseException as exc:  # every failure counts
+                errors.append(exc)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for reader in readers:
+        reader.start()
+    try:
+        for number in range(1, publishes + 1):
+            cache.publish(target, tiny_version(number))
+    finally:
+        done.set()
+        for reader in readers:
+            reader.join()
+    assert errors == []
+    assert len(seen) > publishes  # the reads really overlapped the publishes
+    assert len(set(seen)) > 1
+    assert version_of(load_tables(cache_dir=target)) == f"v{publishes}"
+
+
+def test_a_read_that_loses_its_version_reads_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "pricing"
+    cache.publish(target, tiny_version(1))
+    real_load = catalog_module.load_catalog
+    calls: list[Path] = []
+
+    def load_meanwhile(directory: Path | None = None, **kwargs: Any) -> Catalog:
+        calls.append(directory)  # type: ignore[arg-type]
+        if len(calls) == 1:  # two refreshes land while the first read is under way
+            cache.publish(target, tiny_version(2))
+            cache.publish(target, tiny_version(3))
+            assert directory is not None
+            assert not directory.exists()
+        return real_load(directory, **kwargs)
+
+    monkeypatch.setattr(catalog_module, "load_catalog", load_meanwhile)
+    assert version_of(load_tables(cache_dir=target)) == "v3"
+    assert len(calls) == 2
+
+
+def test_refreshes_take_turns(tmp_path: Path) -> None:
+    target = tmp_path / "pricing"
+    order: list[str] = []
+    inside = threading.Event()
+
+    def second() -> None:
+        inside.wait()
+        with cache.locked(target):
+            order.append("second")
+
+    other = threading.Thread(target=second)
+    other.start()
+    with cache.locked(target):
+        inside.set()
+        with cache.locked(target):  # re-entrant in one thread: publish runs under it
+            time.sleep(0.05)
+        order.append("first")
+    other.join()
+    assert order == ["first", "second"]

@@ -195,11 +195,13 @@ def test_merge_tables_only_touches_the_refreshed_providers(providers, factor) ->
 
 def test_full_refresh_dates_the_parts_and_the_table() -> None:
     rows = [r for r in CATALOG.instances if r.provider == "azure"]
+    regions = frozenset(r.region for r in rows)
     fresh = FreshPrices(
         "azure",
-        frozenset(r.region for r in rows),
+        regions,
         BOTH,
-        RowPrices({}, frozenset(row_key(r) for r in rows)),
+        # The API listed prices in every region, none for these rows: all flagged.
+        RowPrices({}, frozenset(row_key(r) for r in rows), regions),
         "Azure Retail Prices API (https://prices.azure.com/api/retail/prices)",
         NOW,
         0,
@@ -211,3 +213,44 @@ def test_full_refresh_dates_the_parts_and_the_table() -> None:
     assert gpu.source.startswith("aws: SkyPilot catalog v8")
     assert "azure: Azure Retail Prices API" in gpu.source
     assert merged.stats["azure"].not_found == len(rows)
+
+
+def test_regions_nothing_came_back_for_keep_their_rows_date_and_source() -> None:
+    rows = [r for r in CATALOG.instances if r.provider == "aws"]
+    asked = frozenset(r.region for r in rows)
+    east = [r for r in rows if r.region == "us-east-1"]
+    west = next(r for r in rows if r.region == "us-west-2")  # listed, none of its rows priced
+    fresh = FreshPrices(
+        "aws",
+        asked,
+        BOTH,
+        RowPrices(
+            {row_key(r): {Market.ON_DEMAND: Decimal(9)} for r in east},
+            frozenset(row_key(r) for r in rows),
+            frozenset({"us-west-2"}),
+        ),
+        "AWS API",
+        NOW,
+        len(east),
+    )
+    assert fresh.answered == {"us-east-1", "us-west-2"}
+    assert fresh.unanswered == asked - {"us-east-1", "us-west-2"}
+    merged = merge_tables(CATALOG, [fresh], NOW)
+    gpu = next(m for m in merged.meta if m.name == "gpu_instances")
+    assert gpu.parts[("aws", "us-east-1")] == TablePart(date(2026, 12, 1), "AWS API")
+    assert gpu.parts[("aws", "us-west-2")].as_of == date(2026, 12, 1)
+    before = CATALOG.tables["gpu_instances"].part("aws", "eu-west-1")
+    kept = gpu.parts[("aws", "eu-west-1")]
+    assert kept.as_of == before.as_of == date(2026, 11, 30)  # not stamped fresh
+    assert kept.source.startswith(before.source)
+    assert "kept from the bundled tables" in kept.source
+    after = {row_key(r): r for name in merged.instances for r in merged.instances[name]}
+    for row in rows:
+        if row.region not in fresh.answered:
+            assert after[row_key(row)] == row  # not flagged: nothing was asked of it
+    assert after[row_key(west)].ondemand_status is PriceStatus.UNVERIFIED
+    stats = merged.stats["aws"]
+    assert stats.updated == len(east)
+    assert stats.updated + stats.not_found + stats.kept == sum(
+        1 for r in rows if r.region in fresh.answered
+    )

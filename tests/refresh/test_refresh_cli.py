@@ -81,7 +81,7 @@ def test_round_trip_refresh_then_estimate_uses_the_new_prices(
         "azure": "refreshed",
     }
     assert all(p["records"] > 0 and p["rows_updated"] > 0 for p in report["providers"])
-    assert (cache_dir / "tables.toml").is_file()
+    assert (cache_dir / "current" / "tables.toml").is_file()
 
     hours_x_count = Decimal(8 * 4)
     aws = estimate(run_cli, "g5.xlarge", "us-east-1")
@@ -90,7 +90,7 @@ def test_round_trip_refresh_then_estimate_uses_the_new_prices(
         "spot": MOTO_SPOT_USD * hours_x_count,
     }
     assert aws["pricing_source"]["origin"] == "cache"
-    assert aws["pricing_source"]["directory"] == str(cache_dir)
+    assert aws["pricing_source"]["directory"] == str((cache_dir / "current").resolve())
     gcp = estimate(run_cli, "g2-standard-4", "us-central1")
     assert by_market(gcp) == {
         "on-demand": G2_STANDARD_4_USD * hours_x_count,
@@ -114,7 +114,8 @@ def test_cache_metadata_says_what_was_refreshed_and_what_was_kept(
     run_cli, refresh_env: dict[str, LocalServer], cache_dir: Path
 ) -> None:
     assert run_cli("pricing", "refresh", "--region", "us-east-1").exit_code == 0
-    index = tomllib.loads((cache_dir / "tables.toml").read_text())
+    current = cache_dir / "current"
+    index = tomllib.loads((current / "tables.toml").read_text())
     gpu = index["gpu_instances"]
     assert gpu["refreshed_at"].tzinfo is not None
     fresh = gpu["parts"]["aws"]["us-east-1"]
@@ -127,12 +128,12 @@ def test_cache_metadata_says_what_was_refreshed_and_what_was_kept(
     assert "refresh updates instance prices only" in index["storage"]["source"]
     # The same columns as the bundled tables, so load_catalog reads the cache as is.
     for name in ("gpu_instances", "cpu_instances", "storage", "transfer", "regions"):
-        header = (cache_dir / f"{name}.csv").read_text().splitlines()[0]
+        header = (current / f"{name}.csv").read_text().splitlines()[0]
         assert header == (bundled_tables_dir() / f"{name}.csv").read_text().splitlines()[0]
-    assert (cache_dir / "storage.csv").read_bytes() == (
+    assert (current / "storage.csv").read_bytes() == (
         bundled_tables_dir() / "storage.csv"
     ).read_bytes()
-    cached = load_catalog(cache_dir)
+    cached = load_catalog(current)
     assert len(cached.instances) == len(load_catalog().instances)
     summary = run_cli("pricing", "show", "--format", "json").json()
     assert summary["origin"] == "cache"
@@ -143,7 +144,7 @@ def test_one_provider_failing_keeps_its_rows_and_exits_1(
     run_cli, refresh_env: dict[str, LocalServer], cache_dir: Path
 ) -> None:
     assert run_cli("pricing", "refresh", *REGIONS).exit_code == 0
-    before = load_catalog(cache_dir)
+    before = load_catalog(cache_dir / "current")
     refresh_env["gcp"].always = gcp_error(500)
     refresh_env["azure"].always = Reply(
         503, {"Error": "down for maintenance"}, {"Retry-After": "0"}
@@ -159,7 +160,7 @@ def test_one_provider_failing_keeps_its_rows_and_exits_1(
     assert "Hint: " in result.stderr
     assert "refreshed" in result.stdout
     assert "FAILED" in result.stdout
-    after = load_catalog(cache_dir)
+    after = load_catalog(cache_dir / "current")
 
     assert gcp_rows(after) == gcp_rows(before)  # the failed provider's cached rows stay
     assert after.tables["gpu_instances"].part("gcp", "us-central1") == before.tables[
@@ -271,43 +272,56 @@ def test_a_half_written_cache_is_never_read(
     assert (
         run_cli("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1").exit_code == 0
     )
-    good = (cache_dir / "gpu_instances.csv").read_bytes()
+    good = (cache_dir / "current" / "gpu_instances.csv").read_bytes()
 
-    # A crash after the files are written and before the rename.
-    def crash(staging: Path, target: Path) -> None:
+    # A crash after the new version is written and before `current` is switched to it.
+    switch = cache._switch_current
+
+    def crash(target: Path, version: Path) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cache, "_swap_into_place", crash)
-    mirror_azure = mirror / "azure"
+    monkeypatch.setattr(cache, "_switch_current", crash)
     result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
     assert result.exit_code == 130
-    assert (cache_dir / "gpu_instances.csv").read_bytes() == good
-    # A crashed run's staging folder, half written, next to the cache: never read.
-    staging = cache_dir.parent / ".pricing.tmp-crashed"
+    assert (cache_dir / "current" / "gpu_instances.csv").read_bytes() == good
+    # A crashed run's staging folder, half written, in the cache: never read.
+    staging = cache_dir / "versions" / ".tmp-crashed"
     staging.mkdir()
     (staging / "tables.toml").write_text("[gpu_instances]\nfile = 'gpu_instances.csv'\n")
     (staging / "gpu_instances.csv").write_text("provider,region\naws,us-")
     doc = estimate(run_cli, "g5.xlarge", "us-east-1")
     assert doc["pricing_source"]["origin"] == "cache"
     assert by_market(doc)["on-demand"] == G5_XLARGE_USD * 32
-    assert mirror_azure.is_dir()
+    monkeypatch.setattr(cache, "_switch_current", switch)
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
+    assert result.exit_code == 0, result.stderr
+    assert not staging.exists()  # the next refresh clears it
 
 
-def test_crash_between_the_renames_is_repaired_by_the_next_refresh(
+def test_crash_of_an_earlier_release_between_its_renames_is_repaired(
     run_cli, tmp_path: Path, cache_dir: Path
 ) -> None:
     mirror = write_mirror(tmp_path / "responses")
     assert (
         run_cli("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1").exit_code == 0
     )
-    # The old tables were moved aside, then the process died: no cache at all.
+    # An earlier release kept the tables in the folder itself and swapped folders by
+    # renaming: it moved the old tables aside, then died. No cache at all.
     aside = cache_dir.with_name(f".{cache_dir.name}.old-deadbeef")
-    cache_dir.rename(aside)
+    shutil.copytree(cache_dir / "current", aside)
+    shutil.rmtree(cache_dir)
     assert estimate(run_cli, "g5.xlarge", "us-east-1")["pricing_source"]["origin"] == "bundled"
     assert run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus").exit_code == 0
     assert not aside.exists()
     doc = estimate(run_cli, "g5.xlarge", "us-east-1")  # the earlier AWS refresh survived
     assert by_market(doc)["on-demand"] == G5_XLARGE_USD * 32
+    # The earlier layout's files stay for one refresh (a reader may be on them), then go.
+    assert (cache_dir / "tables.toml").is_file()
+    assert run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus").exit_code == 0
+    assert sorted(p.name for p in cache_dir.iterdir()) == [".lock", "current", "versions"]
+    assert by_market(estimate(run_cli, "g5.xlarge", "us-east-1"))["on-demand"] == (
+        G5_XLARGE_USD * 32
+    )
 
 
 def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
@@ -408,15 +422,11 @@ def test_json_report_of_a_mirror_refresh(run_cli, tmp_path: Path, cache_dir: Pat
     )
     report = result.json()
     (aws,) = report["providers"]
-    assert aws["regions"] == [
-        "ap-northeast-1",
-        "eu-central-1",
-        "eu-west-1",
-        "us-east-1",
-        "us-east-2",
-        "us-west-2",
-    ]
-    # Only g5.xlarge is in the fixture: the other rows are flagged, not dropped.
+    # The mirror holds prices for two regions: only those are refreshed.
+    assert aws["regions"] == ["us-east-1", "us-west-2"]
+    assert aws["regions_without_prices"] == []  # regions not named: no warning
+    assert "Warning" not in result.stderr
+    # Rows of those regions the mirror does not list are flagged, not dropped.
     assert aws["rows_updated"] == 6  # g5.xlarge, g4dn.xlarge, p4d, m5.large, c5.large east; g5 west
     assert aws["rows_not_found"] > 0
     assert {t["table"] for t in report["tables"]} == {
@@ -433,7 +443,7 @@ def test_json_report_of_a_mirror_refresh(run_cli, tmp_path: Path, cache_dir: Pat
         "--provider",
         "aws",
         "--region",
-        "eu-west-1",
+        "us-east-1",
         "--unverified",
         "--format",
         "json",

@@ -20,6 +20,7 @@ from costguard.pricing.catalog import (
     Staleness,
     check_provider,
     load_tables,
+    prices_as_of,
     staleness,
 )
 from costguard.pricing.estimate import (
@@ -267,12 +268,16 @@ def stale_text(stale: Staleness | None, catalog: Catalog) -> str | None:
 
 
 def option_row(option: CostOption, catalog: Catalog) -> dict[str, Any]:
-    """One option as a flat record (JSON object or CSV row)."""
+    """One option as a flat record (JSON object or CSV row).
+
+    ``pricing_as_of`` is the as-of date of the table part (provider and region) its
+    price came from, so a region refreshed today says today.
+    """
     row: dict[str, Any] = {name: getattr(option, name) for name in OPTION_FIELDS}
     row["market"] = str(option.market)
     row["price_status"] = str(option.price_status) if option.price_status else None
     row["notes"] = list(option.notes)
-    row["pricing_as_of"] = catalog.as_of.isoformat()
+    row["pricing_as_of"] = prices_as_of(catalog, places([option])).isoformat()
     return row
 
 
@@ -283,13 +288,14 @@ def to_document(
     budget: Decimal | None,
     top: int,
 ) -> dict[str, Any]:
-    """The ``--format json`` document: query, pricing_as_of, assumptions, options."""
+    """The ``--format json`` document: query, pricing_as_of, assumptions, options.
+
+    ``pricing_as_of`` is the oldest as-of date of the prices of the options shown (the
+    instance tables' oldest date when none is shown); each option has its own
+    ``pricing_as_of``, and ``pricing_source.tables`` the date of each whole table.
+    """
     request = result.request
-    options = []
-    for option in shown:
-        row = option_row(option, catalog)
-        del row["pricing_as_of"]
-        options.append(row)
+    options = [option_row(option, catalog) for option in shown]
     cheapest = result.cheapest
     return {
         "query": {
@@ -310,7 +316,7 @@ def to_document(
             "budget_usd": budget,
             "top": top,
         },
-        "pricing_as_of": catalog.as_of.isoformat(),
+        "pricing_as_of": prices_as_of(catalog, places(shown)).isoformat(),
         "pricing_source": {
             "origin": catalog.origin,
             "directory": str(catalog.directory),
@@ -340,16 +346,18 @@ def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog)
 
     request = result.request
     markets = request.markets
-    places: dict[tuple[str, str], dict[Market, CostOption]] = {}
+    by_place: dict[tuple[str, str], dict[Market, CostOption]] = {}
     for shown_option in shown:
-        places.setdefault((shown_option.provider, shown_option.region), {})[shown_option.market] = (
-            shown_option
-        )
+        by_place.setdefault((shown_option.provider, shown_option.region), {})[
+            shown_option.market
+        ] = shown_option
     what = request.gpu or request.instance_type
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
+    # The oldest of the prices shown: after a partial refresh, not the oldest region's.
+    as_of = prices_as_of(catalog, places(shown)).isoformat()
     title = (
         f"{what}{per_instance}, {request.count} instance(s), {request.hours} h"
-        f" - {catalog.origin} prices as of {catalog.as_of.isoformat()}"
+        f" - {catalog.origin} prices as of {as_of}"
     )
     table = Table(title=title, title_justify="left", header_style="bold")
     table.add_column("Provider", no_wrap=True)
@@ -362,7 +370,7 @@ def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog)
     table.add_column("Storage", justify="right", no_wrap=True)
     table.add_column("Egress", justify="right", no_wrap=True)
     flagged = False
-    for (provider, region), by_market in places.items():
+    for (provider, region), by_market in by_place.items():
         cells = [provider, region]
         for market in markets:
             option = by_market.get(market)
@@ -381,7 +389,7 @@ def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog)
         cells += [format_usd(any_option.storage_usd), format_usd(any_option.egress_usd)]
         table.add_row(*cells)
     render.console().print(table)
-    hidden = len({(o.provider, o.region) for o in result.options}) - len(places)
+    hidden = len({(o.provider, o.region) for o in result.options}) - len(by_place)
     if hidden > 0:
         click.echo(f"({hidden} more region(s): --top 0 shows all)")
     notes = list(result.notes)

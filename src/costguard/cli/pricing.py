@@ -290,7 +290,8 @@ Sources (estimate and pricing show never reach the network; refresh does):
     "--region",
     "regions",
     multiple=True,
-    help="Only these regions (repeatable). Default: every region in the tables.",
+    help="Only these regions (repeatable). Default: every region in the tables "
+    "(with --from: those DIR holds prices for).",
 )
 @click.option(
     "--from",
@@ -348,6 +349,13 @@ def refresh_command(
             f"{settings.pricing_dir}, not the refreshed cache.",
             err=True,
         )
+    for done in report.providers:
+        if done.ok and done.missing:
+            click.echo(
+                f"Warning: {done.provider}: no prices came back for {', '.join(done.missing)}: "
+                "kept as they were, with their date",
+                err=True,
+            )
     for failure in report.failed:
         assert failure.error is not None
         click.secho(f"Error: {failure.provider}: {failure.error.message}", err=True, fg="red")
@@ -390,6 +398,7 @@ def _refresh_document(report: RefreshReport) -> dict[str, Any]:
                 "provider": p.provider,
                 "status": "refreshed" if p.ok else "failed",
                 "regions": list(p.regions),
+                "regions_without_prices": list(p.missing),
                 "records": p.records,
                 "rows_updated": p.stats.updated if p.stats else 0,
                 "rows_not_found": p.stats.not_found if p.stats else 0,
@@ -437,7 +446,8 @@ def _print_refresh(report: RefreshReport) -> None:
             "not found: rows the API did not list; their old price is kept and flagged "
             "unverified (costguard pricing show gpu_instances --unverified)",
             "storage, transfer and regions: kept as they were (refresh updates instance "
-            "prices only); providers not refreshed keep their rows and dates",
+            "prices only); providers and regions not refreshed (regions: those refreshed, "
+            "with prices read) keep their rows and dates",
         ],
         heading="Notes:",
     )

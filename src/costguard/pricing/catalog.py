@@ -286,40 +286,151 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
     )
 
 
-def load_tables(pricing_dir: Path | None = None, cache_dir: Path | None = None) -> Catalog:
-    """The tables to price from: ``pricing_dir`` when given, else the fresher of the
-    user cache (``cache_dir``, written by ``costguard pricing refresh``) and the bundled
-    tables; the cache wins a tie, as it holds at least one refresh.
+#: In a cache folder written by ``costguard pricing refresh``: the symbolic link to the
+#: version in use, and the folder of versions (each complete and never changed once
+#: published; see :mod:`costguard.pricing.refresh.cache`).
+CACHE_CURRENT = "current"
+CACHE_VERSIONS = "versions"
+#: A read that fails because a refresh replaced (and later removed) the version it was
+#: reading is tried again on the new version, this many times in all.
+CACHE_READ_ATTEMPTS = 5
 
-    Only the ``tables.toml`` files are compared, so one catalog is loaded. A cache
-    directory is only ever complete (it is renamed into place after it is written);
-    one that cannot be read is an error that says how to recover.
+
+def cache_tables_dir(cache_dir: Path) -> Path | None:
+    """The folder of tables in use in a cache folder, or ``None`` when it has none.
+
+    A cache written by ``costguard pricing refresh`` holds a link ``current`` to one of
+    its immutable ``versions/``; it is resolved here, once, and everything is then read
+    from the folder it names, so a refresh publishing meanwhile cannot mix two versions.
+    A folder of tables laid out like ``pricing/`` (``tables.toml`` at the top, as older
+    releases wrote the cache) is used as it is.
+
+    Raises :class:`~costguard.errors.CostguardError` for a link that leads nowhere.
+
+    >>> cache_tables_dir(Path("/nonexistent")) is None
+    True
+    """
+    link = cache_dir / CACHE_CURRENT
+    if not (link.is_symlink() or link.exists()):
+        return cache_dir if (cache_dir / "tables.toml").is_file() else None
+    for _ in range(CACHE_READ_ATTEMPTS):
+        named = _link_value(link)
+        try:
+            resolved = link.resolve(strict=True)
+            if resolved.is_dir():
+                return resolved
+            problem = f"{resolved} is not a folder"
+        except (OSError, RuntimeError) as exc:
+            problem = str(exc)
+        if named is not None and _link_value(link) != named:
+            # Refreshes replaced, then removed, the version it named between reading the
+            # link and following it: follow the new one.
+            continue
+        msg = f"{link} does not lead to a folder of tables ({problem})"
+        raise CostguardError(msg)
+    msg = f"{link} kept changing while it was read"
+    raise CostguardError(msg, hint="a refresh may be looping: try again later")
+
+
+def _link_value(link: Path) -> Path | None:
+    """Where the symbolic link ``link`` points, as written; ``None`` if it is not one."""
+    try:
+        return link.readlink()
+    except OSError:
+        return None
+
+
+def load_tables(pricing_dir: Path | None = None, cache_dir: Path | None = None) -> Catalog:
+    """The tables to price from: ``pricing_dir`` when given, else the user cache
+    (``cache_dir``, written by ``costguard pricing refresh``) or the bundled tables.
+
+    The rule: the cache is used unless the bundled tables are newer than anything in
+    it, i.e. their oldest as-of date is after the cache's last refresh (its newest
+    ``refreshed_at`` or as-of date). A cache mixes regions refreshed on different days
+    (a refresh may cover one provider or region); comparing its *oldest* date would let
+    a newer release of the bundled tables silently replace regions refreshed since. In
+    turn, regions a newer bundled release covers that the cache carried over from an
+    older one stay at the cache's figures until the next refresh (their parts say how
+    old they are, and the estimate warns when they are stale); refresh again, or delete
+    the cache, to take the bundled figures.
+
+    The cache's ``current`` version is resolved once and read as a whole (see
+    :func:`cache_tables_dir`); a read that a concurrent refresh pulled the folder from
+    under is tried again on the version that replaced it. A cache that cannot be read is
+    an error that says how to recover. ``pricing_dir`` may also be a folder a refresh
+    wrote (``--output``).
 
     >>> load_tables(cache_dir=Path("/nonexistent")).origin
     'bundled'
     """
     if pricing_dir is not None:
-        return load_catalog(pricing_dir)
+        return _load_versioned(pricing_dir, origin="directory", bundled=None)
     bundled = bundled_tables_dir()
-    if cache_dir is None or not (cache_dir / "tables.toml").is_file():
+    if cache_dir is None:
         return load_catalog(bundled, origin="bundled")
+    return _load_versioned(cache_dir, origin="cache", bundled=bundled)
+
+
+def _load_versioned(folder: Path, *, origin: str, bundled: Path | None) -> Catalog:
+    """Load the tables in use in ``folder`` (a cache, or a plain folder of tables); with
+    ``bundled``, those instead when the cache has none or they are newer (see
+    :func:`load_tables`)."""
+    attempt = 0
+    while True:
+        attempt += 1
+        tables: Path | None = None
+        try:
+            tables = cache_tables_dir(folder)
+            if tables is None:
+                if bundled is None:
+                    return load_catalog(folder, origin=origin)  # says what is missing
+                return load_catalog(bundled, origin="bundled")
+            if bundled is not None and _cache_newest(tables) < _oldest(bundled):
+                return load_catalog(bundled, origin="bundled")
+            return load_catalog(tables, origin=origin)
+        except (CostguardError, OSError) as exc:
+            if tables is not None and attempt < CACHE_READ_ATTEMPTS and _moved_on(folder, tables):
+                continue  # a refresh replaced that version as it was read: read the new one
+            if bundled is None:
+                if isinstance(exc, CostguardError):
+                    raise
+                msg = f"cannot read the price tables in {folder}: {exc}"
+                raise CostguardError(msg, hint="check --pricing-dir") from None
+            message = exc.message if isinstance(exc, CostguardError) else str(exc)
+            msg = f"the price cache {folder} cannot be used: {message}"
+            raise CostguardError(
+                msg,
+                hint=f"run `costguard pricing refresh` again, or delete {folder} "
+                "to use the bundled tables",
+            ) from None
+
+
+def _moved_on(folder: Path, read: Path) -> bool:
+    """Whether the tables in use in ``folder`` are no longer those in ``read``."""
     try:
-        if _index_as_of(cache_dir) < _index_as_of(bundled):
-            return load_catalog(bundled, origin="bundled")
-        return load_catalog(cache_dir, origin="cache")
-    except CostguardError as exc:
-        msg = f"the price cache {cache_dir} cannot be used: {exc.message}"
-        raise CostguardError(
-            msg,
-            hint=f"run `costguard pricing refresh` again, or delete {cache_dir} "
-            "to use the bundled tables",
-        ) from None
+        return cache_tables_dir(folder) != read
+    except CostguardError:
+        return False
 
 
-def _index_as_of(directory: Path) -> date:
-    """The as-of date of the instance tables named in ``directory/tables.toml``."""
+def _oldest(directory: Path) -> date:
+    """The oldest as-of date of the instance tables named in ``directory/tables.toml``."""
     index = _read_index(directory / "tables.toml")
     return min(_table_info(name, index, directory).as_of for name in INSTANCE_TABLES)
+
+
+def _cache_newest(directory: Path) -> date:
+    """The day of the newest figure in ``directory``'s instance tables: the last refresh
+    (``refreshed_at``), else the newest as-of date of a table or a part."""
+    index = _read_index(directory / "tables.toml")
+    days: list[date] = []
+    for name in INSTANCE_TABLES:
+        info = _table_info(name, index, directory)
+        days.append(info.as_of)
+        days.extend(part.as_of for part in info.parts.values())
+        if info.refreshed_at is not None:
+            days.append(info.refreshed_at.date())
+    return max(days)
 
 
 def _read_index(path: Path) -> dict[str, Any]:
@@ -425,6 +536,24 @@ def staleness(
         market is Market.SPOT and (today - as_of).days <= max_age_days for as_of, market in stale
     )
     return Staleness(oldest, (today - oldest).days, spot_only)
+
+
+def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]]) -> date:
+    """How old the prices used for ``places`` are: the oldest as-of date of their parts
+    (``(table, provider, region, market)``, as for :func:`staleness`); the instance
+    tables' oldest date (:attr:`Catalog.as_of`) when there are none. Pure.
+
+    After a refresh of some regions, a figure priced from a refreshed region is as old
+    as that refresh, not as old as the oldest region in the tables.
+
+    >>> catalog = load_catalog()
+    >>> prices_as_of(catalog, [("gpu_instances", "aws", "us-east-1", Market.SPOT)])
+    datetime.date(2026, 11, 30)
+    """
+    dates = [
+        catalog.tables[table].part(provider, region).as_of for table, provider, region, _ in places
+    ]
+    return min(dates, default=catalog.as_of)
 
 
 class _BadRowError(ValueError):

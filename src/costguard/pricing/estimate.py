@@ -31,6 +31,7 @@ from costguard.pricing.catalog import (
     Region,
     StorageRate,
     TransferRate,
+    prices_as_of,
 )
 from costguard.pricing.gpus import gpu_model
 
@@ -164,7 +165,7 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     return Estimate(
         request=request,
         options=tuple(options),
-        assumptions=_assumptions(request, catalog),
+        assumptions=_assumptions(request, catalog, options),
         near_data=near,
         notes=tuple(notes),
     )
@@ -402,11 +403,17 @@ def _market_notes(request: EstimateRequest, candidates: Sequence[InstancePrice])
         yield "No spot price in the tables for these instances: spot is not offered or not known"
 
 
-def _assumptions(request: EstimateRequest, catalog: Catalog) -> tuple[str, ...]:
-    table = catalog.tables["gpu_instances"]
+def _assumptions(
+    request: EstimateRequest, catalog: Catalog, options: Sequence[CostOption]
+) -> tuple[str, ...]:
+    places = [
+        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
+        for o in options
+    ]
+    as_of = prices_as_of(catalog, places)
     where = "" if catalog.origin == "bundled" else f" from {catalog.directory}"
     lines = [
-        f"Prices: {catalog.origin} tables{where} as of {table.as_of.isoformat()}; "
+        f"Prices: {catalog.origin} tables{where} as of {as_of.isoformat()}; "
         "list prices in USD, before taxes",
         "Spot prices move (hourly on AWS): the spot figures are a snapshot, the lowest "
         "over the region's zones, and a spot instance can be reclaimed",

@@ -15,6 +15,7 @@ retries throttling and 5xx with backoff, as for the other providers.
 
 from __future__ import annotations
 
+import http.client
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -22,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from costguard.clouds import aws, require
+from costguard.clouds import aws, pages, require
 from costguard.errors import CostguardError
 from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
@@ -103,6 +104,11 @@ def fetch(
                 spot.update(aws_spot(count(_live_spot(ec2, types, now, policy))))
         except aws.errors() as exc:
             raise aws.translate(exc, "reading AWS prices") from None
+        except (http.client.HTTPException, OSError) as exc:
+            msg = f"the connection to AWS failed while reading AWS prices: {exc!r}"
+            raise CostguardError(
+                msg, hint="check the network, and AWS_ENDPOINT_URL* if you set them"
+            ) from None
         markets = frozenset(Market)
         where = endpoints.pop() if len(endpoints) == 1 else "per-region endpoints"
         source = (
@@ -167,22 +173,15 @@ def _live_spot(
 def _pages(
     operation: Callable[..., Mapping[str, Any]], request: Mapping[str, Any], policy: RetryPolicy
 ) -> Iterator[Mapping[str, Any]]:
-    """Every page of a ``NextToken``-paged operation, each call retried on throttling."""
-    token: str | None = None
-    seen: set[str] = set()
-    for _ in range(MAX_PAGES):
+    """Every page of a ``NextToken``-paged operation, each call retried on throttling
+    (:func:`costguard.clouds.pages` stops a server that repeats a token or never ends)."""
+
+    def fetch(token: str | None) -> tuple[list[Mapping[str, Any]], str | None]:
         kwargs = {**request, **({"NextToken": token} if token else {})}
         page = call_with_retry(partial(operation, **kwargs), _transient, policy)
-        yield page
-        token = page.get("NextToken") or None
-        if token is None:
-            return
-        if token in seen:
-            msg = f"AWS returned the page token {token[:20]!r} twice: paging stopped"
-            raise CostguardError(msg, hint="try again later; AWS may be having a bad moment")
-        seen.add(token)
-    msg = f"AWS kept paging past {MAX_PAGES} pages"
-    raise CostguardError(msg, hint="refresh fewer regions at a time (--region)")
+        return [page], page.get("NextToken") or None
+
+    return pages(fetch, max_pages=MAX_PAGES)
 
 
 def _transient(exc: Exception) -> Transient | None:

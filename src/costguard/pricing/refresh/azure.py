@@ -11,6 +11,7 @@ server.
 from __future__ import annotations
 
 import gzip
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from costguard import __version__
-from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S
+from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, pages
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
@@ -60,13 +61,13 @@ def fetch(
     """
     count = RecordCounter(progress)
     if mirror is not None:
-        pages: Iterator[Mapping[str, Any]] = mirrors.pages(mirror, "azure", "prices")
+        responses: Iterator[Mapping[str, Any]] = mirrors.pages(mirror, "azure", "prices")
         source = f"Azure Retail Prices API responses in {mirror / 'azure'}"
     else:
         endpoint = endpoint_of(settings)
-        pages = _live_pages(endpoint, target.regions, retry or RetryPolicy())
+        responses = _live_pages(endpoint, target.regions, retry or RetryPolicy())
         source = f"Azure Retail Prices API ({endpoint}/api/retail/prices)"
-    items = (item for page in pages for item in mirrors.records(page, "Items"))
+    items = (item for page in responses for item in mirrors.records(page, "Items"))
     try:
         rows = azure_prices(count(items), target.rows)
     except urllib.error.HTTPError as exc:
@@ -76,6 +77,14 @@ def fetch(
         msg = f"cannot reach the Azure Retail Prices API at {endpoint_of(settings)}: {reason}"
         raise CostguardError(
             msg, hint="check the network, and COSTGUARD_AZURE_PRICES_ENDPOINT if you set it"
+        ) from None
+    except (http.client.HTTPException, OSError) as exc:  # a cut answer, a bad gzip body
+        msg = (
+            f"the connection to the Azure Retail Prices API at {endpoint_of(settings)} "
+            f"failed: {exc!r}"
+        )
+        raise CostguardError(
+            msg, hint="try again later; check COSTGUARD_AZURE_PRICES_ENDPOINT if you set it"
         ) from None
     return FreshPrices(
         provider="azure",
@@ -138,26 +147,20 @@ def region_url(endpoint: str, region: str) -> str:
 def _live_pages(
     endpoint: str, regions: tuple[str, ...], policy: RetryPolicy
 ) -> Iterator[Mapping[str, Any]]:
+    """Every page of each region's prices, following ``NextPageLink`` on the endpoint's
+    host only (:func:`costguard.clouds.pages` stops a link repeated or never ending)."""
     for region in regions:
-        url: str | None = region_url(endpoint, region)
-        seen: set[str] = set()
-        for _ in range(MAX_PAGES):
-            assert url is not None
-            seen.add(url)
-            page = call_with_retry(partial(get_json, url), _transient, policy)
-            yield page
-            url = page.get("NextPageLink") or None
-            if url is None:
-                break
-            if not same_origin(url, endpoint):
-                msg = f"the Azure Retail Prices API sent a next page on another host: {url}"
+        first = region_url(endpoint, region)
+
+        def fetch(url: str | None, first: str = first) -> tuple[list[dict[str, Any]], str | None]:
+            page = call_with_retry(partial(get_json, url or first), _transient, policy)
+            link = page.get("NextPageLink") or None
+            if link is not None and not same_origin(str(link), endpoint):
+                msg = f"the Azure Retail Prices API sent a next page on another host: {link}"
                 raise CostguardError(msg, hint="set COSTGUARD_AZURE_PRICES_ENDPOINT to that host")
-            if url in seen:
-                msg = "the Azure Retail Prices API sent the same next page twice: paging stopped"
-                raise CostguardError(msg, hint="try again later")
-        else:
-            msg = f"the Azure Retail Prices API kept paging past {MAX_PAGES} pages for {region}"
-            raise CostguardError(msg, hint="try again later")
+            return [page], None if link is None else str(link)
+
+        yield from pages(fetch, max_pages=MAX_PAGES)
 
 
 def get_json(url: str) -> dict[str, Any]:
@@ -218,4 +221,6 @@ def _transient(exc: Exception) -> Transient | None:
         return None
     if isinstance(exc, urllib.error.URLError | TimeoutError | ConnectionError):
         return Transient(str(exc))
+    if isinstance(exc, http.client.HTTPException):  # e.g. an answer cut short
+        return Transient(repr(exc))
     return None

@@ -1,32 +1,59 @@
-"""Write price tables atomically: a folder that is complete, or not there at all.
+"""Publish price tables atomically: readers see one complete version, never a mix.
 
-The folder has the layout of ``pricing/`` (``tables.toml`` and the five CSV files, same
-columns), so :func:`costguard.pricing.catalog.load_catalog` reads it. It is written into
-a staging folder next to the target, every file and the folder fsynced, then renamed
-into place; the old folder is moved aside first and removed after. A reader therefore
-sees the old tables, the new ones, or (for an instant, or after a crash between the two
-renames) none, and then uses the bundled tables; never a half-written folder. The next
-refresh puts tables moved aside by a crash back, and clears staging folders that a
-crashed refresh left.
+The cache folder (``--output``, default the user cache) holds::
+
+    current -> versions/<id>      a relative symbolic link to the version in use
+    versions/<id>/                one complete set of tables, never changed once published
+    .lock                         refreshes hold an exclusive lock on it while they publish
+
+Each version has the layout of ``pricing/`` (``tables.toml`` and the five CSV files,
+same columns), so :func:`costguard.pricing.catalog.load_catalog` reads it. A refresh
+writes a new version into a staging folder under ``versions/``, fsyncs every file and
+the folder, renames it to its final name, then switches ``current`` in one step by
+renaming a new link over it (:func:`os.replace`). Readers resolve ``current`` once and
+read everything from the folder it names
+(:func:`costguard.pricing.catalog.cache_tables_dir`), so a reader sees the old version
+or the new one, whole. The version that was current just before stays, for readers
+still reading it; older ones are removed (a reader that loses its folder all the same
+reads again from the new ``current``).
+
+Refreshes serialise on an exclusive :func:`fcntl.flock` of ``.lock`` around reading the
+tables they merge into, tidying and publishing, so two refreshes at once cannot lose
+each other's prices. A crash leaves at worst a staging folder or an unused version,
+which the next refresh removes; ``current`` always names a complete version.
+
+Caches written by earlier releases (the tables directly in the folder, swapped by
+renaming folders) are still read; the first refresh adds ``current`` and the next one
+removes the old files. Where symbolic links cannot be made (Windows without Developer
+Mode), a refresh fails with an error that says so, and nothing is changed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
 from costguard import __version__
-from costguard.errors import InputError
-from costguard.pricing.catalog import INSTANCE_TABLES, Catalog, InstancePrice
+from costguard.errors import CostguardError, InputError
+from costguard.pricing.catalog import (
+    CACHE_CURRENT,
+    CACHE_VERSIONS,
+    INSTANCE_TABLES,
+    Catalog,
+    InstancePrice,
+    cache_tables_dir,
+)
 from costguard.pricing.refresh.merge import MergedTables, TableMeta
 
 INSTANCE_COLUMNS = (
@@ -43,8 +70,15 @@ INSTANCE_COLUMNS = (
     "spot_status",
     "note",
 )
-#: Staging folders older than this are leftovers of a crashed refresh (a live one
-#: finishes in minutes), so a refresh running in parallel keeps its own.
+#: The lock file refreshes serialise on.
+LOCK_FILE = ".lock"
+#: Names of what a refresh is writing (staging folders, new links): removed by the next
+#: refresh, which holds the lock, so they can only be left by a crash.
+_STAGING_PREFIX = ".tmp-"
+_RETIRED_PREFIX = ".old-"
+_LINK_PREFIX = f".{CACHE_CURRENT}.tmp-"
+#: Staging folders that earlier releases left next to the cache, older than this, are
+#: leftovers of a crashed refresh (a live one finishes in minutes).
 STALE_STAGING_S = 3600
 
 
@@ -168,47 +202,140 @@ def _toml_datetime(moment: datetime) -> str:
 def check_target(target: Path) -> None:
     """Refuse a target that holds anything but price tables (replacing it would lose it).
 
-    Raises :class:`~costguard.errors.InputError`; a missing or empty folder is fine.
+    Raises :class:`~costguard.errors.InputError`; a missing or empty folder is fine, and
+    so is one that a refresh wrote, or a folder of tables laid out like ``pricing/``.
     """
     if not target.exists():
         return
     if not target.is_dir():
         msg = f"{target} exists and is not a folder"
         raise InputError(msg, hint="choose another folder for the price tables")
-    foreign = sorted(
-        entry.name
-        for entry in target.iterdir()
-        if not entry.is_file() or not (entry.name == "tables.toml" or entry.suffix == ".csv")
-    )
+    foreign = sorted(entry.name for entry in target.iterdir() if not _ours(entry))
     if foreign:
         msg = f"{target} holds files costguard did not write ({', '.join(foreign[:5])})"
         raise InputError(msg, hint="refresh replaces the whole folder: choose an empty or new one")
 
 
-def publish(target: Path, files: Mapping[str, bytes]) -> None:
-    """Write ``files`` (name -> content) as the folder ``target``, atomically."""
-    check_target(target)
-    parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tidy(target)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
+def _ours(entry: Path) -> bool:
+    """Whether ``entry``, in a target folder, is something a refresh writes."""
+    name = entry.name
+    if entry.is_symlink():
+        return name == CACHE_CURRENT or name.startswith(_LINK_PREFIX)
+    if name == CACHE_VERSIONS:
+        return entry.is_dir()
+    return entry.is_file() and (name in ("tables.toml", LOCK_FILE) or entry.suffix == ".csv")
+
+
+def has_tables(target: Path) -> bool:
+    """Whether ``target`` holds tables in use (a ``current`` version, or older files)."""
     try:
-        staging.chmod(0o755)  # mkdtemp makes it private; a shared --output must be readable
-        for name, content in files.items():
-            _write_synced(staging / Path(name).name, content)
-        _fsync_dir(staging)
-        _swap_into_place(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        return cache_tables_dir(target) is not None
+    except CostguardError:
+        return False
+
+
+_held = threading.local()
+
+
+@contextlib.contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """Hold the exclusive refresh lock of ``target`` (created if need be), waiting for it.
+
+    Re-entrant within a thread, so :func:`publish` can be called under it. Where
+    :mod:`fcntl` is missing (Windows) there is no lock: one refresh at a time there.
+    """
+    key = str(target.absolute())
+    held: set[str] = getattr(_held, "paths", set())
+    _held.paths = held
+    if key in held:
+        yield
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        fcntl = None  # type: ignore[assignment]
+    descriptor = os.open(target / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        held.add(key)
+        try:
+            yield
+        finally:
+            held.discard(key)
+    finally:
+        os.close(descriptor)  # releases the lock
+
+
+def publish(target: Path, files: Mapping[str, bytes]) -> Path:
+    """Publish ``files`` (name -> content) as a new version of ``target`` and make it the
+    one in use, atomically (see the module docstring). Returns the version's folder.
+
+    Raises :class:`~costguard.errors.InputError` for a target of other files, and
+    :class:`~costguard.errors.CostguardError` where no symbolic link can be made.
+    """
+    check_target(target)
+    with locked(target):
+        tidy(target)
+        versions = target / CACHE_VERSIONS
+        versions.mkdir(exist_ok=True)
+        previous = _current_version(target)
+        staging = Path(tempfile.mkdtemp(prefix=_STAGING_PREFIX, dir=versions))
+        version = versions / _version_name()
+        try:
+            staging.chmod(0o755)  # mkdtemp makes it private; a shared --output must be readable
+            for name, content in files.items():
+                _write_synced(staging / Path(name).name, content)
+            _fsync_dir(staging)
+            staging.replace(version)
+            _fsync_dir(versions)
+            _switch_current(target, version)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            if _current_version(target) != version.name:
+                shutil.rmtree(version, ignore_errors=True)
+            raise
+        _remove_versions(versions, keep={version.name, previous})
+    return version
 
 
 def tidy(target: Path) -> None:
-    """Clear what crashed refreshes left next to ``target``.
+    """Clear what crashed refreshes left in (and next to) ``target``.
 
-    Tables moved aside just before a crash are put back when ``target`` is missing
-    (else removed); staging folders older than :data:`STALE_STAGING_S` are removed.
+    Under the lock: staging folders and links, versions that never became current or are
+    older than the one before it, and the files of an earlier release's layout once a
+    ``current`` version replaces them. Tables an earlier release moved aside just before
+    a crash are put back when ``target`` is missing.
     """
+    _tidy_legacy(target)
+    try:
+        check_target(target)
+    except InputError:
+        return  # not a folder of tables: touch nothing (publish will refuse it)
+    if not target.is_dir():
+        return
+    with locked(target):
+        for entry in target.iterdir():
+            if entry.is_symlink() and entry.name.startswith(_LINK_PREFIX):
+                entry.unlink(missing_ok=True)
+        current = _current_version(target)
+        versions = target / CACHE_VERSIONS
+        if current is None or not versions.is_dir():
+            return
+        for entry in target.iterdir():
+            if entry.is_file() and (entry.name == "tables.toml" or entry.suffix == ".csv"):
+                entry.unlink(missing_ok=True)  # the earlier layout, replaced by `current`
+        older = sorted(
+            entry.name
+            for entry in versions.iterdir()
+            if entry.is_dir() and not entry.name.startswith(".") and entry.name < current
+        )
+        _remove_versions(versions, keep={current, older[-1] if older else None})
+
+
+def _tidy_legacy(target: Path) -> None:
+    """What an earlier release's crashed refresh left next to ``target``."""
     parent = target.parent
     if not parent.is_dir():
         return
@@ -225,15 +352,58 @@ def tidy(target: Path) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _swap_into_place(staging: Path, target: Path) -> None:
-    if target.exists():
-        aside = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:12]}")
-        target.replace(aside)
-        staging.replace(target)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        staging.replace(target)
-    _fsync_dir(target.parent)
+def _version_name() -> str:
+    """A new version's folder name: the time (so names sort by age), then a random part."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%fZ}-{uuid.uuid4().hex[:8]}"
+
+
+def _current_version(target: Path) -> str | None:
+    """The name of the version ``current`` links to, if any (the link is not followed)."""
+    link = target / CACHE_CURRENT
+    if not link.is_symlink():
+        return None
+    return link.readlink().name
+
+
+def _switch_current(target: Path, version: Path) -> None:
+    """Point ``target/current`` at ``version`` in one step: a new link renamed over it."""
+    link = target / CACHE_CURRENT
+    if link.exists() and not link.is_symlink():
+        msg = f"{link} is not a symbolic link"
+        raise CostguardError(msg, hint=f"remove {link}, then refresh again")
+    temporary = target / f"{_LINK_PREFIX}{uuid.uuid4().hex[:12]}"
+    try:
+        temporary.symlink_to(Path(CACHE_VERSIONS) / version.name, target_is_directory=True)
+    except (OSError, NotImplementedError) as exc:
+        msg = f"cannot make a symbolic link in {target}: {exc}"
+        raise CostguardError(
+            msg,
+            hint="the price cache needs symbolic links (on Windows: turn on Developer "
+            "Mode); or keep tables in a folder of your own and use --pricing-dir",
+        ) from None
+    try:
+        temporary.replace(link)  # os.replace: atomic, over the old link
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    _fsync_dir(target)
+
+
+def _remove_versions(versions: Path, keep: set[str | None]) -> None:
+    """Remove every version not in ``keep``, and staging folders (the lock is held, so
+    they are a crashed refresh's). Each is renamed first, so it vanishes in one step."""
+    for entry in versions.iterdir():
+        if entry.name in keep or not entry.is_dir() or entry.is_symlink():
+            continue
+        if entry.name.startswith("."):
+            shutil.rmtree(entry, ignore_errors=True)
+            continue
+        retired = versions / f"{_RETIRED_PREFIX}{entry.name}"
+        try:
+            entry.replace(retired)
+        except OSError:
+            continue
+        shutil.rmtree(retired, ignore_errors=True)
 
 
 def _write_synced(path: Path, content: bytes) -> None:

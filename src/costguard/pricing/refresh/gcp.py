@@ -10,13 +10,14 @@ private endpoint, a test server); credentials are Application Default Credential
 
 from __future__ import annotations
 
+import http.client
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from costguard.clouds import READ_TIMEOUT_S, gcp, require
+from costguard.clouds import READ_TIMEOUT_S, gcp, pages, require
 from costguard.errors import CostguardError
 from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
@@ -71,14 +72,30 @@ def fetch(
     else:
         endpoint = settings.gcp_endpoint or DEFAULT_ENDPOINT
         source = f"Cloud Billing Catalog API services.skus.list ({endpoint})"
-        client = gcp.client("google.cloud.billing_v1", "CloudCatalogClient", settings, credentials)
         requests_errors = require("requests.exceptions", gcp.EXTRA)
+        auth_errors = require("google.auth.exceptions", gcp.EXTRA)
         try:
+            client = gcp.client(
+                "google.cloud.billing_v1", "CloudCatalogClient", settings, credentials
+            )
             unit_prices = gcp_unit_prices(count(_live_skus(client, retry or RetryPolicy())))
         except gcp.errors() as exc:
             raise gcp.translate(exc, "listing Compute Engine SKUs") from None
+        except auth_errors.GoogleAuthError as exc:
+            msg = f"Google Cloud credentials failed while listing Compute Engine SKUs: {exc}"
+            raise CostguardError(
+                msg,
+                hint="run `gcloud auth application-default login`, or check "
+                "GOOGLE_APPLICATION_CREDENTIALS",
+            ) from None
+        # requests' errors are OSErrors too: they are told apart first.
         except requests_errors.RequestException as exc:
             msg = f"cannot reach the Cloud Billing Catalog API at {endpoint}: {exc}"
+            raise CostguardError(
+                msg, hint="check the network, and COSTGUARD_GCP_ENDPOINT if you set it"
+            ) from None
+        except (http.client.HTTPException, OSError) as exc:
+            msg = f"the connection to the Cloud Billing Catalog API at {endpoint} failed: {exc!r}"
             raise CostguardError(
                 msg, hint="check the network, and COSTGUARD_GCP_ENDPOINT if you set it"
             ) from None
@@ -94,33 +111,25 @@ def fetch(
 
 
 def _live_skus(client: Any, policy: RetryPolicy) -> Iterator[GcpSku]:
+    """Every Compute Engine SKU, page by page (:func:`costguard.clouds.pages` stops a
+    server that repeats a token or never ends)."""
     sku_type = require("google.cloud.billing_v1", gcp.EXTRA).Sku
-    token = ""
-    seen: set[str] = set()
-    for _ in range(MAX_PAGES):
+
+    def fetch(token: str | None) -> tuple[list[GcpSku], str | None]:
         request = {
             "parent": GCP_COMPUTE_SERVICE,
             "currency_code": "USD",
             "page_size": PAGE_SIZE,
-            "page_token": token,
+            "page_token": token or "",
         }
         call = partial(client.list_skus, request=request, retry=None, timeout=READ_TIMEOUT_S)
         pager = call_with_retry(call, _transient, policy)
         # The pager answers for the page it fetched; the next page is asked for by hand
         # so that each call gets the retry policy above.
-        for sku in pager.skus:
-            parsed = _sku(sku_type.pb(sku))
-            if parsed is not None:
-                yield parsed
-        token = pager.next_page_token
-        if not token:
-            return
-        if token in seen:
-            msg = "the Cloud Billing Catalog API returned a page token twice: paging stopped"
-            raise CostguardError(msg, hint="try again later")
-        seen.add(token)
-    msg = f"the Cloud Billing Catalog API kept paging past {MAX_PAGES} pages"
-    raise CostguardError(msg, hint="try again later")
+        parsed = (_sku(sku_type.pb(sku)) for sku in pager.skus)
+        return [sku for sku in parsed if sku is not None], pager.next_page_token or None
+
+    return pages(fetch, max_pages=MAX_PAGES)
 
 
 def _sku(raw: Any) -> GcpSku | None:

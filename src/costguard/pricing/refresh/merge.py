@@ -1,9 +1,10 @@
 """Merge fresh prices into the tables in use, and record where every row came from. Pure.
 
-A refresh replaces only the rows of the providers (and regions) it read; every other
-row, and the storage, transfer and regions tables, are carried over from the tables in
-use (bundled or cache) as they were, and the table metadata says so. The rules for one
-row (:func:`merge_row`):
+A refresh replaces only the rows of the providers and regions it read prices for (a
+region the API or mirror listed nothing in was not read); every other row, and the
+storage, transfer and regions tables, are carried over from the tables in use (bundled
+or cache) as they were, with their date and source, and the table metadata says so. The
+rules for one row (:func:`merge_row`):
 
 * a fresh price replaces the old one and is ``listed``;
 * a price the API should list but did not is kept, flagged ``unverified``, with a note
@@ -50,12 +51,22 @@ class FreshPrices:
     """What one provider's refresh read: prices for its rows, from which API, when."""
 
     provider: str
-    regions: frozenset[str]
+    regions: frozenset[str]  # asked for; see `answered` for those prices came back for
     markets: frozenset[Market]  # read from a mirror without spot history: on-demand only
     rows: RowPrices
     source: str  # the API and its endpoint (or the mirror folder)
     fetched_at: datetime
     records: int  # API records read (products, SKUs, price items)
+
+    @property
+    def answered(self) -> frozenset[str]:
+        """The regions asked for that prices came back for: only these are refreshed."""
+        return self.regions & self.rows.answered
+
+    @property
+    def unanswered(self) -> frozenset[str]:
+        """The regions asked for that nothing came back for: kept as they were."""
+        return self.regions - self.rows.answered
 
 
 class Outcome(StrEnum):
@@ -172,7 +183,7 @@ def merge_tables(
         for row in _table_rows(catalog, name):
             provider_fresh = by_provider.get(row.provider)
             place = (row.provider, row.region)
-            if provider_fresh is None or row.region not in provider_fresh.regions:
+            if provider_fresh is None or row.region not in provider_fresh.answered:
                 rows.append(row)
                 parts.setdefault(place, _kept_part(info, place, catalog.origin))
                 continue

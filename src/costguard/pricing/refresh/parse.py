@@ -41,10 +41,33 @@ def row_key(row: InstancePrice) -> RowKey:
 
 @dataclass(frozen=True)
 class RowPrices:
-    """Fresh hourly prices for table rows, and the rows the API prices at all."""
+    """Fresh hourly prices for table rows, the rows the API prices at all, and the regions
+    (of those rows) the records listed any price in.
+
+    A region the records listed nothing in (a mirror of other regions, an API that
+    answered empty) was not read: its rows keep their prices and their date.
+    """
 
     prices: Mapping[RowKey, Mapping[Market, Decimal]]
     covered: frozenset[RowKey]
+    listed: frozenset[str] = frozenset()
+
+    @property
+    def answered(self) -> frozenset[str]:
+        """The regions with fresh prices: those listed, and those of any priced row.
+
+        >>> prices = RowPrices({("eastus", "D2s", None): {}}, frozenset(), frozenset({"westus"}))
+        >>> sorted(prices.answered)
+        ['eastus', 'westus']
+        """
+        return self.listed | {region for region, _, _ in self.prices}
+
+
+def _listed(rows: Iterable[InstancePrice], seen: Iterable[str]) -> frozenset[str]:
+    """The regions of ``rows`` among ``seen`` (the regions records were listed in),
+    compared without case (Azure's ``armRegionName`` is not always lower case)."""
+    seen_lower = {region.lower() for region in seen}
+    return frozenset(row.region for row in rows if row.region.lower() in seen_lower)
 
 
 def _price(value: Any) -> Decimal | None:
@@ -172,6 +195,7 @@ def aws_prices(
     rows: Iterable[InstancePrice],
 ) -> RowPrices:
     """Fresh prices for AWS rows: every EC2 instance type is in the Price List."""
+    rows = list(rows)
     prices: dict[RowKey, dict[Market, Decimal]] = {}
     covered = set()
     for row in rows:
@@ -184,7 +208,8 @@ def aws_prices(
         }
         if found:
             prices[key] = found
-    return RowPrices(prices, frozenset(covered))
+    seen = [region for region, _ in (*ondemand, *spot)]
+    return RowPrices(prices, frozenset(covered), _listed(rows, seen))
 
 
 # --- GCP -------------------------------------------------------------------------------
@@ -351,6 +376,7 @@ def gcp_prices(
     >>> gcp_prices(units, [row]).prices[row_key(row)][Market.ON_DEMAND]
     Decimal('0.628')
     """
+    rows = list(rows)
     prices: dict[RowKey, dict[Market, Decimal]] = {}
     covered = set()
     known_gpus = set(GCP_GPUS.values())
@@ -379,7 +405,8 @@ def gcp_prices(
                 )
         if found:
             prices[key] = found
-    return RowPrices(prices, frozenset(covered))
+    seen = {region for _, region, _ in unit_prices}
+    return RowPrices(prices, frozenset(covered), _listed(rows, seen))
 
 
 # --- Azure -----------------------------------------------------------------------------
@@ -420,6 +447,7 @@ def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePric
         if parsed is not None:
             region, sku, market, price = parsed
             _keep_higher(found, (region.lower(), sku.lower(), market), price)
+    rows = list(rows)
     prices: dict[RowKey, dict[Market, Decimal]] = {}
     covered = set()
     for row in rows:
@@ -429,4 +457,5 @@ def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePric
         fresh = {m: found[(*wanted, m)] for m in Market if (*wanted, m) in found}
         if fresh:
             prices[key] = fresh
-    return RowPrices(prices, frozenset(covered))
+    seen = {region for region, _, _ in found}
+    return RowPrices(prices, frozenset(covered), _listed(rows, seen))

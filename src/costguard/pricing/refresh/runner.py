@@ -2,8 +2,10 @@
 
 :func:`plan_refresh` validates names and folders before anything reaches the network
 (bad input is an :class:`~costguard.errors.InputError`). :func:`refresh_tables` reads
-the providers side by side; one that fails is reported and leaves its rows as they
-were, while the others are merged and written (atomically) all the same.
+the providers side by side; one that fails, whatever the error, is reported and leaves
+its rows as they were, while the others are merged and written (atomically) all the
+same. Only the regions prices came back for are refreshed; the others keep their rows,
+date and source, and are reported.
 """
 
 from __future__ import annotations
@@ -40,11 +42,16 @@ class RefreshPlan:
     targets: tuple[Target, ...]
     output: Path
     mirror: Path | None = None
+    #: Whether the regions were named (``--region``); else every region in the tables
+    #: (with a mirror: those the mirror holds prices for).
+    regions_named: bool = False
 
 
 @dataclass(frozen=True)
 class ProviderReport:
-    """How one provider's refresh went."""
+    """How one provider's refresh went: ``regions`` are those refreshed (prices came
+    back for them; all those asked for when it failed); ``missing`` those asked for by
+    name that nothing came back for (kept as they were)."""
 
     provider: str
     regions: tuple[str, ...]
@@ -53,6 +60,7 @@ class ProviderReport:
     source: str = ""
     stats: MergeStats | None = None
     error: CostguardError | None = None
+    missing: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -82,7 +90,8 @@ class RefreshReport:
 
 def current_tables(output: Path) -> Catalog:
     """The tables a refresh into ``output`` starts from: those already there, or the
-    bundled ones when they are fresher (or ``output`` has none).
+    bundled ones when they are newer than anything there (the rule of
+    :func:`~costguard.pricing.catalog.load_tables`), or when ``output`` has none.
 
     Leftovers of a crashed refresh are cleared first, so tables a crash moved aside
     are found again rather than rebuilt from the bundled ones.
@@ -103,7 +112,9 @@ def plan_refresh(
 
     Providers default to those of ``regions``, else (with ``mirror_dir``) those the
     mirror has responses for, else all three. Regions default to every region of the
-    chosen providers in the tables.
+    chosen providers in the tables; with ``mirror_dir``, in effect to those the mirror
+    holds prices for (the others come back with nothing and are kept as they were,
+    without a warning: see :attr:`RefreshPlan.regions_named`).
 
     >>> from costguard.pricing.catalog import load_catalog
     >>> plan = plan_refresh(load_catalog(), regions=["us-east-1"], output=Path("out"))
@@ -139,7 +150,9 @@ def plan_refresh(
             row for row in catalog.instances if row.provider == provider and row.region in wanted
         )
         targets.append(Target(provider, tuple(dict.fromkeys(wanted)), rows))
-    return RefreshPlan(targets=tuple(targets), output=output, mirror=mirror_dir)
+    return RefreshPlan(
+        targets=tuple(targets), output=output, mirror=mirror_dir, regions_named=bool(places)
+    )
 
 
 def refresh_tables(
@@ -151,11 +164,14 @@ def refresh_tables(
     retry: RetryPolicy | None = None,
     progress: Progress | None = None,
 ) -> RefreshReport:
-    """Read every provider of ``plan`` (side by side), merge what was read into
-    ``catalog``'s tables and write them to ``plan.output``.
+    """Read every provider of ``plan`` (side by side), merge what was read into the
+    tables in use and write them to ``plan.output``.
 
-    A provider that fails (a :class:`~costguard.errors.CostguardError`) is reported in
-    the result and its rows stay as they were; nothing is written when all fail.
+    A provider that fails (any error, as a :class:`~costguard.errors.CostguardError`)
+    is reported in the result and its rows stay as they were; nothing is written when
+    all fail. The merge starts from the tables in ``plan.output`` as they are once its
+    lock is held (another refresh may have written since ``catalog`` was read), or from
+    ``catalog`` when the output has none yet; so two refreshes at once both count.
     """
     now = now or datetime.now(UTC)
     with ThreadPoolExecutor(max_workers=len(plan.targets) or 1) as pool:
@@ -168,8 +184,11 @@ def refresh_tables(
     reports = [report for _, report in results]
     if not fresh:
         return RefreshReport(plan.output, now, tuple(reports))
-    merged = merge_tables(catalog, fresh, now)
-    cache.write_tables(plan.output, merged, catalog, now)
+    cache.check_target(plan.output)
+    with cache.locked(plan.output):
+        base = current_tables(plan.output) if cache.has_tables(plan.output) else catalog
+        merged = merge_tables(base, fresh, now)
+        cache.write_tables(plan.output, merged, base, now)
     reports = [
         replace(report, stats=merged.stats[report.provider]) if report.ok else report
         for report in reports
@@ -185,8 +204,10 @@ def _fetch_one(
     retry: RetryPolicy | None,
     progress: Progress | None,
 ) -> tuple[FreshPrices | None, ProviderReport]:
-    """One provider's prices, or the error that stopped them; never raises a
-    :class:`~costguard.errors.CostguardError` (the other providers go on)."""
+    """One provider's prices, or the error that stopped them; never raises (the other
+    providers go on). An unexpected error is reported as a
+    :class:`~costguard.errors.CostguardError` naming its type and the provider; so is
+    a provider that came back with prices for none of the regions asked for."""
     # Adapters are looked up by name, so a run for one provider imports only its SDK.
     adapter = importlib.import_module(f"costguard.pricing.refresh.{target.provider}")
     started = time.perf_counter()
@@ -199,9 +220,30 @@ def _fetch_one(
         fresh: FreshPrices = adapter.fetch(
             target, settings, now=now, mirror=plan.mirror, retry=retry, progress=tell
         )
+        if target.regions and not fresh.answered:
+            where = plan.mirror / target.provider if plan.mirror else fresh.source
+            names = ", ".join(target.regions[:5]) + (", ..." if len(target.regions) > 5 else "")
+            msg = f"no prices came back for any region asked for ({names}) from {where}"
+            raise CostguardError(msg, hint="check the region names, and the endpoint or mirror")
     except CostguardError as exc:
-        seconds = time.perf_counter() - started
-        return None, ProviderReport(target.provider, target.regions, seconds=seconds, error=exc)
+        return None, _failed(target, started, exc)
+    except Exception as exc:  # the partial-failure contract: report it, the others go on
+        kind = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+        msg = f"unexpected {kind} while reading {target.provider} prices: {exc}"
+        error = CostguardError(
+            msg, hint="try again; if it happens again, please report it (costguard missed it)"
+        )
+        return None, _failed(target, started, error)
     seconds = time.perf_counter() - started
-    report = ProviderReport(target.provider, target.regions, fresh.records, seconds, fresh.source)
+    answered = tuple(r for r in target.regions if r in fresh.answered)
+    quiet = plan.mirror is not None and not plan.regions_named
+    missing = () if quiet else tuple(r for r in target.regions if r in fresh.unanswered)
+    report = ProviderReport(
+        target.provider, answered, fresh.records, seconds, fresh.source, missing=missing
+    )
     return fresh, report
+
+
+def _failed(target: Target, started: float, error: CostguardError) -> ProviderReport:
+    seconds = time.perf_counter() - started
+    return ProviderReport(target.provider, target.regions, seconds=seconds, error=error)
