@@ -6,8 +6,11 @@ documented paths with the documented JSON, and the real SDK clients are pointed 
 * GCP: ``instances.aggregatedList``/``list``/``stop``/``delete``/``setLabels``,
   ``zoneOperations.get`` and Cloud Monitoring ``projects.timeSeries.list``.
 * Azure: ``virtualMachines.listAll`` (``statusOnly``), ``deallocate``, ``powerOff`` (recorded
-  so a test can prove it is never used), ``delete``, ``update`` (tags), long-running
-  operation polling, and Azure Monitor ``metrics`` at subscription scope.
+  so a test can prove it is never used), ``delete``, ``update`` (recorded so a test can
+  prove tags are never written through it), the Tags API at a VM's scope (``Merge``,
+  ``Replace``, ``Delete``), long-running operation polling, and Azure Monitor ``metrics`` at
+  subscription scope, honouring ``$filter`` on ``Microsoft.ResourceId`` and ``top``
+  (busiest series first, 10 by default).
 
 One server per session, state reset per test, loopback only.
 """
@@ -164,6 +167,9 @@ class GcpServer(LocalServer):
         self.vms: dict[str, GcpVm] = {}
         # metric type -> instance id -> [(time, value)]
         self.series: dict[str, dict[str, list[tuple[datetime, float]]]] = {}
+        #: Time series per page (None: one page); ``stuck_token`` is handed out forever.
+        self.page_size: int | None = None
+        self.stuck_token: str | None = None
         self.requests.clear()
 
     def add(self, vm: GcpVm) -> GcpVm:
@@ -247,7 +253,15 @@ class GcpServer(LocalServer):
                     ],
                 }
             )
-        return 200, {"timeSeries": out, "unit": ""}, {}
+        if self.stuck_token is not None:
+            return 200, {"timeSeries": out[:1], "nextPageToken": self.stuck_token}, {}
+        if self.page_size is None:
+            return 200, {"timeSeries": out, "unit": ""}, {}
+        first = int(request.query.get("pageToken", ["0"])[0])
+        body: dict[str, Any] = {"timeSeries": out[first : first + self.page_size], "unit": ""}
+        if first + self.page_size < len(out):
+            body["nextPageToken"] = str(first + self.page_size)
+        return 200, body, {}
 
     def routes(self) -> list[tuple[str, str, Route]]:
         project = r"/compute/v1/projects/(?P<project>[^/]+)"
@@ -277,6 +291,8 @@ class AzureVm:
     created: datetime = field(default_factory=lambda: datetime.now(UTC) - timedelta(hours=3))
     tags: dict[str, str] = field(default_factory=dict)
     spot: bool = False
+    #: When it was last started (the instance view's state times); None: never restarted.
+    started: datetime | None = None
 
     @property
     def resource_id(self) -> str:
@@ -299,7 +315,11 @@ class AzureVm:
                 "priority": "Spot" if self.spot else "Regular",
                 "instanceView": {
                     "statuses": [
-                        {"code": "ProvisioningState/succeeded", "level": "Info"},
+                        {
+                            "code": "ProvisioningState/succeeded",
+                            "level": "Info",
+                            "time": rfc3339(self.started or self.created),
+                        },
                         {"code": f"PowerState/{self.power}", "level": "Info"},
                     ]
                 },
@@ -352,6 +372,30 @@ class AzureServer(LocalServer):
         vm.tags = dict(request.body.get("tags") or {})
         return 200, vm.resource(), {}
 
+    def tags(self, request: Request, match: re.Match[str]) -> Reply:
+        """``Tags - Update At Scope``: Merge, Replace or Delete some tags of one resource."""
+        assert request.query.get("api-version"), request.query
+        vm = self.vms[match["name"]]
+        operation = request.body["operation"]
+        given: dict[str, str] = request.body["properties"]["tags"]
+        if operation == "Merge":
+            kept = {k: v for k, v in vm.tags.items() if k.lower() not in {g.lower() for g in given}}
+            vm.tags = {**kept, **given}
+        elif operation == "Replace":
+            vm.tags = dict(given)
+        elif operation == "Delete":
+            wanted = {k.lower(): v for k, v in given.items()}
+            vm.tags = {
+                k: v
+                for k, v in vm.tags.items()
+                if k.lower() not in wanted or wanted[k.lower()] not in ("", v)
+            }
+        else:
+            return 400, {"error": {"code": "InvalidOperation", "message": operation}}, {}
+        body = {"id": f"{vm.resource_id}/providers/Microsoft.Resources/tags/default",
+                "name": "default", "properties": {"tags": vm.tags}}  # fmt: skip
+        return 200, body, {}
+
     def operation(self, request: Request, match: re.Match[str]) -> Reply:
         return 200, None, {}
 
@@ -369,7 +413,8 @@ class AzureServer(LocalServer):
 
     def metrics(self, request: Request, match: re.Match[str]) -> Reply:
         query = {k: v[0] for k, v in request.query.items()}
-        assert query["$filter"] == "Microsoft.ResourceId eq '*'", query
+        wanted = _resource_filter(query["$filter"])
+        top = int(query.get("top", 10))
         namespace = query["metricnamespace"].lower()
         names = query["metricnames"].split(",")
         if not any(ns == namespace for ns, _ in self.series):
@@ -381,9 +426,11 @@ class AzureServer(LocalServer):
         in_region = {vm.resource_id.lower() for vm in self.vms.values() if vm.location == region}
         value = []
         for name in names:
-            timeseries = []
+            timeseries: list[dict[str, Any]] = []
             for resource_id, points in self.series.get((namespace, name), {}).items():
-                if resource_id not in in_region:
+                if resource_id not in in_region or (
+                    wanted is not None and resource_id not in wanted
+                ):
                     continue
                 data = [
                     {"timeStamp": rfc3339(t), "maximum": v, "total": v}
@@ -404,13 +451,15 @@ class AzureServer(LocalServer):
                         "data": data,
                     }
                 )
+            # Like Azure Monitor: the ``top`` busiest series, the rest are left out.
+            timeseries.sort(key=lambda ts: -max((d["maximum"] for d in ts["data"]), default=0))
             value.append(
                 {
                     "id": f"/subscriptions/{AZURE_SUBSCRIPTION}/metrics/{name}",
                     "type": "Microsoft.Insights/metrics",
                     "name": {"value": name, "localizedValue": name},
                     "unit": "Unspecified",
-                    "timeseries": timeseries,
+                    "timeseries": timeseries[:top],
                     "errorCode": "Success",
                 }
             )
@@ -436,10 +485,22 @@ class AzureServer(LocalServer):
             ("POST", vm + "/powerOff", self.power_off),
             ("DELETE", vm, self.delete),
             ("PATCH", vm, self.update),
+            ("PATCH", vm + "/providers/Microsoft.Resources/tags/default", self.tags),
             ("GET", "/operations/done", self.operation),
             ("GET", subscription + "/providers/Microsoft.Insights/metrics", self.metrics),
             ("GET", "/metadata/instance/compute", self.instance_metadata),
         ]
+
+
+def _resource_filter(text: str) -> set[str] | None:
+    """The resource IDs a metrics ``$filter`` asks for; ``None`` for all (``eq '*'``)."""
+    terms = re.split(r"\s+or\s+", text.strip(), flags=re.IGNORECASE)
+    ids = set()
+    for term in terms:
+        found = re.fullmatch(r"Microsoft\.ResourceId eq '([^']+)'", term.strip(), re.IGNORECASE)
+        assert found, f"unsupported $filter {text!r}"
+        ids.add(found[1].lower())
+    return None if "*" in ids else ids
 
 
 @pytest.fixture(scope="session")

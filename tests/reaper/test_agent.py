@@ -82,7 +82,7 @@ def run(
     policy: AgentPolicy = POLICY,
     *,
     max_ticks: int = 40,
-    dry_run: bool = False,
+    execute: bool = True,
 ) -> tuple[list[Tick], Recorder]:
     clock = FakeClock()
     action = Recorder()
@@ -93,7 +93,7 @@ def run(
         clock=clock,
         sleep=clock.sleep,
         max_ticks=max_ticks,
-        dry_run=dry_run,
+        execute=execute,
     )
     return ticks, action
 
@@ -136,10 +136,85 @@ def test_what_keeps_the_machine_up(busy: dict[str, Any], ignore: dict[str, Any] 
 
 
 def test_dry_run_reports_but_never_acts() -> None:
-    ticks, action = run(max_ticks=15, dry_run=True)
+    ticks, action = run(max_ticks=15, execute=False)
     assert action.reasons == []
     assert len(ticks) == 15
     assert [t.decision.shutdown for t in ticks].index(True) == 10
+
+
+def test_the_loop_is_a_dry_run_unless_told_to_execute() -> None:
+    clock = FakeClock()
+    action = Recorder()
+    ticks = run_agent(ScriptedSampler(clock), action, POLICY, clock=clock, sleep=clock.sleep,
+                      max_ticks=15)  # fmt: skip
+    assert action.reasons == []
+    assert not any(t.acted for t in ticks)
+    assert any(t.decision.shutdown for t in ticks)
+
+
+class LoopStopError(Exception):
+    """Ends the CLI's endless loop from the fake sleep."""
+
+
+@pytest.fixture
+def cli_loop(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[..., Any]:
+    """`costguard agent ARGS` with an idle fake machine, a fake clock and a recorded shutdown:
+    returns the run and the shutdown reasons (the loop ends after 15 readings)."""
+    from costguard.reaper import agent
+
+    clock = FakeClock()
+    reasons: list[str] = []
+    sampler = ScriptedSampler(clock)
+
+    def sleep(seconds: float) -> None:
+        if sampler.tick >= 15:
+            raise LoopStopError
+        clock.sleep(seconds)
+
+    class FakePowerOff:
+        def __init__(self, command: Any) -> None:
+            self.command = list(command)
+
+        def __call__(self, reason: str) -> None:
+            reasons.append(reason)
+
+    monkeypatch.setattr(agent, "SystemSampler", lambda *a, **k: sampler)
+    monkeypatch.setattr(agent, "PowerOff", FakePowerOff)
+    monkeypatch.setattr("costguard.cli.agent.time.sleep", sleep)
+
+    class FakeDatetime:
+        @staticmethod
+        def now(tz: Any = None) -> datetime:
+            return clock()
+
+    monkeypatch.setattr("costguard.cli.agent.datetime", FakeDatetime)
+
+    def invoke_loop(*args: str) -> tuple[Any, list[str]]:
+        from click.testing import CliRunner
+
+        command = ["--idle-minutes", "10", "--jobs-dir", str(tmp_path), *args]
+        try:
+            result = CliRunner().invoke(agent_command, command, catch_exceptions=False)
+        except LoopStopError:
+            result = None
+        return result, reasons
+
+    return invoke_loop
+
+
+def test_the_command_is_a_dry_run_by_default(cli_loop: Callable[..., Any]) -> None:
+    _, reasons = cli_loop()
+    assert reasons == []
+    _, reasons = cli_loop("--execute", "--dry-run")  # the last one wins
+    assert reasons == []
+
+
+def test_the_command_shuts_down_only_with_execute(cli_loop: Callable[..., Any]) -> None:
+    result, reasons = cli_loop("--execute")
+    assert reasons == ["idle for 10 min"]
+    assert result is not None
+    assert "shutting down: idle for 10 min" in result.output
+    assert "dry run" not in result.output
 
 
 def test_a_restarted_agent_waits_a_full_window() -> None:
@@ -266,3 +341,18 @@ def test_bad_input_exits_2(args: list[str]) -> None:
     result = invoke(*args, "--once")
     assert result.exit_code == 2
     assert "->" not in result.output  # nothing was read
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [('a "b', "cannot be parsed: No closing quotation"), ("  ", "is empty")],
+)
+def test_a_bad_shutdown_command_exits_2_with_a_hint(
+    run_cli: Callable[..., Any], command: str, says: str
+) -> None:
+    result = run_cli("agent", "--shutdown-command", command, "--once")
+    assert result.exit_code == 2, result.stderr
+    assert f"Error: --shutdown-command {says}" in result.stderr
+    assert "Hint: quote it as in a shell" in result.stderr
+    assert "->" not in result.stdout  # nothing was read
+    assert "unexpected" not in result.stderr

@@ -17,15 +17,34 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from costguard.clouds import aws as aws_clouds
-from costguard.reaper.policy import MARK_TAG, format_timestamp
+from costguard.errors import CostguardError
+from costguard.pricing.catalog import load_catalog
+from costguard.reaper import aws
+from costguard.reaper.fleet import PriceBook
+from costguard.reaper.policy import (
+    MARK_TAG,
+    Action,
+    IdlePolicy,
+    Instance,
+    Reason,
+    format_timestamp,
+    judge_idle,
+)
 
 NOW = datetime.now(UTC)
 OLD = NOW - timedelta(hours=3)
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOW is when each test starts: the CLI judges with the real clock."""
+    monkeypatch.setattr(f"{__name__}.NOW", datetime.now(UTC))
 
 
 class Calls(Counter[str]):
@@ -186,6 +205,11 @@ def fleet(ec2: Any, cloudwatch: Any) -> dict[str, str]:
                 {"host": host, "index": "0", "name": "NVIDIA A10G"}, points(0.0))  # fmt: skip
     ids["cpu-only"] = launch(ec2, "cpu-only", "m5.large")
     metrics.seed(ids["cpu-only"])
+    # The CloudWatch agent stopped publishing 10 minutes ago; CPU and network go on.
+    ids["gpu-stale"] = launch(ec2, "gpu-stale")
+    metrics.seed(ids["gpu-stale"], gpu=None)
+    stale = [(t, v) for t, v in points(1.0) if t < NOW - timedelta(minutes=10)]
+    metrics.put("CWAgent", "nvidia_smi_utilization_gpu", {"InstanceId": ids["gpu-stale"]}, stale)
     metrics.send(cloudwatch)
     return ids
 
@@ -203,6 +227,7 @@ EXPECTED_CODES = {
     "no-metrics": ("keep", "no-gpu-metrics"),
     "no-instance-id": ("keep", "no-gpu-metrics"),
     "cpu-only": ("keep", "no-gpu"),
+    "gpu-stale": ("keep", "too-few-samples"),
 }
 
 
@@ -237,14 +262,15 @@ def test_dry_runs_and_refusals_judge_every_instance_and_change_nothing(
     assert "no GPU metrics carry this InstanceId" in rows["no-metrics"]["reason"]
     assert rows["idle"]["usd_per_hour"] == "1.006"
     assert rows["idle-per-gpu"]["accelerator"] == "T4"
-    assert doc["summary"]["usd_per_hour_selected"] == str(1.006 + 3.912)
+    assert "newest gpu sample ends" in rows["gpu-stale"]["reason"]
+    assert Decimal(doc["summary"]["usd_per_hour_selected"]) == Decimal("4.918")
     assert doc["executed"] is False
     assert set(states(ec2).values()) == {"running"}
-    # One listing; 4 metric queries for each of the 8 instances left open by the static
+    # One listing; 4 metric queries for each of the 9 instances left open by the static
     # rules -> one GetMetricData; one ListMetrics and one more GetMetricData for the
     # instance that only has per-GPU series; protection read only for the 3 idle ones.
     assert calls["DescribeInstances"] == 1
-    assert calls["GetMetricData"] == math.ceil(8 * 4 / 500) + math.ceil(2 / 500)
+    assert calls["GetMetricData"] == math.ceil(9 * 4 / 500) + math.ceil(2 / 500)
     assert calls["ListMetrics"] == 1
     assert calls["GetMetricStatistics"] == 0
     assert calls["DescribeInstanceAttribute"] == 2 * 3
@@ -282,7 +308,7 @@ def test_execute_stops_exactly_the_idle_ones_and_a_rerun_changes_nothing(
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert doc["summary"]["acted"] == 2
-    assert doc["summary"]["usd_per_hour_saved"] == str(1.006 + 3.912)
+    assert Decimal(doc["summary"]["usd_per_hour_saved"]) == Decimal("4.918")
     after = states(ec2)
     stopped = {name for name, state in after.items() if state != "running"}
     assert stopped == {"idle", "idle-per-gpu"}
@@ -331,3 +357,79 @@ def test_two_phase_marks_first_and_acts_a_window_later(
     tags = ec2.describe_tags(Filters=[{"Name": "key", "Values": [MARK_TAG]}])["Tags"]
     assert {t["ResourceId"] for t in tags} == {fleet["idle"], fleet["idle-per-gpu"]}
     assert {n for n, s in states(ec2).items() if s != "running"} == {"idle"}
+
+
+class CloudWatchLike:
+    """``GetMetricData`` as CloudWatch answers it, unlike moto: ``StartTime`` is rounded
+    down to the minute, and each period's datapoint is stamped with the period's start."""
+
+    def __init__(self, data: dict[str, list[tuple[datetime, float]]], *, stuck: bool = False):
+        self.data = data  # metric name -> (time, value)
+        self.stuck = stuck  # hand out the same NextToken forever
+        self.calls: list[dict[str, Any]] = []
+
+    def get_metric_data(self, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append(kwargs)
+        start = kwargs["StartTime"].replace(second=0, microsecond=0)
+        results = []
+        for query in kwargs["MetricDataQueries"]:
+            stat = query["MetricStat"]
+            period = timedelta(seconds=stat["Period"])
+            points = self.data.get(stat["Metric"]["MetricName"], [])
+            stamps, values = [], []
+            at = start
+            while at < kwargs["EndTime"]:
+                inside = [v for t, v in points if at <= t < at + period]
+                if inside:
+                    stamps.append(at)
+                    values.append(max(inside) if stat["Stat"] == "Maximum" else sum(inside))
+                at += period
+            results.append({"Id": query["Id"], "Timestamps": stamps, "Values": values})
+        return {"MetricDataResults": results, **({"NextToken": "same"} if self.stuck else {})}
+
+
+CLOCK = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
+
+
+def every_minute(value: float, **bursts: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the last 70 minutes; ``bursts`` maps ``m<N>`` (N minutes ago)."""
+    values = {f"m{m}": value for m in range(1, 71)} | bursts
+    return [(CLOCK - timedelta(minutes=int(k[1:])), v) for k, v in values.items()]
+
+
+def judge_with(cloudwatch: CloudWatchLike) -> Any:
+    fleet = aws.AwsFleet("us-east-1", PriceBook(load_catalog()), ec2=object(),
+                         cloudwatch=cloudwatch)  # fmt: skip
+    box = Instance("aws", "us-east-1", "i-1", "g5.xlarge", running=True, gpu_count=1,
+                   launched_at=CLOCK - timedelta(hours=5), protected=False)  # fmt: skip
+    policy = IdlePolicy(
+        sample_period_seconds=aws.PERIOD_SECONDS,
+        max_lag_seconds=aws.MAX_LAG_SECONDS,
+        gpu_max_lag_seconds=aws.GPU_MAX_LAG_SECONDS,
+    )
+    (samples,) = fleet.samples([box], CLOCK - policy.window, CLOCK)
+    return judge_idle(samples, policy, CLOCK)
+
+
+def test_a_burst_in_the_period_that_holds_the_window_start_keeps_the_instance() -> None:
+    # The window starts 11:00:30; CloudWatch's period [11:00, 11:05) holds the burst at
+    # 11:02 and is stamped 11:00, before the window starts.
+    quiet = {
+        "CPUUtilization": every_minute(1.0),
+        "NetworkIn": every_minute(10.0),
+        "NetworkOut": every_minute(10.0),
+    }
+    burst = CloudWatchLike({"nvidia_smi_utilization_gpu": every_minute(1.0, m58=97.0), **quiet})
+    verdict = judge_with(burst)
+    assert (verdict.action, verdict.code) == (Action.KEEP, Reason.BUSY)
+    assert "gpu 97% at 2026-12-01T11:00:00Z" in verdict.reason
+    assert burst.calls[0]["StartTime"] == CLOCK - timedelta(minutes=65)
+    calm = CloudWatchLike({"nvidia_smi_utilization_gpu": every_minute(1.0), **quiet})
+    assert judge_with(calm).action is Action.STOP
+
+
+def test_a_repeated_next_token_ends_the_run_instead_of_looping() -> None:
+    stuck = CloudWatchLike({}, stuck=True)
+    with pytest.raises(CostguardError, match="page token 'same' twice"):
+        judge_with(stuck)
+    assert len(stuck.calls) == 2

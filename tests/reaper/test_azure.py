@@ -11,8 +11,8 @@ import pytest
 
 from costguard.pricing.catalog import load_catalog
 from costguard.reaper import azure
-from costguard.reaper.fleet import PriceBook, reap
-from costguard.reaper.policy import Action, IdlePolicy, ReapLimits
+from costguard.reaper.fleet import PriceBook, judge_fleet, reap
+from costguard.reaper.policy import MARK_TAG, Action, IdlePolicy, ReapLimits, format_timestamp
 from costguard.settings import Settings
 from tests.reaper.conftest import (
     AZURE_SUBSCRIPTION,
@@ -26,15 +26,21 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
 
 
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOW is when each test starts: the CLI tests judge with the real clock."""
+    monkeypatch.setattr(f"{__name__}.NOW", datetime.now(UTC).replace(microsecond=0))
+
+
 def minutes(value: float) -> list[tuple[datetime, float]]:
     """A point a minute for the last 62 minutes."""
     return [(NOW - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
 
 
-def seed(server: AzureServer, vm: AzureVm, gpu: float | None = 1.0) -> None:
+def seed(server: AzureServer, vm: AzureVm, gpu: float | None = 1.0, cpu: float = 1.5) -> None:
     if gpu is not None:
         server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, minutes(gpu))
-    server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, minutes(1.5))
+    server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, minutes(cpu))
     # Bytes per one-minute grain: 6 kB/min each way is far below 1 Mbit/s.
     server.put(azure.VM_NAMESPACE, azure.NETWORK_IN_METRIC, vm, minutes(6000.0))
     server.put(azure.VM_NAMESPACE, azure.NETWORK_OUT_METRIC, vm, minutes(6000.0))
@@ -47,7 +53,9 @@ def fleet(azure_server: AzureServer) -> AzureServer:
     seed(s, s.add(AzureVm("idle-west", "Standard_NC4as_T4_v3", location="westeurope")))
     seed(s, s.add(AzureVm("busy", "Standard_NC24ads_A100_v4")), gpu=91.0)
     seed(s, s.add(AzureVm("keep", "Standard_NC4as_T4_v3", tags={"costguard:keep": "True"})))
-    seed(s, s.add(AzureVm("young", "Standard_NC4as_T4_v3", created=NOW - timedelta(minutes=5))))
+    # Created a month ago, started (again) five minutes ago: young.
+    seed(s, s.add(AzureVm("young", "Standard_NC4as_T4_v3", created=NOW - timedelta(days=30),
+                          started=NOW - timedelta(minutes=5))))  # fmt: skip
     seed(s, s.add(AzureVm("no-agent", "Standard_NC6s_v3")), gpu=None)
     seed(s, s.add(AzureVm("cpu-only", "Standard_D4s_v5")))
     s.add(AzureVm("powered-off", "Standard_NC4as_T4_v3", power="stopped"))
@@ -71,6 +79,7 @@ def policy(**kwargs: Any) -> IdlePolicy:
     return IdlePolicy(
         sample_period_seconds=azure.PERIOD_SECONDS,
         max_lag_seconds=azure.MAX_LAG_SECONDS,
+        gpu_max_lag_seconds=azure.GPU_MAX_LAG_SECONDS,
         **kwargs,
     )
 
@@ -126,11 +135,101 @@ def test_terminate_deletes_and_regions_narrow_the_run(fleet: AzureServer) -> Non
     assert "idle-t4" in fleet.vms
 
 
-def test_mark_tags_through_a_vm_update(fleet: AzureServer) -> None:
-    reap([make_fleet(fleet)], policy(two_phase=True), ReapLimits(), NOW, execute=True)
-    assert "costguard:idle-since" in fleet.vms["idle-t4"].tags
-    assert fleet.calls("PATCH", "/virtualMachines/idle-t4")
+def test_grace_counts_from_the_last_start_never_before_creation(
+    azure_server: AzureServer,
+) -> None:
+    created = NOW - timedelta(days=30)
+    vms = {
+        "restarted": AzureVm("restarted", "Standard_NC4as_T4_v3", created=created,
+                             started=NOW - timedelta(minutes=5)),
+        "long-up": AzureVm("long-up", "Standard_NC4as_T4_v3", created=created,
+                           started=NOW - timedelta(days=2)),
+        "odd-clock": AzureVm("odd-clock", "Standard_NC4as_T4_v3",
+                             created=NOW - timedelta(minutes=10),
+                             started=NOW - timedelta(days=2)),
+    }  # fmt: skip
+    for vm in vms.values():
+        seed(azure_server, azure_server.add(vm))
+    fleet = make_fleet(azure_server)
+    started = {i.name: i.launched_at for i in fleet.instances()}
+    assert started == {
+        "restarted": NOW - timedelta(minutes=5),
+        "long-up": NOW - timedelta(days=2),
+        "odd-clock": NOW - timedelta(minutes=10),  # a state change before creation: creation
+    }
+    report = reap([fleet], policy(), ReapLimits(), NOW, execute=False)
+    assert verdicts(report) == {
+        "restarted": ("keep", "young"),
+        "long-up": ("stop", "idle"),
+        "odd-clock": ("keep", "young"),
+    }
+
+
+def test_marks_touch_only_the_mark_tag(fleet: AzureServer) -> None:
+    azure_fleet = make_fleet(fleet)
+    judged = judge_fleet(azure_fleet, policy(two_phase=True), NOW)
+    marking = [v.instance for v in judged if v.action is Action.MARK]
+    assert {i.name for i in marking} == {"idle-t4", "idle-west"}
+    # Someone protects a VM after the listing, before the mark is written.
+    fleet.vms["idle-t4"].tags["costguard:keep"] = "true"
+    outcomes = azure_fleet.apply(Action.MARK, marking, NOW)
+    assert all(o.ok for o in outcomes), outcomes
+    mark = format_timestamp(NOW)
+    assert fleet.vms["idle-t4"].tags == {"costguard:keep": "true", MARK_TAG: mark}
+    assert fleet.vms["idle-west"].tags == {MARK_TAG: mark}
+    assert not [r for r in fleet.requests if r.method == "PATCH" and r.path.endswith("idle-t4")]
+    (call,) = [r for r in fleet.calls("PATCH", "/tags/default") if "/idle-t4/" in r.path]
+    assert call.body == {"operation": "Merge", "properties": {"tags": {MARK_TAG: mark}}}
+    # Unmarking deletes the mark it saw, and nothing else, whatever changed since.
+    listed = {i.name: i for i in azure_fleet.instances()}
+    fleet.vms["idle-t4"].tags["owner"] = "ana"
+    outcomes = azure_fleet.apply(Action.UNMARK, [listed["idle-t4"]], NOW)
+    assert all(o.ok for o in outcomes), outcomes
+    assert fleet.vms["idle-t4"].tags == {"costguard:keep": "true", "owner": "ana"}
     assert not fleet.calls("POST", "/deallocate")
+
+
+def test_two_phase_run_marks_through_the_tags_api(fleet: AzureServer) -> None:
+    reap([make_fleet(fleet)], policy(two_phase=True), ReapLimits(), NOW, execute=True)
+    assert MARK_TAG in fleet.vms["idle-t4"].tags
+    assert fleet.vms["keep"].tags == {"costguard:keep": "True"}
+    assert not fleet.calls("POST", "/deallocate")
+
+
+def test_busy_vms_elsewhere_in_the_region_do_not_crowd_out_the_idle_ones(
+    fleet: AzureServer,
+) -> None:
+    # A subscription-scope query returns the busiest `top` series of every VM in the
+    # region; twelve busy VMs of another team must not push ours out of the reply.
+    for n in range(12):
+        seed(fleet, fleet.add(AzureVm(f"web-{n}", "Standard_D4s_v5", group="web")),
+             gpu=90.0, cpu=90.0)  # fmt: skip
+    report = reap([make_fleet(fleet, resource_group="ml")], policy(), ReapLimits(), NOW,
+                  execute=False)  # fmt: skip
+    assert verdicts(report)["idle-t4"] == ("stop", "idle")
+    assert verdicts(report)["busy"] == ("keep", "busy")
+    eastus = [c for c in fleet.calls("GET", "/Microsoft.Insights/metrics")
+              if c.query["region"] == ["eastus"]]  # fmt: skip
+    in_eastus = sum(1 for vm in fleet.vms.values() if vm.location == "eastus")
+    assert eastus
+    assert all(int(c.query["top"][0]) >= in_eastus for c in eastus)
+
+
+def test_a_burst_in_the_minute_that_holds_the_window_start_keeps_the_vm(
+    azure_server: AzureServer,
+) -> None:
+    # Azure stamps a minute with its start: the burst stamped 30 s before the window
+    # began lasted into it.
+    vm = azure_server.add(AzureVm("burst", "Standard_NC4as_T4_v3"))
+    seed(azure_server, vm, gpu=None)
+    start = NOW - timedelta(minutes=60)
+    gpu = [(start - timedelta(seconds=30), 97.0)]
+    gpu += [(start + timedelta(seconds=30 + 60 * k), 1.0) for k in range(60)]
+    azure_server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, gpu)
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
+    (verdict,) = report.plan.verdicts
+    assert (verdict.action, verdict.code) == ("keep", "busy")
+    assert "gpu 97%" in verdict.reason
 
 
 def test_missing_gpu_namespace_is_explained(azure_server: AzureServer) -> None:

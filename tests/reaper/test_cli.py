@@ -53,6 +53,18 @@ def reap(run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Callab
         (["--provider", "gcp", "--project", "p", "--zone", "uscentral1"], "GCP zone"),
         (["--provider", "azure"], "needs --subscription"),
         (["--provider", "azure", "--subscription", "s", "--region", "East US"], "Azure region"),
+        (
+            ["--provider", "azure", "--subscription", "s", "--region", "mars"],
+            "unknown Azure region 'mars'",
+        ),
+        (
+            ["--provider", "gcp", "--project", "p", "--region", "mars-central1"],
+            "unknown GCP region 'mars-central1'",
+        ),
+        (
+            ["--provider", "gcp", "--project", "p", "--zone", "mars-central1-a"],
+            "unknown GCP zone 'mars-central1-a'",
+        ),
         (["--resource-group", "ml"], "--resource-group is for --provider azure"),
         (["--protect-tag", "=x"], "protect tag needs a key"),
     ],
@@ -64,12 +76,24 @@ def test_bad_input_exits_2_before_any_cloud_call(
     assert result.exit_code == 2, result.stderr
     assert says in result.stderr
     assert "Error:" in result.stderr
+    assert "\nHint: " in result.stderr
 
 
-def test_unknown_region_suggests_a_close_one(reap: Callable[..., Any]) -> None:
-    result = reap("--region", "eu-centrl-1")
+@pytest.mark.parametrize(
+    ("args", "suggestion"),
+    [
+        (["--region", "eu-centrl-1"], "eu-central-1"),
+        (["--provider", "gcp", "--project", "p", "--region", "us-centrl1"], "us-central1"),
+        (["--provider", "gcp", "--project", "p", "--zone", "europe-wst4-a"], "europe-west4"),
+        (["--provider", "azure", "--subscription", "s", "--region", "westeuropa"], "westeurope"),
+    ],
+)
+def test_unknown_region_suggests_a_close_one(
+    reap: Callable[..., Any], args: list[str], suggestion: str
+) -> None:
+    result = reap(*args)
     assert result.exit_code == 2
-    assert "did you mean eu-central-1" in result.stderr
+    assert f"Hint: did you mean {suggestion}" in result.stderr
 
 
 def test_help_has_an_example(reap: Callable[..., Any]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from costguard.errors import CostguardError
 from costguard.pricing.catalog import load_catalog
 from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
@@ -18,6 +19,12 @@ from tests.reaper.conftest import GCP_PROJECT, GcpServer, GcpVm
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
+
+
+@pytest.fixture(autouse=True)
+def _now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NOW is when each test starts: the CLI test judges with the real clock."""
+    monkeypatch.setattr(f"{__name__}.NOW", datetime.now(UTC).replace(microsecond=0))
 
 
 def minutes(value: float) -> list[tuple[datetime, float]]:
@@ -68,7 +75,10 @@ def make_fleet(server: GcpServer, **kwargs: Any) -> gcp.GcpFleet:
 
 def policy(**kwargs: Any) -> IdlePolicy:
     return IdlePolicy(
-        sample_period_seconds=gcp.PERIOD_SECONDS, max_lag_seconds=gcp.MAX_LAG_SECONDS, **kwargs
+        sample_period_seconds=gcp.PERIOD_SECONDS,
+        max_lag_seconds=gcp.MAX_LAG_SECONDS,
+        gpu_max_lag_seconds=gcp.GPU_MAX_LAG_SECONDS,
+        **kwargs,
     )
 
 
@@ -151,3 +161,36 @@ def test_cli_reaches_the_server_through_the_endpoint_setting(
     doc = result.json()
     assert doc["summary"]["selected"] == 3
     assert not fleet.calls("POST", "/stop")
+
+
+def test_time_series_pages_are_followed(fleet: GcpServer) -> None:
+    fleet.page_size = 2
+    report = reap([make_fleet(fleet)], policy(), ReapLimits(), NOW, execute=False)
+    assert verdicts(report)["idle-l4"] == ("stop", "idle")
+    assert verdicts(report)["busy-a100"] == ("keep", "busy")
+    assert len(fleet.calls("GET", "/timeSeries")) > 4
+
+
+def test_a_page_token_handed_out_twice_ends_the_run(fleet: GcpServer) -> None:
+    fleet.stuck_token = "again"
+    with pytest.raises(CostguardError, match="page token 'again' twice"):
+        reap([make_fleet(fleet)], policy(), ReapLimits(), NOW, execute=False)
+    assert len(fleet.calls("GET", "/timeSeries")) == 2
+    assert not fleet.calls("POST", "/stop")
+
+
+@pytest.mark.parametrize(("silent_for", "code"), [(3.5, "too-few-samples"), (2.5, "idle")])
+def test_a_point_stands_for_the_minute_that_ends_at_its_end_time(
+    fleet: GcpServer, silent_for: float, code: str
+) -> None:
+    """The Ops Agent stopped writing a while ago; CPU and network go on. The newest point's
+    minute ended at its endTime, so silence is measured from there."""
+    vm = fleet.add(GcpVm("agent", "us-central1-a", "g2-standard-4", "110", "nvidia-l4", 1))
+    seed(fleet, vm, gpu=None)
+    last = NOW - timedelta(minutes=silent_for)
+    fleet.put(gcp.GPU_METRIC, "110", [(t, v) for t, v in minutes(1.0) if t <= last])
+    report = reap([make_fleet(fleet)], policy(), ReapLimits(), NOW, execute=False)
+    verdict = {v.instance.name: v for v in report.plan.verdicts}["agent"]
+    assert verdict.code == code
+    if code != "idle":
+        assert f"newest gpu sample ends {silent_for:g} min before now" in verdict.reason

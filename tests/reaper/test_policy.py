@@ -30,7 +30,9 @@ from costguard.reaper.policy import (
 )
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-POLICY = IdlePolicy()  # 60 min window, 5-minute samples, 30 min grace, stop
+#: 60 min window, 5-minute samples stamped at the start of their period, 30 min grace,
+#: stop; the newest CPU/network period may end 10 min before now, the newest GPU one 3 min.
+POLICY = IdlePolicy()
 
 
 def box(**changes: Any) -> Instance:
@@ -122,8 +124,36 @@ def test_a_broken_datapoint_counts_as_busy() -> None:
 
 
 def test_busy_samples_outside_the_window_do_not_count() -> None:
-    old_burst = (Sample(NOW - timedelta(minutes=61), 99.0), *series())
+    # Its 5-minute period ends exactly where the window begins.
+    old_burst = (Sample(NOW - timedelta(minutes=65), 99.0), *series())
     assert judge(quiet(gpu=old_burst)).action is Action.STOP
+
+
+@pytest.mark.parametrize("signal", ["gpu", "cpu", "network"])
+def test_a_busy_sample_stamped_before_the_window_but_reaching_into_it_keeps_it(
+    signal: str,
+) -> None:
+    # CloudWatch stamps a 5-minute period with its start and rounds the query start down
+    # to the minute: the period holding the window's first minutes is stamped before it.
+    window_start = NOW - timedelta(minutes=60)
+    first = Sample(window_start - timedelta(seconds=30), 99.0)
+    later = tuple(Sample(first.at + timedelta(minutes=5 * k), 0.1) for k in range(1, 13))
+    changed: dict[str, Any] = {signal: (first, *later)}
+    verdict = judge(quiet(**changed))
+    assert (verdict.action, verdict.code) == (Action.KEEP, Reason.BUSY)
+    assert format_timestamp(first.at) in verdict.reason
+    quiet_first = (replace(first, value=0.1), *later)
+    changed = {signal: quiet_first}
+    assert judge(quiet(**changed)).action is Action.STOP
+
+
+def test_the_first_minutes_of_the_window_must_be_observed() -> None:
+    # Samples from the window start on are not enough: the one stamped before it, whose
+    # period holds the first minutes, is missing.
+    late_start = tuple(s for s in series() if s.at > NOW - timedelta(minutes=60))
+    verdict = judge(quiet(gpu=late_start))
+    assert verdict.code is Reason.TOO_FEW_SAMPLES
+    assert "after the window does" in verdict.reason
 
 
 def test_missing_gpu_metrics_keep_it_unless_opted_in() -> None:
@@ -140,7 +170,37 @@ def test_missing_gpu_metrics_keep_it_unless_opted_in() -> None:
 def test_a_missing_sample_is_a_gap_but_a_late_newest_sample_is_lag() -> None:
     gappy = series()[:5] + series()[7:]  # 15 minutes without a sample
     assert judge(quiet(gpu=gappy)).code is Reason.TOO_FEW_SAMPLES
-    assert judge(quiet(gpu=series()[2:])).action is Action.STOP  # newest 10 min old: lag
+    # CPU and network stamped 10 min ago end 5 min ago: provider metrics are that late.
+    late = series()[2:]
+    assert judge(quiet(cpu=late, network=series(0.1)[2:])).action is Action.STOP
+
+
+@pytest.mark.parametrize("stopped_minutes_ago", [4, 10, 15])
+def test_a_gpu_series_that_stopped_minutes_ago_is_not_idle(stopped_minutes_ago: int) -> None:
+    # The agent publishes every minute: a GPU series silent for minutes means the agent
+    # stopped (a saturated machine, a crash), not an idle GPU - even though CPU and
+    # network metrics as late are still accepted.
+    every_minute = series(step=1, minutes=70)
+    quiet_net = series(0.1, step=1, minutes=70)
+
+    def ending(samples: tuple[Sample, ...], minutes_ago: int) -> tuple[Sample, ...]:
+        end = NOW - timedelta(minutes=minutes_ago)
+        return tuple(s for s in samples if s.at + timedelta(minutes=1) <= end)
+
+    def verdict(gpu: int, cpu: int) -> IdleVerdict:
+        samples = InstanceSamples(
+            box(),
+            gpu=ending(every_minute, gpu),
+            cpu=ending(every_minute, cpu),
+            network=ending(quiet_net, cpu),
+        )
+        return judge(samples, sample_period_seconds=60)
+
+    stale = verdict(gpu=stopped_minutes_ago, cpu=0)
+    assert (stale.action, stale.code) == (Action.KEEP, Reason.TOO_FEW_SAMPLES)
+    assert f"the newest gpu sample ends {stopped_minutes_ago} min before now" in stale.reason
+    assert "agent" in stale.reason
+    assert verdict(gpu=2, cpu=min(stopped_minutes_ago, 10)).action is Action.STOP
 
 
 def test_too_few_samples_to_cover_the_window() -> None:
@@ -189,6 +249,24 @@ def test_timestamps() -> None:
     assert parse_timestamp("2026-12-01T13:00:00+01:00") == NOW
     assert parse_timestamp(str(int(NOW.timestamp()))) == NOW
     assert parse_timestamp("") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1796126400000",  # milliseconds: past the year 9999 (ValueError)
+        "1796126400000000",  # microseconds
+        "9" * 30,  # OverflowError
+        "²",  # isdigit() but not a number int() reads
+        "0000-01-01T00:00:00",
+    ],
+)
+def test_a_timestamp_no_datetime_can_hold_is_a_bad_tag_not_a_crash(text: str) -> None:
+    assert parse_timestamp(text) is None
+    expires = judge(quiet(box(tags={EXPIRES_TAG: text})))
+    assert (expires.action, expires.code) == (Action.KEEP, Reason.BAD_TAG)
+    marked = judge(quiet(box(tags={MARK_TAG: text})), two_phase=True)
+    assert marked.action is Action.MARK  # an unreadable mark is written afresh, never acted on
 
 
 def verdict(n: int, action: Action, price: str | None = "1.5") -> IdleVerdict:

@@ -42,8 +42,22 @@ def minutes_ago(m: float) -> datetime:
 
 
 tag_values = st.sampled_from(["true", "TRUE", "yes", "false", "0", "", "maybe"])
-when_tags = st.sampled_from(
-    [format_timestamp(minutes_ago(m)) for m in (-600, -1, 1, 30, 90, 600)] + ["garbage"]
+
+
+def unix(m: float, scale: int = 1) -> str:
+    return str(int(minutes_ago(m).timestamp()) * scale)
+
+
+#: Times as users and other tools write them: ISO 8601, Unix seconds (what GCP labels
+#: hold), milliseconds (JavaScript, many CLIs), and numbers no datetime can hold.
+when_tags = st.one_of(
+    st.sampled_from(
+        [format_timestamp(minutes_ago(m)) for m in (-600, -1, 1, 30, 90, 600)]
+        + [unix(m) for m in (-600, 1, 90)]
+        + [unix(m, 1000) for m in (-600, 90)]
+        + ["garbage", "0", "9" * 20, "9" * 400]
+    ),
+    st.integers(min_value=0, max_value=10**30).map(str),
 )
 
 
@@ -116,6 +130,7 @@ policies = st.builds(
     two_phase=st.booleans(),
     sample_period_seconds=st.sampled_from([60, 300]),
     max_lag_seconds=st.sampled_from([0, 300, 900]),
+    gpu_max_lag_seconds=st.sampled_from([0, 180, 600]),
 )
 
 
@@ -156,13 +171,18 @@ def allowed_to_act(samples: InstanceSamples, policy: IdlePolicy) -> bool:
     elif not policy.gpu_missing_ok:
         return False
     start = NOW - policy.window
+    period = timedelta(seconds=policy.sample_period_seconds)
     for signal in signals:
-        inside = sorted(s.at for s in samples.series(signal) if s.at >= start)
-        if not inside or inside[0] - start > policy.max_gap or NOW - inside[-1] > policy.max_lag:
+        lag = policy.gpu_max_lag_seconds if signal is Signal.GPU else policy.max_lag_seconds
+        # A sample stands for [at, at + period): every one reaching into the window counts.
+        touching = sorted(
+            (s for s in samples.series(signal) if s.at + period > start), key=lambda s: s.at
+        )
+        if not touching or touching[0].at > start:
+            return False  # the first minutes of the window were not observed
+        if NOW - (touching[-1].at + period) > timedelta(seconds=lag):
             return False
-        if any(
-            not s.value < policy.threshold(signal) for s in samples.series(signal) if s.at >= start
-        ):
+        if any(not s.value < policy.threshold(signal) for s in touching):
             return False
     return True
 

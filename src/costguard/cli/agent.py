@@ -1,4 +1,7 @@
-"""``costguard agent``: on-instance autostop once the GPU (and the rest) has been idle."""
+"""``costguard agent``: on-instance autostop once the GPU (and the rest) has been idle.
+
+A dry run unless ``--execute``, like every command that can stop something.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any
 import click
 
 from costguard.cli.params import DecimalRange
+from costguard.errors import InputError
 from costguard.reaper.policy import MAX_IDLE_MINUTES
 from costguard.settings import Settings
 
@@ -19,9 +23,9 @@ EXAMPLES = """
 \b
 Examples:
   costguard agent --once                          # one reading: what the agent sees
-  costguard agent --dry-run --idle-minutes 5      # watch and log, never shut down
-  costguard agent --idle-minutes 60               # the systemd unit in infra/systemd/
-  costguard agent --action azure-deallocate       # Azure: a powered-off VM still bills
+  costguard agent --idle-minutes 5                # dry run: watch and log, never shut down
+  costguard agent --idle-minutes 60 --execute     # the systemd unit in infra/systemd/
+  costguard agent --action azure-deallocate --execute   # Azure: a powered-off VM bills
 \b
 Busy: GPU, CPU or network at or above the thresholds, a job started with `costguard run`
 (a pid file in $COSTGUARD_JOBS_DIR, default /run/costguard/jobs), or an SSH session.
@@ -33,7 +37,8 @@ _PERCENT = DecimalRange(0, maximum=100)
 @click.command(
     "agent",
     epilog=EXAMPLES,
-    short_help="On-instance autostop: shut down after the GPU has been idle.",
+    short_help="On-instance autostop: shut down after the GPU has been idle (dry run unless "
+    "--execute).",
 )
 @click.option(
     "--idle-minutes",
@@ -80,17 +85,24 @@ _PERCENT = DecimalRange(0, maximum=100)
     help="Where `costguard run` registers jobs. Default: $COSTGUARD_JOBS_DIR, else "
     "/run/costguard/jobs.",
 )
-@click.option("--dry-run", is_flag=True, help="Log what it would do; never shut down.")
+@click.option(
+    "--execute/--dry-run",
+    default=False,
+    help="Shut down when idle. Without --execute (the default, or with --dry-run) it only "
+    "logs what it would do.",
+)
 @click.option("--once", is_flag=True, help="Take one reading, print it and the decision, exit.")
 @click.pass_context
 def agent_command(ctx: click.Context, /, **options: Any) -> None:
     """Watch this machine and shut it down once it has been idle for --idle-minutes.
 
     Every --interval-seconds it reads the GPUs (nvidia-smi), CPU and network (/proc),
-    `costguard run` jobs and SSH sessions, and logs one line. Shutting down needs root.
+    `costguard run` jobs and SSH sessions, and logs one line. A dry run unless --execute:
+    it logs "would shut down" and goes on watching. Shutting down needs root.
     """
     from costguard.reaper import agent
 
+    command = shutdown_command(options["shutdown_command"])
     settings = ctx.find_object(Settings) or Settings.load()
     policy = agent.AgentPolicy(
         idle_minutes=options["idle_minutes"],
@@ -102,10 +114,6 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
         ssh_keeps_awake=not options["ignore_ssh"],
         gpu_missing_ok=options["gpu_missing_ok"],
     )
-    command = shlex.split(options["shutdown_command"])
-    if not command:
-        msg = "--shutdown-command is empty"
-        raise click.UsageError(msg)
     shutdown: agent.Shutdown = (
         agent.AzureDeallocate(settings)
         if options["action"].lower() == "azure-deallocate"
@@ -119,6 +127,8 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
             verdict = ("shutting down: " if tick.acted else "would shut down (dry run): ") + verdict
         click.echo(f"{tick.reading} -> {verdict}")
 
+    if not options["execute"] and not options["once"]:
+        click.echo("dry run: logging decisions only; add --execute to shut down when idle")
     if options["once"]:
         # One reading cannot cover a window, so this never shuts down: it shows what the
         # agent sees (is nvidia-smi found? are jobs and SSH sessions detected?).
@@ -133,6 +143,28 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
         policy,
         clock=lambda: datetime.now(UTC),
         sleep=time.sleep,
-        dry_run=options["dry_run"],
+        execute=options["execute"],
         on_tick=log,
     )
+
+
+def shutdown_command(text: str) -> list[str]:
+    """``--shutdown-command`` split like a shell would; bad input exits 2 before anything runs.
+
+    >>> shutdown_command("systemctl poweroff")
+    ['systemctl', 'poweroff']
+    >>> shutdown_command('sh -c "poweroff')
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --shutdown-command cannot be parsed: No closing quotation
+    """
+    hint = "quote it as in a shell, e.g. --shutdown-command 'shutdown -h now'"
+    try:
+        command = shlex.split(text)
+    except ValueError as exc:
+        msg = f"--shutdown-command cannot be parsed: {exc}"
+        raise InputError(msg, hint=hint) from None
+    if not command:
+        msg = "--shutdown-command is empty"
+        raise InputError(msg, hint=hint)
+    return command

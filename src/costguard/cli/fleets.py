@@ -2,7 +2,9 @@
 
 ``costguard reap`` and ``costguard burn`` both list instances through the reaper's cloud
 adapters (:mod:`costguard.reaper.aws`, ``gcp``, ``azure``): one listing per AWS region,
-GCP project or Azure subscription. Locations are checked offline, before any cloud call.
+GCP project or Azure subscription. Locations are checked offline, before any cloud call:
+AWS regions against botocore's endpoint data, GCP and Azure regions against the price
+tables (neither SDK ships a region list), with a did-you-mean.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def fleets(
     if provider == "gcp":
         from costguard.reaper import gcp
 
-        gcp.check_locations(regions, options["zones"])
+        gcp.check_locations(regions, options["zones"], prices.regions(provider))
         return [
             gcp.GcpFleet(
                 options["project"], prices, settings, regions=regions, zones=options["zones"]
@@ -98,7 +100,7 @@ def fleets(
         ]
     from costguard.reaper import azure
 
-    azure.check_regions(regions)
+    azure.check_regions(regions, prices.regions(provider))
     return [
         azure.AzureFleet(
             options["subscription"],

@@ -183,6 +183,7 @@ def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
         two_phase=options["two_phase"],
         sample_period_seconds=adapter.PERIOD_SECONDS,
         max_lag_seconds=adapter.MAX_LAG_SECONDS,
+        gpu_max_lag_seconds=adapter.GPU_MAX_LAG_SECONDS,
     )
 
 

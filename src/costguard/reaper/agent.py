@@ -37,13 +37,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Protocol
 
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
-from costguard.reaper.policy import IdlePolicy, covers, format_timestamp
+from costguard.reaper.policy import IdlePolicy, Signal, format_timestamp
 from costguard.settings import Settings
 
 JOBS_DIR_ENV = "COSTGUARD_JOBS_DIR"
@@ -172,6 +173,7 @@ class AgentPolicy:
             grace_minutes=0,
             sample_period_seconds=self.interval_seconds,
             max_lag_seconds=2 * self.interval_seconds,
+            gpu_max_lag_seconds=2 * self.interval_seconds,
         )
         object.__setattr__(self, "window_rule", rule)
 
@@ -227,19 +229,34 @@ def decide(readings: Sequence[Reading], policy: AgentPolicy, now: datetime) -> A
     'idle for 29 of 60 min'
     """
     start = now - policy.window_rule.window
+    # A reading is stamped when it was taken and measures CPU and network since the one
+    # before, so every reading taken at or after ``start`` describes part of the window.
     inside = [r for r in readings if r.at >= start]
     for reading in reversed(inside):
         why = busy_reason(reading, policy)
         if why:
             return AgentDecision(False, f"busy at {format_timestamp(reading.at)}: {why}")
-    # The agent must have been watching since the window began (not just "within a gap of
-    # it", as the reaper allows for cloud metrics), so it never stops early.
+    # The agent must have been watching since the window began, so it never stops early.
     watching = min((r.at for r in readings), default=now) <= start
-    if not watching or not covers((r.at for r in inside), start, now, policy.window_rule):
+    if not watching or not _watched([r.at for r in inside], start, now, policy.window_rule):
         watched = (now - min(r.at for r in inside)) if inside else timedelta(0)
         minutes = int(watched.total_seconds() // 60)
         return AgentDecision(False, f"idle for {minutes} of {policy.idle_minutes} min")
     return AgentDecision(True, f"idle for {policy.idle_minutes} min")
+
+
+def _watched(times: Sequence[datetime], start: datetime, end: datetime, rule: IdlePolicy) -> bool:
+    """Whether readings taken at ``times`` leave no gap in ``[start, end]``.
+
+    Readings are taken every interval but may run late (a slow nvidia-smi), so the
+    spacing may reach one and a half intervals; the newest must be recent.
+    """
+    ordered = sorted(times)
+    if not ordered:
+        return False
+    if any(later - earlier > rule.max_gap for earlier, later in pairwise([start, *ordered])):
+        return False
+    return end - ordered[-1] <= rule.max_lag(Signal.CPU)
 
 
 class Sampler(Protocol):
@@ -271,16 +288,17 @@ def run_agent(
     clock: Callable[[], datetime],
     sleep: Callable[[float], None],
     max_ticks: int | None = None,
-    dry_run: bool = False,
+    execute: bool = False,
     on_tick: Callable[[Tick], None] | None = None,
 ) -> list[Tick]:
     """Read, decide, act; sleep ``interval_seconds``; repeat until shut down or out of ticks.
 
-    In a dry run the decision is reported and the loop goes on. Returns the ticks (tests
-    bound them with ``max_ticks``; the service runs with ``None``: until shutdown). Example::
+    A dry run unless ``execute``: the decision is reported and the loop goes on, and
+    ``shutdown`` is never called. Returns the ticks (tests bound them with ``max_ticks``;
+    the service runs with ``None``: until shutdown). Example::
 
         run_agent(SystemSampler(jobs_dir(os.environ)), PowerOff(), AgentPolicy(idle_minutes=30),
-                  clock=lambda: datetime.now(UTC), sleep=time.sleep)
+                  clock=lambda: datetime.now(UTC), sleep=time.sleep, execute=True)
     """
     keep = policy.window_rule.window + timedelta(seconds=3 * policy.interval_seconds)
     history: deque[Reading] = deque()
@@ -292,7 +310,7 @@ def run_agent(
         while history and history[0].at < now - keep:
             history.popleft()
         decision = decide(history, policy, now)
-        acted = decision.shutdown and not dry_run
+        acted = decision.shutdown and execute
         if acted:
             shutdown(decision.reason)
         tick = Tick(reading, decision, acted)

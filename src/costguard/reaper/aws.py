@@ -20,13 +20,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from costguard.clouds import aws as aws_clouds
-from costguard.clouds import require
+from costguard.clouds import pages, require
 from costguard.errors import UnknownNameError
 from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import (
     MARK_TAG,
     Action,
@@ -37,9 +38,14 @@ from costguard.reaper.policy import (
 )
 
 #: CloudWatch's basic EC2 metrics come every 5 minutes; asking finer gives nothing more.
+#: CloudWatch stamps each datapoint with the *start* of its period.
 PERIOD_SECONDS = 300
-#: Basic EC2 metrics appear up to ~10 minutes late; allow a little more.
-MAX_LAG_SECONDS = 900
+#: How long before now the newest CPU/network period may end: basic EC2 metrics for a
+#: 5-minute period appear up to ~10 minutes after it ends.
+MAX_LAG_SECONDS = 600
+#: The same for the CloudWatch agent's GPU series, published every minute (see
+#: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
+GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
 #: The GetMetricData limit on queries per call.
 MAX_QUERIES = 500
 #: Instances per StopInstances/TerminateInstances/CreateTags call.
@@ -208,14 +214,21 @@ class AwsFleet:
     def _metric_data(
         self, queries: Sequence[dict[str, Any]], start: datetime, end: datetime
     ) -> dict[str, list[tuple[datetime, float]]]:
-        """Run queries in calls of at most 500, following NextToken; points by query id."""
+        """Run queries in calls of at most 500, following NextToken; points by query id.
+
+        Asks from one period before ``start``: CloudWatch stamps a datapoint with the start
+        of its period and rounds ``StartTime`` down to the minute, so the datapoint whose
+        period holds ``start`` is stamped before it, and must be asked for.
+        """
         points: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
         for batch in _chunks(queries, MAX_QUERIES):
-            token: str | None = None
-            while True:
+
+            def fetch(
+                token: str | None, batch: Sequence[dict[str, Any]] = batch
+            ) -> tuple[list[dict[str, Any]], str | None]:
                 kwargs: dict[str, Any] = {
                     "MetricDataQueries": list(batch),
-                    "StartTime": start,
+                    "StartTime": start - timedelta(seconds=PERIOD_SECONDS),
                     "EndTime": end,
                     "ScanBy": "TimestampAscending",
                 }
@@ -224,13 +237,12 @@ class AwsFleet:
                 reply = self._call(
                     "reading CloudWatch metrics", self.cloudwatch.get_metric_data, **kwargs
                 )
-                for result in reply.get("MetricDataResults", []):
-                    points[result["Id"]].extend(
-                        zip(result.get("Timestamps", []), result.get("Values", []), strict=True)
-                    )
-                token = reply.get("NextToken")
-                if not token:
-                    break
+                return reply.get("MetricDataResults", []), reply.get("NextToken")
+
+            for result in pages(fetch):
+                points[result["Id"]].extend(
+                    zip(result.get("Timestamps", []), result.get("Values", []), strict=True)
+                )
         return points
 
     def samples(

@@ -3,7 +3,14 @@
 Per subscription and run: one ``virtualMachines.listAll`` with ``statusOnly=true`` (power
 states included), and per region two subscription-scope metrics queries split by
 ``Microsoft.ResourceId eq '*'`` (platform CPU + network, and the in-guest GPU metric), so
-the number of calls does not grow with the fleet.
+the number of calls does not grow with the fleet. Such a query returns at most ``top``
+series, busiest first, for *every* VM of the subscription in that region, so ``top`` is
+the number of VMs the listing found there (plus a margin), not the number of candidates.
+
+The two-phase mark is written with the Tags API (``Microsoft.Resources/tags``, operations
+``Merge`` and ``Delete``), which touches only the ``costguard:idle-since`` tag: a full VM
+update would write back every tag as the listing saw it, dropping a ``costguard:keep``
+added in the meantime.
 
 Stop means **deallocate**: a VM that is only powered off keeps billing for its compute.
 
@@ -16,15 +23,16 @@ N-series sizes (``Standard_N...``), priced from the tables when they list the si
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
-from costguard.errors import InputError
+from costguard.errors import InputError, UnknownNameError
 from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import (
     MARK_TAG,
     Action,
@@ -35,10 +43,19 @@ from costguard.reaper.policy import (
 )
 from costguard.settings import Settings
 
-#: Azure Monitor platform metrics for VMs have a one-minute grain.
+#: Azure Monitor platform metrics for VMs have a one-minute grain; a datapoint is stamped
+#: with the *start* of its minute.
 PERIOD_SECONDS = 60
-#: Platform metrics arrive within about three minutes.
-MAX_LAG_SECONDS = 300
+#: How long before now the newest CPU/network minute may end: platform metrics arrive
+#: within about three minutes.
+MAX_LAG_SECONDS = 240
+#: The same for the GPU series Telegraf publishes every minute (see
+#: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
+GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
+#: Series the metrics queries may return beyond the VMs listed: VMs created since.
+TOP_MARGIN = 10
+#: The Tags API version used for the ``--mark`` tag (``Merge``/``Delete`` at a scope).
+TAGS_API_VERSION = "2021-04-01"
 VM_NAMESPACE = "Microsoft.Compute/virtualMachines"
 CPU_METRIC = "Percentage CPU"
 NETWORK_IN_METRIC = "Network In Total"
@@ -51,19 +68,26 @@ _LOCATION = re.compile(r"^[a-z][a-z0-9]+$")
 _GROUP = re.compile(r"/resourceGroups/([^/]+)/", re.IGNORECASE)
 
 
-def check_regions(regions: Sequence[str]) -> None:
-    """Validate Azure location names offline (``eastus``, ``westeurope``).
+def check_regions(regions: Sequence[str], known: Sequence[str]) -> None:
+    """Validate Azure location names offline against ``known`` ones (the price tables).
 
-    >>> check_regions(["eastus"])
-    >>> check_regions(["East US"])
+    >>> check_regions(["eastus"], ["eastus", "westeurope"])
+    >>> check_regions(["East US"], ["eastus", "westeurope"])
     Traceback (most recent call last):
     ...
     costguard.errors.InputError: unknown Azure region 'East US'
+    >>> check_regions(["westeuroppe"], ["eastus", "westeurope"])
+    Traceback (most recent call last):
+    ...
+    costguard.errors.UnknownNameError: unknown Azure region 'westeuroppe'
     """
     for region in regions:
         if not _LOCATION.match(region):
             msg = f"unknown Azure region {region!r}"
             raise InputError(msg, hint="use the location name, e.g. eastus or westeurope")
+        if region not in known:
+            kind = "Azure region"
+            raise UnknownNameError(kind, region, known)
 
 
 def resource_group(resource_id: str) -> str:
@@ -136,6 +160,9 @@ class AzureFleet:
             )
         )
         self._vms: dict[str, Any] = {}
+        #: Every VM the listing saw per region, whatever its group or state: the metrics
+        #: queries return series for all of them.
+        self._listed: Counter[str] = Counter()
 
     def instances(self) -> list[Instance]:
         """VMs in scope that are running or starting (one listing with power states)."""
@@ -144,6 +171,7 @@ class AzureFleet:
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, "listing virtual machines") from None
         found = []
+        self._listed = Counter(vm.location.lower() for vm in listed)
         for vm in listed:
             if self.resource_group and resource_group(vm.id).lower() != self.resource_group.lower():
                 continue
@@ -176,7 +204,7 @@ class AzureFleet:
             instance_type=size,
             running=power == "running",
             gpu_count=count,
-            launched_at=vm.time_created,
+            launched_at=_started(vm),
             # Azure has no per-VM termination protection; resource locks make the call fail.
             protected=False,
             tags=tags,
@@ -200,17 +228,22 @@ class AzureFleet:
         end: datetime,
         count: int,
     ) -> dict[tuple[str, str], list[tuple[datetime, Any]]]:
-        """One subscription-scope query, one series per VM: points by (VM id, metric)."""
+        """One subscription-scope query, one series per VM: points by (VM id, metric).
+
+        Asks from one minute before ``start``: a datapoint is stamped with the start of its
+        minute, so the one whose minute holds ``start`` is stamped before it.
+        """
         reply = self.monitor.metrics.list_at_subscription_scope(
             region=region,
-            timespan=_timespan(start, end),
+            timespan=_timespan(start - timedelta(seconds=PERIOD_SECONDS), end),
             interval=f"PT{PERIOD_SECONDS // 60}M",
             metricnames=",".join(names),
             aggregation=aggregation,
             filter="Microsoft.ResourceId eq '*'",
             metricnamespace=namespace,
-            # ``top`` caps the series returned per query; the default (10) would drop VMs.
-            top=max(10, count),
+            # ``top`` caps the series returned (busiest first, default 10), counted over every
+            # VM in the region, not just ours: fewer would drop exactly the idle ones.
+            top=max(10, count + TOP_MARGIN),
             auto_adjust_timegrain=False,
         )
         points: dict[tuple[str, str], list[tuple[datetime, Any]]] = defaultdict(list)
@@ -239,6 +272,7 @@ class AzureFleet:
             by_region[instance.region].append(instance)
         result = []
         for region, members in by_region.items():
+            vms_in_region = max(len(members), self._listed.get(region, 0))
             try:
                 platform = self._metrics(
                     region,
@@ -247,11 +281,11 @@ class AzureFleet:
                     "Maximum,Total",
                     start,
                     end,
-                    len(members),
+                    vms_in_region,
                 )
             except azure_clouds.errors() as exc:
                 raise azure_clouds.translate(exc, f"reading VM metrics in {region}") from None
-            gpu, gpu_error = self._gpu(region, start, end, len(members))
+            gpu, gpu_error = self._gpu(region, start, end, vms_in_region)
             for instance in members:
                 result.append(self._instance_samples(instance, platform, gpu, gpu_error))
         return result
@@ -316,8 +350,11 @@ class AzureFleet:
         return list(instances)
 
     def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
-        """Start every long-running operation, then wait for each (stop = deallocate)."""
-        models = require("azure.mgmt.compute.models", azure_clouds.EXTRA)
+        """Start every long-running operation, then wait for each (stop = deallocate).
+
+        Marks are merged into, and removed from, the VM's tags with the Tags API; every
+        other tag stays as it is now, not as the listing saw it.
+        """
         pollers: list[tuple[Instance, Any]] = []
         outcomes: list[Outcome] = []
         operations = self.compute.virtual_machines
@@ -326,17 +363,18 @@ class AzureFleet:
             group = resource_group(vm.id)
             try:
                 if action is Action.STOP:
-                    poller = operations.begin_deallocate(group, vm.name)
+                    pollers.append((instance, operations.begin_deallocate(group, vm.name)))
                 elif action is Action.TERMINATE:
-                    poller = operations.begin_delete(group, vm.name)
+                    pollers.append((instance, operations.begin_delete(group, vm.name)))
+                elif action is Action.MARK:
+                    mark = {MARK_TAG: format_timestamp(now.astimezone(UTC))}
+                    self._write_tags(vm.id, "Merge", mark)
+                    outcomes.append(Outcome(instance, action, ok=True))
                 else:
-                    tags = {k: v for k, v in (vm.tags or {}).items() if k.lower() != MARK_TAG}
-                    if action is Action.MARK:
-                        tags[MARK_TAG] = format_timestamp(now.astimezone(UTC))
-                    poller = operations.begin_update(
-                        group, vm.name, models.VirtualMachineUpdate(tags=tags)
-                    )
-                pollers.append((instance, poller))
+                    seen = {k: v for k, v in instance.tags.items() if k.lower() == MARK_TAG}
+                    if seen:
+                        self._write_tags(vm.id, "Delete", seen)
+                    outcomes.append(Outcome(instance, action, ok=True))
             except azure_clouds.errors() as exc:
                 message = azure_clouds.translate(exc, f"{action} {vm.name}").message
                 outcomes.append(Outcome(instance, action, ok=False, message=message))
@@ -348,6 +386,37 @@ class AzureFleet:
                 message = azure_clouds.translate(exc, f"{action} {instance.name}").message
                 outcomes.append(Outcome(instance, action, ok=False, message=message))
         return outcomes
+
+    def _write_tags(self, resource_id: str, operation: str, tags: Mapping[str, str]) -> None:
+        """``PATCH {resource}/providers/Microsoft.Resources/tags/default``: Merge or Delete
+        only the given tags, through the compute client's pipeline (same credential,
+        endpoint, retries and timeouts)."""
+        rest = require("azure.core.rest", azure_clouds.EXTRA)
+        request = rest.HttpRequest(
+            "PATCH",
+            f"{resource_id}/providers/Microsoft.Resources/tags/default",
+            params={"api-version": TAGS_API_VERSION},
+            json={"operation": operation, "properties": {"tags": dict(tags)}},
+        )
+        response = self.compute.send_request(request)
+        if response.status_code not in (200, 202):
+            core = require("azure.core.exceptions", azure_clouds.EXTRA)
+            arm = require("azure.mgmt.core.exceptions", azure_clouds.EXTRA)
+            raise core.HttpResponseError(response=response, error_format=arm.ARMErrorFormat)
+
+
+def _started(vm: Any) -> datetime | None:
+    """When the VM last started: the newest power or provisioning state change, never
+    earlier than its creation (``time_created`` alone would make a VM created long ago and
+    started a minute ago look old)."""
+    view = getattr(vm, "instance_view", None)
+    moments = [vm.time_created] + [
+        status.time
+        for status in (view.statuses if view and view.statuses else [])
+        if (status.code or "").lower().startswith(("powerstate/", "provisioningstate/"))
+    ]
+    known = [m if m.tzinfo else m.replace(tzinfo=UTC) for m in moments if m is not None]
+    return max(known, default=None)
 
 
 def _power_state(vm: Any) -> str:

@@ -52,7 +52,9 @@ class Fleet(Protocol):
     def samples(
         self, instances: Sequence[Instance], start: datetime, end: datetime
     ) -> list[InstanceSamples]:
-        """GPU, CPU and network samples for ``instances`` over ``[start, end]``, batched."""
+        """GPU, CPU and network samples for ``instances``, batched: every sample whose
+        period overlaps ``[start, end]``, stamped with the start of its period (so the
+        adapter asks its API from one period before ``start``)."""
         ...
 
     def confirm_protection(self, instances: Sequence[Instance]) -> list[Instance]:
@@ -73,15 +75,24 @@ class PriceBook:
     (('A10G', 1), (None, 0), None)
     >>> book.usd_per_hour("aws", "us-east-1", "g5.xlarge", spot=False)
     Decimal('1.006')
+    >>> "westeurope" in book.regions("azure")
+    True
     """
 
     def __init__(self, catalog: Catalog) -> None:
         self._rows: dict[tuple[str, str, str], list[InstancePrice]] = {}
         self._types: dict[tuple[str, str], tuple[str | None, int]] = {}
+        self._regions: dict[str, set[str]] = {}
+        for region in catalog.regions:
+            self._regions.setdefault(region.provider, set()).add(region.name)
         for row in catalog.instances:
             self._rows.setdefault((row.provider, row.region, row.instance_type), []).append(row)
             known = (row.accelerator, row.accelerator_count) if row.accelerator else (None, 0)
             self._types.setdefault((row.provider, row.instance_type), known)
+
+    def regions(self, provider: str) -> tuple[str, ...]:
+        """The provider's region names in the tables (what ``--region`` is checked against)."""
+        return tuple(sorted(self._regions.get(provider, ())))
 
     def gpus(self, provider: str, instance_type: str) -> tuple[str | None, int] | None:
         """``(accelerator, count)`` for a type in the tables (any region); ``None`` if unknown."""

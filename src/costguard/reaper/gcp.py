@@ -24,20 +24,27 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from costguard.clouds import READ_TIMEOUT_S, require
+from costguard.clouds import READ_TIMEOUT_S, pages, require
 from costguard.clouds import gcp as gcp_clouds
-from costguard.errors import InputError
+from costguard.errors import InputError, UnknownNameError, did_you_mean
 from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import MARK_TAG, Action, Instance, InstanceSamples, Sample
 from costguard.settings import Settings
 
-#: The Ops Agent and Compute Engine metrics are sampled every 60 s.
+#: The Ops Agent and Compute Engine metrics are sampled every 60 s. Cloud Monitoring
+#: stamps an aligned point with the *end* of its alignment period; the adapter re-stamps it
+#: with the start, as the policy expects.
 PERIOD_SECONDS = 60
-#: Cloud Monitoring shows compute metrics up to 240 s after sampling.
+#: How long before now the newest CPU/network period may end: Cloud Monitoring shows
+#: compute metrics up to 240 s after sampling.
 MAX_LAG_SECONDS = 300
+#: The same for the Ops Agent's GPU series, written every minute (see
+#: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
+GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
 GPU_METRIC = "agent.googleapis.com/gpu/utilization"
 CPU_METRIC = "compute.googleapis.com/instance/cpu/utilization"
 RECEIVED_METRIC = "compute.googleapis.com/instance/network/received_bytes_count"
@@ -70,23 +77,36 @@ _TAG_PREFIX = "costguard:"
 MARK_LABEL = MARK_TAG.replace(_TAG_PREFIX, _LABEL_PREFIX, 1)
 
 
-def check_locations(regions: Sequence[str], zones: Sequence[str]) -> None:
-    """Validate region and zone names offline (``us-central1``, ``us-central1-a``).
+def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequence[str]) -> None:
+    """Validate region and zone names offline against ``known`` regions (the price tables).
 
-    >>> check_locations(["us-central1"], ["europe-west4-b"])
-    >>> check_locations(["us-central1-a"], [])
+    >>> known = ["europe-west4", "us-central1"]
+    >>> check_locations(["us-central1"], ["europe-west4-b"], known)
+    >>> check_locations(["us-central1-a"], [], known)
     Traceback (most recent call last):
     ...
     costguard.errors.InputError: unknown GCP region 'us-central1-a'
+    >>> check_locations(["us-centrl1"], [], known)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.UnknownNameError: unknown GCP region 'us-centrl1'
     """
     for region in regions:
         if not _REGION.match(region):
             msg = f"unknown GCP region {region!r}"
             raise InputError(msg, hint="a region looks like us-central1; zones go in --zone")
+        if region not in known:
+            kind = "GCP region"
+            raise UnknownNameError(kind, region, known)
     for zone in zones:
         if not _ZONE.match(zone):
             msg = f"unknown GCP zone {zone!r}"
             raise InputError(msg, hint="a zone looks like us-central1-a")
+        region = zone.rsplit("-", 1)[0]
+        if region not in known:
+            msg = f"unknown GCP zone {zone!r}: region {region!r} is not in the price tables"
+            hint = did_you_mean(region, known) or f"known GCP regions: {', '.join(sorted(known))}"
+            raise InputError(msg, hint=hint)
 
 
 def tag_name(label: str) -> str:
@@ -238,7 +258,9 @@ class GcpFleet:
         """One metric for every instance in the project: points by instance id."""
         params: dict[str, str] = {
             "filter": f'metric.type = "{metric}" AND resource.type = "gce_instance"',
-            "interval.startTime": _rfc3339(start),
+            # From one period earlier, so the period holding ``start`` is there however the
+            # service aligns its periods.
+            "interval.startTime": _rfc3339(start - timedelta(seconds=PERIOD_SECONDS)),
             "interval.endTime": _rfc3339(end),
             "aggregation.alignmentPeriod": f"{PERIOD_SECONDS}s",
             "aggregation.perSeriesAligner": aligner,
@@ -246,23 +268,26 @@ class GcpFleet:
             "aggregation.groupByFields": "resource.label.instance_id",
             "view": "FULL",
         }
-        points: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
-        while True:
+        period = timedelta(seconds=PERIOD_SECONDS)
+
+        def fetch(token: str | None) -> tuple[list[dict[str, Any]], str | None]:
+            query = {**params, "pageToken": token} if token else params
             body = self.monitoring.request(
-                "GET", f"v3/projects/{self.project}/timeSeries", f"reading {metric}", params=params
+                "GET", f"v3/projects/{self.project}/timeSeries", f"reading {metric}", params=query
             )
-            for series in body.get("timeSeries", []):
-                instance_id = series.get("resource", {}).get("labels", {}).get("instance_id")
-                for point in series.get("points", []):
-                    value = point.get("value", {})
-                    number = value.get("doubleValue", value.get("int64Value"))
-                    if instance_id and number is not None:
-                        when = _time(point["interval"]["endTime"])
-                        points[instance_id].append((when, float(number)))
-            token = body.get("nextPageToken")
-            if not token:
-                return points
-            params["pageToken"] = token
+            return body.get("timeSeries", []), body.get("nextPageToken")
+
+        points: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+        for series in pages(fetch):
+            instance_id = series.get("resource", {}).get("labels", {}).get("instance_id")
+            for point in series.get("points", []):
+                value = point.get("value", {})
+                number = value.get("doubleValue", value.get("int64Value"))
+                if instance_id and number is not None:
+                    # An aligned point stands for the period that ends at its endTime.
+                    when = _time(point["interval"]["endTime"]) - period
+                    points[instance_id].append((when, float(number)))
+        return points
 
     def samples(
         self, instances: Sequence[Instance], start: datetime, end: datetime

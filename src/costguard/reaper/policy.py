@@ -9,10 +9,16 @@ run, so every rule here fails safe: when in doubt, keep the instance.
   :class:`ReapLimits`: more selected instances than the limit allow means nothing at all
   is done (cloud-custodian's ``ResourceLimitExceeded`` rail).
 
-Idle means *every* sample in the window ``[now - idle_minutes, now]`` is below *every*
-threshold (GPU utilisation, CPU utilisation, network), and the samples cover the whole
-window without gaps. Tools that compare one datapoint (cloud-custodian#8715) or use no
-GPU signal at all (SkyPilot autostop) stop busy machines; this one does not.
+Idle means *every* sample whose period overlaps the window ``[now - idle_minutes, now]``
+is below *every* threshold (GPU utilisation, CPU utilisation, network), and the samples
+cover the whole window without gaps. Tools that compare one datapoint (cloud-custodian#8715)
+or use no GPU signal at all (SkyPilot autostop) stop busy machines; this one does not.
+
+A sample stands for a *period*, not an instant: ``Sample.at`` is the start of the period
+(CloudWatch and Azure Monitor stamp a datapoint so; adapters whose API stamps the end, like
+Cloud Monitoring, shift it), and the period is ``IdlePolicy.sample_period_seconds`` long.
+So the sample stamped just before ``now - idle_minutes`` still describes the first minutes
+of the window, and a burst in it keeps the instance.
 
 >>> from datetime import datetime, timedelta, timezone
 >>> now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -46,6 +52,13 @@ MARK_TAG = "costguard:idle-since"
 TRUE_VALUES = frozenset({"true", "yes", "1", "on"})
 
 MAX_IDLE_MINUTES = 7 * 24 * 60
+#: How long before ``now`` the newest GPU sample's period may end. The GPU series comes
+#: from an agent on the instance (CloudWatch agent, Ops Agent, Telegraf) that publishes
+#: every minute and flushes within another, so a healthy series is at most about two
+#: minutes behind. One that went quiet for longer means the agent stopped - often because
+#: the machine is saturated or the agent crashed - not that the GPU is idle; provider
+#: metrics (CPU, network) arrive later by design and have their own, longer limit.
+GPU_MAX_LAG_SECONDS = 180
 
 
 class Signal(StrEnum):
@@ -149,9 +162,12 @@ class InstanceSamples:
 class IdlePolicy:
     """The rule: thresholds, window, grace, action, and how the metrics are sampled.
 
-    ``sample_period_seconds`` is the spacing of the samples the adapter asks for, and
-    ``max_lag_seconds`` how old the newest sample may be (cloud metrics arrive minutes
-    late). Both come from the adapter; the defaults suit CloudWatch's 5-minute EC2 data.
+    ``sample_period_seconds`` is the length of the period each sample stands for (a
+    sample stamped ``at`` covers ``[at, at + period)``). ``max_lag_seconds`` is how long
+    before ``now`` the newest CPU or network period may end (provider metrics arrive
+    minutes late), ``gpu_max_lag_seconds`` the same for the agent-published GPU series
+    (:data:`GPU_MAX_LAG_SECONDS`). They come from the adapter; the defaults suit
+    CloudWatch's 5-minute EC2 data.
 
     >>> IdlePolicy(gpu_threshold_percent=120)
     Traceback (most recent call last):
@@ -170,7 +186,8 @@ class IdlePolicy:
     protect_tags: tuple[tuple[str, str | None], ...] = ()
     two_phase: bool = False
     sample_period_seconds: int = 300
-    max_lag_seconds: int = 900
+    max_lag_seconds: int = 600
+    gpu_max_lag_seconds: int = GPU_MAX_LAG_SECONDS
 
     def __post_init__(self) -> None:
         if not 1 <= self.idle_minutes <= MAX_IDLE_MINUTES:
@@ -195,8 +212,12 @@ class IdlePolicy:
         if self.action not in DESTRUCTIVE:
             msg = f"the reaper's action must be stop or terminate, not {self.action}"
             raise InputError(msg, hint="--action stop (the default) or --action terminate")
-        if self.sample_period_seconds < 1 or self.max_lag_seconds < 0:
-            msg = "the sample period must be positive and the lag not negative"
+        if (
+            self.sample_period_seconds < 1
+            or self.max_lag_seconds < 0
+            or self.gpu_max_lag_seconds < 0
+        ):
+            msg = "the sample period must be positive and the lags not negative"
             raise InputError(msg)
 
     @property
@@ -205,18 +226,28 @@ class IdlePolicy:
         return timedelta(minutes=self.idle_minutes)
 
     @property
+    def period(self) -> timedelta:
+        """How long the period is that one sample stands for."""
+        return timedelta(seconds=self.sample_period_seconds)
+
+    @property
     def max_gap(self) -> timedelta:
-        """The largest spacing between samples that still counts as covering the window.
+        """The largest spacing between the starts of consecutive samples that still counts
+        as covering the window.
 
         One and a half periods: jitter is tolerated, a missing sample is not, because a
         busy burst could hide in it.
         """
         return timedelta(seconds=self.sample_period_seconds * 1.5)
 
-    @property
-    def max_lag(self) -> timedelta:
-        """How old the newest sample may be."""
-        return timedelta(seconds=self.max_lag_seconds)
+    def max_lag(self, signal: Signal) -> timedelta:
+        """How long before ``now`` the newest period of ``signal`` may end."""
+        seconds = self.gpu_max_lag_seconds if signal is Signal.GPU else self.max_lag_seconds
+        return timedelta(seconds=seconds)
+
+    def overlaps(self, sample: Sample, start: datetime) -> bool:
+        """Whether the period of ``sample`` reaches into a window that begins at ``start``."""
+        return sample.at + self.period > start
 
     def threshold(self, signal: Signal) -> float:
         """The value at or above which a sample of ``signal`` is busy."""
@@ -258,7 +289,10 @@ def parse_protect_tag(text: str) -> tuple[str, str | None]:
 def parse_timestamp(text: str) -> datetime | None:
     """Read a tag's time: ISO 8601 (UTC when no offset) or Unix seconds; ``None`` if neither.
 
-    Unix seconds are accepted because GCP label values may not contain ``:``.
+    Unix seconds are accepted because GCP label values may not contain ``:``. A number
+    that is no time Python can hold (milliseconds since 1970 land past the year 9999) is
+    ``None`` too - a bad tag, which the rules treat as "keep" - never an exception that
+    would end the whole run.
 
     >>> parse_timestamp("2026-12-01T12:00:00Z")
     datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
@@ -266,13 +300,15 @@ def parse_timestamp(text: str) -> datetime | None:
     True
     >>> parse_timestamp("next tuesday") is None
     True
+    >>> parse_timestamp("1796126400000") is None  # milliseconds
+    True
     """
     text = text.strip()
-    if text.isdigit():
-        return datetime.fromtimestamp(int(text), tz=UTC)
     try:
+        if text.isdigit():
+            return datetime.fromtimestamp(int(text), tz=UTC)
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
@@ -286,26 +322,55 @@ def format_timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def covers(times: Iterable[datetime], start: datetime, end: datetime, policy: IdlePolicy) -> bool:
-    """Whether sample times cover ``[start, end]``: no gap over ``max_gap``, the newest recent.
+def coverage_gap(
+    times: Iterable[datetime],
+    start: datetime,
+    end: datetime,
+    policy: IdlePolicy,
+    signal: Signal = Signal.CPU,
+) -> str | None:
+    """Why the periods of samples stamped ``times`` do not cover ``[start, end]``; ``None``
+    when they do.
 
-    The first sample must come within ``max_gap`` of the start, each next one within
-    ``max_gap`` of the previous, and the last within ``max_lag`` of the end. A shorter
-    window inside a covered one is covered too (the idle verdict is monotone).
+    Only samples whose period overlaps the window count. The earliest of them must begin
+    at or before ``start`` (the first minutes of the window are observed too), each next
+    one within ``max_gap`` of the previous, and the newest period must end no more than
+    the signal's ``max_lag`` before ``end``. A shorter window inside a covered one is
+    covered too (the idle verdict is monotone).
 
     >>> t = datetime(2026, 12, 1, tzinfo=UTC)
-    >>> every_5 = [t + timedelta(minutes=m) for m in range(0, 61, 5)]
-    >>> covers(every_5, t, t + timedelta(minutes=60), IdlePolicy())
+    >>> every_5 = [t + timedelta(minutes=m) for m in range(-5, 61, 5)]
+    >>> coverage_gap(every_5, t, t + timedelta(minutes=60), IdlePolicy()) is None
     True
-    >>> covers(every_5[:3] + every_5[5:], t, t + timedelta(minutes=60), IdlePolicy())
-    False
+    >>> coverage_gap(every_5[2:], t, t + timedelta(minutes=60), IdlePolicy())
+    'the first cpu sample starts 2026-12-01T00:05:00Z, after the window does'
+    >>> coverage_gap(every_5[:3] + every_5[5:], t, t + timedelta(minutes=60), IdlePolicy())
+    '10 min without a cpu sample after 2026-12-01T00:05:00Z'
     """
-    inside = sorted(moment for moment in times if moment >= start)
-    if not inside:
-        return False
-    if any(later - earlier > policy.max_gap for earlier, later in pairwise([start, *inside])):
-        return False
-    return end - inside[-1] <= policy.max_lag
+    overlapping = sorted(moment for moment in times if moment + policy.period > start)
+    if not overlapping:
+        return f"no {signal} sample in the window"
+    if overlapping[0] > start:
+        return (
+            f"the first {signal} sample starts {format_timestamp(overlapping[0])}, "
+            "after the window does"
+        )
+    for earlier, later in pairwise(overlapping):
+        if later - earlier > policy.max_gap:
+            minutes = (later - earlier - policy.period).total_seconds() / 60
+            return f"{minutes:g} min without a {signal} sample after {format_timestamp(earlier)}"
+    lag = end - (overlapping[-1] + policy.period)
+    if lag > policy.max_lag(signal):
+        minutes = round(lag.total_seconds() / 60, 1)
+        allowed = policy.max_lag(signal).total_seconds() / 60
+        text = (
+            f"the newest {signal} sample ends {minutes:g} min before now "
+            f"(at most {allowed:g} min allowed)"
+        )
+        if signal is Signal.GPU:
+            text += "; is the agent on the instance still publishing?"
+        return text
+    return None
 
 
 def _busy(value: float, threshold: float) -> bool:
@@ -419,7 +484,9 @@ def _metrics_verdict(
     peaks: dict[Signal, float] = {}
     windows: dict[Signal, list[Sample]] = {}
     for signal in signals:
-        inside = [s for s in samples.series(signal) if s.at >= start]
+        # Every sample whose period reaches into the window counts, including the one
+        # stamped just before ``start`` (its period began before the window did).
+        inside = [s for s in samples.series(signal) if policy.overlaps(s, start)]
         windows[signal] = inside
         if inside:
             peaks[signal] = max(
@@ -449,11 +516,12 @@ def _metrics_verdict(
                 peaks,
             )
     for signal in signals:
-        if not covers((s.at for s in windows[signal]), start, now, policy):
+        gap = coverage_gap((s.at for s in windows[signal]), start, now, policy, signal)
+        if gap is not None:
             return IdleVerdict(
                 Action.KEEP,
-                f"too few {signal} samples to cover the {policy.idle_minutes} min window "
-                f"({len(windows[signal])} sample(s), gaps or a stale last sample)",
+                f"too few {signal} samples to cover the {policy.idle_minutes} min window: "
+                f"{gap} ({len(windows[signal])} sample(s))",
                 Reason.TOO_FEW_SAMPLES,
                 samples.instance,
                 peaks,
@@ -475,8 +543,8 @@ def judge_idle(samples: InstanceSamples, policy: IdlePolicy, now: datetime) -> I
     1. Keep what is not running, has no GPU, carries a protect tag, has termination
        protection, a future ``costguard:expires-at``, or started within the grace period.
     2. Keep it when the GPU series is missing (unless ``gpu_missing_ok``), when any sample
-       in the window is at or above its threshold, or when the samples do not cover the
-       window.
+       whose period overlaps the window is at or above its threshold, or when the samples
+       do not cover the window.
     3. Keep it while its protection is unchecked (``protected is None``).
     4. Otherwise act: the policy's action, or in two-phase mode mark it first and act only
        when it was marked at least one window ago and is still idle.
@@ -623,11 +691,6 @@ class ReapPlan:
     def selected(self) -> tuple[IdleVerdict, ...]:
         """Verdicts that ask to stop or terminate (whether or not the plan allows it)."""
         return tuple(v for v in self.verdicts if v.action in DESTRUCTIVE)
-
-    @property
-    def destructive(self) -> tuple[IdleVerdict, ...]:
-        """The stops and terminations the plan will carry out."""
-        return tuple(v for v in self.actions if v.action in DESTRUCTIVE)
 
     @property
     def usd_per_hour(self) -> Decimal:
