@@ -291,6 +291,52 @@ def test_exit_code_and_signal_forwarding(
     assert code == 137
 
 
+def test_the_job_is_registered_for_the_agent_while_it_runs(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+) -> None:
+    jobs = tmp_path / "jobs"
+    child = (
+        "import os, sys\n"
+        "names = os.listdir(os.environ['COSTGUARD_JOBS_DIR'])\n"
+        "sys.exit(0 if names == [f'{os.getpid()}.pid'] else 3)\n"
+    )
+    env = {**train_env(), "COSTGUARD_JOBS_DIR": str(jobs)}
+    done = subprocess.run(
+        [
+            *costguard_command(),
+            "run",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--",
+            sys.executable,
+            "-c",
+            child,
+        ],
+        env=env,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0  # the child saw its own pid file
+    assert list(jobs.iterdir()) == []  # and it is gone once the job ended
+    unwritable = {**env, "COSTGUARD_JOBS_DIR": "/proc/costguard-no-such-dir"}
+    done = subprocess.run(
+        [
+            *costguard_command(),
+            "run",
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ],
+        env=unwritable,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0  # no agent there: nothing registered, nothing fails
+
+
 def test_checkpoint_ls_and_verify(tmp_path: Path) -> None:
     store = Store.open(tmp_path)
     store.put("ckpt-000000000001-00000000/state.pt", b"abc")

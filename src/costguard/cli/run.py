@@ -14,7 +14,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from costguard.errors import InputError
+from costguard.reaper.agent import jobs_dir, registered_job
 
 #: Signals passed on to the child (SIGTERM from Kubernetes or shutdown, SIGUSR1 from SLURM).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -81,6 +82,19 @@ def _storage_options() -> dict[str, Any] | None:
         msg = "COSTGUARD_STORAGE_OPTIONS must be a JSON object"
         raise InputError(msg, hint="e.g. COSTGUARD_STORAGE_OPTIONS='{\"anon\": false}'")
     return options
+
+
+@contextlib.contextmanager
+def _registered(pid: int) -> Iterator[None]:
+    """Tell ``costguard agent`` a job runs (its pid file), where the jobs folder is writable.
+
+    On a laptop the default folder (``/run/costguard/jobs``) does not exist for a normal
+    user: no agent runs there, so nothing is registered and nothing fails.
+    """
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(OSError):
+            stack.enter_context(registered_job(jobs_dir(os.environ), pid))
+        yield
 
 
 @click.command(
@@ -195,7 +209,8 @@ def run_command(
         previous[sig] = signal.signal(sig, forward)
     watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
     try:
-        returncode = child.wait()
+        with _registered(child.pid):
+            returncode = child.wait()
     finally:
         if watcher is not None:
             watcher.stop()
