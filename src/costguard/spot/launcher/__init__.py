@@ -1,0 +1,1 @@
+"""Provider adapters for the spot launcher, looked up lazily by name."""

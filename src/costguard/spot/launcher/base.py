@@ -1,0 +1,133 @@
+"""What every launcher adapter offers the controller.
+
+An adapter turns an :class:`Offer` plus a :class:`LaunchSpec` into one running
+instance (or local process), reports what became of it, and terminates it. It makes no
+decisions: where to run, when to give up and when to fall back to on-demand belong to
+:mod:`costguard.spot.recovery`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Protocol
+
+#: Tags (AWS/Azure spelling; GCP labels use ``costguard-`` and no ``:``) on every
+#: instance the launcher creates, so ``costguard reap`` and ``--attach`` can find them.
+JOB_TAG = "costguard:job"
+OWNER_TAG = "costguard:owner"
+ATTEMPT_TAG = "costguard:attempt"
+EXPIRES_TAG = "costguard:expires-at"
+IDLE_MINUTES_TAG = "costguard:idle-minutes"
+
+
+class Market(enum.Enum):
+    SPOT = "spot"
+    ON_DEMAND = "on-demand"
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One place to run: a priced instance type in a region (and optionally a zone)."""
+
+    provider: str
+    region: str
+    instance_type: str
+    market: Market
+    usd_per_hour: Decimal
+    gpu: str
+    gpu_count: int
+    zone: str = ""
+
+    @property
+    def place(self) -> str:
+        """``provider/region[/zone]``: what the recovery policy backs off from."""
+        base = f"{self.provider}/{self.region}"
+        return f"{base}/{self.zone}" if self.zone else base
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything an adapter needs besides the offer; the same for every attempt."""
+
+    job_id: str
+    checkpoint_url: str
+    command: tuple[str, ...]
+    owner: str
+    expires_at: datetime
+    idle_minutes: int = 30
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    #: Provider-specific settings (image, subnet, key name, project, subscription,
+    #: resource group, instance profile / service account / identity, disk size...).
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    def tags(self, attempt: int) -> dict[str, str]:
+        """The tags every instance of this job carries (provider spelling applied later)."""
+        return {
+            JOB_TAG: self.job_id,
+            OWNER_TAG: self.owner,
+            ATTEMPT_TAG: str(attempt),
+            EXPIRES_TAG: self.expires_at.isoformat(timespec="seconds"),
+            IDLE_MINUTES_TAG: str(self.idle_minutes),
+        }
+
+
+class State(enum.Enum):
+    """What the provider says about an instance, reduced to what recovery needs."""
+
+    PENDING = "pending"  # requested, not yet running
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # reclaimed by the provider (spot interruption, eviction)
+    STOPPED = "stopped"  # stopped/deallocated by someone (reaper, user)
+    TERMINATED = "terminated"  # gone, reason unknown or ours
+    MISSING = "missing"  # the provider no longer knows it
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A launched instance: enough to describe or terminate it later, from ``job.json``."""
+
+    provider: str
+    region: str
+    instance_id: str
+    zone: str = ""
+    #: Anything else the adapter needs later (GCP project, Azure resource group, local pid).
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Status:
+    handle: Handle
+    state: State
+    detail: str = ""  # the provider's own words (state reason, eviction message)
+    launched_at: datetime | None = None
+
+
+class Launcher(Protocol):
+    """One provider. Every method makes bounded calls and raises ``CostguardError``."""
+
+    provider: str
+
+    def check(self, spec: LaunchSpec) -> None:
+        """Validate credentials/options before anything is created (``InputError`` if bad)."""
+        ...
+
+    def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
+        """Create the instance (or process) running the job's attempt ``attempt``."""
+        ...
+
+    def status(self, handle: Handle) -> Status:
+        """What became of it."""
+        ...
+
+    def terminate(self, handle: Handle) -> None:
+        """Delete it; idempotent (an already-gone instance is fine)."""
+        ...
+
+    def find(self, job_id: str) -> Sequence[Handle]:
+        """Live instances tagged with ``job_id`` (``--attach`` must not launch a duplicate)."""
+        ...
