@@ -41,6 +41,7 @@ def test_wheel_contains_tables_and_typing_marker(wheel: Path) -> None:
     ):
         assert f"costguard/_tables/{table}" in names
     assert "costguard/py.typed" in names
+    assert "costguard/_bootstrap/user-data.sh" in names  # the launcher's boot script
     assert not any(name.startswith(("tests/", "pricing/")) for name in names)
 
 

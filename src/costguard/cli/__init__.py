@@ -19,6 +19,7 @@ from costguard.cli.alarm import alarm_group
 from costguard.cli.burn import burn_command
 from costguard.cli.checkpoint import checkpoint_group
 from costguard.cli.estimate import estimate_command
+from costguard.cli.launch import jobs_group, launch_command
 from costguard.cli.pricing import pricing_group
 from costguard.cli.reap import reap_command
 from costguard.cli.run import run_command
@@ -117,6 +118,8 @@ cli.add_command(reap_command)
 cli.add_command(agent_command)
 cli.add_command(run_command)
 cli.add_command(checkpoint_group)
+cli.add_command(launch_command)
+cli.add_command(jobs_group)
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Protocol
 
+from costguard.errors import CostguardError
+
 #: Tags (AWS/Azure spelling; GCP labels use ``costguard-`` and no ``:``) on every
 #: instance the launcher creates, so ``costguard reap`` and ``--attach`` can find them.
 JOB_TAG = "costguard:job"
@@ -131,3 +133,18 @@ class Launcher(Protocol):
     def find(self, job_id: str) -> Sequence[Handle]:
         """Live instances tagged with ``job_id`` (``--attach`` must not launch a duplicate)."""
         ...
+
+
+class CapacityError(CostguardError):
+    """The provider has no capacity (or no quota) for the offer in that place right now.
+
+    Raised by :meth:`Launcher.launch` when trying another zone, region or market may
+    work, so recovery can back off from :attr:`place` instead of giving up; ``code`` is
+    the provider's own (``InsufficientInstanceCapacity``, ``ZONE_RESOURCE_POOL_EXHAUSTED``,
+    ``SkuNotAvailable``...).
+    """
+
+    def __init__(self, message: str, *, place: str, code: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint or "costguard tries another place next")
+        self.place = place
+        self.code = code

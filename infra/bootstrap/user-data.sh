@@ -1,0 +1,87 @@
+#!/bin/bash
+# costguard launch: the boot script of one attempt of one job.
+#
+# Rendered by costguard.spot.bootstrap: every double-braced name below becomes one shell
+# word quoted with shlex, never by raw text. The same script is AWS user-data, the GCP
+# startup-script metadata value and Azure customData (cloud-init runs a #! script as is).
+#
+# There is no secret in here, on purpose: the checkpoint store is reached with the
+# instance's own identity (AWS instance profile, GCP service account, Azure managed
+# identity), which fsspec's backends pick up from the metadata service.
+set -uo pipefail
+umask 022
+mkdir -p /var/log/costguard
+exec >>/var/log/costguard/bootstrap.log 2>&1
+echo "costguard bootstrap: starting at $(date -u +%FT%TZ)"
+
+export HOME="${HOME:-/root}"
+export COSTGUARD_JOB_ID={{ job_id }}
+export COSTGUARD_JOB_ATTEMPT={{ attempt }}
+export COSTGUARD_CLOUD={{ cloud }}
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR={{ workdir }}
+GIT_REPO={{ git_repo }}
+GIT_REF={{ git_ref }}
+PACKAGE={{ package }}
+SHUTDOWN_MINUTES={{ shutdown_minutes }}
+VENV=/opt/costguard/venv
+
+fail() {
+    echo "costguard bootstrap: $*"
+    if [ "$SHUTDOWN_MINUTES" != never ]; then
+        shutdown -h "+$SHUTDOWN_MINUTES" "costguard: bootstrap failed"
+    fi
+    exit 1
+}
+
+mkdir -p "$WORKDIR" || fail "cannot create $WORKDIR"
+cd "$WORKDIR" || fail "cannot enter $WORKDIR"
+
+if [ -n "$GIT_REPO" ] && [ ! -d .git ]; then
+    command -v git >/dev/null || { apt-get update -q && apt-get install -y -q git; } \
+        || dnf install -y -q git || fail "git is missing and cannot be installed"
+    git clone --quiet "$GIT_REPO" . || fail "cannot clone the code"
+    if [ -n "$GIT_REF" ]; then
+        git checkout --quiet "$GIT_REF" || fail "cannot check out the code's ref"
+    fi
+fi
+
+if [ -f pixi.toml ]; then
+    # The project pins its environment with pixi: use it, and add costguard if it lacks it.
+    export PATH="$HOME/.pixi/bin:$PATH"
+    if ! command -v pixi >/dev/null; then
+        curl -fsSL https://pixi.sh/install.sh | bash || fail "cannot install pixi"
+    fi
+    pixi install || fail "pixi install failed"
+    if ! pixi run costguard --version >/dev/null 2>&1; then
+        pixi run python -m pip install --quiet "$PACKAGE" || fail "cannot install $PACKAGE"
+    fi
+    RUN=(pixi run)
+else
+    if [ ! -x "$VENV/bin/python" ]; then
+        python3 -m venv "$VENV" || {
+            { apt-get update -q && apt-get install -y -q python3-venv; } || dnf install -y -q python3
+            python3 -m venv "$VENV"
+        } || fail "cannot create a Python environment"
+    fi
+    "$VENV/bin/python" -m pip install --quiet "$PACKAGE" || fail "cannot install $PACKAGE"
+    if [ -f requirements.txt ]; then
+        "$VENV/bin/python" -m pip install --quiet -r requirements.txt \
+            || fail "cannot install requirements.txt"
+    fi
+    export PATH="$VENV/bin:$PATH"
+    RUN=()
+fi
+
+echo "costguard bootstrap: running attempt $COSTGUARD_JOB_ATTEMPT of job $COSTGUARD_JOB_ID"
+${RUN[@]+"${RUN[@]}"} costguard run --checkpoint {{ checkpoint_url }} --cloud {{ cloud }} {{ run_options }} -- {{ command }}
+status=$?
+echo "costguard bootstrap: the job exited with $status at $(date -u +%FT%TZ)"
+
+# The controller terminates the instance when it sees the job end; this is the safety net
+# for a controller that is gone (a guest shutdown ends the compute bill on AWS and GCP).
+if [ "$SHUTDOWN_MINUTES" != never ]; then
+    shutdown -h "+$SHUTDOWN_MINUTES" "costguard: the job exited with $status"
+fi
+exit "$status"

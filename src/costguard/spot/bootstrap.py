@@ -1,0 +1,285 @@
+"""The boot script every cloud instance of a job runs: install, then ``costguard run``.
+
+One template, ``infra/bootstrap/user-data.sh`` (shipped in the wheel as
+``costguard/_bootstrap``), serves as AWS user-data, the GCP ``startup-script`` metadata
+value and Azure ``customData`` (cloud-init runs a ``#!`` script as it is). It installs the
+environment (``pixi`` when the code has a ``pixi.toml``, else ``pip install costguard[train]``
+into a venv), then runs ``costguard run --checkpoint URL -- <command>`` with
+``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` exported.
+
+Every value that reaches the script is one shell word quoted by :mod:`shlex`, so a command
+like ``python train.py --note "it's $HOME"`` arrives byte for byte. No secret ever goes
+in: the instance reaches the checkpoint store with its own role, service account or
+managed identity, :func:`check_options` refuses URLs that carry credentials, and
+:func:`render` refuses a script that contains the value of any credential-like variable
+of the launching environment.
+
+Options read from :attr:`LaunchSpec.options <costguard.spot.launcher.base.LaunchSpec>`:
+``workdir`` (default ``/opt/costguard/work``), ``git_repo`` and ``git_ref`` (code to clone
+there; https without credentials), ``package`` (what pip installs, default
+``costguard[train]``), ``shutdown_minutes`` (guest shutdown that long after the job exits,
+the safety net when no controller is left; default 10, ``never`` to keep it up).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from costguard.errors import CostguardError, InputError
+from costguard.spot.launcher.base import LaunchSpec
+
+TEMPLATE = "user-data.sh"
+#: The most each provider accepts, in bytes of the script before any base64 encoding:
+#: AWS user-data 16 KB, a GCP metadata value 256 KB, Azure customData 65535 bytes decoded.
+MAX_BYTES = {"aws": 16 * 1024, "gcp": 256 * 1024, "azure": 65535, "local": 1024 * 1024}
+DEFAULT_WORKDIR = "/opt/costguard/work"
+DEFAULT_PACKAGE = "costguard[train]"
+DEFAULT_SHUTDOWN_MINUTES = "10"
+#: The options this module reads; adapters add their own.
+OPTIONS = ("workdir", "git_repo", "git_ref", "package", "shutdown_minutes")
+
+_PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
+_SECRET_NAME = re.compile(
+    r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|ACCOUNT_KEY|"
+    r"CONNECTION_STRING|SAS|_KEY$|^KEY$",
+    re.IGNORECASE,
+)
+#: Credentials recognisable by their shape, wherever they come from.
+_SECRET_SHAPES = (
+    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
+    (re.compile(r"AccountKey=", re.IGNORECASE), "an Azure storage account key"),
+    (re.compile(r"[?&]sig=", re.IGNORECASE), "a SAS signature"),
+    (re.compile(r'"private_key"\s*:'), "a service account key file"),
+)
+#: Secret values shorter than this are too common to search for ("true", "1").
+_MIN_SECRET_CHARS = 8
+_ABSOLUTE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+
+
+def template_dir() -> Path:
+    """Where the bootstrap templates are: ``costguard/_bootstrap`` in a wheel, else
+    ``infra/bootstrap`` of the source checkout (editable install)."""
+    packaged = Path(str(resources.files("costguard"))) / "_bootstrap"
+    if (packaged / TEMPLATE).is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[3] / "infra" / "bootstrap"
+    if (checkout / TEMPLATE).is_file():
+        return checkout
+    msg = "the bootstrap templates are missing from this installation of costguard"
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+
+
+def fill(template: str, words: Mapping[str, str]) -> str:
+    """``template`` with every ``{{ name }}`` replaced by ``words[name]``, which the caller
+    has already quoted; a placeholder without a word, or a word without a placeholder, is
+    a bug caught here rather than on the instance.
+
+    >>> fill("echo {{ a }}", {"a": "'x y'"})
+    "echo 'x y'"
+    >>> fill("echo {{ b }}", {"a": "x"})
+    Traceback (most recent call last):
+    ...
+    costguard.errors.CostguardError: the bootstrap template needs b, which has no value
+    """
+    used = set(_PLACEHOLDER.findall(template))
+    missing = sorted(used - set(words))
+    if missing:
+        msg = f"the bootstrap template needs {', '.join(missing)}, which has no value"
+        raise CostguardError(msg, hint="the template and costguard do not match: reinstall")
+    unused = sorted(set(words) - used)
+    if unused:
+        msg = f"the bootstrap template has no place for {', '.join(unused)}"
+        raise CostguardError(msg, hint="the template and costguard do not match: reinstall")
+    return _PLACEHOLDER.sub(lambda found: words[found[1]], template)
+
+
+def url_secret(url: str) -> str | None:
+    """Why ``url`` must not go into user-data (it carries a credential), or ``None``.
+
+    >>> url_secret("s3://bucket/runs/1") is None
+    True
+    >>> url_secret("https://me:hunter2@example.com/x")
+    'a user name or password'
+    >>> url_secret("az://c/p?sv=2024&sig=abc")
+    'a query string (SAS tokens and signed URLs are credentials)'
+    """
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        return "a user name or password"
+    if parts.query:
+        return "a query string (SAS tokens and signed URLs are credentials)"
+    return None
+
+
+def check_options(spec: LaunchSpec) -> None:
+    """Refuse what would make a broken or leaky boot script, before any cloud call.
+
+    >>> from datetime import datetime, UTC
+    >>> spec = LaunchSpec("j1", "s3://b/j1", ("python", "t.py"), "me", datetime.now(UTC),
+    ...                   options={"workdir": "relative/dir"})
+    >>> check_options(spec)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: the workdir option must be an absolute path, not 'relative/dir'
+    """
+    if not spec.command:
+        msg = "no command to run on the instance"
+        raise InputError(msg, hint="put it after --, e.g. -- python train.py")
+    if "://" not in spec.checkpoint_url:
+        msg = f"the checkpoint URL {spec.checkpoint_url!r} is a local path"
+        raise InputError(
+            msg, hint="a cloud instance needs a bucket: s3://..., gs://... or az://..."
+        )
+    for name, value in (
+        ("checkpoint URL", spec.checkpoint_url),
+        ("git_repo option", spec.options.get("git_repo", "")),
+    ):
+        why = url_secret(value)
+        if why:
+            msg = f"the {name} carries {why}, which would be written into the user-data"
+            raise InputError(msg, hint="give the instance a role/service account/identity instead")
+    repo = spec.options.get("git_repo", "")
+    if repo and urlsplit(repo).scheme != "https":
+        # http:// and git:// are neither authenticated nor protected from tampering.
+        msg = f"the git_repo option must be an https:// URL, not {repo!r}"
+        raise InputError(msg, hint="a public repository, or one the instance may read")
+    workdir = spec.options.get("workdir", DEFAULT_WORKDIR)
+    if not _ABSOLUTE.match(workdir) or "/../" in f"{workdir}/":
+        msg = f"the workdir option must be an absolute path, not {workdir!r}"
+        raise InputError(msg, hint=f"e.g. workdir={DEFAULT_WORKDIR}")
+    shutdown = spec.options.get("shutdown_minutes", DEFAULT_SHUTDOWN_MINUTES)
+    if shutdown != "never" and not (shutdown.isdigit() and int(shutdown) <= 24 * 60):
+        msg = f"the shutdown_minutes option must be 0..1440 or never, not {shutdown!r}"
+        raise InputError(msg, hint="minutes after the job exits before the guest shuts down")
+
+
+def find_secret(text: str, environ: Mapping[str, str]) -> str | None:
+    """What secret ``text`` contains (a variable's *name*, never its value), or ``None``.
+
+    >>> find_secret("run --key abcdefgh1234", {"WANDB_API_KEY": "abcdefgh1234"})
+    'the value of WANDB_API_KEY'
+    >>> find_secret("run AKIAABCDEFGHIJKLMNOP", {}) is not None
+    True
+    >>> find_secret("run --lr 3e-4", {"AWS_SECRET_ACCESS_KEY": "abcdefgh1234"}) is None
+    True
+    """
+    for name, value in sorted(environ.items()):
+        if (
+            _SECRET_NAME.search(name)
+            and len(value.strip()) >= _MIN_SECRET_CHARS
+            and value.strip() in text
+        ):
+            return f"the value of {name}"
+    for pattern, what in _SECRET_SHAPES:
+        if pattern.search(text):
+            return what
+    return None
+
+
+def render(
+    spec: LaunchSpec, attempt: int, cloud: str, *, environ: Mapping[str, str] | None = None
+) -> str:
+    """The boot script of attempt ``attempt`` of ``spec`` on ``cloud``, checked.
+
+    ``environ`` is only searched for secrets that must not be in the script (default: this
+    process's environment); nothing is copied from it.
+    """
+    check_options(spec)
+    if cloud not in MAX_BYTES:
+        msg = f"no bootstrap for provider {cloud!r}"
+        raise InputError(msg, hint=f"one of {', '.join(sorted(MAX_BYTES))}")
+    options = spec.options
+    run_options: list[str] = []
+    if spec.every_steps is not None:
+        run_options += ["--every-steps", str(spec.every_steps)]
+    if spec.every_minutes is not None:
+        run_options += ["--every-minutes", repr(float(spec.every_minutes))]
+    words = {
+        "job_id": shlex.quote(spec.job_id),
+        "attempt": shlex.quote(str(attempt)),
+        "cloud": shlex.quote(cloud),
+        "workdir": shlex.quote(options.get("workdir", DEFAULT_WORKDIR)),
+        "git_repo": shlex.quote(options.get("git_repo", "")),
+        "git_ref": shlex.quote(options.get("git_ref", "")),
+        "package": shlex.quote(options.get("package", DEFAULT_PACKAGE)),
+        "shutdown_minutes": shlex.quote(options.get("shutdown_minutes", DEFAULT_SHUTDOWN_MINUTES)),
+        "checkpoint_url": shlex.quote(spec.checkpoint_url),
+        "run_options": shlex.join(run_options),
+        "command": shlex.join(spec.command),
+    }
+    text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
+    leak = find_secret(text, os.environ if environ is None else environ)
+    if leak:
+        msg = f"the boot script would contain {leak}"
+        raise InputError(
+            msg,
+            hint="pass secrets through the instance's role/service account/identity or a "
+            "secret manager, never on the command line",
+        )
+    size = len(text.encode("utf-8"))
+    if size > MAX_BYTES[cloud]:
+        msg = f"the boot script is {size} bytes; {cloud} accepts at most {MAX_BYTES[cloud]}"
+        raise InputError(msg, hint="shorten the command: put its arguments in a config file")
+    return text
+
+
+# ----------------------------------------------------------------- options shared by adapters
+
+
+def option(spec: LaunchSpec, name: str, provider: str, hint: str) -> str:
+    """The required option ``name`` of ``spec``, or an :class:`InputError` saying how to set it.
+
+    >>> from datetime import datetime, UTC
+    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC))
+    >>> option(spec, "image", "aws", "an AMI id")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: launching on aws needs the image option
+    """
+    value = spec.options.get(name, "").strip()
+    if not value:
+        msg = f"launching on {provider} needs the {name} option"
+        raise InputError(msg, hint=hint)
+    return value
+
+
+def int_option(spec: LaunchSpec, name: str, default: int, low: int, high: int) -> int:
+    """An integer option within ``low..high``.
+
+    >>> from datetime import datetime, UTC
+    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC),
+    ...                   options={"disk_gb": "lots"})
+    >>> int_option(spec, "disk_gb", 100, 10, 65536)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: the disk_gb option must be a whole number from 10 to 65536...
+    """
+    text = spec.options.get(name, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or not low <= int(text) <= high:
+        msg = f"the {name} option must be a whole number from {low} to {high}, not {text!r}"
+        raise InputError(msg, hint=f"e.g. {name}={default}")
+    return int(text)
+
+
+def resource_name(job_id: str, attempt: int, max_chars: int) -> str:
+    """A name for the instance of one attempt, valid on GCP and Azure: lower case letters,
+    digits and ``-``, starting with a letter, the attempt always kept.
+
+    >>> resource_name("Run_42/a", 3, 63)
+    'costguard-run-42-a-3'
+    >>> len(resource_name("x" * 100, 12, 63))
+    63
+    """
+    suffix = f"-{attempt}"
+    stem = re.sub(r"[^a-z0-9]+", "-", job_id.lower()).strip("-") or "job"
+    stem = f"costguard-{stem}"[: max_chars - len(suffix)].rstrip("-")
+    return stem + suffix

@@ -1,0 +1,405 @@
+"""The recovery controller: reconcile, decide, act, until the job is over.
+
+Each round it asks the launcher what became of the current attempt and reads the
+attempt's exit record (:func:`reconcile`), asks :func:`costguard.spot.recovery.decide`
+what to do, and does it: wait, launch the next attempt, or finish (terminate what still
+runs). Every change is written to ``job.json`` before and after the provider call, so a
+controller that dies can be replaced (``costguard launch --attach``) without a second
+instance: a new controller first adopts the instances the provider knows for the job
+(:meth:`Launcher.find`) and terminates any that ``job.json`` cannot account for.
+
+The loop is bounded: a poll interval, an overall timeout (after which it terminates the
+instance and stops), and every provider call bounded by its adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+
+from costguard.checkpoint.store import Store
+from costguard.errors import CostguardError, InputError
+from costguard.spot.job import (
+    FINAL,
+    RUNNING,
+    Job,
+    latest_checkpoint_unix,
+    latest_step,
+    read_exit_record,
+    save_job,
+)
+from costguard.spot.launcher.base import CapacityError, Handle, Launcher, Market, Offer, State
+from costguard.spot.recovery import (
+    EXIT_PREEMPTED,
+    INTERRUPTIONS,
+    Attempt,
+    Finish,
+    Launch,
+    Outcome,
+    Wait,
+    classify,
+    decide,
+    interruptions,
+    spent_usd,
+)
+
+logger = logging.getLogger(__name__)
+
+#: ``job.json`` is rewritten at least this often while an attempt runs (the heartbeat
+#: ``--attach`` reads to tell a live controller from a dead one).
+HEARTBEAT_S = 30.0
+
+
+class ControllerBusyError(InputError):
+    """Another controller wrote the job's heartbeat recently."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something the controller did or saw, for the user."""
+
+    kind: str  # launch, preempted, failed, lost, done, stopped, adopt, stray, notice
+    message: str
+
+
+def check_not_supervised(job: Job, now_unix: float, stale_s: float) -> None:
+    """Refuse to attach while another controller's heartbeat is fresh.
+
+    >>> from costguard.spot.job import JobSpec
+    >>> from datetime import datetime, UTC
+    >>> spec = JobSpec("j", "local", "T4", 1, (), True, "/c", ("x",), "me", 0.0,
+    ...                datetime.now(UTC))
+    >>> check_not_supervised(Job(spec, heartbeat_unix=0.0), now_unix=100.0, stale_s=60.0)
+    """
+    if job.status != RUNNING:
+        return
+    age = now_unix - job.heartbeat_unix
+    if age < stale_s:
+        msg = (
+            f"job {job.spec.job_id} is supervised by {job.controller or 'another controller'} "
+            f"(heartbeat {age:.0f} s ago)"
+        )
+        raise ControllerBusyError(
+            msg,
+            hint=f"wait {stale_s - age:.0f} s if that controller died, or pass --force",
+        )
+
+
+class Controller:
+    """Supervises one job until it succeeds, fails or reaches a limit."""
+
+    def __init__(
+        self,
+        store: Store,
+        launcher: Launcher,
+        offers: Sequence[Offer],
+        *,
+        poll_s: float = 10.0,
+        timeout_s: float = 7 * 24 * 3600.0,
+        on_event: Callable[[Event], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.store = store
+        self.launcher = launcher
+        self.offers = tuple(offers)
+        self.poll_s = poll_s
+        self.timeout_s = timeout_s
+        self._on_event = on_event
+        self._clock = clock
+        self._sleep = sleep
+
+    def _emit(self, kind: str, message: str) -> None:
+        logger.info("costguard launch: %s: %s", kind, message)
+        if self._on_event is not None:
+            self._on_event(Event(kind, message))
+
+    def _save(self, job: Job) -> Job:
+        return save_job(self.store, job)
+
+    # -- adopt ------------------------------------------------------------------------
+
+    def adopt(self, job: Job) -> Job:
+        """Match the provider's live instances of this job with ``job.json``.
+
+        The current attempt without a handle (the controller died between the launch
+        and the write) adopts the live instance of its attempt number; live instances
+        that no attempt accounts for are terminated (they carry the job's tag, so they
+        are ours, and nothing would supervise them).
+        """
+        live = list(self.launcher.find(job.spec.job_id))
+        known = {a.handle.instance_id for a in job.attempts if a.handle is not None}
+        current = job.current
+        strays = []
+        for handle in live:
+            if handle.instance_id in known:
+                continue
+            if (
+                current is not None
+                and current.handle is None
+                and handle.extra.get("attempt", str(current.number)) == str(current.number)
+            ):
+                current = replace(current, handle=handle)
+                job = job.with_attempt(current)
+                self._emit("adopt", f"attempt {current.number} runs as {handle.instance_id}")
+                continue
+            strays.append(handle)
+        for handle in strays:
+            self.launcher.terminate(handle)
+            self._emit("stray", f"terminated {handle.instance_id}: no attempt in job.json owns it")
+        if strays:
+            job = replace(
+                job, strays_terminated=(*job.strays_terminated, *(h.instance_id for h in strays))
+            )
+        return self._save(job)
+
+    # -- reconcile --------------------------------------------------------------------
+
+    def reconcile(self, job: Job) -> Job:
+        """Close the current attempt if it has ended (provider state + exit record)."""
+        current = job.current
+        if current is None:
+            return job
+        now = self._clock()
+        if current.handle is None:
+            state, detail = State.MISSING, "the launch was never confirmed"
+        else:
+            status = self.launcher.status(current.handle)
+            state, detail = status.state, status.detail
+        record = read_exit_record(self.store, current.number, job.spec.job_id)
+        code = record.exit_code if record is not None else None
+        outcome = classify(state, code, current.offer.market)
+        if outcome is None:
+            return job
+        if state in (State.RUNNING, State.PENDING) and current.handle is not None:
+            # The job ended but the instance lives on (a VM after its script): stop paying.
+            self.launcher.terminate(current.handle)
+        last_step = record.last_step if record is not None else self._latest_step()
+        lost_s, lost_steps = 0.0, None
+        if outcome in INTERRUPTIONS:
+            if code == EXIT_PREEMPTED:
+                lost_steps = 0  # the emergency save holds every step done
+            else:
+                lost_s, lost_steps = self._lost_work(current, now, last_step)
+        closed = replace(
+            current,
+            ended_unix=now,
+            outcome=outcome,
+            exit_code=code,
+            detail=detail,
+            last_step=last_step,
+            lost_s=lost_s,
+            lost_steps=lost_steps,
+        )
+        text = f"attempt {current.number} on {current.offer.place}: {outcome.value}"
+        if code is not None:
+            text += f" (exit {code})"
+        if detail:
+            text += f"; {detail}"
+        if last_step is not None:
+            text += f"; latest checkpoint: step {last_step}"
+        self._emit(outcome.value, text)
+        return self._save(job.with_attempt(closed))
+
+    def _latest_step(self) -> int | None:
+        try:
+            return latest_step(self.store)
+        except CostguardError:
+            return None
+
+    def _lost_work(
+        self, attempt: Attempt, now: float, last_step: int | None
+    ) -> tuple[float, int | None]:
+        """Seconds since the last checkpoint, and the steps that likely took (by pace)."""
+        try:
+            saved_unix = latest_checkpoint_unix(self.store)
+        except CostguardError:
+            saved_unix = None
+        start = attempt.launched_unix
+        saved = saved_unix if saved_unix is not None and saved_unix > start else None
+        lost_s = max(0.0, now - (saved if saved is not None else start))
+        resumed = attempt.resumed_step or 0
+        if saved is None or last_step is None or last_step <= resumed or saved <= start:
+            return lost_s, None
+        pace = (last_step - resumed) / (saved - start)  # steps per second, startup included
+        return lost_s, round(pace * lost_s)
+
+    # -- act --------------------------------------------------------------------------
+
+    def launch(self, job: Job, decision: Launch) -> Job:
+        """Record the attempt, create the instance, record its handle."""
+        now = self._clock()
+        attempt = Attempt(
+            decision.number, decision.offer, launched_unix=now, resumed_step=self._latest_step()
+        )
+        job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
+        try:
+            handle = self.launcher.launch(decision.offer, job.spec.launch_spec(), decision.number)
+        except CapacityError as exc:
+            refused = replace(
+                attempt,
+                ended_unix=self._clock(),
+                outcome=Outcome.LAUNCH_FAILED,
+                detail=f"{exc.code}: {exc.message}",
+            )
+            self._emit("refused", f"{decision.offer.place}: {exc.message}")
+            return self._save(job.with_attempt(refused))
+        except CostguardError as exc:
+            refused = replace(
+                attempt, ended_unix=self._clock(), outcome=Outcome.FAILED, detail=exc.message
+            )
+            job = job.with_attempt(refused)
+            return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
+        launched = replace(attempt, handle=handle)
+        self._emit(
+            "launch",
+            f"attempt {decision.number}: {decision.offer.instance_type} "
+            f"{decision.offer.market.value} in {decision.offer.place} at "
+            f"${decision.offer.usd_per_hour}/h as {handle.instance_id} ({decision.reason})",
+        )
+        return self._save(job.with_attempt(launched))
+
+    def finish(self, job: Job, decision: Finish) -> Job:
+        """Terminate what still runs and write the final state."""
+        current = job.current
+        if current is not None:
+            if current.handle is not None:
+                self.launcher.terminate(current.handle)
+            job = job.with_attempt(
+                replace(
+                    current,
+                    ended_unix=self._clock(),
+                    outcome=Outcome.STOPPED,
+                    detail=f"terminated by costguard: {decision.reason}",
+                )
+            )
+        job = replace(job, status=decision.status, reason=decision.reason)
+        self._emit("done" if decision.status == "succeeded" else decision.status, decision.reason)
+        return self._save(job)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self, job: Job) -> Job:
+        """Supervise ``job`` until it is over; returns its final state."""
+        if job.status in FINAL:
+            return job
+        job = self.adopt(job)
+        started = time.monotonic()
+        last_write = time.monotonic()
+        limits = job.spec.limits()
+        while True:
+            job = self.reconcile(job)
+            decision = decide(job.attempts, self.offers, limits, self._clock())
+            if isinstance(decision, Finish):
+                return self.finish(job, decision)
+            if isinstance(decision, Launch):
+                job = self.launch(job, decision)
+                last_write = time.monotonic()
+                if job.status in FINAL:
+                    return job
+                if job.attempts[-1].outcome is Outcome.LAUNCH_FAILED:
+                    self._sleep(self.poll_s)  # a refused launch: do not hammer the provider
+                continue
+            if time.monotonic() - started > self.timeout_s:
+                return self.finish(
+                    job, Finish("stopped", f"the controller's timeout of {self.timeout_s:.0f} s")
+                )
+            if time.monotonic() - last_write > HEARTBEAT_S:
+                job = self._save(job)
+                last_write = time.monotonic()
+            assert isinstance(decision, Wait)
+            self._sleep(self.poll_s)
+
+
+# -- the report ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the job did and cost."""
+
+    status: str
+    reason: str
+    attempts: int
+    preemptions: int
+    failures: int
+    wall_s: float
+    running_s: float
+    lost_s: float
+    lost_steps: int | None
+    last_step: int | None
+    spent_usd: Decimal
+    estimate_usd: Decimal | None
+    on_demand_usd: Decimal | None
+    spot_usd_per_hour: Decimal | None
+
+    @property
+    def overhead_s(self) -> float:
+        """Wall time not spent running an attempt, plus work redone after kills."""
+        return max(0.0, self.wall_s - self.running_s) + self.lost_s
+
+
+def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
+    """The figures ``costguard launch`` and ``costguard jobs status`` print. Pure.
+
+    ``estimate_usd``: the first offer's price times ``--hours`` (when given);
+    ``on_demand_usd``: the same instance-hours at the cheapest on-demand offer.
+    """
+    attempts = job.attempts
+    ends = [a.ended_unix if a.ended_unix is not None else now_unix for a in attempts]
+    wall_s = (max(ends) - job.spec.created_unix) if attempts else 0.0
+    running_s = sum(
+        max(0.0, end - a.launched_unix)
+        for a, end in zip(attempts, ends, strict=True)
+        if a.outcome is not Outcome.LAUNCH_FAILED
+    )
+    hours = sum((a.hours(now_unix) for a in attempts), Decimal(0))
+    interrupted = [a for a in attempts if a.outcome in INTERRUPTIONS]
+    lost_steps: int | None = 0
+    for attempt in interrupted:
+        if attempt.lost_steps is None:
+            lost_steps = None
+            break
+        lost_steps = (lost_steps or 0) + attempt.lost_steps
+    on_demand = [o.usd_per_hour for o in offers if o.market is Market.ON_DEMAND]
+    spot = [o.usd_per_hour for o in offers if o.market is Market.SPOT]
+    first = attempts[0].offer.usd_per_hour if attempts else None
+    estimate = first * job.spec.hours if first is not None and job.spec.hours else None
+    steps = [a.last_step for a in attempts if a.last_step is not None]
+    return Summary(
+        status=job.status,
+        reason=job.reason,
+        attempts=sum(1 for a in attempts if a.outcome is not Outcome.LAUNCH_FAILED),
+        preemptions=interruptions(attempts),
+        failures=sum(1 for a in attempts if a.outcome is Outcome.FAILED),
+        wall_s=wall_s,
+        running_s=running_s,
+        lost_s=sum(a.lost_s for a in interrupted),
+        lost_steps=lost_steps,
+        last_step=steps[-1] if steps else None,
+        spent_usd=spent_usd(attempts, now_unix),
+        estimate_usd=estimate,
+        on_demand_usd=min(on_demand) * hours if on_demand else None,
+        spot_usd_per_hour=min(spot) if spot else None,
+    )
+
+
+def handle_label(handle: Handle | None) -> str:
+    """An instance for a table cell.
+
+    >>> handle_label(Handle("aws", "us-east-1", "i-0abc", zone="us-east-1a"))
+    'i-0abc (us-east-1a)'
+    """
+    if handle is None:
+        return "-"
+    return f"{handle.instance_id} ({handle.zone or handle.region})"
+
+
+def terminate_quietly(launcher: Launcher, handle: Handle) -> None:
+    """Best-effort terminate, for cleanup paths that are already failing."""
+    with contextlib.suppress(CostguardError):
+        launcher.terminate(handle)

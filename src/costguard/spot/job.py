@@ -1,0 +1,495 @@
+"""The job's state in the checkpoint store, next to its checkpoints.
+
+``job/job.json`` holds what the user asked for (:class:`JobSpec`) and every attempt (where
+it ran, how it ended); the controller rewrites it (atomically: a local rename, or one PUT)
+after each change, so it keeps no state of its own and ``costguard launch --attach URL``
+can take over from a controller that died. ``costguard run`` adds one exit record per
+attempt (``job/attempt-N.exit.json``) when it runs under the launcher
+(``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` set): the exit code and the latest
+checkpoint step, so the controller can tell "done" from "failed" from "preempted".
+
+The checkpoint library ignores these files (they are not in a ``ckpt-*`` folder).
+
+>>> import tempfile
+>>> from costguard.checkpoint.store import Store
+>>> store = Store.open(tempfile.mkdtemp())
+>>> write_exit_record(store, ExitRecord(attempt=2, exit_code=75, last_step=40, finished_unix=1.0))
+>>> read_exit_record(store, 2).exit_code, read_exit_record(store, 3)
+(75, None)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from costguard.checkpoint.store import Store, StoreError
+from costguard.errors import CostguardError, InputError
+from costguard.money import usd_str
+from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
+from costguard.spot.recovery import Attempt, Limits, Outcome
+
+logger = logging.getLogger(__name__)
+
+VERSION = 1
+JOB_FILE = "job/job.json"
+ENV_JOB_ID = "COSTGUARD_JOB_ID"
+ENV_JOB_ATTEMPT = "COSTGUARD_JOB_ATTEMPT"
+#: Job states; ``running`` is the only one a controller supervises.
+RUNNING = "running"
+FINAL = ("succeeded", "failed", "stopped")
+
+
+class JobError(CostguardError):
+    """``job.json`` is missing or cannot be read."""
+
+
+def exit_record_path(attempt: int) -> str:
+    """Where attempt ``attempt``'s exit record lives, relative to the store root.
+
+    >>> exit_record_path(3)
+    'job/attempt-3.exit.json'
+    """
+    return f"job/attempt-{attempt}.exit.json"
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """What ``costguard run`` says about how an attempt ended."""
+
+    attempt: int
+    exit_code: int
+    last_step: int | None
+    finished_unix: float
+    host: str = ""
+    #: The job it belongs to: a record left by an earlier job at the same URL is ignored.
+    job_id: str = ""
+
+    def to_json(self) -> bytes:
+        """The record as UTF-8 JSON."""
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+
+def write_exit_record(store: Store, record: ExitRecord) -> None:
+    """Store ``record`` (one atomic write)."""
+    store.put(exit_record_path(record.attempt), record.to_json())
+
+
+def read_exit_record(store: Store, attempt: int, job_id: str = "") -> ExitRecord | None:
+    """Attempt ``attempt``'s exit record, ``None`` when there is none (yet), or when it
+    belongs to another job than ``job_id`` (an earlier job at the same URL)."""
+    try:
+        data = json.loads(store.get(exit_record_path(attempt)))
+    except StoreError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+    except ValueError:
+        logger.warning("costguard: ignoring the unreadable exit record of attempt %d", attempt)
+        return None
+    step = data.get("last_step")
+    record = ExitRecord(
+        attempt=int(data["attempt"]),
+        exit_code=int(data["exit_code"]),
+        last_step=int(step) if step is not None else None,
+        finished_unix=float(data["finished_unix"]),
+        host=str(data.get("host", "")),
+        job_id=str(data.get("job_id", "")),
+    )
+    if job_id and record.job_id != job_id:
+        return None
+    return record
+
+
+def latest_step(store: Store) -> int | None:
+    """The step of the latest complete checkpoint in ``store`` (``None``: none yet)."""
+    from costguard.checkpoint.inventory import inventory
+
+    for entry in inventory(store):
+        if entry.latest:
+            return entry.step
+    return None
+
+
+def latest_checkpoint_unix(store: Store) -> float | None:
+    """When the latest complete checkpoint was written (unix time), if any."""
+    from costguard.checkpoint.inventory import inventory
+
+    for entry in inventory(store):
+        if entry.latest:
+            return entry.created_unix
+    return None
+
+
+def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:
+    """Write the exit record of this attempt when running under ``costguard launch``.
+
+    Called by ``costguard run`` after its child exits. Never raises: a record that cannot
+    be written is logged, and the controller then treats the attempt as lost.
+    """
+    job_id = env.get(ENV_JOB_ID, "").strip()
+    attempt_text = env.get(ENV_JOB_ATTEMPT, "").strip()
+    if not job_id or not attempt_text.isdigit():
+        return False
+    try:
+        store = Store.open(url, storage_options)
+        try:
+            step = latest_step(store)
+        except CostguardError:
+            step = None
+        write_exit_record(
+            store,
+            ExitRecord(
+                attempt=int(attempt_text),
+                exit_code=code,
+                last_step=step,
+                finished_unix=time.time(),
+                host=socket.gethostname(),
+                job_id=job_id,
+            ),
+        )
+    except CostguardError as exc:
+        logger.warning("costguard: could not write the job's exit record: %s", exc.message)
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """``--provider local``: when the simulator sends preemption notices.
+
+    ``every_s``: each spot attempt gets a notice that many seconds after it starts
+    (randomised around it, exponentially, with ``seed``). ``at_s``: notices at these
+    seconds after the job started, each once. ``notice_s``: the deadline after a notice,
+    after which the process is killed (SIGKILL); ``None``: the simulated cloud's own
+    (AWS 120 s, GCP and Azure 30 s).
+    """
+
+    every_s: float | None = None
+    at_s: tuple[float, ...] = ()
+    seed: int | None = None
+    notice_s: float | None = None
+    metadata_port: int = 0
+    state_dir: str = ""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the user asked for; the same for every attempt."""
+
+    job_id: str
+    provider: str
+    gpu: str
+    gpu_count: int
+    regions: tuple[str, ...]
+    spot: bool
+    checkpoint_url: str
+    command: tuple[str, ...]
+    owner: str
+    created_unix: float
+    expires_at: datetime
+    max_usd_per_hour: Decimal | None = None
+    max_total_usd: Decimal | None = None
+    max_preemptions: int = 3
+    max_failures: int = 0
+    every_steps: int | None = None
+    every_minutes: float | None = None
+    idle_minutes: int = 30
+    hours: Decimal | None = None  # the user's expected run time, for the estimate
+    options: Mapping[str, str] = field(default_factory=dict)
+    simulation: Simulation | None = None
+
+    def limits(self) -> Limits:
+        """The recovery limits these settings imply."""
+        return Limits(
+            spot=self.spot,
+            max_preemptions=self.max_preemptions,
+            max_total_usd=self.max_total_usd,
+            max_failures=self.max_failures,
+        )
+
+    def launch_spec(self) -> LaunchSpec:
+        """What every adapter gets with each launch."""
+        return LaunchSpec(
+            job_id=self.job_id,
+            checkpoint_url=self.checkpoint_url,
+            command=self.command,
+            owner=self.owner,
+            expires_at=self.expires_at,
+            idle_minutes=self.idle_minutes,
+            every_steps=self.every_steps,
+            every_minutes=self.every_minutes,
+            options=dict(self.options),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """The whole state: the spec, every attempt, and where it stands."""
+
+    spec: JobSpec
+    attempts: tuple[Attempt, ...] = ()
+    status: str = RUNNING
+    reason: str = ""
+    updated_unix: float = 0.0
+    #: The controller supervising it (pid@host) and when it last wrote.
+    controller: str = ""
+    heartbeat_unix: float = 0.0
+    #: Handles of instances found running for this job that job.json did not know.
+    strays_terminated: tuple[str, ...] = ()
+
+    @property
+    def current(self) -> Attempt | None:
+        """The attempt still running, if any."""
+        if self.attempts and self.attempts[-1].running:
+            return self.attempts[-1]
+        return None
+
+    def with_attempt(self, attempt: Attempt) -> Job:
+        """This job with ``attempt`` added, or replacing the one with the same number."""
+        kept = [a for a in self.attempts if a.number != attempt.number]
+        return replace(self, attempts=tuple(sorted([*kept, attempt], key=lambda a: a.number)))
+
+
+# -- JSON ------------------------------------------------------------------------------
+
+
+def _offer_doc(offer: Offer) -> dict[str, Any]:
+    return {
+        "provider": offer.provider,
+        "region": offer.region,
+        "zone": offer.zone,
+        "instance_type": offer.instance_type,
+        "market": offer.market.value,
+        "usd_per_hour": usd_str(offer.usd_per_hour),
+        "gpu": offer.gpu,
+        "gpu_count": offer.gpu_count,
+    }
+
+
+def _offer(doc: Mapping[str, Any]) -> Offer:
+    return Offer(
+        provider=str(doc["provider"]),
+        region=str(doc["region"]),
+        zone=str(doc.get("zone", "")),
+        instance_type=str(doc["instance_type"]),
+        market=Market(doc["market"]),
+        usd_per_hour=Decimal(str(doc["usd_per_hour"])),
+        gpu=str(doc["gpu"]),
+        gpu_count=int(doc["gpu_count"]),
+    )
+
+
+def handle_doc(handle: Handle) -> dict[str, Any]:
+    """A handle as JSON."""
+    return {
+        "provider": handle.provider,
+        "region": handle.region,
+        "zone": handle.zone,
+        "instance_id": handle.instance_id,
+        "extra": dict(handle.extra),
+    }
+
+
+def _handle(doc: Mapping[str, Any]) -> Handle:
+    return Handle(
+        provider=str(doc["provider"]),
+        region=str(doc["region"]),
+        zone=str(doc.get("zone", "")),
+        instance_id=str(doc["instance_id"]),
+        extra={str(k): str(v) for k, v in dict(doc.get("extra") or {}).items()},
+    )
+
+
+def attempt_doc(attempt: Attempt) -> dict[str, Any]:
+    """An attempt as JSON."""
+    return {
+        "number": attempt.number,
+        "offer": _offer_doc(attempt.offer),
+        "handle": handle_doc(attempt.handle) if attempt.handle else None,
+        "launched_unix": attempt.launched_unix,
+        "ended_unix": attempt.ended_unix,
+        "outcome": attempt.outcome.value if attempt.outcome else None,
+        "exit_code": attempt.exit_code,
+        "detail": attempt.detail,
+        "resumed_step": attempt.resumed_step,
+        "last_step": attempt.last_step,
+        "lost_s": attempt.lost_s,
+        "lost_steps": attempt.lost_steps,
+    }
+
+
+def _attempt(doc: Mapping[str, Any]) -> Attempt:
+    outcome = doc.get("outcome")
+    return Attempt(
+        number=int(doc["number"]),
+        offer=_offer(doc["offer"]),
+        launched_unix=float(doc["launched_unix"]),
+        handle=_handle(doc["handle"]) if doc.get("handle") else None,
+        ended_unix=float(doc["ended_unix"]) if doc.get("ended_unix") is not None else None,
+        outcome=Outcome(outcome) if outcome else None,
+        exit_code=int(doc["exit_code"]) if doc.get("exit_code") is not None else None,
+        detail=str(doc.get("detail", "")),
+        resumed_step=_opt_int(doc.get("resumed_step")),
+        last_step=_opt_int(doc.get("last_step")),
+        lost_s=float(doc.get("lost_s") or 0.0),
+        lost_steps=_opt_int(doc.get("lost_steps")),
+    )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _opt_decimal(value: Any) -> Decimal | None:
+    return None if value is None else Decimal(str(value))
+
+
+def spec_doc(spec: JobSpec) -> dict[str, Any]:
+    """The spec as JSON (money as exact decimal strings)."""
+    sim = spec.simulation
+    return {
+        "job_id": spec.job_id,
+        "provider": spec.provider,
+        "gpu": spec.gpu,
+        "gpu_count": spec.gpu_count,
+        "regions": list(spec.regions),
+        "spot": spec.spot,
+        "checkpoint_url": spec.checkpoint_url,
+        "command": list(spec.command),
+        "owner": spec.owner,
+        "created_unix": spec.created_unix,
+        "expires_at": spec.expires_at.isoformat(timespec="seconds"),
+        "max_usd_per_hour": None if spec.max_usd_per_hour is None else str(spec.max_usd_per_hour),
+        "max_total_usd": None if spec.max_total_usd is None else str(spec.max_total_usd),
+        "max_preemptions": spec.max_preemptions,
+        "max_failures": spec.max_failures,
+        "every_steps": spec.every_steps,
+        "every_minutes": spec.every_minutes,
+        "idle_minutes": spec.idle_minutes,
+        "hours": None if spec.hours is None else str(spec.hours),
+        "options": dict(spec.options),
+        "simulation": None
+        if sim is None
+        else {
+            "every_s": sim.every_s,
+            "at_s": list(sim.at_s),
+            "seed": sim.seed,
+            "notice_s": sim.notice_s,
+            "metadata_port": sim.metadata_port,
+            "state_dir": sim.state_dir,
+        },
+    }
+
+
+def _spec(doc: Mapping[str, Any]) -> JobSpec:
+    sim = doc.get("simulation")
+    return JobSpec(
+        job_id=str(doc["job_id"]),
+        provider=str(doc["provider"]),
+        gpu=str(doc["gpu"]),
+        gpu_count=int(doc["gpu_count"]),
+        regions=tuple(str(r) for r in doc.get("regions") or ()),
+        spot=bool(doc["spot"]),
+        checkpoint_url=str(doc["checkpoint_url"]),
+        command=tuple(str(c) for c in doc["command"]),
+        owner=str(doc.get("owner", "")),
+        created_unix=float(doc["created_unix"]),
+        expires_at=datetime.fromisoformat(str(doc["expires_at"])),
+        max_usd_per_hour=_opt_decimal(doc.get("max_usd_per_hour")),
+        max_total_usd=_opt_decimal(doc.get("max_total_usd")),
+        max_preemptions=int(doc.get("max_preemptions", 3)),
+        max_failures=int(doc.get("max_failures", 0)),
+        every_steps=_opt_int(doc.get("every_steps")),
+        every_minutes=float(doc["every_minutes"]) if doc.get("every_minutes") else None,
+        idle_minutes=int(doc.get("idle_minutes", 30)),
+        hours=_opt_decimal(doc.get("hours")),
+        options={str(k): str(v) for k, v in dict(doc.get("options") or {}).items()},
+        simulation=None
+        if not sim
+        else Simulation(
+            every_s=float(sim["every_s"]) if sim.get("every_s") is not None else None,
+            at_s=tuple(float(t) for t in sim.get("at_s") or ()),
+            seed=_opt_int(sim.get("seed")),
+            notice_s=float(sim["notice_s"]) if sim.get("notice_s") is not None else None,
+            metadata_port=int(sim.get("metadata_port", 0)),
+            state_dir=str(sim.get("state_dir", "")),
+        ),
+    )
+
+
+def job_doc(job: Job) -> dict[str, Any]:
+    """The whole job as the JSON document stored in ``job/job.json``."""
+    return {
+        "version": VERSION,
+        "status": job.status,
+        "reason": job.reason,
+        "updated_unix": job.updated_unix,
+        "controller": job.controller,
+        "heartbeat_unix": job.heartbeat_unix,
+        "strays_terminated": list(job.strays_terminated),
+        "spec": spec_doc(job.spec),
+        "attempts": [attempt_doc(a) for a in job.attempts],
+    }
+
+
+def parse_job(data: bytes, url: str = "") -> Job:
+    """Read ``job.json``; :class:`JobError` when it is not a costguard job document."""
+    try:
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or int(doc.get("version", 0)) != VERSION:
+            msg = f"unsupported job document version {doc.get('version')!r}"
+            raise ValueError(msg)
+        return Job(
+            spec=_spec(doc["spec"]),
+            attempts=tuple(_attempt(a) for a in doc.get("attempts") or ()),
+            status=str(doc.get("status", RUNNING)),
+            reason=str(doc.get("reason", "")),
+            updated_unix=float(doc.get("updated_unix", 0.0)),
+            controller=str(doc.get("controller", "")),
+            heartbeat_unix=float(doc.get("heartbeat_unix", 0.0)),
+            strays_terminated=tuple(str(s) for s in doc.get("strays_terminated") or ()),
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = f"{JOB_FILE} in {url or 'the store'} is not a costguard job: {exc}"
+        raise JobError(msg, hint="was it written by another costguard version?") from None
+
+
+def save_job(store: Store, job: Job) -> Job:
+    """Write ``job.json`` (atomically) and return the job with its new timestamps."""
+    now = time.time()
+    stamped = replace(
+        job,
+        updated_unix=now,
+        heartbeat_unix=now,
+        controller=f"{os.getpid()}@{socket.gethostname()}",
+    )
+    store.put(JOB_FILE, json.dumps(job_doc(stamped), indent=1, sort_keys=True).encode())
+    return stamped
+
+
+def load_job(store: Store) -> Job:
+    """Read the job in ``store``; :class:`InputError` when there is none."""
+    try:
+        data = store.get(JOB_FILE)
+    except StoreError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            msg = f"no costguard job at {store.url} (no {JOB_FILE})"
+            raise InputError(
+                msg, hint="pass the --checkpoint URL the job was launched with"
+            ) from None
+        raise
+    return parse_job(data, store.url)
+
+
+def job_exists(store: Store) -> bool:
+    """Whether ``store`` already holds a job."""
+    return JOB_FILE in store.listing()

@@ -1,0 +1,483 @@
+"""GCP: one Compute Engine VM per attempt, through ``instances.insert``.
+
+The VM is created with ``scheduling.provisioningModel=SPOT`` (unless on-demand), the
+termination action the user chose (``DELETE`` by default, or ``STOP``),
+``onHostMaintenance=TERMINATE`` (GPUs cannot live-migrate) and no automatic restart. N1
+machine types get their GPUs as ``guestAccelerators``; the accelerator-optimised
+families (A2, A3, A4, G2) have them built in. The job's tags become labels
+(``costguard-job``...: GCP label keys cannot hold ``:``, and values only lower-case letters,
+digits, ``_`` and ``-``, so ``costguard-expires-at`` is Unix seconds, as the reaper reads
+it). The boot script is the ``startup-script`` metadata value; the VM runs as the service
+account given, which is what reaches the checkpoint bucket. The instance name is derived
+from the job and attempt, and the request id too, so a retried launch cannot make two VMs.
+
+Preemption: Compute Engine records a ``compute.instances.preempted`` operation (a system
+event, in ``zoneOperations.list``) targeting the VM. A VM that is gone (termination action
+``DELETE``) or stopped (``STOP``, status ``TERMINATED``) is :attr:`State.PREEMPTED` when
+such an operation exists for it, and :attr:`State.MISSING` / :attr:`State.STOPPED`
+otherwise.
+
+Options: ``project`` (required unless the launcher was given one), ``image`` (required:
+``projects/P/global/images/family/F`` or an image URL), ``service_account`` (required),
+``scopes`` (comma-separated; default ``cloud-platform``), ``zone`` (when the offer has
+none; default ``<region>-a``), ``network`` or ``subnetwork``, ``external_ip`` (default
+``true``: the boot script downloads packages), ``disk_gb`` (default 100), ``disk_type``
+(default ``pd-balanced``), ``termination_action`` (``DELETE`` or ``STOP``), plus those of
+:mod:`costguard.spot.bootstrap`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from costguard.clouds import READ_TIMEOUT_S, require
+from costguard.clouds import gcp as gcp_clouds
+from costguard.errors import CostguardError, InputError
+from costguard.settings import Settings
+from costguard.spot import bootstrap
+from costguard.spot.launcher.base import (
+    EXPIRES_TAG,
+    JOB_TAG,
+    CapacityError,
+    Handle,
+    LaunchSpec,
+    Market,
+    Offer,
+    State,
+    Status,
+)
+
+#: The most seconds one insert or delete operation is waited for.
+OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
+LIVE_STATES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")
+PREEMPTED_OPERATION = "compute.instances.preempted"
+#: Machine families whose GPUs come with the machine type.
+BUILT_IN_GPU_FAMILIES = ("a2", "a3", "a4", "g2")
+#: Canonical GPU names of the price tables -> ``acceleratorTypes`` for N1 machines.
+ACCELERATOR_TYPES = {
+    "T4": "nvidia-tesla-t4",
+    "P4": "nvidia-tesla-p4",
+    "P100": "nvidia-tesla-p100",
+    "V100": "nvidia-tesla-v100",
+}
+#: ``error.errors[].code`` values of a failed insert that another place may not hit.
+CAPACITY_CODES = (
+    "ZONE_RESOURCE_POOL_EXHAUSTED",
+    "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+    "QUOTA_EXCEEDED",
+    "RESOURCE_NOT_FOUND_IN_ZONE",
+    "UNSUPPORTED_OPERATION_IN_ZONE",
+)
+DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
+_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
+_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_ACCOUNT = re.compile(r"^[^@\s]+@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^default$")
+_LABEL_PREFIX = "costguard-"
+
+
+def label_value(text: str) -> str:
+    """``text`` as a GCP label value: lower case, letters, digits, ``_`` and ``-``, at
+    most 63 characters.
+
+    >>> label_value("Alice@Example.com"), label_value("run-1")
+    ('alice-example-com', 'run-1')
+    """
+    return re.sub(r"[^a-z0-9_-]", "-", text.lower())[:63]
+
+
+def labels(spec: LaunchSpec, attempt: int) -> dict[str, str]:
+    """The job's tags as GCP labels (``costguard-`` keys; the expiry in Unix seconds).
+
+    >>> from datetime import datetime, UTC
+    >>> spec = LaunchSpec("Run.1", "gs://b/r", ("true",), "me@x.org",
+    ...                   datetime(2026, 12, 2, tzinfo=UTC))
+    >>> labels(spec, 2)["costguard-expires-at"], labels(spec, 2)["costguard-job"]
+    ('1796169600', 'run-1')
+    """
+    out = {}
+    for key, value in spec.tags(attempt).items():
+        name = key.replace("costguard:", _LABEL_PREFIX, 1)
+        if key == EXPIRES_TAG:
+            out[name] = str(int(spec.expires_at.timestamp()))
+        else:
+            out[name] = label_value(value)
+    return out
+
+
+def classify(status: str, preempted: bool) -> State:
+    """A Compute Engine instance status as a launcher :class:`State`.
+
+    >>> classify("STAGING", False), classify("TERMINATED", True)
+    (<State.PENDING: 'pending'>, <State.PREEMPTED: 'preempted'>)
+    >>> classify("TERMINATED", False), classify("RUNNING", False)
+    (<State.STOPPED: 'stopped'>, <State.RUNNING: 'running'>)
+    """
+    if status in ("PROVISIONING", "STAGING", "REPAIRING"):
+        return State.PENDING
+    if status == "RUNNING":
+        return State.RUNNING
+    return State.PREEMPTED if preempted else State.STOPPED
+
+
+def _time(text: str) -> datetime:
+    """An RFC 3339 timestamp as Compute Engine writes it (any offset, up to nanoseconds).
+
+    >>> _time("2026-12-01T04:00:00.123456789-08:00").isoformat()
+    '2026-12-01T12:00:00.123456+00:00'
+    """
+    parsed = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", text.strip()))
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def _last(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+class GcpLauncher:
+    """Compute Engine in one project (``project``, or each spec's ``project`` option).
+    Pass ``credentials`` (or ready clients) to bypass Application Default Credentials;
+    ``settings.gcp_endpoint`` redirects every call. Example::
+
+        launcher = GcpLauncher(Settings.load(), project="my-lab")
+    """
+
+    provider = "gcp"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        project: str = "",
+        credentials: Any = None,
+        instances_client: Any = None,
+        operations_client: Any = None,
+        environ: Mapping[str, str] | None = None,
+        poll_interval_s: float = 2.0,
+    ) -> None:
+        self.settings = settings
+        self.poll_interval_s = poll_interval_s
+        self.project = project
+        self._credentials = credentials
+        self._instances = instances_client
+        self._operations = operations_client
+        self._environ = environ
+
+    def _client(self, name: str) -> Any:
+        if self._credentials is None:
+            self._credentials = gcp_clouds.default_credentials()
+        return gcp_clouds.client("google.cloud.compute_v1", name, self.settings, self._credentials)
+
+    @property
+    def instances(self) -> Any:
+        if self._instances is None:
+            self._instances = self._client("InstancesClient")
+        return self._instances
+
+    @property
+    def operations(self) -> Any:
+        if self._operations is None:
+            self._operations = self._client("ZoneOperationsClient")
+        return self._operations
+
+    # ------------------------------------------------------------------ check
+
+    def _project(self, spec: LaunchSpec) -> str:
+        project = spec.options.get("project", "").strip() or self.project
+        if not project:
+            msg = "launching on gcp needs the project option"
+            raise InputError(msg, hint="e.g. project=my-lab (gcloud projects list)")
+        if not _PROJECT.match(project):
+            msg = f"not a GCP project id: {project!r}"
+            raise InputError(msg, hint="the project ID (lower case), not its name or number")
+        return project
+
+    def check(self, spec: LaunchSpec) -> None:
+        """Validate every option offline (no Google call) and render the boot script once."""
+        self._project(spec)
+        bootstrap.option(
+            spec,
+            "image",
+            self.provider,
+            "an image with the NVIDIA driver, e.g. image="
+            "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11",
+        )
+        account = bootstrap.option(
+            spec,
+            "service_account",
+            self.provider,
+            "the VM reaches the checkpoint bucket as this account, never with keys: e.g. "
+            "service_account=costguard-instance@my-lab.iam.gserviceaccount.com "
+            "(see infra/gcp/launcher-role.yaml)",
+        )
+        if not _ACCOUNT.match(account):
+            msg = f"not a service account email: {account!r}"
+            raise InputError(msg, hint="NAME@PROJECT.iam.gserviceaccount.com")
+        zone = spec.options.get("zone", "")
+        if zone and not _ZONE.match(zone):
+            msg = f"not a GCP zone: {zone!r}"
+            raise InputError(msg, hint="a zone looks like us-central1-a")
+        action = spec.options.get("termination_action", "DELETE").upper()
+        if action not in ("DELETE", "STOP"):
+            msg = f"the termination_action option must be DELETE or STOP, not {action!r}"
+            raise InputError(msg, hint="DELETE leaves nothing behind to pay for")
+        if spec.options.get("external_ip", "true").lower() not in ("true", "false"):
+            msg = "the external_ip option must be true or false"
+            raise InputError(msg, hint="false needs Cloud NAT for the boot script's downloads")
+        bootstrap.int_option(spec, "disk_gb", 100, 10, 65536)
+        bootstrap.render(spec, 1, self.provider, environ=self._environ)
+
+    # ----------------------------------------------------------------- launch
+
+    def _zone(self, offer: Offer, spec: LaunchSpec) -> str:
+        zone = offer.zone or spec.options.get("zone", "") or f"{offer.region}-a"
+        if zone.rsplit("-", 1)[0] != offer.region:
+            msg = f"zone {zone!r} is not in region {offer.region!r}"
+            raise InputError(msg, hint="leave the zone option out, or pick one of the region")
+        return zone
+
+    def request(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Any:
+        """The ``compute_v1.Instance`` of one attempt (no call made): for dry runs."""
+        self.check(spec)
+        if offer.provider != self.provider:
+            msg = f"an offer on {offer.provider} cannot be launched on GCP"
+            raise InputError(msg, hint="pick a GCP offer")
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        options = spec.options
+        zone = self._zone(offer, spec)
+        family = offer.instance_type.split("-")[0]
+        if family == "tpu":
+            msg = f"{offer.instance_type} is a TPU, not a VM type"
+            raise InputError(msg, hint="costguard launch runs GPU VMs: pick a GPU offer")
+        accelerators = []
+        if family not in BUILT_IN_GPU_FAMILIES and offer.gpu_count:
+            accelerator = ACCELERATOR_TYPES.get(offer.gpu.upper())
+            if accelerator is None:
+                msg = f"no {offer.gpu} accelerator can be attached to {offer.instance_type}"
+                raise InputError(msg, hint=f"N1 machines take {', '.join(ACCELERATOR_TYPES)}")
+            accelerators.append(
+                compute.AcceleratorConfig(
+                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}",
+                    accelerator_count=offer.gpu_count,
+                )
+            )
+        # GPUs cannot live-migrate; a preempted Spot VM must not come back by itself.
+        scheduling = compute.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False)
+        if offer.market is Market.SPOT:
+            scheduling.provisioning_model = "SPOT"
+            scheduling.instance_termination_action = options.get(
+                "termination_action", "DELETE"
+            ).upper()
+        else:
+            scheduling.provisioning_model = "STANDARD"
+        network = compute.NetworkInterface()
+        if options.get("subnetwork"):
+            network.subnetwork = options["subnetwork"]
+        else:
+            network.network = options.get("network", "global/networks/default")
+        if options.get("external_ip", "true").lower() == "true":
+            network.access_configs = [
+                compute.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
+            ]
+        disk = compute.AttachedDisk(
+            boot=True,
+            auto_delete=True,
+            initialize_params=compute.AttachedDiskInitializeParams(
+                source_image=options["image"].strip(),
+                disk_size_gb=bootstrap.int_option(spec, "disk_gb", 100, 10, 65536),
+                disk_type=f"zones/{zone}/diskTypes/{options.get('disk_type', 'pd-balanced')}",
+                labels=labels(spec, attempt),
+            ),
+        )
+        scopes = [s.strip() for s in options.get("scopes", "").split(",") if s.strip()]
+        return compute.Instance(
+            name=bootstrap.resource_name(spec.job_id, attempt, 63),
+            machine_type=f"zones/{zone}/machineTypes/{offer.instance_type}",
+            labels=labels(spec, attempt),
+            scheduling=scheduling,
+            guest_accelerators=accelerators,
+            disks=[disk],
+            network_interfaces=[network],
+            metadata=compute.Metadata(
+                items=[
+                    compute.Items(
+                        key="startup-script",
+                        value=bootstrap.render(spec, attempt, self.provider, environ=self._environ),
+                    )
+                ]
+            ),
+            service_accounts=[
+                compute.ServiceAccount(
+                    email=options["service_account"].strip(),
+                    scopes=scopes or list(DEFAULT_SCOPES),
+                )
+            ],
+        )
+
+    def _wait(self, operation: Any, project: str, zone: str, action: str) -> Any:
+        """Poll a zone operation until it is DONE, for at most :data:`OPERATION_TIMEOUT_S`.
+
+        Polled with our own ``ZoneOperationsClient``: the one inside ``InstancesClient``
+        ignores the endpoint override and would poll the public API.
+        """
+        deadline = time.monotonic() + OPERATION_TIMEOUT_S
+        delay = self.poll_interval_s
+        while str(getattr(operation.status, "name", operation.status)) != "DONE":
+            if time.monotonic() + delay > deadline:
+                msg = f"{action} did not finish within {OPERATION_TIMEOUT_S} s"
+                raise CostguardError(msg, hint="costguard jobs status shows what came of it")
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            operation = self.operations.get(project=project, zone=zone, operation=operation.name)
+        return operation
+
+    def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
+        """``instances.insert``, waited for; a :class:`CapacityError` when the zone is full."""
+        instance = self.request(offer, spec, attempt)
+        project = self._project(spec)
+        zone = _last(instance.machine_type.rsplit("/machineTypes/", 1)[0])
+        # The same request id for a retried attempt: Compute Engine runs it once.
+        request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"costguard:{project}:{instance.name}"))
+        action = f"creating {instance.name} in {zone}"
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        request = compute.InsertInstanceRequest(
+            project=project, zone=zone, instance_resource=instance, request_id=request_id
+        )
+        target_id = ""
+        try:
+            operation = self._wait(
+                self.instances.insert_unary(request=request), project, zone, action
+            )
+            target_id = str(operation.target_id or "")
+        except core.Conflict:
+            operation = None  # this attempt's VM exists already: a retried launch, use it
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
+        errors = list(operation.error.errors) if operation is not None else []
+        if errors:
+            codes = [e.code for e in errors]
+            full = [c for c in codes if c in CAPACITY_CODES]
+            if full:
+                text = f"Google Cloud has no room for {offer.instance_type} in {zone}: {full[0]}"
+                place = f"{self.provider}/{offer.region}/{zone}"
+                raise CapacityError(text, place=place, code=full[0])
+            detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
+            msg = f"Google Cloud refused {action}: {detail}"
+            raise CostguardError(msg)
+        return Handle(
+            provider=self.provider,
+            region=offer.region,
+            instance_id=instance.name,
+            zone=zone,
+            extra={"project": project, "id": target_id, "attempt": str(attempt)},
+        )
+
+    # ----------------------------------------------------------------- status
+
+    def _preempted(self, handle: Handle) -> str:
+        """The preemption operation's message for this VM, or ``""`` when there is none."""
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        request = compute.ListZoneOperationsRequest(
+            project=handle.extra["project"],
+            zone=handle.zone,
+            filter=f'operationType = "{PREEMPTED_OPERATION}"',
+            max_results=500,
+        )
+        suffix = f"/zones/{handle.zone}/instances/{handle.instance_id}"
+        pager = self.operations.list(request=request)
+        for page_number, page in enumerate(pager.pages):
+            for operation in page.items:
+                mine = handle.extra.get("id") and str(operation.target_id) == handle.extra["id"]
+                if operation.operation_type == PREEMPTED_OPERATION and (
+                    mine or operation.target_link.endswith(suffix)
+                ):
+                    return operation.status_message or "Instance was preempted."
+            if page_number >= 20:  # bounded: a zone with that many preemptions in its log
+                break
+        return ""
+
+    def status(self, handle: Handle) -> Status:
+        """``instances.get``; a stopped or vanished VM is checked for a preemption."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        where = {"project": handle.extra["project"], "zone": handle.zone}
+        try:
+            try:
+                item = self.instances.get(**where, instance=handle.instance_id)
+            except core.NotFound:
+                preempted = self._preempted(handle)
+                if preempted:
+                    return Status(handle, State.PREEMPTED, preempted)
+                return Status(handle, State.MISSING, "Compute Engine no longer knows the VM")
+            state = classify(item.status, False)
+            detail = item.status_message or item.status
+            if state is State.STOPPED:
+                preempted = self._preempted(handle)
+                if preempted:
+                    state, detail = State.PREEMPTED, preempted
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
+        started = item.last_start_timestamp or item.creation_timestamp
+        return Status(handle, state, detail, launched_at=_time(started) if started else None)
+
+    # -------------------------------------------------------------- terminate
+
+    def terminate(self, handle: Handle) -> None:
+        """``instances.delete``, waited for; a VM that is already gone is fine."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        project = handle.extra["project"]
+        action = f"deleting {handle.instance_id}"
+        try:
+            operation = self.instances.delete_unary(
+                project=project, zone=handle.zone, instance=handle.instance_id
+            )
+            operation = self._wait(operation, project, handle.zone, action)
+        except core.NotFound:
+            return
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
+        errors = list(operation.error.errors)
+        if errors and not all(e.code == "RESOURCE_NOT_FOUND" for e in errors):
+            detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
+            msg = f"Google Cloud refused {action}: {detail}"
+            raise CostguardError(msg)
+
+    # ------------------------------------------------------------------- find
+
+    def find(self, job_id: str) -> list[Handle]:
+        """Live VMs labelled ``costguard-job=<job_id>``: one aggregated listing."""
+        if not self.project:
+            msg = "finding the VMs of a job on gcp needs a project"
+            raise InputError(msg, hint="give the launcher the project the job runs in")
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        key = JOB_TAG.replace("costguard:", _LABEL_PREFIX, 1)
+        value = label_value(job_id)
+        request = compute.AggregatedListInstancesRequest(
+            project=self.project, filter=f'labels.{key} = "{value}"'
+        )
+        found = []
+        try:
+            for scope, scoped in self.instances.aggregated_list(request=request):
+                zone = _last(scope)
+                for item in scoped.instances:
+                    if item.labels.get(key) == value and item.status in LIVE_STATES:
+                        found.append(
+                            Handle(
+                                provider=self.provider,
+                                region=zone.rsplit("-", 1)[0],
+                                instance_id=item.name,
+                                zone=zone,
+                                extra={
+                                    "project": self.project,
+                                    "id": str(item.id),
+                                    "attempt": item.labels.get(f"{_LABEL_PREFIX}attempt", ""),
+                                },
+                            )
+                        )
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, f"listing the VMs of {job_id}") from None
+        return found

@@ -1,0 +1,339 @@
+"""``--provider local``: the job runs on this machine, under ``costguard run``, and the
+preemption simulator plays the cloud.
+
+Each attempt is a process group of its own (``costguard run`` and the training script
+under it), with its output in ``<state dir>/<job id>/attempt-N.log``. Its "instance
+metadata" is the simulator's loopback metadata service (:class:`~costguard.spot.simulator.
+MetadataEmulator`, in the shapes of the cloud the offer's region simulates), which
+announces a spot interruption at the time
+:func:`~costguard.spot.simulator.notice_time` picked; at the notice's deadline a process
+still running is killed with SIGKILL, as a reclaimed VM would be. An on-demand attempt
+(the recovery policy's fallback) is never interrupted.
+
+Every attempt is registered in ``<state dir>/<job id>/attempt-N.json`` (pid and process
+start time), the local equivalent of the ``costguard:job`` tag: :meth:`LocalLauncher.find`
+reads them, so ``costguard launch --attach`` supervises a running attempt instead of
+starting a second one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from costguard.checkpoint.notices import ENDPOINT_ENV
+from costguard.errors import InputError
+from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
+from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer, State, Status
+from costguard.spot.simulator import NOTICE_S, MetadataEmulator, notice_time, simulated_cloud
+
+PROVIDER = "local"
+#: How often ``costguard run`` polls the simulated metadata service.
+NOTICE_POLL_S = 0.25
+#: How long :meth:`LocalLauncher.terminate` waits after SIGTERM before SIGKILL.
+TERMINATE_GRACE_S = 10.0
+
+
+def default_state_dir(env: Mapping[str, str]) -> Path:
+    """Where local attempts keep their logs and registrations.
+
+    >>> default_state_dir({"COSTGUARD_LOCAL_DIR": "/tmp/x"})
+    PosixPath('/tmp/x')
+    >>> default_state_dir({"XDG_STATE_HOME": "/s"})
+    PosixPath('/s/costguard/local')
+    """
+    if env.get("COSTGUARD_LOCAL_DIR"):
+        return Path(env["COSTGUARD_LOCAL_DIR"])
+    base = env.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
+    return Path(base) / "costguard" / "local"
+
+
+def process_start_ticks(pid: int) -> str:
+    """The process's start time in clock ticks since boot (Linux ``/proc``), or ``""``.
+
+    Recorded with the pid, so a recycled pid is never mistaken for our attempt.
+    """
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # The command name (field 2) may hold spaces; fields after its closing parenthesis.
+    fields = text[text.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else ""
+
+
+def pid_alive(pid: int, start_ticks: str = "") -> bool:
+    """Whether ``pid`` runs and is the process that was started (same start time)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # someone else's process: not ours, the pid was recycled
+    if start_ticks and process_start_ticks(pid) not in ("", start_ticks):
+        return False
+    # A zombie (exited, not yet reaped by its parent) is not running.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rfind(")") + 2 :].startswith("Z"):
+            return False
+    return True
+
+
+class LocalLauncher:
+    """Runs attempts as local processes and preempts them on the simulator's schedule."""
+
+    provider = PROVIDER
+
+    def __init__(
+        self,
+        simulation: Simulation,
+        *,
+        job_started_unix: float,
+        state_dir: Path,
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.simulation = simulation
+        self.job_started_unix = job_started_unix
+        self.state_dir = state_dir
+        self.env = dict(os.environ if env is None else env)
+        self.python = python
+        self._clock = clock
+        self._emulator: MetadataEmulator | None = None
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._announced: set[str] = set()
+
+    # -- the simulator ---------------------------------------------------------------
+
+    @property
+    def emulator(self) -> MetadataEmulator:
+        """The metadata emulator, started on first use on the job's port."""
+        if self._emulator is None:
+            self._emulator = MetadataEmulator(self.simulation.metadata_port)
+        return self._emulator
+
+    def close(self) -> None:
+        """Stop the emulator (running attempts keep running, and polling in vain)."""
+        if self._emulator is not None:
+            self._emulator.close()
+            self._emulator = None
+
+    def _job_dir(self, job_id: str) -> Path:
+        return self.state_dir / job_id
+
+    # -- Launcher protocol -------------------------------------------------------------
+
+    def check(self, spec: LaunchSpec) -> None:
+        """The command is there and the state folder is writable."""
+        if not spec.command:
+            msg = "no command to run"
+            raise InputError(msg, hint="put the command after --, e.g. -- python train.py")
+        folder = self.state_dir  # the job's own folder is made at its first launch
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = folder / f".probe-{os.getpid()}"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            msg = f"cannot write the local state folder {folder}: {exc.strerror or exc}"
+            raise InputError(msg, hint="set COSTGUARD_LOCAL_DIR to a writable folder") from None
+        self.emulator  # noqa: B018 - bind the port now: a busy one is an input error
+
+    def command(self, spec: LaunchSpec, cloud: str = "aws") -> list[str]:
+        """``costguard run`` around the user's command, with the job's checkpoint settings."""
+        argv = [self.python, "-m", "costguard", "run", "--checkpoint", spec.checkpoint_url]
+        argv += ["--cloud", cloud]
+        if spec.every_steps is not None:
+            argv += ["--every-steps", str(spec.every_steps)]
+        if spec.every_minutes is not None:
+            argv += ["--every-minutes", str(spec.every_minutes)]
+        return [*argv, "--", *spec.command]
+
+    def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
+        """Start attempt ``attempt`` as a new process group, and schedule its notice."""
+        folder = self._job_dir(spec.job_id)
+        folder.mkdir(parents=True, exist_ok=True)
+        jobs_dir = folder / f"attempt-{attempt}.jobs"
+        jobs_dir.mkdir(exist_ok=True)
+        log = folder / f"attempt-{attempt}.log"
+        now = self._clock()
+        cloud = simulated_cloud(offer.region)
+        notice_s = self.simulation.notice_s or NOTICE_S[cloud]
+        notice = None
+        if offer.market is Market.SPOT:
+            notice = notice_time(
+                self.simulation,
+                attempt=attempt,
+                launched_unix=now,
+                job_started_unix=self.job_started_unix,
+            )
+        emulator = self.emulator
+        emulator.clear()
+        env = dict(self.env)
+        env.update(
+            {
+                "COSTGUARD_CLOUD": cloud,
+                ENDPOINT_ENV[cloud]: emulator.url,
+                "COSTGUARD_NOTICE_POLL_S": str(NOTICE_POLL_S),
+                "COSTGUARD_JOBS_DIR": str(jobs_dir),
+                ENV_JOB_ID: spec.job_id,
+                ENV_JOB_ATTEMPT: str(attempt),
+            }
+        )
+        with log.open("ab") as output:
+            try:
+                child = subprocess.Popen(
+                    self.command(spec, cloud),
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                msg = f"cannot start the local attempt: {exc.strerror or exc}"
+                raise InputError(msg, hint="check the command after --") from None
+        self._children[child.pid] = child
+        extra = {
+            "pid": str(child.pid),
+            "start_ticks": process_start_ticks(child.pid),
+            "attempt": str(attempt),
+            "launched_unix": repr(now),
+            "notice_unix": "" if notice is None else repr(notice),
+            "deadline_unix": "" if notice is None else repr(notice + notice_s),
+            "cloud": cloud,
+            "jobs_dir": str(jobs_dir),
+            "log": str(log),
+        }
+        registration = folder / f"attempt-{attempt}.json"
+        tmp = registration.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"region": offer.region, "extra": extra}))
+        tmp.replace(registration)
+        return Handle(PROVIDER, offer.region, f"local-{child.pid}", extra=extra)
+
+    def _alive(self, handle: Handle) -> bool:
+        pid = int(handle.extra["pid"])
+        child = self._children.get(pid)
+        if child is not None:
+            return child.poll() is None
+        return pid_alive(pid, handle.extra.get("start_ticks", ""))
+
+    def status(self, handle: Handle) -> Status:
+        """Running, or preempted (after its notice), or terminated (it exited by itself).
+
+        Delivers the notice when it is due and kills the process at the deadline: the
+        simulated provider acts when it is asked, so the controller's poll interval is
+        the simulator's resolution.
+        """
+        now = self._clock()
+        text = handle.extra.get("notice_unix", "")
+        notice = float(text) if text else None
+        text = handle.extra.get("deadline_unix", "")
+        deadline = float(text) if text else None
+        launched = float(handle.extra.get("launched_unix", "0") or 0)
+        alive = self._alive(handle)
+        due = notice is not None and now >= notice
+        if alive and due and deadline is not None:
+            if handle.instance_id not in self._announced:
+                self.emulator.announce(deadline)
+                self._announced.add(handle.instance_id)
+            if now >= deadline:
+                self._kill(handle)
+                return Status(
+                    handle,
+                    State.PREEMPTED,
+                    f"simulated {handle.extra.get('cloud', 'aws')} spot interruption: killed "
+                    f"(SIGKILL) at the notice deadline, {deadline - (notice or deadline):g} s "
+                    "after the notice",
+                    launched_at=None,
+                )
+            return Status(handle, State.RUNNING, "interruption notice served", None)
+        if alive:
+            return Status(handle, State.RUNNING, "", None)
+        self._reap(handle)
+        if due:
+            return Status(
+                handle,
+                State.PREEMPTED,
+                f"simulated {handle.extra.get('cloud', 'aws')} spot interruption: notice "
+                f"{notice - launched:.0f} s after launch"
+                if notice is not None
+                else "simulated spot interruption",
+            )
+        return Status(handle, State.TERMINATED, "the process exited")
+
+    def _pids(self, handle: Handle) -> list[int]:
+        """The wrapper and the training script it started (its pid file)."""
+        pids = [int(handle.extra["pid"])]
+        jobs_dir = Path(handle.extra.get("jobs_dir", ""))
+        if handle.extra.get("jobs_dir") and jobs_dir.is_dir():
+            for pid_file in jobs_dir.glob("*.pid"):
+                with contextlib.suppress(ValueError, OSError):
+                    pids.append(int(pid_file.read_text().strip()))
+        return pids
+
+    def _signal(self, handle: Handle, signum: int) -> None:
+        # Each is a process-group leader: the wrapper (new session) and the script
+        # (costguard run starts it in its own group); a group takes its children along.
+        for pid in self._pids(handle):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signum)
+
+    def _kill(self, handle: Handle) -> None:
+        self._signal(handle, signal.SIGKILL)
+        self._reap(handle)
+
+    def _reap(self, handle: Handle) -> None:
+        child = self._children.pop(int(handle.extra["pid"]), None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=10)
+
+    def terminate(self, handle: Handle) -> None:
+        """SIGTERM (the script saves and exits 75), then SIGKILL after a grace period."""
+        if self._alive(handle):
+            self._signal(handle, signal.SIGTERM)
+            end = time.monotonic() + min(TERMINATE_GRACE_S, self.simulation.notice_s or 30.0)
+            while self._alive(handle) and time.monotonic() < end:
+                time.sleep(0.1)
+        if self._alive(handle):
+            self._kill(handle)
+        self._reap(handle)
+
+    def find(self, job_id: str) -> Sequence[Handle]:
+        """Attempts of ``job_id`` whose process still runs (from their registrations)."""
+        found = []
+        for registration in sorted(self._job_dir(job_id).glob("attempt-*.json")):
+            try:
+                doc: dict[str, Any] = json.loads(registration.read_text())
+                extra = {str(k): str(v) for k, v in doc["extra"].items()}
+                pid = int(extra["pid"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            handle = Handle(PROVIDER, str(doc.get("region", "")), f"local-{pid}", extra=extra)
+            if self._alive(handle):
+                found.append(handle)
+        return found
+
+    def log_tail(self, handle: Handle, lines: int = 5) -> str:
+        """The last lines of an attempt's output (for the report of a failed attempt)."""
+        path = handle.extra.get("log", "")
+        if not path:
+            return ""
+        try:
+            stream: IO[bytes]
+            with Path(path).open("rb") as stream:
+                text = stream.read()[-4000:].decode("utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,127 @@
+"""Offers for ``costguard launch``: priced places from the pricing tables. Pure.
+
+An offer is one instance type in one region and market with its hourly price. The
+launcher runs on the cheapest that fits; the recovery policy moves to the next when a
+place is preempted. ``local`` (the preemption simulator) runs on this machine and gets
+the cloud offers re-labelled, so that its report says what the run would have cost and
+its recovery moves between (simulated) regions exactly as on the cloud.
+
+>>> from costguard.pricing.catalog import load_catalog
+>>> found = find_offers(load_catalog(), gpu="A10G", provider="aws", regions=("us-east-1",))
+>>> [(o.instance_type, o.market.value, str(o.usd_per_hour)) for o in found][:1]
+[('g5.xlarge', 'spot', '0.4246')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+
+from costguard.errors import InputError
+from costguard.pricing.catalog import Catalog, InstancePrice
+from costguard.pricing.catalog import Market as PriceMarket
+from costguard.spot.launcher.base import Market, Offer
+
+CLOUDS = ("aws", "gcp", "azure")
+LOCAL = "local"
+PROVIDERS = (*CLOUDS, LOCAL)
+
+
+def _market(market: Market) -> PriceMarket:
+    return PriceMarket.SPOT if market is Market.SPOT else PriceMarket.ON_DEMAND
+
+
+def find_offers(
+    catalog: Catalog,
+    *,
+    gpu: str,
+    gpu_count: int = 1,
+    provider: str = "aws",
+    regions: Sequence[str] = (),
+    max_usd_per_hour: Decimal | None = None,
+) -> list[Offer]:
+    """Every (region, market) where ``gpu_count`` x ``gpu`` is sold, the cheapest instance
+    type of each, cheapest first. ``max_usd_per_hour`` caps the spot price only: it is
+    the spot bid, and on-demand (the fallback) has its own fixed price.
+
+    ``provider="local"`` returns the offers of all three clouds, re-labelled ``local``
+    with the cloud's place as the region (``aws:us-east-1``).
+    """
+    clouds = CLOUDS if provider == LOCAL else (provider,)
+    best: dict[tuple[str, str, Market], tuple[Decimal, InstancePrice]] = {}
+    for inst in catalog.instances:
+        if inst.provider not in clouds or inst.accelerator != gpu:
+            continue
+        if inst.accelerator_count != gpu_count:
+            continue
+        if regions and inst.region not in regions:
+            continue
+        for market in (Market.SPOT, Market.ON_DEMAND):
+            price = inst.usd_per_hour(_market(market))
+            if price is None or price <= 0:
+                continue
+            if market is Market.SPOT and max_usd_per_hour is not None and price > max_usd_per_hour:
+                continue
+            key = (inst.provider, inst.region, market)
+            current = best.get(key)
+            if current is None or (price, inst.instance_type) < (
+                current[0],
+                current[1].instance_type,
+            ):
+                best[key] = (price, inst)
+    offers = [
+        Offer(
+            provider=provider if provider == LOCAL else inst.provider,
+            region=f"{inst.provider}:{inst.region}" if provider == LOCAL else inst.region,
+            instance_type=inst.instance_type,
+            market=market,
+            usd_per_hour=price,
+            gpu=gpu,
+            gpu_count=gpu_count,
+        )
+        for (_, _, market), (price, inst) in best.items()
+    ]
+    offers.sort(key=lambda o: (o.usd_per_hour, o.provider, o.region, o.market.value))
+    return offers
+
+
+def require_offers(
+    catalog: Catalog,
+    *,
+    gpu: str,
+    gpu_count: int,
+    provider: str,
+    regions: Sequence[str],
+    spot: bool,
+    max_usd_per_hour: Decimal | None,
+) -> list[Offer]:
+    """:func:`find_offers`, or an :class:`InputError` that says which filter left nothing."""
+    wanted = Market.SPOT if spot else Market.ON_DEMAND
+    offers = find_offers(
+        catalog,
+        gpu=gpu,
+        gpu_count=gpu_count,
+        provider=provider,
+        regions=regions,
+        max_usd_per_hour=max_usd_per_hour,
+    )
+    if any(o.market is wanted for o in offers):
+        return offers
+    where = f"{provider}" + (f" {', '.join(regions)}" if regions else "")
+    uncapped = find_offers(
+        catalog, gpu=gpu, gpu_count=gpu_count, provider=provider, regions=regions
+    )
+    cheapest = [o for o in uncapped if o.market is wanted]
+    if cheapest and max_usd_per_hour is not None:
+        msg = (
+            f"--max-price ${max_usd_per_hour}/h is below the cheapest {wanted.value} price of "
+            f"{gpu_count} x {gpu} on {where}: ${cheapest[0].usd_per_hour}/h "
+            f"({cheapest[0].instance_type}, {cheapest[0].region})"
+        )
+        raise InputError(msg, hint=f"raise --max-price to at least {cheapest[0].usd_per_hour}")
+    msg = f"no {wanted.value} offer for {gpu_count} x {gpu} on {where} in the price tables"
+    raise InputError(
+        msg,
+        hint=f"costguard estimate --gpu {gpu} --gpus-per-instance {gpu_count} --hours 1 "
+        "shows where it is sold",
+    )

@@ -1,0 +1,283 @@
+"""Where to run next, and when to stop: a pure function of the job's history.
+
+The controller records each attempt (the offer it ran on, how it ended) and asks
+:func:`decide` what to do. The rules, in order:
+
+1. An attempt still running: wait, unless the money spent so far has reached
+   ``max_total_usd`` (then stop; the controller terminates the instance).
+2. The last attempt exited 0: the job is done. Stopped by someone else: stop too.
+3. More non-preemption failures than ``max_failures`` allows, more failed launches than
+   ``max_launch_failures``, or ``max_attempts`` reached: the job failed.
+4. Otherwise launch: on spot until ``max_preemptions`` interruptions, then on-demand.
+   Places (``provider/region[/zone]``) interrupted or out of capacity within
+   ``backoff_s`` go to the back of the queue, the most recent last, so after a
+   preemption the next attempt runs somewhere else whenever somewhere else exists.
+   Among the rest the cheapest wins.
+5. Never launch when the money spent plus one more hour at the chosen price would pass
+   ``max_total_usd``.
+
+No I/O, no clock: ``now_unix`` comes in as an argument, so every rule is unit-testable.
+
+>>> spot = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.5"), "A10G", 1)
+>>> other = Offer("aws", "us-west-2", "g5.xlarge", Market.SPOT, Decimal("0.6"), "A10G", 1)
+>>> decide((), (spot, other), Limits(), now_unix=0.0).offer.region
+'us-east-1'
+>>> hit = Attempt(1, spot, 0.0, ended_unix=60.0, outcome=Outcome.PREEMPTED)
+>>> decide((hit,), (spot, other), Limits(), now_unix=60.0).offer.region
+'us-west-2'
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from costguard.spot.launcher.base import Handle, Market, Offer, State
+
+SECONDS_PER_HOUR = Decimal(3600)
+#: The wrapper's exit code after a notice-triggered save ("run me again").
+EXIT_PREEMPTED = 75
+
+
+class Outcome(enum.Enum):
+    """How an attempt ended."""
+
+    SUCCEEDED = "succeeded"  # exit 0 recorded by ``costguard run``
+    FAILED = "failed"  # a nonzero exit that no preemption explains
+    PREEMPTED = "preempted"  # reclaimed by the provider (with or without a notice)
+    LOST = "lost"  # gone without an exit record and without the provider saying why
+    STOPPED = "stopped"  # stopped by someone else (the reaper, a person)
+    LAUNCH_FAILED = "launch-failed"  # the provider refused (capacity, quota, price)
+
+
+#: Outcomes that count as an interruption: the place is backed off from, and on spot
+#: they count towards ``max_preemptions``.
+INTERRUPTIONS = frozenset({Outcome.PREEMPTED, Outcome.LOST})
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One launch of the job and what became of it (``outcome`` is ``None`` while it runs)."""
+
+    number: int
+    offer: Offer
+    launched_unix: float
+    handle: Handle | None = None
+    ended_unix: float | None = None
+    outcome: Outcome | None = None
+    exit_code: int | None = None
+    detail: str = ""
+    #: The latest complete checkpoint step when the attempt started / ended.
+    resumed_step: int | None = None
+    last_step: int | None = None
+    #: Seconds of work since the last checkpoint, lost when it was killed without a save.
+    lost_s: float = 0.0
+    #: Steps done after the last checkpoint and lost with the attempt: 0 when a notice was
+    #: honoured (the emergency save holds them), estimated from the attempt's pace when it
+    #: was killed without a save, ``None`` when unknown.
+    lost_steps: int | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether it has not ended yet."""
+        return self.outcome is None
+
+    def hours(self, now_unix: float) -> Decimal:
+        """Instance-hours billed so far (a failed launch bills nothing).
+
+        >>> o = Offer("aws", "r", "t", Market.SPOT, Decimal("1"), "A10G", 1)
+        >>> Attempt(1, o, 0.0, ended_unix=5400.0, outcome=Outcome.SUCCEEDED).hours(9e9)
+        Decimal('1.5')
+        """
+        if self.outcome is Outcome.LAUNCH_FAILED:
+            return Decimal(0)
+        end = self.ended_unix if self.ended_unix is not None else now_unix
+        seconds = max(0.0, end - self.launched_unix)
+        return Decimal(repr(seconds)) / SECONDS_PER_HOUR
+
+    def cost_usd(self, now_unix: float) -> Decimal:
+        """Instance-hours times the offer's hourly price."""
+        return self.hours(now_unix) * self.offer.usd_per_hour
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the user allows (``costguard launch`` flags)."""
+
+    spot: bool = True
+    max_preemptions: int = 3
+    max_total_usd: Decimal | None = None
+    max_failures: int = 0
+    max_launch_failures: int = 5
+    max_attempts: int = 50
+    backoff_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The current attempt runs: poll again later."""
+
+    reason: str = "running"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start attempt ``number`` on ``offer``."""
+
+    offer: Offer
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    """The job is over: ``succeeded``, ``failed`` or ``stopped`` (a limit was reached)."""
+
+    status: str
+    reason: str
+    notes: tuple[str, ...] = field(default=())
+
+
+Decision = Wait | Launch | Finish
+
+
+def classify(state: State, exit_code: int | None, market: Market) -> Outcome | None:
+    """How an attempt ended, from the provider's state and the wrapper's exit record.
+
+    The exit record wins when there is one: 0 is success whatever the instance does
+    next, 75 is an honoured notice. A nonzero exit on an instance the provider reclaimed
+    is a preemption (the kill caused it). ``None``: it still runs.
+
+    >>> classify(State.RUNNING, None, Market.SPOT) is None
+    True
+    >>> classify(State.RUNNING, 0, Market.SPOT), classify(State.PREEMPTED, 137, Market.SPOT)
+    (<Outcome.SUCCEEDED: 'succeeded'>, <Outcome.PREEMPTED: 'preempted'>)
+    >>> classify(State.TERMINATED, None, Market.SPOT), classify(State.RUNNING, 1, Market.SPOT)
+    (<Outcome.LOST: 'lost'>, <Outcome.FAILED: 'failed'>)
+    """
+    if exit_code == 0:
+        return Outcome.SUCCEEDED
+    if exit_code == EXIT_PREEMPTED or state is State.PREEMPTED:
+        return Outcome.PREEMPTED
+    if exit_code is not None:
+        return Outcome.FAILED
+    if state in (State.PENDING, State.RUNNING):
+        return None
+    if state is State.STOPPED:
+        return Outcome.STOPPED
+    return Outcome.LOST
+
+
+def spent_usd(attempts: Iterable[Attempt], now_unix: float) -> Decimal:
+    """What the job has cost so far: every attempt's instance-hours times its price."""
+    return sum((a.cost_usd(now_unix) for a in attempts), Decimal(0))
+
+
+def interruptions(attempts: Iterable[Attempt], market: Market = Market.SPOT) -> int:
+    """How many attempts in ``market`` were preempted or lost."""
+    return sum(1 for a in attempts if a.offer.market is market and a.outcome in INTERRUPTIONS)
+
+
+def market_for(attempts: Sequence[Attempt], offers: Sequence[Offer], limits: Limits) -> Market:
+    """Spot until ``max_preemptions`` interruptions, then on-demand (when any is offered).
+
+    >>> o = Offer("aws", "r", "t", Market.SPOT, Decimal("1"), "A10G", 1)
+    >>> market_for((), (o,), Limits(spot=False)), market_for((), (o,), Limits())
+    (<Market.ON_DEMAND: 'on-demand'>, <Market.SPOT: 'spot'>)
+    """
+    on_demand = any(o.market is Market.ON_DEMAND for o in offers)
+    if not limits.spot:
+        return Market.ON_DEMAND
+    if interruptions(attempts) >= limits.max_preemptions and on_demand:
+        return Market.ON_DEMAND
+    return Market.SPOT
+
+
+def choose_offer(
+    attempts: Sequence[Attempt], offers: Sequence[Offer], limits: Limits, now_unix: float
+) -> Offer | None:
+    """The offer for the next attempt, or ``None`` when none is in the market wanted.
+
+    Places hit (interrupted or refused) within ``backoff_s`` go last, the most recently
+    hit last of all; the rest are taken cheapest first (ties by place, for stability).
+    """
+    market = market_for(attempts, offers, limits)
+    pool = [o for o in offers if o.market is market]
+    if not pool:
+        return None
+    hit: dict[str, float] = {}
+    for attempt in attempts:
+        if attempt.outcome in INTERRUPTIONS or attempt.outcome is Outcome.LAUNCH_FAILED:
+            when = attempt.ended_unix if attempt.ended_unix is not None else attempt.launched_unix
+            if now_unix - when < limits.backoff_s:
+                hit[attempt.offer.place] = max(hit.get(attempt.offer.place, when), when)
+
+    def key(offer: Offer) -> tuple[bool, float, Decimal, str, str]:
+        recent = offer.place in hit
+        return (
+            recent,
+            hit.get(offer.place, 0.0),
+            offer.usd_per_hour,
+            offer.place,
+            offer.instance_type,
+        )
+
+    return min(pool, key=key)
+
+
+def decide(
+    attempts: Sequence[Attempt], offers: Sequence[Offer], limits: Limits, now_unix: float
+) -> Decision:
+    """What the controller does next; see the module docstring for the rules."""
+    spent = spent_usd(attempts, now_unix)
+    last = attempts[-1] if attempts else None
+    if last is not None and last.running:
+        if limits.max_total_usd is not None and spent >= limits.max_total_usd:
+            return Finish(
+                "stopped", f"max-total reached: spent ${spent:.2f} of ${limits.max_total_usd}"
+            )
+        return Wait()
+    if last is not None and last.outcome is Outcome.SUCCEEDED:
+        return Finish("succeeded", f"attempt {last.number} exited 0")
+    if last is not None and last.outcome is Outcome.STOPPED:
+        return Finish("stopped", f"attempt {last.number} was stopped outside costguard")
+    failures = sum(1 for a in attempts if a.outcome is Outcome.FAILED)
+    if failures > limits.max_failures:
+        code = last.exit_code if last is not None else None
+        return Finish(
+            "failed",
+            f"the job exited with code {code} ({failures} failure(s), "
+            f"--max-failures {limits.max_failures})",
+        )
+    refused = sum(1 for a in attempts if a.outcome is Outcome.LAUNCH_FAILED)
+    if refused > limits.max_launch_failures:
+        return Finish("failed", f"{refused} launches were refused by the provider")
+    if len(attempts) >= limits.max_attempts:
+        return Finish("failed", f"{len(attempts)} attempts, the most allowed")
+    offer = choose_offer(attempts, offers, limits, now_unix)
+    if offer is None:
+        return Finish("failed", "no offer fits the GPU, region, market and price cap")
+    if limits.max_total_usd is not None and spent + offer.usd_per_hour > limits.max_total_usd:
+        return Finish(
+            "stopped",
+            f"max-total: spent ${spent:.2f}, one more hour at ${offer.usd_per_hour}/h would "
+            f"pass ${limits.max_total_usd}",
+        )
+    number = (last.number + 1) if last is not None else 1
+    return Launch(offer, number, _launch_reason(last, offer, attempts, limits))
+
+
+def _launch_reason(
+    last: Attempt | None, offer: Offer, attempts: Sequence[Attempt], limits: Limits
+) -> str:
+    if last is None:
+        return f"first attempt, cheapest fitting offer ({offer.market.value})"
+    cause = last.outcome.value if last.outcome is not None else "ended"
+    text = f"attempt {last.number} {cause} in {last.offer.place}"
+    if offer.market is Market.ON_DEMAND and limits.spot:
+        text += f"; {interruptions(attempts)} interruption(s): falling back to on-demand"
+    if offer.place != last.offer.place:
+        text += f"; moving to {offer.place}"
+    return text

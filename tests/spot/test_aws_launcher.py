@@ -1,0 +1,291 @@
+"""The AWS launcher against a moto server over HTTP (``aws_env`` in tests/conftest.py)."""
+
+from __future__ import annotations
+
+import base64
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from costguard.checkpoint.store import Store
+from costguard.clouds import aws as aws_clouds
+from costguard.errors import InputError
+from costguard.spot.controller import Controller
+from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
+from costguard.spot.launcher.aws import AwsLauncher
+from costguard.spot.launcher.base import (
+    ATTEMPT_TAG,
+    EXPIRES_TAG,
+    IDLE_MINUTES_TAG,
+    JOB_TAG,
+    OWNER_TAG,
+    Handle,
+    LaunchSpec,
+    Market,
+    Offer,
+    State,
+)
+from costguard.spot.recovery import Outcome
+from tests.spot.conftest import AWS_LAUNCH_OPTIONS, reclaim_aws_instance
+
+EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+OPTIONS = AWS_LAUNCH_OPTIONS
+
+
+def spec(job_id: str = "run-1", **options: str) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=job_id,
+        checkpoint_url=f"s3://ckpt/costguard/{job_id}",
+        command=("python", "train.py", "--note", "it's $HOME"),
+        owner="alice",
+        expires_at=EXPIRES,
+        idle_minutes=45,
+        every_steps=500,
+        options={**OPTIONS, **options},
+    )
+
+
+def offer(market: Market = Market.SPOT, zone: str = "") -> Offer:
+    return Offer("aws", "us-east-1", "g5.xlarge", market, Decimal("0.45"), "A10G", 1, zone)
+
+
+def ec2() -> Any:
+    return aws_clouds.client("ec2", "us-east-1", attempts=1)
+
+
+@pytest.fixture
+def launcher(aws_launch_options: dict[str, str]) -> AwsLauncher:
+    return AwsLauncher(
+        regions=["us-east-1"], clients=lambda region: aws_clouds.client("ec2", region, attempts=1)
+    )
+
+
+def describe(instance_id: str) -> dict[str, Any]:
+    (reservation,) = ec2().describe_instances(InstanceIds=[instance_id])["Reservations"]
+    (instance,) = reservation["Instances"]
+    return dict(instance)
+
+
+def test_launch_creates_a_tagged_imdsv2_spot_instance(launcher: AwsLauncher) -> None:
+    handle = launcher.launch(offer(zone="us-east-1b"), spec(), attempt=2)
+    assert handle.provider == "aws"
+    assert handle.region == "us-east-1"
+    assert handle.zone == "us-east-1b"
+    instance = describe(handle.instance_id)
+    assert instance["InstanceType"] == "g5.xlarge"
+    assert instance["ImageId"] == "ami-12345678"
+    assert instance["InstanceLifecycle"] == "spot"
+    assert instance["MetadataOptions"]["HttpTokens"] == "required"
+    assert instance["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert instance["IamInstanceProfile"]["Arn"].endswith(":instance-profile/costguard-instance")
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    assert tags[JOB_TAG] == "run-1"
+    assert tags[OWNER_TAG] == "alice"
+    assert tags[ATTEMPT_TAG] == "2"
+    assert tags[EXPIRES_TAG] == "2026-12-02T12:00:00+00:00"
+    assert tags[IDLE_MINUTES_TAG] == "45"
+    # The volumes carry the same tags (the reaper and the IAM conditions see them).
+    volumes = ec2().describe_volumes(
+        Filters=[{"Name": "attachment.instance-id", "Values": [handle.instance_id]}]
+    )["Volumes"]
+    assert volumes
+    for volume in volumes:
+        assert {t["Key"]: t["Value"] for t in volume["Tags"]}[JOB_TAG] == "run-1"
+    # The boot script is the user-data, with the job's identity and the quoted command.
+    attribute = ec2().describe_instance_attribute(
+        InstanceId=handle.instance_id, Attribute="userData"
+    )
+    script = base64.b64decode(attribute["UserData"]["Value"]).decode()
+    assert "export COSTGUARD_JOB_ID=run-1" in script
+    assert "export COSTGUARD_JOB_ATTEMPT=2" in script
+    assert "python train.py --note 'it'\"'\"'s $HOME'" in script
+
+
+def test_no_credential_of_the_launching_shell_reaches_the_instance(
+    launcher: AwsLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secrets = {
+        "AZURE_CLIENT_SECRET": "azure-client-secret-value",
+        "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwx",
+        "AWS_SESSION_TOKEN": "IQoJb3JpZ2luX2VjEXAMPLESESSIONTOKEN",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    attribute = ec2().describe_instance_attribute(
+        InstanceId=handle.instance_id, Attribute="userData"
+    )
+    script = base64.b64decode(attribute["UserData"]["Value"]).decode()
+    assert "costguard run --checkpoint s3://ckpt/costguard/run-1" in script
+    for value in (*secrets.values(), "testing"):
+        assert value not in script
+
+
+def test_on_demand_launch_has_no_spot_options(launcher: AwsLauncher) -> None:
+    handle = launcher.launch(offer(Market.ON_DEMAND), spec(), attempt=1)
+    assert "InstanceLifecycle" not in describe(handle.instance_id)
+    assert "InstanceMarketOptions" not in launcher.request(offer(Market.ON_DEMAND), spec(), 1)
+    spot = launcher.request(offer(), spec(max_price="0.90"), 1)["InstanceMarketOptions"]
+    assert spot == {
+        "MarketType": "spot",
+        "SpotOptions": {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+            "MaxPrice": "0.90",
+        },
+    }
+
+
+def test_status_follows_the_instance_through_a_reclaim(launcher: AwsLauncher) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    status = launcher.status(handle)
+    assert status.state in (State.PENDING, State.RUNNING)
+    assert status.launched_at is not None
+    reclaim_aws_instance(handle.instance_id)
+    status = launcher.status(handle)
+    assert status.state is State.PREEMPTED
+    assert "Spot" in status.detail
+
+
+def test_a_terminated_instance_is_not_a_preemption(launcher: AwsLauncher) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    ec2().terminate_instances(InstanceIds=[handle.instance_id])  # the reaper, a person
+    status = launcher.status(handle)
+    assert status.state is State.TERMINATED
+    assert "User initiated" in status.detail
+
+
+def test_find_sees_live_instances_of_the_job_only(launcher: AwsLauncher) -> None:
+    first = launcher.launch(offer(), spec(), attempt=1)
+    other = launcher.launch(offer(), spec("run-2"), attempt=1)
+    assert [h.instance_id for h in launcher.find("run-1")] == [first.instance_id]
+    reclaim_aws_instance(first.instance_id)
+    assert launcher.find("run-1") == []
+    second = launcher.launch(offer(), spec(), attempt=2)
+    assert launcher.find("run-1") == [second]  # the attempt is read back from its tag
+    assert [h.instance_id for h in launcher.find("run-2")] == [other.instance_id]
+
+
+def test_terminate_is_idempotent(launcher: AwsLauncher) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    launcher.terminate(handle)
+    assert describe(handle.instance_id)["State"]["Name"] == "terminated"
+    assert launcher.status(handle).state is State.TERMINATED
+    launcher.terminate(handle)  # again: fine
+    gone = Handle("aws", "us-east-1", "i-0123456789abcdef0")
+    launcher.terminate(gone)  # never existed: fine
+    assert launcher.status(gone).state is State.MISSING
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"image": ""}, "needs the image option"),
+        ({"image": "ubuntu-22.04"}, "must be an AMI id"),
+        ({"instance_profile": ""}, "needs the instance_profile option"),
+        ({"subnet": "default"}, "subnet id"),
+        ({"security_groups": "sg-0abc1234,web"}, "security_groups"),
+        ({"metadata_hop_limit": "0"}, "metadata_hop_limit"),
+        ({"max_price": "cheap"}, "max_price"),
+        ({"workdir": "work"}, "workdir"),
+    ],
+)
+def test_bad_options_fail_before_any_call(
+    launcher: AwsLauncher, options: dict[str, str], fragment: str
+) -> None:
+    with pytest.raises(InputError, match=fragment) as caught:
+        launcher.launch(offer(), spec(**options), attempt=1)
+    assert caught.value.hint
+    assert ec2().describe_instances()["Reservations"] == []
+
+
+def test_a_secret_in_the_command_is_refused(
+    launcher: AwsLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", "0123456789abcdef")
+    leaky = LaunchSpec("run-1", "s3://ckpt/run-1", ("python", "t.py", "--key", "0123456789abcdef"),
+                       "alice", EXPIRES, options=OPTIONS)  # fmt: skip
+    with pytest.raises(InputError, match="WANDB_API_KEY"):
+        launcher.check(leaky)
+    assert ec2().describe_instances()["Reservations"] == []
+
+
+def test_capacity_errors_name_the_place(aws_env: str) -> None:
+    from costguard.spot.launcher.base import CapacityError
+
+    class Full:
+        meta = None
+
+        def run_instances(self, **params: Any) -> Any:
+            from botocore.exceptions import ClientError
+
+            error = {"Code": "InsufficientInstanceCapacity", "Message": "no g5 capacity"}
+            raise ClientError({"Error": error}, "RunInstances")
+
+    launcher = AwsLauncher(clients=lambda region: Full())
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(zone="us-east-1a"), spec(), attempt=1)
+    assert caught.value.place == "aws/us-east-1/us-east-1a"
+    assert caught.value.code == "InsufficientInstanceCapacity"
+
+
+def test_the_controller_relaunches_a_reclaimed_job_on_moto(
+    launcher: AwsLauncher, aws_launch_options: dict[str, str]
+) -> None:
+    """End to end on moto: launch, a spot reclaim, a relaunch in another zone with the same
+    checkpoint URL, the job's exit 0 recorded in the store, the instance terminated."""
+    aws_clouds.client("s3", attempts=1).create_bucket(Bucket="ckpt")
+    url = "s3://ckpt/costguard/run-1"
+    store = Store.open(url)
+    job_spec = JobSpec(
+        job_id="run-1", provider="aws", gpu="A10G", gpu_count=1, regions=("us-east-1",),
+        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
+        created_unix=time.time(), expires_at=EXPIRES, options=aws_launch_options,
+    )  # fmt: skip
+    offers = [offer(zone="us-east-1a"), offer(zone="us-east-1b"), offer(Market.ON_DEMAND)]
+    save_job(store, Job(job_spec))
+    world: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        """The cloud and the instance between two polls of the controller."""
+        assert len(world) < 20, world
+        current = load_job(store).current
+        assert current is not None
+        assert current.handle is not None
+        if current.number == 1:
+            reclaim_aws_instance(current.handle.instance_id)
+            world.append(f"reclaimed {current.handle.instance_id}")
+        else:  # what `costguard run` on the instance writes when the script exits 0
+            record = ExitRecord(2, 0, 500, time.time(), host="ip-10-0-0-2", job_id="run-1")
+            write_exit_record(store, record)
+            world.append("exit 0")
+
+    final = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep).run(load_job(store))
+
+    assert final.status == "succeeded"
+    assert world[-1] == "exit 0"
+    first, second = final.attempts
+    assert first.outcome is Outcome.PREEMPTED
+    assert second.outcome is Outcome.SUCCEEDED
+    assert first.offer.zone != second.offer.zone  # moved away from the reclaimed zone
+    for attempt in (first, second):
+        assert attempt.handle is not None
+        instance = describe(attempt.handle.instance_id)
+        assert instance["MetadataOptions"]["HttpTokens"] == "required"
+        tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+        assert tags[JOB_TAG] == "run-1"
+        assert tags[ATTEMPT_TAG] == str(attempt.number)
+        assert instance["Placement"]["AvailabilityZone"] == attempt.offer.zone
+        user_data = ec2().describe_instance_attribute(
+            InstanceId=instance["InstanceId"], Attribute="userData"
+        )["UserData"]["Value"]
+        script = base64.b64decode(user_data).decode()
+        assert f"costguard run --checkpoint {url} " in script
+        assert f"export COSTGUARD_JOB_ATTEMPT={attempt.number}" in script
+    # The finished job's instance was terminated by the controller, not left running.
+    assert second.handle is not None
+    assert describe(second.handle.instance_id)["State"]["Name"] == "terminated"
+    assert launcher.find("run-1") == []

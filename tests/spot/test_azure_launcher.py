@@ -1,0 +1,408 @@
+"""The Azure launcher with the real azure-mgmt-compute client against a local server
+speaking the documented ARM shapes: PUT ``virtualMachines`` (201 + ``Azure-AsyncOperation``
+polled to ``Succeeded``/``Failed``), GET with ``$expand=instanceView``, DELETE (202, 204 when
+absent) and the resource group listing."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costguard.checkpoint.store import Store
+from costguard.errors import InputError
+from costguard.settings import Settings
+from costguard.spot.controller import Controller
+from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
+from costguard.spot.launcher.azure import AzureLauncher
+from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
+from costguard.spot.recovery import Outcome
+from tests.reaper.conftest import (
+    FakeTokenCredential,
+    LocalServer,
+    Reply,
+    Request,
+    Route,
+    azure_client_options,
+)
+
+SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
+GROUP = "costguard-jobs"
+NETWORK = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net/providers/Microsoft.Network"
+IDENTITY = (
+    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/"
+    "Microsoft.ManagedIdentity/userAssignedIdentities/costguard-instance"
+)
+OPTIONS = {
+    "subscription": SUBSCRIPTION,
+    "resource_group": GROUP,
+    "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+    "subnet": f"{NETWORK}/virtualNetworks/lab/subnets/jobs",
+    "identity": IDENTITY,
+    "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyOnly me@laptop",
+}
+EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class Vm:
+    body: dict[str, Any]
+    group: str
+    name: str
+    provisioning: str = "Creating"
+    power: str = "starting"
+
+
+class ArmServer(LocalServer):
+    """Azure Resource Manager, Microsoft.Compute virtual machines, for one subscription."""
+
+    def reset(self) -> None:
+        self.vms: dict[str, Vm] = {}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self.full_sizes: set[str] = set()
+        self.ids = itertools.count(1)
+        self.requests.clear()
+
+    def resource(self, vm: Vm) -> dict[str, Any]:
+        properties = dict(vm.body["properties"])
+        properties["osProfile"] = {
+            k: v for k, v in properties["osProfile"].items() if k != "customData"
+        }  # ARM never returns customData
+        properties.update(
+            provisioningState=vm.provisioning,
+            timeCreated="2026-12-01T03:00:00.1234567+00:00",
+            vmId="5c1b7c1e-0000-0000-0000-000000000001",
+        )
+        return {
+            "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{vm.group}/providers/"
+            f"Microsoft.Compute/virtualMachines/{vm.name}",
+            "name": vm.name,
+            "type": "Microsoft.Compute/virtualMachines",
+            **{k: v for k, v in vm.body.items() if k != "properties"},
+            "properties": properties,
+        }
+
+    def with_view(self, vm: Vm) -> dict[str, Any]:
+        body = self.resource(vm)
+        body["properties"]["instanceView"] = {
+            "statuses": [
+                {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info",
+                 "displayStatus": f"Provisioning {vm.provisioning.lower()}"},
+                {"code": f"PowerState/{vm.power}", "level": "Info",
+                 "displayStatus": f"VM {vm.power}"},
+            ]
+        }  # fmt: skip
+        return body
+
+    def _async(self, kind: str, vm: Vm, location: str) -> dict[str, str]:
+        number = next(self.ids)
+        self.operations[str(number)] = {"kind": kind, "vm": vm, "polls": 0}
+        url = (f"{{base}}/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/locations/"
+               f"{location}/operations/{number}?api-version=2026-04-01")  # fmt: skip
+        return {"Azure-AsyncOperation": url, "Retry-After": "0"}
+
+    def put(self, request: Request, match: re.Match[str]) -> Reply:
+        assert request.query.get("api-version"), request.query
+        body = request.body
+        name = match["name"]
+        vm = self.vms.get(name)
+        if vm is None:
+            vm = self.vms[name] = Vm(body, match["group"], name)
+        else:  # PUT again: an update of the same VM
+            vm.body = body
+        return 201, self.resource(vm), self._async("create", vm, body["location"])
+
+    def operation(self, request: Request, match: re.Match[str]) -> Reply:
+        operation = self.operations[match["id"]]
+        operation["polls"] += 1
+        vm: Vm = operation["vm"]
+        if operation["polls"] == 1:
+            return 200, {"name": match["id"], "status": "InProgress"}, {}
+        size = vm.body["properties"]["hardwareProfile"]["vmSize"]
+        if operation["kind"] == "create" and size in self.full_sizes:
+            self.vms.pop(vm.name, None)
+            error = {
+                "code": "SkuNotAvailable",
+                "message": f"The requested VM size {size} is currently not available",
+            }
+            return 200, {"name": match["id"], "status": "Failed", "error": error}, {}  # fmt: skip
+        if operation["kind"] == "create":
+            vm.provisioning, vm.power = "Succeeded", "running"
+        else:
+            self.vms.pop(vm.name, None)
+        return 200, {"name": match["id"], "status": "Succeeded"}, {}
+
+    def get(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.get(match["name"])
+        if vm is None:
+            error = {"code": "ResourceNotFound",
+                     "message": f"The Resource '{match['name']}' was not found."}  # fmt: skip
+            return 404, {"error": error}, {}
+        if request.query.get("$expand") == ["instanceView"]:
+            return 200, self.with_view(vm), {}
+        return 200, self.resource(vm), {}
+
+    def delete(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.get(match["name"])
+        if vm is None:
+            return 204, None, {}
+        vm.provisioning = "Deleting"
+        return 202, None, self._async("delete", vm, vm.body["location"])
+
+    def list_group(self, request: Request, match: re.Match[str]) -> Reply:
+        assert request.query.get("$expand") == ["instanceView"], request.query
+        return 200, {"value": [self.with_view(vm) for vm in self.vms.values()
+                               if vm.group == match["group"]]}, {}  # fmt: skip
+
+    def evict(self, name: str) -> None:
+        """What Azure does to an evicted Spot VM: delete it, or deallocate it."""
+        vm = self.vms[name]
+        if vm.body["properties"].get("evictionPolicy") == "Delete":
+            del self.vms[name]
+        else:
+            vm.power = "deallocated"
+
+    def routes(self) -> list[tuple[str, str, Route]]:
+        subscription = f"/subscriptions/{SUBSCRIPTION}"
+        group = subscription + r"/resourceGroups/(?P<group>[^/]+)"
+        vm = group + r"/providers/Microsoft\.Compute/virtualMachines/(?P<name>[^/]+)"
+        return [
+            ("PUT", vm, self.put),
+            ("GET", vm, self.get),
+            ("DELETE", vm, self.delete),
+            ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
+            ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"
+             r"(?P<id>\d+)", self.operation),
+        ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def _server() -> Iterator[ArmServer]:
+    server = ArmServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def server(_server: ArmServer) -> ArmServer:
+    _server.reset()
+    return _server
+
+
+def make(server: ArmServer, **kwargs: Any) -> AzureLauncher:
+    return AzureLauncher(
+        Settings(azure_endpoint=server.url),
+        credential=FakeTokenCredential(),
+        client_options=azure_client_options(),
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def launcher(server: ArmServer) -> AzureLauncher:
+    return make(server, subscription_id=SUBSCRIPTION, resource_group=GROUP)
+
+
+def spec(job_id: str = "run-1", **options: str) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=job_id,
+        checkpoint_url=f"az://ckpt/costguard/{job_id}",
+        command=("python", "train.py"),
+        owner="alice",
+        expires_at=EXPIRES,
+        idle_minutes=45,
+        every_minutes=10,
+        options={**OPTIONS, **options},
+    )
+
+
+def offer(market: Market = Market.SPOT, size: str = "Standard_NC4as_T4_v3",
+          zone: str = "") -> Offer:  # fmt: skip
+    return Offer("azure", "eastus", size, market, Decimal("0.15"), "T4", 1, zone)
+
+
+def put_body(server: ArmServer) -> dict[str, Any]:
+    (call,) = server.calls("PUT", "/virtualMachines/")
+    return dict(call.body)
+
+
+def test_launch_creates_a_spot_vm_with_identity_tags_and_custom_data(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    handle = launcher.launch(offer(zone="1"), spec(), attempt=2)
+    assert handle == Handle("azure", "eastus", "costguard-run-1-2", "1",
+                            {"subscription": SUBSCRIPTION, "resource_group": GROUP,
+                             "priority": "Spot", "attempt": "2"})  # fmt: skip
+    body = put_body(server)
+    properties = body["properties"]
+    assert properties["priority"] == "Spot"
+    assert properties["evictionPolicy"] == "Delete"
+    assert properties["billingProfile"] == {"maxPrice": -1}
+    assert properties["hardwareProfile"] == {"vmSize": "Standard_NC4as_T4_v3"}
+    assert body["zones"] == ["1"]
+    assert body["tags"] == {
+        "costguard:job": "run-1",
+        "costguard:owner": "alice",
+        "costguard:attempt": "2",
+        "costguard:expires-at": "2026-12-02T12:00:00+00:00",
+        "costguard:idle-minutes": "45",
+    }
+    assert body["identity"] == {"type": "UserAssigned", "userAssignedIdentities": {IDENTITY: {}}}
+    os_profile = properties["osProfile"]
+    assert os_profile["linuxConfiguration"]["disablePasswordAuthentication"] is True
+    assert "adminPassword" not in os_profile
+    script = base64.b64decode(os_profile["customData"]).decode()
+    assert script.startswith("#!/bin/bash\n")
+    assert "--cloud azure" in script
+    assert "--every-minutes 10.0" in script
+    (nic,) = properties["networkProfile"]["networkInterfaceConfigurations"]
+    assert nic["properties"]["deleteOption"] == "Delete"
+    assert properties["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    assert properties["storageProfile"]["imageReference"] == {
+        "publisher": "microsoft-dsvm", "offer": "ubuntu-hpc", "sku": "2204", "version": "latest",
+    }  # fmt: skip
+    # The long-running operation was polled until it succeeded.
+    assert len(server.calls("GET", "/operations/")) >= 2
+    assert server.vms["costguard-run-1-2"].provisioning == "Succeeded"
+
+
+def test_on_demand_and_a_price_cap(server: ArmServer, launcher: AzureLauncher) -> None:
+    launcher.launch(offer(Market.ON_DEMAND), spec(), attempt=1)
+    properties = put_body(server)["properties"]
+    assert properties["priority"] == "Regular"
+    assert "evictionPolicy" not in properties
+    assert "billingProfile" not in properties
+    body = launcher.request(offer(), spec(max_price="0.25", eviction_policy="Deallocate"), 1)
+    assert body["properties"]["billingProfile"] == {"maxPrice": 0.25}
+    assert body["properties"]["evictionPolicy"] == "Deallocate"
+
+
+def test_status_through_an_eviction(server: ArmServer, launcher: AzureLauncher) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    status = launcher.status(handle)
+    assert status.state is State.RUNNING
+    assert status.launched_at == datetime(2026, 12, 1, 3, 0, 0, 123456, tzinfo=UTC)
+    server.evict(handle.instance_id)
+    status = launcher.status(handle)
+    assert status.state is State.PREEMPTED
+    assert "evicted" in status.detail
+    kept = launcher.launch(offer(), spec("run-2", eviction_policy="Deallocate"), attempt=1)
+    server.evict(kept.instance_id)
+    assert launcher.status(kept).state is State.PREEMPTED
+
+
+def test_a_regular_vm_that_vanishes_is_missing(server: ArmServer, launcher: AzureLauncher) -> None:
+    handle = launcher.launch(offer(Market.ON_DEMAND), spec(), attempt=1)
+    server.vms[handle.instance_id].power = "deallocated"  # the reaper deallocated it
+    assert launcher.status(handle).state is State.STOPPED
+    del server.vms[handle.instance_id]
+    assert launcher.status(handle).state is State.MISSING
+
+
+def test_terminate_is_idempotent_and_not_an_eviction(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    launcher.terminate(handle)
+    assert handle.instance_id not in server.vms
+    assert launcher.status(handle).state is State.MISSING
+    launcher.terminate(handle)  # gone already: 204
+    assert [r.method for r in server.requests if r.method == "DELETE"] == ["DELETE", "DELETE"]
+
+
+def test_find_sees_live_vms_of_the_job(server: ArmServer, launcher: AzureLauncher) -> None:
+    first = launcher.launch(offer(), spec(), attempt=1)
+    launcher.launch(offer(), spec("run-2"), attempt=1)
+    assert launcher.find("run-1") == [first]
+    server.vms[first.instance_id].power = "deallocated"
+    assert launcher.find("run-1") == []
+
+
+def test_no_capacity_is_a_capacity_error(server: ArmServer, launcher: AzureLauncher) -> None:
+    server.full_sizes.add("Standard_NC4as_T4_v3")
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.code == "SkuNotAvailable"
+    assert caught.value.place == "azure/eastus"
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"subscription": ""}, "needs the subscription option"),
+        ({"subscription": "my-sub"}, "not an Azure subscription id"),
+        ({"resource_group": ""}, "needs the resource_group option"),
+        ({"image": ""}, "needs the image option"),
+        ({"image": "ubuntu"}, "publisher:offer:sku:version"),
+        ({"subnet": "jobs"}, "subnet resource id"),
+        ({"identity": ""}, "needs the identity option"),
+        ({"ssh_public_key": "hunter2"}, "not an OpenSSH public key"),
+        ({"admin_username": "root"}, "admin_username"),
+        ({"eviction_policy": "Stop"}, "eviction_policy"),
+        ({"max_price": "-2"}, "max_price"),
+    ],
+)
+def test_bad_options_fail_before_any_call(
+    server: ArmServer, options: dict[str, str], fragment: str
+) -> None:
+    with pytest.raises(InputError, match=fragment) as caught:
+        make(server).launch(offer(), spec(**options), attempt=1)
+    assert caught.value.hint
+    assert "hunter2" not in str(caught.value)
+    assert server.requests == []
+
+
+def test_the_controller_relaunches_an_evicted_job(
+    server: ArmServer, launcher: AzureLauncher, tmp_path: Path
+) -> None:
+    """End to end against the ARM server: launch, an eviction (the Spot VM deleted), a
+    relaunch in another zone with the same checkpoint URL, exit 0, the VM deleted."""
+    url = f"file://{tmp_path / 'ckpt'}"  # the store is incidental here: any URL will do
+    store = Store.open(url)
+    job_spec = JobSpec(
+        job_id="run-1", provider="azure", gpu="T4", gpu_count=1, regions=("eastus",),
+        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
+        created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
+    )  # fmt: skip
+    offers = [offer(zone="1"), offer(zone="2")]
+    save_job(store, Job(job_spec))
+    world: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        assert len(world) < 20, world
+        current = load_job(store).current
+        assert current is not None
+        assert current.handle is not None
+        if current.number == 1:
+            server.evict(current.handle.instance_id)
+            world.append("evicted")
+        else:
+            write_exit_record(store, ExitRecord(2, 0, 500, time.time(), job_id="run-1"))
+            world.append("exit 0")
+
+    final = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep).run(load_job(store))
+
+    assert final.status == "succeeded"
+    first, second = final.attempts
+    assert first.outcome is Outcome.PREEMPTED
+    assert second.outcome is Outcome.SUCCEEDED
+    assert first.offer.zone != second.offer.zone
+    bodies = [call.body for call in server.calls("PUT", "/virtualMachines/")]
+    assert [b["tags"]["costguard:attempt"] for b in bodies] == ["1", "2"]
+    assert [b["zones"] for b in bodies] == [[first.offer.zone], [second.offer.zone]]
+    for body in bodies:
+        script = base64.b64decode(body["properties"]["osProfile"]["customData"]).decode()
+        assert f"costguard run --checkpoint {url} " in script
+    assert server.vms == {}  # the finished job's VM was deleted
+    assert launcher.find("run-1") == []

@@ -1,0 +1,401 @@
+"""The GCP launcher with the real google-cloud-compute client (REST) against a local server
+speaking the documented Compute Engine shapes: ``instances.insert`` / ``get`` / ``delete``
+/ ``aggregatedList`` (label filter), ``zoneOperations.get`` / ``list`` (system events)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costguard.checkpoint.store import Store
+from costguard.errors import InputError
+from costguard.settings import Settings
+from costguard.spot.controller import Controller
+from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
+from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
+from costguard.spot.launcher.gcp import GcpLauncher
+from costguard.spot.recovery import Outcome
+from tests.reaper.conftest import LocalServer, Reply, Request, Route
+
+PROJECT = "lab-project"
+COMPUTE = "https://www.googleapis.com/compute/v1"
+EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+OPTIONS = {
+    "project": PROJECT,
+    "image": "projects/deeplearning-platform-release/global/images/family/common-cu124",
+    "service_account": "costguard-instance@lab-project.iam.gserviceaccount.com",
+}
+
+
+@dataclass
+class Vm:
+    body: dict[str, Any]
+    zone: str
+    id: str
+    status: str = "PROVISIONING"
+
+
+class ComputeServer(LocalServer):
+    """Compute Engine for one project: VMs, their operations, and system events."""
+
+    def reset(self) -> None:
+        self.vms: dict[str, Vm] = {}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self.full_zones: set[str] = set()
+        self.ids = itertools.count(7000)
+        self.requests.clear()
+
+    def _operation(self, kind: str, zone: str, vm: Vm, **extra: Any) -> dict[str, Any]:
+        number = next(self.ids)
+        name = f"operation-{number}-{kind}"
+        operation = {
+            "kind": "compute#operation",
+            "id": str(number),
+            "name": name,
+            "zone": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}",
+            "operationType": kind,
+            "targetLink": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}/instances/{vm.body['name']}",
+            "targetId": vm.id,
+            "status": "RUNNING",
+            "progress": 0,
+            "selfLink": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}/operations/{name}",
+            **extra,
+        }
+        self.operations[name] = operation
+        return operation
+
+    def insert(self, request: Request, match: re.Match[str]) -> Reply:
+        body = request.body
+        name = body["name"]
+        if name in self.vms:
+            error = {"code": 409, "message": f"The resource '{name}' already exists",
+                     "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip
+            return 409, {"error": error}, {}
+        vm = Vm(body, match["zone"], str(next(self.ids)))
+        if match["zone"] in self.full_zones:
+            error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "none"}]}
+            failed = self._operation("insert", vm.zone, vm, status="DONE", progress=100,
+                                     httpErrorStatusCode=503, httpErrorMessage="UNAVAILABLE",
+                                     error=error)  # fmt: skip
+            return 200, failed, {}
+        self.vms[name] = vm
+        return 200, self._operation("insert", vm.zone, vm), {}
+
+    def get_operation(self, request: Request, match: re.Match[str]) -> Reply:
+        operation = self.operations[match["operation"]]
+        if operation["status"] != "DONE":
+            operation.update(status="DONE", progress=100)
+            vm = self.vms.get(operation["targetLink"].rsplit("/", 1)[-1])
+            if vm is not None and operation["operationType"] == "insert":
+                vm.status = "RUNNING"
+        return 200, operation, {}
+
+    def list_operations(self, request: Request, match: re.Match[str]) -> Reply:
+        wanted = re.fullmatch(r'operationType = "([^"]+)"', request.query["filter"][0])
+        assert wanted, request.query
+        items = [o for o in self.operations.values() if o["operationType"] == wanted[1]
+                 and o["zone"].endswith(f"/zones/{match['zone']}")]  # fmt: skip
+        return 200, {"kind": "compute#operationList", "items": items}, {}
+
+    def resource(self, vm: Vm) -> dict[str, Any]:
+        return {
+            **vm.body,
+            "kind": "compute#instance",
+            "id": vm.id,
+            "status": vm.status,
+            "zone": f"{COMPUTE}/projects/{PROJECT}/zones/{vm.zone}",
+            "creationTimestamp": "2026-11-30T19:00:00.000-08:00",
+            "selfLink": f"{COMPUTE}/projects/{PROJECT}/zones/{vm.zone}/instances/{vm.body['name']}",
+        }
+
+    def get(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.get(match["name"])
+        if vm is None or vm.zone != match["zone"]:
+            error = {"code": 404, "message": f"The resource '{match['name']}' was not found",
+                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
+            return 404, {"error": error}, {}
+        return 200, self.resource(vm), {}
+
+    def delete(self, request: Request, match: re.Match[str]) -> Reply:
+        reply = self.get(request, match)
+        if reply[0] != 200:
+            return reply
+        vm = self.vms.pop(match["name"])
+        return 200, self._operation("delete", vm.zone, vm), {}
+
+    def aggregated(self, request: Request, match: re.Match[str]) -> Reply:
+        wanted = re.fullmatch(r'labels\.([a-z0-9_-]+) = "([^"]*)"', request.query["filter"][0])
+        assert wanted, request.query
+        items: dict[str, Any] = {}
+        for vm in self.vms.values():
+            if vm.body.get("labels", {}).get(wanted[1]) == wanted[2]:
+                scoped = items.setdefault(f"zones/{vm.zone}", {"instances": []})
+                scoped["instances"].append(self.resource(vm))
+        return 200, {"kind": "compute#instanceAggregatedList", "items": items}, {}
+
+    def preempt(self, name: str) -> None:
+        """What Compute Engine does to a Spot VM it reclaims: a system event, then the
+        termination action (delete, or stop: status TERMINATED)."""
+        vm = self.vms[name]
+        self._operation("compute.instances.preempted", vm.zone, vm, status="DONE",
+                        progress=100, user="system",
+                        statusMessage="Instance was preempted.")  # fmt: skip
+        vm.status = "TERMINATED"
+        if vm.body["scheduling"].get("instanceTerminationAction") == "DELETE":
+            del self.vms[name]
+
+    def routes(self) -> list[tuple[str, str, Route]]:
+        project = rf"/compute/v1/projects/{PROJECT}"
+        zone = project + r"/zones/(?P<zone>[a-z0-9-]+)"
+        return [
+            ("POST", zone + "/instances", self.insert),
+            ("GET", zone + "/instances/(?P<name>[^/]+)", self.get),
+            ("DELETE", zone + "/instances/(?P<name>[^/]+)", self.delete),
+            ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),
+            ("GET", zone + "/operations", self.list_operations),
+            ("GET", project + "/aggregated/instances", self.aggregated),
+        ]
+
+
+@pytest.fixture(scope="module")
+def _server() -> Iterator[ComputeServer]:
+    server = ComputeServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def server(_server: ComputeServer) -> ComputeServer:
+    _server.reset()
+    return _server
+
+
+@pytest.fixture
+def launcher(server: ComputeServer) -> GcpLauncher:
+    from google.auth.credentials import AnonymousCredentials
+
+    return GcpLauncher(
+        Settings(gcp_endpoint=server.url),
+        project=PROJECT,
+        credentials=AnonymousCredentials(),
+        poll_interval_s=0.01,
+    )
+
+
+def spec(job_id: str = "Run-1", **options: str) -> LaunchSpec:
+    return LaunchSpec(
+        job_id=job_id,
+        checkpoint_url=f"gs://ckpt/costguard/{job_id}",
+        command=("python", "train.py", "--lr", "3e-4"),
+        owner="alice@uni.edu",
+        expires_at=EXPIRES,
+        idle_minutes=45,
+        options={**OPTIONS, **options},
+    )
+
+
+def offer(instance_type: str = "n1-highmem-8", gpu: str = "T4", count: int = 2,
+          market: Market = Market.SPOT, zone: str = "us-central1-b") -> Offer:  # fmt: skip
+    return Offer("gcp", "us-central1", instance_type, market, Decimal("0.5"), gpu, count, zone)
+
+
+def inserted(server: ComputeServer) -> dict[str, Any]:
+    (call,) = server.calls("POST", "/instances")
+    return dict(call.body)
+
+
+def test_launch_inserts_a_labelled_spot_vm_with_its_gpus(
+    server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=2)
+    vm_id = server.vms["costguard-run-1-2"].id
+    assert handle == Handle("gcp", "us-central1", "costguard-run-1-2", "us-central1-b",
+                            {"project": PROJECT, "id": vm_id, "attempt": "2"})  # fmt: skip
+    body = inserted(server)
+    assert body["machineType"] == "zones/us-central1-b/machineTypes/n1-highmem-8"
+    assert body["scheduling"] == {
+        "provisioningModel": "SPOT",
+        "instanceTerminationAction": "DELETE",
+        "onHostMaintenance": "TERMINATE",
+        "automaticRestart": False,
+    }
+    assert body["guestAccelerators"] == [
+        {"acceleratorType": "zones/us-central1-b/acceleratorTypes/nvidia-tesla-t4",
+         "acceleratorCount": 2}
+    ]  # fmt: skip
+    assert body["labels"] == {
+        "costguard-job": "run-1",
+        "costguard-owner": "alice-uni-edu",
+        "costguard-attempt": "2",
+        "costguard-expires-at": str(int(EXPIRES.timestamp())),
+        "costguard-idle-minutes": "45",
+    }
+    (disk,) = body["disks"]
+    assert disk["autoDelete"] is True
+    assert disk["boot"] is True
+    assert disk["initializeParams"]["labels"] == body["labels"]
+    assert body["serviceAccounts"] == [
+        {"email": OPTIONS["service_account"],
+         "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+    ]  # fmt: skip
+    (item,) = body["metadata"]["items"]
+    assert item["key"] == "startup-script"
+    assert "export COSTGUARD_JOB_ATTEMPT=2" in item["value"]
+    assert "--cloud gcp" in item["value"]
+    # The insert was waited for: its operation was polled until DONE.
+    assert server.calls("GET", "/operations/operation-")
+    (call,) = server.calls("POST", "/instances")
+    assert call.query["requestId"]
+
+
+def test_built_in_gpus_and_on_demand(server: ComputeServer, launcher: GcpLauncher) -> None:
+    launcher.launch(offer("a2-highgpu-1g", "A100", 1, Market.ON_DEMAND), spec(), attempt=1)
+    body = inserted(server)
+    assert "guestAccelerators" not in body or body["guestAccelerators"] == []
+    assert body["scheduling"]["provisioningModel"] == "STANDARD"
+    assert "instanceTerminationAction" not in body["scheduling"]
+    assert body["scheduling"]["onHostMaintenance"] == "TERMINATE"
+
+
+def test_status_tells_a_preemption_from_a_deletion(
+    server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    handle = launcher.launch(offer(), spec(), attempt=1)
+    status = launcher.status(handle)
+    assert status.state is State.RUNNING
+    assert status.launched_at == datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
+    server.preempt(handle.instance_id)  # termination action DELETE: the VM is gone
+    status = launcher.status(handle)
+    assert status.state is State.PREEMPTED
+    assert status.detail == "Instance was preempted."
+    other = launcher.launch(offer(), spec("run-2"), attempt=1)
+    launcher.terminate(other)
+    assert launcher.status(other).state is State.MISSING
+
+
+def test_a_stopped_spot_vm(server: ComputeServer, launcher: GcpLauncher) -> None:
+    handle = launcher.launch(offer(), spec(termination_action="stop"), attempt=1)
+    assert inserted(server)["scheduling"]["instanceTerminationAction"] == "STOP"
+    server.preempt(handle.instance_id)
+    assert launcher.status(handle).state is State.PREEMPTED
+    other = launcher.launch(offer(), spec("run-2", termination_action="STOP"), attempt=1)
+    server.vms[other.instance_id].status = "TERMINATED"  # stopped by a person or the reaper
+    assert launcher.status(other).state is State.STOPPED
+
+
+def test_find_and_idempotent_terminate(server: ComputeServer, launcher: GcpLauncher) -> None:
+    first = launcher.launch(offer(), spec(), attempt=1)
+    launcher.launch(offer(), spec("run-2"), attempt=1)
+    assert launcher.find("Run-1") == [first]
+    (call,) = server.calls("GET", "/aggregated/instances")
+    assert call.query["filter"] == ['labels.costguard-job = "run-1"']
+    launcher.terminate(first)
+    assert first.instance_id not in server.vms
+    launcher.terminate(first)  # already gone: fine
+    assert launcher.find("Run-1") == []
+
+
+def test_a_retried_launch_reuses_the_vm(server: ComputeServer, launcher: GcpLauncher) -> None:
+    first = launcher.launch(offer(), spec(), attempt=1)
+    again = launcher.launch(offer(), spec(), attempt=1)
+    assert again.instance_id == first.instance_id
+    assert len(server.vms) == 1
+
+
+def test_a_full_zone_is_a_capacity_error(server: ComputeServer, launcher: GcpLauncher) -> None:
+    server.full_zones.add("us-central1-b")
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+    assert caught.value.place == "gcp/us-central1/us-central1-b"
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"project": ""}, "needs the project option"),
+        ({"project": "My Lab"}, "not a GCP project id"),
+        ({"image": ""}, "needs the image option"),
+        ({"service_account": ""}, "needs the service_account option"),
+        ({"service_account": "me@gmail.com"}, "not a service account"),
+        ({"zone": "us-central1"}, "not a GCP zone"),
+        ({"termination_action": "hibernate"}, "termination_action"),
+        ({"disk_gb": "5"}, "disk_gb"),
+    ],
+)
+def test_bad_options_fail_before_any_call(
+    server: ComputeServer, options: dict[str, str], fragment: str
+) -> None:
+    from google.auth.credentials import AnonymousCredentials
+
+    launcher = GcpLauncher(Settings(gcp_endpoint=server.url), credentials=AnonymousCredentials())
+    with pytest.raises(InputError, match=fragment) as caught:
+        launcher.launch(offer(), spec(**options), attempt=1)
+    assert caught.value.hint
+    assert server.requests == []
+
+
+def test_gpus_that_cannot_be_attached(server: ComputeServer, launcher: GcpLauncher) -> None:
+    with pytest.raises(InputError, match="no L4 accelerator"):
+        launcher.launch(offer("n1-standard-8", "L4", 1), spec(), attempt=1)
+    with pytest.raises(InputError, match="TPU"):
+        launcher.launch(offer("tpu-v3-8", "tpu-v3-8", 1), spec(), attempt=1)
+    with pytest.raises(InputError, match="not in region"):
+        launcher.launch(offer(zone="europe-west4-a"), spec(), attempt=1)
+    assert server.requests == []
+
+
+def test_the_controller_relaunches_a_preempted_job(
+    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path
+) -> None:
+    """End to end against the Compute server: launch, a preemption (the VM deleted), a
+    relaunch in another zone with the same checkpoint URL, exit 0, the VM deleted."""
+    url = f"file://{tmp_path / 'ckpt'}"  # the store is incidental here: any URL will do
+    store = Store.open(url)
+    job_spec = JobSpec(
+        job_id="run-1", provider="gcp", gpu="T4", gpu_count=2, regions=("us-central1",),
+        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
+        created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
+    )  # fmt: skip
+    offers = [offer(zone="us-central1-a"), offer(zone="us-central1-b")]
+    save_job(store, Job(job_spec))
+    world: list[str] = []
+
+    def sleep(seconds: float) -> None:
+        assert len(world) < 20, world
+        current = load_job(store).current
+        assert current is not None
+        assert current.handle is not None
+        if current.number == 1:
+            server.preempt(current.handle.instance_id)
+            world.append("preempted")
+        else:
+            write_exit_record(store, ExitRecord(2, 0, 500, time.time(), job_id="run-1"))
+            world.append("exit 0")
+
+    final = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep).run(load_job(store))
+
+    assert final.status == "succeeded"
+    first, second = final.attempts
+    assert first.outcome is Outcome.PREEMPTED
+    assert "preempted" in first.detail
+    assert second.outcome is Outcome.SUCCEEDED
+    assert first.offer.zone != second.offer.zone
+    bodies = [call.body for call in server.calls("POST", "/instances")]
+    assert [b["labels"]["costguard-attempt"] for b in bodies] == ["1", "2"]
+    for body in bodies:
+        script = body["metadata"]["items"][0]["value"]
+        assert f"costguard run --checkpoint {url} " in script
+    assert server.vms == {}  # the finished job's VM was deleted
+    assert launcher.find("run-1") == []

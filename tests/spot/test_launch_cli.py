@@ -1,0 +1,209 @@
+"""`costguard launch` refuses bad input with exit 2 before anything exists; the launch guard
+refuses a cloud launch without a budget alarm; `costguard jobs status` reads job.json."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costguard.checkpoint.store import Store
+from costguard.spot.job import Job, load_job, save_job
+from tests.spot.test_offers_and_job import spec
+
+TRAIN = ("--", "python", "train.py")
+
+
+@pytest.fixture
+def local_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "local-state"
+    monkeypatch.setenv("COSTGUARD_LOCAL_DIR", str(folder))
+    return folder
+
+
+def assert_refused(result: Any, message: str, *nothing_in: Path) -> None:
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()  # the estimate may come first
+    assert lines[-2].startswith("Error: "), result.stderr
+    assert message in lines[-2], result.stderr
+    assert lines[-1].startswith("Hint: ")
+    assert sum(line.startswith("Error: ") for line in lines) == 1
+    assert "Traceback" not in result.stderr
+    for folder in nothing_in:
+        assert not folder.exists() or not any(folder.rglob("*")), list(folder.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--gpu", "a10q", "--provider", "local", "--checkpoint", "{ckpt}"), "unknown GPU 'a10q'"),
+        (
+            (
+                "--gpu",
+                "a10g",
+                "--provider",
+                "local",
+                "--gpus-per-instance",
+                "3",
+                "--checkpoint",
+                "{ckpt}",
+            ),
+            "no spot offer",
+        ),
+        (
+            (
+                "--gpu",
+                "a10g",
+                "--provider",
+                "local",
+                "--max-price",
+                "0.01",
+                "--checkpoint",
+                "{ckpt}",
+            ),
+            "--max-price",
+        ),
+        (("--gpu", "a10g", "--provider", "aws", "--checkpoint", "{ckpt}"), "local folder"),
+        (("--gpu", "a10g", "--provider", "local"), "--checkpoint is required: a spot instance"),
+        (("--gpu", "a10g", "--checkpoint", "s3://b/r", "--preempt-every", "5"), "only apply to"),
+        (
+            (
+                "--gpu",
+                "a10g",
+                "--provider",
+                "local",
+                "--checkpoint",
+                "{ckpt}",
+                "--preempt-at",
+                "9,3",
+            ),
+            "increasing",
+        ),
+        (
+            (
+                "--gpu",
+                "a10g",
+                "--provider",
+                "local",
+                "--checkpoint",
+                "{ckpt}",
+                "--max-total",
+                "0.001",
+            ),
+            "max-total",
+        ),
+        (("--gpu", "a10g", "--provider", "local", "--checkpoint", "{ckpt}"), "confirmation"),
+    ],
+)
+def test_bad_input_exits_2_before_anything_is_launched(
+    run_cli: Callable[..., Any],
+    tmp_path: Path,
+    local_dir: Path,
+    args: tuple[str, ...],
+    message: str,
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    argv = [a.format(ckpt=ckpt) for a in args]
+    result = run_cli("launch", *argv, *TRAIN)
+    assert_refused(result, message, local_dir)
+    assert not (ckpt / "job").exists()
+
+
+def test_an_unwritable_checkpoint_store_is_refused(
+    run_cli: Callable[..., Any], tmp_path: Path, local_dir: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = run_cli(
+        "launch", "--provider", "local", "--gpu", "t4", "--checkpoint", str(blocker / "ckpt"),
+        "--yes", *TRAIN,
+    )  # fmt: skip
+    assert_refused(result, "cannot write checkpoints", local_dir)
+
+
+def test_a_missing_bucket_is_refused_before_any_instance(
+    run_cli: Callable[..., Any], aws_env: str, local_dir: Path
+) -> None:
+    import boto3
+
+    result = run_cli(
+        "launch", "--provider", "aws", "--gpu", "a10g", "--checkpoint", "s3://no-such-bucket/r",
+        "--yes", *TRAIN,
+    )  # fmt: skip
+    assert_refused(result, "does not exist")
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    assert ec2.describe_instances()["Reservations"] == []
+
+
+def test_the_launch_guard_refuses_a_cloud_launch_without_a_budget(
+    run_cli: Callable[..., Any], aws_env: str
+) -> None:
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="ckpt")
+    result = run_cli(
+        "launch", "--provider", "aws", "--gpu", "a10g", "--region", "us-east-1",
+        "--checkpoint", "s3://ckpt/run1", "--option", "image=ami-0123456789abcdef0",
+        "--option", "instance_profile=costguard-instance", "--yes", *TRAIN,
+    )  # fmt: skip
+    assert result.exit_code == 1, result.stderr
+    assert "no costguard budget alarm on aws" in result.stderr
+    assert "--no-alarm-check" in result.stderr
+    # The estimate came first, and nothing was created.
+    assert "g5.xlarge spot in us-east-1" in result.stderr
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    assert ec2.describe_instances()["Reservations"] == []
+    listing = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="ckpt")
+    assert listing.get("KeyCount", 0) == 0
+
+
+def test_a_running_job_is_not_launched_twice_and_status_reads_it(
+    run_cli: Callable[..., Any], tmp_path: Path, local_dir: Path
+) -> None:
+    store = Store.open(tmp_path / "ckpt")
+    save_job(store, Job(spec(store.url)))
+    again = run_cli(
+        "launch", "--provider", "local", "--gpu", "t4", "--checkpoint", store.url, "--yes", *TRAIN
+    )
+    assert_refused(again, "already runs", local_dir)
+    assert "--attach" in again.stderr
+    status = run_cli("jobs", "status", store.url, "--format", "json")
+    assert status.exit_code == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert (doc["job_id"], doc["status"], doc["summary"]["attempts"]) == ("cg-test-1", "running", 0)
+    table = run_cli("jobs", "status", store.url)
+    assert "job cg-test-1: running" in table.stdout
+    missing = run_cli("jobs", "status", str(tmp_path / "nothing"))
+    assert missing.exit_code == 2
+    assert "no costguard job" in missing.stderr
+    assert load_job(store).status == "running"
+    assert os.environ["COSTGUARD_LOCAL_DIR"] == str(local_dir)
+
+
+def test_help_has_an_example(run_cli: Callable[..., Any]) -> None:
+    result = run_cli("launch", "--help")
+    assert result.exit_code == 0
+    assert "costguard launch --provider local" in result.stdout
+    assert "--preempt-every" in result.stdout
+    assert "--attach" in result.stdout
+
+
+def test_options_reach_only_the_documented_constructor_parameters() -> None:
+    from costguard.settings import Settings
+    from costguard.spot.launcher import cloud_launcher
+
+    options = {
+        "project": "p-1",
+        "environ": "AWS_SECRET_ACCESS_KEY=x",
+        "poll_interval_s": "0",
+        "instances_client": "not-a-client",
+    }
+    launcher = cloud_launcher("gcp", Settings(), options)
+
+    assert launcher.project == "p-1"  # type: ignore[attr-defined]
+    assert launcher.poll_interval_s == 2.0  # type: ignore[attr-defined]
+    assert getattr(launcher, "_instances", None) != "not-a-client"

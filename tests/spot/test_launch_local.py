@@ -1,0 +1,173 @@
+"""`costguard launch --provider local` end to end: a real torch loop under `costguard run`,
+real notices over the simulator's IMDSv2, real SIGKILLs, and a controller killed mid-job."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from costguard.spot.job import Simulation
+from costguard.spot.launcher.local import LocalLauncher, pid_alive
+from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.spot.conftest import (
+    TIMEOUT_S,
+    attempt_lines,
+    launch_argv,
+    read_job,
+    reference_run,
+    steps_of,
+    train_command,
+)
+
+
+@pytest.mark.slow
+def test_three_preemptions_resume_exactly_and_lose_no_step(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    env = spot_env()
+    steps = 16
+    reference = torch.load(reference_run(tmp_path, env, steps), weights_only=True)
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    result = subprocess.run(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "a10g", "--checkpoint", str(ckpt),
+                "--preempt-every", "2", "--notice-seconds", "120", "--max-preemptions", "3",
+                "--every-steps", "5", "--poll-seconds", "0.2", "--yes", "--format", "json",
+                "--",
+            ),
+            *train_command(out, steps),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)
+    attempts = doc["attempts"]
+    summary = doc["summary"]
+    assert doc["status"] == "succeeded"
+    assert summary["preemptions"] >= 3
+    # Every notice was honoured: each preempted attempt saved and exited 75.
+    preempted = [a for a in attempts if a["outcome"] == "preempted"]
+    assert len(preempted) == 3
+    assert {a["exit_code"] for a in preempted} == {75}
+    assert summary["lost_steps"] == 0
+    # Spot until --max-preemptions, then on-demand; never twice in a row in one place.
+    assert [a["offer"]["market"] for a in attempts] == ["spot"] * 3 + ["on-demand"]
+    places = [a["offer"]["region"] for a in attempts]
+    assert all(a != b for a, b in itertools.pairwise(places))
+    # The logs agree: each attempt resumed at (or after) the last step the one before did.
+    state = Path(env["COSTGUARD_LOCAL_DIR"])
+    previous_last = 0
+    for attempt in attempts:
+        ready, last = steps_of(attempt_lines(state, doc["job_id"], attempt["number"]))
+        assert ready >= previous_last, (attempt["number"], ready, previous_last)
+        assert attempt["resumed_step"] == (ready or None)
+        previous_last = last
+    assert previous_last == steps
+    assert_bitwise_equal(torch.load(out, weights_only=True), reference)
+    # job.json says the same, and nothing of the job still runs.
+    assert read_job(ckpt)["status"] == "succeeded"
+    launcher = LocalLauncher(Simulation(), job_started_unix=0.0, state_dir=state)
+    assert launcher.find(doc["job_id"]) == []
+    assert "launch guard: not needed for --provider local" in result.stderr
+    assert "(simulated: nothing was billed)" in summary["cost_basis"]
+    assert float(summary["cost_usd"]) > 0
+    assert float(summary["on_demand_usd"]) > float(summary["cost_usd"]) / 2
+
+
+def _wait_for(predicate: Callable[[], Any], timeout_s: float = 300) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out")
+
+
+def _running_handle(ckpt: Path) -> Any:
+    try:
+        doc = read_job(ckpt)
+    except (OSError, ValueError):
+        return None
+    attempts: list[dict[str, Any]] = doc["attempts"]  # type: ignore[assignment]
+    if attempts and attempts[-1]["handle"] and attempts[-1]["outcome"] is None:
+        return attempts[-1]["handle"]
+    return None
+
+
+@pytest.mark.slow
+def test_a_new_controller_attaches_without_launching_a_duplicate(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    controller_log = (tmp_path / "controller-1.log").open("wb")
+    first = subprocess.Popen(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--preempt-at", "20", "--notice-seconds", "120", "--every-steps", "4",
+                "--poll-seconds", "0.2", "--yes", "--",
+            ),
+            *train_command(out, 24, sleep=1.0),  # 24 s of training: the notice comes first
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=controller_log,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        handle = _wait_for(lambda: _running_handle(ckpt))
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the controller dies; its attempt does not
+        first.wait(timeout=30)
+        controller_log.close()
+    pid = int(handle["extra"]["pid"])
+    assert pid_alive(pid), "the attempt died with its controller"
+
+    busy = subprocess.run(
+        launch_argv("--attach", str(ckpt)), env=env, capture_output=True, text=True, timeout=60
+    )
+    assert busy.returncode == 2, busy.stderr
+    assert "supervised by" in busy.stderr
+    assert "--force" in busy.stderr
+
+    second = subprocess.run(
+        launch_argv("--attach", str(ckpt), "--force", "--poll-seconds", "0.2", "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    doc = json.loads(second.stdout)
+    attempts = doc["attempts"]
+    # Attempt 1 was adopted, not relaunched: same process; the new controller served its
+    # notice, and attempt 2 started only after attempt 1 had ended, from its checkpoint.
+    assert attempts[0]["handle"]["extra"]["pid"] == str(pid)
+    assert [(a["outcome"], a["exit_code"]) for a in attempts] == [
+        ("preempted", 75),
+        ("succeeded", 0),
+    ]
+    assert attempts[1]["launched_unix"] >= attempts[0]["ended_unix"]
+    assert attempts[1]["resumed_step"] == attempts[0]["last_step"] > 0
+    assert doc["summary"]["lost_steps"] == 0
+    assert doc["status"] == "succeeded"
+    assert attempts[-1]["last_step"] == 24
+    assert "attached to job" in second.stderr
+    assert not pid_alive(pid)
+    assert out.exists()

@@ -1,0 +1,284 @@
+"""infra/ documents for the launcher grant what the adapters call, under conditions their
+requests meet, and no more."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from datetime import UTC, datetime
+from decimal import Decimal
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from costguard.clouds import aws as aws_clouds
+from costguard.spot.launcher.aws import AwsLauncher
+from costguard.spot.launcher.base import JOB_TAG, Handle, LaunchSpec, Market, Offer
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+
+def statements(name: str) -> list[dict[str, Any]]:
+    policy = json.loads((INFRA / "aws" / name).read_text())
+    assert policy["Version"] == "2012-10-17"
+    return list(policy["Statement"])
+
+
+def listed(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def allows(action: str) -> list[dict[str, Any]]:
+    return [
+        s
+        for s in statements("launcher-policy.json")
+        if s["Effect"] == "Allow" and action in listed(s["Action"])
+    ]
+
+
+class Recorder:
+    """Every EC2 operation the launcher sends to moto, with its API parameters (botocore hook)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def client(self, region: str) -> Any:
+        ec2 = aws_clouds.client("ec2", region or None, attempts=1)
+
+        def record(model: Any, params: dict[str, Any], **kwargs: Any) -> None:
+            self.calls.append((model.name, copy.deepcopy(params)))  # botocore edits it later
+
+        ec2.meta.events.register("provide-client-params.ec2", record)
+        return ec2
+
+
+def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
+    iam = aws_clouds.client("iam", attempts=1)
+    trust = (INFRA / "aws" / "launcher-instance-role-trust.json").read_text()
+    iam.create_role(RoleName="costguard-instance", AssumeRolePolicyDocument=trust)
+    iam.create_instance_profile(InstanceProfileName="costguard-instance")
+    iam.add_role_to_instance_profile(
+        InstanceProfileName="costguard-instance", RoleName="costguard-instance"
+    )
+    recorder = Recorder()
+    launcher = AwsLauncher(regions=["us-east-1"], clients=recorder.client)
+    spec = LaunchSpec(
+        "run-1", "s3://my-checkpoints/costguard/run-1", ("python", "train.py"), "alice",
+        datetime(2026, 12, 2, tzinfo=UTC),
+        options={"image": "ami-12345678", "instance_profile": "costguard-instance",
+                 "disk_gb": "200"},
+    )  # fmt: skip
+    offer = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.4"), "A10G", 1)
+    # The whole life of a job: launch, watch, attach (find), terminate twice, a lost id.
+    launcher.check(spec)
+    assert recorder.calls == []  # check() is offline
+    request = launcher.request(offer, spec, 1)
+    handle = launcher.launch(offer, spec, 1)
+    launcher.status(handle)
+    launcher.find("run-1")
+    launcher.terminate(handle)
+    launcher.terminate(handle)
+    launcher.status(Handle("aws", "us-east-1", "i-0123456789abcdef0"))
+    operations = {name for name, _ in recorder.calls}
+    assert operations == {"RunInstances", "DescribeInstances", "TerminateInstances"}
+    for operation in operations:
+        assert allows(f"ec2:{operation}"), operation
+    # Tags given at launch need CreateTags, allowed only as part of RunInstances.
+    (create_tags,) = allows("ec2:CreateTags")
+    assert create_tags["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+
+    # RunInstances on the instance and its volumes is allowed only with the job tag, and
+    # denied without IMDSv2: the launcher's own request meets both conditions.
+    (run,) = [params for name, params in recorder.calls if name == "RunInstances"]
+    assert run == request
+    tagged = {t["ResourceType"]: {x["Key"]: x["Value"] for x in t["Tags"]}
+              for t in run["TagSpecifications"]}  # fmt: skip
+    (scoped,) = [s for s in allows("ec2:RunInstances") if "Condition" in s]
+    (needed,) = scoped["Condition"]["StringLike"].values()
+    for resource in ("instance", "volume"):
+        assert any(f":{resource}/*" in r for r in listed(scoped["Resource"]))
+        assert fnmatchcase(tagged[resource][JOB_TAG], needed.replace("?", "[!/]"))
+    (deny,) = [s for s in statements("launcher-policy.json") if s["Effect"] == "Deny"]
+    assert deny["Condition"]["StringNotEquals"]["ec2:MetadataHttpTokens"] == "required"
+    assert run["MetadataOptions"]["HttpTokens"] == "required"
+
+    # Terminate only what carries the job tag; the launched instance carries it.
+    (terminate,) = allows("ec2:TerminateInstances")
+    assert set(terminate["Condition"]["StringLike"]) == {f"aws:ResourceTag/{JOB_TAG}"}
+
+    # PassRole: the instance role only, to EC2 only; it is the role of the profile used.
+    (pass_role,) = allows("iam:PassRole")
+    assert pass_role["Resource"].endswith(":role/costguard-instance")
+    assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
+    profile = iam.get_instance_profile(InstanceProfileName="costguard-instance")
+    assert [r["RoleName"] for r in profile["InstanceProfile"]["Roles"]] == ["costguard-instance"]
+
+
+def test_aws_policy_scopes_everything_but_describe() -> None:
+    for statement in statements("launcher-policy.json"):
+        for action in listed(statement["Action"]):
+            assert action.startswith(("ec2:", "iam:PassRole")), action
+            if action == "ec2:DescribeInstances":
+                assert statement["Resource"] == "*"
+            else:
+                assert "*" not in listed(statement["Resource"]), action
+
+
+def test_instance_role_reaches_only_the_checkpoint_prefix() -> None:
+    trust = statements("launcher-instance-role-trust.json")
+    assert [s["Principal"] for s in trust] == [{"Service": "ec2.amazonaws.com"}]
+    for statement in statements("launcher-instance-role-policy.json"):
+        assert statement["Effect"] == "Allow"
+        assert all(a.startswith("s3:") for a in listed(statement["Action"]))
+        for resource in listed(statement["Resource"]):
+            if resource.endswith("/*"):
+                assert resource == "arn:aws:s3:::my-checkpoints/costguard/*"
+            else:  # the bucket itself: listing, within the prefix only
+                assert resource == "arn:aws:s3:::my-checkpoints"
+                prefixes = statement["Condition"]["StringLike"]["s3:prefix"]
+                assert all(p.startswith("costguard/") for p in prefixes)
+
+
+def gcp_permissions() -> list[str]:
+    role = (INFRA / "gcp" / "launcher-role.yaml").read_text()
+    return re.findall(r"^\s+- ([a-zA-Z.]+)$", role, flags=re.MULTILINE)
+
+
+def test_gcp_role_is_compute_only() -> None:
+    permissions = gcp_permissions()
+    assert "compute.instances.create" in permissions
+    assert all(p.startswith("compute.") for p in permissions)
+    assert len(permissions) == len(set(permissions))
+
+
+def test_azure_role_is_compute_network_and_identity_only() -> None:
+    role = json.loads((INFRA / "azure" / "launcher-role.json").read_text())
+    assert role["IsCustom"] is True
+    assert role["DataActions"] == []
+    assert "Microsoft.Compute/virtualMachines/write" in role["Actions"]
+    assert all(
+        a.startswith(("Microsoft.Compute/", "Microsoft.Network/", "Microsoft.ManagedIdentity/"))
+        for a in role["Actions"]
+    )
+    assert all("*" not in a for a in role["Actions"])
+    assert all("/resourceGroups/" in s for s in role["AssignableScopes"])
+
+
+def gcp_permission(method: str, path: str) -> str:
+    """The permission a Compute Engine REST call needs (its documented IAM permission)."""
+    if path.endswith("/aggregated/instances") or (method == "GET" and path.endswith("/instances")):
+        return "compute.instances.list"
+    if "/operations" in path:
+        return "compute.zoneOperations.get" if "/operations/" in path else (
+            "compute.zoneOperations.list")  # fmt: skip
+    verbs = {"POST": "create", "GET": "get", "DELETE": "delete"}
+    return f"compute.instances.{verbs[method]}"
+
+
+def test_gcp_role_covers_every_call_of_a_job() -> None:
+    from google.auth.credentials import AnonymousCredentials
+
+    from costguard.settings import Settings
+    from costguard.spot.launcher.gcp import GcpLauncher
+    from tests.spot.test_gcp_launcher import ComputeServer, offer
+    from tests.spot.test_gcp_launcher import spec as gcp_spec
+
+    server = ComputeServer()
+    try:
+        server.reset()
+        launcher = GcpLauncher(
+            Settings(gcp_endpoint=server.url),
+            project="lab-project",
+            credentials=AnonymousCredentials(),
+            poll_interval_s=0.01,
+        )
+        handle = launcher.launch(offer(), gcp_spec(), attempt=1)
+        launcher.status(handle)
+        launcher.find("run-1")
+        server.preempt(handle.instance_id)
+        launcher.status(handle)
+        launcher.terminate(handle)
+        calls = [(r.method, r.path, r.body) for r in server.requests]
+    finally:
+        server.stop()
+    permissions = set(gcp_permissions())
+    needed = {gcp_permission(method, path) for method, path, _ in calls}
+    assert needed == {
+        "compute.instances.create", "compute.instances.get", "compute.instances.list",
+        "compute.instances.delete", "compute.zoneOperations.get", "compute.zoneOperations.list",
+    }  # fmt: skip
+    assert needed <= permissions
+    # Creating a VM with these fields needs these permissions too (Compute Engine IAM docs).
+    (body,) = [b for method, path, b in calls if method == "POST"]
+    implied = {
+        "labels": "compute.instances.setLabels",
+        "metadata": "compute.instances.setMetadata",
+        "serviceAccounts": "compute.instances.setServiceAccount",
+        "disks": "compute.disks.create",
+    }
+    for field, permission in implied.items():
+        assert body.get(field), field
+        assert permission in permissions, permission
+    assert body["disks"][0]["initializeParams"]["sourceImage"]
+    assert "compute.images.useReadOnly" in permissions
+    (nic,) = body["networkInterfaces"]
+    assert nic["network"] == "global/networks/default"
+    assert {"compute.networks.use", "compute.subnetworks.use"} <= permissions
+    if nic.get("accessConfigs"):
+        assert "compute.networks.useExternalIp" in permissions
+        assert "compute.subnetworks.useExternalIp" in permissions
+
+
+def azure_action(method: str, path: str) -> str:
+    """The RBAC action an ARM call of the launcher needs."""
+    if "/locations/" in path and "/operations/" in path:
+        return "Microsoft.Compute/locations/operations/read"
+    verbs = {"PUT": "write", "GET": "read", "DELETE": "delete"}
+    return f"Microsoft.Compute/virtualMachines/{verbs[method]}"
+
+
+def test_azure_role_covers_every_call_of_a_job() -> None:
+    from costguard.settings import Settings
+    from costguard.spot.launcher.azure import AzureLauncher
+    from tests.reaper.conftest import FakeTokenCredential, azure_client_options
+    from tests.spot.test_azure_launcher import GROUP, SUBSCRIPTION, ArmServer, offer
+    from tests.spot.test_azure_launcher import spec as azure_spec
+
+    server = ArmServer()
+    try:
+        server.reset()
+        launcher = AzureLauncher(Settings(azure_endpoint=server.url),
+                                 subscription_id=SUBSCRIPTION, resource_group=GROUP,
+                                 credential=FakeTokenCredential(),
+                                 client_options=azure_client_options())  # fmt: skip
+        handle = launcher.launch(offer(), azure_spec(), attempt=1)
+        launcher.status(handle)
+        launcher.find("run-1")
+        launcher.terminate(handle)
+        calls = [(r.method, r.path, r.body) for r in server.requests]
+    finally:
+        server.stop()
+    role = json.loads((INFRA / "azure" / "launcher-role.json").read_text())
+    actions = set(role["Actions"])
+    needed = {azure_action(method, path) for method, path, _ in calls}
+    assert needed == {
+        "Microsoft.Compute/virtualMachines/write", "Microsoft.Compute/virtualMachines/read",
+        "Microsoft.Compute/virtualMachines/delete", "Microsoft.Compute/locations/operations/read",
+    }  # fmt: skip
+    assert needed <= actions
+    # What the PUT body creates or joins besides the VM.
+    (body,) = [b for method, _, b in calls if method == "PUT"]
+    properties = body["properties"]
+    (nic,) = properties["networkProfile"]["networkInterfaceConfigurations"]
+    assert nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
+    assert {
+        "Microsoft.Network/networkInterfaces/write",
+        "Microsoft.Network/networkInterfaces/join/action",
+        "Microsoft.Network/virtualNetworks/subnets/join/action",
+        "Microsoft.Network/networkInterfaces/delete",  # deleteOption Delete
+    } <= actions
+    assert properties["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+    assert {"Microsoft.Compute/disks/write", "Microsoft.Compute/disks/delete"} <= actions
+    assert body["identity"]["type"] == "UserAssigned"
+    assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" in actions

@@ -1,0 +1,277 @@
+"""The recovery policy: unit cases and properties over arbitrary histories."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costguard.spot.launcher.base import Market, Offer, State
+from costguard.spot.recovery import (
+    INTERRUPTIONS,
+    Attempt,
+    Finish,
+    Launch,
+    Limits,
+    Outcome,
+    Wait,
+    classify,
+    decide,
+    interruptions,
+    spent_usd,
+)
+
+
+def offer(region: str, price: str, market: Market = Market.SPOT, zone: str = "") -> Offer:
+    return Offer("aws", region, "g5.xlarge", market, Decimal(price), "A10G", 1, zone=zone)
+
+
+EAST = offer("us-east-1", "0.40")
+WEST = offer("us-west-2", "0.45")
+EU = offer("eu-west-1", "0.50")
+ON_DEMAND = offer("us-east-1", "1.006", Market.ON_DEMAND)
+OFFERS = (EAST, WEST, EU, ON_DEMAND)
+
+
+def ended(number: int, on: Offer, outcome: Outcome, at: float, code: int | None = None) -> Attempt:
+    return Attempt(number, on, at - 600.0, ended_unix=at, outcome=outcome, exit_code=code)
+
+
+def test_first_launch_is_the_cheapest_spot_offer() -> None:
+    decision = decide((), OFFERS, Limits(), now_unix=0.0)
+    assert isinstance(decision, Launch)
+    assert (decision.offer, decision.number) == (EAST, 1)
+
+
+def test_after_a_preemption_it_moves_and_backs_off_from_every_recent_place() -> None:
+    history: tuple[Attempt, ...] = (ended(1, EAST, Outcome.PREEMPTED, 1000.0),)
+    first = decide(history, OFFERS, Limits(), 1000.0)
+    assert isinstance(first, Launch)
+    assert first.offer == WEST
+    assert "moving to aws/us-west-2" in first.reason
+    history += (ended(2, WEST, Outcome.PREEMPTED, 2000.0),)
+    second = decide(history, OFFERS, Limits(max_preemptions=5), 2000.0)
+    assert isinstance(second, Launch)
+    assert second.offer == EU
+    # Every place was hit recently: the one hit longest ago comes first.
+    history += (ended(3, EU, Outcome.LOST, 3000.0),)
+    third = decide(history, OFFERS, Limits(max_preemptions=5), 3000.0)
+    assert isinstance(third, Launch)
+    assert third.offer == EAST
+    # Once the back-off has passed, the cheapest is the cheapest again.
+    later = decide(history[:1], OFFERS, Limits(backoff_s=60.0), 1000.0 + 61.0)
+    assert isinstance(later, Launch)
+    assert later.offer == EAST
+
+
+def test_zones_are_places_of_their_own() -> None:
+    a = offer("us-east-1", "0.40", zone="us-east-1a")
+    b = offer("us-east-1", "0.41", zone="us-east-1b")
+    decision = decide((ended(1, a, Outcome.PREEMPTED, 10.0),), (a, b), Limits(), 10.0)
+    assert isinstance(decision, Launch)
+    assert decision.offer == b
+
+
+def test_on_demand_after_max_preemptions() -> None:
+    history = tuple(
+        ended(i + 1, (EAST, WEST)[i % 2], Outcome.PREEMPTED, 100.0 * (i + 1)) for i in range(2)
+    )
+    decision = decide(history, OFFERS, Limits(max_preemptions=2), 300.0)
+    assert isinstance(decision, Launch)
+    assert decision.offer == ON_DEMAND
+    assert "falling back to on-demand" in decision.reason
+    # No on-demand offer at all: it stays on spot rather than giving up.
+    spot_only = decide(history, (EAST, WEST), Limits(max_preemptions=2), 300.0)
+    assert isinstance(spot_only, Launch)
+    assert spot_only.offer.market is Market.SPOT
+
+
+def test_on_demand_from_the_start_when_asked() -> None:
+    decision = decide((), OFFERS, Limits(spot=False), 0.0)
+    assert isinstance(decision, Launch)
+    assert decision.offer == ON_DEMAND
+    assert isinstance(decide((), (EAST,), Limits(spot=False), 0.0), Finish)
+
+
+def test_done_failed_and_retries() -> None:
+    done = decide((ended(1, EAST, Outcome.SUCCEEDED, 10.0, 0),), OFFERS, Limits(), 10.0)
+    assert isinstance(done, Finish)
+    assert done.status == "succeeded"
+    failed = (ended(1, EAST, Outcome.FAILED, 10.0, 3),)
+    verdict = decide(failed, OFFERS, Limits(), 10.0)
+    assert isinstance(verdict, Finish)
+    assert verdict.status == "failed"
+    assert "exited with code 3" in verdict.reason
+    retry = decide(failed, OFFERS, Limits(max_failures=1), 10.0)
+    assert isinstance(retry, Launch)
+    assert retry.number == 2
+    stopped = decide((ended(1, EAST, Outcome.STOPPED, 10.0),), OFFERS, Limits(), 10.0)
+    assert isinstance(stopped, Finish)
+    assert stopped.status == "stopped"
+
+
+def test_a_running_attempt_is_waited_for_until_the_money_runs_out() -> None:
+    running = (Attempt(1, EAST, 0.0),)
+    assert isinstance(decide(running, OFFERS, Limits(max_total_usd=Decimal(1)), 3600.0), Wait)
+    # 0.40/h: 2.5 h spend the whole dollar.
+    stop = decide(running, OFFERS, Limits(max_total_usd=Decimal(1)), 2.5 * 3600)
+    assert isinstance(stop, Finish)
+    assert stop.status == "stopped"
+
+
+def test_max_total_stops_before_a_launch_that_would_pass_it() -> None:
+    history = (Attempt(1, EAST, 0.0, ended_unix=3600.0, outcome=Outcome.PREEMPTED),)
+    assert spent_usd(history, 9e9) == Decimal("0.40")
+    ok = decide(history, OFFERS, Limits(max_total_usd=Decimal("0.90")), 3600.0)
+    assert isinstance(ok, Launch)  # 0.40 + 0.45 <= 0.90
+    stop = decide(history, OFFERS, Limits(max_total_usd=Decimal("0.80")), 3600.0)
+    assert isinstance(stop, Finish)
+    assert stop.status == "stopped"
+    assert "max-total" in stop.reason
+
+
+def test_refused_launches_back_off_and_are_bounded() -> None:
+    refused = (ended(1, EAST, Outcome.LAUNCH_FAILED, 5.0),)
+    decision = decide(refused, OFFERS, Limits(), 5.0)
+    assert isinstance(decision, Launch)
+    assert decision.offer == WEST
+    assert spent_usd(refused, 100.0) == 0  # a refused launch bills nothing
+    many = tuple(ended(i, EAST, Outcome.LAUNCH_FAILED, float(i)) for i in range(1, 8))
+    assert isinstance(decide(many, OFFERS, Limits(max_launch_failures=5), 10.0), Finish)
+
+
+def test_classify() -> None:
+    assert classify(State.PENDING, None, Market.SPOT) is None
+    assert classify(State.PREEMPTED, 0, Market.SPOT) is Outcome.SUCCEEDED
+    assert classify(State.TERMINATED, 75, Market.SPOT) is Outcome.PREEMPTED
+    assert classify(State.MISSING, None, Market.ON_DEMAND) is Outcome.LOST
+    assert classify(State.STOPPED, None, Market.SPOT) is Outcome.STOPPED
+    assert classify(State.TERMINATED, 2, Market.SPOT) is Outcome.FAILED
+
+
+# -- properties ---------------------------------------------------------------------
+
+PLACES = st.sampled_from(["us-east-1", "us-west-2", "eu-west-1", "ap-south-1"])
+OFFER = st.builds(
+    offer,
+    PLACES,
+    st.decimals("0.05", "5", places=3).map(str),
+    st.sampled_from([Market.SPOT, Market.ON_DEMAND]),
+    st.sampled_from(["", "a", "b"]),
+)
+ENDED = st.sampled_from(
+    [o for o in Outcome if o not in (Outcome.SUCCEEDED, Outcome.STOPPED)]
+)  # outcomes after which the job may go on
+LIMITS = st.builds(
+    Limits,
+    spot=st.booleans(),
+    max_preemptions=st.integers(0, 4),
+    max_total_usd=st.none() | st.decimals("1", "50", places=2),
+    max_failures=st.integers(0, 2),
+    max_launch_failures=st.integers(0, 3),
+    max_attempts=st.integers(1, 12),
+    backoff_s=st.floats(0, 7200),
+)
+
+
+@st.composite
+def histories(draw: st.DrawFn) -> tuple[tuple[Attempt, ...], tuple[Offer, ...]]:
+    offers = tuple(draw(st.lists(OFFER, min_size=1, max_size=6, unique_by=lambda o: o)))
+    attempts = []
+    now = 0.0
+    for number in range(1, draw(st.integers(0, 8)) + 1):
+        on = draw(st.sampled_from(offers))
+        length = draw(st.floats(1, 7200))
+        attempts.append(
+            Attempt(number, on, now, ended_unix=now + length, outcome=draw(ENDED), exit_code=None)
+        )
+        now += length
+    return tuple(attempts), offers
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), LIMITS)
+def test_a_launch_always_respects_the_limits(
+    history: tuple[tuple[Attempt, ...], tuple[Offer, ...]], limits: Limits
+) -> None:
+    attempts, offers = history
+    now = attempts[-1].ended_unix if attempts else 0.0
+    assert now is not None
+    decision = decide(attempts, offers, limits, now)
+    if not isinstance(decision, Launch):
+        assert isinstance(decision, Finish)
+        return
+    chosen = decision.offer
+    assert chosen in offers
+    assert decision.number == len(attempts) + 1 <= limits.max_attempts
+    if limits.max_total_usd is not None:
+        assert spent_usd(attempts, now) + chosen.usd_per_hour <= limits.max_total_usd
+    if not limits.spot:
+        assert chosen.market is Market.ON_DEMAND
+    has_on_demand = any(o.market is Market.ON_DEMAND for o in offers)
+    if limits.spot and has_on_demand:
+        expected = (
+            Market.ON_DEMAND if interruptions(attempts) >= limits.max_preemptions else Market.SPOT
+        )
+        assert chosen.market is expected
+    last = attempts[-1] if attempts else None
+    if last is not None and last.outcome in INTERRUPTIONS and limits.backoff_s > 0:
+        others = [o for o in offers if o.market is chosen.market and o.place != last.offer.place]
+        if others:
+            assert chosen.place != last.offer.place  # relaunch elsewhere first
+    # The cheapest among the places not hit recently, when there is one.
+    hit = {
+        a.offer.place
+        for a in attempts
+        if (a.outcome in INTERRUPTIONS or a.outcome is Outcome.LAUNCH_FAILED)
+        and a.ended_unix is not None
+        and now - a.ended_unix < limits.backoff_s
+    }
+    fresh = [o for o in offers if o.market is chosen.market and o.place not in hit]
+    if fresh:
+        assert chosen.usd_per_hour == min(o.usd_per_hour for o in fresh)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(OFFER, min_size=1, max_size=5), LIMITS, st.lists(ENDED, min_size=60, max_size=60))
+def test_the_controller_loop_always_ends(
+    offers: list[Offer], limits: Limits, outcomes: list[Outcome]
+) -> None:
+    """Whatever becomes of each attempt, decide stops launching within max_attempts."""
+    attempts: list[Attempt] = []
+    now = 0.0
+    for outcome in outcomes:
+        decision = decide(attempts, offers, limits, now)
+        if isinstance(decision, Finish):
+            break
+        assert isinstance(decision, Launch)
+        attempts.append(Attempt(decision.number, decision.offer, now))
+        assert isinstance(decide(attempts, offers, limits, now), Wait | Finish)
+        now += 600.0
+        attempts[-1] = Attempt(
+            decision.number, decision.offer, now - 600.0, ended_unix=now, outcome=outcome
+        )
+    else:
+        raise AssertionError("still launching after 60 attempts")
+    assert len(attempts) <= limits.max_attempts
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories(), st.floats(0, 10**6))
+def test_success_is_final_and_a_running_attempt_is_never_doubled(
+    history: tuple[tuple[Attempt, ...], tuple[Offer, ...]], later: float
+) -> None:
+    attempts, offers = history
+    start = attempts[-1].ended_unix if attempts else 0.0
+    assert start is not None
+    on = offers[0]
+    running = (*attempts, Attempt(len(attempts) + 1, on, start))
+    assert not isinstance(decide(running, offers, Limits(), start + later), Launch)
+    done = (
+        *attempts,
+        Attempt(len(attempts) + 1, on, start, ended_unix=start + 1, outcome=Outcome.SUCCEEDED),
+    )
+    verdict = decide(done, offers, Limits(), start + later)
+    assert isinstance(verdict, Finish)
+    assert verdict.status == "succeeded"
