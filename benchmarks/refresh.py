@@ -3,11 +3,16 @@
 Generates Azure Retail Prices items and GCP Compute Engine SKUs in the documented shapes
 (most of them noise, as in the real catalogues: Windows and Low Priority meters,
 commitments, other machine series and regions), serves them from the test suite's local
-servers (1,000 Azure items and 5,000 GCP SKUs per page, as the APIs page), and runs
-`costguard pricing refresh` in a child process, so that its peak memory is its own.
-Targets: >= 20,000 records/s and < 500 MB peak.
+servers (Azure Retail Prices over HTTP, 1,000 items a page; the Cloud Billing Catalog
+over gRPC, 5,000 SKUs a page, as the APIs page), and runs `costguard pricing refresh` in
+a child process (the console script's entry point), so that its peak memory and CPU
+time are its own. Both servers render each page once (the warm-up run), so the timed
+runs measure the client; the median of the timed runs counts. Targets: >= 20,000
+records/s for the whole command (process start to exit) and < 500 MB peak. The CPU time
+of the refresh process is printed too: on a shared machine the wall clock also counts
+the other processes' turns.
 
-    python benchmarks/refresh.py [--azure-items 40000] [--gcp-skus 20000]
+    python benchmarks/refresh.py [--azure-items 40000] [--gcp-skus 20000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.refresh.servers import (
+    CatalogServer,
     Handler,
     LocalServer,
     Reply,
@@ -35,7 +41,6 @@ from tests.refresh.servers import (
     azure_item,
     azure_prices_handler,
     dumps,
-    gcp_catalog_handler,
     gcp_sku,
 )
 
@@ -44,14 +49,16 @@ from costguard.pricing.refresh.parse import GCP_GPUS, gcp_series
 
 MIN_RECORDS_PER_S = 20_000
 MAX_PEAK_MB = 500
-#: Runs the CLI with anonymous Google credentials (the local catalog server asks for none).
+#: Runs the `costguard` console script's entry point with anonymous Google credentials
+#: (the local catalog server asks for none).
 CHILD = (
     "import sys\n"
     "from google.auth.credentials import AnonymousCredentials\n"
     "import costguard.clouds.gcp\n"
     "costguard.clouds.gcp.default_credentials = AnonymousCredentials\n"
-    "from costguard.cli import cli\n"
-    "cli.main(sys.argv[1:])\n"
+    "from costguard.cli import main\n"
+    "sys.argv[0] = 'costguard'\n"
+    "main()\n"
 )
 
 
@@ -137,13 +144,21 @@ def rendered(handler: Handler) -> Handler:
     return handle
 
 
-def run_refresh(command: list[str], env: dict[str, str]) -> tuple[float, dict[str, Any]]:
+def run_refresh(command: list[str], env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
+    """One refresh in a child process: wall seconds, CPU seconds (user + system), report."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     wall_s = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
         sys.exit(f"refresh failed ({done.returncode}):\n{done.stderr}")
-    return wall_s, json.loads(done.stdout)
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall_s, cpu_s, json.loads(done.stdout)
+
+
+def records_of(report: dict[str, Any]) -> int:
+    return sum(int(p["records"]) for p in report["providers"])
 
 
 def main() -> None:
@@ -151,16 +166,20 @@ def main() -> None:
     parser.add_argument("--azure-items", type=int, default=40_000)
     parser.add_argument("--gcp-skus", type=int, default=20_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs (the median counts)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     azure_items = azure_catalogue(args.azure_items, rng)
     gcp_skus = gcp_catalogue(args.gcp_skus, rng)
     azure = LocalServer(rendered(azure_prices_handler(azure_items, page_size=1000)))
-    gcp = LocalServer(rendered(gcp_catalog_handler(gcp_skus, page_size=5000)))
+    gcp = CatalogServer(gcp_skus, page_size=5000)
     try:
         with tempfile.TemporaryDirectory() as scratch:
+            # Bytecode is cached (in the scratch folder), as an installed package has it
+            # compiled: the warm-up run compiles, the timed run does not.
             env = {
-                **os.environ,
+                **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                "PYTHONPYCACHEPREFIX": str(Path(scratch) / "pycache"),
                 "COSTGUARD_GCP_ENDPOINT": gcp.url,
                 "COSTGUARD_AZURE_PRICES_ENDPOINT": azure.url,
                 "COSTGUARD_CACHE_DIR": str(Path(scratch) / "unused"),
@@ -169,30 +188,52 @@ def main() -> None:
             command = [sys.executable, "-c", CHILD, "pricing", "refresh"]
             command += ["--provider", "gcp", "--provider", "azure"]
             command += ["--output", str(Path(scratch) / "pricing"), "--format", "json"]
+            load = os.getloadavg()[0]
             run_refresh(command, env)  # renders every page once: the servers' warm-up
-            wall_s, report = run_refresh(command, env)
+            runs = [run_refresh(command, env) for _ in range(max(args.runs, 1))]
     finally:
         azure.close()
         gcp.close()
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # KiB on Linux
-    records = sum(p["records"] for p in report["providers"])
-    fetch_s = max(p["seconds"] for p in report["providers"])  # the providers run side by side
-    print(f"catalogue: {len(azure_items):,} Azure items + {len(gcp_skus):,} GCP SKUs")
+    wall_s, cpu_s, report = sorted(runs, key=lambda run: run[0])[len(runs) // 2]  # median
+    records = records_of(report)
+    print(
+        f"catalogue: {len(azure_items):,} Azure items + {len(gcp_skus):,} GCP SKUs; "
+        f"{os.cpu_count()} CPUs, load average {load:.1f} when it started"
+    )
+    best_s = min(run[0] for run in runs)
+    print(
+        f"timed runs (wall s): {', '.join(f'{run[0]:.2f}' for run in runs)} "
+        f"(best {records / best_s:,.0f} records/s); the median:"
+    )
     for p in report["providers"]:
         rate = p["records"] / p["seconds"] if p["seconds"] else 0
         print(
             f"  {p['provider']:<6} {p['records']:>7,} records in {p['seconds']:.2f} s "
-            f"({rate:,.0f}/s), {p['rows_updated']} table rows updated"
+            f"({rate:,.0f} records/s, side by side with the other), "
+            f"{p['rows_updated']} table rows updated"
         )
-    fetch_rate, rate = records / fetch_s, records / wall_s
-    print(f"fetch + parse, providers side by side: {fetch_s:.2f} s, {fetch_rate:,.0f} records/s")
-    print(f"whole command (start, imports, write): {wall_s:.2f} s, {rate:,.0f} records/s")
+    fetch_s = max(p["seconds"] for p in report["providers"])
+    print(f"  fetch + parse, both providers: {fetch_s:.2f} s, {records / fetch_s:,.0f} records/s")
+    rate = records / wall_s
+    print(
+        f"whole command (process start, imports, fetch, merge, write, exit): {wall_s:.2f} s, "
+        f"{rate:,.0f} records/s"
+    )
+    print(
+        f"  CPU time of the refresh process: {cpu_s:.2f} s, {records / cpu_s:,.0f} records per "
+        "CPU-second (what a machine to itself would approach)"
+    )
     print(f"peak memory (max RSS of the refresh process): {peak_mb:,.0f} MB")
-    for name, met in (
-        (f">= {MIN_RECORDS_PER_S:,} records/s (whole command)", rate >= MIN_RECORDS_PER_S),
-        (f"< {MAX_PEAK_MB} MB peak", peak_mb < MAX_PEAK_MB),
+    for name, ratio, met in (
+        (
+            f">= {MIN_RECORDS_PER_S:,} records/s (whole command)",
+            rate / MIN_RECORDS_PER_S,
+            rate >= MIN_RECORDS_PER_S,
+        ),
+        (f"< {MAX_PEAK_MB} MB peak", peak_mb / MAX_PEAK_MB, peak_mb < MAX_PEAK_MB),
     ):
-        print(f"target {name}: {'met' if met else 'MISSED'}")
+        print(f"target {name}: {'met' if met else 'MISSED'} ({ratio:.2f}x the target)")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from tests.refresh.servers import (
+    CatalogServer,
     LocalServer,
     aws_pricing_handler,
     aws_product,
     azure_item,
     azure_prices_handler,
-    gcp_catalog_handler,
     gcp_sku,
 )
 
@@ -125,8 +125,9 @@ def aws_pricing() -> Iterator[LocalServer]:
 
 
 @pytest.fixture
-def gcp_catalog() -> Iterator[LocalServer]:
-    server = LocalServer(gcp_catalog_handler(GCP_SKUS))
+def gcp_catalog() -> Iterator[CatalogServer]:
+    """The Cloud Billing Catalog API (gRPC) with the fixture SKUs, four a page."""
+    server = CatalogServer(GCP_SKUS)
     yield server
     server.close()
 
@@ -159,13 +160,14 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def refresh_env(
     aws_env: str,
     aws_pricing: LocalServer,
-    gcp_catalog: LocalServer,
+    gcp_catalog: CatalogServer,
     azure_prices: LocalServer,
     anonymous_gcp: None,
     cache_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> dict[str, LocalServer]:
-    """Every price API on loopback: AWS pricing (local), EC2 (moto), GCP and Azure (local)."""
+) -> dict[str, Any]:
+    """Every price API on loopback: AWS pricing (local), EC2 (moto), GCP (local gRPC) and
+    Azure (local); each has ``requests``, ``script`` and ``always``."""
     monkeypatch.setenv("AWS_ENDPOINT_URL_PRICING", aws_pricing.url)
     monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", gcp_catalog.url)
     monkeypatch.setenv("COSTGUARD_AZURE_PRICES_ENDPOINT", azure_prices.url)

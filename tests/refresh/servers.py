@@ -1,8 +1,10 @@
-"""Local HTTP servers that speak the price APIs' documented shapes, and record builders.
+"""Local servers that speak the price APIs' documented protocols, and record builders.
 
 * AWS Price List Query API: JSON 1.1 over ``POST /`` with ``X-Amz-Target:
   AWSPriceListService.GetProducts``; filters TERM_MATCH/EQUALS/ANY_OF; ``NextToken`` pages.
-* Cloud Billing Catalog API: ``GET /v1/services/{service}/skus``; ``nextPageToken`` pages.
+* Cloud Billing Catalog API over gRPC: ``google.cloud.billing.v1.CloudCatalog/ListSkus``
+  (the protobuf messages google-cloud-billing ships), ``next_page_token`` pages, gRPC
+  status codes (with ``google.rpc.RetryInfo``) as faults.
 * Azure Retail Prices API: ``GET /api/retail/prices?$filter=...``; ``NextPageLink`` pages.
 
 Each server binds 127.0.0.1 on a free port, records every request, and can be told to
@@ -17,11 +19,14 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+import grpc
 
 JSON = "application/json"
 AMZ_JSON = "application/x-amz-json-1.1"
@@ -292,28 +297,160 @@ def gcp_sku(
     }
 
 
-def gcp_catalog_handler(skus: Sequence[Mapping[str, Any]], page_size: int = 4) -> Handler:
-    """``GET /v1/services/{service}/skus``, at most ``page_size`` SKUs per page."""
-    path = re.compile(r"^/v1/services/(?P<service>[^/]+)/skus$")
+def sku_message(record: Mapping[str, Any]) -> Any:
+    """A SKU in the REST shape (:func:`gcp_sku`) as the protobuf message gRPC sends
+    (``google.cloud.billing.v1.Sku``), field by field."""
+    from google.cloud.billing_v1.types import cloud_catalog
+    from google.protobuf.timestamp_pb2 import Timestamp
 
-    def handle(server: LocalServer, request: Request) -> Reply:
-        match = path.match(request.path)
-        if request.method != "GET" or not match or match["service"] != GCP_COMPUTE:
-            error = {"code": 404, "message": "Not found", "status": "NOT_FOUND"}
-            return Reply(404, {"error": error})
-        size = min(int(request.query.get("pageSize") or page_size), page_size)
-        start = int(request.query.get("pageToken") or 0)
-        page: dict[str, Any] = {"skus": list(skus[start : start + size])}
-        page["nextPageToken"] = str(start + size) if start + size < len(skus) else ""
-        return Reply(200, page)
+    def pricing(info: Mapping[str, Any]) -> Any:
+        expression = info["pricingExpression"]
+        effective = Timestamp()
+        effective.FromJsonString(info["effectiveTime"])
+        return cloud_catalog.PricingInfo.pb()(
+            effective_time=effective,
+            summary=info.get("summary", ""),
+            pricing_expression=cloud_catalog.PricingExpression.pb()(
+                usage_unit=expression["usageUnit"],
+                usage_unit_description=expression.get("usageUnitDescription", ""),
+                base_unit=expression.get("baseUnit", ""),
+                base_unit_description=expression.get("baseUnitDescription", ""),
+                base_unit_conversion_factor=float(expression.get("baseUnitConversionFactor", 0)),
+                display_quantity=float(expression.get("displayQuantity", 0)),
+                tiered_rates=[
+                    cloud_catalog.PricingExpression.TierRate.pb()(
+                        start_usage_amount=float(rate.get("startUsageAmount", 0)),
+                        unit_price={
+                            "currency_code": rate["unitPrice"].get("currencyCode", ""),
+                            "units": int(rate["unitPrice"].get("units", 0)),
+                            "nanos": int(rate["unitPrice"].get("nanos", 0)),
+                        },
+                    )
+                    for rate in expression.get("tieredRates", ())
+                ],
+            ),
+            currency_conversion_rate=float(info.get("currencyConversionRate", 0)),
+        )
 
-    return handle
+    category = record.get("category", {})
+    return cloud_catalog.Sku.pb()(
+        name=record.get("name", ""),
+        sku_id=record.get("skuId", ""),
+        description=record.get("description", ""),
+        category=cloud_catalog.Category.pb()(
+            service_display_name=category.get("serviceDisplayName", ""),
+            resource_family=category.get("resourceFamily", ""),
+            resource_group=category.get("resourceGroup", ""),
+            usage_type=category.get("usageType", ""),
+        ),
+        service_regions=list(record.get("serviceRegions", ())),
+        pricing_info=[pricing(info) for info in record.get("pricingInfo", ())],
+        service_provider_name=record.get("serviceProviderName", ""),
+    )
 
 
-def gcp_error(status: int, retry_after: str | None = "0") -> Reply:
-    names = {429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
-    body = {"error": {"code": status, "message": "try later", "status": names.get(status, "")}}
-    return Reply(status, body, {"Retry-After": retry_after} if retry_after is not None else {})
+@dataclass(frozen=True)
+class GrpcFault:
+    """A gRPC error status to answer with (``code`` names a ``google.rpc.Code``), with a
+    ``google.rpc.RetryInfo`` of ``retry_after_s`` seconds when that is not ``None``."""
+
+    code: str
+    message: str = "try later"
+    retry_after_s: float | None = None
+
+
+def gcp_error(code: str, retry_after_s: float | None = 0.0) -> GrpcFault:
+    """A fault the Catalog API answers with: ``RESOURCE_EXHAUSTED``, ``UNAVAILABLE``, ..."""
+    return GrpcFault(code, retry_after_s=retry_after_s)
+
+
+@dataclass(frozen=True)
+class GrpcCall:
+    """One call the catalog server got: the request message and its metadata."""
+
+    request: Any  # google.cloud.billing.v1.ListSkusRequest (protobuf)
+    metadata: dict[str, str]
+
+
+class CatalogServer:
+    """The Cloud Billing Catalog API over gRPC on loopback; stop with ``close``.
+
+    Serves ``ListSkus`` for the Compute Engine service, at most ``page_size`` SKUs a page
+    (the page token is the offset). Its credentials are gRPC local credentials (loopback
+    TCP only), what the client uses for a loopback ``http://`` endpoint; the client's
+    access token arrives as the ``authorization`` metadata. Pages are serialised once
+    and kept (the SKUs are fixed), so a timed client measures its own work.
+    """
+
+    SERVICE = "google.cloud.billing.v1.CloudCatalog"
+
+    def __init__(self, skus: Sequence[Mapping[str, Any]], page_size: int = 4) -> None:
+        self.skus = [sku_message(sku) for sku in skus]
+        self.page_size = page_size
+        self.requests: list[GrpcCall] = []
+        self.script: list[GrpcFault] = []  # answered first, one per request
+        self.always: GrpcFault | None = None  # answered to every request when set
+        self._pages: dict[tuple[int, int], bytes] = {}
+        self._lock = threading.Lock()
+        # Raw bytes in and out: requests are parsed here, pages are rendered once.
+        handler = grpc.method_handlers_generic_handler(
+            self.SERVICE, {"ListSkus": grpc.unary_unary_rpc_method_handler(self._list_skus)}
+        )
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=4))
+        self._server.add_generic_rpc_handlers((handler,))
+        local = grpc.local_server_credentials(grpc.LocalConnectionType.LOCAL_TCP)
+        self.port = self._server.add_secure_port("127.0.0.1:0", local)
+        self._server.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _list_skus(self, body: bytes, context: Any) -> bytes:
+        from google.cloud.billing_v1.types import cloud_catalog
+
+        request = cloud_catalog.ListSkusRequest.pb().FromString(body)
+        with self._lock:
+            self.requests.append(GrpcCall(request, dict(context.invocation_metadata())))
+            fault = self.script.pop(0) if self.script else self.always
+        if fault is not None:
+            context.abort_with_status(_status(fault))
+        if request.parent != f"services/{GCP_COMPUTE}":
+            context.abort(grpc.StatusCode.NOT_FOUND, f"Service {request.parent} not found")
+        size = min(request.page_size or self.page_size, self.page_size)
+        token = request.page_token or "0"
+        start = int(token) if token.isdigit() else -1
+        if start < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "invalid page token")
+        key = (start, size)
+        with self._lock:
+            if key not in self._pages:
+                end = start + size
+                page = cloud_catalog.ListSkusResponse.pb()(
+                    skus=self.skus[start:end],
+                    next_page_token=str(end) if end < len(self.skus) else "",
+                )
+                self._pages[key] = page.SerializeToString()
+            return self._pages[key]
+
+    def close(self) -> None:
+        self._server.stop(grace=None).wait(timeout=10)
+
+
+def _status(fault: GrpcFault) -> Any:
+    """A fault as the ``grpc.Status`` that ``abort_with_status`` sends (details included)."""
+    from google.protobuf import any_pb2
+    from google.rpc import code_pb2, error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    status = status_pb2.Status(code=getattr(code_pb2, fault.code), message=fault.message)
+    if fault.retry_after_s is not None:
+        info = error_details_pb2.RetryInfo()
+        info.retry_delay.FromNanoseconds(int(fault.retry_after_s * 1e9))
+        detail = any_pb2.Any()
+        detail.Pack(info)
+        status.details.append(detail)
+    return rpc_status.to_status(status)
 
 
 # --- Azure Retail Prices API -------------------------------------------------------------

@@ -1,13 +1,14 @@
 """Each provider's adapter with its real client against a server on loopback.
 
 AWS: boto3 ``pricing`` to the local Price List server (``AWS_ENDPOINT_URL_PRICING``), EC2
-spot history to moto. GCP: google-cloud-billing's ``CloudCatalogClient`` (REST) to the
+spot history to moto. GCP: google-cloud-billing's ``CloudCatalogClient`` (gRPC) to the
 local catalog server. Azure: urllib to the local Retail Prices server.
 """
 
 from __future__ import annotations
 
 import http.client
+import threading
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -30,7 +31,7 @@ from tests.refresh.conftest import (
     NC4AS_T4_SPOT_USD,
     NC4AS_T4_USD,
 )
-from tests.refresh.servers import LocalServer, Reply, aws_throttled, gcp_error
+from tests.refresh.servers import CatalogServer, LocalServer, Reply, aws_throttled, gcp_error
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 FAST = RetryPolicy(attempts=4, base_s=0.001, cap_s=0.01)
@@ -126,16 +127,18 @@ def test_aws_access_denied_is_not_retried(aws_live: LocalServer, catalog: Catalo
     assert len(aws_live.requests) == 1
 
 
-def gcp_settings(server: LocalServer) -> Settings:
+def gcp_settings(server: CatalogServer) -> Settings:
     return Settings(gcp_endpoint=server.url)
 
 
-def test_gcp_sums_skus_per_machine_type(gcp_catalog: LocalServer, catalog: Catalog) -> None:
+def test_gcp_sums_skus_per_machine_type(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
+    progress: list[int] = []
     fresh = gcp.fetch(
         target(catalog, "gcp", "us-central1"),
         gcp_settings(gcp_catalog),
         now=NOW,
         retry=FAST,
+        progress=progress.append,
         credentials=AnonymousCredentials(),
     )
     assert price(fresh, catalog, "us-central1", "g2-standard-4") == {
@@ -150,16 +153,39 @@ def test_gcp_sums_skus_per_machine_type(gcp_catalog: LocalServer, catalog: Catal
     # TPUs are not Compute Engine SKUs: not this API's rows.
     tpu = next(r for r in catalog.instances if r.instance_type == "tpu-v3-8")
     assert row_key(tpu) not in fresh.rows.covered
-    pages = [r for r in gcp_catalog.requests if r.path.endswith("/skus")]
-    assert len(pages) > 3  # several pages, followed by nextPageToken
-    assert pages[0].query["currencyCode"] == "USD"
+    calls = [call.request for call in gcp_catalog.requests]
+    assert len(calls) > 3  # four SKUs a page: several pages, followed by next_page_token
+    assert {(c.parent, c.currency_code, c.page_size) for c in calls} == {
+        ("services/6F81-5844-456A", "USD", gcp.PAGE_SIZE)
+    }
+    assert [c.page_token for c in calls] == ["", *(str(4 * n) for n in range(1, len(calls)))]
+    assert fresh.records == progress[-1] == len(gcp_catalog.skus)
     assert fresh.source == f"Cloud Billing Catalog API services.skus.list ({gcp_catalog.url})"
 
 
-def test_gcp_throttling_is_retried_and_500_fails(
-    gcp_catalog: LocalServer, catalog: Catalog
+def test_gcp_access_token_travels_as_metadata(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
+    from google.oauth2.credentials import Credentials
+
+    gcp.fetch(
+        target(catalog, "gcp", "us-central1"),
+        gcp_settings(gcp_catalog),
+        now=NOW,
+        retry=FAST,
+        credentials=Credentials(token="ya29.test-token"),
+    )
+    assert {call.metadata.get("authorization") for call in gcp_catalog.requests} == {
+        "Bearer ya29.test-token"
+    }
+
+
+def test_gcp_throttling_and_unavailability_are_retried_then_500_fails(
+    gcp_catalog: CatalogServer, catalog: Catalog
 ) -> None:
-    gcp_catalog.script = [gcp_error(429), gcp_error(503, retry_after=None)]
+    gcp_catalog.script = [
+        gcp_error("RESOURCE_EXHAUSTED"),
+        gcp_error("UNAVAILABLE", retry_after_s=None),
+        gcp_error("DEADLINE_EXCEEDED", retry_after_s=None),
+    ]
     fresh = gcp.fetch(
         target(catalog, "gcp", "us-central1"),
         gcp_settings(gcp_catalog),
@@ -170,7 +196,10 @@ def test_gcp_throttling_is_retried_and_500_fails(
     assert (
         price(fresh, catalog, "us-central1", "g2-standard-4")[Market.ON_DEMAND] == G2_STANDARD_4_USD
     )
-    gcp_catalog.always = gcp_error(500)
+    first_page = [c for c in gcp_catalog.requests if not c.request.page_token]
+    assert len(first_page) == 4  # three faults, then the answer
+    gcp_catalog.requests.clear()
+    gcp_catalog.always = gcp_error("INTERNAL")
     with pytest.raises(CostguardError, match="Compute Engine SKUs"):
         gcp.fetch(
             target(catalog, "gcp", "us-central1"),
@@ -179,6 +208,68 @@ def test_gcp_throttling_is_retried_and_500_fails(
             retry=FAST,
             credentials=AnonymousCredentials(),
         )
+    assert len(gcp_catalog.requests) == FAST.attempts
+
+
+def test_gcp_permission_denied_is_not_retried(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
+    gcp_catalog.always = gcp_error("PERMISSION_DENIED")
+    with pytest.raises(CostguardError, match="Google Cloud refused") as info:
+        gcp.fetch(
+            target(catalog, "gcp", "us-central1"),
+            gcp_settings(gcp_catalog),
+            now=NOW,
+            retry=FAST,
+            credentials=AnonymousCredentials(),
+        )
+    assert "infra/gcp" in (info.value.hint or "")
+    assert len(gcp_catalog.requests) == 1
+
+
+def test_gcp_retry_info_sets_the_wait(gcp_catalog: CatalogServer) -> None:
+    from google.api_core import exceptions as core
+
+    from costguard.clouds.gcp import grpc_client
+    from costguard.pricing.refresh.retry import Transient
+
+    client = grpc_client(
+        "google.cloud.billing_v1",
+        "CloudCatalogClient",
+        gcp_settings(gcp_catalog),
+        AnonymousCredentials(),
+    )
+    gcp_catalog.script = [gcp_error("RESOURCE_EXHAUSTED", retry_after_s=7.5)]
+    with pytest.raises(core.ResourceExhausted) as info:
+        client.list_skus(request={"parent": "services/6F81-5844-456A"}, retry=None, timeout=10)
+    client.transport.close()
+    assert gcp._transient(info.value) == Transient("try later", 7.5)
+    assert gcp._transient(core.PermissionDenied("no")) is None
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        (None, "cloudbilling.googleapis.com"),
+        ("https://private.example:8443", "private.example:8443"),
+        ("private.example", "private.example:443"),
+    ],
+)
+def test_gcp_real_endpoints_get_the_clients_own_tls_channel(
+    endpoint: str | None, expected: str
+) -> None:
+    from costguard.clouds.gcp import grpc_client
+
+    # Nothing is sent: a gRPC channel connects on its first call.
+    client = grpc_client(
+        "google.cloud.billing_v1",
+        "CloudCatalogClient",
+        Settings(gcp_endpoint=endpoint),
+        AnonymousCredentials(),
+    )
+    try:
+        assert client.api_endpoint == expected
+        assert type(client.transport).__name__ == "CloudCatalogGrpcTransport"
+    finally:
+        client.transport.close()
 
 
 def test_gcp_unreachable_endpoint_is_explained(catalog: Catalog) -> None:
@@ -191,6 +282,19 @@ def test_gcp_unreachable_endpoint_is_explained(catalog: Catalog) -> None:
             settings,
             now=NOW,
             retry=RetryPolicy(attempts=2, base_s=0.001),
+            credentials=AnonymousCredentials(),
+        )
+
+
+def test_gcp_plaintext_endpoint_off_loopback_is_refused(catalog: Catalog) -> None:
+    from costguard.errors import InputError
+
+    with pytest.raises(InputError, match="must be on loopback"):
+        gcp.fetch(
+            target(catalog, "gcp", "us-central1"),
+            Settings(gcp_endpoint="http://192.0.2.10:8080"),  # TEST-NET: never reached
+            now=NOW,
+            retry=FAST,
             credentials=AnonymousCredentials(),
         )
 
@@ -276,7 +380,7 @@ def test_aws_connection_errors_are_translated(
 
 
 def test_gcp_credentials_that_cannot_refresh_are_translated(
-    gcp_catalog: LocalServer, catalog: Catalog
+    gcp_catalog: CatalogServer, catalog: Catalog
 ) -> None:
     from google.auth import credentials as google_credentials
     from google.auth.exceptions import RefreshError
@@ -345,3 +449,96 @@ def test_pages_follows_tokens_lazily_and_stops_endless_paging() -> None:
     counter = iter(range(10**6))
     with pytest.raises(CostguardError, match="past 5 pages"):
         list(pages(lambda token: ([0], str(next(counter))), max_pages=5))
+
+
+# --- Azure regions side by side ---------------------------------------------------------
+
+
+def regions_target(catalog: Catalog, regions: tuple[str, ...]) -> Target:
+    rows = tuple(r for r in catalog.instances if r.provider == "azure" and r.region in regions)
+    return Target("azure", regions, rows)
+
+
+def test_azure_reads_regions_side_by_side(catalog: Catalog) -> None:
+    from tests.refresh.servers import Request, azure_item, azure_prices_handler
+
+    regions = ("eastus", "eastus2", "westus2")
+    items = [
+        azure_item("Standard_NC12s_v3", region, str((Decimal("0.5") + n) / divide), spot=spot)
+        for n, region in enumerate(regions)
+        for spot, divide in ((False, 1), (True, 5))
+    ] * 3  # the same prices several times over: several pages per region
+    serve = azure_prices_handler(items, page_size=2)
+    # Every region's first page waits until another region's first page is asked for:
+    # read one region after another, this would time out (and answer 500).
+    together = threading.Barrier(len(regions), timeout=20)
+
+    def handler(server: LocalServer, request: Request) -> Reply:
+        if "$skip" not in request.query:
+            try:
+                together.wait()
+            except threading.BrokenBarrierError:
+                return Reply(500, {"Error": "the regions were read one after another"})
+        return serve(server, request)
+
+    server = LocalServer(handler)
+    try:
+        fresh = azure.fetch(
+            regions_target(catalog, regions), azure_settings(server), now=NOW, retry=FAST
+        )
+    finally:
+        server.close()
+    for n, region in enumerate(regions):
+        usd = Decimal("0.5") + n
+        assert price(fresh, catalog, region, "Standard_NC12s_v3") == {
+            Market.ON_DEMAND: usd,
+            Market.SPOT: usd / 5,
+        }
+    assert fresh.records == len(items)
+    assert fresh.answered == frozenset(regions)
+    assert not [t for t in threading.enumerate() if t.name.startswith("prices")]
+
+
+def test_azure_one_region_failing_stops_the_others(catalog: Catalog) -> None:
+    from tests.refresh.servers import Request, azure_item, azure_prices_handler
+
+    items = [azure_item("Standard_D2s_v5", "eastus", "0.1")] * 400
+    serve = azure_prices_handler(items, page_size=1)  # eastus: 400 pages
+
+    def handler(server: LocalServer, request: Request) -> Reply:
+        if "westus2" in request.query.get("$filter", ""):
+            return Reply(403, {"Error": "forbidden"})
+        return serve(server, request)
+
+    server = LocalServer(handler)
+    try:
+        with pytest.raises(CostguardError, match="HTTP 403"):
+            azure.fetch(
+                regions_target(catalog, ("eastus", "westus2")),
+                azure_settings(server),
+                now=NOW,
+                retry=FAST,
+            )
+        eastus = [r for r in server.requests if "eastus" in r.query.get("$filter", "")]
+    finally:
+        server.close()
+    assert len(eastus) < 400  # stopped, not read to the end
+    assert not [t for t in threading.enumerate() if t.name.startswith("prices")]
+
+
+def test_interleave_stops_its_producers_when_closed() -> None:
+    made: dict[str, int] = {}
+
+    def endless(key: str):
+        for n in range(10**9):  # bounded, but far more than the test reads
+            made[key] = n
+            yield key, n
+
+    items = azure.interleave(endless, ["a", "b", "c"], 2)
+    first = [next(items) for _ in range(10)]
+    items.close()
+    assert {key for key, _ in first} <= {"a", "b"}  # two at a time: c waits its turn
+    assert "c" not in made  # and never started: closing cancelled it
+    assert sum(made.values()) < 100  # held back by the bounded queue
+    # close() returns once the producers have stopped: none is left running.
+    assert not [t for t in threading.enumerate() if t.name.startswith("prices")]

@@ -4,6 +4,7 @@ Azure meters."""
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -13,12 +14,14 @@ from hypothesis import strategies as st
 from costguard.pricing.catalog import InstancePrice, Market, PriceStatus
 from costguard.pricing.refresh.parse import (
     GcpSku,
+    _gcp_other,
     aws_ondemand,
     aws_prices,
     aws_spot,
     azure_item,
     azure_prices,
     gcp_component,
+    gcp_may_price_vm,
     gcp_prices,
     gcp_sku_from_json,
     gcp_unit_prices,
@@ -193,6 +196,57 @@ def test_gcp_components() -> None:
         sku("Storage PD Capacity"),
     ):
         assert gcp_component(skipped) is None, skipped
+
+
+#: How "another way of buying" was first written: one case-blind pattern.
+OTHER_PATTERN = re.compile(
+    r"commit|reserv|\bDWS\b|dynamic workload|flex|calendar|sole tenan|custom|extended",
+    re.IGNORECASE,
+)
+WORDS = (
+    "Commitment",
+    "v1:",
+    "RESERVED",
+    "Reservation",
+    "(DWS)",
+    "DWS",
+    "dws-x",
+    "DWSX",
+    "ADWS",
+    "Dynamic",
+    "Workload",
+    "FlexStart",
+    "Calendar",
+    "Sole",
+    "Tenancy",
+    "tenant",
+    "Custom",
+    "Extended",
+    "N1",
+    "Predefined",
+    "Instance",
+    "Core",
+    "running",
+    "in",
+    "Americas",
+)
+
+
+@given(st.lists(st.sampled_from(WORDS), max_size=8).map(" ".join))
+def test_other_ways_of_buying_are_told_as_the_pattern_tells_them(description: str) -> None:
+    assert _gcp_other(description) == (OTHER_PATTERN.search(description) is not None)
+
+
+def test_the_cheap_gcp_filter_keeps_every_sku_that_prices_a_vm() -> None:
+    parsed = [s for s in map(gcp_sku_from_json, GCP_SKUS) if s is not None]
+    kept = [s for s in parsed if gcp_may_price_vm(s.description, s.usage_type)]
+    assert [s for s in parsed if gcp_component(s) is not None] == [
+        s for s in kept if gcp_component(s) is not None
+    ]
+    assert len(kept) < len(parsed)  # the commitment SKU goes before it is read
+    assert not gcp_may_price_vm("Storage PD Capacity", "OnDemand")
+    assert not gcp_may_price_vm("Nvidia Tesla T4 GPU running in Americas", "Commit1Yr")
+    assert gcp_may_price_vm("Nvidia Tesla T4 GPU running in Americas", "Preemptible")
 
 
 @given(

@@ -18,7 +18,6 @@ from costguard.pricing.catalog import load_catalog, load_tables
 from costguard.pricing.refresh.runner import current_tables, plan_refresh, refresh_tables
 from costguard.settings import Settings
 from tests.refresh.conftest import G5_XLARGE_USD, NC4AS_T4_USD, write_mirror
-from tests.refresh.servers import LocalServer
 
 REGIONS = ("--region", "us-east-1", "--region", "us-central1", "--region", "eastus")
 BUNDLED_AS_OF = date(2026, 11, 30)
@@ -37,7 +36,7 @@ def statuses(report: dict) -> dict[str, str]:
 
 def test_gcp_credentials_failing_fails_only_gcp(
     run_cli,
-    refresh_env: dict[str, LocalServer],
+    refresh_env: dict[str, Any],
     cache_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -15,6 +15,7 @@ import tomllib
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ from tests.refresh.conftest import (
     NC4AS_T4_USD,
     write_mirror,
 )
-from tests.refresh.servers import LocalServer, Reply, gcp_error
+from tests.refresh.servers import Reply, gcp_error
 
 REGIONS = ("--region", "us-east-1", "--region", "us-central1", "--region", "eastus")
 
@@ -68,7 +69,7 @@ def by_market(document: dict) -> dict[str, Decimal]:
 
 
 def test_round_trip_refresh_then_estimate_uses_the_new_prices(
-    run_cli, refresh_env: dict[str, LocalServer], cache_dir: Path
+    run_cli, refresh_env: dict[str, Any], cache_dir: Path
 ) -> None:
     result = run_cli("pricing", "refresh", *REGIONS, "--format", "json")
     assert result.exit_code == 0, result.stderr
@@ -111,7 +112,7 @@ def test_round_trip_refresh_then_estimate_uses_the_new_prices(
 
 
 def test_cache_metadata_says_what_was_refreshed_and_what_was_kept(
-    run_cli, refresh_env: dict[str, LocalServer], cache_dir: Path
+    run_cli, refresh_env: dict[str, Any], cache_dir: Path
 ) -> None:
     assert run_cli("pricing", "refresh", "--region", "us-east-1").exit_code == 0
     current = cache_dir / "current"
@@ -141,11 +142,11 @@ def test_cache_metadata_says_what_was_refreshed_and_what_was_kept(
 
 
 def test_one_provider_failing_keeps_its_rows_and_exits_1(
-    run_cli, refresh_env: dict[str, LocalServer], cache_dir: Path
+    run_cli, refresh_env: dict[str, Any], cache_dir: Path
 ) -> None:
     assert run_cli("pricing", "refresh", *REGIONS).exit_code == 0
     before = load_catalog(cache_dir / "current")
-    refresh_env["gcp"].always = gcp_error(500)
+    refresh_env["gcp"].always = gcp_error("INTERNAL")
     refresh_env["azure"].always = Reply(
         503, {"Error": "down for maintenance"}, {"Retry-After": "0"}
     )
@@ -174,9 +175,9 @@ def test_one_provider_failing_keeps_its_rows_and_exits_1(
 
 
 def test_every_provider_failing_writes_nothing(
-    run_cli, refresh_env: dict[str, LocalServer], cache_dir: Path
+    run_cli, refresh_env: dict[str, Any], cache_dir: Path
 ) -> None:
-    refresh_env["gcp"].always = gcp_error(500)
+    refresh_env["gcp"].always = gcp_error("INTERNAL")
     refresh_env["azure"].always = Reply(500, {"Error": "no"}, {"Retry-After": "0"})
     result = run_cli("pricing", "refresh", "--region", "us-central1", "--region", "eastus")
     assert result.exit_code == 1
@@ -232,7 +233,7 @@ def test_from_mirror_defaults_to_the_providers_it_has(
     ],
 )
 def test_bad_input_exits_2_before_any_network_call(
-    run_cli, refresh_env: dict[str, LocalServer], args: tuple[str, ...], needle: str
+    run_cli, refresh_env: dict[str, Any], args: tuple[str, ...], needle: str
 ) -> None:
     result = run_cli("pricing", "refresh", *args)
     assert result.exit_code == 2, result.stderr
@@ -487,6 +488,49 @@ def test_a_mirror_refresh_needs_no_cloud_sdk(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_live_refresh_process_exits_cleanly(
+    tmp_path: Path, gcp_catalog: Any, azure_prices: Any
+) -> None:
+    """The console script's process, gRPC channel and all: its output whole, its exit
+    quiet (the heap is frozen on the way out, see ``_skip_the_last_collections``)."""
+    child = (
+        "import sys\n"
+        "from google.auth.credentials import AnonymousCredentials\n"
+        "import costguard.clouds.gcp\n"
+        "costguard.clouds.gcp.default_credentials = AnonymousCredentials\n"
+        "from costguard.cli import main\n"
+        "sys.argv[0] = 'costguard'\n"
+        "main()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
+    env.update(
+        COSTGUARD_CACHE_DIR=str(tmp_path / "cache"),
+        COSTGUARD_GCP_ENDPOINT=gcp_catalog.url,
+        COSTGUARD_AZURE_PRICES_ENDPOINT=azure_prices.url,
+        XDG_CONFIG_HOME=str(tmp_path / "none"),
+    )
+    command = [sys.executable, "-c", child, "pricing", "refresh", "--format", "json"]
+    done = subprocess.run(
+        [*command, "--region", "us-central1", "--region", "eastus"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {p["provider"]: p["status"] for p in report["providers"]} == {
+        "gcp": "refreshed",
+        "azure": "refreshed",
+    }
+    assert "Traceback" not in done.stderr
+    assert "Exception ignored" not in done.stderr
+    assert gcp_catalog.requests
+    assert azure_prices.requests
+    assert (tmp_path / "cache" / "current").exists()
 
 
 def test_a_broken_mirror_file_fails_only_its_provider(

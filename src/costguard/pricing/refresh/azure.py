@@ -1,11 +1,13 @@
 """Azure prices: the public Retail Prices REST API (no account, no SDK).
 
 ``GET {endpoint}/api/retail/prices?api-version=2023-01-01-preview&$filter=...`` for
-``serviceName eq 'Virtual Machines'``, one region at a time, pay-as-you-go
+``serviceName eq 'Virtual Machines'``, one query per region, pay-as-you-go
 (``priceType eq 'Consumption'``), following ``NextPageLink`` page by page (only to the
-same host). Plain :mod:`urllib` with timeouts; throttling (429, with ``Retry-After``) and
-5xx are retried. ``Settings.azure_prices_endpoint`` points it at a mirror or a test
-server.
+same host). A region's pages come one after another (each names the next), so a few
+regions are read at once (:data:`REGION_WORKERS`): the API's latency per page, not the
+parsing, is what a refresh of every region waits on. Plain :mod:`urllib` with timeouts;
+throttling (429, with ``Retry-After``) and 5xx are retried. ``Settings.azure_prices_endpoint``
+points it at a mirror or a test server.
 """
 
 from __future__ import annotations
@@ -13,15 +15,19 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import queue
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from costguard import __version__
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, pages
@@ -44,6 +50,13 @@ API_VERSION = "2023-01-01-preview"
 MAX_PAGES = 10_000
 #: One socket timeout covers connecting and each read (urllib has a single timeout).
 TIMEOUT_S = max(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+#: Regions read at once. Pages read ahead wait in a queue of twice as many, so memory
+#: stays a few pages whatever the number of regions.
+REGION_WORKERS = 4
+#: How often a reader blocked on a full queue looks whether the refresh was abandoned.
+_POLL_S = 0.1
+
+_T = TypeVar("_T")
 
 
 def fetch(
@@ -148,11 +161,13 @@ def _live_pages(
     endpoint: str, regions: tuple[str, ...], policy: RetryPolicy
 ) -> Iterator[Mapping[str, Any]]:
     """Every page of each region's prices, following ``NextPageLink`` on the endpoint's
-    host only (:func:`costguard.clouds.pages` stops a link repeated or never ending)."""
-    for region in regions:
+    host only (:func:`costguard.clouds.pages` stops a link repeated or never ending);
+    :data:`REGION_WORKERS` regions at a time, pages of different regions interleaved."""
+
+    def region_pages(region: str) -> Iterator[Mapping[str, Any]]:
         first = region_url(endpoint, region)
 
-        def fetch(url: str | None, first: str = first) -> tuple[list[dict[str, Any]], str | None]:
+        def fetch(url: str | None) -> tuple[list[dict[str, Any]], str | None]:
             page = call_with_retry(partial(get_json, url or first), _transient, policy)
             link = page.get("NextPageLink") or None
             if link is not None and not same_origin(str(link), endpoint):
@@ -160,7 +175,87 @@ def _live_pages(
                 raise CostguardError(msg, hint="set COSTGUARD_AZURE_PRICES_ENDPOINT to that host")
             return [page], None if link is None else str(link)
 
-        yield from pages(fetch, max_pages=MAX_PAGES)
+        return pages(fetch, max_pages=MAX_PAGES)
+
+    return interleave(region_pages, regions, REGION_WORKERS)
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: BaseException
+
+
+_DONE = object()
+
+
+def interleave(
+    produce: Callable[[str], Iterable[_T]], keys: Iterable[str], workers: int
+) -> Generator[_T, None, None]:
+    """The items of ``produce(key)`` for every key, ``workers`` keys at a time, in the
+    order they come (each key's own items in order).
+
+    The first error of any key is raised here, and the other keys stop before their next
+    item (an item being fetched is finished: each fetch has its own timeout). Items wait
+    in a queue of ``2 * workers``: a slow consumer holds the producers back. Closing the
+    iterator early stops them the same way.
+
+    >>> sorted(interleave(lambda key: [key * 2, key * 3], ["a", "b", "c"], 2))
+    ['aa', 'aaa', 'bb', 'bbb', 'cc', 'ccc']
+    >>> list(interleave(lambda key: [1 // 0], ["a"], 2))
+    Traceback (most recent call last):
+    ...
+    ZeroDivisionError: integer division or modulo by zero
+    """
+    keys = list(keys)
+    if workers <= 1 or len(keys) <= 1:
+        for key in keys:
+            yield from produce(key)
+        return
+    waiting: queue.Queue[object] = queue.Queue(maxsize=2 * workers)
+    stop = threading.Event()
+
+    def put(item: object) -> bool:
+        while not stop.is_set():
+            try:
+                waiting.put(item, timeout=_POLL_S)
+            except queue.Full:
+                continue
+            return True
+        return False
+
+    def work(key: str) -> None:
+        try:
+            if stop.is_set():
+                return
+            items = iter(produce(key))
+            while not stop.is_set():
+                try:
+                    item = next(items)
+                except StopIteration:
+                    break
+                if not put(item):
+                    return
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(_Failed(exc))
+        finally:
+            put(_DONE)
+
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(keys)), thread_name_prefix="prices")
+    try:
+        for key in keys:
+            pool.submit(work, key)
+        finished = 0
+        while finished < len(keys):
+            item = waiting.get()
+            if item is _DONE:
+                finished += 1
+            elif isinstance(item, _Failed):
+                raise item.error
+            else:
+                yield cast(_T, item)  # what produce made
+    finally:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def get_json(url: str) -> dict[str, Any]:

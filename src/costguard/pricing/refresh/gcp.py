@@ -1,18 +1,22 @@
 """GCP prices: the Cloud Billing Catalog API, Compute Engine SKUs.
 
-``CloudCatalogClient.list_skus`` (google-cloud-billing, REST transport) for
-``services/6F81-5844-456A`` in USD, page by page (``nextPageToken``), each page retried
-on throttling and 5xx. The catalog has no server-side filter, so every Compute Engine
-SKU is read; :mod:`costguard.pricing.refresh.parse` keeps the vCPU, RAM and GPU SKUs and
-sums them per machine type. ``Settings.gcp_endpoint`` points the client elsewhere (a
-private endpoint, a test server); credentials are Application Default Credentials.
+``CloudCatalogClient.list_skus`` (google-cloud-billing) for ``services/6F81-5844-456A``
+in USD, page by page (``next_page_token``), each page retried on throttling and
+unavailability. The catalog has no server-side filter, so every Compute Engine SKU is
+read (tens of thousands): the client speaks gRPC, whose answers are parsed into protobuf
+in C (its REST transport parses JSON into protobuf in Python, ~4,000 SKUs/s), and each SKU
+is read field by field off the raw message. :mod:`costguard.pricing.refresh.parse` keeps
+the vCPU, RAM and GPU SKUs and sums them per machine type. ``Settings.gcp_endpoint``
+points the client elsewhere (a private endpoint over TLS, a local server on loopback:
+see :func:`costguard.clouds.gcp.grpc_target`); credentials are Application Default
+Credentials.
 """
 
 from __future__ import annotations
 
-import http.client
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -25,18 +29,14 @@ from costguard.pricing.refresh.merge import FreshPrices, Target
 from costguard.pricing.refresh.parse import (
     GCP_COMPUTE_SERVICE,
     GcpSku,
+    gcp_may_price_vm,
     gcp_money,
     gcp_prices,
     gcp_sku_from_json,
     gcp_unit_prices,
 )
 from costguard.pricing.refresh.progress import RecordCounter
-from costguard.pricing.refresh.retry import (
-    RetryPolicy,
-    Transient,
-    call_with_retry,
-    parse_retry_after,
-)
+from costguard.pricing.refresh.retry import RetryPolicy, Transient, call_with_retry
 from costguard.settings import Settings
 
 DEFAULT_ENDPOINT = "https://cloudbilling.googleapis.com"
@@ -62,43 +62,27 @@ def fetch(
     """
     count = RecordCounter(progress)
     if mirror is not None:
-        skus: Iterator[GcpSku | None] = (
-            gcp_sku_from_json(record)
+        records = (
+            record
             for page in mirrors.pages(mirror, "gcp", "skus")
             for record in mirrors.records(page, "skus")
         )
+        skus = (
+            gcp_sku_from_json(record)
+            for record in count(records)
+            if gcp_may_price_vm(
+                str(record.get("description", "")),
+                str((record.get("category") or {}).get("usageType", "")),
+            )
+        )
         source = f"Cloud Billing Catalog API responses in {mirror / 'gcp'}"
-        unit_prices = gcp_unit_prices(sku for sku in count(skus) if sku is not None)
+        unit_prices = gcp_unit_prices(sku for sku in skus if sku is not None)
     else:
         endpoint = settings.gcp_endpoint or DEFAULT_ENDPOINT
         source = f"Cloud Billing Catalog API services.skus.list ({endpoint})"
-        requests_errors = require("requests.exceptions", gcp.EXTRA)
-        auth_errors = require("google.auth.exceptions", gcp.EXTRA)
-        try:
-            client = gcp.client(
-                "google.cloud.billing_v1", "CloudCatalogClient", settings, credentials
-            )
-            unit_prices = gcp_unit_prices(count(_live_skus(client, retry or RetryPolicy())))
-        except gcp.errors() as exc:
-            raise gcp.translate(exc, "listing Compute Engine SKUs") from None
-        except auth_errors.GoogleAuthError as exc:
-            msg = f"Google Cloud credentials failed while listing Compute Engine SKUs: {exc}"
-            raise CostguardError(
-                msg,
-                hint="run `gcloud auth application-default login`, or check "
-                "GOOGLE_APPLICATION_CREDENTIALS",
-            ) from None
-        # requests' errors are OSErrors too: they are told apart first.
-        except requests_errors.RequestException as exc:
-            msg = f"cannot reach the Cloud Billing Catalog API at {endpoint}: {exc}"
-            raise CostguardError(
-                msg, hint="check the network, and COSTGUARD_GCP_ENDPOINT if you set it"
-            ) from None
-        except (http.client.HTTPException, OSError) as exc:
-            msg = f"the connection to the Cloud Billing Catalog API at {endpoint} failed: {exc!r}"
-            raise CostguardError(
-                msg, hint="check the network, and COSTGUARD_GCP_ENDPOINT if you set it"
-            ) from None
+        unit_prices = _live_unit_prices(
+            settings, endpoint, retry or RetryPolicy(), count, credentials
+        )
     return FreshPrices(
         provider="gcp",
         regions=frozenset(target.regions),
@@ -110,12 +94,46 @@ def fetch(
     )
 
 
-def _live_skus(client: Any, policy: RetryPolicy) -> Iterator[GcpSku]:
-    """Every Compute Engine SKU, page by page (:func:`costguard.clouds.pages` stops a
-    server that repeats a token or never ends)."""
-    sku_type = require("google.cloud.billing_v1", gcp.EXTRA).Sku
+def _live_unit_prices(
+    settings: Settings,
+    endpoint: str,
+    policy: RetryPolicy,
+    count: RecordCounter,
+    credentials: Any,
+) -> dict[tuple[str, str, Market], Decimal]:
+    """Unit prices from the live catalog; errors as :class:`CostguardError`."""
+    core = require("google.api_core.exceptions", gcp.EXTRA)
+    auth_errors = require("google.auth.exceptions", gcp.EXTRA)
+    try:
+        client = gcp.grpc_client(
+            "google.cloud.billing_v1", "CloudCatalogClient", settings, credentials
+        )
+    except auth_errors.GoogleAuthError as exc:
+        msg = f"Google Cloud credentials failed while listing Compute Engine SKUs: {exc}"
+        raise CostguardError(
+            msg,
+            hint="run `gcloud auth application-default login`, or check "
+            "GOOGLE_APPLICATION_CREDENTIALS",
+        ) from None
+    try:
+        skus = (_sku(raw) for raw in count(_live_skus(client, policy)))
+        return gcp_unit_prices(sku for sku in skus if sku is not None)
+    except core.ServiceUnavailable as exc:  # what gRPC says when it cannot connect
+        msg = f"cannot reach the Cloud Billing Catalog API at {endpoint}: {exc.message}"
+        raise CostguardError(
+            msg, hint="check the network, and COSTGUARD_GCP_ENDPOINT if you set it"
+        ) from None
+    except gcp.errors() as exc:
+        raise gcp.translate(exc, "listing Compute Engine SKUs") from None
+    finally:
+        client.transport.close()
 
-    def fetch(token: str | None) -> tuple[list[GcpSku], str | None]:
+
+def _live_skus(client: Any, policy: RetryPolicy) -> Iterator[Any]:
+    """Every Compute Engine SKU (protobuf messages), page by page
+    (:func:`costguard.clouds.pages` stops a server that repeats a token or never ends)."""
+
+    def fetch(token: str | None) -> tuple[Any, str | None]:
         request = {
             "parent": GCP_COMPUTE_SERVICE,
             "currency_code": "USD",
@@ -123,51 +141,62 @@ def _live_skus(client: Any, policy: RetryPolicy) -> Iterator[GcpSku]:
             "page_token": token or "",
         }
         call = partial(client.list_skus, request=request, retry=None, timeout=READ_TIMEOUT_S)
-        pager = call_with_retry(call, _transient, policy)
-        # The pager answers for the page it fetched; the next page is asked for by hand
-        # so that each call gets the retry policy above.
-        parsed = (_sku(sku_type.pb(sku)) for sku in pager.skus)
-        return [sku for sku in parsed if sku is not None], pager.next_page_token or None
+        # The pager answers for the page it fetched (its first page); the next page is
+        # asked for by hand so that each call gets the retry policy above.
+        response = next(iter(call_with_retry(call, _transient, policy).pages))
+        raw = type(response).pb(response)  # the protobuf message, without proto-plus
+        return raw.skus, raw.next_page_token or None
 
     return pages(fetch, max_pages=MAX_PAGES)
 
 
 def _sku(raw: Any) -> GcpSku | None:
-    """A SKU from its protobuf message (read field by field: proto-plus wrappers cost
-    more than the parsing)."""
-    if not raw.pricing_info:
+    """A SKU from its protobuf message, read field by field (proto-plus wrappers cost
+    more than the parsing); ``None`` for one that cannot price a VM (most of them: told
+    by name and usage type before the rest is read) or not priced in USD."""
+    description = raw.description
+    usage_type = raw.category.usage_type
+    if not gcp_may_price_vm(description, usage_type) or not raw.pricing_info:
         return None
     expression = raw.pricing_info[-1].pricing_expression
-    if not expression.tiered_rates:
+    rates = expression.tiered_rates
+    if not rates:
         return None
-    first = min(expression.tiered_rates, key=lambda rate: rate.start_usage_amount)
-    if first.unit_price.currency_code not in ("", "USD"):
+    first = rates[0] if len(rates) == 1 else min(rates, key=lambda rate: rate.start_usage_amount)
+    price = first.unit_price
+    if price.currency_code not in ("", "USD"):
         return None
     return GcpSku(
-        description=raw.description,
-        usage_type=raw.category.usage_type,
+        description=description,
+        usage_type=usage_type,
         regions=tuple(raw.service_regions),
         usage_unit=expression.usage_unit,
-        usd=gcp_money(first.unit_price.units, first.unit_price.nanos),
+        usd=gcp_money(price.units, price.nanos),
     )
 
 
 def _transient(exc: Exception) -> Transient | None:
-    """429, 5xx and dropped connections are worth another try."""
+    """Throttling (``RESOURCE_EXHAUSTED``), ``UNAVAILABLE`` (also: cannot connect),
+    ``DEADLINE_EXCEEDED`` and ``INTERNAL`` are worth another try; the server's
+    ``google.rpc.RetryInfo``, when it sent one, says how long to wait."""
     core = require("google.api_core.exceptions", gcp.EXTRA)
-    requests_errors = require("requests.exceptions", gcp.EXTRA)
     retryable = (
-        core.TooManyRequests,
         core.ResourceExhausted,
-        core.InternalServerError,
-        core.BadGateway,
         core.ServiceUnavailable,
+        core.DeadlineExceeded,
+        core.InternalServerError,
         core.GatewayTimeout,
+        core.BadGateway,
     )
-    if isinstance(exc, retryable):
-        response = getattr(exc, "response", None)
-        headers = getattr(response, "headers", None) or {}
-        return Transient(str(exc.message), parse_retry_after(headers.get("Retry-After")))
-    if isinstance(exc, requests_errors.ConnectionError | requests_errors.Timeout):
-        return Transient(str(exc))
+    if not isinstance(exc, retryable):
+        return None
+    return Transient(str(exc.message), _retry_delay_s(exc.details))
+
+
+def _retry_delay_s(details: Any) -> float | None:
+    """The delay of a ``google.rpc.RetryInfo`` among an error's details, in seconds."""
+    retry_info = require("google.rpc.error_details_pb2", gcp.EXTRA).RetryInfo
+    for detail in details or ():
+        if isinstance(detail, retry_info):
+            return float(detail.retry_delay.seconds) + detail.retry_delay.nanos / 1e9
     return None

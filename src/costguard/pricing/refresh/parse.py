@@ -259,11 +259,37 @@ _GCP_GPU = re.compile(
     r"^Nvidia (?P<model>.+?) GPU(?: attached to Spot Preemptible VMs)? running in ",
     re.IGNORECASE,
 )
-# Committed-use, reservation, DWS/Flex and sole-tenant SKUs price other ways of buying.
-_GCP_OTHER = re.compile(
-    r"commit|reserv|\bDWS\b|dynamic workload|flex|calendar|sole tenan|custom|extended",
-    re.IGNORECASE,
+# Committed-use, reservation, DWS/Flex and sole-tenant SKUs price other ways of buying
+# (and custom/extended shapes other machine types): words looked for in lower case, as
+# plain substrings (a regular expression of alternatives costs ten times as much).
+_GCP_OTHER_WORDS = (
+    "commit",
+    "reserv",
+    "dynamic workload",
+    "flex",
+    "calendar",
+    "sole tenan",
+    "custom",
+    "extended",
 )
+_GCP_DWS = re.compile(r"\bdws\b")
+
+
+def _gcp_other(description: str) -> bool:
+    """Whether a SKU prices another way of buying (or a custom shape).
+
+    >>> _gcp_other("Nvidia H100 80GB GPU running in Americas (DWS)")
+    True
+    >>> _gcp_other("N2 Instance Core running in Americas"), _gcp_other("DWSX Core running")
+    (False, False)
+    """
+    lower = description.lower()
+    for word in _GCP_OTHER_WORDS:
+        if word in lower:
+            return True
+    return "dws" in lower and _GCP_DWS.search(lower) is not None
+
+
 _GCP_UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h"}
 
 
@@ -313,6 +339,27 @@ def gcp_sku_from_json(record: Mapping[str, Any]) -> GcpSku | None:
     )
 
 
+def gcp_may_price_vm(description: str, usage_type: str) -> bool:
+    """Whether a SKU may price a VM costguard lists: on-demand or spot, and named like a
+    vCPU, RAM or GPU SKU. A necessary condition of :func:`gcp_component`, cheap enough
+    to run on every SKU of the catalog before the rest of it is read (most are disks,
+    networking, licences and commitments).
+
+    >>> gcp_may_price_vm("N1 Predefined Instance Core running in Americas", "OnDemand")
+    True
+    >>> gcp_may_price_vm("Storage PD Capacity in Americas", "OnDemand")
+    False
+    >>> gcp_may_price_vm("N1 Predefined Instance Core running in Americas", "Commit1Yr")
+    False
+    """
+    # " running in " (a plain substring test) turns most SKUs away before any pattern.
+    return (
+        usage_type in _GCP_MARKETS
+        and " running in " in description.lower()
+        and (_GCP_HOST.match(description) is not None or _GCP_GPU.match(description) is not None)
+    )
+
+
 def gcp_component(sku: GcpSku) -> tuple[str, Market] | None:
     """What a SKU prices, e.g. ``("core:N1 Predefined Instance", on-demand)`` or
     ``("gpu:T4", spot)``; ``None`` for SKUs that do not price a VM costguard lists.
@@ -322,7 +369,7 @@ def gcp_component(sku: GcpSku) -> tuple[str, Market] | None:
     ('core:N1 Predefined Instance', <Market.SPOT: 'spot'>)
     """
     market = _GCP_MARKETS.get(sku.usage_type)
-    if market is None or _GCP_OTHER.search(sku.description):
+    if market is None or _gcp_other(sku.description):
         return None
     gpu = _GCP_GPU.match(sku.description)
     if gpu:
