@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 ARGS = ("estimate", "--gpu", "a10g", "--hours", "8", "--count", "4")
+SLURM_ARGS = ("--provider", "slurm", "--su-per-gpu-hour", "32")
 
 
 def test_table_shows_both_markets_and_assumptions(run_cli) -> None:
@@ -222,6 +223,17 @@ def test_budget_met_exits_0(run_cli) -> None:
         (("--gpu", "a10g", "--hours", "8", "--format", "xml"), "--format"),
         (("--hours", "8"), "GPU or an instance type"),
         (("--gpu", "a10g"), "--hours"),
+        (("--gpu", "a10g", "--hours", "8", "--provider", "slurm"), "--su-per-gpu-hour"),
+        (("--gpu", "a10g", "--hours", "8", "--provider", "SLURM"), "--su-per-gpu-hour"),
+        (("--gpu", "a10g", "--hours", "8", "--su-per-gpu-hour", "4"), "--provider slurm"),
+        (("--gpu", "a10g", "--hours", "8", "--usd-per-su", "1"), "--provider slurm"),
+        (
+            ("--gpu", "a10g", "--hours", "8", *SLURM_ARGS[:2], "--su-per-gpu-hour", "0"),
+            "more than 0",
+        ),
+        (("--gpu", "a10g", "--hours", "8", *SLURM_ARGS, "--su-budget", "-5"), "--su-budget"),
+        (("--gpu", "a10g", "--hours", "8", *SLURM_ARGS, "--usd-per-su", "x"), "--usd-per-su"),
+        (("--instance-type", "g5.xlarge", "--hours", "8", *SLURM_ARGS), "--gpu"),
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_a_hint(run_cli, extra, needle) -> None:
@@ -278,3 +290,71 @@ def test_real_process_bad_input_has_no_traceback(tmp_path) -> None:
     assert done.returncode == 2
     assert done.stderr.startswith("Error: ")
     assert "Traceback" not in done.stderr
+
+
+# SLURM allocations: service units next to the cloud options.
+
+
+def test_slurm_table_sits_next_to_every_cloud(run_cli) -> None:
+    result = run_cli(*ARGS, *SLURM_ARGS, "--su-budget", "4096", "--top", "0")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "g5.xlarge" in out
+    assert "us-east-1" in out
+    assert "SLURM allocation: 4 x A10G GPU(s), 8 h" in out
+    assert "1,024" in out  # 4 GPUs x 8 h x 32 SU
+    assert "25.0% of 4,096" in out
+    assert "allocation, not billed" in out
+    assert "The SLURM run uses 1,024 SU of the allocation (not billed)" in out
+    assert "4 GPU(s) x 8 h x 32 SU per GPU-hour" in out  # the assumption
+
+
+def test_slurm_json_in_su_and_dollars_only_when_given(run_cli) -> None:
+    doc = run_cli(*ARGS, *SLURM_ARGS, "--provider", "aws", "--format", "json").json()
+    assert doc["query"]["providers"] == ["aws"]
+    assert {o["provider"] for o in doc["options"]} == {"aws"}
+    slurm = doc["slurm"]
+    assert slurm["service_units"] == "1024"
+    assert slurm["gpu_hours"] == "32"
+    assert slurm["billed"] is False
+    assert slurm["total_usd"] is None
+    assert Decimal(slurm["cheapest_cloud_total_usd"]) == Decimal(doc["options"][0]["total_usd"])
+    assert any(a.startswith("SLURM: an allocation, not billed") for a in doc["assumptions"])
+
+    priced = run_cli(*ARGS, *SLURM_ARGS, "--usd-per-su", "0.05", "--format", "json").json()
+    assert priced["slurm"]["billed"] is True
+    assert priced["slurm"]["total_usd"] == "51.2"  # 1024 SU x $0.05
+    assert priced["query"]["slurm"]["usd_per_su"] == "0.05"
+    assert "more than the cloud" in priced["slurm"]["notes"][0]
+
+
+def test_no_slurm_key_content_without_slurm(run_cli) -> None:
+    doc = run_cli(*ARGS, "--format", "json").json()
+    assert doc["slurm"] is None
+    assert doc["query"]["slurm"] is None
+
+
+def test_slurm_csv_row_and_columns(run_cli) -> None:
+    result = run_cli(*ARGS, *SLURM_ARGS, "--format", "csv", "--top", "2")
+    assert result.exit_code == 0, result.stderr
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    *clouds, slurm = rows
+    assert clouds
+    assert all(r["service_units"] == "" for r in clouds)
+    assert slurm["provider"] == "slurm"
+    assert slurm["market"] == "allocation"
+    assert slurm["service_units"] == "1024"
+    assert slurm["total_usd"] == ""  # not billed
+    assert "not billed" in slurm["notes"]
+    assert "SLURM: service units" in result.stderr
+
+    plain = run_cli(*ARGS, "--format", "csv")
+    assert "service_units" not in plain.stdout.splitlines()[0]
+
+
+def test_su_budget_exceeded_exits_1_after_printing(run_cli) -> None:
+    result = run_cli(*ARGS, *SLURM_ARGS, "--su-budget", "1000")
+    assert result.exit_code == 1
+    assert "SLURM allocation" in result.stdout
+    assert "needs 1,024 SU, more than the --su-budget of 1,000 SU" in result.stderr
+    assert "Hint:" in result.stderr

@@ -23,6 +23,7 @@ from costguard.cli.launch import jobs_group, launch_command
 from costguard.cli.pricing import pricing_group
 from costguard.cli.reap import reap_command
 from costguard.cli.run import run_command
+from costguard.cli.slurm import slurm_group
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.settings import Settings
 
@@ -120,6 +121,7 @@ cli.add_command(run_command)
 cli.add_command(checkpoint_group)
 cli.add_command(launch_command)
 cli.add_command(jobs_group)
+cli.add_command(slurm_group)
 
 
 def main() -> None:

@@ -11,7 +11,7 @@ import click
 
 from costguard.cli import render
 from costguard.cli.params import FORMAT, DecimalRange
-from costguard.errors import BudgetExceededError
+from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing.catalog import (
     Catalog,
@@ -25,11 +25,16 @@ from costguard.pricing.catalog import (
 )
 from costguard.pricing.estimate import (
     DEFAULT_DISK_GB,
+    SLURM,
     CostOption,
     Estimate,
     EstimateRequest,
+    SlurmOption,
+    SlurmRate,
     estimate,
     limit_places,
+    slurm_assumptions,
+    slurm_option,
 )
 from costguard.pricing.gpus import canonical_gpu
 from costguard.settings import Settings
@@ -65,7 +70,13 @@ Examples:
   costguard estimate --gpu h100 --gpus-per-instance 8 --hours 24 --spot --format json
   costguard estimate --gpu l4 --hours 10 --data-region us-east-1 --data-gb 500
   costguard estimate --instance-type g5.xlarge --region us-east-1 --hours 8 --budget 50
+  costguard estimate --gpu a100 --hours 24 --provider slurm --su-per-gpu-hour 64 \\
+      --su-budget 50000            # an ACCESS allocation next to every cloud
+  costguard estimate --gpu a100 --hours 24 --provider slurm --provider aws \\
+      --su-per-gpu-hour 64 --usd-per-su 0.02
 """
+
+SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 
 
 @click.command(
@@ -95,7 +106,11 @@ Examples:
     help="Only instances with this many GPUs.",
 )
 @click.option(
-    "--provider", "providers", multiple=True, help="aws, gcp or azure (repeatable). Default: all."
+    "--provider",
+    "providers",
+    multiple=True,
+    help="aws, gcp, azure or slurm (repeatable). Default: all clouds. slurm (with "
+    "--su-per-gpu-hour) adds a SLURM allocation next to the clouds named, or all of them.",
 )
 @click.option(
     "--region",
@@ -151,6 +166,21 @@ Examples:
     help="Exit 1 if even the cheapest option costs more (USD).",
 )
 @click.option(
+    "--su-per-gpu-hour",
+    type=DecimalRange(0, minimum_open=True, maximum=10**9),
+    help="With --provider slurm: service units your cluster charges per GPU-hour.",
+)
+@click.option(
+    "--su-budget",
+    type=DecimalRange(0, minimum_open=True, maximum=10**15),
+    help="With --provider slurm: SUs left in the allocation; exit 1 if the run needs more.",
+)
+@click.option(
+    "--usd-per-su",
+    type=DecimalRange(0, maximum=10**6),
+    help="With --provider slurm: what one SU is worth in USD (else: not billed).",
+)
+@click.option(
     "--top",
     default=10,
     show_default=True,
@@ -179,9 +209,11 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     by side for the cheapest instance in each provider and region, and every figure
     says what it assumes. Prices older than 30 days (spot: 7) draw a warning.
     """
+    rate = slurm_rate(options)
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     request = build_request(catalog, options)
     result = estimate(request, catalog)
+    slurm = slurm_option(request, rate) if rate is not None else None
     shown = limit_places(result.options, options["top"])
     budget: Decimal | None = options["budget"]
     stale = staleness(catalog, places(shown), datetime.now(UTC).date())
@@ -189,12 +221,21 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     if output_format == "json":
         document = to_document(result, shown, catalog, budget, options["top"])
         document["pricing_source"]["stale_warning"] = stale_text(stale, catalog)
+        document["query"]["slurm"] = slurm_query(rate)
+        document["slurm"] = slurm_document(slurm, result.cheapest)
+        if slurm is not None:
+            document["assumptions"].extend(slurm_assumptions(slurm))
         render.print_json(document)
     elif output_format == "csv":
-        render.print_csv((*OPTION_FIELDS, "pricing_as_of"), (option_row(o, catalog) for o in shown))
-        render.print_notes([*result.notes, *result.assumptions], err=True)
+        columns = (*OPTION_FIELDS, "pricing_as_of", *(SLURM_FIELDS if slurm else ()))
+        rows = [option_row(o, catalog) for o in shown]
+        if slurm is not None:
+            rows.append(slurm_row(slurm, request))
+        render.print_csv(columns, rows)
+        extra = slurm_assumptions(slurm) if slurm else ()
+        render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
-        print_table(result, shown, catalog)
+        print_table(result, shown, catalog, slurm)
     if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
         click.echo(
             f"Warning: {stale_text(stale, catalog)}: `costguard pricing refresh` updates "
@@ -211,11 +252,144 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         raise BudgetExceededError(
             msg, hint="fewer hours or instances, spot, a smaller GPU, or a bigger budget"
         )
+    if slurm is not None and slurm.within_budget is False:
+        msg = (
+            f"the SLURM run needs {format_su(slurm.service_units)} SU, more than the "
+            f"--su-budget of {format_su(slurm.rate.su_budget or Decimal(0))} SU"
+        )
+        raise BudgetExceededError(
+            msg, hint="fewer hours or GPUs, a supplement to the allocation, or the cloud"
+        )
+
+
+def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
+    """The SLURM rate when --provider slurm is asked for; exit 2 on a half-given one."""
+    wanted = any(p.strip().lower() == SLURM for p in options["providers"])
+    given = [
+        flag
+        for flag, name in (
+            ("--su-per-gpu-hour", "su_per_gpu_hour"),
+            ("--su-budget", "su_budget"),
+            ("--usd-per-su", "usd_per_su"),
+        )
+        if options[name] is not None
+    ]
+    if not wanted:
+        if given:
+            msg = f"{given[0]} is for SLURM allocations, and --provider slurm is not asked for"
+            raise InputError(msg, hint=f"add --provider slurm, or drop {given[0]}")
+        return None
+    if options["su_per_gpu_hour"] is None:
+        msg = "--provider slurm needs --su-per-gpu-hour (allocations are counted in SUs)"
+        raise InputError(
+            msg,
+            hint="your centre publishes it, e.g. --su-per-gpu-hour 64 (a GPU-hour costs 64 SU)",
+        )
+    return SlurmRate(
+        su_per_gpu_hour=options["su_per_gpu_hour"],
+        usd_per_su=options["usd_per_su"],
+        su_budget=options["su_budget"],
+    )
+
+
+def format_su(amount: Decimal) -> str:
+    """Service units for people: thousands separated, at most two decimals.
+
+    >>> format_su(Decimal("1024")), format_su(Decimal("1234.5678"))
+    ('1,024', '1,234.57')
+    """
+    shown = amount.quantize(Decimal("0.01"))
+    text = f"{shown:,.2f}"
+    return text[:-3] if text.endswith(".00") else text
+
+
+def slurm_query(rate: SlurmRate | None) -> dict[str, Any] | None:
+    """The SLURM part of the JSON ``query``."""
+    if rate is None:
+        return None
+    return {
+        "su_per_gpu_hour": rate.su_per_gpu_hour,
+        "usd_per_su": rate.usd_per_su,
+        "su_budget": rate.su_budget,
+    }
+
+
+def slurm_document(slurm: SlurmOption | None, cheapest: CostOption | None) -> dict[str, Any] | None:
+    """The SLURM allocation in the JSON document: SUs, and dollars only when given."""
+    if slurm is None:
+        return None
+    return {
+        "provider": SLURM,
+        "accelerator": slurm.accelerator,
+        "gpus": slurm.gpus,
+        "hours": slurm.hours,
+        "gpu_hours": slurm.gpu_hours,
+        "su_per_gpu_hour": slurm.rate.su_per_gpu_hour,
+        "service_units": slurm.service_units,
+        "su_budget": slurm.rate.su_budget,
+        "su_budget_share": slurm.budget_share,
+        "within_su_budget": slurm.within_budget,
+        "billed": slurm.usd is not None,
+        "usd_per_su": slurm.rate.usd_per_su,
+        "total_usd": slurm.usd,
+        "cheapest_cloud_total_usd": cheapest.total_usd if cheapest else None,
+        "notes": [slurm_comparison(slurm, cheapest)],
+    }
+
+
+def slurm_row(slurm: SlurmOption, request: EstimateRequest) -> dict[str, Any]:
+    """The SLURM allocation as one more CSV row (money columns empty when not billed)."""
+    usd = slurm.usd
+    per_hour = None
+    if slurm.rate.usd_per_su is not None:
+        per_hour = slurm.rate.su_per_gpu_hour * request.gpus_per_instance * slurm.rate.usd_per_su
+    row: dict[str, Any] = dict.fromkeys((*OPTION_FIELDS, "pricing_as_of"))
+    row.update(
+        {
+            "provider": SLURM,
+            "region": "allocation",
+            "accelerator": slurm.accelerator,
+            "gpus_per_instance": request.gpus_per_instance,
+            "market": "allocation",
+            "usd_per_hour": per_hour,
+            "compute_usd": usd,
+            "total_usd": usd,
+            "notes": ["allocation, not billed" if usd is None else "SUs valued at --usd-per-su"],
+            "service_units": slurm.service_units,
+            "su_per_gpu_hour": slurm.rate.su_per_gpu_hour,
+            "usd_per_su": slurm.rate.usd_per_su,
+            "gpu_hours": slurm.gpu_hours,
+        }
+    )
+    return row
+
+
+def slurm_comparison(slurm: SlurmOption, cheapest: CostOption | None) -> str:
+    """One sentence setting the allocation against the cheapest cloud option."""
+    units = f"{format_su(slurm.service_units)} SU"
+    if cheapest is None:
+        return f"The SLURM run uses {units}"
+    cloud = (
+        f"the cheapest cloud option ({cheapest.provider} {cheapest.region} "
+        f"{cheapest.instance_type} {cheapest.market}) costs {format_usd(cheapest.total_usd)}"
+    )
+    if slurm.usd is None:
+        return f"The SLURM run uses {units} of the allocation (not billed); {cloud}"
+    difference = cheapest.total_usd - slurm.usd
+    verdict = (
+        f"{format_usd(difference)} less than the cloud"
+        if difference > 0
+        else f"{format_usd(-difference)} more than the cloud"
+        if difference < 0
+        else "the same as the cloud"
+    )
+    return f"The SLURM run uses {units}, worth {format_usd(slurm.usd)} ({verdict}); {cloud}"
 
 
 def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
     """Validate names against the tables and build the request (no cloud call)."""
-    providers = tuple(dict.fromkeys(check_provider(p) for p in options["providers"]))
+    clouds = [p for p in options["providers"] if p.strip().lower() != SLURM]
+    providers = tuple(dict.fromkeys(check_provider(p) for p in clouds))
     regions = []
     for name in options["regions"]:
         region = catalog.find_region(name)
@@ -340,8 +514,17 @@ def to_document(
     }
 
 
-def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog) -> None:
-    """One row per provider and region: on-demand and spot side by side."""
+def print_table(
+    result: Estimate,
+    shown: Sequence[CostOption],
+    catalog: Catalog,
+    slurm: SlurmOption | None = None,
+) -> None:
+    """One row per provider and region: on-demand and spot side by side.
+
+    A SLURM allocation gets its own table right below, in service units, and a line
+    that sets it against the cheapest cloud option.
+    """
     from rich.table import Table
 
     request = result.request
@@ -398,7 +581,40 @@ def print_table(result: Estimate, shown: Sequence[CostOption], catalog: Catalog)
             "* unverified price (suspect in the source, or not read from one): "
             "`costguard pricing show gpu_instances --unverified` gives the reasons"
         )
+    if slurm is not None:
+        print_slurm_table(slurm)
+        notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
+    extra = slurm_assumptions(slurm) if slurm is not None else ()
     render.print_notes(
-        ["total = compute + storage + egress", *result.assumptions], heading="Assumptions:"
+        ["total = compute + storage + egress", *result.assumptions, *extra],
+        heading="Assumptions:",
     )
+
+
+def print_slurm_table(slurm: SlurmOption) -> None:
+    """The SLURM allocation: GPU-hours, service units, and dollars only when given."""
+    from rich.table import Table
+
+    rate = slurm.rate
+    title = (
+        f"SLURM allocation: {slurm.gpus} x {slurm.accelerator} GPU(s), {slurm.hours} h "
+        "- counted in service units (SU)"
+    )
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for name in ("Provider", "GPU-hours", "SU/GPU-h", "Service units"):
+        table.add_column(name, justify="left" if name == "Provider" else "right", no_wrap=True)
+    cells = [SLURM, format_su(slurm.gpu_hours), format_su(rate.su_per_gpu_hour)]
+    cells.append(format_su(slurm.service_units))
+    if rate.su_budget is not None:
+        table.add_column("Of allocation", justify="right", no_wrap=True)
+        share = slurm.budget_share or Decimal(0)
+        cells.append(f"{share * 100:.1f}% of {format_su(rate.su_budget)}")
+    table.add_column("USD", justify="right", no_wrap=True)
+    if slurm.usd is None:
+        cells.append("allocation, not billed")
+    else:
+        usd_per_su = format_usd(rate.usd_per_su or Decimal(0), rate=True)
+        cells.append(f"{format_usd(slurm.usd)} (at {usd_per_su}/SU)")
+    table.add_row(*cells)
+    render.console().print(table)

@@ -1,0 +1,193 @@
+"""``costguard slurm script/submit``: a preempt-safe SLURM batch job around a training script."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from costguard.slurm.batch import (
+    DEFAULT_MAX_REQUEUES,
+    DEFAULT_SIGNAL_LEAD_S,
+    MAX_SIGNAL_LEAD_S,
+    BatchJob,
+    batch_script,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+HOW = """\b
+The job runs COMMAND under `costguard run --checkpoint URL`. SLURM sends USR1 to the
+batch shell --signal-lead seconds before the time limit, and TERM on preemption or
+scancel; the shell passes both on, the training script (with a costguard Checkpointer)
+saves and exits 75, and with --requeue the job requeues itself (`scontrol requeue`, at
+most --max-requeues times) and resumes from the checkpoint in its next allocation."""
+
+
+def job_options(func: F) -> F:
+    """The options shared by ``script`` and ``submit``."""
+    options = [
+        click.option(
+            "--checkpoint",
+            "url",
+            required=True,
+            help="Where checkpoints go: a folder on a shared file system, s3://..., gs://...",
+        ),
+        click.option(
+            "--time",
+            "time_limit",
+            required=True,
+            help="SLURM time limit: HH:MM:SS, D-HH:MM:SS, MM...",
+        ),
+        click.option(
+            "--gpus",
+            type=click.IntRange(0, 1024),
+            default=1,
+            show_default=True,
+            help="GPUs per node (--gres=gpu:N); 0 for a CPU partition.",
+        ),
+        click.option("--gpu-type", help="GPU type in the GRES request, e.g. a100 (gpu:a100:N)."),
+        click.option("--mem", help="Memory per node, e.g. 64G (plain numbers are MB)."),
+        click.option("--cpus-per-task", type=click.IntRange(1, 4096), help="CPUs for the job."),
+        click.option("--partition", help="SLURM partition(s), comma-separated."),
+        click.option("--account", help="Account (allocation) to charge."),
+        click.option("--job-name", default="costguard", show_default=True, help="SLURM job name."),
+        click.option(
+            "--requeue",
+            is_flag=True,
+            help="After a save on the warning signal or a preemption, requeue the job.",
+        ),
+        click.option(
+            "--max-requeues",
+            type=click.IntRange(0, 10_000),
+            default=DEFAULT_MAX_REQUEUES,
+            show_default=True,
+            help="With --requeue: requeue at most N times (SLURM_RESTART_COUNT).",
+        ),
+        click.option(
+            "--signal-lead",
+            type=click.IntRange(1, MAX_SIGNAL_LEAD_S),
+            default=DEFAULT_SIGNAL_LEAD_S,
+            show_default=True,
+            help="Seconds before the time limit that SLURM sends USR1 (it may come up to a "
+            "minute earlier).",
+        ),
+        click.option("--every-steps", type=click.IntRange(min=1), help="Also save every N steps."),
+        click.option(
+            "--every-minutes",
+            type=click.FloatRange(min=0, min_open=True),
+            help="Also save every T minutes.",
+        ),
+        click.option("--keep", type=click.IntRange(min=1), help="Keep the newest N checkpoints."),
+        click.option(
+            "--costguard",
+            "costguard_command",
+            default="costguard",
+            show_default=True,
+            help="How the nodes start costguard, e.g. 'pixi run costguard'.",
+        ),
+        click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_job(options: dict[str, Any]) -> BatchJob:
+    """Validate the options into a :class:`BatchJob` (exit 2 on bad input, nothing run)."""
+    url: str = options["url"]
+    if url.strip() and "://" not in url:
+        # The job may start in another folder than this one: make a local path absolute.
+        url = str(Path(url).expanduser().resolve())
+    run_options: list[str] = []
+    for flag, name in (
+        ("--every-steps", "every_steps"),
+        ("--every-minutes", "every_minutes"),
+        ("--keep", "keep"),
+    ):
+        if options[name] is not None:
+            run_options += [flag, str(options[name])]
+    command: Sequence[str] = options["command"]
+    return BatchJob.build(
+        command=command,
+        checkpoint=url,
+        time=options["time_limit"],
+        signal_lead_s=options["signal_lead"],
+        gpus=options["gpus"],
+        gpu_type=options["gpu_type"],
+        mem=options["mem"],
+        cpus_per_task=options["cpus_per_task"],
+        partition=options["partition"],
+        account=options["account"],
+        job_name=options["job_name"],
+        requeue=options["requeue"],
+        max_requeues=options["max_requeues"],
+        costguard=options["costguard_command"],
+        run_options=run_options,
+    )
+
+
+@click.group(
+    "slurm",
+    short_help="Preempt-safe SLURM batch jobs that save and requeue themselves.",
+    epilog="""\b
+Examples:
+  costguard slurm script --gpus 1 --mem 64G --time 08:00:00 --requeue \\
+      --checkpoint /scratch/$USER/run1 -- pixi run python train.py > job.sbatch
+  costguard slurm submit --gpus 1 --time 08:00:00 --partition gpu --requeue \\
+      --checkpoint s3://my-bucket/run1 -- pixi run python train.py""",
+)
+def slurm_group() -> None:
+    """Write or submit a SLURM batch job that survives its time limit and preemption."""
+
+
+@slurm_group.command(
+    "script",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    short_help="Print the batch script (nothing is submitted).",
+    epilog=f"""\b
+Examples:
+  costguard slurm script --gpus 1 --mem 64G --time 08:00:00 --requeue \\
+      --checkpoint /scratch/$USER/run1 -- pixi run python train.py > job.sbatch
+  sbatch job.sbatch
+  costguard slurm script --gpus 0 --time 30 --signal-lead 60 --checkpoint ckpt/ \\
+      -- python train.py --lr 3e-4
+{HOW}""",
+)
+@job_options
+def script_command(**options: Any) -> None:
+    """Print a batch script that runs COMMAND (after --) preempt-safe under SLURM."""
+    click.echo(batch_script(build_job(options)), nl=False)
+
+
+@slurm_group.command(
+    "submit",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    short_help="Submit the batch script with sbatch.",
+    epilog=f"""\b
+Examples:
+  costguard slurm submit --gpus 1 --mem 64G --time 08:00:00 --partition gpu --requeue \\
+      --checkpoint /scratch/$USER/run1 -- pixi run python train.py
+  squeue --me            # then watch it
+{HOW}""",
+)
+@job_options
+def submit_command(**options: Any) -> None:
+    """Submit a batch script that runs COMMAND (after --) preempt-safe under SLURM.
+
+    Prints the job id on standard output (for scripts), and how to follow it on
+    standard error.
+    """
+    from costguard.slurm.sbatch import submit
+
+    script = batch_script(build_job(options))  # every check before sbatch is looked for
+    job_id = submit(script, os.environ)
+    click.echo(job_id)
+    click.echo(
+        f"Submitted batch job {job_id}: `squeue -j {job_id}` follows it; its log is "
+        f"slurm-{job_id}.out in the folder it was submitted from.",
+        err=True,
+    )

@@ -1,0 +1,289 @@
+"""The batch script for a preempt-safe SLURM job. Pure, apart from reading the template.
+
+:func:`render` fills the template (``infra/slurm/costguard-job.sbatch``, shipped in the
+wheel as ``costguard/_slurm``) from a validated :class:`BatchJob`. Every value that
+reaches the shell is quoted with :func:`shlex.quote`; every value that reaches an
+``#SBATCH`` line is checked against SLURM's own syntax first, so a typo fails here (exit 2)
+rather than in the queue hours later.
+
+>>> job = BatchJob.build(command=["python", "train.py"], checkpoint="s3://b/run1",
+...                      time="08:00:00", mem="64G", gpus=1, requeue=True)
+>>> [line for line in sbatch_lines(job) if "signal" in line or "gres" in line]
+['#SBATCH --gres=gpu:1', '#SBATCH --signal=B:USR1@120']
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from costguard import __version__
+from costguard.errors import CostguardError, InputError
+
+#: How long before the time limit SLURM sends USR1, unless told: room for an emergency
+#: save plus SLURM's own slack (it may signal up to a minute early, never late).
+DEFAULT_SIGNAL_LEAD_S = 120
+#: SLURM stores the lead in 16 bits.
+MAX_SIGNAL_LEAD_S = 65535
+DEFAULT_MAX_REQUEUES = 10
+MAX_TIME_LIMIT_S = 365 * 24 * 3600
+TEMPLATE_NAME = "costguard-job.sbatch"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_NAMES = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*$")
+_MEM = re.compile(r"^([0-9]+)([KMGT]?)$", re.IGNORECASE)
+_TIME_HINT = "SLURM's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. --time 08:00:00"
+
+
+def parse_time_limit(text: str) -> int:
+    """A SLURM ``--time`` value in seconds; :class:`InputError` when it is not one.
+
+    >>> [parse_time_limit(t) for t in ("90", "5:30", "08:00:00", "1-12", "2-0:30", "1-0:0:1")]
+    [5400, 330, 28800, 129600, 174600, 86401]
+    >>> parse_time_limit("8h")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --time '8h' is not a SLURM time limit
+    """
+    value = text.strip()
+    days = 0
+    rest = value
+    if "-" in value:
+        day_text, rest = value.split("-", 1)
+        days = _number(day_text, text)
+        parts = [_number(p, text) for p in rest.split(":")]
+        if len(parts) > 3:
+            raise _bad_time(text)
+        hours, minutes, seconds = (*parts, 0, 0)[:3]
+    else:
+        parts = [_number(p, text) for p in rest.split(":")]
+        if len(parts) == 1:
+            hours, minutes, seconds = 0, parts[0], 0
+        elif len(parts) == 2:
+            hours, minutes, seconds = 0, parts[0], parts[1]
+        elif len(parts) == 3:
+            hours, minutes, seconds = parts
+        else:
+            raise _bad_time(text)
+    clock = "-" in value or len(parts) == 3  # hours given: minutes below 60
+    if seconds > 59 or (clock and minutes > 59) or (days and hours > 23):
+        raise _bad_time(text)
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    if total <= 0:
+        msg = f"--time {text!r} must be longer than 0"
+        raise InputError(msg, hint=_TIME_HINT)
+    if total > MAX_TIME_LIMIT_S:
+        msg = f"--time {text!r} is more than a year"
+        raise InputError(msg, hint=_TIME_HINT)
+    return total
+
+
+def _number(part: str, text: str) -> int:
+    if not part.isdigit() or not part.isascii():
+        raise _bad_time(text)
+    return int(part)
+
+
+def _bad_time(text: str) -> InputError:
+    return InputError(f"--time {text!r} is not a SLURM time limit", hint=_TIME_HINT)
+
+
+def format_time_limit(seconds: int) -> str:
+    """``D-HH:MM:SS`` (days only when there are any), the form ``sbatch`` prints.
+
+    >>> format_time_limit(28800), format_time_limit(90061)
+    ('08:00:00', '1-01:01:01')
+    """
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    clock = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def parse_mem(text: str) -> str:
+    """A SLURM ``--mem`` value, normalised (upper-case unit); plain numbers are MB.
+
+    >>> parse_mem("64g"), parse_mem("4096")
+    ('64G', '4096')
+    """
+    match = _MEM.match(text.strip())
+    if not match:
+        msg = f"--mem {text!r} is not a SLURM memory size"
+        raise InputError(
+            msg, hint="a whole number with K, M, G or T (plain numbers are MB), e.g. 64G"
+        )
+    return f"{int(match.group(1))}{match.group(2).upper()}"
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """A validated request for one batch script; build it with :meth:`build`."""
+
+    command: tuple[str, ...]
+    checkpoint: str
+    time_limit_s: int
+    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    gpus: int = 1
+    gpu_type: str | None = None
+    mem: str | None = None
+    cpus_per_task: int | None = None
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "costguard"
+    requeue: bool = False
+    max_requeues: int = DEFAULT_MAX_REQUEUES
+    costguard: tuple[str, ...] = ("costguard",)
+    run_options: tuple[str, ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        command: Sequence[str],
+        checkpoint: str,
+        time: str,
+        signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S,
+        gpus: int = 1,
+        gpu_type: str | None = None,
+        mem: str | None = None,
+        cpus_per_task: int | None = None,
+        partition: str | None = None,
+        account: str | None = None,
+        job_name: str = "costguard",
+        requeue: bool = False,
+        max_requeues: int = DEFAULT_MAX_REQUEUES,
+        costguard: str = "costguard",
+        run_options: Sequence[str] = (),
+    ) -> BatchJob:
+        """Check every field against SLURM's syntax; :class:`InputError` names the bad one."""
+        if not command or not command[0].strip():
+            msg = "no command to run"
+            raise InputError(msg, hint="put it after --, e.g. -- pixi run python train.py")
+        if not checkpoint.strip():
+            msg = "--checkpoint is empty"
+            raise InputError(msg, hint="a folder on a shared file system, or s3://bucket/run1")
+        time_limit_s = parse_time_limit(time)
+        if not 1 <= signal_lead_s <= MAX_SIGNAL_LEAD_S:
+            msg = f"--signal-lead {signal_lead_s} is out of range"
+            raise InputError(msg, hint=f"seconds, from 1 to {MAX_SIGNAL_LEAD_S}, e.g. 120")
+        if signal_lead_s >= time_limit_s:
+            msg = (
+                f"--signal-lead {signal_lead_s} s is not shorter than the time limit "
+                f"({format_time_limit(time_limit_s)})"
+            )
+            raise InputError(msg, hint="a longer --time or a shorter --signal-lead")
+        if gpus < 0:
+            msg = f"--gpus {gpus} is negative"
+            raise InputError(msg, hint="0 for a CPU partition, else the GPUs per node, e.g. 1")
+        for flag, value, pattern in (
+            ("--gpu-type", gpu_type, _NAME),
+            ("--partition", partition, _NAMES),
+            ("--account", account, _NAME),
+            ("--job-name", job_name, _NAME),
+        ):
+            if value is not None and not pattern.match(value):
+                msg = f"{flag} {value!r} is not a SLURM name"
+                raise InputError(msg, hint="letters, digits, '.', '_' and '-' only")
+        if gpu_type is not None and gpus == 0:
+            msg = "--gpu-type needs --gpus 1 or more"
+            raise InputError(msg, hint="drop --gpu-type for a CPU job")
+        if max_requeues < 0:
+            msg = f"--max-requeues {max_requeues} is negative"
+            raise InputError(msg, hint="e.g. --max-requeues 10")
+        prefix = shlex.split(costguard)
+        if not prefix:
+            msg = "--costguard is empty"
+            raise InputError(msg, hint="the command that starts costguard on the nodes")
+        return cls(
+            command=tuple(command),
+            checkpoint=checkpoint,
+            time_limit_s=time_limit_s,
+            signal_lead_s=signal_lead_s,
+            gpus=gpus,
+            gpu_type=gpu_type,
+            mem=parse_mem(mem) if mem is not None else None,
+            cpus_per_task=cpus_per_task,
+            partition=partition,
+            account=account,
+            job_name=job_name,
+            requeue=requeue,
+            max_requeues=max_requeues if requeue else 0,
+            costguard=tuple(prefix),
+            run_options=tuple(run_options),
+        )
+
+
+def sbatch_lines(job: BatchJob) -> list[str]:
+    """The ``#SBATCH`` lines, in a fixed order.
+
+    ``--open-mode=append`` keeps the log of earlier allocations when the job is requeued.
+    The GPU request is left out for ``gpus=0`` (a CPU partition may have no GRES at all).
+    """
+    options = [f"--job-name={job.job_name}"]
+    if job.partition:
+        options.append(f"--partition={job.partition}")
+    if job.account:
+        options.append(f"--account={job.account}")
+    options.append(f"--time={format_time_limit(job.time_limit_s)}")
+    if job.mem:
+        options.append(f"--mem={job.mem}")
+    if job.cpus_per_task:
+        options.append(f"--cpus-per-task={job.cpus_per_task}")
+    if job.gpus:
+        kind = f"{job.gpu_type}:" if job.gpu_type else ""
+        options.append(f"--gres=gpu:{kind}{job.gpus}")
+    options.append(f"--signal=B:USR1@{job.signal_lead_s}")
+    if job.requeue:
+        options.append("--requeue")
+    options.append("--open-mode=append")
+    return [f"#SBATCH {option}" for option in options]
+
+
+def render(job: BatchJob, template: str) -> str:
+    """The batch script: ``template`` with its ``{{name}}`` fields filled.
+
+    >>> job = BatchJob.build(command=["python", "train.py", "--note", "it's"],
+    ...                      checkpoint="/scratch/run 1", time="1:00:00", gpus=0)
+    >>> print(render(job, "{{costguard_run}} -- {{command}}"))
+    costguard run --checkpoint '/scratch/run 1' -- python train.py --note 'it'"'"'s'
+    """
+    run = [*job.costguard, "run", "--checkpoint", job.checkpoint, *job.run_options]
+    fields = {
+        "sbatch_lines": "\n".join(sbatch_lines(job)),
+        "version": __version__,
+        "signal_lead_s": str(job.signal_lead_s),
+        "max_requeues": str(job.max_requeues),
+        "costguard_run": shlex.join(run),
+        "command": shlex.join(job.command),
+    }
+
+    def fill(match: re.Match[str]) -> str:
+        return fields[match.group(1)]
+
+    unknown = set(re.findall(r"\{\{(\w+)\}\}", template)) - set(fields)
+    if unknown:
+        msg = f"the batch-script template has unknown fields: {', '.join(sorted(unknown))}"
+        raise CostguardError(msg, hint="reinstall costguard")
+    return re.sub(r"\{\{(\w+)\}\}", fill, template)
+
+
+def template_path() -> Path:
+    """The bundled template: ``costguard/_slurm`` in a wheel, ``infra/slurm`` in a checkout."""
+    packaged = Path(str(resources.files("costguard"))) / "_slurm" / TEMPLATE_NAME
+    if packaged.is_file():
+        return packaged
+    checkout = Path(__file__).resolve().parents[3] / "infra" / "slurm" / TEMPLATE_NAME
+    if checkout.is_file():
+        return checkout
+    msg = "the SLURM batch-script template is missing from this installation of costguard"
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+
+
+def batch_script(job: BatchJob) -> str:
+    """The batch script for ``job``, from the bundled template."""
+    return render(job, template_path().read_text(encoding="utf-8"))

@@ -1,0 +1,247 @@
+"""A real single-node SLURM cluster (Debian's slurm-wlm and munge) for the whole session.
+
+The fixture writes a private configuration (its own state folder, free ports, its own
+munge key and socket), starts munged (as the munge user), slurmctld and slurmd in the
+foreground as its children, waits until the node is idle, and stops them at the end.
+Clients reach it through ``SLURM_CONF``. Needs root (slurmd runs jobs as their owners)
+and the packages ``.ci/run`` installs; without them the run fails, it does not skip.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from tests.conftest import free_port
+
+INSTALL_HINT = "apt-get install -y slurm-wlm munge (as .ci/run does)"
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
+START_TIMEOUT_S = 60
+STOP_TIMEOUT_S = 20
+
+
+@dataclass
+class SlurmCluster:
+    """A running cluster: its folder, the client environment, its node and partition."""
+
+    root: Path
+    env: dict[str, str]
+    node: str
+    partition: str = "debug"
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def run(self, *args: str, timeout_s: float = 30) -> str:
+        """Run a SLURM client command against this cluster; its stdout."""
+        done = subprocess.run(
+            list(args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"{' '.join(args)} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def job_state(self, job_id: str) -> tuple[str, str]:
+        """(state, reason) of a job, e.g. ("PENDING", "BeginTime") or ("COMPLETED", "None")."""
+        text = self.run("scontrol", "-o", "show", "job", job_id)
+        fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+        return fields.get("JobState", "?"), fields.get("Reason", "?")
+
+    def update(self, job_id: str, setting: str, timeout_s: float = 20) -> None:
+        """``scontrol update``, tried again while a requeued job is still completing."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.run("scontrol", "update", f"JobId={job_id}", setting)
+                return
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    def run_time_s(self, job_id: str) -> int:
+        """How long the job has been running, in seconds (``RunTime``)."""
+        text = self.run("scontrol", "-o", "show", "job", job_id)
+        value = next(f.split("=", 1)[1] for f in text.split() if f.startswith("RunTime="))
+        days, _, clock = value.rpartition("-")
+        hours, minutes, seconds = (int(part) for part in clock.split(":"))
+        return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+    def logs(self) -> str:
+        parts = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = self.root / "log" / name
+            if path.exists():
+                parts.append(f"--- {name}\n" + "\n".join(path.read_text().splitlines()[-30:]))
+        return "\n".join(parts)
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin")
+    if found is None:
+        pytest.fail(f"{name} is not installed, so the SLURM tests cannot run: {INSTALL_HINT}")
+    return found
+
+
+def _config(root: Path, node: str, ctld_port: int, slurmd_port: int) -> str:
+    return f"""\
+ClusterName=costguard-test
+SlurmctldHost={node}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+SlurmUser=root
+AuthType=auth/munge
+AuthInfo=socket={root}/munge/munge.socket
+CredType=cred/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+MpiDefault=none
+JobRequeue=1
+KillWait=30
+MinJobAge=3600
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool
+SlurmctldPidFile={root}/slurmctld.pid
+SlurmdPidFile={root}/slurmd.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+NodeName={node} NodeAddr=127.0.0.1 CPUs=2 RealMemory=2048 State=UNKNOWN
+PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _wait(predicate: object, what: str, cluster: SlurmCluster | None = None) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            if callable(predicate) and predicate():
+                return
+        except (AssertionError, subprocess.TimeoutExpired):
+            pass
+        time.sleep(0.5)
+    pytest.fail(
+        f"the SLURM test cluster did not come up: {what}\n{cluster.logs() if cluster else ''}"
+    )
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reversed(processes):
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in reversed(processes):
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """The session's SLURM cluster; fails the run when it cannot start."""
+    binaries = {name: _binary(name) for name in (*DAEMONS, *CLIENTS)}
+    if os.geteuid() != 0:
+        pytest.fail("the SLURM tests start slurmd, which must run as root: run them as root")
+    try:
+        munge_user = pwd.getpwnam("munge")
+    except KeyError:
+        pytest.fail(f"there is no munge user: {INSTALL_HINT}")
+    # Not pytest's tmp_path: munged wants every folder above its socket open to all.
+    root = Path(tempfile.mkdtemp(prefix="costguard-slurm-", dir="/tmp"))
+    root.chmod(0o755)
+    for name in ("state", "spool", "log"):
+        (root / name).mkdir()
+    munge = root / "munge"
+    munge.mkdir(mode=0o755)
+    key = munge / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    for path in (munge, key):
+        os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
+    node = socket.gethostname().split(".")[0]
+    conf = root / "slurm.conf"
+    conf.write_text(_config(root, node, free_port(), free_port()))
+    env = {**os.environ, "SLURM_CONF": str(conf)}
+    for name in list(env):
+        if name.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SCONTROL_")) and name != "SLURM_CONF":
+            del env[name]
+    cluster = SlurmCluster(root=root, env=env, node=node)
+    log = (root / "log" / "daemons.out").open("ab")
+    try:
+        cluster.processes.append(
+            subprocess.Popen(
+                [
+                    binaries["munged"],
+                    "--foreground",
+                    f"--socket={munge}/munge.socket",
+                    f"--key-file={key}",
+                    f"--pid-file={munge}/munged.pid",
+                    f"--log-file={munge}/munged.log",
+                    f"--seed-file={munge}/munged.seed",
+                ],
+                user=munge_user.pw_uid,
+                group=munge_user.pw_gid,
+                extra_groups=[],
+                stdout=log,
+                stderr=log,
+            )
+        )
+        _wait(lambda: (munge / "munge.socket").exists(), "munged made no socket", cluster)
+        for daemon, extra in (("slurmctld", ["-c"]), ("slurmd", ["-N", node])):
+            cluster.processes.append(
+                subprocess.Popen([binaries[daemon], "-D", *extra], env=env, stdout=log, stderr=log)
+            )
+        _wait(
+            lambda: cluster.run("sinfo", "-h", "-n", node, "-o", "%t").strip() == "idle",
+            "the node is not idle",
+            cluster,
+        )
+        yield cluster
+    finally:
+        try:
+            if cluster.processes:
+                subprocess.run(
+                    [binaries["scancel"], "--full", "--partition", cluster.partition],
+                    env=env,
+                    timeout=30,
+                    check=False,
+                    capture_output=True,
+                )
+                deadline = time.monotonic() + STOP_TIMEOUT_S
+                while time.monotonic() < deadline:
+                    queue = subprocess.run(
+                        [binaries["squeue"], "-h"],
+                        env=env,
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                        check=False,
+                    )
+                    if queue.returncode != 0 or not queue.stdout.strip():
+                        break
+                    time.sleep(0.5)
+        finally:
+            _stop(cluster.processes)
+            log.close()
+            shutil.rmtree(root, ignore_errors=True)
