@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -232,11 +234,77 @@ def test_capacity_errors_name_the_place(aws_env: str) -> None:
     assert caught.value.code == "InsufficientInstanceCapacity"
 
 
-def test_the_controller_relaunches_a_reclaimed_job_on_moto(
+def test_zones_are_the_available_azs_that_offer_the_type(
     launcher: AwsLauncher, aws_launch_options: dict[str, str]
 ) -> None:
-    """End to end on moto: launch, a spot reclaim, a relaunch in another zone with the same
-    checkpoint URL, the job's exit 0 recorded in the store, the instance terminated."""
+    available = sorted(
+        z["ZoneName"] for z in ec2().describe_availability_zones()["AvailabilityZones"]
+    )
+    offering = {
+        o["Location"]
+        for o in ec2().describe_instance_type_offerings(
+            LocationType="availability-zone",
+            Filters=[{"Name": "instance-type", "Values": ["g5.xlarge"]}],
+        )["InstanceTypeOfferings"]
+    }
+    zones = launcher.zones("us-east-1", "g5.xlarge")
+    assert len(zones) >= 2
+    assert zones == [z for z in available if z in offering]
+    assert launcher.zones("us-east-1") == available
+    assert launcher.zones("us-west-2", "g5.xlarge")[0].startswith("us-west-2")
+    # A subnet lives in one zone: with it, the launcher names none (EC2 would refuse others).
+    pinned = AwsLauncher(
+        regions=["us-east-1"],
+        options={"subnet": "subnet-0abc12345"},
+        clients=lambda region: aws_clouds.client("ec2", region, attempts=1),
+    )
+    assert pinned.zones("us-east-1", "g5.xlarge") == []
+
+
+def _recording_clients(sent: list[bytes]) -> Any:
+    """EC2 clients that keep the body of every RunInstances request sent to moto."""
+
+    def make(region: str) -> Any:
+        client = aws_clouds.client("ec2", region, attempts=1)
+
+        def keep(request: Any, **_: Any) -> None:
+            body = request.body or b""
+            sent.append(body.encode() if isinstance(body, str) else bytes(body))
+
+        client.meta.events.register("before-send.ec2.RunInstances", keep)
+        return client
+
+    return make
+
+
+def test_max_price_reaches_the_spot_options(aws_launch_options: dict[str, str]) -> None:
+    """--max-price (the job spec's cap) goes out as SpotOptions.MaxPrice on the wire; moto
+    records only that the instance is spot, so the request body is what is asserted."""
+    sent: list[bytes] = []
+    launcher = AwsLauncher(regions=["us-east-1"], clients=_recording_clients(sent))
+    capped = replace(spec(), max_usd_per_hour=Decimal("0.5"))
+    handle = launcher.launch(offer(), capped, attempt=1)
+    assert describe(handle.instance_id)["InstanceLifecycle"] == "spot"
+    (body,) = sent
+    fields = parse_qs(body.decode())
+    assert fields["InstanceMarketOptions.MarketType"] == ["spot"]
+    assert fields["InstanceMarketOptions.SpotOptions.MaxPrice"] == ["0.5"]
+    # The option and the flag must agree; a disagreement is refused before any call.
+    with pytest.raises(InputError, match="disagree"):
+        launcher.launch(offer(), replace(capped, options={**OPTIONS, "max_price": "0.6"}), 2)
+    assert len(sent) == 1
+    launcher.launch(offer(Market.ON_DEMAND), capped, attempt=3)
+    assert "MaxPrice" not in sent[-1].decode()  # on-demand has no cap
+
+
+def test_the_controller_relaunches_a_reclaimed_job_on_moto(
+    aws_launch_options: dict[str, str],
+) -> None:
+    """End to end on moto with one region (``--region us-east-1``): the offers are per
+    region; the controller asks the launcher for the region's zones, launches in one, a
+    spot reclaim, a relaunch in *another zone of the same region* with the same checkpoint
+    URL and the --max-price cap, the job's exit 0 recorded in the store, the instance
+    terminated."""
     aws_clouds.client("s3", attempts=1).create_bucket(Bucket="ckpt")
     url = "s3://ckpt/costguard/run-1"
     store = Store.open(url)
@@ -244,10 +312,14 @@ def test_the_controller_relaunches_a_reclaimed_job_on_moto(
         job_id="run-1", provider="aws", gpu="A10G", gpu_count=1, regions=("us-east-1",),
         spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
         created_unix=time.time(), expires_at=EXPIRES, options=aws_launch_options,
+        max_usd_per_hour=Decimal("0.50"),
     )  # fmt: skip
-    offers = [offer(zone="us-east-1a"), offer(zone="us-east-1b"), offer(Market.ON_DEMAND)]
+    sent: list[bytes] = []
+    launcher = AwsLauncher(regions=["us-east-1"], clients=_recording_clients(sent))
+    offers = [offer(), offer(Market.ON_DEMAND)]  # as the price tables give them: no zones
     save_job(store, Job(job_spec))
     world: list[str] = []
+    events: list[str] = []
 
     def sleep(seconds: float) -> None:
         """The cloud and the instance between two polls of the controller."""
@@ -263,14 +335,26 @@ def test_the_controller_relaunches_a_reclaimed_job_on_moto(
             write_exit_record(store, record)
             world.append("exit 0")
 
-    final = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep).run(load_job(store))
+    controller = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep,
+                            on_event=lambda e: events.append(e.message))  # fmt: skip
+    final = controller.run(load_job(store))
 
     assert final.status == "succeeded"
     assert world[-1] == "exit 0"
     first, second = final.attempts
     assert first.outcome is Outcome.PREEMPTED
     assert second.outcome is Outcome.SUCCEEDED
-    assert first.offer.zone != second.offer.zone  # moved away from the reclaimed zone
+    zones = launcher.zones("us-east-1", "g5.xlarge")
+    assert first.offer.zone in zones
+    assert second.offer.zone in zones
+    assert first.offer.zone != second.offer.zone  # moved away from the reclaimed zone...
+    assert first.offer.region == second.offer.region == "us-east-1"  # ...in the one region
+    assert first.offer.usd_per_hour == second.offer.usd_per_hour == offer().usd_per_hour
+    assert any("priced at the region's" in e for e in events), events
+    assert any("another zone of the region" in e for e in events), events
+    assert len(sent) == 2
+    for body in sent:
+        assert parse_qs(body.decode())["InstanceMarketOptions.SpotOptions.MaxPrice"] == ["0.50"]
     for attempt in (first, second):
         assert attempt.handle is not None
         instance = describe(attempt.handle.instance_id)

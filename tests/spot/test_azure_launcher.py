@@ -69,6 +69,13 @@ class ArmServer(LocalServer):
         self.vms: dict[str, Vm] = {}
         self.operations: dict[str, dict[str, Any]] = {}
         self.full_sizes: set[str] = set()
+        #: (location, size) -> (zones, zones restricted for the subscription), as the
+        #: Resource SKUs API lists them.
+        self.skus: dict[tuple[str, str], tuple[list[str], list[str]]] = {
+            ("eastus", "Standard_NC4as_T4_v3"): (["3", "1", "2"], []),
+            ("eastus", "Standard_NC24ads_A100_v4"): (["1", "2", "3"], ["2"]),
+            ("westus", "Standard_NC4as_T4_v3"): ([], []),  # a region without zones
+        }
         self.ids = itertools.count(1)
         self.requests.clear()
 
@@ -163,6 +170,34 @@ class ArmServer(LocalServer):
         return 200, {"value": [self.with_view(vm) for vm in self.vms.values()
                                if vm.group == match["group"]]}, {}  # fmt: skip
 
+    def list_skus(self, request: Request, match: re.Match[str]) -> Reply:
+        wanted = re.fullmatch(r"location eq '([a-z0-9]+)'", request.query["$filter"][0])
+        assert wanted, request.query
+        value: list[dict[str, Any]] = [
+            {"resourceType": "disks", "name": "Premium_LRS", "locations": [wanted[1]],
+             "locationInfo": [{"location": wanted[1], "zones": ["1", "2", "3"]}]},
+        ]  # fmt: skip
+        for (location, size), (zones, restricted) in self.skus.items():
+            if location != wanted[1]:
+                continue
+            sku: dict[str, Any] = {
+                "resourceType": "virtualMachines",
+                "name": size,
+                "tier": "Standard",
+                "locations": [location],
+                "locationInfo": [{"location": location, "zones": zones, "zoneDetails": []}],
+                "restrictions": [],
+            }
+            if restricted:
+                sku["restrictions"].append({
+                    "type": "Zone",
+                    "values": [location],
+                    "restrictionInfo": {"locations": [location], "zones": restricted},
+                    "reasonCode": "NotAvailableForSubscription",
+                })  # fmt: skip
+            value.append(sku)
+        return 200, {"value": value}, {}
+
     def evict(self, name: str) -> None:
         """What Azure does to an evicted Spot VM: delete it, or deallocate it."""
         vm = self.vms[name]
@@ -176,6 +211,7 @@ class ArmServer(LocalServer):
         group = subscription + r"/resourceGroups/(?P<group>[^/]+)"
         vm = group + r"/providers/Microsoft\.Compute/virtualMachines/(?P<name>[^/]+)"
         return [
+            ("GET", subscription + r"/providers/Microsoft\.Compute/skus", self.list_skus),
             ("PUT", vm, self.put),
             ("GET", vm, self.get),
             ("DELETE", vm, self.delete),
@@ -288,6 +324,21 @@ def test_on_demand_and_a_price_cap(server: ArmServer, launcher: AzureLauncher) -
     assert body["properties"]["evictionPolicy"] == "Deallocate"
 
 
+def test_max_price_reaches_the_billing_profile(server: ArmServer, launcher: AzureLauncher) -> None:
+    from dataclasses import replace
+
+    launcher.launch(offer(), replace(spec(), max_usd_per_hour=Decimal("0.31")), attempt=1)
+    assert put_body(server)["properties"]["billingProfile"] == {"maxPrice": 0.31}
+    server.reset()
+    with pytest.raises(InputError, match="at most 5 decimals"):
+        launcher.launch(offer(), replace(spec(), max_usd_per_hour=Decimal("0.123456")), 1)
+    with pytest.raises(InputError, match="disagree"):
+        launcher.launch(
+            offer(), replace(spec(max_price="0.3"), max_usd_per_hour=Decimal("0.31")), 1
+        )
+    assert server.requests == []
+
+
 def test_status_through_an_eviction(server: ArmServer, launcher: AzureLauncher) -> None:
     handle = launcher.launch(offer(), spec(), attempt=1)
     status = launcher.status(handle)
@@ -363,19 +414,34 @@ def test_bad_options_fail_before_any_call(
     assert server.requests == []
 
 
+def test_zones_are_the_sizes_zones_less_restrictions(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    assert launcher.zones("eastus", "Standard_NC4as_T4_v3") == ["1", "2", "3"]
+    (call,) = server.calls("GET", "/providers/Microsoft.Compute/skus")
+    assert call.query["$filter"] == ["location eq 'eastus'"]
+    assert launcher.zones("eastus", "Standard_NC24ads_A100_v4") == ["1", "3"]
+    assert launcher.zones("westus", "Standard_NC4as_T4_v3") == []  # no zones there
+    assert launcher.zones("eastus", "Standard_ND96asr_v4") == []  # not sold there
+    assert launcher.zones("eastus") == []  # zones belong to a size
+
+
 def test_the_controller_relaunches_an_evicted_job(
     server: ArmServer, launcher: AzureLauncher, tmp_path: Path
 ) -> None:
-    """End to end against the ARM server: launch, an eviction (the Spot VM deleted), a
-    relaunch in another zone with the same checkpoint URL, exit 0, the VM deleted."""
+    """End to end against the ARM server with the region's offer as the price tables give
+    it (no zone): the controller reads the size's zones, launches in one, an eviction (the
+    Spot VM deleted), a relaunch in another zone with the same checkpoint URL and the
+    --max-price cap as billingProfile.maxPrice, exit 0, the VM deleted."""
     url = f"file://{tmp_path / 'ckpt'}"  # the store is incidental here: any URL will do
     store = Store.open(url)
     job_spec = JobSpec(
         job_id="run-1", provider="azure", gpu="T4", gpu_count=1, regions=("eastus",),
         spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
         created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
+        max_usd_per_hour=Decimal("0.2"),
     )  # fmt: skip
-    offers = [offer(zone="1"), offer(zone="2")]
+    offers = [offer()]
     save_job(store, Job(job_spec))
     world: list[str] = []
 
@@ -397,10 +463,11 @@ def test_the_controller_relaunches_an_evicted_job(
     first, second = final.attempts
     assert first.outcome is Outcome.PREEMPTED
     assert second.outcome is Outcome.SUCCEEDED
-    assert first.offer.zone != second.offer.zone
+    assert (first.offer.zone, second.offer.zone) == ("1", "2")
     bodies = [call.body for call in server.calls("PUT", "/virtualMachines/")]
     assert [b["tags"]["costguard:attempt"] for b in bodies] == ["1", "2"]
-    assert [b["zones"] for b in bodies] == [[first.offer.zone], [second.offer.zone]]
+    assert [b["zones"] for b in bodies] == [["1"], ["2"]]
+    assert [b["properties"]["billingProfile"] for b in bodies] == [{"maxPrice": 0.2}] * 2
     for body in bodies:
         script = base64.b64decode(body["properties"]["osProfile"]["customData"]).decode()
         assert f"costguard run --checkpoint {url} " in script

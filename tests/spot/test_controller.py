@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from costguard.checkpoint.store import Store
+from costguard.errors import CostguardError
 from costguard.spot.controller import Controller, Event, summarise
 from costguard.spot.job import Job, Simulation, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
-from costguard.spot.recovery import Attempt, Outcome
+from costguard.spot.recovery import Attempt, Launch, Outcome
 from tests.spot.test_offers_and_job import spec
 from tests.spot.test_simulator import ON_DEMAND, SPOT, STUBBORN
 
@@ -109,3 +110,69 @@ def test_a_failing_script_fails_the_job_with_its_exit_code(
     assert [(a.outcome, a.exit_code) for a in final.attempts] == [(Outcome.FAILED, 3)] * 2
     assert "exited with code 3" in final.reason
     assert replace(load_job(store), heartbeat_unix=0.0) == replace(final, heartbeat_unix=0.0)
+
+
+def test_the_chosen_region_is_split_into_zones_once(
+    tmp_path: Path, launcher: LocalLauncher
+) -> None:
+    """Offers come per region; the controller asks the launcher for the zones of the region
+    a launch is headed to (only that one), and every zone keeps the region's price."""
+    west = replace(SPOT, region="gcp:us-west1", usd_per_hour=Decimal("0.9"))
+    events: list[Event] = []
+    asked: list[tuple[str, str]] = []
+    zones = launcher.zones
+
+    def counting(region: str, instance_type: str = "") -> Sequence[str]:
+        asked.append((region, instance_type))
+        return zones(region, instance_type)
+
+    launcher.zones = counting  # type: ignore[method-assign]
+    controller = Controller(Store.open(tmp_path / "ckpt"), launcher, [SPOT, west, ON_DEMAND],
+                            on_event=events.append)  # fmt: skip
+    job = Job(spec(controller.store.url))
+    limits = job.spec.limits()
+    first = controller.decide(job, limits)
+    assert isinstance(first, Launch)
+    assert first.offer == replace(SPOT, zone="us-east-1a")
+    assert asked == [("aws:us-east-1", "g5.xlarge")]
+    # The on-demand offer of us-east-1 is split too; us-west1 is not asked about.
+    assert {o.place for o in controller.offers} == {
+        "local/aws:us-east-1/us-east-1a",
+        "local/aws:us-east-1/us-east-1b",
+        "local/aws:us-east-1/us-east-1c",
+        "local/gcp:us-west1",
+    }
+    assert {o.usd_per_hour for o in controller.offers if o.region == "aws:us-east-1"} == {
+        SPOT.usd_per_hour,
+        ON_DEMAND.usd_per_hour,
+    }
+    (note,) = [e.message for e in events if e.kind == "zones"]
+    assert "priced at the region's $0.4/h (the price tables are per region)" in note
+    # After a preemption in zone a: zone b, asking nothing more.
+    now = time.time()
+    hit = Attempt(1, first.offer, now - 60, ended_unix=now, outcome=Outcome.PREEMPTED)
+    second = controller.decide(replace(job, attempts=(hit,)), limits)
+    assert isinstance(second, Launch)
+    assert second.offer.place == "local/aws:us-east-1/us-east-1b"
+    assert len(asked) == 1
+
+
+def test_zones_that_cannot_be_listed_leave_the_offer_regional(
+    tmp_path: Path, launcher: LocalLauncher
+) -> None:
+    def refused(region: str, instance_type: str = "") -> Sequence[str]:
+        msg = "UnauthorizedOperation: ec2:DescribeAvailabilityZones"
+        raise CostguardError(msg)
+
+    launcher.zones = refused  # type: ignore[method-assign]
+    events: list[Event] = []
+    controller = Controller(Store.open(tmp_path / "ckpt"), launcher, [SPOT, ON_DEMAND],
+                            on_event=events.append)  # fmt: skip
+    job = Job(spec(controller.store.url))
+    decision = controller.decide(job, job.spec.limits())
+    assert isinstance(decision, Launch)
+    assert decision.offer == SPOT  # no zone: the provider places it
+    (note,) = [e.message for e in events if e.kind == "zones"]
+    assert "zones of aws:us-east-1 unknown (UnauthorizedOperation" in note
+    assert controller.decide(job, job.spec.limits()) == decision  # asked once
+    assert len(events) == 1

@@ -51,6 +51,11 @@ class ComputeServer(LocalServer):
         self.vms: dict[str, Vm] = {}
         self.operations: dict[str, dict[str, Any]] = {}
         self.full_zones: set[str] = set()
+        #: region -> (status, zones) as ``regions.get`` returns them.
+        self.regions: dict[str, tuple[str, list[str]]] = {
+            "us-central1": ("UP", ["us-central1-c", "us-central1-a", "us-central1-f",
+                                   "us-central1-b"]),
+        }  # fmt: skip
         self.ids = itertools.count(7000)
         self.requests.clear()
 
@@ -153,10 +158,30 @@ class ComputeServer(LocalServer):
         if vm.body["scheduling"].get("instanceTerminationAction") == "DELETE":
             del self.vms[name]
 
+    def region(self, request: Request, match: re.Match[str]) -> Reply:
+        found = self.regions.get(match["region"])
+        if found is None:
+            error = {"code": 404, "message": f"The resource '{match['region']}' was not found",
+                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
+            return 404, {"error": error}, {}
+        status, zones = found
+        return (
+            200,
+            {
+                "kind": "compute#region",
+                "name": match["region"],
+                "status": status,
+                "zones": [f"{COMPUTE}/projects/{PROJECT}/zones/{z}" for z in zones],
+                "selfLink": f"{COMPUTE}/projects/{PROJECT}/regions/{match['region']}",
+            },
+            {},
+        )
+
     def routes(self) -> list[tuple[str, str, Route]]:
         project = rf"/compute/v1/projects/{PROJECT}"
         zone = project + r"/zones/(?P<zone>[a-z0-9-]+)"
         return [
+            ("GET", project + r"/regions/(?P<region>[a-z0-9-]+)", self.region),
             ("POST", zone + "/instances", self.insert),
             ("GET", zone + "/instances/(?P<name>[^/]+)", self.get),
             ("DELETE", zone + "/instances/(?P<name>[^/]+)", self.delete),
@@ -356,11 +381,45 @@ def test_gpus_that_cannot_be_attached(server: ComputeServer, launcher: GcpLaunch
     assert server.requests == []
 
 
+def test_zones_come_from_the_region(server: ComputeServer, launcher: GcpLauncher) -> None:
+    assert launcher.zones("us-central1", "n1-highmem-8") == [
+        "us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f",
+    ]  # fmt: skip
+    (call,) = server.calls("GET", "/regions/us-central1")
+    assert call.path == f"/compute/v1/projects/{PROJECT}/regions/us-central1"
+    assert launcher.zones("mars-north1") == []  # unknown region: the provider places it
+    server.regions["us-central1"] = ("DOWN", ["us-central1-a"])
+    assert launcher.zones("us-central1") == []
+    # A zone option pins the zone.
+    from google.auth.credentials import AnonymousCredentials
+
+    pinned = GcpLauncher(Settings(gcp_endpoint=server.url), project=PROJECT,
+                         credentials=AnonymousCredentials(),
+                         options={"zone": "us-central1-f"})  # fmt: skip
+    assert pinned.zones("us-central1") == ["us-central1-f"]
+    assert pinned.zones("europe-west4") == []
+
+
+def test_no_price_cap_reaches_gcp(server: ComputeServer, launcher: GcpLauncher) -> None:
+    """GCP Spot VMs have no maximum price: --max-price filters offers only, and the insert
+    is the same with or without it."""
+    from dataclasses import replace
+
+    launcher.launch(offer(), replace(spec(), max_usd_per_hour=Decimal("0.2")), attempt=1)
+    capped = inserted(server)
+    server.reset()
+    launcher.launch(offer(), spec(), attempt=1)
+    assert capped == inserted(server)
+    assert "price" not in str(capped["scheduling"]).lower()
+
+
 def test_the_controller_relaunches_a_preempted_job(
     server: ComputeServer, launcher: GcpLauncher, tmp_path: Path
 ) -> None:
-    """End to end against the Compute server: launch, a preemption (the VM deleted), a
-    relaunch in another zone with the same checkpoint URL, exit 0, the VM deleted."""
+    """End to end against the Compute server with the region's offer as the price tables
+    give it (no zone): the controller reads the region's zones, launches in one, a
+    preemption (the VM deleted), a relaunch in another zone of the region with the same
+    checkpoint URL, exit 0, the VM deleted."""
     url = f"file://{tmp_path / 'ckpt'}"  # the store is incidental here: any URL will do
     store = Store.open(url)
     job_spec = JobSpec(
@@ -368,7 +427,7 @@ def test_the_controller_relaunches_a_preempted_job(
         spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
         created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
     )  # fmt: skip
-    offers = [offer(zone="us-central1-a"), offer(zone="us-central1-b")]
+    offers = [offer(zone="")]
     save_job(store, Job(job_spec))
     world: list[str] = []
 
@@ -391,8 +450,10 @@ def test_the_controller_relaunches_a_preempted_job(
     assert first.outcome is Outcome.PREEMPTED
     assert "preempted" in first.detail
     assert second.outcome is Outcome.SUCCEEDED
-    assert first.offer.zone != second.offer.zone
+    assert (first.offer.zone, second.offer.zone) == ("us-central1-a", "us-central1-b")
     bodies = [call.body for call in server.calls("POST", "/instances")]
+    assert [b["machineType"].split("/")[1] for b in bodies] == ["us-central1-a", "us-central1-b"]
+    assert len(server.calls("GET", "/regions/us-central1")) == 1  # asked once per controller
     assert [b["labels"]["costguard-attempt"] for b in bodies] == ["1", "2"]
     for body in bodies:
         script = body["metadata"]["items"][0]["value"]

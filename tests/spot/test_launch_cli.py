@@ -148,17 +148,55 @@ def test_the_launch_guard_refuses_a_cloud_launch_without_a_budget(
     result = run_cli(
         "launch", "--provider", "aws", "--gpu", "a10g", "--region", "us-east-1",
         "--checkpoint", "s3://ckpt/run1", "--option", "image=ami-0123456789abcdef0",
-        "--option", "instance_profile=costguard-instance", "--yes", *TRAIN,
+        "--option", "instance_profile=costguard-instance", "--max-price", "5", "--yes", *TRAIN,
     )  # fmt: skip
     assert result.exit_code == 1, result.stderr
     assert "no costguard budget alarm on aws" in result.stderr
     assert "--no-alarm-check" in result.stderr
-    # The estimate came first, and nothing was created.
+    # The estimate came first (saying how zones are priced and where the cap goes), and
+    # nothing was created.
     assert "g5.xlarge spot in us-east-1" in result.stderr
+    assert "zones: picked at launch among us-east-1's zones" in result.stderr
+    assert "the price tables are per region" in result.stderr
+    assert "sent as the spot MaxPrice" in result.stderr
     ec2 = boto3.client("ec2", region_name="us-east-1")
     assert ec2.describe_instances()["Reservations"] == []
     listing = boto3.client("s3", region_name="us-east-1").list_objects_v2(Bucket="ckpt")
     assert listing.get("KeyCount", 0) == 0
+
+
+def test_a_price_cap_given_twice_must_agree(run_cli: Callable[..., Any], aws_env: str) -> None:
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="ckpt")
+    result = run_cli(
+        "launch", "--provider", "aws", "--gpu", "a10g", "--region", "us-east-1",
+        "--checkpoint", "s3://ckpt/run1", "--option", "image=ami-0123456789abcdef0",
+        "--option", "instance_profile=costguard-instance", "--max-price", "5",
+        "--option", "max_price=4", "--yes", *TRAIN,
+    )  # fmt: skip
+    assert_refused(result, "--max-price 5 and the max_price option 4 disagree")
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    assert ec2.describe_instances()["Reservations"] == []
+
+
+def test_the_estimate_says_gcp_takes_no_price_cap(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+    from decimal import Decimal
+
+    from costguard.cli.launch import _print_estimate
+    from costguard.spot.launcher.base import Market, Offer
+
+    job = replace(spec(str(tmp_path)), provider="gcp", max_usd_per_hour=Decimal("1.5"))
+    gcp = Offer("gcp", "us-central1", "g2-standard-4", Market.SPOT, Decimal("0.3"), "L4", 1)
+    _print_estimate(job, gcp, None, "2026-11-30")
+    err = capsys.readouterr().err
+    assert (
+        "--max-price $1.50/h (spot): filters the offers only: GCP Spot VMs take no price cap" in err
+    )
+    assert "zones: picked at launch among us-central1's zones" in err
 
 
 def test_a_running_job_is_not_launched_twice_and_status_reads_it(

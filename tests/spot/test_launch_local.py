@@ -64,10 +64,21 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
     assert len(preempted) == 3
     assert {a["exit_code"] for a in preempted} == {75}
     assert summary["lost_steps"] == 0
-    # Spot until --max-preemptions, then on-demand; never twice in a row in one place.
+    # Spot until --max-preemptions, then on-demand; never twice in a row in one zone: the
+    # first preemption moves to a sibling zone of the region (same price), the second one
+    # in that region backs off the whole region.
     assert [a["offer"]["market"] for a in attempts] == ["spot"] * 3 + ["on-demand"]
-    places = [a["offer"]["region"] for a in attempts]
+    places = [(a["offer"]["region"], a["offer"]["zone"]) for a in attempts]
+    assert all(zone for _, zone in places), places
     assert all(a != b for a, b in itertools.pairwise(places))
+    (r1, z1), (r2, z2), (r3, _) = places[:3]
+    assert r1 == r2, places
+    assert z1 != z2, places
+    assert r3 != r1, places
+    spot_prices = [a["offer"]["usd_per_hour"] for a in attempts[:2]]
+    assert spot_prices[0] == spot_prices[1]  # a zone costs what its region costs
+    assert "the price tables are per region" in result.stderr
+    assert "another zone of the region" in result.stderr
     # The logs agree: each attempt resumed at (or after) the last step the one before did.
     state = Path(env["COSTGUARD_LOCAL_DIR"])
     previous_last = 0

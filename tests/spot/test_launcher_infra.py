@@ -73,6 +73,7 @@ def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
     # The whole life of a job: launch, watch, attach (find), terminate twice, a lost id.
     launcher.check(spec)
     assert recorder.calls == []  # check() is offline
+    launcher.zones("us-east-1", "g5.xlarge")
     request = launcher.request(offer, spec, 1)
     handle = launcher.launch(offer, spec, 1)
     launcher.status(handle)
@@ -81,7 +82,13 @@ def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
     launcher.terminate(handle)
     launcher.status(Handle("aws", "us-east-1", "i-0123456789abcdef0"))
     operations = {name for name, _ in recorder.calls}
-    assert operations == {"RunInstances", "DescribeInstances", "TerminateInstances"}
+    assert operations == {
+        "DescribeAvailabilityZones",
+        "DescribeInstanceTypeOfferings",
+        "RunInstances",
+        "DescribeInstances",
+        "TerminateInstances",
+    }
     for operation in operations:
         assert allows(f"ec2:{operation}"), operation
     # Tags given at launch need CreateTags, allowed only as part of RunInstances.
@@ -119,7 +126,7 @@ def test_aws_policy_scopes_everything_but_describe() -> None:
     for statement in statements("launcher-policy.json"):
         for action in listed(statement["Action"]):
             assert action.startswith(("ec2:", "iam:PassRole")), action
-            if action == "ec2:DescribeInstances":
+            if action.startswith("ec2:Describe"):  # EC2 offers no resource scope for these
                 assert statement["Resource"] == "*"
             else:
                 assert "*" not in listed(statement["Resource"]), action
@@ -167,6 +174,8 @@ def test_azure_role_is_compute_network_and_identity_only() -> None:
 
 def gcp_permission(method: str, path: str) -> str:
     """The permission a Compute Engine REST call needs (its documented IAM permission)."""
+    if method == "GET" and "/regions/" in path and "/zones/" not in path:
+        return "compute.regions.get"
     if path.endswith("/aggregated/instances") or (method == "GET" and path.endswith("/instances")):
         return "compute.instances.list"
     if "/operations" in path:
@@ -193,6 +202,7 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
             credentials=AnonymousCredentials(),
             poll_interval_s=0.01,
         )
+        assert launcher.zones("us-central1")
         handle = launcher.launch(offer(), gcp_spec(), attempt=1)
         launcher.status(handle)
         launcher.find("run-1")
@@ -207,6 +217,7 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
     assert needed == {
         "compute.instances.create", "compute.instances.get", "compute.instances.list",
         "compute.instances.delete", "compute.zoneOperations.get", "compute.zoneOperations.list",
+        "compute.regions.get",
     }  # fmt: skip
     assert needed <= permissions
     # Creating a VM with these fields needs these permissions too (Compute Engine IAM docs).
@@ -234,6 +245,8 @@ def azure_action(method: str, path: str) -> str:
     """The RBAC action an ARM call of the launcher needs."""
     if "/locations/" in path and "/operations/" in path:
         return "Microsoft.Compute/locations/operations/read"
+    if path.endswith("/providers/Microsoft.Compute/skus"):
+        return "Microsoft.Compute/skus/read"
     verbs = {"PUT": "write", "GET": "read", "DELETE": "delete"}
     return f"Microsoft.Compute/virtualMachines/{verbs[method]}"
 
@@ -252,6 +265,7 @@ def test_azure_role_covers_every_call_of_a_job() -> None:
                                  subscription_id=SUBSCRIPTION, resource_group=GROUP,
                                  credential=FakeTokenCredential(),
                                  client_options=azure_client_options())  # fmt: skip
+        assert launcher.zones("eastus", "Standard_NC4as_T4_v3")
         handle = launcher.launch(offer(), azure_spec(), attempt=1)
         launcher.status(handle)
         launcher.find("run-1")
@@ -265,6 +279,7 @@ def test_azure_role_covers_every_call_of_a_job() -> None:
     assert needed == {
         "Microsoft.Compute/virtualMachines/write", "Microsoft.Compute/virtualMachines/read",
         "Microsoft.Compute/virtualMachines/delete", "Microsoft.Compute/locations/operations/read",
+        "Microsoft.Compute/skus/read",
     }  # fmt: skip
     assert needed <= actions
     # What the PUT body creates or joins besides the VM.

@@ -18,6 +18,7 @@ from costguard.spot.recovery import (
     Wait,
     classify,
     decide,
+    hot_regions,
     interruptions,
     spent_usd,
 )
@@ -71,6 +72,38 @@ def test_zones_are_places_of_their_own() -> None:
     decision = decide((ended(1, a, Outcome.PREEMPTED, 10.0),), (a, b), Limits(), 10.0)
     assert isinstance(decision, Launch)
     assert decision.offer == b
+
+
+def test_repeated_preemptions_in_a_region_back_off_the_region() -> None:
+    a, b, c = (offer("us-east-1", "0.40", zone=f"us-east-1{z}") for z in "abc")
+    west = offer("us-west-2", "0.45", zone="us-west-2a")
+    offers = (a, b, c, west)
+    first = decide((ended(1, a, Outcome.PREEMPTED, 10.0),), offers, Limits(), 10.0)
+    assert isinstance(first, Launch)
+    assert first.offer == b  # a sibling zone, at the region's price
+    assert "another zone of the region" in first.reason
+    history = (ended(1, a, Outcome.PREEMPTED, 10.0), ended(2, b, Outcome.LOST, 20.0))
+    second = decide(history, offers, Limits(), 20.0)
+    assert isinstance(second, Launch)
+    assert second.offer == west  # us-east-1c is fresh, but its region is backed off
+    assert "aws/us-east-1 backed off" in second.reason
+    # Zones only when asked; and a region hit long ago is cool again.
+    assert decide(history, offers, Limits(region_backoff_hits=0), 20.0) == Launch(
+        c, 3, "attempt 2 lost in aws/us-east-1/us-east-1b; moving to aws/us-east-1/us-east-1c "
+        "(another zone of the region, at the region's price)"
+    )  # fmt: skip
+    later = decide(history, offers, Limits(backoff_s=100.0), 20.0 + 95.0)
+    assert isinstance(later, Launch)
+    assert later.offer == a  # a's hit has expired (1 hit left in the region: not hot)
+    # With one region only (--region), every zone is tried before any is repeated.
+    one = (a, b, c)
+    three = (*history, ended(3, c, Outcome.PREEMPTED, 30.0))
+    nxt = decide(history, one, Limits(), 20.0)
+    assert isinstance(nxt, Launch)
+    assert nxt.offer == c
+    again = decide(three, one, Limits(max_preemptions=9), 30.0)
+    assert isinstance(again, Launch)
+    assert again.offer == a  # all hit: the one hit longest ago
 
 
 def test_on_demand_after_max_preemptions() -> None:
@@ -229,7 +262,11 @@ def test_a_launch_always_respects_the_limits(
         and now - a.ended_unix < limits.backoff_s
     }
     fresh = [o for o in offers if o.market is chosen.market and o.place not in hit]
-    if fresh:
+    hot = hot_regions(attempts, limits, now)
+    cool = [o for o in fresh if o.region_place not in hot]
+    if cool:  # fresh places of regions not backed off as a whole come first
+        assert chosen.usd_per_hour == min(o.usd_per_hour for o in cool)
+    elif fresh:
         assert chosen.usd_per_hour == min(o.usd_per_hour for o in fresh)
 
 
@@ -275,3 +312,76 @@ def test_success_is_final_and_a_running_attempt_is_never_doubled(
     verdict = decide(done, offers, Limits(), start + later)
     assert isinstance(verdict, Finish)
     assert verdict.status == "succeeded"
+
+
+REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
+ZONED_OFFER = st.builds(
+    lambda region, zone, price, market: offer(region, price, market, zone=f"{region}{zone}"),
+    st.sampled_from(REGIONS),
+    st.sampled_from("abc"),
+    st.decimals("0.05", "5", places=3).map(str),
+    st.sampled_from([Market.SPOT, Market.ON_DEMAND]),
+)
+
+
+@st.composite
+def zoned_histories(draw: st.DrawFn) -> tuple[tuple[Attempt, ...], tuple[Offer, ...]]:
+    """Histories over zoned offers, zones of a region sharing its price (as the price
+    tables give it), ending with an interruption."""
+    drawn = draw(st.lists(ZONED_OFFER, min_size=1, max_size=9, unique_by=lambda o: o.place))
+    price = {o.region: o.usd_per_hour for o in drawn}
+    offers = tuple({(o.place, o.market): o for o in
+                    (Offer(o.provider, o.region, o.instance_type, o.market, price[o.region],
+                           o.gpu, o.gpu_count, o.zone) for o in drawn)}.values())  # fmt: skip
+    attempts = []
+    now = 0.0
+    count = draw(st.integers(1, 6))
+    for number in range(1, count + 1):
+        on = draw(st.sampled_from(offers))
+        outcome = draw(st.sampled_from(sorted(INTERRUPTIONS, key=lambda o: o.value)))
+        if number < count:
+            outcome = draw(ENDED)
+        length = draw(st.floats(1, 3600))
+        attempts.append(Attempt(number, on, now, ended_unix=now + length, outcome=outcome))
+        now += length
+    return tuple(attempts), offers
+
+
+@settings(max_examples=300, deadline=None)
+@given(zoned_histories(), st.integers(0, 3))
+def test_after_a_preemption_the_next_launch_is_in_another_zone_when_one_exists(
+    history: tuple[tuple[Attempt, ...], tuple[Offer, ...]], region_hits: int
+) -> None:
+    attempts, offers = history
+    last = attempts[-1]
+    assert last.ended_unix is not None
+    limits = Limits(max_preemptions=100, max_attempts=100, region_backoff_hits=region_hits)
+    decision = decide(attempts, offers, limits, last.ended_unix)
+    if not isinstance(decision, Launch):
+        return
+    chosen = decision.offer
+    others = [o for o in offers if o.market is chosen.market and o.zone != last.offer.zone]
+    if others:
+        assert chosen.zone != last.offer.zone
+    # A sibling zone of a region not backed off, at the same price, is never passed over
+    # for a pricier place.
+    hot = hot_regions(attempts, limits, last.ended_unix)
+    hit = {a.offer.place for a in attempts if a.outcome in INTERRUPTIONS | {Outcome.LAUNCH_FAILED}}
+    siblings = [
+        o
+        for o in offers
+        if o.market is chosen.market
+        and o.region == last.offer.region
+        and o.place not in hit
+        and o.region_place not in hot
+    ]
+    if siblings:
+        assert chosen.usd_per_hour <= siblings[0].usd_per_hour
+    # A region backed off as a whole is left while a fresh place elsewhere exists.
+    elsewhere = [
+        o
+        for o in offers
+        if o.market is chosen.market and o.place not in hit and o.region_place not in hot
+    ]
+    if elsewhere:
+        assert chosen.region_place not in hot

@@ -47,6 +47,13 @@ Examples:
   costguard jobs status ckpt/ --format json
 """
 
+#: What ``--max-price`` does on each provider, besides filtering the offers.
+MAX_PRICE_REACH = {
+    "aws": "filters the offers and is sent as the spot MaxPrice",
+    "azure": "filters the offers and is sent as billingProfile.maxPrice",
+    "gcp": "filters the offers only: GCP Spot VMs take no price cap",
+    "local": "filters the offers (simulated: nothing is billed)",
+}
 #: A local attempt is polled often: the simulator acts when polled.
 LOCAL_POLL_S = 0.5
 DEFAULT_PREEMPT_EVERY_S = 60.0
@@ -212,9 +219,11 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
 
     Picks the cheapest offer that fits from the price tables, prints the estimate,
     checks for a budget alarm (none: refused), asks for confirmation, launches, and
-    supervises: after a preemption it relaunches elsewhere, resuming from the latest
-    checkpoint; after --max-preemptions it falls back to on-demand; it stops before
-    --max-total. The job's state lives next to the checkpoints (job/job.json), so
+    supervises: after a preemption it relaunches in another zone (another region after
+    repeated preemptions), resuming from the latest checkpoint; after --max-preemptions
+    it falls back to on-demand; it stops before --max-total. --max-price is sent to AWS
+    and Azure as the spot price cap; GCP Spot VMs take none (it only filters offers).
+    The job's state lives next to the checkpoints (job/job.json), so
     another controller can take over with --attach.
     """
     from costguard.spot.controller import Controller, check_not_supervised
@@ -533,8 +542,16 @@ def _print_estimate(spec: Any, offer: Any, fallback: Any, as_of: str) -> None:
         )
     else:
         lines.append("  cap: none (--max-total sets one)")
+    lines.append(
+        f"  zones: picked at launch among {offer.region}'s zones, each priced at the region's "
+        "list price (the price tables are per region); a preempted zone is backed off first, "
+        "then the region after repeated preemptions"
+    )
     if spec.max_usd_per_hour is not None:
-        lines.append(f"  --max-price {format_usd(spec.max_usd_per_hour, rate=True)}/h (spot)")
+        lines.append(
+            f"  --max-price {format_usd(spec.max_usd_per_hour, rate=True)}/h (spot): "
+            + MAX_PRICE_REACH.get(spec.provider, "filters the offers")
+        )
     if spec.spot and fallback is not None:
         lines.append(
             f"  after {spec.max_preemptions} preemption(s): on-demand {fallback.instance_type} "
@@ -584,7 +601,8 @@ def _document(job: Any, offers: Sequence[Any], now: float) -> dict[str, Any]:
             "cost_usd": summary.spent_usd,
             "estimate_usd": summary.estimate_usd,
             "on_demand_usd": summary.on_demand_usd,
-            "cost_basis": "instance-hours x list price of each attempt's offer"
+            "cost_basis": "instance-hours x list price of each attempt's offer (a zone at "
+            "its region's price: the price tables are per region)"
             + (" (simulated: nothing was billed)" if job.spec.provider == "local" else ""),
         },
         "spec": spec_doc(job.spec),
@@ -634,7 +652,7 @@ def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
         f"time: {summary.wall_s:.1f} s wall, {summary.running_s:.1f} s running, "
         f"overhead {summary.overhead_s:.1f} s (relaunch gaps + lost work)",
         ("what it would have cost: " if simulated else "real cost: ")
-        + f"{_usd(summary.spent_usd)} (instance-hours x list price"
+        + f"{_usd(summary.spent_usd)} (instance-hours x list price, zones at their region's"
         + (", spot as simulated)" if simulated else ")"),
     ]
     if summary.on_demand_usd is not None:

@@ -21,6 +21,7 @@ whose values are Unix seconds).
 from __future__ import annotations
 
 import re
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ MAX_LAG_SECONDS = 300
 #: The same for the Ops Agent's GPU series, written every minute (see
 #: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
 GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
+#: The most seconds :meth:`GcpFleet.apply` waits for all its operations together.
+OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
 GPU_METRIC = "agent.googleapis.com/gpu/utilization"
 CPU_METRIC = "compute.googleapis.com/instance/cpu/utilization"
 RECEIVED_METRIC = "compute.googleapis.com/instance/network/received_bytes_count"
@@ -165,19 +168,34 @@ class GcpFleet:
         zones: Sequence[str] = (),
         credentials: Any = None,
         instances_client: Any = None,
+        operations_client: Any = None,
         monitoring: Any = None,
+        poll_interval_s: float = 1.0,
     ) -> None:
         self.project = project
         self.prices = prices
         self.regions = tuple(regions)
         self.zones = tuple(zones)
-        if credentials is None and (instances_client is None or monitoring is None):
+        self.poll_interval_s = poll_interval_s
+        if credentials is None and (
+            instances_client is None or operations_client is None or monitoring is None
+        ):
             credentials = gcp_clouds.default_credentials()
         self.instances_client = (
             instances_client
             if instances_client is not None
             else gcp_clouds.client(
                 "google.cloud.compute_v1", "InstancesClient", settings, credentials
+            )
+        )
+        # Operations are polled with a client of our own, on the same endpoint: the one
+        # inside InstancesClient's extended operations ignores the endpoint override and
+        # would poll compute.googleapis.com (unreachable from a private endpoint).
+        self.operations_client = (
+            operations_client
+            if operations_client is not None
+            else gcp_clouds.client(
+                "google.cloud.compute_v1", "ZoneOperationsClient", settings, credentials
             )
         )
         self.monitoring = (
@@ -327,9 +345,25 @@ class GcpFleet:
         """Deletion protection came with the listing: nothing to ask."""
         return list(instances)
 
+    def _wait(self, operation: Any, zone: str, deadline: float) -> Any:
+        """Poll a zone operation until it is ``DONE`` or ``deadline`` (monotonic) passes
+        (then :class:`TimeoutError`), with ``zoneOperations.get`` on our endpoint."""
+        delay = self.poll_interval_s
+        while str(getattr(operation.status, "name", operation.status)) != "DONE":
+            if time.monotonic() + delay > deadline:
+                msg = f"operation {operation.name} not done after {OPERATION_TIMEOUT_S:g} s"
+                raise TimeoutError(msg)
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+            operation = self.operations_client.get(
+                project=self.project, zone=zone, operation=operation.name
+            )
+        return operation
+
     def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
-        """Start every operation first, then wait for each, so that stops run in parallel."""
-        started: list[tuple[Instance, Any]] = []
+        """Start every operation first, then wait for each (all within
+        :data:`OPERATION_TIMEOUT_S`), so that stops run in parallel."""
+        started: list[tuple[Instance, str, Any]] = []
         outcomes: list[Outcome] = []
         failures: tuple[type[BaseException], ...] = (*gcp_clouds.errors(), TimeoutError)
         for instance in instances:
@@ -337,9 +371,9 @@ class GcpFleet:
             where = {"project": self.project, "zone": handle.zone, "instance": handle.name}
             try:
                 if action is Action.STOP:
-                    operation = self.instances_client.stop(**where)
+                    operation = self.instances_client.stop_unary(**where)
                 elif action is Action.TERMINATE:
-                    operation = self.instances_client.delete(**where)
+                    operation = self.instances_client.delete_unary(**where)
                 else:
                     labels = {k: v for k, v in handle.labels.items() if k != MARK_LABEL}
                     if action is Action.MARK:
@@ -348,17 +382,24 @@ class GcpFleet:
                     body = compute.InstancesSetLabelsRequest(
                         labels=labels, label_fingerprint=handle.fingerprint
                     )
-                    operation = self.instances_client.set_labels(
+                    operation = self.instances_client.set_labels_unary(
                         **where, instances_set_labels_request_resource=body
                     )
-                started.append((instance, operation))
+                started.append((instance, handle.zone, operation))
             except gcp_clouds.errors() as exc:
                 message = gcp_clouds.translate(exc, f"{action} {handle.name}").message
                 outcomes.append(Outcome(instance, action, ok=False, message=message))
-        for instance, operation in started:
+        deadline = time.monotonic() + OPERATION_TIMEOUT_S
+        for instance, zone, operation in started:
             try:
-                operation.result(timeout=READ_TIMEOUT_S * 5)
-                outcomes.append(Outcome(instance, action, ok=True))
+                done = self._wait(operation, zone, deadline)
             except failures as exc:
                 outcomes.append(Outcome(instance, action, ok=False, message=str(exc)))
+                continue
+            errors = list(done.error.errors)
+            if errors:
+                detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
+                outcomes.append(Outcome(instance, action, ok=False, message=detail))
+            else:
+                outcomes.append(Outcome(instance, action, ok=True))
         return outcomes

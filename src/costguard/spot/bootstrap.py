@@ -27,6 +27,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -268,6 +269,38 @@ def int_option(spec: LaunchSpec, name: str, default: int, low: int, high: int) -
         msg = f"the {name} option must be a whole number from {low} to {high}, not {text!r}"
         raise InputError(msg, hint=f"e.g. {name}={default}")
     return int(text)
+
+
+def max_price(spec: LaunchSpec) -> Decimal | None:
+    """The spot price cap in USD/h: ``--max-price`` (``spec.max_usd_per_hour``) or the
+    ``max_price`` option; both may be given only if they agree. ``None``: no cap.
+
+    >>> from datetime import datetime, UTC
+    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC),
+    ...                   max_usd_per_hour=Decimal("0.5"), options={"max_price": "0.50"})
+    >>> max_price(spec)
+    Decimal('0.5')
+    >>> from dataclasses import replace
+    >>> max_price(replace(spec, options={"max_price": "0.6"}))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --max-price 0.5 and the max_price option 0.6 disagree
+    """
+    text = spec.options.get("max_price", "").strip()
+    option_cap = None
+    if text:
+        try:
+            option_cap = Decimal(text)
+        except InvalidOperation:
+            option_cap = Decimal(-1)
+        if not option_cap.is_finite() or option_cap <= 0:
+            msg = f"the max_price option must be a positive USD/h amount, not {text!r}"
+            raise InputError(msg, hint="e.g. max_price=1.20, or --max-price 1.20")
+    cap = spec.max_usd_per_hour
+    if option_cap is not None and cap is not None and option_cap != cap:
+        msg = f"--max-price {cap} and the max_price option {text} disagree"
+        raise InputError(msg, hint="give the spot price cap once: --max-price")
+    return cap if cap is not None else option_cap
 
 
 def resource_name(job_id: str, attempt: int, max_chars: int) -> str:

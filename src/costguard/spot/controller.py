@@ -33,12 +33,15 @@ from costguard.spot.job import (
     save_job,
 )
 from costguard.spot.launcher.base import CapacityError, Handle, Launcher, Market, Offer, State
+from costguard.spot.offers import expand_zones
 from costguard.spot.recovery import (
     EXIT_PREEMPTED,
     INTERRUPTIONS,
     Attempt,
+    Decision,
     Finish,
     Launch,
+    Limits,
     Outcome,
     Wait,
     classify,
@@ -112,6 +115,8 @@ class Controller:
         self._on_event = on_event
         self._clock = clock
         self._sleep = sleep
+        #: (region, instance type) -> the zones the launcher named (empty: none / unknown).
+        self.zones: dict[tuple[str, str], tuple[str, ...]] = {}
 
     def _emit(self, kind: str, message: str) -> None:
         logger.info("costguard launch: %s: %s", kind, message)
@@ -228,6 +233,56 @@ class Controller:
         pace = (last_step - resumed) / (saved - start)  # steps per second, startup included
         return lost_s, round(pace * lost_s)
 
+    # -- zones ------------------------------------------------------------------------
+
+    def _zones_of(self, offer: Offer) -> tuple[str, ...]:
+        """The launcher's zones for ``offer``'s region and type, asked once per controller.
+
+        A launcher that cannot say (no permission, an old adapter) leaves the offer
+        regional: the provider places the instance, and recovery moves between regions.
+        """
+        key = (offer.region, offer.instance_type)
+        if key not in self.zones:
+            lookup = getattr(self.launcher, "zones", None)
+            found: tuple[str, ...] = ()
+            if lookup is not None:
+                try:
+                    found = tuple(dict.fromkeys(z for z in lookup(*key) if z))
+                except CostguardError as exc:
+                    self._emit(
+                        "zones",
+                        f"zones of {offer.region} unknown ({exc.message}): the provider "
+                        "picks the zone, and recovery moves between regions only",
+                    )
+            self.zones[key] = found
+            if found:
+                self._emit(
+                    "zones",
+                    f"{offer.instance_type} in {offer.region}: zones {', '.join(found)}, each "
+                    f"priced at the region's ${offer.usd_per_hour}/h (the price tables are per "
+                    "region); a preempted zone is backed off first",
+                )
+        return self.zones[key]
+
+    def decide(self, job: Job, limits: Limits) -> Decision:
+        """:func:`~costguard.spot.recovery.decide`, with the chosen region split into its
+        zones first (the launcher is asked only for the regions a launch is headed to)."""
+        decision = decide(job.attempts, self.offers, limits, self._clock())
+        for _ in range(len(self.offers) + 1):  # bounded: each round zones one more offer
+            if not isinstance(decision, Launch) or decision.offer.zone:
+                return decision
+            chosen = decision.offer
+            if (chosen.region, chosen.instance_type) in self.zones:
+                return decision  # asked already: no zones there
+            zones = self._zones_of(chosen)
+            if not zones:
+                return decision
+            self.offers = tuple(
+                expand_zones(self.offers, chosen.region, chosen.instance_type, zones)
+            )
+            decision = decide(job.attempts, self.offers, limits, self._clock())
+        return decision
+
     # -- act --------------------------------------------------------------------------
 
     def launch(self, job: Job, decision: Launch) -> Job:
@@ -255,11 +310,14 @@ class Controller:
             job = job.with_attempt(refused)
             return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
         launched = replace(attempt, handle=handle)
+        price = f"${decision.offer.usd_per_hour}/h"
+        if decision.offer.zone:
+            price += " (the region's list price)"
         self._emit(
             "launch",
             f"attempt {decision.number}: {decision.offer.instance_type} "
             f"{decision.offer.market.value} in {decision.offer.place} at "
-            f"${decision.offer.usd_per_hour}/h as {handle.instance_id} ({decision.reason})",
+            f"{price} as {handle.instance_id} ({decision.reason})",
         )
         return self._save(job.with_attempt(launched))
 
@@ -293,7 +351,7 @@ class Controller:
         limits = job.spec.limits()
         while True:
             job = self.reconcile(job)
-            decision = decide(job.attempts, self.offers, limits, self._clock())
+            decision = self.decide(job, limits)
             if isinstance(decision, Finish):
                 return self.finish(job, decision)
             if isinstance(decision, Launch):

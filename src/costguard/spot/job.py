@@ -227,6 +227,7 @@ class JobSpec:
             idle_minutes=self.idle_minutes,
             every_steps=self.every_steps,
             every_minutes=self.every_minutes,
+            max_usd_per_hour=self.max_usd_per_hour,
             options=dict(self.options),
         )
 

@@ -6,6 +6,10 @@ place is preempted. ``local`` (the preemption simulator) runs on this machine an
 the cloud offers re-labelled, so that its report says what the run would have cost and
 its recovery moves between (simulated) regions exactly as on the cloud.
 
+Offers come per region, as the tables are; the controller splits one into zones
+(:func:`expand_zones`, the launcher's :meth:`~costguard.spot.launcher.base.Launcher.zones`)
+when it is about to launch there, each zone at the region's price.
+
 >>> from costguard.pricing.catalog import load_catalog
 >>> found = find_offers(load_catalog(), gpu="A10G", provider="aws", regions=("us-east-1",))
 >>> [(o.instance_type, o.market.value, str(o.usd_per_hour)) for o in found][:1]
@@ -15,6 +19,7 @@ its recovery moves between (simulated) regions exactly as on the cloud.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from decimal import Decimal
 
 from costguard.errors import InputError
@@ -83,6 +88,31 @@ def find_offers(
     ]
     offers.sort(key=lambda o: (o.usd_per_hour, o.provider, o.region, o.market.value))
     return offers
+
+
+def expand_zones(
+    offers: Sequence[Offer], region: str, instance_type: str, zones: Sequence[str]
+) -> list[Offer]:
+    """``offers`` with each zoneless offer of ``instance_type`` in ``region`` replaced by one
+    offer per zone, at the same price: the price tables are per region (a zone's spot
+    price is not in them), so a zone is a place to move to, not a cheaper one. Order kept.
+
+    >>> o = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.42"), "A10G", 1)
+    >>> [(z.place, str(z.usd_per_hour)) for z in expand_zones([o], "us-east-1", "g5.xlarge",
+    ...                                                       ["us-east-1a", "us-east-1b"])]
+    [('aws/us-east-1/us-east-1a', '0.42'), ('aws/us-east-1/us-east-1b', '0.42')]
+    >>> expand_zones([o], "us-west-2", "g5.xlarge", ["us-west-2a"]) == [o]
+    True
+    """
+    out: list[Offer] = []
+    for offer in offers:
+        if offer.zone or offer.region != region or offer.instance_type != instance_type:
+            out.append(offer)
+            continue
+        out.extend(replace(offer, zone=zone) for zone in dict.fromkeys(zones) if zone)
+        if not any(zones):
+            out.append(offer)
+    return out
 
 
 def require_offers(

@@ -11,8 +11,11 @@ The controller records each attempt (the offer it ran on, how it ended) and asks
 4. Otherwise launch: on spot until ``max_preemptions`` interruptions, then on-demand.
    Places (``provider/region[/zone]``) interrupted or out of capacity within
    ``backoff_s`` go to the back of the queue, the most recent last, so after a
-   preemption the next attempt runs somewhere else whenever somewhere else exists.
-   Among the rest the cheapest wins.
+   preemption the next attempt runs in another zone (or region) whenever one exists.
+   A region hit ``region_backoff_hits`` times within ``backoff_s`` (in any of its zones)
+   is backed off as a whole: its zones not hit yet come after those of other regions.
+   Among the rest the cheapest wins (zones of one region share its price, so the move
+   after a first preemption is usually to a sibling zone).
 5. Never launch when the money spent plus one more hour at the chosen price would pass
    ``max_total_usd``.
 
@@ -25,6 +28,14 @@ No I/O, no clock: ``now_unix`` comes in as an argument, so every rule is unit-te
 >>> hit = Attempt(1, spot, 0.0, ended_unix=60.0, outcome=Outcome.PREEMPTED)
 >>> decide((hit,), (spot, other), Limits(), now_unix=60.0).offer.region
 'us-west-2'
+>>> from dataclasses import replace
+>>> a, b, c = (replace(spot, zone=f"us-east-1{z}") for z in "abc")
+>>> west = replace(other, zone="us-west-2a")
+>>> decide((replace(hit, offer=a),), (a, b, c, west), Limits(), 60.0).offer.zone
+'us-east-1b'
+>>> twice = (replace(hit, offer=a), replace(hit, number=2, offer=b, ended_unix=90.0))
+>>> decide(twice, (a, b, c, west), Limits(), 90.0).offer.zone
+'us-west-2a'
 """
 
 from __future__ import annotations
@@ -113,6 +124,9 @@ class Limits:
     max_launch_failures: int = 5
     max_attempts: int = 50
     backoff_s: float = 3600.0
+    #: Interruptions (or refusals) in one region within ``backoff_s`` after which the
+    #: whole region is backed off, not only the zones hit; 0: zones only.
+    region_backoff_hits: int = 2
 
 
 @dataclass(frozen=True)
@@ -201,23 +215,24 @@ def choose_offer(
     """The offer for the next attempt, or ``None`` when none is in the market wanted.
 
     Places hit (interrupted or refused) within ``backoff_s`` go last, the most recently
-    hit last of all; the rest are taken cheapest first (ties by place, for stability).
+    hit last of all; before them, the places of regions backed off as a whole
+    (:func:`hot_regions`); the rest are taken cheapest first (ties by place, for
+    stability).
     """
     market = market_for(attempts, offers, limits)
     pool = [o for o in offers if o.market is market]
     if not pool:
         return None
     hit: dict[str, float] = {}
-    for attempt in attempts:
-        if attempt.outcome in INTERRUPTIONS or attempt.outcome is Outcome.LAUNCH_FAILED:
-            when = attempt.ended_unix if attempt.ended_unix is not None else attempt.launched_unix
-            if now_unix - when < limits.backoff_s:
-                hit[attempt.offer.place] = max(hit.get(attempt.offer.place, when), when)
+    for attempt in recent_hits(attempts, limits, now_unix):
+        when = _hit_time(attempt)
+        hit[attempt.offer.place] = max(hit.get(attempt.offer.place, when), when)
+    hot = hot_regions(attempts, limits, now_unix)
 
-    def key(offer: Offer) -> tuple[bool, float, Decimal, str, str]:
-        recent = offer.place in hit
+    def key(offer: Offer) -> tuple[bool, bool, float, Decimal, str, str]:
         return (
-            recent,
+            offer.place in hit,
+            offer.region_place in hot,
             hit.get(offer.place, 0.0),
             offer.usd_per_hour,
             offer.place,
@@ -225,6 +240,41 @@ def choose_offer(
         )
 
     return min(pool, key=key)
+
+
+def _hit_time(attempt: Attempt) -> float:
+    return attempt.ended_unix if attempt.ended_unix is not None else attempt.launched_unix
+
+
+def recent_hits(attempts: Iterable[Attempt], limits: Limits, now_unix: float) -> list[Attempt]:
+    """Attempts interrupted or refused within ``backoff_s`` of ``now_unix``."""
+    return [
+        a
+        for a in attempts
+        if (a.outcome in INTERRUPTIONS or a.outcome is Outcome.LAUNCH_FAILED)
+        and now_unix - _hit_time(a) < limits.backoff_s
+    ]
+
+
+def hot_regions(attempts: Iterable[Attempt], limits: Limits, now_unix: float) -> set[str]:
+    """``provider/region`` places hit at least ``region_backoff_hits`` times recently.
+
+    >>> from dataclasses import replace
+    >>> o = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("1"), "A10G", 1)
+    >>> hits = [Attempt(n, replace(o, zone=z), 0.0, ended_unix=10.0, outcome=Outcome.PREEMPTED)
+    ...         for n, z in ((1, "us-east-1a"), (2, "us-east-1b"))]
+    >>> hot_regions(hits[:1], Limits(), 20.0), hot_regions(hits, Limits(), 20.0)
+    (set(), {'aws/us-east-1'})
+    >>> hot_regions(hits, Limits(region_backoff_hits=0), 20.0)
+    set()
+    """
+    if limits.region_backoff_hits <= 0:
+        return set()
+    counts: dict[str, int] = {}
+    for attempt in recent_hits(attempts, limits, now_unix):
+        region = attempt.offer.region_place
+        counts[region] = counts.get(region, 0) + 1
+    return {region for region, n in counts.items() if n >= limits.region_backoff_hits}
 
 
 def decide(
@@ -280,4 +330,11 @@ def _launch_reason(
         text += f"; {interruptions(attempts)} interruption(s): falling back to on-demand"
     if offer.place != last.offer.place:
         text += f"; moving to {offer.place}"
+        if offer.region_place == last.offer.region_place and offer.zone:
+            text += " (another zone of the region, at the region's price)"
+    hot = hot_regions(attempts, limits, _hit_time(last))
+    if last.offer.region_place in hot and offer.region_place != last.offer.region_place:
+        text += (
+            f"; {last.offer.region_place} backed off ({limits.region_backoff_hits}+ recent hits)"
+        )
     return text

@@ -108,6 +108,28 @@ def simulated_cloud(region: str) -> str:
     return cloud if cloud in NOTICE_S else "aws"
 
 
+#: How many zones a simulated region has.
+SIMULATED_ZONES = 3
+
+
+def simulated_zones(region: str) -> tuple[str, ...]:
+    """The zones of a local offer's region, named as the simulated cloud names them.
+
+    >>> simulated_zones("aws:us-east-1"), simulated_zones("gcp:us-central1")[:1]
+    (('us-east-1a', 'us-east-1b', 'us-east-1c'), ('us-central1-a',))
+    >>> simulated_zones("azure:eastus")
+    ('1', '2', '3')
+    """
+    cloud = simulated_cloud(region)
+    name = region.split(":", 1)[-1]
+    letters = "abcdefgh"[:SIMULATED_ZONES]
+    if cloud == "azure":
+        return tuple(str(n) for n in range(1, SIMULATED_ZONES + 1))
+    if cloud == "gcp":
+        return tuple(f"{name}-{letter}" for letter in letters)
+    return tuple(f"{name}{letter}" for letter in letters)
+
+
 def http_date(unix: float) -> str:
     """A unix time the way Scheduled Events writes ``NotBefore``.
 

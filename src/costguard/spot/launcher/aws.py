@@ -18,14 +18,21 @@ Options (``LaunchSpec.options``): ``image`` (AMI id, required), ``instance_profi
 ``key_name``, ``disk_gb`` with ``root_device`` (default ``/dev/sda1``),
 ``metadata_hop_limit`` (default 1; 2 for jobs in containers), ``max_price`` (spot cap,
 USD/h; default the on-demand price), plus those of :mod:`costguard.spot.bootstrap`.
+``--max-price`` reaches ``SpotOptions.MaxPrice`` the same way (the two must agree when
+both are given).
+
+Zones: :meth:`AwsLauncher.zones` lists the region's available Availability Zones
+(``DescribeAvailabilityZones``, zone type ``availability-zone``: no Local or Wavelength
+Zones) where the instance type is offered (``DescribeInstanceTypeOfferings``; when EC2
+names none, every available zone). A ``subnet`` option pins the zone (a subnet lives in
+one), so with it the launcher names none and recovery moves between regions only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Iterable, Sequence
-from decimal import Decimal, InvalidOperation
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from costguard.clouds import aws as aws_clouds
@@ -133,7 +140,9 @@ class AwsLauncher:
         regions: Sequence[str] = (),
         clients: Callable[[str], Any] | None = None,
         environ: dict[str, str] | None = None,
+        options: Mapping[str, str] | None = None,
     ) -> None:
+        self.options = dict(options or {})
         self.regions = list(dict.fromkeys(regions))
         self._factory = clients or (lambda region: aws_clouds.client("ec2", region))
         self._clients: dict[str, Any] = {}
@@ -193,17 +202,9 @@ class AwsLauncher:
 
     @staticmethod
     def _max_price(spec: LaunchSpec) -> str | None:
-        text = spec.options.get("max_price", "").strip()
-        if not text:
-            return None
-        try:
-            price = Decimal(text)
-        except InvalidOperation:
-            price = Decimal(-1)
-        if not price.is_finite() or price <= 0:
-            msg = f"the max_price option must be a positive USD/h amount, not {text!r}"
-            raise InputError(msg, hint="e.g. max_price=1.20")
-        return str(price)
+        """The spot cap: ``--max-price`` or the ``max_price`` option (equal if both)."""
+        cap = bootstrap.max_price(spec)
+        return None if cap is None else str(cap)
 
     # ----------------------------------------------------------------- launch
 
@@ -289,6 +290,43 @@ class AwsLauncher:
             zone=instance.get("Placement", {}).get("AvailabilityZone", offer.zone),
             extra={"market": offer.market.value, "attempt": str(attempt)},
         )
+
+    # ------------------------------------------------------------------ zones
+
+    def zones(self, region: str, instance_type: str = "") -> list[str]:
+        """Available Availability Zones of ``region`` offering ``instance_type``, sorted.
+
+        None when a ``subnet`` option pins the zone (``RunInstances`` would refuse any
+        other). Two describe calls, each one page (a region has a handful of zones).
+        """
+        if self.options.get("subnet"):
+            return []
+        ec2 = self._ec2(region)
+        action = f"listing the zones of {region}"
+        try:
+            answer = ec2.describe_availability_zones(
+                Filters=[
+                    {"Name": "state", "Values": ["available"]},
+                    {"Name": "zone-type", "Values": ["availability-zone"]},
+                ]
+            )
+            available = sorted(
+                str(z["ZoneName"])
+                for z in answer.get("AvailabilityZones", [])
+                if z.get("State", "available") == "available"
+                and z.get("ZoneType", "availability-zone") == "availability-zone"
+            )
+            if not instance_type or not available:
+                return available
+            offered = ec2.describe_instance_type_offerings(
+                LocationType="availability-zone",
+                Filters=[{"Name": "instance-type", "Values": [instance_type]}],
+                MaxResults=1000,
+            )
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, action) from None
+        where = {str(o["Location"]) for o in offered.get("InstanceTypeOfferings", [])}
+        return [z for z in available if z in where] or available
 
     # ----------------------------------------------------------------- status
 

@@ -20,8 +20,14 @@ Options: ``subscription`` and ``resource_group`` (required unless the launcher h
 ``image`` (``publisher:offer:sku:version`` or an image resource id), ``subnet`` (subnet
 resource id), ``identity`` (user-assigned identity resource id), ``ssh_public_key``,
 ``admin_username`` (default ``azureuser``), ``disk_gb`` (default 100), ``disk_type``
-(default ``Premium_LRS``), ``eviction_policy``, ``max_price`` (USD/h), plus those of
+(default ``Premium_LRS``), ``eviction_policy``, ``max_price`` (USD/h; ``--max-price``
+reaches ``billingProfile.maxPrice`` the same way), plus those of
 :mod:`costguard.spot.bootstrap`.
+
+Zones: :meth:`AzureLauncher.zones` reads the VM size's zones in the region from the
+Resource SKUs API (``locationInfo[].zones``, less the zones a ``Zone`` restriction
+names for the subscription). A size the API lists without zones (a region without
+Availability Zones) gets none, and Azure places it regionally.
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
@@ -51,6 +56,9 @@ from costguard.spot.launcher.base import (
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
+#: The most SKU entries read from one Resource SKUs listing (a region lists a few
+#: thousand: VM sizes, disks, and more).
+MAX_SKUS = 20_000
 #: The Network API version of the NIC declared inside the VM.
 NETWORK_API_VERSION = "2022-11-01"
 #: ARM error codes of a create that another zone, region or market may not hit.
@@ -256,20 +264,15 @@ class AzureLauncher:
 
     @staticmethod
     def _max_price(spec: LaunchSpec) -> float:
-        text = spec.options.get("max_price", "").strip()
-        if not text:
+        """``billingProfile.maxPrice``: ``--max-price`` or the ``max_price`` option; ``-1``
+        (up to the pay-as-you-go price, never evicted for price) when neither is given."""
+        cap = bootstrap.max_price(spec)
+        if cap is None:
             return -1
-        try:
-            price = Decimal(text)
-        except InvalidOperation:
-            price = Decimal(-1)
-        if not price.is_finite() or price <= 0:
-            msg = f"the max_price option must be a positive USD/h amount, not {text!r}"
-            raise InputError(
-                msg,
-                hint="e.g. max_price=0.50, or leave it out to pay up to the pay-as-you-go price",
-            )
-        return float(price)  # ARM takes a JSON number with up to 5 decimals
+        if cap != round(cap, 5):
+            msg = f"Azure takes a spot price cap with at most 5 decimals, not {cap}"
+            raise InputError(msg, hint=f"e.g. --max-price {round(cap, 5)}")
+        return float(cap)  # ARM takes a JSON number with up to 5 decimals
 
     # ----------------------------------------------------------------- launch
 
@@ -380,6 +383,40 @@ class AzureLauncher:
                 "attempt": str(attempt),
             },
         )
+
+    # ------------------------------------------------------------------ zones
+
+    def zones(self, region: str, instance_type: str = "") -> list[str]:
+        """The Availability Zones where ``instance_type`` may run in ``region`` for this
+        subscription (Resource SKUs API, one location-filtered listing, bounded pages).
+
+        None without a size (the zones are a property of the size), for a size the API
+        does not list there, or without a subscription to ask in.
+        """
+        if not instance_type or not self.subscription_id:
+            return []
+        compute = self._compute(self.subscription_id)
+        wanted = instance_type.lower()
+        zones: set[str] = set()
+        try:
+            pager = compute.resource_skus.list(filter=f"location eq '{region}'")
+            for number, sku in enumerate(pager):
+                if number >= MAX_SKUS:
+                    break
+                if str(sku.resource_type or "").lower() != "virtualmachines":
+                    continue
+                if str(sku.name or "").lower() != wanted:
+                    continue
+                for info in sku.location_info or []:
+                    if str(info.location or "").lower() == region.lower():
+                        zones.update(str(z) for z in info.zones or [])
+                for restriction in sku.restrictions or []:
+                    kind = str(getattr(restriction.type, "value", restriction.type) or "")
+                    if kind.lower() == "zone" and restriction.restriction_info is not None:
+                        zones.difference_update(restriction.restriction_info.zones or [])
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, f"listing the zones of {region}") from None
+        return sorted(zones)
 
     # ----------------------------------------------------------------- status
 

@@ -47,8 +47,12 @@ class Offer:
     @property
     def place(self) -> str:
         """``provider/region[/zone]``: what the recovery policy backs off from."""
-        base = f"{self.provider}/{self.region}"
-        return f"{base}/{self.zone}" if self.zone else base
+        return f"{self.region_place}/{self.zone}" if self.zone else self.region_place
+
+    @property
+    def region_place(self) -> str:
+        """``provider/region``: what repeated interruptions in several zones back off from."""
+        return f"{self.provider}/{self.region}"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,9 @@ class LaunchSpec:
     idle_minutes: int = 30
     every_steps: int | None = None
     every_minutes: float | None = None
+    #: ``--max-price``: the spot price cap, sent to the provider where it takes one (AWS
+    #: ``SpotOptions.MaxPrice``, Azure ``billingProfile.maxPrice``; GCP Spot VMs have none).
+    max_usd_per_hour: Decimal | None = None
     #: Provider-specific settings (image, subnet, key name, project, subscription,
     #: resource group, instance profile / service account / identity, disk size...).
     options: Mapping[str, str] = field(default_factory=dict)
@@ -132,6 +139,15 @@ class Launcher(Protocol):
 
     def find(self, job_id: str) -> Sequence[Handle]:
         """Live instances tagged with ``job_id`` (``--attach`` must not launch a duplicate)."""
+        ...
+
+    def zones(self, region: str, instance_type: str = "") -> Sequence[str]:
+        """The zones of ``region`` an attempt may be placed in (where ``instance_type`` is
+        offered, when the provider says), in a stable order; empty: the provider places it.
+
+        The price tables are per region, so every zone is priced at its region's price;
+        the zones only give recovery somewhere to move within a region after a preemption.
+        """
         ...
 
 

@@ -24,6 +24,13 @@ none; default ``<region>-a``), ``network`` or ``subnetwork``, ``external_ip`` (d
 ``true``: the boot script downloads packages), ``disk_gb`` (default 100), ``disk_type``
 (default ``pd-balanced``), ``termination_action`` (``DELETE`` or ``STOP``), plus those of
 :mod:`costguard.spot.bootstrap`.
+
+Spot VMs on GCP take no price cap: Compute Engine has no maximum price for them (their
+price changes at most once a month), so ``--max-price`` only filters the offers, and a
+``max_price`` option is ignored here.
+
+Zones: :meth:`GcpLauncher.zones` names the region's ``UP`` zones (``regions.get``), or
+only the ``zone`` option's when one is given.
 """
 
 from __future__ import annotations
@@ -158,8 +165,12 @@ class GcpLauncher:
         operations_client: Any = None,
         environ: Mapping[str, str] | None = None,
         poll_interval_s: float = 2.0,
+        options: Mapping[str, str] | None = None,
+        regions_client: Any = None,
     ) -> None:
         self.settings = settings
+        self.options = dict(options or {})
+        self._regions = regions_client
         self.poll_interval_s = poll_interval_s
         self.project = project
         self._credentials = credentials
@@ -183,6 +194,39 @@ class GcpLauncher:
         if self._operations is None:
             self._operations = self._client("ZoneOperationsClient")
         return self._operations
+
+    @property
+    def regions(self) -> Any:
+        if self._regions is None:
+            self._regions = self._client("RegionsClient")
+        return self._regions
+
+    # ------------------------------------------------------------------ zones
+
+    def zones(self, region: str, instance_type: str = "") -> list[str]:
+        """The zones of ``region`` that are ``UP`` (``regions.get``: the region lists its
+        zones), sorted; only the ``zone`` option's when one is given (it pins the zone).
+
+        Whether the zone has the GPU is learnt at launch: a zone without it refuses the
+        insert with ``RESOURCE_NOT_FOUND_IN_ZONE`` or ``ZONE_RESOURCE_POOL_EXHAUSTED``, a
+        :class:`CapacityError`, and recovery tries the next zone.
+        """
+        pinned = self.options.get("zone", "").strip()
+        if pinned:
+            return [pinned] if pinned.rsplit("-", 1)[0] == region else []
+        project = self.options.get("project", "").strip() or self.project
+        if not project:
+            return []
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        try:
+            found = self.regions.get(project=project, region=region)
+        except core.NotFound:
+            return []
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, f"reading the region {region}") from None
+        if found.status and found.status != "UP":
+            return []
+        return sorted(_last(url) for url in found.zones if _ZONE.match(_last(url)))
 
     # ------------------------------------------------------------------ check
 

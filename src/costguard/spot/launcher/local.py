@@ -8,7 +8,9 @@ MetadataEmulator`, in the shapes of the cloud the offer's region simulates), whi
 announces a spot interruption at the time
 :func:`~costguard.spot.simulator.notice_time` picked; at the notice's deadline a process
 still running is killed with SIGKILL, as a reclaimed VM would be. An on-demand attempt
-(the recovery policy's fallback) is never interrupted.
+(the recovery policy's fallback) is never interrupted. Each simulated region has three
+zones (:func:`~costguard.spot.simulator.simulated_zones`), all one process on this
+machine: they exist so that the report shows recovery moving zone to zone.
 
 Every attempt is registered in ``<state dir>/<job id>/attempt-N.json`` (pid and process
 start time), the local equivalent of the ``costguard:job`` tag: :meth:`LocalLauncher.find`
@@ -33,7 +35,13 @@ from costguard.checkpoint.notices import ENDPOINT_ENV
 from costguard.errors import InputError
 from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
 from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer, State, Status
-from costguard.spot.simulator import NOTICE_S, MetadataEmulator, notice_time, simulated_cloud
+from costguard.spot.simulator import (
+    NOTICE_S,
+    MetadataEmulator,
+    notice_time,
+    simulated_cloud,
+    simulated_zones,
+)
 
 PROVIDER = "local"
 #: How often ``costguard run`` polls the simulated metadata service.
@@ -217,9 +225,15 @@ class LocalLauncher:
         }
         registration = folder / f"attempt-{attempt}.json"
         tmp = registration.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"region": offer.region, "extra": extra}))
+        tmp.write_text(json.dumps({"region": offer.region, "zone": offer.zone, "extra": extra}))
         tmp.replace(registration)
-        return Handle(PROVIDER, offer.region, f"local-{child.pid}", extra=extra)
+        return Handle(PROVIDER, offer.region, f"local-{child.pid}", zone=offer.zone, extra=extra)
+
+    def zones(self, region: str, instance_type: str = "") -> Sequence[str]:
+        """Three simulated zones per region, named as the simulated cloud names them, so
+        the simulator shows recovery moving between zones before it moves between
+        regions."""
+        return simulated_zones(region)
 
     def _alive(self, handle: Handle) -> bool:
         pid = int(handle.extra["pid"])
@@ -320,7 +334,13 @@ class LocalLauncher:
                 pid = int(extra["pid"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            handle = Handle(PROVIDER, str(doc.get("region", "")), f"local-{pid}", extra=extra)
+            handle = Handle(
+                PROVIDER,
+                str(doc.get("region", "")),
+                f"local-{pid}",
+                zone=str(doc.get("zone", "")),
+                extra=extra,
+            )
             if self._alive(handle):
                 found.append(handle)
         return found
