@@ -3,7 +3,9 @@
 1. Training stall per save / the in-memory state copy alone (target <= 1.2).
 2. Save throughput to moto S3 / raw boto3 ``upload_file`` of the same bytes (target >= 0.8);
    restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
-   ranged GETs slowly, so both baselines are printed).
+   ranged GETs slowly, so both baselines are printed). Each repeat runs the baseline and
+   ours back to back, so a busy machine slows both alike. Also printed: the store layer
+   alone (``Store.put_hashed`` of the serialised bytes) and where one save's time goes.
 3. Steps/s of a small training loop while a background save runs / steps/s without
    (target >= 0.9).
 
@@ -16,6 +18,7 @@ separate process on loopback so its work does not share this process's GIL.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import socket
 import statistics
@@ -25,13 +28,14 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import boto3
 import torch
 
 from costguard.checkpoint import Checkpointer
 from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.store import Store
 
 BUCKET = "bench-bucket"
 
@@ -95,10 +99,36 @@ def steps_per_second(step: Any, seconds: float) -> float:
     return done / (time.perf_counter() - started)
 
 
+def where_the_time_goes(store: Store, model: torch.nn.Module, optimizer: Any) -> str:
+    """One save's steps timed one after the other, as the Checkpointer runs them."""
+    copier = state_mod.CpuCopier()
+    copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))  # warm
+    times = {}
+    started = time.perf_counter()
+    snapshot = copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+    times["copy"] = time.perf_counter() - started
+    started = time.perf_counter()
+    data = state_mod.serialise(snapshot)
+    times["serialise"] = time.perf_counter() - started
+    started = time.perf_counter()
+    hashlib.sha256(data).hexdigest()
+    times["sha256"] = time.perf_counter() - started
+    started = time.perf_counter()
+    store.put("where/state.pt", data)
+    times["upload"] = time.perf_counter() - started
+    store.delete(["where/state.pt"])
+    total = sum(times.values())
+    parts = ", ".join(f"{k} {v:.2f} s ({100 * v / total:.0f}%)" for k, v in times.items())
+    return f"one save, step by step: {parts}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=int, default=640)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--only", type=int, choices=(1, 2, 3), help="run one measurement (default: all three)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     process, endpoint = start_moto()
@@ -109,13 +139,13 @@ def main() -> None:
         AWS_DEFAULT_REGION="us-east-1",
     )
     try:
-        run(args.size_mb, args.repeats)
+        run(args.size_mb, args.repeats, args.only)
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
-def run(size_mb: int, repeats: int) -> None:
+def run(size_mb: int, repeats: int, only: int | None = None) -> None:
     s3 = boto3.client("s3")
     s3.create_bucket(Bucket=BUCKET)
     model, optimizer = big_state(size_mb)
@@ -125,6 +155,15 @@ def run(size_mb: int, repeats: int) -> None:
     size = len(payload)
     print(f"state: {size / 2**20:.0f} MiB (model + AdamW moments), {repeats} repeats, medians")
 
+    if only in (None, 1):
+        measure_stall(model, optimizer, repeats)
+    if only in (None, 2):
+        measure_s3(s3, model, optimizer, payload, repeats)
+    if only in (None, 3):
+        measure_steps(model, optimizer, repeats)
+
+
+def measure_stall(model: torch.nn.Module, optimizer: Any, repeats: int) -> None:
     # 1. Stall per save vs the copy alone (a local folder: the stall does not depend on it).
     copier = state_mod.CpuCopier()
     copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))  # warm buffers
@@ -149,31 +188,50 @@ def run(size_mb: int, repeats: int) -> None:
         f"ratio {stall_med / copy_med:.2f} (target <= 1.2)"
     )
 
-    # 2. Save and restore through moto S3 vs boto3 on the same bytes.
+
+def measure_s3(
+    s3: Any, model: torch.nn.Module, optimizer: Any, payload: bytes | memoryview, repeats: int
+) -> None:
+    size = len(payload)
+    # 2. Save and restore through moto S3 vs boto3 on the same bytes, interleaved.
+    store = Store.open(f"s3://{BUCKET}/store")
+    ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=1)
+    upload_s, download_s, get_s, save_s, put_s, stream_s = [], [], [], [], [], []
+    copier = state_mod.CpuCopier()
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "payload.bin"
         raw.write_bytes(payload)
-        upload_s, download_s, get_s = [], [], []
         for i in range(repeats):
             started = time.perf_counter()
             s3.upload_file(str(raw), BUCKET, f"raw/{i}.bin")
             upload_s.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            future = ckpt.save(i, model=model, optimizer=optimizer)
+            assert future is not None
+            result = future.result()
+            save_s.append(time.perf_counter() - started)
+            assert result.ok, result.error
+            started = time.perf_counter()
+            digest = store.put_hashed(f"put/{i}.bin", payload)
+            put_s.append(time.perf_counter() - started)
+            assert digest == hashlib.sha256(payload).hexdigest()
+            started = time.perf_counter()
+            snapshot = copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+            with store.upload(f"stream/{i}.pt") as upload:
+                torch.save(snapshot, cast("IO[bytes]", upload))  # any .write() will do
+            stream_s.append(time.perf_counter() - started)
+            assert upload.size >= 0.99 * len(payload)
+            del snapshot
             started = time.perf_counter()
             s3.download_file(BUCKET, f"raw/{i}.bin", str(Path(folder) / "down.bin"))
             download_s.append(time.perf_counter() - started)
             started = time.perf_counter()
             s3.get_object(Bucket=BUCKET, Key=f"raw/{i}.bin")["Body"].read()
             get_s.append(time.perf_counter() - started)
-    ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=1)
-    save_s, restore_s = [], []
-    for step in range(repeats):
-        started = time.perf_counter()
-        future = ckpt.save(step, model=model, optimizer=optimizer)
-        assert future is not None
-        result = future.result()
-        save_s.append(time.perf_counter() - started)
-        assert result.ok, result.error
     ckpt.close()
+    store.delete([f"put/{i}.bin" for i in range(repeats)])
+    store.delete([f"stream/{i}.pt" for i in range(repeats)])
+    restore_s = []
     for _ in range(repeats):
         reader = Checkpointer(f"s3://{BUCKET}/run", check=False)
         started = time.perf_counter()
@@ -181,18 +239,29 @@ def run(size_mb: int, repeats: int) -> None:
         restore_s.append(time.perf_counter() - started)
         reader.close()
     mb = size / 1e6
-    up, save = statistics.median(upload_s), statistics.median(save_s)
+    up, save, put, stream = (statistics.median(x) for x in (upload_s, save_s, put_s, stream_s))
     down, get, restore = (statistics.median(x) for x in (download_s, get_s, restore_s))
     print(
         f"2. save (copy+serialise+sha256+upload+manifest) {mb / save:.0f} MB/s; boto3 "
         f"upload_file {mb / up:.0f} MB/s; ratio {up / save:.2f} (target >= 0.8)"
     )
     print(
+        f"   store layer alone (Store.put_hashed: upload + sha256 in one pass) {mb / put:.0f} "
+        f"MB/s; ratio {up / put:.2f}"
+    )
+    print(
+        f"   streamed (copy + torch.save into Store.upload: serialise, sha256 and upload "
+        f"overlapped) {mb / stream:.0f} MB/s; ratio {up / stream:.2f}"
+    )
+    print(
         f"   restore (download+verify+load) {mb / restore:.0f} MB/s; download_file "
         f"{mb / down:.0f} MB/s: ratio {down / restore:.2f} (target >= 0.8); one get_object "
         f"{mb / get:.0f} MB/s: ratio {get / restore:.2f}"
     )
+    print("   " + where_the_time_goes(store, model, optimizer))
 
+
+def measure_steps(model: torch.nn.Module, optimizer: Any, repeats: int) -> None:
     # 3. A small training loop's steps/s while the big state saves in the background.
     step = small_loop()
     steps_per_second(step, 1.0)  # warm up

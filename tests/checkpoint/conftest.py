@@ -293,3 +293,67 @@ def train_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
         return env
 
     return make
+
+
+# -- Azure Scheduled Events that take acknowledgements (StartRequests) ------------------
+
+
+@dataclass
+class AckState(MetadataState):
+    """:class:`MetadataState` plus the EventIds acknowledged with ``StartRequests``."""
+
+    started: list[str] = field(default_factory=list)
+    #: Called with the acknowledged EventIds while the POST is handled (tests record
+    #: what was true at that moment, e.g. which checkpoints were committed).
+    on_start: Callable[[list[str]], None] | None = None
+
+
+class AckingMetadataHandler(MetadataHandler):
+    """The metadata server plus Scheduled Events' documented POST: ``{"StartRequests":
+    [{"EventId": ...}]}`` with ``Metadata: true`` starts those events (EventStatus
+    ``Started``); an unknown EventId or a malformed body is a 400."""
+
+    state: AckState
+
+    def do_POST(self) -> None:
+        s = self.state
+        s.requests.append(f"POST {self.path}")
+        if not self.path.startswith("/metadata/scheduledevents"):
+            self._send(404, "Not Found")
+            return
+        if self.headers.get("Metadata") != "true":
+            self._send(400, "Bad request: Metadata header")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            doc = json.loads(self.rfile.read(length))
+            ids = [str(item["EventId"]) for item in doc["StartRequests"]]
+        except (ValueError, KeyError, TypeError):
+            self._send(400, "Bad request: StartRequests")
+            return
+        known = {str(event.get("EventId")) for event in s.azure_events}
+        if not ids or not set(ids) <= known:
+            self._send(400, "Bad request: unknown EventId")
+            return
+        if s.on_start is not None:
+            s.on_start(ids)
+        for event in s.azure_events:
+            if str(event.get("EventId")) in ids:
+                event["EventStatus"] = "Started"
+        s.started.extend(ids)
+        self._send(200, "")
+
+
+@pytest.fixture
+def acking_metadata_server() -> Iterator[tuple[str, AckState]]:
+    """:func:`metadata_server` whose Azure Scheduled Events also take acknowledgements."""
+    state = AckState()
+    handler = type("Handler", (AckingMetadataHandler,), {"state": state})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()

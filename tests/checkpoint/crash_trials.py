@@ -1,25 +1,64 @@
-"""Kill -9 a checkpoint writer at random moments, then check what a restore finds.
+"""Kill -9 a checkpoint writer at points hypothesis draws, then check what a restore finds.
 
 Run by test_crash_safety.py as ``python crash_trials.py URL TRIALS SEED``. torch is
-imported once; each trial forks a writer that restores and then saves back to back
-(serialise, upload, manifest, retention: every moment is inside some save), sleeps a
-random time, SIGKILLs it, and checks the store in this process. Prints one JSON line.
+imported once; each trial forks a writer that restores and then saves back to back. The
+writer announces on a pipe each time it enters a phase of a save: ``serialise``,
+``upload`` (the payload), ``manifest`` (the commit) or ``retention`` (a delete). For each
+trial hypothesis draws a kill point - the n-th entry into one phase plus a delay, or
+simply a time after the start - the parent SIGKILLs the writer there and checks the store.
+Prints one JSON line: the trials, the failures, the latest step after each trial, and how
+many kills landed in each phase.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
+import select
 import signal
 import sys
 import tempfile
 import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from hypothesis import HealthCheck, Phase, example, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
 
 from costguard.checkpoint import Checkpointer
+from costguard.checkpoint import state as state_mod
+from costguard.checkpoint import store as store_mod
 from costguard.checkpoint.inventory import inventory, verify
+from costguard.checkpoint.store import Store
+
+PHASES = {"serialise": b"S", "upload": b"U", "manifest": b"M", "retention": b"R"}
+#: How long a trial waits for its phase before killing anyway (the writer is slow, or
+#: the phase did not come: retention deletes nothing until keep_last is exceeded).
+PHASE_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """Kill after the ``nth`` entry into ``phase`` plus ``delay_s`` (phase ``time``: after
+    ``delay_s`` from the writer's start)."""
+
+    phase: str
+    nth: int
+    delay_s: float
+
+
+KILL_POINTS = st.one_of(
+    st.builds(
+        KillPoint,
+        phase=st.sampled_from(sorted(PHASES)),
+        nth=st.integers(min_value=1, max_value=3),
+        delay_s=st.sampled_from([0.0, 0.0005, 0.002, 0.01]) | st.floats(0.0, 0.03),
+    ),
+    st.builds(KillPoint, phase=st.just("time"), nth=st.just(0), delay_s=st.floats(0.02, 0.35)),
+)
 
 
 def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -27,7 +66,64 @@ def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def writer(url: str) -> None:
+def announce_phases(fd: int) -> None:
+    """In the writer: write a phase's code to ``fd`` whenever a save enters it."""
+
+    def tell(code: bytes) -> None:
+        os.write(fd, code)
+
+    serialise, torch_save, put, put_hashed, delete = (
+        state_mod.serialise,
+        state_mod.torch_save,
+        Store.put,
+        Store.put_hashed,
+        Store.delete,
+    )
+    send_part, finish = store_mod._S3Upload._send_part, store_mod._S3Upload.finish
+
+    def announced_serialise(state: Any) -> Any:
+        tell(PHASES["serialise"])
+        return serialise(state)
+
+    # On S3 the payload streams: serialising and sending its parts overlap.
+    def announced_torch_save(state: Any, file: Any) -> None:
+        tell(PHASES["serialise"])
+        torch_save(state, file)
+
+    def announced_send_part(self: Any) -> None:
+        tell(PHASES["upload"])
+        send_part(self)
+
+    def announced_finish(self: Any) -> None:  # the last part, or a small object's one PUT
+        tell(PHASES["upload"])
+        finish(self)
+
+    def phase_of(path: str) -> bytes:
+        return PHASES["manifest"] if path.endswith("manifest.json") else PHASES["upload"]
+
+    def announced_put(self: Store, path: str, data: Any) -> None:
+        tell(phase_of(path))
+        put(self, path, data)
+
+    def announced_put_hashed(self: Store, path: str, data: Any) -> str:
+        tell(phase_of(path))
+        return put_hashed(self, path, data)
+
+    def announced_delete(self: Store, paths: Any) -> None:
+        tell(PHASES["retention"])
+        delete(self, paths)
+
+    state_mod.serialise = announced_serialise
+    state_mod.torch_save = announced_torch_save
+    store_mod._S3Upload._send_part = announced_send_part  # type: ignore[method-assign]
+    store_mod._S3Upload.finish = announced_finish  # type: ignore[method-assign]
+    Store.put = announced_put  # type: ignore[method-assign]
+    Store.put_hashed = announced_put_hashed  # type: ignore[method-assign]
+    Store.delete = announced_delete  # type: ignore[method-assign]
+
+
+def writer(url: str, fd: int) -> None:
+    announce_phases(fd)
     model, opt = model_and_optimizer()
     ckpt = Checkpointer(url, keep_last=2, check=False)
     step = ckpt.restore(model=model, optimizer=opt)
@@ -37,6 +133,33 @@ def writer(url: str) -> None:
                 p.add_(0.001)
         ckpt.save(step, model=model, optimizer=opt)  # waits for the previous one
         step += 1
+
+
+def kill_at(pid: int, read_fd: int, point: KillPoint) -> str:
+    """SIGKILL the writer at ``point``; the phase the kill landed after (or ``time``)."""
+    landed = "time"
+    if point.phase == "time":
+        time.sleep(point.delay_s)
+    else:
+        wanted, seen = PHASES[point.phase], 0
+        deadline = time.monotonic() + PHASE_WAIT_S
+        while seen < point.nth and time.monotonic() < deadline:
+            ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(read_fd, 4096)
+            if not chunk:
+                break
+            seen += chunk.count(wanted)
+        if seen >= point.nth:
+            landed = point.phase
+            if point.delay_s:
+                time.sleep(point.delay_s)
+        else:
+            landed = "not reached"
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return landed
 
 
 def check(url: str) -> tuple[bool, str, int]:
@@ -69,30 +192,78 @@ def warm_up() -> None:
         Checkpointer(folder).restore(model=model, optimizer=opt)
 
 
+class Trials:
+    """The running record of every trial (hypothesis calls :meth:`one` once per example)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.failures: list[dict[str, Any]] = []
+        self.steps: list[int] = []
+        self.landed: Counter[str] = Counter()
+        self.committed_once = False
+
+    def one(self, point: KillPoint) -> None:
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.close(read_fd)
+                writer(self.url, write_fd)
+            finally:
+                os._exit(1)
+        os.close(write_fd)
+        try:
+            landed = kill_at(pid, read_fd, point)
+        finally:
+            os.close(read_fd)
+        self.landed[landed] += 1
+        ok, problem, step = check(self.url)
+        if self.committed_once and step == 0:
+            ok, problem = False, "an earlier checkpoint was lost"
+        self.committed_once = self.committed_once or step > 0
+        self.steps.append(step)
+        if not ok:
+            self.failures.append(
+                {"trial": len(self.steps) - 1, "kill": str(point), "problem": problem}
+            )
+        assert ok, f"{problem} after a kill at {point}"
+
+
 def main() -> None:
     url, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(1)
     warm_up()
-    rng = random.Random(seed)
-    failures, steps, committed_once = [], [], False
-    for trial in range(trials):
-        pid = os.fork()
-        if pid == 0:
-            try:
-                writer(url)
-            finally:
-                os._exit(1)
-        time.sleep(rng.uniform(0.02, 0.35))
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        ok, problem, step = check(url)
-        if committed_once and step == 0:
-            ok, problem = False, "an earlier checkpoint was lost"
-        committed_once = committed_once or step > 0
-        steps.append(step)
-        if not ok:
-            failures.append({"trial": trial, "problem": problem})
-    print(json.dumps({"trials": trials, "failures": failures, "steps": steps}))
+    record = Trials(url)
+
+    @hypothesis_seed(seed)
+    @settings(
+        max_examples=trials,
+        deadline=None,
+        database=None,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(KILL_POINTS)
+    def kill_trial(point: KillPoint) -> None:
+        record.one(point)
+
+    for phase in sorted(PHASES):  # every phase is hit at least once, whatever is drawn
+        kill_trial = example(KillPoint(phase, 2, 0.0))(kill_trial)
+
+    try:
+        kill_trial()
+    except AssertionError as exc:  # hypothesis has shrunk it to the simplest kill point
+        record.failures.append({"minimal": str(exc)})
+    print(
+        json.dumps(
+            {
+                "trials": len(record.steps),
+                "failures": record.failures,
+                "steps": record.steps,
+                "landed": dict(record.landed),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

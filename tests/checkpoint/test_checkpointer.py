@@ -4,10 +4,13 @@ fallback, retention, failures that are reported and never stop training, bad inp
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import os
 import random
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 import numpy as np
 import pytest
@@ -19,7 +22,8 @@ from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.state import CpuCopier, capture, rng_state, set_rng_state
 from costguard.checkpoint.store import RetryPolicy
 from costguard.errors import InputError
-from tests.checkpoint.conftest import make_s3_bucket
+from tests.checkpoint.conftest import AckState, make_s3_bucket
+from tests.checkpoint.test_notices_azure_ack import PREEMPT, watched_notice
 
 
 def tiny() -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
@@ -244,3 +248,86 @@ def test_from_env_reads_what_costguard_run_sets(tmp_path: Path) -> None:
         Checkpointer.from_env(env={**env, "COSTGUARD_CHECKPOINT_KEEP": "x"}, watch=False)
     with pytest.raises(InputError, match="JSON object"):
         Checkpointer.from_env(env={**env, "COSTGUARD_STORAGE_OPTIONS": "[1]"}, watch=False)
+
+
+def test_serialise_gives_torch_save_bytes_without_bytesio_or_zip_crc(tmp_path: Path) -> None:
+    from costguard.checkpoint.state import _Sink, deserialise, serialise
+
+    model, opt = tiny()
+    train(model, opt)
+    snapshot = CpuCopier().copy(capture(step=3, model=model, optimizer=opt, extra={"k": 1}))
+    # torch.save's own bytes, minus the zip records' CRC32 (the manifest's sha256 covers them).
+    from torch.utils.serialization import config
+
+    reference = io.BytesIO()
+    with config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
+        torch.save(snapshot, reference)
+    assert bytes(serialise(snapshot)) == reference.getvalue()
+    assert config.save.compute_crc32  # the process-wide setting is back
+    with_crc = io.BytesIO()
+    torch.save(snapshot, with_crc)
+    assert with_crc.getvalue() != reference.getvalue()
+    small = _Sink(16)  # far too small: it grows and keeps what was written
+    torch.save(snapshot, cast(IO[bytes], small))
+    assert bytes(small.view()) == with_crc.getvalue()
+    back = deserialise(serialise(snapshot))
+    assert torch.equal(back["model"]["weight"], model.weight)
+    assert back["extra"] == {"k": 1}
+
+
+def test_watch_uses_the_pipe_only_in_the_direct_child_else_the_notice_file(
+    tmp_path: Path,
+) -> None:
+    from costguard.checkpoint.distributed import append_notice
+
+    notices = tmp_path / "notices.jsonl"
+    read_fd, write_fd = os.pipe()
+    try:
+        env = {
+            "COSTGUARD_CLOUD": "none",
+            "COSTGUARD_NOTICE_FD": str(read_fd),
+            "COSTGUARD_NOTICE_FILE": str(notices),
+            "COSTGUARD_RUN_PID": str(os.getpid()),  # not our parent: a launcher's worker
+        }
+        ckpt = Checkpointer(tmp_path / "c", notices=NoticeBoard())
+        ckpt.watch(env)
+        append_notice(notices, Notice("gcp", "preempt", None))
+        for _ in range(200):
+            if ckpt.preempting is not None:
+                break
+            time.sleep(0.02)
+        assert ckpt.preempting == Notice("gcp", "preempt", None)
+        os.fstat(read_fd)  # the pipe was left alone: it is not this process's to read
+        ckpt.close()
+    finally:
+        os.close(write_fd)
+        os.close(read_fd)
+    with pytest.raises(InputError, match="sync_every"):
+        Checkpointer(tmp_path / "d", sync_every=0)
+
+
+def test_an_azure_eviction_is_acknowledged_only_after_the_save_is_durable(
+    tmp_path: Path,
+    acking_metadata_server: tuple[str, AckState],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    base, state = acking_metadata_server
+    monkeypatch.setenv("COSTGUARD_AZURE_METADATA_URL", base)
+    state.azure_events = [dict(PREEMPT)]
+    committed_at_ack: list[list[str]] = []
+    state.on_start = lambda _ids: committed_at_ack.append(
+        sorted(p.parent.name for p in tmp_path.glob("*/manifest.json"))
+    )
+    board = NoticeBoard()
+    model, opt = tiny()
+    ckpt = Checkpointer(tmp_path, every_steps=100, notices=board)
+    ckpt.step(0, model=model, optimizer=opt)
+    board.post(watched_notice(base))
+    assert state.started == []  # seen, not yet acknowledged
+    with pytest.raises(Preempted) as info:
+        ckpt.step(1, model=model, optimizer=opt)
+
+    assert info.value.result is not None
+    assert state.started == [PREEMPT["EventId"]]
+    (committed,) = committed_at_ack
+    assert info.value.result.name in committed  # the emergency checkpoint was already there

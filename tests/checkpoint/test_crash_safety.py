@@ -1,5 +1,6 @@
-"""Crash safety: a writer killed with SIGKILL at random moments of its saves never leaves
-a store whose "latest" is incomplete, and every restore loads a valid checkpoint.
+"""Crash safety: a writer killed with SIGKILL at moments of its saves drawn by hypothesis
+(inside serialise, upload, manifest write or retention delete, or at a random time) never
+leaves a store whose "latest" is incomplete, and every restore loads a valid checkpoint.
 
 The default run does a modest number of trials; CI sets COSTGUARD_CRASH_TRIALS=200.
 """
@@ -43,6 +44,12 @@ def test_kill_9_during_saves_on_a_local_store(
 ) -> None:
     result = run_trials(str(tmp_path / "ckpt"), TRIALS, train_env())
     assert result["failures"] == [], result
+    trials, landed = result["trials"], result["landed"]
+    assert isinstance(trials, int)
+    assert trials >= TRIALS
+    assert isinstance(landed, dict)
+    # Kills landed in every phase of a save, not only between saves.
+    assert {"serialise", "upload", "manifest", "retention"} <= set(landed), landed
     steps = result["steps"]
     assert isinstance(steps, list)
     assert steps[-1] > steps[0]
@@ -56,3 +63,6 @@ def test_kill_9_during_saves_on_s3(train_env: Callable[..., dict[str, str]], aws
     env = train_env(**{k: v for k, v in os.environ.items() if k.startswith("AWS_")})
     result = run_trials("s3://crash/run", max(5, TRIALS // 4), env)
     assert result["failures"] == [], result
+    landed = result["landed"]
+    assert isinstance(landed, dict)
+    assert {"serialise", "upload", "manifest", "retention"} <= set(landed), result

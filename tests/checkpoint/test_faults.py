@@ -1,14 +1,16 @@
 """Faults: an HTTP proxy in front of moto S3 that answers some requests with 503 or
 stalls them. Saves retry and succeed, or are reported; training goes on; nothing
-earlier is lost."""
+earlier is lost. The proxy (:func:`fault_proxy`) also serves the GCS and Azure fault
+tests and the multipart tests."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -19,18 +21,59 @@ from costguard.checkpoint import Checkpointer, RetryPolicy
 from tests.checkpoint.conftest import make_s3_bucket
 
 
+def _every_put(method: str, path: str) -> bool:
+    return method == "PUT"
+
+
+S3_SLOW_DOWN = b"<Error><Code>SlowDown</Code><Message>Please reduce</Message></Error>"
+
+
 @dataclass
 class Faults:
-    """Fail the next ``fail_puts`` PUTs with 503; stall the next ``stall_puts`` PUTs."""
+    """What the proxy does to the requests ``eligible`` picks (by default every PUT).
+
+    It fails the next ``fail_puts`` of them with ``status`` and ``error_body``, stalls the
+    next ``stall_puts`` for ``stall_s`` without answering, and delays the rest by
+    ``delay_s``. Counters are kept under a lock: parts of one upload arrive concurrently.
+    """
 
     fail_puts: int = 0
     stall_puts: int = 0
     stall_s: float = 3.0
     failed: int = 0
     stalled: int = 0
+    eligible: Callable[[str, str], bool] = _every_put
+    status: int = 503
+    error_body: bytes = S3_SLOW_DOWN
+    error_headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    #: (method, path, headers) of every eligible request, in arrival order.
+    seen: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    inflight: int = 0
+    max_inflight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def decide(self, method: str, path: str, headers: dict[str, str]) -> str:
+        """``fail``, ``stall``, ``delay`` or ``pass`` for one request."""
+        if not self.eligible(method, path):
+            return "pass"
+        with self.lock:
+            self.seen.append((method, path, headers))
+            if self.fail_puts > 0:
+                self.fail_puts -= 1
+                self.failed += 1
+                return "fail"
+            if self.stall_puts > 0:
+                self.stall_puts -= 1
+                self.stalled += 1
+                return "stall"
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            return "delay"
 
 
 def make_handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
+    """A forwarding proxy to ``upstream`` that injects ``faults``."""
     target = urlsplit(upstream)
 
     class Proxy(BaseHTTPRequestHandler):
@@ -42,55 +85,69 @@ def make_handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
-            if self.command == "PUT" and faults.fail_puts > 0:
-                faults.fail_puts -= 1
-                faults.failed += 1
-                payload = b"<Error><Code>SlowDown</Code><Message>Please reduce</Message></Error>"
-                self.send_response(503)
-                self.send_header("Content-Length", str(len(payload)))
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+            action = faults.decide(self.command, self.path, headers)
+            if action == "fail":
+                self.send_response(faults.status)
+                for key, value in faults.error_headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(faults.error_body)))
                 self.end_headers()
-                self.wfile.write(payload)
+                self.wfile.write(faults.error_body)
                 return
-            if self.command == "PUT" and faults.stall_puts > 0:
-                faults.stall_puts -= 1
-                faults.stalled += 1
+            if action == "stall":
                 time.sleep(faults.stall_s)  # longer than the client's read timeout
                 self.close_connection = True
                 return
             conn = http.client.HTTPConnection(
                 target.hostname or "127.0.0.1", target.port, timeout=30
             )
-            headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-            conn.request(self.command, self.path, body=body, headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-            self.send_response(response.status)
-            for key, value in response.getheaders():
-                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
-                    self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            conn.close()
+            try:
+                try:
+                    if action == "delay" and faults.delay_s:
+                        time.sleep(faults.delay_s)
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    response = conn.getresponse()
+                    data = response.read()
+                finally:
+                    if action == "delay":
+                        with faults.lock:
+                            faults.inflight -= 1
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            finally:
+                conn.close()  # also when the client went away (a killed writer)
 
         do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
 
     return Proxy
 
 
+@contextlib.contextmanager
+def fault_proxy(upstream: str, faults: Faults) -> Iterator[str]:
+    """Serve the proxy on loopback; yields its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(upstream, faults))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def flaky_s3(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     make_s3_bucket(aws_env, "flaky")
     faults = Faults()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(aws_env, faults))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{server.server_address[1]}")
-    try:
+    with fault_proxy(aws_env, faults) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
         yield faults
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def train(model: torch.nn.Linear, opt: torch.optim.Optimizer) -> None:

@@ -3,6 +3,10 @@
 ``from costguard.checkpoint import Checkpointer`` is all a training script needs (see
 :class:`~costguard.checkpoint.checkpointer.Checkpointer`). torch and fsspec are imported
 when a Checkpointer is made, not here.
+
+Under torchrun every rank makes its own Checkpointer and calls it the same way; the ranks
+agree on when to save and on which checkpoint to resume from
+(:mod:`costguard.checkpoint.distributed`).
 """
 
 from costguard.checkpoint.checkpointer import (

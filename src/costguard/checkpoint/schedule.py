@@ -42,13 +42,28 @@ class Schedule:
         multiple of ``every_steps`` is due, so resumed runs save at the same steps as an
         uninterrupted one.
         """
-        if steps_done <= last_steps_done:
-            return False
-        if self.every_steps is not None and (
-            steps_done % self.every_steps == 0 or steps_done - last_steps_done >= self.every_steps
-        ):
+        if self.due_by_steps(steps_done=steps_done, last_steps_done=last_steps_done):
             return True
-        return self.every_minutes is not None and now_s - last_save_s >= self.every_minutes * 60
+        return (
+            steps_done > last_steps_done
+            and self.every_minutes is not None
+            and now_s - last_save_s >= self.every_minutes * 60
+        )
+
+    def due_by_steps(self, *, steps_done: int, last_steps_done: int) -> bool:
+        """The step-count part of :meth:`due` alone.
+
+        It depends on step counts only, so every rank of a distributed job computes the
+        same answer without talking to the others (clocks differ between ranks).
+
+        >>> Schedule(every_steps=4, every_minutes=1).due_by_steps(steps_done=6, last_steps_done=4)
+        False
+        """
+        if steps_done <= last_steps_done or self.every_steps is None:
+            return False
+        return (
+            steps_done % self.every_steps == 0 or steps_done - last_steps_done >= self.every_steps
+        )
 
 
 def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:

@@ -8,7 +8,11 @@ URL that cannot be used at all (a missing bucket, no permission, nothing answeri
 :class:`StoreError` for a failure after the retries.
 
 Local folders get atomic writes (a temporary name, fsync, rename); object stores make
-each PUT atomic themselves.
+each PUT atomic themselves. On S3 a large object goes up as a multipart upload whose parts
+are sent concurrently (bounded), each part retried on its own and checked by the store
+(CRC32), the sha256 of the whole computed in the same pass; a failed upload is aborted, and
+:meth:`Store.abort_stale_uploads` aborts those a killed writer left behind, so they stop
+holding (and billing) bytes.
 
 >>> import tempfile
 >>> store = Store.open(tempfile.mkdtemp())
@@ -19,14 +23,19 @@ each PUT atomic themselves.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import hashlib
+import io
 import json
 import logging
 import os
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +59,15 @@ PROTOCOLS = {
     "abfs": "adlfs",
     "abfss": "adlfs",
 }
+#: S3 multipart: objects larger than one part go up in parts of this size (or larger,
+#: so that no object needs more than S3's 10,000 parts), this many in flight at once.
+PART_BYTES = 16 * 2**20
+PARTS_IN_FLIGHT = 8
+MAX_PARTS = 10_000
+#: How long a writer waits for a free part slot before giving up (parts have timeouts).
+PART_WAIT_S = 900.0
+#: An incomplete multipart upload older than this belongs to a writer that is gone.
+UPLOAD_GRACE_S = 900.0
 #: Errors that no retry can fix: the object or bucket is not there, or we may not touch it.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -165,6 +183,8 @@ class Store:
             # One retry layer, ours (jittered, bounded): s3fs's own 5 attempts per call
             # multiplied with ours would stall a failing save for minutes.
             fs.retries = 1
+        if scheme in ("az", "abfs", "abfss"):
+            _one_retry_layer_azure(fs)
         if backend is None:
             # A missing local root is created; if that fails, check_writable says why.
             with contextlib.suppress(OSError):
@@ -198,27 +218,172 @@ class Store:
         raise AssertionError(msg)
 
     def _call(self, action: str, func: Callable[[], T]) -> T:
+        return self._translate(action, lambda: self._with_retries(action, func))
+
+    def _translate(self, action: str, func: Callable[[], T]) -> T:
+        """Run ``func``; what it raises becomes a :class:`StoreError` that names ``action``."""
         try:
-            return self._with_retries(action, func)
-        except FileNotFoundError as exc:
-            msg = f"{action} on {self.url}: not found ({exc})"
-            raise StoreError(msg) from exc
-        except PermissionError as exc:
-            msg = f"{action} on {self.url}: permission denied ({exc})"
-            raise StoreError(msg) from exc
+            return func()
         except CostguardError:
             raise
         except Exception as exc:
-            msg = f"{action} on {self.url} failed: {type(exc).__name__}: {exc}"
-            raise StoreError(msg) from exc
+            raise self._store_error(action, exc) from exc
+
+    def _store_error(self, action: str, exc: Exception) -> StoreError:
+        if isinstance(exc, FileNotFoundError):
+            return StoreError(f"{action} on {self.url}: not found ({exc})")
+        if isinstance(exc, PermissionError):
+            return StoreError(f"{action} on {self.url}: permission denied ({exc})")
+        return StoreError(f"{action} on {self.url} failed: {type(exc).__name__}: {exc}")
+
+    async def _with_retries_async(self, action: str, func: Callable[[], Awaitable[T]]) -> T:
+        """:meth:`_with_retries` for a coroutine (one S3 call on fsspec's event loop); after
+        the last attempt the error is a :class:`StoreError` that names ``action``."""
+        delays = self.retry.delays(self._rng)
+        for attempt in range(len(delays) + 1):
+            try:
+                return await func()
+            except Exception as exc:
+                if not is_transient(exc) or attempt == len(delays):
+                    raise self._store_error(action, exc) from exc
+                logger.warning(
+                    "%s on %s failed (%s: %s); retry %d of %d in %.1f s",
+                    action,
+                    self.url,
+                    type(exc).__name__,
+                    exc,
+                    attempt + 1,
+                    len(delays),
+                    delays[attempt],
+                )
+                await asyncio.sleep(delays[attempt])
+        msg = "unreachable"  # the loop always returns or raises
+        raise AssertionError(msg)
+
+    @property
+    def is_s3(self) -> bool:
+        """Whether this store is S3 (or an S3-compatible endpoint) through s3fs."""
+        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
+        return protocol in ("s3", "s3a")
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write one whole object; a reader sees the old object, or the complete new one."""
+        self._put(path, data, None)
+
+    def put_hashed(self, path: str, data: bytes | memoryview) -> str:
+        """:meth:`put`, returning the sha256 (hex) of ``data``, computed in the same pass.
+
+        On S3 each part is hashed while the parts before it are on the wire, so the hash
+        costs no time of its own; elsewhere the data is hashed, then written.
+        """
+        digest = hashlib.sha256()
+        self._put(path, data, digest)
+        return digest.hexdigest()
+
+    @contextlib.contextmanager
+    def upload(self, path: str) -> Iterator[Upload]:
+        """Write one object from a stream: ``torch.save(state, upload)`` inside the block.
+
+        On S3 the bytes go up while they are produced: each full part is hashed (in a
+        worker thread, in order) and sent while the producer goes on, at most
+        ``PARTS_IN_FLIGHT`` parts held in memory. Elsewhere they collect in memory and are
+        written at the end of the block. The object exists (complete) only once the block
+        has ended without an error; on an error nothing is written and a started multipart
+        upload is aborted. Afterwards ``upload.size`` and ``upload.sha256`` describe it.
+        """
+        if self.is_s3:
+            s3 = _S3Upload(self, path, hashlib.sha256())
+            try:
+                yield s3
+                self._translate(f"writing {path}", s3.finish)
+            except BaseException:
+                s3.abort()
+                raise
+            return
+        buffered = Upload()
+        yield buffered
+        buffered.sha256 = self.put_hashed(path, buffered.buffer.getbuffer())
+
+    def _put(self, path: str, data: bytes | memoryview, digest: Any) -> None:
         target = self.full(path)
+        view = memoryview(data).cast("B")
+        if self.is_s3 and view.nbytes > PART_BYTES:
+            upload = _S3Upload(self, path, digest)
+            try:
+                # No outer retry: every call of the upload retries on its own.
+                self._translate(f"writing {path}", lambda: upload.write(view))
+                self._translate(f"writing {path}", upload.finish)
+            except BaseException:
+                upload.abort()
+                raise
+            return
+        if digest is not None:
+            digest.update(view)
         if self.is_local:
-            self._call(f"writing {path}", lambda: _atomic_local_write(target, data))
+            self._call(f"writing {path}", lambda: _atomic_local_write(target, view))
         else:
-            self._call(f"writing {path}", lambda: self.fs.pipe_file(target, bytes(data)))
+            self._call(f"writing {path}", lambda: self.fs.pipe_file(target, bytes(view)))
+
+    async def _abort_upload(self, bucket: str, key: str, upload_id: str) -> bool:
+        """Abort one multipart upload, best effort: a failure here is logged, not raised
+        (:meth:`abort_stale_uploads` gets another go later). Whether it was aborted."""
+        try:
+            await self._with_retries_async(
+                f"aborting the upload of {key}",
+                lambda: self.fs._call_s3(
+                    "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id
+                ),
+            )
+        except Exception as exc:
+            logger.warning("could not abort the upload of %s on %s: %s", key, self.url, exc)
+            return False
+        return True
+
+    def abort_stale_uploads(
+        self, grace_s: float = UPLOAD_GRACE_S, *, now_unix: float | None = None
+    ) -> list[str]:
+        """Abort incomplete S3 multipart uploads under the root older than ``grace_s``.
+
+        A writer killed mid-upload leaves its parts on S3, invisible to a listing but
+        stored and billed, until someone aborts the upload. The grace period spares an
+        upload another live writer may still be sending. Returns the keys aborted; does
+        nothing on other stores (local writes are atomic; Azure drops uncommitted blocks
+        and GCS its unfinished resumable uploads after about a week by itself).
+        """
+        if not self.is_s3:
+            return []
+        fs = self.fs
+        bucket, prefix, _ = fs.split_path(self.full(""))
+        prefix = prefix.rstrip("/") + "/" if prefix else ""
+        cutoff = (time.time() if now_unix is None else now_unix) - grace_s
+
+        async def sweep() -> list[str]:
+            aborted: list[str] = []
+            kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+
+            async def page() -> dict[str, Any]:
+                answer: dict[str, Any] = await fs._call_s3("list_multipart_uploads", **kwargs)
+                return answer
+
+            for _page in range(1000):  # bounded: 1000 pages of 1000 uploads
+                answer = await self._with_retries_async("listing incomplete uploads", page)
+                for upload in answer.get("Uploads", []):
+                    initiated = upload.get("Initiated")
+                    started = initiated.timestamp() if initiated is not None else 0.0
+                    if started <= cutoff and await self._abort_upload(
+                        bucket, upload["Key"], upload["UploadId"]
+                    ):
+                        aborted.append(upload["Key"])
+                if not answer.get("IsTruncated"):
+                    break
+                kwargs["KeyMarker"] = answer.get("NextKeyMarker", "")
+                kwargs["UploadIdMarker"] = answer.get("NextUploadIdMarker", "")
+            return aborted
+
+        aborted = self._translate("listing incomplete uploads", lambda: _sync(fs, sweep()))
+        for key in aborted:
+            logger.info("aborted an incomplete upload of %s on %s", key, self.url)
+        return aborted
 
     def get(self, path: str) -> bytes:
         """Read one whole object (one GET: faster than ranged reads on most stores)."""
@@ -284,6 +449,167 @@ class Store:
             raise InputError(msg, hint=hint) from exc
 
 
+class Upload:
+    """The object being written in :meth:`Store.upload` (a write-only file)."""
+
+    def __init__(self) -> None:
+        self.buffer = io.BytesIO()
+        self.size = 0
+        #: The sha256 (hex) of the object, once the upload has ended.
+        self.sha256 = ""
+
+    def write(self, data: Any) -> int:
+        """Append ``data``; returns its length in bytes."""
+        n = self.buffer.write(data)
+        self.size += n
+        return n
+
+    def writable(self) -> bool:
+        """A file-like object for ``torch.save``."""
+        return True
+
+    def flush(self) -> None:
+        """Nothing to flush: the bytes go out in parts, or at the end."""
+
+
+class _S3Upload(Upload):
+    """One S3 multipart upload fed by writes: full parts go up concurrently, each retried
+    alone and checked by S3 (CRC32), while the writer produces the next.
+
+    Threads: the writer's thread fills parts; fsspec's event loop sends them; one worker
+    hashes them in order. The multipart upload starts with the first full part, so an
+    object smaller than a part is one plain PUT.
+    """
+
+    def __init__(self, store: Store, path: str, digest: Any) -> None:
+        super().__init__()
+        self.store = store
+        self.path = path
+        self.target = store.full(path)
+        self.bucket, self.key, _ = store.fs.split_path(self.target)
+        self.digest = digest
+        self._part = bytearray()
+        self._number = 0
+        self._upload_id: str | None = None
+        self._slots = threading.BoundedSemaphore(PARTS_IN_FLIGHT)
+        self._sent: list[concurrent.futures.Future[dict[str, Any]]] = []
+        self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
+        self._hashed: list[concurrent.futures.Future[None]] = []
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n, offset = view.nbytes, 0
+        while offset < n:
+            take = view[offset : offset + PART_BYTES - len(self._part)]
+            self._part += take
+            offset += take.nbytes
+            if len(self._part) >= PART_BYTES:
+                self._send_part()
+        self.size += n
+        return n
+
+    def _call(self, action: str, method: str, **kwargs: Any) -> Any:
+        """One S3 call (with retries) on the event loop, from the writer's thread."""
+        fs = self.store.fs
+
+        async def call() -> Any:
+            return await fs._call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+
+        return _sync(fs, self.store._with_retries_async(f"{action} {self.path}", call))
+
+    def _raise_failed(self) -> None:
+        for future in self._sent:
+            if future.done() and future.exception() is not None:
+                future.result()  # raises the part's StoreError
+
+    def _send_part(self) -> None:
+        body, self._part = self._part, bytearray()
+        self._number += 1
+        if self._number > MAX_PARTS:
+            msg = f"{self.path} is larger than {MAX_PARTS} parts of {PART_BYTES} bytes"
+            raise StoreError(msg)
+        if self.digest is not None:
+            self._hashed.append(self._hasher.submit(self.digest.update, body))
+        if self._upload_id is None:
+            created = self._call(
+                "starting the upload of", "create_multipart_upload", ChecksumAlgorithm="CRC32"
+            )
+            self._upload_id = str(created["UploadId"])
+        self._raise_failed()
+        if not self._slots.acquire(timeout=PART_WAIT_S):
+            msg = f"uploading {self.path}: no part finished in {PART_WAIT_S:.0f} s"
+            raise StoreError(msg)
+        self._raise_failed()
+        future = asyncio.run_coroutine_threadsafe(
+            self._send(self._number, body), self.store.fs.loop
+        )
+        future.add_done_callback(lambda _: self._slots.release())
+        self._sent.append(future)
+
+    async def _send(self, number: int, body: bytearray) -> dict[str, Any]:
+        fs = self.store.fs
+
+        async def call() -> dict[str, Any]:
+            answer: dict[str, Any] = await fs._call_s3(
+                "upload_part",
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
+                ChecksumAlgorithm="CRC32",
+            )
+            return answer
+
+        answer = await self.store._with_retries_async(
+            f"uploading part {number} of {self.path}", call
+        )
+        part = {"PartNumber": number, "ETag": answer["ETag"]}
+        if answer.get("ChecksumCRC32"):
+            part["ChecksumCRC32"] = answer["ChecksumCRC32"]
+        return part
+
+    def finish(self) -> None:
+        """Send the last part and complete the upload (or PUT a small object whole)."""
+        if self._upload_id is None:
+            body, self._part = bytes(self._part), bytearray()
+            if self.digest is not None:
+                self.digest.update(body)
+            self.store._call(
+                f"writing {self.path}", lambda: self.store.fs.pipe_file(self.target, body)
+            )
+        else:
+            if self._part:
+                self._send_part()
+            parts = [future.result() for future in self._sent]
+            for hashed in self._hashed:
+                hashed.result()
+            self._call(
+                "completing the upload of",
+                "complete_multipart_upload",
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+            self.store.fs.invalidate_cache(self.target)
+        self._hasher.shutdown(wait=True)
+        if self.digest is not None:
+            self.sha256 = self.digest.hexdigest()
+
+    def abort(self) -> None:
+        """Stop sending, and abort the multipart upload (best effort, never raises)."""
+        for future in self._sent:
+            future.cancel()
+        concurrent.futures.wait(self._sent, timeout=PART_WAIT_S)
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+        if self._upload_id is not None:
+            with contextlib.suppress(Exception):
+                _sync(
+                    self.store.fs,
+                    self.store._abort_upload(self.bucket, self.key, self._upload_id),
+                )
+        self._upload_id = None
+
+
 def _default_options(scheme: str) -> Mapping[str, Any]:
     """fsspec options that make a store safe for checkpoints (no stale listings)."""
     common: dict[str, Any] = {"skip_instance_cache": True}
@@ -297,7 +623,32 @@ def _default_options(scheme: str) -> Mapping[str, Any]:
                 "retries": {"max_attempts": 3, "mode": "standard"},
             },
         }
+    if scheme in ("az", "abfs", "abfss"):
+        # adlfs passes these to every blob call; without them a dead endpoint hangs.
+        return {**common, "connection_timeout": 10, "read_timeout": 120}
     return common
+
+
+def _one_retry_layer_azure(fs: Any) -> None:
+    """Turn off the Azure SDK's own retries, so that ours (jittered, bounded) are the only ones.
+
+    The storage SDK's default waits 15 s, then 18 s, then 24 s between attempts: one
+    throttled request would eat most of the 30 s an Azure Spot eviction gives. Best
+    effort: an SDK that keeps the policy elsewhere keeps its own retries.
+    """
+    with contextlib.suppress(AttributeError):
+        fs.service_client._config.retry_policy.total_retries = 0
+
+
+def _sync(fs: Any, coroutine: Awaitable[T]) -> T:
+    """Run ``coroutine`` on the fsspec filesystem's event loop and wait for it."""
+    fsspec_asyn = require("fsspec.asyn", EXTRA)
+
+    async def run() -> T:
+        return await coroutine
+
+    result: T = fsspec_asyn.sync(fs.loop, run)
+    return result
 
 
 def _atomic_local_write(target: str, data: bytes | memoryview) -> None:

@@ -235,6 +235,24 @@ def cloud_poller(cloud: str, base_url: str) -> Callable[[], list[Notice]]:
     raise InputError(msg)
 
 
+def acknowledge(notice: Notice, env: Mapping[str, str] | None = None) -> bool:
+    """Tell the cloud that the machine is ready for what ``notice`` announced.
+
+    Only Azure has such an API (Scheduled Events ``StartRequests``); for every other notice
+    this does nothing and returns ``False``. Call it after the emergency save is durable,
+    never before: the platform may take the machine the moment it is acknowledged. Best
+    effort and bounded (one HTTP request with a short timeout); never raises.
+
+    >>> acknowledge(Notice("signal", "signal", None, "SIGTERM"))
+    False
+    """
+    if notice.source != "azure":
+        return False
+    from costguard.checkpoint.notices.azure import acknowledge as azure_acknowledge
+
+    return azure_acknowledge(notice, endpoint("azure", os.environ if env is None else env))
+
+
 class Watcher(threading.Thread):
     """Polls a metadata service and posts each new notice once.
 

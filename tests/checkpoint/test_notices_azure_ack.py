@@ -1,0 +1,122 @@
+"""Azure Scheduled Events: a Preempt is acknowledged (StartRequests with its EventId) on the
+local metadata server, through the same notice the watcher posted and the relay carried."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from costguard.checkpoint.notices import (
+    Notice,
+    NoticeBoard,
+    Watcher,
+    acknowledge,
+    cloud_poller,
+)
+from costguard.checkpoint.notices.azure import AzureScheduledEvents, event_id
+from tests.checkpoint.conftest import AckState
+from tests.conftest import free_port
+
+PREEMPT = {
+    "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",
+    "EventType": "Preempt",
+    "ResourceType": "VirtualMachine",
+    "Resources": ["vm1"],
+    "EventStatus": "Scheduled",
+    "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT",
+    "Description": "Spot eviction",
+    "EventSource": "Platform",
+    "DurationInSeconds": -1,
+}
+
+
+def watched_notice(base: str) -> Notice:
+    """The notice the Azure watcher posts for the event on the server."""
+    board = NoticeBoard()
+    watcher = Watcher("azure", cloud_poller("azure", base), board, interval_s=0.05)
+    watcher.start()
+    try:
+        deadline = time.monotonic() + 10
+        while board.urgent() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watcher.stop()
+    notice = board.urgent()
+    assert notice is not None, "the watcher saw no Preempt event"
+    return notice
+
+
+def test_a_preempt_is_acknowledged_with_its_event_id(
+    acking_metadata_server: tuple[str, AckState],
+) -> None:
+    base, state = acking_metadata_server
+    state.azure_events = [dict(PREEMPT)]
+    notice = watched_notice(base)
+    assert state.started == []  # seeing the notice acknowledges nothing
+    env = {"COSTGUARD_AZURE_METADATA_URL": base}
+    assert acknowledge(notice, env) is True
+    assert state.started == [PREEMPT["EventId"]]
+    assert state.azure_events[0]["EventStatus"] == "Started"
+    assert "POST /metadata/scheduledevents?api-version=2020-07-01" in state.requests
+
+
+def test_the_event_id_survives_the_relay_of_costguard_run(
+    acking_metadata_server: tuple[str, AckState],
+) -> None:
+    base, state = acking_metadata_server
+    state.azure_events = [dict(PREEMPT)]
+    relayed = Notice.from_json(watched_notice(base).to_json())
+    assert event_id(relayed) == PREEMPT["EventId"]
+    assert acknowledge(relayed, {"COSTGUARD_AZURE_METADATA_URL": base}) is True
+    assert state.started == [PREEMPT["EventId"]]
+
+
+def test_other_notices_acknowledge_nothing(
+    acking_metadata_server: tuple[str, AckState],
+) -> None:
+    base, state = acking_metadata_server
+    env = {"COSTGUARD_AZURE_METADATA_URL": base}
+    for notice in (
+        Notice("aws", "terminate", 1.0),
+        Notice("gcp", "preempt", 1.0),
+        Notice("signal", "signal", None, "SIGTERM"),
+        Notice("azure", "preempt", 1.0, ""),  # no event id: nothing to acknowledge
+    ):
+        assert acknowledge(notice, env) is False
+    assert state.requests == []
+
+
+def test_a_refused_acknowledgement_is_logged_not_raised(
+    acking_metadata_server: tuple[str, AckState], caplog: pytest.LogCaptureFixture
+) -> None:
+    base, state = acking_metadata_server
+    state.azure_events = [dict(PREEMPT)]
+    stale = Notice("azure", "preempt", 1.0, "event an-event-that-is-gone")
+    with caplog.at_level(logging.WARNING):
+        assert acknowledge(stale, {"COSTGUARD_AZURE_METADATA_URL": base}) is False
+    assert "refused" in caplog.text
+    assert "unknown EventId" in caplog.text
+    assert state.started == []
+
+
+def test_an_unreachable_service_is_not_an_error() -> None:
+    notice = Notice("azure", "preempt", 1.0, f"event {PREEMPT['EventId']}")
+    dead = f"http://127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    assert acknowledge(notice, {"COSTGUARD_AZURE_METADATA_URL": dead}) is False
+    assert time.monotonic() - started < 10  # bounded by the metadata timeout
+
+
+def test_the_service_needs_the_metadata_header(
+    acking_metadata_server: tuple[str, AckState],
+) -> None:
+    base, state = acking_metadata_server
+    state.azure_events = [dict(PREEMPT)]
+    # Our client sends it; the server (like Azure's) refuses a POST without it.
+    assert AzureScheduledEvents(base).acknowledge([str(PREEMPT["EventId"])]) is True
+    from costguard.checkpoint.notices import fetch
+
+    status, _ = fetch("POST", f"{base}/metadata/scheduledevents", {}, data=b"{}")
+    assert status == 400

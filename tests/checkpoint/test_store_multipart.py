@@ -1,0 +1,229 @@
+"""S3 multipart uploads through moto server: parts go up concurrently and checked, the
+sha256 comes out of the same pass, a failed part is retried alone, an upload that fails
+is aborted, and uploads a killed writer left behind are aborted after a grace period."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import IO, Any, cast
+
+import pytest
+
+from costguard.checkpoint import RetryPolicy
+from costguard.checkpoint import store as store_mod
+from costguard.checkpoint.store import Store, StoreError
+from tests.checkpoint.conftest import REPO, Backend, make_s3_bucket
+from tests.checkpoint.test_faults import Faults, fault_proxy
+from tests.checkpoint.test_store_contract import open_store
+
+FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
+PART = 5 * 2**20  # S3's smallest part: small test objects still come in several parts
+BUCKET = "parts"
+#: One retry layer in these tests, ours: botocore's own would resend each failed part.
+ONE_LAYER = {"config_kwargs": {"read_timeout": 30, "retries": {"max_attempts": 1}}}
+
+
+def s3_client() -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries={"max_attempts": 1}))
+
+
+def is_part(method: str, path: str) -> bool:
+    return method == "PUT" and "partNumber=" in path
+
+
+def payload(size: int) -> bytes:
+    return (bytes(range(251)) * (size // 251 + 1))[:size]
+
+
+@pytest.fixture
+def parts_proxy(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
+    """moto behind the fault proxy, with 5 MiB parts; faults apply to part uploads."""
+    make_s3_bucket(aws_env, BUCKET)
+    monkeypatch.setattr(store_mod, "PART_BYTES", PART)
+    faults = Faults(eligible=is_part)
+    with fault_proxy(aws_env, faults) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        yield faults
+
+
+def incomplete_uploads() -> list[dict[str, Any]]:
+    return list(s3_client().list_multipart_uploads(Bucket=BUCKET).get("Uploads", []))
+
+
+def test_put_hashed_returns_the_sha256_on_every_backend(backend: Backend) -> None:
+    store = open_store(backend)
+    for size in (0, 1000, 24 * 2**20):  # 24 MiB: a multipart upload on S3
+        data = payload(size)
+        assert store.put_hashed(f"h/{size}.bin", data) == hashlib.sha256(data).hexdigest()
+        assert store.get(f"h/{size}.bin") == data
+
+
+@pytest.mark.slow
+def test_parts_go_up_concurrently_with_checksums(parts_proxy: Faults) -> None:
+    parts_proxy.delay_s = 0.3  # long enough for the next parts to arrive meanwhile
+    data = payload(6 * PART + 123)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    digest = store.put_hashed("ckpt/state.pt", data)
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert store.get("ckpt/state.pt") == data
+    assert len(parts_proxy.seen) == 7
+    assert 1 < parts_proxy.max_inflight <= store_mod.PARTS_IN_FLIGHT
+    # Every part carries a CRC32 that S3 checks before accepting it.
+    assert all(
+        any(k.lower() == "x-amz-checksum-crc32" for k in headers)
+        for _, _, headers in parts_proxy.seen
+    )
+    assert incomplete_uploads() == []
+
+
+@pytest.mark.slow
+def test_a_failed_part_is_resent_alone(parts_proxy: Faults) -> None:
+    parts_proxy.fail_puts = 2
+    data = payload(4 * PART)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store.put("ckpt/state.pt", data)
+    assert store.get("ckpt/state.pt") == data
+    assert parts_proxy.failed == 2
+    assert len(parts_proxy.seen) == 4 + 2  # the two failed parts again, not the object
+    assert incomplete_uploads() == []
+
+
+@pytest.mark.slow
+def test_an_upload_that_fails_is_aborted_and_nothing_else_changes(parts_proxy: Faults) -> None:
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store.put("old/state.pt", b"earlier checkpoint")
+    parts_proxy.fail_puts = 10**6  # every part fails, every time
+    with pytest.raises(StoreError, match=r"uploading part \d+ of new/state.pt"):
+        store.put("new/state.pt", payload(3 * PART))
+    assert incomplete_uploads() == []  # the parts sent are not left billing
+    assert store.listing() == {"old/state.pt": len(b"earlier checkpoint")}
+    assert store.get("old/state.pt") == b"earlier checkpoint"
+
+
+def test_stale_uploads_under_the_root_are_aborted_after_the_grace_period(aws_env: str) -> None:
+    make_s3_bucket(aws_env, BUCKET)
+    s3 = s3_client()
+    for key in ("run/ckpt-000000000001-00000000/state.pt", "other/state.pt"):
+        upload = s3.create_multipart_upload(Bucket=BUCKET, Key=key)
+        s3.upload_part(
+            Bucket=BUCKET, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"x" * 100
+        )
+    # moto reports the same Initiated time for every upload; the clock is set from it.
+    initiated: datetime = incomplete_uploads()[0]["Initiated"]
+    store = Store.open(f"s3://{BUCKET}/run")
+    assert store.abort_stale_uploads(900, now_unix=initiated.timestamp() + 60) == []
+    assert len(incomplete_uploads()) == 2
+    aborted = store.abort_stale_uploads(900, now_unix=initiated.timestamp() + 901)
+    assert aborted == ["run/ckpt-000000000001-00000000/state.pt"]
+    assert [u["Key"] for u in incomplete_uploads()] == ["other/state.pt"]  # not ours
+
+
+def test_stale_uploads_is_a_no_op_off_s3(tmp_path: Any) -> None:
+    assert Store.open(str(tmp_path)).abort_stale_uploads(0) == []
+
+
+WRITER = """
+import sys
+from costguard.checkpoint import store
+store.PART_BYTES = 5 * 2**20
+s = store.Store.open("s3://parts/run")
+s.put("ckpt-000000000007-0000abcd/state.pt", bytes(40 * 2**20))
+print("finished")
+"""
+
+
+@pytest.mark.slow
+def test_the_upload_of_a_writer_killed_mid_save_is_aborted(parts_proxy: Faults) -> None:
+    parts_proxy.delay_s = 0.5  # a slow store: the kill lands while parts are on the wire
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    writer = subprocess.Popen([sys.executable, "-c", WRITER], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not parts_proxy.seen and time.monotonic() < deadline:
+            assert writer.poll() is None, "the writer ended before its upload began"
+            time.sleep(0.05)
+        assert parts_proxy.seen, "no part arrived within a minute"
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait(timeout=10)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert writer.returncode == -signal.SIGKILL
+    assert [u["Key"] for u in incomplete_uploads()] == ["run/ckpt-000000000007-0000abcd/state.pt"]
+    store = Store.open(f"s3://{BUCKET}/run")
+    assert store.listing() == {}  # invisible to a listing, yet stored and billed
+    assert store.abort_stale_uploads(0) == ["run/ckpt-000000000007-0000abcd/state.pt"]
+    assert incomplete_uploads() == []
+
+
+# -- streaming: Store.upload ------------------------------------------------------------
+
+
+def test_a_stream_written_in_pieces_round_trips_on_every_backend(backend: Backend) -> None:
+    store = open_store(backend)
+    data = payload(18 * 2**20 + 7)  # more than one part on S3
+    with store.upload("s/state.pt") as upload:
+        for start in range(0, len(data), 3 * 2**20 + 1):  # writes that straddle parts
+            upload.write(data[start : start + 3 * 2**20 + 1])
+    assert (upload.size, upload.sha256) == (len(data), hashlib.sha256(data).hexdigest())
+    assert store.get("s/state.pt") == data
+    with store.upload("s/small") as small:
+        small.write(b"tiny")
+    assert (small.size, store.get("s/small")) == (4, b"tiny")
+
+
+def test_torch_save_streams_into_the_store(backend: Backend) -> None:
+    import io
+
+    import torch
+
+    state = {"w": torch.arange(3 * 2**20, dtype=torch.float32), "step": 3}
+    expected = io.BytesIO()
+    torch.save(state, expected)
+    store = open_store(backend)
+    with store.upload("t/state.pt") as upload:
+        torch.save(state, cast("IO[bytes]", upload))  # any .write() will do
+    assert store.get("t/state.pt") == expected.getvalue()
+    assert upload.sha256 == hashlib.sha256(expected.getvalue()).hexdigest()
+
+
+@pytest.mark.slow
+def test_parts_go_up_while_the_stream_is_still_written(parts_proxy: Faults) -> None:
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    data = payload(5 * PART)
+    with store.upload("ckpt/state.pt") as upload:
+        upload.write(data[: 2 * PART + 1])  # two full parts: they leave now
+        deadline = time.monotonic() + 30
+        while not parts_proxy.seen and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert parts_proxy.seen, "no part went up while the producer was still writing"
+        upload.write(data[2 * PART + 1 :])
+    assert store.get("ckpt/state.pt") == data
+    assert len(parts_proxy.seen) == 5
+    assert incomplete_uploads() == []
+
+
+@pytest.mark.slow
+def test_a_stream_that_fails_writes_nothing_and_aborts_its_upload(parts_proxy: Faults) -> None:
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store.put("ckpt/state.pt", b"the previous one")
+
+    def save_that_breaks() -> None:
+        with store.upload("ckpt/state.pt") as upload:
+            upload.write(payload(3 * PART))  # parts are on S3 by now
+            raise RuntimeError("serialisation broke")
+
+    with pytest.raises(RuntimeError, match="serialisation broke"):
+        save_that_breaks()
+    assert store.get("ckpt/state.pt") == b"the previous one"
+    assert incomplete_uploads() == []
