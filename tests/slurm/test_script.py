@@ -56,7 +56,7 @@ def test_script_asks_for_the_warning_gpus_and_requeue(run_cli: Callable[..., Any
     # sbatch stops reading #SBATCH lines at the first command: they must all come first.
     first_command = next(i for i, ln in enumerate(lines) if ln and not ln.startswith("#"))
     assert all(lines.index(line) < first_command for line in sbatch)
-    assert "costguard_run=(costguard run --checkpoint s3://bucket/run1)" in text
+    assert "costguard_run=(costguard run --signals relay --checkpoint s3://bucket/run1)" in text
     assert "command=(pixi run python train.py)" in text
     assert "max_requeues=10" in text
     assert "scontrol requeue" in text
@@ -81,7 +81,16 @@ def test_run_options_and_local_checkpoint_made_absolute(
         "--", "python", "train.py",
     )  # fmt: skip
     assert "#SBATCH --time=1-00:00:00" in text
-    expected = ["pixi", "run", "costguard", "run", "--checkpoint", str(tmp_path / "ckpt")]
+    expected = [
+        "pixi",
+        "run",
+        "costguard",
+        "run",
+        "--signals",
+        "relay",
+        "--checkpoint",
+        str(tmp_path / "ckpt"),
+    ]
     expected += ["--every-minutes", "15.0", "--keep", "2"]
     assert f"costguard_run=({shlex.join(expected)})" in text
 
@@ -135,7 +144,7 @@ def test_the_command_reaches_costguard_run_word_for_word(
     text = script_for(run_cli, *BASE, "--gpus", "0", "--", *WEIRD)
     done, argv, requeues = run_script(text, tmp_path, status=0)
     assert done.returncode == 0, done.stderr
-    assert argv == ["run", "--checkpoint", "s3://bucket/run1", "--", *WEIRD]
+    assert argv == ["run", "--signals", "relay", "--checkpoint", "s3://bucket/run1", "--", *WEIRD]
     assert requeues == []
 
 

@@ -250,9 +250,13 @@ def render(job: BatchJob, template: str) -> str:
     >>> job = BatchJob.build(command=["python", "train.py", "--note", "it's"],
     ...                      checkpoint="/scratch/run 1", time="1:00:00", gpus=0)
     >>> print(render(job, "{{costguard_run}} -- {{command}}"))
-    costguard run --checkpoint '/scratch/run 1' -- python train.py --note 'it'"'"'s'
+    costguard run --signals relay --checkpoint '/scratch/run 1' -- python train.py --note 'it'"'"'s'
     """
-    run = [*job.costguard, "run", "--checkpoint", job.checkpoint, *job.run_options]
+    # --signals relay: USR1/TERM reach the script as notices through costguard run's pipe,
+    # which waits for the Checkpointer even while the script is still importing torch; a
+    # forwarded USR1 would kill a script whose handler is not installed yet.
+    run = [*job.costguard, "run", "--signals", "relay", "--checkpoint", job.checkpoint]
+    run += job.run_options
     fields = {
         "sbatch_lines": "\n".join(sbatch_lines(job)),
         "version": __version__,
