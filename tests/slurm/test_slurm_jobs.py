@@ -31,6 +31,10 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 JOB_TIMEOUT_S = 300
 POLL_S = 0.3
+#: How long a requeued job stays held before the test releases it. SLURM's own hold is
+#: about two minutes; released at once, the new allocation can race the old batch step's
+#: cleanup and be killed ("Job credential revoked").
+HOLD_S = 5.0
 FINISHED = {"COMPLETED"}
 FAILED = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
@@ -142,14 +146,21 @@ class Job:
 
     def wait(self, done: Callable[[], bool], what: str, *, release: bool = True) -> None:
         """Poll until ``done()``, releasing BeginTime holds of the requeued job on the way."""
+        held_since: float | None = None
         while time.monotonic() < self.deadline:
             state, reason = self.cluster.job_state(self.id)
             event = f"{state} ({reason})"
             if not self.events or not self.events[-1].endswith(event):
                 self.events.append(f"{time.time():.1f} {event}")
-            if release and state == "PENDING" and reason == "BeginTime":
+            held = release and state == "PENDING" and reason == "BeginTime"
+            if not held:
+                held_since = None
+            elif held_since is None:
+                held_since = time.monotonic()
+            elif time.monotonic() - held_since >= HOLD_S:
                 self.cluster.update(self.id, "StartTime=now")
                 self.released += 1
+                held_since = None
             if done():
                 return
             if state in FAILED:
