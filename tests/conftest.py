@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -57,6 +58,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """Stop an emulator: SIGTERM, then SIGKILL if it has not exited after ``grace_s``.
+
+    Azurite (node) sometimes takes longer than that to close its servers on a busy machine;
+    a slow goodbye must not fail the run.
+    """
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=grace_s)
 
 
 @pytest.fixture(scope="session")

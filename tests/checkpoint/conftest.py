@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -83,8 +83,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
         )
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="session")
@@ -112,8 +111,7 @@ def gcs_emulator() -> Iterator[str]:
         wait_for(f"http://127.0.0.1:{port}/storage/v1/b")
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
 
 
 @dataclass

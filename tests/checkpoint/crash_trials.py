@@ -80,12 +80,13 @@ def announce_phases(fd: int) -> None:
         Store.delete,
     )
     send_part, finish = store_mod._S3Upload._send_part, store_mod._S3Upload.finish
+    local_finish = store_mod._LocalUpload.finish
 
     def announced_serialise(state: Any) -> Any:
         tell(PHASES["serialise"])
         return serialise(state)
 
-    # On S3 the payload streams: serialising and sending its parts overlap.
+    # On S3 and locally the payload streams: serialising and sending (writing) overlap.
     def announced_torch_save(state: Any, file: Any) -> None:
         tell(PHASES["serialise"])
         torch_save(state, file)
@@ -97,6 +98,10 @@ def announce_phases(fd: int) -> None:
     def announced_finish(self: Any) -> None:  # the last part, or a small object's one PUT
         tell(PHASES["upload"])
         finish(self)
+
+    def announced_local_finish(self: Any) -> None:  # fsync and rename into place
+        tell(PHASES["upload"])
+        local_finish(self)
 
     def phase_of(path: str) -> bytes:
         return PHASES["manifest"] if path.endswith("manifest.json") else PHASES["upload"]
@@ -117,6 +122,7 @@ def announce_phases(fd: int) -> None:
     state_mod.torch_save = announced_torch_save
     store_mod._S3Upload._send_part = announced_send_part  # type: ignore[method-assign]
     store_mod._S3Upload.finish = announced_finish  # type: ignore[method-assign]
+    store_mod._LocalUpload.finish = announced_local_finish  # type: ignore[method-assign]
     Store.put = announced_put  # type: ignore[method-assign]
     Store.put_hashed = announced_put_hashed  # type: ignore[method-assign]
     Store.delete = announced_delete  # type: ignore[method-assign]

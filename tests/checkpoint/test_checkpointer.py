@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from costguard.checkpoint import Checkpointer, Preempted, RestoreError, ResumableLoader
-from costguard.checkpoint.manifest import scan
+from costguard.checkpoint.manifest import MANIFEST_FILE, parse_manifest, scan
 from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.state import CpuCopier, capture, rng_state, set_rng_state
 from costguard.checkpoint.store import RetryPolicy
@@ -161,6 +161,57 @@ def test_a_failing_store_is_reported_and_training_goes_on(
     assert "training goes on" in caplog.text
     ckpt.store.root = str(store)
     assert ckpt.store.listing() == before
+
+
+def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from costguard.checkpoint import state as state_mod
+    from costguard.checkpoint import store as store_mod
+
+    def no_copy_in_memory(state: Any) -> Any:
+        raise AssertionError("a local save must not serialise the whole state into memory")
+
+    monkeypatch.setattr(state_mod, "serialise", no_copy_in_memory)
+    writes = {"n": 0}
+    write = store_mod._LocalUpload._write
+
+    def flaky_write(self: Any, data: Any) -> int:  # the disk fails once, midway
+        writes["n"] += 1
+        if writes["n"] == 3:
+            raise OSError(5, "Input/output error")
+        return write(self, data)
+
+    monkeypatch.setattr(store_mod._LocalUpload, "_write", flaky_write)
+    model, opt = tiny()
+    train(model, opt)
+    ckpt = Checkpointer(tmp_path, retry=RetryPolicy(attempts=2, base_delay_s=0.01))
+    future = ckpt.save(5, model=model, optimizer=opt, block=True)
+    assert future is not None
+    result = future.result()
+    assert result.ok, result.error
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert not [f for f in files if ".tmp-" in f]  # the failed attempt's file is gone
+    (manifest_file,) = tmp_path.rglob(MANIFEST_FILE)
+    manifest = parse_manifest(manifest_file.read_bytes(), manifest_file.parent.name)
+    (entry,) = manifest.objects
+    data = (manifest_file.parent / entry.name).read_bytes()
+    assert (len(data), hashlib.sha256(data).hexdigest()) == (entry.size_bytes, entry.sha256)
+    fresh, fresh_opt = tiny()
+    assert Checkpointer(tmp_path).restore(model=fresh, optimizer=fresh_opt) == manifest.step
+    assert torch.equal(fresh.weight, model.weight)
+
+    # A disk that keeps failing: the report names the disk's error, not torch.save's.
+    def broken(self: Any, data: Any) -> int:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(store_mod._LocalUpload, "_write", broken)
+    failed = ckpt.save(6, model=model, optimizer=opt, block=True)
+    assert failed is not None
+    assert not failed.result().ok
+    assert "Input/output error" in str(failed.result().error)
+    assert "unexpected pos" not in str(failed.result().error)
+    ckpt.close()
 
 
 def test_skip_when_busy(tmp_path: Path) -> None:

@@ -652,15 +652,14 @@ class Checkpointer:
     def _write_payload(self, snapshot: Any, path: str) -> tuple[int, str]:
         """Serialise ``snapshot`` to ``path``; its size and sha256, hashed in the same pass.
 
-        On S3 the bytes stream into a multipart upload as ``torch.save`` produces them, so
-        serialising overlaps the upload and no serialised copy of the whole state is held
-        (each part is retried alone). Elsewhere they are serialised into memory first,
-        with the GIL released for the bulk copies, and written with the store's retries.
+        On S3 and in a local folder the bytes stream into the store as ``torch.save``
+        produces them (S3: a multipart upload, each part retried alone; local: a temporary
+        file, produced again on a retry), so no serialised copy of the whole state is held.
+        On GCS and Azure they are serialised into memory first, with the GIL released for
+        the bulk copies, and written with the store's retries.
         """
-        if self.store.is_s3:
-            with self.store.upload(path) as upload:
-                state_mod.torch_save(snapshot, upload)
-            return upload.size, upload.sha256
+        if self.store.is_s3 or self.store.is_local:
+            return self.store.write_stream(path, lambda file: state_mod.torch_save(snapshot, file))
         data = state_mod.serialise(snapshot)
         return len(data), self.store.put_hashed(path, data)
 

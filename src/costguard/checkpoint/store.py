@@ -286,23 +286,50 @@ class Store:
 
         On S3 the bytes go up while they are produced: each full part is hashed (in a
         worker thread, in order) and sent while the producer goes on, at most
-        ``PARTS_IN_FLIGHT`` parts held in memory. Elsewhere they collect in memory and are
-        written at the end of the block. The object exists (complete) only once the block
+        ``PARTS_IN_FLIGHT`` parts held in memory. In a local folder they go straight into
+        a temporary file, hashed on the way, which is synced and renamed at the end: no
+        copy of the whole object is held in memory. Elsewhere they collect in memory and
+        are written at the end of the block. The object exists (complete) only once the block
         has ended without an error; on an error nothing is written and a started multipart
         upload is aborted. Afterwards ``upload.size`` and ``upload.sha256`` describe it.
         """
+        streamed: _S3Upload | _LocalUpload | None = None
         if self.is_s3:
-            s3 = _S3Upload(self, path, hashlib.sha256())
+            streamed = _S3Upload(self, path, hashlib.sha256())
+        elif self.is_local:
+            streamed = self._translate(f"writing {path}", lambda: _LocalUpload(self.full(path)))
+        if streamed is not None:
             try:
-                yield s3
-                self._translate(f"writing {path}", s3.finish)
+                yield streamed
+                self._translate(f"writing {path}", streamed.finish)
             except BaseException:
-                s3.abort()
+                streamed.abort()
+                if streamed.failure is not None:
+                    # torch.save reports a failed write as its own RuntimeError ("unexpected
+                    # pos"): the store's error is the one that says what went wrong.
+                    raise streamed.failure from None
                 raise
             return
         buffered = Upload()
         yield buffered
         buffered.sha256 = self.put_hashed(path, buffered.buffer.getbuffer())
+
+    def write_stream(self, path: str, produce: Callable[[Upload], None]) -> tuple[int, str]:
+        """Write one object from what ``produce(file)`` writes; its size and sha256.
+
+        :meth:`upload` with a retry that fits each store: S3 retries each part alone;
+        a local write that fails transiently is produced again from the start (into a
+        fresh temporary file); elsewhere the bytes are buffered, then put with retries.
+        """
+
+        def once() -> tuple[int, str]:
+            with self.upload(path) as upload:
+                produce(upload)
+            return upload.size, upload.sha256
+
+        if self.is_local:
+            return self._call(f"writing {path}", once)
+        return once()
 
     def _put(self, path: str, data: bytes | memoryview, digest: Any) -> None:
         target = self.full(path)
@@ -457,12 +484,22 @@ class Upload:
         self.size = 0
         #: The sha256 (hex) of the object, once the upload has ended.
         self.sha256 = ""
+        #: The first error a write raised (a writer such as torch.save may replace it).
+        self.failure: BaseException | None = None
 
     def write(self, data: Any) -> int:
         """Append ``data``; returns its length in bytes."""
-        n = self.buffer.write(data)
+        try:
+            n = self._write(data)
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+            raise
         self.size += n
         return n
+
+    def _write(self, data: Any) -> int:
+        return self.buffer.write(data)
 
     def writable(self) -> bool:
         """A file-like object for ``torch.save``."""
@@ -470,6 +507,49 @@ class Upload:
 
     def flush(self) -> None:
         """Nothing to flush: the bytes go out in parts, or at the end."""
+
+
+class _LocalUpload(Upload):
+    """One local file written from a stream: hashed as written, atomic at :meth:`finish`.
+
+    The bytes go to a temporary file beside the target, unbuffered; big writes are
+    hashed and written a chunk at a time, so each chunk is still in the CPU cache when it
+    is written, and both the hash and the write run without the GIL.
+    """
+
+    CHUNK = 1 << 20
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.path = Path(target)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self.digest = hashlib.sha256()
+        self.file = self.tmp.open("wb", buffering=0)
+
+    def _write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, view.nbytes, self.CHUNK):
+            chunk = view[start : start + self.CHUNK]
+            self.digest.update(chunk)
+            written = 0
+            while written < chunk.nbytes:  # a raw write may take fewer bytes
+                written += self.file.write(chunk[written:]) or 0
+        return view.nbytes
+
+    def finish(self) -> None:
+        """Make the file durable, then visible under its name (and the rename durable)."""
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.tmp.replace(self.path)
+        _fsync_dir(self.path.parent)
+        self.sha256 = self.digest.hexdigest()
+
+    def abort(self) -> None:
+        """Drop the temporary file (never raises)."""
+        with contextlib.suppress(OSError):
+            self.file.close()
+        self.tmp.unlink(missing_ok=True)
 
 
 class _S3Upload(Upload):
@@ -496,7 +576,7 @@ class _S3Upload(Upload):
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
         self._hashed: list[concurrent.futures.Future[None]] = []
 
-    def write(self, data: Any) -> int:
+    def _write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n, offset = view.nbytes, 0
         while offset < n:
@@ -505,7 +585,6 @@ class _S3Upload(Upload):
             offset += take.nbytes
             if len(self._part) >= PART_BYTES:
                 self._send_part()
-        self.size += n
         return n
 
     def _call(self, action: str, method: str, **kwargs: Any) -> Any:
@@ -665,7 +744,12 @@ def _atomic_local_write(target: str, data: bytes | memoryview) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in ``folder`` durable."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
