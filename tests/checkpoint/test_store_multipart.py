@@ -227,3 +227,22 @@ def test_a_stream_that_fails_writes_nothing_and_aborts_its_upload(parts_proxy: F
         save_that_breaks()
     assert store.get("ckpt/state.pt") == b"the previous one"
     assert incomplete_uploads() == []
+
+
+@pytest.mark.slow
+def test_torch_save_into_parts_that_keep_failing_reports_the_store_error(
+    parts_proxy: Faults,
+) -> None:
+    import torch
+
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    parts_proxy.fail_puts = 10**6  # every part fails, every time
+    # More parts than may be in flight: a write waits for a slot, then finds a part failed.
+    parts = store_mod.PARTS_IN_FLIGHT + 3
+    state = {"w": torch.zeros(parts * PART // 4, dtype=torch.float32)}
+    # torch.save turns that failed write into its own RuntimeError ("unexpected pos"); what
+    # reaches the caller is the store's error, which says which part and why.
+    with pytest.raises(StoreError, match=r"uploading part \d+ of ckpt/state.pt"):
+        store.write_stream("ckpt/state.pt", lambda file: torch.save(state, cast("IO[bytes]", file)))
+    assert incomplete_uploads() == []
+    assert store.listing() == {}
