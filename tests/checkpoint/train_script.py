@@ -1,9 +1,11 @@
 """A small, seeded, deterministic CPU training run that checkpoints through costguard.
 
-Run by the tests as a child of ``costguard run``. It prints ``READY <start>`` after the
-restore and ``STEP <n>`` after each step, and writes the final weights, optimizer and
-scheduler state to ``--out`` with ``torch.save``. Python, NumPy and torch randomness all
-feed the loss, so a resume that loses any RNG state changes the final weights.
+Run by the tests as a child of ``costguard run`` (and as a SLURM batch job). It prints
+``READY <start> <unix time>`` after the restore and ``STEP <n>`` after each step, and writes
+the final weights, optimizer and scheduler state to ``--out`` with ``torch.save``. Python,
+NumPy and torch randomness all feed the loss, so a resume that loses any RNG state changes
+the final weights. ``--sleep`` slows every step; ``--sleep-first`` only those of a fresh
+start, so that a resumed run goes at full speed and a test knows which run it interrupts.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", required=True)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
-    parser.add_argument("--width", type=int, default=32)
+    parser.add_argument("--sleep-first", type=float, default=0.0, help="the same, fresh start")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -36,10 +38,10 @@ def main() -> None:
     dataset = torch.utils.data.TensorDataset(data, target)
     loader = ResumableLoader(dataset, batch_size=8, shuffle=True, seed=5)
     model = torch.nn.Sequential(
-        torch.nn.Linear(8, args.width),
+        torch.nn.Linear(8, 32),
         torch.nn.ReLU(),
         torch.nn.Dropout(0.2),
-        torch.nn.Linear(args.width, 1),
+        torch.nn.Linear(32, 1),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
@@ -49,7 +51,8 @@ def main() -> None:
     step = ckpt.restore(
         model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, extra=extra
     )
-    print(f"READY {step}", flush=True)
+    sleep_s = args.sleep + (args.sleep_first if step == 0 else 0.0)
+    print(f"READY {step} {time.time():.1f}", flush=True)
     while step < args.steps:
         for x, y in loader:
             noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3
@@ -59,8 +62,8 @@ def main() -> None:
             optimizer.step()
             scheduler.step()
             extra["loss_sum"] += float(loss)
-            if args.sleep:
-                time.sleep(args.sleep)
+            if sleep_s:
+                time.sleep(sleep_s)
             ckpt.step(
                 step,
                 epoch=loader.epoch,
@@ -84,7 +87,7 @@ def main() -> None:
         },
         args.out,
     )
-    print("DONE", flush=True)
+    print(f"DONE {time.time():.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,10 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.checkpoint.conftest import costguard_command
+from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
 from tests.slurm.conftest import SlurmCluster
-
-TRAIN_JOB = Path(__file__).resolve().with_name("train_job.py")
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -69,7 +67,7 @@ def reference_weights(
             env.update({"COSTGUARD_CHECKPOINT_URL": str(folder / "ckpt")})
             out = folder / "reference.pt"
             subprocess.run(
-                [sys.executable, str(TRAIN_JOB), "--steps", str(steps), "--out", str(out)],
+                [sys.executable, str(TRAIN_SCRIPT), "--steps", str(steps), "--out", str(out)],
                 env=env,
                 check=True,
                 timeout=300,
@@ -121,7 +119,7 @@ class Job:
         command = [*costguard_command(), "slurm", "submit", "--gpus", "0", "--mem", "256M"]
         command += ["--checkpoint", str(self.checkpoint), "--job-name", "cg-test"]
         command += ["--costguard", costguard_command()[0], *self.options, "--"]
-        command += [sys.executable, str(TRAIN_JOB), "--steps", str(steps)]
+        command += [sys.executable, str(TRAIN_SCRIPT), "--steps", str(steps)]
         command += ["--out", str(self.out), *train_options]
         done = subprocess.run(
             command, env=self.env, cwd=self.cwd, capture_output=True, text=True, timeout=60
