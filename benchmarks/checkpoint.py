@@ -1,6 +1,8 @@
 """What checkpointing costs training, measured side by side in one run.
 
-1. Training stall per save / the in-memory state copy alone (target <= 1.2).
+1. Training stall per save / the in-memory state copy alone (target <= 1.2). Also printed
+   (Linux): the peak memory a local save adds, streamed as the Checkpointer writes it and
+   serialised into memory first.
 2. Save throughput to moto S3 / raw boto3 ``upload_file`` of the same bytes (target >= 0.8);
    restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
    ranged GETs slowly, so both baselines are printed). Each repeat runs the baseline and
@@ -188,6 +190,51 @@ def measure_stall(model: torch.nn.Module, optimizer: Any, repeats: int) -> None:
         f"1. copy alone {copy_med:.3f} s; training blocked per save {stall_med:.3f} s; "
         f"ratio {stall_med / copy_med:.2f} (target <= 1.2)"
     )
+    if Path("/proc/self/clear_refs").exists():
+        print("   " + memory_per_save(model, optimizer))
+
+
+def memory_per_save(model: torch.nn.Module, optimizer: Any) -> str:
+    """Peak memory a local save adds to the process, beyond the CPU copy (Linux), as the
+    Checkpointer writes it (streamed into the file) and serialised into memory first."""
+
+    def kib(field: str) -> int:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        msg = f"no {field} in /proc/self/status"
+        raise RuntimeError(msg)
+
+    def peak_added(write: Any) -> float:
+        # Writing 5 to clear_refs resets the peak resident size (VmHWM) to the current one.
+        Path("/proc/self/clear_refs").write_text("5")
+        before = kib("VmRSS")
+        write()
+        return (kib("VmHWM") - before) / 1024
+
+    copier = state_mod.CpuCopier()
+    snapshot = copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+    with tempfile.TemporaryDirectory() as folder:
+        store = Store.open(folder)
+        streamed = peak_added(
+            lambda: store.write_stream("a.pt", lambda f: state_mod.torch_save(snapshot, f))
+        )
+        buffered = peak_added(lambda: store.put_hashed("b.pt", state_mod.serialise(snapshot)))
+    mib = sum(t.untyped_storage().nbytes() for t in _tensors(snapshot)) / 2**20
+    return (
+        f"peak memory a local save adds beyond the {mib:.0f} MiB copy: streamed into the file "
+        f"{streamed:.0f} MiB; serialised in memory first {buffered:.0f} MiB"
+    )
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def measure_s3(
