@@ -5,6 +5,7 @@ is lost."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import logging
@@ -17,6 +18,8 @@ import pytest
 import torch
 
 from costguard.checkpoint import Checkpointer, RetryPolicy
+from costguard.checkpoint import store as store_mod
+from costguard.checkpoint.store import Store, StoreError
 from tests.checkpoint.test_faults import Faults, fault_proxy, train
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
@@ -175,3 +178,26 @@ def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(flaky: Flaky) 
     fresh = torch.nn.Linear(6, 3)
     assert Checkpointer(flaky.url, storage_options=flaky.options).restore(model=fresh) == 1
     assert torch.equal(fresh.weight, saved)
+
+
+@pytest.mark.slow
+def test_a_large_object_goes_up_in_blocks_retried_and_never_half_visible(
+    flaky: Flaky, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_mod, "PART_BYTES", 5 * 2**20)  # several blocks, quickly
+    if flaky.url.startswith("az://"):  # the staged blocks and their commit, too
+        flaky.faults.eligible = lambda method, path: method == "PUT" and "restype=" not in path
+    store = Store.open(flaky.url, flaky.options, retry=FAST)
+    data = (bytes(range(251)) * (12 * 2**20 // 251 + 1))[: 12 * 2**20 + 7]
+    throttle(flaky, 2)
+    assert store.put_hashed("ckpt/state.pt", data) == hashlib.sha256(data).hexdigest()
+    assert flaky.faults.failed == 2
+    assert store.get("ckpt/state.pt") == data
+    # It went up a block at a time (GCS: POSTs to one resumable upload; Azure: staged
+    # blocks, then their commit), not as one request.
+    assert len(flaky.faults.seen) >= 4
+    refuse_everything(flaky)
+    with pytest.raises(StoreError, match=r"writing ckpt/other\.pt"):
+        store.put("ckpt/other.pt", data)
+    flaky.faults.fail_puts = 0
+    assert store.listing() == {"ckpt/state.pt": len(data)}  # nothing half-written shows

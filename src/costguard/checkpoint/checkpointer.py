@@ -656,7 +656,7 @@ class Checkpointer:
         produces them (S3: a multipart upload, each part retried alone; local: a temporary
         file, produced again on a retry), so no serialised copy of the whole state is held.
         On GCS and Azure they are serialised into memory first, with the GIL released for
-        the bulk copies, and written with the store's retries.
+        the bulk copies, and uploaded a block at a time with the store's retries.
         """
         if self.store.is_s3 or self.store.is_local:
             return self.store.write_stream(path, lambda file: state_mod.torch_save(snapshot, file))

@@ -12,7 +12,8 @@ each PUT atomic themselves. On S3 a large object goes up as a multipart upload w
 are sent concurrently (bounded), each part retried on its own and checked by the store
 (CRC32), the sha256 of the whole computed in the same pass; a failed upload is aborted, and
 :meth:`Store.abort_stale_uploads` aborts those a killed writer left behind, so they stop
-holding (and billing) bytes.
+holding (and billing) bytes. On GCS and Azure a large object goes up through the backend's
+chunked upload (resumable upload, staged blocks), one block copied at a time.
 
 >>> import tempfile
 >>> store = Store.open(tempfile.mkdtemp())
@@ -104,11 +105,19 @@ def is_transient(exc: BaseException) -> bool:
 
     >>> is_transient(TimeoutError()), is_transient(FileNotFoundError()), is_transient(KeyError())
     (True, False, False)
+    >>> try:
+    ...     raise RuntimeError("Failed to upload block") from ConnectionResetError()
+    ... except RuntimeError as wrapped:
+    ...     is_transient(wrapped)
+    True
     """
     if isinstance(exc, _PERMANENT):
         return False
     if isinstance(exc, OSError | TimeoutError | ConnectionError):
         return True
+    if isinstance(exc, RuntimeError) and exc.__cause__ is not None:
+        # adlfs wraps a failed block upload: RuntimeError("Failed to upload block") from it.
+        return is_transient(exc.__cause__)
     # aiohttp/botocore/azure errors that fsspec backends let through unwrapped: decide by
     # their class names so this module imports no SDK.
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -348,8 +357,31 @@ class Store:
             digest.update(view)
         if self.is_local:
             self._call(f"writing {path}", lambda: _atomic_local_write(target, view))
+        elif view.nbytes > PART_BYTES:
+            self._call(f"writing {path}", lambda: self._write_in_blocks(target, view))
         else:
             self._call(f"writing {path}", lambda: self.fs.pipe_file(target, bytes(view)))
+
+    def _write_in_blocks(self, target: str, view: memoryview) -> None:
+        """Write a large object through the backend's own chunked upload (GCS: a resumable
+        upload; Azure: staged blocks committed at the end), ``PART_BYTES`` at a time.
+
+        ``pipe_file`` wants one ``bytes``: a copy of the whole object made with the GIL
+        held, which would stop the training thread for as long as it takes and double the
+        memory. Here only one block at a time is copied. The object appears only when the
+        upload completes; on an error the upload is cancelled where the backend can
+        (gcsfs), and never completed.
+        """
+        file = self.fs.open(target, "wb", block_size=PART_BYTES)
+        try:
+            for start in range(0, view.nbytes, PART_BYTES):
+                file.write(view[start : start + PART_BYTES])
+        except BaseException:
+            with contextlib.suppress(Exception):
+                file.discard()
+            file.closed = True  # so that garbage collection does not complete it
+            raise
+        file.close()
 
     async def _abort_upload(self, bucket: str, key: str, upload_id: str) -> bool:
         """Abort one multipart upload, best effort: a failure here is logged, not raised
