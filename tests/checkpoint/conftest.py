@@ -6,6 +6,7 @@ Emulators start once per module run and fail the run loudly when they cannot sta
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -241,19 +242,26 @@ class MetadataHandler(BaseHTTPRequestHandler):
             self._send(404, "Not Found")
 
 
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], state: Any) -> Iterator[str]:
+    """Serve ``handler`` (bound to ``state``) on a loopback port; its base URL."""
+    bound = type("Handler", (handler,), {"state": state})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), bound)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.fixture
 def metadata_server() -> Iterator[tuple[str, MetadataState]]:
     """A loopback server that plays all three clouds' metadata services."""
     state = MetadataState()
-    handler = type("Handler", (MetadataHandler,), {"state": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(MetadataHandler, state) as url:
+        yield url, state
 
 
 # -- training through `costguard run` ---------------------------------------------------
@@ -346,12 +354,5 @@ class AckingMetadataHandler(MetadataHandler):
 def acking_metadata_server() -> Iterator[tuple[str, AckState]]:
     """:func:`metadata_server` whose Azure Scheduled Events also take acknowledgements."""
     state = AckState()
-    handler = type("Handler", (AckingMetadataHandler,), {"state": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", state
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(AckingMetadataHandler, state) as url:
+        yield url, state

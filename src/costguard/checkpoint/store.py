@@ -212,19 +212,22 @@ class Store:
             except Exception as exc:
                 if not is_transient(exc) or attempt == len(delays):
                     raise
-                logger.warning(
-                    "%s on %s failed (%s: %s); retry %d of %d in %.1f s",
-                    action,
-                    self.url,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                    len(delays),
-                    delays[attempt],
-                )
+                self._log_retry(action, exc, attempt, delays)
                 self._sleep(delays[attempt])
         msg = "unreachable"  # the loop always returns or raises
         raise AssertionError(msg)
+
+    def _log_retry(self, action: str, exc: Exception, attempt: int, delays: list[float]) -> None:
+        logger.warning(
+            "%s on %s failed (%s: %s); retry %d of %d in %.1f s",
+            action,
+            self.url,
+            type(exc).__name__,
+            exc,
+            attempt + 1,
+            len(delays),
+            delays[attempt],
+        )
 
     def _call(self, action: str, func: Callable[[], T]) -> T:
         return self._translate(action, lambda: self._with_retries(action, func))
@@ -255,16 +258,7 @@ class Store:
             except Exception as exc:
                 if not is_transient(exc) or attempt == len(delays):
                     raise self._store_error(action, exc) from exc
-                logger.warning(
-                    "%s on %s failed (%s: %s); retry %d of %d in %.1f s",
-                    action,
-                    self.url,
-                    type(exc).__name__,
-                    exc,
-                    attempt + 1,
-                    len(delays),
-                    delays[attempt],
-                )
+                self._log_retry(action, exc, attempt, delays)
                 await asyncio.sleep(delays[attempt])
         msg = "unreachable"  # the loop always returns or raises
         raise AssertionError(msg)
