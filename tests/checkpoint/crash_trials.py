@@ -131,7 +131,8 @@ def announce_phases(fd: int) -> None:
 def writer(url: str, fd: int) -> None:
     announce_phases(fd)
     model, opt = model_and_optimizer()
-    ckpt = Checkpointer(url, keep_last=2, check=False)
+    # The only writer: the folders a killed one left are abandoned at once (no grace).
+    ckpt = Checkpointer(url, keep_last=2, check=False, partial_grace_s=0.0)
     step = ckpt.restore(model=model, optimizer=opt)
     while True:
         with torch.no_grad():

@@ -93,16 +93,24 @@ def test_save_restore_is_exact_and_keeps_the_last_n(tmp_path: Path) -> None:
         train(model, opt)
         extra["tokens"] += 4
         ckpt.step(step, model=model, optimizer=opt, extra=extra)
-    ckpt.close()
-    assert [r.step for r in ckpt.results] == [2, 4, 6]
+    ckpt.close()  # commits the 7th step: the result of the run is in the store
+    assert [(r.step, r.reason) for r in ckpt.results] == [
+        (2, "schedule"),
+        (4, "schedule"),
+        (6, "schedule"),
+        (7, "final"),
+    ]
     assert all(r.ok for r in ckpt.results)
-    assert sorted(c.step for c in scan(ckpt.store.listing())) == [4, 6]
-    # The state after step index 5 (6 steps done) comes back exactly, RNG included.
+    assert sorted(c.step for c in scan(ckpt.store.listing())) == [6, 7]
+    # The state after step index 6 (7 steps done) comes back exactly, RNG included.
     model2, opt2 = tiny()
     got: dict[str, Any] = {}
     ckpt2 = Checkpointer(tmp_path)
-    assert ckpt2.restore(model=model2, optimizer=opt2, extra=got) == 6
-    assert got == {"tokens": 24}
+    assert ckpt2.restore(model=model2, optimizer=opt2, extra=got) == 7
+    assert got == {"tokens": 28}
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters(), strict=True)
+    )
     torch.manual_seed(123)  # restore must override this
     train(model2, opt2)
     ckpt2.close()
@@ -157,7 +165,13 @@ def test_a_failing_store_is_reported_and_training_goes_on(
             train(model, opt)
             assert ckpt.step(step, model=model, optimizer=opt) is False
         ckpt.close()
-    assert [r.ok for r in ckpt.results] == [True, False, False]
+    # The scheduled saves of steps 2 and 3 failed; close() tried step 3 once more.
+    assert [(r.ok, r.reason) for r in ckpt.results] == [
+        (True, "schedule"),
+        (False, "schedule"),
+        (False, "schedule"),
+        (False, "final"),
+    ]
     assert "training goes on" in caplog.text
     ckpt.store.root = str(store)
     assert ckpt.store.listing() == before

@@ -171,8 +171,13 @@ def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(flaky: Flaky) 
     for step in range(1, 3):
         train(model, opt)
         assert ckpt.step(step, model=model, optimizer=opt) is False  # training goes on
-    ckpt.close()
-    assert [r.ok for r in ckpt.results] == [True, False, False]
+    ckpt.close()  # tries the last step once more, as the final save: it fails too
+    assert [(r.ok, r.reason) for r in ckpt.results] == [
+        (True, "schedule"),
+        (False, "schedule"),
+        (False, "schedule"),
+        (False, "final"),
+    ]
     assert all(r.error for r in ckpt.results[1:])
     flaky.faults.fail_puts = 0
     fresh = torch.nn.Linear(6, 3)

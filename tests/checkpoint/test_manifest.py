@@ -40,7 +40,8 @@ def test_manifest_round_trips_through_json() -> None:
     [
         (lambda d: d.update(step=13), "does not match"),
         (lambda d: d.update(name="ckpt-000000000001-00000000"), "names"),
-        (lambda d: d.update(format_version=2), "format_version"),
+        (lambda d: d.update(format_version=0), "format_version"),
+        (lambda d: d.update(format_version="2"), "format_version"),
         (lambda d: d["objects"][0].update(sha256="xyz"), "sha256"),
         (lambda d: d["objects"][0].update(size_bytes=-1), "size"),
         (lambda d: d["objects"][0].update(name="../evil"), "object name"),
@@ -116,28 +117,46 @@ def test_latest_complete_never_returns_a_partial_checkpoint(
         assert latest.step == max(complete)
 
 
-@given(folders, st.integers(1, 5))
-def test_retention_keeps_the_newest_n_complete_and_removes_partials(
-    spec: list[tuple[int, bool, bool]], keep: int
+@given(
+    folders,
+    st.integers(1, 5),
+    st.lists(st.one_of(st.none(), st.floats(0, 2000)), min_size=12, max_size=12),
+    st.booleans(),
+)
+def test_retention_keeps_the_newest_n_and_removes_only_abandoned_partials(
+    spec: list[tuple[int, bool, bool]], keep: int, ages: list[float | None], count: bool
 ) -> None:
-    listing = {}
-    for step, has_manifest, _ in spec:
+    now, grace = 10_000.0, 900.0
+    listing, modified = {}, {}
+    for (step, has_manifest, _), age in zip(spec, ages, strict=False):
         name = checkpoint_name(step, "00000000")
         listing[f"{name}/state.pt"] = 10
+        if age is not None:
+            modified[f"{name}/state.pt"] = now - age
         if has_manifest:
             listing[f"{name}/{MANIFEST_FILE}"] = 5
-    folders_ = scan(listing)
+    folders_ = scan(listing, modified)
     committed = {f.name for f in folders_ if f.has_manifest}
-    deletions = plan_retention(folders_, committed, keep)
+    deletions = plan_retention(folders_, committed, keep, count=count, now_unix=now, grace_s=grace)
     deleted = {d.name for d in deletions}
     kept_complete = sorted(
         f.step for f in folders_ if f.name in committed and f.name not in deleted
     )
-    newest = sorted(f.step for f in folders_ if f.name in committed)[-keep:]
-    assert kept_complete == newest
-    assert all(f.name in deleted for f in folders_ if f.name not in committed)
+    every = sorted(f.step for f in folders_ if f.name in committed)
+    assert kept_complete == (every[-keep:] if count else every)
+    newest = max(every, default=None)
+    for f in folders_:
+        if f.name in committed:
+            continue
+        abandoned = (
+            newest is not None
+            and f.step < newest
+            and f.modified_unix is not None
+            and now - f.modified_unix >= grace
+        )
+        assert (f.name in deleted) == abandoned, f
     for d in deletions:
-        if d.paths[0].endswith(MANIFEST_FILE) or any(p.endswith(MANIFEST_FILE) for p in d.paths):
+        if any(p.endswith(MANIFEST_FILE) for p in d.paths):
             assert d.paths[0].endswith(MANIFEST_FILE)
 
 

@@ -50,6 +50,7 @@ class Child:
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
         self.lines: list[str] = []
+        self.err: str | None = None
         self.deadline = time.monotonic() + TIMEOUT_S
 
     def read_until(self, predicate: Callable[[str], bool]) -> str:
@@ -65,11 +66,13 @@ class Child:
         raise AssertionError(f"child ended or timed out; stdout {self.lines[-5:]}, {self.stderr()}")
 
     def finish(self) -> int:
-        out, _ = self.proc.communicate(timeout=TIMEOUT_S)
+        out, self.err = self.proc.communicate(timeout=TIMEOUT_S)
         self.lines.extend(line.strip() for line in out.splitlines())
         return self.proc.returncode
 
     def stderr(self) -> str:
+        if self.err is not None:
+            return self.err
         return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
 
     def steps(self) -> list[int]:
@@ -357,8 +360,8 @@ def test_checkpoint_ls_and_verify(tmp_path: Path) -> None:
     assert ls.exit_code == 0
     entries = json.loads(ls.stdout)["checkpoints"]
     assert [(e["step"], e["status"], e["latest"]) for e in entries] == [
-        (1, "complete", True),
         (2, "partial", False),
+        (1, "complete", True),
     ]
     ok = runner.invoke(checkpoint_group, ["verify", str(tmp_path)])
     assert ok.exit_code == 0

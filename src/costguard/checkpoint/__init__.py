@@ -16,6 +16,7 @@ from costguard.checkpoint.checkpointer import (
     RestoreError,
     SaveResult,
 )
+from costguard.checkpoint.export import export, load_state
 from costguard.checkpoint.schedule import Schedule, suggest_interval_s, young_daly_interval_s
 from costguard.checkpoint.state import ResumableLoader
 from costguard.checkpoint.store import RetryPolicy, StoreError
@@ -30,6 +31,8 @@ __all__ = [
     "SaveResult",
     "Schedule",
     "StoreError",
+    "export",
+    "load_state",
     "suggest_interval_s",
     "young_daly_interval_s",
 ]

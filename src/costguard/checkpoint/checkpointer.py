@@ -28,21 +28,15 @@ methods; see :mod:`costguard.checkpoint.distributed` for how the ranks agree.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import os
 import secrets
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from typing import Any, Literal
 
-from costguard import __version__
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.distributed import (
     ENV_NOTICE_FILE,
@@ -57,15 +51,10 @@ from costguard.checkpoint.distributed import (
 )
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
-    Listing,
+    PARTIAL_GRACE_S,
     Manifest,
-    ManifestError,
-    ObjectEntry,
     checkpoint_name,
     parse_manifest,
-    plan_retention,
-    restore_order,
-    scan,
 )
 from costguard.checkpoint.notices import (
     ENV_NOTICE_FD,
@@ -76,16 +65,23 @@ from costguard.checkpoint.notices import (
     start_cloud_watcher,
 )
 from costguard.checkpoint.notices import signals as signals_mod
+from costguard.checkpoint.restoring import PAYLOAD, Restorer
+from costguard.checkpoint.saving import ENV_EVENTS_FILE, Saver, SaveResult
 from costguard.checkpoint.schedule import Schedule
 from costguard.checkpoint.state import Stateful
-from costguard.checkpoint.store import RetryPolicy, Store
+from costguard.checkpoint.store import (
+    ENV_STORAGE_OPTIONS,
+    RetryPolicy,
+    Store,
+    storage_options_from_env,
+)
 from costguard.errors import CostguardError, InputError
+from costguard.secrets import redact
 
 logger = logging.getLogger(__name__)
 
 #: Exit code after a notice-triggered save: EX_TEMPFAIL, "temporary failure, run me again".
 EXIT_PREEMPTED = 75
-PAYLOAD = "state.pt"
 DEFAULT_URL = "checkpoints/"
 DEFAULT_KEEP_LAST = 3
 #: How much nicer (Linux) the background save thread is than training. It changes nothing
@@ -99,7 +95,17 @@ ENV_URL = "COSTGUARD_CHECKPOINT_URL"
 ENV_EVERY_STEPS = "COSTGUARD_CHECKPOINT_EVERY_STEPS"
 ENV_EVERY_MINUTES = "COSTGUARD_CHECKPOINT_EVERY_MINUTES"
 ENV_KEEP = "COSTGUARD_CHECKPOINT_KEEP"
-ENV_STORAGE_OPTIONS = "COSTGUARD_STORAGE_OPTIONS"
+#: Seconds an emergency save keeps in hand before the notice's deadline to say how it went.
+REPORT_MARGIN_S = 2.0
+__all__ = [
+    "ENV_STORAGE_OPTIONS",
+    "EXIT_PREEMPTED",
+    "PAYLOAD",
+    "Checkpointer",
+    "Preempted",
+    "RestoreError",
+    "SaveResult",
+]
 
 
 class Preempted(SystemExit):
@@ -113,23 +119,6 @@ class Preempted(SystemExit):
 
 class RestoreError(CostguardError):
     """A checkpoint was read and verified but does not fit the objects given to restore."""
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    """What became of one save."""
-
-    name: str
-    step: int
-    reason: str
-    ok: bool
-    size_bytes: int = 0
-    #: How long the training loop was blocked (the copy to CPU memory).
-    stall_s: float = 0.0
-    #: Serialise + upload + manifest, in the background.
-    save_s: float = 0.0
-    error: str | None = None
-    deleted: tuple[str, ...] = field(default_factory=tuple)
 
 
 class Checkpointer:
@@ -173,6 +162,8 @@ class Checkpointer:
         rank: int = 0,
         sync_every: int | None = None,
         save_niceness: int = DEFAULT_SAVE_NICENESS,
+        partial_grace_s: float = PARTIAL_GRACE_S,
+        events_file: str | None = None,
         check: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -195,20 +186,19 @@ class Checkpointer:
         if check and rank == 0:
             self.store.check_writable()
         self._clock = clock
-        self._copier = state_mod.CpuCopier()
-        self._executor = ThreadPoolExecutor(
-            max_workers=1,
-            thread_name_prefix="costguard-save",
-            initializer=_lower_priority,
-            initargs=(save_niceness,),
+        self._restorer = Restorer(self.store)
+        self._saver = Saver(
+            self.store,
+            self._restorer,
+            keep_last=keep_last,
+            save_niceness=save_niceness,
+            partial_grace_s=partial_grace_s,
+            events_file=events_file,
         )
-        self._inflight: Future[SaveResult] | None = None
-        self._lock = threading.Lock()  # guards results and the manifest cache
-        self._manifests: dict[str, Manifest] = {}
-        self._invalid: set[str] = set()
         self._last_steps_done = 0
         self._last_save_s = clock()
-        self._saved_steps_done: int | None = None
+        #: The step and state last passed to :meth:`step`: what :meth:`close` commits.
+        self._last_step: tuple[int, dict[str, Any]] | None = None
         self._cleanups: list[Callable[[], None]] = []
         self._closed = False
         self.sync_every = sync_every
@@ -217,10 +207,18 @@ class Checkpointer:
         self._sync_started_s = clock()
         self._steps_since_sync = 0
         self._preempted_file: str | None = None
-        #: Every save's outcome, oldest first.
-        self.results: list[SaveResult] = []
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
+
+    @property
+    def results(self) -> list[SaveResult]:
+        """Every save's outcome, oldest first."""
+        return self._saver.results
+
+    @property
+    def last_durable(self) -> SaveResult | None:
+        """The newest save of this process that is durable, if any."""
+        return next((r for r in reversed(self._saver.results) if r.ok), None)
 
     @classmethod
     def from_env(
@@ -256,9 +254,11 @@ class Checkpointer:
                 except ValueError:
                     msg = f"{name}={text!r} is not a valid number"
                     raise InputError(msg) from None
-        text = env.get(ENV_STORAGE_OPTIONS, "").strip()
-        if text:
-            options["storage_options"] = _json_object(ENV_STORAGE_OPTIONS, text)
+        storage_options = storage_options_from_env(env)
+        if storage_options is not None:
+            options["storage_options"] = storage_options
+        if env.get(ENV_EVENTS_FILE, "").strip():
+            options.setdefault("events_file", env[ENV_EVENTS_FILE].strip())
         if env.get("RANK", "").strip().isdigit():
             options.setdefault("rank", int(env["RANK"]))
         ckpt = cls(url, **options)
@@ -345,7 +345,7 @@ class Checkpointer:
         verifies it), and each rank gets its own RNG and ``loader`` state back.
         """
         group = self._coordination()
-        chosen = self._choose() if group is None or group.rank == 0 else None
+        chosen = self._restorer.choose() if group is None or group.rank == 0 else None
         if group is not None:
             chosen = self._load_chosen(group, chosen)
         if chosen is not None:
@@ -367,28 +367,25 @@ class Checkpointer:
                     hint="restore into the same model, optimizer and number of ranks it was "
                     "saved from",
                 ) from exc
+            finally:
+                del data, chosen  # the mapped payload: only the live objects keep its bytes
             self.restored = manifest
-            self._last_steps_done = self._saved_steps_done = manifest.step
+            self._last_steps_done = manifest.step
+            self._saver.saved_steps_done = manifest.step
             self._last_save_s = self._clock()
             logger.info("costguard: resumed from %s (step %d)", manifest.name, manifest.step)
         if self.rank == 0:
-            self._retain(protect=())
+            restored = self.restored
+            self._saver.note(
+                {
+                    "event": "restore",
+                    "name": restored.name if restored else None,
+                    "step": restored.step if restored else 0,
+                }
+            )
+            # Only abandoned partial and proven corrupt folders: a restore never counts.
+            self._saver.retain(count=False)
         return self.restored.step if self.restored else 0
-
-    def _choose(self) -> tuple[Manifest, Any] | None:
-        """The newest checkpoint that verifies, with its loaded payload."""
-        listing = self.store.listing()
-        for manifest in restore_order(self._read_manifests(scan(listing)), listing):
-            try:
-                return manifest, self._verified_payload(manifest)
-            except (CostguardError, ValueError) as exc:
-                logger.warning(
-                    "costguard: checkpoint %s is not usable (%s); trying the previous one",
-                    manifest.name,
-                    exc,
-                )
-                self._invalid.add(manifest.name)
-        return None
 
     def _load_chosen(
         self, group: Group, chosen: tuple[Manifest, Any] | None
@@ -399,9 +396,9 @@ class Checkpointer:
         if name is not None and group.rank != 0:
             try:
                 manifest = parse_manifest(self.store.get(f"{name}/{MANIFEST_FILE}"), name)
-                chosen = manifest, self._verified_payload(manifest)
+                chosen = manifest, self._restorer.load(manifest)
             except (CostguardError, ValueError) as exc:
-                error = str(exc) or type(exc).__name__
+                error = redact(str(exc)) or type(exc).__name__
         if group.any(bool(error)):
             msg = f"checkpoint {name} in {self.store.url}, chosen by rank 0, failed on a rank"
             if error:
@@ -410,45 +407,6 @@ class Checkpointer:
                 msg, hint="every rank must reach the same store (a shared folder or a bucket)"
             )
         return chosen
-
-    def _read_manifests(self, listings: list[Listing]) -> list[Manifest]:
-        manifests = []
-        for listing in listings:
-            if not listing.has_manifest or listing.name in self._invalid:
-                continue
-            with self._lock:
-                cached = self._manifests.get(listing.name)
-            if cached is None:
-                try:
-                    text = self.store.get(f"{listing.name}/{MANIFEST_FILE}")
-                    cached = parse_manifest(text, listing.name)
-                except CostguardError as exc:
-                    logger.warning("costguard: ignoring checkpoint %s: %s", listing.name, exc)
-                    self._invalid.add(listing.name)
-                    continue
-                with self._lock:
-                    self._manifests[listing.name] = cached
-            manifests.append(cached)
-        return manifests
-
-    def _verified_payload(self, manifest: Manifest) -> Any:
-        if len(manifest.objects) != 1 or manifest.objects[0].name != PAYLOAD:
-            msg = f"unexpected objects {[o.name for o in manifest.objects]}"
-            raise ManifestError(msg)
-        entry = manifest.objects[0]
-        data = self.store.get(manifest.object_path(entry))
-        if len(data) != entry.size_bytes:
-            msg = f"{entry.name} has {len(data)} bytes, the manifest says {entry.size_bytes}"
-            raise ManifestError(msg)
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != entry.sha256:
-            msg = f"{entry.name} sha256 {digest[:12]}... does not match {entry.sha256[:12]}..."
-            raise ManifestError(msg)
-        try:
-            return state_mod.deserialise(data)
-        except Exception as exc:  # verified bytes that torch cannot read: a foreign file
-            msg = f"{entry.name} cannot be loaded: {type(exc).__name__}: {exc}"
-            raise ManifestError(msg) from exc
 
     # -- saving ----------------------------------------------------------------------
 
@@ -478,6 +436,7 @@ class Checkpointer:
             "loader": loader,
             "extra": extra,
         }
+        self._last_step = (step, parts)
         group = self._coordination()
         if group is not None:
             return self._step_together(group, step, parts)
@@ -568,139 +527,50 @@ class Checkpointer:
         steps_done = step + 1
         self._last_steps_done = steps_done
         self._last_save_s = self._clock()
-        inflight = self._inflight
-        if inflight is not None and not inflight.done():
+        if self._saver.busy:
             if self.when_busy == "skip" and reason == "schedule":
                 logger.info("costguard: skipped the save of step %d: one is in flight", steps_done)
                 return None
-            inflight.result()
+            self._saver.wait()
         started = time.perf_counter()
-        snapshot = self._copier.copy(state_mod.capture(step=steps_done, **parts))
+        snapshot = self._saver.snapshot(state_mod.capture(step=steps_done, **parts))
         if ranks is not None:
             snapshot["ranks"] = ranks  # already copies: they came through the gather
         stall_s = time.perf_counter() - started
         name = checkpoint_name(steps_done, secrets.token_hex(4))
-        future = self._executor.submit(
-            self._write, snapshot, name, steps_done, parts.get("epoch"), reason, stall_s
-        )
-        self._inflight = future
+        future = self._saver.submit(snapshot, name, steps_done, parts.get("epoch"), reason, stall_s)
         if block:
             future.result()
         return future
 
-    def _write(
-        self,
-        snapshot: Any,
-        name: str,
-        steps_done: int,
-        epoch: int | None,
-        reason: str,
-        stall_s: float,
-    ) -> SaveResult:
-        started = time.perf_counter()
-        try:
-            size, digest = self._write_payload(snapshot, f"{name}/{PAYLOAD}")
-            del snapshot  # the CPU buffers stay with the copier for the next save
-            entry = ObjectEntry(PAYLOAD, size, digest)
-            manifest = Manifest(
-                name=name,
-                step=steps_done,
-                created_unix=time.time(),
-                objects=(entry,),
-                epoch=epoch,
-                library_version=__version__,
-                reason=reason,
-            )
-            # The commit: only now does the checkpoint exist for restore and retention.
-            self.store.put(manifest.manifest_path, manifest.to_json().encode())
-            with self._lock:
-                self._manifests[name] = manifest
-            self._saved_steps_done = steps_done
-        except Exception as exc:
-            result = SaveResult(
-                name,
-                steps_done,
-                reason,
-                ok=False,
-                stall_s=stall_s,
-                save_s=time.perf_counter() - started,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            logger.error(
-                "costguard: the save of step %d failed; training goes on and the previous "
-                "checkpoints are intact: %s",
-                steps_done,
-                result.error,
-            )
-            self._record(result)
-            return result
-        deleted = self._retain(protect=(name,))
-        result = SaveResult(
-            name,
-            steps_done,
-            reason,
-            ok=True,
-            size_bytes=size,
-            stall_s=stall_s,
-            save_s=time.perf_counter() - started,
-            deleted=deleted,
-        )
-        logger.info("costguard: saved %s (%d bytes) in %.2f s", name, size, result.save_s)
-        self._record(result)
-        return result
-
-    def _write_payload(self, snapshot: Any, path: str) -> tuple[int, str]:
-        """Serialise ``snapshot`` to ``path``; its size and sha256, hashed in the same pass.
-
-        On S3 and in a local folder the bytes stream into the store as ``torch.save``
-        produces them (S3: a multipart upload, each part retried alone; local: a temporary
-        file, produced again on a retry), so no serialised copy of the whole state is held.
-        On GCS and Azure they are serialised into memory first, with the GIL released for
-        the bulk copies, and uploaded a block at a time with the store's retries.
-        """
-        if self.store.is_s3 or self.store.is_local:
-            return self.store.write_stream(path, lambda file: state_mod.torch_save(snapshot, file))
-        data = state_mod.serialise(snapshot)
-        return len(data), self.store.put_hashed(path, data)
-
-    def _record(self, result: SaveResult) -> None:
-        with self._lock:
-            self.results.append(result)
-
-    def _retain(self, protect: tuple[str, ...]) -> tuple[str, ...]:
-        """Delete checkpoints beyond ``keep_last`` and partial folders; best effort."""
-        try:
-            listing = self.store.listing()
-            listings = scan(listing)
-            committed = {
-                m.name
-                for m in restore_order(self._read_manifests(listings), listing)
-                if m.name not in self._invalid
-            }
-            deleted = []
-            for deletion in plan_retention(listings, committed, self.keep_last, protect=protect):
-                self.store.delete(deletion.paths)
-                with self._lock:
-                    self._manifests.pop(deletion.name, None)
-                deleted.append(deletion.name)
-                logger.info("costguard: deleted %s (%s)", deletion.name, deletion.reason)
-            # Multipart uploads a killed writer left behind bill for their parts until
-            # aborted; only S3 has them (elsewhere this makes no call).
-            self.store.abort_stale_uploads()
-            return tuple(deleted)
-        except CostguardError as exc:
-            logger.warning("costguard: retention skipped this time: %s", exc)
-            return ()
-
     def _emergency(self, step: int, notice: Notice, parts: dict[str, Any]) -> bool:
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
+        self._arm_deadline(notice)
         result: SaveResult | None = None
-        if self._saved_steps_done == step + 1:
-            result = self.flush()
+        if self._saver.saved_steps_done == step + 1:
+            result = self.flush(self._wait_s(notice))
         elif self.rank == 0:
             self.save(step, reason=f"notice:{notice.source}-{notice.kind}", **parts)
-            result = self.flush()
-        return self._stop(notice, result)
+            result = self.flush(self._wait_s(notice))
+        return self._stop(notice, result, step + 1)
+
+    def _arm_deadline(self, notice: Notice) -> None:
+        """From now on no store retry may outlive the notice (see :attr:`Store.deadline_unix`)."""
+        if notice.deadline_unix is not None:
+            self.store.deadline_unix = notice.deadline_unix - REPORT_MARGIN_S
+
+    @staticmethod
+    def _wait_s(notice: Notice) -> float | None:
+        """How long to wait for the emergency save: until shortly before the deadline.
+
+        A deadline already past (a clock that is off, a notice read late) gives no useful
+        limit: the machine is still here, so the save is waited for (its store calls are
+        no longer retried).
+        """
+        if notice.deadline_unix is None:
+            return None
+        left = notice.deadline_unix - REPORT_MARGIN_S - time.time()
+        return left if left > 0 else None
 
     def _emergency_together(
         self, group: Group, step: int, local: Notice | None, parts: dict[str, Any]
@@ -709,9 +579,10 @@ class Checkpointer:
         rank waits until it is durable, then all stop."""
         notice = earliest(group.all_gather(local)) or Notice("peer", "preempt", None)
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
+        self._arm_deadline(notice)
         if self._last_steps_done != step + 1:  # the same on every rank: saves are collective
             self.save(step, reason=f"notice:{notice.source}-{notice.kind}", **parts)
-        result = self.flush() if group.rank == 0 else None
+        result = self.flush(self._wait_s(notice)) if group.rank == 0 else None
         # Every rank waits here for rank 0's save: a rank that exited early would make a
         # launcher like torchrun kill the others, rank 0 included, before it is durable.
         outcome = group.broadcast(
@@ -719,9 +590,9 @@ class Checkpointer:
         )
         if result is None and outcome is not None:
             result = SaveResult(*outcome)
-        return self._stop(notice, result)
+        return self._stop(notice, result, step + 1)
 
-    def _stop(self, notice: Notice, result: SaveResult | None) -> bool:
+    def _stop(self, notice: Notice, result: SaveResult | None, steps_done: int | None) -> bool:
         """After an emergency save: report, tell ``costguard run``, exit (or return True)."""
         late = notice.deadline_unix is not None and time.time() > notice.deadline_unix
         if result is not None and result.ok:
@@ -733,7 +604,28 @@ class Checkpointer:
             # Azure may end the VM as soon as its event is acknowledged: only now.
             acknowledge(notice)
         else:
-            logger.error("costguard: the emergency save did not complete: %s", result)
+            durable = self.last_durable
+            fallback = (
+                f"{durable.name} (step {durable.step})"
+                if durable is not None
+                else f"{self.restored.name} (step {self.restored.step})"
+                if self.restored is not None
+                else "none: the next run starts fresh"
+            )
+            why = (
+                "it was still running when the notice's deadline came near"
+                if result is None and notice.deadline_unix is not None
+                else result.error
+                if result is not None
+                else "nothing was saved"
+            )
+            logger.error(
+                "costguard: the emergency save%s did not commit: %s. The newest durable "
+                "checkpoint is %s.",
+                f" of step {steps_done}" if steps_done else "",
+                why,
+                fallback,
+            )
         if self._preempted_file:
             record = {
                 "rank": self.rank,
@@ -743,7 +635,7 @@ class Checkpointer:
             record["step"] = result.step if result is not None else None
             mark_preempted(self._preempted_file, record)
         if self.exit_on_notice:
-            self.close()
+            self.close(final=False, timeout_s=self._wait_s(notice))
             raise Preempted(notice, result)
         return True
 
@@ -779,28 +671,42 @@ class Checkpointer:
         timeout_s = None if left is None or math.isinf(left) else max(0.0, left)
         logger.warning("costguard: %s: abandoning the step in progress", notice.describe())
         result = self.flush(timeout_s)
-        return self._stop(notice, result)
+        return self._stop(notice, result, None)
 
     def flush(self, timeout_s: float | None = None) -> SaveResult | None:
         """Wait until the save in flight is durable; its result (``None`` if none ran).
 
         With a timeout that passes first, returns ``None`` and the save goes on.
         """
-        inflight = self._inflight
-        if inflight is None:
-            return self.results[-1] if self.results else None
-        try:
-            return inflight.result(timeout=timeout_s)
-        except FutureTimeoutError:
-            return None
+        return self._saver.flush(timeout_s)
 
-    def close(self) -> None:
-        """Wait for the save in flight, stop listening for notices, release the thread."""
+    def close(self, *, final: bool = True, timeout_s: float | None = None) -> None:
+        """Commit the final state, wait for the save in flight, stop listening for notices.
+
+        With ``final`` (a plain ``close()`` after the loop), the state last passed to
+        :meth:`step` is saved (reason ``final``) when it is newer than the newest save, so
+        the store holds the result of a finished run, not the last scheduled save. Under a
+        process group every rank must call it, as every rank calls :meth:`step`.
+        ``timeout_s`` bounds the wait for a save in flight (it then goes on alone).
+        """
         if self._closed:
             return
-        self.flush()
+        result = self.flush(timeout_s)
+        if final and self._last_step is not None:
+            step, parts = self._last_step
+            group = self._coordination()
+            # Under a group every rank must decide alike: by the saves they all started.
+            saved = self._last_steps_done if group is not None else self._saver.saved_steps_done
+            if step + 1 > (saved or 0):
+                self.save(step, reason="final", **parts)
+                result = self.flush(timeout_s)
+        self._last_step = None
+        if final and result is not None and result.reason == "final" and not result.ok:
+            logger.error(
+                "costguard: the final save of step %d failed: %s", result.step, result.error
+            )
         self._closed = True
-        self._executor.shutdown(wait=True)
+        self._saver.shutdown(wait=timeout_s is None)
         for cleanup in reversed(self._cleanups):
             cleanup()
         self._cleanups.clear()
@@ -808,34 +714,6 @@ class Checkpointer:
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _lower_priority(niceness: int) -> None:
-    """Make the calling thread ``niceness`` nicer (Linux: threads have their own nice value).
-
-    Best effort: elsewhere ``setpriority`` would change the whole process, so it is left.
-    """
-    if niceness <= 0 or not sys.platform.startswith("linux"):
-        return
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(
-            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
-        )
-    except OSError as exc:
-        logger.debug("costguard: could not lower the save thread's priority: %s", exc)
-
-
-def _json_object(name: str, text: str) -> dict[str, Any]:
-    import json
-
-    try:
-        value = json.loads(text)
-    except ValueError:
-        value = None
-    if not isinstance(value, dict):
-        msg = f"{name} must be a JSON object, e.g. '{{\"anon\": true}}'"
-        raise InputError(msg)
-    return value
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        # After an error in the loop the state may be half updated: no final save.
+        self.close(final=exc_type is None)

@@ -1,22 +1,21 @@
 """What a checkpoint store holds, and whether it is intact (``costguard checkpoint ls/verify``).
 
-Needs no torch: verification reads each object and compares its size and sha256 with the
-manifest.
+Needs no torch: verification streams each object through sha256 and compares it with the
+manifest. The checkpoint marked ``latest`` is the one a resume would use: the newest whose
+objects verify, exactly as :class:`~costguard.checkpoint.restoring.Restorer` chooses, so a
+checkpoint ``verify`` calls bad is never the one marked. One unreadable or odd checkpoint is
+reported on its own line; it never stops the report on the others.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
-from costguard.checkpoint.manifest import (
-    Manifest,
-    ManifestError,
-    latest_complete,
-    parse_manifest,
-    scan,
-)
-from costguard.checkpoint.store import Store, StoreError
+from costguard.checkpoint.manifest import Manifest, ManifestError, restore_order
+from costguard.checkpoint.restoring import Restorer
+from costguard.checkpoint.store import Store
+from costguard.errors import CostguardError
+from costguard.secrets import redact
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,8 @@ class Entry:
 
     name: str
     step: int
-    #: complete | partial (no manifest) | corrupt (bad manifest) | incomplete (object missing)
+    #: complete | partial (no manifest) | corrupt (bad manifest or bytes) |
+    #: unreadable (could not be read now, or a newer format: kept) | unchecked
     status: str
     size_bytes: int
     created_unix: float | None = None
@@ -34,29 +34,48 @@ class Entry:
     problem: str = ""
 
 
-def inventory(store: Store) -> list[Entry]:
-    """Every checkpoint folder in ``store``, oldest first; the latest complete one marked."""
-    listing = store.listing()
-    manifests: dict[str, Manifest] = {}
-    problems: dict[str, str] = {}
-    folders = scan(listing)
-    for folder in folders:
-        if folder.has_manifest:
-            try:
-                text = store.get(f"{folder.name}/manifest.json")
-                manifests[folder.name] = parse_manifest(text, folder.name)
-            except (ManifestError, StoreError) as exc:
-                problems[folder.name] = exc.message
-    latest = latest_complete(manifests.values(), listing)
+def check(store: Store, manifest: Manifest) -> tuple[str, str]:
+    """Read every object of ``manifest`` and check its size and sha256: ``("complete",
+    "")``, or ``("corrupt" | "unreadable", why)``."""
+    try:
+        for obj in manifest.objects:
+            with store.verified_file(manifest.object_path(obj), obj.size_bytes, obj.sha256):
+                pass
+    except ManifestError as exc:
+        return "corrupt", exc.message
+    except CostguardError as exc:
+        return "unreadable", redact(exc.message)
+    except Exception as exc:  # an odd store error: reported on this line, never a crash
+        return "unreadable", f"{type(exc).__name__}: {redact(str(exc))[:300]}"
+    return "complete", ""
+
+
+def inventory(store: Store, *, verify_latest: bool = True) -> list[Entry]:
+    """Every checkpoint folder in ``store``, newest first, the one a resume starts from
+    marked (found by verifying the newest candidates in turn, with ``verify_latest``)."""
+    survey = Restorer(store).survey()
+    manifests = {m.name: m for m in survey.manifests}
+    checked: dict[str, tuple[str, str]] = {}
+    latest: str | None = None
+    for candidate in restore_order(survey.manifests, survey.sizes):
+        if not verify_latest:
+            latest = candidate.name
+            break
+        checked[candidate.name] = check(store, candidate)
+        if checked[candidate.name][0] == "complete":
+            latest = candidate.name
+            break
     entries = []
-    for folder in folders:
+    for folder in reversed(survey.listings):
         manifest = manifests.get(folder.name)
-        if manifest is None:
-            status = "corrupt" if folder.name in problems else "partial"
-        elif latest_complete([manifest], listing) is None:
-            status = "incomplete"
+        if folder.name in survey.corrupt:
+            status, problem = "corrupt", survey.corrupt[folder.name]
+        elif folder.name in survey.doubtful:
+            status, problem = "unreadable", survey.doubtful[folder.name]
+        elif manifest is None:
+            status, problem = "partial", "no manifest (a save in progress, or one cut off)"
         else:
-            status = "complete"
+            status, problem = checked.get(folder.name, ("complete", ""))
         entries.append(
             Entry(
                 name=folder.name,
@@ -65,8 +84,8 @@ def inventory(store: Store) -> list[Entry]:
                 size_bytes=folder.size_bytes,
                 created_unix=manifest.created_unix if manifest else None,
                 reason=manifest.reason if manifest else "",
-                latest=latest is not None and latest.name == folder.name,
-                problem=problems.get(folder.name, ""),
+                latest=folder.name == latest,
+                problem=problem,
             )
         )
     return entries
@@ -83,27 +102,24 @@ class Verification:
 
 
 def verify(store: Store, *, latest_only: bool = False) -> list[Verification]:
-    """Read every complete checkpoint (or only the latest) and check sizes and sha256."""
-    results = []
+    """Read every checkpoint with a manifest (or only the latest), newest first, and check
+    sizes and sha256."""
     entries = [e for e in inventory(store) if e.status != "partial"]
     if latest_only:
         entries = [e for e in entries if e.latest]
-    for entry in reversed(entries):
+    restorer = Restorer(store)
+    results = []
+    for entry in entries:
         if entry.status != "complete":
-            results.append(
-                Verification(entry.name, entry.step, False, entry.problem or entry.status)
-            )
+            results.append(Verification(entry.name, entry.step, False, entry.problem))
             continue
-        try:
-            manifest = parse_manifest(store.get(f"{entry.name}/manifest.json"), entry.name)
-            for obj in manifest.objects:
-                data = store.get(manifest.object_path(obj))
-                digest = hashlib.sha256(data).hexdigest()
-                if len(data) != obj.size_bytes or digest != obj.sha256:
-                    msg = f"{obj.name}: sha256 or size does not match the manifest"
-                    raise ManifestError(msg)
-        except (ManifestError, StoreError) as exc:
-            results.append(Verification(entry.name, entry.step, False, exc.message))
-            continue
+        if not entry.latest:  # the latest was verified by inventory already
+            try:
+                status, problem = check(store, restorer.manifest(entry.name))
+            except CostguardError as exc:
+                status, problem = "unreadable", redact(exc.message)
+            if status != "complete":
+                results.append(Verification(entry.name, entry.step, False, problem))
+                continue
         results.append(Verification(entry.name, entry.step, True))
     return results

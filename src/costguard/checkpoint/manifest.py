@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,13 +29,28 @@ from costguard.errors import CostguardError
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
+#: A manifest lists a few objects: anything larger is not one of ours (and reading it
+#: whole would cost memory). The cap is checked on the listed size before any read.
+MAX_MANIFEST_BYTES = 4 * 2**20
+#: How deep ``extra`` may nest (JSON written by a person, not a tree bomb).
+MAX_EXTRA_DEPTH = 32
+#: A folder without a manifest is a save in progress until nothing in it has changed for
+#: this long; only then, and only when a newer checkpoint is committed, is it abandoned.
+PARTIAL_GRACE_S = 900.0
 _NAME = re.compile(r"^ckpt-(\d{12})-([0-9a-f]{8})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _OBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
 class ManifestError(CostguardError):
-    """A manifest that cannot be parsed or does not describe a checkpoint."""
+    """Proof that a checkpoint is corrupt: its manifest does not parse or does not describe
+    a checkpoint, or an object's bytes do not match it. Only such a checkpoint (and a
+    folder that never got a manifest) may ever be deleted as garbage."""
+
+
+class UnreadableError(CostguardError):
+    """A checkpoint that could not be judged now: a read failed (network, timeout,
+    permission), or a newer costguard wrote it. It is skipped, never deleted."""
 
 
 @dataclass(frozen=True, order=True)
@@ -132,7 +148,11 @@ def parse_name(name: str) -> int | None:
 
 
 def parse_manifest(text: str | bytes, name: str) -> Manifest:
-    """Parse and validate the manifest of checkpoint ``name``; :class:`ManifestError` if bad.
+    """Parse and validate the manifest of checkpoint ``name``.
+
+    Raises :class:`ManifestError` when it is proven bad (too large, not JSON, nested too
+    deep, a value out of range or of the wrong type) and :class:`UnreadableError` when a
+    newer costguard wrote it (a newer reader may restore it: it is not garbage).
 
     >>> try:
     ...     parse_manifest("{", "ckpt-000000000001-00000000")
@@ -140,16 +160,48 @@ def parse_manifest(text: str | bytes, name: str) -> Manifest:
     ...     print(exc)
     manifest of ckpt-000000000001-00000000 is not valid JSON
     """
+    if len(text) > MAX_MANIFEST_BYTES:
+        msg = f"manifest of {name} is {len(text)} bytes (at most {MAX_MANIFEST_BYTES})"
+        raise ManifestError(msg)
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         msg = f"manifest of {name} is not valid JSON"
         raise ManifestError(msg) from None
+    version = data.get("format_version") if isinstance(data, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        msg = (
+            f"manifest of {name} has format_version {version}, written by a newer costguard "
+            f"(this one reads {FORMAT_VERSION})"
+        )
+        raise UnreadableError(msg, hint="upgrade costguard to restore it")
     try:
         return _from_dict(data, name)
-    except (KeyError, TypeError, ValueError) as exc:
-        msg = f"manifest of {name} is malformed: {exc}"
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+        msg = f"manifest of {name} is malformed: {type(exc).__name__}: {str(exc)[:200]}"
         raise ManifestError(msg) from None
+
+
+def _integer(value: Any, what: str, *, low: int = 0, high: int = 2**63) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        msg = f"{what} {str(value)[:40]!r}"
+        raise ValueError(msg)
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests (iterative: a deep value cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if deepest > MAX_EXTRA_DEPTH:
+            break
+        if isinstance(item, dict):
+            stack.extend((v, level + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, level + 1) for v in item)
+    return deepest
 
 
 def _from_dict(data: Any, name: str) -> Manifest:
@@ -157,48 +209,69 @@ def _from_dict(data: Any, name: str) -> Manifest:
         msg = "not a JSON object"
         raise TypeError(msg)
     if data["format_version"] != FORMAT_VERSION:
-        msg = f"format_version {data['format_version']!r} (this costguard reads {FORMAT_VERSION})"
+        msg = f"format_version {str(data['format_version'])[:40]!r}"
         raise ValueError(msg)
     if data["name"] != name:
-        msg = f"it names {data['name']!r}"
+        msg = f"it names {str(data['name'])[:80]!r}"
         raise ValueError(msg)
     step = data["step"]
     if not isinstance(step, int) or isinstance(step, bool) or parse_name(name) != step:
-        msg = f"step {step!r} does not match the folder name"
+        msg = f"step {str(step)[:40]!r} does not match the folder name"
+        raise ValueError(msg)
+    raw_objects = data["objects"]
+    if not isinstance(raw_objects, list) or len(raw_objects) > 100_000:
+        msg = "objects is not a list of at most 100,000 entries"
         raise ValueError(msg)
     objects = []
-    for raw in data["objects"]:
-        size, digest, object_name = raw["size_bytes"], raw["sha256"], raw["name"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            msg = f"object size {size!r}"
-            raise ValueError(msg)
+    for raw in raw_objects:
+        if not isinstance(raw, dict):
+            msg = "an object entry is not a JSON object"
+            raise TypeError(msg)
+        size = _integer(raw["size_bytes"], "object size", high=2**62)
+        digest, object_name = raw["sha256"], raw["name"]
         if not isinstance(digest, str) or not _SHA256.match(digest):
-            msg = f"object sha256 {digest!r}"
+            msg = f"object sha256 {str(digest)[:80]!r}"
             raise ValueError(msg)
         if (
             not isinstance(object_name, str)
             or not _OBJECT.match(object_name)
             or object_name == MANIFEST_FILE
         ):
-            msg = f"object name {object_name!r}"
+            # Also what keeps a manifest from naming an object outside its folder.
+            msg = f"object name {str(object_name)[:80]!r}"
             raise ValueError(msg)
         objects.append(ObjectEntry(object_name, size, digest))
     if not objects or len({o.name for o in objects}) != len(objects):
         msg = "no objects, or an object listed twice"
         raise ValueError(msg)
     epoch = data.get("epoch")
+    created = data["created_unix"]
+    if isinstance(created, bool) or not isinstance(created, int | float):
+        msg = f"created_unix {str(created)[:40]!r}"
+        raise TypeError(msg)
+    created_unix = float(created)  # OverflowError for a 400-digit integer
+    if not math.isfinite(created_unix):
+        msg = f"created_unix {created_unix!r}"
+        raise ValueError(msg)
     extra = data.get("extra", {})
     if not isinstance(extra, dict):
         msg = "extra is not an object"
         raise TypeError(msg)
+    if _depth(extra) > MAX_EXTRA_DEPTH:
+        msg = f"extra nests deeper than {MAX_EXTRA_DEPTH} levels"
+        raise ValueError(msg)
+    library_version, reason = data.get("library_version", ""), data.get("reason", "schedule")
+    if not isinstance(library_version, str) or not isinstance(reason, str):
+        msg = "library_version and reason must be strings"
+        raise TypeError(msg)
     return Manifest(
         name=name,
         step=step,
-        created_unix=float(data["created_unix"]),
+        created_unix=created_unix,
         objects=tuple(objects),
-        epoch=int(epoch) if epoch is not None else None,
-        library_version=str(data.get("library_version", "")),
-        reason=str(data.get("reason", "schedule")),
+        epoch=None if epoch is None else _integer(epoch, "epoch"),
+        library_version=library_version[:100],
+        reason=reason[:200],
         extra=extra,
     )
 
@@ -211,6 +284,8 @@ class Listing:
     step: int
     #: Object file name -> size in bytes, as listed (the manifest included).
     objects: Mapping[str, int]
+    #: When anything in the folder was last written (unix time), if the store says.
+    modified_unix: float | None = None
 
     @property
     def has_manifest(self) -> bool:
@@ -223,10 +298,12 @@ class Listing:
         return sum(self.objects.values())
 
 
-def scan(paths: Mapping[str, int]) -> list[Listing]:
+def scan(paths: Mapping[str, int], modified: Mapping[str, float] | None = None) -> list[Listing]:
     """Group a store listing (relative path -> size) into checkpoint folders, oldest first.
 
-    Paths outside a checkpoint folder (another tool's files, probe objects) are ignored.
+    ``modified`` (relative path -> unix time of the last write) dates each folder by its
+    newest object. Paths outside a checkpoint folder (another tool's files, probe objects)
+    are ignored.
 
     >>> [(c.name, c.has_manifest) for c in scan({
     ...     "ckpt-000000000002-00000000/state.pt": 5,
@@ -236,12 +313,19 @@ def scan(paths: Mapping[str, int]) -> list[Listing]:
     [('ckpt-000000000002-00000000', True), ('ckpt-000000000003-00000001', False)]
     """
     folders: dict[str, dict[str, int]] = {}
+    newest: dict[str, float] = {}
     for path, size in paths.items():
         folder, _, rest = path.strip("/").partition("/")
         if rest and parse_name(folder) is not None:
             folders.setdefault(folder, {})[rest] = size
+            when = (modified or {}).get(path)
+            if when is not None:
+                newest[folder] = max(when, newest.get(folder, when))
     return sorted(
-        (Listing(name, parse_name(name) or 0, objects) for name, objects in folders.items()),
+        (
+            Listing(name, parse_name(name) or 0, objects, newest.get(name))
+            for name, objects in folders.items()
+        ),
         key=lambda c: (c.step, c.name),
     )
 
@@ -279,7 +363,7 @@ class Deletion:
 
     name: str
     paths: tuple[str, ...]
-    reason: str  # "retention" or "partial"
+    reason: str  # "retention", "partial" or "corrupt"
 
 
 def plan_retention(
@@ -287,20 +371,35 @@ def plan_retention(
     committed: Collection[str],
     keep_last: int,
     *,
+    corrupt: Collection[str] = (),
     protect: Collection[str] = (),
+    count: bool = True,
+    now_unix: float | None = None,
+    grace_s: float = PARTIAL_GRACE_S,
 ) -> list[Deletion]:
-    """What to delete after a commit: complete checkpoints beyond the newest ``keep_last``,
-    and partial folders left by a killed writer.
+    """What may be deleted: never a checkpoint that could still be good.
 
-    ``committed`` names the folders whose manifest was read and found complete; anything
-    else is partial. ``protect`` names folders never to touch (a save in flight). Each
-    deletion lists the manifest first: deleting it makes the folder partial, never a
+    ``committed`` names the folders whose manifest was read and found complete;
+    ``corrupt`` those proven bad (a manifest that does not parse, bytes that do not match
+    it). Any other folder with a manifest could not be judged (a read failed, a newer
+    costguard wrote it) and is kept. ``protect`` names folders never to touch (a save in
+    flight). Deleted are:
+
+    * with ``count`` (only right after a newer checkpoint committed), committed
+      checkpoints beyond the newest ``keep_last``;
+    * folders without a manifest, and proven corrupt ones, that are older than the newest
+      committed checkpoint and unchanged for ``grace_s`` (a live writer may still be
+      uploading into a folder without a manifest; a folder with no date is kept).
+
+    Each deletion lists the manifest first: deleting it makes the folder partial, never a
     "latest" with missing objects.
 
     >>> ls = scan({f"ckpt-00000000000{s}-00000000/{f}": 1
     ...            for s in (1, 2, 3) for f in ("state.pt", "manifest.json")})
     >>> [(d.name, d.reason) for d in plan_retention(ls, [c.name for c in ls], keep_last=2)]
     [('ckpt-000000000001-00000000', 'retention')]
+    >>> plan_retention(ls, [c.name for c in ls], keep_last=2, count=False)
+    []
     """
     if keep_last < 1:
         msg = f"keep_last must be at least 1, not {keep_last}"
@@ -310,12 +409,24 @@ def plan_retention(
         (c for c in listings if c.name in committed), key=lambda c: (c.step, c.name), reverse=True
     )
     deletions = []
-    for c in complete[keep_last:]:
-        if c.name not in protect:
-            deletions.append(Deletion(c.name, _paths_manifest_first(c), "retention"))
+    if count:
+        for c in complete[keep_last:]:
+            if c.name not in protect:
+                deletions.append(Deletion(c.name, _paths_manifest_first(c), "retention"))
+    if not complete:
+        return deletions
+    newest_step = complete[0].step
     for c in listings:
-        if c.name not in committed and c.name not in protect:
-            deletions.append(Deletion(c.name, _paths_manifest_first(c), "partial"))
+        garbage = "corrupt" if c.name in corrupt else "partial" if not c.has_manifest else None
+        if (
+            garbage is not None
+            and c.name not in committed
+            and c.name not in protect
+            and c.step < newest_step
+            and c.modified_unix is not None
+            and (now_unix is None or now_unix - c.modified_unix >= grace_s)
+        ):
+            deletions.append(Deletion(c.name, _paths_manifest_first(c), garbage))
     return deletions
 
 

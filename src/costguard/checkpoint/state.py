@@ -352,6 +352,14 @@ def deserialise(data: bytes | memoryview) -> Any:
     return _torch().load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
+def load_file(path: str) -> Any:
+    """``torch.load`` of a local file with ``weights_only=True``, its tensors mapped from
+    the file (``mmap=True``) rather than read into memory: pages are read as the live
+    objects copy them, and a tensor nobody copies (optimizer state taken as is) costs
+    memory only once it is written (the mapping is private: the file never changes)."""
+    return _torch().load(path, map_location="cpu", weights_only=True, mmap=True)
+
+
 class ResumableLoader:
     """A DataLoader that can stop mid-epoch and resume without repeating or skipping samples.
 

@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import random
+import tempfile
 import threading
 import time
 import uuid
@@ -41,8 +42,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
+from costguard.secrets import redact, redact_url, url_has_credentials
 
 logger = logging.getLogger(__name__)
 EXTRA = "train"
@@ -69,6 +72,22 @@ MAX_PARTS = 10_000
 PART_WAIT_S = 900.0
 #: An incomplete multipart upload older than this belongs to a writer that is gone.
 UPLOAD_GRACE_S = 900.0
+#: Restores read an object in chunks of this size (hashing as they go).
+READ_CHUNK = 4 * 2**20
+#: A retry that would start less than this before the deadline is not started.
+DEADLINE_MARGIN_S = 1.0
+#: The environment variable that holds fsspec options for the store, as a JSON object.
+ENV_STORAGE_OPTIONS = "COSTGUARD_STORAGE_OPTIONS"
+#: What to check when a store cannot be reached, per backend.
+_REACH_HINTS = {
+    "s3": "check the bucket name, the AWS credentials (AWS_PROFILE, access keys or the "
+    "instance role) and AWS_ENDPOINT_URL if you use one",
+    "gcs": "check the bucket name, the Google credentials (gcloud auth application-default "
+    "login, or the VM's service account) and STORAGE_EMULATOR_HOST if you use one",
+    "azure": "check the container name and the Azure credentials "
+    "(AZURE_STORAGE_CONNECTION_STRING, or account_name and a managed identity)",
+    "local": "check that the folder exists and that you may write to it",
+}
 #: Errors that no retry can fix: the object or bucket is not there, or we may not touch it.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -98,6 +117,43 @@ class RetryPolicy:
             rng.uniform(0, min(self.max_delay_s, self.base_delay_s * 2**i))
             for i in range(self.attempts - 1)
         ]
+
+
+def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+    """The fsspec options in ``COSTGUARD_STORAGE_OPTIONS`` (a JSON object), or ``None``.
+
+    >>> storage_options_from_env({"COSTGUARD_STORAGE_OPTIONS": '{"anon": true}'})
+    {'anon': True}
+    >>> storage_options_from_env({"COSTGUARD_STORAGE_OPTIONS": "{anon"})
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: COSTGUARD_STORAGE_OPTIONS must be a JSON object, not '{anon'
+    """
+    env = os.environ if env is None else env
+    text = env.get(ENV_STORAGE_OPTIONS, "").strip()
+    if not text:
+        return None
+    try:
+        options = json.loads(text)
+    except (ValueError, RecursionError):
+        options = None
+    if not isinstance(options, dict):
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        msg = f"{ENV_STORAGE_OPTIONS} must be a JSON object, not {shown!r}"
+        raise InputError(msg, hint=f"e.g. {ENV_STORAGE_OPTIONS}='{{\"anon\": false}}'")
+    return options
+
+
+def backend_name(url: str) -> str:
+    """``s3``, ``gcs``, ``azure`` or ``local``: which kind of store ``url`` names.
+
+    >>> backend_name("gs://b/p"), backend_name("abfs://c/p"), backend_name("/tmp/x")
+    ('gcs', 'azure', 'local')
+    """
+    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
+    return {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(
+        scheme, "azure" if scheme in ("az", "abfs", "abfss") else "local"
+    )
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -149,8 +205,13 @@ class Store:
     ) -> None:
         self.fs = fs
         self.root = root.rstrip("/")
-        self.url = url
+        #: The URL as it may be shown: userinfo and query string masked.
+        self.url = redact_url(url)
+        self.backend = backend_name(url)
         self.retry = retry or RetryPolicy()
+        #: When set (unix time), no retry starts that could not end before it: the save
+        #: of a preemption notice must commit, or say it could not, while the machine lives.
+        self.deadline_unix: float | None = None
         self._sleep = sleep
         self._rng = random.Random()  # noqa: S311 - jitter, not security
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
@@ -163,20 +224,37 @@ class Store:
         storage_options: Mapping[str, Any] | None = None,
         *,
         retry: RetryPolicy | None = None,
+        create: bool = True,
     ) -> Store:
-        """The store at ``url``; a plain path is a local folder (created if missing).
+        """The store at ``url``; a plain path is a local folder (created if missing, with
+        ``create``; without it a missing folder is a :class:`StoreError`).
 
-        Raises :class:`InputError` for an unknown scheme and
+        Raises :class:`InputError` for an unknown scheme or a URL that carries credentials
+        (they belong in the environment, not in a URL that is logged and passed on), and
         :class:`~costguard.errors.MissingDependencyError` when its fsspec backend is not
-        installed.
+        installed. Nothing touches the store before these checks.
         """
         text = os.fspath(url)
         scheme = text.split("://", 1)[0].lower() if "://" in text else "file"
         if scheme not in PROTOCOLS:
-            msg = f"unsupported checkpoint URL scheme {scheme!r} in {text!r}"
+            msg = f"unsupported checkpoint URL scheme {scheme[:20]!r} in {redact_url(text)[:200]!r}"
             raise InputError(
                 msg, hint="use a local folder, s3://bucket/prefix, gs://bucket/prefix or az://"
             )
+        if "://" in text and url_has_credentials(text):
+            msg = (
+                f"the checkpoint URL {redact_url(text)[:200]!r} carries a user name, password "
+                "or query string"
+            )
+            raise InputError(
+                msg,
+                hint="give credentials through the environment (AWS_PROFILE, "
+                "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING) or the "
+                "machine's role, never in the URL",
+            )
+        if "://" in text and not text.split("://", 1)[1].split("/", 1)[0]:
+            msg = f"the checkpoint URL {text[:200]!r} names no bucket or container"
+            raise InputError(msg, hint=f"e.g. {scheme}://my-bucket/run1")
         backend = PROTOCOLS[scheme]
         if backend is not None:
             require(backend, EXTRA)
@@ -186,7 +264,7 @@ class Store:
         try:
             fs, root = fsspec_core.url_to_fs(text, **options)
         except (ValueError, TypeError, ImportError) as exc:
-            msg = f"cannot use the checkpoint URL {text!r}: {exc}"
+            msg = f"cannot use the checkpoint URL {redact_url(text)[:200]!r}: {redact(str(exc))}"
             raise InputError(msg, hint="check the URL and its storage options") from None
         if scheme in ("s3", "s3a"):
             # One retry layer, ours (jittered, bounded): s3fs's own 5 attempts per call
@@ -194,23 +272,42 @@ class Store:
             fs.retries = 1
         if scheme in ("az", "abfs", "abfss"):
             _one_retry_layer_azure(fs)
+        if scheme in ("gs", "gcs"):
+            _one_retry_layer_gcs(fs)
         if backend is None:
-            # A missing local root is created; if that fails, check_writable says why.
-            with contextlib.suppress(OSError):
-                Path(root).mkdir(parents=True, exist_ok=True)
+            if create:
+                # A missing local root is created; if that fails, check_writable says why.
+                with contextlib.suppress(OSError):
+                    Path(root).mkdir(parents=True, exist_ok=True)
+            elif not Path(root).is_dir():
+                msg = f"no checkpoint store at {text[:200]}: the folder does not exist"
+                raise StoreError(msg, hint="check the path (nothing was created)")
         return cls(fs, root, text, retry=retry)
 
     def full(self, path: str) -> str:
         """The absolute path (in the filesystem's terms) of a relative ``path``."""
         return f"{self.root}/{path.lstrip('/')}" if path else self.root
 
+    def _delays(self) -> list[float]:
+        return self.retry.delays(self._rng)
+
+    def _may_retry(self, delay_s: float) -> bool:
+        """Whether a retry after ``delay_s`` could still end before the deadline."""
+        if self.deadline_unix is None:
+            return True
+        return time.time() + delay_s + DEADLINE_MARGIN_S < self.deadline_unix
+
     def _with_retries(self, action: str, func: Callable[[], T]) -> T:
-        delays = self.retry.delays(self._rng)
+        delays = self._delays()
         for attempt in range(len(delays) + 1):
             try:
                 return func()
             except Exception as exc:
-                if not is_transient(exc) or attempt == len(delays):
+                if (
+                    not is_transient(exc)
+                    or attempt == len(delays)
+                    or not self._may_retry(delays[attempt])
+                ):
                     raise
                 self._log_retry(action, exc, attempt, delays)
                 self._sleep(delays[attempt])
@@ -223,7 +320,7 @@ class Store:
             action,
             self.url,
             type(exc).__name__,
-            exc,
+            redact(str(exc))[:300],
             attempt + 1,
             len(delays),
             delays[attempt],
@@ -242,21 +339,26 @@ class Store:
             raise self._store_error(action, exc) from exc
 
     def _store_error(self, action: str, exc: Exception) -> StoreError:
+        detail = redact(str(exc))[:300]
         if isinstance(exc, FileNotFoundError):
-            return StoreError(f"{action} on {self.url}: not found ({exc})")
+            return StoreError(f"{action} on {self.url}: not found ({detail})")
         if isinstance(exc, PermissionError):
-            return StoreError(f"{action} on {self.url}: permission denied ({exc})")
-        return StoreError(f"{action} on {self.url} failed: {type(exc).__name__}: {exc}")
+            return StoreError(f"{action} on {self.url}: permission denied ({detail})")
+        return StoreError(f"{action} on {self.url} failed: {type(exc).__name__}: {detail}")
 
     async def _with_retries_async(self, action: str, func: Callable[[], Awaitable[T]]) -> T:
         """:meth:`_with_retries` for a coroutine (one S3 call on fsspec's event loop); after
         the last attempt the error is a :class:`StoreError` that names ``action``."""
-        delays = self.retry.delays(self._rng)
+        delays = self._delays()
         for attempt in range(len(delays) + 1):
             try:
                 return await func()
             except Exception as exc:
-                if not is_transient(exc) or attempt == len(delays):
+                if (
+                    not is_transient(exc)
+                    or attempt == len(delays)
+                    or not self._may_retry(delays[attempt])
+                ):
                     raise self._store_error(action, exc) from exc
                 self._log_retry(action, exc, attempt, delays)
                 await asyncio.sleep(delays[attempt])
@@ -388,7 +490,9 @@ class Store:
                 ),
             )
         except Exception as exc:
-            logger.warning("could not abort the upload of %s on %s: %s", key, self.url, exc)
+            logger.warning(
+                "could not abort the upload of %s on %s: %s", key, self.url, redact(str(exc))
+            )
             return False
         return True
 
@@ -442,22 +546,105 @@ class Store:
         """Read one whole object (one GET: faster than ranged reads on most stores)."""
         return self._call(f"reading {path}", lambda: bytes(self.fs.cat_file(self.full(path))))
 
+    @contextlib.contextmanager
+    def verified_file(self, path: str, size: int, sha256: str) -> Iterator[str]:
+        """A local file holding object ``path``, checked against ``size`` and ``sha256``.
+
+        In a local folder that is the object itself, hashed in place; elsewhere the object
+        streams into a temporary file (``TMPDIR``) a chunk at a time, hashed as it is
+        read back, and removed at the end of the block. Either way no copy of the object is
+        held in memory, so a caller can map it (``torch.load(mmap=True)``).
+
+        A size or hash that does not match is :class:`ManifestError` (proof that the
+        object is bad); a read that fails is :class:`StoreError` (the object may be fine).
+        """
+        if self.is_local:
+            local = self.full(path)
+            self._call(
+                f"reading {path}",
+                lambda: self._check_file(path, local, size, sha256, opener=self.fs.open),
+            )
+            yield local
+            return
+        fd, tmp = tempfile.mkstemp(prefix="costguard-restore-", suffix=".pt")
+        os.close(fd)
+        try:
+            self._download(path, tmp, size)
+            self._check_file(path, tmp, size, sha256)
+            yield tmp
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+
+    def _download(self, path: str, local: str, size: int) -> None:
+        """Stream object ``path`` into the file ``local``, with this store's retries.
+
+        S3 and Azure: one streamed GET (``get_file``), started again on an error. GCS: ranged
+        reads of ``READ_CHUNK`` bytes, each retried alone (gcsfs's whole-file download
+        retries on its own, a second layer that would outlive a preemption notice).
+        """
+        full = self.full(path)
+        if self.backend != "gcs":
+            self._call(f"reading {path}", lambda: self.fs.get_file(full, local))
+            return
+        with Path(local).open("wb") as file:
+            for start in range(0, size, READ_CHUNK):
+                end = min(size, start + READ_CHUNK)
+                file.write(self._read_range(path, full, start, end))
+
+    def _read_range(self, path: str, full: str, start: int, end: int) -> bytes:
+        return self._call(f"reading {path}", lambda: bytes(self.fs.cat_file(full, start, end)))
+
+    def _check_file(
+        self,
+        path: str,
+        local: str,
+        size: int,
+        sha256: str,
+        *,
+        opener: Callable[..., Any] = io.open,
+    ) -> None:
+        digest, got = hashlib.sha256(), 0
+        with opener(local, "rb") as file:
+            while chunk := file.read(READ_CHUNK):
+                digest.update(chunk)
+                got += len(chunk)
+        if got != size:
+            # Read whole, yet not the size the listing and the manifest agree on: a read
+            # cut short (the caller checked the listed size) is not proof of corruption.
+            msg = f"reading {path} on {self.url} gave {got} bytes, the manifest says {size}"
+            raise StoreError(msg)
+        if digest.hexdigest() != sha256:
+            msg = (
+                f"{path} on {self.url}: sha256 {digest.hexdigest()[:12]}... does not match "
+                f"the manifest's {sha256[:12]}..."
+            )
+            raise ManifestError(msg)
+
     def listing(self) -> dict[str, int]:
         """Every object under the root: relative path -> size in bytes."""
+        return self.objects()[0]
 
-        def find() -> dict[str, int]:
+    def objects(self) -> tuple[dict[str, int], dict[str, float]]:
+        """Every object under the root: relative path -> size in bytes, and relative path
+        -> when it was last written (unix time), for the objects whose store says."""
+
+        def find() -> tuple[dict[str, int], dict[str, float]]:
             self.fs.invalidate_cache()
             try:
                 found = self.fs.find(self.root, detail=True)
             except FileNotFoundError:
-                return {}
+                return {}, {}
             prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
-            out = {}
+            sizes, modified = {}, {}
             for path, info in found.items():
                 stripped = self.fs._strip_protocol(path)
                 if stripped.startswith(prefix) and info.get("type", "file") == "file":
-                    out[stripped[len(prefix) :]] = int(info.get("size") or 0)
-            return out
+                    relative = stripped[len(prefix) :]
+                    sizes[relative] = int(info.get("size") or 0)
+                    when = _modified_unix(info)
+                    if when is not None:
+                        modified[relative] = when
+            return sizes, modified
 
         return self._call("listing", find)
 
@@ -474,14 +661,29 @@ class Store:
         if self.is_local:
             _prune_empty_local_dirs(self.root)
 
-    def check_writable(self) -> None:
+    def check_exists(self) -> None:
+        """:class:`StoreError` unless the folder (local) or the bucket/container exists;
+        for commands that only read, and must not create what they look at."""
+        if self.is_local:
+            found = Path(self.root).is_dir()
+        else:
+            bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
+            found = self._call("looking for the bucket", lambda: self.fs.exists(bucket))
+        if not found:
+            msg = f"no checkpoint store at {self.url}: it does not exist"
+            raise StoreError(msg, hint="check the URL (nothing was created)")
+
+    def check_writable(self, *, within_s: float = 30.0) -> None:
         """Write, read back and delete a probe object; :class:`InputError` if that fails.
 
         Called before training starts, so a wrong URL, a missing bucket or a missing
-        permission shows up in the first second instead of at the first save.
+        permission shows up at once instead of at the first save. Retries stop after
+        ``within_s``, so an unreachable store is reported in about that long.
         """
         probe = f".costguard-probe-{uuid.uuid4().hex[:12]}"
         payload = json.dumps({"written_unix": time.time()}).encode()
+        saved_deadline = self.deadline_unix
+        self.deadline_unix = time.time() + within_s
         try:
             self.put(probe, payload)
             if self.get(probe) != payload:
@@ -492,14 +694,16 @@ class Store:
             cause = exc.__cause__
             if isinstance(cause, FileNotFoundError):
                 hint = "create the bucket or container first, or fix its name"
-                msg = f"the checkpoint location {self.url} does not exist ({cause})"
+                msg = f"the checkpoint location {self.url} does not exist"
             elif isinstance(cause, PermissionError):
                 hint = "give this identity write and delete access to it, or pick another URL"
                 msg = f"cannot write checkpoints to {self.url}: permission denied"
             else:
-                hint = "check the URL, the network, the credentials and AWS_ENDPOINT_URL"
+                hint = _REACH_HINTS[self.backend]
                 msg = f"cannot write checkpoints to {self.url}: {exc.message}"
             raise InputError(msg, hint=hint) from exc
+        finally:
+            self.deadline_unix = saved_deadline
 
 
 class Upload:
@@ -743,6 +947,42 @@ def _one_retry_layer_azure(fs: Any) -> None:
     """
     with contextlib.suppress(AttributeError):
         fs.service_client._config.retry_policy.total_retries = 0
+
+
+def _one_retry_layer_gcs(fs: Any) -> None:
+    """Turn off gcsfs's own retries on this filesystem (ours are the only layer), and
+    bound each request's connect and read time.
+
+    gcsfs retries each request 6 times with waits up to 32 s and logs a traceback for each
+    failure; stacked on ours, an unreachable store took minutes to report. Its retrying
+    ``_request`` keeps the plain one as ``__wrapped__``; this instance gets that one (other
+    users of gcsfs in the process keep theirs). Every call we make goes through it. Best
+    effort, like :func:`_one_retry_layer_azure`.
+    """
+    plain = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
+    if plain is not None:
+        fs._request = plain.__get__(fs)
+    if getattr(fs, "requests_timeout", None) is None:
+        aiohttp = require("aiohttp", EXTRA)
+        fs.requests_timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=120)
+
+
+def _modified_unix(info: Mapping[str, Any]) -> float | None:
+    """When an fsspec listing entry was last written: ``mtime`` (local, gcsfs),
+    ``LastModified`` (s3fs) or ``last_modified`` (adlfs), as unix time."""
+    for key in ("mtime", "LastModified", "last_modified", "updated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        with contextlib.suppress(ValueError):
+            from datetime import datetime
+
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    return None
 
 
 def _sync(fs: Any, coroutine: Awaitable[T]) -> T:

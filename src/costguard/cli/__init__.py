@@ -25,6 +25,7 @@ from costguard.cli.reap import reap_command
 from costguard.cli.run import run_command
 from costguard.cli.slurm import slurm_group
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
+from costguard.secrets import redact
 from costguard.settings import Settings
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -78,9 +79,10 @@ class CostguardGroup(click.Group):
 
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
-    click.secho(f"Error: {message}", err=True, fg="red")
+    # Whatever an error quotes (a URL with a SAS token, an SDK's message), no secret shows.
+    click.secho(f"Error: {redact(message)}", err=True, fg="red")
     if hint:
-        click.echo(f"Hint: {hint}", err=True)
+        click.echo(f"Hint: {redact(hint)}", err=True)
     sys.exit(code)
 
 

@@ -1,49 +1,49 @@
-"""``costguard checkpoint ls/verify``: what a checkpoint store holds, and is it intact."""
+"""``costguard checkpoint ls/verify/export``: what a store holds, is it intact, get it out."""
 
 from __future__ import annotations
 
-import json
-import os
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import click
 
 from costguard.cli import render
-from costguard.errors import EXIT_FAILURE, InputError
+from costguard.errors import EXIT_FAILURE
+
+FORMAT = click.Choice(["table", "json"])
 
 
 def _open(url: str) -> Any:
     # fsspec and the storage backends load only when a checkpoint command runs.
-    from costguard.checkpoint.store import Store
+    from costguard.checkpoint.export import open_store
 
-    text = os.environ.get("COSTGUARD_STORAGE_OPTIONS", "").strip()
-    options = json.loads(text) if text else None
-    if options is not None and not isinstance(options, dict):
-        msg = "COSTGUARD_STORAGE_OPTIONS must be a JSON object"
-        raise InputError(msg)
-    return Store.open(url, options)
+    return open_store(url)
 
 
 def _when(unix: float | None) -> str:
     if unix is None:
         return "-"
-    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M")
 
 
-FORMAT = click.Choice(["table", "json"])
+def _size(n: int) -> str:
+    from costguard.checkpoint.saving import _size as size
+
+    return size(n)
 
 
 @click.group(
     "checkpoint",
-    short_help="List and verify checkpoints in a store.",
+    short_help="List, verify and export checkpoints in a store.",
     epilog="""\b
 Examples:
   costguard checkpoint ls s3://my-bucket/run1
-  costguard checkpoint verify checkpoints/""",
+  costguard checkpoint verify checkpoints/
+  costguard checkpoint export s3://my-bucket/run1 --to model.safetensors""",
 )
 def checkpoint_group() -> None:
-    """List and verify the checkpoints written by `costguard run` or a Checkpointer."""
+    """List, verify and export the checkpoints written by `costguard run` or a Checkpointer."""
 
 
 @checkpoint_group.command(
@@ -56,14 +56,19 @@ Examples:
 @click.argument("url")
 @click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
 def ls_command(url: str, output_format: str) -> None:
-    """List the checkpoints at URL, oldest first; the one a resume would use is marked."""
+    """List the checkpoints at URL, newest first; * marks the one a resume starts from.
+
+    The marked one is verified (every object's sha256), exactly as a resume would check
+    it. A missing store is an error; nothing is created.
+    """
     from costguard.checkpoint.inventory import inventory
 
-    entries = inventory(_open(url))
+    store = _open(url)
+    entries = inventory(store)
     if output_format == "json":
         render.print_json(
             {
-                "url": url,
+                "url": store.url,
                 "checkpoints": [
                     {
                         "name": e.name,
@@ -81,14 +86,23 @@ def ls_command(url: str, output_format: str) -> None:
         )
         return
     if not entries:
-        click.echo(f"No checkpoints at {url}.")
+        click.echo(f"No checkpoints at {store.url}.")
         return
+    click.echo(f"  {'CHECKPOINT':<27} {'STEP':>8}  {'STATUS':<10} {'SIZE':>9}  CREATED (UTC)")
     for e in entries:
         mark = "*" if e.latest else " "
-        line = f"{mark} {e.name}  step {e.step:>9}  {e.status:<10} {e.size_bytes:>12} B  "
-        line += f"{_when(e.created_unix)}  {e.reason}"
-        click.echo(line.rstrip() + (f"  ({e.problem})" if e.problem else ""))
-    click.echo("* = the checkpoint a resume starts from")
+        click.echo(
+            f"{mark} {e.name:<27} {e.step:>8}  {e.status:<10} {_size(e.size_bytes):>9}  "
+            f"{_when(e.created_unix)}"
+            + (f"  {e.reason}" if e.reason and e.reason != "schedule" else "")
+        )
+        if e.problem:
+            click.echo(f"    {e.problem[:200]}")
+    latest = next((e for e in entries if e.latest), None)
+    if latest is None:
+        click.echo("No checkpoint verifies: a resume would start from step 0.")
+    else:
+        click.echo(f"* = the checkpoint a resume starts from (step {latest.step}, verified)")
 
 
 @checkpoint_group.command(
@@ -103,18 +117,19 @@ Examples:
 @click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
 @click.pass_context
 def verify_command(ctx: click.Context, url: str, latest: bool, output_format: str) -> None:
-    """Read each checkpoint at URL and check every object's size and sha256.
+    """Read each checkpoint at URL, newest first, and check every object's size and sha256.
 
     Exits 1 when any checked checkpoint is damaged (a resume then falls back to an older
     one), and when there is nothing to check.
     """
     from costguard.checkpoint.inventory import verify
 
-    results = verify(_open(url), latest_only=latest)
+    store = _open(url)
+    results = verify(store, latest_only=latest)
     if output_format == "json":
         render.print_json(
             {
-                "url": url,
+                "url": store.url,
                 "ok": bool(results) and all(r.ok for r in results),
                 "checkpoints": [
                     {"name": r.name, "step": r.step, "ok": r.ok, "problem": r.problem}
@@ -124,10 +139,48 @@ def verify_command(ctx: click.Context, url: str, latest: bool, output_format: st
         )
     else:
         for r in results:
-            click.echo(
-                f"{'ok  ' if r.ok else 'BAD '} {r.name}  step {r.step}  {r.problem}".rstrip()
-            )
+            click.echo(f"{'ok ' if r.ok else 'BAD'}  {r.name}  step {r.step}")
+            if r.problem:
+                click.echo(f"     {r.problem[:200]}")
         if not results:
-            click.echo(f"No complete checkpoint at {url}.")
+            click.echo(f"No checkpoint with a manifest at {store.url}.")
     if not results or not all(r.ok for r in results):
         ctx.exit(EXIT_FAILURE)
+
+
+@checkpoint_group.command(
+    "export",
+    epilog="""\b
+Examples:
+  costguard checkpoint export s3://my-bucket/run1 --to model.safetensors
+  costguard checkpoint export checkpoints/ --step 500 --to model.pt
+  costguard checkpoint export checkpoints/ --part optimizer --to optimizer.pt
+\b
+In Python:
+  from costguard.checkpoint import load_state
+  model.load_state_dict(load_state("s3://my-bucket/run1")["model"])""",
+)
+@click.argument("url")
+@click.option(
+    "--to",
+    "target",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The file to write: NAME.safetensors or NAME.pt.",
+)
+@click.option("--step", type=click.IntRange(min=0), help="Export this step [default: the newest].")
+@click.option("--part", default="model", show_default=True, help="Which part of the state.")
+def export_command(url: str, target: Path, step: int | None, part: str) -> None:
+    """Write the weights (or another part) of a verified checkpoint at URL as a plain file.
+
+    The newest checkpoint that verifies is used unless --step says otherwise. The file
+    appears complete or not at all.
+    """
+    from costguard.checkpoint.export import export
+
+    with render.progress_bar(f"exporting to {target.name}") as progress:
+        manifest = export(url, target, step=step, part=part, progress=progress)
+    click.echo(
+        f"Wrote {target} ({_size(target.stat().st_size)}): {part} of {manifest.name} "
+        f"(step {manifest.step})."
+    )

@@ -75,16 +75,11 @@ def _options(pairs: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _storage_options() -> dict[str, Any] | None:
-    from costguard.cli.run import _storage_options as from_env
-
-    return from_env()
-
-
 def _open_store(url: str) -> Any:
-    from costguard.checkpoint.store import Store
+    # Store.open refuses a URL with credentials (never echoing them) before any call.
+    from costguard.checkpoint.store import Store, storage_options_from_env
 
-    return Store.open(url, _storage_options())
+    return Store.open(url, storage_options_from_env())
 
 
 def _usd(amount: Decimal) -> str:

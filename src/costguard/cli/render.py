@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import IO, Any
 
@@ -75,3 +76,23 @@ def print_notes(lines: Iterable[str], *, heading: str | None = None, err: bool =
         click.echo(heading, err=err)
     for line in lines:
         click.echo(f"  - {line}", err=err)
+
+
+@contextlib.contextmanager
+def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """A ``progress(done, total)`` callback that draws a bar on stderr when it is a
+    terminal, and does nothing in a pipe, a log file or cron."""
+    if not is_terminal(sys.stderr):
+        yield lambda done, total: None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        console=console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

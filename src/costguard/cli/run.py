@@ -23,6 +23,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -40,6 +41,8 @@ EXIT_PREEMPTED = 75  # the Checkpointer's code after an emergency save (EX_TEMPF
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Commands whose workers neither inherit the pipe nor share the process group.
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+#: How often the events file of the script's Checkpointer is read.
+EVENTS_POLL_S = 0.25
 
 
 def child_environment(
@@ -65,16 +68,24 @@ def child_environment(
     ...                         notice_fd=7, relay_dir="/r", run_pid=9)
     >>> env["COSTGUARD_NOTICE_FILE"], env["COSTGUARD_PREEMPTED_FILE"], env["COSTGUARD_RUN_PID"]
     ('/r/notices.jsonl', '/r/preempted.json', '9')
+    >>> env["COSTGUARD_EVENTS_FILE"]
+    '/r/events.jsonl'
     """
     env = dict(base)
     env["COSTGUARD_CHECKPOINT_URL"] = url
     env["COSTGUARD_CHECKPOINT_KEEP"] = str(keep)
     env["COSTGUARD_NOTICE_FD"] = str(notice_fd)
-    for name in ("COSTGUARD_NOTICE_FILE", "COSTGUARD_PREEMPTED_FILE", "COSTGUARD_RUN_PID"):
+    for name in (
+        "COSTGUARD_NOTICE_FILE",
+        "COSTGUARD_PREEMPTED_FILE",
+        "COSTGUARD_RUN_PID",
+        "COSTGUARD_EVENTS_FILE",
+    ):
         env.pop(name, None)  # an outer costguard run's settings are not ours
     if relay_dir is not None:
         env["COSTGUARD_NOTICE_FILE"] = str(Path(relay_dir, "notices.jsonl"))
         env["COSTGUARD_PREEMPTED_FILE"] = str(Path(relay_dir, "preempted.json"))
+        env["COSTGUARD_EVENTS_FILE"] = str(Path(relay_dir, "events.jsonl"))
     if run_pid is not None:
         env["COSTGUARD_RUN_PID"] = str(run_pid)
     for name, value in (
@@ -122,18 +133,95 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _storage_options() -> dict[str, Any] | None:
-    text = os.environ.get("COSTGUARD_STORAGE_OPTIONS", "").strip()
-    if not text:
-        return None
-    try:
-        options = json.loads(text)
-    except ValueError:
-        options = None
-    if not isinstance(options, dict):
-        msg = "COSTGUARD_STORAGE_OPTIONS must be a JSON object"
-        raise InputError(msg, hint="e.g. COSTGUARD_STORAGE_OPTIONS='{\"anon\": false}'")
-    return options
+class Events:
+    """What the script's Checkpointer reports (JSON lines in the events file), followed
+    while it runs: each restore and durable save becomes a line on stderr."""
+
+    def __init__(self, path: Path, *, quiet: bool) -> None:
+        self.path = path
+        self.quiet = quiet
+        self.restored: dict[str, Any] | None = None
+        self.last_durable: dict[str, Any] | None = None
+        self._offset = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="costguard-events", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop following, then read what is left."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._read()
+
+    def _follow(self) -> None:
+        while not self._stop.wait(EVENTS_POLL_S):
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            with self.path.open("rb") as file:
+                file.seek(self._offset)
+                data = file.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n") + 1  # only whole lines: the writer may be mid-line
+        self._offset += end
+        for line in data[:end].splitlines():
+            with contextlib.suppress(ValueError):
+                self._show(json.loads(line))
+
+    def _show(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "restore":
+            self.restored = event if event.get("name") else None
+            if not self.quiet:
+                _say(
+                    f"resumed from step {event['step']} ({event['name']})"
+                    if event.get("name")
+                    else "no checkpoint yet: the script starts from step 0"
+                )
+        elif event.get("event") == "save":
+            if event.get("ok"):
+                self.last_durable = event
+                if not self.quiet:
+                    _say(
+                        f"saved step {event['step']} ({event['reason']}, "
+                        f"{event['size_bytes']:,} bytes, {event['save_s']:.1f} s)"
+                    )
+            else:
+                _say(f"the save of step {event['step']} failed: {event.get('error')}")
+
+    def newest(self) -> str:
+        """The newest durable checkpoint this run knows of, for the exit summary."""
+        event = self.last_durable or self.restored
+        if event is None:
+            return "none yet (a new run starts from step 0)"
+        return f"step {event['step']} ({event['name']})"
+
+
+def _say(line: str) -> None:
+    click.echo(f"costguard: {line}", err=True)
+
+
+def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
+    """What the exit code means, the newest durable checkpoint and what to do next.
+
+    >>> summary(75, "step 300")
+    'exit 75: saved on a notice; newest checkpoint: step 300. Run the same command to resume.'
+    """
+    if interrupted:
+        what = "stopped at once by a second Ctrl-C"
+        then = "Run the same command to resume from it."
+    elif code == 0:
+        return f"exit 0: the script finished; final checkpoint: {newest}."
+    elif code == EXIT_PREEMPTED:
+        what = "saved on a notice"
+        then = "Run the same command to resume."
+    else:
+        what = "the script failed"
+        then = "Fix the failure, then run the same command to resume from it."
+    return f"exit {code}: {what}; newest checkpoint: {newest}. {then}"
 
 
 @contextlib.contextmanager
@@ -208,6 +296,9 @@ Multi-process training (each rank makes a Checkpointer; rank 0 writes):
     help="SIGTERM/SIGUSR1: forward them to the command, or relay them as notices to every "
     "process (and forward a second one); auto relays for torchrun.",
 )
+@click.option(
+    "-q", "--quiet", is_flag=True, help="No line per save; only the start and the exit summary."
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.pass_context
 def run_command(
@@ -218,6 +309,7 @@ def run_command(
     keep: int,
     cloud: str,
     signal_mode: str,
+    quiet: bool,
     command: Sequence[str],
 ) -> None:
     """Run COMMAND (after --) with checkpointing to URL and preemption notices.
@@ -234,19 +326,23 @@ def run_command(
         relay,
         start_cloud_watcher,
     )
-    from costguard.checkpoint.store import Store
+    from costguard.checkpoint.store import Store, storage_options_from_env
 
     if "://" not in url:
         url = str(Path(url).expanduser().resolve())
     notice_env = {**os.environ, "COSTGUARD_CLOUD": cloud}
     detect_cloud(notice_env)  # bad settings are input errors, before anything starts
     poll_interval_s(notice_env)
-    Store.open(url, _storage_options()).check_writable()
+    storage_options = storage_options_from_env()
+    store = Store.open(url, storage_options)  # refuses credentials in the URL, unknown schemes
+    store.check_writable()
+    _say(f"checkpoints go to {store.url}; running {' '.join(command)[:120]}")
 
     relay_signals = signal_mode == "relay" or (signal_mode == "auto" and is_launcher(command))
     relay_dir = tempfile.mkdtemp(prefix="costguard-run-")
     notice_file = Path(relay_dir, "notices.jsonl")
     preempted_file = Path(relay_dir, "preempted.json")
+    events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet)
     read_fd, write_fd = os.pipe()
     env = child_environment(
         dict(os.environ),
@@ -277,8 +373,21 @@ def run_command(
             append_notice(notice_file, notice)
 
     relayed: set[int] = set()
+    interrupted: list[bool] = []
 
     def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT:
+            # Ctrl-C: the first asks the script to save and stop (exit 75); the second
+            # stops everything at once. The script never sees a KeyboardInterrupt.
+            if signum not in relayed:
+                relayed.add(signum)
+                _say("Ctrl-C: asking the script to save and stop (Ctrl-C again stops it now)")
+                relay_notice(Notice("signal", "signal", None, "SIGINT"))
+            else:
+                interrupted.append(True)
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child.pid, signal.SIGKILL)
+            return
         if relay_signals and signum in NOTICE_SIGNALS and signum not in relayed:
             relayed.add(signum)
             name = signal.Signals(signum).name
@@ -291,10 +400,12 @@ def run_command(
     for sig in FORWARDED:
         previous[sig] = signal.signal(sig, forward)
     watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
+    events.start()
     try:
         with _registered(child.pid):
             returncode = child.wait()
     finally:
+        events.stop()
         if watcher is not None:
             watcher.stop()
         for signum, handler in previous.items():
@@ -305,20 +416,13 @@ def run_command(
     code = exit_code(returncode)
     if code not in (0, EXIT_PREEMPTED) and preempted:
         # torchrun reports its workers' 75 as a failure of its own (exit 1).
-        click.echo(
-            f"costguard: the command exited with {code} after its ranks saved on a "
-            "preemption notice; reporting 75.",
-            err=True,
-        )
+        _say(f"the command exited with {code} after its ranks saved on a notice; reporting 75")
         code = EXIT_PREEMPTED
-    if code == EXIT_PREEMPTED:
-        click.echo(
-            "costguard: the script saved a checkpoint on a preemption notice; "
-            "run the same command to resume.",
-            err=True,
-        )
+    if interrupted:
+        code = 130  # the shell's code for Ctrl-C
+    _say(summary(code, events.newest(), interrupted=bool(interrupted)))
     # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
     from costguard.spot.job import record_exit
 
-    record_exit(os.environ, url, code, _storage_options())
+    record_exit(os.environ, url, code, storage_options)
     ctx.exit(code)

@@ -1,0 +1,217 @@
+"""Which checkpoint to resume from, read without holding the state twice, and what it
+proved about the others.
+
+The newest checkpoint whose manifest parses and whose objects are all listed is tried
+first; its payload is verified (size and sha256) on the way to a local file, and loaded by
+mapping that file (``torch.load(mmap=True)``): restore memory is about what the live
+objects need, not a second copy of the state.
+
+Every checkpoint that does not work out ends in one of two sets, and the difference is the
+whole point of this module:
+
+* **corrupt** (:class:`~costguard.checkpoint.manifest.ManifestError`): proven bad, a
+  manifest that does not parse, an object missing from the listing, bytes whose sha256 is
+  not the manifest's. Retention may delete such a folder once a newer checkpoint exists.
+* **doubtful** (anything else: a read that failed after its retries, a timeout, a 403, a
+  manifest from a newer costguard, a payload this torch cannot load): skipped for this
+  restore with a warning that says how many steps will be repeated, and never deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.manifest import (
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    Listing,
+    Manifest,
+    ManifestError,
+    UnreadableError,
+    is_complete,
+    parse_manifest,
+    restore_order,
+    scan,
+)
+from costguard.checkpoint.store import Store
+from costguard.errors import CostguardError
+from costguard.secrets import redact
+
+logger = logging.getLogger(__name__)
+
+#: The one payload object of a replicated checkpoint.
+PAYLOAD = "state.pt"
+
+
+@dataclass
+class Survey:
+    """One look at a store: its folders, the manifests that could be read, and what the
+    look proved."""
+
+    sizes: dict[str, int]
+    listings: list[Listing]
+    manifests: list[Manifest]
+    #: Folders proven bad (name -> why).
+    corrupt: dict[str, str] = field(default_factory=dict)
+    #: Folders that could not be judged now (name -> why): never deleted.
+    doubtful: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def committed(self) -> set[str]:
+        """Folders with a readable manifest whose objects are all listed."""
+        return {m.name for m in restore_order(self.manifests, self.sizes)} - set(self.corrupt)
+
+
+class Restorer:
+    """Reads manifests (cached: a manifest never changes) and payloads from one store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._manifests: dict[str, Manifest] = {}
+        #: Proven corrupt in this process (a hash mismatch is not visible in a listing).
+        self.corrupt: dict[str, str] = {}
+
+    def remember(self, manifest: Manifest) -> None:
+        """A manifest this process has just committed."""
+        with self._lock:
+            self._manifests[manifest.name] = manifest
+
+    def forget(self, name: str) -> None:
+        """A checkpoint that has been deleted."""
+        with self._lock:
+            self._manifests.pop(name, None)
+            self.corrupt.pop(name, None)
+
+    def survey(self) -> Survey:
+        """List the store and read every manifest not read before (doubtful ones again)."""
+        sizes, modified = self.store.objects()
+        listings = scan(sizes, modified)
+        with self._lock:
+            corrupt = {k: v for k, v in self.corrupt.items() if any(c.name == k for c in listings)}
+        survey = Survey(sizes, listings, [], corrupt)
+        for listing in listings:
+            if not listing.has_manifest or listing.name in survey.corrupt:
+                continue
+            try:
+                manifest = self._manifest(listing)
+            except ManifestError as exc:
+                survey.corrupt[listing.name] = exc.message
+                logger.warning("costguard: checkpoint %s is corrupt: %s", listing.name, exc)
+            except CostguardError as exc:
+                survey.doubtful[listing.name] = redact(exc.message)
+                logger.warning(
+                    "costguard: could not read the manifest of %s now (%s); it is kept",
+                    listing.name,
+                    redact(exc.message),
+                )
+            else:
+                if is_complete(manifest, sizes):
+                    survey.manifests.append(manifest)
+                else:
+                    survey.corrupt[listing.name] = "an object is missing or has the wrong size"
+        with self._lock:
+            self.corrupt.update(survey.corrupt)
+        return survey
+
+    def _manifest(self, listing: Listing) -> Manifest:
+        with self._lock:
+            cached = self._manifests.get(listing.name)
+        if cached is not None:
+            return cached
+        listed = listing.objects[MANIFEST_FILE]
+        if listed > MAX_MANIFEST_BYTES:
+            msg = f"its manifest is {listed} bytes (at most {MAX_MANIFEST_BYTES})"
+            raise ManifestError(msg)
+        manifest = parse_manifest(self.store.get(f"{listing.name}/{MANIFEST_FILE}"), listing.name)
+        self.remember(manifest)
+        return manifest
+
+    def manifest(self, name: str) -> Manifest:
+        """The manifest of checkpoint ``name`` (read if not cached)."""
+        with self._lock:
+            cached = self._manifests.get(name)
+        if cached is not None:
+            return cached
+        manifest = parse_manifest(self.store.get(f"{name}/{MANIFEST_FILE}"), name)
+        self.remember(manifest)
+        return manifest
+
+    @contextmanager
+    def payload_file(self, manifest: Manifest) -> Iterator[str]:
+        """A local file with the checkpoint's verified payload (see
+        :meth:`Store.verified_file`)."""
+        if len(manifest.objects) != 1 or manifest.objects[0].name != PAYLOAD:
+            msg = f"unexpected objects {[o.name for o in manifest.objects][:10]}"
+            raise ManifestError(msg)
+        entry = manifest.objects[0]
+        with self.store.verified_file(
+            manifest.object_path(entry), entry.size_bytes, entry.sha256
+        ) as path:
+            yield path
+
+    def load(self, manifest: Manifest) -> Any:
+        """The checkpoint's state, verified, its tensors mapped from a local file."""
+        with self.payload_file(manifest) as path:
+            try:
+                return state_mod.load_file(path)
+            except Exception as exc:
+                # Verified bytes this torch cannot read: a newer format, or a foreign file.
+                # The bytes are what was written, so this is no proof of corruption.
+                msg = f"{PAYLOAD} cannot be loaded: {type(exc).__name__}: {str(exc)[:200]}"
+                raise UnreadableError(msg) from exc
+
+    def choose(self) -> tuple[Manifest, Any] | None:
+        """The newest checkpoint that verifies and loads, with its state; or ``None``.
+
+        A corrupt one is recorded and the previous one tried; one that could not be read
+        now is skipped (kept). Each skip is reported with the steps it costs.
+        """
+        survey = self.survey()
+        skipped: list[tuple[Manifest, str]] = []
+        chosen: tuple[Manifest, Any] | None = None
+        for manifest in restore_order(survey.manifests, survey.sizes):
+            try:
+                chosen = manifest, self.load(manifest)
+                break
+            except ManifestError as exc:
+                with self._lock:
+                    self.corrupt[manifest.name] = exc.message
+                logger.warning(
+                    "costguard: checkpoint %s is corrupt (%s); trying the previous one",
+                    manifest.name,
+                    exc.message,
+                )
+            except Exception as exc:
+                skipped.append((manifest, f"{type(exc).__name__}: {redact(str(exc))[:300]}"))
+        start = chosen[0].step if chosen is not None else 0
+        for manifest, why in skipped:
+            logger.warning(
+                "costguard: skipped checkpoint %s (step %d) for this restore: %s. It is kept; "
+                "resuming from step %d repeats %d steps.",
+                manifest.name,
+                manifest.step,
+                why,
+                start,
+                manifest.step - start,
+            )
+        return chosen
+
+
+def describe(manifest: Manifest | None) -> Mapping[str, Any] | None:
+    """A manifest as a small JSON-able record (for reports and job status)."""
+    if manifest is None:
+        return None
+    return {
+        "name": manifest.name,
+        "step": manifest.step,
+        "reason": manifest.reason,
+        "size_bytes": manifest.size_bytes,
+        "created_unix": manifest.created_unix,
+    }

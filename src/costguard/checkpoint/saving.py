@@ -1,0 +1,289 @@
+"""The background half of a save: serialise, checksum, upload, commit, then retention.
+
+The training thread only copies the state into warm CPU buffers (:meth:`Saver.snapshot`);
+one background thread (:meth:`Saver.submit`) writes the payload, writes the manifest
+last (the commit), then deletes what retention allows, which is only ever what
+:func:`~costguard.checkpoint.manifest.plan_retention` proves is no longer needed. A failed
+save is reported (logged, in :attr:`Saver.results`, in the events file of ``costguard
+run``), never raised into training, and never touches an earlier checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from costguard import __version__
+from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.manifest import PARTIAL_GRACE_S, Manifest, ObjectEntry, plan_retention
+from costguard.checkpoint.restoring import PAYLOAD, Restorer
+from costguard.checkpoint.store import Store
+from costguard.errors import CostguardError
+from costguard.secrets import redact
+
+logger = logging.getLogger(__name__)
+
+#: Set by ``costguard run``: a file of JSON lines, one per durable save, that it reports.
+ENV_EVENTS_FILE = "COSTGUARD_EVENTS_FILE"
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """What became of one save."""
+
+    name: str
+    step: int
+    reason: str
+    ok: bool
+    size_bytes: int = 0
+    #: How long the training loop was blocked (the copy to CPU memory).
+    stall_s: float = 0.0
+    #: Serialise + upload + manifest, in the background.
+    save_s: float = 0.0
+    error: str | None = None
+    deleted: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Saver:
+    """One background writer for one store."""
+
+    def __init__(
+        self,
+        store: Store,
+        restorer: Restorer,
+        *,
+        keep_last: int,
+        save_niceness: int,
+        partial_grace_s: float = PARTIAL_GRACE_S,
+        events_file: str | None = None,
+    ) -> None:
+        self.store = store
+        self.restorer = restorer
+        self.keep_last = keep_last
+        self.partial_grace_s = partial_grace_s
+        self.events_file = events_file
+        self._copier = state_mod.CpuCopier()
+        self._executor = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="costguard-save",
+            initializer=_lower_priority,
+            initargs=(save_niceness,),
+        )
+        self._inflight: Future[SaveResult] | None = None
+        self._lock = threading.Lock()
+        #: Every save's outcome, oldest first.
+        self.results: list[SaveResult] = []
+        #: Steps done in the newest durable save of this process.
+        self.saved_steps_done: int | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a save is still in flight."""
+        return self._inflight is not None and not self._inflight.done()
+
+    def wait(self) -> None:
+        """Wait for the save in flight (if any)."""
+        if self._inflight is not None:
+            self._inflight.result()
+
+    def snapshot(self, state: Any) -> Any:
+        """Copy ``state`` into the warm CPU buffers (the part that blocks training)."""
+        return self._copier.copy(state)
+
+    def submit(
+        self,
+        snapshot: Any,
+        name: str,
+        steps_done: int,
+        epoch: int | None,
+        reason: str,
+        stall_s: float,
+    ) -> Future[SaveResult]:
+        """Write ``snapshot`` as checkpoint ``name`` in the background."""
+        future = self._executor.submit(
+            self._write, snapshot, name, steps_done, epoch, reason, stall_s
+        )
+        self._inflight = future
+        return future
+
+    def _write(
+        self,
+        snapshot: Any,
+        name: str,
+        steps_done: int,
+        epoch: int | None,
+        reason: str,
+        stall_s: float,
+    ) -> SaveResult:
+        started = time.perf_counter()
+        try:
+            size, digest = self._write_payload(snapshot, f"{name}/{PAYLOAD}")
+            del snapshot  # the CPU buffers stay with the copier for the next save
+            manifest = Manifest(
+                name=name,
+                step=steps_done,
+                created_unix=time.time(),
+                objects=(ObjectEntry(PAYLOAD, size, digest),),
+                epoch=epoch,
+                library_version=__version__,
+                reason=reason,
+            )
+            # The commit: only now does the checkpoint exist for restore and retention.
+            self.store.put(manifest.manifest_path, manifest.to_json().encode())
+            self.restorer.remember(manifest)
+            self.saved_steps_done = steps_done
+        except Exception as exc:
+            result = SaveResult(
+                name,
+                steps_done,
+                reason,
+                ok=False,
+                stall_s=stall_s,
+                save_s=time.perf_counter() - started,
+                error=f"{type(exc).__name__}: {redact(str(exc))[:500]}",
+            )
+            logger.error(
+                "costguard: the save of step %d failed; training goes on and the previous "
+                "checkpoints are intact: %s",
+                steps_done,
+                result.error,
+            )
+            self._record(result)
+            return result
+        # A newer checkpoint is committed: now, and only now, retention may count.
+        deleted = self.retain(count=True, protect=(name,))
+        result = SaveResult(
+            name,
+            steps_done,
+            reason,
+            ok=True,
+            size_bytes=size,
+            stall_s=stall_s,
+            save_s=time.perf_counter() - started,
+            deleted=deleted,
+        )
+        logger.info(
+            "costguard: saved step %d as %s (%s, %.1f s)",
+            steps_done,
+            name,
+            _size(size),
+            result.save_s,
+        )
+        self._record(result)
+        return result
+
+    def _write_payload(self, snapshot: Any, path: str) -> tuple[int, str]:
+        """Serialise ``snapshot`` to ``path``; its size and sha256, hashed in the same pass.
+
+        On S3 and in a local folder the bytes stream into the store as ``torch.save``
+        produces them (S3: a multipart upload, each part retried alone; local: a temporary
+        file, produced again on a retry), so no serialised copy of the whole state is held.
+        On GCS and Azure they are serialised into memory first, with the GIL released for
+        the bulk copies, and uploaded a block at a time with the store's retries.
+        """
+        if self.store.is_s3 or self.store.is_local:
+            return self.store.write_stream(path, lambda file: state_mod.torch_save(snapshot, file))
+        data = state_mod.serialise(snapshot)
+        return len(data), self.store.put_hashed(path, data)
+
+    def _record(self, result: SaveResult) -> None:
+        with self._lock:
+            self.results.append(result)
+        self.note({"event": "save", **asdict(result), "deleted": list(result.deleted)})
+
+    def note(self, event: dict[str, Any]) -> None:
+        """Tell ``costguard run`` (its events file, when there is one) what happened."""
+        if not self.events_file:
+            return
+        try:
+            with Path(self.events_file).open("a", encoding="utf-8") as file:
+                file.write(json.dumps(event) + "\n")
+        except OSError as exc:
+            logger.debug("costguard: could not tell costguard run: %s", exc)
+
+    def retain(self, *, count: bool, protect: tuple[str, ...] = ()) -> tuple[str, ...]:
+        """Delete what retention allows (see :func:`plan_retention`); best effort.
+
+        ``count`` only right after a newer checkpoint committed: a restore, or a save that
+        failed, never deletes a committed checkpoint.
+        """
+        try:
+            survey = self.restorer.survey()
+            deleted = []
+            for deletion in plan_retention(
+                survey.listings,
+                survey.committed,
+                self.keep_last,
+                corrupt=survey.corrupt,
+                protect=protect,
+                count=count,
+                now_unix=time.time(),
+                grace_s=self.partial_grace_s,
+            ):
+                self.store.delete(deletion.paths)
+                self.restorer.forget(deletion.name)
+                deleted.append(deletion.name)
+                logger.info("costguard: deleted %s (%s)", deletion.name, deletion.reason)
+            # Multipart uploads a killed writer left behind bill for their parts until
+            # aborted; only S3 has them (elsewhere this makes no call).
+            self.store.abort_stale_uploads()
+            return tuple(deleted)
+        except CostguardError as exc:
+            logger.warning("costguard: retention skipped this time: %s", redact(exc.message))
+            return ()
+
+    def flush(self, timeout_s: float | None = None) -> SaveResult | None:
+        """Wait until the save in flight is durable; its result (``None`` if none ran).
+
+        With a timeout that passes first, returns ``None`` and the save goes on.
+        """
+        inflight = self._inflight
+        if inflight is None:
+            return self.results[-1] if self.results else None
+        try:
+            return inflight.result(timeout=timeout_s)
+        except FutureTimeoutError:
+            return None
+
+    def shutdown(self, *, wait: bool) -> None:
+        """Release the thread (after the save in flight, with ``wait``)."""
+        self._executor.shutdown(wait=wait)
+
+
+def _size(n: int) -> str:
+    """A byte count for people.
+
+    >>> _size(512), _size(3 * 2**20), _size(5 * 2**30)
+    ('512 B', '3.0 MiB', '5.0 GiB')
+    """
+    if n < 1024:
+        return f"{n} B"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _lower_priority(niceness: int) -> None:
+    """Make the calling thread ``niceness`` nicer (Linux: threads have their own nice value).
+
+    Best effort: elsewhere ``setpriority`` would change the whole process, so it is left.
+    """
+    if niceness <= 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + niceness)
+        )
+    except OSError as exc:
+        logger.debug("costguard: could not lower the save thread's priority: %s", exc)
