@@ -10,11 +10,15 @@
    alone (``Store.put_hashed`` of the serialised bytes) and where one save's time goes.
 3. Steps/s of a small training loop while a background save runs / steps/s without
    (target >= 0.9), per save: the loop alone just before and just after each save.
+4. Peak memory a restore adds / the state's size (target <= 0.5), from a local folder and
+   from moto S3, beside plain ``torch.load`` and ``torch.load(mmap=True)`` of the same
+   file (Linux). Each is measured in a fresh process that already holds the model and
+   optimizer, as a resuming script does.
 
 The state is a stack of Linear layers with AdamW moments, >= 512 MB in all. moto runs as a
 separate process on loopback so its work does not share this process's GIL.
 
-    python benchmarks/checkpoint.py [--size-mb 640] [--repeats 3] [--loop-repeats 9]
+    python benchmarks/checkpoint.py [--size-mb 640] [--repeats 3] [--loop-repeats 9] [--only N]
 """
 
 from __future__ import annotations
@@ -130,10 +134,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loop-repeats", type=int, default=9, help="saves timed in part 3")
     parser.add_argument(
-        "--only", type=int, choices=(1, 2, 3), help="run one measurement (default: all three)"
+        "--only", type=int, choices=(1, 2, 3, 4), help="run one measurement (default: all)"
+    )
+    parser.add_argument(
+        "--restore-child", nargs=2, metavar=("HOW", "WHERE"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.restore_child:
+        restore_child(*args.restore_child, size_mb=args.size_mb)
+        return
     process, endpoint = start_moto()
     os.environ.update(
         AWS_ENDPOINT_URL=endpoint,
@@ -164,6 +174,63 @@ def run(size_mb: int, repeats: int, only: int | None = None, loop_repeats: int =
         measure_s3(s3, model, optimizer, payload, repeats)
     if only in (None, 3):
         measure_steps(model, optimizer, loop_repeats)
+    if only in (None, 4) and Path("/proc/self/clear_refs").exists():
+        measure_restore_memory(model, optimizer, size_mb)
+
+
+def _kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    msg = f"no {field} in /proc/self/status"
+    raise RuntimeError(msg)
+
+
+def restore_child(how: str, where: str, size_mb: int) -> None:
+    """In a fresh process holding the model and optimizer: the peak memory (MiB) one
+    restore adds, printed as the last line."""
+    model, optimizer = big_state(size_mb)
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before = _kib("VmRSS")
+    if how == "costguard":
+        with Checkpointer(where, check=False) as ckpt:
+            assert ckpt.restore(model=model, optimizer=optimizer) > 0
+    else:
+        state = torch.load(where, map_location="cpu", weights_only=True, mmap=how == "mmap")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        del state
+    print((_kib("VmHWM") - before) / 1024)
+
+
+def measure_restore_memory(model: torch.nn.Module, optimizer: Any, size_mb: int) -> None:
+    # 4. Restore memory: each way in its own process, so each peak is its own.
+    def added(how: str, where: str) -> float:
+        done = subprocess.run(
+            [sys.executable, __file__, "--size-mb", str(size_mb), "--restore-child", how, where],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return float(done.stdout.strip().splitlines()[-1])
+
+    with tempfile.TemporaryDirectory() as folder:
+        with Checkpointer(folder, keep_last=1) as ckpt:
+            ckpt.save(0, model=model, optimizer=optimizer, block=True)
+        with Checkpointer(f"s3://{BUCKET}/restore", keep_last=1) as ckpt:
+            ckpt.save(0, model=model, optimizer=optimizer, block=True)
+        payload = next(Path(folder).glob("ckpt-*/state.pt"))
+        state_mib = payload.stat().st_size / 2**20
+        figures = {
+            "costguard, local": added("costguard", folder),
+            "costguard, S3": added("costguard", f"s3://{BUCKET}/restore"),
+            "torch.load": added("plain", str(payload)),
+            "torch.load(mmap=True)": added("mmap", str(payload)),
+        }
+    shown = "; ".join(
+        f"{name} {mib:.0f} MiB ({mib / state_mib:.2f})" for name, mib in figures.items()
+    )
+    print(f"4. restore peak added memory / state ({state_mib:.0f} MiB), target <= 0.5: {shown}")
 
 
 def measure_stall(model: torch.nn.Module, optimizer: Any, repeats: int) -> None:

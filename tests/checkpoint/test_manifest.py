@@ -150,7 +150,7 @@ def test_retention_keeps_the_newest_n_and_removes_only_abandoned_partials(
             continue
         abandoned = (
             newest is not None
-            and f.step < newest
+            and f.step <= newest
             and f.modified_unix is not None
             and now - f.modified_unix >= grace
         )

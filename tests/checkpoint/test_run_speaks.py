@@ -133,3 +133,29 @@ def test_a_url_with_a_secret_is_refused_before_anything_and_never_echoed(
     assert secret not in done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     assert not marker.exists()
+
+
+def test_an_unreachable_gcs_store_is_reported_soon_naming_gcs(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+) -> None:
+    from tests.conftest import free_port
+
+    env = train_env(
+        STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        COSTGUARD_STORAGE_OPTIONS='{"token": "anon", "project": "test"}',
+    )
+    started = time.monotonic()
+    done = subprocess.run(
+        [*costguard_command(), "run", "--checkpoint", "gs://bucket-x/p", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 2, done.stderr
+    assert took < 60, took  # one retry layer: ours, bounded (it took 217 s with two)
+    assert "Traceback" not in done.stderr
+    assert "STORAGE_EMULATOR_HOST" in done.stderr
+    assert "AWS_ENDPOINT_URL" not in done.stderr
+    assert sum(line.startswith("Error:") for line in done.stderr.splitlines()) == 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,3 +365,38 @@ def _no_payload_get(get: Callable[..., bytes]) -> Callable[..., bytes]:
         return get(self, path)
 
     return guarded
+
+
+def test_an_emergency_save_on_a_failing_gcs_store_reports_before_the_deadline(
+    gcs_emulator: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from costguard.checkpoint import Preempted
+    from costguard.checkpoint.notices import Notice, NoticeBoard
+    from tests.checkpoint.test_faults_gcs_azure import gcs_error
+
+    faults = Faults(eligible=lambda method, path: True)
+    with fault_proxy(gcs_emulator, faults) as proxy:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy)
+        monkeypatch.setenv("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+        board = NoticeBoard()
+        model, opt = tiny()
+        ckpt = Checkpointer(
+            f"gs://ckpt-bucket/deadline{time.monotonic_ns()}",
+            storage_options={"token": "anon", "project": "test"},
+            notices=board,
+            every_steps=1000,
+        )
+        ckpt.step(0, model=model, optimizer=opt)
+        # From now on GCS answers every request with 503, which gcsfs retries on its own.
+        faults.status, faults.error_body = 503, gcs_error(503, "Backend Error")
+        faults.error_headers = {"Content-Type": "application/json"}
+        faults.fail_puts = 10**6
+        deadline = time.time() + 12  # GCP gives 30 s; this store needs far longer to give up
+        board.post(Notice("gcp", "preempt", deadline))
+        with caplog.at_level(logging.WARNING), pytest.raises(Preempted) as info:
+            ckpt.step(1, model=model, optimizer=opt)
+        reported = time.time()
+    assert reported < deadline, f"reported {reported - deadline:.1f} s after the deadline"
+    assert info.value.result is None or not info.value.result.ok
+    assert "emergency save of step 2 did not commit" in caplog.text
+    assert "newest durable checkpoint is none" in caplog.text

@@ -88,7 +88,21 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
         assert attempt["resumed_step"] == (ready or None)
         previous_last = last
     assert previous_last == steps
-    assert_bitwise_equal(torch.load(out, weights_only=True), reference)
+    final_weights = torch.load(out, weights_only=True)
+    assert_bitwise_equal(final_weights, reference)
+    # The result is in the store: its newest checkpoint is the final step, named in the
+    # report, and exporting it gives the weights the job ended with.
+    assert doc["latest_checkpoint"]["step"] == steps
+    exported = tmp_path / "model.pt"
+    done = subprocess.run(
+        [*launch_argv()[:-1], "checkpoint", "export", str(ckpt), "--to", str(exported)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stderr
+    assert_bitwise_equal(torch.load(exported, weights_only=True), final_weights["model"])
     # job.json says the same, and nothing of the job still runs.
     assert read_job(ckpt)["status"] == "succeeded"
     launcher = LocalLauncher(Simulation(), job_started_unix=0.0, state_dir=state)

@@ -387,9 +387,11 @@ def plan_retention(
 
     * with ``count`` (only right after a newer checkpoint committed), committed
       checkpoints beyond the newest ``keep_last``;
-    * folders without a manifest, and proven corrupt ones, that are older than the newest
-      committed checkpoint and unchanged for ``grace_s`` (a live writer may still be
-      uploading into a folder without a manifest; a folder with no date is kept).
+    * folders without a manifest, and proven corrupt ones, whose step is not newer than
+      the newest committed checkpoint's and that have not changed for ``grace_s`` (a live
+      writer may still be uploading into a folder without a manifest; a folder with no
+      date is kept). ``now_unix`` ``None`` skips the grace, for a caller that knows no
+      other writer is live.
 
     Each deletion lists the manifest first: deleting it makes the folder partial, never a
     "latest" with missing objects.
@@ -422,7 +424,7 @@ def plan_retention(
             garbage is not None
             and c.name not in committed
             and c.name not in protect
-            and c.step < newest_step
+            and c.step <= newest_step
             and c.modified_unix is not None
             and (now_unix is None or now_unix - c.modified_unix >= grace_s)
         ):

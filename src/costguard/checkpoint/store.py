@@ -72,8 +72,10 @@ MAX_PARTS = 10_000
 PART_WAIT_S = 900.0
 #: An incomplete multipart upload older than this belongs to a writer that is gone.
 UPLOAD_GRACE_S = 900.0
-#: Restores read an object in chunks of this size (hashing as they go).
+#: Restores read an object in chunks of this size (hashing as they go), S3 in this many
+#: concurrent ranged GETs of twice that.
 READ_CHUNK = 4 * 2**20
+READ_STREAMS = 4
 #: A retry that would start less than this before the deadline is not started.
 DEADLINE_MARGIN_S = 1.0
 #: The environment variable that holds fsspec options for the store, as a JSON object.
@@ -262,7 +264,15 @@ class Store:
         options = dict(_default_options(scheme))
         options.update(storage_options or {})
         try:
-            fs, root = fsspec_core.url_to_fs(text, **options)
+            if scheme in ("gs", "gcs"):
+                # gcsfs's default class probes every bucket's layout over gRPC (zonal and
+                # HNS buckets) with a retrying 60 s timeout of its own, and probes again
+                # after each failure: minutes before an unreachable store is reported. A
+                # checkpoint needs plain object calls, which the core class makes.
+                fs = require("gcsfs.core", EXTRA).GCSFileSystem(**options)
+                root = fs._strip_protocol(text)
+            else:
+                fs, root = fsspec_core.url_to_fs(text, **options)
         except (ValueError, TypeError, ImportError) as exc:
             msg = f"cannot use the checkpoint URL {redact_url(text)[:200]!r}: {redact(str(exc))}"
             raise InputError(msg, hint="check the URL and its storage options") from None
@@ -578,11 +588,24 @@ class Store:
     def _download(self, path: str, local: str, size: int) -> None:
         """Stream object ``path`` into the file ``local``, with this store's retries.
 
-        S3 and Azure: one streamed GET (``get_file``), started again on an error. GCS: ranged
-        reads of ``READ_CHUNK`` bytes, each retried alone (gcsfs's whole-file download
+        S3: ``get_file`` in ``READ_STREAMS`` concurrent ranged GETs at a time; Azure: its
+        streamed download; either is started again on an error. GCS: ranged reads of
+        ``READ_CHUNK`` bytes, each retried alone (gcsfs's whole-file download
         retries on its own, a second layer that would outlive a preemption notice).
         """
         full = self.full(path)
+        if self.backend == "s3":
+            # s3fs reads a big object as batches of concurrent ranged GETs, each batch held
+            # in memory (twice, while a body is joined): its defaults (10 x 50 MB) held
+            # about 1 GB at a time. Memory a process has touched is rarely given back, so
+            # this peak would stay for the whole run.
+            self._call(
+                f"reading {path}",
+                lambda: self.fs.get_file(
+                    full, local, chunksize=READ_CHUNK * 2, max_concurrency=READ_STREAMS
+                ),
+            )
+            return
         if self.backend != "gcs":
             self._call(f"reading {path}", lambda: self.fs.get_file(full, local))
             return

@@ -88,14 +88,16 @@ def ls_command(url: str, output_format: str) -> None:
     if not entries:
         click.echo(f"No checkpoints at {store.url}.")
         return
-    click.echo(f"  {'CHECKPOINT':<27} {'STEP':>8}  {'STATUS':<10} {'SIZE':>9}  CREATED (UTC)")
+    # 80 columns: the date without the year, the reason's kind (the JSON has it whole).
+    click.echo(f"  {'CHECKPOINT':<27} {'STEP':>8} {'STATUS':<10} {'SIZE':>9} {'CREATED UTC':<11}")
     for e in entries:
         mark = "*" if e.latest else " "
-        click.echo(
-            f"{mark} {e.name:<27} {e.step:>8}  {e.status:<10} {_size(e.size_bytes):>9}  "
-            f"{_when(e.created_unix)}"
-            + (f"  {e.reason}" if e.reason and e.reason != "schedule" else "")
+        reason = "" if e.reason == "schedule" else e.reason.split(":", 1)[0]
+        line = (
+            f"{mark} {e.name:<27} {e.step:>8} {e.status:<10} {_size(e.size_bytes):>9} "
+            f"{_when(e.created_unix)[5:]:<11} {reason}"
         )
+        click.echo(line.rstrip())
         if e.problem:
             click.echo(f"    {e.problem[:200]}")
     latest = next((e for e in entries if e.latest), None)

@@ -18,7 +18,7 @@ import click
 
 from costguard.cli import render
 from costguard.cli.params import DecimalRange
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.pricing.catalog import load_tables
 from costguard.pricing.gpus import canonical_gpu
@@ -571,7 +571,23 @@ def _print_estimate(spec: Any, offer: Any, fallback: Any, as_of: str) -> None:
 # -- reports ----------------------------------------------------------------------------
 
 
-def _document(job: Any, offers: Sequence[Any], now: float) -> dict[str, Any]:
+def _latest_checkpoint(url: str) -> dict[str, Any] | None:
+    """The newest committed checkpoint of the job (the final one once it succeeded)."""
+    from costguard.checkpoint.inventory import inventory
+
+    try:
+        entries = inventory(_open_store(url), verify_latest=False)
+    except CostguardError:
+        return None
+    latest = next((e for e in entries if e.latest), None)
+    if latest is None:
+        return None
+    return {"name": latest.name, "step": latest.step, "reason": latest.reason}
+
+
+def _document(
+    job: Any, offers: Sequence[Any], now: float, checkpoint: dict[str, Any] | None
+) -> dict[str, Any]:
     from costguard.spot.controller import summarise
     from costguard.spot.job import attempt_doc, spec_doc
 
@@ -581,6 +597,7 @@ def _document(job: Any, offers: Sequence[Any], now: float) -> dict[str, Any]:
         "status": job.status,
         "reason": job.reason,
         "checkpoint_url": job.spec.checkpoint_url,
+        "latest_checkpoint": checkpoint,
         "controller": job.controller,
         "heartbeat_age_s": round(now - job.heartbeat_unix, 1),
         "summary": {
@@ -607,13 +624,16 @@ def _document(job: Any, offers: Sequence[Any], now: float) -> dict[str, Any]:
 
 def _report(job: Any, offers: Sequence[Any], output_format: str) -> None:
     now = time.time()
+    checkpoint = _latest_checkpoint(job.spec.checkpoint_url)
     if output_format == "json":
-        render.print_json(_document(job, offers, now))
+        render.print_json(_document(job, offers, now, checkpoint))
         return
-    _print_table(job, offers, now)
+    _print_table(job, offers, now, checkpoint)
 
 
-def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
+def _print_table(
+    job: Any, offers: Sequence[Any], now: float, checkpoint: dict[str, Any] | None
+) -> None:
     from rich.table import Table
 
     from costguard.spot.controller import handle_label, summarise
@@ -654,6 +674,13 @@ def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
         lines.append(f"the same hours on-demand: {_usd(summary.on_demand_usd)}")
     if summary.estimate_usd is not None:
         lines.append(f"estimate before launch: {_usd(summary.estimate_usd)}")
+    if checkpoint is not None:
+        final = "final checkpoint" if job.status == "succeeded" else "newest checkpoint"
+        lines.append(f"{final}: step {checkpoint['step']} ({checkpoint['name']})")
+        lines.append(
+            f"  the weights: costguard checkpoint export {job.spec.checkpoint_url} "
+            "--to model.safetensors"
+        )
     for line in lines:
         click.echo(line)
 

@@ -113,7 +113,8 @@ def latest_step(store: Store) -> int | None:
     """The step of the latest complete checkpoint in ``store`` (``None``: none yet)."""
     from costguard.checkpoint.inventory import inventory
 
-    for entry in inventory(store):
+    # The manifests say it; reading every byte of a big payload again is verify's job.
+    for entry in inventory(store, verify_latest=False):
         if entry.latest:
             return entry.step
     return None
@@ -123,7 +124,7 @@ def latest_checkpoint_unix(store: Store) -> float | None:
     """When the latest complete checkpoint was written (unix time), if any."""
     from costguard.checkpoint.inventory import inventory
 
-    for entry in inventory(store):
+    for entry in inventory(store, verify_latest=False):
         if entry.latest:
             return entry.created_unix
     return None

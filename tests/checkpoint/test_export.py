@@ -1,0 +1,122 @@
+"""The result out of the store: ``load_state``, ``costguard checkpoint export`` (read back
+with the reference safetensors reader), and ``checkpoint ls`` as a person reads it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
+
+from costguard.checkpoint import Checkpointer, load_state
+from costguard.cli import cli
+from tests.checkpoint.conftest import Backend
+from tests.checkpoint.test_faults import train
+
+
+def trained(url: str, steps: int = 7) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+    model.register_buffer("count", torch.tensor([3], dtype=torch.int64))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with Checkpointer(url, every_steps=3) as ckpt:
+        for step in range(steps):
+            train(model, opt)  # type: ignore[arg-type]
+            ckpt.step(step, model=model, optimizer=opt)
+    return model, opt
+
+
+def test_export_writes_the_final_weights_as_safetensors_and_pt(
+    backend: Backend, tmp_path: Path
+) -> None:
+    model, _ = trained(backend.url)
+    runner = CliRunner()
+    st = tmp_path / "model.safetensors"
+    done = runner.invoke(cli, ["checkpoint", "export", backend.url, "--to", str(st)])
+    assert done.exit_code == 0, done.output
+    assert "step 7" in done.output  # the final step that close() committed
+    exported = load_file(str(st))
+    expected = model.state_dict()
+    assert exported.keys() == expected.keys()
+    for name, tensor in expected.items():
+        assert exported[name].dtype == tensor.dtype
+        assert torch.equal(exported[name], tensor)
+    pt = tmp_path / "model.pt"
+    done = runner.invoke(cli, ["checkpoint", "export", backend.url, "--step", "6", "--to", str(pt)])
+    assert done.exit_code == 0, done.output
+    older = torch.load(pt, weights_only=True)
+    assert older.keys() == expected.keys()
+    assert not torch.equal(older["0.weight"], expected["0.weight"])  # step 6, not 7
+    state = load_state(backend.url)
+    assert state["step"] == 7
+    assert torch.equal(state["model"]["2.bias"], expected["2.bias"])
+
+
+def test_export_refuses_what_it_cannot_write_and_writes_nothing(tmp_path: Path) -> None:
+    url = str(tmp_path / "ckpt")
+    trained(url)
+    runner = CliRunner()
+    cases = [
+        (["--to", str(tmp_path / "model.bin")], "must end in .safetensors or .pt"),
+        (["--to", str(tmp_path / "o.safetensors"), "--part", "optimizer"], "flat mapping"),
+        (["--to", str(tmp_path / "m.pt"), "--part", "nope"], "has no 'nope' part"),
+        (["--to", str(tmp_path / "m.pt"), "--step", "5"], "no complete checkpoint of step 5"),
+        (["--to", str(tmp_path / "no" / "m.pt")], "does not exist"),
+    ]
+    for args, message in cases:
+        done = runner.invoke(cli, ["checkpoint", "export", url, *args])
+        assert done.exit_code == 2, (args, done.output)
+        assert message in done.output, done.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_ls_is_newest_first_with_a_header_and_never_stars_a_bad_checkpoint(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "ckpt")
+    trained(url)
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["checkpoint", "ls", url])
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    assert lines[0].split()[:3] == ["CHECKPOINT", "STEP", "STATUS"]
+    steps = [int(line.split()[2]) for line in lines[1:4] if line.startswith("*")] + [
+        int(line.split()[1]) for line in lines[1:4] if not line.startswith("*")
+    ]
+    assert sorted(steps, reverse=True) == [7, 6, 3]
+    assert lines[1].startswith("* ckpt-000000000007-")
+    assert all(len(line) <= 80 for line in lines)
+    # Damage the newest payload (same size, other bytes): verify calls it BAD, and ls
+    # stars the one a resume really starts from.
+    newest = next((tmp_path / "ckpt").glob("ckpt-000000000007-*/state.pt"))
+    raw = bytearray(newest.read_bytes())
+    raw[-100] ^= 0xFF
+    newest.write_bytes(bytes(raw))
+    verified = runner.invoke(cli, ["checkpoint", "verify", url])
+    assert verified.exit_code == 1
+    assert verified.output.startswith("BAD  ckpt-000000000007-")
+    listed = runner.invoke(cli, ["checkpoint", "ls", url, "--format", "json"])
+    doc = json.loads(listed.output)
+    assert [(c["step"], c["status"], c["latest"]) for c in doc["checkpoints"]] == [
+        (7, "corrupt", False),
+        (6, "complete", True),
+        (3, "complete", False),
+    ]
+
+
+def test_ls_on_a_missing_store_fails_and_creates_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "missing" / "a" / "b"
+    done = CliRunner().invoke(cli, ["checkpoint", "ls", str(missing)])
+    assert done.exit_code == 1
+    assert "does not exist" in done.output
+    assert not (tmp_path / "missing").exists()
+    monkeypatch.setenv("COSTGUARD_STORAGE_OPTIONS", "{not json")
+    done = CliRunner().invoke(cli, ["checkpoint", "ls", str(tmp_path)])
+    assert done.exit_code == 2
+    assert "COSTGUARD_STORAGE_OPTIONS must be a JSON object" in done.output
+    assert "unexpected" not in done.output
