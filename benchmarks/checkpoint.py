@@ -142,7 +142,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.restore_child:
-        restore_child(*args.restore_child, size_mb=args.size_mb)
+        how, where = args.restore_child
+        restore_child(how, where, size_mb=args.size_mb)
         return
     process, endpoint = start_moto()
     os.environ.update(
