@@ -36,6 +36,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--out", required=True)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    parser.add_argument(
+        "--abort-after-close", type=int, default=-1, help="this rank aborts after close()"
+    )
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -87,6 +90,8 @@ def main() -> None:
             if step >= args.steps:
                 break
     ckpt.close()
+    if rank == args.abort_after_close:
+        os.abort()  # as gloo's teardown sometimes does: "terminate called without ..."
     torch.save({"rng": rng_state(), "extra": extra}, f"{args.out}.rank{rank}")
     if rank == 0:
         torch.save(

@@ -305,3 +305,60 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
     assert code == 0, err[-3000:]
     assert {r: s for r, (_, s) in final.ready().items()} == {0: done, 1: done}
     assert_bitwise_equal(_final(out), _final(reference_out))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("skip_restore", [False, True])
+def test_a_sharded_fsdp2_state_is_refused_and_nothing_is_stored(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]], skip_restore: bool
+) -> None:
+    url = tmp_path / "ckpt"
+    done = subprocess.run(
+        [
+            *TORCHRUN, "2", str(HERE / "fsdp_refusal.py"), "--url", str(url),
+            *(["--skip-restore"] if skip_restore else []),
+        ],
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    refused = sorted(line for line in done.stdout.splitlines() if line.startswith("REFUSED"))
+    assert [line.split()[1] for line in refused] == ["0", "1"], done.stdout + done.stderr[-2000:]
+    assert "sharded tensors (FSDP2 / DTensor" in refused[0]
+    assert "SAVED" not in done.stdout
+    assert not list(url.glob("ckpt-*/*"))  # nothing stored: not half a checkpoint
+
+
+@pytest.mark.slow
+def test_a_rank_that_aborts_after_the_final_checkpoint_still_means_done(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+) -> None:
+    url = tmp_path / "ckpt"
+    done = subprocess.run(
+        [
+            *costguard_command(), "run", "--checkpoint", str(url), "--every-steps", "4", "--",
+            *TORCHRUN, "2", str(DDP_SCRIPT), "--steps", "6", "--out", str(tmp_path / "out.pt"),
+            "--abort-after-close", "1",
+        ],
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "after every rank had closed with its final checkpoint committed" in done.stderr
+    assert "exit 0: the script finished; final checkpoint: step 6" in done.stderr
+    # Without the final checkpoint, a crash is a failure: a rank that aborts mid-run.
+    failing = subprocess.run(
+        [
+            *costguard_command(), "run", "--checkpoint", str(tmp_path / "other"), "--",
+            sys.executable, "-c", "import os; os.abort()",
+        ],
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert failing.returncode == 134
+    assert "the script failed" in failing.stderr

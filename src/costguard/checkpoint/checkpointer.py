@@ -105,6 +105,7 @@ __all__ = [
     "Preempted",
     "RestoreError",
     "SaveResult",
+    "ShardedStateError",
 ]
 
 
@@ -119,6 +120,30 @@ class Preempted(SystemExit):
 
 class RestoreError(CostguardError):
     """A checkpoint was read and verified but does not fit the objects given to restore."""
+
+
+class ShardedStateError(InputError):
+    """The state holds sharded tensors (FSDP2, DTensor): one rank cannot save it whole."""
+
+
+def refuse_sharded(state: Any, what: str) -> None:
+    """Raise :class:`ShardedStateError` when ``state`` holds a sharded tensor.
+
+    Rank 0 writes the checkpoint of a multi-process job, which is the whole state only when
+    every rank holds all of it (DDP). A sharded state would be stored as rank 0's shards
+    alone, a checkpoint that cannot be resumed: better no save than half of one.
+    """
+    where = state_mod.find_sharded(state)
+    if where is not None:
+        msg = (
+            f"the {what} holds sharded tensors (FSDP2 / DTensor, at {where[:120]}): rank 0 "
+            "alone would store only its own shards, and the resume would fail"
+        )
+        raise ShardedStateError(
+            msg,
+            hint="costguard saves replicated state (one process, or DDP); for a sharded model "
+            "use torch.distributed.checkpoint, or gather a full state dict on every rank",
+        )
 
 
 class Checkpointer:
@@ -207,6 +232,7 @@ class Checkpointer:
         self._sync_started_s = clock()
         self._steps_since_sync = 0
         self._preempted_file: str | None = None
+        self._checked_sharded = False
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
 
@@ -344,6 +370,9 @@ class Checkpointer:
         Under a process group rank 0 chooses, every rank loads the checkpoint it chose (and
         verifies it), and each rank gets its own RNG and ``loader`` state back.
         """
+        if model is not None:
+            refuse_sharded(model.state_dict(), "model")  # before training starts
+            self._checked_sharded = optimizer is None
         group = self._coordination()
         chosen = self._restorer.choose() if group is None or group.rank == 0 else None
         if group is not None:
@@ -514,6 +543,14 @@ class Checkpointer:
         if self._closed:
             msg = "this Checkpointer is closed"
             raise RuntimeError(msg)
+        if not self._checked_sharded:
+            # Every rank of a sharded model gets here with its shards: all refuse alike, at
+            # the first save (sharding does not change during a run).
+            refuse_sharded(
+                {k: v.state_dict() for k, v in parts.items() if hasattr(v, "state_dict")},
+                "training state",
+            )
+            self._checked_sharded = True
         group = self._coordination()
         ranks: list[Any] | None = None
         if group is not None:
@@ -700,6 +737,23 @@ class Checkpointer:
             if step + 1 > (saved or 0):
                 self.save(step, reason="final", **parts)
                 result = self.flush(timeout_s)
+            durable = self.last_durable
+            committed = durable is not None and durable.step == step + 1
+            if group is not None:
+                # Rank 0 knows; every rank waits for its word, so no rank's close() returns
+                # before the final checkpoint is durable.
+                committed = bool(group.broadcast(committed))
+            # Tell costguard run this rank is done: a crash after this (a process-group
+            # teardown that aborts) does not undo a finished job.
+            self._saver.note(
+                {
+                    "event": "closed",
+                    "rank": self.rank,
+                    "world": group.world_size if group is not None else 1,
+                    "step": step + 1,
+                    "committed": committed,
+                }
+            )
         self._last_step = None
         if final and result is not None and result.reason == "final" and not result.ok:
             logger.error(

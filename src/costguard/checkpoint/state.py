@@ -185,6 +185,30 @@ def apply(
     set_rng_state(state["rng"])
 
 
+#: Tensor classes whose values are split across ranks: no one rank holds the whole.
+SHARDED_TENSORS = frozenset({"DTensor", "ShardedTensor"})
+
+
+def find_sharded(value: Any, path: str = "") -> str | None:
+    """Where in ``value`` a sharded tensor (FSDP2/DTensor, ShardedTensor) is, or ``None``.
+
+    By class name, so that torch.distributed is not imported to ask.
+
+    >>> find_sharded({"model": {"w": 1}}) is None
+    True
+    """
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if SHARDED_TENSORS & {cls.__name__ for cls in type(item).__mro__}:
+            return where or "/"
+        if isinstance(item, Mapping):
+            stack.extend((v, f"{where}/{k}") for k, v in item.items())
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}/{i}") for i, v in enumerate(item))
+    return None
+
+
 class CpuCopier:
     """Copies a nested state into CPU buffers that stay allocated between saves.
 

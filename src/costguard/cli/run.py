@@ -142,6 +142,8 @@ class Events:
         self.quiet = quiet
         self.restored: dict[str, Any] | None = None
         self.last_durable: dict[str, Any] | None = None
+        #: rank -> its "closed" event: the loop ended and the final checkpoint is durable.
+        self.closed: dict[int, dict[str, Any]] = {}
         self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="costguard-events", daemon=True)
@@ -181,6 +183,8 @@ class Events:
                     if event.get("name")
                     else "no checkpoint yet: the script starts from step 0"
                 )
+        elif event.get("event") == "closed":
+            self.closed[int(event.get("rank", 0))] = event
         elif event.get("event") == "save":
             if event.get("ok"):
                 self.last_durable = event
@@ -191,6 +195,19 @@ class Events:
                     )
             else:
                 _say(f"the save of step {event['step']} failed: {event.get('error')}")
+
+    def finished(self) -> bool:
+        """Whether every rank closed its Checkpointer after committing the final step."""
+        if not self.closed:
+            return False
+        world = {int(e.get("world", 1)) for e in self.closed.values()}
+        steps = {e.get("step") for e in self.closed.values()}
+        return (
+            len(world) == 1
+            and set(self.closed) == set(range(world.pop()))
+            and len(steps) == 1
+            and all(e.get("committed") for e in self.closed.values())
+        )
 
     def newest(self) -> str:
         """The newest durable checkpoint this run knows of, for the exit summary."""
@@ -418,6 +435,13 @@ def run_command(
         # torchrun reports its workers' 75 as a failure of its own (exit 1).
         _say(f"the command exited with {code} after its ranks saved on a notice; reporting 75")
         code = EXIT_PREEMPTED
+    if code not in (0, EXIT_PREEMPTED) and not interrupted and events.finished():
+        # Done means done: gloo's teardown sometimes aborts a rank after the work is over.
+        _say(
+            f"the command exited with {code} after every rank had closed with its final "
+            "checkpoint committed (a crash while shutting down); reporting 0"
+        )
+        code = 0
     if interrupted:
         code = 130  # the shell's code for Ctrl-C
     _say(summary(code, events.newest(), interrupted=bool(interrupted)))
