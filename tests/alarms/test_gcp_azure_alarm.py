@@ -9,10 +9,14 @@ import pytest
 
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import gcp as gcp_clouds
-from tests.alarms.conftest import FakeAzure, FakeGcp, JsonServer, azure_test_kwargs
+from tests.fakes.azure import ConsumptionFake as FakeAzure
+from tests.fakes.gcp import BudgetsFake as FakeGcp
+from tests.fakes.http import JsonServer, azure_test_kwargs
 
 ACCOUNT = "012345-6789AB-CDEF01"
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
+#: The number Resource Manager gives the project ``thesis-1``.
+THESIS_NUMBER = "731902451868"
 
 
 @pytest.fixture
@@ -20,6 +24,7 @@ def gcp_cli(gcp_server: tuple[JsonServer, FakeGcp], monkeypatch: pytest.MonkeyPa
     from google.auth.credentials import AnonymousCredentials
 
     server, fake = gcp_server
+    fake.projects["thesis-1"] = THESIS_NUMBER
     monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", server.url)
     monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
     return server, fake
@@ -49,7 +54,8 @@ def test_gcp_create_rerun_update_status_delete(run_cli: Callable[..., Any], gcp_
     assert budget["displayName"] == "costguard-monthly"
     assert budget["amount"]["specifiedAmount"]["currencyCode"] == "USD"
     assert str(budget["amount"]["specifiedAmount"]["units"]) == "200"
-    assert budget["budgetFilter"]["projects"] == ["projects/thesis-1"]
+    # Sent by number, as the API answers it: the rerun below compares like with like.
+    assert budget["budgetFilter"]["projects"] == [f"projects/{THESIS_NUMBER}"]
     rules = {(r["spendBasis"], r["thresholdPercent"]) for r in budget["thresholdRules"]}
     assert len(rules) == 4
     assert {basis for basis, _ in rules} == {"CURRENT_SPEND", "FORECASTED_SPEND"} or {

@@ -15,7 +15,7 @@ from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
-from tests.reaper.conftest import GCP_PROJECT, GcpServer, GcpVm
+from tests.fakes.gcp import GCP_PROJECT, GcpServer, GcpVm
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -179,12 +179,14 @@ def test_a_page_token_handed_out_twice_ends_the_run(fleet: GcpServer) -> None:
     assert not fleet.calls("POST", "/stop")
 
 
-@pytest.mark.parametrize(("silent_for", "code"), [(3.5, "too-few-samples"), (2.5, "idle")])
+@pytest.mark.parametrize(("silent_for", "code"), [(4.5, "too-few-samples"), (2.5, "idle")])
 def test_a_point_stands_for_the_minute_that_ends_at_its_end_time(
     fleet: GcpServer, silent_for: float, code: str
 ) -> None:
-    """The Ops Agent stopped writing a while ago; CPU and network go on. The newest point's
-    minute ended at its endTime, so silence is measured from there."""
+    """The Ops Agent stopped writing a while ago; CPU and network go on. Cloud Monitoring
+    aligns the raw points into minutes that end at the query's end time and stamps each
+    with its end; the newest point's minute ended there, so silence is measured from it
+    (a point 4.5 minutes old lies in the minute that ended 4 minutes ago)."""
     vm = fleet.add(GcpVm("agent", "us-central1-a", "g2-standard-4", "110", "nvidia-l4", 1))
     seed(fleet, vm, gpu=None)
     last = NOW - timedelta(minutes=silent_for)
@@ -193,7 +195,7 @@ def test_a_point_stands_for_the_minute_that_ends_at_its_end_time(
     verdict = {v.instance.name: v for v in report.plan.verdicts}["agent"]
     assert verdict.code == code
     if code != "idle":
-        assert f"newest gpu sample ends {silent_for:g} min before now" in verdict.reason
+        assert f"newest gpu sample ends {int(silent_for)} min before now" in verdict.reason
 
 
 def test_operations_are_polled_on_the_configured_endpoint(

@@ -6,11 +6,8 @@ absent) and the resource group listing."""
 from __future__ import annotations
 
 import base64
-import itertools
-import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -26,16 +23,9 @@ from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, wri
 from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
 from costguard.spot.recovery import Outcome
-from tests.reaper.conftest import (
-    FakeTokenCredential,
-    LocalServer,
-    Reply,
-    Request,
-    Route,
-    azure_client_options,
-)
+from tests.fakes.azure import SUBSCRIPTION, ArmServer
+from tests.fakes.http import FakeTokenCredential, azure_client_options
 
-SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 GROUP = "costguard-jobs"
 NETWORK = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net/providers/Microsoft.Network"
 IDENTITY = (
@@ -51,174 +41,6 @@ OPTIONS = {
     "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyOnly me@laptop",
 }
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-
-
-@dataclass
-class Vm:
-    body: dict[str, Any]
-    group: str
-    name: str
-    provisioning: str = "Creating"
-    power: str = "starting"
-
-
-class ArmServer(LocalServer):
-    """Azure Resource Manager, Microsoft.Compute virtual machines, for one subscription."""
-
-    def reset(self) -> None:
-        self.vms: dict[str, Vm] = {}
-        self.operations: dict[str, dict[str, Any]] = {}
-        self.full_sizes: set[str] = set()
-        #: (location, size) -> (zones, zones restricted for the subscription), as the
-        #: Resource SKUs API lists them.
-        self.skus: dict[tuple[str, str], tuple[list[str], list[str]]] = {
-            ("eastus", "Standard_NC4as_T4_v3"): (["3", "1", "2"], []),
-            ("eastus", "Standard_NC24ads_A100_v4"): (["1", "2", "3"], ["2"]),
-            ("westus", "Standard_NC4as_T4_v3"): ([], []),  # a region without zones
-        }
-        self.ids = itertools.count(1)
-        self.requests.clear()
-
-    def resource(self, vm: Vm) -> dict[str, Any]:
-        properties = dict(vm.body["properties"])
-        properties["osProfile"] = {
-            k: v for k, v in properties["osProfile"].items() if k != "customData"
-        }  # ARM never returns customData
-        properties.update(
-            provisioningState=vm.provisioning,
-            timeCreated="2026-12-01T03:00:00.1234567+00:00",
-            vmId="5c1b7c1e-0000-0000-0000-000000000001",
-        )
-        return {
-            "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{vm.group}/providers/"
-            f"Microsoft.Compute/virtualMachines/{vm.name}",
-            "name": vm.name,
-            "type": "Microsoft.Compute/virtualMachines",
-            **{k: v for k, v in vm.body.items() if k != "properties"},
-            "properties": properties,
-        }
-
-    def with_view(self, vm: Vm) -> dict[str, Any]:
-        body = self.resource(vm)
-        body["properties"]["instanceView"] = {
-            "statuses": [
-                {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info",
-                 "displayStatus": f"Provisioning {vm.provisioning.lower()}"},
-                {"code": f"PowerState/{vm.power}", "level": "Info",
-                 "displayStatus": f"VM {vm.power}"},
-            ]
-        }  # fmt: skip
-        return body
-
-    def _async(self, kind: str, vm: Vm, location: str) -> dict[str, str]:
-        number = next(self.ids)
-        self.operations[str(number)] = {"kind": kind, "vm": vm, "polls": 0}
-        url = (f"{{base}}/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/locations/"
-               f"{location}/operations/{number}?api-version=2026-04-01")  # fmt: skip
-        return {"Azure-AsyncOperation": url, "Retry-After": "0"}
-
-    def put(self, request: Request, match: re.Match[str]) -> Reply:
-        assert request.query.get("api-version"), request.query
-        body = request.body
-        name = match["name"]
-        vm = self.vms.get(name)
-        if vm is None:
-            vm = self.vms[name] = Vm(body, match["group"], name)
-        else:  # PUT again: an update of the same VM
-            vm.body = body
-        return 201, self.resource(vm), self._async("create", vm, body["location"])
-
-    def operation(self, request: Request, match: re.Match[str]) -> Reply:
-        operation = self.operations[match["id"]]
-        operation["polls"] += 1
-        vm: Vm = operation["vm"]
-        if operation["polls"] == 1:
-            return 200, {"name": match["id"], "status": "InProgress"}, {}
-        size = vm.body["properties"]["hardwareProfile"]["vmSize"]
-        if operation["kind"] == "create" and size in self.full_sizes:
-            self.vms.pop(vm.name, None)
-            error = {
-                "code": "SkuNotAvailable",
-                "message": f"The requested VM size {size} is currently not available",
-            }
-            return 200, {"name": match["id"], "status": "Failed", "error": error}, {}  # fmt: skip
-        if operation["kind"] == "create":
-            vm.provisioning, vm.power = "Succeeded", "running"
-        else:
-            self.vms.pop(vm.name, None)
-        return 200, {"name": match["id"], "status": "Succeeded"}, {}
-
-    def get(self, request: Request, match: re.Match[str]) -> Reply:
-        vm = self.vms.get(match["name"])
-        if vm is None:
-            error = {"code": "ResourceNotFound",
-                     "message": f"The Resource '{match['name']}' was not found."}  # fmt: skip
-            return 404, {"error": error}, {}
-        if request.query.get("$expand") == ["instanceView"]:
-            return 200, self.with_view(vm), {}
-        return 200, self.resource(vm), {}
-
-    def delete(self, request: Request, match: re.Match[str]) -> Reply:
-        vm = self.vms.get(match["name"])
-        if vm is None:
-            return 204, None, {}
-        vm.provisioning = "Deleting"
-        return 202, None, self._async("delete", vm, vm.body["location"])
-
-    def list_group(self, request: Request, match: re.Match[str]) -> Reply:
-        assert request.query.get("$expand") == ["instanceView"], request.query
-        return 200, {"value": [self.with_view(vm) for vm in self.vms.values()
-                               if vm.group == match["group"]]}, {}  # fmt: skip
-
-    def list_skus(self, request: Request, match: re.Match[str]) -> Reply:
-        wanted = re.fullmatch(r"location eq '([a-z0-9]+)'", request.query["$filter"][0])
-        assert wanted, request.query
-        value: list[dict[str, Any]] = [
-            {"resourceType": "disks", "name": "Premium_LRS", "locations": [wanted[1]],
-             "locationInfo": [{"location": wanted[1], "zones": ["1", "2", "3"]}]},
-        ]  # fmt: skip
-        for (location, size), (zones, restricted) in self.skus.items():
-            if location != wanted[1]:
-                continue
-            sku: dict[str, Any] = {
-                "resourceType": "virtualMachines",
-                "name": size,
-                "tier": "Standard",
-                "locations": [location],
-                "locationInfo": [{"location": location, "zones": zones, "zoneDetails": []}],
-                "restrictions": [],
-            }
-            if restricted:
-                sku["restrictions"].append({
-                    "type": "Zone",
-                    "values": [location],
-                    "restrictionInfo": {"locations": [location], "zones": restricted},
-                    "reasonCode": "NotAvailableForSubscription",
-                })  # fmt: skip
-            value.append(sku)
-        return 200, {"value": value}, {}
-
-    def evict(self, name: str) -> None:
-        """What Azure does to an evicted Spot VM: delete it, or deallocate it."""
-        vm = self.vms[name]
-        if vm.body["properties"].get("evictionPolicy") == "Delete":
-            del self.vms[name]
-        else:
-            vm.power = "deallocated"
-
-    def routes(self) -> list[tuple[str, str, Route]]:
-        subscription = f"/subscriptions/{SUBSCRIPTION}"
-        group = subscription + r"/resourceGroups/(?P<group>[^/]+)"
-        vm = group + r"/providers/Microsoft\.Compute/virtualMachines/(?P<name>[^/]+)"
-        return [
-            ("GET", subscription + r"/providers/Microsoft\.Compute/skus", self.list_skus),
-            ("PUT", vm, self.put),
-            ("GET", vm, self.get),
-            ("DELETE", vm, self.delete),
-            ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
-            ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"
-             r"(?P<id>\d+)", self.operation),
-        ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
