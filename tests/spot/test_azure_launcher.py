@@ -295,3 +295,109 @@ def test_the_controller_relaunches_an_evicted_job(
         assert f"costguard run --checkpoint {url} " in script
     assert server.vms == {}  # the finished job's VM was deleted
     assert launcher.find("run-1") == []
+
+
+# ------------------------------------------ what the real service refuses (issue 19)
+
+
+def test_find_never_asks_the_listing_for_instance_views(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    """``virtualMachines.list`` with ``$expand=instanceView`` and no scale-set ``$filter`` is
+    a 400 from ARM; find (Controller.adopt's first call) lists plainly and reads each VM
+    of the job with its instance view."""
+    first = launcher.launch(offer(), spec(), attempt=1)
+    launcher.launch(offer(), spec("run-2"), attempt=1)
+    server.requests.clear()
+    assert launcher.find("run-1") == [first]
+    (listing,) = server.calls("GET", f"/resourceGroups/{GROUP}/providers/Microsoft.Compute/"
+                                     "virtualMachines")[:1]  # fmt: skip
+    assert "$expand" not in listing.query
+    reads = [c for c in server.calls("GET", "/virtualMachines/") if c.query.get("$expand")]
+    assert [c.path.rsplit("/", 1)[-1] for c in reads] == [first.instance_id]
+
+
+def test_a_second_region_uses_its_own_subnet(server: ArmServer, launcher: AzureLauncher) -> None:
+    west = f"{NETWORK}/virtualNetworks/lab-west/subnets/jobs"
+    west_offer = Offer("azure", "westus", "Standard_NC4as_T4_v3", Market.SPOT,
+                       Decimal("0.15"), "T4", 1)  # fmt: skip
+    # Subnets are regional: the eastus subnet cannot serve westus (InvalidResourceReference),
+    # which is a reason to move on to another place, not to fail the job.
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(west_offer, spec(), attempt=1)
+    assert caught.value.code == "InvalidResourceReference"
+    assert caught.value.place == "azure/westus"
+    handle = launcher.launch(west_offer, spec(subnet_westus=west), attempt=2)
+    assert handle.region == "westus"
+    subnets = [
+        body["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]["properties"][
+            "ipConfigurations"][0]["properties"]["subnet"]["id"]
+        for body in (c.body for c in server.calls("PUT", "/virtualMachines/"))
+    ]  # fmt: skip
+    assert subnets == [OPTIONS["subnet"], west]
+    # Only per-region subnets, none for this region: a clear input error, no call.
+    server.reset()
+    only_west = {**spec().options, "subnet": "", "subnet_westus": west}
+    with pytest.raises(InputError, match="no subnet for eastus"):
+        launcher.launch(offer(), spec(**only_west), attempt=1)
+    assert server.requests == [] or not server.calls("PUT", "/virtualMachines/")
+
+
+def test_another_refused_reference_stops_the_job(
+    server: ArmServer, launcher: AzureLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An InvalidResourceReference that is not about the subnet (say the identity) is not a
+    reason to move on: unknown refusals stop and report."""
+    server.subnets.clear()  # nothing known: the error names the subnet, still capacity
+    with pytest.raises(CapacityError):
+        launcher.launch(offer(), spec(), attempt=1)
+
+    def refuse(request: Any, match: Any) -> Any:
+        error = {"code": "InvalidResourceReference",
+                 "message": f"Resource {IDENTITY} referenced by resource x was not found."}  # fmt: skip
+        return 400, {"error": error}, {}
+
+    monkeypatch.setattr(server, "put", refuse)
+    with pytest.raises(InputError, match="InvalidResourceReference|not found"):
+        launcher.launch(offer(), spec(), attempt=1)
+
+
+@pytest.mark.parametrize("user", ["user1", "Test", "guest", "support_388945a0", "sys"])
+def test_admin_usernames_arm_refuses_are_refused_before_any_call(
+    server: ArmServer, user: str
+) -> None:
+    with pytest.raises(InputError, match="admin_username"):
+        make(server).launch(offer(), spec(admin_username=user), attempt=1)
+    assert server.requests == []
+
+
+def test_a_boot_script_over_64_kib_is_refused_before_any_call(server: ArmServer) -> None:
+    long_command = ("python", "train.py", "--note", "x" * 70_000)
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match="65535"):
+        make(server).launch(offer(), replace(spec(), command=long_command), attempt=1)
+    assert server.requests == []
+
+
+def test_a_retried_attempt_adopts_its_vm_instead_of_changing_custom_data(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    """customData and adminUsername cannot change after creation (PropertyChangeNotAllowed):
+    a retry of the same attempt whose boot script differs uses the VM that exists."""
+    from dataclasses import replace
+
+    first = launcher.launch(offer(), spec(), attempt=1)
+    again = launcher.launch(offer(), replace(spec(), command=("python", "other.py")), attempt=1)
+    assert again == first
+    assert len(server.calls("PUT", "/virtualMachines/")) == 1
+
+
+def test_a_location_restricted_size_is_no_capacity_before_any_put(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    server.location_restricted.add(("eastus", "Standard_NC4as_T4_v3"))
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.code == "NotAvailableForSubscription"
+    assert not server.calls("PUT", "/virtualMachines/")

@@ -106,11 +106,6 @@ DISALLOWED_USERS = frozenset((
     "guest", "john", "owner", "root", "server", "sql", "support", "support_388945a0", "sys",
     "test2", "test3", "user4", "user5",
 ))  # fmt: skip
-#: ``osProfile.customData``: "The maximum length of the binary array is 65535 bytes"
-#: (computeRPCommon.json, OSProfile), the decoded boot script.
-MAX_CUSTOM_DATA_BYTES = 65_535
-#: Tags per Azure resource (Resource Manager limit: 50 name/value pairs).
-MAX_TAGS = 50
 #: The ARM error code of a reference to a resource ARM cannot use from here: for the
 #: subnet, a subnet of another region (virtual networks are regional).
 INVALID_REFERENCE = "InvalidResourceReference"
@@ -299,16 +294,7 @@ class AzureLauncher:
             raise InputError(msg, hint="Delete leaves nothing behind to pay for")
         self._max_price(spec)
         bootstrap.int_option(spec, "disk_gb", 100, 30, 4095)
-        script = bootstrap.render(spec, 1, self.provider, environ=self._environ)
-        # OSProfile.customData: at most 65,535 bytes once decoded (ARM refuses more).
-        size = len(script.encode())
-        if size > MAX_CUSTOM_DATA_BYTES:
-            msg = f"the boot script is {size:,} bytes; Azure takes at most 65,535 as customData"
-            raise InputError(msg, hint="shorten the command or the env options it carries")
-        tags = spec.tags(1)
-        if len(tags) > MAX_TAGS:
-            msg = f"the VM would carry {len(tags)} tags; Azure allows {MAX_TAGS} per resource"
-            raise InputError(msg, hint="drop some tags")
+        bootstrap.render(spec, 1, self.provider, environ=self._environ)
 
     def _subnet(self, spec: LaunchSpec, region: str) -> str:
         """The subnet for ``region``: ``subnet_<region>``, else ``subnet``. Subnets are
@@ -522,7 +508,10 @@ class AzureLauncher:
                     if kind == "zone" and info is not None:
                         zones.difference_update(info.zones or [])
                     elif kind == "location":
-                        places = [*(restriction.values or []), *((info and info.locations) or [])]
+                        # ``values`` names the locations; the model is a mapping, whose
+                        # ``values`` attribute is the dict method, so it is read by key.
+                        named = restriction.get("values") if hasattr(restriction, "get") else None
+                        places = [*(named or []), *((info and info.locations) or [])]
                         restricted |= region.lower() in {str(p).lower() for p in places}
                 found[str(sku.name or "").lower()] = (zones, restricted)
         except azure_clouds.errors() as exc:
