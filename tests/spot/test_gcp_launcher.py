@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from costguard.checkpoint.store import Store
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
 from costguard.spot.controller import Controller
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
@@ -300,3 +300,50 @@ def test_the_controller_relaunches_a_preempted_job(
         assert f"costguard run --checkpoint {url} " in script
     assert server.vms == {}  # the finished job's VM was deleted
     assert launcher.find("run-1") == []
+
+
+# ------------------------------------------ what the real service does (issue 19)
+
+
+def test_an_immediate_quota_refusal_is_no_capacity(
+    server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    """Compute Engine refuses an insert over quota at once with HTTP 403 (reason
+    ``quotaExceeded``); the SDK raises Forbidden. That is a place without room, so recovery
+    moves on, not a permissions failure."""
+    server.quota_exceeded = True
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.code == "QUOTA_EXCEEDED"
+    assert "GPUS_ALL_REGIONS" in str(caught.value)
+    assert caught.value.place == "gcp/us-central1/us-central1-b"
+
+
+def test_any_other_403_stops_and_says_so(
+    server: ComputeServer, launcher: GcpLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def forbid(request: Any, match: Any) -> Any:
+        message = "Required 'compute.instances.create' permission for 'projects/lab-project'"
+        error = {"code": 403, "message": message, "status": "PERMISSION_DENIED",
+                 "errors": [{"message": message, "domain": "global", "reason": "forbidden"}]}  # fmt: skip
+        return 403, {"error": error}, {}
+
+    monkeypatch.setattr(server, "insert", forbid)
+    with pytest.raises(CostguardError, match="refused") as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert not isinstance(caught.value, CapacityError)
+    assert caught.value.hint
+    assert "infra/gcp" in caught.value.hint
+
+
+def test_a_reused_job_id_gets_a_new_vm(server: ComputeServer, launcher: GcpLauncher) -> None:
+    """Compute Engine answers a request id it has seen with that request's old operation
+    and creates nothing: a job id used again (after its VM is gone) must still get a VM."""
+    first = launcher.launch(offer(), spec(), attempt=1)
+    launcher.terminate(first)
+    assert server.vms == {}
+    again = launcher.launch(offer(), spec(), attempt=1)
+    assert again.instance_id in server.vms
+    ids = [c.query["requestId"][0] for c in server.calls("POST", "/instances")]
+    assert len(ids) == 2
+    assert len(set(ids)) == 2

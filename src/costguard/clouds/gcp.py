@@ -167,7 +167,7 @@ class RestSession:
 def translate(exc: BaseException, action: str) -> CostguardError:
     """A google.api_core exception as an actionable :class:`CostguardError`."""
     core = require("google.api_core.exceptions", EXTRA)
-    if isinstance(exc, core.PermissionDenied | core.Unauthenticated):
+    if isinstance(exc, core.Forbidden | core.PermissionDenied | core.Unauthenticated):
         return CostguardError(
             f"Google Cloud refused {action}: {exc.message}",
             hint="the custom role costguard needs is in infra/gcp/",
