@@ -173,3 +173,72 @@ def test_azure_resource_group_scope(run_cli: Callable[..., Any], azure_cli) -> N
     assert result.exit_code == 0, result.stderr
     (key,) = fake.budgets
     assert key.startswith(f"/subscriptions/{SUBSCRIPTION}/resourceGroups/gpu-rg/providers/")
+
+
+# ------------------------------------------ what the real services refuse (issue 19)
+
+
+def test_azure_update_in_a_later_month_keeps_the_start_date(azure_server) -> None:
+    """Azure refuses to change a budget's start date ("Start date of budgets cannot be
+    updated"): a rerun in a later month sends the start date the budget was created with."""
+    from datetime import date
+
+    from costguard.alarms.azure import CONSUMPTION, AzureAlarms
+    from costguard.alarms.plan import alarm_spec
+    from costguard.settings import Settings
+
+    server, fake = azure_server
+    client = azure_clouds.client(
+        *CONSUMPTION, SUBSCRIPTION, Settings(azure_endpoint=server.url), **azure_test_kwargs()
+    )
+
+    def alarms(today: date) -> AzureAlarms:
+        return AzureAlarms(Settings(), SUBSCRIPTION, client=client, today=lambda: today)
+
+    spec = alarm_spec(budget="200", provider="azure", subscription=SUBSCRIPTION,
+                      emails=["me@uni.edu"])  # fmt: skip
+    november = alarms(date(2026, 11, 17))
+    november.apply(spec, november.plan(spec))
+    (budget,) = fake.budgets.values()
+    assert budget["properties"]["timePeriod"]["startDate"].startswith("2026-11-01")
+
+    bigger = alarm_spec(budget="300", provider="azure", subscription=SUBSCRIPTION,
+                        emails=["me@uni.edu"])  # fmt: skip
+    december = alarms(date(2026, 12, 3))
+    made = december.apply(bigger, december.plan(bigger))
+    assert len(made) == 1
+    (budget,) = fake.budgets.values()
+    assert budget["properties"]["amount"] == 300
+    assert budget["properties"]["timePeriod"]["startDate"].startswith("2026-11-01")
+
+
+def test_gcp_budget_is_in_the_billing_accounts_currency(
+    run_cli: Callable[..., Any], gcp_cli
+) -> None:
+    """A budget's currency must match the billing account's: a EUR account gets a EUR
+    budget, and the plan says the amount is not USD."""
+    _server, fake = gcp_cli
+    fake.currency = "EUR"
+    created = run_cli(*GCP_ARGS, "--budget", "200")
+    assert created.exit_code == 0, created.stderr
+    (budget,) = fake.budgets.values()
+    assert budget["amount"]["specifiedAmount"]["currencyCode"] == "EUR"
+    assert "EUR" in created.stdout
+    again = run_cli(*GCP_ARGS, "--budget", "250")
+    assert again.exit_code == 0, again.stderr
+    (budget,) = fake.budgets.values()
+    assert str(budget["amount"]["specifiedAmount"]["units"]) == "250"
+    assert budget["amount"]["specifiedAmount"]["currencyCode"] == "EUR"
+
+
+def test_gcp_budget_names_longer_than_60_are_refused_before_any_call(
+    run_cli: Callable[..., Any], gcp_cli
+) -> None:
+    server, _fake = gcp_cli
+    result = run_cli(*GCP_ARGS, "--budget", "200", "--name", "n" * 51)
+    assert result.exit_code == 2
+    assert "60" in result.stderr
+    assert "Hint:" in result.stderr
+    assert server.requests == []
+    fits = run_cli(*GCP_ARGS, "--budget", "200", "--name", "n" * 50)
+    assert fits.exit_code == 0, fits.stderr

@@ -324,8 +324,8 @@ def test_any_other_403_stops_and_says_so(
 ) -> None:
     def forbid(request: Any, match: Any) -> Any:
         message = "Required 'compute.instances.create' permission for 'projects/lab-project'"
-        error = {"code": 403, "message": message, "status": "PERMISSION_DENIED",
-                 "errors": [{"message": message, "domain": "global", "reason": "forbidden"}]}  # fmt: skip
+        errors = [{"message": message, "domain": "global", "reason": "forbidden"}]
+        error = {"code": 403, "message": message, "status": "PERMISSION_DENIED", "errors": errors}
         return 403, {"error": error}, {}
 
     monkeypatch.setattr(server, "insert", forbid)

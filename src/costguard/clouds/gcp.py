@@ -172,7 +172,7 @@ def translate(exc: BaseException, action: str) -> CostguardError:
             f"Google Cloud refused {action}: {exc.message}",
             hint="the custom role costguard needs is in infra/gcp/",
         )
-    if isinstance(exc, core.InvalidArgument | core.NotFound):
+    if isinstance(exc, core.BadRequest | core.InvalidArgument | core.NotFound):
         return InputError(
             f"Google Cloud rejected {action}: {exc.message}",
             hint="check the billing account and project you passed",
