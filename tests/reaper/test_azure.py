@@ -264,3 +264,41 @@ def test_cli_refuses_over_the_limit(
     assert result.exit_code == 1
     assert "over the max-actions limit of 1" in result.stderr
     assert not fleet.calls("POST", "/deallocate")
+
+
+# ------------------------------------------ protection never read from missing data (issue 19)
+
+
+def test_protection_comes_from_the_model_listing(azure_server: AzureServer) -> None:
+    """``listAll?statusOnly=true`` is not trusted for tags (modelled null, as reported): the
+    keep tag, the size and the priority come from the model listing."""
+    vm = azure_server.add(AzureVm("kept", "Standard_NC4as_T4_v3", spot=True,
+                                  tags={"costguard:keep": "true"}))  # fmt: skip
+    seed(azure_server, vm)
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
+    (verdict,) = report.plan.verdicts
+    assert (str(verdict.action), str(verdict.code)) == ("keep", "protect-tag")
+    assert verdict.instance.instance_type == "Standard_NC4as_T4_v3"
+    assert verdict.instance.spot is True
+
+
+def test_a_vm_seen_by_one_listing_only_is_not_judged(
+    azure_server: AzureServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Created or deleted between the two listings: without its model (tags) the VM is
+    left alone this run, never judged on missing protection data."""
+    seed(azure_server, azure_server.add(AzureVm("listed", "Standard_NC4as_T4_v3")))
+    late = azure_server.add(AzureVm("late", "Standard_NC4as_T4_v3"))
+    seed(azure_server, late)
+    real = azure_server.list_all
+
+    def model_without_late(request: Any, match: Any) -> Any:
+        status, body, headers = real(request, match)
+        if request.query.get("statusOnly") != ["true"]:
+            body = {"value": [v for v in body["value"] if v["name"] != "late"]}
+        return status, body, headers
+
+    monkeypatch.setattr(azure_server, "list_all", model_without_late)
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=True)
+    assert {v.instance.name for v in report.plan.verdicts} == {"listed"}
+    assert azure_server.vms["late"].power == "running"

@@ -36,7 +36,8 @@ def seed(server: GcpServer, vm: GcpVm, gpu: float | None = 1.0, cpu: float = 0.0
     if gpu is not None:
         server.put(gcp.GPU_METRIC, vm.instance_id, minutes(gpu))
     server.put(gcp.CPU_METRIC, vm.instance_id, minutes(cpu))  # a fraction of 1
-    server.put(gcp.RECEIVED_METRIC, vm.instance_id, minutes(100.0))  # bytes/s after ALIGN_RATE
+    # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
+    server.put(gcp.RECEIVED_METRIC, vm.instance_id, minutes(100.0))
     server.put(gcp.SENT_METRIC, vm.instance_id, minutes(100.0))
 
 
@@ -249,3 +250,37 @@ def test_an_operation_that_never_finishes_is_a_failed_outcome_in_bounded_time(
     assert not outcome.ok
     assert "not done after" in outcome.message
     assert 1 <= len(fleet.calls("GET", "/operations/")) <= 10
+
+
+# ------------------------------------------ the aggregation the adapter asks for (issue 19)
+
+
+def test_the_busiest_gpu_of_a_multi_gpu_vm_decides(gcp_server: GcpServer) -> None:
+    """The Ops Agent writes one series per GPU; the adapter asks Cloud Monitoring for the
+    maximum across them per instance (REDUCE_MAX grouped by instance_id), so one busy GPU
+    of two keeps the VM."""
+    vm = gcp_server.add(GcpVm("two-gpus", "us-central1-a", "a2-highgpu-2g", "120"))
+    seed(gcp_server, vm, gpu=None)
+    gcp_server.put(gcp.GPU_METRIC, "120", minutes(1.0), label="0")
+    gcp_server.put(gcp.GPU_METRIC, "120", minutes(88.0), label="1")
+    report = reap([make_fleet(gcp_server)], policy(), ReapLimits(), NOW, execute=False)
+    assert verdicts(report)["two-gpus"] == ("keep", "busy")
+    (call, *_) = [c for c in gcp_server.calls("GET", "/timeSeries")
+                  if gcp.GPU_METRIC in c.query["filter"][0]]  # fmt: skip
+    assert call.query["aggregation.crossSeriesReducer"] == ["REDUCE_MAX"]
+    assert call.query["aggregation.groupByFields"] == ["resource.label.instance_id"]
+
+
+def test_network_is_a_rate_of_the_byte_counts(gcp_server: GcpServer) -> None:
+    """The byte counts are DELTA metrics: ALIGN_RATE turns a minute's count into bytes per
+    second (60 MB a minute each way: 1 MB/s, 16 Mbit/s together), which keeps the VM."""
+    gcp_server.add(GcpVm("downloading", "us-central1-a", "g2-standard-4", "121",
+                              "nvidia-l4", 1))  # fmt: skip
+    gcp_server.put(gcp.GPU_METRIC, "121", minutes(1.0))
+    gcp_server.put(gcp.CPU_METRIC, "121", minutes(0.01))
+    gcp_server.put(gcp.RECEIVED_METRIC, "121", minutes(60_000_000.0))
+    gcp_server.put(gcp.SENT_METRIC, "121", minutes(60_000_000.0))
+    report = reap([make_fleet(gcp_server)], policy(), ReapLimits(), NOW, execute=False)
+    verdict = {v.instance.name: v for v in report.plan.verdicts}["downloading"]
+    assert (str(verdict.action), str(verdict.code)) == ("keep", "busy")
+    assert "16" in verdict.reason
