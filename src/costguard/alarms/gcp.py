@@ -215,8 +215,25 @@ class GcpAlarms:
                 {"parent": self.parent},
                 "find ours",
                 read_only=True,
-            )
+            ),
+            ApiCall(
+                "cloudbilling",
+                "get_billing_account",
+                {"name": self.parent},
+                "the account's currency (the budget's)",
+                read_only=True,
+            ),
         ]
+        if spec.project:
+            reads.append(
+                ApiCall(
+                    "resourcemanager",
+                    "get_project",
+                    {"name": f"projects/{spec.project}"},
+                    "the project's number (the budget filter's)",
+                    read_only=True,
+                )
+            )
         if spec.emails:
             reads.append(
                 ApiCall(
