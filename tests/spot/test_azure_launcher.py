@@ -401,3 +401,39 @@ def test_a_location_restricted_size_is_no_capacity_before_any_put(
         launcher.launch(offer(), spec(), attempt=1)
     assert caught.value.code == "NotAvailableForSubscription"
     assert not server.calls("PUT", "/virtualMachines/")
+
+
+def test_the_controller_moves_on_from_a_region_its_subnet_does_not_serve(
+    server: ArmServer, launcher: AzureLauncher, tmp_path: Path
+) -> None:
+    """The cheapest offer is in westus, the only subnet in eastus: the westus PUT is refused
+    (InvalidResourceReference), the controller records a capacity refusal and launches in
+    eastus, and the job finishes."""
+    url = f"file://{tmp_path / 'ckpt'}"
+    store = Store.open(url)
+    job_spec = JobSpec(
+        job_id="run-1", provider="azure", gpu="T4", gpu_count=1, regions=("westus", "eastus"),
+        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
+        created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
+    )  # fmt: skip
+    west = Offer("azure", "westus", "Standard_NC4as_T4_v3", Market.SPOT, Decimal("0.10"),
+                 "T4", 1)  # fmt: skip
+    save_job(store, Job(job_spec))
+    rounds: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        rounds.append(1)
+        assert len(rounds) < 20
+        current = load_job(store).current
+        if current is not None and current.handle is not None:
+            write_exit_record(store, ExitRecord(current.number, 0, 10, time.time(),
+                                                job_id="run-1"))  # fmt: skip
+
+    final = Controller(store, launcher, [west, offer(zone="1")], poll_s=0.0, sleep=sleep).run(
+        load_job(store)
+    )
+    assert final.status == "succeeded"
+    places = [a.offer.region for a in final.attempts]
+    assert places[0] == "westus"
+    assert places[-1] == "eastus"
+    assert final.attempts[0].handle is None
