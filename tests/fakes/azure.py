@@ -73,6 +73,8 @@ def check_vm_put(body: dict[str, Any], stored: dict[str, Any] | None) -> Reply |
             return arm_error("custom_data_max_bytes")
         if len(decoded) > RULES["custom_data_max_bytes"]["limit"]:
             return arm_error("custom_data_max_bytes")
+    if len(profile.get("computerName", "")) > RULES["computer_name"]["max_length_linux"]:
+        return arm_error("computer_name")
     user = profile.get("adminUsername", "")
     rule = RULES["admin_username"]
     if not 1 <= len(user) <= rule["max_length_linux"] or user.lower() in rule["disallowed"]:

@@ -48,6 +48,23 @@ def google_error(code: int, message: str, **extra: Any) -> tuple[int, dict[str, 
     }
 
 
+def check_instance(body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """An ``instances.insert`` body's name and labels, the instance's and its disks'
+    (rules instance_name, labels)."""
+    if not re.fullmatch(RULES["instance_name"]["pattern"], body.get("name", "")):
+        return rule_error("instance_name")
+    rule = RULES["labels"]
+    maps = [body.get("labels", {})]
+    maps += [d.get("initializeParams", {}).get("labels", {}) for d in body.get("disks", [])]
+    for labels in maps:
+        if len(labels) > rule["max_labels"] or not all(
+            re.fullmatch(rule["key_pattern"], k) and re.fullmatch(rule["value_pattern"], v)
+            for k, v in labels.items()
+        ):
+            return rule_error("labels")
+    return None
+
+
 def rule_error(rule: str) -> tuple[int, dict[str, Any]]:
     """The error reply a rule of ``definitions/gcp.json`` describes."""
     spec = RULES[rule]
@@ -112,6 +129,9 @@ class ComputeServer(LocalServer):
         if self.quota_exceeded:
             refusal = RULES["quota_exceeded_is_immediate_403"]
             return refusal["status"], {"error": refusal["body"]}, {}
+        refused = check_instance(body)
+        if refused is not None:
+            return (*refused, {})
         if name in self.vms:
             error = {"code": 409, "message": f"The resource '{name}' already exists",
                      "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip

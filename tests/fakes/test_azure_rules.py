@@ -286,3 +286,8 @@ def test_a_budget_starts_on_the_first_of_a_month(budgets: Any) -> None:
         lambda: budgets.budgets.create_or_update(scope, "b", budget("2026-11-17T00:00:00Z"))
     )
     assert error.status_code == RULES["budget_start_date_first_of_month"]["status"]
+
+
+def test_a_linux_computer_name_over_64_characters_is_refused(compute: Any) -> None:
+    error = refused(lambda: create(compute, vm_body(computerName="n" * 65)))
+    assert (error.status_code, error.error.code) == (400, "InvalidParameter")

@@ -270,3 +270,31 @@ def test_reduce_max_grouped_by_instance_gives_the_busiest_gpu(monitoring: GcpSer
     ends = [p["interval"]["endTime"] for p in only["points"]]
     assert ends == sorted(ends, reverse=True)  # newest first
     assert ends[0] == NOW.strftime("%Y-%m-%dT%H:%M:%SZ")  # periods end at the interval's end
+
+
+@pytest.mark.parametrize("name", ["Run-1", "1run", "run-", "r" * 64])
+def test_instance_names_follow_rfc1035(instances: Any, name: str) -> None:
+    from google.api_core.exceptions import BadRequest
+
+    with pytest.raises(BadRequest):
+        insert(instances, name, str(uuid.uuid4()))
+
+
+@pytest.mark.parametrize(
+    "labels", [{"Owner": "x"}, {"owner": "Alice@Uni"}, {f"k{n}": "v" for n in range(65)}]
+)
+def test_labels_follow_the_documented_limits(
+    compute_server: ComputeServer, instances: Any, labels: dict[str, str]
+) -> None:
+    from google.api_core.exceptions import BadRequest
+    from google.cloud import compute_v1
+
+    instance = compute_v1.Instance(
+        name="vm-a", machine_type="zones/us-central1-a/machineTypes/n1-standard-4", labels=labels
+    )
+    request = compute_v1.InsertInstanceRequest(
+        project=GCP_PROJECT, zone="us-central1-a", instance_resource=instance
+    )
+    with pytest.raises(BadRequest):
+        instances.insert_unary(request=request)
+    assert compute_server.vms == {}
