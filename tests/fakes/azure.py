@@ -574,6 +574,10 @@ class ConsumptionFake:
         key = f"{scope}{marker}/{name}"
         if method == "PUT":
             created = key not in self.budgets
+            notifications = body["properties"].get("notifications") or {}
+            if len(notifications) > RULES["budget_notifications"]["limit"]:
+                status, error, _ = arm_error("budget_notifications")
+                return status, error
             start = body["properties"]["timePeriod"]["startDate"]
             if created and not re.fullmatch(r"\d{4}-\d{2}-01T00:00:00(\.0+)?Z?", start):
                 status, error, _ = arm_error("budget_start_date_first_of_month")

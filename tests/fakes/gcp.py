@@ -512,6 +512,9 @@ class BudgetsFake:
         limit = RULES["budget_display_name_length"]["limit"]
         if len(body.get("displayName", "")) > limit:
             return rule_error("budget_display_name_length")
+        channels = body.get("notificationsRule", {}).get("monitoringNotificationChannels", [])
+        if len(channels) > RULES["budget_channels"]["limit"]:
+            return rule_error("budget_channels")
         money = body.get("amount", {}).get("specifiedAmount", {})
         given = money.get("currencyCode")
         wanted = (

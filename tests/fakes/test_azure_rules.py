@@ -291,3 +291,15 @@ def test_a_budget_starts_on_the_first_of_a_month(budgets: Any) -> None:
 def test_a_linux_computer_name_over_64_characters_is_refused(compute: Any) -> None:
     error = refused(lambda: create(compute, vm_body(computerName="n" * 65)))
     assert (error.status_code, error.error.code) == (400, "InvalidParameter")
+
+
+def test_a_budget_has_at_most_five_notifications(budgets: Any) -> None:
+    scope = f"/subscriptions/{SUBSCRIPTION}"
+    body = budget("2026-11-01T00:00:00Z")
+    note = {"enabled": True, "operator": "GreaterThan", "contactEmails": ["me@uni.edu"]}
+    body["properties"]["notifications"] = {f"n{k}": {**note, "threshold": 10 * k}
+                                           for k in range(1, 7)}  # fmt: skip
+    error = refused(lambda: budgets.budgets.create_or_update(scope, "b", body))
+    assert error.status_code == 400
+    body["properties"]["notifications"].pop("n6")
+    budgets.budgets.create_or_update(scope, "b", body)

@@ -298,3 +298,19 @@ def test_labels_follow_the_documented_limits(
     with pytest.raises(BadRequest):
         instances.insert_unary(request=request)
     assert compute_server.vms == {}
+
+
+def test_at_most_five_channels_per_budget(budgets: tuple[Any, BudgetsFake]) -> None:
+    from google.api_core.exceptions import BadRequest
+
+    client, _fake = budgets
+    channels = [f"projects/{GCP_PROJECT}/notificationChannels/{n}" for n in range(6)]
+    with pytest.raises(BadRequest):
+        client.create_budget(
+            parent=ACCOUNT,
+            budget=budget(notifications_rule={"monitoring_notification_channels": channels}),
+        )
+    client.create_budget(
+        parent=ACCOUNT,
+        budget=budget(notifications_rule={"monitoring_notification_channels": channels[:5]}),
+    )
