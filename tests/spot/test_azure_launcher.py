@@ -219,6 +219,7 @@ def test_no_capacity_is_a_capacity_error(server: ArmServer, launcher: AzureLaunc
         ({"image": ""}, "needs the image option"),
         ({"image": "ubuntu"}, "publisher:offer:sku:version"),
         ({"subnet": "jobs"}, "subnet resource id"),
+        ({"subnet_westus": "jobs"}, "subnet_westus option must be a subnet resource id"),
         ({"identity": ""}, "needs the identity option"),
         ({"ssh_public_key": "hunter2"}, "not an OpenSSH public key"),
         ({"admin_username": "root"}, "admin_username"),
