@@ -17,7 +17,7 @@ from costguard.alarms.guard import NoAlarmError, require_alarm
 from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import Instance
-from tests.alarms.conftest import JsonServer
+from tests.fakes.http import JsonServer
 
 
 def launch(region: str, instance_type: str, count: int = 1, *, spot: bool = False) -> list[str]:

@@ -9,10 +9,14 @@ import pytest
 
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import gcp as gcp_clouds
-from tests.alarms.conftest import FakeAzure, FakeGcp, JsonServer, azure_test_kwargs
+from tests.fakes.azure import ConsumptionFake as FakeAzure
+from tests.fakes.gcp import BudgetsFake as FakeGcp
+from tests.fakes.http import JsonServer, azure_test_kwargs
 
 ACCOUNT = "012345-6789AB-CDEF01"
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
+#: The number Resource Manager gives the project ``thesis-1``.
+THESIS_NUMBER = "731902451868"
 
 
 @pytest.fixture
@@ -20,6 +24,7 @@ def gcp_cli(gcp_server: tuple[JsonServer, FakeGcp], monkeypatch: pytest.MonkeyPa
     from google.auth.credentials import AnonymousCredentials
 
     server, fake = gcp_server
+    fake.projects["thesis-1"] = THESIS_NUMBER
     monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", server.url)
     monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
     return server, fake
@@ -49,7 +54,8 @@ def test_gcp_create_rerun_update_status_delete(run_cli: Callable[..., Any], gcp_
     assert budget["displayName"] == "costguard-monthly"
     assert budget["amount"]["specifiedAmount"]["currencyCode"] == "USD"
     assert str(budget["amount"]["specifiedAmount"]["units"]) == "200"
-    assert budget["budgetFilter"]["projects"] == ["projects/thesis-1"]
+    # Sent by number, as the API answers it: the rerun below compares like with like.
+    assert budget["budgetFilter"]["projects"] == [f"projects/{THESIS_NUMBER}"]
     rules = {(r["spendBasis"], r["thresholdPercent"]) for r in budget["thresholdRules"]}
     assert len(rules) == 4
     assert {basis for basis, _ in rules} == {"CURRENT_SPEND", "FORECASTED_SPEND"} or {
@@ -167,3 +173,72 @@ def test_azure_resource_group_scope(run_cli: Callable[..., Any], azure_cli) -> N
     assert result.exit_code == 0, result.stderr
     (key,) = fake.budgets
     assert key.startswith(f"/subscriptions/{SUBSCRIPTION}/resourceGroups/gpu-rg/providers/")
+
+
+# ------------------------------------------ what the real services refuse (issue 19)
+
+
+def test_azure_update_in_a_later_month_keeps_the_start_date(azure_server) -> None:
+    """Azure refuses to change a budget's start date ("Start date of budgets cannot be
+    updated"): a rerun in a later month sends the start date the budget was created with."""
+    from datetime import date
+
+    from costguard.alarms.azure import CONSUMPTION, AzureAlarms
+    from costguard.alarms.plan import alarm_spec
+    from costguard.settings import Settings
+
+    server, fake = azure_server
+    client = azure_clouds.client(
+        *CONSUMPTION, SUBSCRIPTION, Settings(azure_endpoint=server.url), **azure_test_kwargs()
+    )
+
+    def alarms(today: date) -> AzureAlarms:
+        return AzureAlarms(Settings(), SUBSCRIPTION, client=client, today=lambda: today)
+
+    spec = alarm_spec(budget="200", provider="azure", subscription=SUBSCRIPTION,
+                      emails=["me@uni.edu"])  # fmt: skip
+    november = alarms(date(2026, 11, 17))
+    november.apply(spec, november.plan(spec))
+    (budget,) = fake.budgets.values()
+    assert budget["properties"]["timePeriod"]["startDate"].startswith("2026-11-01")
+
+    bigger = alarm_spec(budget="300", provider="azure", subscription=SUBSCRIPTION,
+                        emails=["me@uni.edu"])  # fmt: skip
+    december = alarms(date(2026, 12, 3))
+    made = december.apply(bigger, december.plan(bigger))
+    assert len(made) == 1
+    (budget,) = fake.budgets.values()
+    assert budget["properties"]["amount"] == 300
+    assert budget["properties"]["timePeriod"]["startDate"].startswith("2026-11-01")
+
+
+def test_gcp_budget_is_in_the_billing_accounts_currency(
+    run_cli: Callable[..., Any], gcp_cli
+) -> None:
+    """A budget's currency must match the billing account's: a EUR account gets a EUR
+    budget, and the plan says the amount is not USD."""
+    _server, fake = gcp_cli
+    fake.currency = "EUR"
+    created = run_cli(*GCP_ARGS, "--budget", "200")
+    assert created.exit_code == 0, created.stderr
+    (budget,) = fake.budgets.values()
+    assert budget["amount"]["specifiedAmount"]["currencyCode"] == "EUR"
+    assert "EUR" in created.stdout
+    again = run_cli(*GCP_ARGS, "--budget", "250")
+    assert again.exit_code == 0, again.stderr
+    (budget,) = fake.budgets.values()
+    assert str(budget["amount"]["specifiedAmount"]["units"]) == "250"
+    assert budget["amount"]["specifiedAmount"]["currencyCode"] == "EUR"
+
+
+def test_gcp_budget_names_longer_than_60_are_refused_before_any_call(
+    run_cli: Callable[..., Any], gcp_cli
+) -> None:
+    server, _fake = gcp_cli
+    result = run_cli(*GCP_ARGS, "--budget", "200", "--name", "n" * 51)
+    assert result.exit_code == 2
+    assert "60" in result.stderr
+    assert "Hint:" in result.stderr
+    assert server.requests == []
+    fits = run_cli(*GCP_ARGS, "--budget", "200", "--name", "n" * 50)
+    assert fits.exit_code == 0, fits.stderr

@@ -86,8 +86,12 @@ def test_gcp_role_and_azure_role_parse() -> None:
     role = (INFRA / "gcp" / "alarm-role.yaml").read_text()
     permissions = re.findall(r"^\s+- ([a-z.]+)$", role, flags=re.MULTILINE)
     assert "billing.budgets.create" in permissions
+    # The plan reads the account's currency and the project's number (costguard.alarms.gcp).
+    reads = {"billing.accounts.get", "resourcemanager.projects.get"}
+    assert reads <= set(permissions)
     assert all(
-        p.startswith(("billing.budgets.", "monitoring.notificationChannels.")) for p in permissions
+        p in reads or p.startswith(("billing.budgets.", "monitoring.notificationChannels."))
+        for p in permissions
     )
     azure = json.loads((INFRA / "azure" / "alarm-role.json").read_text())
     assert azure["IsCustom"] is True

@@ -16,6 +16,7 @@ from costguard.alarms.plan import (
     ObservedAws,
     ObservedAwsBudget,
     ObservedAzureBudget,
+    ObservedGcpBudget,
     alarm_spec,
     plan_aws,
     plan_azure,
@@ -197,3 +198,60 @@ def test_planned_notifications_respect_provider_limits(
 def test_email_typos_rejected(bad: str) -> None:
     with pytest.raises(InputError, match="not an email"):
         spec(emails=[bad])
+
+
+# ------------------------------------------ the services' own rules (issue 19)
+
+
+def test_gcp_currency_is_never_assumed() -> None:
+    """specified_amount.currency_code must match the billing account (create) or the
+    budget (update): it is the account's when known, left out when not, and a plan in
+    another currency than USD says so."""
+    made = alarm_spec(budget="200", provider="gcp", billing_account="012345-6789ab-cdef01")
+    unknown = plan_gcp(made, None, [])
+    (call,) = unknown.calls
+    assert "currency_code" not in call.params["budget"]["amount"]["specified_amount"]
+    assert "could not be read" in unknown.notes[0]
+    euro = plan_gcp(made, None, [], currency="EUR")
+    assert euro.calls[0].params["budget"]["amount"]["specified_amount"]["currency_code"] == "EUR"
+    assert "EUR" in euro.notes[0]
+    assert plan_gcp(made, None, [], currency="USD").notes == ()
+    existing = ObservedGcpBudget("billingAccounts/x/budgets/1", Decimal(100),
+                                 frozenset(made.notifications), currency="JPY")  # fmt: skip
+    (update,) = plan_gcp(made, existing, [], currency="EUR").calls
+    assert update.params["budget"]["amount"]["specified_amount"]["currency_code"] == "JPY"
+
+
+def test_gcp_project_filter_compares_numbers() -> None:
+    made = alarm_spec(budget="200", provider="gcp", billing_account="012345-6789ab-cdef01",
+                      project="thesis-1")  # fmt: skip
+    existing = ObservedGcpBudget("billingAccounts/x/budgets/1", Decimal(200),
+                                 frozenset(made.notifications), projects=("projects/42",),
+                                 currency="USD")  # fmt: skip
+    assert plan_gcp(made, existing, [], projects=["projects/42"]).calls == ()
+    assert plan_gcp(made, existing, []).calls  # by id: differs, so it would update
+
+
+def test_gcp_budget_names_fit_in_60_characters() -> None:
+    assert len(alarm_spec(budget="200", provider="gcp", billing_account="012345-6789ab-cdef01",
+                          name="n" * 50).name) == 60  # fmt: skip
+    with pytest.raises(InputError, match="gcp allows 60") as caught:
+        alarm_spec(
+            budget="200", provider="gcp", billing_account="012345-6789ab-cdef01", name="n" * 51
+        )
+    assert caught.value.hint
+    assert len(alarm_spec(budget="200", provider="aws", name="n" * 63).name) == 73
+
+
+def test_azure_update_keeps_the_budgets_time_period() -> None:
+    made = alarm_spec(budget="300", provider="azure", subscription="sub", emails=["a@b.edu"])
+    existing = ObservedAzureBudget(Decimal(200), "Monthly", frozenset(made.notifications),
+                                   frozenset(made.emails), start_date="2026-11-01T00:00:00Z",
+                                   end_date="2036-10-31T00:00:00Z")  # fmt: skip
+    (call,) = plan_azure(made, existing, "2026-12-01T00:00:00Z").calls
+    period = call.params["parameters"]["properties"]["timePeriod"]
+    assert period == {"startDate": "2026-11-01T00:00:00Z", "endDate": "2036-10-31T00:00:00Z"}
+    (fresh,) = plan_azure(made, None, "2026-12-01T00:00:00Z").calls
+    assert fresh.params["parameters"]["properties"]["timePeriod"] == {
+        "startDate": "2026-12-01T00:00:00Z"
+    }

@@ -14,13 +14,8 @@ from costguard.reaper import azure
 from costguard.reaper.fleet import PriceBook, judge_fleet, reap
 from costguard.reaper.policy import MARK_TAG, Action, IdlePolicy, ReapLimits, format_timestamp
 from costguard.settings import Settings
-from tests.reaper.conftest import (
-    AZURE_SUBSCRIPTION,
-    AzureServer,
-    AzureVm,
-    FakeTokenCredential,
-    azure_client_options,
-)
+from tests.fakes.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
+from tests.fakes.http import FakeTokenCredential, azure_client_options
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -88,7 +83,9 @@ def verdicts(report: Any) -> dict[str, tuple[str, str]]:
     return {v.instance.name: (str(v.action), str(v.code)) for v in report.plan.verdicts}
 
 
-def test_dry_run_judges_with_two_metric_calls_per_region(fleet: AzureServer) -> None:
+def test_dry_run_judges_with_one_platform_call_per_region_and_one_gpu_call_per_gpu_vm(
+    fleet: AzureServer,
+) -> None:
     report = reap([make_fleet(fleet, resource_group="ml")], policy(), ReapLimits(), NOW,
                   execute=False)  # fmt: skip
     assert verdicts(report) == {
@@ -106,11 +103,17 @@ def test_dry_run_judges_with_two_metric_calls_per_region(fleet: AzureServer) -> 
     assert "Telegraf" in by_name["no-agent"].reason
     assert by_name["idle-t4"].instance.usd_per_hour == Decimal("0.526")
     metric_calls = fleet.calls("GET", "/Microsoft.Insights/metrics")
-    assert sorted(c.query["region"][0] for c in metric_calls) == [
-        "eastus", "eastus", "westeurope", "westeurope",
-    ]  # fmt: skip
-    assert all(int(c.query["top"][0]) >= 10 for c in metric_calls)
-    assert len(fleet.calls("GET", "/virtualMachines")) == 1
+    platform = [c for c in metric_calls if "region" in c.query]
+    assert sorted(c.query["region"][0] for c in platform) == ["eastus", "westeurope"]
+    assert all(int(c.query["top"][0]) >= 10 for c in platform)
+    # The custom GPU namespace is read at each GPU VM's own scope, never subscription-wide.
+    gpu = [c for c in metric_calls if "region" not in c.query]
+    assert {c.query["metricnamespace"][0] for c in gpu} == {azure.GPU_NAMESPACE}
+    assert all("/virtualMachines/" in c.path for c in gpu)
+    assert "cpu-only" not in {c.path.split("/")[-4] for c in gpu}
+    # The model listing (tags, size) and the status-only listing (power states).
+    listings = [c for c in fleet.calls("GET", "/virtualMachines") if "/metrics" not in c.path]
+    assert sorted(c.query.get("statusOnly", [""])[0] for c in listings) == ["", "true"]
     assert not fleet.calls("POST", "/deallocate")
 
 
@@ -209,7 +212,7 @@ def test_busy_vms_elsewhere_in_the_region_do_not_crowd_out_the_idle_ones(
     assert verdicts(report)["idle-t4"] == ("stop", "idle")
     assert verdicts(report)["busy"] == ("keep", "busy")
     eastus = [c for c in fleet.calls("GET", "/Microsoft.Insights/metrics")
-              if c.query["region"] == ["eastus"]]  # fmt: skip
+              if c.query.get("region") == ["eastus"]]  # fmt: skip
     in_eastus = sum(1 for vm in fleet.vms.values() if vm.location == "eastus")
     assert eastus
     assert all(int(c.query["top"][0]) >= in_eastus for c in eastus)
@@ -261,3 +264,41 @@ def test_cli_refuses_over_the_limit(
     assert result.exit_code == 1
     assert "over the max-actions limit of 1" in result.stderr
     assert not fleet.calls("POST", "/deallocate")
+
+
+# ------------------------------------------ protection never read from missing data (issue 19)
+
+
+def test_protection_comes_from_the_model_listing(azure_server: AzureServer) -> None:
+    """``listAll?statusOnly=true`` is not trusted for tags (modelled null, as reported): the
+    keep tag, the size and the priority come from the model listing."""
+    vm = azure_server.add(AzureVm("kept", "Standard_NC4as_T4_v3", spot=True,
+                                  tags={"costguard:keep": "true"}))  # fmt: skip
+    seed(azure_server, vm)
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
+    (verdict,) = report.plan.verdicts
+    assert (str(verdict.action), str(verdict.code)) == ("keep", "protect-tag")
+    assert verdict.instance.instance_type == "Standard_NC4as_T4_v3"
+    assert verdict.instance.spot is True
+
+
+def test_a_vm_seen_by_one_listing_only_is_not_judged(
+    azure_server: AzureServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Created or deleted between the two listings: without its model (tags) the VM is
+    left alone this run, never judged on missing protection data."""
+    seed(azure_server, azure_server.add(AzureVm("listed", "Standard_NC4as_T4_v3")))
+    late = azure_server.add(AzureVm("late", "Standard_NC4as_T4_v3"))
+    seed(azure_server, late)
+    real = azure_server.list_all
+
+    def model_without_late(request: Any, match: Any) -> Any:
+        status, body, headers = real(request, match)
+        if request.query.get("statusOnly") != ["true"]:
+            body = {"value": [v for v in body["value"] if v["name"] != "late"]}
+        return status, body, headers
+
+    monkeypatch.setattr(azure_server, "list_all", model_without_late)
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=True)
+    assert {v.instance.name for v in report.plan.verdicts} == {"listed"}
+    assert azure_server.vms["late"].power == "running"

@@ -15,7 +15,7 @@ from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
-from tests.reaper.conftest import GCP_PROJECT, GcpServer, GcpVm
+from tests.fakes.gcp import GCP_PROJECT, GcpServer, GcpVm
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -36,7 +36,8 @@ def seed(server: GcpServer, vm: GcpVm, gpu: float | None = 1.0, cpu: float = 0.0
     if gpu is not None:
         server.put(gcp.GPU_METRIC, vm.instance_id, minutes(gpu))
     server.put(gcp.CPU_METRIC, vm.instance_id, minutes(cpu))  # a fraction of 1
-    server.put(gcp.RECEIVED_METRIC, vm.instance_id, minutes(100.0))  # bytes/s after ALIGN_RATE
+    # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
+    server.put(gcp.RECEIVED_METRIC, vm.instance_id, minutes(100.0))
     server.put(gcp.SENT_METRIC, vm.instance_id, minutes(100.0))
 
 
@@ -179,12 +180,14 @@ def test_a_page_token_handed_out_twice_ends_the_run(fleet: GcpServer) -> None:
     assert not fleet.calls("POST", "/stop")
 
 
-@pytest.mark.parametrize(("silent_for", "code"), [(3.5, "too-few-samples"), (2.5, "idle")])
+@pytest.mark.parametrize(("silent_for", "code"), [(4.5, "too-few-samples"), (2.5, "idle")])
 def test_a_point_stands_for_the_minute_that_ends_at_its_end_time(
     fleet: GcpServer, silent_for: float, code: str
 ) -> None:
-    """The Ops Agent stopped writing a while ago; CPU and network go on. The newest point's
-    minute ended at its endTime, so silence is measured from there."""
+    """The Ops Agent stopped writing a while ago; CPU and network go on. Cloud Monitoring
+    aligns the raw points into minutes that end at the query's end time and stamps each
+    with its end; the newest point's minute ended there, so silence is measured from it
+    (a point 4.5 minutes old lies in the minute that ended 4 minutes ago)."""
     vm = fleet.add(GcpVm("agent", "us-central1-a", "g2-standard-4", "110", "nvidia-l4", 1))
     seed(fleet, vm, gpu=None)
     last = NOW - timedelta(minutes=silent_for)
@@ -193,7 +196,7 @@ def test_a_point_stands_for_the_minute_that_ends_at_its_end_time(
     verdict = {v.instance.name: v for v in report.plan.verdicts}["agent"]
     assert verdict.code == code
     if code != "idle":
-        assert f"newest gpu sample ends {silent_for:g} min before now" in verdict.reason
+        assert f"newest gpu sample ends {int(silent_for)} min before now" in verdict.reason
 
 
 def test_operations_are_polled_on_the_configured_endpoint(
@@ -247,3 +250,37 @@ def test_an_operation_that_never_finishes_is_a_failed_outcome_in_bounded_time(
     assert not outcome.ok
     assert "not done after" in outcome.message
     assert 1 <= len(fleet.calls("GET", "/operations/")) <= 10
+
+
+# ------------------------------------------ the aggregation the adapter asks for (issue 19)
+
+
+def test_the_busiest_gpu_of_a_multi_gpu_vm_decides(gcp_server: GcpServer) -> None:
+    """The Ops Agent writes one series per GPU; the adapter asks Cloud Monitoring for the
+    maximum across them per instance (REDUCE_MAX grouped by instance_id), so one busy GPU
+    of two keeps the VM."""
+    vm = gcp_server.add(GcpVm("two-gpus", "us-central1-a", "a2-highgpu-2g", "120"))
+    seed(gcp_server, vm, gpu=None)
+    gcp_server.put(gcp.GPU_METRIC, "120", minutes(1.0), label="0")
+    gcp_server.put(gcp.GPU_METRIC, "120", minutes(88.0), label="1")
+    report = reap([make_fleet(gcp_server)], policy(), ReapLimits(), NOW, execute=False)
+    assert verdicts(report)["two-gpus"] == ("keep", "busy")
+    (call, *_) = [c for c in gcp_server.calls("GET", "/timeSeries")
+                  if gcp.GPU_METRIC in c.query["filter"][0]]  # fmt: skip
+    assert call.query["aggregation.crossSeriesReducer"] == ["REDUCE_MAX"]
+    assert call.query["aggregation.groupByFields"] == ["resource.label.instance_id"]
+
+
+def test_network_is_a_rate_of_the_byte_counts(gcp_server: GcpServer) -> None:
+    """The byte counts are DELTA metrics: ALIGN_RATE turns a minute's count into bytes per
+    second (60 MB a minute each way: 1 MB/s, 16 Mbit/s together), which keeps the VM."""
+    gcp_server.add(GcpVm("downloading", "us-central1-a", "g2-standard-4", "121",
+                              "nvidia-l4", 1))  # fmt: skip
+    gcp_server.put(gcp.GPU_METRIC, "121", minutes(1.0))
+    gcp_server.put(gcp.CPU_METRIC, "121", minutes(0.01))
+    gcp_server.put(gcp.RECEIVED_METRIC, "121", minutes(60_000_000.0))
+    gcp_server.put(gcp.SENT_METRIC, "121", minutes(60_000_000.0))
+    report = reap([make_fleet(gcp_server)], policy(), ReapLimits(), NOW, execute=False)
+    verdict = {v.instance.name: v for v in report.plan.verdicts}["downloading"]
+    assert (str(verdict.action), str(verdict.code)) == ("keep", "busy")
+    assert "16" in verdict.reason

@@ -6,11 +6,8 @@ absent) and the resource group listing."""
 from __future__ import annotations
 
 import base64
-import itertools
-import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -26,16 +23,9 @@ from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, wri
 from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
 from costguard.spot.recovery import Outcome
-from tests.reaper.conftest import (
-    FakeTokenCredential,
-    LocalServer,
-    Reply,
-    Request,
-    Route,
-    azure_client_options,
-)
+from tests.fakes.azure import SUBSCRIPTION, ArmServer
+from tests.fakes.http import FakeTokenCredential, azure_client_options
 
-SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 GROUP = "costguard-jobs"
 NETWORK = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net/providers/Microsoft.Network"
 IDENTITY = (
@@ -51,174 +41,6 @@ OPTIONS = {
     "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyOnly me@laptop",
 }
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-
-
-@dataclass
-class Vm:
-    body: dict[str, Any]
-    group: str
-    name: str
-    provisioning: str = "Creating"
-    power: str = "starting"
-
-
-class ArmServer(LocalServer):
-    """Azure Resource Manager, Microsoft.Compute virtual machines, for one subscription."""
-
-    def reset(self) -> None:
-        self.vms: dict[str, Vm] = {}
-        self.operations: dict[str, dict[str, Any]] = {}
-        self.full_sizes: set[str] = set()
-        #: (location, size) -> (zones, zones restricted for the subscription), as the
-        #: Resource SKUs API lists them.
-        self.skus: dict[tuple[str, str], tuple[list[str], list[str]]] = {
-            ("eastus", "Standard_NC4as_T4_v3"): (["3", "1", "2"], []),
-            ("eastus", "Standard_NC24ads_A100_v4"): (["1", "2", "3"], ["2"]),
-            ("westus", "Standard_NC4as_T4_v3"): ([], []),  # a region without zones
-        }
-        self.ids = itertools.count(1)
-        self.requests.clear()
-
-    def resource(self, vm: Vm) -> dict[str, Any]:
-        properties = dict(vm.body["properties"])
-        properties["osProfile"] = {
-            k: v for k, v in properties["osProfile"].items() if k != "customData"
-        }  # ARM never returns customData
-        properties.update(
-            provisioningState=vm.provisioning,
-            timeCreated="2026-12-01T03:00:00.1234567+00:00",
-            vmId="5c1b7c1e-0000-0000-0000-000000000001",
-        )
-        return {
-            "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{vm.group}/providers/"
-            f"Microsoft.Compute/virtualMachines/{vm.name}",
-            "name": vm.name,
-            "type": "Microsoft.Compute/virtualMachines",
-            **{k: v for k, v in vm.body.items() if k != "properties"},
-            "properties": properties,
-        }
-
-    def with_view(self, vm: Vm) -> dict[str, Any]:
-        body = self.resource(vm)
-        body["properties"]["instanceView"] = {
-            "statuses": [
-                {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info",
-                 "displayStatus": f"Provisioning {vm.provisioning.lower()}"},
-                {"code": f"PowerState/{vm.power}", "level": "Info",
-                 "displayStatus": f"VM {vm.power}"},
-            ]
-        }  # fmt: skip
-        return body
-
-    def _async(self, kind: str, vm: Vm, location: str) -> dict[str, str]:
-        number = next(self.ids)
-        self.operations[str(number)] = {"kind": kind, "vm": vm, "polls": 0}
-        url = (f"{{base}}/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/locations/"
-               f"{location}/operations/{number}?api-version=2026-04-01")  # fmt: skip
-        return {"Azure-AsyncOperation": url, "Retry-After": "0"}
-
-    def put(self, request: Request, match: re.Match[str]) -> Reply:
-        assert request.query.get("api-version"), request.query
-        body = request.body
-        name = match["name"]
-        vm = self.vms.get(name)
-        if vm is None:
-            vm = self.vms[name] = Vm(body, match["group"], name)
-        else:  # PUT again: an update of the same VM
-            vm.body = body
-        return 201, self.resource(vm), self._async("create", vm, body["location"])
-
-    def operation(self, request: Request, match: re.Match[str]) -> Reply:
-        operation = self.operations[match["id"]]
-        operation["polls"] += 1
-        vm: Vm = operation["vm"]
-        if operation["polls"] == 1:
-            return 200, {"name": match["id"], "status": "InProgress"}, {}
-        size = vm.body["properties"]["hardwareProfile"]["vmSize"]
-        if operation["kind"] == "create" and size in self.full_sizes:
-            self.vms.pop(vm.name, None)
-            error = {
-                "code": "SkuNotAvailable",
-                "message": f"The requested VM size {size} is currently not available",
-            }
-            return 200, {"name": match["id"], "status": "Failed", "error": error}, {}  # fmt: skip
-        if operation["kind"] == "create":
-            vm.provisioning, vm.power = "Succeeded", "running"
-        else:
-            self.vms.pop(vm.name, None)
-        return 200, {"name": match["id"], "status": "Succeeded"}, {}
-
-    def get(self, request: Request, match: re.Match[str]) -> Reply:
-        vm = self.vms.get(match["name"])
-        if vm is None:
-            error = {"code": "ResourceNotFound",
-                     "message": f"The Resource '{match['name']}' was not found."}  # fmt: skip
-            return 404, {"error": error}, {}
-        if request.query.get("$expand") == ["instanceView"]:
-            return 200, self.with_view(vm), {}
-        return 200, self.resource(vm), {}
-
-    def delete(self, request: Request, match: re.Match[str]) -> Reply:
-        vm = self.vms.get(match["name"])
-        if vm is None:
-            return 204, None, {}
-        vm.provisioning = "Deleting"
-        return 202, None, self._async("delete", vm, vm.body["location"])
-
-    def list_group(self, request: Request, match: re.Match[str]) -> Reply:
-        assert request.query.get("$expand") == ["instanceView"], request.query
-        return 200, {"value": [self.with_view(vm) for vm in self.vms.values()
-                               if vm.group == match["group"]]}, {}  # fmt: skip
-
-    def list_skus(self, request: Request, match: re.Match[str]) -> Reply:
-        wanted = re.fullmatch(r"location eq '([a-z0-9]+)'", request.query["$filter"][0])
-        assert wanted, request.query
-        value: list[dict[str, Any]] = [
-            {"resourceType": "disks", "name": "Premium_LRS", "locations": [wanted[1]],
-             "locationInfo": [{"location": wanted[1], "zones": ["1", "2", "3"]}]},
-        ]  # fmt: skip
-        for (location, size), (zones, restricted) in self.skus.items():
-            if location != wanted[1]:
-                continue
-            sku: dict[str, Any] = {
-                "resourceType": "virtualMachines",
-                "name": size,
-                "tier": "Standard",
-                "locations": [location],
-                "locationInfo": [{"location": location, "zones": zones, "zoneDetails": []}],
-                "restrictions": [],
-            }
-            if restricted:
-                sku["restrictions"].append({
-                    "type": "Zone",
-                    "values": [location],
-                    "restrictionInfo": {"locations": [location], "zones": restricted},
-                    "reasonCode": "NotAvailableForSubscription",
-                })  # fmt: skip
-            value.append(sku)
-        return 200, {"value": value}, {}
-
-    def evict(self, name: str) -> None:
-        """What Azure does to an evicted Spot VM: delete it, or deallocate it."""
-        vm = self.vms[name]
-        if vm.body["properties"].get("evictionPolicy") == "Delete":
-            del self.vms[name]
-        else:
-            vm.power = "deallocated"
-
-    def routes(self) -> list[tuple[str, str, Route]]:
-        subscription = f"/subscriptions/{SUBSCRIPTION}"
-        group = subscription + r"/resourceGroups/(?P<group>[^/]+)"
-        vm = group + r"/providers/Microsoft\.Compute/virtualMachines/(?P<name>[^/]+)"
-        return [
-            ("GET", subscription + r"/providers/Microsoft\.Compute/skus", self.list_skus),
-            ("PUT", vm, self.put),
-            ("GET", vm, self.get),
-            ("DELETE", vm, self.delete),
-            ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
-            ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"
-             r"(?P<id>\d+)", self.operation),
-        ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -397,6 +219,7 @@ def test_no_capacity_is_a_capacity_error(server: ArmServer, launcher: AzureLaunc
         ({"image": ""}, "needs the image option"),
         ({"image": "ubuntu"}, "publisher:offer:sku:version"),
         ({"subnet": "jobs"}, "subnet resource id"),
+        ({"subnet_westus": "jobs"}, "subnet_westus option must be a subnet resource id"),
         ({"identity": ""}, "needs the identity option"),
         ({"ssh_public_key": "hunter2"}, "not an OpenSSH public key"),
         ({"admin_username": "root"}, "admin_username"),
@@ -473,3 +296,145 @@ def test_the_controller_relaunches_an_evicted_job(
         assert f"costguard run --checkpoint {url} " in script
     assert server.vms == {}  # the finished job's VM was deleted
     assert launcher.find("run-1") == []
+
+
+# ------------------------------------------ what the real service refuses (issue 19)
+
+
+def test_find_never_asks_the_listing_for_instance_views(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    """``virtualMachines.list`` with ``$expand=instanceView`` and no scale-set ``$filter`` is
+    a 400 from ARM; find (Controller.adopt's first call) lists plainly and reads each VM
+    of the job with its instance view."""
+    first = launcher.launch(offer(), spec(), attempt=1)
+    launcher.launch(offer(), spec("run-2"), attempt=1)
+    server.requests.clear()
+    assert launcher.find("run-1") == [first]
+    (listing,) = server.calls("GET", f"/resourceGroups/{GROUP}/providers/Microsoft.Compute/"
+                                     "virtualMachines")[:1]  # fmt: skip
+    assert "$expand" not in listing.query
+    reads = [c for c in server.calls("GET", "/virtualMachines/") if c.query.get("$expand")]
+    assert [c.path.rsplit("/", 1)[-1] for c in reads] == [first.instance_id]
+
+
+def test_a_second_region_uses_its_own_subnet(server: ArmServer, launcher: AzureLauncher) -> None:
+    west = f"{NETWORK}/virtualNetworks/lab-west/subnets/jobs"
+    west_offer = Offer("azure", "westus", "Standard_NC4as_T4_v3", Market.SPOT,
+                       Decimal("0.15"), "T4", 1)  # fmt: skip
+    # Subnets are regional: the eastus subnet cannot serve westus (InvalidResourceReference),
+    # which is a reason to move on to another place, not to fail the job.
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(west_offer, spec(), attempt=1)
+    assert caught.value.code == "InvalidResourceReference"
+    assert caught.value.place == "azure/westus"
+    handle = launcher.launch(west_offer, spec(subnet_westus=west), attempt=2)
+    assert handle.region == "westus"
+    subnets = [
+        body["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]["properties"][
+            "ipConfigurations"][0]["properties"]["subnet"]["id"]
+        for body in (c.body for c in server.calls("PUT", "/virtualMachines/"))
+    ]  # fmt: skip
+    assert subnets == [OPTIONS["subnet"], west]
+    # Only per-region subnets, none for this region: a clear input error, no call.
+    server.reset()
+    only_west = {**spec().options, "subnet": "", "subnet_westus": west}
+    with pytest.raises(InputError, match="no subnet for eastus"):
+        launcher.launch(offer(), spec(**only_west), attempt=1)
+    assert server.requests == [] or not server.calls("PUT", "/virtualMachines/")
+
+
+def test_another_refused_reference_stops_the_job(
+    server: ArmServer, launcher: AzureLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An InvalidResourceReference that is not about the subnet (say the identity) is not a
+    reason to move on: unknown refusals stop and report."""
+    server.subnets.clear()  # nothing known: the error names the subnet, still capacity
+    with pytest.raises(CapacityError):
+        launcher.launch(offer(), spec(), attempt=1)
+
+    def refuse(request: Any, match: Any) -> Any:
+        message = f"Resource {IDENTITY} referenced by resource x was not found."
+        error = {"code": "InvalidResourceReference", "message": message}
+        return 400, {"error": error}, {}
+
+    monkeypatch.setattr(server, "put", refuse)
+    with pytest.raises(InputError, match="InvalidResourceReference"):
+        launcher.launch(offer(), spec(), attempt=1)
+
+
+@pytest.mark.parametrize("user", ["user1", "Test", "guest", "support_388945a0", "sys"])
+def test_admin_usernames_arm_refuses_are_refused_before_any_call(
+    server: ArmServer, user: str
+) -> None:
+    with pytest.raises(InputError, match="admin_username"):
+        make(server).launch(offer(), spec(admin_username=user), attempt=1)
+    assert server.requests == []
+
+
+def test_a_boot_script_over_64_kib_is_refused_before_any_call(server: ArmServer) -> None:
+    long_command = ("python", "train.py", "--note", "x" * 70_000)
+    from dataclasses import replace
+
+    with pytest.raises(InputError, match="65535"):
+        make(server).launch(offer(), replace(spec(), command=long_command), attempt=1)
+    assert server.requests == []
+
+
+def test_a_retried_attempt_adopts_its_vm_instead_of_changing_custom_data(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    """customData and adminUsername cannot change after creation (PropertyChangeNotAllowed):
+    a retry of the same attempt whose boot script differs uses the VM that exists."""
+    from dataclasses import replace
+
+    first = launcher.launch(offer(), spec(), attempt=1)
+    again = launcher.launch(offer(), replace(spec(), command=("python", "other.py")), attempt=1)
+    assert again == first
+    assert len(server.calls("PUT", "/virtualMachines/")) == 1
+
+
+def test_a_location_restricted_size_is_no_capacity_before_any_put(
+    server: ArmServer, launcher: AzureLauncher
+) -> None:
+    server.location_restricted.add(("eastus", "Standard_NC4as_T4_v3"))
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.code == "NotAvailableForSubscription"
+    assert not server.calls("PUT", "/virtualMachines/")
+
+
+def test_the_controller_moves_on_from_a_region_its_subnet_does_not_serve(
+    server: ArmServer, launcher: AzureLauncher, tmp_path: Path
+) -> None:
+    """The cheapest offer is in westus, the only subnet in eastus: the westus PUT is refused
+    (InvalidResourceReference), the controller records a capacity refusal and launches in
+    eastus, and the job finishes."""
+    url = f"file://{tmp_path / 'ckpt'}"
+    store = Store.open(url)
+    job_spec = JobSpec(
+        job_id="run-1", provider="azure", gpu="T4", gpu_count=1, regions=("westus", "eastus"),
+        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
+        created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
+    )  # fmt: skip
+    west = Offer("azure", "westus", "Standard_NC4as_T4_v3", Market.SPOT, Decimal("0.10"),
+                 "T4", 1)  # fmt: skip
+    save_job(store, Job(job_spec))
+    rounds: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        rounds.append(1)
+        assert len(rounds) < 20
+        current = load_job(store).current
+        if current is not None and current.handle is not None:
+            write_exit_record(store, ExitRecord(current.number, 0, 10, time.time(),
+                                                job_id="run-1"))  # fmt: skip
+
+    final = Controller(store, launcher, [west, offer(zone="1")], poll_s=0.0, sleep=sleep).run(
+        load_job(store)
+    )
+    assert final.status == "succeeded"
+    places = [a.offer.region for a in final.attempts]
+    assert places[0] == "westus"
+    assert places[-1] == "eastus"
+    assert final.attempts[0].handle is None

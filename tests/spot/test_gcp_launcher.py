@@ -4,11 +4,8 @@ speaking the documented Compute Engine shapes: ``instances.insert`` / ``get`` / 
 
 from __future__ import annotations
 
-import itertools
-import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -17,178 +14,21 @@ from typing import Any
 import pytest
 
 from costguard.checkpoint.store import Store
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
 from costguard.spot.controller import Controller
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
 from costguard.spot.launcher.gcp import GcpLauncher
 from costguard.spot.recovery import Outcome
-from tests.reaper.conftest import LocalServer, Reply, Request, Route
+from tests.fakes.gcp import PROJECT, ComputeServer
 
-PROJECT = "lab-project"
-COMPUTE = "https://www.googleapis.com/compute/v1"
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 OPTIONS = {
     "project": PROJECT,
     "image": "projects/deeplearning-platform-release/global/images/family/common-cu124",
     "service_account": "costguard-instance@lab-project.iam.gserviceaccount.com",
 }
-
-
-@dataclass
-class Vm:
-    body: dict[str, Any]
-    zone: str
-    id: str
-    status: str = "PROVISIONING"
-
-
-class ComputeServer(LocalServer):
-    """Compute Engine for one project: VMs, their operations, and system events."""
-
-    def reset(self) -> None:
-        self.vms: dict[str, Vm] = {}
-        self.operations: dict[str, dict[str, Any]] = {}
-        self.full_zones: set[str] = set()
-        #: region -> (status, zones) as ``regions.get`` returns them.
-        self.regions: dict[str, tuple[str, list[str]]] = {
-            "us-central1": ("UP", ["us-central1-c", "us-central1-a", "us-central1-f",
-                                   "us-central1-b"]),
-        }  # fmt: skip
-        self.ids = itertools.count(7000)
-        self.requests.clear()
-
-    def _operation(self, kind: str, zone: str, vm: Vm, **extra: Any) -> dict[str, Any]:
-        number = next(self.ids)
-        name = f"operation-{number}-{kind}"
-        operation = {
-            "kind": "compute#operation",
-            "id": str(number),
-            "name": name,
-            "zone": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}",
-            "operationType": kind,
-            "targetLink": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}/instances/{vm.body['name']}",
-            "targetId": vm.id,
-            "status": "RUNNING",
-            "progress": 0,
-            "selfLink": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}/operations/{name}",
-            **extra,
-        }
-        self.operations[name] = operation
-        return operation
-
-    def insert(self, request: Request, match: re.Match[str]) -> Reply:
-        body = request.body
-        name = body["name"]
-        if name in self.vms:
-            error = {"code": 409, "message": f"The resource '{name}' already exists",
-                     "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip
-            return 409, {"error": error}, {}
-        vm = Vm(body, match["zone"], str(next(self.ids)))
-        if match["zone"] in self.full_zones:
-            error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "none"}]}
-            failed = self._operation("insert", vm.zone, vm, status="DONE", progress=100,
-                                     httpErrorStatusCode=503, httpErrorMessage="UNAVAILABLE",
-                                     error=error)  # fmt: skip
-            return 200, failed, {}
-        self.vms[name] = vm
-        return 200, self._operation("insert", vm.zone, vm), {}
-
-    def get_operation(self, request: Request, match: re.Match[str]) -> Reply:
-        operation = self.operations[match["operation"]]
-        if operation["status"] != "DONE":
-            operation.update(status="DONE", progress=100)
-            vm = self.vms.get(operation["targetLink"].rsplit("/", 1)[-1])
-            if vm is not None and operation["operationType"] == "insert":
-                vm.status = "RUNNING"
-        return 200, operation, {}
-
-    def list_operations(self, request: Request, match: re.Match[str]) -> Reply:
-        wanted = re.fullmatch(r'operationType = "([^"]+)"', request.query["filter"][0])
-        assert wanted, request.query
-        items = [o for o in self.operations.values() if o["operationType"] == wanted[1]
-                 and o["zone"].endswith(f"/zones/{match['zone']}")]  # fmt: skip
-        return 200, {"kind": "compute#operationList", "items": items}, {}
-
-    def resource(self, vm: Vm) -> dict[str, Any]:
-        return {
-            **vm.body,
-            "kind": "compute#instance",
-            "id": vm.id,
-            "status": vm.status,
-            "zone": f"{COMPUTE}/projects/{PROJECT}/zones/{vm.zone}",
-            "creationTimestamp": "2026-11-30T19:00:00.000-08:00",
-            "selfLink": f"{COMPUTE}/projects/{PROJECT}/zones/{vm.zone}/instances/{vm.body['name']}",
-        }
-
-    def get(self, request: Request, match: re.Match[str]) -> Reply:
-        vm = self.vms.get(match["name"])
-        if vm is None or vm.zone != match["zone"]:
-            error = {"code": 404, "message": f"The resource '{match['name']}' was not found",
-                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
-            return 404, {"error": error}, {}
-        return 200, self.resource(vm), {}
-
-    def delete(self, request: Request, match: re.Match[str]) -> Reply:
-        reply = self.get(request, match)
-        if reply[0] != 200:
-            return reply
-        vm = self.vms.pop(match["name"])
-        return 200, self._operation("delete", vm.zone, vm), {}
-
-    def aggregated(self, request: Request, match: re.Match[str]) -> Reply:
-        wanted = re.fullmatch(r'labels\.([a-z0-9_-]+) = "([^"]*)"', request.query["filter"][0])
-        assert wanted, request.query
-        items: dict[str, Any] = {}
-        for vm in self.vms.values():
-            if vm.body.get("labels", {}).get(wanted[1]) == wanted[2]:
-                scoped = items.setdefault(f"zones/{vm.zone}", {"instances": []})
-                scoped["instances"].append(self.resource(vm))
-        return 200, {"kind": "compute#instanceAggregatedList", "items": items}, {}
-
-    def preempt(self, name: str) -> None:
-        """What Compute Engine does to a Spot VM it reclaims: a system event, then the
-        termination action (delete, or stop: status TERMINATED)."""
-        vm = self.vms[name]
-        self._operation("compute.instances.preempted", vm.zone, vm, status="DONE",
-                        progress=100, user="system",
-                        statusMessage="Instance was preempted.")  # fmt: skip
-        vm.status = "TERMINATED"
-        if vm.body["scheduling"].get("instanceTerminationAction") == "DELETE":
-            del self.vms[name]
-
-    def region(self, request: Request, match: re.Match[str]) -> Reply:
-        found = self.regions.get(match["region"])
-        if found is None:
-            error = {"code": 404, "message": f"The resource '{match['region']}' was not found",
-                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
-            return 404, {"error": error}, {}
-        status, zones = found
-        return (
-            200,
-            {
-                "kind": "compute#region",
-                "name": match["region"],
-                "status": status,
-                "zones": [f"{COMPUTE}/projects/{PROJECT}/zones/{z}" for z in zones],
-                "selfLink": f"{COMPUTE}/projects/{PROJECT}/regions/{match['region']}",
-            },
-            {},
-        )
-
-    def routes(self) -> list[tuple[str, str, Route]]:
-        project = rf"/compute/v1/projects/{PROJECT}"
-        zone = project + r"/zones/(?P<zone>[a-z0-9-]+)"
-        return [
-            ("GET", project + r"/regions/(?P<region>[a-z0-9-]+)", self.region),
-            ("POST", zone + "/instances", self.insert),
-            ("GET", zone + "/instances/(?P<name>[^/]+)", self.get),
-            ("DELETE", zone + "/instances/(?P<name>[^/]+)", self.delete),
-            ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),
-            ("GET", zone + "/operations", self.list_operations),
-            ("GET", project + "/aggregated/instances", self.aggregated),
-        ]
 
 
 @pytest.fixture(scope="module")
@@ -460,3 +300,50 @@ def test_the_controller_relaunches_a_preempted_job(
         assert f"costguard run --checkpoint {url} " in script
     assert server.vms == {}  # the finished job's VM was deleted
     assert launcher.find("run-1") == []
+
+
+# ------------------------------------------ what the real service does (issue 19)
+
+
+def test_an_immediate_quota_refusal_is_no_capacity(
+    server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    """Compute Engine refuses an insert over quota at once with HTTP 403 (reason
+    ``quotaExceeded``); the SDK raises Forbidden. That is a place without room, so recovery
+    moves on, not a permissions failure."""
+    server.quota_exceeded = True
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.code == "QUOTA_EXCEEDED"
+    assert "GPUS_ALL_REGIONS" in str(caught.value)
+    assert caught.value.place == "gcp/us-central1/us-central1-b"
+
+
+def test_any_other_403_stops_and_says_so(
+    server: ComputeServer, launcher: GcpLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def forbid(request: Any, match: Any) -> Any:
+        message = "Required 'compute.instances.create' permission for 'projects/lab-project'"
+        errors = [{"message": message, "domain": "global", "reason": "forbidden"}]
+        error = {"code": 403, "message": message, "status": "PERMISSION_DENIED", "errors": errors}
+        return 403, {"error": error}, {}
+
+    monkeypatch.setattr(server, "insert", forbid)
+    with pytest.raises(CostguardError, match="refused") as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert not isinstance(caught.value, CapacityError)
+    assert caught.value.hint
+    assert "infra/gcp" in caught.value.hint
+
+
+def test_a_reused_job_id_gets_a_new_vm(server: ComputeServer, launcher: GcpLauncher) -> None:
+    """Compute Engine answers a request id it has seen with that request's old operation
+    and creates nothing: a job id used again (after its VM is gone) must still get a VM."""
+    first = launcher.launch(offer(), spec(), attempt=1)
+    launcher.terminate(first)
+    assert server.vms == {}
+    again = launcher.launch(offer(), spec(), attempt=1)
+    assert again.instance_id in server.vms
+    ids = [c.query["requestId"][0] for c in server.calls("POST", "/instances")]
+    assert len(ids) == 2
+    assert len(set(ids)) == 2

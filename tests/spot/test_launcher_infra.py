@@ -190,7 +190,8 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
 
     from costguard.settings import Settings
     from costguard.spot.launcher.gcp import GcpLauncher
-    from tests.spot.test_gcp_launcher import ComputeServer, offer
+    from tests.fakes.gcp import ComputeServer
+    from tests.spot.test_gcp_launcher import offer
     from tests.spot.test_gcp_launcher import spec as gcp_spec
 
     server = ComputeServer()
@@ -254,8 +255,9 @@ def azure_action(method: str, path: str) -> str:
 def test_azure_role_covers_every_call_of_a_job() -> None:
     from costguard.settings import Settings
     from costguard.spot.launcher.azure import AzureLauncher
-    from tests.reaper.conftest import FakeTokenCredential, azure_client_options
-    from tests.spot.test_azure_launcher import GROUP, SUBSCRIPTION, ArmServer, offer
+    from tests.fakes.azure import SUBSCRIPTION, ArmServer
+    from tests.fakes.http import FakeTokenCredential, azure_client_options
+    from tests.spot.test_azure_launcher import GROUP, offer
     from tests.spot.test_azure_launcher import spec as azure_spec
 
     server = ArmServer()

@@ -38,6 +38,19 @@ def month_start(today: date) -> str:
     return f"{today:%Y-%m}-01T00:00:00Z"
 
 
+def _iso(moment: datetime | None) -> str | None:
+    """A budget date as the API takes it back (``2026-11-01T00:00:00Z``).
+
+    >>> _iso(datetime(2026, 11, 1, tzinfo=UTC))
+    '2026-11-01T00:00:00Z'
+    """
+    if moment is None:
+        return None
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _value(item: Any) -> str:
     """An SDK enum's wire value (``TimeGrainType.MONTHLY`` -> ``"Monthly"``), or the text."""
     return str(getattr(item, "value", item))
@@ -95,11 +108,14 @@ class AzureAlarms:
             basis = Basis.FORECASTED if forecast else Basis.ACTUAL
             notifications.add(Notification(basis, Decimal(str(item.threshold)).normalize()))
             emails.update(item.contact_emails or ())
+        period = raw.time_period
         return ObservedAzureBudget(
             amount_usd=Decimal(str(raw.amount)).normalize(),
             time_grain=_value(raw.time_grain),
             notifications=frozenset(notifications),
             emails=frozenset(emails),
+            start_date=_iso(period.start_date) if period is not None else None,
+            end_date=_iso(period.end_date) if period is not None else None,
         )
 
     def plan(self, spec: AlarmSpec) -> Plan:

@@ -3,10 +3,19 @@
 GCP emails budget alerts to the billing account's admins by default; other addresses go
 through Cloud Monitoring email notification channels in ``--project`` (created here when
 missing, at most 5 per budget).
+
+Before a plan, two reads make the comparison honest: the billing account's currency (Cloud
+Billing ``billingAccounts.get``: a budget can only be in it, so the amount is sent and shown
+in it), and the ``--project``'s number (Resource Manager ``projects.get``: the Budgets API
+answers the project filter as ``projects/<number>``, whatever it was sent, so comparing
+against the id would update the budget on every run). Either read may be refused (it needs
+``billing.accounts.get`` / ``resourcemanager.projects.get``, see infra/gcp/alarm-role.yaml);
+the plan then goes on without it and says what it assumed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
@@ -23,7 +32,7 @@ from costguard.alarms.plan import (
     plan_gcp,
 )
 from costguard.clouds import gcp
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
 
 BUDGETS = ("google.cloud.billing.budgets_v1", "BudgetServiceClient")
@@ -45,12 +54,16 @@ class GcpAlarms:
         *,
         budgets_client: Any = None,
         channels: gcp.RestSession | None = None,
+        billing: gcp.RestSession | None = None,
+        projects: gcp.RestSession | None = None,
     ) -> None:
         self._settings = settings
         self.parent = f"billingAccounts/{billing_account.removeprefix('billingAccounts/')}"
         self.project = project
         self._budgets = budgets_client
         self._channels = channels
+        self._billing = billing
+        self._projects = projects
 
     @property
     def budgets_client(self) -> Any:
@@ -63,6 +76,39 @@ class GcpAlarms:
         if self._channels is None:
             self._channels = gcp.RestSession("monitoring", self._settings)
         return self._channels
+
+    def _read(self, service: str, path: str, action: str) -> dict[str, Any] | None:
+        """One REST read of another Google API; None when it is refused (a missing
+        permission is not a reason to stop the alarm: the plan says what it assumed)."""
+        session = getattr(self, f"_{service}")
+        if session is None:
+            name = {"billing": "cloudbilling", "projects": "cloudresourcemanager"}[service]
+            session = gcp.RestSession(name, self._settings)
+            setattr(self, f"_{service}", session)
+        try:
+            answer: dict[str, Any] = session.request("GET", path, action)
+        except CostguardError as exc:
+            if "refused" not in exc.message:
+                raise
+            return None
+        return answer
+
+    def _currency(self) -> str | None:
+        """The billing account's currency (``currencyCode``), or None if unreadable."""
+        account = self._read("billing", f"v1/{self.parent}", "reading the billing account")
+        return str(account.get("currencyCode") or "") or None if account else None
+
+    def _project_filter(self, project: str | None) -> list[str] | None:
+        """``projects/<number>`` for the filter, as the Budgets API answers it; None when
+        there is no project, or its number cannot be read (the id is sent then)."""
+        if not project:
+            return None
+        bare = project.removeprefix("projects/")
+        if bare.isdigit():
+            return [f"projects/{bare}"]
+        found = self._read("projects", f"v3/projects/{bare}", f"reading project {bare}")
+        name = str(found.get("name", "")) if found else ""
+        return [name] if re.fullmatch(r"projects/\d+", name) else None
 
     def _call(self, client: Any, operation: str, action: str, **params: Any) -> Any:
         try:
@@ -100,6 +146,7 @@ class GcpAlarms:
             projects=tuple(raw.budget_filter.projects),
             pubsub_topic=rule.pubsub_topic or None,
             channels=tuple(rule.monitoring_notification_channels),
+            currency=money.currency_code,
         )
 
     def _channels_for(self, emails: Sequence[str], *, create: bool) -> list[str]:
@@ -147,7 +194,17 @@ class GcpAlarms:
         """Read the budget (creating missing email channels first) and diff it."""
         channels = self._channels_for(spec.emails, create=True)
         existing = self._find(spec.name)
-        return plan_gcp(spec, self._observed(existing) if existing else None, channels)
+        observed = self._observed(existing) if existing else None
+        projects = self._project_filter(spec.project)
+        notes: tuple[str, ...] = ()
+        if spec.project and projects is None:
+            notes = (
+                f"The number of project {spec.project} could not be read: the budget filter "
+                "is sent by id, and GCP answers it by number, so a rerun may update it again.",
+            )
+        currency = self._currency() if observed is None else observed.currency
+        plan = plan_gcp(spec, observed, channels, currency=currency, projects=projects)
+        return Plan(plan.calls, plan.notes + notes)
 
     def dry_run_plan(self, spec: AlarmSpec) -> Plan:
         """The calls of a first run, without making any."""
@@ -158,8 +215,25 @@ class GcpAlarms:
                 {"parent": self.parent},
                 "find ours",
                 read_only=True,
-            )
+            ),
+            ApiCall(
+                "cloudbilling",
+                "get_billing_account",
+                {"name": self.parent},
+                "the account's currency (the budget's)",
+                read_only=True,
+            ),
         ]
+        if spec.project:
+            reads.append(
+                ApiCall(
+                    "resourcemanager",
+                    "get_project",
+                    {"name": f"projects/{spec.project}"},
+                    "the project's number (the budget filter's)",
+                    read_only=True,
+                )
+            )
         if spec.emails:
             reads.append(
                 ApiCall(

@@ -29,9 +29,11 @@ MAX_BUDGET_USD = Decimal(10) ** 9
 #: 10 email subscribers per notification; GCP: 5 monitoring channels; Azure: 5
 #: notifications per budget).
 LIMITS = {
-    "aws": {"notifications": 10, "emails": 10},
-    "gcp": {"notifications": 10, "emails": 5},
-    "azure": {"notifications": 5, "emails": 50},
+    "aws": {"notifications": 10, "emails": 10, "name": 73},
+    # Budget.display_name: "The name must be less than or equal to 60 characters."
+    # (googleapis google/cloud/billing/budgets/v1/budget_model.proto)
+    "gcp": {"notifications": 10, "emails": 5, "name": 60},
+    "azure": {"notifications": 5, "emails": 50, "name": 73},
 }
 DEFAULT_THRESHOLDS = (Decimal(50), Decimal(80), Decimal(100))
 # A deliberately plain check: one @, no spaces, a dot in the domain. Providers validate
@@ -127,6 +129,13 @@ def alarm_spec(
         raise InputError(msg, hint="use fewer --thresholds (or --no-forecast)")
     addresses = _emails(emails, limits["emails"], provider)
     full_name = _name(name)
+    if len(full_name) > limits["name"]:
+        msg = (
+            f"budget name {full_name!r} is {len(full_name)} characters; "
+            f"{provider} allows {limits['name']}"
+        )
+        bare = limits["name"] - len(NAME_PREFIX)
+        raise InputError(msg, hint=f"use a --name of at most {bare} characters")
     if provider == "gcp":
         if not billing_account:
             msg = "a GCP budget belongs to a billing account: --billing-account is missing"
@@ -693,21 +702,34 @@ class ObservedGcpBudget:
     projects: tuple[str, ...] = ()
     pubsub_topic: str | None = None
     channels: tuple[str, ...] = ()
+    #: The budget's currency, as the API answers it (the billing account's).
+    currency: str = ""
 
 
-def gcp_budget_body(spec: AlarmSpec, channels: Sequence[str]) -> dict[str, Any]:
-    """The Budget resource in the shape of the Billing Budgets API (v1)."""
+def gcp_budget_body(
+    spec: AlarmSpec,
+    channels: Sequence[str],
+    currency: str | None = None,
+    projects: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """The Budget resource in the shape of the Billing Budgets API (v1).
+
+    ``currency``: ``specified_amount.currency_code``, left out when None. The proto: "If
+    specified when creating a budget, it must match the currency of the billing account.
+    If specified when updating a budget, it must match the currency_code of the existing
+    budget." So it is never a constant: the caller passes the account's (or the existing
+    budget's), or None to let the API use the account's. ``projects``: the filter's
+    ``projects/<number>`` entries (the API answers with numbers, whatever it was sent);
+    by default ``projects/<spec.project>``.
+    """
     units, cents = divmod(spec.budget_usd, 1)
+    money: dict[str, Any] = {"units": int(units), "nanos": int(cents * 10**9)}
+    if currency:
+        money = {"currency_code": currency, **money}
     body: dict[str, Any] = {
         "display_name": spec.name,
         "budget_filter": {"calendar_period": "MONTH"},
-        "amount": {
-            "specified_amount": {
-                "currency_code": "USD",
-                "units": int(units),
-                "nanos": int(cents * 10**9),
-            }
-        },
+        "amount": {"specified_amount": money},
         "threshold_rules": [
             {
                 "threshold_percent": float(n.threshold_percent / 100),
@@ -716,8 +738,10 @@ def gcp_budget_body(spec: AlarmSpec, channels: Sequence[str]) -> dict[str, Any]:
             for n in spec.notifications
         ],
     }
-    if spec.project:
-        body["budget_filter"]["projects"] = [_gcp_project(spec.project)]
+    if projects is None and spec.project:
+        projects = [_gcp_project(spec.project)]
+    if projects:
+        body["budget_filter"]["projects"] = list(projects)
     rule: dict[str, Any] = {}
     if spec.pubsub_topic:
         rule["pubsub_topic"] = spec.pubsub_topic
@@ -733,25 +757,37 @@ def _gcp_project(project: str) -> str:
     return project if project.startswith("projects/") else f"projects/{project}"
 
 
-def plan_gcp(spec: AlarmSpec, existing: ObservedGcpBudget | None, channels: Sequence[str]) -> Plan:
+def plan_gcp(
+    spec: AlarmSpec,
+    existing: ObservedGcpBudget | None,
+    channels: Sequence[str],
+    *,
+    currency: str | None = None,
+    projects: Sequence[str] | None = None,
+) -> Plan:
     """Create the budget, update it in place, or do nothing.
 
     ``channels`` are the Monitoring email channels for ``spec.emails`` (created by the
-    adapter first when missing).
+    adapter first when missing). ``currency``: the billing account's, when it could be
+    read (a GCP budget is always in it). ``projects``: the filter as the API spells it
+    (``projects/<number>``), when the project's number could be read.
     """
     parent = f"billingAccounts/{spec.billing_account}"
-    body = gcp_budget_body(spec, channels)
     if existing is None:
+        body = gcp_budget_body(spec, channels, currency, projects)
         return Plan(
             (
                 ApiCall(
                     "billing_budgets",
                     "create_budget",
                     {"parent": parent, "budget": body},
-                    f"monthly budget of ${spec.budget_usd:f}",
+                    f"monthly budget of {_money(spec.budget_usd, currency)}",
                 ),
-            )
+            ),
+            _currency_notes(currency),
         )
+    # An update keeps the existing budget's currency (the API refuses any other).
+    body = gcp_budget_body(spec, channels, existing.currency or None, projects)
     same = (
         existing.amount_usd == spec.budget_usd
         and existing.notifications == frozenset(spec.notifications)
@@ -759,15 +795,39 @@ def plan_gcp(spec: AlarmSpec, existing: ObservedGcpBudget | None, channels: Sequ
         and existing.pubsub_topic == spec.pubsub_topic
         and sorted(existing.channels) == sorted(channels)
     )
+    notes = _currency_notes(existing.currency or None)
     if same:
-        return Plan(())
+        return Plan((), notes)
     body["name"] = existing.name
     return Plan(
         (
             ApiCall(
                 "billing_budgets", "update_budget", {"budget": body}, f"update {spec.name} in place"
             ),
+        ),
+        notes,
+    )
+
+
+def _money(amount: Decimal, currency: str | None) -> str:
+    """``$200`` for USD, ``200 EUR`` otherwise, ``200 (account currency)`` when unknown."""
+    if currency == "USD":
+        return f"${amount:f}"
+    return f"{amount:f} {currency}" if currency else f"{amount:f} (the account's currency)"
+
+
+def _currency_notes(currency: str | None) -> tuple[str, ...]:
+    """What the user must know when the budget is not in US dollars (or may not be)."""
+    if currency == "USD":
+        return ()
+    if currency:
+        return (
+            f"The billing account bills in {currency}: a GCP budget can only be in that "
+            f"currency, so the amount is {currency}, not USD.",
         )
+    return (
+        "The billing account's currency could not be read: the budget's amount is in that "
+        "currency (GCP allows no other), which may not be USD.",
     )
 
 
@@ -782,6 +842,9 @@ class ObservedAzureBudget:
     time_grain: str
     notifications: frozenset[Notification]
     emails: frozenset[str]
+    #: ``timePeriod`` as created (ISO dates); the start date can never change.
+    start_date: str | None = None
+    end_date: str | None = None
 
 
 def azure_scope(spec: AlarmSpec) -> str:
@@ -809,7 +872,10 @@ def azure_notifications(spec: AlarmSpec) -> dict[str, dict[str, Any]]:
 def plan_azure(spec: AlarmSpec, existing: ObservedAzureBudget | None, start_date: str) -> Plan:
     """``create_or_update`` is an upsert: one call when anything differs, none otherwise.
 
-    ``start_date`` is the first day of the current month (Azure requires it), ISO format.
+    ``start_date`` is the first day of the current month (Azure requires it), ISO format,
+    for a new budget. An existing budget keeps its own time period: Azure refuses to change
+    a budget's start date ("Start date of budgets cannot be updated. Please delete and
+    create a new budget."), so an update sent in a later month must carry the old one.
     """
     same = existing is not None and (
         existing.amount_usd == spec.budget_usd
@@ -819,12 +885,17 @@ def plan_azure(spec: AlarmSpec, existing: ObservedAzureBudget | None, start_date
     )
     if same:
         return Plan(())
+    period = {"startDate": start_date}
+    if existing is not None and existing.start_date:
+        period = {"startDate": existing.start_date}
+        if existing.end_date:
+            period["endDate"] = existing.end_date
     body = {  # the REST shape of Microsoft.Consumption/budgets
         "properties": {
             "category": "Cost",
             "amount": float(spec.budget_usd),
             "timeGrain": "Monthly",
-            "timePeriod": {"startDate": start_date},
+            "timePeriod": period,
             "notifications": azure_notifications(spec),
         }
     }

@@ -167,12 +167,12 @@ class RestSession:
 def translate(exc: BaseException, action: str) -> CostguardError:
     """A google.api_core exception as an actionable :class:`CostguardError`."""
     core = require("google.api_core.exceptions", EXTRA)
-    if isinstance(exc, core.PermissionDenied | core.Unauthenticated):
+    if isinstance(exc, core.Forbidden | core.PermissionDenied | core.Unauthenticated):
         return CostguardError(
             f"Google Cloud refused {action}: {exc.message}",
             hint="the custom role costguard needs is in infra/gcp/",
         )
-    if isinstance(exc, core.InvalidArgument | core.NotFound):
+    if isinstance(exc, core.BadRequest | core.InvalidArgument | core.NotFound):
         return InputError(
             f"Google Cloud rejected {action}: {exc.message}",
             hint="check the billing account and project you passed",

@@ -1,11 +1,19 @@
 """Azure: virtual machines and Azure Monitor metrics for the reaper.
 
-Per subscription and run: one ``virtualMachines.listAll`` with ``statusOnly=true`` (power
-states included), and per region two subscription-scope metrics queries split by
-``Microsoft.ResourceId eq '*'`` (platform CPU + network, and the in-guest GPU metric), so
-the number of calls does not grow with the fleet. Such a query returns at most ``top``
-series, busiest first, for *every* VM of the subscription in that region, so ``top`` is
-the number of VMs the listing found there (plus a margin), not the number of candidates.
+Per subscription and run: two ``virtualMachines.listAll`` calls, the model view (tags, size,
+priority, creation time) and ``statusOnly=true`` (power states), joined by resource id. The
+status-only listing is not trusted for anything but the instance view: neither the REST
+spec nor the SDK says which model fields it fills in, and a user reports ``tags`` coming
+back null there, which would hide ``costguard:keep``. A VM missing from either listing (a
+race with a create or delete) is not judged: protection is never read from missing data.
+
+Per region, one subscription-scope metrics query split by ``Microsoft.ResourceId eq '*'``
+(platform CPU + network): such a query returns at most ``top`` series for *every* VM of the
+subscription in that region, in no promised order, so ``top`` is the number of VMs the
+listing found there (plus a margin), not the number of candidates. The in-guest GPU metric
+is read per GPU VM at the VM's own scope: no definition says a subscription-scope query
+accepts a custom namespace (``Telegraf/nvidia_smi``), and custom metrics are documented per
+resource, so the GPU signal does not depend on it.
 
 The two-phase mark is written with the Tags API (``Microsoft.Resources/tags``, operations
 ``Merge`` and ``Delete``), which touches only the ``costguard:idle-since`` tag: a full VM
@@ -165,31 +173,41 @@ class AzureFleet:
         self._listed: Counter[str] = Counter()
 
     def instances(self) -> list[Instance]:
-        """VMs in scope that are running or starting (one listing with power states)."""
+        """VMs in scope that are running or starting: the model listing joined with the
+        status-only listing (see the module docstring for why both)."""
         try:
-            listed = list(self.compute.virtual_machines.list_all(status_only="true"))
+            models = list(self.compute.virtual_machines.list_all())
+            statuses = {
+                vm.id.lower(): vm
+                for vm in self.compute.virtual_machines.list_all(status_only="true")
+            }
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, "listing virtual machines") from None
         found = []
-        self._listed = Counter(vm.location.lower() for vm in listed)
-        for vm in listed:
+        self._listed = Counter(vm.location.lower() for vm in models)
+        for vm in models:
             if self.resource_group and resource_group(vm.id).lower() != self.resource_group.lower():
                 continue
             if self.regions and vm.location.lower() not in self.regions:
                 continue
             key = vm.id.lower()
+            status = statuses.get(key)
+            if status is None:
+                continue  # created or deleted between the two listings: not judged this run
             self._vms[key] = vm
-            power = _power_state(vm)
+            power = _power_state(status)
             if power in LIVE_POWER_STATES:
-                found.append(self._instance(vm, power))
+                found.append(self._instance(vm, power, status))
             elif power == "stopped":
                 # Powered off from inside but still allocated: it bills. Shown, not judged.
                 found.append(
-                    self._instance(vm, "stopped (still allocated and billed: deallocate it)")
+                    self._instance(
+                        vm, "stopped (still allocated and billed: deallocate it)", status
+                    )
                 )
         return found
 
-    def _instance(self, vm: Any, power: str) -> Instance:
+    def _instance(self, vm: Any, power: str, status: Any) -> Instance:
         size = vm.hardware_profile.vm_size if vm.hardware_profile else ""
         known = self.prices.gpus(self.provider, size)
         if known is None and size.lower().startswith("standard_n"):
@@ -204,7 +222,7 @@ class AzureFleet:
             instance_type=size,
             running=power == "running",
             gpu_count=count,
-            launched_at=_started(vm),
+            launched_at=_started(vm, status),
             # Azure has no per-VM termination protection; resource locks make the call fail.
             protected=False,
             tags=tags,
@@ -241,8 +259,8 @@ class AzureFleet:
             aggregation=aggregation,
             filter="Microsoft.ResourceId eq '*'",
             metricnamespace=namespace,
-            # ``top`` caps the series returned (busiest first, default 10), counted over every
-            # VM in the region, not just ours: fewer would drop exactly the idle ones.
+            # ``top`` caps the series returned (default 10, in no promised order), counted
+            # over every VM in the region, not just ours: fewer could drop the idle ones.
             top=max(10, count + TOP_MARGIN),
             auto_adjust_timegrain=False,
         )
@@ -266,7 +284,8 @@ class AzureFleet:
     def samples(
         self, instances: Sequence[Instance], start: datetime, end: datetime
     ) -> list[InstanceSamples]:
-        """Two queries per region: platform CPU and network, then the in-guest GPU metric."""
+        """One platform query (CPU and network) per region, and the in-guest GPU metric per
+        GPU VM at its own scope."""
         by_region: dict[str, list[Instance]] = defaultdict(list)
         for instance in instances:
             by_region[instance.region].append(instance)
@@ -285,32 +304,52 @@ class AzureFleet:
                 )
             except azure_clouds.errors() as exc:
                 raise azure_clouds.translate(exc, f"reading VM metrics in {region}") from None
-            gpu, gpu_error = self._gpu(region, start, end, vms_in_region)
             for instance in members:
+                gpu, gpu_error = self._gpu(instance, start, end)
                 result.append(self._instance_samples(instance, platform, gpu, gpu_error))
         return result
 
     def _gpu(
-        self, region: str, start: datetime, end: datetime, count: int
-    ) -> tuple[dict[tuple[str, str], list[tuple[datetime, Any]]], str | None]:
+        self, instance: Instance, start: datetime, end: datetime
+    ) -> tuple[list[tuple[datetime, Any]], str | None]:
+        """The Telegraf GPU series of one VM, read at the VM's scope (``Metrics_List``).
+
+        Not at subscription scope: no definition says a multi-resource query accepts a
+        custom namespace, so the GPU signal must not depend on it (issue 19). A VM without
+        GPUs is not asked (its verdict does not need the series)."""
+        if not instance.gpu_count:
+            return [], None
         core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        vm = self._vms[instance.instance_id]
         try:
-            return self._metrics(
-                region, GPU_NAMESPACE, (GPU_METRIC,), "Maximum", start, end, count
-            ), None
+            reply = self.monitor.metrics.list(
+                vm.id.lstrip("/"),
+                timespan=_timespan(start - timedelta(seconds=PERIOD_SECONDS), end),
+                interval=f"PT{PERIOD_SECONDS // 60}M",
+                metricnames=GPU_METRIC,
+                aggregation="Maximum",
+                metricnamespace=GPU_NAMESPACE,
+                auto_adjust_timegrain=False,
+            )
         except core.HttpResponseError as exc:
-            # A namespace nobody publishes to is "not found" (400/404): no agent anywhere.
+            # A namespace this VM never published to is "not found" (400/404): no agent.
             if exc.status_code in (400, 404):
-                return {}, f"the {GPU_NAMESPACE} metric namespace does not exist in {region}"
-            raise azure_clouds.translate(exc, f"reading GPU metrics in {region}") from None
+                return [], f"the {GPU_NAMESPACE} metric namespace does not exist on this VM"
+            raise azure_clouds.translate(exc, f"reading GPU metrics of {vm.name}") from None
         except azure_clouds.errors() as exc:
-            raise azure_clouds.translate(exc, f"reading GPU metrics in {region}") from None
+            raise azure_clouds.translate(exc, f"reading GPU metrics of {vm.name}") from None
+        return [
+            (value.time_stamp, value)
+            for metric in reply.value or []
+            for series in metric.timeseries or []
+            for value in series.data or []
+        ], None
 
     def _instance_samples(
         self,
         instance: Instance,
         platform: Mapping[tuple[str, str], list[tuple[datetime, Any]]],
-        gpu: Mapping[tuple[str, str], list[tuple[datetime, Any]]],
+        gpu: Sequence[tuple[datetime, Any]],
         gpu_error: str | None,
     ) -> InstanceSamples:
         key = instance.instance_id
@@ -323,7 +362,7 @@ class AzureFleet:
         cpu = series(platform.get((key, CPU_METRIC), []), "maximum")
         received = series(platform.get((key, NETWORK_IN_METRIC), []), "total")
         sent = series(platform.get((key, NETWORK_OUT_METRIC), []), "total")
-        gpu_values = series(gpu.get((key, GPU_METRIC), []), "maximum")
+        gpu_values = series(gpu, "maximum")
         missing = None
         if not gpu_values:
             missing = (
@@ -405,11 +444,11 @@ class AzureFleet:
             raise core.HttpResponseError(response=response, error_format=arm.ARMErrorFormat)
 
 
-def _started(vm: Any) -> datetime | None:
-    """When the VM last started: the newest power or provisioning state change, never
-    earlier than its creation (``time_created`` alone would make a VM created long ago and
-    started a minute ago look old)."""
-    view = getattr(vm, "instance_view", None)
+def _started(vm: Any, status: Any) -> datetime | None:
+    """When the VM last started: the newest power or provisioning state change (from the
+    status listing), never earlier than its creation (``time_created``, from the model
+    listing: alone it would make a VM created long ago and started a minute ago look old)."""
+    view = getattr(status, "instance_view", None)
     moments = [vm.time_created] + [
         status.time
         for status in (view.statuses if view and view.statuses else [])

@@ -1,5 +1,9 @@
 """Azure: one virtual machine per attempt, through ``virtualMachines.createOrUpdate``.
 
+One idea, longer than most modules: the life of an attempt's VM on ``Microsoft.Compute``
+(where it may go, its body, create, read, delete, find), with the refusals ARM answers
+spelled out next to the calls that meet them.
+
 The VM is created in one PUT with everything it needs: ``priority=Spot``,
 ``evictionPolicy=Delete`` (or ``Deallocate`` if asked) and ``billingProfile.maxPrice``
 (``-1``: pay up to the pay-as-you-go price, never evicted for price; or the cap given),
@@ -18,7 +22,9 @@ that state as :attr:`State.MISSING` / :attr:`State.STOPPED`.
 
 Options: ``subscription`` and ``resource_group`` (required unless the launcher has them),
 ``image`` (``publisher:offer:sku:version`` or an image resource id), ``subnet`` (subnet
-resource id), ``identity`` (user-assigned identity resource id), ``ssh_public_key``,
+resource id), ``subnet_<region>`` (the subnet for one region, e.g. ``subnet_westus``:
+subnets are regional, so a job that may move between regions names one per region),
+``identity`` (user-assigned identity resource id), ``ssh_public_key``,
 ``admin_username`` (default ``azureuser``), ``disk_gb`` (default 100), ``disk_type``
 (default ``Premium_LRS``), ``eviction_policy``, ``max_price`` (USD/h; ``--max-price``
 reaches ``billingProfile.maxPrice`` the same way), plus those of
@@ -27,7 +33,13 @@ reaches ``billingProfile.maxPrice`` the same way), plus those of
 Zones: :meth:`AzureLauncher.zones` reads the VM size's zones in the region from the
 Resource SKUs API (``locationInfo[].zones``, less the zones a ``Zone`` restriction
 names for the subscription). A size the API lists without zones (a region without
-Availability Zones) gets none, and Azure places it regionally.
+Availability Zones) gets none, and Azure places it regionally. A ``Location`` restriction
+(the size is not offered to the subscription in the region at all) makes a launch there a
+:class:`CapacityError` before any PUT, so recovery moves on.
+
+A retried attempt whose VM exists already is adopted, not PUT again: ``customData`` and
+``adminUsername`` cannot change after creation (``PropertyChangeNotAllowed``), and the boot
+script of a retry need not be byte-identical.
 """
 
 from __future__ import annotations
@@ -90,6 +102,17 @@ _IMAGE_ID = re.compile(
 )
 _SSH_KEY = re.compile(r"^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?$")
 _USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+#: ``osProfile.adminUsername`` values ARM refuses (computeRPCommon.json, OSProfile:
+#: "Disallowed values"), compared case-insensitively.
+DISALLOWED_USERS = frozenset((
+    "administrator", "admin", "user", "user1", "test", "user2", "test1", "user3", "admin1",
+    "1", "123", "a", "actuser", "adm", "admin2", "aspnet", "backup", "console", "david",
+    "guest", "john", "owner", "root", "server", "sql", "support", "support_388945a0", "sys",
+    "test2", "test3", "user4", "user5",
+))  # fmt: skip
+#: The ARM error code of a reference to a resource ARM cannot use from here: for the
+#: subnet, a subnet of another region (virtual networks are regional).
+INVALID_REFERENCE = "InvalidResourceReference"
 _CODE = re.compile(r"\b(" + "|".join(CAPACITY_CODES) + r")\b")
 
 
@@ -135,6 +158,14 @@ def classify(statuses: list[str], spot: bool, ours: bool) -> State:
     return State.PENDING
 
 
+def _refers_to(exc: BaseException, code: str, resource_id: str) -> bool:
+    """Whether an ARM error has ``code`` and names ``resource_id`` in its message."""
+    error = getattr(exc, "error", None)
+    found = str(getattr(error, "code", "") or "")
+    text = str(getattr(exc, "message", "") or exc).lower()
+    return found == code and resource_id.lower() in text
+
+
 def _error_code(exc: BaseException) -> str:
     error = getattr(exc, "error", None)
     code = str(getattr(error, "code", "") or "")
@@ -174,6 +205,8 @@ class AzureLauncher:
         self._environ = environ
         #: VMs this launcher deleted: their absence is not an eviction.
         self._deleted: set[tuple[str, str, str]] = set()
+        #: (subscription, region) -> size -> (zones, Location-restricted): SKU listings.
+        self._skus: dict[tuple[str, str], dict[str, tuple[set[str], bool]]] = {}
 
     def _compute(self, subscription_id: str) -> Any:
         if subscription_id not in self._clients:
@@ -220,15 +253,19 @@ class AzureLauncher:
         if not (_URN.match(image) or _IMAGE_ID.match(image)):
             msg = f"the image option must be publisher:offer:sku:version or an id, not {image!r}"
             raise InputError(msg, hint="az vm image list --publisher microsoft-dsvm --all")
-        subnet = bootstrap.option(
-            spec,
-            "subnet",
-            self.provider,
-            "the subnet's resource id: az network vnet subnet show ... --query id",
-        )
-        if not _SUBNET.match(subnet):
-            msg = "the subnet option must be a subnet resource id"
-            raise InputError(msg, hint="/subscriptions/…/virtualNetworks/VNET/subnets/SUBNET")
+        subnets = {k: v.strip() for k, v in spec.options.items() if k.startswith("subnet_")}
+        if not subnets:
+            bootstrap.option(
+                spec,
+                "subnet",
+                self.provider,
+                "the subnet's resource id: az network vnet subnet show ... --query id "
+                "(or subnet_<region>=... for each region the job may run in)",
+            )
+        for name, subnet in {**subnets, "subnet": spec.options.get("subnet", "").strip()}.items():
+            if subnet and not _SUBNET.match(subnet):
+                msg = f"the {name} option must be a subnet resource id"
+                raise InputError(msg, hint="/subscriptions/…/virtualNetworks/VNET/subnets/SUBNET")
         identity = bootstrap.option(
             spec,
             "identity",
@@ -251,7 +288,8 @@ class AzureLauncher:
             msg = "the ssh_public_key option is not an OpenSSH public key"
             raise InputError(msg, hint="the one line of ~/.ssh/id_ed25519.pub (never the key)")
         user = spec.options.get("admin_username", "azureuser")
-        if not _USER.match(user) or user in ("root", "admin", "administrator"):
+        # ARM's deny-list (OSProfile.adminUsername "Disallowed values"), not only root/admin.
+        if not _USER.match(user) or user.lower() in DISALLOWED_USERS:
             msg = f"the admin_username option cannot be {user!r}"
             raise InputError(msg, hint="e.g. admin_username=azureuser")
         policy = spec.options.get("eviction_policy", "Delete")
@@ -261,6 +299,11 @@ class AzureLauncher:
         self._max_price(spec)
         bootstrap.int_option(spec, "disk_gb", 100, 30, 4095)
         bootstrap.render(spec, 1, self.provider, environ=self._environ)
+
+    def _subnet(self, spec: LaunchSpec, region: str) -> str:
+        """The subnet for ``region``: ``subnet_<region>``, else ``subnet``. Subnets are
+        regional; one of another region is refused at the PUT (see :meth:`launch`)."""
+        return (spec.options.get(f"subnet_{region}") or spec.options.get("subnet", "")).strip()
 
     @staticmethod
     def _max_price(spec: LaunchSpec) -> float:
@@ -285,6 +328,10 @@ class AzureLauncher:
         options = spec.options
         name = bootstrap.resource_name(spec.job_id, attempt, 64)
         user = options.get("admin_username", "azureuser")
+        subnet = self._subnet(spec, offer.region)
+        if not subnet:
+            msg = f"no subnet for {offer.region}: subnets are regional"
+            raise InputError(msg, hint=f"add subnet_{offer.region}=<its subnet id> (or subnet=)")
         script = bootstrap.render(spec, attempt, self.provider, environ=self._environ)
         properties: dict[str, Any] = {
             "hardwareProfile": {"vmSize": offer.instance_type},
@@ -324,7 +371,7 @@ class AzureLauncher:
                             "ipConfigurations": [
                                 {
                                     "name": "ipconfig1",
-                                    "properties": {"subnet": {"id": options["subnet"].strip()}},
+                                    "properties": {"subnet": {"id": subnet}},
                                 }
                             ],
                         },
@@ -353,12 +400,27 @@ class AzureLauncher:
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """The PUT, polled until it succeeds; a :class:`CapacityError` when the place is
-        full. A retried attempt PUTs the same VM again, which ARM treats as an update."""
+        full, when the size is not offered to the subscription in the region, or when the
+        region's subnet is refused. A retried attempt whose VM exists is adopted."""
         body = self.request(offer, spec, attempt)
         subscription, group = self._where(spec)
         name = body["properties"]["osProfile"]["computerName"]
         action = f"creating {name} in {offer.region}"
+        if self._restricted(subscription, offer.region, offer.instance_type):
+            text = f"{offer.instance_type} is not offered to this subscription in {offer.region}"
+            raise CapacityError(text, place=offer.place, code="NotAvailableForSubscription")
         compute = self._compute(subscription)
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        try:
+            # customData and adminUsername cannot change after creation
+            # (PropertyChangeNotAllowed): a VM of this attempt that exists is used as it is.
+            compute.virtual_machines.get(group, name)
+        except core.ResourceNotFoundError:
+            pass
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, f"reading {name}") from None
+        else:
+            return self._handle(offer, subscription, group, name, body, attempt)
         try:
             poller = compute.virtual_machines.begin_create_or_update(group, name, body)
             poller.result(timeout=OPERATION_TIMEOUT_S)
@@ -370,7 +432,25 @@ class AzureLauncher:
             if code in CAPACITY_CODES:
                 text = f"Azure has no room for {offer.instance_type} in {offer.place}: {code}"
                 raise CapacityError(text, place=offer.place, code=code) from None
+            subnet = body["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]
+            subnet_id = subnet["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
+            if _refers_to(exc, INVALID_REFERENCE, subnet_id):
+                # Subnets are regional: this region cannot use the subnet given. Another
+                # region (with its own subnet_<region>) may; any other refusal stops the job.
+                text = f"the subnet given cannot be used from {offer.region}: {INVALID_REFERENCE}"
+                raise CapacityError(text, place=offer.place, code=INVALID_REFERENCE) from None
             raise azure_clouds.translate(exc, action) from None
+        return self._handle(offer, subscription, group, name, body, attempt)
+
+    def _handle(
+        self,
+        offer: Offer,
+        subscription: str,
+        group: str,
+        name: str,
+        body: dict[str, Any],
+        attempt: int,
+    ) -> Handle:
         return Handle(
             provider=self.provider,
             region=offer.region,
@@ -395,9 +475,25 @@ class AzureLauncher:
         """
         if not instance_type or not self.subscription_id:
             return []
-        compute = self._compute(self.subscription_id)
-        wanted = instance_type.lower()
-        zones: set[str] = set()
+        zones, _restricted = self._sku(self.subscription_id, region, instance_type)
+        return sorted(zones)
+
+    def _restricted(self, subscription: str, region: str, instance_type: str) -> bool:
+        """Whether a ``Location`` restriction keeps the size out of the region for the
+        subscription (ResourceSkuRestrictions.type is ``Location`` or ``Zone``)."""
+        return self._sku(subscription, region, instance_type)[1]
+
+    def _sku(self, subscription: str, region: str, instance_type: str) -> tuple[set[str], bool]:
+        """(zones less ``Zone`` restrictions, whether a ``Location`` restriction names the
+        region) of one size, from one listing per subscription and region (cached)."""
+        key = (subscription, region.lower())
+        if key not in self._skus:
+            self._skus[key] = self._list_skus(subscription, region)
+        return self._skus[key].get(instance_type.lower(), (set(), False))
+
+    def _list_skus(self, subscription: str, region: str) -> dict[str, tuple[set[str], bool]]:
+        compute = self._compute(subscription)
+        found: dict[str, tuple[set[str], bool]] = {}
         try:
             pager = compute.resource_skus.list(filter=f"location eq '{region}'")
             for number, sku in enumerate(pager):
@@ -405,18 +501,26 @@ class AzureLauncher:
                     break
                 if str(sku.resource_type or "").lower() != "virtualmachines":
                     continue
-                if str(sku.name or "").lower() != wanted:
-                    continue
+                zones: set[str] = set()
                 for info in sku.location_info or []:
                     if str(info.location or "").lower() == region.lower():
                         zones.update(str(z) for z in info.zones or [])
+                restricted = False
                 for restriction in sku.restrictions or []:
-                    kind = str(getattr(restriction.type, "value", restriction.type) or "")
-                    if kind.lower() == "zone" and restriction.restriction_info is not None:
-                        zones.difference_update(restriction.restriction_info.zones or [])
+                    kind = str(getattr(restriction.type, "value", restriction.type) or "").lower()
+                    info = restriction.restriction_info
+                    if kind == "zone" and info is not None:
+                        zones.difference_update(info.zones or [])
+                    elif kind == "location":
+                        # ``values`` names the locations; the model is a mapping, whose
+                        # ``values`` attribute is the dict method, so it is read by key.
+                        named = restriction.get("values") if hasattr(restriction, "get") else None
+                        places = [*(named or []), *((info and info.locations) or [])]
+                        restricted |= region.lower() in {str(p).lower() for p in places}
+                found[str(sku.name or "").lower()] = (zones, restricted)
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, f"listing the zones of {region}") from None
-        return sorted(zones)
+        return found
 
     # ----------------------------------------------------------------- status
 
@@ -474,17 +578,29 @@ class AzureLauncher:
 
     def find(self, job_id: str) -> list[Handle]:
         """VMs tagged ``costguard:job=<job_id>`` in the launcher's resource group that are
-        not being deleted, deallocated or stopped."""
+        not being deleted, deallocated or stopped.
+
+        The group listing cannot carry the instance view: ``$expand=instanceView`` "can only
+        be specified if a valid $filter option is specified" (a scale set's id; the service
+        answers 400 otherwise), so each VM of the job is read with its instance view.
+        """
         if not (self.subscription_id and self.resource_group):
             msg = "finding the VMs of a job on azure needs a subscription and resource group"
             raise InputError(msg, hint="give the launcher the ones the job runs in")
         compute = self._compute(self.subscription_id)
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
         found = []
         try:
-            for vm in compute.virtual_machines.list(self.resource_group, expand="instanceView"):
-                tags = {k.lower(): v for k, v in (vm.tags or {}).items()}
+            for listed in compute.virtual_machines.list(self.resource_group):
+                tags = {k.lower(): v for k, v in (listed.tags or {}).items()}
                 if tags.get(JOB_TAG) != job_id:
                     continue
+                try:
+                    vm = compute.virtual_machines.get(
+                        self.resource_group, listed.name, expand="instanceView"
+                    )
+                except core.ResourceNotFoundError:
+                    continue  # deleted since the listing
                 view = vm.instance_view
                 codes = [str(s.code or "") for s in (view.statuses or [])] if view else []
                 state = classify(codes, spot=False, ours=False)

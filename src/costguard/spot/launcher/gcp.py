@@ -9,7 +9,14 @@ families (A2, A3, A4, G2) have them built in. The job's tags become labels
 digits, ``_`` and ``-``, so ``costguard-expires-at`` is Unix seconds, as the reaper reads
 it). The boot script is the ``startup-script`` metadata value; the VM runs as the service
 account given, which is what reaches the checkpoint bucket. The instance name is derived
-from the job and attempt, and the request id too, so a retried launch cannot make two VMs.
+from the job and attempt, so a retried launch cannot make two VMs (the second insert is a
+``409``, and the VM is used); the request id is new for every launch, because Compute Engine
+answers a request id it has seen with that request's old operation and creates nothing.
+
+A quota refusal can come at once, as HTTP 403 (``Quota 'GPUS_ALL_REGIONS' exceeded``,
+reason ``quotaExceeded``), not only as a finished operation with ``QUOTA_EXCEEDED``: both
+are a :class:`CapacityError` (another region or market may have quota). Any other 403 is a
+permission problem, and stops the job.
 
 Preemption: Compute Engine records a ``compute.instances.preempted`` operation (a system
 event, in ``zoneOperations.list``) targeting the VM. A VM that is gone (termination action
@@ -129,6 +136,28 @@ def classify(status: str, preempted: bool) -> State:
     if status == "RUNNING":
         return State.RUNNING
     return State.PREEMPTED if preempted else State.STOPPED
+
+
+_QUOTA = re.compile(r"Quota '[A-Z0-9_]+' exceeded")
+
+
+def quota_refusal(exc: BaseException) -> str | None:
+    """The message of an immediate quota refusal (HTTP 403, reason ``quotaExceeded``, or
+    the ``Quota '...' exceeded`` text), or None for any other 403 (a permission problem).
+
+    >>> from google.api_core.exceptions import Forbidden
+    >>> quota_refusal(Forbidden("Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally."))
+    "Quota 'GPUS_ALL_REGIONS' exceeded.  Limit: 0.0 globally."
+    >>> quota_refusal(Forbidden("Required 'compute.instances.create' permission")) is None
+    True
+    """
+    message = str(getattr(exc, "message", "") or exc)
+    reasons = {
+        str(e.get("reason", "")) for e in getattr(exc, "errors", None) or [] if isinstance(e, dict)
+    }
+    if "quotaExceeded" in reasons or _QUOTA.search(message):
+        return message
+    return None
 
 
 def _time(text: str) -> datetime:
@@ -384,8 +413,11 @@ class GcpLauncher:
         instance = self.request(offer, spec, attempt)
         project = self._project(spec)
         zone = _last(instance.machine_type.rsplit("/machineTypes/", 1)[0])
-        # The same request id for a retried attempt: Compute Engine runs it once.
-        request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"costguard:{project}:{instance.name}"))
+        # A fresh request id per launch: Compute Engine answers a request id it has seen
+        # with that request's (finished) operation and creates nothing (compute.proto,
+        # request_id), so one derived from the name would "launch" nothing when a job id is
+        # reused. The SDK resends this same request object on its own retries.
+        request_id = str(uuid.uuid4())
         action = f"creating {instance.name} in {zone}"
         compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
         core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
@@ -400,6 +432,14 @@ class GcpLauncher:
             target_id = str(operation.target_id or "")
         except core.Conflict:
             operation = None  # this attempt's VM exists already: a retried launch, use it
+        except core.Forbidden as exc:
+            quota = quota_refusal(exc)
+            if quota is None:
+                raise gcp_clouds.translate(exc, action) from None
+            text = f"Google Cloud has no quota for {offer.instance_type} in {zone}: {quota}"
+            raise CapacityError(
+                text, place=f"{self.provider}/{offer.region}/{zone}", code="QUOTA_EXCEEDED"
+            ) from None
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, action) from None
         errors = list(operation.error.errors) if operation is not None else []

@@ -1,0 +1,603 @@
+"""Strict fakes of the Azure REST APIs costguard calls: Resource Manager compute (the spot
+launcher's and the reaper's calls), Azure Monitor metrics and the Consumption budgets.
+
+Each fake answers the documented paths with the documented JSON, and *refuses* what the real
+service refuses, in the shape the service sends (an immediate ARM error body, or a failed
+long-running operation). The rules, and the definitions they come from (spec file,
+repository, commit), are test data: ``tests/fakes/definitions/azure.json``; the table in
+``tests/README.md`` says which fake enforces which rule and what none of them can model.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.http import LocalServer, Reply, Request, Route, rfc3339
+
+AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
+SUBSCRIPTION = AZURE_SUBSCRIPTION
+#: The rules the fakes enforce, with their sources.
+RULES: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "definitions" / "azure.json").read_text()
+)["rules"]
+
+
+def arm_error(rule: str, **names: str) -> Reply:
+    """The immediate ARM error reply a rule of ``definitions/azure.json`` describes."""
+    spec = RULES[rule]
+    message = spec["message"]
+    for key, value in names.items():
+        message = message.replace("{" + key + "}", value)
+    return spec["status"], {"error": {"code": spec["code"], "message": message}}, {}
+
+
+def _filter_is_scale_set(query: dict[str, list[str]]) -> bool:
+    """Whether ``$filter`` is the one value the spec allows on a VM listing."""
+    text = query.get("$filter", [""])[0]
+    return bool(
+        re.fullmatch(
+            r"'?virtualMachineScaleSet/id'? eq '/subscriptions/[^/]+/resourceGroups/[^/]+/"
+            r"providers/Microsoft\.Compute/virtualMachineScaleSets/[^/']+'",
+            text.strip(),
+            re.IGNORECASE,
+        )
+    )
+
+
+def check_vm_listing(request: Request) -> Reply | None:
+    """``$expand=instanceView`` needs a scale-set ``$filter`` (rule list_expand_needs_filter)."""
+    if "$expand" in request.query and not _filter_is_scale_set(request.query):
+        return arm_error("list_expand_needs_filter")
+    return None
+
+
+def check_vm_put(body: dict[str, Any], stored: dict[str, Any] | None) -> Reply | None:
+    """The limits of a VM create-or-update body; ``stored``: the VM's body if it exists."""
+    tags = body.get("tags") or {}
+    if len(tags) > RULES["max_tags"]["limit"]:
+        return arm_error("max_tags")
+    profile = body.get("properties", {}).get("osProfile", {})
+    custom = profile.get("customData")
+    if custom is not None:
+        try:
+            decoded = base64.b64decode(custom, validate=True)
+        except (binascii.Error, ValueError):
+            return arm_error("custom_data_max_bytes")
+        if len(decoded) > RULES["custom_data_max_bytes"]["limit"]:
+            return arm_error("custom_data_max_bytes")
+    if len(profile.get("computerName", "")) > RULES["computer_name"]["max_length_linux"]:
+        return arm_error("computer_name")
+    user = profile.get("adminUsername", "")
+    rule = RULES["admin_username"]
+    if not 1 <= len(user) <= rule["max_length_linux"] or user.lower() in rule["disallowed"]:
+        return arm_error("admin_username")
+    if stored is not None:
+        before = stored.get("properties", {}).get("osProfile", {})
+        for path in RULES["immutable_after_create"]["fields"]:
+            name = path.split(".")[-1]
+            if profile.get(name) != before.get(name):
+                return arm_error("immutable_after_create", field=path)
+    return None
+
+
+@dataclass
+class ArmVm:
+    body: dict[str, Any]
+    group: str
+    name: str
+    provisioning: str = "Creating"
+    power: str = "starting"
+
+
+class ArmServer(LocalServer):
+    """Resource Manager ``Microsoft.Compute/virtualMachines`` as the spot launcher uses it:
+    PUT (a long-running operation polled through ``Azure-AsyncOperation``), GET with
+    ``$expand=instanceView``, DELETE, the resource group listing and the Resource SKUs
+    listing; strict about the listing's ``$expand``/``$filter`` pair, the body's limits,
+    immutable properties and the subnet's region."""
+
+    def reset(self) -> None:
+        self.vms: dict[str, ArmVm] = {}
+        #: Subnet id (lower case) -> the region of its virtual network.
+        self.subnets: dict[str, str] = {
+            f"/subscriptions/{SUBSCRIPTION}/resourcegroups/net/providers/microsoft.network/"
+            "virtualnetworks/lab/subnets/jobs": "eastus",
+            f"/subscriptions/{SUBSCRIPTION}/resourcegroups/net/providers/microsoft.network/"
+            "virtualnetworks/lab-west/subnets/jobs": "westus",
+        }
+        #: (location, size) the subscription may not use there at all: a ``Location``
+        #: restriction in the Resource SKUs listing.
+        self.location_restricted: set[tuple[str, str]] = set()
+        self.operations: dict[str, dict[str, Any]] = {}
+        self.full_sizes: set[str] = set()
+        #: (location, size) -> (zones, zones restricted for the subscription), as the
+        #: Resource SKUs API lists them.
+        self.skus: dict[tuple[str, str], tuple[list[str], list[str]]] = {
+            ("eastus", "Standard_NC4as_T4_v3"): (["3", "1", "2"], []),
+            ("eastus", "Standard_NC24ads_A100_v4"): (["1", "2", "3"], ["2"]),
+            ("westus", "Standard_NC4as_T4_v3"): ([], []),  # a region without zones
+        }
+        self.ids = itertools.count(1)
+        self.requests.clear()
+
+    def resource(self, vm: ArmVm) -> dict[str, Any]:
+        properties = dict(vm.body["properties"])
+        properties["osProfile"] = {
+            k: v for k, v in properties["osProfile"].items() if k != "customData"
+        }  # ARM never returns customData
+        properties.update(
+            provisioningState=vm.provisioning,
+            timeCreated="2026-12-01T03:00:00.1234567+00:00",
+            vmId="5c1b7c1e-0000-0000-0000-000000000001",
+        )
+        return {
+            "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{vm.group}/providers/"
+            f"Microsoft.Compute/virtualMachines/{vm.name}",
+            "name": vm.name,
+            "type": "Microsoft.Compute/virtualMachines",
+            **{k: v for k, v in vm.body.items() if k != "properties"},
+            "properties": properties,
+        }
+
+    def with_view(self, vm: ArmVm) -> dict[str, Any]:
+        body = self.resource(vm)
+        body["properties"]["instanceView"] = {
+            "statuses": [
+                {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info",
+                 "displayStatus": f"Provisioning {vm.provisioning.lower()}"},
+                {"code": f"PowerState/{vm.power}", "level": "Info",
+                 "displayStatus": f"VM {vm.power}"},
+            ]
+        }  # fmt: skip
+        return body
+
+    def _async(self, kind: str, vm: ArmVm, location: str) -> dict[str, str]:
+        number = next(self.ids)
+        self.operations[str(number)] = {"kind": kind, "vm": vm, "polls": 0}
+        url = (f"{{base}}/subscriptions/{SUBSCRIPTION}/providers/Microsoft.Compute/locations/"
+               f"{location}/operations/{number}?api-version=2026-04-01")  # fmt: skip
+        return {"Azure-AsyncOperation": url, "Retry-After": "0"}
+
+    def put(self, request: Request, match: re.Match[str]) -> Reply:
+        assert request.query.get("api-version"), request.query
+        body = request.body
+        name = match["name"]
+        vm = self.vms.get(name)
+        refused = check_vm_put(body, vm.body if vm is not None else None)
+        if refused is not None:
+            return refused
+        for nic in body["properties"]["networkProfile"]["networkInterfaceConfigurations"]:
+            for ip in nic["properties"]["ipConfigurations"]:
+                subnet = ip["properties"]["subnet"]["id"]
+                if self.subnets.get(subnet.lower()) != body["location"]:
+                    return arm_error("subnet_in_vm_region", subnet=subnet, nic=nic["name"])
+        if vm is None:
+            vm = self.vms[name] = ArmVm(body, match["group"], name)
+        else:  # PUT again: an update of the same VM
+            vm.body = body
+        return 201, self.resource(vm), self._async("create", vm, body["location"])
+
+    def operation(self, request: Request, match: re.Match[str]) -> Reply:
+        operation = self.operations[match["id"]]
+        operation["polls"] += 1
+        vm: ArmVm = operation["vm"]
+        if operation["polls"] == 1:
+            return 200, {"name": match["id"], "status": "InProgress"}, {}
+        size = vm.body["properties"]["hardwareProfile"]["vmSize"]
+        if operation["kind"] == "create" and size in self.full_sizes:
+            self.vms.pop(vm.name, None)
+            error = {
+                "code": "SkuNotAvailable",
+                "message": f"The requested VM size {size} is currently not available",
+            }
+            return 200, {"name": match["id"], "status": "Failed", "error": error}, {}  # fmt: skip
+        if operation["kind"] == "create":
+            vm.provisioning, vm.power = "Succeeded", "running"
+        else:
+            self.vms.pop(vm.name, None)
+        return 200, {"name": match["id"], "status": "Succeeded"}, {}
+
+    def get(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.get(match["name"])
+        if vm is None:
+            error = {"code": "ResourceNotFound",
+                     "message": f"The Resource '{match['name']}' was not found."}  # fmt: skip
+            return 404, {"error": error}, {}
+        if request.query.get("$expand") == ["instanceView"]:
+            return 200, self.with_view(vm), {}
+        return 200, self.resource(vm), {}
+
+    def delete(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.get(match["name"])
+        if vm is None:
+            return 204, None, {}
+        vm.provisioning = "Deleting"
+        return 202, None, self._async("delete", vm, vm.body["location"])
+
+    def list_group(self, request: Request, match: re.Match[str]) -> Reply:
+        refused = check_vm_listing(request)
+        if refused is not None:
+            return refused
+        return 200, {"value": [self.resource(vm) for vm in self.vms.values()
+                               if vm.group == match["group"]]}, {}  # fmt: skip
+
+    def list_skus(self, request: Request, match: re.Match[str]) -> Reply:
+        wanted = re.fullmatch(r"location eq '([a-z0-9]+)'", request.query["$filter"][0])
+        assert wanted, request.query
+        value: list[dict[str, Any]] = [
+            {"resourceType": "disks", "name": "Premium_LRS", "locations": [wanted[1]],
+             "locationInfo": [{"location": wanted[1], "zones": ["1", "2", "3"]}]},
+        ]  # fmt: skip
+        for (location, size), (zones, restricted) in self.skus.items():
+            if location != wanted[1]:
+                continue
+            sku: dict[str, Any] = {
+                "resourceType": "virtualMachines",
+                "name": size,
+                "tier": "Standard",
+                "locations": [location],
+                "locationInfo": [{"location": location, "zones": zones, "zoneDetails": []}],
+                "restrictions": [],
+            }
+            if (location, size) in self.location_restricted:
+                sku["restrictions"].append({
+                    "type": "Location",
+                    "values": [location],
+                    "restrictionInfo": {"locations": [location]},
+                    "reasonCode": "NotAvailableForSubscription",
+                })  # fmt: skip
+            if restricted:
+                sku["restrictions"].append({
+                    "type": "Zone",
+                    "values": [location],
+                    "restrictionInfo": {"locations": [location], "zones": restricted},
+                    "reasonCode": "NotAvailableForSubscription",
+                })  # fmt: skip
+            value.append(sku)
+        return 200, {"value": value}, {}
+
+    def evict(self, name: str) -> None:
+        """What Azure does to an evicted Spot VM: delete it, or deallocate it."""
+        vm = self.vms[name]
+        if vm.body["properties"].get("evictionPolicy") == "Delete":
+            del self.vms[name]
+        else:
+            vm.power = "deallocated"
+
+    def routes(self) -> list[tuple[str, str, Route]]:
+        subscription = f"/subscriptions/{SUBSCRIPTION}"
+        group = subscription + r"/resourceGroups/(?P<group>[^/]+)"
+        vm = group + r"/providers/Microsoft\.Compute/virtualMachines/(?P<name>[^/]+)"
+        return [
+            ("GET", subscription + r"/providers/Microsoft\.Compute/skus", self.list_skus),
+            ("PUT", vm, self.put),
+            ("GET", vm, self.get),
+            ("DELETE", vm, self.delete),
+            ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
+            ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"
+             r"(?P<id>\d+)", self.operation),
+        ]  # fmt: skip
+
+
+@dataclass
+class AzureVm:
+    name: str
+    size: str
+    location: str = "eastus"
+    group: str = "ml"
+    power: str = "running"
+    created: datetime = field(default_factory=lambda: datetime.now(UTC) - timedelta(hours=3))
+    tags: dict[str, str] = field(default_factory=dict)
+    spot: bool = False
+    #: When it was last started (the instance view's state times); None: never restarted.
+    started: datetime | None = None
+
+    @property
+    def resource_id(self) -> str:
+        return (
+            f"/subscriptions/{AZURE_SUBSCRIPTION}/resourceGroups/{self.group}"
+            f"/providers/Microsoft.Compute/virtualMachines/{self.name}"
+        )
+
+    def model(self) -> dict[str, Any]:
+        """The model view ``virtualMachines.listAll`` returns (no instance view)."""
+        return {
+            "id": self.resource_id,
+            "name": self.name,
+            "type": "Microsoft.Compute/virtualMachines",
+            "location": self.location,
+            "tags": self.tags,
+            "properties": {
+                "hardwareProfile": {"vmSize": self.size},
+                "provisioningState": "Succeeded",
+                "timeCreated": rfc3339(self.created),
+                "priority": "Spot" if self.spot else "Regular",
+            },
+        }
+
+    def status_only(self) -> dict[str, Any]:
+        """What ``listAll?statusOnly=true`` is modelled to return (rule
+        status_only_is_status_only): the VM's identity and instance view, nothing else."""
+        return {
+            "id": self.resource_id,
+            "name": self.name,
+            "type": "Microsoft.Compute/virtualMachines",
+            "tags": None,
+            "properties": {
+                "instanceView": {
+                    "statuses": [
+                        {
+                            "code": "ProvisioningState/succeeded",
+                            "level": "Info",
+                            "time": rfc3339(self.started or self.created),
+                        },
+                        {"code": f"PowerState/{self.power}", "level": "Info"},
+                    ]
+                },
+            },
+        }
+
+
+class AzureServer(LocalServer):
+    """Azure Resource Manager (compute) + Azure Monitor metrics for one subscription."""
+
+    def reset(self) -> None:
+        self.me = ""  # the VM whose metadata /metadata/instance/compute serves
+        self.vms: dict[str, AzureVm] = {}
+        # (namespace, metric) -> lower-cased resource id -> [(time, value)]
+        self.series: dict[tuple[str, str], dict[str, list[tuple[datetime, float]]]] = {}
+        self.requests.clear()
+
+    def add(self, vm: AzureVm) -> AzureVm:
+        self.vms[vm.name] = vm
+        return vm
+
+    def put(
+        self, namespace: str, metric: str, vm: AzureVm, points: list[tuple[datetime, float]]
+    ) -> None:
+        self.series.setdefault((namespace.lower(), metric), {}).setdefault(
+            vm.resource_id.lower(), []
+        ).extend(points)
+
+    def list_all(self, request: Request, match: re.Match[str]) -> Reply:
+        refused = check_vm_listing(request)
+        if refused is not None:
+            return refused
+        if request.query.get("statusOnly") == ["true"]:
+            return 200, {"value": [vm.status_only() for vm in self.vms.values()]}, {}
+        return 200, {"value": [vm.model() for vm in self.vms.values()]}, {}
+
+    def _accepted(self) -> Reply:
+        return 202, None, {"Location": "{base}/operations/done", "Retry-After": "0"}
+
+    def deallocate(self, request: Request, match: re.Match[str]) -> Reply:
+        self.vms[match["name"]].power = "deallocated"
+        return self._accepted()
+
+    def power_off(self, request: Request, match: re.Match[str]) -> Reply:
+        self.vms[match["name"]].power = "stopped"
+        return self._accepted()
+
+    def delete(self, request: Request, match: re.Match[str]) -> Reply:
+        del self.vms[match["name"]]
+        return self._accepted()
+
+    def update(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms[match["name"]]
+        vm.tags = dict(request.body.get("tags") or {})
+        return 200, vm.model(), {}
+
+    def tags(self, request: Request, match: re.Match[str]) -> Reply:
+        """``Tags - Update At Scope``: Merge, Replace or Delete some tags of one resource."""
+        assert request.query.get("api-version"), request.query
+        vm = self.vms[match["name"]]
+        operation = request.body["operation"]
+        given: dict[str, str] = request.body["properties"]["tags"]
+        if operation == "Merge":
+            kept = {k: v for k, v in vm.tags.items() if k.lower() not in {g.lower() for g in given}}
+            vm.tags = {**kept, **given}
+        elif operation == "Replace":
+            vm.tags = dict(given)
+        elif operation == "Delete":
+            wanted = {k.lower(): v for k, v in given.items()}
+            vm.tags = {
+                k: v
+                for k, v in vm.tags.items()
+                if k.lower() not in wanted or wanted[k.lower()] not in ("", v)
+            }
+        else:
+            return 400, {"error": {"code": "InvalidOperation", "message": operation}}, {}
+        body = {"id": f"{vm.resource_id}/providers/Microsoft.Resources/tags/default",
+                "name": "default", "properties": {"tags": vm.tags}}  # fmt: skip
+        return 200, body, {}
+
+    def operation(self, request: Request, match: re.Match[str]) -> Reply:
+        return 200, None, {}
+
+    def instance_metadata(self, request: Request, match: re.Match[str]) -> Reply:
+        """The Azure instance metadata service, as seen from inside ``self.me``."""
+        if request.query.get("api-version") is None or request.headers.get("Metadata") != "true":
+            return 400, {"error": "bad request"}, {}
+        vm = self.vms[self.me]
+        body = {
+            "subscriptionId": AZURE_SUBSCRIPTION,
+            "resourceGroupName": vm.group,
+            "name": vm.name,
+        }
+        return 200, body, {}
+
+    def _series_reply(
+        self, query: dict[str, str], resource_ids: set[str], *, with_owner: bool
+    ) -> Reply:
+        """The Metrics API body for ``resource_ids``: one series per resource and metric,
+        only the aggregations asked for, in resource-id order (no ``orderby``: the service
+        promises no order, so the fake does not sort busiest first), cut at ``top``."""
+        namespace = query["metricnamespace"].lower()
+        names = query["metricnames"].split(",")
+        known = {
+            rid for (ns, _), series in self.series.items() if ns == namespace for rid in series
+        }
+        if not known & resource_ids:
+            message = f"Failed to find metric configuration for provider: {namespace}"
+            return 400, {"error": {"code": "BadRequest", "message": message}}, {}
+        kinds = [a.strip().lower() for a in query.get("aggregation", "average").split(",")]
+        for kind in kinds:
+            if kind not in ("average", "count", "maximum", "minimum", "total"):
+                message = f"Invalid aggregation {kind}"
+                return 400, {"error": {"code": "BadRequest", "message": message}}, {}
+        top = int(query.get("top", 10))
+        start_text, end_text = query["timespan"].split("/")
+        start, end = datetime.fromisoformat(start_text), datetime.fromisoformat(end_text)
+        spelling = RULES["metrics_resource_id_dimension"]["spelling"]
+        value = []
+        for name in names:
+            timeseries: list[dict[str, Any]] = []
+            for resource_id, points in sorted(self.series.get((namespace, name), {}).items()):
+                if resource_id not in resource_ids:
+                    continue
+                data = [
+                    {"timeStamp": rfc3339(t), **dict.fromkeys(kinds, v)}
+                    for t, v in sorted(points)
+                    if start <= t <= end
+                ]
+                owner = [{"name": {"value": spelling, "localizedValue": spelling},
+                          "value": resource_id}]  # fmt: skip
+                timeseries.append({"metadatavalues": owner if with_owner else [], "data": data})
+            value.append(
+                {
+                    "id": f"/subscriptions/{AZURE_SUBSCRIPTION}/metrics/{name}",
+                    "type": "Microsoft.Insights/metrics",
+                    "name": {"value": name, "localizedValue": name},
+                    "unit": "Unspecified",
+                    "timeseries": timeseries[:top],
+                    "errorCode": "Success",
+                }
+            )
+        body = {
+            "cost": 0,
+            "timespan": query["timespan"],
+            "interval": query.get("interval", "PT1M"),
+            "value": value,
+            "namespace": query["metricnamespace"],
+        }
+        return 200, body, {}
+
+    def metrics(self, request: Request, match: re.Match[str]) -> Reply:
+        """``Metrics_ListAtSubscriptionScope``: every VM of the region, split by resource id
+        (``$filter`` on ``Microsoft.ResourceId``); platform namespaces only (rule
+        metrics_custom_namespace_at_subscription_scope)."""
+        query = {k: v[0] for k, v in request.query.items()}
+        if "region" not in query:
+            return 400, {"error": {"code": "BadRequest",
+                                   "message": "Missing required region params"}}, {}  # fmt: skip
+        namespace = query["metricnamespace"]
+        if not namespace.lower().startswith("microsoft."):
+            return arm_error("metrics_custom_namespace_at_subscription_scope", namespace=namespace)
+        wanted = _resource_filter(query["$filter"])
+        in_region = {
+            vm.resource_id.lower() for vm in self.vms.values() if vm.location == query["region"]
+        }
+        chosen = in_region if wanted is None else in_region & wanted
+        status, body, headers = self._series_reply(query, chosen, with_owner=True)
+        if status == 200:
+            body["resourceregion"] = query["region"]
+        return status, body, headers
+
+    def resource_metrics(self, request: Request, match: re.Match[str]) -> Reply:
+        """``Metrics_List`` at one VM's scope (custom namespaces included)."""
+        query = {k: v[0] for k, v in request.query.items()}
+        vm = self.vms.get(match["name"])
+        if vm is None:
+            return 404, {"error": {"code": "ResourceNotFound", "message": match["name"]}}, {}
+        return self._series_reply(query, {vm.resource_id.lower()}, with_owner=False)
+
+    def routes(self) -> list[tuple[str, str, Route]]:
+        subscription = r"/subscriptions/[^/]+"
+        vm = (
+            subscription
+            + r"/resourceGroups/[^/]+/providers/Microsoft.Compute/virtualMachines/(?P<name>[^/]+)"
+        )
+        return [
+            ("GET", subscription + "/providers/Microsoft.Compute/virtualMachines", self.list_all),
+            ("POST", vm + "/deallocate", self.deallocate),
+            ("POST", vm + "/powerOff", self.power_off),
+            ("DELETE", vm, self.delete),
+            ("PATCH", vm, self.update),
+            ("PATCH", vm + "/providers/Microsoft.Resources/tags/default", self.tags),
+            ("GET", "/operations/done", self.operation),
+            ("GET", subscription + "/providers/Microsoft.Insights/metrics", self.metrics),
+            ("GET", vm + "/providers/[Mm]icrosoft.[Ii]nsights/metrics", self.resource_metrics),
+            ("GET", "/metadata/instance/compute", self.instance_metadata),
+        ]
+
+
+def _resource_filter(text: str) -> set[str] | None:
+    """The resource IDs a metrics ``$filter`` asks for; ``None`` for all (``eq '*'``)."""
+    terms = re.split(r"\s+or\s+", text.strip(), flags=re.IGNORECASE)
+    ids = set()
+    for term in terms:
+        found = re.fullmatch(r"Microsoft\.ResourceId eq '([^']+)'", term.strip(), re.IGNORECASE)
+        assert found, f"unsupported $filter {text!r}"
+        ids.add(found[1].lower())
+    return None if "*" in ids else ids
+
+
+def _day(text: str) -> str:
+    """The date of an ARM timestamp (``2026-12-01T00:00:00Z`` and ``2026-12-01`` alike)."""
+    return text[:10]
+
+
+class ConsumptionFake:
+    """``{scope}/providers/Microsoft.Consumption/budgets[/{name}]`` (PUT, GET, list, DELETE);
+    a budget's start date must be the first of a month and never changes once created."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, dict[str, Any]] = {}
+
+    def __call__(self, method: str, path: str, query, body):
+        marker = "/providers/Microsoft.Consumption/budgets"
+        if marker not in path:
+            return 404, {"error": {"code": "NotFound", "message": path}}
+        scope, _, name = path.partition(marker)
+        name = name.strip("/")
+        if not name:
+            items = [b for key, b in self.budgets.items() if key.startswith(scope + marker)]
+            return 200, {"value": items}
+        key = f"{scope}{marker}/{name}"
+        if method == "PUT":
+            created = key not in self.budgets
+            notifications = body["properties"].get("notifications") or {}
+            if len(notifications) > RULES["budget_notifications"]["limit"]:
+                status, error, _ = arm_error("budget_notifications")
+                return status, error
+            start = body["properties"]["timePeriod"]["startDate"]
+            if created and not re.fullmatch(r"\d{4}-\d{2}-01T00:00:00(\.0+)?Z?", start):
+                status, error, _ = arm_error("budget_start_date_first_of_month")
+                return status, error
+            if not created:
+                before = self.budgets[key]["properties"]["timePeriod"]["startDate"]
+                if _day(start) != _day(before):
+                    status, error, _ = arm_error("budget_start_date_immutable")
+                    return status, error
+            self.budgets[key] = {
+                **body,
+                "id": key,
+                "name": name,
+                "type": "Microsoft.Consumption/budgets",
+                "eTag": "e1",
+            }
+            return (201 if created else 200), self.budgets[key]
+        if key not in self.budgets:
+            return 404, {"error": {"code": "NotFound", "message": "budget not found"}}
+        if method == "DELETE":
+            del self.budgets[key]
+            return 200, {}
+        return 200, self.budgets[key]

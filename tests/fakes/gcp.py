@@ -1,0 +1,585 @@
+"""Strict fakes of the Google Cloud REST APIs costguard calls: Compute Engine (the spot
+launcher's and the reaper's calls), Cloud Monitoring ``timeSeries.list``, Billing Budgets v1
+with Monitoring's notification channels, and Resource Manager ``projects.get``.
+
+Each fake answers the documented paths with the documented JSON, and *refuses* what the real
+service refuses, in the shape the service sends (an immediate HTTP error with Google's error
+body, or a finished operation carrying ``error.errors[]``). The rules, and the definitions
+they come from (proto file, repository, commit), are test data:
+``tests/fakes/definitions/gcp.json``; ``tests/README.md`` has the table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.http import LocalServer, Reply, Request, Route, rfc3339
+
+GCP_PROJECT = "lab-project"
+PROJECT = GCP_PROJECT
+#: The project number Resource Manager knows ``lab-project`` by.
+PROJECT_NUMBER = "415104041262"
+COMPUTE = "https://www.googleapis.com/compute/v1"
+#: GCP writes instance timestamps in US Pacific time; the adapter must not care.
+PACIFIC = timezone(timedelta(hours=-8))
+#: The rules the fakes enforce, with their sources.
+RULES: dict[str, dict[str, Any]] = json.loads(
+    (Path(__file__).parent / "definitions" / "gcp.json").read_text()
+)["rules"]
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+}
+
+
+def google_error(code: int, message: str, **extra: Any) -> tuple[int, dict[str, Any]]:
+    """Google's JSON error body (``{"error": {"code", "message", "status"}}``)."""
+    return code, {
+        "error": {"code": code, "message": message, "status": _STATUS.get(code, "UNKNOWN"), **extra}
+    }
+
+
+def check_instance(body: dict[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """An ``instances.insert`` body's name and labels, the instance's and its disks'
+    (rules instance_name, labels)."""
+    if not re.fullmatch(RULES["instance_name"]["pattern"], body.get("name", "")):
+        return rule_error("instance_name")
+    rule = RULES["labels"]
+    maps = [body.get("labels", {})]
+    maps += [d.get("initializeParams", {}).get("labels", {}) for d in body.get("disks", [])]
+    for labels in maps:
+        if len(labels) > rule["max_labels"] or not all(
+            re.fullmatch(rule["key_pattern"], k) and re.fullmatch(rule["value_pattern"], v)
+            for k, v in labels.items()
+        ):
+            return rule_error("labels")
+    return None
+
+
+def rule_error(rule: str) -> tuple[int, dict[str, Any]]:
+    """The error reply a rule of ``definitions/gcp.json`` describes."""
+    spec = RULES[rule]
+    return google_error(spec["status"], spec["message"])
+
+
+@dataclass
+class ComputeVm:
+    body: dict[str, Any]
+    zone: str
+    id: str
+    status: str = "PROVISIONING"
+
+
+class ComputeServer(LocalServer):
+    """Compute Engine for one project as the spot launcher uses it: VMs, their operations,
+    system events and regions; a repeated ``requestId`` is answered with the first request's
+    operation, and a quota refusal comes as an immediate HTTP 403."""
+
+    def reset(self) -> None:
+        self.vms: dict[str, ComputeVm] = {}
+        self.operations: dict[str, dict[str, Any]] = {}
+        self.full_zones: set[str] = set()
+        #: region -> (status, zones) as ``regions.get`` returns them.
+        self.regions: dict[str, tuple[str, list[str]]] = {
+            "us-central1": ("UP", ["us-central1-c", "us-central1-a", "us-central1-f",
+                                   "us-central1-b"]),
+        }  # fmt: skip
+        self.ids = itertools.count(7000)
+        #: requestId -> the name of the operation it started (rule request_id_deduplicates).
+        self.request_ids: dict[str, str] = {}
+        #: When set, every insert is refused at once with HTTP 403, as a quota check does
+        #: (rule quota_exceeded_is_immediate_403).
+        self.quota_exceeded = False
+        self.requests.clear()
+
+    def _operation(self, kind: str, zone: str, vm: ComputeVm, **extra: Any) -> dict[str, Any]:
+        number = next(self.ids)
+        name = f"operation-{number}-{kind}"
+        operation = {
+            "kind": "compute#operation",
+            "id": str(number),
+            "name": name,
+            "zone": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}",
+            "operationType": kind,
+            "targetLink": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}/instances/{vm.body['name']}",
+            "targetId": vm.id,
+            "status": "RUNNING",
+            "progress": 0,
+            "selfLink": f"{COMPUTE}/projects/{PROJECT}/zones/{zone}/operations/{name}",
+            **extra,
+        }
+        self.operations[name] = operation
+        return operation
+
+    def insert(self, request: Request, match: re.Match[str]) -> Reply:
+        body = request.body
+        name = body["name"]
+        request_id = request.query.get("requestId", [""])[0]
+        if request_id in self.request_ids:  # the first request's operation; nothing created
+            return 200, self.operations[self.request_ids[request_id]], {}
+        if self.quota_exceeded:
+            refusal = RULES["quota_exceeded_is_immediate_403"]
+            return refusal["status"], {"error": refusal["body"]}, {}
+        refused = check_instance(body)
+        if refused is not None:
+            return (*refused, {})
+        if name in self.vms:
+            error = {"code": 409, "message": f"The resource '{name}' already exists",
+                     "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip
+            return 409, {"error": error}, {}
+        vm = ComputeVm(body, match["zone"], str(next(self.ids)))
+        if match["zone"] in self.full_zones:
+            error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "none"}]}
+            failed = self._operation("insert", vm.zone, vm, status="DONE", progress=100,
+                                     httpErrorStatusCode=503, httpErrorMessage="UNAVAILABLE",
+                                     error=error)  # fmt: skip
+            if request_id:
+                self.request_ids[request_id] = failed["name"]
+            return 200, failed, {}
+        self.vms[name] = vm
+        operation = self._operation("insert", vm.zone, vm)
+        if request_id:
+            self.request_ids[request_id] = operation["name"]
+        return 200, operation, {}
+
+    def get_operation(self, request: Request, match: re.Match[str]) -> Reply:
+        operation = self.operations[match["operation"]]
+        if operation["status"] != "DONE":
+            operation.update(status="DONE", progress=100)
+            vm = self.vms.get(operation["targetLink"].rsplit("/", 1)[-1])
+            if vm is not None and operation["operationType"] == "insert":
+                vm.status = "RUNNING"
+        return 200, operation, {}
+
+    def list_operations(self, request: Request, match: re.Match[str]) -> Reply:
+        wanted = re.fullmatch(r'operationType = "([^"]+)"', request.query["filter"][0])
+        assert wanted, request.query
+        items = [o for o in self.operations.values() if o["operationType"] == wanted[1]
+                 and o["zone"].endswith(f"/zones/{match['zone']}")]  # fmt: skip
+        return 200, {"kind": "compute#operationList", "items": items}, {}
+
+    def resource(self, vm: ComputeVm) -> dict[str, Any]:
+        return {
+            **vm.body,
+            "kind": "compute#instance",
+            "id": vm.id,
+            "status": vm.status,
+            "zone": f"{COMPUTE}/projects/{PROJECT}/zones/{vm.zone}",
+            "creationTimestamp": "2026-11-30T19:00:00.000-08:00",
+            "selfLink": f"{COMPUTE}/projects/{PROJECT}/zones/{vm.zone}/instances/{vm.body['name']}",
+        }
+
+    def get(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.get(match["name"])
+        if vm is None or vm.zone != match["zone"]:
+            error = {"code": 404, "message": f"The resource '{match['name']}' was not found",
+                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
+            return 404, {"error": error}, {}
+        return 200, self.resource(vm), {}
+
+    def delete(self, request: Request, match: re.Match[str]) -> Reply:
+        reply = self.get(request, match)
+        if reply[0] != 200:
+            return reply
+        vm = self.vms.pop(match["name"])
+        return 200, self._operation("delete", vm.zone, vm), {}
+
+    def aggregated(self, request: Request, match: re.Match[str]) -> Reply:
+        wanted = re.fullmatch(r'labels\.([a-z0-9_-]+) = "([^"]*)"', request.query["filter"][0])
+        assert wanted, request.query
+        items: dict[str, Any] = {}
+        for vm in self.vms.values():
+            if vm.body.get("labels", {}).get(wanted[1]) == wanted[2]:
+                scoped = items.setdefault(f"zones/{vm.zone}", {"instances": []})
+                scoped["instances"].append(self.resource(vm))
+        return 200, {"kind": "compute#instanceAggregatedList", "items": items}, {}
+
+    def preempt(self, name: str) -> None:
+        """What Compute Engine does to a Spot VM it reclaims: a system event, then the
+        termination action (delete, or stop: status TERMINATED)."""
+        vm = self.vms[name]
+        self._operation("compute.instances.preempted", vm.zone, vm, status="DONE",
+                        progress=100, user="system",
+                        statusMessage="Instance was preempted.")  # fmt: skip
+        vm.status = "TERMINATED"
+        if vm.body["scheduling"].get("instanceTerminationAction") == "DELETE":
+            del self.vms[name]
+
+    def region(self, request: Request, match: re.Match[str]) -> Reply:
+        found = self.regions.get(match["region"])
+        if found is None:
+            error = {"code": 404, "message": f"The resource '{match['region']}' was not found",
+                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
+            return 404, {"error": error}, {}
+        status, zones = found
+        return (
+            200,
+            {
+                "kind": "compute#region",
+                "name": match["region"],
+                "status": status,
+                "zones": [f"{COMPUTE}/projects/{PROJECT}/zones/{z}" for z in zones],
+                "selfLink": f"{COMPUTE}/projects/{PROJECT}/regions/{match['region']}",
+            },
+            {},
+        )
+
+    def routes(self) -> list[tuple[str, str, Route]]:
+        project = rf"/compute/v1/projects/{PROJECT}"
+        zone = project + r"/zones/(?P<zone>[a-z0-9-]+)"
+        return [
+            ("GET", project + r"/regions/(?P<region>[a-z0-9-]+)", self.region),
+            ("POST", zone + "/instances", self.insert),
+            ("GET", zone + "/instances/(?P<name>[^/]+)", self.get),
+            ("DELETE", zone + "/instances/(?P<name>[^/]+)", self.delete),
+            ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),
+            ("GET", zone + "/operations", self.list_operations),
+            ("GET", project + "/aggregated/instances", self.aggregated),
+        ]
+
+
+@dataclass
+class GcpVm:
+    name: str
+    zone: str
+    machine_type: str
+    instance_id: str
+    accelerator: str | None = None
+    accelerator_count: int = 0
+    status: str = "RUNNING"
+    started: datetime = field(default_factory=lambda: datetime.now(UTC) - timedelta(hours=3))
+    labels: dict[str, str] = field(default_factory=dict)
+    deletion_protection: bool = False
+    spot: bool = False
+    fingerprint: int = 1
+
+    def resource(self, project: str) -> dict[str, Any]:
+        base = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{self.zone}"
+        body: dict[str, Any] = {
+            "kind": "compute#instance",
+            "id": self.instance_id,
+            "name": self.name,
+            "zone": base,
+            "machineType": f"{base}/machineTypes/{self.machine_type}",
+            "status": self.status,
+            "creationTimestamp": self.started.astimezone(PACIFIC).isoformat(
+                timespec="milliseconds"
+            ),
+            "lastStartTimestamp": self.started.astimezone(PACIFIC).isoformat(
+                timespec="milliseconds"
+            ),
+            "labels": self.labels,
+            "labelFingerprint": f"fp{self.fingerprint}=",
+            "deletionProtection": self.deletion_protection,
+            "scheduling": {
+                "provisioningModel": "SPOT" if self.spot else "STANDARD",
+                "preemptible": False,
+            },
+            "selfLink": f"{base}/instances/{self.name}",
+        }
+        if self.accelerator:
+            body["guestAccelerators"] = [
+                {
+                    "acceleratorType": f"{base}/acceleratorTypes/{self.accelerator}",
+                    "acceleratorCount": self.accelerator_count,
+                }
+            ]
+        return body
+
+
+class GcpServer(LocalServer):
+    """Compute Engine + Cloud Monitoring for one project."""
+
+    def reset(self) -> None:
+        self.vms: dict[str, GcpVm] = {}
+        # metric type -> (instance id, series label) -> [(time, value)]
+        self.series: dict[str, dict[tuple[str, str], list[tuple[datetime, float]]]] = {}
+        #: Time series per page (None: one page); ``stuck_token`` is handed out forever.
+        self.page_size: int | None = None
+        self.stuck_token: str | None = None
+        self.requests.clear()
+
+    def add(self, vm: GcpVm) -> GcpVm:
+        self.vms[vm.name] = vm
+        return vm
+
+    def put(
+        self, metric: str, instance_id: str, points: list[tuple[datetime, float]], label: str = ""
+    ) -> None:
+        """Raw points of one series (``label``: e.g. the GPU number of a multi-GPU VM)."""
+        self.series.setdefault(metric, {}).setdefault((instance_id, label), []).extend(points)
+
+    def _operation(self, kind: str, zone: str, name: str) -> dict[str, Any]:
+        return {
+            "kind": "compute#operation",
+            "id": "4242",
+            "name": f"operation-{kind}-{name}",
+            "zone": f"https://www.googleapis.com/compute/v1/projects/{GCP_PROJECT}/zones/{zone}",
+            "operationType": kind,
+            "status": "DONE",
+            "progress": 100,
+            "targetLink": f"projects/{GCP_PROJECT}/zones/{zone}/instances/{name}",
+        }
+
+    def aggregated(self, request: Request, match: re.Match[str]) -> Reply:
+        items: dict[str, Any] = {}
+        for vm in self.vms.values():
+            items.setdefault(f"zones/{vm.zone}", {"instances": []})["instances"].append(
+                vm.resource(match["project"])
+            )
+        return 200, {"kind": "compute#instanceAggregatedList", "items": items}, {}
+
+    def listed(self, request: Request, match: re.Match[str]) -> Reply:
+        vms = [v.resource(match["project"]) for v in self.vms.values() if v.zone == match["zone"]]
+        return 200, {"kind": "compute#instanceList", "items": vms}, {}
+
+    def stop_vm(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms[match["name"]]
+        vm.status = "TERMINATED"  # what GCP calls a stopped VM
+        return 200, self._operation("stop", vm.zone, vm.name), {}
+
+    def delete_vm(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms.pop(match["name"])
+        return 200, self._operation("delete", vm.zone, vm.name), {}
+
+    def set_labels(self, request: Request, match: re.Match[str]) -> Reply:
+        vm = self.vms[match["name"]]
+        if request.body.get("labelFingerprint") != f"fp{vm.fingerprint}=":
+            return 412, {"error": {"code": 412, "message": "fingerprint mismatch"}}, {}
+        vm.labels = dict(request.body.get("labels") or {})
+        vm.fingerprint += 1
+        return 200, self._operation("setLabels", vm.zone, vm.name), {}
+
+    def operation(self, request: Request, match: re.Match[str]) -> Reply:
+        return 200, self._operation("stop", match["zone"], "x"), {}
+
+    def time_series(self, request: Request, match: re.Match[str]) -> Reply:
+        """``projects.timeSeries.list`` with the aggregation asked for (rules aligners,
+        reducers, metric_kinds): each raw series aligned into periods that end at
+        ``interval.endTime``, then reduced across series grouped by ``groupByFields``; values
+        typed as the definitions say (``int64Value`` as a string for INT64); newest first."""
+        query = {k: v[0] for k, v in request.query.items()}
+        metric = re.search(r'metric\.type = "([^"]+)"', query.get("filter", ""))
+        if metric is None:
+            return (*google_error(400, "Field filter had an invalid value"), {})
+        kind, value_type = RULES["metric_kinds"]["metrics"][metric[1]]
+        start = datetime.fromisoformat(query["interval.startTime"])
+        end = datetime.fromisoformat(query["interval.endTime"])
+        aligner = query.get("aggregation.perSeriesAligner", "ALIGN_NONE")
+        reducer = query.get("aggregation.crossSeriesReducer", "REDUCE_NONE")
+        period_text = query.get("aggregation.alignmentPeriod", "")
+        if reducer != "REDUCE_NONE" and (aligner == "ALIGN_NONE" or not period_text):
+            message = "The cross-series reducer needs a per-series aligner and an alignment period"
+            return (*google_error(400, message), {})
+        if aligner != "ALIGN_NONE" and kind not in RULES["aligners"]["valid"].get(aligner, []):
+            message = f"The aligner {aligner} is not valid for metric kind {kind}"
+            return (*google_error(400, message), {})
+        if reducer != "REDUCE_NONE" and reducer not in RULES["reducers"]["valid"]:
+            return (*google_error(400, f"Unsupported reducer {reducer}"), {})
+        raw = {
+            key: [(t, v) for t, v in points if start < t <= end]
+            for key, points in self.series.get(metric[1], {}).items()
+        }
+        aligned: dict[tuple[str, str], dict[datetime, float]]
+        if aligner == "ALIGN_NONE":
+            out_type = value_type
+            aligned = {key: dict(points) for key, points in raw.items()}
+        else:
+            period = timedelta(seconds=int(period_text.rstrip("s")))
+            out_type = "DOUBLE" if aligner in ("ALIGN_RATE", "ALIGN_MEAN") else value_type
+            aligned = {}
+            for key, points in raw.items():
+                buckets: dict[datetime, list[float]] = defaultdict(list)
+                for t, v in points:
+                    # Periods (e - P, e] that end at the interval's end time.
+                    buckets[end - ((end - t) // period) * period].append(v)
+                aligned[key] = {
+                    at: (
+                        max(values) if aligner == "ALIGN_MAX"
+                        else sum(values) / len(values) if aligner == "ALIGN_MEAN"
+                        else sum(values) / period.total_seconds()
+                    )
+                    for at, values in buckets.items()
+                }  # fmt: skip
+        grouped: dict[str, dict[datetime, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for (instance_id, label), by_time in aligned.items():
+            group = instance_id if reducer != "REDUCE_NONE" else f"{instance_id}|{label}"
+            for at, v in by_time.items():
+                grouped[group][at].append(v)
+        out = []
+        for group, values_at in sorted(grouped.items()):
+            instance_id = group.split("|")[0]
+            reduced = {
+                at: (
+                    max(values) if reducer == "REDUCE_MAX"
+                    else sum(values) / len(values) if reducer == "REDUCE_MEAN"
+                    else sum(values) if reducer == "REDUCE_SUM"
+                    else values[0]
+                )
+                for at, values in values_at.items()
+            }  # fmt: skip
+            if not reduced:
+                continue
+            out.append(
+                {
+                    "metric": {"type": metric[1], "labels": {}},
+                    "resource": {
+                        "type": "gce_instance",
+                        "labels": {"project_id": match["project"], "instance_id": instance_id},
+                    },
+                    "metricKind": "GAUGE" if aligner != "ALIGN_NONE" else kind,
+                    "valueType": out_type,
+                    "points": [
+                        {
+                            "interval": {"startTime": rfc3339(at), "endTime": rfc3339(at)},
+                            "value": {"int64Value": str(int(v))} if out_type == "INT64"
+                            else {"doubleValue": v},
+                        }
+                        for at, v in sorted(reduced.items(), reverse=True)
+                    ],
+                }
+            )  # fmt: skip
+        if self.stuck_token is not None:
+            return 200, {"timeSeries": out[:1], "nextPageToken": self.stuck_token}, {}
+        if self.page_size is None:
+            return 200, {"timeSeries": out, "unit": ""}, {}
+        first = int(query.get("pageToken", "0"))
+        body: dict[str, Any] = {"timeSeries": out[first : first + self.page_size], "unit": ""}
+        if first + self.page_size < len(out):
+            body["nextPageToken"] = str(first + self.page_size)
+        return 200, body, {}
+
+    def routes(self) -> list[tuple[str, str, Route]]:
+        project = r"/compute/v1/projects/(?P<project>[^/]+)"
+        zone = project + r"/zones/(?P<zone>[^/]+)"
+        instance = zone + r"/instances/(?P<name>[^/]+)"
+        return [
+            ("GET", project + "/aggregated/instances", self.aggregated),
+            ("GET", zone + "/instances", self.listed),
+            ("POST", instance + "/stop", self.stop_vm),
+            ("POST", instance + "/setLabels", self.set_labels),
+            ("DELETE", instance, self.delete_vm),
+            ("GET", zone + "/operations/[^/]+", self.operation),
+            ("GET", r"/v3/projects/(?P<project>[^/]+)/timeSeries", self.time_series),
+        ]
+
+
+class BudgetsFake:
+    """Billing Budgets v1 (``/v1/billingAccounts/*/budgets``), Monitoring v3 notification
+    channels and Resource Manager v3 ``projects.get``, strict about the budget's display
+    name, its currency and its project filter (rules budget_*)."""
+
+    def __init__(self) -> None:
+        self.budgets: dict[str, dict[str, Any]] = {}
+        self.channels: dict[str, dict[str, Any]] = {}
+        self.ids = itertools.count(1)
+        #: The currency every billing account bills in (set it to model a non-USD account).
+        self.currency = "USD"
+        #: Project id -> project number, as Resource Manager knows them.
+        self.projects = {GCP_PROJECT: PROJECT_NUMBER}
+
+    def __call__(self, method: str, path: str, query: dict[str, list[str]], body: Any):
+        segments = path.strip("/").split("/")
+        if segments[0] == "v1" and segments[1] == "billingAccounts":
+            return self._budgets(method, "/".join(segments[1:]), query, body)
+        if segments[:2] == ["v3", "projects"] and len(segments) == 3 and method == "GET":
+            return self._project(segments[2])
+        if segments[0] == "v3" and segments[1] == "projects":
+            return self._channels(method, "/".join(segments[1:]), body)
+        return google_error(404, f"no route {path}")
+
+    def _project(self, project: str) -> tuple[int, dict[str, Any]]:
+        """Resource Manager v3 ``projects.get``: ``name`` is ``projects/<number>``."""
+        number = self.projects.get(project) or (
+            project if project in self.projects.values() else None
+        )
+        if number is None:
+            return google_error(403, f"Permission denied on resource project {project}.")
+        project_id = next(i for i, n in self.projects.items() if n == number)
+        return 200, {"name": f"projects/{number}", "projectId": project_id, "state": "ACTIVE"}
+
+    def _check(self, body: dict[str, Any], existing: dict[str, Any] | None):
+        """The budget rules; None when the body is acceptable, else the error reply."""
+        limit = RULES["budget_display_name_length"]["limit"]
+        if len(body.get("displayName", "")) > limit:
+            return rule_error("budget_display_name_length")
+        channels = body.get("notificationsRule", {}).get("monitoringNotificationChannels", [])
+        if len(channels) > RULES["budget_channels"]["limit"]:
+            return rule_error("budget_channels")
+        money = body.get("amount", {}).get("specifiedAmount", {})
+        given = money.get("currencyCode")
+        wanted = (
+            existing["amount"]["specifiedAmount"]["currencyCode"] if existing else self.currency
+        )
+        if given is not None and given != wanted:
+            return rule_error("budget_currency")
+        for project in body.get("budgetFilter", {}).get("projects", []):
+            key = project.removeprefix("projects/")
+            if key not in self.projects and key not in self.projects.values():
+                return google_error(400, f"Project {project} does not exist.")
+        return None
+
+    def _stored(self, body: dict[str, Any], name: str, currency: str, etag: str):
+        """The budget as the API answers it: its currency filled in, projects by number."""
+        stored = json.loads(json.dumps(body))
+        stored.setdefault("amount", {}).setdefault("specifiedAmount", {})["currencyCode"] = currency
+        projects = stored.get("budgetFilter", {}).get("projects")
+        if projects:
+            bare = [p.removeprefix("projects/") for p in projects]
+            stored["budgetFilter"]["projects"] = [
+                f"projects/{self.projects.get(p, p)}" for p in bare
+            ]
+        return {**stored, "name": name, "etag": etag}
+
+    def _budgets(self, method: str, resource: str, query, body):
+        parts = resource.split("/")
+        if len(parts) == 2 and method == "GET":  # Cloud Billing v1 billingAccounts.get
+            return 200, {"name": resource, "open": True, "currencyCode": self.currency}
+        if len(parts) == 3 and method == "POST":  # billingAccounts/X/budgets
+            refused = self._check(body, None)
+            if refused:
+                return refused
+            name = f"{resource}/{next(self.ids)}"
+            self.budgets[name] = self._stored(body, name, self.currency, "1")
+            return 200, self.budgets[name]
+        if len(parts) == 3 and method == "GET":
+            items = [b for n, b in self.budgets.items() if n.startswith(resource + "/")]
+            # Page by one so the client's pager is exercised.
+            start = int(query.get("pageToken", ["0"])[0])
+            page: dict[str, Any] = {"budgets": items[start : start + 1]}
+            if start + 1 < len(items):
+                page["nextPageToken"] = str(start + 1)
+            return 200, page
+        if resource not in self.budgets:
+            return google_error(404, "budget not found")
+        if method == "GET":
+            return 200, self.budgets[resource]
+        if method == "PATCH":
+            existing = self.budgets[resource]
+            refused = self._check(body, existing)
+            if refused:
+                return refused
+            currency = existing["amount"]["specifiedAmount"]["currencyCode"]
+            self.budgets[resource] = self._stored(body, resource, currency, "2")
+            return 200, self.budgets[resource]
+        if method == "DELETE":
+            del self.budgets[resource]
+            return 200, {}
+        return 405, {"error": {"code": 405, "message": method, "status": "UNIMPLEMENTED"}}
+
+    def _channels(self, method: str, resource: str, body):
+        if method == "POST":
+            name = f"{resource}/{next(self.ids)}"
+            self.channels[name] = {**body, "name": name}
+            return 200, self.channels[name]
+        items = [c for n, c in self.channels.items() if n.startswith(resource + "/")]
+        return 200, {"notificationChannels": items}
