@@ -44,7 +44,11 @@ def fresh_for(
         "aws",
         frozenset({row.region}),
         markets,
-        RowPrices({key: found} if found else {}, frozenset({key}) if covered else frozenset()),
+        RowPrices(
+            {key: found} if found else {},
+            frozenset({key}) if covered else frozenset(),
+            markets=frozenset((row.region, market) for market in markets),
+        ),
         "test API",
         NOW,
         1,
@@ -156,7 +160,9 @@ def test_merge_tables_only_touches_the_refreshed_providers(providers, factor) ->
                 provider,
                 regions,
                 frozenset({Market.ON_DEMAND}),
-                RowPrices(prices, covered),
+                RowPrices(
+                    prices, covered, markets=frozenset((r, Market.ON_DEMAND) for r in regions)
+                ),
                 f"{provider} API",
                 NOW,
                 len(rows),
@@ -201,7 +207,12 @@ def test_full_refresh_dates_the_parts_and_the_table() -> None:
         regions,
         BOTH,
         # The API listed prices in every region, none for these rows: all flagged.
-        RowPrices({}, frozenset(row_key(r) for r in rows), regions),
+        RowPrices(
+            {},
+            frozenset(row_key(r) for r in rows),
+            regions,
+            frozenset((r, m) for r in regions for m in Market),
+        ),
         "Azure Retail Prices API (https://prices.azure.com/api/retail/prices)",
         NOW,
         0,
@@ -228,6 +239,7 @@ def test_regions_nothing_came_back_for_keep_their_rows_date_and_source() -> None
             {row_key(r): {Market.ON_DEMAND: Decimal(9)} for r in east},
             frozenset(row_key(r) for r in rows),
             frozenset({"us-west-2"}),
+            frozenset((r, m) for r in ("us-east-1", "us-west-2") for m in Market),
         ),
         "AWS API",
         NOW,

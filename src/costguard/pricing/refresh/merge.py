@@ -57,6 +57,19 @@ class FreshPrices:
     source: str  # the API and its endpoint (or the mirror folder)
     fetched_at: datetime
     records: int  # API records read (products, SKUs, price items)
+    #: How old the prices read for each region are, when not as old as ``fetched_at``:
+    #: a mirror's download date, or the dates its records carry (see
+    #: :func:`costguard.pricing.refresh.mirror.as_of`). Never the day of the run.
+    dated: Mapping[str, date] = field(default_factory=dict)
+
+    def as_of(self, region: str) -> date:
+        """How old the prices read for ``region`` are."""
+        return self.dated.get(region) or self.fetched_at.date()
+
+    def markets_in(self, region: str) -> frozenset[Market]:
+        """The markets read in ``region``: those asked for that the records listed
+        prices in there (spot history alone does not make a region's on-demand read)."""
+        return self.markets & self.rows.markets_in(region)
 
     @property
     def answered(self) -> frozenset[str]:
@@ -120,8 +133,10 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
     >>> from costguard.pricing.refresh.parse import RowPrices, row_key
     >>> row = InstancePrice("aws", "us-east-1", "g5.xlarge", "A10G", 1, D(4), D(16),
     ...                     D("1.006"), D("0.4246"), PriceStatus.LISTED, PriceStatus.LISTED)
+    >>> read = frozenset(("us-east-1", m) for m in Market)
     >>> fresh = FreshPrices("aws", frozenset({"us-east-1"}), frozenset(Market),
-    ...     RowPrices({row_key(row): {Market.ON_DEMAND: D("1.1")}}, frozenset({row_key(row)})),
+    ...     RowPrices({row_key(row): {Market.ON_DEMAND: D("1.1")}}, frozenset({row_key(row)}),
+    ...               markets=read),
     ...     "test", datetime(2026, 12, 1, tzinfo=UTC), 1)
     >>> new, outcome = merge_row(row, fresh)
     >>> new.ondemand_usd_per_hour, new.spot_status, outcome
@@ -131,7 +146,8 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
     if key not in fresh.rows.covered:
         return row, Outcome.KEPT
     found = fresh.rows.prices.get(key, {})
-    day = fresh.fetched_at.date().isoformat()
+    day = fresh.as_of(row.region).isoformat()
+    read = fresh.markets_in(row.region)
     prices = {
         Market.ON_DEMAND: (row.ondemand_usd_per_hour, row.ondemand_status),
         Market.SPOT: (row.spot_usd_per_hour, row.spot_status),
@@ -142,11 +158,11 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
         old_price, _ = prices[market]
         if market in found:
             prices[market] = (found[market], PriceStatus.LISTED)
-        elif market in fresh.markets and old_price is not None:
+        elif market in read and old_price is not None:
             prices[market] = (old_price, PriceStatus.UNVERIFIED)
             notes.append(f"{market} not listed by the API on {day}: kept {old_price} from before")
             kept_old = True
-        elif market not in fresh.markets and old_price is not None:
+        elif market not in read and old_price is not None:
             kept_old = True
     (ondemand, ondemand_status), (spot, spot_status) = prices[Market.ON_DEMAND], prices[Market.SPOT]
     if ondemand is not None and spot is not None and spot > ondemand:
@@ -224,12 +240,16 @@ def _kept_part(info: TableInfo, place: tuple[str, str], origin: str) -> TablePar
 def _fresh_part(
     info: TableInfo, place: tuple[str, str], fresh: FreshPrices, origin: str
 ) -> TablePart:
-    if fresh.markets == frozenset(Market):
-        return TablePart(fresh.fetched_at.date(), fresh.source)
-    # Only some markets were read: the rows are as old as the markets that were not.
+    read = fresh.markets_in(place[1])
+    as_of = fresh.as_of(place[1])
+    if read == frozenset(Market):
+        return TablePart(as_of, fresh.source)
+    # Only some markets were read: the rows are as old as the oldest of their parts.
     kept = _kept_part(info, place, origin)
-    markets = ", ".join(sorted(fresh.markets))
-    return TablePart(kept.as_of, f"{markets} from {fresh.source}; the rest: {kept.source}")
+    markets = ", ".join(sorted(read))
+    return TablePart(
+        min(kept.as_of, as_of), f"{markets} from {fresh.source}; the rest: {kept.source}"
+    )
 
 
 def _kept_table(info: TableInfo, origin: str) -> TableMeta:
