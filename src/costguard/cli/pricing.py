@@ -47,6 +47,7 @@ def pricing_group() -> None:
       costguard pricing show gpu_instances --gpu h100 --region us-central1
       costguard pricing gpus
       costguard pricing refresh --provider aws --region us-east-1
+      costguard pricing check
     """
 
 
@@ -138,6 +139,61 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
             rows,
         )
         click.echo("Lowest $/GPU-hour over all instance sizes and regions listed.")
+
+
+@pricing_group.command(
+    "check",
+    epilog="""\b
+Examples:
+  costguard pricing check
+  costguard pricing check --pricing-dir ./lab-prices --format json""",
+)
+@click.option(
+    "--pricing-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Check the tables in this folder (default: the tables in use).",
+)
+@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@click.pass_obj
+def check_command(settings: Settings, pricing_dir: Path | None, output_format: str) -> None:
+    """Flag suspect prices: spot not below on-demand, $0 parts, an instance type far from
+    its price in other regions, sizes of a family that disagree per GPU, GPU counts that
+    disagree with the name.
+
+    Exits 1 when a suspect row is still marked "listed" (rows already marked unverified
+    or corrected, with a note, are shown as known: the estimate shows their note).
+    """
+    from costguard.pricing.check import check_instances
+
+    catalog = load_tables(pricing_dir or settings.pricing_dir, settings.pricing_cache_dir)
+    findings = check_instances(catalog.instances)
+    rows = [
+        {
+            "provider": f.provider,
+            "region": f.region,
+            "instance_type": f.instance_type,
+            "market": str(f.market),
+            "check": f.kind,
+            "known": f.known,
+            "finding": f.message,
+        }
+        for f in findings
+    ]
+    new = [f for f in findings if not f.known]
+    output_format = output_format.lower()
+    if output_format == "json":
+        render.print_json({"tables": str(catalog.directory), "new": len(new), "findings": rows})
+    elif output_format == "csv":
+        render.print_csv(list(rows[0]) if rows else ["finding"], rows)
+    else:
+        if rows:
+            _print_rows(f"Suspect prices in {catalog.directory}", list(rows[0]), rows)
+        click.echo(
+            f"{len(catalog.instances)} rows checked: {len(new)} new suspect price(s), "
+            f"{len(findings) - len(new)} known (marked, with a note)."
+        )
+    if new:
+        raise SystemExit(EXIT_FAILURE)
 
 
 def _gpu_rows(catalog: Catalog, providers: set[str]) -> Iterable[dict[str, Any]]:
