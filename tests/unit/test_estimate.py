@@ -209,7 +209,7 @@ def test_limit_places_keeps_markets_together(catalog: Catalog) -> None:
         ({"gpu": "H100", "gpus_per_instance": 3}, "3 x H100", "--gpus-per-instance 4"),
         ({"gpu": "H100", "gpus_per_instance": 16}, "16 x H100", "--gpus-per-instance 8"),
         ({"instance_type": "x9.huge"}, "not in the tables", "pricing show"),
-        ({"gpu": "T4", "instance_type": "g5.xlarge"}, "not in the tables", "drop --gpu"),
+        ({"gpu": "T4", "instance_type": "g5.xlarge"}, "carries 1 x A10G", "drop --gpu"),
     ],
 )
 def test_no_match_explains(catalog: Catalog, request_kwargs, message, hint) -> None:
