@@ -27,6 +27,7 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
     load_tables,
+    refresh_hint,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.settings import Settings
@@ -110,6 +111,9 @@ def show_command(
         _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
         click.echo(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
+    if table in ("gpu_instances", "cpu_instances"):
+        named = [catalog.find_region(r) for r in regions]
+        _say_uncovered(catalog, [r for r in named if (r.provider, r.name) not in catalog.covered])
 
 
 @pricing_group.command(
@@ -139,6 +143,23 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
             rows,
         )
         click.echo("Lowest $/GPU-hour over all instance sizes and regions listed.")
+    _say_uncovered(catalog, [r for r in catalog.uncovered() if not wanted or r.provider in wanted])
+
+
+def _say_uncovered(catalog: Catalog, uncovered: Sequence[Region]) -> None:
+    """On stderr: the known regions the tables have no prices for, and the command that
+    adds them."""
+    by_provider: dict[str, list[str]] = {}
+    for region in uncovered:
+        by_provider.setdefault(region.provider, []).append(region.name)
+    for provider, names in by_provider.items():
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        example = names[:1] if len(names) > 1 else names
+        click.echo(
+            f"Not covered by the {catalog.origin} tables: {provider} {shown}. "
+            f"{refresh_hint(provider, example)}",
+            err=True,
+        )
 
 
 @pricing_group.command(
@@ -246,14 +267,21 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         }
         for name, info in catalog.tables.items()
     ]
+    uncovered = catalog.uncovered()
     if output_format == "json":
         render.print_json(
-            {"origin": catalog.origin, "directory": str(catalog.directory), "tables": rows}
+            {
+                "origin": catalog.origin,
+                "directory": str(catalog.directory),
+                "tables": rows,
+                "not_covered": [str(r) for r in uncovered],
+            }
         )
     elif output_format == "csv":
         render.print_csv(list(rows[0]), rows)
     else:
         _print_rows(f"Price tables ({catalog.origin}: {catalog.directory})", list(rows[0]), rows)
+        _say_uncovered(catalog, uncovered)
 
 
 def _table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:

@@ -183,6 +183,21 @@ class Catalog:
         return min(self.tables[name].as_of for name in INSTANCE_TABLES if name in self.tables)
 
     @cached_property
+    def covered(self) -> frozenset[tuple[str, str]]:
+        """The (provider, region) pairs the instance tables have prices for; the other
+        regions of ``regions.csv`` are known but not covered (see :func:`refresh_hint`)."""
+        return frozenset((i.provider, i.region) for i in self.instances)
+
+    def uncovered(self, provider: str | None = None) -> list[Region]:
+        """The known regions (of ``provider``) the instance tables have no prices for."""
+        return [
+            r
+            for r in self.regions
+            if (provider is None or r.provider == provider)
+            and (r.provider, r.name) not in self.covered
+        ]
+
+    @cached_property
     def accelerators(self) -> tuple[str, ...]:
         """Every accelerator name in the instance tables."""
         return tuple(sorted({i.accelerator for i in self.instances if i.accelerator}))
@@ -232,6 +247,25 @@ class Catalog:
             ):
                 return rate
         return None
+
+
+#: What ``costguard pricing refresh`` needs, per provider, to read a region's prices.
+REFRESH_NEEDS = {
+    "aws": "needs AWS credentials for the Price List API",
+    "gcp": "needs Google Cloud credentials for the Cloud Billing Catalog API",
+    "azure": "needs no account: the Azure Retail Prices API is public",
+}
+
+
+def refresh_hint(provider: str, regions: Iterable[str]) -> str:
+    """The command that adds prices for regions the tables do not cover.
+
+    >>> refresh_hint("azure", ["uksouth"])  # doctest: +ELLIPSIS
+    'costguard pricing refresh --provider azure --region uksouth adds them (needs no account...)'
+    """
+    named = " ".join(f"--region {r}" for r in regions)
+    command = f"costguard pricing refresh --provider {provider} {named}"
+    return f"{command} adds them ({REFRESH_NEEDS[provider]})"
 
 
 def check_provider(name: str) -> str:

@@ -33,6 +33,7 @@ from costguard.pricing.catalog import (
     StorageRate,
     TransferRate,
     prices_as_of,
+    refresh_hint,
 )
 from costguard.pricing.gpus import gpu_model
 
@@ -150,6 +151,7 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     candidates = _matching(request, catalog.instances)
     if not candidates:
         raise _no_match(request, catalog)
+    uncovered = _uncovered(request, catalog)
     options = [
         _cost(request, catalog, instance, market)
         for instance in _best_per_region(candidates, request.markets)
@@ -159,6 +161,11 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     options = _dedupe_cheapest(options)
     options.sort(key=lambda o: o.sort_key)
     notes = list(_market_notes(request, candidates))
+    for provider, names in uncovered.items():
+        notes.append(
+            f"Not covered by the {catalog.origin} tables (no prices): {', '.join(names)}; "
+            f"{refresh_hint(provider, names)}"
+        )
     near = None
     if request.data_region is not None:
         near = _near_data(request, catalog)
@@ -458,9 +465,27 @@ def _assumptions(
     return tuple(lines)
 
 
+def _uncovered(request: EstimateRequest, catalog: Catalog) -> dict[str, list[str]]:
+    """The regions asked for that the tables have no prices for, by provider."""
+    found: dict[str, list[str]] = {}
+    for name in request.regions:
+        for region in catalog.regions:
+            if region.name == name and (region.provider, name) not in catalog.covered:
+                found.setdefault(region.provider, []).append(name)
+    return found
+
+
 def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
     """Explain why nothing matched, with the closest thing that would."""
     what = request.gpu or request.instance_type
+    uncovered = _uncovered(request, catalog)
+    if uncovered and sum(map(len, uncovered.values())) == len(request.regions):
+        provider, names = next(iter(uncovered.items()))
+        return InputError(
+            f"{', '.join(names)} is not covered by the {catalog.origin} price tables "
+            "(no public source read for it)",
+            hint=refresh_hint(provider, names),
+        )
     anywhere = _matching(request, catalog.instances, ignore_location=True, ignore_count=True)
     if not anywhere:
         if request.instance_type:

@@ -35,11 +35,17 @@ from costguard.pricing.refresh.parse import RowPrices, row_key
 
 @dataclass(frozen=True)
 class Target:
-    """What to refresh for one provider: its regions, and the table rows in them."""
+    """What to refresh for one provider: its regions, and the table rows in them.
+
+    A region the tables do not cover yet gets ``new_rows``: the provider's instance
+    types (as the tables carry them elsewhere) with no price; those the API prices there
+    join the tables, the others are left out.
+    """
 
     provider: str
     regions: tuple[str, ...]
     rows: tuple[InstancePrice, ...]
+    new_rows: tuple[InstancePrice, ...] = ()
 
     def instance_types(self, region: str) -> list[str]:
         """The instance types of the rows in ``region``, sorted, each once."""
@@ -57,6 +63,8 @@ class FreshPrices:
     source: str  # the API and its endpoint (or the mirror folder)
     fetched_at: datetime
     records: int  # API records read (products, SKUs, price items)
+    #: Rows for regions the tables did not cover (:attr:`Target.new_rows`).
+    new_rows: tuple[InstancePrice, ...] = ()
     #: How old the prices read for each region are, when not as old as ``fetched_at``:
     #: a mirror's download date, or the dates its records carry (see
     #: :func:`costguard.pricing.refresh.mirror.as_of`). Never the day of the run.
@@ -207,6 +215,14 @@ def merge_tables(
             rows.append(merged)
             stats[row.provider] = stats[row.provider].add(outcome)
             parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
+        for new in _new_rows(fresh, name):
+            provider_fresh = by_provider[new.provider]
+            merged, outcome = merge_row(new, provider_fresh)
+            if outcome is Outcome.UPDATED:  # a type the API does not sell there stays out
+                rows.append(merged)
+                stats[new.provider] = stats[new.provider].add(outcome)
+                place = (new.provider, new.region)
+                parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
         instances[name] = tuple(sorted(rows, key=_sort_key))
         meta.append(
             TableMeta(
@@ -219,6 +235,41 @@ def merge_tables(
             )
         )
     return MergedTables(instances=instances, meta=tuple(meta), stats=stats)
+
+
+def _new_rows(fresh: Sequence[FreshPrices], name: str) -> Iterable[InstancePrice]:
+    gpu = name == "gpu_instances"
+    for provider_fresh in fresh:
+        for row in provider_fresh.new_rows:
+            if (row.accelerator is not None) == gpu and row.region in provider_fresh.answered:
+                yield row
+
+
+def new_rows(catalog: Catalog, provider: str, region: str) -> tuple[InstancePrice, ...]:
+    """Rows to price in a region the tables do not cover: each instance type the tables
+    carry for ``provider`` elsewhere (shape and GPUs as there), with no price.
+
+    >>> from costguard.pricing.catalog import load_catalog
+    >>> rows = new_rows(load_catalog(), "azure", "uksouth")
+    >>> len(rows) > 0 and all(r.ondemand_usd_per_hour is None for r in rows)
+    True
+    """
+    shapes: dict[tuple[str, str | None], InstancePrice] = {}
+    for row in catalog.instances:
+        if row.provider == provider:
+            shapes.setdefault((row.instance_type, row.accelerator), row)
+    return tuple(
+        replace(
+            row,
+            region=region,
+            ondemand_usd_per_hour=None,
+            spot_usd_per_hour=None,
+            ondemand_status=None,
+            spot_status=None,
+            note="",
+        )
+        for row in sorted(shapes.values(), key=_sort_key)
+    )
 
 
 def _table_rows(catalog: Catalog, name: str) -> Iterable[InstancePrice]:
