@@ -46,6 +46,7 @@ from costguard.pricing.estimate import (
     slurm_option,
 )
 from costguard.pricing.gpus import canonical_gpu
+from costguard.pricing.locate import locate
 from costguard.settings import Settings
 
 MAX_HOURS = 24 * 366 * 10
@@ -166,6 +167,12 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     type=DecimalRange(0, maximum=MAX_GB),
     default=Decimal(0),
     help="Data sent out to the internet, in GB (in total).",
+)
+@click.option(
+    "--data",
+    "data_url",
+    help="Your input data's URL (s3://, gs://, az:// or https): its region is looked up "
+    "(S3 answers in seconds; well-known public datasets offline) to price moving it.",
 )
 @click.option(
     "--data-region", help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1."
@@ -458,6 +465,12 @@ def estimates(catalog: Catalog, options: dict[str, Any]) -> list[Estimate]:
     type. A GPU not offered where asked is left out when another is (the first such
     error is raised when none is)."""
     names: list[str | None] = [*split_names(options["gpus"])] or [None]
+    located = None
+    if options["data_url"] and not options["data_region"]:
+        # Bad input is refused before the lookup goes out.
+        build_request(catalog, {**options, "gpu": names[0], "data_gb": Decimal(0)})
+        located = locate(options["data_url"])
+        options = {**options, "data_region": f"{located.provider}:{located.region}"}
     results: list[Estimate] = []
     errors: list[InputError] = []
     for name in names:
@@ -470,7 +483,12 @@ def estimates(catalog: Catalog, options: dict[str, Any]) -> list[Estimate]:
             errors.append(exc)
     if not results:
         raise errors[0]
-    return results
+    extra = []
+    if located is not None:
+        extra.append(f"Data: {located.how}")
+    if options["data_url"] and not options["data_gb"]:
+        extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
+    return [replace(r, notes=(*extra, *r.notes)) for r in results]
 
 
 def combine(results: Sequence[Estimate]) -> Estimate:
@@ -487,6 +505,11 @@ def combine(results: Sequence[Estimate]) -> Estimate:
         near_data=min(near, key=lambda o: o.sort_key) if near else None,
         notes=tuple(notes),
     )
+
+
+def result_data_url(result: Estimate) -> str | None:
+    """How the data's region was found (the ``Data:`` note), for the JSON query."""
+    return next((n.removeprefix("Data: ") for n in result.notes if n.startswith("Data: ")), None)
 
 
 def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) -> None:
@@ -576,6 +599,7 @@ def to_document(
             "storage_months": request.storage_months,
             "egress_gb": request.egress_gb,
             "data_region": str(request.data_region) if request.data_region else None,
+            "data": result_data_url(result),
             "data_gb": request.data_gb,
             "budget_usd": budget,
             "top": top,
