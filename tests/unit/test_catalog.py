@@ -140,6 +140,16 @@ def test_bad_row_names_file_and_line(tmp_path: Path) -> None:
         load_catalog(directory)
 
 
+def test_a_row_with_a_field_missing_names_file_and_line(tmp_path: Path) -> None:
+    directory = copy_tables(tmp_path)
+    path = directory / "regions.csv"
+    lines = path.read_text().splitlines()
+    lines[2] = lines[2].rsplit(",", 1)[0]  # the location is cut off
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CostguardError, match=r"regions.csv, line 3: 3 fields, the header has 4"):
+        load_catalog(directory)
+
+
 def test_spot_above_on_demand_is_refused(tmp_path: Path) -> None:
     directory = copy_tables(tmp_path)
     path = directory / "gpu_instances.csv"
