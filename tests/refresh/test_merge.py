@@ -182,9 +182,9 @@ def test_merge_tables_only_touches_the_refreshed_providers(providers, factor) ->
                 row.spot_usd_per_hour is None or row.spot_usd_per_hour <= row.ondemand_usd_per_hour
             )
     gpu = next(m for m in merged.meta if m.name == "gpu_instances")
-    for (provider, _), part in gpu.parts.items():
+    for (provider, region), part in gpu.parts.items():
         # Spot was not read: the rows are as old as their spot prices.
-        assert part.as_of == date(2026, 11, 30)
+        assert part.as_of == CATALOG.tables["gpu_instances"].part(provider, region).as_of
         if provider in providers:
             assert part.source.startswith(f"on-demand from {provider} API; the rest: ")
         else:
@@ -220,7 +220,8 @@ def test_full_refresh_dates_the_parts_and_the_table() -> None:
     merged = merge_tables(CATALOG, [fresh], NOW)
     gpu = next(m for m in merged.meta if m.name == "gpu_instances")
     assert gpu.parts[("azure", "eastus")] == TablePart(date(2026, 12, 1), fresh.source)
-    assert gpu.as_of == date(2026, 11, 30)  # the oldest part: AWS and GCP were not refreshed
+    # The oldest part: AWS and GCP were not refreshed (GCP regions from CoCalc's catalogue).
+    assert gpu.as_of == date(2026, 2, 24)
     assert gpu.source.startswith("aws: SkyPilot catalog v8")
     assert "azure: Azure Retail Prices API" in gpu.source
     assert merged.stats["azure"].not_found == len(rows)

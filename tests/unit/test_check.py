@@ -29,19 +29,31 @@ def kinds(rows: list[InstancePrice]) -> set[tuple[str, str, str]]:
 def test_the_bundled_tables_pass_the_check() -> None:
     findings = check_instances(CATALOG.instances)
     assert [f for f in findings if not f.known] == []
-    flagged = {(f.region, f.instance_type) for f in findings}
-    # The europe-west4 A100 rows are found, and carry a status and a note.
-    assert ("europe-west4", "a2-highgpu-1g") in flagged
-    assert ("europe-west4", "a2-megagpu-16g") in flagged
+    # The europe-west4 A100 rows the check found are corrected from a second source,
+    # and say so.
     a100 = row("europe-west4", "a2-highgpu-1g")
-    assert a100.ondemand_status is PriceStatus.UNVERIFIED
-    assert "suspect" in a100.note
+    assert a100.ondemand_status is PriceStatus.CORRECTED
+    assert "0.55x the US price" in a100.note
+    assert a100.ondemand_usd_per_hour == Decimal("3.74797")
 
 
 def test_the_europe_west4_a100_case_is_found_when_it_is_listed() -> None:
+    # As the source had them: the GPU part at 0.55x the US price, "listed".
+    source = {
+        "a2-highgpu-1g": "2.42771",
+        "a2-highgpu-2g": "4.85543",
+        "a2-highgpu-4g": "9.71086",
+        "a2-highgpu-8g": "19.4217",
+        "a2-megagpu-16g": "35.50241",
+    }
     rows = [
-        replace(r, ondemand_status=PriceStatus.LISTED, note="")
-        if (r.region, r.instance_type.startswith("a2-")) == ("europe-west4", True)
+        replace(
+            r,
+            ondemand_usd_per_hour=Decimal(source[r.instance_type]),
+            ondemand_status=PriceStatus.LISTED,
+            note="",
+        )
+        if r.region == "europe-west4" and r.instance_type in source
         else r
         for r in CATALOG.instances
     ]

@@ -184,7 +184,8 @@ def test_gpu_not_offered_in_data_region_is_said(catalog: Catalog) -> None:
 
 def test_unverified_price_carries_a_note(catalog: Catalog) -> None:
     result = estimate(
-        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, providers=("gcp",)),
+        # us-west1: the SkyPilot row, with no second source
+        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, regions=("us-west1",)),
         catalog,
     )
     assert result.options

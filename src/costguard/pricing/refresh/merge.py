@@ -283,8 +283,8 @@ def _sort_key(row: InstancePrice) -> tuple[str, str, str, str]:
 
 def _kept_part(info: TableInfo, place: tuple[str, str], origin: str) -> TablePart:
     part = info.part(*place)
-    if place in info.parts:
-        return part
+    if place in info.parts and origin == "cache":
+        return part  # a part a refresh wrote says where it came from
     return TablePart(part.as_of, f"{part.source} (kept from the {origin} tables)")
 
 
