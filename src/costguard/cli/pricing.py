@@ -363,6 +363,9 @@ Sources (estimate and pricing show never reach the network; refresh does):
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses
+  DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they were
+                           downloaded (else: the records' own dates, or the files')
+A region the tables do not cover yet is added with the instance types the API lists there.
 """
 
 
