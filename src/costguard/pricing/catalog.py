@@ -258,13 +258,17 @@ REFRESH_NEEDS = {
 
 
 def refresh_hint(provider: str, regions: Iterable[str]) -> str:
-    """The command that adds prices for regions the tables do not cover.
+    """The command that adds prices for regions the tables do not cover (a few by name;
+    more: the whole provider, which covers every region it knows).
 
     >>> refresh_hint("azure", ["uksouth"])  # doctest: +ELLIPSIS
     'costguard pricing refresh --provider azure --region uksouth adds them (needs no account...)'
+    >>> refresh_hint("gcp", ["a", "b", "c", "d"])  # doctest: +ELLIPSIS
+    'costguard pricing refresh --provider gcp adds them (needs Google Cloud credentials...)'
     """
-    named = " ".join(f"--region {r}" for r in regions)
-    command = f"costguard pricing refresh --provider {provider} {named}"
+    names = list(regions)
+    named = "".join(f" --region {r}" for r in names) if len(names) <= 3 else ""
+    command = f"costguard pricing refresh --provider {provider}{named}"
     return f"{command} adds them ({REFRESH_NEEDS[provider]})"
 
 

@@ -163,7 +163,7 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     notes = list(_market_notes(request, candidates))
     for provider, names in uncovered.items():
         notes.append(
-            f"Not covered by the {catalog.origin} tables (no prices): {', '.join(names)}; "
+            f"Not covered by the {catalog.origin} tables (no prices): {_shorten(names, 4)}; "
             f"{refresh_hint(provider, names)}"
         )
     near = None
