@@ -28,6 +28,7 @@ def test_several_gpus_in_one_question(run_cli) -> None:
     assert table.exit_code == 0, table.stderr
     assert "L4 x 1 per instance" in table.stdout
     assert "T4 x 1 per instance" in table.stdout
+    assert table.stdout.count("Assumptions:") == 1
 
 
 def test_a_continent_stands_for_its_regions(run_cli) -> None:

@@ -262,8 +262,10 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         extra = slurm_assumptions(slurm) if slurm else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
-        for one in results:
-            print_table(one, limit_places(one.options, options["top"]), catalog, slurm)
+        for one in results:  # one table per GPU asked for; the assumptions once, at the end
+            shown_one = limit_places(one.options, options["top"])
+            last = one is results[-1]
+            print_table(one, shown_one, catalog, slurm if last else None, assumptions=last)
         print_answers(result, catalog, budget)
     if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
         click.echo(
@@ -633,6 +635,8 @@ def print_table(
     shown: Sequence[CostOption],
     catalog: Catalog,
     slurm: SlurmOption | None = None,
+    *,
+    assumptions: bool = True,
 ) -> None:
     """One row per provider and region: on-demand and spot side by side.
 
@@ -699,6 +703,8 @@ def print_table(
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
+    if not assumptions:
+        return
     extra = slurm_assumptions(slurm) if slurm is not None else ()
     render.print_notes(
         ["total = compute + storage + egress", *result.assumptions, *extra],
