@@ -235,3 +235,17 @@ def test_request_validation(kwargs) -> None:
     with pytest.raises(InputError) as info:
         EstimateRequest(**kwargs)
     assert info.value.hint
+
+
+def test_transfer_to_another_continent_uses_that_continents_rate(catalog: Catalog) -> None:
+    iowa = catalog.region("gcp", "us-central1")
+    to_europe = transfer_rate_between(catalog, iowa, catalog.region("gcp", "europe-west4"))
+    to_asia = transfer_rate_between(catalog, iowa, catalog.region("gcp", "asia-east1"))
+    assert to_europe is not None
+    assert to_asia is not None
+    assert (to_europe.destination, to_europe.usd) == ("europe", D("0.05"))
+    assert (to_asia.destination, to_asia.usd) == ("asia", D("0.08"))
+    taiwan = catalog.region("gcp", "asia-east1")
+    within = transfer_rate_between(catalog, taiwan, catalog.region("gcp", "asia-south1"))
+    assert within is not None
+    assert (within.destination, within.usd) == ("same-continent", D("0.08"))  # APAC to APAC

@@ -101,7 +101,8 @@ class TransferRate:
     """A per-GB (or per-GiB) data-transfer price out of one region.
 
     ``kind`` is ``internet_egress`` (destination ``internet``) or ``inter_region``
-    (destination ``same-continent``, ``other-continent``, ``any`` or a region name for a
+    (destination ``same-continent``, ``other-continent``, a continent of ``regions.csv``
+    such as ``europe``, ``any``, or a region name for a
     special pair such as us-east-1 <-> us-east-2).
     """
 

@@ -337,15 +337,18 @@ def transfer_rate_between(catalog: Catalog, source: Region, target: Region) -> T
     """The price of moving data from ``source`` to compute in ``target``.
 
     Same region: free (``None``). Same provider: the source region's inter-region rate
-    (a special pair, else same/other continent, else ``any``). Another provider: the
-    source's internet egress.
+    (a special pair, else to the target's continent, else same/other continent, else
+    ``any``). Another provider: the source's internet egress.
     """
     if (source.provider, source.name) == (target.provider, target.name):
         return None
     if source.provider != target.provider:
         return catalog.transfer_rate(source.provider, source.name, "internet_egress", "internet")
-    scope = "same-continent" if source.continent == target.continent else "other-continent"
-    for destination in (target.name, scope, "any"):
+    if source.continent == target.continent:
+        destinations: tuple[str, ...] = (target.name, "same-continent", "any")
+    else:  # a rate to the target's continent, when the table has one, is the closer fit
+        destinations = (target.name, target.continent, "other-continent", "any")
+    for destination in destinations:
         rate = catalog.transfer_rate(source.provider, source.name, "inter_region", destination)
         if rate is not None:
             return rate
