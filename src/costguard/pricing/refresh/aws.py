@@ -51,6 +51,9 @@ FILTER_VALUE_MAX = 1024
 SPOT_TYPES_PER_CALL = 100
 #: A bound on every paged loop (a server that never stops paging is a fault).
 MAX_PAGES = 10_000
+#: What EC2 answers in an opt-in region (af-south-1, ap-east-1, me-south-1, ...) an account
+#: has not enabled.
+_REGION_NOT_ENABLED = {"OptInRequired", "AuthFailure", "UnrecognizedClientException"}
 _THROTTLING = {
     "Throttling",
     "ThrottlingException",
@@ -101,11 +104,19 @@ def fetch(
             ondemand = aws_ondemand(count(_live_products(pricing, target, policy)))
             spot = {}
             endpoints = set()
+            not_enabled: list[str] = []
             for region in target.regions:
                 ec2 = aws.client("ec2", region, attempts=1, mode="standard")
                 endpoints.add(ec2.meta.endpoint_url)
                 types = target.instance_types(region)
-                spot.update(aws_spot(count(_live_spot(ec2, types, now, policy))))
+                try:
+                    spot.update(aws_spot(count(_live_spot(ec2, types, now, policy))))
+                except aws.errors() as exc:
+                    if _error_code(exc) not in _REGION_NOT_ENABLED:
+                        raise
+                    # An opt-in region this account has not enabled: its spot prices
+                    # cannot be read (on-demand comes from the Price List all the same).
+                    not_enabled.append(region)
         except aws.errors() as exc:
             raise aws.translate(exc, "reading AWS prices") from None
         except (http.client.HTTPException, OSError) as exc:
@@ -119,6 +130,9 @@ def fetch(
             f"AWS Price List Query API GetProducts ({pricing.meta.endpoint_url}) and "
             f"EC2 DescribeSpotPriceHistory ({where})"
         )
+        if not_enabled:
+            skipped = ", ".join(not_enabled)
+            source += f"; no spot prices from {skipped} (not enabled for this account)"
     rows = aws_prices(ondemand, spot, target.rows, dated)
     if mirror is not None:
         days = mirrors.as_of(mirror, "aws", target.regions, rows.dated)
@@ -193,6 +207,11 @@ def _pages(
         return [page], page.get("NextToken") or None
 
     return pages(fetch, max_pages=MAX_PAGES)
+
+
+def _error_code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
 
 
 def _transient(exc: Exception) -> Transient | None:
