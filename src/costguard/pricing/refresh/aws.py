@@ -209,7 +209,7 @@ def _pages(
     return pages(fetch, max_pages=MAX_PAGES)
 
 
-def _error_code(exc: Exception) -> str:
+def _error_code(exc: BaseException) -> str:
     response = getattr(exc, "response", None) or {}
     return str(response.get("Error", {}).get("Code", ""))
 
