@@ -37,6 +37,7 @@ def test_wheel_contains_tables_and_typing_marker(wheel: Path) -> None:
         "storage.csv",
         "transfer.csv",
         "regions.csv",
+        "datasets.csv",
         "README.md",
     ):
         assert f"costguard/_tables/{table}" in names

@@ -157,11 +157,12 @@ def test_unverified_prices_are_flagged(run_cli) -> None:
         "8",
         "--hours",
         "1",
-        "--provider",
-        "gcp",
+        "--region",
+        "us-west1",  # the SkyPilot row, with no second source
         "--format",
         "json",
     ).json()
+    assert doc["options"]
     assert all(o["price_status"] == "unverified" for o in doc["options"])
 
 

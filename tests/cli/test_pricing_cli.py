@@ -28,8 +28,10 @@ def test_show_rows_with_filters(run_cli) -> None:
         "gpu_instances",
         "--gpu",
         "a100-80gb",
-        "--provider",
-        "gcp",
+        "--region",
+        "us-central1",
+        "--region",
+        "europe-west4",
         "--format",
         "json",
     ).json()

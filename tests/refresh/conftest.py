@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -174,8 +175,9 @@ def refresh_env(
     return {"aws": aws_pricing, "gcp": gcp_catalog, "azure": azure_prices}
 
 
-def write_mirror(folder: Path) -> Path:
-    """The fixture records as downloaded responses (``--from`` layout), several pages each."""
+def write_mirror(folder: Path, fetched_at: datetime | None = None) -> Path:
+    """The fixture records as downloaded responses (``--from`` layout), several pages each,
+    downloaded at ``fetched_at`` (``fetched.json``; default: now)."""
     for provider, kind, key, records in (
         ("aws", "pricing", "PriceList", [json.dumps(p) for p in AWS_PRODUCTS]),
         ("gcp", "skus", "skus", GCP_SKUS),
@@ -203,4 +205,6 @@ def write_mirror(folder: Path) -> Path:
         ]
     }
     (folder / "aws" / "spot-001.json").write_text(json.dumps(spot))
+    moment = (fetched_at or datetime.now(UTC)).isoformat()
+    (folder / "fetched.json").write_text(json.dumps({"fetched_at": moment}))
     return folder

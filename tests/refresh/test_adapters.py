@@ -127,6 +127,39 @@ def test_aws_access_denied_is_not_retried(aws_live: LocalServer, catalog: Catalo
     assert len(aws_live.requests) == 1
 
 
+def ec2_error(code: str) -> Reply:
+    """An EC2 (query protocol) error, as EC2 answers it."""
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error>'
+        f"<Code>{code}</Code><Message>You are not subscribed to this service.</Message>"
+        "</Error></Errors><RequestID>4f6c1a2e</RequestID></Response>"
+    ).encode()
+    return Reply(401, body, content_type="text/xml;charset=UTF-8")
+
+
+@pytest.mark.parametrize(("code", "skipped"), [("OptInRequired", True), ("Blocked", False)])
+def test_aws_a_region_the_account_has_not_enabled_gives_on_demand_only(
+    aws_live: LocalServer,
+    catalog: Catalog,
+    monkeypatch: pytest.MonkeyPatch,
+    code: str,
+    skipped: bool,
+) -> None:
+    ec2 = LocalServer(lambda server, request: ec2_error(code))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", ec2.url)
+    try:
+        if not skipped:
+            with pytest.raises(CostguardError, match=code):
+                aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+            return
+        fresh = aws.fetch(target(catalog, "aws", "us-east-1"), Settings(), now=NOW, retry=FAST)
+    finally:
+        ec2.close()
+    assert price(fresh, catalog, "us-east-1", "g5.xlarge") == {Market.ON_DEMAND: G5_XLARGE_USD}
+    assert fresh.markets_in("us-east-1") == {Market.ON_DEMAND}
+    assert "no spot prices from us-east-1 (not enabled for this account)" in fresh.source
+
+
 def gcp_settings(server: CatalogServer) -> Settings:
     return Settings(gcp_endpoint=server.url)
 

@@ -44,7 +44,11 @@ def fresh_for(
         "aws",
         frozenset({row.region}),
         markets,
-        RowPrices({key: found} if found else {}, frozenset({key}) if covered else frozenset()),
+        RowPrices(
+            {key: found} if found else {},
+            frozenset({key}) if covered else frozenset(),
+            markets=frozenset((row.region, market) for market in markets),
+        ),
         "test API",
         NOW,
         1,
@@ -156,7 +160,9 @@ def test_merge_tables_only_touches_the_refreshed_providers(providers, factor) ->
                 provider,
                 regions,
                 frozenset({Market.ON_DEMAND}),
-                RowPrices(prices, covered),
+                RowPrices(
+                    prices, covered, markets=frozenset((r, Market.ON_DEMAND) for r in regions)
+                ),
                 f"{provider} API",
                 NOW,
                 len(rows),
@@ -176,9 +182,9 @@ def test_merge_tables_only_touches_the_refreshed_providers(providers, factor) ->
                 row.spot_usd_per_hour is None or row.spot_usd_per_hour <= row.ondemand_usd_per_hour
             )
     gpu = next(m for m in merged.meta if m.name == "gpu_instances")
-    for (provider, _), part in gpu.parts.items():
+    for (provider, region), part in gpu.parts.items():
         # Spot was not read: the rows are as old as their spot prices.
-        assert part.as_of == date(2026, 11, 30)
+        assert part.as_of == CATALOG.tables["gpu_instances"].part(provider, region).as_of
         if provider in providers:
             assert part.source.startswith(f"on-demand from {provider} API; the rest: ")
         else:
@@ -201,7 +207,12 @@ def test_full_refresh_dates_the_parts_and_the_table() -> None:
         regions,
         BOTH,
         # The API listed prices in every region, none for these rows: all flagged.
-        RowPrices({}, frozenset(row_key(r) for r in rows), regions),
+        RowPrices(
+            {},
+            frozenset(row_key(r) for r in rows),
+            regions,
+            frozenset((r, m) for r in regions for m in Market),
+        ),
         "Azure Retail Prices API (https://prices.azure.com/api/retail/prices)",
         NOW,
         0,
@@ -209,7 +220,8 @@ def test_full_refresh_dates_the_parts_and_the_table() -> None:
     merged = merge_tables(CATALOG, [fresh], NOW)
     gpu = next(m for m in merged.meta if m.name == "gpu_instances")
     assert gpu.parts[("azure", "eastus")] == TablePart(date(2026, 12, 1), fresh.source)
-    assert gpu.as_of == date(2026, 11, 30)  # the oldest part: AWS and GCP were not refreshed
+    # The oldest part: AWS and GCP were not refreshed (GCP regions from CoCalc's catalogue).
+    assert gpu.as_of == date(2026, 2, 24)
     assert gpu.source.startswith("aws: SkyPilot catalog v8")
     assert "azure: Azure Retail Prices API" in gpu.source
     assert merged.stats["azure"].not_found == len(rows)
@@ -228,6 +240,7 @@ def test_regions_nothing_came_back_for_keep_their_rows_date_and_source() -> None
             {row_key(r): {Market.ON_DEMAND: Decimal(9)} for r in east},
             frozenset(row_key(r) for r in rows),
             frozenset({"us-west-2"}),
+            frozenset((r, m) for r in ("us-east-1", "us-west-2") for m in Market),
         ),
         "AWS API",
         NOW,

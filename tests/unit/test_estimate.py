@@ -184,7 +184,8 @@ def test_gpu_not_offered_in_data_region_is_said(catalog: Catalog) -> None:
 
 def test_unverified_price_carries_a_note(catalog: Catalog) -> None:
     result = estimate(
-        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, providers=("gcp",)),
+        # us-west1: the SkyPilot row, with no second source
+        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, regions=("us-west1",)),
         catalog,
     )
     assert result.options
@@ -209,7 +210,7 @@ def test_limit_places_keeps_markets_together(catalog: Catalog) -> None:
         ({"gpu": "H100", "gpus_per_instance": 3}, "3 x H100", "--gpus-per-instance 4"),
         ({"gpu": "H100", "gpus_per_instance": 16}, "16 x H100", "--gpus-per-instance 8"),
         ({"instance_type": "x9.huge"}, "not in the tables", "pricing show"),
-        ({"gpu": "T4", "instance_type": "g5.xlarge"}, "not in the tables", "drop --gpu"),
+        ({"gpu": "T4", "instance_type": "g5.xlarge"}, "carries 1 x A10G", "drop --gpu"),
     ],
 )
 def test_no_match_explains(catalog: Catalog, request_kwargs, message, hint) -> None:
@@ -234,3 +235,17 @@ def test_request_validation(kwargs) -> None:
     with pytest.raises(InputError) as info:
         EstimateRequest(**kwargs)
     assert info.value.hint
+
+
+def test_transfer_to_another_continent_uses_that_continents_rate(catalog: Catalog) -> None:
+    iowa = catalog.region("gcp", "us-central1")
+    to_europe = transfer_rate_between(catalog, iowa, catalog.region("gcp", "europe-west4"))
+    to_asia = transfer_rate_between(catalog, iowa, catalog.region("gcp", "asia-east1"))
+    assert to_europe is not None
+    assert to_asia is not None
+    assert (to_europe.destination, to_europe.usd) == ("europe", D("0.05"))
+    assert (to_asia.destination, to_asia.usd) == ("asia", D("0.08"))
+    taiwan = catalog.region("gcp", "asia-east1")
+    within = transfer_rate_between(catalog, taiwan, catalog.region("gcp", "asia-south1"))
+    assert within is not None
+    assert (within.destination, within.usd) == ("same-continent", D("0.08"))  # APAC to APAC

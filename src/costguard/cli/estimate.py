@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -13,6 +14,14 @@ from costguard.cli import render
 from costguard.cli.params import FORMAT, DecimalRange
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
+from costguard.pricing.advice import (
+    budget_lines,
+    budget_verdict,
+    cheapest_line,
+    expand_regions,
+    split_names,
+    spot_size_notes,
+)
 from costguard.pricing.catalog import (
     Catalog,
     Market,
@@ -37,6 +46,7 @@ from costguard.pricing.estimate import (
     slurm_option,
 )
 from costguard.pricing.gpus import canonical_gpu
+from costguard.pricing.locate import locate
 from costguard.settings import Settings
 
 MAX_HOURS = 24 * 366 * 10
@@ -84,11 +94,17 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     epilog=EXAMPLES,
     short_help="Estimate what a GPU run costs, across providers, regions and markets.",
 )
-@click.option("--gpu", help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200...")
+@click.option(
+    "--gpu",
+    "gpus",
+    multiple=True,
+    help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200... Several: "
+    "--gpu l4,t4 (or --gpu repeated) prices each.",
+)
 @click.option(
     "--hours",
     required=True,
-    type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS),
+    type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS, unit="hours (10 years)"),
     help="Hours each instance runs.",
 )
 @click.option(
@@ -116,7 +132,8 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     "--region",
     "regions",
     multiple=True,
-    help="Region (repeatable), e.g. us-east-1, us-central1, eastus. Default: all.",
+    help="Region (repeatable), e.g. us-east-1, us-central1, eastus, or a group: europe, "
+    "us, asia (every region of the tables there). Default: all.",
 )
 @click.option("--instance-type", help="One instance type, e.g. g5.xlarge (then --gpu is optional).")
 @click.option(
@@ -152,6 +169,12 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     help="Data sent out to the internet, in GB (in total).",
 )
 @click.option(
+    "--data",
+    "data_url",
+    help="Your input data's URL (s3://, gs://, az:// or https): its region is looked up "
+    "(S3 answers in seconds; well-known public datasets offline) to price moving it.",
+)
+@click.option(
     "--data-region", help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1."
 )
 @click.option(
@@ -163,7 +186,8 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 @click.option(
     "--budget",
     type=DecimalRange(0, minimum_open=True, maximum=10**9),
-    help="Exit 1 if even the cheapest option costs more (USD).",
+    help="USD: says for each option whether it fits and how many hours it buys; "
+    "exit 1 if even the cheapest option costs more.",
 )
 @click.option(
     "--su-per-gpu-hour",
@@ -211,8 +235,9 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     """
     rate = slurm_rate(options)
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    request = build_request(catalog, options)
-    result = estimate(request, catalog)
+    results = estimates(catalog, options)
+    result = combine(results)
+    request = result.request
     slurm = slurm_option(request, rate) if rate is not None else None
     shown = limit_places(result.options, options["top"])
     budget: Decimal | None = options["budget"]
@@ -220,6 +245,8 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     output_format = options["output_format"].lower()
     if output_format == "json":
         document = to_document(result, shown, catalog, budget, options["top"])
+        document["query"]["gpus"] = [r.request.gpu for r in results if r.request.gpu]
+        document["cheapest"] = cheapest_line(result.options)
         document["pricing_source"]["stale_warning"] = stale_text(stale, catalog)
         document["query"]["slurm"] = slurm_query(rate)
         document["slurm"] = slurm_document(slurm, result.cheapest)
@@ -235,7 +262,11 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         extra = slurm_assumptions(slurm) if slurm else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
-        print_table(result, shown, catalog, slurm)
+        for one in results:  # one table per GPU asked for; the assumptions once, at the end
+            shown_one = limit_places(one.options, options["top"])
+            last = one is results[-1]
+            print_table(one, shown_one, catalog, slurm if last else None, assumptions=last)
+        print_answers(result, catalog, budget)
     if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
         click.echo(
             f"Warning: {stale_text(stale, catalog)}: `costguard pricing refresh` updates "
@@ -392,10 +423,19 @@ def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
     providers = tuple(dict.fromkeys(check_provider(p) for p in clouds))
     regions = []
     for name in options["regions"]:
-        region = catalog.find_region(name)
-        if providers and region.provider not in providers:
-            providers = (*providers, region.provider)
-        regions.append(region.name)
+        group = expand_regions(name, catalog.regions)
+        if group == []:
+            msg = f"the tables have no region in {name}"
+            raise InputError(msg, hint="costguard pricing show lists the regions")
+        for region in group or [catalog.find_region(name)]:
+            if providers and region.provider not in providers:
+                if group is not None:
+                    continue  # a group stays within the providers asked for
+                providers = (*providers, region.provider)
+            regions.append(region.name)
+    if options["regions"] and not regions:
+        msg = f"none of the regions {', '.join(options['regions'])} is of {', '.join(providers)}"
+        raise InputError(msg, hint="drop --provider, or name another region")
     gpu = options["gpu"]
     spot = options["spot"]
     markets = (
@@ -422,6 +462,71 @@ def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
     )
 
 
+def estimates(catalog: Catalog, options: dict[str, Any]) -> list[Estimate]:
+    """One estimate per GPU asked for (``--gpu l4,t4``), or the one for the instance
+    type. A GPU not offered where asked is left out when another is (the first such
+    error is raised when none is)."""
+    names: list[str | None] = [*split_names(options["gpus"])] or [None]
+    located = None
+    if options["data_url"] and not options["data_region"]:
+        # Bad input is refused before the lookup goes out.
+        build_request(catalog, {**options, "gpu": names[0], "data_gb": Decimal(0)})
+        located = locate(options["data_url"])
+        options = {**options, "data_region": f"{located.provider}:{located.region}"}
+    results: list[Estimate] = []
+    errors: list[InputError] = []
+    for name in names:
+        request = build_request(catalog, {**options, "gpu": name})
+        try:
+            results.append(estimate(request, catalog))
+        except InputError as exc:
+            if len(names) == 1:
+                raise
+            errors.append(exc)
+    if not results:
+        raise errors[0]
+    extra = []
+    if located is not None:
+        extra.append(f"Data: {located.how}")
+    if options["data_url"] and not options["data_gb"]:
+        extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
+    return [replace(r, notes=(*extra, *r.notes)) for r in results]
+
+
+def combine(results: Sequence[Estimate]) -> Estimate:
+    """Several GPUs' estimates as one: every option, cheapest first."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    options = sorted((o for r in results for o in r.options), key=lambda o: o.sort_key)
+    near = [r.near_data for r in results if r.near_data is not None]
+    notes = dict.fromkeys(n for r in results for n in r.notes)
+    return replace(
+        first,
+        options=tuple(options),
+        near_data=min(near, key=lambda o: o.sort_key) if near else None,
+        notes=tuple(notes),
+    )
+
+
+def result_data_url(result: Estimate) -> str | None:
+    """How the data's region was found (the ``Data:`` note), for the JSON query."""
+    return next((n.removeprefix("Data: ") for n in result.notes if n.startswith("Data: ")), None)
+
+
+def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) -> None:
+    """The lines under the table(s): the cheapest option, why a spot pick is bigger, and
+    with --budget, whether each option fits and how many hours the budget buys."""
+    lines = [line for line in (cheapest_line(result.options),) if line]
+    lines += spot_size_notes(result.options, catalog)
+    render.print_notes(lines, heading="Answers:")
+    if budget is not None:
+        render.print_notes(
+            budget_lines(result.options, budget, result.request.hours),
+            heading=f"Budget {format_usd(budget)}:",
+        )
+
+
 def places(options: Sequence[CostOption]) -> list[tuple[str, str, str, Market]]:
     """The (table, provider, region, market) each option was priced from."""
     return [
@@ -441,17 +546,27 @@ def stale_text(stale: Staleness | None, catalog: Catalog) -> str | None:
     )
 
 
-def option_row(option: CostOption, catalog: Catalog) -> dict[str, Any]:
+def option_row(
+    option: CostOption,
+    catalog: Catalog,
+    budget: Decimal | None = None,
+    hours: Decimal | None = None,
+) -> dict[str, Any]:
     """One option as a flat record (JSON object or CSV row).
 
     ``pricing_as_of`` is the as-of date of the table part (provider and region) its
-    price came from, so a region refreshed today says today.
+    price came from, so a region refreshed today says today. With a ``budget``: whether
+    the option fits it, and the hours it buys.
     """
     row: dict[str, Any] = {name: getattr(option, name) for name in OPTION_FIELDS}
     row["market"] = str(option.market)
     row["price_status"] = str(option.price_status) if option.price_status else None
     row["notes"] = list(option.notes)
     row["pricing_as_of"] = prices_as_of(catalog, places([option])).isoformat()
+    if budget is not None and hours is not None:
+        verdict = budget_verdict(option, budget, hours)
+        row["within_budget"] = verdict.fits
+        row["hours_within_budget"] = verdict.hours
     return row
 
 
@@ -469,7 +584,7 @@ def to_document(
     ``pricing_as_of``, and ``pricing_source.tables`` the date of each whole table.
     """
     request = result.request
-    options = [option_row(option, catalog) for option in shown]
+    options = [option_row(option, catalog, budget, request.hours) for option in shown]
     cheapest = result.cheapest
     return {
         "query": {
@@ -486,6 +601,7 @@ def to_document(
             "storage_months": request.storage_months,
             "egress_gb": request.egress_gb,
             "data_region": str(request.data_region) if request.data_region else None,
+            "data": result_data_url(result),
             "data_gb": request.data_gb,
             "budget_usd": budget,
             "top": top,
@@ -519,6 +635,8 @@ def print_table(
     shown: Sequence[CostOption],
     catalog: Catalog,
     slurm: SlurmOption | None = None,
+    *,
+    assumptions: bool = True,
 ) -> None:
     """One row per provider and region: on-demand and spot side by side.
 
@@ -585,6 +703,8 @@ def print_table(
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
+    if not assumptions:
+        return
     extra = slurm_assumptions(slurm) if slurm is not None else ()
     render.print_notes(
         ["total = compute + storage + egress", *result.assumptions, *extra],

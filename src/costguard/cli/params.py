@@ -13,7 +13,8 @@ from costguard.money import parse_decimal
 class DecimalRange(click.ParamType):
     """A finite decimal number within bounds; NaN, infinity and text are refused.
 
-    ``minimum_open`` makes the lower bound exclusive (hours must be more than 0).
+    ``minimum_open`` makes the lower bound exclusive (hours must be more than 0); ``unit``
+    names what the bounds count, in the error.
     """
 
     name = "number"
@@ -24,7 +25,9 @@ class DecimalRange(click.ParamType):
         *,
         minimum_open: bool = False,
         maximum: Decimal | int | None = None,
+        unit: str = "",
     ) -> None:
+        self.unit = f" {unit}" if unit else ""
         self.minimum = Decimal(minimum)
         self.minimum_open = minimum_open
         self.maximum = None if maximum is None else Decimal(maximum)
@@ -44,7 +47,7 @@ class DecimalRange(click.ParamType):
         if not self.minimum_open and number < self.minimum:
             self.fail(f"must be at least {self.minimum}, not {value}", param, ctx)
         if self.maximum is not None and number > self.maximum:
-            self.fail(f"must be at most {self.maximum}, not {value}", param, ctx)
+            self.fail(f"must be at most {self.maximum}{self.unit}, not {value}", param, ctx)
         return number
 
 

@@ -27,6 +27,7 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
     load_tables,
+    refresh_hint,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.settings import Settings
@@ -47,6 +48,7 @@ def pricing_group() -> None:
       costguard pricing show gpu_instances --gpu h100 --region us-central1
       costguard pricing gpus
       costguard pricing refresh --provider aws --region us-east-1
+      costguard pricing check
     """
 
 
@@ -109,6 +111,9 @@ def show_command(
         _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
         click.echo(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
+    if table in ("gpu_instances", "cpu_instances"):
+        named = [catalog.find_region(r) for r in regions]
+        _say_uncovered(catalog, [r for r in named if (r.provider, r.name) not in catalog.covered])
 
 
 @pricing_group.command(
@@ -138,6 +143,78 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
             rows,
         )
         click.echo("Lowest $/GPU-hour over all instance sizes and regions listed.")
+    _say_uncovered(catalog, [r for r in catalog.uncovered() if not wanted or r.provider in wanted])
+
+
+def _say_uncovered(catalog: Catalog, uncovered: Sequence[Region]) -> None:
+    """On stderr: the known regions the tables have no prices for, and the command that
+    adds them."""
+    by_provider: dict[str, list[str]] = {}
+    for region in uncovered:
+        by_provider.setdefault(region.provider, []).append(region.name)
+    for provider, names in by_provider.items():
+        shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
+        example = names[:1] if len(names) > 1 else names
+        click.echo(
+            f"Not covered by the {catalog.origin} tables: {provider} {shown}. "
+            f"{refresh_hint(provider, example)}",
+            err=True,
+        )
+
+
+@pricing_group.command(
+    "check",
+    epilog="""\b
+Examples:
+  costguard pricing check
+  costguard pricing check --pricing-dir ./lab-prices --format json""",
+)
+@click.option(
+    "--pricing-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Check the tables in this folder (default: the tables in use).",
+)
+@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@click.pass_obj
+def check_command(settings: Settings, pricing_dir: Path | None, output_format: str) -> None:
+    """Flag suspect prices: spot not below on-demand, $0 parts, an instance type far from
+    its price in other regions, sizes of a family that disagree per GPU, GPU counts that
+    disagree with the name.
+
+    Exits 1 when a suspect row is still marked "listed" (rows already marked unverified
+    or corrected, with a note, are shown as known: the estimate shows their note).
+    """
+    from costguard.pricing.check import check_instances
+
+    catalog = load_tables(pricing_dir or settings.pricing_dir, settings.pricing_cache_dir)
+    findings = check_instances(catalog.instances)
+    rows = [
+        {
+            "provider": f.provider,
+            "region": f.region,
+            "instance_type": f.instance_type,
+            "market": str(f.market),
+            "check": f.kind,
+            "known": f.known,
+            "finding": f.message,
+        }
+        for f in findings
+    ]
+    new = [f for f in findings if not f.known]
+    output_format = output_format.lower()
+    if output_format == "json":
+        render.print_json({"tables": str(catalog.directory), "new": len(new), "findings": rows})
+    elif output_format == "csv":
+        render.print_csv(list(rows[0]) if rows else ["finding"], rows)
+    else:
+        if rows:
+            _print_rows(f"Suspect prices in {catalog.directory}", list(rows[0]), rows)
+        click.echo(
+            f"{len(catalog.instances)} rows checked: {len(new)} new suspect price(s), "
+            f"{len(findings) - len(new)} known (marked, with a note)."
+        )
+    if new:
+        raise SystemExit(EXIT_FAILURE)
 
 
 def _gpu_rows(catalog: Catalog, providers: set[str]) -> Iterable[dict[str, Any]]:
@@ -190,14 +267,21 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         }
         for name, info in catalog.tables.items()
     ]
+    uncovered = catalog.uncovered()
     if output_format == "json":
         render.print_json(
-            {"origin": catalog.origin, "directory": str(catalog.directory), "tables": rows}
+            {
+                "origin": catalog.origin,
+                "directory": str(catalog.directory),
+                "tables": rows,
+                "not_covered": [str(r) for r in uncovered],
+            }
         )
     elif output_format == "csv":
         render.print_csv(list(rows[0]), rows)
     else:
         _print_rows(f"Price tables ({catalog.origin}: {catalog.directory})", list(rows[0]), rows)
+        _say_uncovered(catalog, uncovered)
 
 
 def _table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
@@ -279,6 +363,9 @@ Sources (estimate and pricing show never reach the network; refresh does):
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses
+  DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they were
+                           downloaded (else: the records' own dates, or the files')
+A region the tables do not cover yet is added with the instance types the API lists there.
 """
 
 

@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from functools import cached_property
 from importlib import resources
@@ -101,7 +101,8 @@ class TransferRate:
     """A per-GB (or per-GiB) data-transfer price out of one region.
 
     ``kind`` is ``internet_egress`` (destination ``internet``) or ``inter_region``
-    (destination ``same-continent``, ``other-continent``, ``any`` or a region name for a
+    (destination ``same-continent``, ``other-continent``, a continent of ``regions.csv``
+    such as ``europe``, ``any``, or a region name for a
     special pair such as us-east-1 <-> us-east-2).
     """
 
@@ -183,6 +184,21 @@ class Catalog:
         return min(self.tables[name].as_of for name in INSTANCE_TABLES if name in self.tables)
 
     @cached_property
+    def covered(self) -> frozenset[tuple[str, str]]:
+        """The (provider, region) pairs the instance tables have prices for; the other
+        regions of ``regions.csv`` are known but not covered (see :func:`refresh_hint`)."""
+        return frozenset((i.provider, i.region) for i in self.instances)
+
+    def uncovered(self, provider: str | None = None) -> list[Region]:
+        """The known regions (of ``provider``) the instance tables have no prices for."""
+        return [
+            r
+            for r in self.regions
+            if (provider is None or r.provider == provider)
+            and (r.provider, r.name) not in self.covered
+        ]
+
+    @cached_property
     def accelerators(self) -> tuple[str, ...]:
         """Every accelerator name in the instance tables."""
         return tuple(sorted({i.accelerator for i in self.instances if i.accelerator}))
@@ -232,6 +248,29 @@ class Catalog:
             ):
                 return rate
         return None
+
+
+#: What ``costguard pricing refresh`` needs, per provider, to read a region's prices.
+REFRESH_NEEDS = {
+    "aws": "needs AWS credentials for the Price List API",
+    "gcp": "needs Google Cloud credentials for the Cloud Billing Catalog API",
+    "azure": "needs no account: the Azure Retail Prices API is public",
+}
+
+
+def refresh_hint(provider: str, regions: Iterable[str]) -> str:
+    """The command that adds prices for regions the tables do not cover (a few by name;
+    more: the whole provider, which covers every region it knows).
+
+    >>> refresh_hint("azure", ["uksouth"])  # doctest: +ELLIPSIS
+    'costguard pricing refresh --provider azure --region uksouth adds them (needs no account...)'
+    >>> refresh_hint("gcp", ["a", "b", "c", "d"])  # doctest: +ELLIPSIS
+    'costguard pricing refresh --provider gcp adds them (needs Google Cloud credentials...)'
+    """
+    names = list(regions)
+    named = "".join(f" --region {r}" for r in names) if len(names) <= 3 else ""
+    command = f"costguard pricing refresh --provider {provider}{named}"
+    return f"{command} adds them ({REFRESH_NEEDS[provider]})"
 
 
 def check_provider(name: str) -> str:
@@ -568,10 +607,18 @@ def _load(path: Path, parse: Callable[[Mapping[str, str]], _Row]) -> tuple[_Row,
     parsed: list[_Row] = []
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            for row in reader:
+            # csv.reader and a dict per row: DictReader's per-row checks cost more than the
+            # parsing when the tables hold every region of the world.
+            reader = csv.reader(handle)
+            header = next(reader, [])
+            for values in reader:
+                if not values:
+                    continue  # a blank line, as DictReader skips it
                 try:
-                    parsed.append(parse(row))
+                    if len(values) != len(header):
+                        msg = f"{len(values)} fields, the header has {len(header)}"
+                        raise _BadRowError(msg)
+                    parsed.append(parse(dict(zip(header, values, strict=True))))
                 except (_BadRowError, UnknownNameError) as exc:
                     msg = f"{path}, line {reader.line_num}: {exc}"
                     raise CostguardError(msg, hint="fix or remove that row") from None
@@ -582,11 +629,11 @@ def _load(path: Path, parse: Callable[[Mapping[str, str]], _Row]) -> tuple[_Row,
 
 
 def _field(row: Mapping[str, str], name: str) -> str:
-    value = row.get(name)
-    if value is None:
+    try:
+        return row[name].strip()
+    except KeyError:
         msg = f"column {name!r} is missing"
-        raise _BadRowError(msg)
-    return value.strip()
+        raise _BadRowError(msg) from None
 
 
 def _price(row: Mapping[str, str], name: str, *, optional: bool = False) -> Decimal | None:
@@ -596,26 +643,40 @@ def _price(row: Mapping[str, str], name: str, *, optional: bool = False) -> Deci
             return None
         msg = f"{name} is empty"
         raise _BadRowError(msg)
+    value = _SHAPES.get(text)
+    if value is not None:
+        return value
     try:
-        value = parse_decimal(text)
-    except ValueError as exc:
-        msg = f"{name}: {exc}"
-        raise _BadRowError(msg) from None
+        value = Decimal(text)  # the common case, fast (tables hold thousands of prices)
+    except InvalidOperation:
+        value = None
+    if value is None or not value.is_finite():
+        try:
+            value = parse_decimal(text)
+        except ValueError as exc:
+            msg = f"{name}: {exc}"
+            raise _BadRowError(msg) from None
     if value < 0:
         msg = f"{name} is negative ({text})"
         raise _BadRowError(msg)
     return value
 
 
+#: vCPU and memory figures repeat in every region: parsed once (Decimals are immutable).
+_SHAPES: dict[str, Decimal] = {str(n): Decimal(n) for n in range(1025)}
+#: Statuses by their text (a dict lookup costs a tenth of an enum call).
+_STATUSES = {status.value: status for status in PriceStatus}
+
+
 def _status(row: Mapping[str, str], name: str) -> PriceStatus | None:
     text = _field(row, name)
     if not text:
         return None
-    try:
-        return PriceStatus(text)
-    except ValueError:
+    status = _STATUSES.get(text)
+    if status is None:
         msg = f"{name} must be one of {', '.join(PriceStatus)}, not {text!r}"
-        raise _BadRowError(msg) from None
+        raise _BadRowError(msg)
+    return status
 
 
 def _date(row: Mapping[str, str], name: str) -> date:
@@ -644,8 +705,9 @@ def _instance(row: Mapping[str, str]) -> InstancePrice:
     except ValueError:
         msg = f"accelerator_count must be a whole number, not {count_text!r}"
         raise _BadRowError(msg) from None
+    provider = _field(row, "provider").lower()
     return InstancePrice(
-        provider=check_provider(_field(row, "provider")),
+        provider=provider if provider in PROVIDERS else check_provider(provider),
         region=_field(row, "region"),
         instance_type=_field(row, "instance_type"),
         accelerator=_field(row, "accelerator") or None,

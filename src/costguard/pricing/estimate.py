@@ -16,6 +16,7 @@ the figures.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from costguard.pricing.catalog import (
     StorageRate,
     TransferRate,
     prices_as_of,
+    refresh_hint,
 )
 from costguard.pricing.gpus import gpu_model
 
@@ -149,6 +151,7 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     candidates = _matching(request, catalog.instances)
     if not candidates:
         raise _no_match(request, catalog)
+    uncovered = _uncovered(request, catalog)
     options = [
         _cost(request, catalog, instance, market)
         for instance in _best_per_region(candidates, request.markets)
@@ -158,6 +161,11 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     options = _dedupe_cheapest(options)
     options.sort(key=lambda o: o.sort_key)
     notes = list(_market_notes(request, candidates))
+    for provider, names in uncovered.items():
+        notes.append(
+            f"Not covered by the {catalog.origin} tables (no prices): {_shorten(names, 4)}; "
+            f"{refresh_hint(provider, names)}"
+        )
     near = None
     if request.data_region is not None:
         near = _near_data(request, catalog)
@@ -329,15 +337,18 @@ def transfer_rate_between(catalog: Catalog, source: Region, target: Region) -> T
     """The price of moving data from ``source`` to compute in ``target``.
 
     Same region: free (``None``). Same provider: the source region's inter-region rate
-    (a special pair, else same/other continent, else ``any``). Another provider: the
-    source's internet egress.
+    (a special pair, else to the target's continent, else same/other continent, else
+    ``any``). Another provider: the source's internet egress.
     """
     if (source.provider, source.name) == (target.provider, target.name):
         return None
     if source.provider != target.provider:
         return catalog.transfer_rate(source.provider, source.name, "internet_egress", "internet")
-    scope = "same-continent" if source.continent == target.continent else "other-continent"
-    for destination in (target.name, scope, "any"):
+    if source.continent == target.continent:
+        destinations: tuple[str, ...] = (target.name, "same-continent", "any")
+    else:  # a rate to the target's continent, when the table has one, is the closer fit
+        destinations = (target.name, target.continent, "other-continent", "any")
+    for destination in destinations:
         rate = catalog.transfer_rate(source.provider, source.name, "inter_region", destination)
         if rate is not None:
             return rate
@@ -415,10 +426,14 @@ def _assumptions(
     lines = [
         f"Prices: {catalog.origin} tables{where} as of {as_of.isoformat()}; "
         "list prices in USD, before taxes",
-        "Spot prices move (hourly on AWS): the spot figures are a snapshot, the lowest "
-        "over the region's zones, and a spot instance can be reclaimed",
         f"Compute: price per hour x {request.hours} h x {request.count} instance(s)",
     ]
+    if Market.SPOT in request.markets:
+        lines.insert(
+            1,
+            "Spot prices move (hourly on AWS): the spot figures are a snapshot, the lowest "
+            "over the region's zones, and a spot instance can be reclaimed",
+        )
     if request.disk_gb:
         lines.append(
             f"Block storage: {request.disk_gb} GB per instance (AWS EBS gp3, GCP "
@@ -431,6 +446,10 @@ def _assumptions(
             f"Object storage: {request.storage_gb} GB for {request.storage_months} month(s) "
             "in the compute's region (S3 Standard, GCS Standard, Blob Hot LRS)"
         )
+    lines.append(
+        f"Egress: data sent out to the internet ({request.egress_gb} GB, --egress-gb) plus "
+        f"data read from another region or cloud ({request.data_gb} GB, --data-gb)"
+    )
     if request.egress_gb or request.data_gb:
         lines.append(
             "Transfer at the first paid tier; free allowances (100 GB/month on AWS and "
@@ -449,26 +468,39 @@ def _assumptions(
     return tuple(lines)
 
 
+def _uncovered(request: EstimateRequest, catalog: Catalog) -> dict[str, list[str]]:
+    """The regions asked for that the tables have no prices for, by provider."""
+    found: dict[str, list[str]] = {}
+    for name in request.regions:
+        for region in catalog.regions:
+            if region.name == name and (region.provider, name) not in catalog.covered:
+                found.setdefault(region.provider, []).append(name)
+    return found
+
+
 def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
     """Explain why nothing matched, with the closest thing that would."""
     what = request.gpu or request.instance_type
+    uncovered = _uncovered(request, catalog)
+    if uncovered and sum(map(len, uncovered.values())) == len(request.regions):
+        provider, names = next(iter(uncovered.items()))
+        return InputError(
+            f"{', '.join(names)} is not covered by the {catalog.origin} price tables "
+            "(no public source read for it)",
+            hint=refresh_hint(provider, names),
+        )
     anywhere = _matching(request, catalog.instances, ignore_location=True, ignore_count=True)
     if not anywhere:
         if request.instance_type:
-            hint = "costguard pricing show --provider aws lists instance types"
-            if request.gpu:
-                hint = f"{request.instance_type} does not carry {request.gpu}; drop --gpu"
-            return InputError(
-                f"instance type {request.instance_type} is not in the tables", hint=hint
-            )
+            return _unknown_instance_type(request, catalog)
         return InputError(
             f"no instance with {what} in the tables",
             hint="costguard pricing gpus lists the GPUs and where they are",
         )
     located = _matching(request, catalog.instances, ignore_count=True)
+    where = ", ".join(request.regions or request.providers) or "any region in the tables"
     if not located:
         places = sorted({f"{i.provider}:{i.region}" for i in anywhere})
-        where = ", ".join(request.regions or request.providers)
         hint = f"it is offered in {_shorten(places)}"
         return InputError(f"{what} is not offered in {where} (in the tables)", hint=hint)
     counts = sorted({i.accelerator_count for i in located})
@@ -477,10 +509,46 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
     model = gpu_model(request.gpu or "")
     similar = f"; similar: {', '.join(model.similar)}" if model and model.similar else ""
     return InputError(
-        f"no instance with {request.gpus_per_instance} x {what} per instance here",
-        hint=f"{what} comes with {alternatives} GPUs per instance: try --gpus-per-instance "
-        f"{suggestion}{similar}",
+        f"no instance with {request.gpus_per_instance} x {what} per instance in {where}",
+        hint=f"{what} comes with {alternatives} GPUs per instance there: try "
+        f"--gpus-per-instance {suggestion}{similar}",
     )
+
+
+def _unknown_instance_type(request: EstimateRequest, catalog: Catalog) -> InputError:
+    """An instance type that is not in the tables, or that carries another GPU than
+    ``--gpu`` says: what it is, and the names closest to it."""
+    assert request.instance_type is not None
+    wanted = request.instance_type.lower()
+    same_type = [i for i in catalog.instances if i.instance_type.lower() == wanted]
+    if same_type and request.gpu:
+        carried = same_type[0]
+        gpus = (
+            f"{carried.accelerator_count} x {carried.accelerator}"
+            if carried.accelerator
+            else "no GPU"
+        )
+        examples = sorted(
+            {i.instance_type for i in catalog.instances if i.accelerator == request.gpu}
+        )[:3]
+        instead = f", or an instance with {request.gpu} ({', '.join(examples)})" if examples else ""
+        return InputError(
+            f"--gpu {request.gpu} and --instance-type {carried.instance_type} disagree: "
+            f"{carried.instance_type} carries {gpus}",
+            hint=f"drop --gpu{instead}",
+        )
+    names = sorted({i.instance_type for i in catalog.instances})
+    close = difflib.get_close_matches(request.instance_type, names, n=3, cutoff=0.6)
+    lowered = {name.lower(): name for name in names}
+    close = close or [
+        lowered[n] for n in difflib.get_close_matches(wanted, list(lowered), n=3, cutoff=0.6)
+    ]
+    hint = (
+        f"did you mean {' or '.join(close)}?"
+        if close
+        else "costguard pricing show gpu_instances lists the instance types"
+    )
+    return InputError(f"instance type {request.instance_type} is not in the tables", hint=hint)
 
 
 def limit_places(options: Sequence[CostOption], top: int) -> tuple[CostOption, ...]:

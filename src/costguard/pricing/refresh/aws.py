@@ -18,7 +18,7 @@ from __future__ import annotations
 import http.client
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime
+from datetime import date, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
 from costguard.pricing.refresh.parse import (
     AWS_LINUX_ATTRIBUTES,
+    Dated,
     aws_ondemand,
     aws_prices,
     aws_spot,
@@ -50,6 +51,9 @@ FILTER_VALUE_MAX = 1024
 SPOT_TYPES_PER_CALL = 100
 #: A bound on every paged loop (a server that never stops paging is a fault).
 MAX_PAGES = 10_000
+#: What EC2 answers in an opt-in region (af-south-1, ap-east-1, me-south-1, ...) an account
+#: has not enabled.
+_REGION_NOT_ENABLED = {"OptInRequired", "AuthFailure", "UnrecognizedClientException"}
 _THROTTLING = {
     "Throttling",
     "ThrottlingException",
@@ -78,15 +82,18 @@ def fetch(
     """
     del settings  # boto3 takes endpoints and credentials from the standard AWS settings
     count = RecordCounter(progress)
+    dated: Dated = {}
+    days: dict[str, date] = {}
     if mirror is not None:
         spot_files = mirrors.files(mirror, "aws", "spot")
-        ondemand = aws_ondemand(count(_products_in(mirrors.pages(mirror, "aws", "pricing"))))
+        ondemand = aws_ondemand(count(_products_in(mirrors.pages(mirror, "aws", "pricing"))), dated)
         spot = aws_spot(
             count(
                 record
                 for page in mirrors.pages(mirror, "aws", "spot")
-                for record in mirrors.records(page, "SpotPriceHistory")
-            )
+                for record in mirrors.records(page, "SpotPriceHistory", "AWS")
+            ),
+            dated,
         )
         markets = frozenset(Market) if spot_files else frozenset({Market.ON_DEMAND})
         source = f"AWS Price List and EC2 spot price history responses in {mirror / 'aws'}"
@@ -97,11 +104,19 @@ def fetch(
             ondemand = aws_ondemand(count(_live_products(pricing, target, policy)))
             spot = {}
             endpoints = set()
+            not_enabled: list[str] = []
             for region in target.regions:
                 ec2 = aws.client("ec2", region, attempts=1, mode="standard")
                 endpoints.add(ec2.meta.endpoint_url)
                 types = target.instance_types(region)
-                spot.update(aws_spot(count(_live_spot(ec2, types, now, policy))))
+                try:
+                    spot.update(aws_spot(count(_live_spot(ec2, types, now, policy))))
+                except aws.errors() as exc:
+                    if _error_code(exc) not in _REGION_NOT_ENABLED:
+                        raise
+                    # An opt-in region this account has not enabled: its spot prices
+                    # cannot be read (on-demand comes from the Price List all the same).
+                    not_enabled.append(region)
         except aws.errors() as exc:
             raise aws.translate(exc, "reading AWS prices") from None
         except (http.client.HTTPException, OSError) as exc:
@@ -115,20 +130,30 @@ def fetch(
             f"AWS Price List Query API GetProducts ({pricing.meta.endpoint_url}) and "
             f"EC2 DescribeSpotPriceHistory ({where})"
         )
+        if not_enabled:
+            skipped = ", ".join(not_enabled)
+            source += f"; no spot prices from {skipped} (not enabled for this account)"
+    rows = aws_prices(ondemand, spot, target.rows, dated)
+    if mirror is not None:
+        days = mirrors.as_of(mirror, "aws", target.regions, rows.dated)
     return FreshPrices(
         provider="aws",
         regions=frozenset(target.regions),
         markets=markets,
-        rows=aws_prices(ondemand, spot, target.rows),
+        rows=rows,
         source=source,
         fetched_at=now,
         records=count.total,
+        dated=days,
     )
 
 
 def _products_in(pages: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
     """Products of GetProducts responses; the API sends each as a JSON string."""
     for page in pages:
+        if "PriceList" not in page and (error := mirrors.api_error(page)) is not None:
+            msg = f"the AWS Price List API answered an error instead of prices: {error}"
+            raise CostguardError(msg, hint="fix what the message says, then try again")
         items = page.get("PriceList") or []
         if not isinstance(items, list):
             msg = "a GetProducts response's PriceList is not a list"
@@ -167,7 +192,7 @@ def _live_spot(
             "MaxResults": 1000,
         }
         for page in _pages(client.describe_spot_price_history, request, policy):
-            yield from mirrors.records(page, "SpotPriceHistory")
+            yield from mirrors.records(page, "SpotPriceHistory", "AWS")
 
 
 def _pages(
@@ -182,6 +207,11 @@ def _pages(
         return [page], page.get("NextToken") or None
 
     return pages(fetch, max_pages=MAX_PAGES)
+
+
+def _error_code(exc: BaseException) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
 
 
 def _transient(exc: Exception) -> Transient | None:

@@ -80,9 +80,12 @@ def fetch(
         endpoint = endpoint_of(settings)
         responses = _live_pages(endpoint, target.regions, retry or RetryPolicy())
         source = f"Azure Retail Prices API ({endpoint}/api/retail/prices)"
-    items = (item for page in responses for item in mirrors.records(page, "Items"))
+    items = (
+        item for page in responses for item in mirrors.records(page, "Items", "Azure Retail Prices")
+    )
     try:
         rows = azure_prices(count(items), target.rows)
+        days = {} if mirror is None else mirrors.as_of(mirror, "azure", target.regions, rows.dated)
     except urllib.error.HTTPError as exc:
         raise _http_error(exc) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
@@ -107,6 +110,7 @@ def fetch(
         source=source,
         fetched_at=now,
         records=count.total,
+        dated=days,
     )
 
 

@@ -15,7 +15,7 @@ Credentials.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,10 @@ from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
 from costguard.pricing.refresh.parse import (
     GCP_COMPUTE_SERVICE,
+    CurrencyError,
+    Dated,
     GcpSku,
+    gcp_currency,
     gcp_may_price_vm,
     gcp_money,
     gcp_prices,
@@ -61,36 +64,50 @@ def fetch(
     :class:`~costguard.errors.CostguardError` saying what failed.
     """
     count = RecordCounter(progress)
+    dated: Dated = {}
+    days: dict[str, date] = {}
     if mirror is not None:
         records = (
             record
             for page in mirrors.pages(mirror, "gcp", "skus")
-            for record in mirrors.records(page, "skus")
+            for record in mirrors.records(page, "skus", "GCP Cloud Billing Catalog")
         )
-        skus = (
-            gcp_sku_from_json(record)
-            for record in count(records)
-            if gcp_may_price_vm(
-                str(record.get("description", "")),
-                str((record.get("category") or {}).get("usageType", "")),
-            )
-        )
+        currencies: set[str] = set()
+
+        def vm_skus() -> Iterator[GcpSku]:
+            for record in count(records):
+                if gcp_may_price_vm(
+                    str(record.get("description", "")),
+                    str((record.get("category") or {}).get("usageType", "")),
+                ):
+                    currencies.add(gcp_currency(record))
+                    sku = gcp_sku_from_json(record)
+                    if sku is not None:
+                        yield sku
+
         source = f"Cloud Billing Catalog API responses in {mirror / 'gcp'}"
-        unit_prices = gcp_unit_prices(sku for sku in skus if sku is not None)
+        unit_prices = gcp_unit_prices(vm_skus(), dated)
+        if not unit_prices and currencies - {"USD"}:
+            # A page priced in another currency, not an empty one: say which.
+            raise CurrencyError(", ".join(sorted(currencies - {"USD"})), "GCP")
     else:
         endpoint = settings.gcp_endpoint or DEFAULT_ENDPOINT
         source = f"Cloud Billing Catalog API services.skus.list ({endpoint})"
         unit_prices = _live_unit_prices(
             settings, endpoint, retry or RetryPolicy(), count, credentials
         )
+    rows = gcp_prices(unit_prices, target.rows, dated)
+    if mirror is not None:
+        days = mirrors.as_of(mirror, "gcp", target.regions, rows.dated)
     return FreshPrices(
         provider="gcp",
         regions=frozenset(target.regions),
         markets=frozenset(Market),
-        rows=gcp_prices(unit_prices, target.rows),
+        rows=rows,
         source=source,
         fetched_at=now,
         records=count.total,
+        dated=days,
     )
 
 
@@ -165,7 +182,7 @@ def _sku(raw: Any) -> GcpSku | None:
     first = rates[0] if len(rates) == 1 else min(rates, key=lambda rate: rate.start_usage_amount)
     price = first.unit_price
     if price.currency_code not in ("", "USD"):
-        return None
+        return None  # asked for in USD; a stray SKU in another currency is not a price
     return GcpSku(
         description=description,
         usage_type=usage_type,

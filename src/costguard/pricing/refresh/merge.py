@@ -35,11 +35,17 @@ from costguard.pricing.refresh.parse import RowPrices, row_key
 
 @dataclass(frozen=True)
 class Target:
-    """What to refresh for one provider: its regions, and the table rows in them."""
+    """What to refresh for one provider: its regions, and the table rows in them.
+
+    A region the tables do not cover yet gets ``new_rows``: the provider's instance
+    types (as the tables carry them elsewhere) with no price; those the API prices there
+    join the tables, the others are left out.
+    """
 
     provider: str
     regions: tuple[str, ...]
     rows: tuple[InstancePrice, ...]
+    new_rows: tuple[InstancePrice, ...] = ()
 
     def instance_types(self, region: str) -> list[str]:
         """The instance types of the rows in ``region``, sorted, each once."""
@@ -57,6 +63,21 @@ class FreshPrices:
     source: str  # the API and its endpoint (or the mirror folder)
     fetched_at: datetime
     records: int  # API records read (products, SKUs, price items)
+    #: Rows for regions the tables did not cover (:attr:`Target.new_rows`).
+    new_rows: tuple[InstancePrice, ...] = ()
+    #: How old the prices read for each region are, when not as old as ``fetched_at``:
+    #: a mirror's download date, or the dates its records carry (see
+    #: :func:`costguard.pricing.refresh.mirror.as_of`). Never the day of the run.
+    dated: Mapping[str, date] = field(default_factory=dict)
+
+    def as_of(self, region: str) -> date:
+        """How old the prices read for ``region`` are."""
+        return self.dated.get(region) or self.fetched_at.date()
+
+    def markets_in(self, region: str) -> frozenset[Market]:
+        """The markets read in ``region``: those asked for that the records listed
+        prices in there (spot history alone does not make a region's on-demand read)."""
+        return self.markets & self.rows.markets_in(region)
 
     @property
     def answered(self) -> frozenset[str]:
@@ -120,8 +141,10 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
     >>> from costguard.pricing.refresh.parse import RowPrices, row_key
     >>> row = InstancePrice("aws", "us-east-1", "g5.xlarge", "A10G", 1, D(4), D(16),
     ...                     D("1.006"), D("0.4246"), PriceStatus.LISTED, PriceStatus.LISTED)
+    >>> read = frozenset(("us-east-1", m) for m in Market)
     >>> fresh = FreshPrices("aws", frozenset({"us-east-1"}), frozenset(Market),
-    ...     RowPrices({row_key(row): {Market.ON_DEMAND: D("1.1")}}, frozenset({row_key(row)})),
+    ...     RowPrices({row_key(row): {Market.ON_DEMAND: D("1.1")}}, frozenset({row_key(row)}),
+    ...               markets=read),
     ...     "test", datetime(2026, 12, 1, tzinfo=UTC), 1)
     >>> new, outcome = merge_row(row, fresh)
     >>> new.ondemand_usd_per_hour, new.spot_status, outcome
@@ -131,7 +154,8 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
     if key not in fresh.rows.covered:
         return row, Outcome.KEPT
     found = fresh.rows.prices.get(key, {})
-    day = fresh.fetched_at.date().isoformat()
+    day = fresh.as_of(row.region).isoformat()
+    read = fresh.markets_in(row.region)
     prices = {
         Market.ON_DEMAND: (row.ondemand_usd_per_hour, row.ondemand_status),
         Market.SPOT: (row.spot_usd_per_hour, row.spot_status),
@@ -142,11 +166,11 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
         old_price, _ = prices[market]
         if market in found:
             prices[market] = (found[market], PriceStatus.LISTED)
-        elif market in fresh.markets and old_price is not None:
+        elif market in read and old_price is not None:
             prices[market] = (old_price, PriceStatus.UNVERIFIED)
             notes.append(f"{market} not listed by the API on {day}: kept {old_price} from before")
             kept_old = True
-        elif market not in fresh.markets and old_price is not None:
+        elif market not in read and old_price is not None:
             kept_old = True
     (ondemand, ondemand_status), (spot, spot_status) = prices[Market.ON_DEMAND], prices[Market.SPOT]
     if ondemand is not None and spot is not None and spot > ondemand:
@@ -191,6 +215,14 @@ def merge_tables(
             rows.append(merged)
             stats[row.provider] = stats[row.provider].add(outcome)
             parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
+        for new in _new_rows(fresh, name):
+            provider_fresh = by_provider[new.provider]
+            merged, outcome = merge_row(new, provider_fresh)
+            if outcome is Outcome.UPDATED:  # a type the API does not sell there stays out
+                rows.append(merged)
+                stats[new.provider] = stats[new.provider].add(outcome)
+                place = (new.provider, new.region)
+                parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
         instances[name] = tuple(sorted(rows, key=_sort_key))
         meta.append(
             TableMeta(
@@ -205,6 +237,41 @@ def merge_tables(
     return MergedTables(instances=instances, meta=tuple(meta), stats=stats)
 
 
+def _new_rows(fresh: Sequence[FreshPrices], name: str) -> Iterable[InstancePrice]:
+    gpu = name == "gpu_instances"
+    for provider_fresh in fresh:
+        for row in provider_fresh.new_rows:
+            if (row.accelerator is not None) == gpu and row.region in provider_fresh.answered:
+                yield row
+
+
+def new_rows(catalog: Catalog, provider: str, region: str) -> tuple[InstancePrice, ...]:
+    """Rows to price in a region the tables do not cover: each instance type the tables
+    carry for ``provider`` elsewhere (shape and GPUs as there), with no price.
+
+    >>> from costguard.pricing.catalog import load_catalog
+    >>> rows = new_rows(load_catalog(), "azure", "uksouth")
+    >>> len(rows) > 0 and all(r.ondemand_usd_per_hour is None for r in rows)
+    True
+    """
+    shapes: dict[tuple[str, str | None], InstancePrice] = {}
+    for row in catalog.instances:
+        if row.provider == provider:
+            shapes.setdefault((row.instance_type, row.accelerator), row)
+    return tuple(
+        replace(
+            row,
+            region=region,
+            ondemand_usd_per_hour=None,
+            spot_usd_per_hour=None,
+            ondemand_status=None,
+            spot_status=None,
+            note="",
+        )
+        for row in sorted(shapes.values(), key=_sort_key)
+    )
+
+
 def _table_rows(catalog: Catalog, name: str) -> Iterable[InstancePrice]:
     gpu = name == "gpu_instances"
     return (row for row in catalog.instances if (row.accelerator is not None) == gpu)
@@ -216,20 +283,24 @@ def _sort_key(row: InstancePrice) -> tuple[str, str, str, str]:
 
 def _kept_part(info: TableInfo, place: tuple[str, str], origin: str) -> TablePart:
     part = info.part(*place)
-    if place in info.parts:
-        return part
+    if place in info.parts and origin == "cache":
+        return part  # a part a refresh wrote says where it came from
     return TablePart(part.as_of, f"{part.source} (kept from the {origin} tables)")
 
 
 def _fresh_part(
     info: TableInfo, place: tuple[str, str], fresh: FreshPrices, origin: str
 ) -> TablePart:
-    if fresh.markets == frozenset(Market):
-        return TablePart(fresh.fetched_at.date(), fresh.source)
-    # Only some markets were read: the rows are as old as the markets that were not.
+    read = fresh.markets_in(place[1])
+    as_of = fresh.as_of(place[1])
+    if read == frozenset(Market):
+        return TablePart(as_of, fresh.source)
+    # Only some markets were read: the rows are as old as the oldest of their parts.
     kept = _kept_part(info, place, origin)
-    markets = ", ".join(sorted(fresh.markets))
-    return TablePart(kept.as_of, f"{markets} from {fresh.source}; the rest: {kept.source}")
+    markets = ", ".join(sorted(read))
+    return TablePart(
+        min(kept.as_of, as_of), f"{markets} from {fresh.source}; the rest: {kept.source}"
+    )
 
 
 def _kept_table(info: TableInfo, origin: str) -> TableMeta:

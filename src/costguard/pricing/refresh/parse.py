@@ -13,19 +13,27 @@ off an SDK object), whether fetched live or read from a mirror:
   Windows meters are skipped.
 
 Every ``*_prices`` function gets the table rows to price and returns
-:class:`RowPrices`: the fresh price per row and market, and which rows that API prices
-at all (GCP TPUs, for example, are not in the Compute Engine catalog).
+:class:`RowPrices`: the fresh price per row and market, which rows that API prices at
+all (GCP TPUs, for example, are not in the Compute Engine catalog), which markets the
+records listed in each region, and how recent the records of each region are.
+
+Real responses hold records that are not prices: $0 placeholders (a catalogue's way of
+saying "not priced"), other products under the same names (Azure Cloud Services and
+Dedicated Hosts), older duplicates. A $0 part is no price; of duplicates the newest
+effective date wins; a price in another currency is an error (:class:`CurrencyError`),
+never a silent skip.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from costguard.errors import CostguardError
 from costguard.money import parse_decimal
 from costguard.pricing.catalog import InstancePrice, Market
 
@@ -51,6 +59,21 @@ class RowPrices:
     prices: Mapping[RowKey, Mapping[Market, Decimal]]
     covered: frozenset[RowKey]
     listed: frozenset[str] = frozenset()
+    #: (region, market) pairs the records listed a price in: a region whose records had
+    #: spot prices only was not read for on-demand (and the other way round).
+    markets: frozenset[tuple[str, Market]] = frozenset()
+    #: How recent the records of each region are, when they carry dates: the newest
+    #: record of each market read there, the oldest of those.
+    dated: Mapping[str, datetime] = field(default_factory=dict)
+
+    def markets_in(self, region: str) -> frozenset[Market]:
+        """The markets the records listed a price in, in ``region``.
+
+        >>> prices = RowPrices({}, frozenset(), markets=frozenset({("eastus", Market.SPOT)}))
+        >>> sorted(prices.markets_in("eastus")), sorted(prices.markets_in("westus"))
+        ([<Market.SPOT: 'spot'>], [])
+        """
+        return frozenset(market for place, market in self.markets if place == region)
 
     @property
     def answered(self) -> frozenset[str]:
@@ -63,11 +86,41 @@ class RowPrices:
         return self.listed | {region for region, _, _ in self.prices}
 
 
-def _listed(rows: Iterable[InstancePrice], seen: Iterable[str]) -> frozenset[str]:
-    """The regions of ``rows`` among ``seen`` (the regions records were listed in),
-    compared without case (Azure's ``armRegionName`` is not always lower case)."""
-    seen_lower = {region.lower() for region in seen}
-    return frozenset(row.region for row in rows if row.region.lower() in seen_lower)
+def _listed(
+    rows: Iterable[InstancePrice],
+    seen: Iterable[tuple[str, Market]],
+    dated: Mapping[tuple[str, Market], datetime] | None = None,
+) -> dict[str, Any]:
+    """The regions of ``rows`` among those records were listed in (``seen``: region and
+    market), the markets listed there, and how recent their records are (the newest
+    record of each market, the oldest of those over the markets), compared without case
+    (Azure's ``armRegionName`` is not always lower case): keyword arguments of
+    :class:`RowPrices`."""
+    by_lower: dict[str, set[Market]] = {}
+    for region, market in seen:
+        by_lower.setdefault(region.lower(), set()).add(market)
+    regions = {row.region for row in rows if row.region.lower() in by_lower}
+    dates: dict[str, datetime] = {}
+    for (region, _), moment in (dated or {}).items():
+        key = region.lower()
+        dates[key] = min(moment, dates.get(key, moment))
+    return {
+        "listed": frozenset(regions),
+        "markets": frozenset((r, m) for r in regions for m in by_lower[r.lower()]),
+        "dated": {r: dates[r.lower()] for r in regions if r.lower() in dates},
+    }
+
+
+class CurrencyError(CostguardError):
+    """Prices came back in another currency than US dollars."""
+
+    def __init__(self, currency: str, provider: str) -> None:
+        super().__init__(
+            f"the {provider} prices came back in {currency}, not USD: costguard's tables "
+            "are in US dollars",
+            hint="ask the API for USD (Azure: currencyCode='USD'; GCP: currency_code=USD), "
+            "and download the responses again",
+        )
 
 
 def _price(value: Any) -> Decimal | None:
@@ -79,12 +132,48 @@ def _price(value: Any) -> Decimal | None:
     return price if price > 0 else None
 
 
-def _keep_higher(prices: dict[Any, Decimal], key: Any, price: Decimal) -> None:
-    # Duplicate records should not happen; when they do, the higher price keeps an
-    # estimate on the safe side, and the result does not depend on record order.
+#: The moment of a record that carries no date: older than any dated one.
+_UNDATED = datetime.min.replace(tzinfo=UTC)
+
+
+def _keep_newest(
+    prices: dict[Any, tuple[datetime, Decimal]], key: Any, price: Decimal, moment: datetime
+) -> None:
+    # Duplicates come from price changes (the old and the new meter) and from mirrors
+    # holding more than one download: the newest effective date is the price in force.
+    # Between equally dated ones the higher keeps an estimate on the safe side; either
+    # way the result does not depend on record order.
     current = prices.get(key)
-    if current is None or price > current:
-        prices[key] = price
+    if current is None or (moment, price) > current:
+        prices[key] = (moment, price)
+
+
+#: The newest record date seen per (region, market).
+Dated = dict[tuple[str, Market], datetime]
+
+
+def _newest(dated: Dated, place: tuple[str, Market], moment: datetime) -> None:
+    if moment is not _UNDATED and moment > dated.get(place, _UNDATED):
+        dated[place] = moment
+
+
+def record_moment(value: Any) -> datetime:
+    """A record's date (ISO 8601, ``Z`` or offset; a date-time object) as an aware
+    date-time; one that cannot be read counts as undated.
+
+    >>> record_moment("2014-01-06T07:10:55.000Z").isoformat()
+    '2014-01-06T07:10:55+00:00'
+    >>> record_moment(None) == _UNDATED
+    True
+    """
+    if isinstance(value, datetime):
+        moment = value
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        except ValueError:
+            return _UNDATED
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
 
 
 # --- AWS -------------------------------------------------------------------------------
@@ -100,11 +189,15 @@ AWS_LINUX_ATTRIBUTES = {
 _AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d+)[a-z]$")
 
 
-def aws_ondemand(products: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Decimal]:
+def aws_ondemand(
+    products: Iterable[Mapping[str, Any]], dated: Dated | None = None
+) -> dict[tuple[str, str], Decimal]:
     """On-demand $/h per (region, instance type) from Price List products.
 
     Products other than Linux/shared/no-software/used are skipped, whatever the query
-    asked for (a mirror may hold more than one query's answer).
+    asked for (a mirror may hold more than one query's answer). Of two prices for one
+    instance type, the newer term (``effectiveDate``) wins. ``dated``, when given, is
+    filled with the newest ``publicationDate`` seen per region.
 
     >>> product = {"product": {"attributes": {**AWS_LINUX_ATTRIBUTES,
     ...     "regionCode": "us-east-1", "instanceType": "g5.xlarge"}},
@@ -113,7 +206,8 @@ def aws_ondemand(products: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str],
     >>> aws_ondemand([product])
     {('us-east-1', 'g5.xlarge'): Decimal('1.0060000000')}
     """
-    prices: dict[tuple[str, str], Decimal] = {}
+    prices: dict[tuple[str, str], tuple[datetime, Decimal]] = {}
+    regions: Dated = {}
     for product in products:
         attributes = product.get("product", {}).get("attributes", {})
         if any(attributes.get(k) != v for k, v in AWS_LINUX_ATTRIBUTES.items()):
@@ -124,14 +218,24 @@ def aws_ondemand(products: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str],
         region, instance_type = attributes.get("regionCode"), attributes.get("instanceType")
         if not region or not instance_type:
             continue
+        place = (region, Market.ON_DEMAND)
+        _newest(regions, place, record_moment(product.get("publicationDate")))
         for term in product.get("terms", {}).get("OnDemand", {}).values():
+            moment = record_moment(term.get("effectiveDate"))
             for dimension in term.get("priceDimensions", {}).values():
                 if dimension.get("unit") != "Hrs":
                     continue
-                price = _price(dimension.get("pricePerUnit", {}).get("USD"))
+                per_unit = dimension.get("pricePerUnit") or {}
+                if "USD" not in per_unit and per_unit:
+                    raise CurrencyError(", ".join(sorted(per_unit)), "AWS")
+                price = _price(per_unit.get("USD"))
                 if price is not None:
-                    _keep_higher(prices, (region, instance_type), price)
-    return prices
+                    _keep_newest(prices, (region, instance_type), price, moment)
+    if dated is not None:
+        for place, moment in regions.items():
+            if place[0] in {region for region, _ in prices}:
+                _newest(dated, place, moment)
+    return {key: price for key, (_, price) in prices.items()}
 
 
 def aws_zone_region(zone: str) -> str | None:
@@ -144,14 +248,12 @@ def aws_zone_region(zone: str) -> str | None:
     return match["region"] if match else None
 
 
-def _timestamp(value: Any) -> datetime:
-    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment
-
-
-def aws_spot(history: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Decimal]:
+def aws_spot(
+    history: Iterable[Mapping[str, Any]], dated: Dated | None = None
+) -> dict[tuple[str, str], Decimal]:
     """Spot $/h per (region, instance type): the latest price in each zone, then the
-    lowest over the region's zones (Local Zones excluded), for Linux/UNIX.
+    lowest over the region's zones (Local Zones excluded), for Linux/UNIX. ``dated``,
+    when given, is filled with the newest record per region (``Timestamp``).
 
     >>> aws_spot([
     ...     {"AvailabilityZone": "us-east-1a", "InstanceType": "g5.xlarge",
@@ -173,16 +275,18 @@ def aws_spot(history: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Deci
         price = _price(record.get("SpotPrice"))
         if not zone or not instance_type or price is None:
             continue
-        moment = _timestamp(record.get("Timestamp", "1970-01-01T00:00:00+00:00"))
+        moment = record_moment(record.get("Timestamp"))
         key = (str(zone), str(instance_type))
         seen = latest.get(key)
         if seen is None or (moment, price) > seen:
             latest[key] = (moment, price)
     lowest: dict[tuple[str, str], Decimal] = {}
-    for (zone, instance_type), (_, price) in latest.items():
+    for (zone, instance_type), (moment, price) in latest.items():
         region = aws_zone_region(zone)
         if region is None:
             continue
+        if dated is not None:
+            _newest(dated, (region, Market.SPOT), moment)
         key = (region, instance_type)
         if key not in lowest or price < lowest[key]:
             lowest[key] = price
@@ -193,6 +297,7 @@ def aws_prices(
     ondemand: Mapping[tuple[str, str], Decimal],
     spot: Mapping[tuple[str, str], Decimal],
     rows: Iterable[InstancePrice],
+    dated: Mapping[tuple[str, Market], datetime] | None = None,
 ) -> RowPrices:
     """Fresh prices for AWS rows: every EC2 instance type is in the Price List."""
     rows = list(rows)
@@ -208,8 +313,9 @@ def aws_prices(
         }
         if found:
             prices[key] = found
-    seen = [region for region, _ in (*ondemand, *spot)]
-    return RowPrices(prices, frozenset(covered), _listed(rows, seen))
+    seen = {(region, Market.ON_DEMAND) for region, _ in ondemand}
+    seen.update((region, Market.SPOT) for region, _ in spot)
+    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))
 
 
 # --- GCP -------------------------------------------------------------------------------
@@ -302,6 +408,7 @@ class GcpSku:
     regions: tuple[str, ...]
     usage_unit: str  # "h" for cores and GPUs, "GiBy.h" for RAM
     usd: Decimal  # per usage unit, the first tier
+    effective: datetime = _UNDATED  # pricingInfo.effectiveTime
 
 
 def gcp_money(units: Any, nanos: Any) -> Decimal:
@@ -317,7 +424,8 @@ def gcp_sku_from_json(record: Mapping[str, Any]) -> GcpSku | None:
     """A SKU as the REST API returns it (``skus[]`` of ``services.skus.list``).
 
     The last ``pricingInfo`` entry is the current one; its first tier is the price.
-    ``None`` for SKUs that are not priced in USD.
+    ``None`` for a SKU priced in another currency than USD (real pages mix them: see
+    :func:`gcp_currency` for telling a page that has no USD price at all).
     """
     pricing = record.get("pricingInfo") or []
     if not pricing:
@@ -328,7 +436,7 @@ def gcp_sku_from_json(record: Mapping[str, Any]) -> GcpSku | None:
     if first is None:
         return None
     unit_price = first.get("unitPrice", {})
-    if unit_price.get("currencyCode", "USD") != "USD":
+    if (unit_price.get("currencyCode") or "USD") != "USD":
         return None
     return GcpSku(
         description=str(record.get("description", "")),
@@ -336,7 +444,21 @@ def gcp_sku_from_json(record: Mapping[str, Any]) -> GcpSku | None:
         regions=tuple(record.get("serviceRegions", ())),
         usage_unit=str(expression.get("usageUnit", "")),
         usd=gcp_money(unit_price.get("units"), unit_price.get("nanos")),
+        effective=record_moment(pricing[-1].get("effectiveTime")),
     )
+
+
+def gcp_currency(record: Mapping[str, Any]) -> str:
+    """The currency a SKU (as the REST API returns it) is priced in; USD when unsaid.
+
+    >>> gcp_currency({"pricingInfo": [{"pricingExpression": {"tieredRates": [
+    ...     {"unitPrice": {"currencyCode": "EUR", "units": "1"}}]}}]})
+    'EUR'
+    """
+    for info in (record.get("pricingInfo") or [])[-1:]:
+        for rate in (info.get("pricingExpression") or {}).get("tieredRates") or ():
+            return str((rate.get("unitPrice") or {}).get("currencyCode") or "USD")
+    return "USD"
 
 
 def gcp_may_price_vm(description: str, usage_type: str) -> bool:
@@ -383,17 +505,31 @@ def gcp_component(sku: GcpSku) -> tuple[str, Market] | None:
     return component, market
 
 
-def gcp_unit_prices(skus: Iterable[GcpSku]) -> dict[tuple[str, str, Market], Decimal]:
-    """Unit prices per (component, region, market) from a stream of SKUs."""
-    prices: dict[tuple[str, str, Market], Decimal] = {}
+def gcp_unit_prices(
+    skus: Iterable[GcpSku], dated: Dated | None = None
+) -> dict[tuple[str, str, Market], Decimal]:
+    """Unit prices per (component, region, market) from a stream of SKUs.
+
+    A $0 SKU is the catalogue's placeholder, not a price: a machine type one of whose
+    parts is priced $0 is not priced at all (its row keeps its old price, flagged).
+    ``dated``, when given, is filled with the newest ``effectiveTime`` per region.
+
+    >>> sku = GcpSku("Nvidia B200 GPU running in Americas", "OnDemand", ("us-central1",),
+    ...              "h", Decimal(0))
+    >>> gcp_unit_prices([sku])
+    {}
+    """
+    prices: dict[tuple[str, str, Market], tuple[datetime, Decimal]] = {}
     for sku in skus:
         found = gcp_component(sku)
-        if found is None:
+        if found is None or sku.usd <= 0:
             continue
         component, market = found
         for region in sku.regions:
-            _keep_higher(prices, (component, region, market), sku.usd)
-    return prices
+            _keep_newest(prices, (component, region, market), sku.usd, sku.effective)
+            if dated is not None:
+                _newest(dated, (region, market), sku.effective)
+    return {key: price for key, (_, price) in prices.items()}
 
 
 def gcp_series(instance_type: str) -> str | None:
@@ -407,7 +543,9 @@ def gcp_series(instance_type: str) -> str | None:
 
 
 def gcp_prices(
-    unit_prices: Mapping[tuple[str, str, Market], Decimal], rows: Iterable[InstancePrice]
+    unit_prices: Mapping[tuple[str, str, Market], Decimal],
+    rows: Iterable[InstancePrice],
+    dated: Mapping[tuple[str, Market], datetime] | None = None,
 ) -> RowPrices:
     """Sum a machine type's price the way GCP bills it, per row and market.
 
@@ -452,16 +590,41 @@ def gcp_prices(
                 )
         if found:
             prices[key] = found
-    seen = {region for _, region, _ in unit_prices}
-    return RowPrices(prices, frozenset(covered), _listed(rows, seen))
+    seen = {(region, market) for _, region, market in unit_prices}
+    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))
 
 
 # --- Azure -----------------------------------------------------------------------------
 
 
+#: Products Azure lists under serviceName "Virtual Machines" that are not the VM's price:
+#: the legacy Cloud Services (PaaS) meters and Dedicated Hosts carry the same
+#: ``armSkuName`` at other rates, and the "Basic" tier is another product (compared
+#: without spaces: both "Cloud Services" and "CloudServices" are in use).
+_AZURE_OTHER_PRODUCTS = ("cloudservices", "dedicatedhost", "windows")
+
+
+def _azure_other_product(product_name: str, sku_name: str) -> bool:
+    """Whether a Virtual Machines item prices something else than a Linux VM.
+
+    >>> _azure_other_product("Basv2 Series Cloud Services", "Standard_B2ats_v2")
+    True
+    >>> _azure_other_product("Virtual Machines A Series Basic", "Basic_A1")
+    True
+    >>> _azure_other_product("Virtual Machines NCasT4_v3 Series", "Standard_NC4as_T4_v3")
+    False
+    """
+    squashed = product_name.lower().replace(" ", "")
+    if any(word in squashed for word in _AZURE_OTHER_PRODUCTS):
+        return True
+    return product_name.lower().endswith(" basic") or sku_name.lower().startswith("basic_")
+
+
 def azure_item(item: Mapping[str, Any]) -> tuple[str, str, Market, Decimal] | None:
     """(region, ARM SKU name, market, $/h) of a Retail Prices item, or ``None`` when it
-    is not a Linux pay-as-you-go or Spot VM meter.
+    is not a Linux pay-as-you-go or Spot VM meter (Windows, Low Priority, Cloud Services,
+    Dedicated Host and Basic items are other products). Raises :class:`CurrencyError`
+    for an item priced in another currency.
 
     >>> azure_item({"serviceName": "Virtual Machines", "type": "Consumption",
     ...             "armRegionName": "eastus", "armSkuName": "Standard_NC4as_T4_v3",
@@ -472,12 +635,17 @@ def azure_item(item: Mapping[str, Any]) -> tuple[str, str, Market, Decimal] | No
     """
     if item.get("serviceName") != "Virtual Machines" or item.get("type") != "Consumption":
         return None  # reservations, savings plans and dev/test prices are other offers
-    if item.get("currencyCode", "USD") != "USD" or item.get("unitOfMeasure") != "1 Hour":
+    currency = item.get("currencyCode") or "USD"
+    if currency != "USD":
+        raise CurrencyError(str(currency), "Azure")
+    if item.get("unitOfMeasure") != "1 Hour":
         return None
     names = f"{item.get('skuName', '')} {item.get('meterName', '')}"
-    if "Low Priority" in names or "Windows" in str(item.get("productName", "")):
-        return None
     region, sku = item.get("armRegionName"), item.get("armSkuName")
+    if "Low Priority" in names or _azure_other_product(
+        str(item.get("productName", "")), str(sku or "")
+    ):
+        return None
     price = _price(item.get("retailPrice", item.get("unitPrice")))
     if not region or not sku or price is None:
         return None
@@ -487,13 +655,17 @@ def azure_item(item: Mapping[str, Any]) -> tuple[str, str, Market, Decimal] | No
 
 def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePrice]) -> RowPrices:
     """Fresh prices for Azure rows from Retail Prices items (matched on ``armSkuName``,
-    ignoring case)."""
-    found: dict[tuple[str, str, Market], Decimal] = {}
+    ignoring case); of two items for one VM and market, the newer ``effectiveStartDate``
+    wins."""
+    found: dict[tuple[str, str, Market], tuple[datetime, Decimal]] = {}
+    dated: Dated = {}
     for item in items:
         parsed = azure_item(item)
         if parsed is not None:
             region, sku, market, price = parsed
-            _keep_higher(found, (region.lower(), sku.lower(), market), price)
+            moment = record_moment(item.get("effectiveStartDate"))
+            _keep_newest(found, (region.lower(), sku.lower(), market), price, moment)
+            _newest(dated, (region.lower(), market), moment)
     rows = list(rows)
     prices: dict[RowKey, dict[Market, Decimal]] = {}
     covered = set()
@@ -501,8 +673,8 @@ def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePric
         key = row_key(row)
         covered.add(key)
         wanted = (row.region.lower(), row.instance_type.lower())
-        fresh = {m: found[(*wanted, m)] for m in Market if (*wanted, m) in found}
+        fresh = {m: found[(*wanted, m)][1] for m in Market if (*wanted, m) in found}
         if fresh:
             prices[key] = fresh
-    seen = {region for region, _, _ in found}
-    return RowPrices(prices, frozenset(covered), _listed(rows, seen))
+    seen = {(region, market) for region, _, market in found}
+    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))

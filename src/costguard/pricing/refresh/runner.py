@@ -27,6 +27,7 @@ from costguard.pricing.refresh.merge import (
     TableMeta,
     Target,
     merge_tables,
+    new_rows,
 )
 from costguard.pricing.refresh.retry import RetryPolicy
 from costguard.settings import Settings
@@ -149,7 +150,13 @@ def plan_refresh(
         rows = tuple(
             row for row in catalog.instances if row.provider == provider and row.region in wanted
         )
-        targets.append(Target(provider, tuple(dict.fromkeys(wanted)), rows))
+        added = tuple(
+            row
+            for region in dict.fromkeys(wanted)
+            if (provider, region) not in catalog.covered
+            for row in new_rows(catalog, provider, region)
+        )
+        targets.append(Target(provider, tuple(dict.fromkeys(wanted)), rows + added, added))
     return RefreshPlan(
         targets=tuple(targets), output=output, mirror=mirror_dir, regions_named=bool(places)
     )
@@ -225,6 +232,7 @@ def _fetch_one(
             names = ", ".join(target.regions[:5]) + (", ..." if len(target.regions) > 5 else "")
             msg = f"no prices came back for any region asked for ({names}) from {where}"
             raise CostguardError(msg, hint="check the region names, and the endpoint or mirror")
+        fresh = replace(fresh, new_rows=target.new_rows)
     except CostguardError as exc:
         return None, _failed(target, started, exc)
     except Exception as exc:  # the partial-failure contract: report it, the others go on

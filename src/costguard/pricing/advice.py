@@ -1,0 +1,172 @@
+"""Answers to the questions people ask of an estimate, beside the table. Pure: no I/O.
+
+* Which GPUs: ``--gpu l4,t4`` (or ``--gpu`` repeated) prices each (:func:`split_names`).
+* Where: ``--region europe`` (a continent, or ``us``/``eu``/``apac``) stands for every
+  region of the tables on it (:func:`expand_regions`).
+* "I have $50": for each option, whether it fits and how many hours the budget buys
+  (:func:`budget_verdict`).
+* Which is cheapest (:func:`cheapest_line`), and why the spot pick is sometimes a bigger
+  instance than the on-demand one (:func:`spot_size_notes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
+
+from costguard.money import format_usd
+from costguard.pricing.catalog import Catalog, Market, Region
+from costguard.pricing.estimate import CostOption
+
+#: Names for a group of regions (a continent of ``regions.csv``), as people type them.
+REGION_GROUPS: dict[str, str] = {
+    "us": "north-america",
+    "usa": "north-america",
+    "na": "north-america",
+    "america": "north-america",
+    "north-america": "north-america",
+    "northamerica": "north-america",
+    "canada": "north-america",
+    "eu": "europe",
+    "europe": "europe",
+    "uk": "europe",
+    "asia": "asia",
+    "apac": "asia",
+    "asia-pacific": "asia",
+    "south-america": "south-america",
+    "latam": "south-america",
+    "oceania": "oceania",
+    "australia": "oceania",
+    "africa": "africa",
+    "middle-east": "middle-east",
+    "me": "middle-east",
+}
+
+
+def split_names(values: Iterable[str]) -> list[str]:
+    """``--gpu l4,t4 --gpu a10g`` as a list, each once, in order.
+
+    >>> split_names(["l4,t4", "a10g", "L4", " "])
+    ['l4', 't4', 'a10g']
+    """
+    names: dict[str, str] = {}
+    for value in values:
+        for part in value.split(","):
+            name = part.strip()
+            if name:
+                names.setdefault(name.lower(), name)
+    return list(names.values())
+
+
+def expand_regions(name: str, regions: Sequence[Region]) -> list[Region] | None:
+    """The regions a group name stands for (``europe``, ``us``, ``asia``...), or
+    ``None`` when ``name`` is not a group (then it names one region).
+
+    >>> from costguard.pricing.catalog import load_catalog
+    >>> sorted(r.name for r in expand_regions("eu", load_catalog().regions) or [])[:2]
+    ['eu-central-1', 'eu-central-2']
+    """
+    continent = REGION_GROUPS.get(name.strip().lower().replace("_", "-").replace(" ", "-"))
+    if continent is None:
+        return None
+    return [r for r in regions if r.continent == continent]
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetVerdict:
+    """Whether an option fits a budget, and how many hours the budget buys."""
+
+    fits: bool
+    hours: Decimal  # hours each instance could run within the budget (0: not even that)
+
+
+def budget_verdict(option: CostOption, budget_usd: Decimal, hours: Decimal) -> BudgetVerdict:
+    """Whether ``option`` fits ``budget_usd``, and the hours (to 0.1 h, rounded down) the
+    budget buys: compute and block storage grow with the hours, object storage and
+    transfers do not.
+
+    >>> from costguard.pricing.estimate import EstimateRequest, estimate
+    >>> from costguard.pricing.catalog import load_catalog
+    >>> request = EstimateRequest(instance_type="g5.xlarge", hours=Decimal(10),
+    ...                           regions=("us-east-1",), markets=(Market.ON_DEMAND,),
+    ...                           disk_gb=Decimal(0))
+    >>> option = estimate(request, load_catalog()).options[0]
+    >>> budget_verdict(option, Decimal(50), Decimal(10))
+    BudgetVerdict(fits=True, hours=Decimal('49.7'))
+    """
+    per_hour = (option.compute_usd + option.block_storage_usd) / hours
+    fixed = option.total_usd - option.compute_usd - option.block_storage_usd
+    left = budget_usd - fixed
+    affordable = Decimal(0) if left <= 0 or per_hour <= 0 else left / per_hour
+    return BudgetVerdict(
+        fits=option.total_usd <= budget_usd,
+        hours=affordable.quantize(Decimal("0.1"), rounding=ROUND_FLOOR),
+    )
+
+
+def budget_lines(
+    options: Sequence[CostOption], budget_usd: Decimal, hours: Decimal, *, limit: int = 6
+) -> list[str]:
+    """One line per option (cheapest first, at most ``limit``): fits or not, and the
+    hours the budget buys."""
+    lines = []
+    for option in options[:limit]:
+        verdict = budget_verdict(option, budget_usd, hours)
+        word = "fits" if verdict.fits else "over"
+        lines.append(
+            f"{word}: {_name(option)} {format_usd(option.total_usd)} for {hours} h; "
+            f"{format_usd(budget_usd)} buys {verdict.hours} h"
+        )
+    if len(options) > limit:
+        lines.append(f"... and {len(options) - limit} more option(s) (--format json has all)")
+    return lines
+
+
+def cheapest_line(options: Sequence[CostOption]) -> str | None:
+    """The cheapest option in one sentence, and the cheapest on-demand one when the
+    cheapest is spot (it can be reclaimed)."""
+    if not options:
+        return None
+    best = options[0]
+    line = f"Cheapest: {_name(best)}, {format_usd(best.total_usd)} in total"
+    if best.market is Market.SPOT:
+        steady = next((o for o in options if o.market is Market.ON_DEMAND), None)
+        if steady is not None:
+            line += (
+                f"; cheapest on-demand (not reclaimed): {_name(steady)}, "
+                f"{format_usd(steady.total_usd)}"
+            )
+    return line
+
+
+def spot_size_notes(options: Sequence[CostOption], catalog: Catalog) -> list[str]:
+    """A note for each place where the spot pick is a bigger instance than the
+    on-demand pick, and why."""
+    shapes = {
+        (i.provider, i.region, i.instance_type): (i.vcpus, i.memory_gib) for i in catalog.instances
+    }
+    picks: dict[tuple[str, str], dict[Market, CostOption]] = {}
+    for option in options:
+        picks.setdefault((option.provider, option.region), {})[option.market] = option
+    notes = []
+    for (provider, region), by_market in picks.items():
+        steady, spot = by_market.get(Market.ON_DEMAND), by_market.get(Market.SPOT)
+        if steady is None or spot is None or steady.instance_type == spot.instance_type:
+            continue
+        big = shapes.get((provider, region, spot.instance_type), (None, None))[0]
+        small = shapes.get((provider, region, steady.instance_type), (None, None))[0]
+        if big is None or small is None or big <= small:
+            continue
+        notes.append(
+            f"{provider} {region}: the spot pick {spot.instance_type} ({big} vCPUs) is bigger "
+            f"than the on-demand {steady.instance_type} ({small} vCPUs): spot prices are set "
+            "per size by spare capacity, and there the bigger size is cheaper on spot; "
+            "same GPUs, more CPU and memory"
+        )
+    return notes
+
+
+def _name(option: CostOption) -> str:
+    gpu = f" ({option.accelerator})" if option.accelerator else ""
+    return f"{option.provider} {option.region} {option.instance_type}{gpu} {option.market}"

@@ -1,0 +1,316 @@
+"""The refresh on recorded real responses (tests/refresh/recorded/SOURCES.md names where
+each came from) and on the shapes real responses also take: $0 placeholder SKUs, Cloud
+Services meters, mirrors dated years ago, spot history without on-demand, error bodies,
+duplicates and other currencies."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costguard.pricing.catalog import Market, PriceStatus, load_catalog
+from costguard.pricing.refresh.merge import FreshPrices, Outcome, merge_row
+from costguard.pricing.refresh.parse import (
+    aws_ondemand,
+    aws_spot,
+    azure_item,
+    azure_prices,
+    gcp_prices,
+    gcp_sku_from_json,
+    gcp_unit_prices,
+    row_key,
+)
+from tests.refresh.servers import aws_product
+from tests.refresh.servers import azure_item as azure_record
+
+RECORDED = Path(__file__).parent / "recorded"
+BUNDLED = load_catalog()
+NOW = datetime(2026, 12, 1, 12, tzinfo=UTC)
+
+
+def recorded(name: str) -> dict[str, Any]:
+    return json.loads((RECORDED / name).read_text(encoding="utf-8"))
+
+
+def bundled_row(provider: str, region: str, instance_type: str):
+    return next(
+        r
+        for r in BUNDLED.instances
+        if (r.provider, r.region, r.instance_type) == (provider, region, instance_type)
+    )
+
+
+def gcp_fresh(skus: list[dict[str, Any]], rows: list) -> FreshPrices:
+    dated: dict[tuple[str, Market], datetime] = {}
+    parsed = (gcp_sku_from_json(s) for s in skus)
+    units = gcp_unit_prices((s for s in parsed if s is not None), dated)
+    regions = frozenset(r.region for r in rows)
+    return FreshPrices(
+        "gcp", regions, frozenset(Market), gcp_prices(units, rows, dated), "test", NOW, len(skus)
+    )
+
+
+def write(folder: Path, name: str, value: Any) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text(json.dumps(value, default=str), encoding="utf-8")
+
+
+# --- GCP -------------------------------------------------------------------------------
+
+
+def test_a_recorded_gcp_page_prices_a2_highgpu_1g_exactly() -> None:
+    skus = recorded("gcp-skus-a2-americas.json")["skus"]
+    rows = [bundled_row("gcp", region, "a2-highgpu-1g") for region in ("us-central1", "us-east1")]
+    fresh = gcp_fresh(skus, rows)
+    for row in rows:
+        # 12 vCPU x 0.031611 + 85 GiB x 0.004237 + 1 GPU x 2.933908
+        assert fresh.rows.prices[row_key(row)] == {Market.ON_DEMAND: Decimal("3.673385")}
+        # The page lists no spot SKU: on-demand was read there, spot was not.
+        assert fresh.markets_in(row.region) == {Market.ON_DEMAND}
+    assert fresh.rows.dated["us-central1"].date() == date(2023, 3, 24)
+
+
+def test_a_zero_priced_gcp_sku_is_no_price_and_the_real_spot_price_stays() -> None:
+    skus = copy.deepcopy(recorded("gcp-skus-a2-americas.json")["skus"])
+    gpu = next(s for s in skus if s["description"].startswith("Nvidia Tesla A100"))
+    gpu["pricingInfo"][-1]["pricingExpression"]["tieredRates"][0]["unitPrice"].update(
+        units="0", nanos=0
+    )  # the catalogue's placeholder, as the bundled B200 host has one
+    for description, usd_nanos in (
+        ("Spot Preemptible A2 Instance Core running in Americas", 9_483_000),
+        ("Spot Preemptible A2 Instance Ram running in Americas", 1_271_000),
+        ("Nvidia Tesla A100 GPU attached to Spot Preemptible VMs running in Americas", 0),
+    ):
+        like = "Nvidia" if "Nvidia" in description else "Core" if "Core" in description else "Ram"
+        spot = copy.deepcopy(next(s for s in skus if like in s["description"]))
+        spot["description"] = description
+        spot["category"]["usageType"] = "Preemptible"
+        rate = spot["pricingInfo"][-1]["pricingExpression"]["tieredRates"][0]["unitPrice"]
+        rate.update(units="1" if "Nvidia" in description else "0", nanos=usd_nanos)
+        skus.append(spot)
+    row = bundled_row("gcp", "us-central1", "a2-highgpu-1g")
+    new, outcome = merge_row(row, gcp_fresh(skus, [row]))
+    # Not host-only 0.739477 passed off as "listed": the old price, flagged.
+    assert new.ondemand_usd_per_hour == row.ondemand_usd_per_hour
+    assert new.ondemand_status is PriceStatus.UNVERIFIED
+    # ... and the real spot price is not dropped as "above on-demand".
+    assert new.spot_usd_per_hour == Decimal(12) * Decimal("0.009483") + Decimal(85) * Decimal(
+        "0.001271"
+    ) + Decimal(1)
+    assert new.spot_status is PriceStatus.LISTED
+    assert outcome is Outcome.UPDATED
+
+
+# --- Azure -----------------------------------------------------------------------------
+
+
+def test_azure_cloud_services_dedicated_host_and_basic_items_are_not_vm_prices() -> None:
+    vm = azure_record("Standard_B2ats_v2", "eastus", "0.0094")
+    vm["productName"] = "Virtual Machines Basv2 Series"
+    others = [
+        {**vm, "productName": "Basv2 Series Cloud Services", "retailPrice": Decimal("0.0211")},
+        {**vm, "productName": "Basv2 Series CloudServices", "retailPrice": Decimal("0.03")},
+        {**vm, "productName": "Basv2 Series Dedicated Host", "retailPrice": Decimal("1.9")},
+        {**vm, "productName": "Virtual Machines A Series Basic", "armSkuName": "Basic_A1"},
+    ]
+    assert all(azure_item(item) is None for item in others)
+    rows = [bundled_row("azure", "eastus", "Standard_NC4as_T4_v3")]
+    b2 = rows[0].__class__(**{**_fields(rows[0]), "instance_type": "Standard_B2ats_v2"})
+    found = azure_prices([*others, vm], [b2])
+    assert found.prices[row_key(b2)] == {Market.ON_DEMAND: Decimal("0.0094")}
+
+
+def _fields(row: Any) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in row.__slots__}
+
+
+def test_azure_duplicates_keep_the_newest_effective_date() -> None:
+    old = azure_record("Standard_NC4as_T4_v3", "eastus", "0.60")
+    old["effectiveStartDate"] = "2021-01-01T00:00:00Z"
+    new = azure_record("Standard_NC4as_T4_v3", "eastus", "0.526")
+    new["effectiveStartDate"] = "2024-06-01T00:00:00Z"
+    row = bundled_row("azure", "eastus", "Standard_NC4as_T4_v3")
+    for order in ([old, new], [new, old]):
+        found = azure_prices(order, [row])
+        assert found.prices[row_key(row)][Market.ON_DEMAND] == Decimal("0.526")
+
+
+# --- mirrors (refresh --from) -------------------------------------------------------------
+
+
+def _age(path: Path, when: datetime) -> None:
+    for file in path.rglob("*.json"):
+        os.utime(file, (when.timestamp(), when.timestamp()))
+
+
+def test_a_mirror_of_2014_stays_dated_2014_and_the_estimate_says_stale(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # The recorded AWS CLI spot answer (2014), for an instance type the tables carry.
+    mirror = tmp_path / "responses"
+    spot = recorded("aws-spot-m1-2014.json")
+    for record in spot["SpotPriceHistory"]:
+        record.update(
+            InstanceType="g5.xlarge", AvailabilityZone="us-east-1" + record["AvailabilityZone"][-1]
+        )
+    write(mirror / "aws", "spot-1.json", spot)
+    pricing = recorded("aws-pricing-storage-2018.json")
+    pricing["PriceList"].append(json.dumps(aws_product("g5.xlarge", "us-east-1", "1.006")))
+    write(mirror / "aws", "pricing-1.json", pricing)
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1")
+    assert result.exit_code == 0, result.stderr
+    cached = load_catalog(cache_dir / "current")
+    part = cached.tables["gpu_instances"].part("aws", "us-east-1")
+    assert part.as_of == date(2014, 1, 6)  # the records' date, not the day of the refresh
+    estimate = run_cli(
+        "estimate", "--instance-type", "g5.xlarge", "--hours", "1", "--region", "us-east-1"
+    )
+    assert estimate.exit_code == 0, estimate.stderr
+    shown = estimate.stdout + estimate.stderr
+    assert "2014-01-06" in shown
+    assert "old" in shown.lower() or "stale" in shown.lower()
+
+
+def test_a_mirror_dates_its_prices_by_fetched_json(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    mirror = tmp_path / "responses"
+    write(
+        mirror / "azure",
+        "prices-1.json",
+        {"Items": [azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")]},
+    )
+    write(mirror / "azure", "fetched.json", {"fetched_at": "2026-10-02T08:00:00Z"})
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
+    assert result.exit_code == 0, result.stderr
+    part = load_catalog(cache_dir / "current").tables["gpu_instances"].part("azure", "eastus")
+    assert part.as_of == date(2026, 10, 2)
+
+
+def test_a_mirror_without_dates_is_as_old_as_its_files(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    mirror = tmp_path / "responses"
+    item = azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")
+    del item["effectiveStartDate"]
+    write(mirror / "azure", "prices-1.json", {"Items": [item]})
+    _age(mirror, datetime(2025, 5, 17, 12, tzinfo=UTC))
+    assert run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus").exit_code == 0
+    part = load_catalog(cache_dir / "current").tables["gpu_instances"].part("azure", "eastus")
+    assert part.as_of == date(2025, 5, 17)
+
+
+def test_spot_history_alone_does_not_mark_on_demand_unlisted(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    mirror = tmp_path / "responses"
+    write(
+        mirror / "aws",
+        "pricing-1.json",
+        {"PriceList": [json.dumps(aws_product("g5.xlarge", "us-west-2", "1.006"))]},
+    )
+    spot = {
+        "SpotPriceHistory": [
+            {
+                "AvailabilityZone": "us-east-1a",
+                "InstanceType": "g5.xlarge",
+                "ProductDescription": "Linux/UNIX",
+                "SpotPrice": "0.41",
+                "Timestamp": "2026-11-30T10:00:00Z",
+            }
+        ]
+    }
+    write(mirror / "aws", "spot-1.json", spot)
+    write(mirror, "fetched.json", {"fetched_at": "2026-11-30T12:00:00Z"})
+    result = run_cli(
+        "pricing",
+        "refresh",
+        "--from",
+        str(mirror),
+        "--region",
+        "us-east-1",
+        "--region",
+        "us-west-2",
+    )
+    assert result.exit_code == 0, result.stderr
+    cached = load_catalog(cache_dir / "current")
+    before = {row_key(r): r for r in BUNDLED.instances if r.region == "us-east-1"}
+    for row in cached.instances:
+        if row.provider == "aws" and row.region == "us-east-1" and row.instance_type != "g5.xlarge":
+            old = before[row_key(row)]
+            # On-demand was not read in us-east-1: kept as it was, not "not listed".
+            assert (row.ondemand_usd_per_hour, row.ondemand_status) == (
+                old.ondemand_usd_per_hour,
+                old.ondemand_status,
+            )
+            assert "on-demand not listed" not in row.note
+    g5 = next(
+        r for r in cached.instances if (r.region, r.instance_type) == ("us-east-1", "g5.xlarge")
+    )
+    assert g5.spot_usd_per_hour == Decimal("0.41")
+    assert g5.ondemand_status == before[row_key(g5)].ondemand_status
+
+
+def test_an_error_body_among_good_pages_fails_the_provider_with_its_message(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    mirror = tmp_path / "responses"
+    write(
+        mirror / "azure",
+        "prices-1.json",
+        {"Items": [azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")]},
+    )
+    error = {"Error": {"Code": "TooManyRequests", "Message": "Rate limit exceeded, retry later"}}
+    write(mirror / "azure", "prices-2.json", error)
+    write(mirror / "gcp", "skus-1.json", recorded("gcp-skus-a2-americas.json"))
+    write(
+        mirror / "gcp",
+        "skus-2.json",
+        {
+            "error": {
+                "code": 403,
+                "message": "Cloud Billing API has not been used",
+                "status": "PERMISSION_DENIED",
+            }
+        },
+    )
+    result = run_cli(
+        "pricing", "refresh", "--from", str(mirror), "--region", "eastus", "--region", "us-central1"
+    )
+    assert result.exit_code == 1
+    assert "TooManyRequests: Rate limit exceeded, retry later" in result.stderr
+    assert "PERMISSION_DENIED (403): Cloud Billing API has not been used" in result.stderr
+
+
+def test_a_page_in_euros_is_an_error_naming_the_currency(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    mirror = tmp_path / "responses"
+    item = {**azure_record("Standard_NC4as_T4_v3", "eastus", "0.48"), "currencyCode": "EUR"}
+    write(mirror / "azure", "prices-1.json", {"BillingCurrency": "EUR", "Items": [item]})
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
+    assert result.exit_code == 1
+    assert "EUR, not USD" in result.stderr
+    assert "no prices came back" not in result.stderr
+
+
+def test_aws_spot_and_products_carry_their_dates() -> None:
+    dated: dict[tuple[str, Market], datetime] = {}
+    spot = recorded("aws-spot-m1-2014.json")["SpotPriceHistory"]
+    assert aws_spot(spot, dated) == {("us-west-1", "m1.xlarge"): Decimal("0.080000")}
+    assert dated["us-west-1", Market.SPOT].date() == date(2014, 1, 6)
+    products = recorded("aws-pricing-storage-2018.json")["PriceList"]
+    assert aws_ondemand(json.loads(p) for p in products) == {}  # EBS: not an instance
+    euro = aws_product("g5.xlarge", "us-east-1", "1")
+    for term in euro["terms"]["OnDemand"].values():
+        for dimension in term["priceDimensions"].values():
+            dimension["pricePerUnit"] = {"CNY": "7.1"}
+    with pytest.raises(Exception, match="CNY, not USD"):
+        aws_ondemand([euro])
