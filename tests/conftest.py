@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,47 @@ def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
         return Run(result.exit_code, result.stdout, result.stderr)
 
     return invoke
+
+
+WIDTHS = (80, 100, 120)
+
+
+@pytest.fixture
+def terminal(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """Make the CLI believe stdout is a terminal of the given width (rich's own Console)."""
+    from rich.console import Console
+
+    from costguard.cli import render
+
+    def at_width(width: int) -> None:
+        def console(*, stderr: bool = False) -> Console:
+            return Console(
+                file=sys.stderr if stderr else sys.stdout,
+                width=width,
+                force_terminal=True,
+                color_system=None,
+                highlight=False,
+            )
+
+        monkeypatch.setattr(render, "console", console)
+
+    return at_width
+
+
+def assert_fits(text: str, width: int, cells: Iterable[str]) -> None:
+    """No line wider than ``width``, nothing cut with an ellipsis, every cell shown whole.
+
+    ``cells`` are the money figures, names and regions the output must show: each must
+    appear on one line, as it is (a cell wrapped over two lines or cut is not found).
+    """
+    from rich.cells import cell_len
+
+    lines = text.splitlines()
+    too_wide = [line for line in lines if cell_len(line) > width]
+    assert not too_wide, f"{len(too_wide)} line(s) wider than {width}: {too_wide[:3]}"
+    assert "\u2026" not in text, "a cell was cut (ellipsis)"
+    missing = sorted({cell for cell in cells if not any(cell in line for line in lines)})
+    assert not missing, f"not shown whole at {width} columns: {missing[:10]}"
 
 
 def free_port() -> int:

@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from costguard.clouds import aws as aws_clouds
+from tests.conftest import WIDTHS, assert_fits
 
 ACCOUNT = "123456789012"
 TOPIC = f"arn:aws:sns:us-east-1:{ACCOUNT}:costguard-budget-alerts"
@@ -151,6 +152,20 @@ def test_status_lists_ours(run_cli: Callable[..., Any], calls: list[str]) -> Non
     table = run_cli("alarm", "status")
     assert "costguard-thesis" in table.stdout
     assert "someone-elses" not in table.stdout
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_fits_the_terminal(
+    run_cli: Callable[..., Any], calls: list[str], terminal: Callable[[int], None], width: int
+) -> None:
+    assert run_cli("alarm", "--budget", "1234.5", "--email", "me@uni.edu").exit_code == 0
+    assert run_cli("alarm", "--budget", "75", "--name", "thesis-chapter-three").exit_code == 0
+    terminal(width)
+    result = run_cli("alarm", "status")
+    assert result.exit_code == 0, result.stderr
+    assert_fits(
+        result.stdout, width, ["costguard-monthly", "costguard-thesis-chapter-three", "$1,234.50"]
+    )
 
 
 def test_delete_is_dry_run_by_default_and_removes_only_ours(

@@ -10,15 +10,18 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from costguard.money import format_usd
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.conftest import WIDTHS, assert_fits
 from tests.spot.conftest import (
     TIMEOUT_S,
     attempt_lines,
@@ -32,7 +35,10 @@ from tests.spot.conftest import (
 
 @pytest.mark.slow
 def test_three_preemptions_resume_exactly_and_lose_no_step(
-    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+    tmp_path: Path,
+    spot_env: Callable[..., dict[str, str]],
+    run_cli: Callable[..., Any],
+    terminal: Callable[[int], None],
 ) -> None:
     env = spot_env()
     steps = 16
@@ -97,6 +103,17 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
     assert "(simulated: nothing was billed)" in summary["cost_basis"]
     assert float(summary["cost_usd"]) > 0
     assert float(summary["on_demand_usd"]) > float(summary["cost_usd"]) / 2
+    # `jobs status` of that job fits 80, 100 and 120 columns: places, markets, prices,
+    # outcomes and steps whole (the issue saw "preem...", "$0.00..." and "234->4...").
+    cells = [f"{a['offer']['provider']}/{a['offer']['region']}" for a in attempts]
+    cells += [a["offer"]["market"] for a in attempts] + ["preempted", "succeeded"]
+    cells += [format_usd(Decimal(a["offer"]["usd_per_hour"]), rate=True) for a in attempts]
+    cells += [f"{a['resumed_step'] or 0}->{a['last_step']}" for a in attempts]
+    for width in WIDTHS:
+        terminal(width)
+        status = run_cli("jobs", "status", str(ckpt))
+        assert status.exit_code == 0, status.stderr
+        assert_fits(status.stdout, width, cells)
 
 
 def _wait_for(predicate: Callable[[], Any], timeout_s: float = 300) -> Any:

@@ -283,23 +283,26 @@ def status_command(settings: Settings, **options: Any) -> None:
         click.echo(f"No costguard budget on {options['provider']}.")
         click.echo("Hint: costguard alarm --budget 200 --email me@uni.edu")
         return
-    from rich.table import Table  # only the table view needs rich
-
-    table = Table(title=f"costguard budgets on {options['provider']}", title_justify="left")
-    for name in ("Name", "Budget", "Spent", "Forecast", "Alerts", "Also"):
-        table.add_column(
-            name, justify="right" if name in ("Budget", "Spent", "Forecast") else "left"
-        )
-    for s in statuses:
-        table.add_row(
+    columns = (
+        render.Column("Name"),
+        render.Column("Budget", "right"),
+        render.Column("Spent", "right"),
+        render.Column("Forecast", "right"),
+        render.Column("Alerts", prose=True),
+        render.Column("Also", drop=1, prose=True),
+    )
+    rows = [
+        [
             s.name,
             format_usd(s.amount_usd),
             format_usd(s.actual_usd) if s.actual_usd is not None else "-",
             format_usd(s.forecast_usd) if s.forecast_usd is not None else "-",
             "\n".join(s.alerts),
             s.extra,
-        )
-    render.console().print(table)
+        ]
+        for s in statuses
+    ]
+    render.print_table(f"costguard budgets on {options['provider']}", columns, rows)
     click.echo("Provider billing data lags hours; `costguard burn` shows the live rate.")
 
 

@@ -169,23 +169,26 @@ def _alert_text(report: BurnReport) -> str:
 
 def _print(report: BurnReport) -> None:
     if report.instances:
-        from rich.table import Table  # only the table view needs rich
-
-        table = Table(
-            title=f"Running instances - {report.now:%Y-%m-%d %H:%M} UTC", title_justify="left"
+        columns = (
+            render.Column("Region"),
+            render.Column("Instance"),
+            render.Column("Type"),
+            render.Column("Market", drop=1),
+            render.Column("Since", drop=2),
+            render.Column("$/h", "right"),
         )
-        for name in ("Region", "Instance", "Type", "Market", "Since", "$/h"):
-            table.add_column(name, justify="right" if name == "$/h" else "left")
-        for p in report.instances:
-            table.add_row(
+        rows = [
+            [
                 p.instance.region,
                 p.instance.instance_id,
                 p.instance.instance_type,
                 "spot" if p.instance.spot else "on-demand",
                 f"{p.instance.launched_at:%Y-%m-%d %H:%M}" if p.instance.launched_at else "?",
                 format_usd(p.usd_per_hour, rate=True) if p.usd_per_hour is not None else "?",
-            )
-        render.console().print(table)
+            ]
+            for p in report.instances
+        ]
+        render.print_table(f"Running instances - {report.now:%Y-%m-%d %H:%M} UTC", columns, rows)
     else:
         click.echo("No running instance seen.")
     click.echo(f"Burn rate:            {format_usd(report.usd_per_hour)}/h")

@@ -619,30 +619,32 @@ def _report(job: Any, offers: Sequence[Any], output_format: str) -> None:
 
 
 def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
-    from rich.table import Table
-
     from costguard.spot.controller import handle_label, summarise
 
     summary = summarise(job, offers, now)
-    table = Table(title=f"job {job.spec.job_id}: {job.status}")
-    for column in ("#", "where", "market", "$/h", "instance", "outcome", "exit", "steps", "cost"):
-        table.add_column(column, justify="right" if column in ("#", "$/h", "cost") else "left")
+    columns = [
+        render.Column(name, "right" if name in ("#", "$/h", "cost") else "left")
+        for name in ("#", "where", "market", "$/h", "instance", "outcome", "exit", "steps", "cost")
+    ]
+    columns[6] = render.Column("exit", drop=1)
+    rows = []
     for a in job.attempts:
         steps = f"{a.resumed_step if a.resumed_step is not None else 0}"
         steps += f"->{a.last_step}" if a.last_step is not None else "->?"
-        table.add_row(
-            str(a.number),
-            a.offer.place,
-            a.offer.market.value,
-            format_usd(a.offer.usd_per_hour, rate=True),
-            handle_label(a.handle),
-            a.outcome.value if a.outcome else "running",
-            "" if a.exit_code is None else str(a.exit_code),
-            steps,
-            _usd(a.cost_usd(now)),
+        rows.append(
+            [
+                str(a.number),
+                a.offer.place,
+                a.offer.market.value,
+                format_usd(a.offer.usd_per_hour, rate=True),
+                handle_label(a.handle),
+                a.outcome.value if a.outcome else "running",
+                "" if a.exit_code is None else str(a.exit_code),
+                steps,
+                _usd(a.cost_usd(now)),
+            ]
         )
-    console = render.console()
-    console.print(table)
+    render.print_table(f"job {job.spec.job_id}: {job.status}", columns, rows)
     lost = "unknown" if summary.lost_steps is None else str(summary.lost_steps)
     simulated = job.spec.provider == "local"
     lines = [
@@ -660,7 +662,7 @@ def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
     if summary.estimate_usd is not None:
         lines.append(f"estimate before launch: {_usd(summary.estimate_usd)}")
     for line in lines:
-        click.echo(line)
+        render.print_prose(line, indent="  ")
 
 
 @click.group("jobs", epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch.")

@@ -107,7 +107,7 @@ def show_command(
         render.print_csv(columns, rows)
     else:
         _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
-        click.echo(f"Source: {info.source}")
+        render.print_prose(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
 
 
@@ -237,16 +237,58 @@ def _statuses(row: dict[str, Any]) -> set[str]:
     return {str(row.get(k)) for k in ("ondemand_status", "spot_status", "status")}
 
 
-def _print_rows(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    from rich.table import Table
+# Column labels for people (the JSON and CSV keep the field names), which columns a
+# narrow terminal loses first (higher first), and which hold free text that may wrap.
+_LABELS = {
+    "instance_type": "instance",
+    "accelerator": "GPU",
+    "accelerator_count": "GPUs",
+    "gpus_per_instance": "GPUs per\ninstance",
+    "memory_gib": "memory\nGiB",
+    "memory_gb": "memory\nGB",
+    "ondemand_usd_per_hour": "on-demand\n$/h",
+    "spot_usd_per_hour": "spot\n$/h",
+    "ondemand_usd_per_gpu_hour": "on-demand\n$/GPU-h",
+    "spot_usd_per_gpu_hour": "spot\n$/GPU-h",
+    "ondemand_status": "on-demand\nstatus",
+    "spot_status": "spot\nstatus",
+    "refreshed_at": "refreshed at",
+    "as_of": "as of",
+}
+_DROP = {
+    "vcpus": 6,
+    "memory_gib": 5,
+    "memory_gb": 5,
+    "aliases": 4,
+    "refreshed_at": 4,
+    "ondemand_status": 3,
+    "spot_status": 3,
+    "gpus_per_instance": 2,
+    "accelerator_count": 2,
+    "regions": 1,
+    "records": 1,
+}
+_PROSE = {"note", "source", "aliases", "providers", "regions", "gpus_per_instance"}
 
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for name in columns:
-        money = name.endswith(("usd_per_hour", "usd_per_gpu_hour")) or name == "usd"
-        table.add_column(name, justify="right" if money else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(name, row.get(name)) for name in columns))
-    render.console().print(table)
+
+def _print_rows(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    render.print_table(
+        title,
+        [
+            render.Column(
+                _LABELS.get(name, name.replace("_", " ")),
+                "right" if _money(name) else "left",
+                drop=_DROP.get(name, 0),
+                prose=name in _PROSE,
+            )
+            for name in columns
+        ],
+        [[_cell(name, row.get(name)) for name in columns] for row in rows],
+    )
+
+
+def _money(name: str) -> bool:
+    return name.endswith(("usd_per_hour", "usd_per_gpu_hour")) or name == "usd"
 
 
 def _cell(name: str, value: Any) -> str:

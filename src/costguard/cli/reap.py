@@ -284,30 +284,31 @@ def to_document(report: ReapReport, provider: str) -> dict[str, Any]:
 
 def print_table(report: ReapReport) -> None:
     """One row per instance seen, then what the run did or would do."""
-    from rich.table import Table
-
     plan = report.plan
     done = _done(report)
     mode = "executed" if report.executed else "dry run"
-    table = Table(
-        title=f"costguard reap - {mode} at {format_timestamp(report.now)}",
-        title_justify="left",
-        header_style="bold",
+    columns = (
+        render.Column("Instance"),
+        render.Column("Name", drop=2),
+        render.Column("Type", drop=1),
+        render.Column("Where"),
+        render.Column("$/h", "right"),
+        render.Column("Verdict"),
+        render.Column("Reason", prose=True),
     )
-    for column in ("Instance", "Name", "Type", "Where", "$/h", "Verdict", "Reason"):
-        table.add_column(column, justify="right" if column == "$/h" else "left")
-    for verdict in plan.verdicts:
-        instance = verdict.instance
-        table.add_row(
-            instance.instance_id,
-            instance.name,
-            instance.instance_type,
-            instance.zone or instance.region,
+    rows = [
+        [
+            verdict.instance.instance_id,
+            verdict.instance.name,
+            verdict.instance.instance_type,
+            verdict.instance.zone or verdict.instance.region,
             _rate(verdict),
             _status(verdict, report, done),
             verdict.reason,
-        )
-    render.console().print(table)
+        ]
+        for verdict in plan.verdicts
+    ]
+    render.print_table(f"costguard reap - {mode} at {format_timestamp(report.now)}", columns, rows)
     verb = _PAST[report.policy.action]
     selected = format_usd(plan.usd_per_hour, rate=True)
     lines = [
