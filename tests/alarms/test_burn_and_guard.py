@@ -91,7 +91,7 @@ def test_burn_prices_the_running_fleet(run_cli: Callable[..., Any], fleet, catal
 def test_burn_over_budget_exits_1_and_alerts(
     run_cli: Callable[..., Any], fleet, webhook: JsonServer
 ) -> None:
-    assert run_cli("alarm", "--budget", "300").exit_code == 0
+    assert run_cli("alarm", "--budget", "300", "--no-notify").exit_code == 0
     sqs = boto3.client("sqs", region_name="us-east-1")
     queue = sqs.create_queue(QueueName="alerts")["QueueUrl"]
     queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
@@ -219,7 +219,7 @@ def test_guard_refuses_without_a_budget_then_allows(
         require_alarm("aws", AwsAlarms())
     assert "costguard alarm" in (info.value.hint or "")
     assert info.value.exit_code == 1
-    assert run_cli("alarm", "--budget", "100").exit_code == 0
+    assert run_cli("alarm", "--budget", "100", "--no-notify").exit_code == 0
     assert require_alarm("aws", AwsAlarms()) is None
 
 
