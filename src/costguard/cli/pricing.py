@@ -18,6 +18,7 @@ from costguard.cli import render
 from costguard.cli.params import FORMAT
 from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
+from costguard.pricing import TABLES
 from costguard.pricing.catalog import (
     Catalog,
     InstancePrice,
@@ -33,8 +34,6 @@ from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
-
-TABLES = ("gpu_instances", "cpu_instances", "storage", "transfer", "regions")
 
 
 @click.group("pricing", short_help="Inspect the price tables, or refresh them.")
@@ -85,7 +84,7 @@ def show_command(
     wanted_gpu = canonical_gpu(gpu, catalog.accelerators) if gpu else None
     rows = [
         row
-        for row in _table_rows(catalog, table)
+        for row in table_rows(catalog, table)
         if (not wanted_providers or row["provider"] in wanted_providers)
         and (not wanted_regions or row.get("region", row.get("name")) in wanted_regions)
         and (wanted_gpu is None or row.get("accelerator") == wanted_gpu)
@@ -200,7 +199,8 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         _print_rows(f"Price tables ({catalog.origin}: {catalog.directory})", list(rows[0]), rows)
 
 
-def _table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
+def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
+    """The rows of one table as plain records (dates as ISO strings, enums as values)."""
     records: Sequence[InstancePrice | StorageRate | TransferRate | Region]
     if table == "gpu_instances":
         records = [i for i in catalog.instances if i.accelerator]
