@@ -199,3 +199,83 @@ def test_a_new_controller_attaches_without_launching_a_duplicate(
     assert "attached to job" in second.stderr
     assert not pid_alive(pid)
     assert out.exists()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_job_speaks_while_it_runs_and_its_log_is_named(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]], quiet: bool
+) -> None:
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    result = subprocess.run(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--on-demand", "--every-steps", "3", "--poll-seconds", "0.2", "--yes",
+                *(["--quiet"] if quiet else []), "--format", "json", "--",
+            ),
+            *train_command(out, 6),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)  # the job's output goes to stderr: stdout stays JSON
+    log = Path(env["COSTGUARD_LOCAL_DIR"]) / doc["job_id"] / "attempt-1.log"
+    assert f"costguard: attempt 1 writes its output to {log}" in result.stderr
+    job_lines = [f"  [1] {line}" for line in log.read_text().splitlines()]
+    assert any(line.startswith("  [1] STEP 6") for line in job_lines)
+    stderr = result.stderr.splitlines()
+    if quiet:
+        assert not [line for line in stderr if line.startswith("  [1] ")]
+    else:
+        # Every line the job printed, in its order, as it printed it.
+        shown = [line for line in stderr if line.startswith("  [1] ")]
+        assert shown == job_lines
+
+
+@pytest.mark.slow
+def test_ctrl_c_releases_the_job_for_attach(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    controller = subprocess.Popen(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt), "--on-demand",
+                "--every-steps", "4", "--poll-seconds", "0.2", "--yes", "--quiet", "--",
+            ),
+            *train_command(out, 12, sleep=0.5),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: _running_handle(ckpt))
+        controller.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        _, stderr = controller.communicate(timeout=60)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 130
+    assert "takes over" in stderr
+    assert "--force" not in stderr
+    assert read_job(ckpt)["heartbeat_unix"] == 0.0
+    # The next step it gave works at once, without --force: it supervises to the end.
+    attached = subprocess.run(
+        launch_argv("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    doc = json.loads(attached.stdout)
+    assert doc["status"] == "succeeded"
+    assert [a["outcome"] for a in doc["attempts"]] == ["succeeded"]
+    assert out.exists()

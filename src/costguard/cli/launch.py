@@ -212,6 +212,12 @@ def _echo(message: str) -> None:
     show_default=True,
     help="The final report: table for people, json for scripts.",
 )
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="local: do not print the job's own output (its log files are still named).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch_command(settings: Settings, /, **options: Any) -> None:
@@ -227,6 +233,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     another controller can take over with --attach.
     """
     from costguard.spot.controller import Controller, check_not_supervised
+    from costguard.spot.job import release_job
 
     if options["attach_url"]:
         job, store = _attached(options)
@@ -248,11 +255,14 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         on_event=lambda event: _echo(event.message),
     )
     try:
-        final = controller.run(job)
+        with _following(launcher, job, quiet=options["quiet"]):
+            final = controller.run(job)
     except KeyboardInterrupt:
+        released = release_job(store)
         _echo(
             "interrupted: the job keeps running unsupervised; "
             f"`costguard launch --attach {job.spec.checkpoint_url}` takes over"
+            + ("" if released else " (with --force: this controller could not release it)")
         )
         raise
     finally:
@@ -262,6 +272,18 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     _report(final, offers, options["output_format"])
     if final.status != "succeeded":
         sys.exit(1)
+
+
+def _following(launcher: Any, job: Any, *, quiet: bool) -> Any:
+    """A local job's output on stderr while it runs; nothing to follow elsewhere."""
+    from contextlib import nullcontext
+
+    from costguard.cli.follow import Follower
+
+    state_dir = getattr(launcher, "state_dir", None)
+    if job.spec.provider != "local" or state_dir is None:
+        return nullcontext()
+    return Follower(Path(state_dir) / job.spec.job_id, quiet=quiet)
 
 
 def _default_poll(provider: str) -> float:
