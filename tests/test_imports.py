@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("boto3", "botocore", "google", "azure", "torch", "pandas", "numpy", "fsspec")
+HEAVY = ("boto3", "botocore", "google", "azure", "torch", "pandas", "numpy", "fsspec", "matplotlib")
 
 PROBE = """
 import json, sys

@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from costguard.money import format_usd
+from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.checkpoint.test_run import assert_bitwise_equal
-from tests.conftest import WIDTHS, assert_fits
+from tests.conftest import WIDTHS, assert_fits, read_png
 from tests.spot.conftest import (
     TIMEOUT_S,
     attempt_lines,
@@ -31,6 +32,7 @@ from tests.spot.conftest import (
     steps_of,
     train_command,
 )
+from tests.test_plots import blobs, rgb
 
 
 @pytest.mark.slow
@@ -114,6 +116,16 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
         status = run_cli("jobs", "status", str(ckpt))
         assert status.exit_code == 0, status.stderr
         assert_fits(status.stdout, width, cells)
+    # The picture of that job: its cost line, the on-demand line, and one marker for each
+    # of the 3 preemptions (plus the legend's).
+    picture = tmp_path / "job.png"
+    status = run_cli("jobs", "status", str(ckpt), "--plot", str(picture))
+    assert status.exit_code == 0, status.stderr
+    png = read_png(picture)
+    assert (png.width, png.height) == (WIDTH_PX, HEIGHT_PX)
+    assert png.count(rgb(COST_COLOR), tolerance=10) > 300
+    assert png.count(rgb(ON_DEMAND_COLOR), tolerance=10) > 100
+    assert len(blobs(png, rgb(PREEMPTION_COLOR))) == 3 + 1
 
 
 def _wait_for(predicate: Callable[[], Any], timeout_s: float = 300) -> Any:

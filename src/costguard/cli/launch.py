@@ -702,14 +702,28 @@ def jobs_group() -> None:
     show_default=True,
     help="table for people, json for scripts.",
 )
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw the cost over wall time, the on-demand line and the preemptions into "
+    "this PNG (needs costguard[plot]).",
+)
 @click.pass_obj
-def status_command(settings: Settings, /, url: str, output_format: str) -> None:
+def status_command(settings: Settings, /, url: str, output_format: str, plot: Path | None) -> None:
     """Attempts, preemptions, cost so far and status of the job at checkpoint URL."""
     from costguard.spot.job import load_job
 
+    if plot is not None:
+        from costguard.plots import check_target
+
+        check_target(plot)
     job = load_job(_open_store(_normal_url(url)))
     try:
         offers: list[Any] = _offers_for(settings, job.spec)
     except InputError:
         offers = []
     _report(job, offers, output_format)
+    if plot is not None:
+        from costguard.plots import draw_job
+
+        click.echo(f"Picture: {draw_job(plot, job, offers, time.time()).path}", err=True)
