@@ -462,3 +462,21 @@ def test_the_report_fits_the_terminal(
     words = {w for r in doc["instances"] for w in r["reason"].split() if not STAMP.match(w)}
     shown = {w for line in result.stdout.splitlines() for w in line.split()}
     assert words <= shown, words - shown
+
+
+def test_a_scan_over_many_regions_shows_progress_on_a_terminal_only(
+    fleet: dict[str, str], reap: Callable[..., Any], terminal: Callable[[int], None]
+) -> None:
+    regions = ("--region", "us-east-1", "--region", "us-west-2", "--region", "eu-west-1")
+    piped = reap(*regions, "--format", "json")
+    assert piped.exit_code == 0, piped.stderr
+    assert "Scanning" not in piped.stderr  # cron and pipes get no progress bar
+    terminal(100)
+    shown = reap(*regions, "--format", "json")
+    assert shown.exit_code == 0, shown.stderr
+    assert "Scanning aws" in shown.stderr
+    assert "3/3" in shown.stderr
+    # The same report either way: the bar is on stderr, the JSON on stdout.
+    assert [(r["instance_id"], r["action"]) for r in shown.json()["instances"]] == [
+        (r["instance_id"], r["action"]) for r in piped.json()["instances"]
+    ]

@@ -149,13 +149,16 @@ def reap_command(ctx: click.Context, /, **options: Any) -> None:
     policy = _policy(provider, options)
     limits = ReapLimits(options["max_actions"], float(options["max_percent"]))
     prices = PriceBook(load_tables(settings.pricing_dir, settings.pricing_cache_dir))
-    report = reap(
-        fleets(provider, options, prices, settings),
-        policy,
-        limits,
-        datetime.now(UTC),
-        execute=options["execute"],
-    )
+    chosen = fleets(provider, options, prices, settings)
+    with render.progress(f"Scanning {provider}", len(chosen)) as advance:
+        report = reap(
+            chosen,
+            policy,
+            limits,
+            datetime.now(UTC),
+            execute=options["execute"],
+            on_judged=lambda fleet: advance(str(getattr(fleet, "region", "") or provider)),
+        )
     if options["output_format"].lower() == "json":
         render.print_json(to_document(report, provider))
     else:

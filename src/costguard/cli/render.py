@@ -6,7 +6,8 @@ import csv
 import json
 import sys
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import IO, Any, Literal
@@ -42,6 +43,26 @@ def console(*, stderr: bool = False) -> Any:
         highlight=False,
         soft_wrap=not terminal,
     )
+
+
+@contextmanager
+def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr over ``total`` steps: on a terminal only, never in a pipe
+    or cron, and only when there is more than one step. Yields ``advance(label)``."""
+    con = console(stderr=True)
+    if not con.is_terminal or total < 2:
+        yield lambda label: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=con, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+
+        def advance(label: str) -> None:
+            bar.update(task, advance=1, description=f"{description} ({label} done)")
+
+        yield advance
 
 
 def to_jsonable(value: Any) -> Any:
