@@ -22,6 +22,7 @@ from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_C
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.cli.test_widths import read_screen
 from tests.conftest import WIDTHS, assert_fits, read_png
 from tests.spot.conftest import (
     TIMEOUT_S,
@@ -236,7 +237,7 @@ def test_the_job_speaks_while_it_runs_and_its_log_is_named(
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads(result.stdout)  # the job's output goes to stderr: stdout stays JSON
     log = Path(env["COSTGUARD_LOCAL_DIR"]) / doc["job_id"] / "attempt-1.log"
-    assert f"costguard: attempt 1 writes its output to {log}" in result.stderr
+    assert f"costguard: attempt 1 writes its output to\n  {log}\n" in result.stderr
     job_lines = [f"  [1] {line}" for line in log.read_text().splitlines()]
     assert any(line.startswith("  [1] STEP 6") for line in job_lines)
     stderr = result.stderr.splitlines()
@@ -252,12 +253,15 @@ def test_the_job_speaks_while_it_runs_and_its_log_is_named(
 def test_ctrl_c_releases_the_job_for_attach(
     tmp_path: Path, spot_env: Callable[..., dict[str, str]]
 ) -> None:
+    """The issue's path: Ctrl-C, the job finishes alone, its notice time passes unserved,
+    then `--attach` (no --force) reports what happened: success, no notice, its real end."""
     env = spot_env()
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
     controller = subprocess.Popen(
         [
             *launch_argv(
-                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt), "--on-demand",
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--preempt-at", "5", "--notice-seconds", "120",
                 "--every-steps", "4", "--poll-seconds", "0.2", "--yes", "--quiet", "--",
             ),
             *train_command(out, 12, sleep=0.5),
@@ -278,6 +282,12 @@ def test_ctrl_c_releases_the_job_for_attach(
     assert "takes over" in stderr
     assert "--force" not in stderr
     assert read_job(ckpt)["heartbeat_unix"] == 0.0
+    exit_record = ckpt / "job" / "attempt-1.exit.json"
+    finished = _wait_for(lambda: exit_record.exists() and json.loads(exit_record.read_text()))
+    spec: dict[str, Any] = read_job(ckpt)["spec"]  # type: ignore[assignment]
+    job_started = spec["created_unix"]
+    assert finished["finished_unix"] > job_started + 5  # the notice was due, and not served
+    time.sleep(2)  # the controller comes back later than the job ended
     # The next step it gave works at once, without --force: it supervises to the end.
     attached = subprocess.run(
         launch_argv("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json"),
@@ -289,5 +299,44 @@ def test_ctrl_c_releases_the_job_for_attach(
     assert attached.returncode == 0, attached.stderr[-3000:]
     doc = json.loads(attached.stdout)
     assert doc["status"] == "succeeded"
-    assert [a["outcome"] for a in doc["attempts"]] == ["succeeded"]
+    (attempt,) = doc["attempts"]
+    assert (attempt["outcome"], attempt["exit_code"]) == ("succeeded", 0)
+    assert "interruption" not in attempt["detail"]
+    assert "notice" not in attempt["detail"]
+    # The figures are the job's: it ended when its exit record says, not on attach.
+    assert attempt["ended_unix"] == finished["finished_unix"]
+    assert doc["summary"]["wall_s"] == pytest.approx(
+        finished["finished_unix"] - job_started, abs=0.1
+    )
+    assert doc["summary"]["preemptions"] == 0
     assert out.exists()
+
+
+def test_a_local_launch_reads_well_on_an_80_column_terminal(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """The whole session in a real pseudo-terminal: estimate, the job's lines, the report."""
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    argv = [
+        *launch_argv(
+            "--provider", "local", "--gpu", "a10g", "--checkpoint", str(ckpt), "--hours", "2",
+            "--max-total", "5", "--on-demand", "--every-steps", "3", "--poll-seconds", "0.2",
+            "--yes", "--",
+        ),
+        *train_command(out, 4),
+    ]  # fmt: skip
+    screen = read_screen(argv, 80, env=env)
+    log = Path(env["COSTGUARD_LOCAL_DIR"]).glob("*/attempt-1.log")
+    # The job's own lines are its own (torch's warnings run long), and a path is not cut:
+    # every line costguard writes fits.
+    ours = [line for line in screen.splitlines() if not line.startswith("  [1] ")]
+    assert (
+        ours.index(f"  {next(log)}") == ours.index("costguard: attempt 1 writes its output to") + 1
+    )
+    ours = [line for line in ours if "local-state" not in line]
+    attempts: list[dict[str, Any]] = read_job(ckpt)["attempts"]  # type: ignore[assignment]
+    (attempt,) = attempts
+    steps = f"{attempt['resumed_step'] or 0}->{attempt['last_step']}"
+    assert_fits("\n".join(ours), 80, ["succeeded", "on-demand", "$1.006", steps, "$2.01"])
+    assert "  [1] STEP 4" in screen

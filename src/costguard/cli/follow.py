@@ -65,7 +65,8 @@ class Follower:
         for number, path in self._logs():
             if path not in self._offsets:
                 self._offsets[path] = 0
-                self._echo(f"costguard: attempt {number} writes its output to {path}")
+                # The path on a line of its own: it stays whole, to copy.
+                self._echo(f"costguard: attempt {number} writes its output to\n  {path}")
             try:
                 with path.open("rb") as stream:
                     stream.seek(self._offsets[path])

@@ -97,7 +97,7 @@ def _usd(amount: Decimal) -> str:
 
 
 def _echo(message: str) -> None:
-    click.echo(f"costguard: {message}", err=True)
+    render.print_prose(message, first="costguard: ", indent="  ", err=True)
 
 
 @click.command(
@@ -592,7 +592,9 @@ def _print_estimate(spec: Any, offer: Any, fallback: Any, as_of: str) -> None:
             f"killed {grace} after the notice if still running"
         )
     for line in lines:
-        click.echo(line, err=True)
+        body = line.removeprefix("  ")
+        indent = "  " if body != line else ""
+        render.print_prose(body, first=indent, indent=indent + "  ", err=True)
 
 
 # -- reports ----------------------------------------------------------------------------
@@ -684,7 +686,7 @@ def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
     if summary.estimate_usd is not None:
         lines.append(f"estimate before launch: {_usd(summary.estimate_usd)}")
     for line in lines:
-        render.print_prose(line, indent="  ")
+        render.print_prose(line, first="", indent="  ")
 
 
 @click.group("jobs", epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch.")

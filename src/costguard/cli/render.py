@@ -183,22 +183,29 @@ def print_table(
         )
 
 
-def print_prose(text: str, *, indent: str = "", first: str = "", con: Any = None) -> None:
-    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere."""
-    con = con or console()
+def print_prose(
+    text: str, *, indent: str = "", first: str | None = None, con: Any = None, err: bool = False
+) -> None:
+    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere.
+
+    ``first`` starts the first line (default: ``indent``), ``indent`` the lines it wraps
+    onto; ``err``: on stderr, wrapped to stderr's terminal.
+    """
+    con = con or console(stderr=err)
+    first = indent if first is None else first
     if con.is_terminal:
         lines = textwrap.wrap(
             text,
             width=max(20, con.width),
-            initial_indent=first or indent,
+            initial_indent=first,
             subsequent_indent=indent,
             break_long_words=False,
             break_on_hyphens=False,
         ) or [first.rstrip()]
     else:
-        lines = [(first or indent) + text]
+        lines = [first + text]
     for line in lines:
-        click.echo(line)
+        click.echo(line, err=err)
 
 
 def _one_line(cell: str) -> str:

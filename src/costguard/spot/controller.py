@@ -190,9 +190,13 @@ class Controller:
                 lost_steps = 0  # the emergency save holds every step done
             else:
                 lost_s, lost_steps = self._lost_work(current, now, last_step)
+        # When the job ended, not when this controller noticed (it may have been away).
+        ended = now
+        if record is not None and current.launched_unix <= record.finished_unix < now:
+            ended = record.finished_unix
         closed = replace(
             current,
-            ended_unix=now,
+            ended_unix=ended,
             outcome=outcome,
             exit_code=code,
             detail=detail,
