@@ -650,6 +650,7 @@ def _print_table(job: Any, offers: Sequence[Any], now: float) -> None:
         render.Column(name, "right" if name in ("#", "$/h", "cost") else "left")
         for name in ("#", "where", "market", "$/h", "instance", "outcome", "exit", "steps", "cost")
     ]
+    columns[4] = render.Column("instance", drop=2)
     columns[6] = render.Column("exit", drop=1)
     rows = []
     for a in job.attempts:

@@ -115,7 +115,7 @@ def print_notes(lines: Iterable[str], *, heading: str | None = None, err: bool =
 # stdout is not a terminal (a pipe, a file, cron) the layout is plain and does not depend
 # on any width: aligned columns, no box drawing, one line per row.
 
-_GAP = 3  # columns are separated by " | "-like gaps of three characters (rich SIMPLE_HEAD)
+_GAP = 2  # columns are two spaces apart (rich SIMPLE_HEAD, right padding only)
 _PROSE_MIN = 24  # free text is given at least this many characters before it wraps
 
 
@@ -241,7 +241,12 @@ def _rich_table(
     from rich.table import Table
 
     table = Table(
-        box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold", expand=False
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        header_style="bold",
+        expand=False,
     )
     for i in shown:
         column = columns[i]

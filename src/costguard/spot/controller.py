@@ -451,14 +451,14 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
 
 
 def handle_label(handle: Handle | None) -> str:
-    """An instance for a table cell.
+    """An instance for a table cell (its region and zone are in the place column).
 
     >>> handle_label(Handle("aws", "us-east-1", "i-0abc", zone="us-east-1a"))
-    'i-0abc (us-east-1a)'
+    'i-0abc'
     """
     if handle is None:
         return "-"
-    return f"{handle.instance_id} ({handle.zone or handle.region})"
+    return handle.instance_id
 
 
 def terminate_quietly(launcher: Launcher, handle: Handle) -> None:
