@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,38 @@ def test_missing_sdk_names_the_extra() -> None:
     with pytest.raises(MissingDependencyError) as info:
         require("costguard_no_such_sdk", "gcp")
     assert info.value.hint == 'pip install "costguard[gcp]"'
+    assert "[gcp] extra" in info.value.message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("alarm", "--budget", "200", "--email", "me@uni.edu"),
+        ("alarm", "status"),
+        ("burn",),
+    ],
+)
+def test_without_the_aws_extra_the_error_names_the_extra(tmp_path: Path, args) -> None:
+    """A real `costguard` process where boto3 and botocore cannot be imported."""
+    for module in ("boto3", "botocore"):
+        (tmp_path / module).mkdir()
+        (tmp_path / module / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('No module named {module}', name={module!r})\n"
+        )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "costguard", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1, result.stderr
+    error, hint = result.stderr.splitlines()[:2]
+    assert error == (
+        "Error: this needs costguard's [aws] extra (the AWS SDK, boto3), which is not installed"
+    )
+    assert hint == 'Hint: pip install "costguard[aws]"'
 
 
 def test_aws_client_reaches_moto_through_the_standard_endpoint(aws_env: str) -> None:
@@ -43,7 +78,9 @@ def test_aws_no_credentials_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_pa
         sts.get_caller_identity()
     translated = aws.translate(info.value, "checking the account")
     assert "no AWS credentials" in translated.message
-    assert translated.hint
+    # Access keys, a profile, SSO, and the least-privilege policies: not only the AWS CLI.
+    for needle in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE", "aws sso login", "infra/aws/"):
+        assert needle in (translated.hint or ""), needle
 
 
 def test_input_errors_exit_2() -> None:

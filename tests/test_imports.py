@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("boto3", "botocore", "google", "azure", "torch", "pandas", "numpy", "fsspec")
+HEAVY = ("boto3", "botocore", "google", "azure", "torch", "pandas", "numpy", "fsspec", "matplotlib")
 
 PROBE = """
 import json, sys
@@ -60,3 +60,13 @@ def test_estimate_table_output_is_light() -> None:
         "    cli.main(['estimate', '--gpu', 'h100', '--hours', '1'], standalone_mode=False)\n"
     )
     assert loaded_heavy_modules(body) == []
+
+
+def test_the_notebook_api_loads_pandas_only_for_a_dataframe() -> None:
+    body = (
+        "import costguard\n"
+        "result = costguard.estimate(gpu='a10g', hours=8, count=4)\n"
+        "html = result._repr_html_()\n"
+    )
+    assert loaded_heavy_modules(body) == []
+    assert "pandas" in loaded_heavy_modules(body + "result.to_pandas()\n")

@@ -7,6 +7,29 @@ Importing this package loads no cloud SDK and no torch; each feature imports wha
 needs when it is used.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "estimate", "pricing"]
+
+
+def __getattr__(name: str) -> Any:
+    """``costguard.estimate`` and ``costguard.pricing``, loaded on first use (PEP 562).
+
+    ``costguard.estimate(gpu="a10g", hours=8, count=4)`` is the notebook API
+    (:mod:`costguard.notebook`); ``costguard.pricing.table("gpu_instances")`` a table as a
+    DataFrame.
+    """
+    if name == "estimate":
+        from costguard.notebook import estimate
+
+        return estimate
+    if name == "pricing":
+        import importlib
+
+        return importlib.import_module("costguard.pricing")
+    msg = f"module 'costguard' has no attribute {name!r}"
+    raise AttributeError(msg)

@@ -66,12 +66,28 @@ class BudgetExceededError(CostguardError):
     """The cheapest option is over the budget the user gave (exit code 1)."""
 
 
+#: What each optional extra brings, in the words a person installing it would use.
+EXTRAS = {
+    "aws": "the AWS SDK, boto3",
+    "gcp": "the Google Cloud client libraries",
+    "azure": "the Azure SDK",
+    "train": "torch and the fsspec storage backends",
+    "pandas": "pandas",
+    "plot": "matplotlib",
+}
+
+
 class MissingDependencyError(CostguardError):
-    """An optional dependency (a cloud SDK, torch) is not installed."""
+    """An optional dependency (a cloud SDK, torch) is not installed.
+
+    The message names the extra that installs it, not the module that failed to import
+    (which is an implementation detail, e.g. ``botocore.exceptions``).
+    """
 
     def __init__(self, module: str, extra: str) -> None:
+        what = EXTRAS.get(extra, module.split(".")[0])
         super().__init__(
-            f"this feature needs {module}, which is not installed",
+            f"this needs costguard's [{extra}] extra ({what}), which is not installed",
             hint=f'pip install "costguard[{extra}]"',
         )
         self.module = module

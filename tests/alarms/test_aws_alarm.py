@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from costguard.clouds import aws as aws_clouds
+from tests.conftest import WIDTHS, assert_fits
 
 ACCOUNT = "123456789012"
 TOPIC = f"arn:aws:sns:us-east-1:{ACCOUNT}:costguard-budget-alerts"
@@ -116,9 +117,11 @@ def test_new_amount_updates_in_place(run_cli: Callable[..., Any], calls: list[st
 def test_threshold_change_edits_only_the_alerts(
     run_cli: Callable[..., Any], calls: list[str]
 ) -> None:
-    assert run_cli("alarm", "--budget", "200").exit_code == 0
+    assert run_cli("alarm", "--budget", "200", "--no-notify").exit_code == 0
     calls.clear()
-    result = run_cli("alarm", "--budget", "200", "--thresholds", "50,90", "--no-forecast")
+    result = run_cli(
+        "alarm", "--budget", "200", "--no-notify", "--thresholds", "50,90", "--no-forecast"
+    )
     assert result.exit_code == 0, result.stderr
     assert notifications() == {("ACTUAL", 50.0), ("ACTUAL", 90.0)}
     assert sorted(writes(calls)) == sorted(
@@ -133,7 +136,7 @@ def test_threshold_change_edits_only_the_alerts(
 
 def test_status_lists_ours(run_cli: Callable[..., Any], calls: list[str]) -> None:
     assert run_cli("alarm", "--budget", "200", "--email", "me@uni.edu").exit_code == 0
-    assert run_cli("alarm", "--budget", "75", "--name", "thesis").exit_code == 0
+    assert run_cli("alarm", "--budget", "75", "--no-notify", "--name", "thesis").exit_code == 0
     budgets().create_budget(
         AccountId=ACCOUNT,
         Budget={
@@ -153,10 +156,29 @@ def test_status_lists_ours(run_cli: Callable[..., Any], calls: list[str]) -> Non
     assert "someone-elses" not in table.stdout
 
 
+@pytest.mark.parametrize("width", WIDTHS)
+def test_status_fits_the_terminal(
+    run_cli: Callable[..., Any], calls: list[str], terminal: Callable[[int], None], width: int
+) -> None:
+    assert run_cli("alarm", "--budget", "1234.5", "--email", "me@uni.edu").exit_code == 0
+    assert (
+        run_cli(
+            "alarm", "--budget", "75", "--no-notify", "--name", "thesis-chapter-three"
+        ).exit_code
+        == 0
+    )
+    terminal(width)
+    result = run_cli("alarm", "status")
+    assert result.exit_code == 0, result.stderr
+    assert_fits(
+        result.stdout, width, ["costguard-monthly", "costguard-thesis-chapter-three", "$1,234.50"]
+    )
+
+
 def test_delete_is_dry_run_by_default_and_removes_only_ours(
     run_cli: Callable[..., Any], calls: list[str]
 ) -> None:
-    assert run_cli("alarm", "--budget", "200").exit_code == 0
+    assert run_cli("alarm", "--budget", "200", "--no-notify").exit_code == 0
     budgets().create_budget(
         AccountId=ACCOUNT,
         Budget={
@@ -202,15 +224,27 @@ def test_dry_run_makes_no_call_at_all(run_cli: Callable[..., Any], calls: list[s
         "cloudwatch.put_metric_alarm",
     ]
     assert budgets().describe_budgets(AccountId=ACCOUNT).get("Budgets", []) == []
-    text = run_cli("alarm", "--budget", "200", "--dry-run")
+    text = run_cli("alarm", "--budget", "200", "--email", "me@uni.edu", "--dry-run")
     assert "no call is made" in text.stdout
     assert calls == []
+    # For people: what would exist, who is told, the next step; the calls' parameters are
+    # for --format json (the issue saw a wall of wrapped JSON).
+    lines = text.stdout.splitlines()
+    assert "Who is told:" in lines
+    assert "  - me@uni.edu (email)" in lines
+    assert any("monthly cost budget of $200" in line for line in lines)
+    assert not [line for line in lines if "{" in line]
+    assert lines[-2:] == [
+        "Every call with its parameters: the same command with --format json.",
+        "Next: the same command without --dry-run.",
+    ]
+    assert len(lines) <= 15
 
 
 def test_billing_metrics_missing_is_explained(
     run_cli: Callable[..., Any], calls: list[str]
 ) -> None:
-    result = run_cli("alarm", "--budget", "200")
+    result = run_cli("alarm", "--budget", "200", "--no-notify")
     assert "AWS/Billing metrics are not enabled" in result.stdout
     boto3.client("cloudwatch", region_name="us-east-1").put_metric_data(
         Namespace="AWS/Billing",
@@ -222,7 +256,7 @@ def test_billing_metrics_missing_is_explained(
             }
         ],
     )
-    again = run_cli("alarm", "--budget", "200")
+    again = run_cli("alarm", "--budget", "200", "--no-notify")
     assert "AWS/Billing metrics are not enabled" not in again.stdout
 
 
@@ -257,6 +291,7 @@ def test_billing_metrics_missing_is_explained(
         (("--budget", "200", "--provider", "azure", "--subscription", "s"), "--email"),
         (("--budget", "200", "--name", "bad name!"), "budget name"),
         ((), "--budget"),
+        (("--budget", "200"), "--no-notify"),  # nobody would be told
     ],
 )
 def test_bad_input_exits_2_before_any_call(

@@ -14,9 +14,11 @@ import pytest
 from costguard.alarms.aws import AwsAlarms
 from costguard.alarms.burn import PricedInstance, burn_report, month_bounds, price_running
 from costguard.alarms.guard import NoAlarmError, require_alarm
+from costguard.money import format_usd
 from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import Instance
+from tests.conftest import WIDTHS, assert_fits
 from tests.fakes.http import JsonServer
 
 
@@ -89,7 +91,7 @@ def test_burn_prices_the_running_fleet(run_cli: Callable[..., Any], fleet, catal
 def test_burn_over_budget_exits_1_and_alerts(
     run_cli: Callable[..., Any], fleet, webhook: JsonServer
 ) -> None:
-    assert run_cli("alarm", "--budget", "300").exit_code == 0
+    assert run_cli("alarm", "--budget", "300", "--no-notify").exit_code == 0
     sqs = boto3.client("sqs", region_name="us-east-1")
     queue = sqs.create_queue(QueueName="alerts")["QueueUrl"]
     queue_arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
@@ -112,6 +114,24 @@ def test_burn_over_budget_exits_1_and_alerts(
     assert Decimal(posted.body["budget_usd"]) == 300
     messages = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1)["Messages"]
     assert "projected spend this month" in json.loads(messages[0]["Body"])["Message"]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_burn_table_fits_the_terminal(
+    run_cli: Callable[..., Any], fleet, terminal: Callable[[int], None], width: int
+) -> None:
+    args = ("burn", "--region", "us-east-1", "--region", "us-west-2", "--no-notify")
+    doc = run_cli(*args, "--format", "json").json()
+    cells = [i["instance_id"] for i in doc["instances"]] + ["us-west-2", "g5.xlarge"]
+    cells += [
+        format_usd(Decimal(i["usd_per_hour"]), rate=True)
+        for i in doc["instances"]
+        if i["usd_per_hour"]
+    ]
+    terminal(width)
+    result = run_cli(*args)
+    assert result.exit_code == 0, result.stderr
+    assert_fits(result.stdout, width, cells)
 
 
 def test_burn_no_notify(run_cli: Callable[..., Any], fleet, webhook: JsonServer) -> None:
@@ -199,7 +219,7 @@ def test_guard_refuses_without_a_budget_then_allows(
         require_alarm("aws", AwsAlarms())
     assert "costguard alarm" in (info.value.hint or "")
     assert info.value.exit_code == 1
-    assert run_cli("alarm", "--budget", "100").exit_code == 0
+    assert run_cli("alarm", "--budget", "100", "--no-notify").exit_code == 0
     assert require_alarm("aws", AwsAlarms()) is None
 
 

@@ -131,7 +131,7 @@ HARD_STOP = (
 def test_hard_stop_creates_policy_and_action_once(
     run_cli: Callable[..., Any], proxy: BudgetActionsProxy
 ) -> None:
-    result = run_cli("alarm", "--budget", "200", *HARD_STOP)
+    result = run_cli("alarm", "--budget", "200", "--no-notify", *HARD_STOP)
     assert result.exit_code == 0, result.stderr
     assert "budgets.create_budget_action" in result.stdout
     document = boto3.client("iam").get_policy_version(PolicyArn=POLICY, VersionId="v1")[
@@ -155,7 +155,7 @@ def test_hard_stop_creates_policy_and_action_once(
     }
 
     proxy.operations.clear()
-    again = run_cli("alarm", "--budget", "200", *HARD_STOP)
+    again = run_cli("alarm", "--budget", "200", "--no-notify", *HARD_STOP)
     assert again.exit_code == 0, again.stderr
     assert again.stdout.startswith("No changes")
     assert "CreateBudgetAction" not in proxy.operations
@@ -165,7 +165,9 @@ def test_hard_stop_creates_policy_and_action_once(
 def test_hard_stop_dry_run_lists_the_action(
     run_cli: Callable[..., Any], proxy: BudgetActionsProxy
 ) -> None:
-    result = run_cli("alarm", "--budget", "200", *HARD_STOP, "--dry-run", "--format", "json")
+    result = run_cli(
+        "alarm", "--budget", "200", "--no-notify", *HARD_STOP, "--dry-run", "--format", "json"
+    )
     assert result.exit_code == 0
     calls = [c["call"] for c in result.json()["calls"]]
     assert "iam.create_policy" in calls
@@ -193,7 +195,7 @@ def test_hard_stop_dry_run_lists_the_action(
 def test_hard_stop_bad_input(
     run_cli: Callable[..., Any], proxy: BudgetActionsProxy, args: tuple[str, ...], needle: str
 ) -> None:
-    result = run_cli("alarm", "--budget", "200", *args)
+    result = run_cli("alarm", "--budget", "200", "--no-notify", *args)
     assert result.exit_code == 2, result.stderr
     assert needle in result.stderr
     assert proxy.operations == []

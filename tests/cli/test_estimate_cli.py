@@ -20,8 +20,8 @@ def test_table_shows_both_markets_and_assumptions(run_cli) -> None:
     result = run_cli(*ARGS)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "On-demand" in out
-    assert "Spot" in out
+    assert "on-demand" in out
+    assert "spot" in out
     assert "g5.xlarge" in out
     assert "$32.19" in out  # us-east-1 on-demand compute
     assert "as of 2026-11-30" in out

@@ -13,6 +13,7 @@ Moto notes (checked with real calls, see also shared TESTING.md):
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ import pytest
 
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import CostguardError
+from costguard.money import format_usd
 from costguard.pricing.catalog import load_catalog
 from costguard.reaper import aws
 from costguard.reaper.fleet import PriceBook
@@ -36,6 +38,7 @@ from costguard.reaper.policy import (
     format_timestamp,
     judge_idle,
 )
+from tests.conftest import WIDTHS, assert_fits
 
 NOW = datetime.now(UTC)
 OLD = NOW - timedelta(hours=3)
@@ -433,3 +436,47 @@ def test_a_repeated_next_token_ends_the_run_instead_of_looping() -> None:
     with pytest.raises(CostguardError, match="page token 'same' twice"):
         judge_with(stuck)
     assert len(stuck.calls) == 2
+
+
+STAMP = re.compile(r"\(?\d{4}-\d\d-\d\dT")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_report_fits_the_terminal(
+    fleet: dict[str, str], reap: Callable[..., Any], terminal: Callable[[int], None], width: int
+) -> None:
+    """At 80/100/120 columns: ids, names, types, zones and prices whole; reasons at words."""
+    doc = reap("--format", "json").json()
+    cells = [r["instance_id"] for r in doc["instances"]]
+    cells += [r["zone"] or r["region"] for r in doc["instances"]]
+    cells += [
+        format_usd(Decimal(r["usd_per_hour"]), rate=True)
+        for r in doc["instances"]
+        if r["usd_per_hour"]
+    ]
+    terminal(width)
+    result = reap()
+    assert result.exit_code == 0, result.stderr
+    assert_fits(result.stdout, width, cells)
+    # Every word of every reason, none split over two lines (the times move between runs).
+    words = {w for r in doc["instances"] for w in r["reason"].split() if not STAMP.match(w)}
+    shown = {w for line in result.stdout.splitlines() for w in line.split()}
+    assert words <= shown, words - shown
+
+
+def test_a_scan_over_many_regions_shows_progress_on_a_terminal_only(
+    fleet: dict[str, str], reap: Callable[..., Any], terminal: Callable[[int], None]
+) -> None:
+    regions = ("--region", "us-east-1", "--region", "us-west-2", "--region", "eu-west-1")
+    piped = reap(*regions, "--format", "json")
+    assert piped.exit_code == 0, piped.stderr
+    assert "Scanning" not in piped.stderr  # cron and pipes get no progress bar
+    terminal(100)
+    shown = reap(*regions, "--format", "json")
+    assert shown.exit_code == 0, shown.stderr
+    assert "Scanning aws" in shown.stderr
+    assert "3/3" in shown.stderr
+    # The same report either way: the bar is on stderr, the JSON on stdout.
+    assert [(r["instance_id"], r["action"]) for r in shown.json()["instances"]] == [
+        (r["instance_id"], r["action"]) for r in piped.json()["instances"]
+    ]

@@ -10,15 +10,20 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from costguard.money import format_usd
+from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.cli.test_widths import read_screen
+from tests.conftest import WIDTHS, assert_fits, read_png
 from tests.spot.conftest import (
     TIMEOUT_S,
     attempt_lines,
@@ -28,11 +33,15 @@ from tests.spot.conftest import (
     steps_of,
     train_command,
 )
+from tests.test_plots import blobs, rgb
 
 
 @pytest.mark.slow
 def test_three_preemptions_resume_exactly_and_lose_no_step(
-    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+    tmp_path: Path,
+    spot_env: Callable[..., dict[str, str]],
+    run_cli: Callable[..., Any],
+    terminal: Callable[[int], None],
 ) -> None:
     env = spot_env()
     steps = 16
@@ -111,6 +120,27 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
     assert "(simulated: nothing was billed)" in summary["cost_basis"]
     assert float(summary["cost_usd"]) > 0
     assert float(summary["on_demand_usd"]) > float(summary["cost_usd"]) / 2
+    # `jobs status` of that job fits 80, 100 and 120 columns: places, markets, prices,
+    # outcomes and steps whole (the issue saw "preem...", "$0.00..." and "234->4...").
+    cells = [f"{a['offer']['provider']}/{a['offer']['region']}" for a in attempts]
+    cells += [a["offer"]["market"] for a in attempts] + ["preempted", "succeeded"]
+    cells += [format_usd(Decimal(a["offer"]["usd_per_hour"]), rate=True) for a in attempts]
+    cells += [f"{a['resumed_step'] or 0}->{a['last_step']}" for a in attempts]
+    for width in WIDTHS:
+        terminal(width)
+        status = run_cli("jobs", "status", str(ckpt))
+        assert status.exit_code == 0, status.stderr
+        assert_fits(status.stdout, width, cells)
+    # The picture of that job: its cost line, the on-demand line, and one marker for each
+    # of the 3 preemptions (plus the legend's).
+    picture = tmp_path / "job.png"
+    status = run_cli("jobs", "status", str(ckpt), "--plot", str(picture))
+    assert status.exit_code == 0, status.stderr
+    png = read_png(picture)
+    assert (png.width, png.height) == (WIDTH_PX, HEIGHT_PX)
+    assert png.count(rgb(COST_COLOR), tolerance=10) > 300
+    assert png.count(rgb(ON_DEMAND_COLOR), tolerance=10) > 100
+    assert len(blobs(png, rgb(PREEMPTION_COLOR))) == 3 + 1
 
 
 def _wait_for(predicate: Callable[[], Any], timeout_s: float = 300) -> Any:
@@ -196,3 +226,131 @@ def test_a_new_controller_attaches_without_launching_a_duplicate(
     assert "attached to job" in second.stderr
     assert not pid_alive(pid)
     assert out.exists()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_the_job_speaks_while_it_runs_and_its_log_is_named(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]], quiet: bool
+) -> None:
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    result = subprocess.run(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--on-demand", "--every-steps", "3", "--poll-seconds", "0.2", "--yes",
+                *(["--quiet"] if quiet else []), "--format", "json", "--",
+            ),
+            *train_command(out, 6),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)  # the job's output goes to stderr: stdout stays JSON
+    log = Path(env["COSTGUARD_LOCAL_DIR"]) / doc["job_id"] / "attempt-1.log"
+    assert f"costguard: attempt 1 writes its output to\n  {log}\n" in result.stderr
+    job_lines = [f"  [1] {line}" for line in log.read_text().splitlines()]
+    assert any(line.startswith("  [1] STEP 6") for line in job_lines)
+    stderr = result.stderr.splitlines()
+    if quiet:
+        assert not [line for line in stderr if line.startswith("  [1] ")]
+    else:
+        # Every line the job printed, in its order, as it printed it.
+        shown = [line for line in stderr if line.startswith("  [1] ")]
+        assert shown == job_lines
+
+
+@pytest.mark.slow
+def test_ctrl_c_releases_the_job_for_attach(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """The issue's path: Ctrl-C, the job finishes alone, its notice time passes unserved,
+    then `--attach` (no --force) reports what happened: success, no notice, its real end."""
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    controller = subprocess.Popen(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--preempt-at", "5", "--notice-seconds", "120",
+                "--every-steps", "4", "--poll-seconds", "0.2", "--yes", "--quiet", "--",
+            ),
+            *train_command(out, 12, sleep=0.5),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: _running_handle(ckpt))
+        controller.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
+        _, stderr = controller.communicate(timeout=60)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 130
+    assert "takes over" in stderr
+    assert "--force" not in stderr
+    assert read_job(ckpt)["heartbeat_unix"] == 0.0
+    exit_record = ckpt / "job" / "attempt-1.exit.json"
+    finished = _wait_for(lambda: exit_record.exists() and json.loads(exit_record.read_text()))
+    spec: dict[str, Any] = read_job(ckpt)["spec"]  # type: ignore[assignment]
+    job_started = spec["created_unix"]
+    assert finished["finished_unix"] > job_started + 5  # the notice was due, and not served
+    time.sleep(2)  # the controller comes back later than the job ended
+    # The next step it gave works at once, without --force: it supervises to the end.
+    attached = subprocess.run(
+        launch_argv("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json"),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert attached.returncode == 0, attached.stderr[-3000:]
+    doc = json.loads(attached.stdout)
+    assert doc["status"] == "succeeded"
+    (attempt,) = doc["attempts"]
+    assert (attempt["outcome"], attempt["exit_code"]) == ("succeeded", 0)
+    assert "interruption" not in attempt["detail"]
+    assert "notice" not in attempt["detail"]
+    # The figures are the job's: it ended when its exit record says, not on attach.
+    assert attempt["ended_unix"] == finished["finished_unix"]
+    assert doc["summary"]["wall_s"] == pytest.approx(
+        finished["finished_unix"] - job_started, abs=0.1
+    )
+    assert doc["summary"]["preemptions"] == 0
+    assert out.exists()
+
+
+def test_a_local_launch_reads_well_on_an_80_column_terminal(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """The whole session in a real pseudo-terminal: estimate, the job's lines, the report."""
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    argv = [
+        *launch_argv(
+            "--provider", "local", "--gpu", "a10g", "--checkpoint", str(ckpt), "--hours", "2",
+            "--max-total", "5", "--on-demand", "--every-steps", "3", "--poll-seconds", "0.2",
+            "--yes", "--",
+        ),
+        *train_command(out, 4),
+    ]  # fmt: skip
+    screen = read_screen(argv, 80, env=env)
+    log = Path(env["COSTGUARD_LOCAL_DIR"]).glob("*/attempt-1.log")
+    # The job's own lines are its own (torch's warnings run long), and a path is not cut:
+    # every line costguard writes fits.
+    ours = [line for line in screen.splitlines() if not line.startswith("  [1] ")]
+    assert (
+        ours.index(f"  {next(log)}") == ours.index("costguard: attempt 1 writes its output to") + 1
+    )
+    ours = [line for line in ours if "local-state" not in line]
+    attempts: list[dict[str, Any]] = read_job(ckpt)["attempts"]  # type: ignore[assignment]
+    (attempt,) = attempts
+    steps = f"{attempt['resumed_step'] or 0}->{attempt['last_step']}"
+    assert_fits("\n".join(ours), 80, ["succeeded", "on-demand", "$1.006", steps, "$2.01"])
+    assert "  [1] STEP 4" in screen

@@ -6,6 +6,7 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,6 +48,17 @@ class CostguardGroup(click.Group):
             code = super().main(
                 argv, prog_name or "costguard", complete_var, standalone_mode=False, **extra
             )
+        except click.exceptions.NoArgsIsHelpError as exc:
+            # `costguard` (or a group) with nothing after it: the help, alone, and success.
+            click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message())
+            code = 0
+        except click.NoSuchOption as exc:
+            command = exc.ctx.command_path if exc.ctx else "costguard"
+            _fail(
+                _no_such_option(exc.option_name, exc.possibilities or ()),
+                f"'{command} --help' shows the options and an example",
+                EXIT_BAD_INPUT,
+            )
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "costguard"
             _fail(
@@ -76,6 +88,23 @@ class CostguardGroup(click.Group):
         if standalone_mode:
             sys.exit(code if isinstance(code, int) else 0)
         return code
+
+
+def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
+    """The unknown option and the close names, the closest first (click sorts them A-Z).
+
+    >>> _no_such_option("--hour", ["--count", "--hours"])
+    "no such option '--hour'; did you mean '--hours'? (or '--count')"
+    """
+    ranked = sorted(
+        possibilities, key=lambda p: (-difflib.SequenceMatcher(None, name, p).ratio(), p)
+    )
+    if not ranked:
+        return f"no such option '{name}'"
+    message = f"no such option '{name}'; did you mean '{ranked[0]}'?"
+    if len(ranked) > 1:
+        message += " (or " + ", ".join(f"'{p}'" for p in ranked[1:]) + ")"
+    return message
 
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:

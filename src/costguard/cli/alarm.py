@@ -22,7 +22,7 @@ EXAMPLES = """
 Examples:
   costguard alarm --budget 200 --email me@uni.edu
   costguard alarm --budget 200 --email me@uni.edu --dry-run
-  costguard alarm --budget 500 --thresholds 25,50,75,100 --name thesis
+  costguard alarm --budget 500 --thresholds 25,50,75,100 --name thesis --email me@uni.edu
   costguard alarm --provider gcp --billing-account 012345-6789AB-CDEF01 --project my-proj \\
       --budget 200 --email me@uni.edu
   costguard alarm --provider azure --subscription <id> --budget 200 --email me@uni.edu
@@ -144,7 +144,15 @@ def _provider_options(command: Any) -> Any:
     help="AWS: user/NAME, role/NAME or group/NAME denied launches (repeatable).",
 )
 @click.option(
-    "--dry-run", is_flag=True, help="Print exactly the API calls it would make, and make none."
+    "--no-notify",
+    is_flag=True,
+    help="AWS: create the budget without --email (its alerts then reach only the SNS topic).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say what a run would create and who it would tell, and call nothing "
+    "(--format json: every API call with its parameters).",
 )
 @_provider_options
 @click.pass_context
@@ -186,6 +194,7 @@ def alarm_group(ctx: click.Context, **options: Any) -> None:
         subscription=spec.subscription,
         resource_group=spec.resource_group,
     )
+    _check_someone_is_told(spec, no_notify=options["no_notify"])
     json_output = options["output_format"].lower() == "json"
     if options["dry_run"]:
         plan = cloud.dry_run_plan(spec)
@@ -194,6 +203,22 @@ def alarm_group(ctx: click.Context, **options: Any) -> None:
     plan = cloud.plan(spec)
     made = cloud.apply(spec, plan)
     _report(spec, plan, made, json_output, dry_run=False)
+
+
+def _check_someone_is_told(spec: AlarmSpec, *, no_notify: bool) -> None:
+    """An AWS budget without --email tells nobody (the SNS topic has no subscriber yet).
+
+    GCP budgets also mail the billing account's administrators, and Azure ones need
+    --email already, so only AWS asks for --email or an explicit --no-notify.
+    """
+    if spec.provider != "aws" or spec.emails or no_notify:
+        return
+    msg = "this budget would tell nobody: no --email was given"
+    raise InputError(
+        msg,
+        hint="add --email you@example.org (repeatable), or --no-notify to create it anyway "
+        "(alerts then reach only the SNS topic costguard-budget-alerts, for you to subscribe)",
+    )
 
 
 def _call_record(call: ApiCall) -> dict[str, Any]:
@@ -226,12 +251,7 @@ def _report(
     alerts = ", ".join(str(n) for n in spec.notifications)
     summary = f"{spec.provider} budget {spec.name}: {format_usd(spec.budget_usd)} a month; {alerts}"
     if dry_run:
-        click.echo(f"Dry run - no call is made. {summary}")
-        click.echo("A run would make these calls, in order (reads first):")
-        for call in calls:
-            kind = "read " if call.read_only else "write"
-            click.echo(f"  {kind} {call}  # {call.reason}")
-            click.echo(f"        {json.dumps(render.to_jsonable(dict(call.params)))}")
+        _print_dry_run(spec, summary, calls)
     elif not calls:
         click.echo(f"No changes: {summary} already in place.")
     else:
@@ -239,6 +259,26 @@ def _report(
         for call in calls:
             click.echo(f"  {call}  # {call.reason}")
     render.print_notes(plan.notes, heading="Notes:")
+
+
+def _print_dry_run(spec: AlarmSpec, summary: str, calls: Sequence[ApiCall]) -> None:
+    """The plan in a few lines: what would exist, who is told, and the next step."""
+    render.print_prose(f"Dry run - no call is made. A run would set up {summary}.")
+    told = [f"{e} (email)" for e in spec.emails]
+    if spec.provider == "aws":
+        told.append("the SNS topic costguard-budget-alerts (subscribe more endpoints to it)")
+    if spec.provider == "gcp":
+        told.append("the billing account's administrators (GCP's default)")
+    if spec.pubsub_topic:
+        told.append(f"the Pub/Sub topic {spec.pubsub_topic}")
+    render.print_notes(told or ["nobody (--no-notify)"], heading="Who is told:")
+    writes = [c for c in calls if not c.read_only]
+    render.print_notes(
+        [f"{c.reason} ({c})" for c in writes] or ["nothing: reads only"],
+        heading=f"What it would create or change ({len(calls) - len(writes)} reads first):",
+    )
+    click.echo("Every call with its parameters: the same command with --format json.")
+    click.echo("Next: the same command without --dry-run.")
 
 
 @alarm_group.command(
@@ -283,23 +323,26 @@ def status_command(settings: Settings, **options: Any) -> None:
         click.echo(f"No costguard budget on {options['provider']}.")
         click.echo("Hint: costguard alarm --budget 200 --email me@uni.edu")
         return
-    from rich.table import Table  # only the table view needs rich
-
-    table = Table(title=f"costguard budgets on {options['provider']}", title_justify="left")
-    for name in ("Name", "Budget", "Spent", "Forecast", "Alerts", "Also"):
-        table.add_column(
-            name, justify="right" if name in ("Budget", "Spent", "Forecast") else "left"
-        )
-    for s in statuses:
-        table.add_row(
+    columns = (
+        render.Column("Name"),
+        render.Column("Budget", "right"),
+        render.Column("Spent", "right"),
+        render.Column("Forecast", "right"),
+        render.Column("Alerts", prose=True),
+        render.Column("Also", drop=1, prose=True),
+    )
+    rows = [
+        [
             s.name,
             format_usd(s.amount_usd),
             format_usd(s.actual_usd) if s.actual_usd is not None else "-",
             format_usd(s.forecast_usd) if s.forecast_usd is not None else "-",
             "\n".join(s.alerts),
             s.extra,
-        )
-    render.console().print(table)
+        ]
+        for s in statuses
+    ]
+    render.print_table(f"costguard budgets on {options['provider']}", columns, rows)
     click.echo("Provider billing data lags hours; `costguard burn` shows the live rate.")
 
 

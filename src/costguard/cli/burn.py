@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import click
@@ -49,6 +50,12 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
 @fleet_options("Region (repeatable). Default: every region in the price tables (AWS); all.")
 @click.option("--webhook", help="POST a JSON alert to this URL when over budget.")
 @click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw month-to-date spend, the projection and the budget line into this PNG "
+    "(needs costguard[plot]).",
+)
+@click.option(
     "--notify/--no-notify",
     default=True,
     show_default=True,
@@ -73,6 +80,11 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
     if webhook and not webhook.startswith(("https://", "http://")):
         msg = f"--webhook must be an http(s) URL, not {webhook!r}"
         raise InputError(msg, hint="e.g. --webhook https://hooks.slack.com/services/...")
+    plot: Path | None = options["plot"]
+    if plot is not None:
+        from costguard.plots import check_target
+
+        check_target(plot)
     provider = options["provider"].lower()
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     prices = PriceBook(catalog)
@@ -91,6 +103,10 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
         render.print_json(_document(report))
     else:
         _print(report)
+    if plot is not None:
+        from costguard.plots import draw_burn
+
+        click.echo(f"Picture: {draw_burn(plot, report).path}", err=True)
     if not report.over_budget:
         return
     message = _alert_text(report)
@@ -169,23 +185,26 @@ def _alert_text(report: BurnReport) -> str:
 
 def _print(report: BurnReport) -> None:
     if report.instances:
-        from rich.table import Table  # only the table view needs rich
-
-        table = Table(
-            title=f"Running instances - {report.now:%Y-%m-%d %H:%M} UTC", title_justify="left"
+        columns = (
+            render.Column("Region"),
+            render.Column("Instance"),
+            render.Column("Type"),
+            render.Column("Market", drop=1),
+            render.Column("Since", drop=2),
+            render.Column("$/h", "right"),
         )
-        for name in ("Region", "Instance", "Type", "Market", "Since", "$/h"):
-            table.add_column(name, justify="right" if name == "$/h" else "left")
-        for p in report.instances:
-            table.add_row(
+        rows = [
+            [
                 p.instance.region,
                 p.instance.instance_id,
                 p.instance.instance_type,
                 "spot" if p.instance.spot else "on-demand",
                 f"{p.instance.launched_at:%Y-%m-%d %H:%M}" if p.instance.launched_at else "?",
                 format_usd(p.usd_per_hour, rate=True) if p.usd_per_hour is not None else "?",
-            )
-        render.console().print(table)
+            ]
+            for p in report.instances
+        ]
+        render.print_table(f"Running instances - {report.now:%Y-%m-%d %H:%M} UTC", columns, rows)
     else:
         click.echo("No running instance seen.")
     click.echo(f"Burn rate:            {format_usd(report.usd_per_hour)}/h")

@@ -638,13 +638,13 @@ def print_table(
     *,
     assumptions: bool = True,
 ) -> None:
-    """One row per provider and region: on-demand and spot side by side.
+    """Two rows per provider and region, on-demand above spot, cheapest place first.
 
-    A SLURM allocation gets its own table right below, in service units, and a line
-    that sets it against the cheapest cloud option.
+    A narrow terminal loses the compute, storage and egress columns (the total keeps
+    them), never a price, a total, an instance or a region. A SLURM allocation gets its
+    own table right below, in service units, and a line that sets it against the
+    cheapest cloud option.
     """
-    from rich.table import Table
-
     request = result.request
     markets = request.markets
     by_place: dict[tuple[str, str], dict[Market, CostOption]] = {}
@@ -660,36 +660,41 @@ def print_table(
         f"{what}{per_instance}, {request.count} instance(s), {request.hours} h"
         f" - {catalog.origin} prices as of {as_of}"
     )
-    table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("Provider", no_wrap=True)
-    table.add_column("Region", no_wrap=True)
-    for market in markets:
-        label = "On-demand" if market is Market.ON_DEMAND else "Spot"
-        table.add_column(f"{label}\ninstance", no_wrap=True)
-        for name in ("$/h", "compute", "total"):
-            table.add_column(f"{label}\n{name}", justify="right", no_wrap=True)
-    table.add_column("Storage", justify="right", no_wrap=True)
-    table.add_column("Egress", justify="right", no_wrap=True)
+    columns = (
+        render.Column("Where"),
+        render.Column("Market"),
+        render.Column("Instance"),
+        render.Column("$/h", "right"),
+        render.Column("Compute", "right", drop=1),
+        render.Column("Total", "right"),
+        render.Column("Storage", "right", drop=2),
+        render.Column("Egress", "right", drop=3),
+    )
+    rows: list[list[str]] = []
     flagged = False
     for (provider, region), by_market in by_place.items():
-        cells = [provider, region]
+        where = f"{provider} {region}"
         for market in markets:
             option = by_market.get(market)
             if option is None:
-                cells += ["-", "-", "-", "-"]
-                continue
-            mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
-            flagged = flagged or bool(mark)
-            cells += [
-                option.instance_type,
-                format_usd(option.usd_per_hour, rate=True) + mark,
-                format_usd(option.compute_usd),
-                format_usd(option.total_usd),
-            ]
-        any_option = next(iter(by_market.values()))
-        cells += [format_usd(any_option.storage_usd), format_usd(any_option.egress_usd)]
-        table.add_row(*cells)
-    render.console().print(table)
+                rows.append([where, str(market), "-", "-", "-", "-", "-", "-"])
+            else:
+                mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
+                flagged = flagged or bool(mark)
+                rows.append(
+                    [
+                        where,
+                        str(market),
+                        option.instance_type,
+                        format_usd(option.usd_per_hour, rate=True) + mark,
+                        format_usd(option.compute_usd),
+                        format_usd(option.total_usd),
+                        format_usd(option.storage_usd),
+                        format_usd(option.egress_usd),
+                    ]
+                )
+            where = ""
+    render.print_table(title, columns, rows)
     hidden = len({(o.provider, o.region) for o in result.options}) - len(by_place)
     if hidden > 0:
         click.echo(f"({hidden} more region(s): --top 0 shows all)")
@@ -714,27 +719,27 @@ def print_table(
 
 def print_slurm_table(slurm: SlurmOption) -> None:
     """The SLURM allocation: GPU-hours, service units, and dollars only when given."""
-    from rich.table import Table
-
     rate = slurm.rate
     title = (
         f"SLURM allocation: {slurm.gpus} x {slurm.accelerator} GPU(s), {slurm.hours} h "
         "- counted in service units (SU)"
     )
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for name in ("Provider", "GPU-hours", "SU/GPU-h", "Service units"):
-        table.add_column(name, justify="left" if name == "Provider" else "right", no_wrap=True)
+    columns = [
+        render.Column("Provider"),
+        render.Column("GPU-hours", "right"),
+        render.Column("SU/GPU-h", "right"),
+        render.Column("Service units", "right"),
+    ]
     cells = [SLURM, format_su(slurm.gpu_hours), format_su(rate.su_per_gpu_hour)]
     cells.append(format_su(slurm.service_units))
     if rate.su_budget is not None:
-        table.add_column("Of allocation", justify="right", no_wrap=True)
+        columns.append(render.Column("Of allocation", "right"))
         share = slurm.budget_share or Decimal(0)
         cells.append(f"{share * 100:.1f}% of {format_su(rate.su_budget)}")
-    table.add_column("USD", justify="right", no_wrap=True)
+    columns.append(render.Column("USD", "right"))
     if slurm.usd is None:
         cells.append("allocation, not billed")
     else:
         usd_per_su = format_usd(rate.usd_per_su or Decimal(0), rate=True)
         cells.append(f"{format_usd(slurm.usd)} (at {usd_per_su}/SU)")
-    table.add_row(*cells)
-    render.console().print(table)
+    render.print_table(title, columns, [cells])

@@ -92,7 +92,7 @@ def _usd(amount: Decimal) -> str:
 
 
 def _echo(message: str) -> None:
-    click.echo(f"costguard: {message}", err=True)
+    render.print_prose(message, first="costguard: ", indent="  ", err=True)
 
 
 @click.command(
@@ -207,6 +207,12 @@ def _echo(message: str) -> None:
     show_default=True,
     help="The final report: table for people, json for scripts.",
 )
+@click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="local: do not print the job's own output (its log files are still named).",
+)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def launch_command(settings: Settings, /, **options: Any) -> None:
@@ -222,6 +228,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     another controller can take over with --attach.
     """
     from costguard.spot.controller import Controller, check_not_supervised
+    from costguard.spot.job import release_job
 
     if options["attach_url"]:
         job, store = _attached(options)
@@ -243,11 +250,14 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         on_event=lambda event: _echo(event.message),
     )
     try:
-        final = controller.run(job)
+        with _following(launcher, job, quiet=options["quiet"]):
+            final = controller.run(job)
     except KeyboardInterrupt:
+        released = release_job(store)
         _echo(
             "interrupted: the job keeps running unsupervised; "
             f"`costguard launch --attach {job.spec.checkpoint_url}` takes over"
+            + ("" if released else " (with --force: this controller could not release it)")
         )
         raise
     finally:
@@ -257,6 +267,18 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     _report(final, offers, options["output_format"])
     if final.status != "succeeded":
         sys.exit(1)
+
+
+def _following(launcher: Any, job: Any, *, quiet: bool) -> Any:
+    """A local job's output on stderr while it runs; nothing to follow elsewhere."""
+    from contextlib import nullcontext
+
+    from costguard.cli.follow import Follower
+
+    state_dir = getattr(launcher, "state_dir", None)
+    if job.spec.provider != "local" or state_dir is None:
+        return nullcontext()
+    return Follower(Path(state_dir) / job.spec.job_id, quiet=quiet)
 
 
 def _default_poll(provider: str) -> float:
@@ -565,7 +587,9 @@ def _print_estimate(spec: Any, offer: Any, fallback: Any, as_of: str) -> None:
             f"killed {grace} after the notice if still running"
         )
     for line in lines:
-        click.echo(line, err=True)
+        body = line.removeprefix("  ")
+        indent = "  " if body != line else ""
+        render.print_prose(body, first=indent, indent=indent + "  ", err=True)
 
 
 # -- reports ----------------------------------------------------------------------------
@@ -634,30 +658,33 @@ def _report(job: Any, offers: Sequence[Any], output_format: str) -> None:
 def _print_table(
     job: Any, offers: Sequence[Any], now: float, checkpoint: dict[str, Any] | None
 ) -> None:
-    from rich.table import Table
-
     from costguard.spot.controller import handle_label, summarise
 
     summary = summarise(job, offers, now)
-    table = Table(title=f"job {job.spec.job_id}: {job.status}")
-    for column in ("#", "where", "market", "$/h", "instance", "outcome", "exit", "steps", "cost"):
-        table.add_column(column, justify="right" if column in ("#", "$/h", "cost") else "left")
+    columns = [
+        render.Column(name, "right" if name in ("#", "$/h", "cost") else "left")
+        for name in ("#", "where", "market", "$/h", "instance", "outcome", "exit", "steps", "cost")
+    ]
+    columns[4] = render.Column("instance", drop=2)
+    columns[6] = render.Column("exit", drop=1)
+    rows = []
     for a in job.attempts:
         steps = f"{a.resumed_step if a.resumed_step is not None else 0}"
         steps += f"->{a.last_step}" if a.last_step is not None else "->?"
-        table.add_row(
-            str(a.number),
-            a.offer.place,
-            a.offer.market.value,
-            format_usd(a.offer.usd_per_hour, rate=True),
-            handle_label(a.handle),
-            a.outcome.value if a.outcome else "running",
-            "" if a.exit_code is None else str(a.exit_code),
-            steps,
-            _usd(a.cost_usd(now)),
+        rows.append(
+            [
+                str(a.number),
+                a.offer.place,
+                a.offer.market.value,
+                format_usd(a.offer.usd_per_hour, rate=True),
+                handle_label(a.handle),
+                a.outcome.value if a.outcome else "running",
+                "" if a.exit_code is None else str(a.exit_code),
+                steps,
+                _usd(a.cost_usd(now)),
+            ]
         )
-    console = render.console()
-    console.print(table)
+    render.print_table(f"job {job.spec.job_id}: {job.status}", columns, rows)
     lost = "unknown" if summary.lost_steps is None else str(summary.lost_steps)
     simulated = job.spec.provider == "local"
     lines = [
@@ -682,7 +709,7 @@ def _print_table(
             "--to model.safetensors"
         )
     for line in lines:
-        click.echo(line)
+        render.print_prose(line, first="", indent="  ")
 
 
 @click.group("jobs", epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch.")
@@ -700,14 +727,28 @@ def jobs_group() -> None:
     show_default=True,
     help="table for people, json for scripts.",
 )
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw the cost over wall time, the on-demand line and the preemptions into "
+    "this PNG (needs costguard[plot]).",
+)
 @click.pass_obj
-def status_command(settings: Settings, /, url: str, output_format: str) -> None:
+def status_command(settings: Settings, /, url: str, output_format: str, plot: Path | None) -> None:
     """Attempts, preemptions, cost so far and status of the job at checkpoint URL."""
     from costguard.spot.job import load_job
 
+    if plot is not None:
+        from costguard.plots import check_target
+
+        check_target(plot)
     job = load_job(_open_store(_normal_url(url)))
     try:
         offers: list[Any] = _offers_for(settings, job.spec)
     except InputError:
         offers = []
     _report(job, offers, output_format)
+    if plot is not None:
+        from costguard.plots import draw_job
+
+        click.echo(f"Picture: {draw_job(plot, job, offers, time.time()).path}", err=True)

@@ -18,6 +18,7 @@ from costguard.cli import render
 from costguard.cli.params import FORMAT
 from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
+from costguard.pricing import TABLES
 from costguard.pricing.catalog import (
     Catalog,
     InstancePrice,
@@ -34,8 +35,6 @@ from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
-
-TABLES = ("gpu_instances", "cpu_instances", "storage", "transfer", "regions")
 
 
 @click.group("pricing", short_help="Inspect the price tables, or refresh them.")
@@ -87,7 +86,7 @@ def show_command(
     wanted_gpu = canonical_gpu(gpu, catalog.accelerators) if gpu else None
     rows = [
         row
-        for row in _table_rows(catalog, table)
+        for row in table_rows(catalog, table)
         if (not wanted_providers or row["provider"] in wanted_providers)
         and (not wanted_regions or row.get("region", row.get("name")) in wanted_regions)
         and (wanted_gpu is None or row.get("accelerator") == wanted_gpu)
@@ -109,7 +108,7 @@ def show_command(
         render.print_csv(columns, rows)
     else:
         _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
-        click.echo(f"Source: {info.source}")
+        render.print_prose(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
     if table in ("gpu_instances", "cpu_instances"):
         named = [catalog.find_region(r) for r in regions]
@@ -284,7 +283,8 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         _say_uncovered(catalog, uncovered)
 
 
-def _table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
+def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
+    """The rows of one table as plain records (dates as ISO strings, enums as values)."""
     records: Sequence[InstancePrice | StorageRate | TransferRate | Region]
     if table == "gpu_instances":
         records = [i for i in catalog.instances if i.accelerator]
@@ -321,16 +321,58 @@ def _statuses(row: dict[str, Any]) -> set[str]:
     return {str(row.get(k)) for k in ("ondemand_status", "spot_status", "status")}
 
 
-def _print_rows(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    from rich.table import Table
+# Column labels for people (the JSON and CSV keep the field names), which columns a
+# narrow terminal loses first (higher first), and which hold free text that may wrap.
+_LABELS = {
+    "instance_type": "instance",
+    "accelerator": "GPU",
+    "accelerator_count": "GPUs",
+    "gpus_per_instance": "GPUs per\ninstance",
+    "memory_gib": "memory\nGiB",
+    "memory_gb": "memory\nGB",
+    "ondemand_usd_per_hour": "on-demand\n$/h",
+    "spot_usd_per_hour": "spot\n$/h",
+    "ondemand_usd_per_gpu_hour": "on-demand\n$/GPU-h",
+    "spot_usd_per_gpu_hour": "spot\n$/GPU-h",
+    "ondemand_status": "on-demand\nstatus",
+    "spot_status": "spot\nstatus",
+    "refreshed_at": "refreshed at",
+    "as_of": "as of",
+}
+_DROP = {
+    "vcpus": 6,
+    "memory_gib": 5,
+    "memory_gb": 5,
+    "aliases": 4,
+    "refreshed_at": 4,
+    "ondemand_status": 3,
+    "spot_status": 3,
+    "gpus_per_instance": 2,
+    "accelerator_count": 2,
+    "regions": 1,
+    "records": 1,
+}
+_PROSE = {"note", "source", "aliases", "providers", "regions", "gpus_per_instance"}
 
-    table = Table(title=title, title_justify="left", header_style="bold")
-    for name in columns:
-        money = name.endswith(("usd_per_hour", "usd_per_gpu_hour")) or name == "usd"
-        table.add_column(name, justify="right" if money else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(name, row.get(name)) for name in columns))
-    render.console().print(table)
+
+def _print_rows(title: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    render.print_table(
+        title,
+        [
+            render.Column(
+                _LABELS.get(name, name.replace("_", " ")),
+                "right" if _money(name) else "left",
+                drop=_DROP.get(name, 0),
+                prose=name in _PROSE,
+            )
+            for name in columns
+        ],
+        [[_cell(name, row.get(name)) for name in columns] for row in rows],
+    )
+
+
+def _money(name: str) -> bool:
+    return name.endswith(("usd_per_hour", "usd_per_gpu_hour")) or name == "usd"
 
 
 def _cell(name: str, value: Any) -> str:

@@ -149,13 +149,16 @@ def reap_command(ctx: click.Context, /, **options: Any) -> None:
     policy = _policy(provider, options)
     limits = ReapLimits(options["max_actions"], float(options["max_percent"]))
     prices = PriceBook(load_tables(settings.pricing_dir, settings.pricing_cache_dir))
-    report = reap(
-        fleets(provider, options, prices, settings),
-        policy,
-        limits,
-        datetime.now(UTC),
-        execute=options["execute"],
-    )
+    chosen = fleets(provider, options, prices, settings)
+    with render.progress(f"Scanning {provider}", len(chosen)) as advance:
+        report = reap(
+            chosen,
+            policy,
+            limits,
+            datetime.now(UTC),
+            execute=options["execute"],
+            on_judged=lambda fleet: advance(str(getattr(fleet, "region", "") or provider)),
+        )
     if options["output_format"].lower() == "json":
         render.print_json(to_document(report, provider))
     else:
@@ -284,30 +287,31 @@ def to_document(report: ReapReport, provider: str) -> dict[str, Any]:
 
 def print_table(report: ReapReport) -> None:
     """One row per instance seen, then what the run did or would do."""
-    from rich.table import Table
-
     plan = report.plan
     done = _done(report)
     mode = "executed" if report.executed else "dry run"
-    table = Table(
-        title=f"costguard reap - {mode} at {format_timestamp(report.now)}",
-        title_justify="left",
-        header_style="bold",
+    columns = (
+        render.Column("Instance"),
+        render.Column("Name", drop=2),
+        render.Column("Type", drop=1),
+        render.Column("Where"),
+        render.Column("$/h", "right"),
+        render.Column("Verdict"),
+        render.Column("Reason", prose=True),
     )
-    for column in ("Instance", "Name", "Type", "Where", "$/h", "Verdict", "Reason"):
-        table.add_column(column, justify="right" if column == "$/h" else "left")
-    for verdict in plan.verdicts:
-        instance = verdict.instance
-        table.add_row(
-            instance.instance_id,
-            instance.name,
-            instance.instance_type,
-            instance.zone or instance.region,
+    rows = [
+        [
+            verdict.instance.instance_id,
+            verdict.instance.name,
+            verdict.instance.instance_type,
+            verdict.instance.zone or verdict.instance.region,
             _rate(verdict),
             _status(verdict, report, done),
             verdict.reason,
-        )
-    render.console().print(table)
+        ]
+        for verdict in plan.verdicts
+    ]
+    render.print_table(f"costguard reap - {mode} at {format_timestamp(report.now)}", columns, rows)
     verb = _PAST[report.policy.action]
     selected = format_usd(plan.usd_per_hour, rate=True)
     lines = [

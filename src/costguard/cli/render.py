@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import json
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import click
+from rich.cells import cell_len
 
 from costguard.money import usd_str
 
@@ -40,6 +43,26 @@ def console(*, stderr: bool = False) -> Any:
         highlight=False,
         soft_wrap=not terminal,
     )
+
+
+@contextmanager
+def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
+    """A progress bar on stderr over ``total`` steps: on a terminal only, never in a pipe
+    or cron, and only when there is more than one step. Yields ``advance(label)``."""
+    con = console(stderr=True)
+    if not con.is_terminal or total < 2:
+        yield lambda label: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=con, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+
+        def advance(label: str) -> None:
+            bar.update(task, advance=1, description=f"{description} ({label} done)")
+
+        yield advance
 
 
 def to_jsonable(value: Any) -> Any:
@@ -72,13 +95,219 @@ def print_notes(lines: Iterable[str], *, heading: str | None = None, err: bool =
     lines = list(lines)
     if not lines:
         return
+    if err:
+        if heading:
+            click.echo(heading, err=True)
+        for line in lines:
+            click.echo(f"  - {line}", err=True)
+        return
+    con = console()
     if heading:
-        click.echo(heading, err=err)
+        click.echo(heading)
     for line in lines:
-        click.echo(f"  - {line}", err=err)
+        print_prose(line, first="  - ", indent="    ", con=con)
 
 
-@contextlib.contextmanager
+# Tables for people. One helper for every command, so that every table fits the terminal
+# it is printed on: the columns that matter (money, names, regions) are never cut; when the
+# terminal is too narrow for all columns the least important ones go first, and when even
+# the essential ones do not fit side by side each row is printed as a block of lines. When
+# stdout is not a terminal (a pipe, a file, cron) the layout is plain and does not depend
+# on any width: aligned columns, no box drawing, one line per row.
+
+_GAP = 2  # columns are two spaces apart (rich SIMPLE_HEAD, right padding only)
+_PROSE_MIN = 24  # free text is given at least this many characters before it wraps
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a table for people.
+
+    ``drop`` is 0 for a column always shown; a column with a higher ``drop`` is left out
+    first when the terminal is too narrow. ``prose`` marks free text (reasons, notes) that
+    may wrap at word boundaries; every other cell is shown whole or not at all.
+    """
+
+    header: str
+    justify: Literal["left", "right"] = "left"
+    drop: int = 0
+    prose: bool = False
+
+    @property
+    def label(self) -> str:
+        """The header on one line (stacked and plain layouts)."""
+        return " ".join(self.header.split())
+
+
+def print_table(
+    title: str | None,
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    *,
+    con: Any = None,
+) -> None:
+    """Print ``rows`` (already formatted cells) under ``title`` so that they fit.
+
+    On a terminal: a table of the columns that fit side by side (a line names those left
+    out), or one block of lines per row when even the essential ones do not. Elsewhere:
+    the plain layout with every column.
+    """
+    con = con or console()
+    cells = [
+        [_one_line(c) if not col.prose else c for c, col in zip(row, columns, strict=True)]
+        for row in rows
+    ]
+    if not con.is_terminal:
+        _print_plain(con, title, columns, cells)
+        return
+    width = con.width
+    shown = list(range(len(columns)))
+    for index in sorted(
+        (i for i, c in enumerate(columns) if c.drop), key=lambda i: -columns[i].drop
+    ):
+        if _table_width(columns, cells, shown) <= width:
+            break
+        shown.remove(index)
+    if _table_width(columns, cells, shown) > width:
+        _print_stacked(con, title, columns, cells)
+        return
+    if title:
+        print_prose(title, con=con)
+    con.print(_rich_table(columns, cells, shown))
+    left_out = [columns[i].label for i in range(len(columns)) if i not in shown]
+    if left_out:
+        print_prose(
+            f"({', '.join(left_out)} not shown at {width} columns: a wider terminal, or "
+            "--format json, shows them)",
+            con=con,
+        )
+
+
+def print_prose(
+    text: str, *, indent: str = "", first: str | None = None, con: Any = None, err: bool = False
+) -> None:
+    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere.
+
+    ``first`` starts the first line (default: ``indent``), ``indent`` the lines it wraps
+    onto; ``err``: on stderr, wrapped to stderr's terminal.
+    """
+    con = con or console(stderr=err)
+    first = indent if first is None else first
+    if con.is_terminal:
+        lines = textwrap.wrap(
+            text,
+            width=max(20, con.width),
+            initial_indent=first,
+            subsequent_indent=indent,
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [first.rstrip()]
+    else:
+        lines = [first + text]
+    for line in lines:
+        click.echo(line, err=err)
+
+
+def _one_line(cell: str) -> str:
+    return "; ".join(part.strip() for part in cell.splitlines() if part.strip())
+
+
+def _natural(column: Column, cells: Sequence[Sequence[str]], index: int) -> int:
+    widths = [cell_len(line) for line in column.header.splitlines()]
+    widths += [cell_len(line) for row in cells for line in (row[index].splitlines() or [""])]
+    return max(widths, default=0)
+
+
+def _least(column: Column, cells: Sequence[Sequence[str]], index: int) -> int:
+    """The narrowest a column may be: whole cells, or for prose its longest word."""
+    natural = _natural(column, cells, index)
+    if not column.prose:
+        return natural
+    words = [cell_len(w) for row in cells for w in row[index].split()]
+    words += [cell_len(w) for w in column.header.split()]
+    return max(min(natural, _PROSE_MIN), *words, 1)
+
+
+def _table_width(
+    columns: Sequence[Column], cells: Sequence[Sequence[str]], shown: Sequence[int]
+) -> int:
+    return sum(_least(columns[i], cells, i) for i in shown) + _GAP * (len(shown) - 1)
+
+
+def _rich_table(
+    columns: Sequence[Column], cells: Sequence[Sequence[str]], shown: Sequence[int]
+) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    table = Table(
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+        padding=(0, 1, 0, 0),
+        header_style="bold",
+        expand=False,
+    )
+    for i in shown:
+        column = columns[i]
+        if column.prose:
+            table.add_column(
+                column.header, justify=column.justify, min_width=_least(column, cells, i)
+            )
+        else:
+            table.add_column(
+                column.header,
+                justify=column.justify,
+                no_wrap=True,
+                min_width=_natural(column, cells, i),
+            )
+    for row in cells:
+        table.add_row(*(row[i] for i in shown))
+    return table
+
+
+def _print_stacked(
+    con: Any, title: str | None, columns: Sequence[Column], cells: Sequence[Sequence[str]]
+) -> None:
+    """One block per row: ``label  value`` lines, free text wrapped under its label."""
+    if title:
+        print_prose(title, con=con)
+    pad = max(cell_len(c.label) for c in columns) + 2
+    for row in cells:
+        click.echo("")
+        for column, cell in zip(columns, row, strict=True):
+            if not cell.strip():
+                continue
+            label = column.label.ljust(pad)
+            for n, line in enumerate(cell.splitlines()):
+                print_prose(line, first=label if n == 0 else " " * pad, indent=" " * pad, con=con)
+
+
+def _print_plain(
+    con: Any, title: str | None, columns: Sequence[Column], cells: Sequence[Sequence[str]]
+) -> None:
+    """Aligned columns, no box drawing, no wrapping: the same whatever reads it."""
+    flat = [[_one_line(c) for c in row] for row in cells]
+    labels = [c.label for c in columns]
+    widths = [
+        max([cell_len(labels[i])] + [cell_len(row[i]) for row in flat]) for i in range(len(columns))
+    ]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [
+            v.rjust(w) if c.justify == "right" else v.ljust(w)
+            for v, w, c in zip(values, widths, columns, strict=True)
+        ]
+        return "  ".join(parts).rstrip()
+
+    if title:
+        click.echo(title)
+    click.echo(line(labels))
+    for row in flat:
+        click.echo(line(row))
+
+
+@contextmanager
 def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
     """A ``progress(done, total)`` callback that draws a bar on stderr when it is a
     terminal, and does nothing in a pipe, a log file or cron."""

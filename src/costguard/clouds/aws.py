@@ -47,6 +47,15 @@ def client(
     )
 
 
+#: What a person with boto3 and no credentials can do, whichever way their site works.
+CREDENTIALS_HINT = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (an access key), or AWS_PROFILE for a "
+    "profile in ~/.aws/config; with IAM Identity Center (SSO) run `aws sso login --profile "
+    "NAME` and set AWS_PROFILE=NAME. Give that identity only what costguard needs: "
+    "infra/aws/*-policy.json in the costguard repository"
+)
+
+
 def translate(exc: BaseException, action: str) -> CostguardError:
     """A botocore/boto3 exception as a :class:`CostguardError` that says what to do.
 
@@ -56,7 +65,7 @@ def translate(exc: BaseException, action: str) -> CostguardError:
     if isinstance(exc, exceptions.NoCredentialsError | exceptions.PartialCredentialsError):
         return CostguardError(
             f"no AWS credentials while {action}",
-            hint="run `aws configure` or `aws sso login`, or set AWS_PROFILE",
+            hint=CREDENTIALS_HINT,
         )
     if isinstance(exc, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
         return CostguardError(

@@ -6,4 +6,38 @@
   canonical accelerator names the tables use.
 * :mod:`costguard.pricing.estimate` is the pure arithmetic: price x hours x count +
   storage + egress, per provider, region and market.
+
+``table(name)`` gives one of the tables as a ``pandas.DataFrame`` (costguard[pandas]).
 """
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+TABLES = ("gpu_instances", "cpu_instances", "storage", "transfer", "regions")
+
+
+def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
+    """The rows of price table ``name`` as a DataFrame, as ``costguard pricing show NAME``.
+
+    The fresher of the bundled tables and ``pricing refresh``'s cache, like the CLI;
+    prices stay :class:`~decimal.Decimal`. ``DataFrame.attrs`` holds ``as_of``,
+    ``source`` and ``origin``.
+    """
+    from costguard.cli.pricing import table_rows
+    from costguard.errors import InputError
+    from costguard.notebook import _pandas
+    from costguard.pricing.catalog import load_tables
+    from costguard.settings import Settings
+
+    if name not in TABLES:
+        msg = f"unknown price table {name!r}"
+        raise InputError(msg, hint=f"one of: {', '.join(TABLES)}")
+    pandas = _pandas()
+    settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    frame = pandas.DataFrame.from_records(table_rows(catalog, name))
+    info = catalog.tables[name]
+    frame.attrs.update(as_of=info.as_of.isoformat(), source=info.source, origin=catalog.origin)
+    return frame

@@ -8,7 +8,7 @@ the whole run at once, and acts in batches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
@@ -184,6 +184,7 @@ def reap(
     now: datetime,
     *,
     execute: bool,
+    on_judged: Callable[[Fleet], None] | None = None,
 ) -> ReapReport:
     """Judge every fleet, plan within the limits, and act only when ``execute`` is true.
 
@@ -203,6 +204,8 @@ def reap(
         for verdict in judge_fleet(fleet, policy, now):
             owners[_key(verdict.instance)] = fleet
             verdicts.append(verdict)
+        if on_judged is not None:
+            on_judged(fleet)  # a progress bar over many regions
     plan = plan_reap(verdicts, limits)
     outcomes: list[Outcome] = []
     if execute and plan.breach is None:

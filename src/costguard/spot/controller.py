@@ -190,9 +190,13 @@ class Controller:
                 lost_steps = 0  # the emergency save holds every step done
             else:
                 lost_s, lost_steps = self._lost_work(current, now, last_step)
+        # When the job ended, not when this controller noticed (it may have been away).
+        ended = now
+        if record is not None and current.launched_unix <= record.finished_unix < now:
+            ended = record.finished_unix
         closed = replace(
             current,
-            ended_unix=now,
+            ended_unix=ended,
             outcome=outcome,
             exit_code=code,
             detail=detail,
@@ -447,14 +451,14 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
 
 
 def handle_label(handle: Handle | None) -> str:
-    """An instance for a table cell.
+    """An instance for a table cell (its region and zone are in the place column).
 
     >>> handle_label(Handle("aws", "us-east-1", "i-0abc", zone="us-east-1a"))
-    'i-0abc (us-east-1a)'
+    'i-0abc'
     """
     if handle is None:
         return "-"
-    return f"{handle.instance_id} ({handle.zone or handle.region})"
+    return handle.instance_id
 
 
 def terminate_quietly(launcher: Launcher, handle: Handle) -> None:

@@ -472,10 +472,32 @@ def save_job(store: Store, job: Job) -> Job:
         job,
         updated_unix=now,
         heartbeat_unix=now,
-        controller=f"{os.getpid()}@{socket.gethostname()}",
+        controller=_controller_id(),
     )
     store.put(JOB_FILE, json.dumps(job_doc(stamped), indent=1, sort_keys=True).encode())
     return stamped
+
+
+def release_job(store: Store) -> bool:
+    """Give up supervising the job, so that ``--attach`` can take over at once.
+
+    A controller stopped by Ctrl-C calls this: it clears the heartbeat it wrote, but only
+    while ``job.json`` still names this process as the controller of a running job.
+    Returns whether it did; a store it cannot read or write is left as it is.
+    """
+    try:
+        job = load_job(store)
+        if job.status != RUNNING or job.controller != _controller_id():
+            return False
+        released = replace(job, controller="", heartbeat_unix=0.0)
+        store.put(JOB_FILE, json.dumps(job_doc(released), indent=1, sort_keys=True).encode())
+    except (OSError, CostguardError):
+        return False
+    return True
+
+
+def _controller_id() -> str:
+    return f"{os.getpid()}@{socket.gethostname()}"
 
 
 def load_job(store: Store) -> Job:

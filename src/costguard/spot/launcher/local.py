@@ -275,7 +275,9 @@ class LocalLauncher:
         if alive:
             return Status(handle, State.RUNNING, "", None)
         self._reap(handle)
-        if due:
+        if due and handle.instance_id in self._announced:
+            # Only a notice this launcher served interrupted it: a process that ended
+            # while no controller was there to serve its notice simply exited.
             return Status(
                 handle,
                 State.PREEMPTED,

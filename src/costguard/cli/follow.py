@@ -1,0 +1,86 @@
+"""The job's own output while ``costguard launch --provider local`` supervises it.
+
+A local attempt writes its output to ``<state dir>/<job id>/attempt-N.log``. The follower
+names each log as it appears and, unless ``--quiet``, prints its lines as they come,
+prefixed with the attempt number, on stderr (stdout stays the report, e.g. JSON). It reads
+from a thread that polls the folder; the last lines are read when it stops.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+_ATTEMPT = re.compile(r"attempt-(\d+)\.log$")
+POLL_S = 0.2
+MAX_LINE = 4000  # a line longer than this is printed in pieces, never held back whole
+
+
+class Follower:
+    """Print the new lines of every ``attempt-N.log`` in ``folder``, until stopped."""
+
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        quiet: bool = False,
+        echo: Callable[[str], None] | None = None,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.folder = folder
+        self.quiet = quiet
+        self.poll_s = poll_s
+        self._echo = echo or (lambda line: click.echo(line, err=True))
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="costguard-follow", daemon=True)
+
+    def __enter__(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.drain(final=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self.drain()
+
+    def _logs(self) -> list[tuple[int, Path]]:
+        try:
+            found = [(m, p) for p in self.folder.iterdir() if (m := _ATTEMPT.search(p.name))]
+        except OSError:
+            return []
+        return sorted((int(m.group(1)), p) for m, p in found)
+
+    def drain(self, *, final: bool = False) -> None:
+        """Print what was written since the last call (all of it when ``final``)."""
+        for number, path in self._logs():
+            if path not in self._offsets:
+                self._offsets[path] = 0
+                # The path on a line of its own: it stays whole, to copy.
+                self._echo(f"costguard: attempt {number} writes its output to\n  {path}")
+            try:
+                with path.open("rb") as stream:
+                    stream.seek(self._offsets[path])
+                    data = stream.read()
+            except OSError:
+                continue
+            self._offsets[path] += len(data)
+            data = self._partial.pop(path, b"") + data
+            *lines, rest = data.split(b"\n")
+            if (final and rest) or len(rest) > MAX_LINE:
+                lines.append(rest)
+            elif rest:
+                self._partial[path] = rest
+            if not self.quiet:
+                for line in lines:
+                    text = line.decode("utf-8", errors="replace").rstrip("\r")
+                    self._echo(f"  [{number}] {text}")

@@ -1,0 +1,238 @@
+"""The Python API for notebooks and scripts: ``costguard.estimate(...)``.
+
+It builds the request, checks it and prices it exactly as ``costguard estimate`` does (the
+same functions), and returns an :class:`EstimateResult`: the estimate with the options
+shown, whose :meth:`~EstimateResult.document` is the ``--format json`` document,
+:meth:`~EstimateResult.to_pandas` a DataFrame (pandas is an optional extra, imported only
+there) and ``_repr_html_`` the table Jupyter shows. Money stays :class:`~decimal.Decimal`.
+
+>>> import costguard
+>>> result = costguard.estimate(gpu="a10g", hours=8, count=4)
+>>> type(result).__name__, result.estimate.request.count
+('EstimateResult', 4)
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import click
+
+from costguard.errors import InputError, MissingDependencyError
+from costguard.money import format_usd, usd_str
+from costguard.pricing.catalog import Catalog, load_tables
+from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate, limit_places
+from costguard.pricing.estimate import estimate as price
+from costguard.settings import Settings
+
+#: The DataFrame's columns: those of ``--format json``'s options, in that order.
+COLUMNS = (
+    "provider",
+    "region",
+    "instance_type",
+    "accelerator",
+    "gpus_per_instance",
+    "market",
+    "usd_per_hour",
+    "price_status",
+    "compute_usd",
+    "storage_usd",
+    "egress_usd",
+    "total_usd",
+    "pricing_as_of",
+    "notes",
+)
+
+
+@dataclass(frozen=True)
+class EstimateResult:
+    """An estimate as ``costguard estimate`` prints it: the options shown, cheapest first."""
+
+    estimate: Estimate
+    shown: tuple[CostOption, ...]
+    catalog: Catalog
+    top: int
+
+    @property
+    def cheapest(self) -> CostOption | None:
+        """The cheapest option, or ``None`` when nothing matched."""
+        return self.estimate.cheapest
+
+    @property
+    def assumptions(self) -> tuple[str, ...]:
+        """What every figure assumes (the lines under the table)."""
+        return ("total = compute + storage + egress", *self.estimate.assumptions)
+
+    def document(self) -> dict[str, Any]:
+        """The ``costguard estimate --format json`` document (money as Decimal)."""
+        from costguard.cli.estimate import to_document
+
+        return to_document(self.estimate, self.shown, self.catalog, None, self.top)
+
+    def records(self) -> list[dict[str, Any]]:
+        """One dict per option shown, with the ``--format json`` keys of :data:`COLUMNS`.
+
+        Money is the Decimal of the JSON's exact string (rounded as ``--format json``
+        rounds it), so the two always agree.
+        """
+        from costguard.cli.estimate import option_row
+
+        rows = []
+        for option in self.shown:
+            row = option_row(option, self.catalog)
+            rows.append(
+                {
+                    name: Decimal(usd_str(row[name]))
+                    if isinstance(row[name], Decimal)
+                    else row[name]
+                    for name in COLUMNS
+                }
+            )
+        return rows
+
+    def to_pandas(self) -> Any:
+        """The options as a ``pandas.DataFrame`` (money as Decimal; needs costguard[pandas]).
+
+        ``DataFrame.attrs`` holds ``assumptions`` and ``pricing_as_of``.
+        """
+        frame = _pandas().DataFrame.from_records(self.records(), columns=list(COLUMNS))
+        frame.attrs["assumptions"] = list(self.assumptions)
+        frame.attrs["pricing_as_of"] = self.document()["pricing_as_of"]
+        return frame
+
+    def _repr_html_(self) -> str:
+        """The table Jupyter shows: the figures of the terminal table, and the assumptions."""
+        heads = ("Provider", "Region", "Market", "Instance", "$/h", "Compute", "Storage",
+                 "Egress", "Total")  # fmt: skip
+        rows = [
+            (
+                o.provider,
+                o.region,
+                str(o.market),
+                o.instance_type,
+                format_usd(o.usd_per_hour, rate=True),
+                format_usd(o.compute_usd),
+                format_usd(o.storage_usd),
+                format_usd(o.egress_usd),
+                format_usd(o.total_usd),
+            )
+            for o in self.shown
+        ]
+        right = {"$/h", "Compute", "Storage", "Egress", "Total"}
+
+        def cells(tag: str, values: Iterable[str]) -> str:
+            return "".join(
+                f'<{tag} style="text-align:{"right" if h in right else "left"}">'
+                f"{html.escape(v)}</{tag}>"
+                for h, v in zip(heads, values, strict=True)
+            )
+
+        body = "".join(f"<tr>{cells('td', row)}</tr>" for row in rows)
+        notes = "".join(f"<li>{html.escape(line)}</li>" for line in self.assumptions)
+        return (
+            f"<p><b>{html.escape(self._title())}</b></p>"
+            f"<table><thead><tr>{cells('th', heads)}</tr></thead><tbody>{body}</tbody></table>"
+            f"<p>Assumptions:</p><ul>{notes}</ul>"
+        )
+
+    def __repr__(self) -> str:
+        cheapest = self.cheapest
+        best = (
+            f"cheapest {cheapest.provider} {cheapest.region} {cheapest.instance_type} "
+            f"{cheapest.market} {format_usd(cheapest.total_usd)}"
+            if cheapest
+            else "no option"
+        )
+        return f"<EstimateResult {self._title()}: {len(self.shown)} option(s), {best}>"
+
+    def _title(self) -> str:
+        request = self.estimate.request
+        what = request.gpu or request.instance_type
+        return (
+            f"{what} x {request.gpus_per_instance} per instance, {request.count} instance(s), "
+            f"{request.hours} h - {self.catalog.origin} prices as of "
+            f"{self.document()['pricing_as_of']}"
+        )
+
+
+def estimate(
+    gpu: str | None = None,
+    hours: float | int | str | Decimal = 1,
+    count: int = 1,
+    *,
+    gpus_per_instance: int = 1,
+    provider: str | Sequence[str] = (),
+    region: str | Sequence[str] = (),
+    instance_type: str | None = None,
+    spot: bool | None = None,
+    disk_gb: float | int | str | Decimal = DEFAULT_DISK_GB,
+    storage_gb: float | int | str | Decimal = 0,
+    storage_months: float | int | str | Decimal = 1,
+    egress_gb: float | int | str | Decimal = 0,
+    data_region: str | None = None,
+    data_gb: float | int | str | Decimal = 0,
+    top: int = 10,
+    pricing_dir: str | Path | None = None,
+) -> EstimateResult:
+    """What a GPU run costs, as ``costguard estimate`` computes it, offline.
+
+    The arguments are the command's options (``provider`` and ``region`` take a name or a
+    list). Bad input raises :class:`~costguard.errors.InputError` with a hint.
+    """
+    from costguard.cli import estimate as command
+
+    numbers = {
+        "hours": (hours, command.DecimalRange(0, minimum_open=True, maximum=command.MAX_HOURS)),
+        "disk_gb": (disk_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
+        "storage_gb": (storage_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
+        "storage_months": (storage_months, command.DecimalRange(0, maximum=1200)),
+        "egress_gb": (egress_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
+        "data_gb": (data_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
+    }
+    options: dict[str, Any] = {}
+    for name, (value, kind) in numbers.items():
+        try:
+            options[name] = kind.convert(str(value), None, None)
+        except click.BadParameter as exc:
+            msg = f"{name}: {exc.message}"
+            raise InputError(msg, hint=f"{name} takes a finite number") from None
+    for name, value, most in (("count", count, command.MAX_COUNT),
+                              ("gpus_per_instance", gpus_per_instance, 64),
+                              ("top", top, 10_000)):  # fmt: skip
+        lowest = 0 if name == "top" else 1
+        if not isinstance(value, int) or not lowest <= value <= most:
+            msg = f"{name} must be a whole number from {lowest} to {most}, not {value!r}"
+            raise InputError(msg, hint=f"e.g. {name}=1")
+    options.update(
+        gpu=gpu,
+        count=count,
+        gpus_per_instance=gpus_per_instance,
+        providers=_names(provider),
+        regions=_names(region),
+        instance_type=instance_type,
+        spot=spot,
+        data_region=data_region,
+    )
+    settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    request = command.build_request(catalog, options)
+    result = price(request, catalog)
+    return EstimateResult(result, tuple(limit_places(result.options, top)), catalog, top)
+
+
+def _names(value: str | Sequence[str]) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _pandas() -> Any:
+    try:
+        import pandas  # the optional extra, imported only here
+    except ImportError:
+        module = "pandas"
+        raise MissingDependencyError(module, "pandas") from None
+    return pandas
