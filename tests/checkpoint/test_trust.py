@@ -306,24 +306,33 @@ fault_plans = st.lists(
 )
 
 
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(plan=fault_plans, keep=st.integers(1, 4))
-def test_no_fault_sequence_loses_a_committed_checkpoint(
-    tmp_path_factory: pytest.TempPathFactory, plan: list[Any], keep: int
-) -> None:
-    root = tmp_path_factory.mktemp("prop")
-    names = make_steps(str(root), 4)
-    store = Store.open(str(root))
+def test_no_fault_sequence_loses_a_committed_checkpoint(backend: Backend) -> None:
+    # Many sequences on the local store, a few on each emulator (each costs a few seconds).
+    examples = 25 if backend.name == "local" else 4
+
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(plan=fault_plans, keep=st.integers(1, 4))
+    def check(plan: list[Any], keep: int) -> None:
+        no_fault_sequence_loses_a_committed_checkpoint(
+            f"{backend.url}/ex{time.monotonic_ns()}", plan, keep
+        )
+
+    check()
+
+
+def no_fault_sequence_loses_a_committed_checkpoint(url: str, plan: list[Any], keep: int) -> None:
+    names = make_steps(url, 4)
+    store = Store.open(url)
     before = committed(store)
     rules = {
         f"{names[index]}/{target}": (-1 if always else count, FAULTS[fault])
         for target, index, count, fault, always in plan
     }
-    ckpt = faulty(str(root), rules, keep_last=keep)
+    ckpt = faulty(url, rules, keep_last=keep)
     model, opt = tiny()
     start = ckpt.restore(model=model, optimizer=opt)
     assert start in {parse_name(n) for n in names}
