@@ -15,6 +15,11 @@ are sent concurrently (bounded), each part retried on its own and checked by the
 holding (and billing) bytes. On GCS and Azure a large object goes up through the backend's
 chunked upload (resumable upload, staged blocks), one block copied at a time.
 
+It is long because it is the one place where bytes cross to a store, and each backend
+needs its own care there (S3 multipart, GCS and Azure blocks, atomic local files, streamed
+and verified reads, one retry layer per backend, deadlines); everything above it speaks
+only ``put``/``get``/``upload``/``verified_file``/``objects``/``delete``.
+
 >>> import tempfile
 >>> store = Store.open(tempfile.mkdtemp())
 >>> store.put("a/b.txt", b"hello")
