@@ -7,6 +7,7 @@ of the issue holds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -16,9 +17,9 @@ from hypothesis import strategies as st
 from costguard.reaper.policy import (
     DESTRUCTIVE,
     EXPIRES_TAG,
+    FALSE_VALUES,
     KEEP_TAG,
     MARK_TAG,
-    TRUE_VALUES,
     Action,
     IdlePolicy,
     IdleVerdict,
@@ -41,7 +42,15 @@ def minutes_ago(m: float) -> datetime:
     return NOW - timedelta(minutes=m)
 
 
-tag_values = st.sampled_from(["true", "TRUE", "yes", "false", "0", "", "maybe"])
+#: Protect-tag values: the spellings people use, the careless ones the audit found
+#: (issue 14: "", "keep", "y", a fullwidth "ｔｒｕｅ"), near misses of "false", and any text.
+tag_values = st.one_of(
+    st.sampled_from(
+        ["true", "TRUE", "yes", "false", "FALSE", "no", "Off", "0", "", "maybe", "keep", "y",
+         "protect", "ｔｒｕｅ", "ｆａｌｓｅ", " false", "false\n", "0.0", "nope"]
+    ),
+    st.text(max_size=12),
+)  # fmt: skip
 
 
 def unix(m: float, scale: int = 1) -> str:
@@ -104,13 +113,16 @@ def metric_series(draw: st.DrawFn) -> tuple[Sample, ...]:
     length = 130 if usually(draw) else draw(st.integers(min_value=0, max_value=150))
     start = 0 if usually(draw) else draw(st.integers(min_value=0, max_value=20))
     quiet = draw(st.sampled_from([0.0, 0.5, 0.99, 3.0]))
-    holes, bursts = not usually(draw), not usually(draw)
+    holes, bursts, broken = not usually(draw), not usually(draw), not usually(draw)
     samples = []
     for m in range(start, start + length, step):
         if holes and draw(st.integers(min_value=0, max_value=30)) == 0:
             continue  # a missing datapoint
         busy = bursts and draw(st.integers(min_value=0, max_value=40)) == 0
         value = draw(st.floats(min_value=0, max_value=100)) if busy else quiet
+        if broken and draw(st.integers(min_value=0, max_value=20)) == 0:
+            # A broken datapoint: NaN, a negative rate, an infinity (issue 14).
+            value = draw(st.sampled_from([math.nan, -1.0, -0.001, -math.inf, math.inf]))
         samples.append(Sample(minutes_ago(m), value))
     return tuple(samples)
 
@@ -152,8 +164,8 @@ def allowed_to_act(samples: InstanceSamples, policy: IdlePolicy) -> bool:
     tags = {k.lower(): v for k, v in instance.tags.items()}
     if not instance.running or instance.gpu_count <= 0 or instance.protected is not False:
         return False
-    if tags.get(KEEP_TAG, "").strip().lower() in TRUE_VALUES:
-        return False
+    if KEEP_TAG in tags and tags[KEEP_TAG].lower() not in FALSE_VALUES:
+        return False  # a present protect tag protects unless it is clearly false
     for key, value in policy.protect_tags:
         if key in tags and (value is None or tags[key].lower() == value.lower()):
             return False
@@ -182,8 +194,8 @@ def allowed_to_act(samples: InstanceSamples, policy: IdlePolicy) -> bool:
             return False  # the first minutes of the window were not observed
         if NOW - (touching[-1].at + period) > timedelta(seconds=lag):
             return False
-        if any(not s.value < policy.threshold(signal) for s in touching):
-            return False
+        if any(not 0 <= s.value < policy.threshold(signal) for s in touching):
+            return False  # busy, or a broken reading (NaN, negative): never idle
     return True
 
 
@@ -199,6 +211,11 @@ def test_never_an_action_outside_the_rule(samples: InstanceSamples, policy: Idle
             marked = parse_timestamp(samples.instance.tags[MARK_TAG])
             assert marked is not None
             assert marked <= NOW - policy.window
+            # ...and marked by a run that saw this instance running (issue 14: a
+            # costguard:idle-since=0 must not skip the wait).
+            launched = samples.instance.launched_at
+            assert launched is not None
+            assert marked >= launched
     if verdict.action is Action.UNMARK:
         assert policy.two_phase
         assert MARK_TAG in samples.instance.tags

@@ -37,9 +37,9 @@ Examples:
   costguard reap --provider gcp --project my-lab --region us-central1
   costguard reap --provider azure --subscription SUB --resource-group ml --format json
 \b
-Never touched: instances tagged costguard:keep=true (or --protect-tag), with termination
-protection, younger than --grace-minutes, with a future costguard:expires-at, or with
-any busy sample in the window. Cron and systemd units are in infra/.
+Never touched: instances tagged costguard:keep (any value but false/no/0/off) or with a
+--protect-tag, with termination protection, younger than --grace-minutes, with a future
+costguard:expires-at, or with any busy sample in the window. Cron and systemd units are in infra/.
 """
 
 _PERCENT = DecimalRange(0, maximum=100)
@@ -113,7 +113,8 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     "protect_tags",
     multiple=True,
     metavar="KEY[=VALUE]",
-    help="More tags that protect an instance (repeatable); costguard:keep=true always does.",
+    help="More tags that protect an instance (repeatable); costguard:keep always does "
+    "(unless false, no, 0 or off).",
 )
 @click.option(
     "--gpu-missing-ok",
