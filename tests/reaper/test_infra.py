@@ -61,7 +61,7 @@ def condition_holds(operator: str, key: str, wanted: Any, context: dict[str, Any
     if operator == "StringEquals":
         return value in wanted
     if operator == "StringEqualsIgnoreCase":
-        return value.lower() in [w.lower() for w in wanted]
+        return str(value).lower() in [w.lower() for w in wanted]
     if operator == "StringLike":
         return any(fnmatchcase(value, w) for w in wanted)
     raise AssertionError(f"the evaluator does not know {operator}")
@@ -84,7 +84,7 @@ def iam_allows(action: str, context: dict[str, Any]) -> bool:
 
 @pytest.mark.parametrize(
     "keep",
-    [None, "true", "TRUE", "yes", "1", "on", "", "keep", "y", "protect", "ｔｒｕｅ",
+    [None, "true", "TRUE", "yes", "1", "on", "", "keep", "y", "protect", "\uff54\uff52\uff55\uff45",
      "false", "FALSE", "no", "0", "off", " false", "false\n"],
 )  # fmt: skip
 @pytest.mark.parametrize("action", ["ec2:StopInstances", "ec2:TerminateInstances"])

@@ -98,7 +98,19 @@ def test_what_does_not_protect() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["", "keep", "y", "protect", "ｔｒｕｅ", "true", "YES", " false", "false\n", "nein"]
+    "value",
+    [
+        "",
+        "keep",
+        "y",
+        "protect",
+        "\uff54\uff52\uff55\uff45",
+        "true",
+        "YES",
+        " false",
+        "false\n",
+        "nein",
+    ],
 )
 def test_a_present_protect_tag_keeps_it_unless_clearly_false(value: str) -> None:
     verdict = judge(quiet(box(tags={KEEP_TAG: value})))
@@ -115,7 +127,8 @@ def test_a_clearly_false_protect_tag_does_not_protect(value: str) -> None:
 def test_a_broken_reading_is_never_idle(signal: str, broken: float) -> None:
     readings = list(series(0.1 if signal == "network" else 1.0))
     readings[3] = replace(readings[3], value=broken)
-    verdict = judge(quiet(**{signal: tuple(readings)}))
+    changes: dict[str, Any] = {signal: tuple(readings)}
+    verdict = judge(quiet(**changes))
     assert (verdict.action, verdict.code) == (Action.KEEP, Reason.BUSY)
 
 

@@ -43,11 +43,12 @@ def minutes_ago(m: float) -> datetime:
 
 
 #: Protect-tag values: the spellings people use, the careless ones the audit found
-#: (issue 14: "", "keep", "y", a fullwidth "ｔｒｕｅ"), near misses of "false", and any text.
+#: (issue 14: "", "keep", "y", a fullwidth "true"), near misses of "false", and any text.
 tag_values = st.one_of(
     st.sampled_from(
         ["true", "TRUE", "yes", "false", "FALSE", "no", "Off", "0", "", "maybe", "keep", "y",
-         "protect", "ｔｒｕｅ", "ｆａｌｓｅ", " false", "false\n", "0.0", "nope"]
+         "protect", "\uff54\uff52\uff55\uff45", "\uff46\uff41\uff4c\uff53\uff45", " false",
+         "false\n", "0.0", "nope"]
     ),
     st.text(max_size=12),
 )  # fmt: skip

@@ -50,7 +50,7 @@ EXPIRES_TAG = "costguard:expires-at"
 MARK_TAG = "costguard:idle-since"
 #: The only values of a protect tag that do *not* protect (compared case-insensitively,
 #: not stripped, exactly as the IAM conditions in ``infra/`` compare them). Any other value
-#: of a present tag - ``""``, ``keep``, ``y``, a fullwidth ``ｔｒｕｅ`` - protects: a person
+#: of a present tag - ``""``, ``keep``, ``y``, a fullwidth ``true`` - protects: a person
 #: who tagged an instance meant something, and guessing wrong stops their work.
 FALSE_VALUES = ("false", "no", "0", "off")
 
@@ -385,7 +385,7 @@ def _busy(value: float, threshold: float) -> bool:
 def protects(value: str) -> bool:
     """Whether a present protect tag with ``value`` protects: unless clearly false.
 
-    >>> [protects(v) for v in ("true", "", "keep", "ｔｒｕｅ", "FALSE", "off", "0")]
+    >>> [protects(v) for v in ("true", "", "keep", "\\uff54rue", "FALSE", "off", "0")]
     [True, True, True, True, False, False, False]
     """
     return value.lower() not in FALSE_VALUES
@@ -531,7 +531,8 @@ def _metrics_verdict(
             first = busy[0]
             return IdleVerdict(
                 Action.KEEP,
-                f"busy: {signal} {shown(first.value)}{_unit(signal)} at {format_timestamp(first.at)} "
+                f"busy: {signal} {shown(first.value)}{_unit(signal)} "
+                f"at {format_timestamp(first.at)} "
                 f"(threshold {shown(threshold)}{_unit(signal)}; {len(busy)} busy sample(s) "
                 "in the window)",
                 Reason.BUSY,
