@@ -7,6 +7,11 @@ Importing this package loads no cloud SDK and no torch; each feature imports wha
 needs when it is used.
 """
 
+from costguard.secrets import install_log_redaction
+
 __version__ = "0.1.0"
+
+# Whatever handler prints a costguard log line, a credential in it is masked.
+install_log_redaction()
 
 __all__ = ["__version__"]

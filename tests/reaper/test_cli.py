@@ -52,7 +52,7 @@ def reap(run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Callab
         (["--provider", "gcp", "--project", "p", "--region", "us-central1-a"], "GCP region"),
         (["--provider", "gcp", "--project", "p", "--zone", "uscentral1"], "GCP zone"),
         (["--provider", "azure"], "needs --subscription"),
-        (["--provider", "azure", "--subscription", "s", "--region", "East US"], "Azure region"),
+        (["--provider", "azure", "--subscription", "s", "--region", "East US"], "--region"),
         (
             ["--provider", "azure", "--subscription", "s", "--region", "mars"],
             "unknown Azure region 'mars'",

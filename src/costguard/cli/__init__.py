@@ -6,6 +6,7 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from costguard.cli.reap import reap_command
 from costguard.cli.run import run_command
 from costguard.cli.slurm import slurm_group
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
+from costguard.secrets import redact
 from costguard.settings import Settings
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -78,10 +80,36 @@ class CostguardGroup(click.Group):
 
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
-    click.secho(f"Error: {message}", err=True, fg="red")
+    click.secho(f"Error: {one_line(message)}", err=True, fg="red")
     if hint:
-        click.echo(f"Hint: {hint}", err=True)
+        click.echo(f"Hint: {one_line(hint)}", err=True)
     sys.exit(code)
+
+
+#: The longest run without a space an error line shows, and the longest line.
+_MAX_RUN_CHARS = 80
+_MAX_LINE_CHARS = 600
+_LONG_RUN = re.compile(rf"\S{{{_MAX_RUN_CHARS + 1},}}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` made safe for one ``Error:``/``Hint:`` line: credentials masked
+    (:func:`costguard.secrets.redact`), control characters shown escaped (a newline in a
+    value cannot start a line of its own), runs longer than 80 characters and lines longer
+    than 600 cut, saying how long they were.
+
+    >>> one_line("bad value 'a\\nb'")
+    "bad value 'a\\\\nb'"
+    >>> one_line("x" * 1000 + " is too long")
+    'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...(1000 characters) is too long'
+    """
+    text = redact(text)
+    text = _CONTROL.sub(lambda found: ascii(found[0])[1:-1], text)
+    text = _LONG_RUN.sub(lambda found: f"{found[0][:60]}...({len(found[0])} characters)", text)
+    if len(text) > _MAX_LINE_CHARS:
+        text = f"{text[: _MAX_LINE_CHARS - 40]}...({len(text)} characters in all)"
+    return text
 
 
 def _debug_requested(argv: Sequence[str]) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import FORMAT, DecimalRange
+from costguard.cli.params import FORMAT, DecimalRange, Name, WholeNumber
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing.catalog import (
@@ -84,7 +84,9 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     epilog=EXAMPLES,
     short_help="Estimate what a GPU run costs, across providers, regions and markets.",
 )
-@click.option("--gpu", help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200...")
+@click.option(
+    "--gpu", type=Name(), help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200..."
+)
 @click.option(
     "--hours",
     required=True,
@@ -95,19 +97,20 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     "--count",
     default=1,
     show_default=True,
-    type=click.IntRange(1, MAX_COUNT),
+    type=WholeNumber(1, MAX_COUNT),
     help="Number of instances.",
 )
 @click.option(
     "--gpus-per-instance",
     default=1,
     show_default=True,
-    type=click.IntRange(1, 64),
+    type=WholeNumber(1, 64),
     help="Only instances with this many GPUs.",
 )
 @click.option(
     "--provider",
     "providers",
+    type=Name(),
     multiple=True,
     help="aws, gcp, azure or slurm (repeatable). Default: all clouds. slurm (with "
     "--su-per-gpu-hour) adds a SLURM allocation next to the clouds named, or all of them.",
@@ -115,10 +118,15 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 @click.option(
     "--region",
     "regions",
+    type=Name(),
     multiple=True,
     help="Region (repeatable), e.g. us-east-1, us-central1, eastus. Default: all.",
 )
-@click.option("--instance-type", help="One instance type, e.g. g5.xlarge (then --gpu is optional).")
+@click.option(
+    "--instance-type",
+    type=Name(),
+    help="One instance type, e.g. g5.xlarge (then --gpu is optional).",
+)
 @click.option(
     "--spot/--on-demand",
     "spot",
@@ -152,7 +160,9 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     help="Data sent out to the internet, in GB (in total).",
 )
 @click.option(
-    "--data-region", help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1."
+    "--data-region",
+    type=Name(),
+    help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1.",
 )
 @click.option(
     "--data-gb",
@@ -184,7 +194,7 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     "--top",
     default=10,
     show_default=True,
-    type=click.IntRange(0, 10_000),
+    type=WholeNumber(0, 10_000),
     help="Show the N cheapest provider/regions (0: all).",
 )
 @click.option(

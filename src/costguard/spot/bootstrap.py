@@ -33,6 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from costguard.errors import CostguardError, InputError
+from costguard.secrets import find_secret
 from costguard.spot.launcher.base import LaunchSpec
 
 TEMPLATE = "user-data.sh"
@@ -46,21 +47,6 @@ DEFAULT_SHUTDOWN_MINUTES = "10"
 OPTIONS = ("workdir", "git_repo", "git_ref", "package", "shutdown_minutes")
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
-_SECRET_NAME = re.compile(
-    r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|ACCOUNT_KEY|"
-    r"CONNECTION_STRING|SAS|_KEY$|^KEY$",
-    re.IGNORECASE,
-)
-#: Credentials recognisable by their shape, wherever they come from.
-_SECRET_SHAPES = (
-    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
-    (re.compile(r"AccountKey=", re.IGNORECASE), "an Azure storage account key"),
-    (re.compile(r"[?&]sig=", re.IGNORECASE), "a SAS signature"),
-    (re.compile(r'"private_key"\s*:'), "a service account key file"),
-)
-#: Secret values shorter than this are too common to search for ("true", "1").
-_MIN_SECRET_CHARS = 8
 _ABSOLUTE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 
 
@@ -161,27 +147,28 @@ def check_options(spec: LaunchSpec) -> None:
         raise InputError(msg, hint="minutes after the job exits before the guest shuts down")
 
 
-def find_secret(text: str, environ: Mapping[str, str]) -> str | None:
-    """What secret ``text`` contains (a variable's *name*, never its value), or ``None``.
+def refuse_secrets(spec: LaunchSpec, text: str, environ: Mapping[str, str]) -> None:
+    """Refuse a boot script that would carry a credential, naming where it is (an argument
+    of the command, an option, the checkpoint URL), never its value.
 
-    >>> find_secret("run --key abcdefgh1234", {"WANDB_API_KEY": "abcdefgh1234"})
-    'the value of WANDB_API_KEY'
-    >>> find_secret("run AKIAABCDEFGHIJKLMNOP", {}) is not None
-    True
-    >>> find_secret("run --lr 3e-4", {"AWS_SECRET_ACCESS_KEY": "abcdefgh1234"}) is None
-    True
+    The values the user gave are searched as they are, before shell quoting (which
+    rewrites a ``'``); the rendered ``text`` is searched too, for anything else.
     """
-    for name, value in sorted(environ.items()):
-        if (
-            _SECRET_NAME.search(name)
-            and len(value.strip()) >= _MIN_SECRET_CHARS
-            and value.strip() in text
-        ):
-            return f"the value of {name}"
-    for pattern, what in _SECRET_SHAPES:
-        if pattern.search(text):
-            return what
-    return None
+    places: dict[str, list[str]] = {"the checkpoint URL": [spec.checkpoint_url]}
+    for number, word in enumerate(spec.command, start=1):
+        places[f"argument {number} of the command"] = [word]
+    for name, value in sorted(spec.options.items()):
+        places[f"the {name} option"] = [value]
+    places["the boot script"] = [text]
+    found = find_secret(places, environ)
+    if found:
+        place, what = found
+        msg = f"{place} carries {what}, which would be written into the boot script"
+        raise InputError(
+            msg,
+            hint="pass secrets through the instance's role/service account/identity or a "
+            "secret manager, never on the command line",
+        )
 
 
 def render(
@@ -216,14 +203,7 @@ def render(
         "command": shlex.join(spec.command),
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
-    leak = find_secret(text, os.environ if environ is None else environ)
-    if leak:
-        msg = f"the boot script would contain {leak}"
-        raise InputError(
-            msg,
-            hint="pass secrets through the instance's role/service account/identity or a "
-            "secret manager, never on the command line",
-        )
+    refuse_secrets(spec, text, os.environ if environ is None else environ)
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:
         msg = f"the boot script is {size} bytes; {cloud} accepts at most {MAX_BYTES[cloud]}"
