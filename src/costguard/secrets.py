@@ -54,21 +54,31 @@ SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
         re.compile(r"aws_secret_access_key\s*[=:]\s*\S{16,}", re.IGNORECASE),
         "an AWS secret access key",
     ),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
     (
-        re.compile(r'"(?:private_key|private_key_id)"\s*:|"type"\s*:\s*"service_account"'),
+        re.compile(
+            r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----|.*)",
+            re.DOTALL,
+        ),
+        "a private key",
+    ),
+    (
+        re.compile(
+            r'"(?:private_key|private_key_id)"\s*:\s*"[^"]*"?|"type"\s*:\s*"service_account"'
+        ),
         "a GCP service account key file",
     ),
-    (re.compile(r"AccountKey=", re.IGNORECASE), "an Azure storage account key"),
+    (re.compile(r"AccountKey=[^;\s'\"]*", re.IGNORECASE), "an Azure storage account key"),
     (re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{86}=="), "an Azure storage account key"),
     (re.compile(r"\b[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}"), "an Azure client secret"),
     (re.compile(r"(?:^|(?<=[?&\s'\";]))sig=[^&\s'\"]{8,}", re.IGNORECASE), "a SAS signature"),
     (
-        re.compile(r"X-(?:Amz|Goog)-(?:Signature|Credential|Security-Token)=", re.IGNORECASE),
+        re.compile(
+            r"X-(?:Amz|Goog)-(?:Signature|Credential|Security-Token)=[^&\s'\"]*", re.IGNORECASE
+        ),
         "a signed URL",
     ),
     (
-        re.compile(r"[?&](?:Signature|GoogleAccessId|AWSAccessKeyId)=", re.IGNORECASE),
+        re.compile(r"[?&](?:Signature|GoogleAccessId|AWSAccessKeyId)=[^&\s'\"]*", re.IGNORECASE),
         "a signed URL",
     ),
     (

@@ -366,6 +366,11 @@ def _prepare(settings: Settings, options: Mapping[str, Any]) -> tuple[Any, Any, 
         msg = f"{', '.join(local_only)} only apply to --provider local"
         raise InputError(msg, hint="the cloud sends its own preemption notices")
     provider_options = _options(options["option_pairs"])
+    # Before any store is opened: the command and options go into the boot script and
+    # job.json, which others can read.
+    from costguard.spot.bootstrap import refuse_secrets
+
+    refuse_secrets(command, provider_options, url, os.environ)
 
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     gpu = canonical_gpu(options["gpu"], catalog.accelerators)

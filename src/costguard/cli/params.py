@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import click
 
 from costguard.money import parse_decimal
+from costguard.secrets import redact
 
 #: The most characters of a refused value an error message quotes.
 SHOWN_CHARS = 60
@@ -47,12 +48,13 @@ _HOSTLESS = frozenset({"file", "local"})
 
 
 def shown(value: object) -> str:
-    """``value`` quoted for an error message, cut to :data:`SHOWN_CHARS` characters.
+    """``value`` quoted for an error message, credentials masked, cut to :data:`SHOWN_CHARS`
+    characters.
 
     >>> shown("a10g"), shown("x" * 500)
     ("'a10g'", "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' (500 characters)")
     """
-    text = str(value)
+    text = redact(str(value))  # before the cut, which could leave half a token unrecognised
     if len(text) <= SHOWN_CHARS:
         return repr(text)
     return f"{text[:SHOWN_CHARS]!r}"[:-1] + f"...' ({len(text)} characters)"

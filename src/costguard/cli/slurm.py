@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from costguard.cli.params import FiniteFloat, Name, Text, Url, WholeNumber
+from costguard.errors import InputError
+from costguard.secrets import find_secret
 from costguard.slurm.batch import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL_LEAD_S,
@@ -113,6 +115,10 @@ def job_options(func: F) -> F:
 def build_job(options: dict[str, Any]) -> BatchJob:
     """Validate the options into a :class:`BatchJob` (exit 2 on bad input, nothing run)."""
     url: str = options["url"]
+    found = find_secret({"--checkpoint": [url]}, os.environ)  # before it is made absolute
+    if found:
+        msg = f"--checkpoint carries {found[1]}, which would be written into the batch script"
+        raise InputError(msg, hint="give the nodes access to the store by their own identity")
     if url.strip() and "://" not in url:
         # The job may start in another folder than this one: make a local path absolute.
         url = str(Path(url).expanduser().resolve())

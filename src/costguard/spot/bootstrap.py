@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
@@ -147,19 +147,27 @@ def check_options(spec: LaunchSpec) -> None:
         raise InputError(msg, hint="minutes after the job exits before the guest shuts down")
 
 
-def refuse_secrets(spec: LaunchSpec, text: str, environ: Mapping[str, str]) -> None:
-    """Refuse a boot script that would carry a credential, naming where it is (an argument
-    of the command, an option, the checkpoint URL), never its value.
+def refuse_secrets(
+    command: Sequence[str],
+    options: Mapping[str, str],
+    checkpoint_url: str,
+    environ: Mapping[str, str],
+    script: str = "",
+) -> None:
+    """Refuse a job whose boot script would carry a credential, naming where it is (an
+    argument of the command, an option, the checkpoint URL), never its value.
 
     The values the user gave are searched as they are, before shell quoting (which
-    rewrites a ``'``); the rendered ``text`` is searched too, for anything else.
+    rewrites a ``'``); the rendered ``script``, when given, is searched too. ``costguard
+    launch`` calls this before anything is opened or launched.
     """
-    places: dict[str, list[str]] = {"the checkpoint URL": [spec.checkpoint_url]}
-    for number, word in enumerate(spec.command, start=1):
+    places: dict[str, list[str]] = {"the checkpoint URL": [checkpoint_url]}
+    for number, word in enumerate(command, start=1):
         places[f"argument {number} of the command"] = [word]
-    for name, value in sorted(spec.options.items()):
+    for name, value in sorted(options.items()):
         places[f"the {name} option"] = [value]
-    places["the boot script"] = [text]
+    if script:
+        places["the boot script"] = [script]
     found = find_secret(places, environ)
     if found:
         place, what = found
@@ -203,7 +211,8 @@ def render(
         "command": shlex.join(spec.command),
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
-    refuse_secrets(spec, text, os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    refuse_secrets(spec.command, spec.options, spec.checkpoint_url, environ, text)
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:
         msg = f"the boot script is {size} bytes; {cloud} accepts at most {MAX_BYTES[cloud]}"
