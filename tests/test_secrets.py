@@ -39,7 +39,7 @@ SECRETS = [
         "wJalrXUtnFEMI/K7MDENG",
     ),
     Secret("Hugging Face token", "hf_" + "AbCdEfGhIjKlMnOpQrStUvWxYz01234567", "AbCdEfGhIjKlMnOp"),
-    Secret("GitHub classic token", "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "a1B2c3D4e5F6g7"),
+    Secret("GitHub token", "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "a1B2c3D4e5F6g7"),
     Secret(
         "GitHub fine-grained token",
         "github_pat_11ABCDEFG0" + "x" * 20 + "_" + "Y" * 50,
@@ -76,7 +76,8 @@ SECRETS = [
     Secret(
         "GCP service account key file",
         '{"type": "service_account", "project_id": "p", "private_key_id": "0a1b2c3d4e5f", '
-        f'"private_key": "-----BEGIN PRIVATE KEY-----\\n{PEM_BODY}\\n-----END PRIVATE KEY-----\\n"}}',
+        f'"private_key": "-----BEGIN PRIVATE KEY-----\\n{PEM_BODY}\\n'
+        '-----END PRIVATE KEY-----\\n"}',
         PEM_BODY,
     ),
     Secret(
@@ -91,7 +92,7 @@ SECRETS = [
         "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==",
         "Eby8vdM02xNOcqFlqUwJ",
     ),
-    Secret("Azure client secret", "Abc8Q~" + "dEf.ghIjkLmnOpq_RstUvwXyz0123456789", "dEf.ghIjkLmnOpq"),
+    Secret("Azure client secret", "Abc8Q~dEf.ghIjkLmnOpq_RstUvwXyz0123456789", "dEf.ghIjkLmnOpq"),
     Secret(
         "private key",
         f"-----BEGIN RSA PRIVATE KEY-----\n{PEM_BODY}\n-----END RSA PRIVATE KEY-----",
