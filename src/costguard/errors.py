@@ -72,7 +72,8 @@ class MissingDependencyError(CostguardError):
     def __init__(self, module: str, extra: str) -> None:
         super().__init__(
             f"this feature needs {module}, which is not installed",
-            hint=f'pip install "costguard[{extra}]"',
+            hint=f'in the costguard checkout: pip install ".[{extra}]" (the name costguard '
+            "on PyPI is another project)",
         )
         self.module = module
         self.extra = extra

@@ -371,6 +371,14 @@ def _prepare(settings: Settings, options: Mapping[str, Any]) -> tuple[Any, Any, 
     from costguard.spot.bootstrap import refuse_secrets
 
     refuse_secrets(command, provider_options, url, os.environ)
+    wheel = None
+    if provider != "local" and "package" not in provider_options:
+        # The instances install this very costguard, shipped with the job: the bare name
+        # on the public index is someone else's project (costguard.spot.wheel).
+        from costguard.spot import wheel as wheels
+
+        wheel = wheels.build()
+        provider_options |= wheels.options(wheel)
 
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     gpu = canonical_gpu(options["gpu"], catalog.accelerators)
@@ -449,7 +457,9 @@ def _prepare(settings: Settings, options: Mapping[str, Any]) -> tuple[Any, Any, 
 
     launcher = _launcher(settings, spec, offers)
     try:
-        job = _confirm(settings, options, store, spec, offers, launcher, catalog.as_of.isoformat())
+        job = _confirm(
+            settings, options, store, spec, offers, launcher, catalog.as_of.isoformat(), wheel
+        )
     except BaseException:
         close = getattr(launcher, "close", None)
         if close is not None:
@@ -466,8 +476,10 @@ def _confirm(
     offers: Sequence[Any],
     launcher: Any,
     as_of: str,
+    wheel: Any = None,
 ) -> Any:
-    """Check the launcher's settings, print the estimate, run the guard, ask; save job.json."""
+    """Check the launcher's settings, print the estimate, run the guard, ask; save job.json
+    (and the costguard wheel the instances install, next to it)."""
     from costguard.spot.job import Job, save_job
     from costguard.spot.launcher.base import Market
     from costguard.spot.recovery import Launch, decide
@@ -494,6 +506,10 @@ def _confirm(
             msg = "confirmation needed, and there is no terminal to ask"
             raise InputError(msg, hint="pass --yes to launch without asking")
         click.confirm("Launch?", abort=True, err=True)
+    if wheel is not None:
+        from costguard.spot.wheel import upload
+
+        upload(store, wheel)
     return save_job(store, Job(spec))
 
 

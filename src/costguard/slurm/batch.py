@@ -319,7 +319,7 @@ def template_path() -> Path:
     if checkout.is_file():
         return checkout
     msg = "the SLURM batch-script template is missing from this installation of costguard"
-    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall . in its checkout")
 
 
 def batch_script(job: BatchJob) -> str:
