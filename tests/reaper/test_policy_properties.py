@@ -287,3 +287,47 @@ def test_a_plan_never_exceeds_its_limits(
         assert plan.actions == ()
     else:
         assert list(plan.actions) == [v for v in verdicts if v.action is not Action.KEEP]
+
+
+#: Broken on-instance values: what a failing sensor or a bug may report.
+broken_values = st.sampled_from([math.nan, -1.0, -0.001, -math.inf, math.inf, None])
+
+
+@st.composite
+def agent_readings(draw: st.DrawFn) -> list[list[float | None]]:
+    """Quiet readings (gpu, cpu, network) every minute, some of them corrupted."""
+    count = draw(st.integers(min_value=1, max_value=30))
+    quiet = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    readings: list[list[float | None]] = [[quiet, quiet, quiet] for _ in range(count)]
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        row = draw(st.integers(min_value=0, max_value=count - 1))
+        readings[row][draw(st.integers(min_value=0, max_value=2))] = draw(broken_values)
+    return readings
+
+
+@settings(max_examples=300, deadline=None)
+@given(readings=agent_readings(), gpu_missing_ok=st.booleans())
+def test_the_agent_never_shuts_down_on_a_broken_or_missing_reading(
+    readings: list[list[float | None]], gpu_missing_ok: bool
+) -> None:
+    """Any sequence of readings with NaN, negative or missing values: the agent shuts the
+    machine down only if every reading of the window is a real, idle one (issue 14)."""
+    from costguard.reaper.agent import AgentPolicy, Reading, decide
+
+    policy = AgentPolicy(idle_minutes=10, interval_seconds=60, gpu_missing_ok=gpu_missing_ok)
+    start = NOW - timedelta(minutes=len(readings) - 1)
+    taken = [
+        Reading(start + timedelta(minutes=n), gpu, cpu, net)
+        for n, (gpu, cpu, net) in enumerate(readings)
+    ]
+    if not decide(taken, policy, NOW).shutdown:
+        return
+    for reading in taken:
+        if reading.at < NOW - timedelta(minutes=10):
+            continue
+        gpu, cpu, net = reading.gpu_util_percent, reading.cpu_percent, reading.network_mbps
+        assert (gpu is None and gpu_missing_ok) or (gpu is not None and 0 <= gpu < 5)
+        assert cpu is not None
+        assert 0 <= cpu < 5
+        assert net is not None
+        assert 0 <= net < 1
