@@ -13,7 +13,7 @@ from costguard.errors import CostguardError, InputError, MissingDependencyError
 def test_missing_sdk_names_the_extra() -> None:
     with pytest.raises(MissingDependencyError) as info:
         require("costguard_no_such_sdk", "gcp")
-    assert info.value.hint.startswith('in the costguard checkout: pip install ".[gcp]"')
+    assert str(info.value.hint).startswith('in the costguard checkout: pip install ".[gcp]"')
 
 
 def test_aws_client_reaches_moto_through_the_standard_endpoint(aws_env: str) -> None:

@@ -231,11 +231,11 @@ def test_a_trailing_newline_never_reaches_the_sbatch_header(field: str) -> None:
     from costguard.errors import InputError
     from costguard.slurm.batch import BatchJob
 
+    bad: dict[str, Any] = {field: "a100\n"}
     with pytest.raises(InputError, match=field.replace("_", "-")):
         BatchJob.build(
-            command=["python", "train.py"], checkpoint="s3://b/run1", time="08:00:00",
-            **{field: "a100\n"},
-        )  # fmt: skip
+            command=["python", "train.py"], checkpoint="s3://b/run1", time="08:00:00", **bad
+        )
 
 
 def test_missing_command_exits_2(run_cli: Callable[..., Any]) -> None:
