@@ -50,7 +50,10 @@ def main(workdir: Path) -> int:
     (wheel,) = workdir.glob("costguard-*.whl")
     subprocess.run([*pip, "install", "-q", "torch==2.13.0"], check=True)
     for line in lines:
-        args = [re.sub(r"^costguard(?=\[|$)", str(wheel), arg) for arg in shlex.split(line)[2:]]
+        # ``.`` (the clone) and a bare ``costguard`` both mean this tree's wheel.
+        args = [
+            re.sub(r"^(?:costguard|\.)(?=\[|$)", str(wheel), arg) for arg in shlex.split(line)[2:]
+        ]
         start = time.monotonic()
         installed = run([*pip, "install", "-q", *args])
         if installed.returncode:

@@ -24,6 +24,10 @@ WORKDIR={{ workdir }}
 GIT_REPO={{ git_repo }}
 GIT_REF={{ git_ref }}
 PACKAGE={{ package }}
+WHEEL_URL={{ wheel_url }}
+WHEEL_SHA256={{ wheel_sha256 }}
+WHEEL_FILE={{ wheel_file }}
+FETCHER={{ fetcher }}
 SHUTDOWN_MINUTES={{ shutdown_minutes }}
 VENV=/opt/costguard/venv
 
@@ -33,6 +37,30 @@ fail() {
         shutdown -h "+$SHUTDOWN_MINUTES" "costguard: bootstrap failed"
     fi
     exit 1
+}
+
+# costguard itself: the wheel the controller runs, fetched from the checkpoint store with
+# this instance's identity and installed only if its sha256 matches; or the package option.
+# Never the bare name "costguard" from the public index: that is someone else's project.
+install_costguard() {  # "$@": the python to install into
+    if [ -n "$PACKAGE" ]; then
+        "$@" -m pip install --quiet "$PACKAGE"
+        return
+    fi
+    [ -n "$WHEEL_URL" ] || { echo "costguard bootstrap: no costguard wheel or package given"; return 1; }
+    "$@" -m pip install --quiet "fsspec>=2026.9" "$FETCHER" || return 1
+    mkdir -p "$(dirname "$WHEEL_FILE")" || return 1
+    "$@" - "$WHEEL_URL" "$WHEEL_FILE" <<'FETCH' || return 1
+import sys
+
+import fsspec
+
+with fsspec.open(sys.argv[1], "rb") as source, open(sys.argv[2], "wb") as target:
+    target.write(source.read())
+FETCH
+    echo "$WHEEL_SHA256  $WHEEL_FILE" | sha256sum --check --status - \
+        || { echo "costguard bootstrap: $WHEEL_FILE does not match its sha256"; return 1; }
+    "$@" -m pip install --quiet "$WHEEL_FILE[train]"
 }
 
 mkdir -p "$WORKDIR" || fail "cannot create $WORKDIR"
@@ -55,7 +83,7 @@ if [ -f pixi.toml ]; then
     fi
     pixi install || fail "pixi install failed"
     if ! pixi run costguard --version >/dev/null 2>&1; then
-        pixi run python -m pip install --quiet "$PACKAGE" || fail "cannot install $PACKAGE"
+        install_costguard pixi run python || fail "cannot install costguard"
     fi
     RUN=(pixi run)
 else
@@ -65,7 +93,7 @@ else
             python3 -m venv "$VENV"
         } || fail "cannot create a Python environment"
     fi
-    "$VENV/bin/python" -m pip install --quiet "$PACKAGE" || fail "cannot install $PACKAGE"
+    install_costguard "$VENV/bin/python" || fail "cannot install costguard"
     if [ -f requirements.txt ]; then
         "$VENV/bin/python" -m pip install --quiet -r requirements.txt \
             || fail "cannot install requirements.txt"

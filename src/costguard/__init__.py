@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from costguard.secrets import install_log_redaction
+
 __version__ = "0.1.0"
+
+# Whatever handler prints a costguard log line, a credential in it is masked.
+install_log_redaction()
 
 __all__ = ["__version__", "estimate", "pricing"]
 

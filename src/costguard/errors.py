@@ -88,7 +88,8 @@ class MissingDependencyError(CostguardError):
         what = EXTRAS.get(extra, module.split(".")[0])
         super().__init__(
             f"this needs costguard's [{extra}] extra ({what}), which is not installed",
-            hint=f'pip install "costguard[{extra}]"',
+            hint=f'in the costguard checkout: pip install ".[{extra}]" (the name costguard '
+            "on PyPI is another project)",
         )
         self.module = module
         self.extra = extra

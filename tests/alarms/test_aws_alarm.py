@@ -289,7 +289,8 @@ def test_billing_metrics_missing_is_explained(
         ),
         (("--budget", "200", "--provider", "azure", "--email", "a@b.edu"), "--subscription"),
         (("--budget", "200", "--provider", "azure", "--subscription", "s"), "--email"),
-        (("--budget", "200", "--name", "bad name!"), "budget name"),
+        (("--budget", "200", "--name", "bad name!"), "--name"),
+        (("--budget", "200", "--name", "bad!"), "budget name"),
         ((), "--budget"),
         (("--budget", "200"), "--no-notify"),  # nobody would be told
     ],

@@ -27,6 +27,7 @@ from costguard.reaper.agent import (
     count_ssh_sessions,
     decide,
     job_file,
+    parse_nvidia_smi,
     registered_job,
     run_agent,
 )
@@ -283,6 +284,45 @@ def test_the_system_sampler_reads_proc_and_nvidia_smi(tmp_path: Path) -> None:
     assert (reading.jobs, reading.ssh_sessions) == (0, 2)
     no_gpu = SystemSampler(tmp_path, proc=proc, nvidia_smi=[str(tmp_path / "absent")])
     assert no_gpu.read().gpu_util_percent is None
+
+
+@pytest.mark.parametrize(
+    ("output", "expected"),
+    [
+        ("3\n97\n", 97.0),
+        ("0\n", 0.0),
+        ("[N/A]\n0\n", None),  # one unreadable GPU: no reading, not "idle"
+        ("0\n[N/A]\n", None),
+        ("nan\n0\n", None),
+        ("0\nnan\n", None),  # the order of the GPUs does not matter
+        ("-1\n", None),
+        ("-inf\n0\n", None),
+        ("101\n", None),
+        ("", None),
+    ],
+)
+def test_nvidia_smi_output_with_an_unreadable_gpu_is_no_reading(
+    output: str, expected: float | None
+) -> None:
+    assert parse_nvidia_smi(output) == expected
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"gpu_util_percent": float("nan")},
+        {"gpu_util_percent": -5.0},
+        {"gpu_util_percent": float("-inf")},
+        {"cpu_percent": float("nan")},
+        {"cpu_percent": -1.0},
+        {"network_mbps": float("-inf")},
+        {"network_mbps": float("nan")},
+    ],
+)
+def test_a_broken_reading_keeps_the_machine_up(broken: dict[str, Any]) -> None:
+    ticks, action = run(lambda tick: broken, max_ticks=25)
+    assert action.reasons == []
+    assert ticks[-1].decision.reason.startswith("busy at")
 
 
 def test_poweroff_runs_its_command(tmp_path: Path) -> None:

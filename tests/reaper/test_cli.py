@@ -52,7 +52,7 @@ def reap(run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Callab
         (["--provider", "gcp", "--project", "p", "--region", "us-central1-a"], "GCP region"),
         (["--provider", "gcp", "--project", "p", "--zone", "uscentral1"], "GCP zone"),
         (["--provider", "azure"], "needs --subscription"),
-        (["--provider", "azure", "--subscription", "s", "--region", "East US"], "Azure region"),
+        (["--provider", "azure", "--subscription", "s", "--region", "East US"], "--region"),
         (
             ["--provider", "azure", "--subscription", "s", "--region", "mars"],
             "unknown Azure region 'mars'",
@@ -101,7 +101,7 @@ def test_help_has_an_example(reap: Callable[..., Any]) -> None:
     assert result.exit_code == 0
     assert "Examples:" in result.stdout
     assert "costguard reap --idle-minutes 90 --execute" in result.stdout
-    assert "costguard:keep=true" in result.stdout
+    assert "costguard:keep (any value but false/no/0/off)" in result.stdout
 
 
 def test_the_commands_load_no_cloud_sdk_until_they_run() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from datetime import UTC, datetime
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 
 from costguard.cli.agent import agent_command
 from costguard.cli.reap import reap_command
-from costguard.reaper import agent, aws, azure
+from costguard.reaper import agent, aws, azure, policy
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -39,13 +41,86 @@ def test_the_aws_policy_allows_every_call_and_guards_the_destructive_ones() -> N
     assert used >= {"ec2:DescribeInstances", "cloudwatch:GetMetricData", "ec2:StopInstances"}
     assert used <= allowed, used - allowed
     assert "cloudwatch:GetMetricStatistics" not in allowed  # no per-instance metric calls
-    for statement in policy["Statement"]:
-        if {"ec2:StopInstances", "ec2:TerminateInstances"} & set(statement["Action"]):
-            keep = statement["Condition"]["StringNotEqualsIgnoreCase"]
-            assert keep == {"aws:ResourceTag/costguard:keep": "true"}
-        if "ec2:CreateTags" in statement["Action"]:
-            keys = statement["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]
-            assert keys == ["costguard:idle-since"]
+
+
+def condition_holds(operator: str, key: str, wanted: Any, context: dict[str, Any]) -> bool:
+    """One IAM condition, evaluated as the IAM documentation defines its operator (the few
+    the reaper's policy uses); ``context`` maps condition keys to a value, a list of
+    values (multivalued keys such as aws:TagKeys) or nothing (the key is absent)."""
+    wanted = [wanted] if isinstance(wanted, str) else list(wanted)
+    present = key in context
+    value = context.get(key)
+    if operator == "Null":  # "true": the key is absent; "false": present (and not empty)
+        absent = not present or value == []
+        return absent == (wanted == ["true"])
+    if operator.startswith("ForAllValues:"):
+        inner = operator.removeprefix("ForAllValues:")
+        return all(condition_holds(inner, key, wanted, {key: v}) for v in value or [])
+    if not present:
+        return operator.startswith("StringNot")
+    if operator == "StringEquals":
+        return value in wanted
+    if operator == "StringEqualsIgnoreCase":
+        return str(value).lower() in [w.lower() for w in wanted]
+    if operator == "StringLike":
+        return any(fnmatchcase(value, w) for w in wanted)
+    raise AssertionError(f"the evaluator does not know {operator}")
+
+
+def iam_allows(action: str, context: dict[str, Any]) -> bool:
+    """Whether the reaper's AWS policy allows ``action`` in ``context`` (no Deny in it)."""
+    policy = json.loads((INFRA / "aws" / "reaper-policy.json").read_text())
+    return any(
+        statement["Effect"] == "Allow"
+        and action in statement["Action"]
+        and all(
+            condition_holds(operator, key, wanted, context)
+            for operator, pairs in statement.get("Condition", {}).items()
+            for key, wanted in pairs.items()
+        )
+        for statement in policy["Statement"]
+    )
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [None, "true", "TRUE", "yes", "1", "on", "", "keep", "y", "protect", "\uff54\uff52\uff55\uff45",
+     "false", "FALSE", "no", "0", "off", " false", "false\n"],
+)  # fmt: skip
+@pytest.mark.parametrize("action", ["ec2:StopInstances", "ec2:TerminateInstances"])
+def test_the_aws_policy_stops_exactly_what_the_rule_may_stop(keep: str | None, action: str) -> None:
+    """Deny on the protect tag's presence, not on one spelling: IAM and the code agree."""
+    context: dict[str, Any] = {"ec2:InstanceType": "g5.xlarge"}
+    tags = {}
+    if keep is not None:
+        context[f"aws:ResourceTag/{policy.KEEP_TAG}"] = keep
+        tags[policy.KEEP_TAG] = keep
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    box = policy.Instance("aws", "us-east-1", "i-1", "g5.xlarge", True, 1, now, tags=tags)
+    protected = policy.static_verdict(box, policy.IdlePolicy(grace_minutes=0), now) is not None
+    assert iam_allows(action, context) is not protected
+    assert not iam_allows(action, {**context, "ec2:InstanceType": "m5.large"})
+
+
+@pytest.mark.parametrize(
+    ("action", "keys", "allowed"),
+    [
+        ("ec2:CreateTags", ["costguard:idle-since"], True),
+        ("ec2:DeleteTags", ["costguard:idle-since"], True),
+        ("ec2:DeleteTags", [], False),  # no Tags: EC2 deletes every tag, the keep tag too
+        ("ec2:DeleteTags", None, False),
+        ("ec2:DeleteTags", ["costguard:keep"], False),
+        ("ec2:DeleteTags", ["costguard:idle-since", "costguard:keep"], False),
+        ("ec2:CreateTags", ["costguard:keep"], False),
+    ],
+)
+def test_the_aws_policy_writes_only_the_mark(
+    action: str, keys: list[str] | None, allowed: bool
+) -> None:
+    context: dict[str, Any] = {"ec2:InstanceType": "p4d.24xlarge"}
+    if keys is not None:
+        context["aws:TagKeys"] = keys
+    assert iam_allows(action, context) is allowed
 
 
 def test_the_cloudwatch_agent_config_ties_gpu_metrics_to_instances() -> None:
@@ -73,9 +148,25 @@ def test_the_gcp_role_covers_the_calls() -> None:
     }
 
 
+def test_the_azure_roles_read_on_the_subscription_and_act_on_resource_groups_only() -> None:
+    read = json.loads((INFRA / "azure" / "reaper-role.json").read_text())
+    act = json.loads((INFRA / "azure" / "reaper-act-role.json").read_text())
+    assert all(a.endswith("/read") for a in read["Actions"])  # subscription-wide: reads only
+    changing = {a for a in act["Actions"] if not a.endswith("/read")}
+    assert changing == {
+        "Microsoft.Compute/virtualMachines/deallocate/action",
+        "Microsoft.Compute/virtualMachines/delete",
+        "Microsoft.Resources/tags/write",
+    }
+    for scope in act["AssignableScopes"]:  # never a whole subscription
+        assert re.fullmatch(r"/subscriptions/[^/]+/resourceGroups/[^/]+(/.+)?", scope), scope
+    assert not any("Microsoft.Authorization" in a for a in act["Actions"])  # locks stay
+
+
 def test_the_azure_role_deallocates_and_never_needs_power_off() -> None:
     role = json.loads((INFRA / "azure" / "reaper-role.json").read_text())
-    actions = set(role["Actions"])
+    act = json.loads((INFRA / "azure" / "reaper-act-role.json").read_text())
+    actions = set(role["Actions"]) | set(act["Actions"])
     assert "Microsoft.Compute/virtualMachines/deallocate/action" in actions
     assert "Microsoft.Insights/metrics/read" in actions
     assert not any("powerOff" in a for a in actions)
@@ -131,6 +222,7 @@ def test_the_readme_has_a_reaper_section() -> None:
         "reaper-policy.json",
         "reaper-role.yaml",
         "reaper-role.json",
+        "reaper-act-role.json",
         "costguard-agent.service",
     ):
         assert name in readme

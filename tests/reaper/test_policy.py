@@ -22,6 +22,7 @@ from costguard.reaper.policy import (
     ReapLimits,
     Reason,
     Sample,
+    Signal,
     format_timestamp,
     judge_idle,
     parse_protect_tag,
@@ -94,6 +95,59 @@ def test_what_does_not_protect() -> None:
     assert judge(quiet(box(tags={KEEP_TAG: "false"}))).action is Action.STOP
     assert judge(quiet(box(tags={EXPIRES_TAG: "2026-12-01T11:00:00Z"}))).action is Action.STOP
     assert judge(quiet(box(launched_at=NOW - timedelta(minutes=30)))).action is Action.STOP
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "",
+        "keep",
+        "y",
+        "protect",
+        "\uff54\uff52\uff55\uff45",
+        "true",
+        "YES",
+        " false",
+        "false\n",
+        "nein",
+    ],
+)
+def test_a_present_protect_tag_keeps_it_unless_clearly_false(value: str) -> None:
+    verdict = judge(quiet(box(tags={KEEP_TAG: value})))
+    assert (verdict.action, verdict.code) == (Action.KEEP, Reason.PROTECT_TAG)
+
+
+@pytest.mark.parametrize("value", ["false", "FALSE", "No", "0", "off"])
+def test_a_clearly_false_protect_tag_does_not_protect(value: str) -> None:
+    assert judge(quiet(box(tags={KEEP_TAG: value}))).action is Action.STOP
+
+
+@pytest.mark.parametrize("broken", [float("nan"), -1.0, -0.001, float("-inf"), float("inf")])
+@pytest.mark.parametrize("signal", ["gpu", "cpu", "network"])
+def test_a_broken_reading_is_never_idle(signal: str, broken: float) -> None:
+    readings = list(series(0.1 if signal == "network" else 1.0))
+    readings[3] = replace(readings[3], value=broken)
+    changes: dict[str, Any] = {signal: tuple(readings)}
+    verdict = judge(quiet(**changes))
+    assert (verdict.action, verdict.code) == (Action.KEEP, Reason.BUSY)
+
+
+@pytest.mark.parametrize(
+    "mark",
+    ["0", "1970-01-01T00:00:00Z", format_timestamp(NOW - timedelta(hours=5)),
+     format_timestamp(NOW + timedelta(hours=2))],
+)  # fmt: skip
+def test_a_mark_this_reaper_cannot_have_written_is_renewed_not_acted_on(mark: str) -> None:
+    # Before the instance (re)started (launched 4 h ago), or in the future: no evidence.
+    verdict = judge(quiet(box(tags={MARK_TAG: mark})), two_phase=True)
+    assert (verdict.action, verdict.code) == (Action.MARK, Reason.IDLE)
+
+
+def test_the_reason_rounds_readings_for_people_and_keeps_them_exact() -> None:
+    verdict = judge(quiet(network=series(0.000106667)))
+    assert "network max <0.01 Mbit/s" in verdict.reason
+    assert "0.000106667" not in verdict.reason
+    assert verdict.peaks[Signal.NETWORK] == 0.000106667
 
 
 def test_configurable_protect_tags() -> None:

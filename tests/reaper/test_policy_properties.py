@@ -7,6 +7,7 @@ of the issue holds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -16,9 +17,9 @@ from hypothesis import strategies as st
 from costguard.reaper.policy import (
     DESTRUCTIVE,
     EXPIRES_TAG,
+    FALSE_VALUES,
     KEEP_TAG,
     MARK_TAG,
-    TRUE_VALUES,
     Action,
     IdlePolicy,
     IdleVerdict,
@@ -41,7 +42,16 @@ def minutes_ago(m: float) -> datetime:
     return NOW - timedelta(minutes=m)
 
 
-tag_values = st.sampled_from(["true", "TRUE", "yes", "false", "0", "", "maybe"])
+#: Protect-tag values: the spellings people use, the careless ones the audit found
+#: (issue 14: "", "keep", "y", a fullwidth "true"), near misses of "false", and any text.
+tag_values = st.one_of(
+    st.sampled_from(
+        ["true", "TRUE", "yes", "false", "FALSE", "no", "Off", "0", "", "maybe", "keep", "y",
+         "protect", "\uff54\uff52\uff55\uff45", "\uff46\uff41\uff4c\uff53\uff45", " false",
+         "false\n", "0.0", "nope"]
+    ),
+    st.text(max_size=12),
+)  # fmt: skip
 
 
 def unix(m: float, scale: int = 1) -> str:
@@ -104,13 +114,16 @@ def metric_series(draw: st.DrawFn) -> tuple[Sample, ...]:
     length = 130 if usually(draw) else draw(st.integers(min_value=0, max_value=150))
     start = 0 if usually(draw) else draw(st.integers(min_value=0, max_value=20))
     quiet = draw(st.sampled_from([0.0, 0.5, 0.99, 3.0]))
-    holes, bursts = not usually(draw), not usually(draw)
+    holes, bursts, broken = not usually(draw), not usually(draw), not usually(draw)
     samples = []
     for m in range(start, start + length, step):
         if holes and draw(st.integers(min_value=0, max_value=30)) == 0:
             continue  # a missing datapoint
         busy = bursts and draw(st.integers(min_value=0, max_value=40)) == 0
         value = draw(st.floats(min_value=0, max_value=100)) if busy else quiet
+        if broken and draw(st.integers(min_value=0, max_value=20)) == 0:
+            # A broken datapoint: NaN, a negative rate, an infinity (issue 14).
+            value = draw(st.sampled_from([math.nan, -1.0, -0.001, -math.inf, math.inf]))
         samples.append(Sample(minutes_ago(m), value))
     return tuple(samples)
 
@@ -152,8 +165,8 @@ def allowed_to_act(samples: InstanceSamples, policy: IdlePolicy) -> bool:
     tags = {k.lower(): v for k, v in instance.tags.items()}
     if not instance.running or instance.gpu_count <= 0 or instance.protected is not False:
         return False
-    if tags.get(KEEP_TAG, "").strip().lower() in TRUE_VALUES:
-        return False
+    if KEEP_TAG in tags and tags[KEEP_TAG].lower() not in FALSE_VALUES:
+        return False  # a present protect tag protects unless it is clearly false
     for key, value in policy.protect_tags:
         if key in tags and (value is None or tags[key].lower() == value.lower()):
             return False
@@ -182,8 +195,8 @@ def allowed_to_act(samples: InstanceSamples, policy: IdlePolicy) -> bool:
             return False  # the first minutes of the window were not observed
         if NOW - (touching[-1].at + period) > timedelta(seconds=lag):
             return False
-        if any(not s.value < policy.threshold(signal) for s in touching):
-            return False
+        if any(not 0 <= s.value < policy.threshold(signal) for s in touching):
+            return False  # busy, or a broken reading (NaN, negative): never idle
     return True
 
 
@@ -199,6 +212,11 @@ def test_never_an_action_outside_the_rule(samples: InstanceSamples, policy: Idle
             marked = parse_timestamp(samples.instance.tags[MARK_TAG])
             assert marked is not None
             assert marked <= NOW - policy.window
+            # ...and marked by a run that saw this instance running (issue 14: a
+            # costguard:idle-since=0 must not skip the wait).
+            launched = samples.instance.launched_at
+            assert launched is not None
+            assert marked >= launched
     if verdict.action is Action.UNMARK:
         assert policy.two_phase
         assert MARK_TAG in samples.instance.tags
@@ -269,3 +287,47 @@ def test_a_plan_never_exceeds_its_limits(
         assert plan.actions == ()
     else:
         assert list(plan.actions) == [v for v in verdicts if v.action is not Action.KEEP]
+
+
+#: Broken on-instance values: what a failing sensor or a bug may report.
+broken_values = st.sampled_from([math.nan, -1.0, -0.001, -math.inf, math.inf, None])
+
+
+@st.composite
+def agent_readings(draw: st.DrawFn) -> list[list[float | None]]:
+    """Quiet readings (gpu, cpu, network) every minute, some of them corrupted."""
+    count = draw(st.integers(min_value=1, max_value=30))
+    quiet = draw(st.sampled_from([0.0, 0.5, 0.9]))
+    readings: list[list[float | None]] = [[quiet, quiet, quiet] for _ in range(count)]
+    for _ in range(draw(st.integers(min_value=0, max_value=3))):
+        row = draw(st.integers(min_value=0, max_value=count - 1))
+        readings[row][draw(st.integers(min_value=0, max_value=2))] = draw(broken_values)
+    return readings
+
+
+@settings(max_examples=300, deadline=None)
+@given(readings=agent_readings(), gpu_missing_ok=st.booleans())
+def test_the_agent_never_shuts_down_on_a_broken_or_missing_reading(
+    readings: list[list[float | None]], gpu_missing_ok: bool
+) -> None:
+    """Any sequence of readings with NaN, negative or missing values: the agent shuts the
+    machine down only if every reading of the window is a real, idle one (issue 14)."""
+    from costguard.reaper.agent import AgentPolicy, Reading, decide
+
+    policy = AgentPolicy(idle_minutes=10, interval_seconds=60, gpu_missing_ok=gpu_missing_ok)
+    start = NOW - timedelta(minutes=len(readings) - 1)
+    taken = [
+        Reading(start + timedelta(minutes=n), gpu, cpu, net)
+        for n, (gpu, cpu, net) in enumerate(readings)
+    ]
+    if not decide(taken, policy, NOW).shutdown:
+        return
+    for reading in taken:
+        if reading.at < NOW - timedelta(minutes=10):
+            continue
+        gpu, cpu, net = reading.gpu_util_percent, reading.cpu_percent, reading.network_mbps
+        assert (gpu is None and gpu_missing_ok) or (gpu is not None and 0 <= gpu < 5)
+        assert cpu is not None
+        assert 0 <= cpu < 5
+        assert net is not None
+        assert 0 <= net < 1

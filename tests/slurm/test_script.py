@@ -198,7 +198,15 @@ def test_requeue_rule(
         (("--partition", "gpu; rm"), "--partition"),
         (("--job-name", "a b"), "--job-name"),
         (("--gpus", "0", "--gpu-type", "a100"), "--gpu-type"),
-        (("--checkpoint", " "), "--checkpoint is empty"),
+        (("--checkpoint", " "), "--checkpoint"),
+        (("--gpu-type", "a100\n"), "--gpu-type"),
+        (("--job-name", "train\n"), "--job-name"),
+        (("--partition", "gpu\n"), "--partition"),
+        (("--account", "lab\n"), "--account"),
+        (("--costguard", "'x"), "--costguard"),
+        (("--every-minutes", "nan"), "--every-minutes"),
+        (("--every-minutes", "inf"), "--every-minutes"),
+        (("--every-minutes", "1e400"), "--every-minutes"),
     ],
 )
 def test_bad_input_exits_2_with_a_hint(
@@ -214,6 +222,20 @@ def test_bad_input_exits_2_with_a_hint(
         assert needle in lines[0], lines
         assert len(lines) == 2
         assert lines[1].startswith("Hint: ")
+
+
+@pytest.mark.parametrize("field", ["gpu_type", "job_name", "partition", "account"])
+def test_a_trailing_newline_never_reaches_the_sbatch_header(field: str) -> None:
+    """Library callers get the same check as the CLI: a newline would end the #SBATCH
+    header, and SLURM would ignore --signal, --requeue and --open-mode after it."""
+    from costguard.errors import InputError
+    from costguard.slurm.batch import BatchJob
+
+    bad: dict[str, Any] = {field: "a100\n"}
+    with pytest.raises(InputError, match=field.replace("_", "-")):
+        BatchJob.build(
+            command=["python", "train.py"], checkpoint="s3://b/run1", time="08:00:00", **bad
+        )
 
 
 def test_missing_command_exits_2(run_cli: Callable[..., Any]) -> None:

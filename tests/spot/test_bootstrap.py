@@ -98,9 +98,10 @@ def test_pip_or_pixi_and_the_options_reach_the_script() -> None:
     assert "SHUTDOWN_MINUTES=never" in text
     assert "if [ -f pixi.toml ]; then" in text
     assert "pixi install" in text
-    assert '"$VENV/bin/python" -m pip install --quiet "$PACKAGE"' in text
+    assert 'install_costguard "$VENV/bin/python"' in text
+    assert "install_costguard pixi run python" in text
     default = bootstrap.render(spec(("python", "t.py")), 1, "aws", environ={})
-    assert "PACKAGE='costguard[train]'" in default
+    assert "PACKAGE=''" in default  # nothing by name: launch ships its wheel
     assert "SHUTDOWN_MINUTES=10" in default
 
 
@@ -171,7 +172,8 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
     placeholders = set(re.findall(r"\{\{ (\w+) \}\}", (where / bootstrap.TEMPLATE).read_text()))
     assert placeholders == {
         "job_id", "attempt", "cloud", "workdir", "git_repo", "git_ref", "package",
-        "shutdown_minutes", "checkpoint_url", "run_options", "command",
+        "shutdown_minutes", "checkpoint_url", "run_options", "command", "wheel_url",
+        "wheel_sha256", "wheel_file", "fetcher",
     }  # fmt: skip
 
 

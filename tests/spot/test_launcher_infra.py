@@ -147,9 +147,37 @@ def test_instance_role_reaches_only_the_checkpoint_prefix() -> None:
                 assert all(p.startswith("costguard/") for p in prefixes)
 
 
-def gcp_permissions() -> list[str]:
-    role = (INFRA / "gcp" / "launcher-role.yaml").read_text()
-    return re.findall(r"^\s+- ([a-zA-Z.]+)$", role, flags=re.MULTILINE)
+def gcp_permissions(*names: str) -> list[str]:
+    """The permissions of the launcher's GCP roles (both, unless ``names`` says which)."""
+    found = []
+    for name in names or ("launcher-role.yaml", "launcher-instances-role.yaml"):
+        role = (INFRA / "gcp" / name).read_text()
+        found += re.findall(r"^\s+- ([a-zA-Z.]+)$", role, flags=re.MULTILINE)
+    return found
+
+
+def test_gcp_changes_only_vms_named_by_costguard() -> None:
+    """Creating, deleting and setting metadata are granted under a name condition only; the
+    project-wide role reads and uses, and the condition's prefix is the one costguard gives."""
+    from costguard.spot.bootstrap import resource_name
+
+    project_wide = gcp_permissions("launcher-role.yaml")
+    scoped = gcp_permissions("launcher-instances-role.yaml")
+    changing = {"compute.instances.create", "compute.instances.delete",
+                "compute.instances.setMetadata", "compute.instances.setLabels"}  # fmt: skip
+    assert changing <= set(scoped)
+    assert not changing & set(project_wide)
+    assert all(p.endswith((".get", ".list", ".use", ".useExternalIp", ".useReadOnly"))
+               for p in project_wide)  # fmt: skip
+    condition = (INFRA / "gcp" / "launcher-instances-condition.yaml").read_text()
+    prefixes = re.findall(r'extract\("/(instances|disks)/\{name\}"\)\.startsWith\("([^"]+)"\)',
+                          condition)  # fmt: skip
+    assert {kind for kind, _ in prefixes} == {"instances", "disks"}
+    for _, prefix in prefixes:
+        assert resource_name("Any Job_1", 7, 63).startswith(prefix)
+    readme = (INFRA / "README.md").read_text()
+    assert "launcher-instances-role.yaml" in readme
+    assert "launcher-instances-condition.yaml" in readme
 
 
 def test_gcp_role_is_compute_only() -> None:

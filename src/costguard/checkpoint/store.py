@@ -178,12 +178,14 @@ def is_transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, OSError | TimeoutError | ConnectionError):
         return True
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "ParamValidationError" in names:
+        return False  # botocore refused the request itself (a bad bucket name): no retry helps
     if isinstance(exc, RuntimeError) and exc.__cause__ is not None:
         # adlfs wraps a failed block upload: RuntimeError("Failed to upload block") from it.
         return is_transient(exc.__cause__)
     # aiohttp/botocore/azure errors that fsspec backends let through unwrapped: decide by
     # their class names so this module imports no SDK.
-    names = {cls.__name__ for cls in type(exc).__mro__}
     return bool(
         names
         & {

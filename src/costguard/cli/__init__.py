@@ -7,6 +7,7 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 from __future__ import annotations
 
 import difflib
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -108,11 +109,40 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
 
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
-    # Whatever an error quotes (a URL with a SAS token, an SDK's message), no secret shows.
-    click.secho(f"Error: {redact(message)}", err=True, fg="red")
+    click.secho(f"Error: {one_line(message)}", err=True, fg="red")
     if hint:
-        click.echo(f"Hint: {redact(hint)}", err=True)
+        click.echo(f"Hint: {one_line(hint)}", err=True)
     sys.exit(code)
+
+
+#: The longest run without a space an error line shows whole (a long path fits), the part
+#: of a longer one it keeps, and the longest line.
+_MAX_RUN_CHARS = 200
+_KEPT_RUN_CHARS = 160
+_MAX_LINE_CHARS = 600
+_LONG_RUN = re.compile(rf"\S{{{_MAX_RUN_CHARS + 1},}}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` made safe for one ``Error:``/``Hint:`` line: credentials masked
+    (:func:`costguard.secrets.redact`), control characters shown escaped (a newline in a
+    value cannot start a line of its own), runs longer than 200 characters and lines longer
+    than 600 cut, saying how long they were.
+
+    >>> one_line("bad value 'a\\nb'")
+    "bad value 'a\\\\nb'"
+    >>> one_line("y" + "x" * 1000 + " is too long")[-44:]
+    'xxxxxxxxxxxx...(1001 characters) is too long'
+    """
+    text = redact(text)
+    text = _CONTROL.sub(lambda found: ascii(found[0])[1:-1], text)
+    text = _LONG_RUN.sub(
+        lambda found: f"{found[0][:_KEPT_RUN_CHARS]}...({len(found[0])} characters)", text
+    )
+    if len(text) > _MAX_LINE_CHARS:
+        text = f"{text[: _MAX_LINE_CHARS - 40]}...({len(text)} characters in all)"
+    return text
 
 
 def _debug_requested(argv: Sequence[str]) -> bool:

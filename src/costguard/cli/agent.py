@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from costguard.cli.params import DecimalRange
+from costguard.cli.params import DecimalRange, Text, WholeNumber
 from costguard.errors import InputError
 from costguard.reaper.policy import MAX_IDLE_MINUTES
 from costguard.settings import Settings
@@ -42,7 +42,7 @@ _PERCENT = DecimalRange(0, maximum=100)
 )
 @click.option(
     "--idle-minutes",
-    type=click.IntRange(1, MAX_IDLE_MINUTES),
+    type=WholeNumber(1, MAX_IDLE_MINUTES),
     default=60,
     show_default=True,
     help="Shut down after this long with every reading idle.",
@@ -58,7 +58,7 @@ _PERCENT = DecimalRange(0, maximum=100)
 )
 @click.option(
     "--interval-seconds",
-    type=click.IntRange(1, 3600),
+    type=WholeNumber(1, 3600),
     default=60,
     show_default=True,
     help="Time between readings.",
@@ -75,6 +75,7 @@ _PERCENT = DecimalRange(0, maximum=100)
 )
 @click.option(
     "--shutdown-command",
+    type=Text(),
     default="systemctl poweroff",
     show_default=True,
     help="The command --action poweroff runs.",

@@ -10,6 +10,7 @@ import click
 
 from costguard.alarms.plan import AlarmSpec, ApiCall, BudgetStatus, Plan, alarm_spec
 from costguard.cli import render
+from costguard.cli.params import Name
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.settings import Settings
@@ -86,10 +87,14 @@ def _provider_options(command: Any) -> Any:
             envvar="COSTGUARD_PROVIDER",
             help="Which cloud.",
         ),
-        click.option("--billing-account", help="GCP: billing account XXXXXX-XXXXXX-XXXXXX."),
-        click.option("--project", help="GCP: scope the budget to this project."),
-        click.option("--subscription", help="Azure: subscription id."),
-        click.option("--resource-group", help="Azure: scope the budget to a resource group."),
+        click.option(
+            "--billing-account", type=Name(), help="GCP: billing account XXXXXX-XXXXXX-XXXXXX."
+        ),
+        click.option("--project", type=Name(), help="GCP: scope the budget to this project."),
+        click.option("--subscription", type=Name(), help="Azure: subscription id."),
+        click.option(
+            "--resource-group", type=Name(), help="Azure: scope the budget to a resource group."
+        ),
         click.option(
             "--format",
             "output_format",
@@ -110,10 +115,13 @@ def _provider_options(command: Any) -> Any:
     epilog=EXAMPLES,
     short_help="Set a monthly budget with alerts (run it on day one).",
 )
-@click.option("--budget", help="Monthly budget in USD, e.g. 200.")
-@click.option("--email", "emails", multiple=True, help="Who gets the alerts (repeatable).")
+@click.option("--budget", type=Name(), help="Monthly budget in USD, e.g. 200.")
+@click.option(
+    "--email", "emails", type=Name(), multiple=True, help="Who gets the alerts (repeatable)."
+)
 @click.option(
     "--thresholds",
+    type=Name(),
     default="50,80,100",
     show_default=True,
     help="Alert at these percentages of the budget (actual spend).",
@@ -125,9 +133,13 @@ def _provider_options(command: Any) -> Any:
     help="Also alert when the month's forecast passes 100%.",
 )
 @click.option(
-    "--name", default="monthly", show_default=True, help="Budget name (costguard- is prefixed)."
+    "--name",
+    type=Name(),
+    default="monthly",
+    show_default=True,
+    help="Budget name (costguard- is prefixed).",
 )
-@click.option("--pubsub-topic", help="GCP: also publish alerts to this Pub/Sub topic.")
+@click.option("--pubsub-topic", type=Name(), help="GCP: also publish alerts to this Pub/Sub topic.")
 @click.option(
     "--hard-stop",
     is_flag=True,
@@ -135,11 +147,13 @@ def _provider_options(command: Any) -> Any:
 )
 @click.option(
     "--hard-stop-role-arn",
+    type=Name(),
     help="AWS: the role AWS Budgets assumes to apply it (infra/aws/budgets-action-*).",
 )
 @click.option(
     "--hard-stop-target",
     "hard_stop_targets",
+    type=Name(),
     multiple=True,
     help="AWS: user/NAME, role/NAME or group/NAME denied launches (repeatable).",
 )
@@ -354,7 +368,9 @@ Examples:
   costguard alarm delete --yes
   costguard alarm delete --name thesis --yes""",
 )
-@click.option("--name", "names", multiple=True, help="Only these budgets (default: all of ours).")
+@click.option(
+    "--name", "names", type=Name(), multiple=True, help="Only these budgets (default: all of ours)."
+)
 @click.option("--yes", is_flag=True, help="Really delete (without it: a dry run).")
 @_provider_options
 @click.pass_obj

@@ -16,7 +16,7 @@ from costguard.alarms.burn import BurnReport, burn_report, price_running
 from costguard.alarms.plan import BudgetStatus
 from costguard.cli import render
 from costguard.cli.fleets import fleet_options, fleets
-from costguard.cli.params import DecimalRange
+from costguard.cli.params import DecimalRange, Url
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
@@ -48,7 +48,7 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
     help="Monthly budget in USD (AWS and Azure default: the costguard-monthly budget).",
 )
 @fleet_options("Region (repeatable). Default: every region in the price tables (AWS); all.")
-@click.option("--webhook", help="POST a JSON alert to this URL when over budget.")
+@click.option("--webhook", type=Url(), help="POST a JSON alert to this URL when over budget.")
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
+from costguard.cli.params import Name, Url, WholeNumber
 from costguard.errors import EXIT_FAILURE
 
 FORMAT = click.Choice(["table", "json"])
@@ -53,7 +54,7 @@ Examples:
   costguard checkpoint ls checkpoints/
   costguard checkpoint ls s3://my-bucket/run1 --format json""",
 )
-@click.argument("url")
+@click.argument("url", type=Url())
 @click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
 def ls_command(url: str, output_format: str) -> None:
     """List the checkpoints at URL, newest first; * marks the one a resume starts from.
@@ -114,7 +115,7 @@ Examples:
   costguard checkpoint verify checkpoints/
   costguard checkpoint verify s3://my-bucket/run1 --latest""",
 )
-@click.argument("url")
+@click.argument("url", type=Url())
 @click.option("--latest", is_flag=True, help="Check only the checkpoint a resume would use.")
 @click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
 @click.pass_context
@@ -162,7 +163,7 @@ In Python:
   from costguard.checkpoint import load_state
   model.load_state_dict(load_state("s3://my-bucket/run1")["model"])""",
 )
-@click.argument("url")
+@click.argument("url", type=Url())
 @click.option(
     "--to",
     "target",
@@ -170,8 +171,10 @@ In Python:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The file to write: NAME.safetensors or NAME.pt.",
 )
-@click.option("--step", type=click.IntRange(min=0), help="Export this step [default: the newest].")
-@click.option("--part", default="model", show_default=True, help="Which part of the state.")
+@click.option("--step", type=WholeNumber(min=0), help="Export this step [default: the newest].")
+@click.option(
+    "--part", type=Name(), default="model", show_default=True, help="Which part of the state."
+)
 def export_command(url: str, target: Path, step: int | None, part: str) -> None:
     """Write the weights (or another part) of a verified checkpoint at URL as a plain file.
 

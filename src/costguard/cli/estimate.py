@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import FORMAT, DecimalRange
+from costguard.cli.params import FORMAT, DecimalRange, Name, Url, WholeNumber
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing.advice import (
@@ -98,6 +98,7 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     "--gpu",
     "gpus",
     multiple=True,
+    type=Name(),
     help="GPU model: a10g, l4, t4, a100, a100-80gb, h100, h200, l40s, b200... Several: "
     "--gpu l4,t4 (or --gpu repeated) prices each.",
 )
@@ -111,19 +112,20 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     "--count",
     default=1,
     show_default=True,
-    type=click.IntRange(1, MAX_COUNT),
+    type=WholeNumber(1, MAX_COUNT),
     help="Number of instances.",
 )
 @click.option(
     "--gpus-per-instance",
     default=1,
     show_default=True,
-    type=click.IntRange(1, 64),
+    type=WholeNumber(1, 64),
     help="Only instances with this many GPUs.",
 )
 @click.option(
     "--provider",
     "providers",
+    type=Name(),
     multiple=True,
     help="aws, gcp, azure or slurm (repeatable). Default: all clouds. slurm (with "
     "--su-per-gpu-hour) adds a SLURM allocation next to the clouds named, or all of them.",
@@ -131,11 +133,16 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 @click.option(
     "--region",
     "regions",
+    type=Name(),
     multiple=True,
     help="Region (repeatable), e.g. us-east-1, us-central1, eastus, or a group: europe, "
     "us, asia (every region of the tables there). Default: all.",
 )
-@click.option("--instance-type", help="One instance type, e.g. g5.xlarge (then --gpu is optional).")
+@click.option(
+    "--instance-type",
+    type=Name(),
+    help="One instance type, e.g. g5.xlarge (then --gpu is optional).",
+)
 @click.option(
     "--spot/--on-demand",
     "spot",
@@ -171,11 +178,14 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 @click.option(
     "--data",
     "data_url",
+    type=Url(),
     help="Your input data's URL (s3://, gs://, az:// or https): its region is looked up "
     "(S3 answers in seconds; well-known public datasets offline) to price moving it.",
 )
 @click.option(
-    "--data-region", help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1."
+    "--data-region",
+    type=Name(),
+    help="Where your input data is stored, e.g. us-east-1 or gcp:us-central1.",
 )
 @click.option(
     "--data-gb",
@@ -208,7 +218,7 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     "--top",
     default=10,
     show_default=True,
-    type=click.IntRange(0, 10_000),
+    type=WholeNumber(0, 10_000),
     help="Show the N cheapest provider/regions (0: all).",
 )
 @click.option(

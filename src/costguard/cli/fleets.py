@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from costguard.cli.params import Name
 from costguard.reaper.fleet import Fleet, PriceBook
 from costguard.settings import Settings
 
@@ -22,7 +23,7 @@ def fleet_options(region_help: str) -> Callable[[Callable[..., Any]], Callable[.
     """Add the location flags to a click command; ``region_help`` says the default."""
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        region = click.option("--region", "regions", multiple=True, help=region_help)
+        region = click.option("--region", "regions", type=Name(), multiple=True, help=region_help)
         for option in reversed((_PROVIDER, region, *_OPTIONS)):
             command = option(command)
         return command
@@ -40,11 +41,17 @@ _PROVIDER = click.option(
 _OPTIONS = (
     click.option("--all-regions", is_flag=True, help="AWS: every region enabled in the account."),
     click.option(
-        "--zone", "zones", multiple=True, help="GCP zone (repeatable), e.g. us-central1-a."
+        "--zone",
+        "zones",
+        type=Name(),
+        multiple=True,
+        help="GCP zone (repeatable), e.g. us-central1-a.",
     ),
-    click.option("--project", envvar="GOOGLE_CLOUD_PROJECT", help="GCP project ID."),
-    click.option("--subscription", envvar="AZURE_SUBSCRIPTION_ID", help="Azure subscription ID."),
-    click.option("--resource-group", help="Azure: only this resource group."),
+    click.option("--project", type=Name(), envvar="GOOGLE_CLOUD_PROJECT", help="GCP project ID."),
+    click.option(
+        "--subscription", type=Name(), envvar="AZURE_SUBSCRIPTION_ID", help="Azure subscription ID."
+    ),
+    click.option("--resource-group", type=Name(), help="Azure: only this resource group."),
 )
 
 

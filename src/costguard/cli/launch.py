@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import DecimalRange
+from costguard.cli.params import DecimalRange, FiniteFloat, Name, Text, Url, WholeNumber
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.pricing.catalog import load_tables
@@ -101,11 +101,11 @@ def _echo(message: str) -> None:
     epilog=EXAMPLES,
     short_help="Run a job on a spot GPU and relaunch it after each preemption.",
 )
-@click.option("--gpu", help="GPU model: a10g, l4, t4, a100, h100...")
+@click.option("--gpu", type=Name(), help="GPU model: a10g, l4, t4, a100, h100...")
 @click.option(
     "--gpus-per-instance",
     "gpu_count",
-    type=click.IntRange(1, 64),
+    type=WholeNumber(1, 64),
     default=1,
     show_default=True,
     help="GPUs per instance.",
@@ -117,11 +117,15 @@ def _echo(message: str) -> None:
     show_default=True,
     help="Where to run; local simulates preemptions on this machine.",
 )
-@click.option("--region", "regions", multiple=True, help="Only these regions (repeatable).")
+@click.option(
+    "--region", "regions", type=Name(), multiple=True, help="Only these regions (repeatable)."
+)
 @click.option(
     "--spot/--on-demand", default=True, show_default=True, help="Start on spot or on-demand."
 )
-@click.option("--checkpoint", "url", help="Checkpoint URL (s3://, gs://, az://, or a folder).")
+@click.option(
+    "--checkpoint", "url", type=Url(), help="Checkpoint URL (s3://, gs://, az://, or a folder)."
+)
 @click.option(
     "--max-price",
     type=DecimalRange(0, minimum_open=True, maximum=10_000),
@@ -134,14 +138,14 @@ def _echo(message: str) -> None:
 )
 @click.option(
     "--max-preemptions",
-    type=click.IntRange(0, 1000),
+    type=WholeNumber(0, 1000),
     default=3,
     show_default=True,
     help="Interruptions on spot before falling back to on-demand.",
 )
 @click.option(
     "--max-failures",
-    type=click.IntRange(0, 100),
+    type=WholeNumber(0, 100),
     default=0,
     show_default=True,
     help="Retries after the script fails (a nonzero exit that is no preemption).",
@@ -151,15 +155,15 @@ def _echo(message: str) -> None:
     type=DecimalRange(0, minimum_open=True, maximum=24 * 366),
     help="Expected run time, for the estimate.",
 )
-@click.option("--every-steps", type=click.IntRange(min=1), help="Checkpoint every N steps.")
+@click.option("--every-steps", type=WholeNumber(min=1), help="Checkpoint every N steps.")
 @click.option(
     "--every-minutes",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Checkpoint every T minutes.",
 )
 @click.option(
     "--idle-minutes",
-    type=click.IntRange(1, 10_000),
+    type=WholeNumber(1, 10_000),
     default=30,
     show_default=True,
     help="Tag for the reaper: idle this long means stop it.",
@@ -167,35 +171,44 @@ def _echo(message: str) -> None:
 @click.option(
     "--option",
     "option_pairs",
+    type=Text(),
     multiple=True,
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
 )
-@click.option("--attach", "attach_url", help="Supervise the job at this checkpoint URL again.")
+@click.option(
+    "--attach", "attach_url", type=Url(), help="Supervise the job at this checkpoint URL again."
+)
 @click.option("--force", is_flag=True, help="With --attach: even if its heartbeat is fresh.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--no-alarm-check", is_flag=True, help="Launch even without a budget alarm (warns).")
 @click.option(
     "--poll-seconds",
-    type=click.FloatRange(0.05, 3600),
+    type=FiniteFloat(0.05, 3600),
     help="Seconds between status checks (default 10; local: 0.5).",
 )
 @click.option(
     "--timeout-hours",
-    type=click.FloatRange(0, 24 * 60, min_open=True),
+    type=FiniteFloat(0, 24 * 60, min_open=True),
     default=72.0,
     show_default=True,
     help="Give up (and terminate) after this long.",
 )
 @click.option(
     "--preempt-every",
-    type=click.FloatRange(1, 10**6),
+    type=FiniteFloat(1, 10**6),
     help="local: a preemption notice this many seconds into each spot attempt.",
 )
-@click.option("--preempt-at", help="local: notices at these seconds after the start, e.g. 30,90.")
-@click.option("--seed", type=int, help="local: randomise --preempt-every intervals from this seed.")
+@click.option(
+    "--preempt-at", type=Text(), help="local: notices at these seconds after the start, e.g. 30,90."
+)
+@click.option(
+    "--seed",
+    type=WholeNumber(0, 2**32 - 1),
+    help="local: randomise --preempt-every intervals from this seed.",
+)
 @click.option(
     "--notice-seconds",
-    type=click.FloatRange(1, 600),
+    type=FiniteFloat(1, 600),
     help="local: from the notice to the kill. Default: the simulated cloud's (AWS 120, "
     "GCP/Azure 30).",
 )
@@ -370,6 +383,19 @@ def _prepare(settings: Settings, options: Mapping[str, Any]) -> tuple[Any, Any, 
         msg = f"{', '.join(local_only)} only apply to --provider local"
         raise InputError(msg, hint="the cloud sends its own preemption notices")
     provider_options = _options(options["option_pairs"])
+    # Before any store is opened: the command and options go into the boot script and
+    # job.json, which others can read.
+    from costguard.spot.bootstrap import refuse_secrets
+
+    refuse_secrets(command, provider_options, url, os.environ)
+    wheel = None
+    if provider != "local" and "package" not in provider_options:
+        # The instances install this very costguard, shipped with the job: the bare name
+        # on the public index is someone else's project (costguard.spot.wheel).
+        from costguard.spot import wheel as wheels
+
+        wheel = wheels.build()
+        provider_options |= wheels.options(wheel)
 
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     gpu = canonical_gpu(options["gpu"], catalog.accelerators)
@@ -448,7 +474,9 @@ def _prepare(settings: Settings, options: Mapping[str, Any]) -> tuple[Any, Any, 
 
     launcher = _launcher(settings, spec, offers)
     try:
-        job = _confirm(settings, options, store, spec, offers, launcher, catalog.as_of.isoformat())
+        job = _confirm(
+            settings, options, store, spec, offers, launcher, catalog.as_of.isoformat(), wheel
+        )
     except BaseException:
         close = getattr(launcher, "close", None)
         if close is not None:
@@ -465,8 +493,10 @@ def _confirm(
     offers: Sequence[Any],
     launcher: Any,
     as_of: str,
+    wheel: Any = None,
 ) -> Any:
-    """Check the launcher's settings, print the estimate, run the guard, ask; save job.json."""
+    """Check the launcher's settings, print the estimate, run the guard, ask; save job.json
+    (and the costguard wheel the instances install, next to it)."""
     from costguard.spot.job import Job, save_job
     from costguard.spot.launcher.base import Market
     from costguard.spot.recovery import Launch, decide
@@ -493,6 +523,10 @@ def _confirm(
             msg = "confirmation needed, and there is no terminal to ask"
             raise InputError(msg, hint="pass --yes to launch without asking")
         click.confirm("Launch?", abort=True, err=True)
+    if wheel is not None:
+        from costguard.spot.wheel import upload
+
+        upload(store, wheel)
     return save_job(store, Job(spec))
 
 
@@ -718,7 +752,7 @@ def jobs_group() -> None:
 
 
 @jobs_group.command("status", epilog=STATUS_EXAMPLES)
-@click.argument("url")
+@click.argument("url", type=Url())
 @click.option(
     "--format",
     "output_format",

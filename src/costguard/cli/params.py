@@ -1,16 +1,122 @@
-"""Click parameter types that reject bad numbers with a one-line reason."""
+"""Click parameter types that refuse bad input with a one-line reason, before any work.
+
+Every option of every command that takes a number, a name or a URL uses one of these, so
+NaN, infinity, ``1e400``, a trailing newline, a control character, a unicode look-alike
+(a fullwidth ``5``, ``s3://`` in fullwidth letters) or a 100 KB value is refused at parse
+time (exit 2) instead of reaching a controller loop, a batch-script header or a cloud call
+(``tests/cli/test_hostile_input.py`` walks the whole command tree to prove it).
+
+* :class:`WholeNumber`, :class:`FiniteFloat`, :class:`DecimalRange`: plain ASCII numbers
+  in a range (``1_000`` is fine; ``nan``, ``inf``, ``" 5"``, ``"5\\n"``, a fullwidth digit are not).
+* :class:`Name`: one word of printable ASCII (a GPU, region, project, SLURM partition...).
+* :class:`Text`: free text (a command line, ``KEY=VALUE``) without control characters.
+* :class:`Url`: a folder or ``scheme://bucket/path`` with an ASCII scheme and bucket.
+
+Refusals quote at most :data:`SHOWN_CHARS` characters of the value.
+"""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from costguard.money import parse_decimal
+from costguard.secrets import redact
+
+#: The most characters of a refused value an error message quotes.
+SHOWN_CHARS = 60
+#: Longer than any number a flag needs; the limit keeps ``int()`` away from huge strings.
+MAX_NUMBER_CHARS = 40
+MAX_NAME_CHARS = 200
+MAX_TEXT_CHARS = 4096
+MAX_URL_CHARS = 2048
+
+_DIGITS = r"[0-9](?:_?[0-9])*"
+_INTEGER = re.compile(rf"[+-]?{_DIGITS}", re.ASCII)
+_REAL = re.compile(
+    rf"[+-]?(?:{_DIGITS}(?:\.(?:{_DIGITS})?)?|\.{_DIGITS})(?:[eE][+-]?{_DIGITS})?", re.ASCII
+)
+_NAME = re.compile(r"[!-~]+", re.ASCII)  # printable ASCII, no space
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_SCHEME = re.compile(r"[a-z][a-z0-9+.-]*", re.ASCII)
+_BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[0-9]{1,5})?", re.ASCII)
+#: Schemes whose URLs name no bucket (``file:///abs/path``).
+_HOSTLESS = frozenset({"file", "local"})
 
 
-class DecimalRange(click.ParamType):
+def shown(value: object) -> str:
+    """``value`` quoted for an error message, credentials masked, cut to :data:`SHOWN_CHARS`
+    characters.
+
+    >>> shown("a10g"), shown("x" * 500)
+    ("'a10g'", "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' (500 characters)")
+    """
+    text = redact(str(value))  # before the cut, which could leave half a token unrecognised
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r}"[:-1] + f"...' ({len(text)} characters)"
+
+
+class _Strict(click.ParamType):
+    """Shared refusal helper: the message names the value shortly, never whole."""
+
+    def refuse(
+        self, why: str, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> NoReturn:
+        self.fail(f"{shown(value)} {why}", param, ctx)
+
+
+def _number_text(
+    kind: _Strict,
+    value: Any,
+    pattern: re.Pattern[str],
+    what: str,
+    param: click.Parameter | None,
+    ctx: click.Context | None,
+) -> str:
+    text = str(value)
+    if len(text) > MAX_NUMBER_CHARS or not pattern.fullmatch(text):
+        kind.refuse(f"is not {what}", value, param, ctx)
+    return text
+
+
+class WholeNumber(click.IntRange, _Strict):
+    """A whole number in ``min..max`` written in ASCII digits.
+
+    >>> WholeNumber(1, 10).convert("7", None, None)
+    7
+    """
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            _number_text(self, value, _INTEGER, "a whole number", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class FiniteFloat(click.FloatRange, _Strict):
+    """A finite number in a range (seconds, minutes, hours); NaN and infinities are refused,
+    and so is ``1e400``, which a float holds as infinity.
+
+    >>> FiniteFloat(0, min_open=True).convert("0.5", None, None)
+    0.5
+    """
+
+    name = "number"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            text = _number_text(self, value, _REAL, "a finite number", param, ctx)
+            if float(text) in (float("inf"), float("-inf")):
+                self.refuse("is too large", value, param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class DecimalRange(_Strict):
     """A finite decimal number within bounds; NaN, infinity and text are refused.
 
     ``minimum_open`` makes the lower bound exclusive (hours must be more than 0); ``unit``
@@ -38,17 +144,105 @@ class DecimalRange(click.ParamType):
         if isinstance(value, Decimal):
             number = value
         else:
+            if isinstance(value, str):
+                _number_text(self, value, _REAL, "a finite number", param, ctx)
             try:
                 number = parse_decimal(value)
             except ValueError:
-                self.fail(f"{value!r} is not a finite number", param, ctx)
+                self.refuse("is not a finite number", value, param, ctx)
         if self.minimum_open and number <= self.minimum:
-            self.fail(f"must be more than {self.minimum}, not {value}", param, ctx)
+            self.fail(f"must be more than {self.minimum}, not {shown(value)}", param, ctx)
         if not self.minimum_open and number < self.minimum:
-            self.fail(f"must be at least {self.minimum}, not {value}", param, ctx)
+            self.fail(f"must be at least {self.minimum}, not {shown(value)}", param, ctx)
         if self.maximum is not None and number > self.maximum:
-            self.fail(f"must be at most {self.maximum}{self.unit}, not {value}", param, ctx)
+            self.fail(f"must be at most {self.maximum}{self.unit}, not {shown(value)}", param, ctx)
         return number
+
+
+class Name(_Strict):
+    """One word of printable ASCII: a GPU, region, zone, project, account, SLURM name...
+
+    Look-alikes (``a100`` in fullwidth letters), spaces, control characters and trailing
+    newlines are refused here; the command then checks the word against its own list or
+    syntax.
+
+    >>> Name().convert("us-east-1", None, None)
+    'us-east-1'
+    """
+
+    name = "name"
+
+    def __init__(self, max_chars: int = MAX_NAME_CHARS) -> None:
+        self.max_chars = max_chars
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if not text:
+            self.refuse("is empty", value, param, ctx)
+        if len(text) > self.max_chars:
+            self.refuse(f"is longer than {self.max_chars} characters", value, param, ctx)
+        if not _NAME.fullmatch(text):
+            self.refuse(
+                "is not one word of plain ASCII (letters, digits, punctuation)", value, param, ctx
+            )
+        return text
+
+
+class Text(_Strict):
+    """Free text on one line: a command line, ``KEY=VALUE``, a list. No control characters.
+
+    >>> Text().convert("pixi run costguard", None, None)
+    'pixi run costguard'
+    """
+
+    name = "text"
+
+    def __init__(self, max_chars: int = MAX_TEXT_CHARS) -> None:
+        self.max_chars = max_chars
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if not text:
+            self.refuse("is empty", value, param, ctx)
+        if len(text) > self.max_chars:
+            self.refuse(f"is longer than {self.max_chars} characters", value, param, ctx)
+        if _CONTROL.search(text):
+            self.refuse("contains a control character (a newline?)", value, param, ctx)
+        return text
+
+
+class Url(_Strict):
+    """A local folder, or ``scheme://bucket/path`` with an ASCII scheme and bucket name.
+
+    ``s3://`` (no bucket), a scheme or bucket in fullwidth letters and control characters
+    are refused before any store is opened.
+
+    >>> Url().convert("s3://my-bucket/run1", None, None)
+    's3://my-bucket/run1'
+    >>> Url().convert("checkpoints/", None, None)
+    'checkpoints/'
+    """
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value)
+        if not text.strip():
+            self.refuse("is empty", value, param, ctx)
+        if len(text) > MAX_URL_CHARS:
+            self.refuse(f"is longer than {MAX_URL_CHARS} characters", value, param, ctx)
+        if _CONTROL.search(text) or text != text.strip():
+            self.refuse("contains a control character or surrounding space", value, param, ctx)
+        scheme, sep, rest = text.partition("://")
+        if sep:
+            if not _SCHEME.fullmatch(scheme):
+                self.refuse("does not start with a plain scheme like s3://", value, param, ctx)
+            host = rest.split("/", 1)[0].rpartition("@")[2].split("?", 1)[0]
+            if scheme not in _HOSTLESS and not _BUCKET.fullmatch(host):
+                self.refuse(
+                    "has no bucket (or one with characters no bucket name has)", value, param, ctx
+                )
+        return text
 
 
 FORMAT = click.Choice(["table", "json", "csv"], case_sensitive=False)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import FORMAT
+from costguard.cli.params import FORMAT, Name
 from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
 from costguard.pricing import TABLES
@@ -60,9 +60,11 @@ Examples:
   costguard pricing show storage --provider azure --format csv""",
 )
 @click.argument("table", required=False, type=click.Choice(TABLES))
-@click.option("--provider", "providers", multiple=True, help="aws, gcp or azure (repeatable).")
-@click.option("--region", "regions", multiple=True, help="Region (repeatable).")
-@click.option("--gpu", help="Only instances with this GPU (instance tables).")
+@click.option(
+    "--provider", "providers", type=Name(), multiple=True, help="aws, gcp or azure (repeatable)."
+)
+@click.option("--region", "regions", type=Name(), multiple=True, help="Region (repeatable).")
+@click.option("--gpu", type=Name(), help="Only instances with this GPU (instance tables).")
 @click.option("--unverified", is_flag=True, help="Only rows whose price is not verified.")
 @click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
 @click.pass_obj
@@ -122,7 +124,9 @@ Examples:
   costguard pricing gpus
   costguard pricing gpus --provider gcp --format json""",
 )
-@click.option("--provider", "providers", multiple=True, help="aws, gcp or azure (repeatable).")
+@click.option(
+    "--provider", "providers", type=Name(), multiple=True, help="aws, gcp or azure (repeatable)."
+)
 @click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
 @click.pass_obj
 def gpus_command(settings: Settings, providers: Sequence[str], output_format: str) -> None:
@@ -415,12 +419,14 @@ A region the tables do not cover yet is added with the instance types the API li
 @click.option(
     "--provider",
     "providers",
+    type=Name(),
     multiple=True,
     help="aws, gcp or azure (repeatable). Default: all (with --from: those in DIR).",
 )
 @click.option(
     "--region",
     "regions",
+    type=Name(),
     multiple=True,
     help="Only these regions (repeatable). Default: every region in the tables "
     "(with --from: those DIR holds prices for).",

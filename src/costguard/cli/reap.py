@@ -10,7 +10,7 @@ import click
 
 from costguard.cli import render
 from costguard.cli.fleets import check_combinations, fleet_options, fleets
-from costguard.cli.params import DecimalRange
+from costguard.cli.params import DecimalRange, Text, WholeNumber
 from costguard.errors import CostguardError
 from costguard.money import format_usd
 from costguard.pricing.catalog import load_tables
@@ -37,9 +37,9 @@ Examples:
   costguard reap --provider gcp --project my-lab --region us-central1
   costguard reap --provider azure --subscription SUB --resource-group ml --format json
 \b
-Never touched: instances tagged costguard:keep=true (or --protect-tag), with termination
-protection, younger than --grace-minutes, with a future costguard:expires-at, or with
-any busy sample in the window. Cron and systemd units are in infra/.
+Never touched: instances tagged costguard:keep (any value but false/no/0/off) or with a
+--protect-tag, with termination protection, younger than --grace-minutes, with a future
+costguard:expires-at, or with any busy sample in the window. Cron and systemd units are in infra/.
 """
 
 _PERCENT = DecimalRange(0, maximum=100)
@@ -54,7 +54,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
 @fleet_options("Region (repeatable). Default: AWS's default region; all for GCP/Azure.")
 @click.option(
     "--idle-minutes",
-    type=click.IntRange(1, MAX_IDLE_MINUTES),
+    type=WholeNumber(1, MAX_IDLE_MINUTES),
     default=60,
     show_default=True,
     help="How long every sample must have been below every threshold.",
@@ -82,7 +82,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
 )
 @click.option(
     "--grace-minutes",
-    type=click.IntRange(0, MAX_IDLE_MINUTES),
+    type=WholeNumber(0, MAX_IDLE_MINUTES),
     default=30,
     show_default=True,
     help="Leave instances started less than this long ago alone.",
@@ -96,7 +96,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
 )
 @click.option(
     "--max-actions",
-    type=click.IntRange(0, 100_000),
+    type=WholeNumber(0, 100_000),
     default=10,
     show_default=True,
     help="Act on none if more than this many instances are selected.",
@@ -111,9 +111,11 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
 @click.option(
     "--protect-tag",
     "protect_tags",
+    type=Text(),
     multiple=True,
     metavar="KEY[=VALUE]",
-    help="More tags that protect an instance (repeatable); costguard:keep=true always does.",
+    help="More tags that protect an instance (repeatable); costguard:keep always does "
+    "(unless false, no, 0 or off).",
 )
 @click.option(
     "--gpu-missing-ok",

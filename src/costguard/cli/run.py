@@ -31,6 +31,7 @@ from typing import Any
 
 import click
 
+from costguard.cli.params import FiniteFloat, Url, WholeNumber
 from costguard.errors import InputError
 from costguard.reaper.agent import jobs_dir, registered_job
 
@@ -279,19 +280,20 @@ Multi-process training (each rank makes a Checkpointer; rank 0 writes):
 @click.option(
     "--checkpoint",
     "url",
+    type=Url(),
     default="checkpoints/",
     show_default=True,
     help="Where checkpoints go: a folder, s3://bucket/prefix, gs://..., az://container/...",
 )
-@click.option("--every-steps", type=click.IntRange(min=1), help="Save every N steps.")
+@click.option("--every-steps", type=WholeNumber(min=1), help="Save every N steps.")
 @click.option(
     "--every-minutes",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     help="Save every T minutes.",
 )
 @click.option(
     "--keep",
-    type=click.IntRange(min=1),
+    type=WholeNumber(min=1),
     default=3,
     show_default=True,
     help="Keep the newest N checkpoints (in the store too).",

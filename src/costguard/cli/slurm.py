@@ -9,6 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
+from costguard.cli.params import FiniteFloat, Name, Text, Url, WholeNumber
+from costguard.errors import InputError
+from costguard.secrets import find_secret
 from costguard.slurm.batch import (
     DEFAULT_MAX_REQUEUES,
     DEFAULT_SIGNAL_LEAD_S,
@@ -33,28 +36,40 @@ def job_options(func: F) -> F:
         click.option(
             "--checkpoint",
             "url",
+            type=Url(),
             required=True,
             help="Where checkpoints go: a folder on a shared file system, s3://..., gs://...",
         ),
         click.option(
             "--time",
             "time_limit",
+            type=Name(),
             required=True,
             help="SLURM time limit: HH:MM:SS, D-HH:MM:SS, MM...",
         ),
         click.option(
             "--gpus",
-            type=click.IntRange(0, 1024),
+            type=WholeNumber(0, 1024),
             default=1,
             show_default=True,
             help="GPUs per node (--gres=gpu:N); 0 for a CPU partition.",
         ),
-        click.option("--gpu-type", help="GPU type in the GRES request, e.g. a100 (gpu:a100:N)."),
-        click.option("--mem", help="Memory per node, e.g. 64G (plain numbers are MB)."),
-        click.option("--cpus-per-task", type=click.IntRange(1, 4096), help="CPUs for the job."),
-        click.option("--partition", help="SLURM partition(s), comma-separated."),
-        click.option("--account", help="Account (allocation) to charge."),
-        click.option("--job-name", default="costguard", show_default=True, help="SLURM job name."),
+        click.option(
+            "--gpu-type", type=Name(), help="GPU type in the GRES request, e.g. a100 (gpu:a100:N)."
+        ),
+        click.option(
+            "--mem", type=Name(), help="Memory per node, e.g. 64G (plain numbers are MB)."
+        ),
+        click.option("--cpus-per-task", type=WholeNumber(1, 4096), help="CPUs for the job."),
+        click.option("--partition", type=Name(), help="SLURM partition(s), comma-separated."),
+        click.option("--account", type=Name(), help="Account (allocation) to charge."),
+        click.option(
+            "--job-name",
+            type=Name(),
+            default="costguard",
+            show_default=True,
+            help="SLURM job name.",
+        ),
         click.option(
             "--requeue",
             is_flag=True,
@@ -62,29 +77,30 @@ def job_options(func: F) -> F:
         ),
         click.option(
             "--max-requeues",
-            type=click.IntRange(0, 10_000),
+            type=WholeNumber(0, 10_000),
             default=DEFAULT_MAX_REQUEUES,
             show_default=True,
             help="With --requeue: requeue at most N times (SLURM_RESTART_COUNT).",
         ),
         click.option(
             "--signal-lead",
-            type=click.IntRange(1, MAX_SIGNAL_LEAD_S),
+            type=WholeNumber(1, MAX_SIGNAL_LEAD_S),
             default=DEFAULT_SIGNAL_LEAD_S,
             show_default=True,
             help="Seconds before the time limit that SLURM sends USR1 (it may come up to a "
             "minute earlier).",
         ),
-        click.option("--every-steps", type=click.IntRange(min=1), help="Also save every N steps."),
+        click.option("--every-steps", type=WholeNumber(min=1), help="Also save every N steps."),
         click.option(
             "--every-minutes",
-            type=click.FloatRange(min=0, min_open=True),
+            type=FiniteFloat(min=0, min_open=True),
             help="Also save every T minutes.",
         ),
-        click.option("--keep", type=click.IntRange(min=1), help="Keep the newest N checkpoints."),
+        click.option("--keep", type=WholeNumber(min=1), help="Keep the newest N checkpoints."),
         click.option(
             "--costguard",
             "costguard_command",
+            type=Text(),
             default="costguard",
             show_default=True,
             help="How the nodes start costguard, e.g. 'pixi run costguard'.",
@@ -99,6 +115,10 @@ def job_options(func: F) -> F:
 def build_job(options: dict[str, Any]) -> BatchJob:
     """Validate the options into a :class:`BatchJob` (exit 2 on bad input, nothing run)."""
     url: str = options["url"]
+    found = find_secret({"--checkpoint": [url]}, os.environ)  # before it is made absolute
+    if found:
+        msg = f"--checkpoint carries {found[1]}, which would be written into the batch script"
+        raise InputError(msg, hint="give the nodes access to the store by their own identity")
     if url.strip() and "://" not in url:
         # The job may start in another folder than this one: make a local path absolute.
         url = str(Path(url).expanduser().resolve())

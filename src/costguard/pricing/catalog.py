@@ -294,7 +294,7 @@ def bundled_tables_dir() -> Path:
     if (checkout / "tables.toml").is_file():
         return checkout
     msg = "the price tables are missing from this installation of costguard"
-    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall . in its checkout")
 
 
 def load_catalog(directory: Path | None = None, *, origin: str | None = None) -> Catalog:

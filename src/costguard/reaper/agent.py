@@ -201,13 +201,16 @@ def busy_reason(reading: Reading, policy: AgentPolicy) -> str | None:
     if reading.gpu_util_percent is None:
         if not policy.gpu_missing_ok:
             return "no GPU reading (is nvidia-smi installed?); --gpu-missing-ok ignores the GPU"
-    elif not reading.gpu_util_percent < policy.gpu_threshold_percent:
+    elif not 0 <= reading.gpu_util_percent < policy.gpu_threshold_percent:
         return f"GPU {reading.gpu_util_percent:.1f}%"
-    if reading.cpu_percent is None or not reading.cpu_percent < policy.cpu_threshold_percent:
+    # Idle is from 0 up to the threshold; NaN or a negative rate is a broken reading.
+    if reading.cpu_percent is None or not 0 <= reading.cpu_percent < policy.cpu_threshold_percent:
         return "CPU " + (
             "unreadable" if reading.cpu_percent is None else f"{reading.cpu_percent:.1f}%"
         )
-    if reading.network_mbps is None or not reading.network_mbps < policy.network_threshold_mbps:
+    if reading.network_mbps is None or not (
+        0 <= reading.network_mbps < policy.network_threshold_mbps
+    ):
         shown = (
             "unreadable" if reading.network_mbps is None else f"{reading.network_mbps:.2f} Mbit/s"
         )
@@ -358,15 +361,26 @@ def parse_net_dev(text: str) -> int:
 def parse_nvidia_smi(text: str) -> float | None:
     """The busiest GPU, from ``nvidia-smi --query-gpu=utilization.gpu`` (CSV, no units).
 
+    ``None`` (no GPU reading) unless *every* line is a utilisation from 0 to 100: a GPU
+    that reports ``[N/A]``, ``nan`` or a negative number is unreadable, and skipping it
+    would let the machine look idle while it works.
+
     >>> parse_nvidia_smi("3\\n97\\n"), parse_nvidia_smi("[N/A]\\n")
     (97.0, None)
+    >>> parse_nvidia_smi("[N/A]\\n0"), parse_nvidia_smi("0\\nnan"), parse_nvidia_smi("-1")
+    (None, None, None)
     """
     values = []
     for line in text.splitlines():
-        try:
-            values.append(float(line.strip()))
-        except ValueError:
+        if not line.strip():
             continue
+        try:
+            value = float(line.strip())
+        except ValueError:
+            return None
+        if not 0 <= value <= 100:  # NaN, negative, infinite: not a reading
+            return None
+        values.append(value)
     return max(values) if values else None
 
 
@@ -476,7 +490,7 @@ class PowerOff:
 class AzureDeallocate:
     """Deallocate this Azure VM through the API (found through the instance metadata
     service), with the VM's managed identity. Needs the ``azure`` extra and the
-    ``deallocate`` permission (infra/azure/reaper-role.json)."""
+    ``deallocate`` permission (infra/azure/reaper-act-role.json)."""
 
     def __init__(
         self,

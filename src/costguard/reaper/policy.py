@@ -48,8 +48,11 @@ KEEP_TAG = "costguard:keep"
 EXPIRES_TAG = "costguard:expires-at"
 #: Tag the two-phase mode writes on the first idle run: when the instance was found idle.
 MARK_TAG = "costguard:idle-since"
-#: Tag values that mean "yes" (compared case-insensitively).
-TRUE_VALUES = frozenset({"true", "yes", "1", "on"})
+#: The only values of a protect tag that do *not* protect (compared case-insensitively,
+#: not stripped, exactly as the IAM conditions in ``infra/`` compare them). Any other value
+#: of a present tag - ``""``, ``keep``, ``y``, a fullwidth ``true`` - protects: a person
+#: who tagged an instance meant something, and guessing wrong stops their work.
+FALSE_VALUES = ("false", "no", "0", "off")
 
 MAX_IDLE_MINUTES = 7 * 24 * 60
 #: How long before ``now`` the newest GPU sample's period may end. The GPU series comes
@@ -374,8 +377,18 @@ def coverage_gap(
 
 
 def _busy(value: float, threshold: float) -> bool:
-    # "Idle" is strictly below the threshold; NaN (a broken datapoint) counts as busy.
-    return not value < threshold
+    # "Idle" is at least 0 and strictly below the threshold. NaN, a negative value or -inf
+    # is a broken datapoint, not a quiet machine: it counts as busy.
+    return not 0 <= value < threshold
+
+
+def protects(value: str) -> bool:
+    """Whether a present protect tag with ``value`` protects: unless clearly false.
+
+    >>> [protects(v) for v in ("true", "", "keep", "\\uff54rue", "FALSE", "off", "0")]
+    [True, True, True, True, False, False, False]
+    """
+    return value.lower() not in FALSE_VALUES
 
 
 def _tag(tags: Mapping[str, str], key: str) -> str | None:
@@ -388,7 +401,7 @@ def _tag(tags: Mapping[str, str], key: str) -> str | None:
 
 def _protect_tag(instance: Instance, policy: IdlePolicy) -> str | None:
     keep = _tag(instance.tags, KEEP_TAG)
-    if keep is not None and keep.strip().lower() in TRUE_VALUES:
+    if keep is not None and protects(keep):
         return f"{KEEP_TAG}={keep}"
     for key, wanted in policy.protect_tags:
         value = _tag(instance.tags, key)
@@ -468,9 +481,28 @@ def _unit(signal: Signal) -> str:
     return " Mbit/s" if signal is Signal.NETWORK else "%"
 
 
-def _mark_time(instance: Instance) -> datetime | None:
+def shown(value: float) -> str:
+    """A reading rounded for people (the exact value stays in ``IdleVerdict.peaks``):
+    two decimals, and ``<0.01`` for a trickle that would round to zero.
+
+    >>> [shown(v) for v in (0.000106667, 0.0, 3.14159, 87.0, float("nan"), -2.0)]
+    ['<0.01', '0', '3.14', '87', 'nan', '-2']
+    """
+    if 0 < value < 0.01:
+        return "<0.01"
+    return f"{round(value, 2):g}" if math.isfinite(value) else f"{value:g}"
+
+
+def _mark_time(instance: Instance, now: datetime) -> datetime | None:
+    """When this instance was marked idle, if its mark is one this reaper could have
+    written: after the instance (re)started and not in the future. Any other mark
+    (``costguard:idle-since=0``, a copy from an image, one from before a stop/start) is no
+    evidence of idle time, so it is marked afresh rather than acted on."""
     text = _tag(instance.tags, MARK_TAG)
-    return parse_timestamp(text) if text is not None else None
+    marked = parse_timestamp(text) if text is not None else None
+    if marked is None or instance.launched_at is None:
+        return None
+    return marked if instance.launched_at <= marked <= now else None
 
 
 def _metrics_verdict(
@@ -499,8 +531,9 @@ def _metrics_verdict(
             first = busy[0]
             return IdleVerdict(
                 Action.KEEP,
-                f"busy: {signal} {first.value:g}{_unit(signal)} at {format_timestamp(first.at)} "
-                f"(threshold {threshold:g}{_unit(signal)}; {len(busy)} busy sample(s) "
+                f"busy: {signal} {shown(first.value)}{_unit(signal)} "
+                f"at {format_timestamp(first.at)} "
+                f"(threshold {shown(threshold)}{_unit(signal)}; {len(busy)} busy sample(s) "
                 "in the window)",
                 Reason.BUSY,
                 samples.instance,
@@ -530,8 +563,8 @@ def _metrics_verdict(
 
 
 def _idle_text(peaks: Mapping[Signal, float], policy: IdlePolicy) -> str:
-    shown = ", ".join(f"{s} max {v:g}{_unit(s)}" for s, v in peaks.items())
-    text = f"idle for {policy.idle_minutes} min ({shown})"
+    text = ", ".join(f"{s} max {shown(v)}{_unit(s)}" for s, v in peaks.items())
+    text = f"idle for {policy.idle_minutes} min ({text})"
     if Signal.GPU not in peaks:
         text += "; no GPU metrics, judged by CPU and network (--gpu-missing-ok)"
     return text
@@ -547,7 +580,8 @@ def judge_idle(samples: InstanceSamples, policy: IdlePolicy, now: datetime) -> I
        do not cover the window.
     3. Keep it while its protection is unchecked (``protected is None``).
     4. Otherwise act: the policy's action, or in two-phase mode mark it first and act only
-       when it was marked at least one window ago and is still idle.
+       when it was marked at least one window ago and is still idle (a mark from before
+       the instance started, or in the future, is replaced by a fresh one).
 
     >>> from datetime import datetime, timedelta, timezone
     >>> now = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
@@ -560,7 +594,7 @@ def judge_idle(samples: InstanceSamples, policy: IdlePolicy, now: datetime) -> I
     <Reason.BUSY: 'busy'>
     """
     instance = samples.instance
-    marked_at = _mark_time(instance) if policy.two_phase else None
+    marked_at = _mark_time(instance, now) if policy.two_phase else None
     verdict = static_verdict(instance, policy, now)
     if verdict is None:
         outcome = _metrics_verdict(samples, policy, now)

@@ -14,15 +14,17 @@ rather than in the queue hours later.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from costguard import __version__
 from costguard.errors import CostguardError, InputError
+from costguard.secrets import find_secret
 
 #: How long before the time limit SLURM sends USR1, unless told: room for an emergency
 #: save plus SLURM's own slack (it may signal up to a minute early, never late).
@@ -33,9 +35,11 @@ DEFAULT_MAX_REQUEUES = 10
 MAX_TIME_LIMIT_S = 365 * 24 * 3600
 TEMPLATE_NAME = "costguard-job.sbatch"
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_NAMES = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*$")
-_MEM = re.compile(r"^([0-9]+)([KMGT]?)$", re.IGNORECASE)
+# Matched whole (fullmatch): ``$`` would let a trailing newline through, and a newline in
+# an #SBATCH line ends the header, so SLURM ignores every option after it.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
+_NAMES = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*", re.ASCII)
+_MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE | re.ASCII)
 _TIME_HINT = "SLURM's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. --time 08:00:00"
 
 
@@ -111,7 +115,7 @@ def parse_mem(text: str) -> str:
     >>> parse_mem("64g"), parse_mem("4096")
     ('64G', '4096')
     """
-    match = _MEM.match(text.strip())
+    match = _MEM.fullmatch(text)
     if not match:
         msg = f"--mem {text!r} is not a SLURM memory size"
         raise InputError(
@@ -159,8 +163,14 @@ class BatchJob:
         max_requeues: int = DEFAULT_MAX_REQUEUES,
         costguard: str = "costguard",
         run_options: Sequence[str] = (),
+        environ: Mapping[str, str] | None = None,
     ) -> BatchJob:
-        """Check every field against SLURM's syntax; :class:`InputError` names the bad one."""
+        """Check every field against SLURM's syntax; :class:`InputError` names the bad one.
+
+        A credential (:mod:`costguard.secrets`: a token's shape, or the value of a
+        credential-like variable of ``environ``, default this process's environment) in the
+        command, the checkpoint URL or the costguard command is refused too: the script is
+        a file others can read, and sbatch passes the environment on by itself."""
         if not command or not command[0].strip():
             msg = "no command to run"
             raise InputError(msg, hint="put it after --, e.g. -- pixi run python train.py")
@@ -186,7 +196,7 @@ class BatchJob:
             ("--account", account, _NAME),
             ("--job-name", job_name, _NAME),
         ):
-            if value is not None and not pattern.match(value):
+            if value is not None and not pattern.fullmatch(value):
                 msg = f"{flag} {value!r} is not a SLURM name"
                 raise InputError(msg, hint="letters, digits, '.', '_' and '-' only")
         if gpu_type is not None and gpus == 0:
@@ -195,10 +205,17 @@ class BatchJob:
         if max_requeues < 0:
             msg = f"--max-requeues {max_requeues} is negative"
             raise InputError(msg, hint="e.g. --max-requeues 10")
-        prefix = shlex.split(costguard)
+        try:
+            prefix = shlex.split(costguard)
+        except ValueError:  # an unclosed quote
+            prefix = None
+        if prefix is None or any(not word.isprintable() for word in prefix):
+            msg = "--costguard is not a command line (an unclosed quote or a control character?)"
+            raise InputError(msg, hint="e.g. --costguard 'pixi run costguard'")
         if not prefix:
             msg = "--costguard is empty"
             raise InputError(msg, hint="the command that starts costguard on the nodes")
+        _refuse_secrets(command, checkpoint, prefix, run_options, environ)
         return cls(
             command=tuple(command),
             checkpoint=checkpoint,
@@ -216,6 +233,23 @@ class BatchJob:
             costguard=tuple(prefix),
             run_options=tuple(run_options),
         )
+
+
+def _refuse_secrets(
+    command: Sequence[str],
+    checkpoint: str,
+    prefix: Sequence[str],
+    run_options: Sequence[str],
+    environ: Mapping[str, str] | None,
+) -> None:
+    places = {"--checkpoint": [checkpoint], "--costguard": list(prefix)}
+    places |= {f"argument {n} of the command": [w] for n, w in enumerate(command, start=1)}
+    places["the costguard run options"] = list(run_options)
+    found = find_secret(places, os.environ if environ is None else environ)
+    if found:
+        place, what = found
+        msg = f"{place} carries {what}, which would be written into the batch script"
+        raise InputError(msg, hint="let the job read it from its environment (sbatch passes it on)")
 
 
 def sbatch_lines(job: BatchJob) -> list[str]:
@@ -285,7 +319,7 @@ def template_path() -> Path:
     if checkout.is_file():
         return checkout
     msg = "the SLURM batch-script template is missing from this installation of costguard"
-    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall . in its checkout")
 
 
 def batch_script(job: BatchJob) -> str:

@@ -3,9 +3,12 @@
 One template, ``infra/bootstrap/user-data.sh`` (shipped in the wheel as
 ``costguard/_bootstrap``), serves as AWS user-data, the GCP ``startup-script`` metadata
 value and Azure ``customData`` (cloud-init runs a ``#!`` script as it is). It installs the
-environment (``pixi`` when the code has a ``pixi.toml``, else ``pip install costguard[train]``
-into a venv), then runs ``costguard run --checkpoint URL -- <command>`` with
-``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` exported.
+environment (``pixi`` when the code has a ``pixi.toml``, else a venv) with costguard in it -
+the wheel ``costguard launch`` put next to the job in the checkpoint store, fetched with
+the instance's own identity and installed only if its sha256 matches
+(:mod:`costguard.spot.wheel`), never the bare name ``costguard`` from the public index,
+which is someone else's project - then runs ``costguard run --checkpoint URL --
+<command>`` with ``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` exported.
 
 Every value that reaches the script is one shell word quoted by :mod:`shlex`, so a command
 like ``python train.py --note "it's $HOME"`` arrives byte for byte. No secret ever goes
@@ -16,8 +19,10 @@ of the launching environment.
 
 Options read from :attr:`LaunchSpec.options <costguard.spot.launcher.base.LaunchSpec>`:
 ``workdir`` (default ``/opt/costguard/work``), ``git_repo`` and ``git_ref`` (code to clone
-there; https without credentials), ``package`` (what pip installs, default
-``costguard[train]``), ``shutdown_minutes`` (guest shutdown that long after the job exits,
+there; https without credentials), ``wheel`` and ``wheel_sha256`` (the shipped wheel's
+file name in the store's ``job/`` folder and its hash; set by ``costguard launch``),
+``package`` (what pip installs instead, e.g. ``costguard[train] @ git+https://...``),
+``shutdown_minutes`` (guest shutdown that long after the job exits,
 the safety net when no controller is left; default 10, ``never`` to keep it up).
 """
 
@@ -26,41 +31,38 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from costguard.errors import CostguardError, InputError
+from costguard.secrets import find_secret
 from costguard.spot.launcher.base import LaunchSpec
+from costguard.spot.wheel import STORE_DIR
 
 TEMPLATE = "user-data.sh"
 #: The most each provider accepts, in bytes of the script before any base64 encoding:
 #: AWS user-data 16 KB, a GCP metadata value 256 KB, Azure customData 65535 bytes decoded.
 MAX_BYTES = {"aws": 16 * 1024, "gcp": 256 * 1024, "azure": 65535, "local": 1024 * 1024}
 DEFAULT_WORKDIR = "/opt/costguard/work"
-DEFAULT_PACKAGE = "costguard[train]"
 DEFAULT_SHUTDOWN_MINUTES = "10"
 #: The options this module reads; adapters add their own.
-OPTIONS = ("workdir", "git_repo", "git_ref", "package", "shutdown_minutes")
+OPTIONS = ("workdir", "git_repo", "git_ref", "package", "shutdown_minutes", "wheel",
+           "wheel_sha256")  # fmt: skip
+#: Where the boot script keeps the wheel it fetched.
+WHEEL_DIR = "/opt/costguard"
+#: What fetches the wheel from the store, per URL scheme: the fsspec backend (the train
+#: extra's floors), installed from the index under its own, well-known name.
+FETCHERS = {
+    "s3": "s3fs>=2026.9", "s3a": "s3fs>=2026.9", "gs": "gcsfs>=2026.9", "gcs": "gcsfs>=2026.9",
+    "az": "adlfs>=2026.8", "abfs": "adlfs>=2026.8", "abfss": "adlfs>=2026.8",
+}  # fmt: skip
+_WHEEL_NAME = re.compile(r"costguard-[0-9A-Za-z.+!_]+-py3-none-any\.whl", re.ASCII)
+_SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
-_SECRET_NAME = re.compile(
-    r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|ACCOUNT_KEY|"
-    r"CONNECTION_STRING|SAS|_KEY$|^KEY$",
-    re.IGNORECASE,
-)
-#: Credentials recognisable by their shape, wherever they come from.
-_SECRET_SHAPES = (
-    (re.compile(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----"), "a private key"),
-    (re.compile(r"AccountKey=", re.IGNORECASE), "an Azure storage account key"),
-    (re.compile(r"[?&]sig=", re.IGNORECASE), "a SAS signature"),
-    (re.compile(r'"private_key"\s*:'), "a service account key file"),
-)
-#: Secret values shorter than this are too common to search for ("true", "1").
-_MIN_SECRET_CHARS = 8
 _ABSOLUTE = re.compile(r"^/[A-Za-z0-9._/-]*$")
 
 
@@ -74,7 +76,7 @@ def template_dir() -> Path:
     if (checkout / TEMPLATE).is_file():
         return checkout
     msg = "the bootstrap templates are missing from this installation of costguard"
-    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall costguard")
+    raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall . in its checkout")
 
 
 def fill(template: str, words: Mapping[str, str]) -> str:
@@ -155,33 +157,46 @@ def check_options(spec: LaunchSpec) -> None:
     if not _ABSOLUTE.match(workdir) or "/../" in f"{workdir}/":
         msg = f"the workdir option must be an absolute path, not {workdir!r}"
         raise InputError(msg, hint=f"e.g. workdir={DEFAULT_WORKDIR}")
+    wheel, digest = spec.options.get("wheel", ""), spec.options.get("wheel_sha256", "")
+    if (wheel or digest) and not (_WHEEL_NAME.fullmatch(wheel) and _SHA256.fullmatch(digest)):
+        msg = "the wheel and wheel_sha256 options must name a costguard wheel and its sha256"
+        raise InputError(msg, hint="costguard launch sets both itself; or --option package=...")
     shutdown = spec.options.get("shutdown_minutes", DEFAULT_SHUTDOWN_MINUTES)
     if shutdown != "never" and not (shutdown.isdigit() and int(shutdown) <= 24 * 60):
         msg = f"the shutdown_minutes option must be 0..1440 or never, not {shutdown!r}"
         raise InputError(msg, hint="minutes after the job exits before the guest shuts down")
 
 
-def find_secret(text: str, environ: Mapping[str, str]) -> str | None:
-    """What secret ``text`` contains (a variable's *name*, never its value), or ``None``.
+def refuse_secrets(
+    command: Sequence[str],
+    options: Mapping[str, str],
+    checkpoint_url: str,
+    environ: Mapping[str, str],
+    script: str = "",
+) -> None:
+    """Refuse a job whose boot script would carry a credential, naming where it is (an
+    argument of the command, an option, the checkpoint URL), never its value.
 
-    >>> find_secret("run --key abcdefgh1234", {"WANDB_API_KEY": "abcdefgh1234"})
-    'the value of WANDB_API_KEY'
-    >>> find_secret("run AKIAABCDEFGHIJKLMNOP", {}) is not None
-    True
-    >>> find_secret("run --lr 3e-4", {"AWS_SECRET_ACCESS_KEY": "abcdefgh1234"}) is None
-    True
+    The values the user gave are searched as they are, before shell quoting (which
+    rewrites a ``'``); the rendered ``script``, when given, is searched too. ``costguard
+    launch`` calls this before anything is opened or launched.
     """
-    for name, value in sorted(environ.items()):
-        if (
-            _SECRET_NAME.search(name)
-            and len(value.strip()) >= _MIN_SECRET_CHARS
-            and value.strip() in text
-        ):
-            return f"the value of {name}"
-    for pattern, what in _SECRET_SHAPES:
-        if pattern.search(text):
-            return what
-    return None
+    places: dict[str, list[str]] = {"the checkpoint URL": [checkpoint_url]}
+    for number, word in enumerate(command, start=1):
+        places[f"argument {number} of the command"] = [word]
+    for name, value in sorted(options.items()):
+        places[f"the {name} option"] = [value]
+    if script:
+        places["the boot script"] = [script]
+    found = find_secret(places, environ)
+    if found:
+        place, what = found
+        msg = f"{place} carries {what}, which would be written into the boot script"
+        raise InputError(
+            msg,
+            hint="pass secrets through the instance's role/service account/identity or a "
+            "secret manager, never on the command line",
+        )
 
 
 def render(
@@ -209,26 +224,40 @@ def render(
         "workdir": shlex.quote(options.get("workdir", DEFAULT_WORKDIR)),
         "git_repo": shlex.quote(options.get("git_repo", "")),
         "git_ref": shlex.quote(options.get("git_ref", "")),
-        "package": shlex.quote(options.get("package", DEFAULT_PACKAGE)),
+        "package": shlex.quote(options.get("package", "")),
+        **_wheel_words(spec),
         "shutdown_minutes": shlex.quote(options.get("shutdown_minutes", DEFAULT_SHUTDOWN_MINUTES)),
         "checkpoint_url": shlex.quote(spec.checkpoint_url),
         "run_options": shlex.join(run_options),
         "command": shlex.join(spec.command),
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
-    leak = find_secret(text, os.environ if environ is None else environ)
-    if leak:
-        msg = f"the boot script would contain {leak}"
-        raise InputError(
-            msg,
-            hint="pass secrets through the instance's role/service account/identity or a "
-            "secret manager, never on the command line",
-        )
+    environ = os.environ if environ is None else environ
+    refuse_secrets(spec.command, spec.options, spec.checkpoint_url, environ, text)
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:
         msg = f"the boot script is {size} bytes; {cloud} accepts at most {MAX_BYTES[cloud]}"
         raise InputError(msg, hint="shorten the command: put its arguments in a config file")
     return text
+
+
+def _wheel_words(spec: LaunchSpec) -> dict[str, str]:
+    """The template's words for the wheel shipped with the job (empty when there is none,
+    or when the ``package`` option says what to install instead)."""
+    name = spec.options.get("wheel", "")
+    if not name or spec.options.get("package"):
+        return {"wheel_url": "''", "wheel_sha256": "''", "wheel_file": "''", "fetcher": "''"}
+    scheme = spec.checkpoint_url.split("://", 1)[0].lower()
+    fetcher = FETCHERS.get(scheme)
+    if fetcher is None:
+        msg = f"the instance cannot fetch the costguard wheel from {scheme}:// storage"
+        raise InputError(msg, hint="use s3://, gs:// or az:// (or --option package=...)")
+    return {
+        "wheel_url": shlex.quote(f"{spec.checkpoint_url.rstrip('/')}/{STORE_DIR}/{name}"),
+        "wheel_sha256": shlex.quote(spec.options["wheel_sha256"]),
+        "wheel_file": shlex.quote(f"{WHEEL_DIR}/{name}"),
+        "fetcher": shlex.quote(fetcher),
+    }
 
 
 # ----------------------------------------------------------------- options shared by adapters
