@@ -108,10 +108,14 @@ def steps_per_second(step: Any, seconds: float) -> float:
 def where_the_time_goes(store: Store, model: torch.nn.Module, optimizer: Any) -> str:
     """One save's steps timed one after the other, as the Checkpointer runs them."""
     copier = state_mod.CpuCopier()
-    copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))  # warm
+    copier.copy(
+        state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
+    )  # warm
     times = {}
     started = time.perf_counter()
-    snapshot = copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+    snapshot = copier.copy(
+        state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
+    )
     times["copy"] = time.perf_counter() - started
     started = time.perf_counter()
     data = state_mod.serialise(snapshot)
@@ -164,7 +168,9 @@ def run(size_mb: int, repeats: int, only: int | None = None, loop_repeats: int =
     s3.create_bucket(Bucket=BUCKET)
     model, optimizer = big_state(size_mb)
     payload = state_mod.serialise(
-        state_mod.CpuCopier().copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+        state_mod.CpuCopier().copy(
+            state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
+        )
     )
     size = len(payload)
     print(f"state: {size / 2**20:.0f} MiB (model + AdamW moments), {repeats} repeats, medians")
@@ -237,11 +243,13 @@ def measure_restore_memory(model: torch.nn.Module, optimizer: Any, size_mb: int)
 def measure_stall(model: torch.nn.Module, optimizer: Any, repeats: int) -> None:
     # 1. Stall per save vs the copy alone (a local folder: the stall does not depend on it).
     copier = state_mod.CpuCopier()
-    copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))  # warm buffers
+    copier.copy(
+        state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
+    )  # warm buffers
     copy_s = []
     for _ in range(repeats):
         started = time.perf_counter()
-        copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+        copier.copy(state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer)))
         copy_s.append(time.perf_counter() - started)
     with tempfile.TemporaryDirectory() as folder:
         ckpt = Checkpointer(folder, keep_last=1)
@@ -281,7 +289,9 @@ def memory_per_save(model: torch.nn.Module, optimizer: Any) -> str:
         return (kib("VmHWM") - before) / 1024
 
     copier = state_mod.CpuCopier()
-    snapshot = copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+    snapshot = copier.copy(
+        state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
+    )
     with tempfile.TemporaryDirectory() as folder:
         store = Store.open(folder)
         streamed = peak_added(
@@ -332,7 +342,9 @@ def measure_s3(
             put_s.append(time.perf_counter() - started)
             assert digest == hashlib.sha256(payload).hexdigest()
             started = time.perf_counter()
-            snapshot = copier.copy(state_mod.capture(step=1, model=model, optimizer=optimizer))
+            snapshot = copier.copy(
+                state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
+            )
             with store.upload(f"stream/{i}.pt") as upload:
                 torch.save(snapshot, cast("IO[bytes]", upload))  # any .write() will do
             stream_s.append(time.perf_counter() - started)

@@ -19,7 +19,7 @@ import torch
 from costguard.checkpoint import Checkpointer, Preempted, RestoreError, ResumableLoader
 from costguard.checkpoint.manifest import MANIFEST_FILE, parse_manifest, scan
 from costguard.checkpoint.notices import Notice, NoticeBoard
-from costguard.checkpoint.state import CpuCopier, capture, rng_state, set_rng_state
+from costguard.checkpoint.state import CpuCopier, TrainState, capture, rng_state, set_rng_state
 from costguard.checkpoint.store import RetryPolicy
 from costguard.errors import InputError
 from tests.checkpoint.conftest import AckState, make_s3_bucket
@@ -55,10 +55,10 @@ def test_copier_reuses_buffers_and_detaches_from_live_tensors() -> None:
     model, opt = tiny()
     train(model, opt)
     copier = CpuCopier()
-    first = copier.copy(capture(step=1, model=model, optimizer=opt))
+    first = copier.copy(capture(1, TrainState(model=model, optimizer=opt)))
     train(model, opt)
     assert not torch.equal(first["model"]["weight"], model.weight)  # a copy, not a view
-    second = copier.copy(capture(step=2, model=model, optimizer=opt))
+    second = copier.copy(capture(2, TrainState(model=model, optimizer=opt)))
     assert second["model"]["weight"].data_ptr() == first["model"]["weight"].data_ptr()
     assert torch.equal(second["model"]["weight"], model.weight)
 
@@ -320,7 +320,7 @@ def test_serialise_gives_torch_save_bytes_without_bytesio_or_zip_crc(tmp_path: P
 
     model, opt = tiny()
     train(model, opt)
-    snapshot = CpuCopier().copy(capture(step=3, model=model, optimizer=opt, extra={"k": 1}))
+    snapshot = CpuCopier().copy(capture(3, TrainState(model=model, optimizer=opt, extra={"k": 1})))
     # torch.save's own bytes, minus the zip records' CRC32 (the manifest's sha256 covers them).
     from torch.utils.serialization import config
 

@@ -74,7 +74,7 @@ from costguard.checkpoint.notices import signals as signals_mod
 from costguard.checkpoint.restoring import PAYLOAD, Restorer
 from costguard.checkpoint.saving import ENV_EVENTS_FILE, Saver, SaveResult
 from costguard.checkpoint.schedule import Schedule
-from costguard.checkpoint.state import Stateful
+from costguard.checkpoint.state import Stateful, TrainState
 from costguard.checkpoint.store import (
     ENV_STORAGE_OPTIONS,
     RetryPolicy,
@@ -229,7 +229,7 @@ class Checkpointer:
         self._last_steps_done = 0
         self._last_save_s = clock()
         #: The step and state last passed to :meth:`step`: what :meth:`close` commits.
-        self._last_step: tuple[int, dict[str, Any]] | None = None
+        self._last_step: tuple[int, TrainState] | None = None
         self._cleanups: list[Callable[[], None]] = []
         self._closed = False
         self.sync_every = sync_every
@@ -376,6 +376,14 @@ class Checkpointer:
         Under a process group rank 0 chooses, every rank loads the checkpoint it chose (and
         verifies it), and each rank gets its own RNG and ``loader`` state back.
         """
+        train = TrainState(
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            loader=loader,
+            extra=extra,
+        )
         if model is not None:
             refuse_sharded(model.state_dict(), "model")  # before training starts
             self._checked_sharded = optimizer is None
@@ -386,15 +394,7 @@ class Checkpointer:
         if chosen is not None:
             manifest, data = chosen
             try:
-                state_mod.apply(
-                    state_mod.for_rank(data, self.rank),
-                    model=model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    scaler=scaler,
-                    loader=loader,
-                    extra=extra,
-                )
+                state_mod.apply(state_mod.for_rank(data, self.rank), train)
             except (KeyError, RuntimeError, ValueError) as exc:
                 msg = f"checkpoint {manifest.name} in {self.store.url} does not fit: {exc}"
                 raise RestoreError(
@@ -462,15 +462,7 @@ class Checkpointer:
         Returns ``True`` when an urgent notice has been handled and training should stop
         (only with ``exit_on_notice=False``; otherwise :class:`Preempted` is raised).
         """
-        parts: dict[str, Any] = {
-            "epoch": epoch,
-            "model": model,
-            "optimizer": optimizer,
-            "scheduler": scheduler,
-            "scaler": scaler,
-            "loader": loader,
-            "extra": extra,
-        }
+        parts = TrainState(model, optimizer, scheduler, scaler, loader, extra, epoch)
         self._last_step = (step, parts)
         group = self._coordination()
         if group is not None:
@@ -480,17 +472,17 @@ class Checkpointer:
             return self._emergency(step, urgent, parts)
         advisory = self.board.take_advisory()
         if advisory:
-            self.save(step, reason=f"notice:{advisory[0].source}-{advisory[0].kind}", **parts)
+            self.save(step, reason=f"notice:{advisory[0].source}-{advisory[0].kind}", parts=parts)
         elif self.schedule.due(
             steps_done=step + 1,
             now_s=self._clock(),
             last_steps_done=self._last_steps_done,
             last_save_s=self._last_save_s,
         ):
-            self.save(step, reason="schedule", **parts)
+            self.save(step, reason="schedule", parts=parts)
         return False
 
-    def _step_together(self, group: Group, step: int, parts: dict[str, Any]) -> bool:
+    def _step_together(self, group: Group, step: int, parts: TrainState) -> bool:
         """:meth:`step` under a process group: every rank decides the same thing."""
         steps_done = step + 1
         self._steps_since_sync += 1
@@ -500,7 +492,7 @@ class Checkpointer:
             if self.schedule.due_by_steps(
                 steps_done=steps_done, last_steps_done=self._last_steps_done
             ):
-                self.save(step, reason="schedule", **parts)
+                self.save(step, reason="schedule", parts=parts)
             return False
         now = self._clock()
         step_s = (now - self._sync_started_s) / self._steps_since_sync
@@ -525,9 +517,9 @@ class Checkpointer:
             return self._emergency_together(group, step, urgent, parts)
         if decision.advisory:
             kind = f"{advisory[0].source}-{advisory[0].kind}" if advisory else "peer-advisory"
-            self.save(step, reason=f"notice:{kind}", **parts)
+            self.save(step, reason=f"notice:{kind}", parts=parts)
         elif decision.scheduled:
-            self.save(step, reason="schedule", **parts)
+            self.save(step, reason="schedule", parts=parts)
         return False
 
     def save(
@@ -536,11 +528,13 @@ class Checkpointer:
         *,
         reason: str = "demand",
         block: bool = False,
-        **parts: Any,
+        parts: TrainState | None = None,
+        **objects: Any,
     ) -> Future[SaveResult] | None:
         """Save the state after step ``step`` now; returns the background save's future.
 
-        ``parts`` are :meth:`step`'s keyword arguments (``model=``, ``optimizer=``, ...).
+        ``objects`` are :meth:`step`'s keyword arguments (``model=``, ``optimizer=``, ...),
+        or ``parts`` the same as one :class:`~costguard.checkpoint.state.TrainState`.
         Blocks for the copy to CPU memory (and, with ``block``, until the save is durable).
         Returns ``None`` when ``when_busy="skip"`` and a save is still in flight, and on
         ranks other than 0 (under a process group every rank must call it: each sends its
@@ -549,18 +543,20 @@ class Checkpointer:
         if self._closed:
             msg = "this Checkpointer is closed"
             raise RuntimeError(msg)
+        if parts is None:
+            parts = TrainState(**objects)
         if not self._checked_sharded:
             # Every rank of a sharded model gets here with its shards: all refuse alike, at
             # the first save (sharding does not change during a run).
             refuse_sharded(
-                {k: v.state_dict() for k, v in parts.items() if hasattr(v, "state_dict")},
+                {name: obj.state_dict() for name, obj in parts.stateful()},
                 "training state",
             )
             self._checked_sharded = True
         group = self._coordination()
         ranks: list[Any] | None = None
         if group is not None:
-            ranks = group.gather(state_mod.capture_rank(parts.get("loader")))
+            ranks = group.gather(state_mod.capture_rank(parts.loader))
             if group.rank != 0:
                 self._last_steps_done = step + 1
                 self._last_save_s = self._clock()
@@ -576,24 +572,24 @@ class Checkpointer:
                 return None
             self._saver.wait()
         started = time.perf_counter()
-        snapshot = self._saver.snapshot(state_mod.capture(step=steps_done, **parts))
+        snapshot = self._saver.snapshot(state_mod.capture(steps_done, parts))
         if ranks is not None:
             snapshot["ranks"] = ranks  # already copies: they came through the gather
         stall_s = time.perf_counter() - started
         name = checkpoint_name(steps_done, secrets.token_hex(4))
-        future = self._saver.submit(snapshot, name, steps_done, parts.get("epoch"), reason, stall_s)
+        future = self._saver.submit(snapshot, name, steps_done, parts.epoch, reason, stall_s)
         if block:
             future.result()
         return future
 
-    def _emergency(self, step: int, notice: Notice, parts: dict[str, Any]) -> bool:
+    def _emergency(self, step: int, notice: Notice, parts: TrainState) -> bool:
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
         self._arm_deadline(notice)
         result: SaveResult | None = None
         if self._saver.saved_steps_done == step + 1:
             result = self.flush(self._wait_s(notice))
         elif self.rank == 0:
-            self.save(step, reason=f"notice:{notice.source}-{notice.kind}", **parts)
+            self.save(step, reason=f"notice:{notice.source}-{notice.kind}", parts=parts)
             result = self.flush(self._wait_s(notice))
         return self._stop(notice, result, step + 1)
 
@@ -616,7 +612,7 @@ class Checkpointer:
         return left if left > 0 else None
 
     def _emergency_together(
-        self, group: Group, step: int, local: Notice | None, parts: dict[str, Any]
+        self, group: Group, step: int, local: Notice | None, parts: TrainState
     ) -> bool:
         """The coordinated emergency save: same step on every rank, rank 0 writes, every
         rank waits until it is durable, then all stop."""
@@ -624,7 +620,7 @@ class Checkpointer:
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
         self._arm_deadline(notice)
         if self._last_steps_done != step + 1:  # the same on every rank: saves are collective
-            self.save(step, reason=f"notice:{notice.source}-{notice.kind}", **parts)
+            self.save(step, reason=f"notice:{notice.source}-{notice.kind}", parts=parts)
         result = self.flush(self._wait_s(notice)) if group.rank == 0 else None
         # Every rank waits here for rank 0's save: a rank that exited early would make a
         # launcher like torchrun kill the others, rank 0 included, before it is durable.
@@ -682,7 +678,7 @@ class Checkpointer:
             raise Preempted(notice, result)
         return True
 
-    def save_now(self, step: int, **parts: Any) -> bool:
+    def save_now(self, step: int, **objects: Any) -> bool:
         """Emergency save of the state after step ``step`` right now, then stop.
 
         For a loop that learns of a notice (:attr:`preempting`) between steps, e.g. in a
@@ -692,6 +688,7 @@ class Checkpointer:
         must call it at the same step.
         """
         notice = self.preempting or Notice("demand", "stop", None, "save_now")
+        parts = TrainState(**objects)
         group = self._coordination()
         if group is not None:
             return self._emergency_together(group, step, notice, parts)
@@ -741,7 +738,7 @@ class Checkpointer:
             # Under a group every rank must decide alike: by the saves they all started.
             saved = self._last_steps_done if group is not None else self._saver.saved_steps_done
             if step + 1 > (saved or 0):
-                self.save(step, reason="final", **parts)
+                self.save(step, reason="final", parts=parts)
                 result = self.flush(timeout_s)
             durable = self.last_durable
             committed = durable is not None and durable.step == step + 1

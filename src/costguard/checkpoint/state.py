@@ -18,6 +18,7 @@ import io
 import mmap
 import random
 from collections.abc import Iterator, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from costguard.clouds import require
@@ -85,33 +86,42 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def capture(
-    *,
-    step: int,
-    epoch: int | None = None,
-    model: Stateful | None = None,
-    optimizer: Stateful | None = None,
-    scheduler: Stateful | None = None,
-    scaler: Stateful | None = None,
-    loader: Stateful | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TrainState:
+    """What a training loop hands the Checkpointer: the objects whose state is saved and
+    restored, the user's ``extra`` values and the epoch. One value for every path (restore,
+    step, save, the emergency save, close), so the parts are named in one place."""
+
+    model: Stateful | None = None
+    optimizer: Stateful | None = None
+    scheduler: Stateful | None = None
+    scaler: Stateful | None = None
+    loader: Stateful | None = None
+    extra: Mapping[str, Any] | None = None
+    epoch: int | None = None
+
+    def stateful(self) -> list[tuple[str, Stateful]]:
+        """The objects given, with their part names, in a fixed order."""
+        parts = (
+            ("model", self.model),
+            ("optimizer", self.optimizer),
+            ("scheduler", self.scheduler),
+            ("scaler", self.scaler),
+            ("loader", self.loader),
+        )
+        return [(name, obj) for name, obj in parts if obj is not None]
+
+
+def capture(step: int, train: TrainState) -> dict[str, Any]:
     """The live training state as one dict (tensors still shared with the live objects).
 
     Pass it through :meth:`CpuCopier.copy` before training goes on.
     """
-    state: dict[str, Any] = {"format": STATE_FORMAT, "step": step, "epoch": epoch}
-    for key, obj in (
-        ("model", model),
-        ("optimizer", optimizer),
-        ("scheduler", scheduler),
-        ("scaler", scaler),
-        ("loader", loader),
-    ):
-        if obj is not None:
-            state[key] = obj.state_dict()
+    state: dict[str, Any] = {"format": STATE_FORMAT, "step": step, "epoch": train.epoch}
+    for key, obj in train.stateful():
+        state[key] = obj.state_dict()
     state["rng"] = rng_state()
-    state["extra"] = dict(extra) if extra is not None else None
+    state["extra"] = dict(train.extra) if train.extra is not None else None
     return state
 
 
@@ -151,35 +161,20 @@ def for_rank(state: Mapping[str, Any], rank: int) -> dict[str, Any]:
     return mine
 
 
-def apply(
-    state: Mapping[str, Any],
-    *,
-    model: Stateful | None = None,
-    optimizer: Stateful | None = None,
-    scheduler: Stateful | None = None,
-    scaler: Stateful | None = None,
-    loader: Stateful | None = None,
-    extra: MutableMapping[str, Any] | None = None,
-) -> None:
-    """Load a captured state into the live objects; ``extra`` is updated in place.
+def apply(state: Mapping[str, Any], train: TrainState) -> None:
+    """Load a captured state into the live objects; ``train.extra`` is updated in place.
 
     A missing part (e.g. no scheduler was saved) raises ``KeyError`` when the caller
     passes an object for it: silently training on with a fresh scheduler would not be an
     exact resume.
     """
-    for key, obj in (
-        ("model", model),
-        ("optimizer", optimizer),
-        ("scheduler", scheduler),
-        ("scaler", scaler),
-        ("loader", loader),
-    ):
-        if obj is not None:
-            if key not in state:
-                msg = f"the checkpoint has no {key} state"
-                raise KeyError(msg)
-            obj.load_state_dict(state[key])
-    if extra is not None and state.get("extra") is not None:
+    for key, obj in train.stateful():
+        if key not in state:
+            msg = f"the checkpoint has no {key} state"
+            raise KeyError(msg)
+        obj.load_state_dict(state[key])
+    extra = train.extra
+    if isinstance(extra, MutableMapping) and state.get("extra") is not None:
         extra.clear()
         extra.update(state["extra"])
     set_rng_state(state["rng"])
