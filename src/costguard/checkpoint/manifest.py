@@ -386,7 +386,8 @@ def plan_retention(
     flight). Deleted are:
 
     * with ``count`` (only right after a newer checkpoint committed), committed
-      checkpoints beyond the newest ``keep_last``;
+      checkpoints beyond the newest ``keep_last`` that are older than the protected one
+      (the save that just committed);
     * folders without a manifest, and proven corrupt ones, whose step is not newer than
       the newest committed checkpoint's and that have not changed for ``grace_s`` (a live
       writer may still be uploading into a folder without a manifest; a folder with no
@@ -412,8 +413,11 @@ def plan_retention(
     )
     deletions = []
     if count:
+        # Only what is older than the checkpoint that just committed (the protected one):
+        # a resume that fell back past checkpoints it could not read must not delete them.
+        newest_protected = max((c.step for c in listings if c.name in protect), default=None)
         for c in complete[keep_last:]:
-            if c.name not in protect:
+            if c.name not in protect and (newest_protected is None or c.step < newest_protected):
                 deletions.append(Deletion(c.name, _paths_manifest_first(c), "retention"))
     if not complete:
         return deletions
