@@ -261,7 +261,7 @@ class Store:
                 "GOOGLE_APPLICATION_CREDENTIALS, AZURE_STORAGE_CONNECTION_STRING) or the "
                 "machine's role, never in the URL",
             )
-        if "://" in text and not text.split("://", 1)[1].split("/", 1)[0]:
+        if PROTOCOLS[scheme] is not None and not text.split("://", 1)[1].split("/", 1)[0]:
             msg = f"the checkpoint URL {text[:200]!r} names no bucket or container"
             raise InputError(msg, hint=f"e.g. {scheme}://my-bucket/run1")
         backend = PROTOCOLS[scheme]
