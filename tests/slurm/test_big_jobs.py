@@ -76,14 +76,14 @@ def stand_ins(tmp_path: Path) -> Path:
 
 
 def run_script(
-    text: str, tmp_path: Path, *, status: int = 0, **slurm: str
+    text: str, tmp_path: Path, *, status: int = 0, slurm: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], list[list[str]]]:
     """Run a batch script under bash with the stand-ins; every call they recorded."""
     bin_dir = stand_ins(tmp_path)
     calls = tmp_path / "calls.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PIP_", "UV_"))}
     env.update({"PATH": f"{bin_dir}:{env['PATH']}", "CALLS": str(calls), "STATUS": str(status)})
-    env.update({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node-[a-b]", **slurm})
+    env.update({"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node-[a-b]", **(slurm or {})})
     env["PIP_CONFIG_FILE"] = os.devnull  # this machine's pip settings play no part
     done = subprocess.run(
         ["bash", "-c", text], env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -152,7 +152,7 @@ def test_array_tasks_get_their_own_folder_and_only_the_warned_one_requeues(
     assert "#SBATCH --array=0-9%4" in text
     # Task 3 of array job 4240 is job 4243: it is the one that requeues.
     slurm = {"SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_ID": "4243"}
-    done, made = run_script(text.replace("exit(0)", ""), tmp_path, **slurm)
+    done, made = run_script(text.replace("exit(0)", ""), tmp_path, slurm=slurm)
     assert done.returncode == 0, done.stderr
     (costguard,) = calls_of(made, "costguard")
     assert costguard[3:5] == ["--checkpoint", "s3://bucket/sweep/task-3"]
@@ -169,7 +169,7 @@ def test_an_array_task_saved_on_its_warning_requeues_alone(
         "--", sys.executable, "-c", "import sys; sys.exit(75)",
     )  # fmt: skip
     slurm = {"SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "5", "SLURM_JOB_ID": "4245"}
-    done, made = run_script(text, tmp_path, **slurm)
+    done, made = run_script(text, tmp_path, slurm=slurm)
     assert done.returncode == 0, done.stderr
     (costguard,) = calls_of(made, "costguard")
     assert costguard[3:5] == ["--checkpoint", f"{ckpt}/task-5"]
