@@ -173,7 +173,8 @@ def test_an_array_task_saved_on_its_warning_requeues_alone(
     assert done.returncode == 0, done.stderr
     (costguard,) = calls_of(made, "costguard")
     assert costguard[3:5] == ["--checkpoint", f"{ckpt}/task-5"]
-    assert [c for c in calls_of(made, "scontrol") if c[0] == "requeue"] == [["requeue", "4245"]]
+    # The task by its array name: its job id may be the array's, which names every task.
+    assert calls_of(made, "scontrol") == [["-o", "show", "job", "4240_5"], ["requeue", "4240_5"]]
 
 
 def test_container_runs_the_command_in_apptainer_with_the_checkpoint_bound(
