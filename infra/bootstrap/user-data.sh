@@ -21,9 +21,9 @@ export COSTGUARD_CLOUD={{ cloud }}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 INDEX_URL={{ index_url }}
 if [ -n "$INDEX_URL" ]; then
-    # The site's package mirror (the index_url option): pip, uv and pixi's PyPI part read
-    # these, so nothing needs the public index.
-    export PIP_INDEX_URL="$INDEX_URL" UV_INDEX_URL="$INDEX_URL"
+    # The site's package mirror (the index_url option), for pip and uv. pixi reads its
+    # own: the manifest's index-url and the mirrors of its config.toml.
+    export PIP_INDEX_URL="$INDEX_URL" UV_DEFAULT_INDEX="$INDEX_URL"
 fi
 
 WORKDIR={{ workdir }}

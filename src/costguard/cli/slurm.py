@@ -90,7 +90,7 @@ def job_options(func: F) -> F:
         ),
         click.option(
             "--index-url",
-            help="The site's package mirror (PIP_INDEX_URL and UV_INDEX_URL in the job), "
+            help="The site's package mirror (PIP_INDEX_URL and UV_DEFAULT_INDEX in the job), "
             "so nothing needs the public index.",
         ),
         click.option("--gpu-type", help="GPU type in the GRES request, e.g. a100 (gpu:a100:N)."),

@@ -424,10 +424,10 @@ def launch_lines(job: BatchJob) -> str:
     lines = []
     if job.index_url is not None:
         lines += [
-            "# The site's package mirror, for pip (and uv and pixi's PyPI part, which read",
-            "# the same variable): nothing here needs the public index.",
+            "# The site's package mirror for pip and uv, so nothing needs the public index",
+            "# (pixi reads its own: the manifest's index-url, config.toml's mirrors).",
             f"export PIP_INDEX_URL={shlex.quote(job.index_url)}",
-            'export UV_INDEX_URL="$PIP_INDEX_URL"',
+            'export UV_DEFAULT_INDEX="$PIP_INDEX_URL"',
         ]
     inner = ""
     if job.container is not None:

@@ -20,7 +20,7 @@ there; https without credentials), ``package`` (what pip installs, default
 ``costguard[train]``), ``shutdown_minutes`` (guest shutdown that long after the job exits,
 the safety net when no controller is left; default 10, ``never`` to keep it up),
 ``index_url`` (the site's package mirror, http(s) without credentials: exported as
-``PIP_INDEX_URL`` and ``UV_INDEX_URL``, so nothing needs the public index).
+``PIP_INDEX_URL`` and ``UV_DEFAULT_INDEX``, so pip and uv need no public index).
 """
 
 from __future__ import annotations
