@@ -3,7 +3,8 @@
 * ``--nodes 1 --procs-per-node 2``: the batch shell starts torchrun through ``srun`` with
   c10d rendezvous at the allocation's first node, under ``costguard run``; SLURM's warning
   (USR1 to the batch shell) reaches it through srun, both ranks save, the job requeues
-  itself and resumes bitwise equal to an uninterrupted 2-process run. (More nodes need
+  itself and resumes; then a preemption (``scontrol requeue``: TERM to every process)
+  does the same; the end is bitwise equal to an uninterrupted 2-process run. (More nodes need
   more machines: test_multinode.py runs two torchrun nodes on loopback.)
 * ``--array 0-1``: each task checkpoints to its own ``task-<index>`` folder; a warning to
   one task requeues that task alone; ``costguard checkpoint ls`` on the parent lists both.
@@ -78,12 +79,20 @@ def test_multi_node_script_on_one_node_saves_on_the_warning_and_resumes_exactly(
     job.submit_command(str(DDP_SCRIPT), "--steps", str(steps), "--out", str(out), "--sleep", "0.2")
     job.wait(lambda: job.steps_in(job.log) >= 5, "trained 5 steps")
     slurm_cluster.run("scancel", "--signal=USR1", "--batch", job.id)
+
+    def readies() -> list[str]:
+        return [ln for ln in job.log.splitlines() if ln.startswith("READY ")]
+
+    job.wait(lambda: len(readies()) == 4, "resumed")
+    job.wait(lambda: job.steps_in(job.log) >= int(readies()[-1].split()[3]) + 3, "trained on")
+    # Then a preemption: SLURM's TERM to every process of the job, srun's tasks included.
+    slurm_cluster.run("scontrol", "requeue", job.id)
     job.wait(lambda: job.state() in FINISHED, "completed")
 
     log = job.log
-    readies = [ln for ln in log.splitlines() if ln.startswith("READY ")]
-    assert len(readies) == 4, log  # two ranks, two allocations
-    (resumed,) = {int(ln.split()[3]) for ln in readies[2:]}  # both ranks at one step
+    assert len(readies()) == 6, log  # two ranks, three allocations
+    assert "costguard: not requeueing: SLURM has the job" in log, log
+    (resumed,) = {int(ln.split()[3]) for ln in readies()[2:4]}  # both ranks at one step
     assert 5 <= resumed < steps, log
     assert "signal notice (SIGUSR1)" in log, log
     assert log.count("costguard: requeueing job") == 1, log
