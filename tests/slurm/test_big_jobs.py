@@ -266,6 +266,8 @@ def test_the_index_url_reaches_pip_in_the_job(run_cli: Callable[..., Any], tmp_p
         (("--rdzv-port", "2000"), "--rdzv-port is for multi-node jobs"),
         (("--nodes", "2", "--rdzv-port", "80"), "--rdzv-port"),
         (("--nodes", "2", "--torchrun", " "), "--torchrun"),
+        (("--nodes", "2", "--gpus", "2", "--", "python3"), "COMMAND is what torchrun runs"),
+        (("--nodes", "2", "--gpus", "2", "--", "/x/torchrun"), "COMMAND is what torchrun runs"),
         (("--array", "9-0"), "goes down"),
         (("--array", "0-9:0"), ":step"),
         (("--array", "0-9%0"), "%limit"),
@@ -278,6 +280,8 @@ def test_the_index_url_reaches_pip_in_the_job(run_cli: Callable[..., Any], tmp_p
         (("--index-url", "https://me:pw@mirror/simple"), "carries a user name"),
         (("--index-url", "https://mirror/simple\nx"), "newline or control character"),
         (("--job-name", "a\nb"), "--job-name"),
+        (("--costguard", "'pixi run"), "cannot be split into words"),
+        (("--nodes", "2", "--torchrun", "torchrun 'x"), "cannot be split into words"),
     ],
 )
 def test_bad_input_exits_2_with_a_hint(

@@ -289,12 +289,18 @@ class BatchJob:
         if max_requeues < 0:
             msg = f"--max-requeues {max_requeues} is negative"
             raise InputError(msg, hint="e.g. --max-requeues 10")
-        prefix = shlex.split(costguard)
+        prefix = _words("--costguard", costguard)
         if not prefix:
             msg = "--costguard is empty"
             raise InputError(msg, hint="the command that starts costguard on the nodes")
         procs = _processes(nodes, procs_per_node, gpus, rdzv_port)
-        launcher = shlex.split(_plain_text("--torchrun", torchrun, "e.g. 'pixi run torchrun'"))
+        launcher = _words("--torchrun", _plain_text("--torchrun", torchrun, "e.g. torchrun"))
+        if nodes is not None and re.match(r"^(python[0-9.]*|torchrun)$", Path(command[0]).name):
+            msg = f"with --nodes, COMMAND is what torchrun runs, not {command[0]!r}"
+            raise InputError(
+                msg,
+                hint="e.g. -- train.py --lr 3e-4, or -- -m pkg.train (the script starts torchrun)",
+            )
         image = None
         if container is not None:
             image = _plain_text("--container", container, "an Apptainer image, e.g. image.sif")
@@ -322,6 +328,15 @@ class BatchJob:
             container=image,
             index_url=parse_index_url(index_url) if index_url is not None else None,
         )
+
+
+def _words(flag: str, text: str) -> list[str]:
+    """``text`` split into words as the shell would; :class:`InputError` if it cannot be."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        msg = f"{flag} {text[:200]!r} cannot be split into words: {exc}"
+        raise InputError(msg, hint="quote it as for the shell, e.g. 'pixi run costguard'") from None
 
 
 def _processes(
