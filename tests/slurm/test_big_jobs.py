@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
@@ -308,3 +309,43 @@ def test_the_script_of_every_shape_is_valid_bash(run_cli: Callable[..., Any]) ->
     subprocess.run(["bash", "-n"], input=text, text=True, check=True, timeout=30)
     assert "{{" not in text
     assert shlex.quote("s3://bucket/run1/task-") + '"$SLURM_ARRAY_TASK_ID"' in text
+
+
+@pytest.mark.slow
+def test_a_warning_reaches_the_training_script_inside_the_container(
+    run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Real `costguard run` and training script, the stand-in apptainer between them: the
+    script is no child of `costguard run`, so the notice comes through the relay file."""
+    from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
+
+    ckpt = tmp_path / "ckpt"
+    text = script_for(
+        run_cli, *BASE[:-1], str(ckpt), "--gpus", "0", "--container", "t.sif", "--requeue",
+        "--costguard", costguard_command()[0],
+        "--", sys.executable, str(TRAIN_SCRIPT), "--steps", "200", "--sleep", "0.1",
+        "--out", str(tmp_path / "out.pt"),
+    )  # fmt: skip
+    bin_dir = stand_ins(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "COSTGUARD_"))}
+    env.update({"PATH": f"{bin_dir}:{env['PATH']}", "CALLS": str(tmp_path / "calls.jsonl")})
+    env.update({"SLURM_JOB_ID": "4242", "COSTGUARD_CLOUD": "none", "OMP_NUM_THREADS": "1"})
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "no-config")
+    shell = subprocess.Popen(
+        ["bash", "-c", text], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert shell.stdout is not None
+    for line in shell.stdout:
+        if line.startswith("STEP 3"):
+            break
+    shell.send_signal(signal.SIGUSR1)  # as SLURM's --signal=B:USR1 does
+    _, err = shell.communicate(timeout=120)
+    assert shell.returncode == 0, err[-3000:]
+    assert "signal notice (SIGUSR1)" in err, err[-3000:]
+    assert "costguard: checkpoint saved" in err
+    assert "costguard: requeueing job 4242" in err
+    made = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert calls_of(made, "apptainer")[0][:3] == ["exec", "--bind", str(ckpt)]
+    manifests = [json.loads(p.read_text()) for p in ckpt.glob("ckpt-*/manifest.json")]
+    assert [m["reason"] for m in manifests] == ["notice:signal-signal"]
