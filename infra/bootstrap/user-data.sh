@@ -19,6 +19,12 @@ export COSTGUARD_JOB_ID={{ job_id }}
 export COSTGUARD_JOB_ATTEMPT={{ attempt }}
 export COSTGUARD_CLOUD={{ cloud }}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+INDEX_URL={{ index_url }}
+if [ -n "$INDEX_URL" ]; then
+    # The site's package mirror (the index_url option), for pip and uv. pixi reads its
+    # own: the manifest's index-url and the mirrors of its config.toml.
+    export PIP_INDEX_URL="$INDEX_URL" UV_DEFAULT_INDEX="$INDEX_URL"
+fi
 
 WORKDIR={{ workdir }}
 GIT_REPO={{ git_repo }}

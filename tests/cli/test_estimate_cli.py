@@ -359,3 +359,15 @@ def test_su_budget_exceeded_exits_1_after_printing(run_cli) -> None:
     assert "SLURM allocation" in result.stdout
     assert "needs 1,024 SU, more than the --su-budget of 1,000 SU" in result.stderr
     assert "Hint:" in result.stderr
+
+
+def test_slurm_counts_nodes_or_array_tasks_times_gpus(run_cli) -> None:
+    """`--count 10 --gpus-per-instance 4`: a 10-task array (or 10 nodes) of 4 GPUs each."""
+    args = ("estimate", "--gpu", "a100", "--gpus-per-instance", "4", "--count", "10")
+    doc = run_cli(*args, "--hours", "2", *SLURM_ARGS, "--format", "json").json()
+    assert doc["slurm"]["gpus"] == 40
+    assert doc["slurm"]["gpu_hours"] == "80"
+    assert doc["slurm"]["service_units"] == "2560"  # 10 x 4 GPUs x 2 h x 32 SU
+    assert any("40 GPU(s) = 10 x 4 GPU(s)" in line for line in doc["assumptions"])
+    help_text = run_cli("estimate", "--help").stdout
+    assert "--array 0-9: --count 10" in " ".join(help_text.split())

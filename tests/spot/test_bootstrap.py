@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -173,7 +174,7 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
     assert placeholders == {
         "job_id", "attempt", "cloud", "workdir", "git_repo", "git_ref", "package",
         "shutdown_minutes", "checkpoint_url", "run_options", "command", "wheel_url",
-        "wheel_sha256", "wheel_file", "fetcher",
+        "wheel_sha256", "wheel_file", "fetcher", "index_url",
     }  # fmt: skip
 
 
@@ -184,3 +185,28 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
 def test_git_repo_must_be_https_without_credentials(repo: str) -> None:
     with pytest.raises(InputError, match="git_repo"):
         bootstrap.render(spec(("python", "t.py"), git_repo=repo), 1, "aws", environ={})
+
+
+def test_the_package_mirror_reaches_pip(tmp_path: Path) -> None:
+    """The index_url option: pip on the instance asks the mirror, never the public index."""
+    from tests.slurm.test_big_jobs import PIP_PROBE, mirror_requests
+
+    url_of = "http://127.0.0.1:{port}/simple/"
+
+    def boot(url: str) -> str:
+        text = bootstrap.render(spec(("python", "t.py"), index_url=url), 1, "aws", environ={})
+        head = text[text.index("export PIP_DISABLE") : text.index("\nWORKDIR=")]
+        return f"{head}\n{shlex.join(PIP_PROBE)}\n"
+
+    asked = mirror_requests(tmp_path, lambda port: boot(url_of.format(port=port)))
+    assert asked == ["/simple/costguard-mirror-probe/"]
+    assert "\nINDEX_URL=''\n" in bootstrap.render(spec(("python", "t.py")), 1, "aws", environ={})
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://mirror/simple", "https://me:pw@mirror.example/simple", "mirror.example",
+            "https://mirror.example/simple?token=abc", "https://mirror.example/a b"],
+)  # fmt: skip
+def test_a_bad_index_url_is_refused(url: str) -> None:
+    with pytest.raises(InputError, match="index_url"):
+        bootstrap.render(spec(("python", "t.py"), index_url=url), 1, "aws", environ={})

@@ -9,6 +9,7 @@ reported on its own line; it never stops the report on the others.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from costguard.checkpoint.manifest import Manifest, ManifestError, restore_order
@@ -123,3 +124,46 @@ def verify(store: Store, *, latest_only: bool = False) -> list[Verification]:
                 continue
         results.append(Verification(entry.name, entry.step, True))
     return results
+
+
+#: The folders ``costguard slurm script --array`` gives its tasks: ``task-<index>``.
+_TASK = re.compile(r"^task-([0-9]+)$")
+
+
+@dataclass(frozen=True)
+class TaskLatest:
+    """One array task's folder: its checkpoints' count and the one a resume would use."""
+
+    task: str
+    index: int
+    checkpoints: int
+    latest: Entry | None
+
+
+def task_folders(store: Store) -> list[str]:
+    """The ``task-<index>`` folders of a job array's parent folder, by index; empty when
+    the store holds checkpoints of its own (then it is one run, not a sweep's parent)."""
+    tasks: set[str] = set()
+    for path in store.listing():
+        top = path.split("/", 1)[0]
+        if "/" in path and top.startswith("ckpt-"):
+            return []
+        if "/" in path and _TASK.match(top):
+            tasks.add(top)
+    return sorted(tasks, key=lambda name: int(name.split("-", 1)[1]))
+
+
+def task_inventory(store: Store, *, verify_latest: bool = True) -> list[TaskLatest]:
+    """Each array task's latest checkpoint (verified as a resume would, with
+    ``verify_latest``), for a parent folder that holds ``task-*`` folders and no
+    checkpoints itself; empty otherwise."""
+    found = []
+    for name in task_folders(store):
+        task = Store(
+            store.fs, store.full(name), f"{store.url.rstrip('/')}/{name}", retry=store.retry
+        )
+        entries = inventory(task, verify_latest=verify_latest)
+        latest = next((e for e in entries if e.latest), None)
+        index = int(name.split("-", 1)[1])
+        found.append(TaskLatest(name, index, len(entries), latest))
+    return found

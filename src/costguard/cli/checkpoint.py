@@ -60,11 +60,17 @@ def ls_command(url: str, output_format: str) -> None:
     """List the checkpoints at URL, newest first; * marks the one a resume starts from.
 
     The marked one is verified (every object's sha256), exactly as a resume would check
-    it. A missing store is an error; nothing is created.
+    it. A missing store is an error; nothing is created. On the parent folder of a job
+    array (`costguard slurm script --array`: task-<index> folders, no checkpoints of its
+    own), each task's latest checkpoint.
     """
-    from costguard.checkpoint.inventory import inventory
+    from costguard.checkpoint.inventory import inventory, task_inventory
 
     store = _open(url)
+    tasks = task_inventory(store)
+    if tasks:
+        _ls_tasks(store.url, tasks, output_format)
+        return
     entries = inventory(store)
     if output_format == "json":
         render.print_json(
@@ -106,6 +112,49 @@ def ls_command(url: str, output_format: str) -> None:
         click.echo("No checkpoint verifies: a resume would start from step 0.")
     else:
         click.echo(f"* = the checkpoint a resume starts from (step {latest.step}, verified)")
+
+
+def _ls_tasks(url: str, tasks: list[Any], output_format: str) -> None:
+    """A job array's tasks, one line each: the latest checkpoint a resume would use."""
+    if output_format == "json":
+        render.print_json(
+            {
+                "url": url,
+                "tasks": [
+                    {
+                        "task": t.task,
+                        "index": t.index,
+                        "checkpoints": t.checkpoints,
+                        "latest": None
+                        if t.latest is None
+                        else {
+                            "name": t.latest.name,
+                            "step": t.latest.step,
+                            "size_bytes": t.latest.size_bytes,
+                            "created_unix": t.latest.created_unix,
+                            "reason": t.latest.reason,
+                        },
+                    }
+                    for t in tasks
+                ],
+            }
+        )
+        return
+    # 80 columns, as for one run's checkpoints.
+    click.echo(
+        f"{'TASK':<12} {'LATEST CHECKPOINT':<27} {'STEP':>8} {'SIZE':>9} {'CREATED UTC':<11} N"
+    )
+    for t in tasks:
+        if t.latest is None:
+            none = "- (none verifies)"
+            click.echo(f"{t.task[:12]:<12} {none:<27} {'-':>8} {'-':>9} {'-':<11} {t.checkpoints}")
+            continue
+        e = t.latest
+        click.echo(
+            f"{t.task[:12]:<12} {e.name:<27} {e.step:>8} {_size(e.size_bytes):>9} "
+            f"{_when(e.created_unix)[5:]:<11} {t.checkpoints}"
+        )
+    click.echo(f"{len(tasks)} array task(s); N = checkpoints in each task's folder.")
 
 
 @checkpoint_group.command(

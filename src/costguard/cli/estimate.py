@@ -84,6 +84,8 @@ Examples:
       --su-budget 50000            # an ACCESS allocation next to every cloud
   costguard estimate --gpu a100 --hours 24 --provider slurm --provider aws \\
       --su-per-gpu-hour 64 --usd-per-su 0.02
+  costguard estimate --gpu a100 --gpus-per-instance 4 --count 10 --hours 2 \\
+      --provider slurm --su-per-gpu-hour 64   # a 10-task array, 4 GPUs each
 """
 
 SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
@@ -113,7 +115,8 @@ SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
     default=1,
     show_default=True,
     type=WholeNumber(1, MAX_COUNT),
-    help="Number of instances.",
+    help="Number of instances; with --provider slurm, nodes (slurm script --nodes) or "
+    "the runs of a sweep (slurm script --array 0-9: --count 10), each --hours long.",
 )
 @click.option(
     "--gpus-per-instance",

@@ -27,7 +27,11 @@ The job runs COMMAND under `costguard run --checkpoint URL`. SLURM sends USR1 to
 batch shell --signal-lead seconds before the time limit, and TERM on preemption or
 scancel; the shell passes both on, the training script (with a costguard Checkpointer)
 saves and exits 75, and with --requeue the job requeues itself (`scontrol requeue`, at
-most --max-requeues times) and resumes from the checkpoint in its next allocation."""
+most --max-requeues times) and resumes from the checkpoint in its next allocation.
+With --nodes, each node's torchrun runs under its own `costguard run` and the whole job
+requeues; with --array, each task has its own checkpoint folder and requeues alone
+(`costguard estimate --count 10` prices a 10-task sweep; `costguard checkpoint ls` on
+the --checkpoint folder lists each task's latest)."""
 
 
 def job_options(func: F) -> F:
@@ -49,10 +53,54 @@ def job_options(func: F) -> F:
         ),
         click.option(
             "--gpus",
+            "--gpus-per-node",
+            "gpus",
             type=WholeNumber(0, 1024),
             default=1,
             show_default=True,
             help="GPUs per node (--gres=gpu:N); 0 for a CPU partition.",
+        ),
+        click.option(
+            "--nodes",
+            type=WholeNumber(1, 100_000),
+            help="Multi-node: one torchrun per node (srun), c10d rendezvous at the first "
+            "node; COMMAND is what torchrun runs (train.py ARGS, or -m MODULE).",
+        ),
+        click.option(
+            "--procs-per-node",
+            type=WholeNumber(1, 1024),
+            help="With --nodes: processes per node (default: one per GPU).",
+        ),
+        click.option(
+            "--rdzv-port",
+            type=WholeNumber(1024, 65535),
+            help="With --nodes: the rendezvous port (default: 29500 + job id % 10000).",
+        ),
+        click.option(
+            "--torchrun",
+            "torchrun_command",
+            type=Text(),
+            default="torchrun",
+            show_default=True,
+            help="With --nodes: how the nodes start torchrun, e.g. 'pixi run torchrun'.",
+        ),
+        click.option(
+            "--array",
+            type=Name(),
+            help="A job array, e.g. 0-9 or 0-99%8: each task checkpoints to "
+            "<checkpoint>/task-<index>; only a warned task requeues.",
+        ),
+        click.option(
+            "--container",
+            type=Text(),
+            help="Run the command inside this Apptainer image (apptainer exec --nv, the "
+            "checkpoint folder bound in), e.g. image.sif.",
+        ),
+        click.option(
+            "--index-url",
+            type=Text(),
+            help="The site's package mirror (PIP_INDEX_URL and UV_DEFAULT_INDEX in the job), "
+            "so nothing needs the public index.",
         ),
         click.option(
             "--gpu-type", type=Name(), help="GPU type in the GRES request, e.g. a100 (gpu:a100:N)."
@@ -131,6 +179,9 @@ def build_job(options: dict[str, Any]) -> BatchJob:
         if options[name] is not None:
             run_options += [flag, str(options[name])]
     command: Sequence[str] = options["command"]
+    container: str | None = options["container"]
+    if container is not None and container.strip() and "://" not in container:
+        container = str(Path(container.strip()).expanduser().resolve())
     return BatchJob.build(
         command=command,
         checkpoint=url,
@@ -147,6 +198,13 @@ def build_job(options: dict[str, Any]) -> BatchJob:
         max_requeues=options["max_requeues"],
         costguard=options["costguard_command"],
         run_options=run_options,
+        nodes=options["nodes"],
+        procs_per_node=options["procs_per_node"],
+        rdzv_port=options["rdzv_port"],
+        torchrun=options["torchrun_command"],
+        array=options["array"],
+        container=container,
+        index_url=options["index_url"],
     )
 
 
@@ -175,6 +233,10 @@ Examples:
   sbatch job.sbatch
   costguard slurm script --gpus 0 --time 30 --signal-lead 60 --checkpoint ckpt/ \\
       -- python train.py --lr 3e-4
+  costguard slurm script --nodes 2 --gpus-per-node 4 --time 12:00:00 --requeue \\
+      --checkpoint /scratch/$USER/big -- train.py --lr 3e-4
+  costguard slurm script --array 0-9 --time 2:00:00 --requeue --container img.sif \\
+      --checkpoint /scratch/$USER/sweep -- python train.py
 {HOW}""",
 )
 @job_options

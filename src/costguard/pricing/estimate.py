@@ -609,6 +609,8 @@ class SlurmOption:
     gpus: int
     hours: Decimal
     rate: SlurmRate
+    #: ``--count``: nodes of one job (``slurm script --nodes``) or runs of a sweep (``--array``).
+    nodes: int = 1
 
     @property
     def gpu_hours(self) -> Decimal:
@@ -661,6 +663,7 @@ def slurm_option(request: EstimateRequest, rate: SlurmRate) -> SlurmOption:
         gpus=request.count * request.gpus_per_instance,
         hours=request.hours,
         rate=rate,
+        nodes=request.count,
     )
 
 
@@ -672,6 +675,12 @@ def slurm_assumptions(option: SlurmOption) -> tuple[str, ...]:
         f"{rate.su_per_gpu_hour} SU per GPU-hour (--su-per-gpu-hour, your centre's rate; "
         "some also charge CPU cores or memory, or weigh GPU types differently)",
     ]
+    if option.nodes > 1:
+        lines.append(
+            f"SLURM: {option.gpus} GPU(s) = {option.nodes} x {option.gpus // option.nodes} "
+            "GPU(s) (--count nodes of one job, or array tasks of a sweep, x "
+            "--gpus-per-instance), each for the full --hours"
+        )
     if rate.usd_per_su is None:
         lines.append(
             "SLURM: an allocation, not billed: the SUs come out of a grant (e.g. NSF "

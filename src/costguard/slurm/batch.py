@@ -10,6 +10,13 @@ rather than in the queue hours later.
 ...                      time="08:00:00", mem="64G", gpus=1, requeue=True)
 >>> [line for line in sbatch_lines(job) if "signal" in line or "gres" in line]
 ['#SBATCH --gres=gpu:1', '#SBATCH --signal=B:USR1@120']
+
+Three shapes share the template, through its ``{{launch}}`` field: one process (the
+command under ``costguard run``); ``--nodes N``, one ``torchrun`` per node started by
+``srun``, meeting at the first node (c10d rendezvous), each under its own ``costguard
+run``; and ``--container``, the command (or each node's ``torchrun``) inside
+``apptainer exec``. ``--array`` gives every array task its own checkpoint folder,
+``<checkpoint>/task-<SLURM_ARRAY_TASK_ID>``.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 
 from costguard import __version__
 from costguard.errors import CostguardError, InputError
-from costguard.secrets import find_secret
+from costguard.secrets import find_secret, redact_url, url_has_credentials
 
 #: How long before the time limit SLURM sends USR1, unless told: room for an emergency
 #: save plus SLURM's own slack (it may signal up to a minute early, never late).
@@ -40,6 +47,15 @@ TEMPLATE_NAME = "costguard-job.sbatch"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*", re.ASCII)
 _NAMES = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(,[A-Za-z0-9][A-Za-z0-9._-]*)*", re.ASCII)
 _MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE | re.ASCII)
+#: A SLURM ``--array`` spec: indexes and ranges (with an optional ``:step``), comma
+#: separated, and an optional ``%limit`` on the tasks that run at once (sbatch(1)).
+_ARRAY = re.compile(r"[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*(%[0-9]+)?", re.ASCII)
+_ARRAY_HINT = "SLURM's forms: 0-9, 1,3,5, 0-99:10, 0-99%8 (at most 8 at once)"
+#: SLURM's largest MaxArraySize is 4000001, so an index is at most 4000000 (slurm.conf(5)).
+MAX_ARRAY_INDEX = 4_000_000
+#: The rendezvous port when none is given: 29500 (torchrun's default) plus the job id
+#: modulo 10000, so two jobs sharing a first node rarely meet at the same port.
+DEFAULT_RDZV_PORT = "$((29500 + SLURM_JOB_ID % 10000))"
 _TIME_HINT = "SLURM's forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS, e.g. --time 08:00:00"
 
 
@@ -124,6 +140,68 @@ def parse_mem(text: str) -> str:
     return f"{int(match.group(1))}{match.group(2).upper()}"
 
 
+def parse_array(text: str) -> str:
+    """A SLURM ``--array`` spec, checked: ranges that go up, steps and limits above 0.
+
+    >>> parse_array("0-9"), parse_array("1,3,5-7:2%2")
+    ('0-9', '1,3,5-7:2%2')
+    >>> parse_array("9-0")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --array '9-0' is not a SLURM array: 9-0 goes down
+    """
+    value = text.strip()
+    if not _ARRAY.fullmatch(value):
+        msg = f"--array {text!r} is not a SLURM array"
+        raise InputError(msg, hint=_ARRAY_HINT)
+    ranges, _, limit = value.partition("%")
+    if limit and int(limit) == 0:
+        msg = f"--array {text!r} is not a SLURM array: the %limit must be 1 or more"
+        raise InputError(msg, hint=_ARRAY_HINT)
+    for part in ranges.split(","):
+        span, _, step = part.partition(":")
+        first, _, last = span.partition("-")
+        if last and int(last) < int(first):
+            msg = f"--array {text!r} is not a SLURM array: {span} goes down"
+            raise InputError(msg, hint=_ARRAY_HINT)
+        if step and int(step) == 0:
+            msg = f"--array {text!r} is not a SLURM array: the :step must be 1 or more"
+            raise InputError(msg, hint=_ARRAY_HINT)
+        if int(last or first) > MAX_ARRAY_INDEX:
+            msg = f"--array {text!r} is not a SLURM array: {last or first} is too large"
+            raise InputError(msg, hint=f"indexes go from 0 to {MAX_ARRAY_INDEX}")
+    return value
+
+
+def _plain_text(flag: str, value: str, hint: str) -> str:
+    """``value`` stripped, refused when empty or holding a control character (a newline
+    would end the shell line it is written on)."""
+    text = value.strip()
+    if not text or any(ord(c) < 32 or ord(c) == 127 for c in text):
+        what = "is empty" if not text else "holds a newline or control character"
+        msg = f"{flag} {value[:200]!r} {what}"
+        raise InputError(msg, hint=hint)
+    return text
+
+
+def parse_index_url(text: str) -> str:
+    """A package mirror for pip: ``http(s)://`` without credentials (those go in the
+    site's pip.conf or netrc, never in a batch script that is logged and shared).
+
+    >>> parse_index_url("https://pypi.example.edu/simple/")
+    'https://pypi.example.edu/simple/'
+    """
+    hint = "the mirror's simple index, e.g. --index-url https://pypi.example.edu/simple/"
+    value = _plain_text("--index-url", text, hint)
+    if not re.match(r"^https?://[^/\s]+", value) or any(c.isspace() for c in value):
+        msg = f"--index-url {redact_url(value)[:200]!r} is not an http(s) URL"
+        raise InputError(msg, hint=hint)
+    if url_has_credentials(value):
+        msg = f"--index-url {redact_url(value)[:200]!r} carries a user name, password or query"
+        raise InputError(msg, hint="put the credentials in pip.conf or ~/.netrc on the cluster")
+    return value
+
+
 @dataclass(frozen=True)
 class BatchJob:
     """A validated request for one batch script; build it with :meth:`build`."""
@@ -143,6 +221,14 @@ class BatchJob:
     max_requeues: int = DEFAULT_MAX_REQUEUES
     costguard: tuple[str, ...] = ("costguard",)
     run_options: tuple[str, ...] = ()
+    #: Multi-node: one ``torchrun`` per node (None: the command runs as given, once).
+    nodes: int | None = None
+    procs_per_node: int = 1
+    rdzv_port: int | None = None
+    torchrun: tuple[str, ...] = ("torchrun",)
+    array: str | None = None
+    container: str | None = None
+    index_url: str | None = None
 
     @classmethod
     def build(
@@ -163,6 +249,13 @@ class BatchJob:
         max_requeues: int = DEFAULT_MAX_REQUEUES,
         costguard: str = "costguard",
         run_options: Sequence[str] = (),
+        nodes: int | None = None,
+        procs_per_node: int | None = None,
+        rdzv_port: int | None = None,
+        torchrun: str = "torchrun",
+        array: str | None = None,
+        container: str | None = None,
+        index_url: str | None = None,
         environ: Mapping[str, str] | None = None,
     ) -> BatchJob:
         """Check every field against SLURM's syntax; :class:`InputError` names the bad one.
@@ -205,17 +298,25 @@ class BatchJob:
         if max_requeues < 0:
             msg = f"--max-requeues {max_requeues} is negative"
             raise InputError(msg, hint="e.g. --max-requeues 10")
-        try:
-            prefix = shlex.split(costguard)
-        except ValueError:  # an unclosed quote
-            prefix = None
-        if prefix is None or any(not word.isprintable() for word in prefix):
-            msg = "--costguard is not a command line (an unclosed quote or a control character?)"
+        prefix = _words("--costguard", costguard)
+        if any(not word.isprintable() for word in prefix):
+            msg = "--costguard is not a command line (a control character?)"
             raise InputError(msg, hint="e.g. --costguard 'pixi run costguard'")
         if not prefix:
             msg = "--costguard is empty"
             raise InputError(msg, hint="the command that starts costguard on the nodes")
         _refuse_secrets(command, checkpoint, prefix, run_options, environ)
+        procs = _processes(nodes, procs_per_node, gpus, rdzv_port)
+        launcher = _words("--torchrun", _plain_text("--torchrun", torchrun, "e.g. torchrun"))
+        if nodes is not None and re.match(r"^(python[0-9.]*|torchrun)$", Path(command[0]).name):
+            msg = f"with --nodes, COMMAND is what torchrun runs, not {command[0]!r}"
+            raise InputError(
+                msg,
+                hint="e.g. -- train.py --lr 3e-4, or -- -m pkg.train (the script starts torchrun)",
+            )
+        image = None
+        if container is not None:
+            image = _plain_text("--container", container, "an Apptainer image, e.g. image.sif")
         return cls(
             command=tuple(command),
             checkpoint=checkpoint,
@@ -232,6 +333,13 @@ class BatchJob:
             max_requeues=max_requeues if requeue else 0,
             costguard=tuple(prefix),
             run_options=tuple(run_options),
+            nodes=nodes,
+            procs_per_node=procs,
+            rdzv_port=rdzv_port,
+            torchrun=tuple(launcher),
+            array=parse_array(array) if array is not None else None,
+            container=image,
+            index_url=parse_index_url(index_url) if index_url is not None else None,
         )
 
 
@@ -252,6 +360,40 @@ def _refuse_secrets(
         raise InputError(msg, hint="let the job read it from its environment (sbatch passes it on)")
 
 
+def _words(flag: str, text: str) -> list[str]:
+    """``text`` split into words as the shell would; :class:`InputError` if it cannot be."""
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        msg = f"{flag} {text[:200]!r} cannot be split into words: {exc}"
+        raise InputError(msg, hint="quote it as for the shell, e.g. 'pixi run costguard'") from None
+
+
+def _processes(
+    nodes: int | None, procs_per_node: int | None, gpus: int, rdzv_port: int | None
+) -> int:
+    """The processes per node torchrun starts: ``procs_per_node``, else one per GPU."""
+    if nodes is None:
+        for flag, value in (("--procs-per-node", procs_per_node), ("--rdzv-port", rdzv_port)):
+            if value is not None:
+                msg = f"{flag} is for multi-node jobs, and --nodes is not given"
+                raise InputError(msg, hint=f"add --nodes N (1 or more), or drop {flag}")
+        return 1
+    if nodes < 1:
+        msg = f"--nodes {nodes} must be 1 or more"
+        raise InputError(msg, hint="the number of nodes, e.g. --nodes 2")
+    if procs_per_node is not None and procs_per_node < 1:
+        msg = f"--procs-per-node {procs_per_node} must be 1 or more"
+        raise InputError(msg, hint="processes per node, usually one per GPU")
+    if rdzv_port is not None and not 1024 <= rdzv_port <= 65535:
+        msg = f"--rdzv-port {rdzv_port} is out of range"
+        raise InputError(msg, hint="a port from 1024 to 65535, e.g. 29500")
+    if procs_per_node is None and gpus == 0:
+        msg = "--nodes with --gpus-per-node 0 needs --procs-per-node"
+        raise InputError(msg, hint="e.g. --procs-per-node 4 for four CPU processes per node")
+    return procs_per_node if procs_per_node is not None else gpus
+
+
 def sbatch_lines(job: BatchJob) -> list[str]:
     """The ``#SBATCH`` lines, in a fixed order.
 
@@ -264,6 +406,11 @@ def sbatch_lines(job: BatchJob) -> list[str]:
     if job.account:
         options.append(f"--account={job.account}")
     options.append(f"--time={format_time_limit(job.time_limit_s)}")
+    if job.nodes is not None:
+        # One task per node: its torchrun starts that node's processes.
+        options += [f"--nodes={job.nodes}", "--ntasks-per-node=1"]
+    if job.array is not None:
+        options.append(f"--array={job.array}")
     if job.mem:
         options.append(f"--mem={job.mem}")
     if job.cpus_per_task:
@@ -291,13 +438,20 @@ def render(job: BatchJob, template: str) -> str:
     # forwarded USR1 would kill a script whose handler is not installed yet.
     run = [*job.costguard, "run", "--signals", "relay", "--checkpoint", job.checkpoint]
     run += job.run_options
+    costguard_run = shlex.join(run)
+    if job.array is not None:
+        # Each array task its own folder; only the shell knows the task's index.
+        checkpoint = f"--checkpoint {shlex.quote(job.checkpoint)}"
+        task = f'{shlex.quote(job.checkpoint.rstrip("/") + "/task-")}"$SLURM_ARRAY_TASK_ID"'
+        costguard_run = costguard_run.replace(checkpoint, f"--checkpoint {task}", 1)
     fields = {
         "sbatch_lines": "\n".join(sbatch_lines(job)),
         "version": __version__,
         "signal_lead_s": str(job.signal_lead_s),
         "max_requeues": str(job.max_requeues),
-        "costguard_run": shlex.join(run),
+        "costguard_run": costguard_run,
         "command": shlex.join(job.command),
+        "launch": launch_lines(job),
     }
 
     def fill(match: re.Match[str]) -> str:
@@ -308,6 +462,55 @@ def render(job: BatchJob, template: str) -> str:
         msg = f"the batch-script template has unknown fields: {', '.join(sorted(unknown))}"
         raise CostguardError(msg, hint="reinstall costguard")
     return re.sub(r"\{\{(\w+)\}\}", fill, template)
+
+
+def launch_lines(job: BatchJob) -> str:
+    """The shell lines that start the job in the background (``child`` is its pid)."""
+    lines = []
+    if job.index_url is not None:
+        lines += [
+            "# The site's package mirror for pip and uv, so nothing needs the public index",
+            "# (pixi reads its own: the manifest's index-url, config.toml's mirrors).",
+            f"export PIP_INDEX_URL={shlex.quote(job.index_url)}",
+            'export UV_DEFAULT_INDEX="$PIP_INDEX_URL"',
+        ]
+    inner = ""
+    if job.container is not None:
+        # The checkpoint folder is bound in when it is a local one; Apptainer binds the
+        # home folder, /tmp (costguard run's notice file) and the current folder itself.
+        local = "://" not in job.checkpoint
+        binds = ["--bind", job.checkpoint] if local else []
+        apptainer = ["apptainer", "exec", *(["--nv"] if job.gpus else []), *binds, job.container]
+        if local:
+            lines.append(
+                f"mkdir -p {shlex.quote(job.checkpoint)}  # Apptainer binds only folders that exist"
+            )
+        lines.append(f"container=({shlex.join(apptainer)})")
+        inner = ' "${container[@]}"'
+    if job.nodes is None:
+        lines.append(f'"${{costguard_run[@]}}" --{inner} "${{command[@]}}" &')
+        return "\n".join(lines)
+    port = str(job.rdzv_port) if job.rdzv_port is not None else DEFAULT_RDZV_PORT
+    torchrun = [
+        *job.torchrun,
+        "--nnodes",
+        str(job.nodes),
+        "--nproc-per-node",
+        str(job.procs_per_node),
+    ]
+    torchrun += ["--rdzv-backend", "c10d"]
+    lines += [
+        "# One torchrun per node (srun: one task per node), each under its own costguard run;",
+        "# they meet at the first node of the allocation (c10d rendezvous). A notice on any",
+        "# node reaches every rank: the ranks agree on notices at each step.",
+        'rdzv_host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"rdzv_port={port}",
+        f"torchrun=({shlex.join(torchrun)}",
+        '    --rdzv-endpoint "$rdzv_host:$rdzv_port" --rdzv-id "$SLURM_JOB_ID")',
+        f"srun --nodes={job.nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 \\",
+        f'    "${{costguard_run[@]}}" --{inner} "${{torchrun[@]}}" "${{command[@]}}" &',
+    ]
+    return "\n".join(lines)
 
 
 def template_path() -> Path:

@@ -23,7 +23,9 @@ there; https without credentials), ``wheel`` and ``wheel_sha256`` (the shipped w
 file name in the store's ``job/`` folder and its hash; set by ``costguard launch``),
 ``package`` (what pip installs instead, e.g. ``costguard[train] @ git+https://...``),
 ``shutdown_minutes`` (guest shutdown that long after the job exits,
-the safety net when no controller is left; default 10, ``never`` to keep it up).
+the safety net when no controller is left; default 10, ``never`` to keep it up),
+``index_url`` (the site's package mirror, http(s) without credentials: exported as
+``PIP_INDEX_URL`` and ``UV_DEFAULT_INDEX``, so pip and uv need no public index).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ DEFAULT_WORKDIR = "/opt/costguard/work"
 DEFAULT_SHUTDOWN_MINUTES = "10"
 #: The options this module reads; adapters add their own.
 OPTIONS = ("workdir", "git_repo", "git_ref", "package", "shutdown_minutes", "wheel",
-           "wheel_sha256")  # fmt: skip
+           "wheel_sha256", "index_url")  # fmt: skip
 #: Where the boot script keeps the wheel it fetched.
 WHEEL_DIR = "/opt/costguard"
 #: What fetches the wheel from the store, per URL scheme: the fsspec backend (the train
@@ -153,6 +155,20 @@ def check_options(spec: LaunchSpec) -> None:
         # http:// and git:// are neither authenticated nor protected from tampering.
         msg = f"the git_repo option must be an https:// URL, not {repo!r}"
         raise InputError(msg, hint="a public repository, or one the instance may read")
+    index_url = spec.options.get("index_url", "")
+    if index_url and (
+        urlsplit(index_url).scheme not in ("http", "https")
+        or not urlsplit(index_url).netloc
+        or any(c.isspace() or not c.isprintable() for c in index_url)
+    ):
+        msg = f"the index_url option must be an http(s) URL, not {index_url[:200]!r}"
+        raise InputError(
+            msg, hint="the mirror's simple index, e.g. https://pypi.example.edu/simple/"
+        )
+    why = url_secret(index_url) if index_url else None
+    if why:
+        msg = f"the index_url option carries {why}, which would be written into the user-data"
+        raise InputError(msg, hint="a mirror the instance reaches without credentials in the URL")
     workdir = spec.options.get("workdir", DEFAULT_WORKDIR)
     if not _ABSOLUTE.match(workdir) or "/../" in f"{workdir}/":
         msg = f"the workdir option must be an absolute path, not {workdir!r}"
@@ -225,6 +241,7 @@ def render(
         "git_repo": shlex.quote(options.get("git_repo", "")),
         "git_ref": shlex.quote(options.get("git_ref", "")),
         "package": shlex.quote(options.get("package", "")),
+        "index_url": shlex.quote(options.get("index_url", "")),
         **_wheel_words(spec),
         "shutdown_minutes": shlex.quote(options.get("shutdown_minutes", DEFAULT_SHUTDOWN_MINUTES)),
         "checkpoint_url": shlex.quote(spec.checkpoint_url),
