@@ -3,7 +3,9 @@ with the reference safetensors reader), and ``checkpoint ls`` as a person reads 
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -120,3 +122,24 @@ def test_ls_on_a_missing_store_fails_and_creates_nothing(
     assert done.exit_code == 2
     assert "COSTGUARD_STORAGE_OPTIONS must be a JSON object" in done.output
     assert "unexpected" not in done.output
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_long_restore_shows_progress_on_a_terminal_only(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from costguard.checkpoint import restoring
+
+    trained(backend.url)
+    monkeypatch.setattr(restoring, "PROGRESS_MIN_BYTES", 0)
+    for stream, shown in ((io.StringIO(), False), (_Terminal(), True)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU(), torch.nn.Linear(4, 3))
+        model.register_buffer("count", torch.tensor([0], dtype=torch.int64))
+        with Checkpointer(backend.url, check=False) as ckpt:
+            assert ckpt.restore(model=model) == 7
+        assert ("restoring step 7" in stream.getvalue()) == shown, stream.getvalue()

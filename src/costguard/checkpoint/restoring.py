@@ -20,8 +20,9 @@ whole point of this module:
 from __future__ import annotations
 
 import logging
+import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +40,7 @@ from costguard.checkpoint.manifest import (
     restore_order,
     scan,
 )
-from costguard.checkpoint.store import Store
+from costguard.checkpoint.store import Progress, Store
 from costguard.errors import CostguardError
 from costguard.secrets import redact
 
@@ -144,7 +145,7 @@ class Restorer:
         return manifest
 
     @contextmanager
-    def payload_file(self, manifest: Manifest) -> Iterator[str]:
+    def payload_file(self, manifest: Manifest, progress: Progress | None = None) -> Iterator[str]:
         """A local file with the checkpoint's verified payload (see
         :meth:`Store.verified_file`)."""
         if len(manifest.objects) != 1 or manifest.objects[0].name != PAYLOAD:
@@ -152,13 +153,16 @@ class Restorer:
             raise ManifestError(msg)
         entry = manifest.objects[0]
         with self.store.verified_file(
-            manifest.object_path(entry), entry.size_bytes, entry.sha256
+            manifest.object_path(entry), entry.size_bytes, entry.sha256, progress
         ) as path:
             yield path
 
     def load(self, manifest: Manifest) -> Any:
         """The checkpoint's state, verified, its tensors mapped from a local file."""
-        with self.payload_file(manifest) as path:
+        with (
+            terminal_progress(f"restoring step {manifest.step}", manifest.size_bytes) as bar,
+            self.payload_file(manifest, bar) as path,
+        ):
             try:
                 return state_mod.load_file(path)
             except Exception as exc:
@@ -204,14 +208,22 @@ class Restorer:
         return chosen
 
 
-def describe(manifest: Manifest | None) -> Mapping[str, Any] | None:
-    """A manifest as a small JSON-able record (for reports and job status)."""
-    if manifest is None:
-        return None
-    return {
-        "name": manifest.name,
-        "step": manifest.step,
-        "reason": manifest.reason,
-        "size_bytes": manifest.size_bytes,
-        "created_unix": manifest.created_unix,
-    }
+#: Reads shorter than this show no progress bar: they are over before one would help.
+PROGRESS_MIN_BYTES = 64 * 2**20
+
+
+@contextmanager
+def terminal_progress(description: str, size: int) -> Iterator[Progress | None]:
+    """A progress bar on stderr for a long read, only when stderr is a terminal (never in
+    a log file, a pipe or a batch job's output)."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    if size < PROGRESS_MIN_BYTES or not (isatty and isatty()):
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    columns = (TextColumn(f"costguard: {description}"), BarColumn(), DownloadColumn())
+    with Progress(*columns, console=Console(file=sys.stderr), transient=True) as bar:
+        task = bar.add_task(description, total=None)
+        yield lambda done, total: bar.update(task, completed=done, total=total)

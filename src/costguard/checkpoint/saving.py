@@ -175,7 +175,7 @@ class Saver:
             "costguard: saved step %d as %s (%s, %.1f s)",
             steps_done,
             name,
-            _size(size),
+            human_size(size),
             result.save_s,
         )
         self._record(result)
@@ -259,10 +259,10 @@ class Saver:
         self._executor.shutdown(wait=wait)
 
 
-def _size(n: int) -> str:
+def human_size(n: int) -> str:
     """A byte count for people.
 
-    >>> _size(512), _size(3 * 2**20), _size(5 * 2**30)
+    >>> human_size(512), human_size(3 * 2**20), human_size(5 * 2**30)
     ('512 B', '3.0 MiB', '5.0 GiB')
     """
     if n < 1024:

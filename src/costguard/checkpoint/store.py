@@ -55,6 +55,8 @@ from costguard.secrets import redact, redact_url, url_has_credentials
 logger = logging.getLogger(__name__)
 EXTRA = "train"
 T = TypeVar("T")
+#: ``progress(done, total)``: bytes of a long read, for a progress bar.
+Progress = Callable[[int, int], None]
 
 #: Which fsspec implementation serves each URL scheme, and the package that provides it.
 PROTOCOLS = {
@@ -564,7 +566,9 @@ class Store:
         return self._call(f"reading {path}", lambda: bytes(self.fs.cat_file(self.full(path))))
 
     @contextlib.contextmanager
-    def verified_file(self, path: str, size: int, sha256: str) -> Iterator[str]:
+    def verified_file(
+        self, path: str, size: int, sha256: str, progress: Progress | None = None
+    ) -> Iterator[str]:
         """A local file holding object ``path``, checked against ``size`` and ``sha256``.
 
         In a local folder that is the object itself, hashed in place; elsewhere the object
@@ -574,25 +578,31 @@ class Store:
 
         A size or hash that does not match is :class:`ManifestError` (proof that the
         object is bad); a read that fails is :class:`StoreError` (the object may be fine).
+        ``progress(done, total)`` hears of the bytes read (downloaded, then hashed).
         """
+        report = progress or (lambda done, total: None)
         if self.is_local:
             local = self.full(path)
             self._call(
                 f"reading {path}",
-                lambda: self._check_file(path, local, size, sha256, opener=self.fs.open),
+                lambda: self._check_file(
+                    path, local, size, sha256, opener=self.fs.open, progress=report
+                ),
             )
             yield local
             return
         fd, tmp = tempfile.mkstemp(prefix="costguard-restore-", suffix=".pt")
         os.close(fd)
         try:
-            self._download(path, tmp, size)
-            self._check_file(path, tmp, size, sha256)
+            self._download(path, tmp, size, lambda done, _: report(done, 2 * size))
+            self._check_file(
+                path, tmp, size, sha256, progress=lambda done, _: report(size + done, 2 * size)
+            )
             yield tmp
         finally:
             Path(tmp).unlink(missing_ok=True)
 
-    def _download(self, path: str, local: str, size: int) -> None:
+    def _download(self, path: str, local: str, size: int, progress: Progress) -> None:
         """Stream object ``path`` into the file ``local``, with this store's retries.
 
         S3: ``get_file`` in ``READ_STREAMS`` concurrent ranged GETs at a time; Azure: its
@@ -601,6 +611,9 @@ class Store:
         retries on its own, a second layer that would outlive a preemption notice).
         """
         full = self.full(path)
+        callback = require("fsspec.callbacks", EXTRA).Callback(
+            hooks={"progress": lambda size, value, **_: progress(value, size or 0)}
+        )
         if self.backend == "s3":
             # s3fs reads a big object as batches of concurrent ranged GETs, each batch held
             # in memory (twice, while a body is joined): its defaults (10 x 50 MB) held
@@ -609,17 +622,22 @@ class Store:
             self._call(
                 f"reading {path}",
                 lambda: self.fs.get_file(
-                    full, local, chunksize=READ_CHUNK * 2, max_concurrency=READ_STREAMS
+                    full,
+                    local,
+                    callback=callback,
+                    chunksize=READ_CHUNK * 2,
+                    max_concurrency=READ_STREAMS,
                 ),
             )
             return
         if self.backend != "gcs":
-            self._call(f"reading {path}", lambda: self.fs.get_file(full, local))
+            self._call(f"reading {path}", lambda: self.fs.get_file(full, local, callback=callback))
             return
         with Path(local).open("wb") as file:
             for start in range(0, size, READ_CHUNK):
                 end = min(size, start + READ_CHUNK)
                 file.write(self._read_range(path, full, start, end))
+                progress(end, size)
 
     def _read_range(self, path: str, full: str, start: int, end: int) -> bytes:
         return self._call(f"reading {path}", lambda: bytes(self.fs.cat_file(full, start, end)))
@@ -632,12 +650,15 @@ class Store:
         sha256: str,
         *,
         opener: Callable[..., Any] = io.open,
+        progress: Progress | None = None,
     ) -> None:
         digest, got = hashlib.sha256(), 0
         with opener(local, "rb") as file:
             while chunk := file.read(READ_CHUNK):
                 digest.update(chunk)
                 got += len(chunk)
+                if progress is not None:
+                    progress(got, size)
         if got != size:
             # Read whole, yet not the size the listing and the manifest agree on: a read
             # cut short (the caller checked the listed size) is not proof of corruption.

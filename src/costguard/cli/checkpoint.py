@@ -29,9 +29,9 @@ def _when(unix: float | None) -> str:
 
 
 def _size(n: int) -> str:
-    from costguard.checkpoint.saving import _size as size
+    from costguard.checkpoint.saving import human_size
 
-    return size(n)
+    return human_size(n)
 
 
 @click.group(
