@@ -117,6 +117,11 @@ def assert_close(a: object, b: object) -> None:
         assert a.keys() == b.keys()
         for key in a:
             assert_close(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_close(x, y)
     elif isinstance(a, float):
         assert a == pytest.approx(b, rel=1e-6)
     else:
