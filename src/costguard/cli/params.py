@@ -69,6 +69,21 @@ class _Strict(click.ParamType):
         self.fail(f"{shown(value)} {why}", param, ctx)
 
 
+class _Bounded(_Strict):
+    """Text that must be there and not longer than ``max_chars``; subclasses add the rest."""
+
+    def __init__(self, max_chars: int) -> None:
+        self.max_chars = max_chars
+
+    def bounded(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value)
+        if not text:
+            self.refuse("is empty", value, param, ctx)
+        if len(text) > self.max_chars:
+            self.refuse(f"is longer than {self.max_chars} characters", value, param, ctx)
+        return text
+
+
 def _number_text(
     kind: _Strict,
     value: Any,
@@ -159,7 +174,7 @@ class DecimalRange(_Strict):
         return number
 
 
-class Name(_Strict):
+class Name(_Bounded):
     """One word of printable ASCII: a GPU, region, zone, project, account, SLURM name...
 
     Look-alikes (``a100`` in fullwidth letters), spaces, control characters and trailing
@@ -173,14 +188,10 @@ class Name(_Strict):
     name = "name"
 
     def __init__(self, max_chars: int = MAX_NAME_CHARS) -> None:
-        self.max_chars = max_chars
+        super().__init__(max_chars)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        text = str(value)
-        if not text:
-            self.refuse("is empty", value, param, ctx)
-        if len(text) > self.max_chars:
-            self.refuse(f"is longer than {self.max_chars} characters", value, param, ctx)
+        text = self.bounded(value, param, ctx)
         if not _NAME.fullmatch(text):
             self.refuse(
                 "is not one word of plain ASCII (letters, digits, punctuation)", value, param, ctx
@@ -188,7 +199,7 @@ class Name(_Strict):
         return text
 
 
-class Text(_Strict):
+class Text(_Bounded):
     """Free text on one line: a command line, ``KEY=VALUE``, a list. No control characters.
 
     >>> Text().convert("pixi run costguard", None, None)
@@ -198,14 +209,10 @@ class Text(_Strict):
     name = "text"
 
     def __init__(self, max_chars: int = MAX_TEXT_CHARS) -> None:
-        self.max_chars = max_chars
+        super().__init__(max_chars)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        text = str(value)
-        if not text:
-            self.refuse("is empty", value, param, ctx)
-        if len(text) > self.max_chars:
-            self.refuse(f"is longer than {self.max_chars} characters", value, param, ctx)
+        text = self.bounded(value, param, ctx)
         if _CONTROL.search(text):
             self.refuse("contains a control character (a newline?)", value, param, ctx)
         return text
