@@ -383,6 +383,9 @@ def run_command(
         msg = f"cannot start {command[0]!r}: {exc.strerror or exc}"
         raise InputError(msg, hint="check the command after --") from None
     os.close(read_fd)
+    # Registered for costguard agent at once: the script may look for its job first thing.
+    registration = contextlib.ExitStack()
+    registration.enter_context(_registered(child.pid))
 
     def relay_notice(notice: Any) -> None:
         # The child may have exited or closed the pipe; the notice then has no reader.
@@ -421,9 +424,9 @@ def run_command(
     watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
     events.start()
     try:
-        with _registered(child.pid):
-            returncode = child.wait()
+        returncode = child.wait()
     finally:
+        registration.close()
         events.stop()
         if watcher is not None:
             watcher.stop()
