@@ -214,6 +214,34 @@ def test_parts_go_up_while_the_stream_is_still_written(parts_proxy: Faults) -> N
 
 
 @pytest.mark.slow
+def test_a_long_stream_reuses_a_few_part_buffers(
+    parts_proxy: Faults, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory of a streamed upload is bounded by the parts in flight, not by the object:
+    a sent and hashed part's buffer is filled again (never while a resend may need it)."""
+    parts_proxy.delay_s = 0.05
+    parts_proxy.fail_puts = 2  # two parts are sent twice, from the same buffer
+    bodies: list[bytes | bytearray] = []  # kept alive: a freed buffer's id could recur
+    send = store_mod._S3Upload._send
+
+    async def recording(self: Any, number: int, body: bytes | bytearray) -> dict[str, Any]:
+        bodies.append(body)
+        return await send(self, number, body)
+
+    monkeypatch.setattr(store_mod._S3Upload, "_send", recording)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    data = payload(20 * PART + 4321)
+    with store.upload("ckpt/state.pt") as upload:
+        for start in range(0, len(data), 3 * 2**20 + 17):  # writes that straddle parts
+            upload.write(data[start : start + 3 * 2**20 + 17])
+    assert store.get("ckpt/state.pt") == data
+    assert upload.sha256 == hashlib.sha256(data).hexdigest()
+    assert len(bodies) == 21
+    buffers = {id(body) for body in bodies if isinstance(body, bytearray)}
+    assert len(buffers) <= store_mod.PARTS_IN_FLIGHT + 2
+
+
+@pytest.mark.slow
 def test_a_stream_that_fails_writes_nothing_and_aborts_its_upload(parts_proxy: Faults) -> None:
     store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
     store.put("ckpt/state.pt", b"the previous one")

@@ -13,7 +13,6 @@ torch is imported inside the functions, so ``import costguard.checkpoint`` stays
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import io
 import mmap
 import random
@@ -21,6 +20,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from costguard.checkpoint import memcopy
 from costguard.clouds import require
 
 EXTRA = "train"
@@ -259,16 +259,14 @@ class _Sink(io.RawIOBase):
 
     ``io.BytesIO`` copies each tensor's bytes (and its own regrowth) while holding the GIL,
     which stalls the training thread for the whole copy of a background save. Here the
-    buffer is sized up front from the tensors' sizes, and writes of 64 KiB or more go
-    through ``ctypes.memmove``: a foreign call, during which Python releases the GIL.
+    buffer is sized up front from the tensors' sizes, and big writes are copied without
+    the GIL (:func:`~costguard.checkpoint.memcopy.copy_into`).
     """
-
-    BIG = 1 << 16
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self._size = 0
-        self._allocate(max(capacity, self.BIG))
+        self._allocate(max(capacity, memcopy.BIG))
 
     def _allocate(self, capacity: int) -> None:
         old = getattr(self, "_buffer", None)
@@ -276,7 +274,7 @@ class _Sink(io.RawIOBase):
         # (a quarter second for a 600 MB state), here the kernel hands out zeroed pages
         # as the GIL-free copies first touch them.
         self._buffer = mmap.mmap(-1, capacity)
-        self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
+        self._address = memcopy.writable_address(self._buffer)
         if old is not None and self._size:
             self._buffer[: self._size] = memoryview(old)[: self._size]
 
@@ -289,26 +287,13 @@ class _Sink(io.RawIOBase):
         end = self._size + n
         if end > len(self._buffer):
             self._allocate(max(end, 2 * len(self._buffer)))
-        source = _address_of(view) if n >= self.BIG else None
-        if source is None:
-            self._buffer[self._size : end] = view
-        else:
-            ctypes.memmove(self._address + self._size, source, n)
+        memcopy.copy_into(self._buffer, self._address, self._size, view)
         self._size = end
         return n
 
     def view(self) -> memoryview:
         """The bytes written so far (no copy)."""
         return memoryview(self._buffer)[: self._size]
-
-
-def _address_of(view: memoryview) -> int | None:
-    """The address of a contiguous buffer, read-only ones included (needs NumPy)."""
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy comes with the train extra
-        return None
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.c_contiguous else None
 
 
 def _tensor_bytes(value: Any) -> int:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from costguard.checkpoint import memcopy
 from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
@@ -837,8 +838,9 @@ class _S3Upload(Upload):
     """One S3 multipart upload fed by writes: full parts go up concurrently, each retried
     alone and checked by S3 (CRC32), while the writer produces the next.
 
-    Threads: the writer's thread fills parts; fsspec's event loop sends them; one worker
-    hashes them in order. The multipart upload starts with the first full part, so an
+    Threads: the writer's thread fills parts (big writes copied without the GIL, into
+    buffers reused once sent); fsspec's event loop sends them; one worker hashes them in
+    order. The multipart upload starts with the first full part, so an
     object smaller than a part is one plain PUT.
     """
 
@@ -849,7 +851,14 @@ class _S3Upload(Upload):
         self.target = store.full(path)
         self.bucket, self.key, _ = store.fs.split_path(self.target)
         self.digest = digest
-        self._part = bytearray()
+        # The part being filled, its address and how full it is; sent parts come back to
+        # ``_free`` once sent and hashed, so an upload allocates (and zero-fills) at most
+        # about PARTS_IN_FLIGHT + 2 buffers, whatever its size.
+        self._part: bytearray | None = None
+        self._address = 0
+        self._fill = 0
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
         self._number = 0
         self._upload_id: str | None = None
         self._slots = threading.BoundedSemaphore(PARTS_IN_FLIGHT)
@@ -861,12 +870,42 @@ class _S3Upload(Upload):
         view = memoryview(data).cast("B")
         n, offset = view.nbytes, 0
         while offset < n:
-            take = view[offset : offset + PART_BYTES - len(self._part)]
-            self._part += take
+            if self._part is None:
+                self._take_buffer()
+                assert self._part is not None
+            take = view[offset : offset + PART_BYTES - self._fill]
+            memcopy.copy_into(self._part, self._address, self._fill, take)
+            self._fill += take.nbytes
             offset += take.nbytes
-            if len(self._part) >= PART_BYTES:
+            if self._fill == PART_BYTES:
                 self._send_part()
         return n
+
+    def _take_buffer(self) -> None:
+        with self._lock:
+            part = self._free.pop() if self._free else bytearray(PART_BYTES)
+        self._part, self._address, self._fill = part, memcopy.writable_address(part), 0
+
+    def _returns(self, part: bytearray, uses: int) -> Callable[[object], None]:
+        """A callback that gives ``part`` back to the pool after its ``uses``-th call."""
+        left = [uses]
+
+        def done(_: object) -> None:
+            with self._lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self._free.append(part)
+
+        return done
+
+    def _body(self) -> bytes | bytearray:
+        """The part filled so far, taken out of the upload: a full part is sent as it is,
+        a last, shorter one as a copy of its bytes."""
+        part, fill = self._part, self._fill
+        self._part, self._fill = None, 0
+        if part is None:
+            return b""
+        return part if fill == PART_BYTES else bytes(memoryview(part)[:fill])
 
     def _call(self, action: str, method: str, **kwargs: Any) -> Any:
         """One S3 call (with retries) on the event loop, from the writer's thread."""
@@ -883,13 +922,22 @@ class _S3Upload(Upload):
                 future.result()  # raises the part's StoreError
 
     def _send_part(self) -> None:
-        body, self._part = self._part, bytearray()
+        body = self._body()
         self._number += 1
         if self._number > MAX_PARTS:
             msg = f"{self.path} is larger than {MAX_PARTS} parts of {PART_BYTES} bytes"
             raise StoreError(msg)
+        # A full part's buffer is reused once it has been hashed and sent.
+        done = (
+            self._returns(body, 1 if self.digest is None else 2)
+            if isinstance(body, bytearray)
+            else None
+        )
         if self.digest is not None:
-            self._hashed.append(self._hasher.submit(self.digest.update, body))
+            hashed = self._hasher.submit(self.digest.update, body)
+            if done is not None:
+                hashed.add_done_callback(done)
+            self._hashed.append(hashed)
         if self._upload_id is None:
             created = self._call(
                 "starting the upload of", "create_multipart_upload", ChecksumAlgorithm="CRC32"
@@ -904,9 +952,11 @@ class _S3Upload(Upload):
             self._send(self._number, body), self.store.fs.loop
         )
         future.add_done_callback(lambda _: self._slots.release())
+        if done is not None:
+            future.add_done_callback(done)
         self._sent.append(future)
 
-    async def _send(self, number: int, body: bytearray) -> dict[str, Any]:
+    async def _send(self, number: int, body: bytes | bytearray) -> dict[str, Any]:
         fs = self.store.fs
 
         async def call() -> dict[str, Any]:
@@ -932,14 +982,14 @@ class _S3Upload(Upload):
     def finish(self) -> None:
         """Send the last part and complete the upload (or PUT a small object whole)."""
         if self._upload_id is None:
-            body, self._part = bytes(self._part), bytearray()
+            body = bytes(self._body())
             if self.digest is not None:
                 self.digest.update(body)
             self.store._call(
                 f"writing {self.path}", lambda: self.store.fs.pipe_file(self.target, body)
             )
         else:
-            if self._part:
+            if self._fill:
                 self._send_part()
             parts = [future.result() for future in self._sent]
             for hashed in self._hashed:
