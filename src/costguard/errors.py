@@ -66,6 +66,10 @@ class BudgetExceededError(CostguardError):
     """The cheapest option is over the budget the user gave (exit code 1)."""
 
 
+class StoreError(CostguardError):
+    """A checkpoint store operation failed after its retries (the data may be fine)."""
+
+
 #: What each optional extra brings, in the words a person installing it would use.
 EXTRAS = {
     "aws": "the AWS SDK, boto3",

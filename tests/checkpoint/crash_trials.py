@@ -28,9 +28,8 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from costguard.checkpoint import Checkpointer
+from costguard.checkpoint import Checkpointer, uploads
 from costguard.checkpoint import state as state_mod
-from costguard.checkpoint import store as store_mod
 from costguard.checkpoint.inventory import inventory, verify
 from costguard.checkpoint.store import Store
 
@@ -79,8 +78,8 @@ def announce_phases(fd: int) -> None:
         Store.put_hashed,
         Store.delete,
     )
-    send_part, finish = store_mod._S3Upload._send_part, store_mod._S3Upload.finish
-    local_finish = store_mod._LocalUpload.finish
+    send_part, finish = uploads.S3Upload._send_part, uploads.S3Upload.finish
+    local_finish = uploads.LocalUpload.finish
 
     def announced_serialise(state: Any) -> Any:
         tell(PHASES["serialise"])
@@ -120,9 +119,9 @@ def announce_phases(fd: int) -> None:
 
     state_mod.serialise = announced_serialise
     state_mod.torch_save = announced_torch_save
-    store_mod._S3Upload._send_part = announced_send_part  # type: ignore[method-assign]
-    store_mod._S3Upload.finish = announced_finish  # type: ignore[method-assign]
-    store_mod._LocalUpload.finish = announced_local_finish  # type: ignore[method-assign]
+    uploads.S3Upload._send_part = announced_send_part  # type: ignore[method-assign]
+    uploads.S3Upload.finish = announced_finish  # type: ignore[method-assign]
+    uploads.LocalUpload.finish = announced_local_finish  # type: ignore[method-assign]
     Store.put = announced_put  # type: ignore[method-assign]
     Store.put_hashed = announced_put_hashed  # type: ignore[method-assign]
     Store.delete = announced_delete  # type: ignore[method-assign]

@@ -181,14 +181,14 @@ def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from costguard.checkpoint import state as state_mod
-    from costguard.checkpoint import store as store_mod
+    from costguard.checkpoint import uploads
 
     def no_copy_in_memory(state: Any) -> Any:
         raise AssertionError("a local save must not serialise the whole state into memory")
 
     monkeypatch.setattr(state_mod, "serialise", no_copy_in_memory)
     writes = {"n": 0}
-    write = store_mod._LocalUpload._write
+    write = uploads.LocalUpload._write
 
     def flaky_write(self: Any, data: Any) -> int:  # the disk fails once, midway
         writes["n"] += 1
@@ -196,7 +196,7 @@ def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again
             raise OSError(5, "Input/output error")
         return write(self, data)
 
-    monkeypatch.setattr(store_mod._LocalUpload, "_write", flaky_write)
+    monkeypatch.setattr(uploads.LocalUpload, "_write", flaky_write)
     model, opt = tiny()
     train(model, opt)
     ckpt = Checkpointer(tmp_path, retry=RetryPolicy(attempts=2, base_delay_s=0.01))
@@ -219,7 +219,7 @@ def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again
     def broken(self: Any, data: Any) -> int:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(store_mod._LocalUpload, "_write", broken)
+    monkeypatch.setattr(uploads.LocalUpload, "_write", broken)
     failed = ckpt.save(6, model=model, optimizer=opt, block=True)
     assert failed is not None
     assert not failed.result().ok

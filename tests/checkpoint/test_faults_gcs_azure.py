@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from costguard.checkpoint import Checkpointer, RetryPolicy
-from costguard.checkpoint import store as store_mod
+from costguard.checkpoint import Checkpointer, RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
 from tests.checkpoint.test_faults import Faults, fault_proxy, train
 
@@ -189,7 +188,7 @@ def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(flaky: Flaky) 
 def test_a_large_object_goes_up_in_blocks_retried_and_never_half_visible(
     flaky: Flaky, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store_mod, "PART_BYTES", 5 * 2**20)  # several blocks, quickly
+    monkeypatch.setattr(uploads, "PART_BYTES", 5 * 2**20)  # several blocks, quickly
     if flaky.url.startswith("az://"):  # the staged blocks and their commit, too
         flaky.faults.eligible = lambda method, path: method == "PUT" and "restype=" not in path
     store = Store.open(flaky.url, flaky.options, retry=FAST)

@@ -16,8 +16,7 @@ from typing import IO, Any, cast
 
 import pytest
 
-from costguard.checkpoint import RetryPolicy
-from costguard.checkpoint import store as store_mod
+from costguard.checkpoint import RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
 from tests.checkpoint.conftest import REPO, Backend, make_s3_bucket
 from tests.checkpoint.test_faults import Faults, fault_proxy
@@ -49,7 +48,7 @@ def payload(size: int) -> bytes:
 def parts_proxy(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     """moto behind the fault proxy, with 5 MiB parts; faults apply to part uploads."""
     make_s3_bucket(aws_env, BUCKET)
-    monkeypatch.setattr(store_mod, "PART_BYTES", PART)
+    monkeypatch.setattr(uploads, "PART_BYTES", PART)
     faults = Faults(eligible=is_part)
     with fault_proxy(aws_env, faults) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
@@ -77,7 +76,7 @@ def test_parts_go_up_concurrently_with_checksums(parts_proxy: Faults) -> None:
     assert digest == hashlib.sha256(data).hexdigest()
     assert store.get("ckpt/state.pt") == data
     assert len(parts_proxy.seen) == 7
-    assert 1 < parts_proxy.max_inflight <= store_mod.PARTS_IN_FLIGHT
+    assert 1 < parts_proxy.max_inflight <= uploads.PARTS_IN_FLIGHT
     # Every part carries a CRC32 that S3 checks before accepting it.
     assert all(
         any(k.lower() == "x-amz-checksum-crc32" for k in headers)
@@ -134,8 +133,8 @@ def test_stale_uploads_is_a_no_op_off_s3(tmp_path: Any) -> None:
 
 WRITER = """
 import sys
-from costguard.checkpoint import store
-store.PART_BYTES = 5 * 2**20
+from costguard.checkpoint import store, uploads
+uploads.PART_BYTES = 5 * 2**20
 s = store.Store.open("s3://parts/run")
 s.put("ckpt-000000000007-0000abcd/state.pt", bytes(40 * 2**20))
 print("finished")
@@ -222,13 +221,13 @@ def test_a_long_stream_reuses_a_few_part_buffers(
     parts_proxy.delay_s = 0.05
     parts_proxy.fail_puts = 2  # two parts are sent twice, from the same buffer
     bodies: list[bytes | bytearray] = []  # kept alive: a freed buffer's id could recur
-    send = store_mod._S3Upload._send
+    send = uploads.S3Upload._send
 
     async def recording(self: Any, number: int, body: bytes | bytearray) -> dict[str, Any]:
         bodies.append(body)
         return await send(self, number, body)
 
-    monkeypatch.setattr(store_mod._S3Upload, "_send", recording)
+    monkeypatch.setattr(uploads.S3Upload, "_send", recording)
     store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
     data = payload(20 * PART + 4321)
     with store.upload("ckpt/state.pt") as upload:
@@ -238,7 +237,7 @@ def test_a_long_stream_reuses_a_few_part_buffers(
     assert upload.sha256 == hashlib.sha256(data).hexdigest()
     assert len(bodies) == 21
     buffers = {id(body) for body in bodies if isinstance(body, bytearray)}
-    assert len(buffers) <= store_mod.PARTS_IN_FLIGHT + 2
+    assert len(buffers) <= uploads.PARTS_IN_FLIGHT + 2
 
 
 @pytest.mark.slow
@@ -266,7 +265,7 @@ def test_torch_save_into_parts_that_keep_failing_reports_the_store_error(
     store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
     parts_proxy.fail_puts = 10**6  # every part fails, every time
     # More parts than may be in flight: a write waits for a slot, then finds a part failed.
-    parts = store_mod.PARTS_IN_FLIGHT + 3
+    parts = uploads.PARTS_IN_FLIGHT + 3
     state = {"w": torch.zeros(parts * PART // 4, dtype=torch.float32)}
     # torch.save turns that failed write into its own RuntimeError ("unexpected pos"); what
     # reaches the caller is the store's error, which says which part and why.

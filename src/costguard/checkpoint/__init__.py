@@ -19,7 +19,8 @@ from costguard.checkpoint.checkpointer import (
 from costguard.checkpoint.export import export, load_state
 from costguard.checkpoint.schedule import Schedule, suggest_interval_s, young_daly_interval_s
 from costguard.checkpoint.state import ResumableLoader
-from costguard.checkpoint.store import RetryPolicy, StoreError
+from costguard.checkpoint.store import StoreError
+from costguard.retry import RetryPolicy
 
 __all__ = [
     "EXIT_PREEMPTED",

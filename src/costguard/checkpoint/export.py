@@ -16,7 +16,6 @@ import json
 import os
 import struct
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store, storage_options_from_env
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
+from costguard.files import atomic_write
 
 #: torch dtype name -> safetensors dtype.
 SAFETENSORS_DTYPES = {
@@ -132,21 +132,8 @@ def export(
         "part": part,
     }
     writer = _write_safetensors if target.suffix == ".safetensors" else _write_torch
-    _atomic(target, lambda file: writer(chosen, file, metadata, progress))
+    atomic_write(target, lambda file: writer(chosen, file, metadata, progress))
     return manifest
-
-
-def _atomic(target: Path, write: Callable[[Any], None]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        Path(tmp).replace(target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _write_torch(

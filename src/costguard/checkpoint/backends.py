@@ -1,0 +1,157 @@
+"""What differs between the stores behind a checkpoint URL: which fsspec implementation
+serves a scheme, the options and retry settings that make it safe for checkpoints, which
+of its errors are worth a retry, and how its listings say when an object was written.
+
+:class:`~costguard.checkpoint.store.Store` is written once against fsspec; everything it
+must know about one backend is here, so adding a store is one entry per table below.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from costguard.clouds import require
+
+EXTRA = "train"
+
+#: Which fsspec implementation serves each URL scheme, and the package that provides it.
+PROTOCOLS = {
+    "file": None,
+    "local": None,
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+}
+#: What to check when a store cannot be reached, per backend.
+REACH_HINTS = {
+    "s3": "check the bucket name, the AWS credentials (AWS_PROFILE, access keys or the "
+    "instance role) and AWS_ENDPOINT_URL if you use one",
+    "gcs": "check the bucket name, the Google credentials (gcloud auth application-default "
+    "login, or the VM's service account) and STORAGE_EMULATOR_HOST if you use one",
+    "azure": "check the container name and the Azure credentials "
+    "(AZURE_STORAGE_CONNECTION_STRING, or account_name and a managed identity)",
+    "local": "check that the folder exists and that you may write to it",
+}
+#: Errors that no retry can fix: the object or bucket is not there, or we may not touch it.
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def backend_name(url: str) -> str:
+    """``s3``, ``gcs``, ``azure`` or ``local``: which kind of store ``url`` names.
+
+    >>> backend_name("gs://b/p"), backend_name("abfs://c/p"), backend_name("/tmp/x")
+    ('gcs', 'azure', 'local')
+    """
+    scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
+    return {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(
+        scheme, "azure" if scheme in ("az", "abfs", "abfss") else "local"
+    )
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may go away on retry (5xx, throttling, timeouts, dropped connections).
+
+    >>> is_transient(TimeoutError()), is_transient(FileNotFoundError()), is_transient(KeyError())
+    (True, False, False)
+    >>> try:
+    ...     raise RuntimeError("Failed to upload block") from ConnectionResetError()
+    ... except RuntimeError as wrapped:
+    ...     is_transient(wrapped)
+    True
+    """
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, OSError | TimeoutError | ConnectionError):
+        return True
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if "ParamValidationError" in names:
+        return False  # botocore refused the request itself (a bad bucket name): no retry helps
+    if isinstance(exc, RuntimeError) and exc.__cause__ is not None:
+        # adlfs wraps a failed block upload: RuntimeError("Failed to upload block") from it.
+        return is_transient(exc.__cause__)
+    # aiohttp/botocore/azure errors that fsspec backends let through unwrapped: decide by
+    # their class names so this module imports no SDK.
+    return bool(
+        names
+        & {
+            "ClientError",  # aiohttp.ClientError (connection reset, payload errors)
+            "BotoCoreError",
+            "HttpResponseError",  # azure.core: 5xx after its own retries
+            "ServiceRequestError",
+            "ServiceResponseError",
+            "HttpError",  # gcsfs: 5xx/429
+            "TransportError",
+        }
+    )
+
+
+def default_options(scheme: str) -> Mapping[str, Any]:
+    """fsspec options that make a store safe for checkpoints (no stale listings)."""
+    common: dict[str, Any] = {"skip_instance_cache": True}
+    if scheme in ("s3", "s3a"):
+        # Bounded timeouts: a dead endpoint must fail fast, not hang a training job.
+        return {
+            **common,
+            "config_kwargs": {
+                "connect_timeout": 10,
+                "read_timeout": 120,
+                "retries": {"max_attempts": 3, "mode": "standard"},
+            },
+        }
+    if scheme in ("az", "abfs", "abfss"):
+        # adlfs passes these to every blob call; without them a dead endpoint hangs.
+        return {**common, "connection_timeout": 10, "read_timeout": 120}
+    return common
+
+
+def one_retry_layer_azure(fs: Any) -> None:
+    """Turn off the Azure SDK's own retries, so that ours (jittered, bounded) are the only ones.
+
+    The storage SDK's default waits 15 s, then 18 s, then 24 s between attempts: one
+    throttled request would eat most of the 30 s an Azure Spot eviction gives. Best
+    effort: an SDK that keeps the policy elsewhere keeps its own retries.
+    """
+    with contextlib.suppress(AttributeError):
+        fs.service_client._config.retry_policy.total_retries = 0
+
+
+def one_retry_layer_gcs(fs: Any) -> None:
+    """Turn off gcsfs's own retries on this filesystem (ours are the only layer), and
+    bound each request's connect and read time.
+
+    gcsfs retries each request 6 times with waits up to 32 s and logs a traceback for each
+    failure; stacked on ours, an unreachable store took minutes to report. Its retrying
+    ``_request`` keeps the plain one as ``__wrapped__``; this instance gets that one (other
+    users of gcsfs in the process keep theirs). Every call we make goes through it. Best
+    effort, like :func:`one_retry_layer_azure`.
+    """
+    plain = getattr(getattr(type(fs), "_request", None), "__wrapped__", None)
+    if plain is not None:
+        fs._request = plain.__get__(fs)
+    if getattr(fs, "requests_timeout", None) is None:
+        aiohttp = require("aiohttp", EXTRA)
+        fs.requests_timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=120)
+
+
+def modified_unix(info: Mapping[str, Any]) -> float | None:
+    """When an fsspec listing entry was last written: ``mtime`` (local, gcsfs),
+    ``LastModified`` (s3fs) or ``last_modified`` (adlfs), as unix time."""
+    for key in ("mtime", "LastModified", "last_modified", "updated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        with contextlib.suppress(ValueError):
+            from datetime import datetime
+
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    return None

@@ -1,0 +1,384 @@
+"""Objects written as a stream: a local file synced and renamed at the end, an S3
+multipart upload whose parts go up while the writer produces the next, or (elsewhere) a
+buffer put whole; and the sweep that aborts the S3 uploads a killed writer left behind.
+
+These are :meth:`Store.upload <costguard.checkpoint.store.Store.upload>`'s tools; only
+the store creates them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from costguard.checkpoint import memcopy
+from costguard.clouds import require
+from costguard.errors import StoreError
+from costguard.files import fsync_dir
+from costguard.secrets import redact
+
+if TYPE_CHECKING:
+    from costguard.checkpoint.store import Store
+
+logger = logging.getLogger(__name__)
+EXTRA = "train"
+T = TypeVar("T")
+
+#: S3 multipart: objects larger than one part go up in parts of this size (or larger,
+#: so that no object needs more than S3's 10,000 parts), this many in flight at once.
+PART_BYTES = 16 * 2**20
+PARTS_IN_FLIGHT = 8
+MAX_PARTS = 10_000
+#: How long a writer waits for a free part slot before giving up (parts have timeouts).
+PART_WAIT_S = 900.0
+#: An incomplete multipart upload older than this belongs to a writer that is gone.
+UPLOAD_GRACE_S = 900.0
+
+
+class Upload:
+    """The object being written in :meth:`Store.upload` (a write-only file)."""
+
+    def __init__(self) -> None:
+        self.buffer = io.BytesIO()
+        self.size = 0
+        #: The sha256 (hex) of the object, once the upload has ended.
+        self.sha256 = ""
+        #: The first error a write raised (a writer such as torch.save may replace it).
+        self.failure: BaseException | None = None
+
+    def write(self, data: Any) -> int:
+        """Append ``data``; returns its length in bytes."""
+        try:
+            n = self._write(data)
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+            raise
+        self.size += n
+        return n
+
+    def _write(self, data: Any) -> int:
+        return self.buffer.write(data)
+
+    def writable(self) -> bool:
+        """A file-like object for ``torch.save``."""
+        return True
+
+    def flush(self) -> None:
+        """Nothing to flush: the bytes go out in parts, or at the end."""
+
+
+class LocalUpload(Upload):
+    """One local file written from a stream: hashed as written, atomic at :meth:`finish`.
+
+    The bytes go to a temporary file beside the target, unbuffered; big writes are
+    hashed and written a chunk at a time, so each chunk is still in the CPU cache when it
+    is written, and both the hash and the write run without the GIL.
+    """
+
+    CHUNK = 1 << 20
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.path = Path(target)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+        self.digest = hashlib.sha256()
+        self.file = self.tmp.open("wb", buffering=0)
+
+    def _write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        for start in range(0, view.nbytes, self.CHUNK):
+            chunk = view[start : start + self.CHUNK]
+            self.digest.update(chunk)
+            written = 0
+            while written < chunk.nbytes:  # a raw write may take fewer bytes
+                written += self.file.write(chunk[written:]) or 0
+        return view.nbytes
+
+    def finish(self) -> None:
+        """Make the file durable, then visible under its name (and the rename durable)."""
+        os.fsync(self.file.fileno())
+        self.file.close()
+        self.tmp.replace(self.path)
+        fsync_dir(self.path.parent)
+        self.sha256 = self.digest.hexdigest()
+
+    def abort(self) -> None:
+        """Drop the temporary file (never raises)."""
+        with contextlib.suppress(OSError):
+            self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class S3Upload(Upload):
+    """One S3 multipart upload fed by writes: full parts go up concurrently, each retried
+    alone and checked by S3 (CRC32), while the writer produces the next.
+
+    Threads: the writer's thread fills parts (big writes copied without the GIL, into
+    buffers reused once sent); fsspec's event loop sends them; one worker hashes them in
+    order. The multipart upload starts with the first full part, so an
+    object smaller than a part is one plain PUT.
+    """
+
+    def __init__(self, store: Store, path: str, digest: Any) -> None:
+        super().__init__()
+        self.store = store
+        self.path = path
+        self.target = store.full(path)
+        self.bucket, self.key, _ = store.fs.split_path(self.target)
+        self.digest = digest
+        # The part being filled, its address and how full it is; sent parts come back to
+        # ``_free`` once sent and hashed, so an upload allocates (and zero-fills) at most
+        # about PARTS_IN_FLIGHT + 2 buffers, whatever its size.
+        self._part: bytearray | None = None
+        self._address = 0
+        self._fill = 0
+        self._free: list[bytearray] = []
+        self._lock = threading.Lock()
+        self._number = 0
+        self._upload_id: str | None = None
+        self._slots = threading.BoundedSemaphore(PARTS_IN_FLIGHT)
+        self._sent: list[concurrent.futures.Future[dict[str, Any]]] = []
+        self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
+        self._hashed: list[concurrent.futures.Future[None]] = []
+
+    def _write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n, offset = view.nbytes, 0
+        while offset < n:
+            if self._part is None:
+                self._take_buffer()
+                assert self._part is not None
+            take = view[offset : offset + PART_BYTES - self._fill]
+            memcopy.copy_into(self._part, self._address, self._fill, take)
+            self._fill += take.nbytes
+            offset += take.nbytes
+            if self._fill == PART_BYTES:
+                self._send_part()
+        return n
+
+    def _take_buffer(self) -> None:
+        with self._lock:
+            part = self._free.pop() if self._free else bytearray(PART_BYTES)
+        self._part, self._address, self._fill = part, memcopy.writable_address(part), 0
+
+    def _returns(self, part: bytearray, uses: int) -> Callable[[object], None]:
+        """A callback that gives ``part`` back to the pool after its ``uses``-th call."""
+        left = [uses]
+
+        def done(_: object) -> None:
+            with self._lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self._free.append(part)
+
+        return done
+
+    def _body(self) -> bytes | bytearray:
+        """The part filled so far, taken out of the upload: a full part is sent as it is,
+        a last, shorter one as a copy of its bytes."""
+        part, fill = self._part, self._fill
+        self._part, self._fill = None, 0
+        if part is None:
+            return b""
+        return part if fill == PART_BYTES else bytes(memoryview(part)[:fill])
+
+    def _call(self, action: str, method: str, **kwargs: Any) -> Any:
+        """One S3 call (with retries) on the event loop, from the writer's thread."""
+        fs = self.store.fs
+
+        async def call() -> Any:
+            return await fs._call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
+
+        return sync(fs, self.store._with_retries_async(f"{action} {self.path}", call))
+
+    def _raise_failed(self) -> None:
+        for future in self._sent:
+            if future.done() and future.exception() is not None:
+                future.result()  # raises the part's StoreError
+
+    def _send_part(self) -> None:
+        body = self._body()
+        self._number += 1
+        if self._number > MAX_PARTS:
+            msg = f"{self.path} is larger than {MAX_PARTS} parts of {PART_BYTES} bytes"
+            raise StoreError(msg)
+        # A full part's buffer is reused once it has been hashed and sent.
+        done = (
+            self._returns(body, 1 if self.digest is None else 2)
+            if isinstance(body, bytearray)
+            else None
+        )
+        if self.digest is not None:
+            hashed = self._hasher.submit(self.digest.update, body)
+            if done is not None:
+                hashed.add_done_callback(done)
+            self._hashed.append(hashed)
+        if self._upload_id is None:
+            created = self._call(
+                "starting the upload of", "create_multipart_upload", ChecksumAlgorithm="CRC32"
+            )
+            self._upload_id = str(created["UploadId"])
+        self._raise_failed()
+        if not self._slots.acquire(timeout=PART_WAIT_S):
+            msg = f"uploading {self.path}: no part finished in {PART_WAIT_S:.0f} s"
+            raise StoreError(msg)
+        self._raise_failed()
+        future = asyncio.run_coroutine_threadsafe(
+            self._send(self._number, body), self.store.fs.loop
+        )
+        future.add_done_callback(lambda _: self._slots.release())
+        if done is not None:
+            future.add_done_callback(done)
+        self._sent.append(future)
+
+    async def _send(self, number: int, body: bytes | bytearray) -> dict[str, Any]:
+        fs = self.store.fs
+
+        async def call() -> dict[str, Any]:
+            answer: dict[str, Any] = await fs._call_s3(
+                "upload_part",
+                Bucket=self.bucket,
+                Key=self.key,
+                UploadId=self._upload_id,
+                PartNumber=number,
+                Body=body,
+                ChecksumAlgorithm="CRC32",
+            )
+            return answer
+
+        answer = await self.store._with_retries_async(
+            f"uploading part {number} of {self.path}", call
+        )
+        part = {"PartNumber": number, "ETag": answer["ETag"]}
+        if answer.get("ChecksumCRC32"):
+            part["ChecksumCRC32"] = answer["ChecksumCRC32"]
+        return part
+
+    def finish(self) -> None:
+        """Send the last part and complete the upload (or PUT a small object whole)."""
+        if self._upload_id is None:
+            body = bytes(self._body())
+            if self.digest is not None:
+                self.digest.update(body)
+            self.store._call(
+                f"writing {self.path}", lambda: self.store.fs.pipe_file(self.target, body)
+            )
+        else:
+            if self._fill:
+                self._send_part()
+            parts = [future.result() for future in self._sent]
+            for hashed in self._hashed:
+                hashed.result()
+            self._call(
+                "completing the upload of",
+                "complete_multipart_upload",
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+            self.store.fs.invalidate_cache(self.target)
+        self._hasher.shutdown(wait=True)
+        if self.digest is not None:
+            self.sha256 = self.digest.hexdigest()
+
+    def abort(self) -> None:
+        """Stop sending, and abort the multipart upload (best effort, never raises)."""
+        for future in self._sent:
+            future.cancel()
+        concurrent.futures.wait(self._sent, timeout=PART_WAIT_S)
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+        if self._upload_id is not None:
+            with contextlib.suppress(Exception):
+                sync(
+                    self.store.fs,
+                    abort_upload(self.store, self.bucket, self.key, self._upload_id),
+                )
+        self._upload_id = None
+
+
+def sync(fs: Any, coroutine: Awaitable[T]) -> T:
+    """Run ``coroutine`` on the fsspec filesystem's event loop and wait for it."""
+    fsspec_asyn = require("fsspec.asyn", EXTRA)
+
+    async def run() -> T:
+        return await coroutine
+
+    result: T = fsspec_asyn.sync(fs.loop, run)
+    return result
+
+
+async def abort_upload(store: Store, bucket: str, key: str, upload_id: str) -> bool:
+    """Abort one multipart upload, best effort: a failure here is logged, not raised
+    (:func:`abort_stale` gets another go later). Whether it was aborted."""
+    try:
+        await store._with_retries_async(
+            f"aborting the upload of {key}",
+            lambda: store.fs._call_s3(
+                "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id
+            ),
+        )
+    except Exception as exc:
+        logger.warning(
+            "could not abort the upload of %s on %s: %s", key, store.url, redact(str(exc))
+        )
+        return False
+    return True
+
+
+def abort_stale(
+    store: Store, grace_s: float = UPLOAD_GRACE_S, *, now_unix: float | None = None
+) -> list[str]:
+    """Abort incomplete S3 multipart uploads under the root older than ``grace_s``.
+
+    A writer killed mid-upload leaves its parts on S3, invisible to a listing but
+    stored and billed, until someone aborts the upload. The grace period spares an
+    upload another live writer may still be sending. Returns the keys aborted; does
+    nothing on other stores (local writes are atomic; Azure drops uncommitted blocks
+    and GCS its unfinished resumable uploads after about a week by itself).
+    """
+    if not store.is_s3:
+        return []
+    fs = store.fs
+    bucket, prefix, _ = fs.split_path(store.full(""))
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    cutoff = (time.time() if now_unix is None else now_unix) - grace_s
+
+    async def sweep() -> list[str]:
+        aborted: list[str] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+
+        async def page() -> dict[str, Any]:
+            answer: dict[str, Any] = await fs._call_s3("list_multipart_uploads", **kwargs)
+            return answer
+
+        for _page in range(1000):  # bounded: 1000 pages of 1000 uploads
+            answer = await store._with_retries_async("listing incomplete uploads", page)
+            for upload in answer.get("Uploads", []):
+                initiated = upload.get("Initiated")
+                started = initiated.timestamp() if initiated is not None else 0.0
+                if started <= cutoff and await abort_upload(
+                    store, bucket, upload["Key"], upload["UploadId"]
+                ):
+                    aborted.append(upload["Key"])
+            if not answer.get("IsTruncated"):
+                break
+            kwargs["KeyMarker"] = answer.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = answer.get("NextUploadIdMarker", "")
+        return aborted
+
+    aborted = store._translate("listing incomplete uploads", lambda: sync(fs, sweep()))
+    for key in aborted:
+        logger.info("aborted an incomplete upload of %s on %s", key, store.url)
+    return aborted
