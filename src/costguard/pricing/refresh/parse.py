@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 from costguard.errors import CostguardError
@@ -73,9 +74,17 @@ class RowPrices:
         >>> sorted(prices.markets_in("eastus")), sorted(prices.markets_in("westus"))
         ([<Market.SPOT: 'spot'>], [])
         """
-        return frozenset(market for place, market in self.markets if place == region)
+        return self._markets_by_region.get(region, frozenset())
 
-    @property
+    @cached_property
+    def _markets_by_region(self) -> Mapping[str, frozenset[Market]]:
+        # Asked once per table row by the merge: built once, not per row.
+        by_region: dict[str, set[Market]] = {}
+        for place, market in self.markets:
+            by_region.setdefault(place, set()).add(market)
+        return {place: frozenset(markets) for place, markets in by_region.items()}
+
+    @cached_property
     def answered(self) -> frozenset[str]:
         """The regions with fresh prices: those listed, and those of any priced row.
 
