@@ -251,3 +251,27 @@ def test_transfer_to_another_continent_uses_that_continents_rate(catalog: Catalo
     within = transfer_rate_between(catalog, taiwan, catalog.region("gcp", "asia-south1"))
     assert within is not None
     assert (within.destination, within.usd) == ("same-continent", D("0.08"))  # APAC to APAC
+
+
+@pytest.mark.parametrize(
+    ("region", "instance_type", "has_spot"),
+    [
+        ("ap-south-1", "g4dn.xlarge", True),  # Mumbai
+        ("eu-west-2", "g4dn.xlarge", True),  # London
+        ("ap-southeast-1", "g4dn.xlarge", True),  # Singapore
+        ("sa-east-1", "g4dn.xlarge", False),  # Sao Paulo: the spot source does not list it
+        ("westeurope", "Standard_NC4as_T4_v3", True),  # Azure outside the US
+        ("swedencentral", "Standard_NC4as_T4_v3", True),
+    ],
+)
+def test_a_t4_is_priced_where_students_are(
+    catalog: Catalog, region: str, instance_type: str, has_spot: bool
+) -> None:
+    result = estimate(EstimateRequest(gpu="T4", hours=D(10), regions=(region,)), catalog)
+    on_demand = [o for o in result.options if o.market is Market.ON_DEMAND]
+    assert [o.instance_type for o in on_demand] == [instance_type]
+    row = next(
+        i for i in catalog.instances if (i.region, i.instance_type) == (region, instance_type)
+    )
+    assert on_demand[0].compute_usd == row.ondemand_usd_per_hour * 10
+    assert any(o.market is Market.SPOT for o in result.options) is has_spot
