@@ -273,5 +273,6 @@ def test_a_t4_is_priced_where_students_are(
     row = next(
         i for i in catalog.instances if (i.region, i.instance_type) == (region, instance_type)
     )
+    assert row.ondemand_usd_per_hour is not None
     assert on_demand[0].compute_usd == row.ondemand_usd_per_hour * 10
     assert any(o.market is Market.SPOT for o in result.options) is has_spot
