@@ -24,7 +24,9 @@ def test_table_shows_both_markets_and_assumptions(run_cli) -> None:
     assert "spot" in out
     assert "g5.xlarge" in out
     assert "$32.19" in out  # us-east-1 on-demand compute
-    assert "as of 2026-11-30" in out
+    # the title dates the prices shown by their oldest part: the AWS regions beyond the
+    # first six are as of the 2026-01-21 catalogue (pricing/tables.toml)
+    assert "as of 2026-01-21" in out
     assert "Not included: taxes" in out
     assert "total = compute + storage + egress" in out
     assert "100 GB per instance" in out  # the default disk is shown
@@ -35,7 +37,7 @@ def test_json_document_shape_and_issue_example(run_cli) -> None:
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert set(doc) >= {"query", "pricing_as_of", "options", "assumptions"}
-    assert doc["pricing_as_of"] == "2026-11-30"
+    assert doc["pricing_as_of"] == "2026-01-21"  # the oldest part among all options
     assert doc["query"]["hours"] == "8"
     assert doc["query"]["count"] == 4
     options = doc["options"]
@@ -76,7 +78,12 @@ def test_csv_output_is_clean_with_assumptions_on_stderr(run_cli) -> None:
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert rows
     assert {r["market"] for r in rows} == {"on-demand"}
-    assert all(r["pricing_as_of"] == "2026-11-30" for r in rows)
+    # each row is dated by its own part: the first six AWS regions 2026-11-30, the others
+    # 2026-01-21 (pricing/tables.toml)
+    dated = {r["region"]: r["pricing_as_of"] for r in rows}
+    assert dated["us-east-1"] == "2026-11-30"
+    assert dated["ap-south-1"] == "2026-01-21"
+    assert set(dated.values()) == {"2026-11-30", "2026-01-21"}
     assert "Not included" in result.stderr
 
 

@@ -18,6 +18,7 @@ import pytest
 from costguard.pricing.catalog import Market, PriceStatus, load_catalog
 from costguard.pricing.refresh.merge import FreshPrices, Outcome, merge_row
 from costguard.pricing.refresh.parse import (
+    aws_offer_products,
     aws_ondemand,
     aws_spot,
     azure_item,
@@ -314,3 +315,41 @@ def test_aws_spot_and_products_carry_their_dates() -> None:
             dimension["pricePerUnit"] = {"CNY": "7.1"}
     with pytest.raises(Exception, match="CNY, not USD"):
         aws_ondemand([euro])
+
+
+# --- AWS bulk offer file (a recorded real GPU price) ------------------------------------
+
+
+def test_a_recorded_aws_offer_file_prices_p4d_exactly_without_its_zero_capacity_block() -> None:
+    offer = recorded("aws-offer-p4d-us-east-1-2024.json")
+    dated: dict[tuple[str, Market], datetime] = {}
+    prices = aws_ondemand(aws_offer_products(offer), dated)
+    # The Linux on-demand product, exactly; the Capacity Block product of the same type
+    # ($0.00 per hour in the file) is another purchase option, not a price.
+    assert prices == {("us-east-1", "p4d.24xlarge"): Decimal("32.7726000000")}
+    assert dated["us-east-1", Market.ON_DEMAND].date() == date(2024, 5, 28)
+
+
+def test_a_mirror_holding_the_public_offer_file_refreshes_aws_on_demand(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    mirror = tmp_path / "responses"
+    (mirror / "aws").mkdir(parents=True)
+    # Byte for byte as recorded: the file a region's offer URL serves, trimmed by its recorder.
+    (mirror / "aws" / "pricing-us-east-1.json").write_bytes(
+        (RECORDED / "aws-offer-p4d-us-east-1-2024.json").read_bytes()
+    )
+    result = run_cli(
+        "pricing", "refresh", "--from", str(mirror), "--provider", "aws", "--region", "us-east-1"
+    )
+    assert result.exit_code == 0, result.stderr
+    cached = load_catalog(cache_dir / "current")
+    p4d = next(
+        r
+        for r in cached.instances
+        if (r.provider, r.region, r.instance_type) == ("aws", "us-east-1", "p4d.24xlarge")
+    )
+    assert p4d.ondemand_usd_per_hour == Decimal("32.7726")
+    assert p4d.ondemand_status is PriceStatus.LISTED
+    part = cached.tables["gpu_instances"].part("aws", "us-east-1")
+    assert part.as_of == date(2024, 5, 28)  # the file's publicationDate

@@ -328,22 +328,33 @@ def test_crash_of_an_earlier_release_between_its_renames_is_repaired(
 def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
     run_cli, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # us-east-1: a region dated by the table's own as_of (no part of its own)
     shutil.copytree(bundled_tables_dir(), cache_dir)
     index = cache_dir / "tables.toml"
     index.write_text(index.read_text().replace('as_of = "2026-11-30"', 'as_of = "2099-01-01"'))
-    fresh = run_cli("estimate", "--gpu", "a10g", "--hours", "1")
+    fresh = run_cli("estimate", "--gpu", "a10g", "--hours", "1", "--region", "us-east-1")
     assert "Warning" not in fresh.stderr
     index.write_text(index.read_text().replace('as_of = "2099-01-01"', 'as_of = "2020-01-01"'))
     # Older than the bundled tables now: the bundled ones are used, and they are not stale.
     assert (
-        run_cli("estimate", "--gpu", "a10g", "--hours", "1", "--format", "json").json()[
-            "pricing_source"
-        ]["origin"]
+        run_cli(
+            "estimate", "--gpu", "a10g", "--hours", "1", "--region", "us-east-1", "--format", "json"
+        ).json()["pricing_source"]["origin"]
         == "bundled"
     )
     stale_dir = tmp_path / "old-tables"
     shutil.copytree(cache_dir, stale_dir)
-    result = run_cli("--pricing-dir", str(stale_dir), "estimate", "--gpu", "a10g", "--hours", "1")
+    result = run_cli(
+        "--pricing-dir",
+        str(stale_dir),
+        "estimate",
+        "--gpu",
+        "a10g",
+        "--hours",
+        "1",
+        "--region",
+        "us-east-1",
+    )
     warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
     assert len(warnings) == 1
     assert "as of 2020-01-01" in warnings[0]
@@ -356,6 +367,8 @@ def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
         "a10g",
         "--hours",
         "1",
+        "--region",
+        "us-east-1",
         "--format",
         "json",
     ).json()
@@ -368,6 +381,8 @@ def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
         "a10g",
         "--hours",
         "1",
+        "--region",
+        "us-east-1",
         "--no-stale-warning",
     )
     assert quiet.exit_code == 0
@@ -376,7 +391,15 @@ def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
     assert (
         "Warning"
         not in run_cli(
-            "--pricing-dir", str(stale_dir), "estimate", "--gpu", "a10g", "--hours", "1"
+            "--pricing-dir",
+            str(stale_dir),
+            "estimate",
+            "--gpu",
+            "a10g",
+            "--hours",
+            "1",
+            "--region",
+            "us-east-1",
         ).stderr
     )
 
@@ -390,11 +413,29 @@ def test_spot_only_staleness_says_spot(run_cli, tmp_path: Path, cache_dir: Path)
     index = stale_dir / "tables.toml"
     index.write_text(index.read_text().replace('as_of = "2026-11-30"', f'as_of = "{ten_days_ago}"'))
     on_demand = run_cli(
-        "--pricing-dir", str(stale_dir), "estimate", "--gpu", "a10g", "--hours", "1", "--on-demand"
+        "--pricing-dir",
+        str(stale_dir),
+        "estimate",
+        "--gpu",
+        "a10g",
+        "--hours",
+        "1",
+        "--region",
+        "us-east-1",
+        "--on-demand",
     )
     assert "Warning" not in on_demand.stderr
     spot = run_cli(
-        "--pricing-dir", str(stale_dir), "estimate", "--gpu", "a10g", "--hours", "1", "--spot"
+        "--pricing-dir",
+        str(stale_dir),
+        "estimate",
+        "--gpu",
+        "a10g",
+        "--hours",
+        "1",
+        "--region",
+        "us-east-1",
+        "--spot",
     )
     assert "Warning: the spot prices used are 10 days old" in spot.stderr
 

@@ -72,7 +72,9 @@ def test_instance_type_without_gpu(catalog: Catalog) -> None:
         EstimateRequest(instance_type="G5.XLARGE", hours=D(2), markets=ON_DEMAND), catalog
     )
     assert {o.instance_type for o in result.options} == {"g5.xlarge"}
-    assert len(result.options) == 6  # six AWS regions in the table
+    regions = {i.region for i in catalog.instances if i.instance_type == "g5.xlarge"}
+    assert len(regions) > 6  # AWS beyond its first six regions
+    assert {o.region for o in result.options} == regions  # one option per region
 
 
 def test_gcp_disk_is_priced_per_gib(catalog: Catalog) -> None:
@@ -205,7 +207,7 @@ def test_limit_places_keeps_markets_together(catalog: Catalog) -> None:
         (
             {"gpu": "A10G", "regions": ("us-central1",)},
             "not offered in us-central1",
-            "aws:us-east-1",
+            "it is offered in aws:",
         ),
         ({"gpu": "H100", "gpus_per_instance": 3}, "3 x H100", "--gpus-per-instance 4"),
         ({"gpu": "H100", "gpus_per_instance": 16}, "16 x H100", "--gpus-per-instance 8"),
@@ -249,3 +251,28 @@ def test_transfer_to_another_continent_uses_that_continents_rate(catalog: Catalo
     within = transfer_rate_between(catalog, taiwan, catalog.region("gcp", "asia-south1"))
     assert within is not None
     assert (within.destination, within.usd) == ("same-continent", D("0.08"))  # APAC to APAC
+
+
+@pytest.mark.parametrize(
+    ("region", "instance_type", "has_spot"),
+    [
+        ("ap-south-1", "g4dn.xlarge", True),  # Mumbai
+        ("eu-west-2", "g4dn.xlarge", True),  # London
+        ("ap-southeast-1", "g4dn.xlarge", True),  # Singapore
+        ("sa-east-1", "g4dn.xlarge", False),  # Sao Paulo: the spot source does not list it
+        ("westeurope", "Standard_NC4as_T4_v3", True),  # Azure outside the US
+        ("swedencentral", "Standard_NC4as_T4_v3", True),
+    ],
+)
+def test_a_t4_is_priced_where_students_are(
+    catalog: Catalog, region: str, instance_type: str, has_spot: bool
+) -> None:
+    result = estimate(EstimateRequest(gpu="T4", hours=D(10), regions=(region,)), catalog)
+    on_demand = [o for o in result.options if o.market is Market.ON_DEMAND]
+    assert [o.instance_type for o in on_demand] == [instance_type]
+    row = next(
+        i for i in catalog.instances if (i.region, i.instance_type) == (region, instance_type)
+    )
+    assert row.ondemand_usd_per_hour is not None
+    assert on_demand[0].compute_usd == row.ondemand_usd_per_hour * 10
+    assert any(o.market is Market.SPOT for o in result.options) is has_spot

@@ -281,9 +281,11 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
             print_table(one, shown_one, catalog, slurm if last else None, assumptions=last)
         print_answers(result, catalog, budget)
     if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
-        click.echo(
-            f"Warning: {stale_text(stale, catalog)}: `costguard pricing refresh` updates "
-            "them (--no-stale-warning hides this)",
+        render.print_prose(
+            f"{stale_text(stale, catalog)}: `costguard pricing refresh` updates them "
+            "(--no-stale-warning hides this)",
+            first="Warning: ",
+            indent="  ",
             err=True,
         )
     cheapest = result.cheapest

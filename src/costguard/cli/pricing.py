@@ -405,7 +405,7 @@ Sources (estimate and pricing show never reach the network; refresh does):
 
 \b
 --from DIR reads responses downloaded earlier (air-gapped sites), one file per page:
-  DIR/aws/pricing-*.json   GetProducts responses
+  DIR/aws/pricing-*.json   GetProducts responses, or a region's public offer file
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses

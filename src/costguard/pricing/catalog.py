@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import csv
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -316,9 +316,9 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
     )
     return Catalog(
         instances=instances,
-        storage=_load(tables["storage"].path, _storage),
-        transfer=_load(tables["transfer"].path, _transfer),
-        regions=_load(tables["regions"].path, _region),
+        storage=_load(tables["storage"].path, _by_name(_storage)),
+        transfer=_load(tables["transfer"].path, _by_name(_transfer)),
+        regions=_load(tables["regions"].path, _by_name(_region)),
         tables=tables,
         directory=directory,
         origin=origin,
@@ -602,23 +602,35 @@ class _BadRowError(ValueError):
 _Row = TypeVar("_Row")
 
 
-def _load(path: Path, parse: Callable[[Mapping[str, str]], _Row]) -> tuple[_Row, ...]:
-    """Parse every row of a CSV table; a bad row fails with its file and line."""
+def _load(
+    path: Path, parser: Callable[[Sequence[str]], Callable[[list[str]], _Row]]
+) -> tuple[_Row, ...]:
+    """Parse every row of a CSV table; a bad row fails with its file and line.
+
+    ``parser`` gets the header and returns the function that parses one row: it looks the
+    columns up once per table, not once per row (the instance tables hold every region of
+    the world, and the estimate reads them whole on every run).
+    """
     parsed: list[_Row] = []
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            # csv.reader and a dict per row: DictReader's per-row checks cost more than the
-            # parsing when the tables hold every region of the world.
             reader = csv.reader(handle)
-            header = next(reader, [])
+            header = [name.strip() for name in next(reader, [])]
+            try:
+                parse = parser(header)
+            except _BadRowError as exc:
+                msg = f"{path}, line 1: {exc}"
+                raise CostguardError(msg, hint="fix the header of that table") from None
+            width = len(header)
+            append = parsed.append
             for values in reader:
                 if not values:
                     continue  # a blank line, as DictReader skips it
                 try:
-                    if len(values) != len(header):
-                        msg = f"{len(values)} fields, the header has {len(header)}"
+                    if len(values) != width:
+                        msg = f"{len(values)} fields, the header has {width}"
                         raise _BadRowError(msg)
-                    parsed.append(parse(dict(zip(header, values, strict=True))))
+                    append(parse(values))
                 except (_BadRowError, UnknownNameError) as exc:
                     msg = f"{path}, line {reader.line_num}: {exc}"
                     raise CostguardError(msg, hint="fix or remove that row") from None
@@ -626,6 +638,17 @@ def _load(path: Path, parse: Callable[[Mapping[str, str]], _Row]) -> tuple[_Row,
         msg = f"price table {path} is missing"
         raise CostguardError(msg, hint="check tables.toml in that folder") from None
     return tuple(parsed)
+
+
+def _by_name(
+    parse: Callable[[Mapping[str, str]], _Row],
+) -> Callable[[Sequence[str]], Callable[[list[str]], _Row]]:
+    """A row parser that reads its columns by name (for the small tables)."""
+
+    def for_header(header: Sequence[str]) -> Callable[[list[str]], _Row]:
+        return lambda values: parse(dict(zip(header, values, strict=True)))
+
+    return for_header
 
 
 def _field(row: Mapping[str, str], name: str) -> str:
@@ -637,7 +660,10 @@ def _field(row: Mapping[str, str], name: str) -> str:
 
 
 def _price(row: Mapping[str, str], name: str, *, optional: bool = False) -> Decimal | None:
-    text = _field(row, name)
+    return _price_text(_field(row, name), name, optional=optional)
+
+
+def _price_text(text: str, name: str, *, optional: bool = False) -> Decimal | None:
     if not text:
         if optional:
             return None
@@ -669,7 +695,10 @@ _STATUSES = {status.value: status for status in PriceStatus}
 
 
 def _status(row: Mapping[str, str], name: str) -> PriceStatus | None:
-    text = _field(row, name)
+    return _status_text(_field(row, name), name)
+
+
+def _status_text(text: str, name: str) -> PriceStatus | None:
     if not text:
         return None
     status = _STATUSES.get(text)
@@ -693,33 +722,73 @@ def _required_price(row: Mapping[str, str], name: str) -> Decimal:
     return value
 
 
-def _instance(row: Mapping[str, str]) -> InstancePrice:
-    ondemand = _price(row, "ondemand_usd_per_hour", optional=True)
-    spot = _price(row, "spot_usd_per_hour", optional=True)
-    if ondemand is not None and spot is not None and spot > ondemand:
-        msg = f"spot price {spot} is above on-demand {ondemand}"
+#: The columns of the instance tables, in the order :func:`_instance` reads them.
+_INSTANCE_COLUMNS = (
+    "provider",
+    "region",
+    "instance_type",
+    "accelerator",
+    "accelerator_count",
+    "vcpus",
+    "memory_gib",
+    "ondemand_usd_per_hour",
+    "spot_usd_per_hour",
+    "ondemand_status",
+    "spot_status",
+    "note",
+)
+
+
+def _instance(header: Sequence[str]) -> Callable[[list[str]], InstancePrice]:
+    """The parser of one instance row, its columns found once in ``header``."""
+    missing = [name for name in _INSTANCE_COLUMNS if name not in header]
+    if missing:
+        msg = f"column {missing[0]!r} is missing"
         raise _BadRowError(msg)
-    count_text = _field(row, "accelerator_count")
-    try:
-        count = int(count_text) if count_text else 0
-    except ValueError:
-        msg = f"accelerator_count must be a whole number, not {count_text!r}"
-        raise _BadRowError(msg) from None
-    provider = _field(row, "provider").lower()
-    return InstancePrice(
-        provider=provider if provider in PROVIDERS else check_provider(provider),
-        region=_field(row, "region"),
-        instance_type=_field(row, "instance_type"),
-        accelerator=_field(row, "accelerator") or None,
-        accelerator_count=count,
-        vcpus=_price(row, "vcpus", optional=True),
-        memory_gib=_price(row, "memory_gib", optional=True),
-        ondemand_usd_per_hour=ondemand,
-        spot_usd_per_hour=spot,
-        ondemand_status=_status(row, "ondemand_status"),
-        spot_status=_status(row, "spot_status"),
-        note=_field(row, "note"),
+    at = {name: header.index(name) for name in _INSTANCE_COLUMNS}
+    provider_at, region_at, type_at, accelerator_at = (
+        at["provider"],
+        at["region"],
+        at["instance_type"],
+        at["accelerator"],
     )
+    count_at, vcpus_at, memory_at = at["accelerator_count"], at["vcpus"], at["memory_gib"]
+    ondemand_at, spot_at = at["ondemand_usd_per_hour"], at["spot_usd_per_hour"]
+    ondemand_status_at, spot_status_at, note_at = (
+        at["ondemand_status"],
+        at["spot_status"],
+        at["note"],
+    )
+
+    def parse(values: list[str]) -> InstancePrice:
+        ondemand = _price_text(values[ondemand_at].strip(), "ondemand_usd_per_hour", optional=True)
+        spot = _price_text(values[spot_at].strip(), "spot_usd_per_hour", optional=True)
+        if ondemand is not None and spot is not None and spot > ondemand:
+            msg = f"spot price {spot} is above on-demand {ondemand}"
+            raise _BadRowError(msg)
+        count_text = values[count_at].strip()
+        try:
+            count = int(count_text) if count_text else 0
+        except ValueError:
+            msg = f"accelerator_count must be a whole number, not {count_text!r}"
+            raise _BadRowError(msg) from None
+        provider = values[provider_at].strip().lower()
+        return InstancePrice(
+            provider=provider if provider in PROVIDERS else check_provider(provider),
+            region=values[region_at].strip(),
+            instance_type=values[type_at].strip(),
+            accelerator=values[accelerator_at].strip() or None,
+            accelerator_count=count,
+            vcpus=_price_text(values[vcpus_at].strip(), "vcpus", optional=True),
+            memory_gib=_price_text(values[memory_at].strip(), "memory_gib", optional=True),
+            ondemand_usd_per_hour=ondemand,
+            spot_usd_per_hour=spot,
+            ondemand_status=_status_text(values[ondemand_status_at].strip(), "ondemand_status"),
+            spot_status=_status_text(values[spot_status_at].strip(), "spot_status"),
+            note=values[note_at].strip(),
+        )
+
+    return parse
 
 
 def _one_of(row: Mapping[str, str], name: str, allowed: tuple[str, ...]) -> str:

@@ -31,6 +31,7 @@ from costguard.pricing.refresh.merge import FreshPrices, Target
 from costguard.pricing.refresh.parse import (
     AWS_LINUX_ATTRIBUTES,
     Dated,
+    aws_offer_products,
     aws_ondemand,
     aws_prices,
     aws_spot,
@@ -149,8 +150,12 @@ def fetch(
 
 
 def _products_in(pages: Iterator[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
-    """Products of GetProducts responses; the API sends each as a JSON string."""
+    """Products of GetProducts responses (the API sends each as a JSON string), or of
+    bulk offer files (a mirror may hold a region's public offer file instead)."""
     for page in pages:
+        if "PriceList" not in page and "products" in page:
+            yield from aws_offer_products(page)
+            continue
         if "PriceList" not in page and (error := mirrors.api_error(page)) is not None:
             msg = f"the AWS Price List API answered an error instead of prices: {error}"
             raise CostguardError(msg, hint="fix what the message says, then try again")

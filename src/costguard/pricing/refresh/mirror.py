@@ -3,7 +3,9 @@
 The layout: one folder per provider, one file per response page, in the shape the API
 answered (files are read in name order)::
 
-    DIR/aws/pricing-*.json   Price List GetProducts responses ({"PriceList": [...], ...})
+    DIR/aws/pricing-*.json   Price List GetProducts responses ({"PriceList": [...], ...}),
+                             or a region's bulk offer file (public, no account: .../offers/
+                             v1.0/aws/AmazonEC2/current/<region>/index.json; large)
     DIR/aws/spot-*.json      EC2 DescribeSpotPriceHistory responses ({"SpotPriceHistory": [...]})
                              (optional: without them only on-demand prices are refreshed)
     DIR/gcp/skus-*.json      Cloud Billing Catalog services.skus.list responses ({"skus": [...]})

@@ -27,10 +27,11 @@ never a silent skip.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
+from functools import cached_property
 from typing import Any
 
 from costguard.errors import CostguardError
@@ -73,9 +74,17 @@ class RowPrices:
         >>> sorted(prices.markets_in("eastus")), sorted(prices.markets_in("westus"))
         ([<Market.SPOT: 'spot'>], [])
         """
-        return frozenset(market for place, market in self.markets if place == region)
+        return self._markets_by_region.get(region, frozenset())
 
-    @property
+    @cached_property
+    def _markets_by_region(self) -> Mapping[str, frozenset[Market]]:
+        # Asked once per table row by the merge: built once, not per row.
+        by_region: dict[str, set[Market]] = {}
+        for place, market in self.markets:
+            by_region.setdefault(place, set()).add(market)
+        return {place: frozenset(markets) for place, markets in by_region.items()}
+
+    @cached_property
     def answered(self) -> frozenset[str]:
         """The regions with fresh prices: those listed, and those of any priced row.
 
@@ -236,6 +245,33 @@ def aws_ondemand(
             if place[0] in {region for region, _ in prices}:
                 _newest(dated, place, moment)
     return {key: price for key, (_, price) in prices.items()}
+
+
+def aws_offer_products(offer: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """The products of an AWS Price List bulk offer file (``.../offers/v1.0/aws/AmazonEC2/
+    current/<region>/index.json``, public, no account needed), in the shape GetProducts
+    answers them: each product with its on-demand terms and the file's
+    ``publicationDate``.
+
+    >>> offer = {"publicationDate": "2024-05-28T20:35:22Z",
+    ...          "products": {"S": {"sku": "S", "attributes": {"instanceType": "p4d.24xlarge"}}},
+    ...          "terms": {"OnDemand": {"S": {"S.T": {"priceDimensions": {}}}}}}
+    >>> [p["terms"]["OnDemand"] for p in aws_offer_products(offer)]
+    [{'S.T': {'priceDimensions': {}}}]
+    """
+    products = offer.get("products") or {}
+    ondemand = (offer.get("terms") or {}).get("OnDemand") or {}
+    if not isinstance(products, Mapping) or not isinstance(ondemand, Mapping):
+        msg = "an AWS offer file's products or terms are not JSON objects"
+        raise CostguardError(msg, hint="download that file again")
+    published = offer.get("publicationDate")
+    for sku, product in products.items():
+        if isinstance(product, Mapping):
+            yield {
+                "product": product,
+                "terms": {"OnDemand": ondemand.get(sku) or {}},
+                "publicationDate": published,
+            }
 
 
 def aws_zone_region(zone: str) -> str | None:
