@@ -104,7 +104,7 @@ def main() -> None:
     args = parser.parse_args()
     from moto.server import ThreadedMotoServer
 
-    from costguard.pricing.catalog import load_catalog
+    from costguard.pricing.tables import load_catalog
     from costguard.reaper.aws import MAX_LAG_SECONDS, MAX_QUERIES, PERIOD_SECONDS, AwsFleet
     from costguard.reaper.fleet import PriceBook, reap
     from costguard.reaper.policy import IdlePolicy, ReapLimits

@@ -44,8 +44,8 @@ from tests.refresh.servers import (
     gcp_sku,
 )
 
-from costguard.pricing.catalog import load_catalog
 from costguard.pricing.refresh.parse import GCP_GPUS, gcp_series
+from costguard.pricing.tables import load_catalog
 
 MIN_RECORDS_PER_S = 20_000
 MAX_PEAK_MB = 500

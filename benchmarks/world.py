@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.refresh.servers import aws_product, azure_item, gcp_sku
 
-from costguard.pricing.catalog import bundled_tables_dir, load_catalog
+from costguard.pricing.tables import bundled_tables_dir, load_catalog
 
 ESTIMATE_RATIO = Decimal("1.2")
 MIN_RECORDS_PER_S = 50_000

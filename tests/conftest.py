@@ -16,7 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from costguard.cli import cli
-from costguard.pricing.catalog import Catalog, load_catalog
+from costguard.pricing.catalog import Catalog
+from costguard.pricing.tables import load_catalog
 
 
 @pytest.fixture(scope="session")

@@ -25,9 +25,10 @@ import click
 
 from costguard.errors import InputError, MissingDependencyError
 from costguard.money import format_usd, usd_str
-from costguard.pricing.catalog import Catalog, load_tables
+from costguard.pricing.catalog import Catalog
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate, limit_places
 from costguard.pricing.estimate import estimate as price
+from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 #: The DataFrame's columns: those of ``--format json``'s options, in that order.

@@ -65,6 +65,10 @@ class RetryPolicy:
         return rand * min(self.max_delay_s, self.base_delay_s * 2.0 ** (retry - 1))
 
 
+#: For calls to price and cloud APIs, which throttle for longer than a store does.
+API_RETRY = RetryPolicy(base_delay_s=1.0, max_delay_s=30.0)
+
+
 def _always(_delay_s: float) -> bool:
     return True
 

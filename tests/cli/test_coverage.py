@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costguard.errors import InputError
-from costguard.pricing.catalog import Market, load_catalog
+from costguard.pricing.catalog import Market
 from costguard.pricing.estimate import EstimateRequest, estimate
+from costguard.pricing.tables import load_catalog
 
 CATALOG = load_catalog()
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from costguard.pricing.catalog import Market, load_catalog
+from costguard.pricing.catalog import Market
+from costguard.pricing.tables import load_catalog
 
 CATALOG = load_catalog()
 EUROPE = {r.name for r in CATALOG.regions if r.continent == "europe"}

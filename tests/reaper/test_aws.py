@@ -26,7 +26,7 @@ import pytest
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import CostguardError
 from costguard.money import format_usd
-from costguard.pricing.catalog import load_catalog
+from costguard.pricing.tables import load_catalog
 from costguard.reaper import aws
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import (

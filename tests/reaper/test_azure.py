@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from costguard.pricing.catalog import load_catalog
+from costguard.pricing.tables import load_catalog
 from costguard.reaper import azure
 from costguard.reaper.fleet import PriceBook, judge_fleet, reap
 from costguard.reaper.policy import MARK_TAG, Action, IdlePolicy, ReapLimits, format_timestamp

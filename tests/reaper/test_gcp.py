@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from costguard.errors import CostguardError
-from costguard.pricing.catalog import load_catalog
+from costguard.pricing.tables import load_catalog
 from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal

@@ -21,7 +21,7 @@ from costguard.pricing.catalog import Catalog, Market
 from costguard.pricing.refresh import aws, azure, gcp
 from costguard.pricing.refresh.merge import Target
 from costguard.pricing.refresh.parse import row_key
-from costguard.pricing.refresh.retry import RetryPolicy
+from costguard.retry import RetryPolicy
 from costguard.settings import Settings
 from tests.refresh.conftest import (
     G2_STANDARD_4_SPOT_USD,
@@ -34,7 +34,7 @@ from tests.refresh.conftest import (
 from tests.refresh.servers import CatalogServer, LocalServer, Reply, aws_throttled, gcp_error
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
-FAST = RetryPolicy(attempts=4, base_s=0.001, cap_s=0.01)
+FAST = RetryPolicy(attempts=4, base_delay_s=0.001, max_delay_s=0.01)
 
 
 def target(catalog: Catalog, provider: str, region: str) -> Target:
@@ -262,7 +262,7 @@ def test_gcp_retry_info_sets_the_wait(gcp_catalog: CatalogServer) -> None:
     from google.api_core import exceptions as core
 
     from costguard.clouds.gcp import grpc_client
-    from costguard.pricing.refresh.retry import Transient
+    from costguard.retry import Transient
 
     client = grpc_client(
         "google.cloud.billing_v1",
@@ -314,7 +314,7 @@ def test_gcp_unreachable_endpoint_is_explained(catalog: Catalog) -> None:
             target(catalog, "gcp", "us-central1"),
             settings,
             now=NOW,
-            retry=RetryPolicy(attempts=2, base_s=0.001),
+            retry=RetryPolicy(attempts=2, base_delay_s=0.001),
             credentials=AnonymousCredentials(),
         )
 

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from costguard.errors import CostguardError, InputError
-from costguard.pricing import catalog as catalog_module
+from costguard.pricing import tables as tables_module
 from costguard.pricing.catalog import (
     Catalog,
     InstancePrice,
@@ -26,14 +26,11 @@ from costguard.pricing.catalog import (
     PriceStatus,
     Staleness,
     TablePart,
-    bundled_tables_dir,
-    cache_tables_dir,
-    load_catalog,
-    load_tables,
     staleness,
 )
 from costguard.pricing.refresh import cache
 from costguard.pricing.refresh.merge import MergedTables, TableMeta, merge_tables
+from costguard.pricing.tables import bundled_tables_dir, cache_tables_dir, load_catalog, load_tables
 from costguard.settings import Settings
 
 NOW = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
@@ -329,7 +326,7 @@ def test_reads_during_publishes_always_see_one_whole_version(
 ) -> None:
     # What readers see is the point here, not durability: skip the (slow) fsyncs.
     monkeypatch.setattr(cache, "_write_synced", Path.write_bytes)
-    monkeypatch.setattr(cache, "_fsync_dir", lambda path: None)
+    monkeypatch.setattr(cache, "fsync_dir", lambda path: None)
     target = tmp_path / "pricing"
     cache.publish(target, tiny_version(0))
     publishes = 30
@@ -367,7 +364,7 @@ def test_a_read_that_loses_its_version_reads_the_new_one(
 ) -> None:
     target = tmp_path / "pricing"
     cache.publish(target, tiny_version(1))
-    real_load = catalog_module.load_catalog
+    real_load = tables_module.load_catalog
     calls: list[Path] = []
 
     def load_meanwhile(directory: Path | None = None, **kwargs: Any) -> Catalog:
@@ -379,7 +376,7 @@ def test_a_read_that_loses_its_version_reads_the_new_one(
             assert not directory.exists()
         return real_load(directory, **kwargs)
 
-    monkeypatch.setattr(catalog_module, "load_catalog", load_meanwhile)
+    monkeypatch.setattr(tables_module, "load_catalog", load_meanwhile)
     assert version_of(load_tables(cache_dir=target)) == "v3"
     assert len(calls) == 2
 

@@ -8,9 +8,10 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costguard.pricing.catalog import InstancePrice, Market, PriceStatus, TablePart, load_catalog
-from costguard.pricing.refresh.merge import FreshPrices, Outcome, merge_row, merge_tables
+from costguard.pricing.catalog import InstancePrice, Market, PriceStatus, TablePart
+from costguard.pricing.refresh.merge import FreshPrices, RowOutcome, merge_row, merge_tables
 from costguard.pricing.refresh.parse import RowPrices, row_key
+from costguard.pricing.tables import load_catalog
 
 NOW = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 CATALOG = load_catalog()
@@ -60,7 +61,7 @@ def test_fresh_prices_replace_old_ones_and_old_notes_go() -> None:
     new, outcome = merge_row(
         row, fresh_for(row, {Market.ON_DEMAND: Decimal("1.1"), Market.SPOT: Decimal("0.3")})
     )
-    assert outcome is Outcome.UPDATED
+    assert outcome is RowOutcome.UPDATED
     assert (new.ondemand_usd_per_hour, new.spot_usd_per_hour) == (Decimal("1.1"), Decimal("0.3"))
     assert (new.ondemand_status, new.spot_status) == (PriceStatus.LISTED, PriceStatus.LISTED)
     assert new.note == ""
@@ -69,7 +70,7 @@ def test_fresh_prices_replace_old_ones_and_old_notes_go() -> None:
 def test_a_price_the_api_did_not_list_is_kept_and_flagged() -> None:
     row = g5(note="an old remark")
     new, outcome = merge_row(row, fresh_for(row, {}))
-    assert outcome is Outcome.NOT_FOUND
+    assert outcome is RowOutcome.NOT_FOUND
     assert (new.ondemand_usd_per_hour, new.spot_usd_per_hour) == (
         row.ondemand_usd_per_hour,
         row.spot_usd_per_hour,
@@ -92,7 +93,7 @@ def test_a_market_not_read_stays_as_it_was() -> None:
 def test_rows_the_api_does_not_price_are_kept_untouched() -> None:
     row = g5(note="TPU price only")
     new, outcome = merge_row(row, fresh_for(row, {}, covered=False))
-    assert (new, outcome) == (row, Outcome.KEPT)
+    assert (new, outcome) == (row, RowOutcome.KEPT)
 
 
 def test_spot_above_on_demand_is_left_out() -> None:
@@ -134,7 +135,7 @@ def test_a_merged_row_is_always_one_the_loader_accepts(
         assert (price is None) == (status is None)
     if new.ondemand_usd_per_hour is not None and new.spot_usd_per_hour is not None:
         assert new.spot_usd_per_hour <= new.ondemand_usd_per_hour
-    assert outcome is (Outcome.UPDATED if found else Outcome.NOT_FOUND)
+    assert outcome is (RowOutcome.UPDATED if found else RowOutcome.NOT_FOUND)
     if Market.ON_DEMAND in found:
         assert new.ondemand_usd_per_hour == found[Market.ON_DEMAND]
 

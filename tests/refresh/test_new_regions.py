@@ -7,7 +7,7 @@ import json
 from decimal import Decimal
 from pathlib import Path
 
-from costguard.pricing.catalog import load_catalog
+from costguard.pricing.tables import load_catalog
 from tests.refresh.servers import azure_item
 
 

@@ -14,8 +14,8 @@ import pytest
 from google.auth import credentials as google_credentials
 from google.auth.exceptions import RefreshError
 
-from costguard.pricing.catalog import load_catalog, load_tables
 from costguard.pricing.refresh.runner import current_tables, plan_refresh, refresh_tables
+from costguard.pricing.tables import load_catalog, load_tables
 from costguard.settings import Settings
 from tests.refresh.conftest import G5_XLARGE_USD, NC4AS_T4_USD, write_mirror
 

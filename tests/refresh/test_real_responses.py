@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from costguard.pricing.catalog import Market, PriceStatus, load_catalog
-from costguard.pricing.refresh.merge import FreshPrices, Outcome, merge_row
+from costguard.pricing.catalog import Market, PriceStatus
+from costguard.pricing.refresh.merge import FreshPrices, RowOutcome, merge_row
 from costguard.pricing.refresh.parse import (
     aws_offer_products,
     aws_ondemand,
@@ -28,6 +28,7 @@ from costguard.pricing.refresh.parse import (
     gcp_unit_prices,
     row_key,
 )
+from costguard.pricing.tables import load_catalog
 from tests.refresh.servers import aws_product
 from tests.refresh.servers import azure_item as azure_record
 
@@ -106,7 +107,7 @@ def test_a_zero_priced_gcp_sku_is_no_price_and_the_real_spot_price_stays() -> No
         "0.001271"
     ) + Decimal(1)
     assert new.spot_status is PriceStatus.LISTED
-    assert outcome is Outcome.UPDATED
+    assert outcome is RowOutcome.UPDATED
 
 
 # --- Azure -----------------------------------------------------------------------------

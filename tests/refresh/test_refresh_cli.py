@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from costguard.pricing.catalog import Catalog, bundled_tables_dir, load_catalog
+from costguard.pricing.catalog import Catalog
 from costguard.pricing.refresh import cache
+from costguard.pricing.tables import bundled_tables_dir, load_catalog
 from tests.refresh.conftest import (
     G2_STANDARD_4_SPOT_USD,
     G2_STANDARD_4_USD,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from costguard.errors import CostguardError, UnknownNameError
-from costguard.pricing.catalog import Catalog, Market, PriceStatus, load_catalog
+from costguard.pricing.catalog import Catalog, Market, PriceStatus
+from costguard.pricing.tables import load_catalog
 
 REPO_PRICING = Path(__file__).resolve().parents[2] / "pricing"
 

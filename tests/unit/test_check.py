@@ -8,8 +8,9 @@ from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 
-from costguard.pricing.catalog import InstancePrice, Market, PriceStatus, load_catalog
+from costguard.pricing.catalog import InstancePrice, Market, PriceStatus
 from costguard.pricing.check import check_instances
+from costguard.pricing.tables import load_catalog
 
 CATALOG = load_catalog()
 

@@ -7,8 +7,9 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costguard.pricing.catalog import Catalog, Market, load_catalog
+from costguard.pricing.catalog import Catalog, Market
 from costguard.pricing.estimate import EstimateRequest, estimate
+from costguard.pricing.tables import load_catalog
 
 CATALOG: Catalog = load_catalog()
 SINGLE_GPU = sorted(

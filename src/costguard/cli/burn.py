@@ -20,7 +20,7 @@ from costguard.cli.params import DecimalRange, Url
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
-from costguard.pricing.catalog import load_tables
+from costguard.pricing.tables import load_tables
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import Instance
 from costguard.settings import Settings

@@ -28,25 +28,29 @@ from costguard.pricing.catalog import (
     PriceStatus,
     Staleness,
     check_provider,
-    load_tables,
     prices_as_of,
     staleness,
 )
 from costguard.pricing.estimate import (
     DEFAULT_DISK_GB,
-    SLURM,
     CostOption,
     Estimate,
     EstimateRequest,
-    SlurmOption,
-    SlurmRate,
     estimate,
     limit_places,
-    slurm_assumptions,
-    slurm_option,
 )
 from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.locate import locate
+from costguard.pricing.slurm import (
+    SLURM,
+    SlurmOption,
+    SlurmRate,
+    format_su,
+    slurm_assumptions,
+    slurm_comparison,
+    slurm_option,
+)
+from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 MAX_HOURS = 24 * 366 * 10
@@ -338,17 +342,6 @@ def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
     )
 
 
-def format_su(amount: Decimal) -> str:
-    """Service units for people: thousands separated, at most two decimals.
-
-    >>> format_su(Decimal("1024")), format_su(Decimal("1234.5678"))
-    ('1,024', '1,234.57')
-    """
-    shown = amount.quantize(Decimal("0.01"))
-    text = f"{shown:,.2f}"
-    return text[:-3] if text.endswith(".00") else text
-
-
 def slurm_query(rate: SlurmRate | None) -> dict[str, Any] | None:
     """The SLURM part of the JSON ``query``."""
     if rate is None:
@@ -408,28 +401,6 @@ def slurm_row(slurm: SlurmOption, request: EstimateRequest) -> dict[str, Any]:
         }
     )
     return row
-
-
-def slurm_comparison(slurm: SlurmOption, cheapest: CostOption | None) -> str:
-    """One sentence setting the allocation against the cheapest cloud option."""
-    units = f"{format_su(slurm.service_units)} SU"
-    if cheapest is None:
-        return f"The SLURM run uses {units}"
-    cloud = (
-        f"the cheapest cloud option ({cheapest.provider} {cheapest.region} "
-        f"{cheapest.instance_type} {cheapest.market}) costs {format_usd(cheapest.total_usd)}"
-    )
-    if slurm.usd is None:
-        return f"The SLURM run uses {units} of the allocation (not billed); {cloud}"
-    difference = cheapest.total_usd - slurm.usd
-    verdict = (
-        f"{format_usd(difference)} less than the cloud"
-        if difference > 0
-        else f"{format_usd(-difference)} more than the cloud"
-        if difference < 0
-        else "the same as the cloud"
-    )
-    return f"The SLURM run uses {units}, worth {format_usd(slurm.usd)} ({verdict}); {cloud}"
 
 
 def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:

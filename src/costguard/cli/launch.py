@@ -20,8 +20,8 @@ from costguard.cli import render
 from costguard.cli.params import DecimalRange, FiniteFloat, Name, Text, Url, WholeNumber
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
-from costguard.pricing.catalog import load_tables
 from costguard.pricing.gpus import canonical_gpu
+from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 EXAMPLES = """

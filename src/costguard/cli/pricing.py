@@ -27,10 +27,10 @@ from costguard.pricing.catalog import (
     StorageRate,
     TransferRate,
     check_provider,
-    load_tables,
     refresh_hint,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
+from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from costguard.cli.fleets import check_combinations, fleet_options, fleets
 from costguard.cli.params import DecimalRange, Text, WholeNumber
 from costguard.errors import CostguardError
 from costguard.money import format_usd
-from costguard.pricing.catalog import load_tables
+from costguard.pricing.tables import load_tables
 from costguard.reaper.fleet import PriceBook, ReapReport, reap
 from costguard.reaper.policy import (
     DESTRUCTIVE,

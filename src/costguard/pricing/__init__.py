@@ -28,7 +28,7 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     from costguard.cli.pricing import table_rows
     from costguard.errors import InputError
     from costguard.notebook import _pandas
-    from costguard.pricing.catalog import load_tables
+    from costguard.pricing.tables import load_tables
     from costguard.settings import Settings
 
     if name not in TABLES:

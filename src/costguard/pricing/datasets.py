@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 
 from costguard.errors import InputError
-from costguard.pricing.catalog import bundled_tables_dir
+from costguard.pricing.tables import bundled_tables_dir
 
 _S3_HOST = re.compile(
     r"^(?:(?P<vhost>[a-z0-9.-]+)\.)?s3(?:[.-](?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d))?"

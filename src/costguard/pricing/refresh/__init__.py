@@ -6,7 +6,7 @@ official price APIs (or responses downloaded earlier), into the user cache.
 * :mod:`~costguard.pricing.refresh.aws`, :mod:`~costguard.pricing.refresh.gcp`,
   :mod:`~costguard.pricing.refresh.azure` talk to the APIs (or read a mirror:
   :mod:`~costguard.pricing.refresh.mirror`), retrying throttling with backoff
-  (:mod:`~costguard.pricing.refresh.retry`).
+  (:mod:`costguard.retry`).
 * :mod:`~costguard.pricing.refresh.parse` (API records -> prices per table row) and
   :mod:`~costguard.pricing.refresh.merge` (fresh prices + tables in use -> new tables)
   decide, with no I/O.

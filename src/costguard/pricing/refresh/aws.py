@@ -9,7 +9,7 @@
   answers the price in effect in each zone; the lowest over the zones is kept.
 
 Clients come from :func:`costguard.clouds.aws.client` with one attempt and botocore's
-standard mode (no client-side rate limiting): :mod:`costguard.pricing.refresh.retry`
+standard mode (no client-side rate limiting): :mod:`costguard.retry`
 retries throttling and 5xx with backoff, as for the other providers.
 """
 
@@ -37,7 +37,8 @@ from costguard.pricing.refresh.parse import (
     aws_spot,
 )
 from costguard.pricing.refresh.progress import RecordCounter
-from costguard.pricing.refresh.retry import (
+from costguard.retry import (
+    API_RETRY,
     RetryPolicy,
     Transient,
     call_with_retry,
@@ -99,7 +100,7 @@ def fetch(
         markets = frozenset(Market) if spot_files else frozenset({Market.ON_DEMAND})
         source = f"AWS Price List and EC2 spot price history responses in {mirror / 'aws'}"
     else:
-        policy = retry or RetryPolicy()
+        policy = retry or API_RETRY
         try:
             pricing = aws.client("pricing", PRICING_REGION, attempts=1, mode="standard")
             ondemand = aws_ondemand(count(_live_products(pricing, target, policy)))

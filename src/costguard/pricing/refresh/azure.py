@@ -37,7 +37,8 @@ from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
 from costguard.pricing.refresh.parse import azure_prices
 from costguard.pricing.refresh.progress import RecordCounter
-from costguard.pricing.refresh.retry import (
+from costguard.retry import (
+    API_RETRY,
     RetryPolicy,
     Transient,
     call_with_retry,
@@ -78,7 +79,7 @@ def fetch(
         source = f"Azure Retail Prices API responses in {mirror / 'azure'}"
     else:
         endpoint = endpoint_of(settings)
-        responses = _live_pages(endpoint, target.regions, retry or RetryPolicy())
+        responses = _live_pages(endpoint, target.regions, retry or API_RETRY)
         source = f"Azure Retail Prices API ({endpoint}/api/retail/prices)"
     items = (
         item for page in responses for item in mirrors.records(page, "Items", "Azure Retail Prices")

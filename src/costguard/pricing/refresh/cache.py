@@ -7,12 +7,12 @@ The cache folder (``--output``, default the user cache) holds::
     .lock                         refreshes hold an exclusive lock on it while they publish
 
 Each version has the layout of ``pricing/`` (``tables.toml`` and the five CSV files,
-same columns), so :func:`costguard.pricing.catalog.load_catalog` reads it. A refresh
+same columns), so :func:`costguard.pricing.tables.load_catalog` reads it. A refresh
 writes a new version into a staging folder under ``versions/``, fsyncs every file and
 the folder, renames it to its final name, then switches ``current`` in one step by
 renaming a new link over it (:func:`os.replace`). Readers resolve ``current`` once and
 read everything from the folder it names
-(:func:`costguard.pricing.catalog.cache_tables_dir`), so a reader sees the old version
+(:func:`costguard.pricing.tables.cache_tables_dir`), so a reader sees the old version
 or the new one, whole. The version that was current just before stays, for readers
 still reading it; older ones are removed (a reader that loses its folder all the same
 reads again from the new ``current``).
@@ -46,30 +46,11 @@ from pathlib import Path
 
 from costguard import __version__
 from costguard.errors import CostguardError, InputError
-from costguard.pricing.catalog import (
-    CACHE_CURRENT,
-    CACHE_VERSIONS,
-    INSTANCE_TABLES,
-    Catalog,
-    InstancePrice,
-    cache_tables_dir,
-)
+from costguard.files import fsync_dir
+from costguard.pricing.catalog import INSTANCE_COLUMNS, INSTANCE_TABLES, Catalog, InstancePrice
 from costguard.pricing.refresh.merge import MergedTables, TableMeta
+from costguard.pricing.tables import CACHE_CURRENT, CACHE_VERSIONS, cache_tables_dir
 
-INSTANCE_COLUMNS = (
-    "provider",
-    "region",
-    "instance_type",
-    "accelerator",
-    "accelerator_count",
-    "vcpus",
-    "memory_gib",
-    "ondemand_usd_per_hour",
-    "spot_usd_per_hour",
-    "ondemand_status",
-    "spot_status",
-    "note",
-)
 #: The lock file refreshes serialise on.
 LOCK_FILE = ".lock"
 #: Names of what a refresh is writing (staging folders, new links): removed by the next
@@ -287,9 +268,9 @@ def publish(target: Path, files: Mapping[str, bytes]) -> Path:
             staging.chmod(0o755)  # mkdtemp makes it private; a shared --output must be readable
             for name, content in files.items():
                 _write_synced(staging / Path(name).name, content)
-            _fsync_dir(staging)
+            fsync_dir(staging)
             staging.replace(version)
-            _fsync_dir(versions)
+            fsync_dir(versions)
             _switch_current(target, version)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -386,7 +367,7 @@ def _switch_current(target: Path, version: Path) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
-    _fsync_dir(target)
+    fsync_dir(target)
 
 
 def _remove_versions(versions: Path, keep: set[str | None]) -> None:
@@ -411,15 +392,3 @@ def _write_synced(path: Path, content: bytes) -> None:
         handle.write(content)
         handle.flush()
         os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a folder's entries (new files, a rename) durable; a no-op where folders
-    cannot be opened (Windows)."""
-    if os.name == "nt":
-        return
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

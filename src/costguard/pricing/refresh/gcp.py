@@ -39,7 +39,7 @@ from costguard.pricing.refresh.parse import (
     gcp_unit_prices,
 )
 from costguard.pricing.refresh.progress import RecordCounter
-from costguard.pricing.refresh.retry import RetryPolicy, Transient, call_with_retry
+from costguard.retry import API_RETRY, RetryPolicy, Transient, call_with_retry
 from costguard.settings import Settings
 
 DEFAULT_ENDPOINT = "https://cloudbilling.googleapis.com"
@@ -93,9 +93,7 @@ def fetch(
     else:
         endpoint = settings.gcp_endpoint or DEFAULT_ENDPOINT
         source = f"Cloud Billing Catalog API services.skus.list ({endpoint})"
-        unit_prices = _live_unit_prices(
-            settings, endpoint, retry or RetryPolicy(), count, credentials
-        )
+        unit_prices = _live_unit_prices(settings, endpoint, retry or API_RETRY, count, credentials)
     rows = gcp_prices(unit_prices, target.rows, dated)
     if mirror is not None:
         days = mirrors.as_of(mirror, "gcp", target.regions, rows.dated)

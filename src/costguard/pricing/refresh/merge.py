@@ -90,7 +90,7 @@ class FreshPrices:
         return self.regions - self.rows.answered
 
 
-class Outcome(StrEnum):
+class RowOutcome(StrEnum):
     """What a refresh did to one row."""
 
     UPDATED = "updated"  # at least one fresh price
@@ -106,7 +106,7 @@ class MergeStats:
     not_found: int = 0
     kept: int = 0
 
-    def add(self, outcome: Outcome) -> MergeStats:
+    def add(self, outcome: RowOutcome) -> MergeStats:
         """These counts with one more row of ``outcome``."""
         field_name = outcome.name.lower()
         return replace(self, **{field_name: getattr(self, field_name) + 1})
@@ -133,7 +133,7 @@ class MergedTables:
     stats: Mapping[str, MergeStats]
 
 
-def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Outcome]:
+def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, RowOutcome]:
     """One row after a refresh of its provider and region (see the module docstring).
 
     >>> from decimal import Decimal as D
@@ -148,11 +148,11 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
     ...     "test", datetime(2026, 12, 1, tzinfo=UTC), 1)
     >>> new, outcome = merge_row(row, fresh)
     >>> new.ondemand_usd_per_hour, new.spot_status, outcome
-    (Decimal('1.1'), <PriceStatus.UNVERIFIED: 'unverified'>, <Outcome.UPDATED: 'updated'>)
+    (Decimal('1.1'), <PriceStatus.UNVERIFIED: 'unverified'>, <RowOutcome.UPDATED: 'updated'>)
     """
     key = row_key(row)
     if key not in fresh.rows.covered:
-        return row, Outcome.KEPT
+        return row, RowOutcome.KEPT
     found = fresh.rows.prices.get(key, {})
     day = fresh.as_of(row.region).isoformat()
     read = fresh.markets_in(row.region)
@@ -186,7 +186,7 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ou
         spot_status=spot_status if spot is not None else None,
         note="; ".join(notes),
     )
-    return merged, Outcome.UPDATED if found else Outcome.NOT_FOUND
+    return merged, RowOutcome.UPDATED if found else RowOutcome.NOT_FOUND
 
 
 def merge_tables(
@@ -218,7 +218,7 @@ def merge_tables(
         for new in _new_rows(fresh, name):
             provider_fresh = by_provider[new.provider]
             merged, outcome = merge_row(new, provider_fresh)
-            if outcome is Outcome.UPDATED:  # a type the API does not sell there stays out
+            if outcome is RowOutcome.UPDATED:  # a type the API does not sell there stays out
                 rows.append(merged)
                 stats[new.provider] = stats[new.provider].add(outcome)
                 place = (new.provider, new.region)

@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from costguard.errors import CostguardError, InputError
-from costguard.pricing.catalog import PROVIDERS, Catalog, check_provider, load_tables
+from costguard.pricing.catalog import PROVIDERS, Catalog, check_provider
 from costguard.pricing.refresh import cache, mirror
 from costguard.pricing.refresh.merge import (
     FreshPrices,
@@ -29,7 +29,8 @@ from costguard.pricing.refresh.merge import (
     merge_tables,
     new_rows,
 )
-from costguard.pricing.refresh.retry import RetryPolicy
+from costguard.pricing.tables import load_tables
+from costguard.retry import RetryPolicy
 from costguard.settings import Settings
 
 #: Called with (provider, records read so far) as a refresh goes.
@@ -92,7 +93,7 @@ class RefreshReport:
 def current_tables(output: Path) -> Catalog:
     """The tables a refresh into ``output`` starts from: those already there, or the
     bundled ones when they are newer than anything there (the rule of
-    :func:`~costguard.pricing.catalog.load_tables`), or when ``output`` has none.
+    :func:`~costguard.pricing.tables.load_tables`), or when ``output`` has none.
 
     Leftovers of a crashed refresh are cleared first, so tables a crash moved aside
     are found again rather than rebuilt from the bundled ones.

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from costguard.pricing.refresh.retry import (
+from costguard.retry import (
     RetryPolicy,
     Transient,
     call_with_retry,
@@ -19,8 +19,8 @@ from costguard.pricing.refresh.retry import (
 policies = st.builds(
     RetryPolicy,
     attempts=st.integers(1, 10),
-    base_s=st.floats(0.001, 5),
-    cap_s=st.floats(0.001, 60),
+    base_delay_s=st.floats(0.001, 5),
+    max_delay_s=st.floats(0.001, 60),
     max_retry_after_s=st.floats(0, 600),
 )
 
@@ -28,7 +28,7 @@ policies = st.builds(
 @given(policies, st.integers(1, 30), st.floats(0, 1))
 def test_backoff_is_bounded_and_grows(policy: RetryPolicy, retry: int, rand: float) -> None:
     delay = policy.delay_s(retry, None, rand)
-    assert 0 <= delay <= min(policy.cap_s, policy.base_s * 2 ** (retry - 1))
+    assert 0 <= delay <= min(policy.max_delay_s, policy.base_delay_s * 2 ** (retry - 1))
     assert policy.delay_s(retry, None, 1.0) <= policy.delay_s(retry + 1, None, 1.0)
 
 
@@ -52,7 +52,7 @@ def flaky(failures: int, exc: Exception) -> tuple[list[int], Callable[[], str]]:
 def test_transient_errors_are_retried_with_the_policys_waits() -> None:
     calls, call = flaky(2, TimeoutError("slow"))
     waits: list[float] = []
-    policy = RetryPolicy(attempts=3, base_s=1, cap_s=10)
+    policy = RetryPolicy(attempts=3, base_delay_s=1, max_delay_s=10)
     result = call_with_retry(
         call, lambda e: Transient("slow"), policy, sleep=waits.append, rand=lambda: 1.0
     )

@@ -9,12 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from costguard.errors import InputError
-from costguard.pricing.estimate import (
-    EstimateRequest,
-    SlurmRate,
-    slurm_assumptions,
-    slurm_option,
-)
+from costguard.pricing.estimate import EstimateRequest
+from costguard.pricing.slurm import SlurmRate, slurm_assumptions, slurm_option
 
 D = Decimal
 
