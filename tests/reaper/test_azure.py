@@ -246,18 +246,17 @@ def test_missing_gpu_namespace_is_explained(azure_server: AzureServer) -> None:
 def test_cli_refuses_over_the_limit(
     fleet: AzureServer, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = azure.AzureFleet
-
-    def test_fleet(*args: Any, **kwargs: Any) -> azure.AzureFleet:
+    class AuthedFleet(azure.AzureFleet):
         # The CLI builds clients the production way; only the test's auth override is added.
-        return real(
-            *args,
-            **kwargs,
-            credential=FakeTokenCredential(),
-            client_options=azure_client_options(),
-        )
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(
+                *args,
+                **kwargs,
+                credential=FakeTokenCredential(),
+                client_options=azure_client_options(),
+            )
 
-    monkeypatch.setattr(azure, "AzureFleet", test_fleet)
+    monkeypatch.setattr(azure, "AzureFleet", AuthedFleet)
     monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", fleet.url)
     args = ("reap", "--provider", "azure", "--subscription", AZURE_SUBSCRIPTION)
     result = run_cli(*args, "--execute", "--max-actions", "1")

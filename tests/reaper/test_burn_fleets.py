@@ -74,14 +74,16 @@ def test_burn_on_azure(
     monkeypatch: pytest.MonkeyPatch,
     catalog: Catalog,
 ) -> None:
-    real = azure.AzureFleet
+    class AuthedFleet(azure.AzureFleet):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(
+                *args,
+                **kwargs,
+                credential=FakeTokenCredential(),
+                client_options=azure_client_options(),
+            )
 
-    def test_fleet(*args: Any, **kwargs: Any) -> azure.AzureFleet:
-        return real(
-            *args, **kwargs, credential=FakeTokenCredential(), client_options=azure_client_options()
-        )
-
-    monkeypatch.setattr(azure, "AzureFleet", test_fleet)
+    monkeypatch.setattr(azure, "AzureFleet", AuthedFleet)
     monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", azure_server.url)
     azure_server.add(AzureVm("t4", "Standard_NC4as_T4_v3"))
     azure_server.add(AzureVm("parked", "Standard_NC4as_T4_v3", power="deallocated"))

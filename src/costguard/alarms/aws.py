@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
+from costguard.alarms.backend import Scope
 from costguard.alarms.plan import (
     AWS_BILLING_REGION,
     HARD_STOP_POLICY,
@@ -32,6 +33,7 @@ from costguard.alarms.plan import (
 )
 from costguard.clouds import aws
 from costguard.errors import CostguardError
+from costguard.settings import Settings
 
 ClientFactory = Callable[[str, str], Any]
 
@@ -42,6 +44,11 @@ def _default_clients(service: str, region: str) -> Any:
 
 class AwsAlarms:
     """The AWS side of ``costguard alarm``. Clients come from ``clients(service, region)``."""
+
+    @classmethod
+    def for_scope(cls, settings: Settings, scope: Scope) -> AwsAlarms:
+        """The budgets of the credentials' account (AWS takes no scope)."""
+        return cls()
 
     def __init__(self, clients: ClientFactory = _default_clients) -> None:
         self._clients = clients

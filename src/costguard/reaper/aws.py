@@ -36,6 +36,7 @@ from costguard.reaper.policy import (
     Sample,
     format_timestamp,
 )
+from costguard.settings import Settings
 
 #: CloudWatch's basic EC2 metrics come every 5 minutes; asking finer gives nothing more.
 #: CloudWatch stamps each datapoint with the *start* of its period.
@@ -137,6 +138,22 @@ class AwsFleet:
             cloudwatch if cloudwatch is not None else aws_clouds.client("cloudwatch", region)
         )
         self._hosts: dict[str, set[str]] = {}
+
+    @classmethod
+    def for_options(
+        cls,
+        options: Mapping[str, Any],
+        prices: PriceBook,
+        settings: Settings,
+        default_regions: Sequence[str] = (),
+    ) -> list[AwsFleet]:
+        """One fleet per region asked for (``--region``, ``--all-regions``), else per
+        ``default_regions``, else the profile's region. Names are checked offline first."""
+        regions = check_regions(options["regions"]) if options["regions"] else ()
+        if options["all_regions"]:
+            regions = tuple(enabled_regions())
+        chosen = regions or tuple(default_regions) or (default_region(),)
+        return [cls(region, prices) for region in chosen]
 
     def _call(self, what: str, method: Any, **kwargs: Any) -> Any:
         try:

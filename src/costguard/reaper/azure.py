@@ -123,6 +123,27 @@ class AzureFleet:
 
     provider = "azure"
 
+    @classmethod
+    def for_options(
+        cls,
+        options: Mapping[str, Any],
+        prices: PriceBook,
+        settings: Settings,
+        default_regions: Sequence[str] = (),
+    ) -> list[AzureFleet]:
+        """The one fleet of ``--subscription``, its regions checked offline first
+        (``default_regions`` is for AWS: a subscription lists every region by itself)."""
+        check_regions(options["regions"], prices.regions(cls.provider))
+        return [
+            cls(
+                options["subscription"],
+                prices,
+                settings,
+                regions=options["regions"],
+                resource_group=options["resource_group"],
+            )
+        ]
+
     def __init__(
         self,
         subscription_id: str,

@@ -158,6 +158,20 @@ class GcpFleet:
 
     provider = "gcp"
 
+    @classmethod
+    def for_options(
+        cls,
+        options: Mapping[str, Any],
+        prices: PriceBook,
+        settings: Settings,
+        default_regions: Sequence[str] = (),
+    ) -> list[GcpFleet]:
+        """The one fleet of ``--project``, its regions and zones checked offline first
+        (``default_regions`` is for AWS: a project lists every zone by itself)."""
+        regions, zones = options["regions"], options["zones"]
+        check_locations(regions, zones, prices.regions(cls.provider))
+        return [cls(options["project"], prices, settings, regions=regions, zones=zones)]
+
     def __init__(
         self,
         project: str,
