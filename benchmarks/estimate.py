@@ -58,9 +58,8 @@ def main() -> None:
             seconds[name].append(wall_time(command))
     median_s = {name: statistics.median(runs) for name, runs in seconds.items()}
     print(f"runs: {args.runs} each, alternating")
-    print(
-        f"costguard {' '.join(commands['estimate'][1:])}: median {median_s['estimate'] * 1000:.0f} ms"
-    )
+    asked = " ".join(commands["estimate"][1:])
+    print(f"costguard {asked}: median {median_s['estimate'] * 1000:.0f} ms")
     for name, (_, target) in YARDSTICKS.items():
         ratio = median_s["estimate"] / median_s[name]
         verdict = "meets" if ratio <= target else "MISSES"
