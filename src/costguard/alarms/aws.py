@@ -13,17 +13,12 @@ from decimal import Decimal
 from typing import Any
 
 from costguard.alarms.backend import Scope
-from costguard.alarms.plan import (
+from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+from costguard.alarms.plan_aws import (
     AWS_BILLING_REGION,
     HARD_STOP_POLICY,
-    NAME_PREFIX,
-    AlarmSpec,
-    ApiCall,
-    BudgetStatus,
-    Notification,
     ObservedAws,
     ObservedAwsBudget,
-    Plan,
     aws_alarm_name,
     aws_create_budget,
     aws_notification_key,
@@ -31,6 +26,7 @@ from costguard.alarms.plan import (
     aws_topic_arn,
     plan_aws,
 )
+from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Notification
 from costguard.clouds import aws
 from costguard.errors import CostguardError
 from costguard.settings import Settings

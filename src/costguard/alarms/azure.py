@@ -12,18 +12,9 @@ from decimal import Decimal
 from typing import Any
 
 from costguard.alarms.backend import Scope
-from costguard.alarms.plan import (
-    NAME_PREFIX,
-    AlarmSpec,
-    ApiCall,
-    Basis,
-    BudgetStatus,
-    Notification,
-    ObservedAzureBudget,
-    Plan,
-    azure_scope,
-    plan_azure,
-)
+from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+from costguard.alarms.plan_azure import ObservedAzureBudget, azure_scope, plan_azure
+from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Basis, Notification
 from costguard.clouds import azure
 from costguard.errors import InputError
 from costguard.settings import Settings

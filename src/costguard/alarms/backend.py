@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from costguard.providers import adapter_class
 
 if TYPE_CHECKING:
-    from costguard.alarms.plan import AlarmSpec, ApiCall, BudgetStatus, Plan
+    from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+    from costguard.alarms.spec import AlarmSpec
     from costguard.settings import Settings
 
 

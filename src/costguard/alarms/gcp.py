@@ -21,17 +21,9 @@ from decimal import Decimal
 from typing import Any
 
 from costguard.alarms.backend import Scope
-from costguard.alarms.plan import (
-    NAME_PREFIX,
-    AlarmSpec,
-    ApiCall,
-    Basis,
-    BudgetStatus,
-    Notification,
-    ObservedGcpBudget,
-    Plan,
-    plan_gcp,
-)
+from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+from costguard.alarms.plan_gcp import ObservedGcpBudget, plan_gcp
+from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Basis, Notification
 from costguard.clouds import gcp
 from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings

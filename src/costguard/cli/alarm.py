@@ -9,7 +9,8 @@ from typing import Any
 import click
 
 from costguard.alarms.backend import Scope, alarm_backend
-from costguard.alarms.plan import AlarmSpec, ApiCall, Plan, alarm_spec
+from costguard.alarms.plan import ApiCall, Plan
+from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.cli import render
 from costguard.cli.params import Name
 from costguard.errors import InputError

@@ -330,7 +330,7 @@ def _prepare(
 
 
 def _fallback(prepared: Prepared) -> Offer | None:
-    from costguard.spot.launcher.base import Market
+    from costguard.pricing.catalog import Market
 
     return next((o for o in prepared.offers if o.market is Market.ON_DEMAND), None)
 

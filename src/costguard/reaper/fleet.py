@@ -31,7 +31,7 @@ from costguard.reaper.policy import (
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ActionOutcome:
     """What happened when an action was carried out on one instance."""
 
     instance: Instance
@@ -61,7 +61,9 @@ class Fleet(Protocol):
         """The same instances with ``protected`` filled in."""
         ...
 
-    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+    def apply(
+        self, action: Action, instances: Sequence[Instance], now: datetime
+    ) -> list[ActionOutcome]:
         """Stop, terminate, mark or unmark ``instances`` in batches; one outcome each."""
         ...
 
@@ -128,14 +130,14 @@ class ReapReport:
     """One run: the plan, what was done (empty in a dry run), and the rule it applied."""
 
     plan: ReapPlan
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[ActionOutcome, ...]
     executed: bool
     now: datetime
     policy: IdlePolicy
     limits: ReapLimits
 
     @property
-    def failures(self) -> tuple[Outcome, ...]:
+    def failures(self) -> tuple[ActionOutcome, ...]:
         """Actions that were tried and failed."""
         return tuple(o for o in self.outcomes if not o.ok)
 
@@ -207,7 +209,7 @@ def reap(
         if on_judged is not None:
             on_judged(fleet)  # a progress bar over many regions
     plan = plan_reap(verdicts, limits)
-    outcomes: list[Outcome] = []
+    outcomes: list[ActionOutcome] = []
     if execute and plan.breach is None:
         for fleet in fleets:
             for action in (Action.STOP, Action.TERMINATE, Action.MARK, Action.UNMARK):

@@ -34,8 +34,9 @@ from typing import Any
 from costguard.checkpoint.store import Store, StoreError
 from costguard.errors import CostguardError, InputError
 from costguard.money import usd_str
-from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
-from costguard.spot.recovery import Attempt, Limits, Outcome
+from costguard.pricing.catalog import Market
+from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
+from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +338,7 @@ def _attempt(doc: Mapping[str, Any]) -> Attempt:
         launched_unix=float(doc["launched_unix"]),
         handle=_handle(doc["handle"]) if doc.get("handle") else None,
         ended_unix=float(doc["ended_unix"]) if doc.get("ended_unix") is not None else None,
-        outcome=Outcome(outcome) if outcome else None,
+        outcome=AttemptOutcome(outcome) if outcome else None,
         exit_code=int(doc["exit_code"]) if doc.get("exit_code") is not None else None,
         detail=str(doc.get("detail", "")),
         resumed_step=_opt_int(doc.get("resumed_step")),

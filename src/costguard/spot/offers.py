@@ -23,17 +23,12 @@ from dataclasses import replace
 from decimal import Decimal
 
 from costguard.errors import InputError
-from costguard.pricing.catalog import Catalog, InstancePrice
-from costguard.pricing.catalog import Market as PriceMarket
-from costguard.spot.launcher.base import Market, Offer
+from costguard.pricing.catalog import Catalog, InstancePrice, Market
+from costguard.spot.launcher.base import Offer
 
 CLOUDS = ("aws", "gcp", "azure")
 LOCAL = "local"
 PROVIDERS = (*CLOUDS, LOCAL)
-
-
-def _market(market: Market) -> PriceMarket:
-    return PriceMarket.SPOT if market is Market.SPOT else PriceMarket.ON_DEMAND
 
 
 def find_offers(
@@ -62,7 +57,7 @@ def find_offers(
         if regions and inst.region not in regions:
             continue
         for market in (Market.SPOT, Market.ON_DEMAND):
-            price = inst.usd_per_hour(_market(market))
+            price = inst.usd_per_hour(market)
             if price is None or price <= 0:
                 continue
             if market is Market.SPOT and max_usd_per_hour is not None and price > max_usd_per_hour:
