@@ -1,5 +1,5 @@
 """Fixtures for the reaper suite: one strict GCP and one strict Azure fake per session
-(``tests/fakes``), state reset per test, loopback only."""
+(``tests/servers``), state reset per test, loopback only."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fakes.azure import AzureServer
-from tests.fakes.gcp import GcpServer
+from tests.servers.azure import AzureServer
+from tests.servers.gcp import GcpServer
 
 
 @pytest.fixture(scope="session")

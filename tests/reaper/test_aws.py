@@ -30,7 +30,6 @@ from costguard.pricing.catalog import load_catalog
 from costguard.reaper import aws
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import (
-    MARK_TAG,
     Action,
     IdlePolicy,
     Instance,
@@ -38,6 +37,7 @@ from costguard.reaper.policy import (
     format_timestamp,
     judge_idle,
 )
+from costguard.tags import MARK_TAG
 from tests.conftest import WIDTHS, assert_fits
 
 NOW = datetime.now(UTC)

@@ -12,10 +12,11 @@ import pytest
 from costguard.pricing.catalog import load_catalog
 from costguard.reaper import azure
 from costguard.reaper.fleet import PriceBook, judge_fleet, reap
-from costguard.reaper.policy import MARK_TAG, Action, IdlePolicy, ReapLimits, format_timestamp
+from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, format_timestamp
 from costguard.settings import Settings
-from tests.fakes.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
-from tests.fakes.http import FakeTokenCredential, azure_client_options
+from costguard.tags import MARK_TAG
+from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
+from tests.servers.http import FakeTokenCredential, azure_client_options
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())

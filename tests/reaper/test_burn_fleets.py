@@ -11,9 +11,9 @@ import pytest
 
 from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper import azure
-from tests.fakes.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
-from tests.fakes.gcp import GCP_PROJECT, GcpServer, GcpVm
-from tests.fakes.http import FakeTokenCredential, azure_client_options
+from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
+from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm
+from tests.servers.http import FakeTokenCredential, azure_client_options
 
 
 def price(

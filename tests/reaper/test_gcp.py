@@ -15,7 +15,7 @@ from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
-from tests.fakes.gcp import GCP_PROJECT, GcpServer, GcpVm
+from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())

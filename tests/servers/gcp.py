@@ -6,7 +6,7 @@ Each fake answers the documented paths with the documented JSON, and *refuses* w
 service refuses, in the shape the service sends (an immediate HTTP error with Google's error
 body, or a finished operation carrying ``error.errors[]``). The rules, and the definitions
 they come from (proto file, repository, commit), are test data:
-``tests/fakes/definitions/gcp.json``; ``tests/README.md`` has the table.
+``tests/servers/definitions/gcp.json``; ``tests/README.md`` has the table.
 """
 
 from __future__ import annotations
@@ -20,12 +20,19 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.http import LocalServer, Reply, Request, Route, rfc3339
+from tests.servers.http import LocalServer, Reply, Request, Route, rfc3339
 
 GCP_PROJECT = "lab-project"
 PROJECT = GCP_PROJECT
 #: The project number Resource Manager knows ``lab-project`` by.
 PROJECT_NUMBER = "415104041262"
+
+#: What a launch into the Compute fake needs (the spot and contract suites).
+LAUNCH_OPTIONS = {
+    "project": PROJECT,
+    "image": "projects/deeplearning-platform-release/global/images/family/common-cu124",
+    "service_account": "costguard-instance@lab-project.iam.gserviceaccount.com",
+}
 COMPUTE = "https://www.googleapis.com/compute/v1"
 #: GCP writes instance timestamps in US Pacific time; the adapter must not care.
 PACIFIC = timezone(timedelta(hours=-8))
