@@ -16,7 +16,7 @@ import click
 
 from costguard.cli.params import Name
 from costguard.providers import adapter_class, providers
-from costguard.reaper.fleet import Fleet, PriceBook
+from costguard.reaper.fleet import Fleet, FleetRequest, PriceBook
 from costguard.settings import Settings
 
 
@@ -89,5 +89,6 @@ def fleets(
     """
     check_combinations(provider, options)
     fleet_class = adapter_class("fleet", provider)  # the SDK loads only now
-    fleets: list[Fleet] = fleet_class.for_options(options, prices, settings, aws_default_regions)
+    request = FleetRequest(options, prices, settings, aws_default_regions)
+    fleets: list[Fleet] = fleet_class.for_options(request)
     return fleets

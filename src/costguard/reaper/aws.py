@@ -26,10 +26,9 @@ from typing import Any, TypeVar
 from costguard.clouds import aws as aws_clouds
 from costguard.clouds import pages, require
 from costguard.errors import UnknownNameError
-from costguard.reaper.fleet import ActionOutcome, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
-from costguard.settings import Settings
 from costguard.tags import MARK_TAG
 
 #: CloudWatch's basic EC2 metrics come every 5 minutes; asking finer gives nothing more.
@@ -134,20 +133,16 @@ class AwsFleet:
         self._hosts: dict[str, set[str]] = {}
 
     @classmethod
-    def for_options(
-        cls,
-        options: Mapping[str, Any],
-        prices: PriceBook,
-        settings: Settings,
-        default_regions: Sequence[str] = (),
-    ) -> list[AwsFleet]:
+    def for_options(cls, request: FleetRequest) -> list[AwsFleet]:
         """One fleet per region asked for (``--region``, ``--all-regions``), else per
-        ``default_regions``, else the profile's region. Names are checked offline first."""
-        regions = check_regions(options["regions"]) if options["regions"] else ()
-        if options["all_regions"]:
+        ``request.default_regions``, else the profile's region. Names are checked offline
+        first."""
+        asked = request.options["regions"]
+        regions = check_regions(asked) if asked else ()
+        if request.options["all_regions"]:
             regions = tuple(enabled_regions())
-        chosen = regions or tuple(default_regions) or (default_region(),)
-        return [cls(region, prices) for region in chosen]
+        chosen = regions or tuple(request.default_regions) or (default_region(),)
+        return [cls(region, request.prices) for region in chosen]
 
     def _call(self, what: str, method: Any, **kwargs: Any) -> Any:
         try:

@@ -39,7 +39,7 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
 from costguard.errors import InputError, UnknownNameError
-from costguard.reaper.fleet import ActionOutcome, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
 from costguard.settings import Settings
@@ -118,25 +118,16 @@ class AzureFleet:
     provider = "azure"
 
     @classmethod
-    def for_options(
-        cls,
-        options: Mapping[str, Any],
-        prices: PriceBook,
-        settings: Settings,
-        default_regions: Sequence[str] = (),
-    ) -> list[AzureFleet]:
+    def for_options(cls, request: FleetRequest) -> list[AzureFleet]:
         """The one fleet of ``--subscription``, its regions checked offline first
         (``default_regions`` is for AWS: a subscription lists every region by itself)."""
+        options, prices = request.options, request.prices
         check_regions(options["regions"], prices.regions(cls.provider))
+        group = options["resource_group"]
         return [
-            cls(
-                options["subscription"],
-                prices,
-                settings,
-                regions=options["regions"],
-                resource_group=options["resource_group"],
-            )
-        ]
+            cls(options["subscription"], prices, request.settings, regions=options["regions"],
+                resource_group=group)
+        ]  # fmt: skip
 
     def __init__(
         self,

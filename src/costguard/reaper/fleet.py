@@ -8,11 +8,11 @@ the whole run at once, and acts in batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from costguard.pricing.catalog import Catalog, InstancePrice, Market
 from costguard.reaper.policy import (
@@ -28,6 +28,7 @@ from costguard.reaper.policy import (
     plan_reap,
     static_verdict,
 )
+from costguard.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,21 @@ class PriceBook:
         if len(rows) != 1:
             return None
         return rows[0].usd_per_hour(Market.SPOT if spot else Market.ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class FleetRequest:
+    """Which instances a command looks at: its location flags (``options``: ``regions``,
+    ``all_regions``, ``zones``, ``project``, ``subscription``, ``resource_group``), the
+    prices, the settings, and the AWS regions to look at when none is asked for.
+
+    Each adapter's ``for_options(request)`` turns it into its fleets, names checked offline.
+    """
+
+    options: Mapping[str, Any]
+    prices: PriceBook
+    settings: Settings
+    default_regions: Sequence[str] = ()
 
 
 @dataclass(frozen=True)

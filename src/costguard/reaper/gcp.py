@@ -31,7 +31,7 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, pages, require
 from costguard.clouds import gcp as gcp_clouds
 from costguard.errors import InputError, UnknownNameError, did_you_mean
-from costguard.reaper.fleet import ActionOutcome, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample
 from costguard.settings import Settings
@@ -160,18 +160,13 @@ class GcpFleet:
     provider = "gcp"
 
     @classmethod
-    def for_options(
-        cls,
-        options: Mapping[str, Any],
-        prices: PriceBook,
-        settings: Settings,
-        default_regions: Sequence[str] = (),
-    ) -> list[GcpFleet]:
+    def for_options(cls, request: FleetRequest) -> list[GcpFleet]:
         """The one fleet of ``--project``, its regions and zones checked offline first
         (``default_regions`` is for AWS: a project lists every zone by itself)."""
+        options, prices = request.options, request.prices
         regions, zones = options["regions"], options["zones"]
         check_locations(regions, zones, prices.regions(cls.provider))
-        return [cls(options["project"], prices, settings, regions=regions, zones=zones)]
+        return [cls(options["project"], prices, request.settings, regions=regions, zones=zones)]
 
     def __init__(
         self,
