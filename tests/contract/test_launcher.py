@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -189,36 +189,6 @@ def _azure(request: pytest.FixtureRequest) -> LauncherCase:
 
 
 CASES = {"aws": _aws, "gcp": _gcp, "azure": _azure}
-
-
-@pytest.fixture(scope="module")
-def _compute_server() -> Iterator[ComputeServer]:
-    server = ComputeServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def compute_server(_compute_server: ComputeServer) -> ComputeServer:
-    _compute_server.reset()
-    return _compute_server
-
-
-@pytest.fixture(scope="module")
-def _arm_server() -> Iterator[ArmServer]:
-    server = ArmServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture
-def arm_server(_arm_server: ArmServer) -> ArmServer:
-    _arm_server.reset()
-    return _arm_server
 
 
 @pytest.fixture(params=CLOUDS)

@@ -13,7 +13,7 @@ from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper import azure
 from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
 from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm
-from tests.servers.http import FakeTokenCredential, azure_client_options
+from tests.servers.http import with_test_auth
 
 
 def price(
@@ -74,16 +74,7 @@ def test_burn_on_azure(
     monkeypatch: pytest.MonkeyPatch,
     catalog: Catalog,
 ) -> None:
-    class AuthedFleet(azure.AzureFleet):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(
-                *args,
-                **kwargs,
-                credential=FakeTokenCredential(),
-                client_options=azure_client_options(),
-            )
-
-    monkeypatch.setattr(azure, "AzureFleet", AuthedFleet)
+    monkeypatch.setattr(azure, "AzureFleet", with_test_auth(azure.AzureFleet))
     monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", azure_server.url)
     azure_server.add(AzureVm("t4", "Standard_NC4as_T4_v3"))
     azure_server.add(AzureVm("parked", "Standard_NC4as_T4_v3", power="deallocated"))

@@ -617,3 +617,23 @@ class ConsumptionFake:
             del self.budgets[key]
             return 200, {}
         return 200, self.budgets[key]
+
+
+def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the 62 minutes before ``now``."""
+    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+
+
+def seed_vm(
+    server: AzureServer, vm: AzureVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 1.5
+) -> None:
+    """Azure Monitor series for ``vm`` up to ``now``: GPU (``None``: no agent), CPU in
+    percent, and a trickle of network."""
+    from costguard.reaper import azure
+
+    if gpu is not None:
+        server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, every_minute(now, gpu))
+    server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, every_minute(now, cpu))
+    # Bytes per one-minute grain: 6 kB/min each way is far below 1 Mbit/s.
+    server.put(azure.VM_NAMESPACE, azure.NETWORK_IN_METRIC, vm, every_minute(now, 6000.0))
+    server.put(azure.VM_NAMESPACE, azure.NETWORK_OUT_METRIC, vm, every_minute(now, 6000.0))

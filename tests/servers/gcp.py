@@ -590,3 +590,23 @@ class BudgetsFake:
             return 200, self.channels[name]
         items = [c for n, c in self.channels.items() if n.startswith(resource + "/")]
         return 200, {"notificationChannels": items}
+
+
+def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the 62 minutes before ``now``."""
+    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+
+
+def seed_vm(
+    server: GcpServer, vm: GcpVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 0.01
+) -> None:
+    """Cloud Monitoring series for ``vm`` up to ``now``: GPU (``None``: no Ops Agent), CPU
+    (a fraction of 1) and a trickle of network."""
+    from costguard.reaper import gcp
+
+    if gpu is not None:
+        server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu))
+    server.put(gcp.CPU_METRIC, vm.instance_id, every_minute(now, cpu))
+    # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
+    server.put(gcp.RECEIVED_METRIC, vm.instance_id, every_minute(now, 100.0))
+    server.put(gcp.SENT_METRIC, vm.instance_id, every_minute(now, 100.0))

@@ -182,3 +182,19 @@ def azure_test_kwargs() -> dict[str, Any]:
     from azure.core.pipeline.policies import SansIOHTTPPolicy
 
     return {"credential": FakeTokenCredential(), "authentication_policy": SansIOHTTPPolicy()}
+
+
+def with_test_auth(client_class: Any) -> Any:
+    """``client_class`` (an adapter that builds its Azure clients the production way, such
+    as the reaper's ``AzureFleet``) with the test's credential and no-op auth policy added."""
+
+    class Authed(client_class):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(
+                *args,
+                **kwargs,
+                credential=FakeTokenCredential(),
+                client_options=azure_client_options(),
+            )
+
+    return Authed

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -29,19 +28,9 @@ from tests.servers.http import FakeTokenCredential, azure_client_options
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def _server() -> Iterator[ArmServer]:
-    server = ArmServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def server(_server: ArmServer) -> ArmServer:
-    _server.reset()
-    return _server
+def server(arm_server: ArmServer) -> ArmServer:
+    return arm_server
 
 
 def make(server: ArmServer, **kwargs: Any) -> AzureLauncher:

@@ -4,7 +4,6 @@ speaking the documented Compute Engine shapes: ``instances.insert`` / ``get`` / 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -21,19 +20,9 @@ from tests.servers.gcp import PROJECT, ComputeServer
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def _server() -> Iterator[ComputeServer]:
-    server = ComputeServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def server(_server: ComputeServer) -> ComputeServer:
-    _server.reset()
-    return _server
+def server(compute_server: ComputeServer) -> ComputeServer:
+    return compute_server
 
 
 @pytest.fixture
