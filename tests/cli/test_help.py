@@ -82,20 +82,27 @@ def test_the_lazy_table_shows_each_commands_own_short_help(name: str) -> None:
     assert COMMANDS[name][2] == command.short_help
 
 
-def test_the_group_help_lists_every_command_without_importing_one() -> None:
+def run_fresh(argv: list[str]) -> tuple[str, list[str]]:
+    """``costguard ARGV`` in a new interpreter: what it printed, and which command modules
+    (``costguard.cli.*``) it loaded."""
     code = (
         "import io, contextlib, json, sys\n"
         "from costguard.cli import cli\n"
         "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(out):\n"
-        "    cli.main(['--help'], standalone_mode=False)\n"
+        f"    cli.main({argv!r}, standalone_mode=False)\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('costguard.cli.'))\n"
         "print(json.dumps([out.getvalue(), loaded]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
-    help_text, loaded = json.loads(done.stdout.splitlines()[-1])
+    printed, loaded = json.loads(done.stdout.splitlines()[-1])
+    return printed, loaded
+
+
+def test_the_group_help_lists_every_command_without_importing_one() -> None:
+    help_text, loaded = run_fresh(["--help"])
     for name, (module, _, short_help) in COMMANDS.items():
         assert f"  {name}  " in help_text
         assert short_help.split()[0] in help_text
@@ -104,17 +111,9 @@ def test_the_group_help_lists_every_command_without_importing_one() -> None:
 
 
 def test_a_command_loads_its_own_module_only() -> None:
-    code = (
-        "import io, contextlib, json, sys\n"
-        "from costguard.cli import cli\n"
-        "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    cli.main(['estimate', '--gpu', 'a10g', '--hours', '1'], standalone_mode=False)\n"
-        "print(json.dumps(sorted(m for m in sys.modules if m.startswith('costguard.cli.'))))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
-    )
-    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    printed, modules = run_fresh(["estimate", "--gpu", "a10g", "--hours", "1"])
+    assert "A10G" in printed
+    loaded = set(modules)
     assert "costguard.cli.estimate" in loaded
     others = {module for module, *_ in COMMANDS.values()} - {"costguard.cli.estimate"}
     assert loaded.isdisjoint(others)
