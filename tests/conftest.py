@@ -190,3 +190,53 @@ def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) ->
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return moto_server
+
+
+# -- the strict GCP and Azure fakes (tests/servers): one of each per session, reset per test
+
+
+@pytest.fixture(scope="session")
+def _servers() -> Iterator[dict[str, Any]]:
+    from tests.servers.azure import ArmServer, AzureServer
+    from tests.servers.gcp import ComputeServer, GcpServer
+
+    started: dict[str, Any] = {}
+    kinds = {"compute": ComputeServer, "arm": ArmServer, "gcp": GcpServer, "azure": AzureServer}
+    try:
+        yield {"kinds": kinds, "started": started}
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def _fresh(servers: dict[str, Any], kind: str) -> Any:
+    """The session's server of ``kind``, started on first use, its state reset."""
+    started = servers["started"]
+    if kind not in started:
+        started[kind] = servers["kinds"][kind]()
+    started[kind].reset()
+    return started[kind]
+
+
+@pytest.fixture
+def compute_server(_servers: dict[str, Any]) -> Any:
+    """GCP Compute Engine as the spot launcher calls it (``tests.servers.gcp.ComputeServer``)."""
+    return _fresh(_servers, "compute")
+
+
+@pytest.fixture
+def arm_server(_servers: dict[str, Any]) -> Any:
+    """Azure Resource Manager as the spot launcher calls it (``tests.servers.azure.ArmServer``)."""
+    return _fresh(_servers, "arm")
+
+
+@pytest.fixture
+def gcp_server(_servers: dict[str, Any]) -> Any:
+    """GCP Compute and Monitoring as the reaper calls them (``tests.servers.gcp.GcpServer``)."""
+    return _fresh(_servers, "gcp")
+
+
+@pytest.fixture
+def azure_server(_servers: dict[str, Any]) -> Any:
+    """Azure compute and metrics as the reaper calls them (``tests.servers.azure.AzureServer``)."""
+    return _fresh(_servers, "azure")

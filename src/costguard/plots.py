@@ -52,14 +52,14 @@ def job_series(
     Cost grows at each attempt's price while it runs and stays flat between attempts;
     the third series marks where each interrupted attempt ended (on the cost line).
     """
-    from costguard.spot.recovery import INTERRUPTIONS, Outcome
+    from costguard.spot.recovery import INTERRUPTIONS, AttemptOutcome
 
     xs, ys, od = [0.0], [0.0], [0.0]
     cost = on_demand = Decimal(0)
     marks_x: list[float] = []
     marks_y: list[float] = []
     for attempt in attempts:
-        if attempt.outcome is Outcome.LAUNCH_FAILED:
+        if attempt.outcome is AttemptOutcome.LAUNCH_FAILED:
             continue
         start = attempt.launched_unix - started_unix
         end = (attempt.ended_unix if attempt.ended_unix is not None else now) - started_unix
@@ -117,7 +117,7 @@ def burn_series(report: Any) -> tuple[Series, Series]:
 
 def draw_job(path: Path, job: Any, offers: Sequence[Any], now: float) -> Picture:
     """The job's cumulative cost over wall time, the on-demand line, preemptions marked."""
-    from costguard.spot.launcher.base import Market
+    from costguard.pricing.catalog import Market
 
     on_demand = [o.usd_per_hour for o in offers if o.market is Market.ON_DEMAND]
     costs, demand, marks = job_series(

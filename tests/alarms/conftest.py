@@ -1,5 +1,5 @@
 """Fixtures for the alarm suite: the strict Billing Budgets / Monitoring channels and
-Consumption budget fakes of ``tests/fakes``, each on its own loopback server."""
+Consumption budget fakes of ``tests/servers``, each on its own loopback server."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fakes.azure import ConsumptionFake
-from tests.fakes.gcp import BudgetsFake
-from tests.fakes.http import JsonServer
+from tests.servers.azure import ConsumptionFake
+from tests.servers.gcp import BudgetsFake
+from tests.servers.http import JsonServer
 
 
 @pytest.fixture

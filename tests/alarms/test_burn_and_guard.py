@@ -19,7 +19,7 @@ from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import Instance
 from tests.conftest import WIDTHS, assert_fits
-from tests.fakes.http import JsonServer
+from tests.servers.http import JsonServer
 
 
 def launch(region: str, instance_type: str, count: int = 1, *, spot: bool = False) -> list[str]:

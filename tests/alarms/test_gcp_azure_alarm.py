@@ -9,9 +9,9 @@ import pytest
 
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import gcp as gcp_clouds
-from tests.fakes.azure import ConsumptionFake as FakeAzure
-from tests.fakes.gcp import BudgetsFake as FakeGcp
-from tests.fakes.http import JsonServer, azure_test_kwargs
+from tests.servers.azure import ConsumptionFake as FakeAzure
+from tests.servers.gcp import BudgetsFake as FakeGcp
+from tests.servers.http import JsonServer, azure_test_kwargs
 
 ACCOUNT = "012345-6789AB-CDEF01"
 SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
@@ -184,7 +184,7 @@ def test_azure_update_in_a_later_month_keeps_the_start_date(azure_server) -> Non
     from datetime import date
 
     from costguard.alarms.azure import CONSUMPTION, AzureAlarms
-    from costguard.alarms.plan import alarm_spec
+    from costguard.alarms.spec import alarm_spec
     from costguard.settings import Settings
 
     server, fake = azure_server

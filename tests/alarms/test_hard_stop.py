@@ -9,103 +9,79 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import boto3
 import pytest
+
+from tests.servers.http import Loopback
 
 ROLE = "arn:aws:iam::123456789012:role/costguard-budgets"
 POLICY = "arn:aws:iam::123456789012:policy/costguard-deny-run-instances"
 ACTION_OPS = ("CreateBudgetAction", "DescribeBudgetActionsForBudget", "DeleteBudgetAction")
 
 
+#: Headers the proxy does not pass back from moto (the loopback server sets its own).
+HOP_HEADERS = ("content-length", "transfer-encoding", "connection", "server", "date")
+
+
 class BudgetActionsProxy:
     def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
         self.actions: list[dict[str, Any]] = []
         self.operations: list[str] = []
-        ids = itertools.count(1)
-        proxy = self
+        self._ids = itertools.count(1)
+        self._loopback = Loopback(self._answer)
+        self.url = self._loopback.url
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                target = self.headers.get("X-Amz-Target", "")
-                operation = target.rsplit(".", 1)[-1]
-                proxy.operations.append(operation)
-                if operation in ACTION_OPS:
-                    request = json.loads(body or b"{}")
-                    if operation == "CreateBudgetAction":
-                        action = {k: v for k, v in request.items() if k != "AccountId"}
-                        action.update(ActionId=f"action-{next(ids)}", Status="STANDBY")
-                        proxy.actions.append(action)
-                        reply = {
-                            "AccountId": request["AccountId"],
-                            "BudgetName": request["BudgetName"],
-                            "ActionId": action["ActionId"],
-                        }
-                    elif operation == "DescribeBudgetActionsForBudget":
-                        reply = {
-                            "Actions": [
-                                a for a in proxy.actions if a["BudgetName"] == request["BudgetName"]
-                            ]
-                        }
-                    else:
-                        proxy.actions = [
-                            a for a in proxy.actions if a["ActionId"] != request["ActionId"]
-                        ]
-                        reply = {}
-                    self._send(
-                        200,
-                        {"Content-Type": "application/x-amz-json-1.1"},
-                        json.dumps(reply).encode(),
-                    )
-                    return
-                forward = urllib.request.Request(
-                    upstream + self.path,
-                    data=body,
-                    method="POST",
-                    headers={
-                        k: v
-                        for k, v in self.headers.items()
-                        if k.lower() not in ("host", "content-length")
-                    },
-                )
-                try:
-                    with urllib.request.urlopen(forward, timeout=30) as answer:
-                        self._send(answer.status, dict(answer.headers), answer.read())
-                except urllib.error.HTTPError as error:
-                    self._send(error.code, dict(error.headers), error.read())
-
-            def _send(self, status: int, headers: dict[str, str], data: bytes) -> None:
-                self.send_response(status)
-                for key, value in headers.items():
-                    if key.lower() not in (
-                        "content-length",
-                        "transfer-encoding",
-                        "connection",
-                        "server",
-                        "date",
-                    ):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+    def _answer(
+        self, method: str, target: str, headers: Mapping[str, str], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        operation = headers.get("X-Amz-Target", "").rsplit(".", 1)[-1]
+        self.operations.append(operation)
+        if operation in ACTION_OPS:
+            request = json.loads(body or b"{}")
+            if operation == "CreateBudgetAction":
+                action = {k: v for k, v in request.items() if k != "AccountId"}
+                action.update(ActionId=f"action-{next(self._ids)}", Status="STANDBY")
+                self.actions.append(action)
+                reply = {
+                    "AccountId": request["AccountId"],
+                    "BudgetName": request["BudgetName"],
+                    "ActionId": action["ActionId"],
+                }
+            elif operation == "DescribeBudgetActionsForBudget":
+                reply = {
+                    "Actions": [a for a in self.actions if a["BudgetName"] == request["BudgetName"]]
+                }
+            else:
+                self.actions = [a for a in self.actions if a["ActionId"] != request["ActionId"]]
+                reply = {}
+            content_type = [("Content-Type", "application/x-amz-json-1.1")]
+            return 200, content_type, json.dumps(reply).encode()
+        forward = urllib.request.Request(
+            self.upstream + target,
+            data=body,
+            method="POST",
+            headers={
+                k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")
+            },
+        )
+        try:
+            with urllib.request.urlopen(forward, timeout=30) as answer:
+                return answer.status, _passed(answer.headers), answer.read()
+        except urllib.error.HTTPError as error:
+            return error.code, _passed(error.headers), error.read()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self._loopback.stop()
+
+
+def _passed(headers: Any) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in dict(headers).items() if k.lower() not in HOP_HEADERS]
 
 
 @pytest.fixture

@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 from costguard.alarms.aws import AwsAlarms
-from costguard.alarms.plan import ObservedAws, alarm_spec, plan_aws
+from costguard.alarms.plan_aws import ObservedAws, plan_aws
+from costguard.alarms.spec import alarm_spec
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 

@@ -8,20 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from costguard.alarms.plan import (
-    LIMITS,
-    AlarmSpec,
-    Basis,
-    Notification,
-    ObservedAws,
-    ObservedAwsBudget,
-    ObservedAzureBudget,
-    ObservedGcpBudget,
-    alarm_spec,
-    plan_aws,
-    plan_azure,
-    plan_gcp,
-)
+from costguard.alarms.plan_aws import ObservedAws, ObservedAwsBudget, plan_aws
+from costguard.alarms.plan_azure import ObservedAzureBudget, plan_azure
+from costguard.alarms.plan_gcp import ObservedGcpBudget, plan_gcp
+from costguard.alarms.spec import LIMITS, AlarmSpec, Basis, Notification, alarm_spec
 from costguard.errors import InputError
 
 ACCOUNT = "111122223333"

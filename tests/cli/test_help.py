@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import click
 import pytest
 
-from costguard.cli import cli
+from costguard.cli import COMMANDS, cli
 
 
 def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    for name, command in sorted(group.commands.items()):
+    ctx = click.Context(group)
+    for name in sorted(group.list_commands(ctx)):
+        command = group.get_command(ctx, name)
+        assert command is not None, name
         yield (*prefix, name)
         if isinstance(command, click.Group):
             yield from command_paths(command, (*prefix, name))
@@ -66,3 +72,48 @@ def test_a_close_name_suggests_the_intended_option_first(
     assert first_line.startswith("Error: no such option"), first_line
     suggested = first_line.split("did you mean ", 1)[1]
     assert suggested.startswith(f"'{intended}'"), first_line
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_the_lazy_table_shows_each_commands_own_short_help(name: str) -> None:
+    command = cli.get_command(click.Context(cli), name)
+    assert command is not None
+    assert command.name == name
+    assert COMMANDS[name][2] == command.short_help
+
+
+def run_fresh(argv: list[str]) -> tuple[str, list[str]]:
+    """``costguard ARGV`` in a new interpreter: what it printed, and which command modules
+    (``costguard.cli.*``) it loaded."""
+    code = (
+        "import io, contextlib, json, sys\n"
+        "from costguard.cli import cli\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        f"    cli.main({argv!r}, standalone_mode=False)\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('costguard.cli.'))\n"
+        "print(json.dumps([out.getvalue(), loaded]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    printed, loaded = json.loads(done.stdout.splitlines()[-1])
+    return printed, loaded
+
+
+def test_the_group_help_lists_every_command_without_importing_one() -> None:
+    help_text, loaded = run_fresh(["--help"])
+    for name, (module, _, short_help) in COMMANDS.items():
+        assert f"  {name}  " in help_text
+        assert short_help.split()[0] in help_text
+        assert module not in loaded
+    assert loaded == []
+
+
+def test_a_command_loads_its_own_module_only() -> None:
+    printed, modules = run_fresh(["estimate", "--gpu", "a10g", "--hours", "1"])
+    assert "A10G" in printed
+    loaded = set(modules)
+    assert "costguard.cli.estimate" in loaded
+    others = {module for module, *_ in COMMANDS.values()} - {"costguard.cli.estimate"}
+    assert loaded.isdisjoint(others)

@@ -32,8 +32,8 @@ from costguard.reaper.agent import (
     run_agent,
 )
 from costguard.settings import Settings
-from tests.fakes.azure import AzureServer, AzureVm
-from tests.fakes.http import FakeTokenCredential, azure_client_options
+from tests.servers.azure import AzureServer, AzureVm
+from tests.servers.http import FakeTokenCredential, azure_client_options
 
 T0 = datetime(2026, 12, 1, 9, 0, tzinfo=UTC)
 POLICY = AgentPolicy(idle_minutes=10, interval_seconds=60)

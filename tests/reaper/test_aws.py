@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -30,7 +29,6 @@ from costguard.pricing.tables import load_catalog
 from costguard.reaper import aws
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import (
-    MARK_TAG,
     Action,
     IdlePolicy,
     Instance,
@@ -38,7 +36,9 @@ from costguard.reaper.policy import (
     format_timestamp,
     judge_idle,
 )
+from costguard.tags import MARK_TAG
 from tests.conftest import WIDTHS, assert_fits
+from tests.servers.aws import Metrics, every_five_minutes, launch_instance
 
 NOW = datetime.now(UTC)
 OLD = NOW - timedelta(hours=3)
@@ -104,74 +104,20 @@ def original_client(service: str) -> Any:
     )
 
 
-@contextmanager
-def moto_clock(at: datetime) -> Iterator[None]:
-    """Launch instances as if at ``at`` (moto stamps LaunchTime with its own clock)."""
-    from moto.ec2.models import instances as moto_instances
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(moto_instances, "utcnow", lambda: at.astimezone(UTC).replace(tzinfo=None))
-        yield
-
-
 def launch(ec2: Any, name: str, instance_type: str = "g5.xlarge", *, at: datetime = OLD,
            tags: dict[str, str] | None = None) -> str:  # fmt: skip
-    all_tags = [{"Key": "Name", "Value": name}] + [
-        {"Key": k, "Value": v} for k, v in (tags or {}).items()
-    ]
-    with moto_clock(at):
-        reply = ec2.run_instances(
-            ImageId="ami-12c6146b",
-            MinCount=1,
-            MaxCount=1,
-            InstanceType=instance_type,
-            TagSpecifications=[{"ResourceType": "instance", "Tags": all_tags}],
-        )
-    return str(reply["Instances"][0]["InstanceId"])
+    return launch_instance(ec2, name, instance_type, at=at, tags=tags)
 
 
 def points(values: list[float] | float) -> list[tuple[datetime, float]]:
-    """Thirteen datapoints, one per 5 minutes back from 2 minutes ago (covers 60 minutes)."""
-    seq = values if isinstance(values, list) else [values] * 13
-    return [(NOW - timedelta(minutes=2 + 5 * k), v) for k, v in enumerate(seq)]
-
-
-class Metrics:
-    """Datapoints gathered per namespace, sent in a few PutMetricData calls."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, list[dict[str, Any]]] = {}
-
-    def put(self, namespace: str, metric: str, dims: dict[str, str],
-            data: list[tuple[datetime, float]]) -> None:  # fmt: skip
-        dimensions = [{"Name": k, "Value": v} for k, v in dims.items()]
-        self.data.setdefault(namespace, []).extend(
-            {"MetricName": metric, "Dimensions": dimensions, "Timestamp": t, "Value": v}
-            for t, v in data
-        )
-
-    def seed(self, instance_id: str, *, gpu: list[float] | float | None = 1.0,
-             cpu: float = 2.0, net_bytes: float = 1000.0) -> None:  # fmt: skip
-        dims = {"InstanceId": instance_id}
-        if gpu is not None:
-            self.put("CWAgent", "nvidia_smi_utilization_gpu", dims, points(gpu))
-        self.put("AWS/EC2", "CPUUtilization", dims, points(cpu))
-        self.put("AWS/EC2", "NetworkIn", dims, points(net_bytes))
-        self.put("AWS/EC2", "NetworkOut", dims, points(net_bytes))
-
-    def send(self, cloudwatch: Any) -> None:
-        for namespace, data in self.data.items():
-            for start in range(0, len(data), 1000):  # the PutMetricData limit
-                cloudwatch.put_metric_data(
-                    Namespace=namespace, MetricData=data[start : start + 1000]
-                )
+    return every_five_minutes(NOW, values)
 
 
 @pytest.fixture
 def fleet(ec2: Any, cloudwatch: Any) -> dict[str, str]:
     """The issue's fleet: name -> instance id. Only `idle` and `idle-per-gpu` are idle."""
     ids = {}
-    metrics = Metrics()
+    metrics = Metrics(NOW)
     ids["idle"] = launch(ec2, "idle")
     metrics.seed(ids["idle"])
     # An agent with append_dimensions but no aggregation_dimensions: per-GPU series only.

@@ -12,10 +12,11 @@ import pytest
 from costguard.pricing.tables import load_catalog
 from costguard.reaper import azure
 from costguard.reaper.fleet import PriceBook, judge_fleet, reap
-from costguard.reaper.policy import MARK_TAG, Action, IdlePolicy, ReapLimits, format_timestamp
+from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, format_timestamp
 from costguard.settings import Settings
-from tests.fakes.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
-from tests.fakes.http import FakeTokenCredential, azure_client_options
+from costguard.tags import MARK_TAG
+from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm, every_minute, seed_vm
+from tests.servers.http import FakeTokenCredential, azure_client_options, with_test_auth
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -28,17 +29,11 @@ def _now(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def minutes(value: float) -> list[tuple[datetime, float]]:
-    """A point a minute for the last 62 minutes."""
-    return [(NOW - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+    return every_minute(NOW, value)
 
 
 def seed(server: AzureServer, vm: AzureVm, gpu: float | None = 1.0, cpu: float = 1.5) -> None:
-    if gpu is not None:
-        server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, minutes(gpu))
-    server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, minutes(cpu))
-    # Bytes per one-minute grain: 6 kB/min each way is far below 1 Mbit/s.
-    server.put(azure.VM_NAMESPACE, azure.NETWORK_IN_METRIC, vm, minutes(6000.0))
-    server.put(azure.VM_NAMESPACE, azure.NETWORK_OUT_METRIC, vm, minutes(6000.0))
+    seed_vm(server, vm, NOW, gpu=gpu, cpu=cpu)
 
 
 @pytest.fixture
@@ -246,18 +241,8 @@ def test_missing_gpu_namespace_is_explained(azure_server: AzureServer) -> None:
 def test_cli_refuses_over_the_limit(
     fleet: AzureServer, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = azure.AzureFleet
-
-    def test_fleet(*args: Any, **kwargs: Any) -> azure.AzureFleet:
-        # The CLI builds clients the production way; only the test's auth override is added.
-        return real(
-            *args,
-            **kwargs,
-            credential=FakeTokenCredential(),
-            client_options=azure_client_options(),
-        )
-
-    monkeypatch.setattr(azure, "AzureFleet", test_fleet)
+    # The CLI builds clients the production way; only the test's auth override is added.
+    monkeypatch.setattr(azure, "AzureFleet", with_test_auth(azure.AzureFleet))
     monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", fleet.url)
     args = ("reap", "--provider", "azure", "--subscription", AZURE_SUBSCRIPTION)
     result = run_cli(*args, "--execute", "--max-actions", "1")

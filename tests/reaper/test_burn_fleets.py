@@ -11,9 +11,9 @@ import pytest
 
 from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper import azure
-from tests.fakes.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
-from tests.fakes.gcp import GCP_PROJECT, GcpServer, GcpVm
-from tests.fakes.http import FakeTokenCredential, azure_client_options
+from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
+from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm
+from tests.servers.http import with_test_auth
 
 
 def price(
@@ -74,14 +74,7 @@ def test_burn_on_azure(
     monkeypatch: pytest.MonkeyPatch,
     catalog: Catalog,
 ) -> None:
-    real = azure.AzureFleet
-
-    def test_fleet(*args: Any, **kwargs: Any) -> azure.AzureFleet:
-        return real(
-            *args, **kwargs, credential=FakeTokenCredential(), client_options=azure_client_options()
-        )
-
-    monkeypatch.setattr(azure, "AzureFleet", test_fleet)
+    monkeypatch.setattr(azure, "AzureFleet", with_test_auth(azure.AzureFleet))
     monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", azure_server.url)
     azure_server.add(AzureVm("t4", "Standard_NC4as_T4_v3"))
     azure_server.add(AzureVm("parked", "Standard_NC4as_T4_v3", power="deallocated"))

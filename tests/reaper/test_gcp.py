@@ -15,7 +15,7 @@ from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
-from tests.fakes.gcp import GCP_PROJECT, GcpServer, GcpVm
+from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm, every_minute, seed_vm
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -28,17 +28,11 @@ def _now(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def minutes(value: float) -> list[tuple[datetime, float]]:
-    """A point a minute for the last 62 minutes."""
-    return [(NOW - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+    return every_minute(NOW, value)
 
 
 def seed(server: GcpServer, vm: GcpVm, gpu: float | None = 1.0, cpu: float = 0.01) -> None:
-    if gpu is not None:
-        server.put(gcp.GPU_METRIC, vm.instance_id, minutes(gpu))
-    server.put(gcp.CPU_METRIC, vm.instance_id, minutes(cpu))  # a fraction of 1
-    # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
-    server.put(gcp.RECEIVED_METRIC, vm.instance_id, minutes(100.0))
-    server.put(gcp.SENT_METRIC, vm.instance_id, minutes(100.0))
+    seed_vm(server, vm, NOW, gpu=gpu, cpu=cpu)
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import pytest
 from costguard.cli.agent import agent_command
 from costguard.cli.reap import reap_command
 from costguard.reaper import agent, aws, azure, policy
+from costguard.tags import KEEP_TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -93,8 +94,8 @@ def test_the_aws_policy_stops_exactly_what_the_rule_may_stop(keep: str | None, a
     context: dict[str, Any] = {"ec2:InstanceType": "g5.xlarge"}
     tags = {}
     if keep is not None:
-        context[f"aws:ResourceTag/{policy.KEEP_TAG}"] = keep
-        tags[policy.KEEP_TAG] = keep
+        context[f"aws:ResourceTag/{KEEP_TAG}"] = keep
+        tags[KEEP_TAG] = keep
     now = datetime(2026, 12, 1, tzinfo=UTC)
     box = policy.Instance("aws", "us-east-1", "i-1", "g5.xlarge", True, 1, now, tags=tags)
     protected = policy.static_verdict(box, policy.IdlePolicy(grace_minutes=0), now) is not None

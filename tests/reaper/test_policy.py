@@ -11,9 +11,6 @@ import pytest
 
 from costguard.errors import InputError
 from costguard.reaper.policy import (
-    EXPIRES_TAG,
-    KEEP_TAG,
-    MARK_TAG,
     Action,
     IdlePolicy,
     IdleVerdict,
@@ -29,6 +26,7 @@ from costguard.reaper.policy import (
     parse_timestamp,
     plan_reap,
 )
+from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 #: 60 min window, 5-minute samples stamped at the start of their period, 30 min grace,

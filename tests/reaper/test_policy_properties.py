@@ -16,10 +16,7 @@ from hypothesis import strategies as st
 
 from costguard.reaper.policy import (
     DESTRUCTIVE,
-    EXPIRES_TAG,
     FALSE_VALUES,
-    KEEP_TAG,
-    MARK_TAG,
     Action,
     IdlePolicy,
     IdleVerdict,
@@ -34,6 +31,7 @@ from costguard.reaper.policy import (
     parse_timestamp,
     plan_reap,
 )
+from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 
@@ -312,7 +310,7 @@ def test_the_agent_never_shuts_down_on_a_broken_or_missing_reading(
 ) -> None:
     """Any sequence of readings with NaN, negative or missing values: the agent shuts the
     machine down only if every reading of the window is a real, idle one (issue 14)."""
-    from costguard.reaper.agent import AgentPolicy, Reading, decide
+    from costguard.reaper.autostop import AgentPolicy, Reading, decide
 
     policy = AgentPolicy(idle_minutes=10, interval_seconds=60, gpu_missing_ok=gpu_missing_ok)
     start = NOW - timedelta(minutes=len(readings) - 1)

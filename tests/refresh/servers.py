@@ -7,9 +7,10 @@
   status codes (with ``google.rpc.RetryInfo``) as faults.
 * Azure Retail Prices API: ``GET /api/retail/prices?$filter=...``; ``NextPageLink`` pages.
 
-Each server binds 127.0.0.1 on a free port, records every request, and can be told to
-answer the next requests (``script``) or every request (``always``) with a fault, to test
-throttling and failures. Also used by ``benchmarks/refresh.py``.
+Each server runs on the shared loopback server (:class:`tests.servers.http.Loopback`),
+records every request, and can be told to answer the next requests (``script``) or every
+request (``always``) with a fault, to test throttling and failures. Also used by
+``benchmarks/refresh.py``.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import grpc
+
+from tests.servers.http import Loopback
 
 JSON = "application/json"
 AMZ_JSON = "application/x-amz-json-1.1"
@@ -54,7 +56,8 @@ Handler = Callable[["LocalServer", Request], Reply]
 
 
 class LocalServer:
-    """A threaded HTTP server on loopback answering with ``handler``; stop with ``close``."""
+    """A price API on the shared loopback server, answering with ``handler``; stop with
+    ``close``."""
 
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
@@ -62,51 +65,26 @@ class LocalServer:
         self.script: list[Reply] = []  # answered first, one per request
         self.always: Reply | None = None  # answered to every request when set
         self._lock = threading.Lock()
-        server = self
+        self._loopback = Loopback(self._answer, http11=True)
 
-        class _Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:
-                self._answer("GET")
-
-            def do_POST(self) -> None:
-                self._answer("POST")
-
-            def _answer(self, method: str) -> None:
-                parts = urlsplit(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                request = Request(
-                    method=method,
-                    path=parts.path,
-                    query={k: v[-1] for k, v in parse_qs(parts.query).items()},
-                    headers={k.lower(): v for k, v in self.headers.items()},
-                    body=self.rfile.read(length) if length else b"",
-                )
-                reply = server.dispatch(request)
-                body = reply.body if isinstance(reply.body, bytes) else dumps(reply.body)
-                self.send_response(reply.status)
-                self.send_header("Content-Type", reply.content_type)
-                self.send_header("Content-Length", str(len(body)))
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # keep test output clean
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    def _answer(
+        self, method: str, target: str, headers: Mapping[str, str], raw: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        parts = urlsplit(target)
+        request = Request(
+            method=method,
+            path=parts.path,
+            query={k: v[-1] for k, v in parse_qs(parts.query).items()},
+            headers={k.lower(): v for k, v in headers.items()},
+            body=raw,
         )
-        self._thread.start()
+        reply = self.dispatch(request)
+        body = reply.body if isinstance(reply.body, bytes) else dumps(reply.body)
+        return reply.status, [("Content-Type", reply.content_type), *reply.headers.items()], body
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return self._loopback.url
 
     def dispatch(self, request: Request) -> Reply:
         with self._lock:
@@ -118,9 +96,7 @@ class LocalServer:
         return self.handler(self, request)
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=10)
+        self._loopback.stop()
 
 
 def _digest(*parts: Any) -> str:

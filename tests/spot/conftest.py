@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers.aws import launch_account
+
 REPO = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = REPO / "tests" / "checkpoint" / "train_script.py"
 #: Every child process is bounded by this (the machine may be shared and slow).
@@ -96,41 +98,10 @@ def steps_of(lines: list[str]) -> tuple[int, int]:
 
 # ------------------------------------------------- cloud launchers (moto-backed AWS helpers)
 
+
 #: Options an AWS launch needs; moto accepts any AMI id.
-AWS_LAUNCH_OPTIONS = {"image": "ami-12345678", "instance_profile": "costguard-instance"}
-
-
 @pytest.fixture
 def aws_launch_options(aws_env: str) -> dict[str, str]:
-    """A clean moto account with the ``costguard-instance`` role and instance profile that
-    ``infra/aws/launcher-instance-role-*.json`` describe; the options that launch into it."""
-    from costguard.clouds import aws as aws_clouds
-
-    iam = aws_clouds.client("iam", attempts=1)
-    trust = (REPO / "infra" / "aws" / "launcher-instance-role-trust.json").read_text()
-    iam.create_role(RoleName="costguard-instance", AssumeRolePolicyDocument=trust)
-    iam.create_instance_profile(InstanceProfileName="costguard-instance")
-    iam.add_role_to_instance_profile(
-        InstanceProfileName="costguard-instance", RoleName="costguard-instance"
-    )
-    return dict(AWS_LAUNCH_OPTIONS)
-
-
-def reclaim_aws_instance(instance_id: str, region: str = "us-east-1") -> None:
-    """What a spot interruption leaves behind: the instance terminated with the state reason
-    ``Server.SpotInstanceTermination``.
-
-    moto cannot interrupt an instance through its API; its server runs in this process
-    (``moto_server``), so the instance is terminated in moto's backend and given the reason
-    EC2 records for a reclaim.
-    """
-    from moto.core import DEFAULT_ACCOUNT_ID
-    from moto.ec2.models import ec2_backends
-    from moto.ec2.models.instances import StateReason
-
-    instance = ec2_backends[DEFAULT_ACCOUNT_ID][region].get_instance(instance_id)
-    instance.terminate()
-    instance.state_reason = StateReason(
-        "Server.SpotInstanceTermination: Spot instance termination",
-        "Server.SpotInstanceTermination",
-    )
+    """A clean moto account with the launcher's instance profile; the options that launch
+    into it (:func:`tests.servers.aws.launch_account`)."""
+    return launch_account()

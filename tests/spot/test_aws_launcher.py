@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -12,26 +11,12 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from costguard.checkpoint.store import Store
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import InputError
-from costguard.spot.controller import Controller
-from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.aws import AwsLauncher
-from costguard.spot.launcher.base import (
-    ATTEMPT_TAG,
-    EXPIRES_TAG,
-    IDLE_MINUTES_TAG,
-    JOB_TAG,
-    OWNER_TAG,
-    Handle,
-    LaunchSpec,
-    Market,
-    Offer,
-    State,
-)
-from costguard.spot.recovery import Outcome
-from tests.spot.conftest import AWS_LAUNCH_OPTIONS, reclaim_aws_instance
+from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer, State
+from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, IDLE_MINUTES_TAG, JOB_TAG, OWNER_TAG
+from tests.servers.aws import AWS_LAUNCH_OPTIONS, reclaim_aws_instance, recording_clients
 
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 OPTIONS = AWS_LAUNCH_OPTIONS
@@ -261,27 +246,11 @@ def test_zones_are_the_available_azs_that_offer_the_type(
     assert pinned.zones("us-east-1", "g5.xlarge") == []
 
 
-def _recording_clients(sent: list[bytes]) -> Any:
-    """EC2 clients that keep the body of every RunInstances request sent to moto."""
-
-    def make(region: str) -> Any:
-        client = aws_clouds.client("ec2", region, attempts=1)
-
-        def keep(request: Any, **_: Any) -> None:
-            body = request.body or b""
-            sent.append(body.encode() if isinstance(body, str) else bytes(body))
-
-        client.meta.events.register("before-send.ec2.RunInstances", keep)
-        return client
-
-    return make
-
-
 def test_max_price_reaches_the_spot_options(aws_launch_options: dict[str, str]) -> None:
     """--max-price (the job spec's cap) goes out as SpotOptions.MaxPrice on the wire; moto
     records only that the instance is spot, so the request body is what is asserted."""
     sent: list[bytes] = []
-    launcher = AwsLauncher(regions=["us-east-1"], clients=_recording_clients(sent))
+    launcher = AwsLauncher(regions=["us-east-1"], clients=recording_clients(sent))
     capped = replace(spec(), max_usd_per_hour=Decimal("0.5"))
     handle = launcher.launch(offer(), capped, attempt=1)
     assert describe(handle.instance_id)["InstanceLifecycle"] == "spot"
@@ -295,81 +264,3 @@ def test_max_price_reaches_the_spot_options(aws_launch_options: dict[str, str]) 
     assert len(sent) == 1
     launcher.launch(offer(Market.ON_DEMAND), capped, attempt=3)
     assert "MaxPrice" not in sent[-1].decode()  # on-demand has no cap
-
-
-def test_the_controller_relaunches_a_reclaimed_job_on_moto(
-    aws_launch_options: dict[str, str],
-) -> None:
-    """End to end on moto with one region (``--region us-east-1``): the offers are per
-    region; the controller asks the launcher for the region's zones, launches in one, a
-    spot reclaim, a relaunch in *another zone of the same region* with the same checkpoint
-    URL and the --max-price cap, the job's exit 0 recorded in the store, the instance
-    terminated."""
-    aws_clouds.client("s3", attempts=1).create_bucket(Bucket="ckpt")
-    url = "s3://ckpt/costguard/run-1"
-    store = Store.open(url)
-    job_spec = JobSpec(
-        job_id="run-1", provider="aws", gpu="A10G", gpu_count=1, regions=("us-east-1",),
-        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
-        created_unix=time.time(), expires_at=EXPIRES, options=aws_launch_options,
-        max_usd_per_hour=Decimal("0.50"),
-    )  # fmt: skip
-    sent: list[bytes] = []
-    launcher = AwsLauncher(regions=["us-east-1"], clients=_recording_clients(sent))
-    offers = [offer(), offer(Market.ON_DEMAND)]  # as the price tables give them: no zones
-    save_job(store, Job(job_spec))
-    world: list[str] = []
-    events: list[str] = []
-
-    def sleep(seconds: float) -> None:
-        """The cloud and the instance between two polls of the controller."""
-        assert len(world) < 20, world
-        current = load_job(store).current
-        assert current is not None
-        assert current.handle is not None
-        if current.number == 1:
-            reclaim_aws_instance(current.handle.instance_id)
-            world.append(f"reclaimed {current.handle.instance_id}")
-        else:  # what `costguard run` on the instance writes when the script exits 0
-            record = ExitRecord(2, 0, 500, time.time(), host="ip-10-0-0-2", job_id="run-1")
-            write_exit_record(store, record)
-            world.append("exit 0")
-
-    controller = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep,
-                            on_event=lambda e: events.append(e.message))  # fmt: skip
-    final = controller.run(load_job(store))
-
-    assert final.status == "succeeded"
-    assert world[-1] == "exit 0"
-    first, second = final.attempts
-    assert first.outcome is Outcome.PREEMPTED
-    assert second.outcome is Outcome.SUCCEEDED
-    zones = launcher.zones("us-east-1", "g5.xlarge")
-    assert first.offer.zone in zones
-    assert second.offer.zone in zones
-    assert first.offer.zone != second.offer.zone  # moved away from the reclaimed zone...
-    assert first.offer.region == second.offer.region == "us-east-1"  # ...in the one region
-    assert first.offer.usd_per_hour == second.offer.usd_per_hour == offer().usd_per_hour
-    assert any("priced at the region's" in e for e in events), events
-    assert any("another zone of the region" in e for e in events), events
-    assert len(sent) == 2
-    for body in sent:
-        assert parse_qs(body.decode())["InstanceMarketOptions.SpotOptions.MaxPrice"] == ["0.50"]
-    for attempt in (first, second):
-        assert attempt.handle is not None
-        instance = describe(attempt.handle.instance_id)
-        assert instance["MetadataOptions"]["HttpTokens"] == "required"
-        tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
-        assert tags[JOB_TAG] == "run-1"
-        assert tags[ATTEMPT_TAG] == str(attempt.number)
-        assert instance["Placement"]["AvailabilityZone"] == attempt.offer.zone
-        user_data = ec2().describe_instance_attribute(
-            InstanceId=instance["InstanceId"], Attribute="userData"
-        )["UserData"]["Value"]
-        script = base64.b64decode(user_data).decode()
-        assert f"costguard run --checkpoint {url} " in script
-        assert f"export COSTGUARD_JOB_ATTEMPT={attempt.number}" in script
-    # The finished job's instance was terminated by the controller, not left running.
-    assert second.handle is not None
-    assert describe(second.handle.instance_id)["State"]["Name"] == "terminated"
-    assert launcher.find("run-1") == []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -22,40 +21,16 @@ from costguard.spot.controller import Controller
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
-from costguard.spot.recovery import Outcome
-from tests.fakes.azure import SUBSCRIPTION, ArmServer
-from tests.fakes.http import FakeTokenCredential, azure_client_options
+from tests.servers.azure import GROUP, IDENTITY, NETWORK, SUBSCRIPTION, ArmServer
+from tests.servers.azure import LAUNCH_OPTIONS as OPTIONS
+from tests.servers.http import FakeTokenCredential, azure_client_options
 
-GROUP = "costguard-jobs"
-NETWORK = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net/providers/Microsoft.Network"
-IDENTITY = (
-    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/"
-    "Microsoft.ManagedIdentity/userAssignedIdentities/costguard-instance"
-)
-OPTIONS = {
-    "subscription": SUBSCRIPTION,
-    "resource_group": GROUP,
-    "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
-    "subnet": f"{NETWORK}/virtualNetworks/lab/subnets/jobs",
-    "identity": IDENTITY,
-    "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyOnly me@laptop",
-}
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
-@pytest.fixture(scope="module")
-def _server() -> Iterator[ArmServer]:
-    server = ArmServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def server(_server: ArmServer) -> ArmServer:
-    _server.reset()
-    return _server
+def server(arm_server: ArmServer) -> ArmServer:
+    return arm_server
 
 
 def make(server: ArmServer, **kwargs: Any) -> AzureLauncher:
@@ -247,55 +222,6 @@ def test_zones_are_the_sizes_zones_less_restrictions(
     assert launcher.zones("westus", "Standard_NC4as_T4_v3") == []  # no zones there
     assert launcher.zones("eastus", "Standard_ND96asr_v4") == []  # not sold there
     assert launcher.zones("eastus") == []  # zones belong to a size
-
-
-def test_the_controller_relaunches_an_evicted_job(
-    server: ArmServer, launcher: AzureLauncher, tmp_path: Path
-) -> None:
-    """End to end against the ARM server with the region's offer as the price tables give
-    it (no zone): the controller reads the size's zones, launches in one, an eviction (the
-    Spot VM deleted), a relaunch in another zone with the same checkpoint URL and the
-    --max-price cap as billingProfile.maxPrice, exit 0, the VM deleted."""
-    url = f"file://{tmp_path / 'ckpt'}"  # the store is incidental here: any URL will do
-    store = Store.open(url)
-    job_spec = JobSpec(
-        job_id="run-1", provider="azure", gpu="T4", gpu_count=1, regions=("eastus",),
-        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
-        created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
-        max_usd_per_hour=Decimal("0.2"),
-    )  # fmt: skip
-    offers = [offer()]
-    save_job(store, Job(job_spec))
-    world: list[str] = []
-
-    def sleep(seconds: float) -> None:
-        assert len(world) < 20, world
-        current = load_job(store).current
-        assert current is not None
-        assert current.handle is not None
-        if current.number == 1:
-            server.evict(current.handle.instance_id)
-            world.append("evicted")
-        else:
-            write_exit_record(store, ExitRecord(2, 0, 500, time.time(), job_id="run-1"))
-            world.append("exit 0")
-
-    final = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep).run(load_job(store))
-
-    assert final.status == "succeeded"
-    first, second = final.attempts
-    assert first.outcome is Outcome.PREEMPTED
-    assert second.outcome is Outcome.SUCCEEDED
-    assert (first.offer.zone, second.offer.zone) == ("1", "2")
-    bodies = [call.body for call in server.calls("PUT", "/virtualMachines/")]
-    assert [b["tags"]["costguard:attempt"] for b in bodies] == ["1", "2"]
-    assert [b["zones"] for b in bodies] == [["1"], ["2"]]
-    assert [b["properties"]["billingProfile"] for b in bodies] == [{"maxPrice": 0.2}] * 2
-    for body in bodies:
-        script = base64.b64decode(body["properties"]["osProfile"]["customData"]).decode()
-        assert f"costguard run --checkpoint {url} " in script
-    assert server.vms == {}  # the finished job's VM was deleted
-    assert launcher.find("run-1") == []
 
 
 # ------------------------------------------ what the real service refuses (issue 19)

@@ -18,7 +18,7 @@ from costguard.errors import CostguardError
 from costguard.spot.controller import Controller, Event, summarise
 from costguard.spot.job import Job, Simulation, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
-from costguard.spot.recovery import Attempt, Launch, Outcome
+from costguard.spot.recovery import Attempt, AttemptOutcome, Launch
 from tests.spot.test_offers_and_job import spec
 from tests.spot.test_simulator import ON_DEMAND, SPOT, STUBBORN
 
@@ -84,7 +84,7 @@ def test_max_total_terminates_a_running_attempt(tmp_path: Path, launcher: LocalL
         sleep=sleep,
     )
     final = controller.run(job)
-    assert (final.status, final.attempts[0].outcome) == ("stopped", Outcome.STOPPED)
+    assert (final.status, final.attempts[0].outcome) == ("stopped", AttemptOutcome.STOPPED)
     assert "max-total" in final.reason
     handle = final.attempts[0].handle
     assert handle is not None
@@ -107,7 +107,7 @@ def test_a_failing_script_fails_the_job_with_its_exit_code(
         save_job(store, Job(job_spec))
     )
     assert final.status == "failed"
-    assert [(a.outcome, a.exit_code) for a in final.attempts] == [(Outcome.FAILED, 3)] * 2
+    assert [(a.outcome, a.exit_code) for a in final.attempts] == [(AttemptOutcome.FAILED, 3)] * 2
     assert "exited with code 3" in final.reason
     assert replace(load_job(store), heartbeat_unix=0.0) == replace(final, heartbeat_unix=0.0)
 
@@ -150,7 +150,7 @@ def test_the_chosen_region_is_split_into_zones_once(
     assert "priced at the region's $0.4/h (the price tables are per region)" in note
     # After a preemption in zone a: zone b, asking nothing more.
     now = time.time()
-    hit = Attempt(1, first.offer, now - 60, ended_unix=now, outcome=Outcome.PREEMPTED)
+    hit = Attempt(1, first.offer, now - 60, ended_unix=now, outcome=AttemptOutcome.PREEMPTED)
     second = controller.decide(replace(job, attempts=(hit,)), limits)
     assert isinstance(second, Launch)
     assert second.offer.place == "local/aws:us-east-1/us-east-1b"

@@ -4,46 +4,25 @@ speaking the documented Compute Engine shapes: ``instances.insert`` / ``get`` / 
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
-from costguard.spot.controller import Controller
-from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
 from costguard.spot.launcher.gcp import GcpLauncher
-from costguard.spot.recovery import Outcome
-from tests.fakes.gcp import PROJECT, ComputeServer
+from tests.servers.gcp import LAUNCH_OPTIONS as OPTIONS
+from tests.servers.gcp import PROJECT, ComputeServer
 
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
-OPTIONS = {
-    "project": PROJECT,
-    "image": "projects/deeplearning-platform-release/global/images/family/common-cu124",
-    "service_account": "costguard-instance@lab-project.iam.gserviceaccount.com",
-}
-
-
-@pytest.fixture(scope="module")
-def _server() -> Iterator[ComputeServer]:
-    server = ComputeServer()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
-def server(_server: ComputeServer) -> ComputeServer:
-    _server.reset()
-    return _server
+def server(compute_server: ComputeServer) -> ComputeServer:
+    return compute_server
 
 
 @pytest.fixture
@@ -251,55 +230,6 @@ def test_no_price_cap_reaches_gcp(server: ComputeServer, launcher: GcpLauncher) 
     launcher.launch(offer(), spec(), attempt=1)
     assert capped == inserted(server)
     assert "price" not in str(capped["scheduling"]).lower()
-
-
-def test_the_controller_relaunches_a_preempted_job(
-    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path
-) -> None:
-    """End to end against the Compute server with the region's offer as the price tables
-    give it (no zone): the controller reads the region's zones, launches in one, a
-    preemption (the VM deleted), a relaunch in another zone of the region with the same
-    checkpoint URL, exit 0, the VM deleted."""
-    url = f"file://{tmp_path / 'ckpt'}"  # the store is incidental here: any URL will do
-    store = Store.open(url)
-    job_spec = JobSpec(
-        job_id="run-1", provider="gcp", gpu="T4", gpu_count=2, regions=("us-central1",),
-        spot=True, checkpoint_url=url, command=("python", "train.py"), owner="alice",
-        created_unix=time.time(), expires_at=EXPIRES, options=OPTIONS,
-    )  # fmt: skip
-    offers = [offer(zone="")]
-    save_job(store, Job(job_spec))
-    world: list[str] = []
-
-    def sleep(seconds: float) -> None:
-        assert len(world) < 20, world
-        current = load_job(store).current
-        assert current is not None
-        assert current.handle is not None
-        if current.number == 1:
-            server.preempt(current.handle.instance_id)
-            world.append("preempted")
-        else:
-            write_exit_record(store, ExitRecord(2, 0, 500, time.time(), job_id="run-1"))
-            world.append("exit 0")
-
-    final = Controller(store, launcher, offers, poll_s=0.0, sleep=sleep).run(load_job(store))
-
-    assert final.status == "succeeded"
-    first, second = final.attempts
-    assert first.outcome is Outcome.PREEMPTED
-    assert "preempted" in first.detail
-    assert second.outcome is Outcome.SUCCEEDED
-    assert (first.offer.zone, second.offer.zone) == ("us-central1-a", "us-central1-b")
-    bodies = [call.body for call in server.calls("POST", "/instances")]
-    assert [b["machineType"].split("/")[1] for b in bodies] == ["us-central1-a", "us-central1-b"]
-    assert len(server.calls("GET", "/regions/us-central1")) == 1  # asked once per controller
-    assert [b["labels"]["costguard-attempt"] for b in bodies] == ["1", "2"]
-    for body in bodies:
-        script = body["metadata"]["items"][0]["value"]
-        assert f"costguard run --checkpoint {url} " in script
-    assert server.vms == {}  # the finished job's VM was deleted
-    assert launcher.find("run-1") == []
 
 
 # ------------------------------------------ what the real service does (issue 19)

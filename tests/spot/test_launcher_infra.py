@@ -14,7 +14,8 @@ from typing import Any
 
 from costguard.clouds import aws as aws_clouds
 from costguard.spot.launcher.aws import AwsLauncher
-from costguard.spot.launcher.base import JOB_TAG, Handle, LaunchSpec, Market, Offer
+from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
+from costguard.tags import JOB_TAG
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
@@ -218,7 +219,7 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
 
     from costguard.settings import Settings
     from costguard.spot.launcher.gcp import GcpLauncher
-    from tests.fakes.gcp import ComputeServer
+    from tests.servers.gcp import ComputeServer
     from tests.spot.test_gcp_launcher import offer
     from tests.spot.test_gcp_launcher import spec as gcp_spec
 
@@ -283,8 +284,8 @@ def azure_action(method: str, path: str) -> str:
 def test_azure_role_covers_every_call_of_a_job() -> None:
     from costguard.settings import Settings
     from costguard.spot.launcher.azure import AzureLauncher
-    from tests.fakes.azure import SUBSCRIPTION, ArmServer
-    from tests.fakes.http import FakeTokenCredential, azure_client_options
+    from tests.servers.azure import SUBSCRIPTION, ArmServer
+    from tests.servers.http import FakeTokenCredential, azure_client_options
     from tests.spot.test_azure_launcher import GROUP, offer
     from tests.spot.test_azure_launcher import spec as azure_spec
 

@@ -28,7 +28,7 @@ from costguard.spot.job import (
 )
 from costguard.spot.launcher.base import Handle, Market
 from costguard.spot.offers import find_offers, require_offers
-from costguard.spot.recovery import Attempt, Outcome
+from costguard.spot.recovery import Attempt, AttemptOutcome
 
 
 def test_offers_fit_and_come_cheapest_first(catalog: Catalog) -> None:
@@ -121,7 +121,7 @@ def test_job_json_round_trips_exactly(tmp_path: Path, catalog: Catalog) -> None:
         1000.5,
         handle=Handle("local", offer.region, "local-42", extra={"pid": "42"}),
         ended_unix=1100.25,
-        outcome=Outcome.PREEMPTED,
+        outcome=AttemptOutcome.PREEMPTED,
         exit_code=75,
         detail="simulated",
         resumed_step=None,

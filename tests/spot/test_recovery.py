@@ -11,10 +11,10 @@ from costguard.spot.launcher.base import Market, Offer, State
 from costguard.spot.recovery import (
     INTERRUPTIONS,
     Attempt,
+    AttemptOutcome,
     Finish,
     Launch,
     Limits,
-    Outcome,
     Wait,
     classify,
     decide,
@@ -35,7 +35,9 @@ ON_DEMAND = offer("us-east-1", "1.006", Market.ON_DEMAND)
 OFFERS = (EAST, WEST, EU, ON_DEMAND)
 
 
-def ended(number: int, on: Offer, outcome: Outcome, at: float, code: int | None = None) -> Attempt:
+def ended(
+    number: int, on: Offer, outcome: AttemptOutcome, at: float, code: int | None = None
+) -> Attempt:
     return Attempt(number, on, at - 600.0, ended_unix=at, outcome=outcome, exit_code=code)
 
 
@@ -46,17 +48,17 @@ def test_first_launch_is_the_cheapest_spot_offer() -> None:
 
 
 def test_after_a_preemption_it_moves_and_backs_off_from_every_recent_place() -> None:
-    history: tuple[Attempt, ...] = (ended(1, EAST, Outcome.PREEMPTED, 1000.0),)
+    history: tuple[Attempt, ...] = (ended(1, EAST, AttemptOutcome.PREEMPTED, 1000.0),)
     first = decide(history, OFFERS, Limits(), 1000.0)
     assert isinstance(first, Launch)
     assert first.offer == WEST
     assert "moving to aws/us-west-2" in first.reason
-    history += (ended(2, WEST, Outcome.PREEMPTED, 2000.0),)
+    history += (ended(2, WEST, AttemptOutcome.PREEMPTED, 2000.0),)
     second = decide(history, OFFERS, Limits(max_preemptions=5), 2000.0)
     assert isinstance(second, Launch)
     assert second.offer == EU
     # Every place was hit recently: the one hit longest ago comes first.
-    history += (ended(3, EU, Outcome.LOST, 3000.0),)
+    history += (ended(3, EU, AttemptOutcome.LOST, 3000.0),)
     third = decide(history, OFFERS, Limits(max_preemptions=5), 3000.0)
     assert isinstance(third, Launch)
     assert third.offer == EAST
@@ -69,7 +71,7 @@ def test_after_a_preemption_it_moves_and_backs_off_from_every_recent_place() -> 
 def test_zones_are_places_of_their_own() -> None:
     a = offer("us-east-1", "0.40", zone="us-east-1a")
     b = offer("us-east-1", "0.41", zone="us-east-1b")
-    decision = decide((ended(1, a, Outcome.PREEMPTED, 10.0),), (a, b), Limits(), 10.0)
+    decision = decide((ended(1, a, AttemptOutcome.PREEMPTED, 10.0),), (a, b), Limits(), 10.0)
     assert isinstance(decision, Launch)
     assert decision.offer == b
 
@@ -78,11 +80,11 @@ def test_repeated_preemptions_in_a_region_back_off_the_region() -> None:
     a, b, c = (offer("us-east-1", "0.40", zone=f"us-east-1{z}") for z in "abc")
     west = offer("us-west-2", "0.45", zone="us-west-2a")
     offers = (a, b, c, west)
-    first = decide((ended(1, a, Outcome.PREEMPTED, 10.0),), offers, Limits(), 10.0)
+    first = decide((ended(1, a, AttemptOutcome.PREEMPTED, 10.0),), offers, Limits(), 10.0)
     assert isinstance(first, Launch)
     assert first.offer == b  # a sibling zone, at the region's price
     assert "another zone of the region" in first.reason
-    history = (ended(1, a, Outcome.PREEMPTED, 10.0), ended(2, b, Outcome.LOST, 20.0))
+    history = (ended(1, a, AttemptOutcome.PREEMPTED, 10.0), ended(2, b, AttemptOutcome.LOST, 20.0))
     second = decide(history, offers, Limits(), 20.0)
     assert isinstance(second, Launch)
     assert second.offer == west  # us-east-1c is fresh, but its region is backed off
@@ -97,7 +99,7 @@ def test_repeated_preemptions_in_a_region_back_off_the_region() -> None:
     assert later.offer == a  # a's hit has expired (1 hit left in the region: not hot)
     # With one region only (--region), every zone is tried before any is repeated.
     one = (a, b, c)
-    three = (*history, ended(3, c, Outcome.PREEMPTED, 30.0))
+    three = (*history, ended(3, c, AttemptOutcome.PREEMPTED, 30.0))
     nxt = decide(history, one, Limits(), 20.0)
     assert isinstance(nxt, Launch)
     assert nxt.offer == c
@@ -108,7 +110,8 @@ def test_repeated_preemptions_in_a_region_back_off_the_region() -> None:
 
 def test_on_demand_after_max_preemptions() -> None:
     history = tuple(
-        ended(i + 1, (EAST, WEST)[i % 2], Outcome.PREEMPTED, 100.0 * (i + 1)) for i in range(2)
+        ended(i + 1, (EAST, WEST)[i % 2], AttemptOutcome.PREEMPTED, 100.0 * (i + 1))
+        for i in range(2)
     )
     decision = decide(history, OFFERS, Limits(max_preemptions=2), 300.0)
     assert isinstance(decision, Launch)
@@ -128,10 +131,10 @@ def test_on_demand_from_the_start_when_asked() -> None:
 
 
 def test_done_failed_and_retries() -> None:
-    done = decide((ended(1, EAST, Outcome.SUCCEEDED, 10.0, 0),), OFFERS, Limits(), 10.0)
+    done = decide((ended(1, EAST, AttemptOutcome.SUCCEEDED, 10.0, 0),), OFFERS, Limits(), 10.0)
     assert isinstance(done, Finish)
     assert done.status == "succeeded"
-    failed = (ended(1, EAST, Outcome.FAILED, 10.0, 3),)
+    failed = (ended(1, EAST, AttemptOutcome.FAILED, 10.0, 3),)
     verdict = decide(failed, OFFERS, Limits(), 10.0)
     assert isinstance(verdict, Finish)
     assert verdict.status == "failed"
@@ -139,7 +142,7 @@ def test_done_failed_and_retries() -> None:
     retry = decide(failed, OFFERS, Limits(max_failures=1), 10.0)
     assert isinstance(retry, Launch)
     assert retry.number == 2
-    stopped = decide((ended(1, EAST, Outcome.STOPPED, 10.0),), OFFERS, Limits(), 10.0)
+    stopped = decide((ended(1, EAST, AttemptOutcome.STOPPED, 10.0),), OFFERS, Limits(), 10.0)
     assert isinstance(stopped, Finish)
     assert stopped.status == "stopped"
 
@@ -154,7 +157,7 @@ def test_a_running_attempt_is_waited_for_until_the_money_runs_out() -> None:
 
 
 def test_max_total_stops_before_a_launch_that_would_pass_it() -> None:
-    history = (Attempt(1, EAST, 0.0, ended_unix=3600.0, outcome=Outcome.PREEMPTED),)
+    history = (Attempt(1, EAST, 0.0, ended_unix=3600.0, outcome=AttemptOutcome.PREEMPTED),)
     assert spent_usd(history, 9e9) == Decimal("0.40")
     ok = decide(history, OFFERS, Limits(max_total_usd=Decimal("0.90")), 3600.0)
     assert isinstance(ok, Launch)  # 0.40 + 0.45 <= 0.90
@@ -165,22 +168,22 @@ def test_max_total_stops_before_a_launch_that_would_pass_it() -> None:
 
 
 def test_refused_launches_back_off_and_are_bounded() -> None:
-    refused = (ended(1, EAST, Outcome.LAUNCH_FAILED, 5.0),)
+    refused = (ended(1, EAST, AttemptOutcome.LAUNCH_FAILED, 5.0),)
     decision = decide(refused, OFFERS, Limits(), 5.0)
     assert isinstance(decision, Launch)
     assert decision.offer == WEST
     assert spent_usd(refused, 100.0) == 0  # a refused launch bills nothing
-    many = tuple(ended(i, EAST, Outcome.LAUNCH_FAILED, float(i)) for i in range(1, 8))
+    many = tuple(ended(i, EAST, AttemptOutcome.LAUNCH_FAILED, float(i)) for i in range(1, 8))
     assert isinstance(decide(many, OFFERS, Limits(max_launch_failures=5), 10.0), Finish)
 
 
 def test_classify() -> None:
     assert classify(State.PENDING, None, Market.SPOT) is None
-    assert classify(State.PREEMPTED, 0, Market.SPOT) is Outcome.SUCCEEDED
-    assert classify(State.TERMINATED, 75, Market.SPOT) is Outcome.PREEMPTED
-    assert classify(State.MISSING, None, Market.ON_DEMAND) is Outcome.LOST
-    assert classify(State.STOPPED, None, Market.SPOT) is Outcome.STOPPED
-    assert classify(State.TERMINATED, 2, Market.SPOT) is Outcome.FAILED
+    assert classify(State.PREEMPTED, 0, Market.SPOT) is AttemptOutcome.SUCCEEDED
+    assert classify(State.TERMINATED, 75, Market.SPOT) is AttemptOutcome.PREEMPTED
+    assert classify(State.MISSING, None, Market.ON_DEMAND) is AttemptOutcome.LOST
+    assert classify(State.STOPPED, None, Market.SPOT) is AttemptOutcome.STOPPED
+    assert classify(State.TERMINATED, 2, Market.SPOT) is AttemptOutcome.FAILED
 
 
 # -- properties ---------------------------------------------------------------------
@@ -194,7 +197,7 @@ OFFER = st.builds(
     st.sampled_from(["", "a", "b"]),
 )
 ENDED = st.sampled_from(
-    [o for o in Outcome if o not in (Outcome.SUCCEEDED, Outcome.STOPPED)]
+    [o for o in AttemptOutcome if o not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED)]
 )  # outcomes after which the job may go on
 LIMITS = st.builds(
     Limits,
@@ -257,7 +260,7 @@ def test_a_launch_always_respects_the_limits(
     hit = {
         a.offer.place
         for a in attempts
-        if (a.outcome in INTERRUPTIONS or a.outcome is Outcome.LAUNCH_FAILED)
+        if (a.outcome in INTERRUPTIONS or a.outcome is AttemptOutcome.LAUNCH_FAILED)
         and a.ended_unix is not None
         and now - a.ended_unix < limits.backoff_s
     }
@@ -273,7 +276,7 @@ def test_a_launch_always_respects_the_limits(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(OFFER, min_size=1, max_size=5), LIMITS, st.lists(ENDED, min_size=60, max_size=60))
 def test_the_controller_loop_always_ends(
-    offers: list[Offer], limits: Limits, outcomes: list[Outcome]
+    offers: list[Offer], limits: Limits, outcomes: list[AttemptOutcome]
 ) -> None:
     """Whatever becomes of each attempt, decide stops launching within max_attempts."""
     attempts: list[Attempt] = []
@@ -307,7 +310,9 @@ def test_success_is_final_and_a_running_attempt_is_never_doubled(
     assert not isinstance(decide(running, offers, Limits(), start + later), Launch)
     done = (
         *attempts,
-        Attempt(len(attempts) + 1, on, start, ended_unix=start + 1, outcome=Outcome.SUCCEEDED),
+        Attempt(
+            len(attempts) + 1, on, start, ended_unix=start + 1, outcome=AttemptOutcome.SUCCEEDED
+        ),
     )
     verdict = decide(done, offers, Limits(), start + later)
     assert isinstance(verdict, Finish)
@@ -366,7 +371,11 @@ def test_after_a_preemption_the_next_launch_is_in_another_zone_when_one_exists(
     # A sibling zone of a region not backed off, at the same price, is never passed over
     # for a pricier place.
     hot = hot_regions(attempts, limits, last.ended_unix)
-    hit = {a.offer.place for a in attempts if a.outcome in INTERRUPTIONS | {Outcome.LAUNCH_FAILED}}
+    hit = {
+        a.offer.place
+        for a in attempts
+        if a.outcome in INTERRUPTIONS | {AttemptOutcome.LAUNCH_FAILED}
+    }
     siblings = [
         o
         for o in offers

@@ -12,17 +12,13 @@ from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
-from costguard.alarms.plan import (
+from costguard.alarms.backend import Scope
+from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+from costguard.alarms.plan_aws import (
     AWS_BILLING_REGION,
     HARD_STOP_POLICY,
-    NAME_PREFIX,
-    AlarmSpec,
-    ApiCall,
-    BudgetStatus,
-    Notification,
     ObservedAws,
     ObservedAwsBudget,
-    Plan,
     aws_alarm_name,
     aws_create_budget,
     aws_notification_key,
@@ -30,8 +26,10 @@ from costguard.alarms.plan import (
     aws_topic_arn,
     plan_aws,
 )
+from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Notification
 from costguard.clouds import aws
 from costguard.errors import CostguardError
+from costguard.settings import Settings
 
 ClientFactory = Callable[[str, str], Any]
 
@@ -42,6 +40,11 @@ def _default_clients(service: str, region: str) -> Any:
 
 class AwsAlarms:
     """The AWS side of ``costguard alarm``. Clients come from ``clients(service, region)``."""
+
+    @classmethod
+    def for_scope(cls, settings: Settings, scope: Scope) -> AwsAlarms:
+        """The budgets of the credentials' account (AWS takes no scope)."""
+        return cls()
 
     def __init__(self, clients: ClientFactory = _default_clients) -> None:
         self._clients = clients

@@ -11,19 +11,12 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
-from costguard.alarms.plan import (
-    NAME_PREFIX,
-    AlarmSpec,
-    ApiCall,
-    Basis,
-    BudgetStatus,
-    Notification,
-    ObservedAzureBudget,
-    Plan,
-    azure_scope,
-    plan_azure,
-)
+from costguard.alarms.backend import Scope
+from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+from costguard.alarms.plan_azure import ObservedAzureBudget, azure_scope, plan_azure
+from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Basis, Notification
 from costguard.clouds import azure
+from costguard.errors import InputError
 from costguard.settings import Settings
 
 CONSUMPTION = ("azure.mgmt.consumption", "ConsumptionManagementClient")
@@ -58,6 +51,14 @@ def _value(item: Any) -> str:
 
 class AzureAlarms:
     """The Azure side of ``costguard alarm``; ``client`` may be passed in (tests)."""
+
+    @classmethod
+    def for_scope(cls, settings: Settings, scope: Scope) -> AzureAlarms:
+        """The budgets of ``scope.subscription`` (required), or of its resource group."""
+        if not scope.subscription:
+            msg = "--subscription is needed for Azure budgets"
+            raise InputError(msg, hint="az account show --query id shows yours")
+        return cls(settings, scope.subscription, scope.resource_group)
 
     def __init__(
         self,

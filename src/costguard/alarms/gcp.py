@@ -20,17 +20,10 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from costguard.alarms.plan import (
-    NAME_PREFIX,
-    AlarmSpec,
-    ApiCall,
-    Basis,
-    BudgetStatus,
-    Notification,
-    ObservedGcpBudget,
-    Plan,
-    plan_gcp,
-)
+from costguard.alarms.backend import Scope
+from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
+from costguard.alarms.plan_gcp import ObservedGcpBudget, plan_gcp
+from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Basis, Notification
 from costguard.clouds import gcp
 from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
@@ -45,6 +38,14 @@ class GcpAlarms:
     are built with :func:`costguard.clouds.gcp.client` and
     :class:`costguard.clouds.gcp.RestSession` (Monitoring's client has no REST transport).
     """
+
+    @classmethod
+    def for_scope(cls, settings: Settings, scope: Scope) -> GcpAlarms:
+        """The budgets of ``scope.billing_account`` (required), for ``scope.project``."""
+        if not scope.billing_account:
+            msg = "--billing-account is needed for GCP budgets"
+            raise InputError(msg, hint="gcloud billing accounts list shows yours")
+        return cls(settings, scope.billing_account, scope.project)
 
     def __init__(
         self,

@@ -7,6 +7,7 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 from __future__ import annotations
 
 import difflib
+import importlib
 import re
 import sys
 from collections.abc import Sequence
@@ -16,16 +17,6 @@ from typing import Any, NoReturn
 import click
 
 from costguard import __version__
-from costguard.cli.agent import agent_command
-from costguard.cli.alarm import alarm_group
-from costguard.cli.burn import burn_command
-from costguard.cli.checkpoint import checkpoint_group
-from costguard.cli.estimate import estimate_command
-from costguard.cli.launch import jobs_group, launch_command
-from costguard.cli.pricing import pricing_group
-from costguard.cli.reap import reap_command
-from costguard.cli.run import run_command
-from costguard.cli.slurm import slurm_group
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings
@@ -33,8 +24,93 @@ from costguard.settings import Settings
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
+#: Each command: the module that defines it, the command's name there, and the one line
+#: ``costguard --help`` shows for it. The module is imported only when its command runs
+#: (click's lazy-group pattern), so ``costguard estimate`` loads no alarm, reaper or launch
+#: code; tests/cli/test_help.py checks each line against the command's own ``short_help``.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "agent": (
+        "costguard.cli.agent",
+        "agent_command",
+        "On-instance autostop: shut down after the GPU has been idle (dry run unless --execute).",
+    ),
+    "alarm": (
+        "costguard.cli.alarm",
+        "alarm_group",
+        "Set a monthly budget with alerts (run it on day one).",
+    ),
+    "burn": (
+        "costguard.cli.burn",
+        "burn_command",
+        "Live burn rate of running instances and the month's projection.",
+    ),
+    "checkpoint": (
+        "costguard.cli.checkpoint",
+        "checkpoint_group",
+        "List, verify and export checkpoints in a store.",
+    ),
+    "estimate": (
+        "costguard.cli.estimate",
+        "estimate_command",
+        "Estimate what a GPU run costs, across providers, regions and markets.",
+    ),
+    "jobs": ("costguard.cli.launch", "jobs_group", "Jobs started by costguard launch."),
+    "launch": (
+        "costguard.cli.launch",
+        "launch_command",
+        "Run a job on a spot GPU and relaunch it after each preemption.",
+    ),
+    "pricing": (
+        "costguard.cli.pricing",
+        "pricing_group",
+        "Inspect the price tables, or refresh them.",
+    ),
+    "reap": (
+        "costguard.cli.reap",
+        "reap_command",
+        "Stop or terminate idle GPU instances (dry run unless --execute).",
+    ),
+    "run": (
+        "costguard.cli.run",
+        "run_command",
+        "Run a training script with checkpointing and preemption notices.",
+    ),
+    "slurm": (
+        "costguard.cli.slurm",
+        "slurm_group",
+        "Preempt-safe SLURM batch jobs that save and requeue themselves.",
+    ),
+}
+
+
 class CostguardGroup(click.Group):
-    """A click group that turns every failure into ``Error:``/``Hint:`` and an exit code."""
+    """A click group that turns every failure into ``Error:``/``Hint:`` and an exit code.
+
+    Its subcommands come from :data:`COMMANDS`, each imported on first use.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module_name, attribute, _ = COMMANDS[cmd_name]
+            command: click.Command = getattr(importlib.import_module(module_name), attribute)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list from the table's lines: ``--help`` imports no command."""
+        listed = {
+            name: click.Command(name, short_help=line) for name, (*_, line) in COMMANDS.items()
+        }
+        listed.update(
+            (name, command) for name, command in self.commands.items() if not command.hidden
+        )
+        width = formatter.width - 6 - max(map(len, listed))
+        rows = [(name, listed[name].get_short_help_str(width)) for name in sorted(listed)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def main(
         self,
@@ -170,19 +246,6 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
       costguard estimate --gpu a10g --hours 8 --count 4
     """
     ctx.obj = Settings.load({"pricing_dir": pricing_dir, "debug": debug})
-
-
-cli.add_command(estimate_command)
-cli.add_command(pricing_group)
-cli.add_command(alarm_group)
-cli.add_command(burn_command)
-cli.add_command(reap_command)
-cli.add_command(agent_command)
-cli.add_command(run_command)
-cli.add_command(checkpoint_group)
-cli.add_command(launch_command)
-cli.add_command(jobs_group)
-cli.add_command(slurm_group)
 
 
 def main() -> None:

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import click
 
-from costguard.alarms.plan import AlarmSpec, ApiCall, BudgetStatus, Plan, alarm_spec
+from costguard.alarms.backend import Scope, alarm_backend
+from costguard.alarms.plan import ApiCall, Plan
+from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.cli import render
 from costguard.cli.params import Name
 from costguard.errors import InputError
 from costguard.money import format_usd
+from costguard.providers import providers
 from costguard.settings import Settings
 
 FORMAT = click.Choice(["table", "json"], case_sensitive=False)
-PROVIDERS = click.Choice(["aws", "gcp", "azure"], case_sensitive=False)
+PROVIDERS = click.Choice(providers("alarm"), case_sensitive=False)
 
 EXAMPLES = """
 \b
@@ -30,51 +33,6 @@ Examples:
   costguard alarm status
   costguard alarm delete --yes
 """
-
-
-class AlarmBackend(Protocol):
-    """What the CLI needs from a provider (see costguard.alarms.{aws,gcp,azure})."""
-
-    def plan(self, spec: AlarmSpec) -> Plan: ...
-
-    def dry_run_plan(self, spec: AlarmSpec) -> Plan: ...
-
-    def apply(self, spec: AlarmSpec, plan: Plan) -> list[ApiCall]: ...
-
-    def status(self) -> list[BudgetStatus]: ...
-
-    def plan_delete(self, names: Sequence[str] | None = None) -> Plan: ...
-
-    def delete(self, plan: Plan) -> list[ApiCall]: ...
-
-
-def backend(
-    provider: str,
-    settings: Settings,
-    *,
-    billing_account: str | None = None,
-    project: str | None = None,
-    subscription: str | None = None,
-    resource_group: str | None = None,
-) -> AlarmBackend:
-    """The provider's alarm backend, its SDK imported only now."""
-    if provider == "gcp":
-        from costguard.alarms.gcp import GcpAlarms  # the SDK loads only now
-
-        if not billing_account:
-            msg = "--billing-account is needed for GCP budgets"
-            raise InputError(msg, hint="gcloud billing accounts list shows yours")
-        return GcpAlarms(settings, billing_account, project)
-    if provider == "azure":
-        from costguard.alarms.azure import AzureAlarms
-
-        if not subscription:
-            msg = "--subscription is needed for Azure budgets"
-            raise InputError(msg, hint="az account show --query id shows yours")
-        return AzureAlarms(settings, subscription, resource_group)
-    from costguard.alarms.aws import AwsAlarms
-
-    return AwsAlarms()
 
 
 def _provider_options(command: Any) -> Any:
@@ -200,14 +158,7 @@ def alarm_group(ctx: click.Context, **options: Any) -> None:
         hard_stop_role_arn=options["hard_stop_role_arn"],
         hard_stop_targets=options["hard_stop_targets"],
     )
-    cloud = backend(
-        spec.provider,
-        settings,
-        billing_account=spec.billing_account,
-        project=spec.project,
-        subscription=spec.subscription,
-        resource_group=spec.resource_group,
-    )
+    cloud = alarm_backend(spec.provider, settings, _scope(spec))
     _check_someone_is_told(spec, no_notify=options["no_notify"])
     json_output = options["output_format"].lower() == "json"
     if options["dry_run"]:
@@ -306,14 +257,7 @@ Examples:
 @click.pass_obj
 def status_command(settings: Settings, **options: Any) -> None:
     """List the budgets costguard manages, with amounts, spend and alerts."""
-    cloud = backend(
-        options["provider"],
-        settings,
-        billing_account=options["billing_account"],
-        project=options["project"],
-        subscription=options["subscription"],
-        resource_group=options["resource_group"],
-    )
+    cloud = alarm_backend(options["provider"], settings, Scope.of(options))
     statuses = cloud.status()
     if options["output_format"].lower() == "json":
         render.print_json(
@@ -376,14 +320,7 @@ Examples:
 @click.pass_obj
 def delete_command(settings: Settings, names: Sequence[str], yes: bool, **options: Any) -> None:
     """Remove costguard's budgets and alerts - only ours (named costguard-*)."""
-    cloud = backend(
-        options["provider"],
-        settings,
-        billing_account=options["billing_account"],
-        project=options["project"],
-        subscription=options["subscription"],
-        resource_group=options["resource_group"],
-    )
+    cloud = alarm_backend(options["provider"], settings, Scope.of(options))
     wanted = [n if n.startswith("costguard-") else f"costguard-{n}" for n in names] or None
     plan = cloud.plan_delete(wanted)
     made = cloud.delete(plan) if yes else []
@@ -403,3 +340,7 @@ def delete_command(settings: Settings, names: Sequence[str], yes: bool, **option
     for call in plan.calls:
         params = json.dumps(render.to_jsonable(dict(call.params)))
         click.echo(f"  {call}  # {call.reason}: {params}")
+
+
+def _scope(spec: AlarmSpec) -> Scope:
+    return Scope(spec.billing_account, spec.project, spec.subscription, spec.resource_group)

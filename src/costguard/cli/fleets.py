@@ -15,7 +15,8 @@ from typing import Any
 import click
 
 from costguard.cli.params import Name
-from costguard.reaper.fleet import Fleet, PriceBook
+from costguard.providers import adapter_class, providers
+from costguard.reaper.fleet import Fleet, FleetRequest, PriceBook
 from costguard.settings import Settings
 
 
@@ -33,7 +34,7 @@ def fleet_options(region_help: str) -> Callable[[Callable[..., Any]], Callable[.
 
 _PROVIDER = click.option(
     "--provider",
-    type=click.Choice(["aws", "gcp", "azure"], case_sensitive=False),
+    type=click.Choice(providers("fleet"), case_sensitive=False),
     default="aws",
     show_default=True,
     help="Which cloud to look at.",
@@ -87,33 +88,7 @@ def fleets(
     AWS without ``--region`` looks at ``aws_default_regions``, or the profile's region.
     """
     check_combinations(provider, options)
-    regions: Sequence[str] = options["regions"]
-    if provider == "aws":
-        from costguard.reaper import aws  # the SDK loads only now
-
-        regions = aws.check_regions(regions) if regions else ()
-        if options["all_regions"]:
-            regions = tuple(aws.enabled_regions())
-        chosen = regions or tuple(aws_default_regions) or (aws.default_region(),)
-        return [aws.AwsFleet(r, prices) for r in chosen]
-    if provider == "gcp":
-        from costguard.reaper import gcp
-
-        gcp.check_locations(regions, options["zones"], prices.regions(provider))
-        return [
-            gcp.GcpFleet(
-                options["project"], prices, settings, regions=regions, zones=options["zones"]
-            )
-        ]
-    from costguard.reaper import azure
-
-    azure.check_regions(regions, prices.regions(provider))
-    return [
-        azure.AzureFleet(
-            options["subscription"],
-            prices,
-            settings,
-            regions=regions,
-            resource_group=options["resource_group"],
-        )
-    ]
+    fleet_class = adapter_class("fleet", provider)  # the SDK loads only now
+    request = FleetRequest(options, prices, settings, aws_default_regions)
+    fleets: list[Fleet] = fleet_class.for_options(request)
+    return fleets

@@ -63,7 +63,7 @@ def expand_regions(name: str, regions: Sequence[Region]) -> list[Region] | None:
     """The regions a group name stands for (``europe``, ``us``, ``asia``...), or
     ``None`` when ``name`` is not a group (then it names one region).
 
-    >>> from costguard.pricing.catalog import load_catalog
+    >>> from costguard.pricing.tables import load_catalog
     >>> sorted(r.name for r in expand_regions("eu", load_catalog().regions) or [])[:2]
     ['eu-central-1', 'eu-central-2']
     """
@@ -87,7 +87,7 @@ def budget_verdict(option: CostOption, budget_usd: Decimal, hours: Decimal) -> B
     transfers do not.
 
     >>> from costguard.pricing.estimate import EstimateRequest, estimate
-    >>> from costguard.pricing.catalog import load_catalog
+    >>> from costguard.pricing.tables import load_catalog
     >>> request = EstimateRequest(instance_type="g5.xlarge", hours=Decimal(10),
     ...                           regions=("us-east-1",), markets=(Market.ON_DEMAND,),
     ...                           disk_gb=Decimal(0))

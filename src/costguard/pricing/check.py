@@ -55,7 +55,7 @@ class Finding:
 def check_instances(rows: Iterable[InstancePrice]) -> list[Finding]:
     """Every finding over ``rows``, in table order.
 
-    >>> from costguard.pricing.catalog import load_catalog
+    >>> from costguard.pricing.tables import load_catalog
     >>> [f for f in check_instances(load_catalog().instances) if not f.known]
     []
     """

@@ -5,7 +5,7 @@
 instance per provider, region and market, cheapest first, with the assumptions behind
 the figures.
 
->>> from costguard.pricing.catalog import load_catalog
+>>> from costguard.pricing.tables import load_catalog
 >>> result = estimate(EstimateRequest(gpu="A10G", hours=Decimal(8), count=4,
 ...                                   regions=("us-east-1",), markets=(Market.ON_DEMAND,),
 ...                                   disk_gb=Decimal(0)), load_catalog())

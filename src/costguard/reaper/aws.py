@@ -26,16 +26,10 @@ from typing import Any, TypeVar
 from costguard.clouds import aws as aws_clouds
 from costguard.clouds import pages, require
 from costguard.errors import UnknownNameError
-from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
-from costguard.reaper.policy import (
-    MARK_TAG,
-    Action,
-    Instance,
-    InstanceSamples,
-    Sample,
-    format_timestamp,
-)
+from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
+from costguard.tags import MARK_TAG
 
 #: CloudWatch's basic EC2 metrics come every 5 minutes; asking finer gives nothing more.
 #: CloudWatch stamps each datapoint with the *start* of its period.
@@ -137,6 +131,18 @@ class AwsFleet:
             cloudwatch if cloudwatch is not None else aws_clouds.client("cloudwatch", region)
         )
         self._hosts: dict[str, set[str]] = {}
+
+    @classmethod
+    def for_options(cls, request: FleetRequest) -> list[AwsFleet]:
+        """One fleet per region asked for (``--region``, ``--all-regions``), else per
+        ``request.default_regions``, else the profile's region. Names are checked offline
+        first."""
+        asked = request.options["regions"]
+        regions = check_regions(asked) if asked else ()
+        if request.options["all_regions"]:
+            regions = tuple(enabled_regions())
+        chosen = regions or tuple(request.default_regions) or (default_region(),)
+        return [cls(region, request.prices) for region in chosen]
 
     def _call(self, what: str, method: Any, **kwargs: Any) -> Any:
         try:
@@ -381,17 +387,19 @@ class AwsFleet:
             confirmed.append(replace(instance, protected=protected))
         return confirmed
 
-    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+    def apply(
+        self, action: Action, instances: Sequence[Instance], now: datetime
+    ) -> list[ActionOutcome]:
         """Carry out ``action`` in batches; a failed batch is retried one by one so that one
         bad instance (say, a one-time spot instance that cannot stop) does not block the rest."""
-        outcomes: list[Outcome] = []
+        outcomes: list[ActionOutcome] = []
         for batch in _chunks(instances, ACTION_BATCH):
             outcomes.extend(self._apply_batch(action, batch, now))
         return outcomes
 
     def _apply_batch(
         self, action: Action, batch: Sequence[Instance], now: datetime
-    ) -> list[Outcome]:
+    ) -> list[ActionOutcome]:
         ids = [i.instance_id for i in batch]
         try:
             if action is Action.STOP:
@@ -407,8 +415,8 @@ class AwsFleet:
             if len(batch) > 1:
                 return [o for i in batch for o in self._apply_batch(action, [i], now)]
             message = aws_clouds.translate(exc, f"{action} {ids[0]}").message
-            return [Outcome(batch[0], action, ok=False, message=message)]
-        return [Outcome(i, action, ok=True) for i in batch]
+            return [ActionOutcome(batch[0], action, ok=False, message=message)]
+        return [ActionOutcome(i, action, ok=True) for i in batch]
 
 
 def _samples(points: Sequence[tuple[datetime, float]] | None) -> tuple[Sample, ...]:

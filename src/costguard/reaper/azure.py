@@ -39,17 +39,11 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
 from costguard.errors import InputError, UnknownNameError
-from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
-from costguard.reaper.policy import (
-    MARK_TAG,
-    Action,
-    Instance,
-    InstanceSamples,
-    Sample,
-    format_timestamp,
-)
+from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
 from costguard.settings import Settings
+from costguard.tags import MARK_TAG
 
 #: Azure Monitor platform metrics for VMs have a one-minute grain; a datapoint is stamped
 #: with the *start* of its minute.
@@ -122,6 +116,18 @@ class AzureFleet:
     """
 
     provider = "azure"
+
+    @classmethod
+    def for_options(cls, request: FleetRequest) -> list[AzureFleet]:
+        """The one fleet of ``--subscription``, its regions checked offline first
+        (``default_regions`` is for AWS: a subscription lists every region by itself)."""
+        options, prices = request.options, request.prices
+        check_regions(options["regions"], prices.regions(cls.provider))
+        group = options["resource_group"]
+        return [
+            cls(options["subscription"], prices, request.settings, regions=options["regions"],
+                resource_group=group)
+        ]  # fmt: skip
 
     def __init__(
         self,
@@ -388,14 +394,16 @@ class AzureFleet:
         """Nothing to ask: Azure VMs carry no termination protection flag."""
         return list(instances)
 
-    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+    def apply(
+        self, action: Action, instances: Sequence[Instance], now: datetime
+    ) -> list[ActionOutcome]:
         """Start every long-running operation, then wait for each (stop = deallocate).
 
         Marks are merged into, and removed from, the VM's tags with the Tags API; every
         other tag stays as it is now, not as the listing saw it.
         """
         pollers: list[tuple[Instance, Any]] = []
-        outcomes: list[Outcome] = []
+        outcomes: list[ActionOutcome] = []
         operations = self.compute.virtual_machines
         for instance in instances:
             vm = self._vms[instance.instance_id]
@@ -408,22 +416,22 @@ class AzureFleet:
                 elif action is Action.MARK:
                     mark = {MARK_TAG: format_timestamp(now.astimezone(UTC))}
                     self._write_tags(vm.id, "Merge", mark)
-                    outcomes.append(Outcome(instance, action, ok=True))
+                    outcomes.append(ActionOutcome(instance, action, ok=True))
                 else:
                     seen = {k: v for k, v in instance.tags.items() if k.lower() == MARK_TAG}
                     if seen:
                         self._write_tags(vm.id, "Delete", seen)
-                    outcomes.append(Outcome(instance, action, ok=True))
+                    outcomes.append(ActionOutcome(instance, action, ok=True))
             except azure_clouds.errors() as exc:
                 message = azure_clouds.translate(exc, f"{action} {vm.name}").message
-                outcomes.append(Outcome(instance, action, ok=False, message=message))
+                outcomes.append(ActionOutcome(instance, action, ok=False, message=message))
         for instance, poller in pollers:
             try:
                 poller.result(timeout=READ_TIMEOUT_S * 10)
-                outcomes.append(Outcome(instance, action, ok=True))
+                outcomes.append(ActionOutcome(instance, action, ok=True))
             except azure_clouds.errors() as exc:
                 message = azure_clouds.translate(exc, f"{action} {instance.name}").message
-                outcomes.append(Outcome(instance, action, ok=False, message=message))
+                outcomes.append(ActionOutcome(instance, action, ok=False, message=message))
         return outcomes
 
     def _write_tags(self, resource_id: str, operation: str, tags: Mapping[str, str]) -> None:

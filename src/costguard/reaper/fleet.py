@@ -8,11 +8,11 @@ the whole run at once, and acts in batches.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
 from costguard.pricing.catalog import Catalog, InstancePrice, Market
 from costguard.reaper.policy import (
@@ -28,10 +28,11 @@ from costguard.reaper.policy import (
     plan_reap,
     static_verdict,
 )
+from costguard.settings import Settings
 
 
 @dataclass(frozen=True)
-class Outcome:
+class ActionOutcome:
     """What happened when an action was carried out on one instance."""
 
     instance: Instance
@@ -61,7 +62,9 @@ class Fleet(Protocol):
         """The same instances with ``protected`` filled in."""
         ...
 
-    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+    def apply(
+        self, action: Action, instances: Sequence[Instance], now: datetime
+    ) -> list[ActionOutcome]:
         """Stop, terminate, mark or unmark ``instances`` in batches; one outcome each."""
         ...
 
@@ -69,7 +72,7 @@ class Fleet(Protocol):
 class PriceBook:
     """GPU facts and hourly list prices by instance type, from the bundled price tables.
 
-    >>> from costguard.pricing.catalog import load_catalog
+    >>> from costguard.pricing.tables import load_catalog
     >>> book = PriceBook(load_catalog())
     >>> book.gpus("aws", "g5.xlarge"), book.gpus("aws", "m5.large"), book.gpus("aws", "x9.huge")
     (('A10G', 1), (None, 0), None)
@@ -124,18 +127,33 @@ class PriceBook:
 
 
 @dataclass(frozen=True)
+class FleetRequest:
+    """Which instances a command looks at: its location flags (``options``: ``regions``,
+    ``all_regions``, ``zones``, ``project``, ``subscription``, ``resource_group``), the
+    prices, the settings, and the AWS regions to look at when none is asked for.
+
+    Each adapter's ``for_options(request)`` turns it into its fleets, names checked offline.
+    """
+
+    options: Mapping[str, Any]
+    prices: PriceBook
+    settings: Settings
+    default_regions: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class ReapReport:
     """One run: the plan, what was done (empty in a dry run), and the rule it applied."""
 
     plan: ReapPlan
-    outcomes: tuple[Outcome, ...]
+    outcomes: tuple[ActionOutcome, ...]
     executed: bool
     now: datetime
     policy: IdlePolicy
     limits: ReapLimits
 
     @property
-    def failures(self) -> tuple[Outcome, ...]:
+    def failures(self) -> tuple[ActionOutcome, ...]:
         """Actions that were tried and failed."""
         return tuple(o for o in self.outcomes if not o.ok)
 
@@ -207,7 +225,7 @@ def reap(
         if on_judged is not None:
             on_judged(fleet)  # a progress bar over many regions
     plan = plan_reap(verdicts, limits)
-    outcomes: list[Outcome] = []
+    outcomes: list[ActionOutcome] = []
     if execute and plan.breach is None:
         for fleet in fleets:
             for action in (Action.STOP, Action.TERMINATE, Action.MARK, Action.UNMARK):

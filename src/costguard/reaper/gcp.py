@@ -31,10 +31,11 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, pages, require
 from costguard.clouds import gcp as gcp_clouds
 from costguard.errors import InputError, UnknownNameError, did_you_mean
-from costguard.reaper.fleet import Outcome, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
-from costguard.reaper.policy import MARK_TAG, Action, Instance, InstanceSamples, Sample
+from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample
 from costguard.settings import Settings
+from costguard.tags import MARK_TAG
 
 #: The Ops Agent and Compute Engine metrics are sampled every 60 s. Cloud Monitoring
 #: stamps an aligned point with the *end* of its alignment period; the adapter re-stamps it
@@ -157,6 +158,15 @@ class GcpFleet:
     """
 
     provider = "gcp"
+
+    @classmethod
+    def for_options(cls, request: FleetRequest) -> list[GcpFleet]:
+        """The one fleet of ``--project``, its regions and zones checked offline first
+        (``default_regions`` is for AWS: a project lists every zone by itself)."""
+        options, prices = request.options, request.prices
+        regions, zones = options["regions"], options["zones"]
+        check_locations(regions, zones, prices.regions(cls.provider))
+        return [cls(options["project"], prices, request.settings, regions=regions, zones=zones)]
 
     def __init__(
         self,
@@ -360,11 +370,13 @@ class GcpFleet:
             )
         return operation
 
-    def apply(self, action: Action, instances: Sequence[Instance], now: datetime) -> list[Outcome]:
+    def apply(
+        self, action: Action, instances: Sequence[Instance], now: datetime
+    ) -> list[ActionOutcome]:
         """Start every operation first, then wait for each (all within
         :data:`OPERATION_TIMEOUT_S`), so that stops run in parallel."""
         started: list[tuple[Instance, str, Any]] = []
-        outcomes: list[Outcome] = []
+        outcomes: list[ActionOutcome] = []
         failures: tuple[type[BaseException], ...] = (*gcp_clouds.errors(), TimeoutError)
         for instance in instances:
             handle = self._handles[instance.instance_id]
@@ -388,18 +400,18 @@ class GcpFleet:
                 started.append((instance, handle.zone, operation))
             except gcp_clouds.errors() as exc:
                 message = gcp_clouds.translate(exc, f"{action} {handle.name}").message
-                outcomes.append(Outcome(instance, action, ok=False, message=message))
+                outcomes.append(ActionOutcome(instance, action, ok=False, message=message))
         deadline = time.monotonic() + OPERATION_TIMEOUT_S
         for instance, zone, operation in started:
             try:
                 done = self._wait(operation, zone, deadline)
             except failures as exc:
-                outcomes.append(Outcome(instance, action, ok=False, message=str(exc)))
+                outcomes.append(ActionOutcome(instance, action, ok=False, message=str(exc)))
                 continue
             errors = list(done.error.errors)
             if errors:
                 detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
-                outcomes.append(Outcome(instance, action, ok=False, message=detail))
+                outcomes.append(ActionOutcome(instance, action, ok=False, message=detail))
             else:
-                outcomes.append(Outcome(instance, action, ok=True))
+                outcomes.append(ActionOutcome(instance, action, ok=True))
         return outcomes

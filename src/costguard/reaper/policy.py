@@ -1,5 +1,8 @@
 """Which GPU instances are idle, and what one reaper run may do about them. Pure: no I/O.
 
+One idea, longer than most modules: the idle rule and the run's limits, together, so every
+fail-safe choice (when in doubt, keep) can be read in one place.
+
 An idle GPU bills exactly like a busy one, but a wrong "idle" stops somebody's training
 run, so every rule here fails safe: when in doubt, keep the instance.
 
@@ -41,13 +44,8 @@ from enum import StrEnum
 from itertools import pairwise
 
 from costguard.errors import CostguardError, InputError
+from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG
 
-#: Tag (GCP label ``costguard-keep``) that protects an instance from every reaper run.
-KEEP_TAG = "costguard:keep"
-#: Tag holding a time (ISO 8601 or Unix seconds) before which the instance is left alone.
-EXPIRES_TAG = "costguard:expires-at"
-#: Tag the two-phase mode writes on the first idle run: when the instance was found idle.
-MARK_TAG = "costguard:idle-since"
 #: The only values of a protect tag that do *not* protect (compared case-insensitively,
 #: not stripped, exactly as the IAM conditions in ``infra/`` compare them). Any other value
 #: of a present tag - ``""``, ``keep``, ``y``, a fullwidth ``true`` - protects: a person

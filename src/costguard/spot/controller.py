@@ -23,6 +23,7 @@ from decimal import Decimal
 
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
+from costguard.pricing.catalog import Market
 from costguard.spot.job import (
     FINAL,
     RUNNING,
@@ -32,17 +33,17 @@ from costguard.spot.job import (
     read_exit_record,
     save_job,
 )
-from costguard.spot.launcher.base import CapacityError, Handle, Launcher, Market, Offer, State
+from costguard.spot.launcher.base import CapacityError, Handle, Launcher, Offer, State
 from costguard.spot.offers import expand_zones
 from costguard.spot.recovery import (
     EXIT_PREEMPTED,
     INTERRUPTIONS,
     Attempt,
+    AttemptOutcome,
     Decision,
     Finish,
     Launch,
     Limits,
-    Outcome,
     Wait,
     classify,
     decide,
@@ -302,14 +303,14 @@ class Controller:
             refused = replace(
                 attempt,
                 ended_unix=self._clock(),
-                outcome=Outcome.LAUNCH_FAILED,
+                outcome=AttemptOutcome.LAUNCH_FAILED,
                 detail=f"{exc.code}: {exc.message}",
             )
             self._emit("refused", f"{decision.offer.place}: {exc.message}")
             return self._save(job.with_attempt(refused))
         except CostguardError as exc:
             refused = replace(
-                attempt, ended_unix=self._clock(), outcome=Outcome.FAILED, detail=exc.message
+                attempt, ended_unix=self._clock(), outcome=AttemptOutcome.FAILED, detail=exc.message
             )
             job = job.with_attempt(refused)
             return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
@@ -335,7 +336,7 @@ class Controller:
                 replace(
                     current,
                     ended_unix=self._clock(),
-                    outcome=Outcome.STOPPED,
+                    outcome=AttemptOutcome.STOPPED,
                     detail=f"terminated by costguard: {decision.reason}",
                 )
             )
@@ -363,7 +364,7 @@ class Controller:
                 last_write = time.monotonic()
                 if job.status in FINAL:
                     return job
-                if job.attempts[-1].outcome is Outcome.LAUNCH_FAILED:
+                if job.attempts[-1].outcome is AttemptOutcome.LAUNCH_FAILED:
                     self._sleep(self.poll_s)  # a refused launch: do not hammer the provider
                 continue
             if time.monotonic() - started > self.timeout_s:
@@ -417,7 +418,7 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
     running_s = sum(
         max(0.0, end - a.launched_unix)
         for a, end in zip(attempts, ends, strict=True)
-        if a.outcome is not Outcome.LAUNCH_FAILED
+        if a.outcome is not AttemptOutcome.LAUNCH_FAILED
     )
     hours = sum((a.hours(now_unix) for a in attempts), Decimal(0))
     interrupted = [a for a in attempts if a.outcome in INTERRUPTIONS]
@@ -435,9 +436,9 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
     return Summary(
         status=job.status,
         reason=job.reason,
-        attempts=sum(1 for a in attempts if a.outcome is not Outcome.LAUNCH_FAILED),
+        attempts=sum(1 for a in attempts if a.outcome is not AttemptOutcome.LAUNCH_FAILED),
         preemptions=interruptions(attempts),
-        failures=sum(1 for a in attempts if a.outcome is Outcome.FAILED),
+        failures=sum(1 for a in attempts if a.outcome is AttemptOutcome.FAILED),
         wall_s=wall_s,
         running_s=running_s,
         lost_s=sum(a.lost_s for a in interrupted),

@@ -1,5 +1,8 @@
 """The job's state in the checkpoint store, next to its checkpoints.
 
+One idea, longer than most modules: the job's record (its spec, its attempts, their exit
+records), written and read back in one place, so the file format has one owner.
+
 ``job/job.json`` holds what the user asked for (:class:`JobSpec`) and every attempt (where
 it ran, how it ended); the controller rewrites it (atomically: a local rename, or one PUT)
 after each change, so it keeps no state of its own and ``costguard launch --attach URL``
@@ -34,8 +37,9 @@ from typing import Any
 from costguard.checkpoint.store import Store, StoreError
 from costguard.errors import CostguardError, InputError
 from costguard.money import usd_str
-from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
-from costguard.spot.recovery import Attempt, Limits, Outcome
+from costguard.pricing.catalog import Market
+from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
+from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +341,7 @@ def _attempt(doc: Mapping[str, Any]) -> Attempt:
         launched_unix=float(doc["launched_unix"]),
         handle=_handle(doc["handle"]) if doc.get("handle") else None,
         ended_unix=float(doc["ended_unix"]) if doc.get("ended_unix") is not None else None,
-        outcome=Outcome(outcome) if outcome else None,
+        outcome=AttemptOutcome(outcome) if outcome else None,
         exit_code=int(doc["exit_code"]) if doc.get("exit_code") is not None else None,
         detail=str(doc.get("detail", "")),
         resumed_step=_opt_int(doc.get("resumed_step")),

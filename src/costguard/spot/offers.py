@@ -10,7 +10,7 @@ Offers come per region, as the tables are; the controller splits one into zones
 (:func:`expand_zones`, the launcher's :meth:`~costguard.spot.launcher.base.Launcher.zones`)
 when it is about to launch there, each zone at the region's price.
 
->>> from costguard.pricing.catalog import load_catalog
+>>> from costguard.pricing.tables import load_catalog
 >>> found = find_offers(load_catalog(), gpu="A10G", provider="aws", regions=("us-east-1",))
 >>> [(o.instance_type, o.market.value, str(o.usd_per_hour)) for o in found][:1]
 [('g5.xlarge', 'spot', '0.4246')]
@@ -23,17 +23,12 @@ from dataclasses import replace
 from decimal import Decimal
 
 from costguard.errors import InputError
-from costguard.pricing.catalog import Catalog, InstancePrice
-from costguard.pricing.catalog import Market as PriceMarket
-from costguard.spot.launcher.base import Market, Offer
+from costguard.pricing.catalog import Catalog, InstancePrice, Market
+from costguard.spot.launcher.base import Offer
 
 CLOUDS = ("aws", "gcp", "azure")
 LOCAL = "local"
 PROVIDERS = (*CLOUDS, LOCAL)
-
-
-def _market(market: Market) -> PriceMarket:
-    return PriceMarket.SPOT if market is Market.SPOT else PriceMarket.ON_DEMAND
 
 
 def find_offers(
@@ -62,7 +57,7 @@ def find_offers(
         if regions and inst.region not in regions:
             continue
         for market in (Market.SPOT, Market.ON_DEMAND):
-            price = inst.usd_per_hour(_market(market))
+            price = inst.usd_per_hour(market)
             if price is None or price <= 0:
                 continue
             if market is Market.SPOT and max_usd_per_hour is not None and price > max_usd_per_hour:

@@ -25,7 +25,7 @@ No I/O, no clock: ``now_unix`` comes in as an argument, so every rule is unit-te
 >>> other = Offer("aws", "us-west-2", "g5.xlarge", Market.SPOT, Decimal("0.6"), "A10G", 1)
 >>> decide((), (spot, other), Limits(), now_unix=0.0).offer.region
 'us-east-1'
->>> hit = Attempt(1, spot, 0.0, ended_unix=60.0, outcome=Outcome.PREEMPTED)
+>>> hit = Attempt(1, spot, 0.0, ended_unix=60.0, outcome=AttemptOutcome.PREEMPTED)
 >>> decide((hit,), (spot, other), Limits(), now_unix=60.0).offer.region
 'us-west-2'
 >>> from dataclasses import replace
@@ -45,14 +45,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from costguard.spot.launcher.base import Handle, Market, Offer, State
+from costguard.pricing.catalog import Market
+from costguard.spot.launcher.base import Handle, Offer, State
 
 SECONDS_PER_HOUR = Decimal(3600)
 #: The wrapper's exit code after a notice-triggered save ("run me again").
 EXIT_PREEMPTED = 75
 
 
-class Outcome(enum.Enum):
+class AttemptOutcome(enum.Enum):
     """How an attempt ended."""
 
     SUCCEEDED = "succeeded"  # exit 0 recorded by ``costguard run``
@@ -65,7 +66,7 @@ class Outcome(enum.Enum):
 
 #: Outcomes that count as an interruption: the place is backed off from, and on spot
 #: they count towards ``max_preemptions``.
-INTERRUPTIONS = frozenset({Outcome.PREEMPTED, Outcome.LOST})
+INTERRUPTIONS = frozenset({AttemptOutcome.PREEMPTED, AttemptOutcome.LOST})
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Attempt:
     launched_unix: float
     handle: Handle | None = None
     ended_unix: float | None = None
-    outcome: Outcome | None = None
+    outcome: AttemptOutcome | None = None
     exit_code: int | None = None
     detail: str = ""
     #: The latest complete checkpoint step when the attempt started / ended.
@@ -99,10 +100,10 @@ class Attempt:
         """Instance-hours billed so far (a failed launch bills nothing).
 
         >>> o = Offer("aws", "r", "t", Market.SPOT, Decimal("1"), "A10G", 1)
-        >>> Attempt(1, o, 0.0, ended_unix=5400.0, outcome=Outcome.SUCCEEDED).hours(9e9)
+        >>> Attempt(1, o, 0.0, ended_unix=5400.0, outcome=AttemptOutcome.SUCCEEDED).hours(9e9)
         Decimal('1.5')
         """
-        if self.outcome is Outcome.LAUNCH_FAILED:
+        if self.outcome is AttemptOutcome.LAUNCH_FAILED:
             return Decimal(0)
         end = self.ended_unix if self.ended_unix is not None else now_unix
         seconds = max(0.0, end - self.launched_unix)
@@ -157,7 +158,7 @@ class Finish:
 Decision = Wait | Launch | Finish
 
 
-def classify(state: State, exit_code: int | None, market: Market) -> Outcome | None:
+def classify(state: State, exit_code: int | None, market: Market) -> AttemptOutcome | None:
     """How an attempt ended, from the provider's state and the wrapper's exit record.
 
     The exit record wins when there is one: 0 is success whatever the instance does
@@ -167,21 +168,21 @@ def classify(state: State, exit_code: int | None, market: Market) -> Outcome | N
     >>> classify(State.RUNNING, None, Market.SPOT) is None
     True
     >>> classify(State.RUNNING, 0, Market.SPOT), classify(State.PREEMPTED, 137, Market.SPOT)
-    (<Outcome.SUCCEEDED: 'succeeded'>, <Outcome.PREEMPTED: 'preempted'>)
+    (<AttemptOutcome.SUCCEEDED: 'succeeded'>, <AttemptOutcome.PREEMPTED: 'preempted'>)
     >>> classify(State.TERMINATED, None, Market.SPOT), classify(State.RUNNING, 1, Market.SPOT)
-    (<Outcome.LOST: 'lost'>, <Outcome.FAILED: 'failed'>)
+    (<AttemptOutcome.LOST: 'lost'>, <AttemptOutcome.FAILED: 'failed'>)
     """
     if exit_code == 0:
-        return Outcome.SUCCEEDED
+        return AttemptOutcome.SUCCEEDED
     if exit_code == EXIT_PREEMPTED or state is State.PREEMPTED:
-        return Outcome.PREEMPTED
+        return AttemptOutcome.PREEMPTED
     if exit_code is not None:
-        return Outcome.FAILED
+        return AttemptOutcome.FAILED
     if state in (State.PENDING, State.RUNNING):
         return None
     if state is State.STOPPED:
-        return Outcome.STOPPED
-    return Outcome.LOST
+        return AttemptOutcome.STOPPED
+    return AttemptOutcome.LOST
 
 
 def spent_usd(attempts: Iterable[Attempt], now_unix: float) -> Decimal:
@@ -251,7 +252,7 @@ def recent_hits(attempts: Iterable[Attempt], limits: Limits, now_unix: float) ->
     return [
         a
         for a in attempts
-        if (a.outcome in INTERRUPTIONS or a.outcome is Outcome.LAUNCH_FAILED)
+        if (a.outcome in INTERRUPTIONS or a.outcome is AttemptOutcome.LAUNCH_FAILED)
         and now_unix - _hit_time(a) < limits.backoff_s
     ]
 
@@ -261,7 +262,8 @@ def hot_regions(attempts: Iterable[Attempt], limits: Limits, now_unix: float) ->
 
     >>> from dataclasses import replace
     >>> o = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("1"), "A10G", 1)
-    >>> hits = [Attempt(n, replace(o, zone=z), 0.0, ended_unix=10.0, outcome=Outcome.PREEMPTED)
+    >>> hit = AttemptOutcome.PREEMPTED
+    >>> hits = [Attempt(n, replace(o, zone=z), 0.0, ended_unix=10.0, outcome=hit)
     ...         for n, z in ((1, "us-east-1a"), (2, "us-east-1b"))]
     >>> hot_regions(hits[:1], Limits(), 20.0), hot_regions(hits, Limits(), 20.0)
     (set(), {'aws/us-east-1'})
@@ -289,11 +291,11 @@ def decide(
                 "stopped", f"max-total reached: spent ${spent:.2f} of ${limits.max_total_usd}"
             )
         return Wait()
-    if last is not None and last.outcome is Outcome.SUCCEEDED:
+    if last is not None and last.outcome is AttemptOutcome.SUCCEEDED:
         return Finish("succeeded", f"attempt {last.number} exited 0")
-    if last is not None and last.outcome is Outcome.STOPPED:
+    if last is not None and last.outcome is AttemptOutcome.STOPPED:
         return Finish("stopped", f"attempt {last.number} was stopped outside costguard")
-    failures = sum(1 for a in attempts if a.outcome is Outcome.FAILED)
+    failures = sum(1 for a in attempts if a.outcome is AttemptOutcome.FAILED)
     if failures > limits.max_failures:
         code = last.exit_code if last is not None else None
         return Finish(
@@ -301,7 +303,7 @@ def decide(
             f"the job exited with code {code} ({failures} failure(s), "
             f"--max-failures {limits.max_failures})",
         )
-    refused = sum(1 for a in attempts if a.outcome is Outcome.LAUNCH_FAILED)
+    refused = sum(1 for a in attempts if a.outcome is AttemptOutcome.LAUNCH_FAILED)
     if refused > limits.max_launch_failures:
         return Finish("failed", f"{refused} launches were refused by the provider")
     if len(attempts) >= limits.max_attempts:

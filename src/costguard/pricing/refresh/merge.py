@@ -249,7 +249,7 @@ def new_rows(catalog: Catalog, provider: str, region: str) -> tuple[InstancePric
     """Rows to price in a region the tables do not cover: each instance type the tables
     carry for ``provider`` elsewhere (shape and GPUs as there), with no price.
 
-    >>> from costguard.pricing.catalog import load_catalog
+    >>> from costguard.pricing.tables import load_catalog
     >>> rows = new_rows(load_catalog(), "azure", "uksouth")
     >>> len(rows) > 0 and all(r.ondemand_usd_per_hour is None for r in rows)
     True

@@ -118,7 +118,7 @@ def plan_refresh(
     holds prices for (the others come back with nothing and are kept as they were,
     without a warning: see :attr:`RefreshPlan.regions_named`).
 
-    >>> from costguard.pricing.catalog import load_catalog
+    >>> from costguard.pricing.tables import load_catalog
     >>> plan = plan_refresh(load_catalog(), regions=["us-east-1"], output=Path("out"))
     >>> [(t.provider, t.regions) for t in plan.targets]
     [('aws', ('us-east-1',))]

@@ -7,24 +7,13 @@ imports the adapter module (and so its SDK) only when it is asked for.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from costguard.errors import InputError
+from costguard.providers import adapter_class, providers
 from costguard.spot.launcher.base import Launcher
-
-#: provider -> (module, class). The class is built with the keywords it accepts among
-#: ``settings`` (the frozen :class:`~costguard.settings.Settings`), ``options`` (the
-#: ``--option KEY=VALUE`` mapping), ``regions`` (where the offers are), and any
-#: ``--option`` named in :data:`OPTION_PARAMETERS`.
-CLOUD_ADAPTERS = {
-    "aws": ("costguard.spot.launcher.aws", "AwsLauncher"),
-    "gcp": ("costguard.spot.launcher.gcp", "GcpLauncher"),
-    "azure": ("costguard.spot.launcher.azure", "AzureLauncher"),
-}
-
 
 #: The only constructor parameters an ``--option`` may set, and the keys that name them.
 #: Everything else a constructor takes (clients, credentials, environments) is for tests
@@ -39,19 +28,20 @@ OPTION_PARAMETERS = {
 def cloud_launcher(
     provider: str, settings: Any, options: Mapping[str, str], regions: Sequence[str] = ()
 ) -> Launcher:
-    """The adapter of ``provider`` (``aws``, ``gcp``, ``azure``), its SDK imported now."""
-    if provider not in CLOUD_ADAPTERS:
+    """The adapter of ``provider`` (``aws``, ``gcp``, ``azure``), its SDK imported now.
+
+    The class is the ``launcher`` entry of :data:`costguard.providers.ADAPTERS`, built with
+    the keywords it accepts among ``settings`` (the frozen
+    :class:`~costguard.settings.Settings`), ``options`` (the ``--option KEY=VALUE``
+    mapping), ``regions`` (where the offers are), and any ``--option`` named in
+    :data:`OPTION_PARAMETERS`.
+    """
+    if provider not in providers("launcher"):
         msg = f"unknown provider {provider!r}"
         raise InputError(msg, hint="use aws, gcp, azure or local")
-    module_name, factory_name = CLOUD_ADAPTERS[provider]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        msg = f"the {provider} launcher is not part of this costguard build"
-        raise InputError(msg, hint="use --provider local to try the job first") from None
-    factory = getattr(module, factory_name)
+    factory = adapter_class(
+        "launcher", provider, absent_hint="use --provider local to try the job first"
+    )
     offered: dict[str, Any] = {
         "settings": settings,
         "options": dict(options),

@@ -37,18 +37,10 @@ from typing import Any
 
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import InputError
+from costguard.pricing.catalog import Market
 from costguard.spot import bootstrap
-from costguard.spot.launcher.base import (
-    ATTEMPT_TAG,
-    JOB_TAG,
-    CapacityError,
-    Handle,
-    LaunchSpec,
-    Market,
-    Offer,
-    State,
-    Status,
-)
+from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.tags import ATTEMPT_TAG, JOB_TAG
 
 #: States of an instance that runs or is about to (``find`` reports only these).
 LIVE_STATES = ("pending", "running")

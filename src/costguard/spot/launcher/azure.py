@@ -52,19 +52,11 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
 from costguard.errors import CostguardError, InputError
+from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
-from costguard.spot.launcher.base import (
-    ATTEMPT_TAG,
-    JOB_TAG,
-    CapacityError,
-    Handle,
-    LaunchSpec,
-    Market,
-    Offer,
-    State,
-    Status,
-)
+from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.tags import ATTEMPT_TAG, JOB_TAG
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10

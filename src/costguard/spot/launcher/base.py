@@ -17,18 +17,9 @@ from typing import Protocol
 
 from costguard.errors import CostguardError
 
-#: Tags (AWS/Azure spelling; GCP labels use ``costguard-`` and no ``:``) on every
-#: instance the launcher creates, so ``costguard reap`` and ``--attach`` can find them.
-JOB_TAG = "costguard:job"
-OWNER_TAG = "costguard:owner"
-ATTEMPT_TAG = "costguard:attempt"
-EXPIRES_TAG = "costguard:expires-at"
-IDLE_MINUTES_TAG = "costguard:idle-minutes"
-
-
-class Market(enum.Enum):
-    SPOT = "spot"
-    ON_DEMAND = "on-demand"
+# The one Market (spot or on-demand): an offer is bought the way its price was listed.
+from costguard.pricing.catalog import Market
+from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, IDLE_MINUTES_TAG, JOB_TAG, OWNER_TAG
 
 
 @dataclass(frozen=True)

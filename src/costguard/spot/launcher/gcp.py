@@ -1,5 +1,9 @@
 """GCP: one Compute Engine VM per attempt, through ``instances.insert``.
 
+One idea, longer than most modules: the life of an attempt's VM on Compute Engine (its
+body, insert, read, delete, find), with the refusals the API answers spelled out next to
+the calls that meet them.
+
 The VM is created with ``scheduling.provisioningModel=SPOT`` (unless on-demand), the
 termination action the user chose (``DELETE`` by default, or ``STOP``),
 ``onHostMaintenance=TERMINATE`` (GPUs cannot live-migrate) and no automatic restart. N1
@@ -52,19 +56,11 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import gcp as gcp_clouds
 from costguard.errors import CostguardError, InputError
+from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
-from costguard.spot.launcher.base import (
-    EXPIRES_TAG,
-    JOB_TAG,
-    CapacityError,
-    Handle,
-    LaunchSpec,
-    Market,
-    Offer,
-    State,
-    Status,
-)
+from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.tags import EXPIRES_TAG, JOB_TAG
 
 #: The most seconds one insert or delete operation is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5

@@ -33,8 +33,9 @@ from typing import IO, Any
 
 from costguard.checkpoint.notices import ENDPOINT_ENV
 from costguard.errors import InputError
+from costguard.pricing.catalog import Market
 from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
-from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer, State, Status
+from costguard.spot.launcher.base import Handle, LaunchSpec, Offer, State, Status
 from costguard.spot.simulator import (
     NOTICE_S,
     MetadataEmulator,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.azure import (
+from tests.servers.azure import (
     RULES,
     SUBSCRIPTION,
     ArmServer,
@@ -19,7 +19,7 @@ from tests.fakes.azure import (
     AzureVm,
     ConsumptionFake,
 )
-from tests.fakes.http import FakeTokenCredential, JsonServer, azure_client_options
+from tests.servers.http import FakeTokenCredential, JsonServer, azure_client_options
 
 GROUP = "costguard-jobs"
 EAST_SUBNET = (

@@ -4,7 +4,7 @@ launcher's and the reaper's calls), Azure Monitor metrics and the Consumption bu
 Each fake answers the documented paths with the documented JSON, and *refuses* what the real
 service refuses, in the shape the service sends (an immediate ARM error body, or a failed
 long-running operation). The rules, and the definitions they come from (spec file,
-repository, commit), are test data: ``tests/fakes/definitions/azure.json``; the table in
+repository, commit), are test data: ``tests/servers/definitions/azure.json``; the table in
 ``tests/README.md`` says which fake enforces which rule and what none of them can model.
 """
 
@@ -20,10 +20,26 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.http import LocalServer, Reply, Request, Route, rfc3339
+from tests.servers.http import LocalServer, Reply, Request, Route, rfc3339
 
 AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 SUBSCRIPTION = AZURE_SUBSCRIPTION
+
+#: What a launch into the ARM fake needs (the spot and contract suites).
+GROUP = "costguard-jobs"
+NETWORK = f"/subscriptions/{SUBSCRIPTION}/resourceGroups/net/providers/Microsoft.Network"
+IDENTITY = (
+    f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/providers/"
+    "Microsoft.ManagedIdentity/userAssignedIdentities/costguard-instance"
+)
+LAUNCH_OPTIONS = {
+    "subscription": SUBSCRIPTION,
+    "resource_group": GROUP,
+    "image": "microsoft-dsvm:ubuntu-hpc:2204:latest",
+    "subnet": f"{NETWORK}/virtualNetworks/lab/subnets/jobs",
+    "identity": IDENTITY,
+    "ssh_public_key": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleKeyOnly me@laptop",
+}
 #: The rules the fakes enforce, with their sources.
 RULES: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "definitions" / "azure.json").read_text()
@@ -601,3 +617,23 @@ class ConsumptionFake:
             del self.budgets[key]
             return 200, {}
         return 200, self.budgets[key]
+
+
+def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the 62 minutes before ``now``."""
+    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+
+
+def seed_vm(
+    server: AzureServer, vm: AzureVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 1.5
+) -> None:
+    """Azure Monitor series for ``vm`` up to ``now``: GPU (``None``: no agent), CPU in
+    percent, and a trickle of network."""
+    from costguard.reaper import azure
+
+    if gpu is not None:
+        server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, every_minute(now, gpu))
+    server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, every_minute(now, cpu))
+    # Bytes per one-minute grain: 6 kB/min each way is far below 1 Mbit/s.
+    server.put(azure.VM_NAMESPACE, azure.NETWORK_IN_METRIC, vm, every_minute(now, 6000.0))
+    server.put(azure.VM_NAMESPACE, azure.NETWORK_OUT_METRIC, vm, every_minute(now, 6000.0))

@@ -6,7 +6,7 @@ Each fake answers the documented paths with the documented JSON, and *refuses* w
 service refuses, in the shape the service sends (an immediate HTTP error with Google's error
 body, or a finished operation carrying ``error.errors[]``). The rules, and the definitions
 they come from (proto file, repository, commit), are test data:
-``tests/fakes/definitions/gcp.json``; ``tests/README.md`` has the table.
+``tests/servers/definitions/gcp.json``; ``tests/README.md`` has the table.
 """
 
 from __future__ import annotations
@@ -20,12 +20,19 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.fakes.http import LocalServer, Reply, Request, Route, rfc3339
+from tests.servers.http import LocalServer, Reply, Request, Route, rfc3339
 
 GCP_PROJECT = "lab-project"
 PROJECT = GCP_PROJECT
 #: The project number Resource Manager knows ``lab-project`` by.
 PROJECT_NUMBER = "415104041262"
+
+#: What a launch into the Compute fake needs (the spot and contract suites).
+LAUNCH_OPTIONS = {
+    "project": PROJECT,
+    "image": "projects/deeplearning-platform-release/global/images/family/common-cu124",
+    "service_account": "costguard-instance@lab-project.iam.gserviceaccount.com",
+}
 COMPUTE = "https://www.googleapis.com/compute/v1"
 #: GCP writes instance timestamps in US Pacific time; the adapter must not care.
 PACIFIC = timezone(timedelta(hours=-8))
@@ -583,3 +590,23 @@ class BudgetsFake:
             return 200, self.channels[name]
         items = [c for n, c in self.channels.items() if n.startswith(resource + "/")]
         return 200, {"notificationChannels": items}
+
+
+def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
+    """A point a minute for the 62 minutes before ``now``."""
+    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
+
+
+def seed_vm(
+    server: GcpServer, vm: GcpVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 0.01
+) -> None:
+    """Cloud Monitoring series for ``vm`` up to ``now``: GPU (``None``: no Ops Agent), CPU
+    (a fraction of 1) and a trickle of network."""
+    from costguard.reaper import gcp
+
+    if gpu is not None:
+        server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu))
+    server.put(gcp.CPU_METRIC, vm.instance_id, every_minute(now, cpu))
+    # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
+    server.put(gcp.RECEIVED_METRIC, vm.instance_id, every_minute(now, 100.0))
+    server.put(gcp.SENT_METRIC, vm.instance_id, every_minute(now, 100.0))

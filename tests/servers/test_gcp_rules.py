@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.fakes.gcp import (
+from tests.servers.gcp import (
     GCP_PROJECT,
     PROJECT_NUMBER,
     RULES,
@@ -21,7 +21,7 @@ from tests.fakes.gcp import (
     GcpServer,
     GcpVm,
 )
-from tests.fakes.http import JsonServer
+from tests.servers.http import JsonServer
 
 ACCOUNT = "billingAccounts/012345-6789AB-CDEF01"
 

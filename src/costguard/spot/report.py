@@ -1,0 +1,197 @@
+"""What ``costguard launch`` and ``costguard jobs status`` say about a job, as values.
+
+The estimate before a launch (:func:`estimate_lines`), and the report after it: the JSON
+document (:func:`job_document`), the attempts table (:func:`attempt_rows`) and the summary
+lines (:func:`summary_lines`). The command renders them; only :func:`latest_checkpoint`
+reads the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from costguard.errors import CostguardError
+from costguard.money import format_usd
+from costguard.spot.controller import handle_label, summarise
+from costguard.spot.job import Job, JobSpec, attempt_doc, spec_doc
+from costguard.spot.launcher.base import Offer
+
+#: What ``--max-price`` does on each provider, besides filtering the offers.
+MAX_PRICE_REACH = {
+    "aws": "filters the offers and is sent as the spot MaxPrice",
+    "azure": "filters the offers and is sent as billingProfile.maxPrice",
+    "gcp": "filters the offers only: GCP Spot VMs take no price cap",
+    "local": "filters the offers (simulated: nothing is billed)",
+}
+
+#: The attempts table's columns, in order.
+ATTEMPT_COLUMNS = ("#", "where", "market", "$/h", "instance", "outcome", "exit", "steps", "cost")
+
+
+def usd(amount: Decimal) -> str:
+    """Dollars for the report: cents, or four decimals below a dollar (a short local run).
+
+    >>> usd(Decimal("0.00123")), usd(Decimal("12.5"))
+    ('$0.0012', '$12.50')
+    """
+    return format_usd(amount, rate=amount < 1)
+
+
+def estimate_lines(spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str) -> list[str]:
+    """The estimate shown before the confirmation; a line indented by two spaces belongs to
+    the line before it."""
+    simulated = " (simulated on this machine; priced as" if spec.provider == "local" else ""
+    where = f"{offer.instance_type} {offer.market.value} in {offer.region}"
+    lines = [
+        f"job {spec.job_id}: {spec.gpu_count} x {spec.gpu} on {spec.provider}{simulated}"
+        + (f" {where})" if simulated else f": {where}"),
+        f"  price: {format_usd(offer.usd_per_hour, rate=True)}/h "
+        f"(list price, prices as of {as_of}; excludes disk, egress and taxes)",
+    ]
+    if spec.hours:
+        lines.append(
+            f"  estimate: {format_usd(offer.usd_per_hour * spec.hours)} for {spec.hours} h "
+            "if nothing is preempted"
+        )
+    cap = spec.max_total_usd
+    if cap is not None:
+        lines.append(
+            f"  cap: --max-total {format_usd(cap)} (about {cap / offer.usd_per_hour:.1f} h "
+            "at this price); the job stops before passing it"
+        )
+    else:
+        lines.append("  cap: none (--max-total sets one)")
+    lines.append(
+        f"  zones: picked at launch among {offer.region}'s zones, each priced at the region's "
+        "list price (the price tables are per region); a preempted zone is backed off first, "
+        "then the region after repeated preemptions"
+    )
+    if spec.max_usd_per_hour is not None:
+        lines.append(
+            f"  --max-price {format_usd(spec.max_usd_per_hour, rate=True)}/h (spot): "
+            + MAX_PRICE_REACH.get(spec.provider, "filters the offers")
+        )
+    if spec.spot and fallback is not None:
+        lines.append(
+            f"  after {spec.max_preemptions} preemption(s): on-demand {fallback.instance_type} "
+            f"in {fallback.region} at {format_usd(fallback.usd_per_hour, rate=True)}/h"
+        )
+    sim = spec.simulation
+    if sim is not None:
+        if sim.at_s:
+            when = "notices at " + ", ".join(f"{t:g}" for t in sim.at_s) + " s"
+        else:
+            kind = f"random (seed {sim.seed}), mean " if sim.seed is not None else ""
+            when = f"a notice {kind}{sim.every_s:g} s into each spot attempt"
+        grace = f"{sim.notice_s:g} s" if sim.notice_s else "the cloud's notice time"
+        lines.append(
+            f"  simulator: {when}, in {offer.region.split(':')[0]}'s metadata format; "
+            f"killed {grace} after the notice if still running"
+        )
+    return lines
+
+
+def latest_checkpoint(url: str) -> dict[str, Any] | None:
+    """The newest committed checkpoint of the job (the final one once it succeeded)."""
+    from costguard.checkpoint.inventory import inventory
+    from costguard.spot.prepare import open_store
+
+    try:
+        entries = inventory(open_store(url), verify_latest=False)
+    except CostguardError:
+        return None
+    latest = next((e for e in entries if e.latest), None)
+    if latest is None:
+        return None
+    return {"name": latest.name, "step": latest.step, "reason": latest.reason}
+
+
+def job_document(
+    job: Job, offers: Sequence[Offer], now_unix: float, checkpoint: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The report for scripts (``--format json``)."""
+    summary = summarise(job, offers, now_unix)
+    return {
+        "job_id": job.spec.job_id,
+        "status": job.status,
+        "reason": job.reason,
+        "checkpoint_url": job.spec.checkpoint_url,
+        "latest_checkpoint": checkpoint,
+        "controller": job.controller,
+        "heartbeat_age_s": round(now_unix - job.heartbeat_unix, 1),
+        "summary": {
+            "attempts": summary.attempts,
+            "preemptions": summary.preemptions,
+            "failures": summary.failures,
+            "last_step": summary.last_step,
+            "lost_steps": summary.lost_steps,
+            "lost_s": round(summary.lost_s, 2),
+            "wall_s": round(summary.wall_s, 2),
+            "running_s": round(summary.running_s, 2),
+            "overhead_s": round(summary.overhead_s, 2),
+            "cost_usd": summary.spent_usd,
+            "estimate_usd": summary.estimate_usd,
+            "on_demand_usd": summary.on_demand_usd,
+            "cost_basis": "instance-hours x list price of each attempt's offer (a zone at "
+            "its region's price: the price tables are per region)"
+            + (" (simulated: nothing was billed)" if job.spec.provider == "local" else ""),
+        },
+        "spec": spec_doc(job.spec),
+        "attempts": [attempt_doc(a) for a in job.attempts],
+    }
+
+
+def attempt_rows(job: Job, now_unix: float) -> list[list[str]]:
+    """One row per attempt, in :data:`ATTEMPT_COLUMNS` order."""
+    rows = []
+    for a in job.attempts:
+        steps = f"{a.resumed_step if a.resumed_step is not None else 0}"
+        steps += f"->{a.last_step}" if a.last_step is not None else "->?"
+        rows.append(
+            [
+                str(a.number),
+                a.offer.place,
+                a.offer.market.value,
+                format_usd(a.offer.usd_per_hour, rate=True),
+                handle_label(a.handle),
+                a.outcome.value if a.outcome else "running",
+                "" if a.exit_code is None else str(a.exit_code),
+                steps,
+                usd(a.cost_usd(now_unix)),
+            ]
+        )
+    return rows
+
+
+def summary_lines(
+    job: Job, offers: Sequence[Offer], now_unix: float, checkpoint: dict[str, Any] | None
+) -> list[str]:
+    """What the table's figures add up to; a line indented by two spaces continues the
+    line before it."""
+    summary = summarise(job, offers, now_unix)
+    lost = "unknown" if summary.lost_steps is None else str(summary.lost_steps)
+    simulated = job.spec.provider == "local"
+    lines = [
+        f"{job.status}: {job.reason}" if job.reason else job.status,
+        f"attempts {summary.attempts}, preemptions {summary.preemptions}, "
+        f"failures {summary.failures}, lost steps {lost} ({summary.lost_s:.1f} s of work)",
+        f"time: {summary.wall_s:.1f} s wall, {summary.running_s:.1f} s running, "
+        f"overhead {summary.overhead_s:.1f} s (relaunch gaps + lost work)",
+        ("what it would have cost: " if simulated else "real cost: ")
+        + f"{usd(summary.spent_usd)} (instance-hours x list price, zones at their region's"
+        + (", spot as simulated)" if simulated else ")"),
+    ]
+    if summary.on_demand_usd is not None:
+        lines.append(f"the same hours on-demand: {usd(summary.on_demand_usd)}")
+    if summary.estimate_usd is not None:
+        lines.append(f"estimate before launch: {usd(summary.estimate_usd)}")
+    if checkpoint is not None:
+        final = "final checkpoint" if job.status == "succeeded" else "newest checkpoint"
+        lines.append(f"{final}: step {checkpoint['step']} ({checkpoint['name']})")
+        lines.append(
+            f"  the weights: costguard checkpoint export {job.spec.checkpoint_url} "
+            "--to model.safetensors"
+        )
+    return lines
