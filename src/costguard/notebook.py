@@ -23,11 +23,14 @@ from typing import Any
 
 import click
 
+from costguard.cli.params import DecimalRange
 from costguard.errors import InputError, MissingDependencyError
 from costguard.money import format_usd, usd_str
 from costguard.pricing.catalog import Catalog
+from costguard.pricing.document import option_row, to_document
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate, limit_places
 from costguard.pricing.estimate import estimate as price
+from costguard.pricing.question import MAX_COUNT, MAX_GB, MAX_HOURS, Question, build_request
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
@@ -71,8 +74,6 @@ class EstimateResult:
 
     def document(self) -> dict[str, Any]:
         """The ``costguard estimate --format json`` document (money as Decimal)."""
-        from costguard.cli.estimate import to_document
-
         return to_document(self.estimate, self.shown, self.catalog, None, self.top)
 
     def records(self) -> list[dict[str, Any]]:
@@ -81,8 +82,6 @@ class EstimateResult:
         Money is the Decimal of the JSON's exact string (rounded as ``--format json``
         rounds it), so the two always agree.
         """
-        from costguard.cli.estimate import option_row
-
         rows = []
         for option in self.shown:
             row = option_row(option, self.catalog)
@@ -185,15 +184,13 @@ def estimate(
     The arguments are the command's options (``provider`` and ``region`` take a name or a
     list). Bad input raises :class:`~costguard.errors.InputError` with a hint.
     """
-    from costguard.cli import estimate as command
-
     numbers = {
-        "hours": (hours, command.DecimalRange(0, minimum_open=True, maximum=command.MAX_HOURS)),
-        "disk_gb": (disk_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
-        "storage_gb": (storage_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
-        "storage_months": (storage_months, command.DecimalRange(0, maximum=1200)),
-        "egress_gb": (egress_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
-        "data_gb": (data_gb, command.DecimalRange(0, maximum=command.MAX_GB)),
+        "hours": (hours, DecimalRange(0, minimum_open=True, maximum=MAX_HOURS)),
+        "disk_gb": (disk_gb, DecimalRange(0, maximum=MAX_GB)),
+        "storage_gb": (storage_gb, DecimalRange(0, maximum=MAX_GB)),
+        "storage_months": (storage_months, DecimalRange(0, maximum=1200)),
+        "egress_gb": (egress_gb, DecimalRange(0, maximum=MAX_GB)),
+        "data_gb": (data_gb, DecimalRange(0, maximum=MAX_GB)),
     }
     options: dict[str, Any] = {}
     for name, (value, kind) in numbers.items():
@@ -202,15 +199,16 @@ def estimate(
         except click.BadParameter as exc:
             msg = f"{name}: {exc.message}"
             raise InputError(msg, hint=f"{name} takes a finite number") from None
-    for name, value, most in (("count", count, command.MAX_COUNT),
+    for name, value, most in (("count", count, MAX_COUNT),
                               ("gpus_per_instance", gpus_per_instance, 64),
                               ("top", top, 10_000)):  # fmt: skip
         lowest = 0 if name == "top" else 1
         if not isinstance(value, int) or not lowest <= value <= most:
             msg = f"{name} must be a whole number from {lowest} to {most}, not {value!r}"
             raise InputError(msg, hint=f"e.g. {name}=1")
-    options.update(
-        gpu=gpu,
+    question = Question(
+        **options,
+        gpus=(gpu,) if gpu else (),
         count=count,
         gpus_per_instance=gpus_per_instance,
         providers=_names(provider),
@@ -221,7 +219,7 @@ def estimate(
     )
     settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    request = command.build_request(catalog, options)
+    request = build_request(catalog, question, gpu)
     result = price(request, catalog)
     return EstimateResult(result, tuple(limit_places(result.options, top)), catalog, top)
 

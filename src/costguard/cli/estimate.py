@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -16,31 +16,34 @@ from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing.advice import (
     budget_lines,
-    budget_verdict,
     cheapest_line,
-    expand_regions,
-    split_names,
     spot_size_notes,
 )
 from costguard.pricing.catalog import (
     Catalog,
     Market,
     PriceStatus,
-    Staleness,
-    check_provider,
     prices_as_of,
     staleness,
+)
+from costguard.pricing.document import (
+    OPTION_FIELDS,
+    SLURM_FIELDS,
+    option_row,
+    places,
+    slurm_document,
+    slurm_query,
+    slurm_row,
+    stale_text,
+    to_document,
 )
 from costguard.pricing.estimate import (
     DEFAULT_DISK_GB,
     CostOption,
     Estimate,
-    EstimateRequest,
-    estimate,
     limit_places,
 )
-from costguard.pricing.gpus import canonical_gpu
-from costguard.pricing.locate import locate
+from costguard.pricing.question import MAX_COUNT, MAX_GB, MAX_HOURS, Question, answer, combine
 from costguard.pricing.slurm import (
     SLURM,
     SlurmOption,
@@ -52,30 +55,6 @@ from costguard.pricing.slurm import (
 )
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
-
-MAX_HOURS = 24 * 366 * 10
-MAX_COUNT = 100_000
-MAX_GB = 10**9
-
-OPTION_FIELDS = (
-    "provider",
-    "region",
-    "instance_type",
-    "accelerator",
-    "gpus_per_instance",
-    "market",
-    "usd_per_hour",
-    "price_status",
-    "compute_usd",
-    "block_storage_usd",
-    "object_storage_usd",
-    "storage_usd",
-    "internet_egress_usd",
-    "data_transfer_usd",
-    "egress_usd",
-    "total_usd",
-    "notes",
-)
 
 EXAMPLES = """
 \b
@@ -91,8 +70,6 @@ Examples:
   costguard estimate --gpu a100 --gpus-per-instance 4 --count 10 --hours 2 \\
       --provider slurm --su-per-gpu-hour 64   # a 10-task array, 4 GPUs each
 """
-
-SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 
 
 @click.command(
@@ -252,7 +229,7 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     """
     rate = slurm_rate(options)
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    results = estimates(catalog, options)
+    results = answer(question_from(options), catalog)
     result = combine(results)
     request = result.request
     slurm = slurm_option(request, rate) if rate is not None else None
@@ -312,6 +289,12 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         )
 
 
+def question_from(options: dict[str, Any]) -> Question:
+    """The command's options as a :class:`~costguard.pricing.question.Question`."""
+    fields = {f.name for f in dataclasses.fields(Question)} - {"gpus"}
+    return Question(gpus=tuple(options["gpus"]), **{k: options[k] for k in fields})
+
+
 def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
     """The SLURM rate when --provider slurm is asked for; exit 2 on a half-given one."""
     wanted = any(p.strip().lower() == SLURM for p in options["providers"])
@@ -342,164 +325,6 @@ def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
     )
 
 
-def slurm_query(rate: SlurmRate | None) -> dict[str, Any] | None:
-    """The SLURM part of the JSON ``query``."""
-    if rate is None:
-        return None
-    return {
-        "su_per_gpu_hour": rate.su_per_gpu_hour,
-        "usd_per_su": rate.usd_per_su,
-        "su_budget": rate.su_budget,
-    }
-
-
-def slurm_document(slurm: SlurmOption | None, cheapest: CostOption | None) -> dict[str, Any] | None:
-    """The SLURM allocation in the JSON document: SUs, and dollars only when given."""
-    if slurm is None:
-        return None
-    return {
-        "provider": SLURM,
-        "accelerator": slurm.accelerator,
-        "gpus": slurm.gpus,
-        "hours": slurm.hours,
-        "gpu_hours": slurm.gpu_hours,
-        "su_per_gpu_hour": slurm.rate.su_per_gpu_hour,
-        "service_units": slurm.service_units,
-        "su_budget": slurm.rate.su_budget,
-        "su_budget_share": slurm.budget_share,
-        "within_su_budget": slurm.within_budget,
-        "billed": slurm.usd is not None,
-        "usd_per_su": slurm.rate.usd_per_su,
-        "total_usd": slurm.usd,
-        "cheapest_cloud_total_usd": cheapest.total_usd if cheapest else None,
-        "notes": [slurm_comparison(slurm, cheapest)],
-    }
-
-
-def slurm_row(slurm: SlurmOption, request: EstimateRequest) -> dict[str, Any]:
-    """The SLURM allocation as one more CSV row (money columns empty when not billed)."""
-    usd = slurm.usd
-    per_hour = None
-    if slurm.rate.usd_per_su is not None:
-        per_hour = slurm.rate.su_per_gpu_hour * request.gpus_per_instance * slurm.rate.usd_per_su
-    row: dict[str, Any] = dict.fromkeys((*OPTION_FIELDS, "pricing_as_of"))
-    row.update(
-        {
-            "provider": SLURM,
-            "region": "allocation",
-            "accelerator": slurm.accelerator,
-            "gpus_per_instance": request.gpus_per_instance,
-            "market": "allocation",
-            "usd_per_hour": per_hour,
-            "compute_usd": usd,
-            "total_usd": usd,
-            "notes": ["allocation, not billed" if usd is None else "SUs valued at --usd-per-su"],
-            "service_units": slurm.service_units,
-            "su_per_gpu_hour": slurm.rate.su_per_gpu_hour,
-            "usd_per_su": slurm.rate.usd_per_su,
-            "gpu_hours": slurm.gpu_hours,
-        }
-    )
-    return row
-
-
-def build_request(catalog: Catalog, options: dict[str, Any]) -> EstimateRequest:
-    """Validate names against the tables and build the request (no cloud call)."""
-    clouds = [p for p in options["providers"] if p.strip().lower() != SLURM]
-    providers = tuple(dict.fromkeys(check_provider(p) for p in clouds))
-    regions = []
-    for name in options["regions"]:
-        group = expand_regions(name, catalog.regions)
-        if group == []:
-            msg = f"the tables have no region in {name}"
-            raise InputError(msg, hint="costguard pricing show lists the regions")
-        for region in group or [catalog.find_region(name)]:
-            if providers and region.provider not in providers:
-                if group is not None:
-                    continue  # a group stays within the providers asked for
-                providers = (*providers, region.provider)
-            regions.append(region.name)
-    if options["regions"] and not regions:
-        msg = f"none of the regions {', '.join(options['regions'])} is of {', '.join(providers)}"
-        raise InputError(msg, hint="drop --provider, or name another region")
-    gpu = options["gpu"]
-    spot = options["spot"]
-    markets = (
-        (Market.ON_DEMAND, Market.SPOT)
-        if spot is None
-        else ((Market.SPOT,) if spot else (Market.ON_DEMAND,))
-    )
-    data_region = options["data_region"]
-    return EstimateRequest(
-        hours=options["hours"],
-        count=options["count"],
-        gpu=canonical_gpu(gpu, catalog.accelerators) if gpu else None,
-        gpus_per_instance=options["gpus_per_instance"],
-        instance_type=options["instance_type"],
-        providers=providers,
-        regions=tuple(dict.fromkeys(regions)),
-        markets=markets,
-        disk_gb=options["disk_gb"],
-        storage_gb=options["storage_gb"],
-        storage_months=options["storage_months"],
-        egress_gb=options["egress_gb"],
-        data_region=catalog.find_region(data_region) if data_region else None,
-        data_gb=options["data_gb"],
-    )
-
-
-def estimates(catalog: Catalog, options: dict[str, Any]) -> list[Estimate]:
-    """One estimate per GPU asked for (``--gpu l4,t4``), or the one for the instance
-    type. A GPU not offered where asked is left out when another is (the first such
-    error is raised when none is)."""
-    names: list[str | None] = [*split_names(options["gpus"])] or [None]
-    located = None
-    if options["data_url"] and not options["data_region"]:
-        # Bad input is refused before the lookup goes out.
-        build_request(catalog, {**options, "gpu": names[0], "data_gb": Decimal(0)})
-        located = locate(options["data_url"])
-        options = {**options, "data_region": f"{located.provider}:{located.region}"}
-    results: list[Estimate] = []
-    errors: list[InputError] = []
-    for name in names:
-        request = build_request(catalog, {**options, "gpu": name})
-        try:
-            results.append(estimate(request, catalog))
-        except InputError as exc:
-            if len(names) == 1:
-                raise
-            errors.append(exc)
-    if not results:
-        raise errors[0]
-    extra = []
-    if located is not None:
-        extra.append(f"Data: {located.how}")
-    if options["data_url"] and not options["data_gb"]:
-        extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
-    return [replace(r, notes=(*extra, *r.notes)) for r in results]
-
-
-def combine(results: Sequence[Estimate]) -> Estimate:
-    """Several GPUs' estimates as one: every option, cheapest first."""
-    if len(results) == 1:
-        return results[0]
-    first = results[0]
-    options = sorted((o for r in results for o in r.options), key=lambda o: o.sort_key)
-    near = [r.near_data for r in results if r.near_data is not None]
-    notes = dict.fromkeys(n for r in results for n in r.notes)
-    return replace(
-        first,
-        options=tuple(options),
-        near_data=min(near, key=lambda o: o.sort_key) if near else None,
-        notes=tuple(notes),
-    )
-
-
-def result_data_url(result: Estimate) -> str | None:
-    """How the data's region was found (the ``Data:`` note), for the JSON query."""
-    return next((n.removeprefix("Data: ") for n in result.notes if n.startswith("Data: ")), None)
-
-
 def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) -> None:
     """The lines under the table(s): the cheapest option, why a spot pick is bigger, and
     with --budget, whether each option fits and how many hours the budget buys."""
@@ -511,109 +336,6 @@ def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) ->
             budget_lines(result.options, budget, result.request.hours),
             heading=f"Budget {format_usd(budget)}:",
         )
-
-
-def places(options: Sequence[CostOption]) -> list[tuple[str, str, str, Market]]:
-    """The (table, provider, region, market) each option was priced from."""
-    return [
-        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
-        for o in options
-    ]
-
-
-def stale_text(stale: Staleness | None, catalog: Catalog) -> str | None:
-    """The staleness warning, without its prefix and hint; ``None`` when fresh."""
-    if stale is None:
-        return None
-    what = "spot prices" if stale.spot_only else "prices"
-    return (
-        f"the {what} used are {stale.age_days} days old "
-        f"({catalog.origin} tables, as of {stale.as_of.isoformat()})"
-    )
-
-
-def option_row(
-    option: CostOption,
-    catalog: Catalog,
-    budget: Decimal | None = None,
-    hours: Decimal | None = None,
-) -> dict[str, Any]:
-    """One option as a flat record (JSON object or CSV row).
-
-    ``pricing_as_of`` is the as-of date of the table part (provider and region) its
-    price came from, so a region refreshed today says today. With a ``budget``: whether
-    the option fits it, and the hours it buys.
-    """
-    row: dict[str, Any] = {name: getattr(option, name) for name in OPTION_FIELDS}
-    row["market"] = str(option.market)
-    row["price_status"] = str(option.price_status) if option.price_status else None
-    row["notes"] = list(option.notes)
-    row["pricing_as_of"] = prices_as_of(catalog, places([option])).isoformat()
-    if budget is not None and hours is not None:
-        verdict = budget_verdict(option, budget, hours)
-        row["within_budget"] = verdict.fits
-        row["hours_within_budget"] = verdict.hours
-    return row
-
-
-def to_document(
-    result: Estimate,
-    shown: Sequence[CostOption],
-    catalog: Catalog,
-    budget: Decimal | None,
-    top: int,
-) -> dict[str, Any]:
-    """The ``--format json`` document: query, pricing_as_of, assumptions, options.
-
-    ``pricing_as_of`` is the oldest as-of date of the prices of the options shown (the
-    instance tables' oldest date when none is shown); each option has its own
-    ``pricing_as_of``, and ``pricing_source.tables`` the date of each whole table.
-    """
-    request = result.request
-    options = [option_row(option, catalog, budget, request.hours) for option in shown]
-    cheapest = result.cheapest
-    return {
-        "query": {
-            "gpu": request.gpu,
-            "instance_type": request.instance_type,
-            "hours": request.hours,
-            "count": request.count,
-            "gpus_per_instance": request.gpus_per_instance,
-            "providers": list(request.providers),
-            "regions": list(request.regions),
-            "markets": [str(m) for m in request.markets],
-            "disk_gb": request.disk_gb,
-            "storage_gb": request.storage_gb,
-            "storage_months": request.storage_months,
-            "egress_gb": request.egress_gb,
-            "data_region": str(request.data_region) if request.data_region else None,
-            "data": result_data_url(result),
-            "data_gb": request.data_gb,
-            "budget_usd": budget,
-            "top": top,
-        },
-        "pricing_as_of": prices_as_of(catalog, places(shown)).isoformat(),
-        "pricing_source": {
-            "origin": catalog.origin,
-            "directory": str(catalog.directory),
-            "tables": {
-                name: {
-                    "as_of": info.as_of.isoformat(),
-                    "refreshed_at": (info.refreshed_at.isoformat() if info.refreshed_at else None),
-                    "source": info.source,
-                }
-                for name, info in catalog.tables.items()
-            },
-        },
-        "assumptions": list(result.assumptions),
-        "notes": list(result.notes),
-        "within_budget": None
-        if budget is None or cheapest is None
-        else cheapest.total_usd <= budget,
-        "options_total": len(result.options),
-        "near_data": option_row(result.near_data, catalog) if result.near_data else None,
-        "options": options,
-    }
 
 
 def print_table(

@@ -312,6 +312,7 @@ def staleness(
     is stale when its rows are older than ``max_age_days``, or ``spot_max_age_days``
     for a spot price. Returns the oldest stale as-of date, or ``None``.
 
+    >>> from costguard.pricing.tables import load_catalog
     >>> catalog = load_catalog()
     >>> place = ("gpu_instances", "aws", "us-east-1", Market.SPOT)
     >>> staleness(catalog, [place], catalog.as_of) is None
@@ -342,6 +343,7 @@ def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]
     After a refresh of some regions, a figure priced from a refreshed region is as old
     as that refresh, not as old as the oldest region in the tables.
 
+    >>> from costguard.pricing.tables import load_catalog
     >>> catalog = load_catalog()
     >>> prices_as_of(catalog, [("gpu_instances", "aws", "us-east-1", Market.SPOT)])
     datetime.date(2026, 11, 30)
