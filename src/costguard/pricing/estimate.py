@@ -5,6 +5,10 @@
 instance per provider, region and market, cheapest first, with the assumptions behind
 the figures.
 
+One idea, longer than most modules: one option's cost (compute, block and object
+storage, egress, moving the data) and the words that say what it assumed, together, so
+that no figure is shown without its assumption.
+
 >>> from costguard.pricing.tables import load_catalog
 >>> result = estimate(EstimateRequest(gpu="A10G", hours=Decimal(8), count=4,
 ...                                   regions=("us-east-1",), markets=(Market.ON_DEMAND,),

@@ -22,6 +22,10 @@ saying "not priced"), other products under the same names (Azure Cloud Services 
 Dedicated Hosts), older duplicates. A $0 part is no price; of duplicates the newest
 effective date wins; a price in another currency is an error (:class:`CurrencyError`),
 never a silent skip.
+
+One idea, longer than most modules: every provider's records read into the one
+:class:`RowPrices` shape, side by side, so the rules they share ($0, newest, currency) are
+applied and read in one place.
 """
 
 from __future__ import annotations
