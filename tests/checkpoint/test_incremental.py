@@ -34,6 +34,8 @@ assert SIDE * SIDE * 4 >= POOL_MIN_BYTES
 class Adapted(torch.nn.Module):
     """A frozen base weight and buffer (pooled) plus a small trainable adapter."""
 
+    table: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
@@ -184,7 +186,7 @@ def two_versions(url: str) -> tuple[Checkpointer, str, torch.Tensor]:
 def test_a_missing_or_corrupt_pool_object_falls_back_to_the_checkpoint_before(
     tmp_path: Path, damage: str
 ) -> None:
-    ckpt, new, before = two_versions(str(tmp_path))
+    _, new, before = two_versions(str(tmp_path))
     blob = tmp_path / "blobs" / new
     if damage == "missing":
         blob.unlink()

@@ -150,7 +150,8 @@ def test_no_pool_object_a_kept_checkpoint_may_need_is_ever_deleted(
 ) -> None:
     paths: dict[str, int] = {pool_path(d): 4 for d in pooled}
     dates = {pool_path(d): when for d, when in pooled.items() if when is not None}
-    read, corrupt, deleting, needed = [], [], [], set()
+    read, corrupt, deleting = [], [], []
+    needed: set[str] = set()
     blocked = False
     for i, (kind, digests, delete) in enumerate(folders):
         m = manifest(i + 1, digests, f"{i:08x}")
