@@ -113,6 +113,8 @@ class Snapshot:
     items: list[_Item] = field(default_factory=list)
     #: The pool objects written by this save (bytes uploaded).
     uploaded_bytes: int = 0
+    #: Copy buffers no longer needed, to be freed off the training thread.
+    released: list[Any] = field(default_factory=list)
 
 
 def tensor_key(tensor: Any) -> tuple[Any, ...]:

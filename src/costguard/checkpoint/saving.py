@@ -118,7 +118,10 @@ class Saver:
         copied = self._copier.copy({"state": rest, "pooled": changed})
         for item in items:
             item.copy = copied["pooled"].get("/".join(map(str, item.path)))
-        return Snapshot(copied["state"], items)
+        snapshot = Snapshot(copied["state"], items)
+        # Buffers no longer needed are freed by the background thread, not training's.
+        snapshot.released, self._copier.released = self._copier.released, []
+        return snapshot
 
     def submit(
         self,
@@ -147,6 +150,7 @@ class Saver:
     ) -> SaveResult:
         started = time.perf_counter()
         try:
+            snapshot.released.clear()
             pooled = self.pool.store_objects(snapshot)
             size, digest = self._write_payload(snapshot.state, f"{name}/{PAYLOAD}")
             uploaded = size + snapshot.uploaded_bytes
