@@ -228,7 +228,7 @@ class CpuCopier:
         self.released = [self._buffers.pop(key) for key in set(self._buffers) - seen]
         return out
 
-    def _copy(self, value: Any, path: str, seen: set[str], tensor: type) -> Any:
+    def _copy(self, value: Any, path: str, seen: set[str], tensor: Any) -> Any:
         if isinstance(value, int | float | str | None):
             return value  # immutable leaves, first: the RNG states hold over 1,000 ints
         if isinstance(value, tensor):
