@@ -307,3 +307,21 @@ def test_a_lora_run_preempted_twice_ends_bitwise_equal_to_an_uninterrupted_one(
         assert s["size_bytes"] - s["uploaded_bytes"] >= frozen, s
         assert s["uploaded_bytes"] < s["size_bytes"] / 10, s
     assert len(pool(Store.open(backend.url))) == 2
+
+
+def test_a_restore_into_another_dtype_stores_the_converted_tensor_afresh(tmp_path: Path) -> None:
+    def model_with(dtype: torch.dtype) -> tuple[Adapted, torch.optim.Optimizer]:
+        model, opt = adapted()
+        model.table = torch.randn(2 * SIDE, SIDE).to(dtype)  # 1 MiB in either dtype
+        return model, opt
+
+    half, half_opt = model_with(torch.float16)
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(0, model=half, optimizer=half_opt, block=True)
+    brain, brain_opt = model_with(torch.bfloat16)
+    with Checkpointer(tmp_path) as again:
+        assert again.restore(model=brain, optimizer=brain_opt) == 1  # converted on load
+        again.save(1, model=brain, optimizer=brain_opt, block=True)
+    fresh, fresh_opt = model_with(torch.bfloat16)
+    Checkpointer(tmp_path).restore(model=fresh, optimizer=fresh_opt)
+    assert_same(fresh.state_dict(), brain.state_dict())

@@ -326,41 +326,53 @@ class Pool:
             for digest in digests:
                 self.known.pop(digest, None)
 
-    def adopt(self, model_state: Mapping[str, Any], refs: Mapping[Path, tuple[str, int]]) -> None:
+    def adopt(self, model_state: Mapping[str, Any], refs: Mapping[Path, Placed]) -> None:
         """After a restore: the model's tensors that were just loaded from pool objects
-        (``refs``: path -> (sha256, size), verified) count as unchanged."""
+        (``refs``, verified) count as unchanged, when they hold those very bytes (the same
+        dtype and shape: ``load_state_dict`` copies them bitwise)."""
         torch = _torch()
         with self._lock:
-            for digest, size in refs.values():
-                self.known[digest] = size
+            for placed in refs.values():
+                self.known[placed.sha256] = placed.size
             for i, (name, value) in enumerate(model_state.items()):
                 ref = refs.get(("model", name))
-                if ref is None or not isinstance(value, torch.Tensor):
-                    continue
-                if value.numel() * value.element_size() != ref[1] or not value.is_contiguous():
+                if (
+                    ref is None
+                    or not isinstance(value, torch.Tensor)
+                    or (value.dtype, tuple(value.shape)) != (ref.dtype, ref.shape)
+                    or not value.is_contiguous()
+                ):
                     continue  # loaded into another dtype or layout: not the pooled bytes
                 self._records[("model", name)] = _Record(
                     value.detach(),
                     tensor_key(value),
-                    ref[0],
-                    ref[1],
+                    ref.sha256,
+                    ref.size,
                     CONFIRM_EVERY - i % CONFIRM_EVERY,
                 )
 
 
-def assemble(
-    state: Any, files: Mapping[str, tuple[str, int]]
-) -> tuple[Any, dict[Path, tuple[str, int]]]:
+@dataclass(frozen=True)
+class Placed:
+    """Where a restored tensor came from: a verified pool object, as what dtype and shape."""
+
+    sha256: str
+    size: int
+    dtype: Any
+    shape: tuple[int, ...]
+
+
+def assemble(state: Any, files: Mapping[str, tuple[str, int]]) -> tuple[Any, dict[Path, Placed]]:
     """Put the pooled tensors back into a loaded ``state.pt``: ``files`` maps each sha256
     to a local, verified file and its size, mapped (not read) into the tensors. Also
-    returns what came from where (path -> (sha256, size)).
+    returns what came from where.
 
     A reference that does not fit its object (an unknown dtype, another size) is
     :class:`~costguard.checkpoint.manifest.UnreadableError`: both were verified, so this
     is a format this costguard does not know, not proof of corruption."""
     torch = _torch()
     refs = state.pop(REFS_KEY, None) if isinstance(state, dict) else None
-    placed: dict[Path, tuple[tuple[str, int], Any]] = {}
+    placed: dict[Path, tuple[Placed, Any]] = {}
     for ref in refs or ():
         digest, shape = ref["sha256"], [int(n) for n in ref["shape"]]
         dtype = getattr(torch, str(ref["dtype"]), None)
@@ -375,7 +387,10 @@ def assemble(
             msg = f"pool object {digest[:12]} holds {size} bytes, not a {ref['dtype']} {shape}"
             raise UnreadableError(msg)
         tensor = torch.from_file(local, shared=False, size=numel, dtype=dtype)
-        placed[tuple(ref["path"])] = (digest, size), tensor.reshape(shape)
+        placed[tuple(ref["path"])] = (
+            Placed(digest, size, dtype, tuple(shape)),
+            tensor.reshape(shape),
+        )
     if placed:
         state = _replace(state, {path: tensor for path, (_, tensor) in placed.items()})
     return state, {path: where for path, (where, _) in placed.items()}

@@ -84,7 +84,7 @@ class Restorer:
         #: Proven corrupt in this process (a hash mismatch is not visible in a listing).
         self.corrupt: dict[str, str] = {}
         #: Of the last :meth:`load`: which tensors came from which verified pool object.
-        self.pooled: dict[tuple[object, ...], tuple[str, int]] = {}
+        self.pooled: dict[tuple[object, ...], incremental.Placed] = {}
 
     def remember(self, manifest: Manifest) -> None:
         """A manifest this process has just committed."""
