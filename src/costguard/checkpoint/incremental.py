@@ -86,7 +86,6 @@ class _Record:
     tensor: Any  # the live tensor (detached): keeps its storage, so its address, in use
     key: tuple[Any, ...]
     sha256: str
-    size: int
     saves_left: int  # saves until it is hashed again to confirm it
 
 
@@ -315,9 +314,7 @@ class Pool:
                     if old is not None and old.sha256 == item.sha256 and not item.confirm
                     else CONFIRM_EVERY - len(records) % CONFIRM_EVERY
                 )
-                records[item.path] = _Record(
-                    item.live, item.key, item.sha256, self.known.get(item.sha256, 0), left
-                )
+                records[item.path] = _Record(item.live, item.key, item.sha256, left)
             self._records = records
 
     def forget(self, digests: Iterable[str]) -> None:
@@ -347,7 +344,6 @@ class Pool:
                     value.detach(),
                     tensor_key(value),
                     ref.sha256,
-                    ref.size,
                     CONFIRM_EVERY - i % CONFIRM_EVERY,
                 )
 

@@ -6,6 +6,10 @@ sha256 and is written **last**, so a checkpoint without a readable manifest whos
 are all present is never "latest", whatever its step number. Restore walks
 :func:`restore_order` and verifies each object's sha256 before using it.
 
+An incremental save also lists objects of the shared pool, ``blobs/<sha256>``, that
+several checkpoints refer to; :func:`plan_pool_deletions` decides which of them no kept
+checkpoint can need.
+
 >>> m = Manifest(name=checkpoint_name(200, "0a1b2c3d"), step=200, created_unix=1.0,
 ...              objects=(ObjectEntry("state.pt", 10, "ab" * 32),))
 >>> m.name
