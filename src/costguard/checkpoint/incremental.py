@@ -30,7 +30,10 @@ from then on that tensor is copied at every save.
 touched): it is copied with the rest of the state, hashed in the background, and uploaded
 unless this process already wrote or verified a pool object with that hash (an object
 merely listed in the store is not trusted: it may be a corrupt one, and writing the same
-name with the right bytes is always safe).
+name with the right bytes is always safe). So the first save of a run copies and stores
+everything, as a full save does (the same stall and peak memory); the saves after it copy
+only what changed. A frozen tensor is not read in place instead of copied even then: an
+EMA teacher (frozen, updated in place every step) would be stored torn.
 
 **Restore** verifies every pool object's size and sha256 like any other object (a missing
 or mismatching one makes the checkpoint corrupt; a failed read makes it doubtful), maps
