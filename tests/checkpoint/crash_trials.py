@@ -1,6 +1,6 @@
 """Kill -9 a checkpoint writer at points hypothesis draws, then check what a restore finds.
 
-Run by test_crash_safety.py as ``python crash_trials.py URL TRIALS SEED``. torch is
+Run by test_crash_safety.py as ``python crash_trials.py URL TRIALS SEED [lora]``. torch is
 imported once; each trial forks a writer that restores and then saves back to back. The
 writer announces on a pipe each time it enters a phase of a save: ``serialise``,
 ``upload`` (the payload), ``manifest`` (the commit) or ``retention`` (a delete). For each
@@ -8,6 +8,11 @@ trial hypothesis draws a kill point - the n-th entry into one phase plus a delay
 simply a time after the start - the parent SIGKILLs the writer there and checks the store.
 Prints one JSON line: the trials, the failures, the latest step after each trial, and how
 many kills landed in each phase.
+
+With ``lora`` the model is LoRA-shaped (a frozen weight and buffer in the pool of
+incremental saves, a small trainable adapter) and every third save changes the buffer, so
+kills land among pool uploads and pool deletions too; then no checkpoint in the store may
+be corrupt either (a pool object deleted while a kept checkpoint needs it would make one).
 """
 
 from __future__ import annotations
@@ -60,7 +65,16 @@ KILL_POINTS = st.one_of(
 )
 
 
+#: ``lora`` (argv[4]): the LoRA-shaped model with pooled tensors.
+MODE = {"lora": False}
+
+
 def model_and_optimizer() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    if MODE["lora"]:
+        model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 8))
+        model[0].requires_grad_(False)  # a 1 MiB frozen weight: pooled
+        model.register_buffer("table", torch.zeros(512, 512))  # 1 MiB: pooled
+        return model, torch.optim.AdamW(model[1].parameters(), lr=1e-3)
     model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Linear(256, 128))
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -136,7 +150,10 @@ def writer(url: str, fd: int) -> None:
     while True:
         with torch.no_grad():
             for p in model.parameters():
-                p.add_(0.001)
+                if p.requires_grad:
+                    p.add_(0.001)
+            if MODE["lora"] and step % 3 == 0:
+                model.get_buffer("table").add_(1.0)  # a new pool object, the old one unneeded
         ckpt.save(step, model=model, optimizer=opt)  # waits for the previous one
         step += 1
 
@@ -171,6 +188,9 @@ def kill_at(pid: int, read_fd: int, point: KillPoint) -> str:
 def check(url: str) -> tuple[bool, str, int]:
     """Whether the store is sound after a kill: (ok, problem, latest step)."""
     entries = inventory(Checkpointer(url, check=False).store)
+    corrupt = [e.name for e in entries if e.status == "corrupt"]
+    if MODE["lora"] and corrupt:
+        return (False, f"corrupt checkpoints {corrupt}", 0)
     latest = [e for e in entries if e.latest]
     if not latest:
         complete = [e for e in entries if e.status == "complete"]
@@ -191,7 +211,8 @@ def warm_up() -> None:
     (the first AdamW step and torch.save import much of torch.distributed)."""
     with tempfile.TemporaryDirectory() as folder:
         model, opt = model_and_optimizer()
-        model(torch.randn(2, 128)).sum().backward()
+        width = 512 if MODE["lora"] else 128
+        model(torch.randn(2, width)).sum().backward()
         opt.step()
         with Checkpointer(folder) as ckpt:
             ckpt.save(0, model=model, optimizer=opt, block=True)
@@ -237,6 +258,7 @@ class Trials:
 
 def main() -> None:
     url, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    MODE["lora"] = sys.argv[4:] == ["lora"]
     torch.set_num_threads(1)
     warm_up()
     record = Trials(url)

@@ -22,10 +22,10 @@ from tests.checkpoint.conftest import HERE, make_s3_bucket
 TRIALS = int(os.environ.get("COSTGUARD_CRASH_TRIALS", "25"))
 
 
-def run_trials(url: str, trials: int, env: dict[str, str]) -> dict[str, object]:
+def run_trials(url: str, trials: int, env: dict[str, str], *mode: str) -> dict[str, object]:
     seed = random.randrange(10**6)
     done = subprocess.run(
-        [sys.executable, str(HERE / "crash_trials.py"), url, str(trials), str(seed)],
+        [sys.executable, str(HERE / "crash_trials.py"), url, str(trials), str(seed), *mode],
         env=env,
         capture_output=True,
         text=True,
@@ -66,3 +66,35 @@ def test_kill_9_during_saves_on_s3(train_env: Callable[..., dict[str, str]], aws
     landed = result["landed"]
     assert isinstance(landed, dict)
     assert {"serialise", "upload", "manifest", "retention"} <= set(landed), result
+
+
+#: Trials of incremental saves (``COSTGUARD_CRASH_TRIALS`` scales them too).
+POOL_TRIALS = max(10, TRIALS * 2 // 5)
+
+
+@pytest.mark.slow
+def test_kill_9_during_incremental_saves_on_a_local_store(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+) -> None:
+    result = run_trials(str(tmp_path / "ckpt"), POOL_TRIALS, train_env(), "lora")
+    assert result["failures"] == [], result
+    landed = result["landed"]
+    assert isinstance(landed, dict)
+    assert {"serialise", "upload", "manifest", "retention"} <= set(landed), landed
+    steps = result["steps"]
+    assert isinstance(steps, list)
+    assert steps[-1] > steps[0]
+    # Pool objects were written, and unneeded ones deleted: at most those of the two kept
+    # checkpoints (two each, one shared) and of a save cut off by the last kill.
+    pooled = list((tmp_path / "ckpt" / "blobs").glob("[0-9a-f]*"))
+    assert 2 <= len(pooled) <= 5, pooled
+
+
+@pytest.mark.slow
+def test_kill_9_during_incremental_saves_on_s3(
+    train_env: Callable[..., dict[str, str]], aws_env: str
+) -> None:
+    make_s3_bucket(aws_env, "crash-pool")
+    env = train_env(**{k: v for k, v in os.environ.items() if k.startswith("AWS_")})
+    result = run_trials("s3://crash-pool/run", max(4, POOL_TRIALS // 3), env, "lora")
+    assert result["failures"] == [], result

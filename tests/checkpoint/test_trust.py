@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costguard.checkpoint import Checkpointer, RetryPolicy
-from costguard.checkpoint.manifest import MANIFEST_FILE, parse_name, scan
+from costguard.checkpoint.manifest import MANIFEST_FILE, READ_FORMAT_VERSION, parse_name, scan
 from costguard.checkpoint.store import Store
 from tests.checkpoint.conftest import Backend
 from tests.checkpoint.test_faults import Faults, fault_proxy, train
@@ -181,7 +181,7 @@ def test_a_manifest_from_a_newer_costguard_is_skipped_and_kept(
     names = make_steps(str(tmp_path), 3)
     path = tmp_path / names[-1] / MANIFEST_FILE
     data = json.loads(path.read_text())
-    data["format_version"] = 2
+    data["format_version"] = READ_FORMAT_VERSION + 1
     path.write_text(json.dumps(data))
     model, opt = tiny()
     with caplog.at_level(logging.WARNING), Checkpointer(tmp_path, partial_grace_s=0.0) as ckpt:

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import Future
 from typing import Any, Literal
 
+from costguard.checkpoint import incremental as incremental_mod
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.distributed import (
     ENV_NOTICE_FILE,
@@ -176,6 +177,12 @@ class Checkpointer:
 
     The background save thread runs ``save_niceness`` nicer than training (Linux; 0 keeps
     it equal), so a busy machine slows the save rather than the training loop.
+
+    With ``incremental`` (the default) the model's large frozen tensors (``requires_grad``
+    off, buffers no step touches) are stored once, in a pool the checkpoints share, and
+    not copied or uploaded again while they stay unchanged: a LoRA fine-tune saves the
+    adapter and the optimizer, not the base model, at every save (see
+    :mod:`~costguard.checkpoint.incremental`). The restored state is the same either way.
     """
 
     def __init__(
@@ -195,6 +202,7 @@ class Checkpointer:
         save_niceness: int = DEFAULT_SAVE_NICENESS,
         partial_grace_s: float = PARTIAL_GRACE_S,
         events_file: str | None = None,
+        incremental: bool = True,
         check: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -225,6 +233,7 @@ class Checkpointer:
             save_niceness=save_niceness,
             partial_grace_s=partial_grace_s,
             events_file=events_file,
+            incremental=incremental,
         )
         self._last_steps_done = 0
         self._last_save_s = clock()
@@ -404,6 +413,10 @@ class Checkpointer:
                 ) from exc
             finally:
                 del data, chosen  # the mapped payload: only the live objects keep its bytes
+            if model is not None and self.rank == 0:
+                # The frozen tensors just loaded are the pool's bytes: unchanged for the
+                # first save after the resume too.
+                self._saver.pool.adopt(model.state_dict(), self._restorer.pooled)
             self.restored = manifest
             self._last_steps_done = manifest.step
             self._saver.saved_steps_done = manifest.step
@@ -572,9 +585,15 @@ class Checkpointer:
                 return None
             self._saver.wait()
         started = time.perf_counter()
-        snapshot = self._saver.snapshot(state_mod.capture(steps_done, parts))
+        captured = state_mod.capture(steps_done, parts)
         if ranks is not None:
-            snapshot["ranks"] = ranks  # already copies: they came through the gather
+            captured["ranks"] = ranks
+        trainable = (
+            incremental_mod.trainable_storages(parts.model, parts.optimizer)
+            if self._saver.pool.enabled
+            else None
+        )
+        snapshot = self._saver.snapshot(captured, trainable)
         stall_s = time.perf_counter() - started
         name = checkpoint_name(steps_done, secrets.token_hex(4))
         future = self._saver.submit(snapshot, name, steps_done, parts.epoch, reason, stall_s)

@@ -6,6 +6,10 @@ sha256 and is written **last**, so a checkpoint without a readable manifest whos
 are all present is never "latest", whatever its step number. Restore walks
 :func:`restore_order` and verifies each object's sha256 before using it.
 
+An incremental save also lists objects of the shared pool, ``blobs/<sha256>``, that
+several checkpoints refer to; :func:`plan_pool_deletions` decides which of them no kept
+checkpoint can need.
+
 >>> m = Manifest(name=checkpoint_name(200, "0a1b2c3d"), step=200, created_unix=1.0,
 ...              objects=(ObjectEntry("state.pt", 10, "ab" * 32),))
 >>> m.name
@@ -29,6 +33,16 @@ from costguard.errors import CostguardError
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
+#: The format of a manifest that refers to objects in the shared pool (incremental saves).
+#: Only such manifests carry it, so a costguard that knows no pool skips them as written
+#: by a newer costguard (kept, never called corrupt); every other manifest stays version 1.
+POOL_FORMAT_VERSION = 2
+#: The newest format this costguard reads.
+READ_FORMAT_VERSION = POOL_FORMAT_VERSION
+#: The folder under the store's root holding content-addressed objects that several
+#: checkpoints may share (``blobs/<sha256>``); not a checkpoint folder, so :func:`scan`
+#: ignores it and only :func:`plan_pool_deletions` ever deletes in it.
+POOL_FOLDER = "blobs"
 #: A manifest lists a few objects: anything larger is not one of ours (and reading it
 #: whole would cost memory). The cap is checked on the listed size before any read.
 MAX_MANIFEST_BYTES = 4 * 2**20
@@ -55,11 +69,17 @@ class UnreadableError(CostguardError):
 
 @dataclass(frozen=True, order=True)
 class ObjectEntry:
-    """One payload object of a checkpoint: its file name, size and sha256."""
+    """One payload object of a checkpoint: its file name, size and sha256.
+
+    ``pool`` objects live in the shared pool (``blobs/<sha256>``, named by their sha256)
+    rather than in the checkpoint's folder: an incremental save refers to the one an
+    earlier checkpoint stored instead of storing the same bytes again.
+    """
 
     name: str
     size_bytes: int
     sha256: str
+    pool: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,7 +110,19 @@ class Manifest:
         >>> Manifest("ckpt-000000000001-00000000", 1, 0.0, ()).object_path("state.pt")
         'ckpt-000000000001-00000000/state.pt'
         """
+        if isinstance(obj, ObjectEntry) and obj.pool:
+            return pool_path(obj.sha256)
         return f"{self.name}/{obj if isinstance(obj, str) else obj.name}"
+
+    @property
+    def uses_pool(self) -> bool:
+        """Whether an object lives in the shared pool (an incremental save)."""
+        return any(o.pool for o in self.objects)
+
+    @property
+    def pool_digests(self) -> frozenset[str]:
+        """The sha256 of every pool object this checkpoint needs."""
+        return frozenset(o.sha256 for o in self.objects if o.pool)
 
     @property
     def manifest_path(self) -> str:
@@ -101,22 +133,54 @@ class Manifest:
         """The manifest as JSON text (stable key order, so equal manifests are equal bytes)."""
         return json.dumps(
             {
-                "format_version": self.format_version,
+                "format_version": (
+                    max(self.format_version, POOL_FORMAT_VERSION)
+                    if self.uses_pool
+                    else self.format_version
+                ),
                 "name": self.name,
                 "step": self.step,
                 "epoch": self.epoch,
                 "created_unix": self.created_unix,
                 "library_version": self.library_version,
                 "reason": self.reason,
-                "objects": [
-                    {"name": o.name, "size_bytes": o.size_bytes, "sha256": o.sha256}
-                    for o in self.objects
-                ],
+                "objects": [_entry_json(o) for o in self.objects],
                 "extra": dict(self.extra),
             },
             sort_keys=True,
             indent=1,
         )
+
+
+def _entry_json(entry: ObjectEntry) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": entry.name,
+        "size_bytes": entry.size_bytes,
+        "sha256": entry.sha256,
+    }
+    if entry.pool:  # absent otherwise: a manifest without pool objects is as it always was
+        data["pool"] = True
+    return data
+
+
+def pool_path(sha256: str) -> str:
+    """Where the pool object with this sha256 lives, relative to the store's root.
+
+    >>> pool_path("ab" * 32)[:12]
+    'blobs/ababab'
+    """
+    return f"{POOL_FOLDER}/{sha256}"
+
+
+def pool_object(path: str) -> str | None:
+    """The sha256 named by a pool path (``blobs/<sha256>``), or ``None`` for any other
+    path (a temporary file of a write in progress, another tool's file).
+
+    >>> pool_object("blobs/" + "0" * 64) == "0" * 64, pool_object("blobs/.x.tmp-1")
+    (True, None)
+    """
+    folder, _, rest = path.strip("/").partition("/")
+    return rest if folder == POOL_FOLDER and _SHA256.match(rest) else None
 
 
 def checkpoint_name(step: int, unique: str) -> str:
@@ -169,10 +233,10 @@ def parse_manifest(text: str | bytes, name: str) -> Manifest:
         msg = f"manifest of {name} is not valid JSON"
         raise ManifestError(msg) from None
     version = data.get("format_version") if isinstance(data, dict) else None
-    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+    if isinstance(version, int) and not isinstance(version, bool) and version > READ_FORMAT_VERSION:
         msg = (
             f"manifest of {name} has format_version {version}, written by a newer costguard "
-            f"(this one reads {FORMAT_VERSION})"
+            f"(this one reads {READ_FORMAT_VERSION})"
         )
         raise UnreadableError(msg, hint="upgrade costguard to restore it")
     try:
@@ -208,8 +272,9 @@ def _from_dict(data: Any, name: str) -> Manifest:
     if not isinstance(data, dict):
         msg = "not a JSON object"
         raise TypeError(msg)
-    if data["format_version"] != FORMAT_VERSION:
-        msg = f"format_version {str(data['format_version'])[:40]!r}"
+    version = data["format_version"]
+    if isinstance(version, bool) or version not in (FORMAT_VERSION, POOL_FORMAT_VERSION):
+        msg = f"format_version {str(version)[:40]!r}"
         raise ValueError(msg)
     if data["name"] != name:
         msg = f"it names {str(data['name'])[:80]!r}"
@@ -240,7 +305,14 @@ def _from_dict(data: Any, name: str) -> Manifest:
             # Also what keeps a manifest from naming an object outside its folder.
             msg = f"object name {str(object_name)[:80]!r}"
             raise ValueError(msg)
-        objects.append(ObjectEntry(object_name, size, digest))
+        pool = raw.get("pool", False)
+        if pool is not False and (pool is not True or version < POOL_FORMAT_VERSION):
+            msg = f"pool {str(pool)[:40]!r} (in format_version {version})"
+            raise ValueError(msg)
+        if pool and object_name != digest:
+            msg = f"pool object {object_name[:80]!r} is not named by its sha256"
+            raise ValueError(msg)
+        objects.append(ObjectEntry(object_name, size, digest, pool))
     if not objects or len({o.name for o in objects}) != len(objects):
         msg = "no objects, or an object listed twice"
         raise ValueError(msg)
@@ -273,6 +345,7 @@ def _from_dict(data: Any, name: str) -> Manifest:
         library_version=library_version[:100],
         reason=reason[:200],
         extra=extra,
+        format_version=version,
     )
 
 
@@ -439,3 +512,76 @@ def plan_retention(
 def _paths_manifest_first(listing: Listing) -> tuple[str, ...]:
     names = sorted(listing.objects, key=lambda n: (n != MANIFEST_FILE, n))
     return tuple(f"{listing.name}/{n}" for n in names)
+
+
+def plan_pool_deletions(
+    paths: Mapping[str, int],
+    listings: Iterable[Listing],
+    manifests: Iterable[Manifest],
+    *,
+    deleting: Collection[str] = (),
+    corrupt: Collection[str] = (),
+    modified: Mapping[str, float] | None = None,
+    now_unix: float | None = None,
+    grace_s: float = PARTIAL_GRACE_S,
+) -> list[str]:
+    """The pool objects (``blobs/<sha256>``) no checkpoint can need any more.
+
+    ``paths`` is the store listing, ``listings`` its checkpoint folders (:func:`scan`),
+    ``manifests`` every manifest that was read, ``deleting`` the folders about to be
+    deleted (their manifests first) and ``corrupt`` those proven bad. A pool object is
+    deleted only when all of these hold:
+
+    * every folder that keeps a manifest had it read, or was proven corrupt: a manifest
+      that could not be read now (a failed read, a newer costguard) might refer to any
+      pool object, so then nothing in the pool is deleted;
+    * no folder without a manifest is a save that may still be in progress (one written
+      to within ``grace_s``, or with no date): it has no manifest yet to say what it uses;
+    * no manifest of a folder that stays refers to it;
+    * it was written more than ``grace_s`` ago (a save uploads its pool objects before its
+      folder has anything in it) and its date is known.
+
+    ``now_unix`` ``None`` skips both waits, for a caller that knows no other writer is
+    live. Run it only right after a newer checkpoint committed (the retention of a save).
+
+    >>> blob = ObjectEntry("1" * 64, 4, "1" * 64, pool=True)
+    >>> a = Manifest("ckpt-000000000001-00000000", 1, 0.0,
+    ...              (ObjectEntry("state.pt", 1, "0" * 64), blob))
+    >>> store = {a.manifest_path: 1, a.object_path(a.objects[0]): 1,
+    ...          pool_path("1" * 64): 4, pool_path("2" * 64): 4}
+    >>> dated = dict.fromkeys(store, 0.0)
+    >>> plan_pool_deletions(store, scan(store), [a], modified=dated) == [pool_path("2" * 64)]
+    True
+    >>> len(plan_pool_deletions(store, scan(store), [a], deleting=[a.name], modified=dated))
+    2
+    >>> plan_pool_deletions(store, scan(store), [], modified=dated)  # an unread manifest
+    []
+    """
+    modified = modified or {}
+    leaving, bad = set(deleting), set(corrupt)
+    read = {m.name: m for m in manifests}
+    needed: set[str] = set()
+    for listing in listings:
+        if listing.name in leaving:
+            continue
+        if not listing.has_manifest:
+            if listing.modified_unix is None or (
+                now_unix is not None and now_unix - listing.modified_unix < grace_s
+            ):
+                return []  # a save that may still be writing: what it uses is not known
+            continue
+        manifest = read.get(listing.name)
+        if manifest is None:
+            if listing.name in bad:
+                continue  # proven corrupt: it will never be restored
+            return []  # could not be judged now: it may need anything
+        needed |= manifest.pool_digests
+    doomed = []
+    for path in sorted(paths):
+        digest = pool_object(path)
+        if digest is None or digest in needed:
+            continue
+        when = modified.get(path)
+        if when is not None and (now_unix is None or now_unix - when >= grace_s):
+            doomed.append(path)
+    return doomed

@@ -23,10 +23,11 @@ import logging
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from costguard.checkpoint import incremental
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
@@ -62,6 +63,10 @@ class Survey:
     corrupt: dict[str, str] = field(default_factory=dict)
     #: Folders that could not be judged now (name -> why): never deleted.
     doubtful: dict[str, str] = field(default_factory=dict)
+    #: Manifests that were read but whose objects are not all listed (corrupt).
+    incomplete: list[Manifest] = field(default_factory=list)
+    #: Relative path -> when it was last written, for the objects whose store says.
+    modified: dict[str, float] = field(default_factory=dict)
 
     @property
     def committed(self) -> set[str]:
@@ -78,6 +83,8 @@ class Restorer:
         self._manifests: dict[str, Manifest] = {}
         #: Proven corrupt in this process (a hash mismatch is not visible in a listing).
         self.corrupt: dict[str, str] = {}
+        #: Of the last :meth:`load`: which tensors came from which verified pool object.
+        self.pooled: dict[tuple[object, ...], incremental.Placed] = {}
 
     def remember(self, manifest: Manifest) -> None:
         """A manifest this process has just committed."""
@@ -96,7 +103,7 @@ class Restorer:
         listings = scan(sizes, modified)
         with self._lock:
             corrupt = {k: v for k, v in self.corrupt.items() if any(c.name == k for c in listings)}
-        survey = Survey(sizes, listings, [], corrupt)
+        survey = Survey(sizes, listings, [], corrupt, modified=modified)
         for listing in listings:
             if not listing.has_manifest or listing.name in survey.corrupt:
                 continue
@@ -116,6 +123,7 @@ class Restorer:
                 if is_complete(manifest, sizes):
                     survey.manifests.append(manifest)
                 else:
+                    survey.incomplete.append(manifest)
                     survey.corrupt[listing.name] = "an object is missing or has the wrong size"
         with self._lock:
             self.corrupt.update(survey.corrupt)
@@ -148,23 +156,39 @@ class Restorer:
     def payload_file(self, manifest: Manifest, progress: Progress | None = None) -> Iterator[str]:
         """A local file with the checkpoint's verified payload (see
         :meth:`Store.verified_file`)."""
-        if len(manifest.objects) != 1 or manifest.objects[0].name != PAYLOAD:
+        own = [o for o in manifest.objects if not o.pool]
+        if len(own) != 1 or own[0].name != PAYLOAD:
             msg = f"unexpected objects {[o.name for o in manifest.objects][:10]}"
             raise ManifestError(msg)
-        entry = manifest.objects[0]
+        entry = own[0]
         with self.store.verified_file(
             manifest.object_path(entry), entry.size_bytes, entry.sha256, progress
         ) as path:
             yield path
 
     def load(self, manifest: Manifest) -> Any:
-        """The checkpoint's state, verified, its tensors mapped from a local file."""
+        """The checkpoint's state, verified, its tensors mapped from local files (the
+        payload and, for an incremental save, each pool object it refers to)."""
         with (
             terminal_progress(f"restoring step {manifest.step}", manifest.size_bytes) as bar,
-            self.payload_file(manifest, bar) as path,
+            ExitStack() as files,
         ):
+            path = files.enter_context(self.payload_file(manifest, bar))
+            pooled = {
+                o.sha256: (
+                    files.enter_context(
+                        self.store.verified_file(manifest.object_path(o), o.size_bytes, o.sha256)
+                    ),
+                    o.size_bytes,
+                )
+                for o in manifest.objects
+                if o.pool
+            }
             try:
-                return state_mod.load_file(path)
+                state, self.pooled = incremental.assemble(state_mod.load_file(path), pooled)
+                return state
+            except UnreadableError:
+                raise
             except Exception as exc:
                 # Verified bytes this torch cannot read: a newer format, or a foreign file.
                 # The bytes are what was written, so this is no proof of corruption.

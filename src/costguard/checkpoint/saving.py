@@ -24,7 +24,15 @@ from typing import Any
 
 from costguard import __version__
 from costguard.checkpoint import state as state_mod
-from costguard.checkpoint.manifest import PARTIAL_GRACE_S, Manifest, ObjectEntry, plan_retention
+from costguard.checkpoint.incremental import Pool, Snapshot
+from costguard.checkpoint.manifest import (
+    PARTIAL_GRACE_S,
+    Manifest,
+    ObjectEntry,
+    plan_pool_deletions,
+    plan_retention,
+    pool_object,
+)
 from costguard.checkpoint.restoring import PAYLOAD, Restorer
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError
@@ -51,6 +59,9 @@ class SaveResult:
     save_s: float = 0.0
     error: str | None = None
     deleted: tuple[str, ...] = field(default_factory=tuple)
+    #: Bytes written to the store by this save (less than ``size_bytes`` when it refers
+    #: to pool objects an earlier save stored: an incremental save).
+    uploaded_bytes: int = 0
 
 
 class Saver:
@@ -65,8 +76,11 @@ class Saver:
         save_niceness: int,
         partial_grace_s: float = PARTIAL_GRACE_S,
         events_file: str | None = None,
+        incremental: bool = True,
     ) -> None:
         self.store = store
+        #: Frozen tensors stored once, in the pool (see :mod:`~costguard.checkpoint.incremental`).
+        self.pool = Pool(store, enabled=incremental)
         self.restorer = restorer
         self.keep_last = keep_last
         self.partial_grace_s = partial_grace_s
@@ -95,13 +109,23 @@ class Saver:
         if self._inflight is not None:
             self._inflight.result()
 
-    def snapshot(self, state: Any) -> Any:
-        """Copy ``state`` into the warm CPU buffers (the part that blocks training)."""
-        return self._copier.copy(state)
+    def snapshot(self, state: Any, trainable: set[int] | None = None) -> Snapshot:
+        """Copy ``state`` into the warm CPU buffers (the part that blocks training), all
+        but the frozen tensors unchanged since the last save (``trainable``: the storages
+        of the parameters that train, see :meth:`Pool.split`)."""
+        rest, items = self.pool.split(state, trainable)
+        changed = {"/".join(map(str, i.path)): i.live for i in items if i.sha256 is None}
+        copied = self._copier.copy({"state": rest, "pooled": changed})
+        for item in items:
+            item.copy = copied["pooled"].get("/".join(map(str, item.path)))
+        snapshot = Snapshot(copied["state"], items)
+        # Buffers no longer needed are freed by the background thread, not training's.
+        snapshot.released, self._copier.released = self._copier.released, []
+        return snapshot
 
     def submit(
         self,
-        snapshot: Any,
+        snapshot: Snapshot,
         name: str,
         steps_done: int,
         epoch: int | None,
@@ -117,7 +141,7 @@ class Saver:
 
     def _write(
         self,
-        snapshot: Any,
+        snapshot: Snapshot,
         name: str,
         steps_done: int,
         epoch: int | None,
@@ -126,13 +150,16 @@ class Saver:
     ) -> SaveResult:
         started = time.perf_counter()
         try:
-            size, digest = self._write_payload(snapshot, f"{name}/{PAYLOAD}")
-            del snapshot  # the CPU buffers stay with the copier for the next save
+            snapshot.released.clear()
+            pooled = self.pool.store_objects(snapshot)
+            size, digest = self._write_payload(snapshot.state, f"{name}/{PAYLOAD}")
+            uploaded = size + snapshot.uploaded_bytes
+            snapshot.state = None  # the CPU buffers stay with the copier for the next save
             manifest = Manifest(
                 name=name,
                 step=steps_done,
                 created_unix=time.time(),
-                objects=(ObjectEntry(PAYLOAD, size, digest),),
+                objects=(ObjectEntry(PAYLOAD, size, digest), *pooled),
                 epoch=epoch,
                 library_version=__version__,
                 reason=reason,
@@ -140,6 +167,7 @@ class Saver:
             # The commit: only now does the checkpoint exist for restore and retention.
             self.store.put(manifest.manifest_path, manifest.to_json().encode())
             self.restorer.remember(manifest)
+            self.pool.committed(snapshot)
             self.saved_steps_done = steps_done
         except Exception as exc:
             result = SaveResult(
@@ -166,16 +194,18 @@ class Saver:
             steps_done,
             reason,
             ok=True,
-            size_bytes=size,
+            size_bytes=manifest.size_bytes,
             stall_s=stall_s,
             save_s=time.perf_counter() - started,
             deleted=deleted,
+            uploaded_bytes=uploaded,
         )
         logger.info(
-            "costguard: saved step %d as %s (%s, %.1f s)",
+            "costguard: saved step %d as %s (%s, %s written, %.1f s)",
             steps_done,
             name,
-            human_size(size),
+            human_size(manifest.size_bytes),
+            human_size(uploaded),
             result.save_s,
         )
         self._record(result)
@@ -233,6 +263,8 @@ class Saver:
                 self.restorer.forget(deletion.name)
                 deleted.append(deletion.name)
                 logger.info("costguard: deleted %s (%s)", deletion.name, deletion.reason)
+            if count:
+                self._retain_pool(survey, deleted)
             # Multipart uploads a killed writer left behind bill for their parts until
             # aborted; only S3 has them (elsewhere this makes no call).
             self.store.abort_stale_uploads()
@@ -240,6 +272,25 @@ class Saver:
         except CostguardError as exc:
             logger.warning("costguard: retention skipped this time: %s", redact(exc.message))
             return ()
+
+    def _retain_pool(self, survey: Any, deleted: list[str]) -> None:
+        """Delete the pool objects no kept checkpoint refers to (see
+        :func:`plan_pool_deletions`): after the folders, so a failure on the way deletes
+        none."""
+        doomed = plan_pool_deletions(
+            survey.sizes,
+            survey.listings,
+            [*survey.manifests, *survey.incomplete],
+            deleting=deleted,
+            corrupt=survey.corrupt,
+            modified=survey.modified,
+            now_unix=time.time(),
+            grace_s=self.partial_grace_s,
+        )
+        if doomed:
+            self.pool.forget(d for d in (pool_object(p) for p in doomed) if d is not None)
+            self.store.delete(doomed)
+            logger.info("costguard: deleted %d pool objects no checkpoint needs", len(doomed))
 
     def flush(self, timeout_s: float | None = None) -> SaveResult | None:
         """Wait until the save in flight is durable; its result (``None`` if none ran).

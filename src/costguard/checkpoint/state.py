@@ -215,19 +215,23 @@ class CpuCopier:
 
     def __init__(self) -> None:
         self._buffers: dict[str, Any] = {}
+        #: The buffers the last copy dropped (freed when this list goes).
+        self.released: list[Any] = []
 
     def copy(self, state: Any) -> Any:
         """A deep copy of ``state`` whose tensors live in (reused) CPU memory."""
         seen: set[str] = set()
-        out = self._copy(state, "", seen)
-        # Drop buffers of tensors that no longer exist (e.g. a parameter group removed).
-        for key in set(self._buffers) - seen:
-            del self._buffers[key]
+        out = self._copy(state, "", seen, _torch().Tensor)
+        # Drop buffers of tensors that no longer exist (e.g. a parameter group removed, or
+        # frozen tensors an incremental save no longer copies); the caller may free them
+        # elsewhere (:attr:`released`): giving back hundreds of MB takes a while.
+        self.released = [self._buffers.pop(key) for key in set(self._buffers) - seen]
         return out
 
-    def _copy(self, value: Any, path: str, seen: set[str]) -> Any:
-        torch = _torch()
-        if isinstance(value, torch.Tensor):
+    def _copy(self, value: Any, path: str, seen: set[str], tensor: Any) -> Any:
+        if isinstance(value, int | float | str | None):
+            return value  # immutable leaves, first: the RNG states hold over 1,000 ints
+        if isinstance(value, tensor):
             seen.add(path)
             src = value.detach()
             buf = self._buffers.get(path)
@@ -246,12 +250,14 @@ class CpuCopier:
                 buf.copy_(src)
             return buf
         if isinstance(value, Mapping):
-            return {k: self._copy(v, f"{path}/{k}", seen) for k, v in value.items()}
+            return {k: self._copy(v, f"{path}/{k}", seen, tensor) for k, v in value.items()}
         if isinstance(value, list):
-            return [self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(value)]
+            if all(isinstance(v, int | float | str | None) for v in value):
+                return list(value)  # a list of plain values (an RNG state): no walk
+            return [self._copy(v, f"{path}/{i}", seen, tensor) for i, v in enumerate(value)]
         if isinstance(value, tuple):
-            return tuple(self._copy(v, f"{path}/{i}", seen) for i, v in enumerate(value))
-        return value  # ints, floats, strings, None: immutable
+            return tuple(self._copy(v, f"{path}/{i}", seen, tensor) for i, v in enumerate(value))
+        return value  # other immutable values
 
 
 class _Sink(io.RawIOBase):

@@ -1,0 +1,97 @@
+"""A LoRA-shaped, seeded, deterministic CPU fine-tune that checkpoints through costguard.
+
+A frozen base (weights with ``requires_grad`` off and a constant buffer, each over the
+pool threshold) plus a small trainable low-rank adapter with dropout, AdamW and a
+scheduler: what incremental saves are for. Run by test_incremental.py as a plain process
+(SIGTERM preempts it: exit 75) with ``COSTGUARD_CHECKPOINT_URL`` set. Prints ``READY
+<start>`` after the restore and ``STEP <n>`` after each step, and writes the final state
+to ``--out``. ``--sleep`` slows every step so a test can interrupt mid-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from costguard.checkpoint import Checkpointer, ResumableLoader
+
+WIDTH, OUT, RANK = 256, 1024, 4
+
+
+class Lora(torch.nn.Module):
+    """``base(x) + up(down(dropout(x)))`` with ``base`` frozen."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(WIDTH, OUT)  # a 1 MiB weight
+        self.base.requires_grad_(False)
+        self.register_buffer("mix", torch.randn(OUT, OUT // 4))  # 1 MiB, never changes
+        self.down = torch.nn.Linear(WIDTH, RANK, bias=False)
+        self.up = torch.nn.Linear(RANK, OUT, bias=False)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.base(x) + self.up(self.down(self.drop(x)))
+        return (hidden @ self.mix).mean(dim=1, keepdim=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    args = parser.parse_args()
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(3)
+    model = Lora()
+    data = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(4))
+    target = data.sum(dim=1, keepdim=True).sin()
+    loader = ResumableLoader(
+        torch.utils.data.TensorDataset(data, target), batch_size=8, shuffle=True, seed=5
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
+
+    ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=4, keep_last=2)
+    step = ckpt.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+    print(f"READY {step}", flush=True)
+    while step < args.steps:
+        for x, y in loader:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            if args.sleep:
+                time.sleep(args.sleep)
+            ckpt.step(
+                step,
+                epoch=loader.epoch,
+                model=model,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                loader=loader,
+            )
+            step += 1
+            print(f"STEP {step}", flush=True)
+            if step >= args.steps:
+                break
+    ckpt.close()
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        },
+        args.out,
+    )
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
