@@ -181,7 +181,7 @@ def test_a_manifest_from_a_newer_costguard_is_skipped_and_kept(
     names = make_steps(str(tmp_path), 3)
     path = tmp_path / names[-1] / MANIFEST_FILE
     data = json.loads(path.read_text())
-    data["format_version"] = 2
+    data["format_version"] = 3  # 2 is the sharded layout
     path.write_text(json.dumps(data))
     model, opt = tiny()
     with caplog.at_level(logging.WARNING), Checkpointer(tmp_path, partial_grace_s=0.0) as ckpt:

@@ -29,6 +29,12 @@ from costguard.errors import CostguardError
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
+#: The manifest of a sharded checkpoint (one object per rank, through torch's DCP; see
+#: :mod:`costguard.checkpoint.sharded`). A costguard that reads only format 1 takes it for
+#: "written by a newer costguard": unreadable, skipped and kept, never corrupt.
+SHARDED_FORMAT_VERSION = 2
+#: The newest format this costguard reads.
+NEWEST_FORMAT_VERSION = SHARDED_FORMAT_VERSION
 #: A manifest lists a few objects: anything larger is not one of ours (and reading it
 #: whole would cost memory). The cap is checked on the listed size before any read.
 MAX_MANIFEST_BYTES = 4 * 2**20
@@ -78,6 +84,11 @@ class Manifest:
     #: Why it was saved: ``schedule``, ``demand``, ``notice:<source>``.
     reason: str = "schedule"
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this is a sharded (DCP) checkpoint rather than one replicated payload."""
+        return self.format_version == SHARDED_FORMAT_VERSION
 
     @property
     def size_bytes(self) -> int:
@@ -169,10 +180,14 @@ def parse_manifest(text: str | bytes, name: str) -> Manifest:
         msg = f"manifest of {name} is not valid JSON"
         raise ManifestError(msg) from None
     version = data.get("format_version") if isinstance(data, dict) else None
-    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+    if (
+        isinstance(version, int)
+        and not isinstance(version, bool)
+        and version > NEWEST_FORMAT_VERSION
+    ):
         msg = (
             f"manifest of {name} has format_version {version}, written by a newer costguard "
-            f"(this one reads {FORMAT_VERSION})"
+            f"(this one reads up to {NEWEST_FORMAT_VERSION})"
         )
         raise UnreadableError(msg, hint="upgrade costguard to restore it")
     try:
@@ -208,8 +223,9 @@ def _from_dict(data: Any, name: str) -> Manifest:
     if not isinstance(data, dict):
         msg = "not a JSON object"
         raise TypeError(msg)
-    if data["format_version"] != FORMAT_VERSION:
-        msg = f"format_version {str(data['format_version'])[:40]!r}"
+    version = data["format_version"]
+    if isinstance(version, bool) or version not in (FORMAT_VERSION, SHARDED_FORMAT_VERSION):
+        msg = f"format_version {str(version)[:40]!r}"
         raise ValueError(msg)
     if data["name"] != name:
         msg = f"it names {str(data['name'])[:80]!r}"
@@ -271,6 +287,7 @@ def _from_dict(data: Any, name: str) -> Manifest:
         objects=tuple(objects),
         epoch=None if epoch is None else _integer(epoch, "epoch"),
         library_version=library_version[:100],
+        format_version=version,
         reason=reason[:200],
         extra=extra,
     )
