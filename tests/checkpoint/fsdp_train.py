@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -35,19 +36,8 @@ def say(line: str) -> None:
     os.write(sys.stdout.fileno(), f"{line}\n".encode())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--every-steps", type=int, default=4)
-    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
-    args = parser.parse_args()
-
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    random.seed(10 + rank)
+def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
+    """The model (sharded over all ranks), optimizer, scheduler and this rank's loader."""
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)  # the same initial weights on every rank, and every world size
     model = torch.nn.Sequential(
@@ -65,6 +55,24 @@ def main() -> None:
         torch.utils.data.TensorDataset(data, target), list(range(rank, len(data), world))
     )
     loader = ResumableLoader(shard, batch_size=4, shuffle=True, seed=5 + rank)
+    return model, optimizer, scheduler, loader
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--every-steps", type=int, default=4)
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    random.seed(10 + rank)
+    np.random.seed(20 + rank)
+    model, optimizer, scheduler, loader = build(rank, world)
     extra: dict[str, float] = {"noise": 0.0}
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=args.every_steps)
@@ -78,8 +86,10 @@ def main() -> None:
     say(f"READY {rank} {os.getpid()} {step}")
     while step < args.steps:
         for x, y in loader:
-            noise = random.random() * 1e-3
-            extra["noise"] += noise
+            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3
+            total = torch.tensor([noise], dtype=torch.float64)
+            dist.all_reduce(total)  # extra is replicated: the same on every rank
+            extra["noise"] += float(total)
             loss = torch.nn.functional.mse_loss(model(x), y) + noise
             optimizer.zero_grad()
             loss.backward()
