@@ -30,9 +30,10 @@ from costguard.checkpoint.manifest import (
     UnreadableError,
     parse_manifest,
 )
-from costguard.checkpoint.store import Store
+from costguard.checkpoint.store import Store, StoreError
 from tests.checkpoint.conftest import make_s3_bucket
 from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.checkpoint.test_trust import FAULTS, faulty
 
 
 @pytest.fixture
@@ -253,3 +254,50 @@ def test_the_sharded_layout_is_format_2_and_a_newer_one_is_unreadable() -> None:
     assert not parse_manifest(json.dumps({**data, "format_version": 1}), name).sharded
     with pytest.raises(UnreadableError, match="newer costguard"):
         parse_manifest(json.dumps({**data, "format_version": 3}), name)
+
+
+@pytest.mark.parametrize("target", ["shard-00000.distcp", "dcp.metadata", MANIFEST_FILE])
+def test_a_read_that_fails_skips_the_sharded_checkpoint_and_keeps_it(
+    one_rank: None, tmp_path: Path, target: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = str(tmp_path / "ckpt")
+    names, states = save_steps(url, 3)
+    ckpt = faulty(url, {f"{names[-1]}/{target}": (-1, FAULTS["reset"])})
+    model, opt = sharded_model(seed=99)
+    with caplog.at_level(logging.WARNING):
+        assert ckpt.restore(model=model, optimizer=opt) == 2  # step 3 could not be read
+        assert_bitwise_equal(full(model, opt), states[1])
+        ckpt.save(2, model=model, optimizer=opt, block=True)  # a newer commit: retention runs
+    ckpt.close()
+    assert ckpt.store.fs.failed, "the fault was never hit"
+    assert (Path(url) / names[-1] / MANIFEST_FILE).exists()  # it could not be judged: kept
+    assert names[-1] in caplog.text
+    assert "kept" in caplog.text
+    assert "corrupt" not in caplog.text
+
+
+def test_a_shard_that_fails_to_write_commits_nothing(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = str(tmp_path / "ckpt")
+    names, _ = save_steps(url, 1)
+    write_stream = Store.write_stream
+
+    def failing(self: Store, path: str, produce: Any) -> tuple[int, str]:
+        if path.endswith(".distcp"):
+            raise StoreError("writing a shard: no space left on device")
+        return write_stream(self, path, produce)
+
+    monkeypatch.setattr(Store, "write_stream", failing)
+    model, opt = sharded_model()
+    with Checkpointer(url) as ckpt:
+        future = ckpt.save(5, model=model, optimizer=opt)
+        assert future is not None
+        result = future.result()
+    assert not result.ok
+    assert "rank 0: StoreError: writing a shard: no space left" in (result.error or "")
+    assert not (Path(url) / result.name / MANIFEST_FILE).exists()  # no commit
+    assert (Path(url) / names[0] / MANIFEST_FILE).exists()  # the previous one intact
+    monkeypatch.undo()
+    step, _ = restore_full(url)
+    assert step == 1

@@ -151,8 +151,9 @@ class Checkpointer:
     :meth:`save_now` alike: these are collective. Rank 0 writes replicated state (DDP);
     a sharded model and optimizer (FSDP2, DTensor) are written by every rank at once and
     restored on any number of ranks (:mod:`~costguard.checkpoint.sharded`, on the training
-    thread). Each rank's RNG and ``loader`` state is saved too. ``sync_every`` fixes how often (in steps) the ranks
-    agree on notices and timed saves; by default about every 0.1 s of training.
+    thread). Each rank's RNG and ``loader`` state is saved too. ``sync_every`` fixes how
+    often (in steps) the ranks agree on notices and timed saves; by default about every
+    0.1 s of training.
 
     The background save thread runs ``save_niceness`` nicer than training (Linux; 0 keeps
     it equal), so a busy machine slows the save rather than the training loop.

@@ -492,7 +492,7 @@ def save(
     writer = storage_writer(store, name)
     try:
         dcp.save(dcp_state(parts), storage_writer=writer)
-    except Exception as exc:
+    except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
         error = error or _describe(exc)
     manifest = None
     if group.rank == 0 and error is None:
@@ -528,7 +528,16 @@ def save(
 
 
 def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {redact(str(exc))[:500]}"
+    """One line about an error; for DCP's, each failed rank's own error (no traceback)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        text = "; ".join(
+            f"rank {rank}: {type(wrapped[0]).__name__}: {wrapped[0]}"
+            for rank, wrapped in sorted(failures.items())
+        )
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return redact(text)[:500]
 
 
 def _entry(manifest: Manifest, name: str) -> ObjectEntry:
@@ -604,7 +613,11 @@ def restore(store: Store, restorer: Restorer, group: Group, parts: TrainState) -
             skipped.append((name, why))
             continue
         state = dcp_state(parts)
-        dcp.load(state, storage_reader=storage_reader(store, manifest), planner=load_planner())
+        try:
+            reader = storage_reader(store, manifest)
+            dcp.load(state, storage_reader=reader, planner=load_planner())
+        except dcp.CheckpointException as exc:  # verified bytes that do not fit
+            raise RuntimeError(_describe(exc)) from exc
         apply_dcp_state(parts, state)
         _apply_train(store, manifest, parts, group)
         chosen = manifest
