@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from costguard.checkpoint import Checkpointer
+from costguard.checkpoint import Checkpointer, export, load_state
 from costguard.checkpoint.checkpointer import ShardedStateError
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
@@ -301,3 +301,24 @@ def test_a_shard_that_fails_to_write_commits_nothing(
     monkeypatch.undo()
     step, _ = restore_full(url)
     assert step == 1
+
+
+def test_a_sharded_checkpoint_exports_whole_without_a_process_group(tmp_path: Path) -> None:
+    url = str(tmp_path / "ckpt")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        names, states = save_steps(url, 2)
+    finally:
+        dist.destroy_process_group()
+    model_state, optimizer_state = states[-1]
+    whole = load_state(url)  # one process, no model: full tensors by parameter name
+    assert whole["step"] == 2
+    assert_bitwise_equal(whole["model"], model_state)
+    assert_bitwise_equal(whole["optimizer"], optimizer_state)
+    manifest = export(url, tmp_path / "model.safetensors")
+    assert manifest.name == names[-1]
+    plain = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    assert raw[8:9] == b"{"  # a safetensors header, then the weights
+    plain.load_state_dict(whole["model"])  # the names fit the unsharded model
+    assert torch.equal(plain[2].weight, model_state["2.weight"])

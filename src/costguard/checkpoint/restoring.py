@@ -159,7 +159,9 @@ class Restorer:
                 f"{manifest.name} is a sharded checkpoint (one object per rank); restore it "
                 "into the sharded (FSDP2 / DTensor) model under torch.distributed"
             )
-            raise UnreadableError(msg)
+            raise UnreadableError(
+                msg, hint="or get its whole weights: costguard checkpoint export URL --to FILE"
+            )
         if len(manifest.objects) != 1 or manifest.objects[0].name != PAYLOAD:
             msg = f"unexpected objects {[o.name for o in manifest.objects][:10]}"
             raise ManifestError(msg)

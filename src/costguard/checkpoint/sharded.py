@@ -53,6 +53,7 @@ from costguard.checkpoint.manifest import (
     Manifest,
     ManifestError,
     ObjectEntry,
+    UnreadableError,
     restore_order,
 )
 from costguard.checkpoint.restoring import Restorer
@@ -378,13 +379,21 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
     return _Reader()
 
 
-def load_planner() -> Any:
-    """DCP's default load planner, reading non-tensor values with ``weights_only=True``."""
+def load_planner(*, whole: bool = False) -> Any:
+    """DCP's load planner, reading non-tensor values with ``weights_only=True``.
+
+    ``whole``: DCP's planner that rebuilds the whole state from ``dcp.metadata`` (full
+    tensors, no live objects needed; the one ``dcp_to_torch_save`` uses), for one process.
+    """
     torch = state_mod._torch()
-    from torch.distributed.checkpoint import DefaultLoadPlanner
+    from torch.distributed.checkpoint import default_planner
     from torch.distributed.checkpoint._nested_dict import set_element
 
-    class _SafePlanner(DefaultLoadPlanner):
+    base = (
+        default_planner._EmptyStateDictLoadPlanner if whole else default_planner.DefaultLoadPlanner
+    )
+
+    class _SafePlanner(base):  # type: ignore[misc,valid-type]
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             loaded = torch.load(value, weights_only=True)
             if self.flatten_state_dict:
@@ -394,6 +403,38 @@ def load_planner() -> Any:
                 self.state_dict[read_item.dest_index.fqn] = loaded
 
     return _SafePlanner()
+
+
+def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
+    """The whole state of a sharded checkpoint in this one process, verified: ``model``
+    and ``optimizer`` as full tensors keyed by parameter name (as ``get_state_dict`` gives
+    them), plus what ``train.pt`` holds (``step``, ``epoch``, ``extra``, the scheduler).
+
+    For ``costguard checkpoint export`` and :func:`~costguard.checkpoint.load_state`: no
+    model, no process group. It holds the whole state in memory.
+    """
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    _entry(manifest, METADATA)  # both must be listed
+    _entry(manifest, TRAIN)
+    _verify_share(store, manifest, 0, 1)
+    state: dict[str, Any] = {}
+    try:
+        # What torch's dcp_to_torch_save calls: dcp.load would not fill an empty dict.
+        _load_state_dict(
+            state,
+            storage_reader=storage_reader(store, manifest),
+            planner=load_planner(whole=True),
+            no_dist=True,
+        )
+    except dcp.CheckpointException as exc:
+        msg = f"{manifest.name} cannot be loaded: {_describe(exc)}"
+        raise UnreadableError(msg) from exc
+    entry = _entry(manifest, TRAIN)
+    with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
+        train = state_mod.load_file(path)
+    return {**train, **state}
 
 
 # -- the state DCP saves -------------------------------------------------------------
