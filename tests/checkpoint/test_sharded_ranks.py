@@ -211,36 +211,38 @@ def one_rank() -> Iterator[None]:
         dist.destroy_process_group()
 
 
-def kill_trial(url: Path, env: dict[str, str], rng: random.Random) -> str:
+def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) -> str:
     """Run 4 ranks saving at every step; kill -9 one rank at a random moment; what of it."""
     command = [*TORCHRUN, "4", str(SCRIPT), "--steps", "400", "--out", str(url / "x.pt")]
     command += ["--every-steps", "1"]
-    proc = subprocess.Popen(
-        command,
-        env={**env, "COSTGUARD_CHECKPOINT_URL": str(url)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            command,
+            env={**env, "COSTGUARD_CHECKPOINT_URL": str(url)},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
     assert proc.stdout is not None
-    pids: dict[int, int] = {}
-    deadline = time.monotonic() + TIMEOUT_S
-    while len(pids) < 4 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        pids.update({int(r): int(p) for r, p, _ in READY.findall(line)})
-    assert len(pids) == 4, "the ranks did not start"
-    victim = rng.randrange(4)
-    time.sleep(rng.uniform(0.0, 3.0))  # saves take most of each step: most kills land in one
-    os.kill(pids[victim], signal.SIGKILL)
     try:
+        pids: dict[int, int] = {}
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(pids) < 4 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            pids.update({int(r): int(p) for r, p, _ in READY.findall(line)})
+        assert len(pids) == 4, f"the ranks did not start: {log.read_text()[-4000:]}"
+        victim = rng.randrange(4)
+        time.sleep(rng.uniform(0.0, 3.0))  # saves take most of each step: most kills hit one
+        os.kill(pids[victim], signal.SIGKILL)
         proc.wait(timeout=60)  # torchrun ends the other ranks when one dies
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    proc.stdout.close()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        proc.stdout.close()
     return f"rank {victim}"
 
 
@@ -253,7 +255,7 @@ def test_kill_9_of_one_rank_during_sharded_saves_never_breaks_a_restore(
     env = train_env()
     restored_steps = []
     for trial in range(TRIALS):
-        what = kill_trial(url, env, rng)
+        what = kill_trial(url, env, rng, tmp_path / f"trial-{trial}.err")
         complete = complete_folders(url)
         for name in complete:  # a manifest is only ever written over whole objects
             assert_hashes_match(url, name)
