@@ -599,6 +599,7 @@ class Checkpointer:
         steps_done = step + 1
         self._last_steps_done = steps_done
         self._last_save_s = self._clock()
+        self._saver.wait()  # the previous save's retention (rank 0)
         name = group.broadcast(checkpoint_name(steps_done, secrets.token_hex(4)))
         result, manifest = sharded_mod.save(self.store, group, name, steps_done, parts, reason)
         if group.rank != 0:

@@ -117,28 +117,33 @@ class Saver:
 
     def completed(self, result: SaveResult, manifest: Manifest | None) -> Future[SaveResult]:
         """A save written on the caller's thread (a sharded save): recorded as if written
-        here, and then retention, as after any commit."""
+        here; retention, as after any commit, runs on the background thread."""
         if manifest is not None:
             self.restorer.remember(manifest)
             self.saved_steps_done = result.step
-            result = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
-            logger.info(
-                "costguard: saved step %d as %s (%s, %.1f s)",
-                result.step,
-                result.name,
-                human_size(result.size_bytes),
-                result.save_s,
-            )
-        else:
-            logger.error(
-                "costguard: the save of step %d failed; training goes on and the previous "
-                "checkpoints are intact: %s",
-                result.step,
-                result.error,
-            )
-        self._record(result)
-        future: Future[SaveResult] = Future()
-        future.set_result(result)
+
+        def finish() -> SaveResult:
+            done = result
+            if manifest is not None:
+                done = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
+                logger.info(
+                    "costguard: saved step %d as %s (%s, %.1f s)",
+                    done.step,
+                    done.name,
+                    human_size(done.size_bytes),
+                    done.save_s,
+                )
+            else:
+                logger.error(
+                    "costguard: the save of step %d failed; training goes on and the previous "
+                    "checkpoints are intact: %s",
+                    done.step,
+                    done.error,
+                )
+            self._record(done)
+            return done
+
+        future = self._executor.submit(finish)
         self._inflight = future
         return future
 
