@@ -547,10 +547,11 @@ class Checkpointer:
 
         ``objects`` are :meth:`step`'s keyword arguments (``model=``, ``optimizer=``, ...),
         or ``parts`` the same as one :class:`~costguard.checkpoint.state.TrainState`.
-        Blocks for the copy to CPU memory (and, with ``block``, until the save is durable).
-        Returns ``None`` when ``when_busy="skip"`` and a save is still in flight, and on
-        ranks other than 0 (under a process group every rank must call it: each sends its
-        own RNG and loader state to rank 0).
+        Blocks for the copy to CPU memory (and, with ``block``, until the save is durable);
+        a sharded state blocks until its shards are written and committed (only retention
+        is left to the background). Returns ``None`` when ``when_busy="skip"`` and a save
+        is still in flight, and on ranks other than 0 (under a process group every rank
+        must call it: each sends its own RNG and loader state to rank 0).
         """
         if self._closed:
             msg = "this Checkpointer is closed"
