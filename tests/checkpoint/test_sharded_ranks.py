@@ -108,6 +108,7 @@ def final(out: Path, ranks: int) -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(900)  # six 4-rank runs on a machine of two cores
 def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and_1(
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
@@ -246,6 +247,7 @@ def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) ->
     return f"rank {victim}"
 
 
+@pytest.mark.timeout(120 + 120 * TRIALS)  # a 4-rank start per trial
 def test_kill_9_of_one_rank_during_sharded_saves_never_breaks_a_restore(
     tmp_path: Path, train_env: Callable[..., dict[str, str]], one_rank: None
 ) -> None:
