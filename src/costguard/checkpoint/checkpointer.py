@@ -561,7 +561,10 @@ class Checkpointer:
         # Every rank of a sharded model gets here with its shards: all decide alike, at the
         # first save (sharding does not change during a run).
         if self._is_sharded(parts):
-            return self._save_sharded(step, reason, parts)
+            sharded = self._save_sharded(step, reason, parts)
+            if block and sharded is not None:
+                sharded.result()  # retention too
+            return sharded
         group = self._coordination()
         ranks: list[Any] | None = None
         if group is not None:
