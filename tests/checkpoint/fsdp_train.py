@@ -2,10 +2,11 @@
 README's Checkpointer calls, unchanged from a single-process script.
 
 Started by the tests with torchrun (any number of ranks), under ``costguard run`` or alone.
-Each rank prints ``READY <rank> <pid> <start>`` after the restore and ``STEP <rank> <n>``
-after each step. At the end rank 0 writes the *full* state (model and optimizer gathered
-with ``get_state_dict(full_state_dict=True)``, keyed by parameter name, the same on any
-number of ranks) to ``--out``, and every rank writes its RNG states and loader position to
+Each rank prints ``READY <rank> <pid> <start>`` after the restore, ``STEP <rank> <n>``
+after each step and ``WROTE <rank>`` once its output is written. At the end rank 0 writes
+the *full* state (model and optimizer gathered with
+``get_state_dict(full_state_dict=True)``, keyed by parameter name, the same on any number
+of ranks) to ``--out``, and every rank its RNG states and loader position to
 ``<out>.rank<r>``. ``--steps`` equal to the checkpoint's step only restores and writes: a
 restore on another number of ranks. The second layer has one output row, so with 4 ranks
 three of them hold an empty shard of it.
@@ -117,6 +118,7 @@ def main() -> None:
             },
             args.out,
         )
+    say(f"WROTE {rank}")  # gloo's teardown may still abort (torch's own flake)
     dist.barrier()
     dist.destroy_process_group()
     say(f"DONE {rank}")

@@ -58,7 +58,11 @@ def torchrun(ranks: int, url: str, out: Path, env: dict[str, str], *args: str) -
         timeout=TIMEOUT_S,
         check=False,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    # gloo's teardown sometimes aborts a rank after the work is done and written (2 runs in
+    # 10 of a plain 4-rank FSDP2 script, no costguard, torch 2.13): that alone is no failure.
+    wrote = len(set(re.findall(r"WROTE (\d+)", done.stdout))) == ranks
+    aborted = "terminate called without an active exception" in done.stderr
+    assert done.returncode == 0 or (wrote and aborted), done.stdout[-2000:] + done.stderr[-4000:]
 
 
 class Job:
