@@ -1,8 +1,11 @@
-"""A 2-rank FSDP2 (``fully_shard``, gloo, CPU) loop with the README's Checkpointer calls.
+"""A 2-rank FSDP2 (``fully_shard``, gloo, CPU) loop with the README's Checkpointer calls,
+and a sharded tensor where costguard cannot save one: in ``extra`` (an EMA of a sharded
+weight kept as a DTensor). The model and optimizer are saved sharded, through DCP; the
+``extra`` dict goes whole into one rank's ``train.pt``, which would store rank 0's shard.
 
-Each rank prints ``REFUSED <rank> <error>`` when costguard refuses the sharded state and
-exits 3; ``SAVED <rank>`` if a save went through (which would be the bug: rank 0 would
-store its shards alone). ``--skip-restore`` goes straight to ``step``.
+Each rank prints ``REFUSED <rank> <error>`` when costguard refuses the state and exits 3;
+``SAVED <rank>`` if a save went through (which would be the bug: rank 0 would store its
+shard of the EMA alone). ``--skip-restore`` goes straight to ``step``.
 """
 
 from __future__ import annotations
@@ -39,15 +42,17 @@ def main() -> None:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    first = next(model.parameters())
+    extra = {"ema": first.detach().clone()}  # a DTensor: rank 0 holds half
     ckpt = Checkpointer.from_env(default=args.url, every_steps=1, watch=False)
     code = 0
     try:
-        start = 0 if args.skip_restore else ckpt.restore(model=model, optimizer=opt)
+        start = 0 if args.skip_restore else ckpt.restore(model=model, optimizer=opt, extra=extra)
         for step in range(start, 2):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
             opt.zero_grad()
-            ckpt.step(step, model=model, optimizer=opt)
+            ckpt.step(step, model=model, optimizer=opt, extra=extra)
         ckpt.close()
         say(f"SAVED {rank}")
     except ShardedStateError as exc:

@@ -309,7 +309,7 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("skip_restore", [False, True])
-def test_a_sharded_fsdp2_state_is_refused_and_nothing_is_stored(
+def test_a_sharded_state_costguard_cannot_save_is_refused_and_nothing_is_stored(
     tmp_path: Path, train_env: Callable[..., dict[str, str]], skip_restore: bool
 ) -> None:
     url = tmp_path / "ckpt"
@@ -325,7 +325,7 @@ def test_a_sharded_fsdp2_state_is_refused_and_nothing_is_stored(
     )  # fmt: skip
     refused = sorted(line for line in done.stdout.splitlines() if line.startswith("REFUSED"))
     assert [line.split()[1] for line in refused] == ["0", "1"], done.stdout + done.stderr[-2000:]
-    assert "sharded tensors (FSDP2 / DTensor" in refused[0]
+    assert "the extra state holds sharded tensors (FSDP2 / DTensor" in refused[0]
     assert "SAVED" not in done.stdout
     assert not list(url.glob("ckpt-*/*"))  # nothing stored: not half a checkpoint
 

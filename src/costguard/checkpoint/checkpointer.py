@@ -44,6 +44,7 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 from costguard.checkpoint import incremental as incremental_mod
+from costguard.checkpoint import sharded as sharded_mod
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.distributed import (
     ENV_NOTICE_FILE,
@@ -75,6 +76,7 @@ from costguard.checkpoint.notices import signals as signals_mod
 from costguard.checkpoint.restoring import PAYLOAD, Restorer
 from costguard.checkpoint.saving import ENV_EVENTS_FILE, Saver, SaveResult
 from costguard.checkpoint.schedule import Schedule
+from costguard.checkpoint.sharded import ShardedStateError
 from costguard.checkpoint.state import Stateful, TrainState
 from costguard.checkpoint.store import (
     ENV_STORAGE_OPTIONS,
@@ -129,30 +131,6 @@ class RestoreError(CostguardError):
     """A checkpoint was read and verified but does not fit the objects given to restore."""
 
 
-class ShardedStateError(InputError):
-    """The state holds sharded tensors (FSDP2, DTensor): one rank cannot save it whole."""
-
-
-def refuse_sharded(state: Any, what: str) -> None:
-    """Raise :class:`ShardedStateError` when ``state`` holds a sharded tensor.
-
-    Rank 0 writes the checkpoint of a multi-process job, which is the whole state only when
-    every rank holds all of it (DDP). A sharded state would be stored as rank 0's shards
-    alone, a checkpoint that cannot be resumed: better no save than half of one.
-    """
-    where = state_mod.find_sharded(state)
-    if where is not None:
-        msg = (
-            f"the {what} holds sharded tensors (FSDP2 / DTensor, at {where[:120]}): rank 0 "
-            "alone would store only its own shards, and the resume would fail"
-        )
-        raise ShardedStateError(
-            msg,
-            hint="costguard saves replicated state (one process, or DDP); for a sharded model "
-            "use torch.distributed.checkpoint, or gather a full state dict on every rank",
-        )
-
-
 class Checkpointer:
     """Saves and restores training state at ``url`` (a folder, s3://, gs://, az://).
 
@@ -171,9 +149,12 @@ class Checkpointer:
 
     Under an initialised ``torch.distributed`` process group (found when the Checkpointer
     is first used) every rank calls :meth:`restore`, :meth:`step`, :meth:`save` and
-    :meth:`save_now` alike: these are collective. Rank 0 writes; each rank's RNG and
-    ``loader`` state is saved too. ``sync_every`` fixes how often (in steps) the ranks
-    agree on notices and timed saves; by default about every 0.1 s of training.
+    :meth:`save_now` alike: these are collective. Rank 0 writes replicated state (DDP);
+    a sharded model and optimizer (FSDP2, DTensor) are written by every rank at once and
+    restored on any number of ranks (:mod:`~costguard.checkpoint.sharded`, on the training
+    thread). Each rank's RNG and ``loader`` state is saved too. ``sync_every`` fixes how
+    often (in steps) the ranks agree on notices and timed saves; by default about every
+    0.1 s of training.
 
     The background save thread runs ``save_niceness`` nicer than training (Linux; 0 keeps
     it equal), so a busy machine slows the save rather than the training loop.
@@ -247,7 +228,8 @@ class Checkpointer:
         self._sync_started_s = clock()
         self._steps_since_sync = 0
         self._preempted_file: str | None = None
-        self._checked_sharded = False
+        #: Whether the state is sharded (saved through DCP); known at the first use.
+        self._sharded: bool | None = None
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
 
@@ -393,9 +375,9 @@ class Checkpointer:
             loader=loader,
             extra=extra,
         )
-        if model is not None:
-            refuse_sharded(model.state_dict(), "model")  # before training starts
-            self._checked_sharded = optimizer is None
+        if self._is_sharded(train):  # before training starts
+            self._restore_sharded(train)
+            return self._restored()
         group = self._coordination()
         chosen = self._restorer.choose() if group is None or group.rank == 0 else None
         if group is not None:
@@ -418,6 +400,12 @@ class Checkpointer:
                 # first save after the resume too.
                 self._saver.pool.adopt(model.state_dict(), self._restorer.pooled)
             self.restored = manifest
+        return self._restored()
+
+    def _restored(self) -> int:
+        """After a restore (of :attr:`restored`, if any): the step to start from."""
+        if self.restored is not None:
+            manifest = self.restored
             self._last_steps_done = manifest.step
             self._saver.saved_steps_done = manifest.step
             self._last_save_s = self._clock()
@@ -434,6 +422,30 @@ class Checkpointer:
             # Only abandoned partial and proven corrupt folders: a restore never counts.
             self._saver.retain(count=False)
         return self.restored.step if self.restored else 0
+
+    def _is_sharded(self, parts: TrainState) -> bool:
+        """Whether the state is sharded, decided once, when objects are first given (see
+        :func:`~costguard.checkpoint.sharded.detect`: an unsaveable one is refused)."""
+        if self._sharded is None and (parts.stateful() or parts.extra is not None):
+            self._sharded = sharded_mod.detect(parts)
+        return bool(self._sharded)
+
+    def _restore_sharded(self, train: TrainState) -> None:
+        """:meth:`restore` of a sharded state: every rank verifies and loads its part."""
+        group = Group.current()
+        if group is None:  # pragma: no cover - detect() found a process group
+            msg = "no process group"
+            raise RuntimeError(msg)
+        self._group, self.rank = group, group.rank
+        try:
+            self.restored = sharded_mod.restore(self.store, self._restorer, group, train)
+        except (KeyError, RuntimeError, ValueError) as exc:
+            msg = f"a sharded checkpoint in {self.store.url} does not fit: {exc}"
+            raise RestoreError(
+                msg,
+                hint="restore into the same model and optimizer it was saved from (the "
+                "number of ranks may differ)",
+            ) from exc
 
     def _load_chosen(
         self, group: Group, chosen: tuple[Manifest, Any] | None
@@ -548,24 +560,24 @@ class Checkpointer:
 
         ``objects`` are :meth:`step`'s keyword arguments (``model=``, ``optimizer=``, ...),
         or ``parts`` the same as one :class:`~costguard.checkpoint.state.TrainState`.
-        Blocks for the copy to CPU memory (and, with ``block``, until the save is durable).
-        Returns ``None`` when ``when_busy="skip"`` and a save is still in flight, and on
-        ranks other than 0 (under a process group every rank must call it: each sends its
-        own RNG and loader state to rank 0).
+        Blocks for the copy to CPU memory (and, with ``block``, until the save is durable);
+        a sharded state blocks until its shards are written and committed (only retention
+        is left to the background). Returns ``None`` when ``when_busy="skip"`` and a save
+        is still in flight, and on ranks other than 0 (under a process group every rank
+        must call it: each sends its own RNG and loader state to rank 0).
         """
         if self._closed:
             msg = "this Checkpointer is closed"
             raise RuntimeError(msg)
         if parts is None:
             parts = TrainState(**objects)
-        if not self._checked_sharded:
-            # Every rank of a sharded model gets here with its shards: all refuse alike, at
-            # the first save (sharding does not change during a run).
-            refuse_sharded(
-                {name: obj.state_dict() for name, obj in parts.stateful()},
-                "training state",
-            )
-            self._checked_sharded = True
+        # Every rank of a sharded model gets here with its shards: all decide alike, at the
+        # first save (sharding does not change during a run).
+        if self._is_sharded(parts):
+            sharded = self._save_sharded(step, reason, parts)
+            if block and sharded is not None:
+                sharded.result()  # retention too
+            return sharded
         group = self._coordination()
         ranks: list[Any] | None = None
         if group is not None:
@@ -600,6 +612,22 @@ class Checkpointer:
         if block:
             future.result()
         return future
+
+    def _save_sharded(self, step: int, reason: str, parts: TrainState) -> Future[SaveResult] | None:
+        """:meth:`save` of a sharded state, on every rank together, on this thread."""
+        group = Group.current()
+        if group is None:  # pragma: no cover - detect() found a process group
+            msg = "no process group"
+            raise RuntimeError(msg)
+        steps_done = step + 1
+        self._last_steps_done = steps_done
+        self._last_save_s = self._clock()
+        self._saver.wait()  # the previous save's retention (rank 0)
+        name = group.broadcast(checkpoint_name(steps_done, secrets.token_hex(4)))
+        result, manifest = sharded_mod.save(self.store, group, name, steps_done, parts, reason)
+        if group.rank != 0:
+            return None
+        return self._saver.completed(result, manifest)
 
     def _emergency(self, step: int, notice: Notice, parts: TrainState) -> bool:
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)

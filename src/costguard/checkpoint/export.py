@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from costguard.checkpoint import sharded
 from costguard.checkpoint.manifest import Manifest, restore_order
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store, storage_options_from_env
@@ -64,7 +65,8 @@ def load_state(
     The state holds ``model``, ``optimizer`` and the other parts the training loop gave
     to :meth:`~costguard.checkpoint.Checkpointer.step`, plus ``step``, ``epoch``, ``rng``
     and ``extra``: ``load_state("s3://b/run1")["model"]`` is a state dict for
-    ``model.load_state_dict``.
+    ``model.load_state_dict``. A sharded checkpoint (FSDP2) is assembled whole in this
+    process (see :func:`~costguard.checkpoint.sharded.load_whole`).
     """
     state, _ = _load(open_store(url, storage_options), step)
     return state
@@ -84,7 +86,9 @@ def _load(store: Store, step: int | None) -> tuple[dict[str, Any], Manifest]:
     problems = []
     for manifest in order:
         try:
-            state = restorer.load(manifest)
+            state = (
+                sharded.load_whole(store, manifest) if manifest.sharded else restorer.load(manifest)
+            )
         except CostguardError as exc:
             problems.append(f"{manifest.name}: {exc.message}")
             continue

@@ -37,8 +37,12 @@ FORMAT_VERSION = 1
 #: Only such manifests carry it, so a costguard that knows no pool skips them as written
 #: by a newer costguard (kept, never called corrupt); every other manifest stays version 1.
 POOL_FORMAT_VERSION = 2
+#: The manifest of a sharded checkpoint (one object per rank, through torch's DCP; see
+#: :mod:`costguard.checkpoint.sharded`). A costguard that reads only older formats takes
+#: it for "written by a newer costguard": unreadable, skipped and kept, never corrupt.
+SHARDED_FORMAT_VERSION = 3
 #: The newest format this costguard reads.
-READ_FORMAT_VERSION = POOL_FORMAT_VERSION
+READ_FORMAT_VERSION = SHARDED_FORMAT_VERSION
 #: The folder under the store's root holding content-addressed objects that several
 #: checkpoints may share (``blobs/<sha256>``); not a checkpoint folder, so :func:`scan`
 #: ignores it and only :func:`plan_pool_deletions` ever deletes in it.
@@ -98,6 +102,11 @@ class Manifest:
     #: Why it was saved: ``schedule``, ``demand``, ``notice:<source>``.
     reason: str = "schedule"
     extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether this is a sharded (DCP) checkpoint rather than one replicated payload."""
+        return self.format_version == SHARDED_FORMAT_VERSION
 
     @property
     def size_bytes(self) -> int:
@@ -236,7 +245,7 @@ def parse_manifest(text: str | bytes, name: str) -> Manifest:
     if isinstance(version, int) and not isinstance(version, bool) and version > READ_FORMAT_VERSION:
         msg = (
             f"manifest of {name} has format_version {version}, written by a newer costguard "
-            f"(this one reads {READ_FORMAT_VERSION})"
+            f"(this one reads up to {READ_FORMAT_VERSION})"
         )
         raise UnreadableError(msg, hint="upgrade costguard to restore it")
     try:
@@ -273,7 +282,11 @@ def _from_dict(data: Any, name: str) -> Manifest:
         msg = "not a JSON object"
         raise TypeError(msg)
     version = data["format_version"]
-    if isinstance(version, bool) or version not in (FORMAT_VERSION, POOL_FORMAT_VERSION):
+    if isinstance(version, bool) or version not in (
+        FORMAT_VERSION,
+        POOL_FORMAT_VERSION,
+        SHARDED_FORMAT_VERSION,
+    ):
         msg = f"format_version {str(version)[:40]!r}"
         raise ValueError(msg)
     if data["name"] != name:
@@ -343,9 +356,9 @@ def _from_dict(data: Any, name: str) -> Manifest:
         objects=tuple(objects),
         epoch=None if epoch is None else _integer(epoch, "epoch"),
         library_version=library_version[:100],
+        format_version=version,
         reason=reason[:200],
         extra=extra,
-        format_version=version,
     )
 
 

@@ -91,6 +91,11 @@ class Restorer:
         with self._lock:
             self._manifests[manifest.name] = manifest
 
+    def mark_corrupt(self, name: str, why: str) -> None:
+        """A checkpoint proven corrupt when it was read (retention may delete it)."""
+        with self._lock:
+            self.corrupt[name] = why
+
     def forget(self, name: str) -> None:
         """A checkpoint that has been deleted."""
         with self._lock:
@@ -156,6 +161,15 @@ class Restorer:
     def payload_file(self, manifest: Manifest, progress: Progress | None = None) -> Iterator[str]:
         """A local file with the checkpoint's verified payload (see
         :meth:`Store.verified_file`)."""
+        if manifest.sharded:
+            # Not proof of anything wrong: it needs the sharded model to load into.
+            msg = (
+                f"{manifest.name} is a sharded checkpoint (one object per rank); restore it "
+                "into the sharded (FSDP2 / DTensor) model under torch.distributed"
+            )
+            raise UnreadableError(
+                msg, hint="or get its whole weights: costguard checkpoint export URL --to FILE"
+            )
         own = [o for o in manifest.objects if not o.pool]
         if len(own) != 1 or own[0].name != PAYLOAD:
             msg = f"unexpected objects {[o.name for o in manifest.objects][:10]}"
@@ -209,8 +223,7 @@ class Restorer:
                 chosen = manifest, self.load(manifest)
                 break
             except ManifestError as exc:
-                with self._lock:
-                    self.corrupt[manifest.name] = exc.message
+                self.mark_corrupt(manifest.name, exc.message)
                 logger.warning(
                     "costguard: checkpoint %s is corrupt (%s); trying the previous one",
                     manifest.name,

@@ -18,7 +18,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,38 @@ class Saver:
         future = self._executor.submit(
             self._write, snapshot, name, steps_done, epoch, reason, stall_s
         )
+        self._inflight = future
+        return future
+
+    def completed(self, result: SaveResult, manifest: Manifest | None) -> Future[SaveResult]:
+        """A save written on the caller's thread (a sharded save): recorded as if written
+        here; retention, as after any commit, runs on the background thread."""
+        if manifest is not None:
+            self.restorer.remember(manifest)
+            self.saved_steps_done = result.step
+
+        def finish() -> SaveResult:
+            done = result
+            if manifest is not None:
+                done = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
+                logger.info(
+                    "costguard: saved step %d as %s (%s, %.1f s)",
+                    done.step,
+                    done.name,
+                    human_size(done.size_bytes),
+                    done.save_s,
+                )
+            else:
+                logger.error(
+                    "costguard: the save of step %d failed; training goes on and the previous "
+                    "checkpoints are intact: %s",
+                    done.step,
+                    done.error,
+                )
+            self._record(done)
+            return done
+
+        future = self._executor.submit(finish)
         self._inflight = future
         return future
 

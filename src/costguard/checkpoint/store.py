@@ -480,8 +480,14 @@ class Store:
                 file.write(self._read_range(path, full, start, end))
                 progress(end, size)
 
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive) of object ``path``, with retries."""
+        return self._read_range(path, self.full(path), start, end)
+
     def _read_range(self, path: str, full: str, start: int, end: int) -> bytes:
-        return self._call(f"reading {path}", lambda: bytes(self.fs.cat_file(full, start, end)))
+        return self._call(
+            f"reading {path}", lambda: bytes(self.fs.cat_file(full, start=start, end=end))
+        )
 
     def _check_file(
         self,

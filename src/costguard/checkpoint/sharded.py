@@ -1,0 +1,710 @@
+"""Sharded state (FSDP2, DTensor) through torch.distributed.checkpoint (DCP), on a Store.
+
+A model sharded across ranks cannot be saved by one rank: each rank holds its own shards.
+Here every rank writes its own shards at once, as one object of the checkpoint folder,
+through DCP's planner (which also dedups what the ranks share), and DCP's resharding
+loads them back on any number of ranks. costguard's guarantees stay on top:
+
+* **One folder, one manifest.** A sharded checkpoint is ``ckpt-<step>-<id>/`` holding
+  ``shard-<rank>.distcp`` (one per rank that had something to write), ``dcp.metadata``
+  (DCP's index of every chunk) and ``train.pt`` (step, scheduler, ``extra``, and every
+  rank's RNG and loader state). Each object's sha256 is computed while it is written;
+  DCP gathers every rank's results to rank 0 only after each rank's object is durable,
+  and rank 0 writes ``manifest.json`` last. A rank that fails (or is killed) leaves no
+  manifest: the folder stays partial and the restore falls back.
+* **A layout older costguards skip.** The manifest has ``format_version``
+  :data:`~costguard.checkpoint.manifest.SHARDED_FORMAT_VERSION`: a costguard that reads
+  only the replicated layout finds it "written by a newer costguard", unreadable, so it
+  is skipped and kept, never taken for corrupt.
+* **Verified, then loaded.** The ranks share the verification (object ``i`` is hashed by
+  rank ``i % world``) and agree on the verdict before DCP copies a byte into the model:
+  a mismatch anywhere makes every rank try the previous checkpoint, so no rank is left
+  half-loaded from a corrupt one. The objects are never rewritten (every save has a
+  folder of its own), so what was verified is what is then read.
+* **Nothing runs code.** Tensors are stored as raw bytes (dtype and shape in the
+  index); ``dcp.metadata``, ``train.pt`` and DCP's non-tensor values (an optimizer's
+  ``param_groups``) load with ``torch.load(weights_only=True)``.
+
+A sharded save runs on the training thread: DCP's collectives must not interleave with
+the training loop's. ``model`` and ``optimizer`` may be sharded; the other parts are
+replicated or per rank and go into ``train.pt``. Restoring on another number of ranks
+reshards the model and optimizer exactly; each rank's RNG and loader state come back only
+on as many ranks as saved (otherwise they start afresh, with a warning).
+
+torch is imported inside the functions: ``import costguard`` stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import logging
+import sys
+import time
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from costguard import __version__
+from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.distributed import Group
+from costguard.checkpoint.manifest import (
+    SHARDED_FORMAT_VERSION,
+    Manifest,
+    ManifestError,
+    ObjectEntry,
+    UnreadableError,
+    restore_order,
+)
+from costguard.checkpoint.restoring import Restorer
+from costguard.checkpoint.saving import SaveResult
+from costguard.checkpoint.state import TrainState
+from costguard.checkpoint.store import Store
+from costguard.errors import CostguardError, InputError
+from costguard.secrets import redact
+
+logger = logging.getLogger(__name__)
+
+#: DCP's index of every chunk (written by the coordinating rank).
+METADATA = "dcp.metadata"
+#: Step, epoch, scheduler, scaler, ``extra`` and every rank's RNG and loader state.
+TRAIN = "train.pt"
+#: The parts that may hold sharded tensors (saved through DCP).
+SHARDED_PARTS = ("model", "optimizer")
+
+
+def shard_object(rank: int) -> str:
+    """The object one rank's shards go into.
+
+    >>> shard_object(3)
+    'shard-00003.distcp'
+    """
+    return f"shard-{rank:05d}.distcp"
+
+
+class ShardedStateError(InputError):
+    """The state holds sharded tensors (FSDP2, DTensor) that costguard cannot save here."""
+
+
+def find(parts: TrainState) -> str | None:
+    """Where in the training state a sharded tensor is (``/model/...``), or ``None``."""
+    state = {name: obj.state_dict() for name, obj in parts.stateful()}
+    if parts.extra is not None:
+        state["extra"] = dict(parts.extra)
+    return state_mod.find_sharded(state)
+
+
+def detect(parts: TrainState) -> bool:
+    """Whether the state is sharded and saved through DCP; raises
+    :class:`ShardedStateError` for a sharded state that cannot be (better no save than
+    half of one).
+
+    Sharded tensors are handled in the model and the optimizer, under an initialised
+    torch.distributed process group (every rank writes its own shards).
+    """
+    where = find(parts)
+    if where is None:
+        return False
+    part = where.strip("/").split("/", 1)[0]
+    if part not in SHARDED_PARTS:
+        msg = f"the {part} state holds sharded tensors (FSDP2 / DTensor, at {where[:120]})"
+        raise ShardedStateError(
+            msg,
+            hint="only the model and the optimizer may be sharded; keep plain values "
+            f"(or full tensors) in the {part}",
+        )
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        msg = (
+            f"the training state holds sharded tensors (FSDP2 / DTensor, at {where[:120]}) "
+            "but no torch.distributed process group is initialised: the other ranks' "
+            "shards cannot be written"
+        )
+        raise ShardedStateError(
+            msg,
+            hint="make the Checkpointer calls on every rank while the process group is up "
+            "(after init_process_group, before destroy_process_group)",
+        )
+    return True
+
+
+# -- DCP's storage layer on a Store -------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """Where one chunk of a DCP checkpoint lies: object, byte range, and for a tensor its
+    dtype and shape (the bytes are raw). Kept in ``dcp.metadata``."""
+
+    object: str
+    offset: int
+    length: int
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What one rank's ``write_data`` reports: the chunk, and its object's manifest entry."""
+
+    stored: Stored
+    entry: ObjectEntry
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    """A tensor's bytes, without a copy when it is a contiguous CPU tensor."""
+    torch = state_mod._torch()
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def _narrow(tensor: Any, offsets: Any, lengths: Any) -> Any:
+    """The part of a saved chunk one read asks for."""
+    for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
+        if tensor.size(dim) != length:
+            tensor = tensor.narrow(dim, start, length)
+    return tensor
+
+
+def _dtype(name: str) -> Any:
+    torch = state_mod._torch()
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        msg = f"unknown dtype {name[:40]!r}"
+        raise ManifestError(msg)
+    return dtype
+
+
+def _safe_globals() -> list[Any]:
+    """The classes ``dcp.metadata`` may hold (for ``torch.load(weights_only=True)``)."""
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import metadata as md
+
+    return [
+        md.Metadata,
+        md.TensorStorageMetadata,
+        md.BytesStorageMetadata,
+        md.ChunkStorageMetadata,
+        md.TensorProperties,
+        md.MetadataIndex,
+        md.StorageMeta,
+        md._MEM_FORMAT_ENCODING,
+        torch.Size,
+        Stored,
+    ]
+
+
+def storage_writer(store: Store, folder: str) -> Any:
+    """A DCP ``StorageWriter`` that writes into checkpoint folder ``folder`` of ``store``.
+
+    Each rank writes one object (:func:`shard_object`), streamed into the store and
+    hashed on the way; the coordinator writes ``dcp.metadata`` in ``finish``, after DCP
+    has gathered every rank's results, and then knows every object's manifest entry
+    (:attr:`objects`).
+    """
+    from torch.distributed.checkpoint import StorageWriter
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    class _Writer(StorageWriter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.is_coordinator = False
+            #: Every object of the checkpoint but the manifest (on the coordinator, after
+            #: ``finish``).
+            self.objects: list[ObjectEntry] = []
+
+        def reset(self, checkpoint_id: Any = None) -> None:
+            self.objects = []
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+            return True
+
+        def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            self.is_coordinator = is_coordinator
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            return plan
+
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            return [
+                dataclasses.replace(plan, storage_data=shard_object(rank))
+                for rank, plan in enumerate(plans)
+            ]
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            future: Any = Future()
+            future.set_result(self._write(plan, planner))
+            return future
+
+        def _write(self, plan: Any, planner: Any) -> list[Any]:
+            if not plan.items:
+                return []
+            name: str = plan.storage_data
+            chunks: list[tuple[Any, Stored]] = []
+
+            def produce(upload: Any) -> None:
+                chunks.clear()  # a local write that is retried starts again
+                for item in plan.items:
+                    data = planner.resolve_data(item)
+                    offset = upload.size
+                    if item.type == WriteItemType.BYTE_IO:
+                        upload.write(data.getbuffer())
+                        stored = Stored(name, offset, upload.size - offset)
+                    else:
+                        upload.write(_tensor_bytes(data))
+                        stored = Stored(
+                            name,
+                            offset,
+                            upload.size - offset,
+                            str(data.dtype),
+                            tuple(int(n) for n in data.shape),
+                        )
+                    chunks.append((item.index, stored))
+
+            size, digest = store.write_stream(f"{folder}/{name}", produce)
+            entry = ObjectEntry(name, size, digest)
+            return [
+                WriteResult(index, stored.length, _Written(stored, entry))
+                for index, stored in chunks
+            ]
+
+        def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+            torch = state_mod._torch()
+            storage: dict[Any, Stored] = {}
+            objects: dict[str, ObjectEntry] = {}
+            for rank_results in results:
+                for result in rank_results:
+                    storage[result.index] = result.storage_data.stored
+                    objects[result.storage_data.entry.name] = result.storage_data.entry
+            metadata.storage_data = storage
+            buffer = io.BytesIO()
+            torch.save(metadata, buffer)
+            data = buffer.getbuffer()
+            digest = store.put_hashed(f"{folder}/{METADATA}", data)
+            self.objects = [ObjectEntry(METADATA, data.nbytes, digest), *objects.values()]
+
+        def storage_meta(self) -> Any:
+            return None
+
+    return _Writer()
+
+
+def read_metadata_object(store: Store, manifest: Manifest) -> Any:
+    """DCP's index of a sharded checkpoint, checked against the manifest, loaded safely."""
+    torch = state_mod._torch()
+    entry = _entry(manifest, METADATA)
+    data = store.get(manifest.object_path(entry))
+    if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        msg = f"{manifest.object_path(entry)} does not match the manifest's size and sha256"
+        raise ManifestError(msg)
+    with torch.serialization.safe_globals(_safe_globals()):
+        return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def storage_reader(store: Store, manifest: Manifest) -> Any:
+    """A DCP ``StorageReader`` for a verified sharded checkpoint of ``store``."""
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import StorageReader
+    from torch.distributed.checkpoint.planner import LoadItemType
+    from torch.futures import Future
+
+    class _Reader(StorageReader):
+        def __init__(self) -> None:
+            super().__init__()
+            self.storage: Mapping[Any, Stored] = {}
+
+        def reset(self, checkpoint_id: Any = None) -> None:
+            pass
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+            return True
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return read_metadata_object(store, manifest)
+
+        def set_up_storage_reader(
+            self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any
+        ) -> None:
+            self.storage = metadata.storage_data
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            return plan
+
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            return plans
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            listed = {o.name for o in manifest.objects}
+            for item in sorted(plan.items, key=lambda i: self._where(i, listed).offset):
+                where = self._where(item, listed)
+                data = store.read_range(
+                    manifest.object_path(where.object), where.offset, where.offset + where.length
+                )
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(data))
+                    continue
+                if where.dtype is None or where.shape is None:
+                    msg = f"chunk {item.storage_index.fqn[:80]!r} has no dtype or shape"
+                    raise ManifestError(msg)
+                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                tensor = saved.view(_dtype(where.dtype)).reshape(where.shape)
+                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != tensor.size():
+                    msg = (
+                        f"chunk of {item.storage_index.fqn[:80]!r}: {tuple(tensor.size())} "
+                        f"saved, {tuple(target.size())} wanted"
+                    )
+                    raise ValueError(msg)
+                target.copy_(tensor)
+                planner.commit_tensor(item, target)
+            future: Any = Future()
+            future.set_result(None)
+            return future
+
+        def _where(self, item: Any, listed: set[str]) -> Stored:
+            where = self.storage[item.storage_index]
+            if where.object not in listed:
+                msg = f"dcp.metadata names {where.object[:80]!r}, which the manifest does not list"
+                raise ManifestError(msg)
+            return where
+
+    return _Reader()
+
+
+def load_planner(*, whole: bool = False) -> Any:
+    """DCP's load planner, reading non-tensor values with ``weights_only=True``.
+
+    ``whole``: DCP's planner that rebuilds the whole state from ``dcp.metadata`` (full
+    tensors, no live objects needed; the one ``dcp_to_torch_save`` uses), for one process.
+    """
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import default_planner
+    from torch.distributed.checkpoint._nested_dict import set_element
+
+    base = (
+        default_planner._EmptyStateDictLoadPlanner if whole else default_planner.DefaultLoadPlanner
+    )
+
+    class _SafePlanner(base):  # type: ignore[misc,valid-type]
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                fqn = self.mappings[read_item.dest_index.fqn]
+                set_element(self.original_state_dict, fqn, loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return _SafePlanner()
+
+
+def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
+    """The whole state of a sharded checkpoint in this one process, verified: ``model``
+    and ``optimizer`` as full tensors keyed by parameter name (as ``get_state_dict`` gives
+    them), plus what ``train.pt`` holds (``step``, ``epoch``, ``extra``, the scheduler).
+
+    For ``costguard checkpoint export`` and :func:`~costguard.checkpoint.load_state`: no
+    model, no process group. It holds the whole state in memory.
+    """
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    _entry(manifest, METADATA)  # both must be listed
+    _entry(manifest, TRAIN)
+    _verify_share(store, manifest, 0, 1)
+    state: dict[str, Any] = {}
+    try:
+        # What torch's dcp_to_torch_save calls: dcp.load would not fill an empty dict.
+        _load_state_dict(
+            state,
+            storage_reader=storage_reader(store, manifest),
+            planner=load_planner(whole=True),
+            no_dist=True,
+        )
+    except dcp.CheckpointException as exc:
+        msg = f"{manifest.name} cannot be loaded: {_describe(exc)}"
+        raise UnreadableError(msg) from exc
+    entry = _entry(manifest, TRAIN)
+    with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
+        train = state_mod.load_file(path)
+    return {**train, **state}
+
+
+# -- the state DCP saves -------------------------------------------------------------
+
+
+def dcp_state(parts: TrainState) -> dict[str, Any]:
+    """The sharded parts as DCP state dicts (``get_state_dict`` for a module and its
+    optimizer: keys by parameter name, the same on any number of ranks)."""
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import state_dict as sd
+
+    model, optimizer = parts.model, parts.optimizer
+    state: dict[str, Any] = {}
+    if isinstance(model, torch.nn.Module):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            state["model"], state["optimizer"] = sd.get_state_dict(model, optimizer)
+            return state
+        state["model"] = sd.get_model_state_dict(model)
+    elif model is not None:
+        state["model"] = model.state_dict()
+    if optimizer is not None:
+        state["optimizer"] = optimizer.state_dict()
+    return state
+
+
+def apply_dcp_state(parts: TrainState, state: Mapping[str, Any]) -> None:
+    """Load what :func:`dcp_state` described (filled in by ``dcp.load``) into the objects."""
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import state_dict as sd
+
+    model, optimizer = parts.model, parts.optimizer
+    if isinstance(model, torch.nn.Module):
+        if isinstance(optimizer, torch.optim.Optimizer):
+            sd.set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optimizer"],
+            )
+            return
+        sd.set_model_state_dict(model, state["model"])
+    elif model is not None:
+        model.load_state_dict(state["model"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+
+
+def train_state(steps_done: int, parts: TrainState, ranks: list[Any]) -> dict[str, Any]:
+    """What goes into ``train.pt``: everything but the sharded parts."""
+    state: dict[str, Any] = {
+        "format": state_mod.STATE_FORMAT,
+        "step": steps_done,
+        "epoch": parts.epoch,
+        "extra": dict(parts.extra) if parts.extra is not None else None,
+        "ranks": ranks,
+    }
+    for key in ("scheduler", "scaler"):
+        obj = getattr(parts, key)
+        if obj is not None:
+            state[key] = obj.state_dict()
+    return state
+
+
+# -- save and restore (collective) ---------------------------------------------------
+
+
+def save(
+    store: Store,
+    group: Group,
+    name: str,
+    steps_done: int,
+    parts: TrainState,
+    reason: str,
+) -> tuple[SaveResult, Manifest | None]:
+    """Save the sharded state as checkpoint ``name``; every rank calls it (collective).
+
+    Every rank writes its shards, rank 0 also ``train.pt``; rank 0 writes the manifest
+    only when every object is durable. Every rank gets the same outcome; rank 0 also the
+    committed manifest. Errors are reported in the result, never raised.
+    """
+    from torch.distributed import checkpoint as dcp
+
+    started = time.perf_counter()
+    ranks = group.gather(state_mod.capture_rank(parts.loader))
+    error: str | None = None
+    objects: list[ObjectEntry] = []
+    if ranks is not None:
+        try:
+            snapshot = train_state(steps_done, parts, ranks)
+            size, digest = store.write_stream(
+                f"{name}/{TRAIN}", lambda file: state_mod.torch_save(snapshot, file)
+            )
+            objects.append(ObjectEntry(TRAIN, size, digest))
+        except Exception as exc:
+            error = _describe(exc)  # still take part in the collective save below
+    writer = storage_writer(store, name)
+    try:
+        dcp.save(dcp_state(parts), storage_writer=writer)
+    except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
+        error = error or _describe(exc)
+    manifest = None
+    if group.rank == 0 and error is None:
+        manifest = Manifest(
+            name=name,
+            step=steps_done,
+            created_unix=time.time(),
+            objects=tuple(sorted([*objects, *writer.objects])),
+            epoch=parts.epoch,
+            library_version=__version__,
+            format_version=SHARDED_FORMAT_VERSION,
+            reason=reason,
+            extra={"layout": "dcp", "world_size": group.world_size},
+        )
+        try:
+            # The commit: every rank's objects are durable (DCP gathered their results).
+            store.put(manifest.manifest_path, manifest.to_json().encode())
+        except Exception as exc:
+            error, manifest = _describe(exc), None
+    error = group.broadcast(error)
+    size = manifest.size_bytes if manifest is not None else 0
+    result = SaveResult(
+        name,
+        steps_done,
+        reason,
+        ok=error is None,
+        size_bytes=size,
+        stall_s=time.perf_counter() - started,  # the loop waited for all of it
+        save_s=time.perf_counter() - started,
+        error=error,
+    )
+    return result, manifest
+
+
+def _describe(exc: BaseException) -> str:
+    """One line about an error; for DCP's, each failed rank's own error (no traceback)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        text = "; ".join(
+            f"rank {rank}: {type(wrapped[0]).__name__}: {wrapped[0]}"
+            for rank, wrapped in sorted(failures.items())
+        )
+    else:
+        text = f"{type(exc).__name__}: {exc}"
+    return redact(text)[:500]
+
+
+def _entry(manifest: Manifest, name: str) -> ObjectEntry:
+    for entry in manifest.objects:
+        if entry.name == name:
+            return entry
+    msg = f"the manifest of sharded checkpoint {manifest.name} lists no {name}"
+    raise ManifestError(msg)
+
+
+def _verify_share(store: Store, manifest: Manifest, rank: int, world: int) -> None:
+    """Hash this rank's share of the checkpoint's objects (object ``i`` on rank ``i % world``)."""
+    for i, entry in enumerate(sorted(manifest.objects)):
+        if i % world == rank:
+            with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256):
+                pass
+
+
+def _verdict(store: Store, restorer: Restorer, name: str, group: Group) -> tuple[str, str, Any]:
+    """Every rank's verdict on checkpoint ``name``: ("ok" | "corrupt" | "doubtful", why,
+    manifest), the same on every rank."""
+    mine: tuple[str, str] = ("ok", "")
+    manifest = None
+    try:
+        manifest = restorer.manifest(name)
+        if manifest.format_version != SHARDED_FORMAT_VERSION:
+            mine = ("doubtful", "a replicated checkpoint (state.pt): this run's state is sharded")
+        else:
+            _entry(manifest, METADATA)
+            _entry(manifest, TRAIN)
+            _verify_share(store, manifest, group.rank, group.world_size)
+    except ManifestError as exc:
+        mine = ("corrupt", exc.message)
+    except CostguardError as exc:
+        mine = ("doubtful", redact(exc.message))
+    except Exception as exc:
+        mine = ("doubtful", _describe(exc))
+    verdicts = group.all_gather(mine)
+    for kind in ("corrupt", "doubtful"):
+        for rank, (got, why) in enumerate(verdicts):
+            if got == kind:
+                return kind, f"{why} (rank {rank})", manifest
+    return "ok", "", manifest
+
+
+def restore(store: Store, restorer: Restorer, group: Group, parts: TrainState) -> Manifest | None:
+    """Load the newest sharded checkpoint that verifies into ``parts``; collective.
+
+    Rank 0 lists the candidates; every rank verifies its share of each in turn and all
+    agree on the verdict before anything is loaded: a corrupt one is recorded (retention
+    may delete it), a doubtful one skipped and kept, and the previous one tried. Returns
+    the manifest loaded, or ``None`` (nothing changed) when none verifies.
+    """
+    from torch.distributed import checkpoint as dcp
+
+    names: list[str] | None = None
+    if group.rank == 0:
+        survey = restorer.survey()
+        names = [m.name for m in restore_order(survey.manifests, survey.sizes)]
+    names = group.broadcast(names) or []
+    skipped: list[tuple[str, str]] = []
+    chosen: Manifest | None = None
+    for name in names:
+        kind, why, manifest = _verdict(store, restorer, name, group)
+        if kind == "corrupt":
+            if group.rank == 0:
+                restorer.mark_corrupt(name, why)
+                logger.warning(
+                    "costguard: checkpoint %s is corrupt (%s); trying the previous one", name, why
+                )
+            continue
+        if kind == "doubtful" or manifest is None:
+            skipped.append((name, why))
+            continue
+        state = dcp_state(parts)
+        try:
+            reader = storage_reader(store, manifest)
+            dcp.load(state, storage_reader=reader, planner=load_planner())
+        except dcp.CheckpointException as exc:  # verified bytes that do not fit
+            raise RuntimeError(_describe(exc)) from exc
+        apply_dcp_state(parts, state)
+        _apply_train(store, manifest, parts, group)
+        chosen = manifest
+        break
+    if group.rank == 0:
+        for name, why in skipped:
+            logger.warning(
+                "costguard: skipped checkpoint %s for this restore: %s. It is kept; resuming "
+                "from step %d.",
+                name,
+                why,
+                chosen.step if chosen is not None else 0,
+            )
+    return chosen
+
+
+def _apply_train(store: Store, manifest: Manifest, parts: TrainState, group: Group) -> None:
+    entry = _entry(manifest, TRAIN)
+    with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
+        data = state_mod.load_file(path)
+    ranks = data.get("ranks") or []
+    if len(ranks) == group.world_size:
+        own = ranks[group.rank]
+        state_mod.set_rng_state(own["rng"])
+        if parts.loader is not None:
+            if own.get("loader") is None:
+                msg = "the checkpoint has no loader state"
+                raise KeyError(msg)
+            parts.loader.load_state_dict(own["loader"])
+    elif group.rank == 0:
+        logger.warning(
+            "costguard: %s was saved by %d ranks and is restored on %d: the model and "
+            "optimizer are resharded exactly; each rank's RNG and data loader position "
+            "start afresh",
+            manifest.name,
+            len(ranks),
+            group.world_size,
+        )
+    for key in ("scheduler", "scaler"):
+        obj = getattr(parts, key)
+        if obj is not None:
+            if key not in data:
+                msg = f"the checkpoint has no {key} state"
+                raise KeyError(msg)
+            obj.load_state_dict(data[key])
+    extra = parts.extra
+    if isinstance(extra, MutableMapping) and data.get("extra") is not None:
+        extra.clear()
+        extra.update(data["extra"])
