@@ -34,7 +34,7 @@ from costguard.checkpoint.distributed import (
 )
 from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.state import for_rank
-from costguard.cli.run import is_launcher
+from costguard.checkpoint.supervisor import is_launcher
 from tests.checkpoint.conftest import HERE, MetadataState, costguard_command
 from tests.checkpoint.test_run import assert_bitwise_equal
 

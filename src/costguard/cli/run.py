@@ -1,258 +1,15 @@
 """``costguard run``: run a training script with checkpointing and preemption notices.
 
-The script runs as a child process. It learns where to checkpoint from environment
-variables (``Checkpointer.from_env`` reads them), signals sent to ``costguard run`` are
-forwarded to it, and preemption notices from this cloud's metadata service are relayed
-to it through an inherited pipe (``COSTGUARD_NOTICE_FD``). ``costguard run`` exits with
-the child's exit code (75 after a notice-triggered save: run the same command to resume).
-
-Multi-process launchers (torchrun) start their workers in new sessions, without the pipe,
-and treat SIGUSR1 as fatal. So every notice is also appended to a relay file that each
-rank polls (``COSTGUARD_NOTICE_FILE``), and with such a launcher SIGTERM and SIGUSR1 are
-relayed as notices instead of being forwarded (a second one is forwarded). A rank that
-saved on a notice leaves a record (``COSTGUARD_PREEMPTED_FILE``); the launcher's own
-failure code then becomes 75.
+The command parses; :func:`costguard.checkpoint.supervisor.supervise` runs the script.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import shutil
-import signal
-import subprocess
-import tempfile
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
-from types import FrameType
-from typing import Any
+from collections.abc import Sequence
 
 import click
 
 from costguard.cli.params import FiniteFloat, Url, WholeNumber
-from costguard.errors import InputError
-from costguard.reaper.agent import jobs_dir, registered_job
-
-#: Signals passed on to the child (SIGTERM from Kubernetes or shutdown, SIGUSR1 from SLURM).
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-EXIT_PREEMPTED = 75  # the Checkpointer's code after an emergency save (EX_TEMPFAIL)
-#: Signals that are preemption notices to the Checkpointer (relayed to launchers' workers).
-NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-#: Commands whose workers neither inherit the pipe nor share the process group.
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
-#: How often the events file of the script's Checkpointer is read.
-EVENTS_POLL_S = 0.25
-
-
-def child_environment(
-    base: dict[str, str],
-    *,
-    url: str,
-    every_steps: int | None,
-    every_minutes: float | None,
-    keep: int,
-    notice_fd: int,
-    relay_dir: str | None = None,
-    run_pid: int | None = None,
-) -> dict[str, str]:
-    """The child's environment: ``base`` plus the checkpoint settings and the notice pipe
-    (and, with ``relay_dir``, the relay file and preemption record for deeper processes).
-
-    >>> env = child_environment({}, url="/c", every_steps=5, every_minutes=None, keep=2,
-    ...                         notice_fd=7)
-    >>> sorted(env.items())  # doctest: +NORMALIZE_WHITESPACE
-    [('COSTGUARD_CHECKPOINT_EVERY_STEPS', '5'), ('COSTGUARD_CHECKPOINT_KEEP', '2'),
-     ('COSTGUARD_CHECKPOINT_URL', '/c'), ('COSTGUARD_NOTICE_FD', '7')]
-    >>> env = child_environment({}, url="/c", every_steps=None, every_minutes=None, keep=2,
-    ...                         notice_fd=7, relay_dir="/r", run_pid=9)
-    >>> env["COSTGUARD_NOTICE_FILE"], env["COSTGUARD_PREEMPTED_FILE"], env["COSTGUARD_RUN_PID"]
-    ('/r/notices.jsonl', '/r/preempted.json', '9')
-    >>> env["COSTGUARD_EVENTS_FILE"]
-    '/r/events.jsonl'
-    """
-    env = dict(base)
-    env["COSTGUARD_CHECKPOINT_URL"] = url
-    env["COSTGUARD_CHECKPOINT_KEEP"] = str(keep)
-    env["COSTGUARD_NOTICE_FD"] = str(notice_fd)
-    for name in (
-        "COSTGUARD_NOTICE_FILE",
-        "COSTGUARD_PREEMPTED_FILE",
-        "COSTGUARD_RUN_PID",
-        "COSTGUARD_EVENTS_FILE",
-    ):
-        env.pop(name, None)  # an outer costguard run's settings are not ours
-    if relay_dir is not None:
-        env["COSTGUARD_NOTICE_FILE"] = str(Path(relay_dir, "notices.jsonl"))
-        env["COSTGUARD_PREEMPTED_FILE"] = str(Path(relay_dir, "preempted.json"))
-        env["COSTGUARD_EVENTS_FILE"] = str(Path(relay_dir, "events.jsonl"))
-    if run_pid is not None:
-        env["COSTGUARD_RUN_PID"] = str(run_pid)
-    for name, value in (
-        ("COSTGUARD_CHECKPOINT_EVERY_STEPS", every_steps),
-        ("COSTGUARD_CHECKPOINT_EVERY_MINUTES", every_minutes),
-    ):
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = str(value)
-    return env
-
-
-def is_launcher(command: Sequence[str]) -> bool:
-    """Whether ``command`` starts a multi-process launcher (torchrun and its module forms).
-
-    >>> is_launcher(["torchrun", "--nproc-per-node", "2", "train.py"])
-    True
-    >>> is_launcher(["python", "-m", "torch.distributed.run", "train.py"])
-    True
-    >>> is_launcher(["python", "train.py", "--note", "torchrun"])
-    False
-    """
-    if not command:
-        return False
-    if Path(command[0]).name in LAUNCHERS:
-        return True
-    args = iter(command[1:])
-    for arg in args:  # the interpreter's options, up to the script or -m
-        if arg == "-m":
-            return next(args, "") in LAUNCHERS
-        if arg in ("-X", "-W"):
-            next(args, "")
-        elif not arg.startswith("-") or arg == "-c":
-            return False
-    return False
-
-
-def exit_code(returncode: int) -> int:
-    """The shell's convention for a child's status: 128 + N when killed by signal N.
-
-    >>> exit_code(3), exit_code(-9)
-    (3, 137)
-    """
-    return 128 - returncode if returncode < 0 else returncode
-
-
-class Events:
-    """What the script's Checkpointer reports (JSON lines in the events file), followed
-    while it runs: each restore and durable save becomes a line on stderr."""
-
-    def __init__(self, path: Path, *, quiet: bool) -> None:
-        self.path = path
-        self.quiet = quiet
-        self.restored: dict[str, Any] | None = None
-        self.last_durable: dict[str, Any] | None = None
-        #: rank -> its "closed" event: the loop ended and the final checkpoint is durable.
-        self.closed: dict[int, dict[str, Any]] = {}
-        self._offset = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="costguard-events", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop following, then read what is left."""
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._read()
-
-    def _follow(self) -> None:
-        while not self._stop.wait(EVENTS_POLL_S):
-            self._read()
-
-    def _read(self) -> None:
-        try:
-            with self.path.open("rb") as file:
-                file.seek(self._offset)
-                data = file.read()
-        except OSError:
-            return
-        end = data.rfind(b"\n") + 1  # only whole lines: the writer may be mid-line
-        self._offset += end
-        for line in data[:end].splitlines():
-            with contextlib.suppress(ValueError):
-                self._show(json.loads(line))
-
-    def _show(self, event: dict[str, Any]) -> None:
-        if event.get("event") == "restore":
-            self.restored = event if event.get("name") else None
-            if not self.quiet:
-                _say(
-                    f"resumed from step {event['step']} ({event['name']})"
-                    if event.get("name")
-                    else "no checkpoint yet: the script starts from step 0"
-                )
-        elif event.get("event") == "closed":
-            self.closed[int(event.get("rank", 0))] = event
-        elif event.get("event") == "save":
-            if event.get("ok"):
-                self.last_durable = event
-                if not self.quiet:
-                    _say(
-                        f"saved step {event['step']} ({event['reason']}, "
-                        f"{event['size_bytes']:,} bytes, {event['save_s']:.1f} s)"
-                    )
-            else:
-                _say(f"the save of step {event['step']} failed: {event.get('error')}")
-
-    def finished(self) -> bool:
-        """Whether every rank closed its Checkpointer after committing the final step."""
-        if not self.closed:
-            return False
-        world = {int(e.get("world", 1)) for e in self.closed.values()}
-        steps = {e.get("step") for e in self.closed.values()}
-        return (
-            len(world) == 1
-            and set(self.closed) == set(range(world.pop()))
-            and len(steps) == 1
-            and all(e.get("committed") for e in self.closed.values())
-        )
-
-    def newest(self) -> str:
-        """The newest durable checkpoint this run knows of, for the exit summary."""
-        event = self.last_durable or self.restored
-        if event is None:
-            return "none yet (a new run starts from step 0)"
-        return f"step {event['step']} ({event['name']})"
-
-
-def _say(line: str) -> None:
-    click.echo(f"costguard: {line}", err=True)
-
-
-def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
-    """What the exit code means, the newest durable checkpoint and what to do next.
-
-    >>> summary(75, "step 300")
-    'exit 75: saved on a notice; newest checkpoint: step 300. Run the same command to resume.'
-    """
-    if interrupted:
-        what = "stopped at once by a second Ctrl-C"
-        then = "Run the same command to resume from it."
-    elif code == 0:
-        return f"exit 0: the script finished; final checkpoint: {newest}."
-    elif code == EXIT_PREEMPTED:
-        what = "saved on a notice"
-        then = "Run the same command to resume."
-    else:
-        what = "the script failed"
-        then = "Fix the failure, then run the same command to resume from it."
-    return f"exit {code}: {what}; newest checkpoint: {newest}. {then}"
-
-
-@contextlib.contextmanager
-def _registered(pid: int) -> Iterator[None]:
-    """Tell ``costguard agent`` a job runs (its pid file), where the jobs folder is writable.
-
-    On a laptop the default folder (``/run/costguard/jobs``) does not exist for a normal
-    user: no agent runs there, so nothing is registered and nothing fails.
-    """
-    with contextlib.ExitStack() as stack:
-        with contextlib.suppress(OSError):
-            stack.enter_context(registered_job(jobs_dir(os.environ), pid))
-        yield
 
 
 @click.command(
@@ -273,7 +30,7 @@ In train.py:
 Exit code: the script's; 75 means it saved on a preemption notice and can be resumed
 by running the same command again.
 \b
-Multi-process training (each rank makes a Checkpointer; rank 0 writes):
+Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
   costguard run --checkpoint s3://my-bucket/run1 -- torchrun --nproc-per-node 2 train.py""",
     short_help="Run a training script with checkpointing and preemption notices.",
 )
@@ -336,122 +93,17 @@ def run_command(
     Before the script starts, the checkpoint location is checked (write, read back,
     delete a probe object), so a wrong URL or a missing bucket fails at once.
     """
-    from costguard.checkpoint.distributed import append_notice
-    from costguard.checkpoint.notices import (
-        Notice,
-        NoticeBoard,
-        detect_cloud,
-        poll_interval_s,
-        relay,
-        start_cloud_watcher,
-    )
-    from costguard.checkpoint.store import Store, storage_options_from_env
+    from costguard.checkpoint.supervisor import supervise
 
-    if "://" not in url:
-        url = str(Path(url).expanduser().resolve())
-    notice_env = {**os.environ, "COSTGUARD_CLOUD": cloud}
-    detect_cloud(notice_env)  # bad settings are input errors, before anything starts
-    poll_interval_s(notice_env)
-    storage_options = storage_options_from_env()
-    store = Store.open(url, storage_options)  # refuses credentials in the URL, unknown schemes
-    store.check_writable()
-    _say(f"checkpoints go to {store.url}; running {' '.join(command)[:120]}")
-
-    relay_signals = signal_mode == "relay" or (signal_mode == "auto" and is_launcher(command))
-    relay_dir = tempfile.mkdtemp(prefix="costguard-run-")
-    notice_file = Path(relay_dir, "notices.jsonl")
-    preempted_file = Path(relay_dir, "preempted.json")
-    events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet)
-    read_fd, write_fd = os.pipe()
-    env = child_environment(
-        dict(os.environ),
+    code = supervise(
+        command,
         url=url,
         every_steps=every_steps,
         every_minutes=every_minutes,
         keep=keep,
-        notice_fd=read_fd,
-        relay_dir=relay_dir,
-        run_pid=os.getpid(),
+        cloud=cloud,
+        signal_mode=signal_mode,
+        quiet=quiet,
+        say=lambda line: click.echo(f"costguard: {line}", err=True),
     )
-    try:
-        # Its own process group: a terminal's Ctrl-C reaches the child once, through us.
-        child = subprocess.Popen(list(command), env=env, pass_fds=(read_fd,), process_group=0)
-    except OSError as exc:
-        os.close(read_fd)
-        os.close(write_fd)
-        shutil.rmtree(relay_dir, ignore_errors=True)
-        msg = f"cannot start {command[0]!r}: {exc.strerror or exc}"
-        raise InputError(msg, hint="check the command after --") from None
-    os.close(read_fd)
-    # Registered for costguard agent at once: the script may look for its job first thing.
-    registration = contextlib.ExitStack()
-    registration.enter_context(_registered(child.pid))
-
-    def relay_notice(notice: Any) -> None:
-        # The child may have exited or closed the pipe; the notice then has no reader.
-        with contextlib.suppress(OSError):
-            relay(write_fd, notice)
-        with contextlib.suppress(OSError):
-            append_notice(notice_file, notice)
-
-    relayed: set[int] = set()
-    interrupted: list[bool] = []
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
-            # Ctrl-C: the first asks the script to save and stop (exit 75); the second
-            # stops everything at once. The script never sees a KeyboardInterrupt.
-            if signum not in relayed:
-                relayed.add(signum)
-                _say("Ctrl-C: asking the script to save and stop (Ctrl-C again stops it now)")
-                relay_notice(Notice("signal", "signal", None, "SIGINT"))
-            else:
-                interrupted.append(True)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(child.pid, signal.SIGKILL)
-            return
-        if relay_signals and signum in NOTICE_SIGNALS and signum not in relayed:
-            relayed.add(signum)
-            name = signal.Signals(signum).name
-            relay_notice(Notice("signal", "signal", None, name))
-            return
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-
-    previous: dict[int, Callable[..., Any] | int | None] = {}
-    for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, forward)
-    watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
-    events.start()
-    try:
-        returncode = child.wait()
-    finally:
-        registration.close()
-        events.stop()
-        if watcher is not None:
-            watcher.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        os.close(write_fd)
-        preempted = preempted_file.exists()
-        shutil.rmtree(relay_dir, ignore_errors=True)
-    code = exit_code(returncode)
-    if code not in (0, EXIT_PREEMPTED) and preempted:
-        # torchrun reports its workers' 75 as a failure of its own (exit 1).
-        _say(f"the command exited with {code} after its ranks saved on a notice; reporting 75")
-        code = EXIT_PREEMPTED
-    if code not in (0, EXIT_PREEMPTED) and not interrupted and events.finished():
-        # Done means done: gloo's teardown sometimes aborts a rank after the work is over.
-        _say(
-            f"the command exited with {code} after every rank had closed with its final "
-            "checkpoint committed (a crash while shutting down); reporting 0"
-        )
-        code = 0
-    if interrupted:
-        code = 130  # the shell's code for Ctrl-C
-    _say(summary(code, events.newest(), interrupted=bool(interrupted)))
-    # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
-    from costguard.spot.job import record_exit
-
-    record_exit(os.environ, url, code, storage_options)
     ctx.exit(code)
