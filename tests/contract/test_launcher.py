@@ -11,11 +11,13 @@ also show on the wire (its request bodies, tags, price caps) is the case's ``che
 from __future__ import annotations
 
 import base64
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -26,11 +28,20 @@ from costguard.clouds import aws as aws_clouds
 from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot.controller import Controller
-from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
+from costguard.spot.job import (
+    ExitRecord,
+    Job,
+    JobSpec,
+    Simulation,
+    load_job,
+    save_job,
+    write_exit_record,
+)
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import Handle, Launcher, Offer, State
 from costguard.spot.launcher.gcp import GcpLauncher
+from costguard.spot.launcher.local import LocalLauncher
 from costguard.spot.recovery import AttemptOutcome
 from costguard.tags import ATTEMPT_TAG, JOB_TAG
 from tests.servers.aws import launch_account, reclaim_aws_instance, recording_clients
@@ -188,11 +199,42 @@ def _azure(request: pytest.FixtureRequest) -> LauncherCase:
     )
 
 
-CASES = {"aws": _aws, "gcp": _gcp, "azure": _azure}
+def _local(request: pytest.FixtureRequest) -> LauncherCase:
+    """The simulator: attempts are processes on this machine (``costguard run`` around a
+    command that waits), preempted on the simulation's schedule rather than by a call, so
+    it takes the find-and-terminate half of the contract; the relaunch story is
+    tests/spot/test_launch_local.py's."""
+    tmp_path: Path = request.getfixturevalue("tmp_path")
+    monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setenv("COSTGUARD_LOCAL_DIR", str(tmp_path / "local"))
+    launcher = LocalLauncher(
+        Simulation(notice_s=5.0, state_dir=str(tmp_path / "local")),
+        job_started_unix=time.time(),
+        state_dir=tmp_path / "local",
+    )
+    request.addfinalizer(launcher.close)
+    offer = Offer("local", "aws:us-east-1", "g5.xlarge", Market.ON_DEMAND, Decimal("1"), "A10G", 1)
+    job = replace(
+        _job("local", "A10G", 1, "aws:us-east-1", str(tmp_path / "ckpt")),
+        command=(sys.executable, "-c", "import time; time.sleep(60)"),
+    )
+
+    def not_called(*_: Any) -> None:
+        raise AssertionError("the local launcher takes no part in the relaunch story")
+
+    return LauncherCase(launcher, [offer], job, not_called, not_called)
+
+
+CASES = {"aws": _aws, "gcp": _gcp, "azure": _azure, "local": _local}
 
 
 @pytest.fixture(params=CLOUDS)
 def case(request: pytest.FixtureRequest) -> LauncherCase:
+    return CASES[request.param](request)
+
+
+@pytest.fixture(params=(*CLOUDS, "local"))
+def any_case(request: pytest.FixtureRequest) -> LauncherCase:
     return CASES[request.param](request)
 
 
@@ -230,7 +272,10 @@ def test_the_controller_relaunches_a_preempted_job_in_another_zone(case: Launche
     assert case.launcher.find("run-1") == []
 
 
-def test_find_sees_a_jobs_live_instances_until_they_are_terminated(case: LauncherCase) -> None:
+def test_find_sees_a_jobs_live_instances_until_they_are_terminated(
+    any_case: LauncherCase,
+) -> None:
+    case = any_case
     spec = case.job.launch_spec()
     zone = case.launcher.zones(case.offers[0].region, case.offers[0].instance_type)[0]
     offer = replace(case.offers[0], zone=zone)
@@ -243,3 +288,5 @@ def test_find_sees_a_jobs_live_instances_until_they_are_terminated(case: Launche
     case.launcher.terminate(first)  # again: fine
     assert case.launcher.find("run-1") == []
     assert [h.instance_id for h in case.launcher.find("run-2")] == [other.instance_id]
+    case.launcher.terminate(other)
+    assert case.launcher.find("run-2") == []

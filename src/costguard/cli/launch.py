@@ -16,6 +16,7 @@ import click
 from costguard.cli import render
 from costguard.cli.params import DecimalRange, FiniteFloat, Name, Text, Url, WholeNumber
 from costguard.errors import InputError
+from costguard.providers import providers
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def _echo(message: str) -> None:
 )
 @click.option(
     "--provider",
-    type=click.Choice(["aws", "gcp", "azure", "local"]),
+    type=click.Choice([*providers("launcher"), "local"]),
     default="aws",
     show_default=True,
     help="Where to run; local simulates preemptions on this machine.",
