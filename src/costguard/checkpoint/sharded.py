@@ -43,6 +43,7 @@ import logging
 import sys
 import time
 from collections.abc import Mapping, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from costguard import __version__
@@ -521,20 +522,26 @@ def save(
     ranks = group.gather(state_mod.capture_rank(parts.loader))
     error: str | None = None
     objects: list[ObjectEntry] = []
-    if ranks is not None:
-        try:
+    train: Future[tuple[int, str]] | None = None
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="costguard-train-pt") as pool:
+        if ranks is not None:
+            # Rank 0 writes train.pt while its shards go out: both are on its critical path.
             snapshot = train_state(steps_done, parts, ranks)
-            size, digest = store.write_stream(
-                f"{name}/{TRAIN}", lambda file: state_mod.torch_save(snapshot, file)
+            train = pool.submit(
+                store.write_stream,
+                f"{name}/{TRAIN}",
+                lambda file: state_mod.torch_save(snapshot, file),
             )
-            objects.append(ObjectEntry(TRAIN, size, digest))
+        writer = storage_writer(store, name)
+        try:
+            dcp.save(dcp_state(parts), storage_writer=writer)
+        except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
+            error = _describe(exc)
+    if train is not None:
+        try:
+            objects.append(ObjectEntry(TRAIN, *train.result()))
         except Exception as exc:
-            error = _describe(exc)  # still take part in the collective save below
-    writer = storage_writer(store, name)
-    try:
-        dcp.save(dcp_state(parts), storage_writer=writer)
-    except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
-        error = error or _describe(exc)
+            error = error or _describe(exc)
     manifest = None
     if group.rank == 0 and error is None:
         manifest = Manifest(
