@@ -66,12 +66,7 @@ def make_fleet(server: AzureServer, **kwargs: Any) -> azure.AzureFleet:
 
 
 def policy(**kwargs: Any) -> IdlePolicy:
-    return IdlePolicy(
-        sample_period_seconds=azure.PERIOD_SECONDS,
-        max_lag_seconds=azure.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=azure.GPU_MAX_LAG_SECONDS,
-        **kwargs,
-    )
+    return azure.SAMPLING.policy(**kwargs)
 
 
 def verdicts(report: Any) -> dict[str, tuple[str, str]]:

@@ -69,12 +69,7 @@ def make_fleet(server: GcpServer, **kwargs: Any) -> gcp.GcpFleet:
 
 
 def policy(**kwargs: Any) -> IdlePolicy:
-    return IdlePolicy(
-        sample_period_seconds=gcp.PERIOD_SECONDS,
-        max_lag_seconds=gcp.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=gcp.GPU_MAX_LAG_SECONDS,
-        **kwargs,
-    )
+    return gcp.SAMPLING.policy(**kwargs)
 
 
 def verdicts(report: Any) -> dict[str, tuple[str, str]]:
