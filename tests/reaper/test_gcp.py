@@ -15,7 +15,8 @@ from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
-from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm, every_minute, seed_vm
+from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm, seed_vm
+from tests.servers.http import every_minute
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
