@@ -15,7 +15,7 @@ import click
 from costguard.alarms.burn import BurnReport, burn_report, price_running
 from costguard.cli import render
 from costguard.cli.fleets import fleet_options, fleets
-from costguard.cli.params import DecimalRange, Url
+from costguard.cli.params import DecimalRange, Url, table_or_json
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
@@ -60,13 +60,7 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
     show_default=True,
     help="Alert through the alarm's SNS topic (AWS) and --webhook when over budget.",
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-)
+@table_or_json()
 @click.pass_obj
 def burn_command(settings: Settings, /, **options: Any) -> None:
     """List running instances, price them, and project the month.

@@ -10,7 +10,7 @@ import click
 
 from costguard.cli import render
 from costguard.cli.fleets import check_combinations, fleet_options, fleets
-from costguard.cli.params import DecimalRange, Text, WholeNumber
+from costguard.cli.params import DecimalRange, Text, WholeNumber, table_or_json
 from costguard.errors import CostguardError
 from costguard.money import format_usd
 from costguard.pricing.catalog import load_tables
@@ -130,13 +130,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     help="Two-phase: tag idle instances; act once they stay idle a whole window after.",
 )
 @click.option("--execute", is_flag=True, help="Act. Without it nothing is changed.")
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"], case_sensitive=False),
-    default="table",
-    show_default=True,
-)
+@table_or_json(case_sensitive=False)
 @click.pass_context
 def reap_command(ctx: click.Context, /, **options: Any) -> None:
     """Find GPU instances idle for a window and stop or terminate them.
