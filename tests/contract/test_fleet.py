@@ -10,7 +10,6 @@ nothing left to do.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,7 +19,7 @@ import pytest
 
 from costguard.clouds import aws as aws_clouds
 from costguard.pricing.tables import load_catalog
-from costguard.providers import ADAPTERS, adapter_class
+from costguard.providers import adapter_class
 from costguard.reaper.fleet import Fleet, FleetRequest, PriceBook, reap
 from costguard.reaper.policy import IdlePolicy, ReapLimits
 from costguard.settings import Settings
@@ -119,14 +118,9 @@ def case(request: pytest.FixtureRequest, now: datetime) -> FleetCase:
     return CASES[request.param](request, now)
 
 
-def policy(provider: str) -> IdlePolicy:
+def policy(case: FleetCase) -> IdlePolicy:
     """The sampling the provider's metrics API has (what ``costguard reap`` uses)."""
-    adapter = importlib.import_module(ADAPTERS["fleet"][provider].module)
-    return IdlePolicy(
-        sample_period_seconds=adapter.PERIOD_SECONDS,
-        max_lag_seconds=adapter.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=adapter.GPU_MAX_LAG_SECONDS,
-    )
+    return case.fleet.sampling.policy()
 
 
 def test_the_fleet_lists_what_runs_in_scope(case: FleetCase) -> None:
@@ -139,15 +133,15 @@ def test_the_fleet_lists_what_runs_in_scope(case: FleetCase) -> None:
 def test_a_dry_run_judges_and_execute_stops_only_the_idle_one(
     case: FleetCase, now: datetime
 ) -> None:
-    dry = reap([case.fleet], policy(case.provider), ReapLimits(), now, execute=False)
+    dry = reap([case.fleet], policy(case), ReapLimits(), now, execute=False)
     verdicts = {v.instance.name: (str(v.action), str(v.code)) for v in dry.plan.verdicts}
     assert verdicts == {"idle": ("stop", "idle"), "busy": ("keep", "busy")}
     assert dry.outcomes == ()
     assert case.running() == {"idle": True, "busy": True}
 
-    done = reap([case.fleet], policy(case.provider), ReapLimits(), now, execute=True)
+    done = reap([case.fleet], policy(case), ReapLimits(), now, execute=True)
     assert [(o.instance.name, o.ok) for o in done.outcomes] == [("idle", True)]
     assert case.running() == {"idle": False, "busy": True}
 
-    again = reap([case.fleet], policy(case.provider), ReapLimits(), now, execute=True)
+    again = reap([case.fleet], policy(case), ReapLimits(), now, execute=True)
     assert again.outcomes == ()

@@ -25,7 +25,7 @@ from costguard.reaper.agent import (
     Tick,
     active_jobs,
     count_ssh_sessions,
-    decide,
+    decide_shutdown,
     job_file,
     parse_nvidia_smi,
     registered_job,
@@ -221,7 +221,7 @@ def test_the_command_shuts_down_only_with_execute(cli_loop: Callable[..., Any]) 
 
 def test_a_restarted_agent_waits_a_full_window() -> None:
     readings = [Reading(T0 + timedelta(minutes=m), 0.0, 1.0, 0.0) for m in range(3)]
-    decision = decide(readings, POLICY, T0 + timedelta(minutes=2))
+    decision = decide_shutdown(readings, POLICY, T0 + timedelta(minutes=2))
     assert decision.shutdown is False
     assert decision.reason == "idle for 2 of 10 min"
 

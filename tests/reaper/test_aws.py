@@ -30,7 +30,6 @@ from costguard.reaper import aws
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import (
     Action,
-    IdlePolicy,
     Instance,
     Reason,
     format_timestamp,
@@ -351,11 +350,7 @@ def judge_with(cloudwatch: CloudWatchLike) -> Any:
                          cloudwatch=cloudwatch)  # fmt: skip
     box = Instance("aws", "us-east-1", "i-1", "g5.xlarge", running=True, gpu_count=1,
                    launched_at=CLOCK - timedelta(hours=5), protected=False)  # fmt: skip
-    policy = IdlePolicy(
-        sample_period_seconds=aws.PERIOD_SECONDS,
-        max_lag_seconds=aws.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=aws.GPU_MAX_LAG_SECONDS,
-    )
+    policy = aws.SAMPLING.policy()
     (samples,) = fleet.samples([box], CLOCK - policy.window, CLOCK)
     return judge_idle(samples, policy, CLOCK)
 

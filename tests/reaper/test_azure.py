@@ -15,8 +15,13 @@ from costguard.reaper.fleet import PriceBook, judge_fleet, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, format_timestamp
 from costguard.settings import Settings
 from costguard.tags import MARK_TAG
-from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm, every_minute, seed_vm
-from tests.servers.http import FakeTokenCredential, azure_client_options, with_test_auth
+from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm, seed_vm
+from tests.servers.http import (
+    FakeTokenCredential,
+    azure_client_options,
+    every_minute,
+    with_test_auth,
+)
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -66,12 +71,7 @@ def make_fleet(server: AzureServer, **kwargs: Any) -> azure.AzureFleet:
 
 
 def policy(**kwargs: Any) -> IdlePolicy:
-    return IdlePolicy(
-        sample_period_seconds=azure.PERIOD_SECONDS,
-        max_lag_seconds=azure.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=azure.GPU_MAX_LAG_SECONDS,
-        **kwargs,
-    )
+    return azure.SAMPLING.policy(**kwargs)
 
 
 def verdicts(report: Any) -> dict[str, tuple[str, str]]:

@@ -15,7 +15,8 @@ from costguard.reaper import gcp
 from costguard.reaper.fleet import PriceBook, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
-from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm, every_minute, seed_vm
+from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm, seed_vm
+from tests.servers.http import every_minute
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 PRICES = PriceBook(load_catalog())
@@ -69,12 +70,7 @@ def make_fleet(server: GcpServer, **kwargs: Any) -> gcp.GcpFleet:
 
 
 def policy(**kwargs: Any) -> IdlePolicy:
-    return IdlePolicy(
-        sample_period_seconds=gcp.PERIOD_SECONDS,
-        max_lag_seconds=gcp.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=gcp.GPU_MAX_LAG_SECONDS,
-        **kwargs,
-    )
+    return gcp.SAMPLING.policy(**kwargs)
 
 
 def verdicts(report: Any) -> dict[str, tuple[str, str]]:

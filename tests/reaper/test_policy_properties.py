@@ -310,7 +310,7 @@ def test_the_agent_never_shuts_down_on_a_broken_or_missing_reading(
 ) -> None:
     """Any sequence of readings with NaN, negative or missing values: the agent shuts the
     machine down only if every reading of the window is a real, idle one (issue 14)."""
-    from costguard.reaper.autostop import AgentPolicy, Reading, decide
+    from costguard.reaper.autostop import AgentPolicy, Reading, decide_shutdown
 
     policy = AgentPolicy(idle_minutes=10, interval_seconds=60, gpu_missing_ok=gpu_missing_ok)
     start = NOW - timedelta(minutes=len(readings) - 1)
@@ -318,7 +318,7 @@ def test_the_agent_never_shuts_down_on_a_broken_or_missing_reading(
         Reading(start + timedelta(minutes=n), gpu, cpu, net)
         for n, (gpu, cpu, net) in enumerate(readings)
     ]
-    if not decide(taken, policy, NOW).shutdown:
+    if not decide_shutdown(taken, policy, NOW).shutdown:
         return
     for reading in taken:
         if reading.at < NOW - timedelta(minutes=10):

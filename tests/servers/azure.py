@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.servers.http import LocalServer, Reply, Request, Route, rfc3339
+from tests.servers.http import LocalServer, Reply, Request, Route, every_minute, rfc3339
 
 AZURE_SUBSCRIPTION = "00000000-0000-0000-0000-000000000001"
 SUBSCRIPTION = AZURE_SUBSCRIPTION
@@ -617,11 +617,6 @@ class ConsumptionFake:
             del self.budgets[key]
             return 200, {}
         return 200, self.budgets[key]
-
-
-def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
-    """A point a minute for the 62 minutes before ``now``."""
-    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
 
 
 def seed_vm(

@@ -20,7 +20,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tests.servers.http import LocalServer, Reply, Request, Route, rfc3339
+from tests.servers.http import LocalServer, Reply, Request, Route, every_minute, rfc3339
 
 GCP_PROJECT = "lab-project"
 PROJECT = GCP_PROJECT
@@ -590,11 +590,6 @@ class BudgetsFake:
             return 200, self.channels[name]
         items = [c for n, c in self.channels.items() if n.startswith(resource + "/")]
         return 200, {"notificationChannels": items}
-
-
-def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
-    """A point a minute for the 62 minutes before ``now``."""
-    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
 
 
 def seed_vm(

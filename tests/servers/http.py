@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -67,6 +67,11 @@ class Loopback:
 
 def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def every_minute(now: datetime, value: float) -> list[tuple[datetime, float]]:
+    """A metric series for the fakes: a point a minute for the 62 minutes before ``now``."""
+    return [(now - timedelta(seconds=30 + 60 * k), value) for k in range(62)]
 
 
 @dataclass

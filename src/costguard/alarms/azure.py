@@ -16,7 +16,6 @@ from costguard.alarms.plan import ApiCall, BudgetStatus, Plan
 from costguard.alarms.plan_azure import ObservedAzureBudget, azure_scope, plan_azure
 from costguard.alarms.spec import NAME_PREFIX, AlarmSpec, Basis, Notification
 from costguard.clouds import azure
-from costguard.errors import InputError
 from costguard.settings import Settings
 
 CONSUMPTION = ("azure.mgmt.consumption", "ConsumptionManagementClient")
@@ -55,10 +54,9 @@ class AzureAlarms:
     @classmethod
     def for_scope(cls, settings: Settings, scope: Scope) -> AzureAlarms:
         """The budgets of ``scope.subscription`` (required), or of its resource group."""
-        if not scope.subscription:
-            msg = "--subscription is needed for Azure budgets"
-            raise InputError(msg, hint="az account show --query id shows yours")
-        return cls(settings, scope.subscription, scope.resource_group)
+        hint = "az account show --query id shows yours"
+        subscription = scope.need("subscription", "Azure budgets", hint)
+        return cls(settings, subscription, scope.resource_group)
 
     def __init__(
         self,

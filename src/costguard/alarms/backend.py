@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Protocol
 
+from costguard.errors import InputError
 from costguard.providers import adapter_class
 
 if TYPE_CHECKING:
@@ -37,6 +38,20 @@ class Scope:
         Scope(billing_account=None, project='lab', subscription=None, resource_group=None)
         """
         return cls(**{field.name: values.get(field.name) for field in fields(cls)})
+
+    def need(self, name: str, budgets: str, hint: str) -> str:
+        """The scope's ``name``, or an InputError: its flag is needed for ``budgets``.
+
+        >>> Scope().need("subscription", "Azure budgets", "az account show")
+        Traceback (most recent call last):
+        ...
+        costguard.errors.InputError: --subscription is needed for Azure budgets
+        """
+        value: str | None = getattr(self, name)
+        if not value:
+            msg = f"--{name.replace('_', '-')} is needed for {budgets}"
+            raise InputError(msg, hint=hint)
+        return value
 
 
 class AlarmBackend(Protocol):

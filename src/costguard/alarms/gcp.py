@@ -42,10 +42,8 @@ class GcpAlarms:
     @classmethod
     def for_scope(cls, settings: Settings, scope: Scope) -> GcpAlarms:
         """The budgets of ``scope.billing_account`` (required), for ``scope.project``."""
-        if not scope.billing_account:
-            msg = "--billing-account is needed for GCP budgets"
-            raise InputError(msg, hint="gcloud billing accounts list shows yours")
-        return cls(settings, scope.billing_account, scope.project)
+        hint = "gcloud billing accounts list shows yours"
+        return cls(settings, scope.need("billing_account", "GCP budgets", hint), scope.project)
 
     def __init__(
         self,

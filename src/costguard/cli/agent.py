@@ -102,10 +102,11 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
     it logs "would shut down" and goes on watching. Shutting down needs root.
     """
     from costguard.reaper import agent
+    from costguard.reaper.autostop import AgentPolicy, decide_shutdown
 
     command = shutdown_command(options["shutdown_command"])
     settings = ctx.find_object(Settings) or Settings.load()
-    policy = agent.AgentPolicy(
+    policy = AgentPolicy(
         idle_minutes=options["idle_minutes"],
         gpu_threshold_percent=float(options["gpu_threshold"]),
         cpu_threshold_percent=float(options["cpu_threshold"]),
@@ -135,7 +136,7 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
         # agent sees (is nvidia-smi found? are jobs and SSH sessions detected?).
         time.sleep(1)  # rates need two looks at the counters, a moment apart
         reading = sampler.read()
-        decision = agent.decide([reading], policy, reading.at)
+        decision = decide_shutdown([reading], policy, reading.at)
         log(agent.Tick(reading, decision, acted=False))
         return
     agent.run_agent(

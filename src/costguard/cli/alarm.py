@@ -12,13 +12,12 @@ from costguard.alarms.backend import Scope, alarm_backend
 from costguard.alarms.plan import ApiCall, Plan
 from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.cli import render
-from costguard.cli.params import Name
+from costguard.cli.params import Name, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.providers import providers
 from costguard.settings import Settings
 
-FORMAT = click.Choice(["table", "json"], case_sensitive=False)
 PROVIDERS = click.Choice(providers("alarm"), case_sensitive=False)
 
 EXAMPLES = """
@@ -53,14 +52,7 @@ def _provider_options(command: Any) -> Any:
         click.option(
             "--resource-group", type=Name(), help="Azure: scope the budget to a resource group."
         ),
-        click.option(
-            "--format",
-            "output_format",
-            type=FORMAT,
-            default="table",
-            show_default=True,
-            help="table for people, json for scripts.",
-        ),
+        table_or_json("table for people, json for scripts.", case_sensitive=False),
     ]
     for option in reversed(options):
         command = option(command)

@@ -13,10 +13,9 @@ from typing import Any
 import click
 
 from costguard.alarms.burn import BurnReport, burn_report, price_running
-from costguard.alarms.plan import BudgetStatus
 from costguard.cli import render
 from costguard.cli.fleets import fleet_options, fleets
-from costguard.cli.params import DecimalRange, Url
+from costguard.cli.params import DecimalRange, Url, table_or_json
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
@@ -61,13 +60,7 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
     show_default=True,
     help="Alert through the alarm's SNS topic (AWS) and --webhook when over budget.",
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-)
+@table_or_json()
 @click.pass_obj
 def burn_command(settings: Settings, /, **options: Any) -> None:
     """List running instances, price them, and project the month.
@@ -127,17 +120,13 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
 
 def _alarm_budget(provider: str, options: dict[str, Any], settings: Settings) -> Decimal | None:
     """The amount of the costguard-monthly budget, where it can be read without more flags."""
-    statuses: list[BudgetStatus]
-    if provider == "aws":
-        from costguard.alarms.aws import AwsAlarms  # the SDK loads only now
-
-        statuses = AwsAlarms().status()
-    elif provider == "azure":
-        from costguard.alarms.azure import AzureAlarms
-
-        statuses = AzureAlarms(settings, options["subscription"]).status()
-    else:
+    if provider == "gcp":
         return None  # GCP budgets sit on a billing account, not the project: use --budget
+    from costguard.alarms.backend import Scope, alarm_backend  # the SDK loads only now
+
+    # The subscription's own budget: `costguard alarm` sets it at subscription scope.
+    scope = Scope(subscription=options["subscription"])
+    statuses = alarm_backend(provider, settings, scope).status()
     return next((s.amount_usd for s in statuses if s.name == "costguard-monthly"), None)
 
 

@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import DecimalRange, FiniteFloat, Name, Text, Url, WholeNumber
+from costguard.cli.params import (
+    DecimalRange,
+    FiniteFloat,
+    Name,
+    Text,
+    Url,
+    WholeNumber,
+    table_or_json,
+)
 from costguard.errors import InputError
 from costguard.providers import providers
 from costguard.settings import Settings
@@ -173,14 +181,7 @@ def _echo(message: str) -> None:
     help="local: from the notice to the kill. Default: the simulated cloud's (AWS 120, "
     "GCP/Azure 30).",
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="The final report: table for people, json for scripts.",
-)
+@table_or_json("The final report: table for people, json for scripts.")
 @click.option(
     "--quiet",
     "-q",
@@ -405,14 +406,7 @@ def jobs_group() -> None:
 
 @jobs_group.command("status", epilog=STATUS_EXAMPLES)
 @click.argument("url", type=Url())
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table for people, json for scripts.",
-)
+@table_or_json("table for people, json for scripts.")
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),

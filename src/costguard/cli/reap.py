@@ -10,11 +10,12 @@ import click
 
 from costguard.cli import render
 from costguard.cli.fleets import check_combinations, fleet_options, fleets
-from costguard.cli.params import DecimalRange, Text, WholeNumber
+from costguard.cli.params import DecimalRange, Text, WholeNumber, table_or_json
 from costguard.errors import CostguardError
 from costguard.money import format_usd
 from costguard.pricing.tables import load_tables
-from costguard.reaper.fleet import PriceBook, ReapReport, reap
+from costguard.providers import adapter_class
+from costguard.reaper.fleet import PriceBook, ReapReport, Sampling, reap
 from costguard.reaper.policy import (
     DESTRUCTIVE,
     MAX_IDLE_MINUTES,
@@ -129,13 +130,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     help="Two-phase: tag idle instances; act once they stay idle a whole window after.",
 )
 @click.option("--execute", is_flag=True, help="Act. Without it nothing is changed.")
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"], case_sensitive=False),
-    default="table",
-    show_default=True,
-)
+@table_or_json(case_sensitive=False)
 @click.pass_context
 def reap_command(ctx: click.Context, /, **options: Any) -> None:
     """Find GPU instances idle for a window and stop or terminate them.
@@ -173,10 +168,8 @@ def reap_command(ctx: click.Context, /, **options: Any) -> None:
 
 
 def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
-    from costguard.reaper import aws, azure, gcp
-
-    adapter = {"aws": aws, "gcp": gcp, "azure": azure}[provider]
-    return IdlePolicy(
+    sampling: Sampling = adapter_class("fleet", provider).sampling
+    return sampling.policy(
         idle_minutes=options["idle_minutes"],
         gpu_threshold_percent=float(options["gpu_threshold"]),
         cpu_threshold_percent=float(options["cpu_threshold"]),
@@ -186,9 +179,6 @@ def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
         gpu_missing_ok=options["gpu_missing_ok"],
         protect_tags=tuple(parse_protect_tag(t) for t in options["protect_tags"]),
         two_phase=options["two_phase"],
-        sample_period_seconds=adapter.PERIOD_SECONDS,
-        max_lag_seconds=adapter.MAX_LAG_SECONDS,
-        gpu_max_lag_seconds=adapter.GPU_MAX_LAG_SECONDS,
     )
 
 

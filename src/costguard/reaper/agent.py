@@ -2,7 +2,7 @@
 
 It runs on the GPU instance (``infra/systemd/costguard-agent.service``), takes a
 :class:`Reading` every ``interval_seconds`` and shuts down when every reading of the last
-``idle_minutes`` is idle (:func:`costguard.reaper.autostop.decide`, the same window rule as
+``idle_minutes`` is idle (:func:`costguard.reaper.autostop.decide_shutdown`, the same window rule as
 the reaper). Unlike
 SkyPilot's autostop it watches the GPU itself, not only jobs and SSH (skypilot#10628).
 
@@ -44,7 +44,7 @@ from typing import Any, Protocol
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
 from costguard.errors import CostguardError
-from costguard.reaper.autostop import AgentDecision, AgentPolicy, Reading, decide
+from costguard.reaper.autostop import AgentDecision, AgentPolicy, Reading, decide_shutdown
 from costguard.settings import Settings
 
 JOBS_DIR_ENV = "COSTGUARD_JOBS_DIR"
@@ -167,7 +167,7 @@ def run_agent(
         now = clock()
         while history and history[0].at < now - keep:
             history.popleft()
-        decision = decide(history, policy, now)
+        decision = decide_shutdown(history, policy, now)
         acted = decision.shutdown and execute
         if acted:
             shutdown(decision.reason)

@@ -1,6 +1,6 @@
 """The autostop rule, pure: when the readings of a machine say it has been idle long enough.
 
-:func:`decide` is the rule ``costguard agent`` applies on the instance
+:func:`decide_shutdown` is the rule ``costguard agent`` applies on the instance
 (:mod:`costguard.reaper.agent` takes the readings and acts): shut down when every reading
 of the last ``idle_minutes`` is idle, with the reaper's window rule (no gap longer than
 one and a half intervals, the newest recent). No clock, no I/O: the readings and the time
@@ -120,7 +120,9 @@ def busy_reason(reading: Reading, policy: AgentPolicy) -> str | None:
     return None
 
 
-def decide(readings: Sequence[Reading], policy: AgentPolicy, now: datetime) -> AgentDecision:
+def decide_shutdown(
+    readings: Sequence[Reading], policy: AgentPolicy, now: datetime
+) -> AgentDecision:
     """Shut down when every reading of the window is idle and the readings cover it.
 
     The agent must itself have watched the whole window: right after a (re)start it waits
@@ -129,9 +131,9 @@ def decide(readings: Sequence[Reading], policy: AgentPolicy, now: datetime) -> A
     >>> from datetime import UTC
     >>> t = datetime(2026, 12, 1, tzinfo=UTC)
     >>> quiet = [Reading(t + timedelta(minutes=m), 0.0, 1.0, 0.0) for m in range(61)]
-    >>> decide(quiet, AgentPolicy(), t + timedelta(minutes=60)).shutdown
+    >>> decide_shutdown(quiet, AgentPolicy(), t + timedelta(minutes=60)).shutdown
     True
-    >>> decide(quiet[-30:], AgentPolicy(), t + timedelta(minutes=60)).reason
+    >>> decide_shutdown(quiet[-30:], AgentPolicy(), t + timedelta(minutes=60)).reason
     'idle for 29 of 60 min'
     """
     start = now - policy.window_rule.window

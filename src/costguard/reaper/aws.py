@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from costguard.clouds import aws as aws_clouds
 from costguard.clouds import pages, require
 from costguard.errors import UnknownNameError
-from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
 from costguard.tags import MARK_TAG
@@ -40,6 +40,7 @@ MAX_LAG_SECONDS = 600
 #: The same for the CloudWatch agent's GPU series, published every minute (see
 #: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
 GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
+SAMPLING = Sampling(PERIOD_SECONDS, MAX_LAG_SECONDS, GPU_MAX_LAG_SECONDS)
 #: The GetMetricData limit on queries per call.
 MAX_QUERIES = 500
 #: Instances per StopInstances/TerminateInstances/CreateTags call.
@@ -120,6 +121,7 @@ class AwsFleet:
     """
 
     provider = "aws"
+    sampling = SAMPLING
 
     def __init__(
         self, region: str, prices: PriceBook, *, ec2: Any = None, cloudwatch: Any = None

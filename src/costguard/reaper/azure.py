@@ -39,7 +39,7 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
 from costguard.errors import InputError, UnknownNameError
-from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
 from costguard.settings import Settings
@@ -54,6 +54,7 @@ MAX_LAG_SECONDS = 240
 #: The same for the GPU series Telegraf publishes every minute (see
 #: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
 GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
+SAMPLING = Sampling(PERIOD_SECONDS, MAX_LAG_SECONDS, GPU_MAX_LAG_SECONDS)
 #: Series the metrics queries may return beyond the VMs listed: VMs created since.
 TOP_MARGIN = 10
 #: The Tags API version used for the ``--mark`` tag (``Merge``/``Delete`` at a scope).
@@ -116,6 +117,7 @@ class AzureFleet:
     """
 
     provider = "azure"
+    sampling = SAMPLING
 
     @classmethod
     def for_options(cls, request: FleetRequest) -> list[AzureFleet]:

@@ -45,6 +45,8 @@ class Fleet(Protocol):
     """One cloud scope (AWS region, GCP project, Azure subscription) as the loop sees it."""
 
     provider: str
+    #: How its metrics API samples (the idle window is judged on it).
+    sampling: Sampling
 
     def instances(self) -> list[Instance]:
         """Every pending or running instance in scope (one paginated listing)."""
@@ -124,6 +126,31 @@ class PriceBook:
         if len(rows) != 1:
             return None
         return rows[0].usd_per_hour(Market.SPOT if spot else Market.ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a provider's metrics API samples: the period one datapoint stands for, and how
+    late the newest may be (CPU and network; the GPU agent's own) before the window counts
+    as not covered. Each fleet class carries its provider's as ``sampling``."""
+
+    period_seconds: int
+    max_lag_seconds: int
+    gpu_max_lag_seconds: int
+
+    def policy(self, **rules: Any) -> IdlePolicy:
+        """An :class:`IdlePolicy` with ``rules`` (thresholds, window, action...) on this
+        sampling.
+
+        >>> Sampling(60, 300, 180).policy(idle_minutes=30).sample_period_seconds
+        60
+        """
+        return IdlePolicy(
+            sample_period_seconds=self.period_seconds,
+            max_lag_seconds=self.max_lag_seconds,
+            gpu_max_lag_seconds=self.gpu_max_lag_seconds,
+            **rules,
+        )
 
 
 @dataclass(frozen=True)

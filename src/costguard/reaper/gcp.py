@@ -31,7 +31,7 @@ from typing import Any
 from costguard.clouds import READ_TIMEOUT_S, pages, require
 from costguard.clouds import gcp as gcp_clouds
 from costguard.errors import InputError, UnknownNameError, did_you_mean
-from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook
+from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample
 from costguard.settings import Settings
@@ -47,6 +47,7 @@ MAX_LAG_SECONDS = 300
 #: The same for the Ops Agent's GPU series, written every minute (see
 #: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
 GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
+SAMPLING = Sampling(PERIOD_SECONDS, MAX_LAG_SECONDS, GPU_MAX_LAG_SECONDS)
 #: The most seconds :meth:`GcpFleet.apply` waits for all its operations together.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
 GPU_METRIC = "agent.googleapis.com/gpu/utilization"
@@ -158,6 +159,7 @@ class GcpFleet:
     """
 
     provider = "gcp"
+    sampling = SAMPLING
 
     @classmethod
     def for_options(cls, request: FleetRequest) -> list[GcpFleet]:
