@@ -2,8 +2,9 @@
 
 A model sharded across ranks cannot be saved by one rank: each rank holds its own shards.
 Here every rank writes its own shards at once, as one object of the checkpoint folder,
-through DCP's planner (which also dedups what the ranks share), and DCP's resharding
-loads them back on any number of ranks. costguard's guarantees stay on top:
+through DCP's planner (which also dedups what the ranks share) and a DCP storage layer on
+the Store (:mod:`~costguard.checkpoint.dcp_storage`), and DCP's resharding loads them back
+on any number of ranks. costguard's guarantees stay on top:
 
 * **One folder, one manifest.** A sharded checkpoint is ``ckpt-<step>-<id>/`` holding
   ``shard-<rank>.distcp`` (one per rank that had something to write), ``dcp.metadata``
@@ -36,9 +37,6 @@ torch is imported inside the functions: ``import costguard`` stays light.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import io
 import logging
 import sys
 import time
@@ -48,6 +46,13 @@ from typing import Any
 
 from costguard import __version__
 from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.dcp_storage import (
+    METADATA,
+    load_planner,
+    object_entry,
+    storage_reader,
+    storage_writer,
+)
 from costguard.checkpoint.distributed import Group
 from costguard.checkpoint.manifest import (
     SHARDED_FORMAT_VERSION,
@@ -66,21 +71,10 @@ from costguard.secrets import redact
 
 logger = logging.getLogger(__name__)
 
-#: DCP's index of every chunk (written by the coordinating rank).
-METADATA = "dcp.metadata"
 #: Step, epoch, scheduler, scaler, ``extra`` and every rank's RNG and loader state.
 TRAIN = "train.pt"
 #: The parts that may hold sharded tensors (saved through DCP).
 SHARDED_PARTS = ("model", "optimizer")
-
-
-def shard_object(rank: int) -> str:
-    """The object one rank's shards go into.
-
-    >>> shard_object(3)
-    'shard-00003.distcp'
-    """
-    return f"shard-{rank:05d}.distcp"
 
 
 class ShardedStateError(InputError):
@@ -129,283 +123,6 @@ def detect(parts: TrainState) -> bool:
     return True
 
 
-# -- DCP's storage layer on a Store -------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Stored:
-    """Where one chunk of a DCP checkpoint lies: object, byte range, and for a tensor its
-    dtype and shape (the bytes are raw). Kept in ``dcp.metadata``."""
-
-    object: str
-    offset: int
-    length: int
-    dtype: str | None = None
-    shape: tuple[int, ...] | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Written:
-    """What one rank's ``write_data`` reports: the chunk, and its object's manifest entry."""
-
-    stored: Stored
-    entry: ObjectEntry
-
-
-def _tensor_bytes(tensor: Any) -> memoryview:
-    """A tensor's bytes, without a copy when it is a contiguous CPU tensor."""
-    torch = state_mod._torch()
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous().reshape(-1)
-    return memoryview(t.view(torch.uint8).numpy()).cast("B")
-
-
-def _narrow(tensor: Any, offsets: Any, lengths: Any) -> Any:
-    """The part of a saved chunk one read asks for."""
-    for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
-        if tensor.size(dim) != length:
-            tensor = tensor.narrow(dim, start, length)
-    return tensor
-
-
-def _dtype(name: str) -> Any:
-    torch = state_mod._torch()
-    dtype = getattr(torch, name.removeprefix("torch."), None)
-    if not isinstance(dtype, torch.dtype):
-        msg = f"unknown dtype {name[:40]!r}"
-        raise ManifestError(msg)
-    return dtype
-
-
-def _safe_globals() -> list[Any]:
-    """The classes ``dcp.metadata`` may hold (for ``torch.load(weights_only=True)``)."""
-    torch = state_mod._torch()
-    from torch.distributed.checkpoint import metadata as md
-
-    return [
-        md.Metadata,
-        md.TensorStorageMetadata,
-        md.BytesStorageMetadata,
-        md.ChunkStorageMetadata,
-        md.TensorProperties,
-        md.MetadataIndex,
-        md.StorageMeta,
-        md._MEM_FORMAT_ENCODING,
-        torch.Size,
-        Stored,
-    ]
-
-
-def storage_writer(store: Store, folder: str) -> Any:
-    """A DCP ``StorageWriter`` that writes into checkpoint folder ``folder`` of ``store``.
-
-    Each rank writes one object (:func:`shard_object`), streamed into the store and
-    hashed on the way; the coordinator writes ``dcp.metadata`` in ``finish``, after DCP
-    has gathered every rank's results, and then knows every object's manifest entry
-    (:attr:`objects`).
-    """
-    from torch.distributed.checkpoint import StorageWriter
-    from torch.distributed.checkpoint.planner import WriteItemType
-    from torch.distributed.checkpoint.storage import WriteResult
-    from torch.futures import Future
-
-    class _Writer(StorageWriter):
-        def __init__(self) -> None:
-            super().__init__()
-            self.is_coordinator = False
-            #: Every object of the checkpoint but the manifest (on the coordinator, after
-            #: ``finish``).
-            self.objects: list[ObjectEntry] = []
-
-        def reset(self, checkpoint_id: Any = None) -> None:
-            self.objects = []
-
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-            return True
-
-        def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-            self.is_coordinator = is_coordinator
-
-        def prepare_local_plan(self, plan: Any) -> Any:
-            return plan
-
-        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-            return [
-                dataclasses.replace(plan, storage_data=shard_object(rank))
-                for rank, plan in enumerate(plans)
-            ]
-
-        def write_data(self, plan: Any, planner: Any) -> Any:
-            future: Any = Future()
-            future.set_result(self._write(plan, planner))
-            return future
-
-        def _write(self, plan: Any, planner: Any) -> list[Any]:
-            if not plan.items:
-                return []
-            name: str = plan.storage_data
-            chunks: list[tuple[Any, Stored]] = []
-
-            def produce(upload: Any) -> None:
-                chunks.clear()  # a local write that is retried starts again
-                for item in plan.items:
-                    data = planner.resolve_data(item)
-                    offset = upload.size
-                    if item.type == WriteItemType.BYTE_IO:
-                        upload.write(data.getbuffer())
-                        stored = Stored(name, offset, upload.size - offset)
-                    else:
-                        upload.write(_tensor_bytes(data))
-                        stored = Stored(
-                            name,
-                            offset,
-                            upload.size - offset,
-                            str(data.dtype),
-                            tuple(int(n) for n in data.shape),
-                        )
-                    chunks.append((item.index, stored))
-
-            size, digest = store.write_stream(f"{folder}/{name}", produce)
-            entry = ObjectEntry(name, size, digest)
-            return [
-                WriteResult(index, stored.length, _Written(stored, entry))
-                for index, stored in chunks
-            ]
-
-        def finish(self, metadata: Any, results: list[list[Any]]) -> None:
-            torch = state_mod._torch()
-            storage: dict[Any, Stored] = {}
-            objects: dict[str, ObjectEntry] = {}
-            for rank_results in results:
-                for result in rank_results:
-                    storage[result.index] = result.storage_data.stored
-                    objects[result.storage_data.entry.name] = result.storage_data.entry
-            metadata.storage_data = storage
-            buffer = io.BytesIO()
-            torch.save(metadata, buffer)
-            data = buffer.getbuffer()
-            digest = store.put_hashed(f"{folder}/{METADATA}", data)
-            self.objects = [ObjectEntry(METADATA, data.nbytes, digest), *objects.values()]
-
-        def storage_meta(self) -> Any:
-            return None
-
-    return _Writer()
-
-
-def read_metadata_object(store: Store, manifest: Manifest) -> Any:
-    """DCP's index of a sharded checkpoint, checked against the manifest, loaded safely."""
-    torch = state_mod._torch()
-    entry = _entry(manifest, METADATA)
-    data = store.get(manifest.object_path(entry))
-    if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-        msg = f"{manifest.object_path(entry)} does not match the manifest's size and sha256"
-        raise ManifestError(msg)
-    with torch.serialization.safe_globals(_safe_globals()):
-        return torch.load(io.BytesIO(data), weights_only=True)
-
-
-def storage_reader(store: Store, manifest: Manifest) -> Any:
-    """A DCP ``StorageReader`` for a verified sharded checkpoint of ``store``."""
-    torch = state_mod._torch()
-    from torch.distributed.checkpoint import StorageReader
-    from torch.distributed.checkpoint.planner import LoadItemType
-    from torch.futures import Future
-
-    class _Reader(StorageReader):
-        def __init__(self) -> None:
-            super().__init__()
-            self.storage: Mapping[Any, Stored] = {}
-
-        def reset(self, checkpoint_id: Any = None) -> None:
-            pass
-
-        @classmethod
-        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
-            return True
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            return read_metadata_object(store, manifest)
-
-        def set_up_storage_reader(
-            self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any
-        ) -> None:
-            self.storage = metadata.storage_data
-
-        def prepare_local_plan(self, plan: Any) -> Any:
-            return plan
-
-        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
-            return plans
-
-        def read_data(self, plan: Any, planner: Any) -> Any:
-            listed = {o.name for o in manifest.objects}
-            for item in sorted(plan.items, key=lambda i: self._where(i, listed).offset):
-                where = self._where(item, listed)
-                data = store.read_range(
-                    manifest.object_path(where.object), where.offset, where.offset + where.length
-                )
-                if item.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(item, io.BytesIO(data))
-                    continue
-                if where.dtype is None or where.shape is None:
-                    msg = f"chunk {item.storage_index.fqn[:80]!r} has no dtype or shape"
-                    raise ManifestError(msg)
-                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                tensor = saved.view(_dtype(where.dtype)).reshape(where.shape)
-                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
-                target = planner.resolve_tensor(item).detach()
-                if target.size() != tensor.size():
-                    msg = (
-                        f"chunk of {item.storage_index.fqn[:80]!r}: {tuple(tensor.size())} "
-                        f"saved, {tuple(target.size())} wanted"
-                    )
-                    raise ValueError(msg)
-                target.copy_(tensor)
-                planner.commit_tensor(item, target)
-            future: Any = Future()
-            future.set_result(None)
-            return future
-
-        def _where(self, item: Any, listed: set[str]) -> Stored:
-            where = self.storage[item.storage_index]
-            if where.object not in listed:
-                msg = f"dcp.metadata names {where.object[:80]!r}, which the manifest does not list"
-                raise ManifestError(msg)
-            return where
-
-    return _Reader()
-
-
-def load_planner(*, whole: bool = False) -> Any:
-    """DCP's load planner, reading non-tensor values with ``weights_only=True``.
-
-    ``whole``: DCP's planner that rebuilds the whole state from ``dcp.metadata`` (full
-    tensors, no live objects needed; the one ``dcp_to_torch_save`` uses), for one process.
-    """
-    torch = state_mod._torch()
-    from torch.distributed.checkpoint import default_planner
-    from torch.distributed.checkpoint._nested_dict import set_element
-
-    base = (
-        default_planner._EmptyStateDictLoadPlanner if whole else default_planner.DefaultLoadPlanner
-    )
-
-    class _SafePlanner(base):  # type: ignore[misc,valid-type]
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
-            loaded = torch.load(value, weights_only=True)
-            if self.flatten_state_dict:
-                fqn = self.mappings[read_item.dest_index.fqn]
-                set_element(self.original_state_dict, fqn, loaded)
-            else:
-                self.state_dict[read_item.dest_index.fqn] = loaded
-
-    return _SafePlanner()
-
-
 def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
     """The whole state of a sharded checkpoint in this one process, verified: ``model``
     and ``optimizer`` as full tensors keyed by parameter name (as ``get_state_dict`` gives
@@ -417,8 +134,8 @@ def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
     from torch.distributed import checkpoint as dcp
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-    _entry(manifest, METADATA)  # both must be listed
-    _entry(manifest, TRAIN)
+    object_entry(manifest, METADATA)  # both must be listed
+    object_entry(manifest, TRAIN)
     _verify_share(store, manifest, 0, 1)
     state: dict[str, Any] = {}
     try:
@@ -432,7 +149,7 @@ def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
     except dcp.CheckpointException as exc:
         msg = f"{manifest.name} cannot be loaded: {_describe(exc)}"
         raise UnreadableError(msg) from exc
-    entry = _entry(manifest, TRAIN)
+    entry = object_entry(manifest, TRAIN)
     with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
         train = state_mod.load_file(path)
     return {**train, **state}
@@ -588,14 +305,6 @@ def _describe(exc: BaseException) -> str:
     return redact(text)[:500]
 
 
-def _entry(manifest: Manifest, name: str) -> ObjectEntry:
-    for entry in manifest.objects:
-        if entry.name == name:
-            return entry
-    msg = f"the manifest of sharded checkpoint {manifest.name} lists no {name}"
-    raise ManifestError(msg)
-
-
 def _verify_share(store: Store, manifest: Manifest, rank: int, world: int) -> None:
     """Hash this rank's share of the checkpoint's objects (object ``i`` on rank ``i % world``)."""
     for i, entry in enumerate(sorted(manifest.objects)):
@@ -614,8 +323,8 @@ def _verdict(store: Store, restorer: Restorer, name: str, group: Group) -> tuple
         if manifest.format_version != SHARDED_FORMAT_VERSION:
             mine = ("doubtful", "a replicated checkpoint (state.pt): this run's state is sharded")
         else:
-            _entry(manifest, METADATA)
-            _entry(manifest, TRAIN)
+            object_entry(manifest, METADATA)
+            object_entry(manifest, TRAIN)
             _verify_share(store, manifest, group.rank, group.world_size)
     except ManifestError as exc:
         mine = ("corrupt", exc.message)
@@ -683,7 +392,7 @@ def restore(store: Store, restorer: Restorer, group: Group, parts: TrainState) -
 
 
 def _apply_train(store: Store, manifest: Manifest, parts: TrainState, group: Group) -> None:
-    entry = _entry(manifest, TRAIN)
+    entry = object_entry(manifest, TRAIN)
     with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
         data = state_mod.load_file(path)
     ranks = data.get("ranks") or []

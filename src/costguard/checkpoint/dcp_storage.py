@@ -1,0 +1,319 @@
+"""DCP's storage layer on a costguard Store: where the shards of a sharded checkpoint go.
+
+:func:`storage_writer` and :func:`storage_reader` are ``torch.distributed.checkpoint``
+``StorageWriter`` / ``StorageReader`` implementations that read and write through
+:class:`~costguard.checkpoint.store.Store` (local, s3, gs, az, with its retries): each
+rank streams its chunks, as raw bytes, into one object hashed on the way
+(:func:`shard_object`); the coordinating rank writes DCP's index (:data:`METADATA`, loaded
+back with ``weights_only=True``). The checkpoint logic on top (the manifest, verification,
+fallback) is :mod:`costguard.checkpoint.sharded`.
+
+torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+from collections.abc import Mapping
+from typing import Any
+
+from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.manifest import Manifest, ManifestError, ObjectEntry
+from costguard.checkpoint.store import Store
+
+#: DCP's index of every chunk (written by the coordinating rank).
+METADATA = "dcp.metadata"
+
+
+def shard_object(rank: int) -> str:
+    """The object one rank's shards go into.
+
+    >>> shard_object(3)
+    'shard-00003.distcp'
+    """
+    return f"shard-{rank:05d}.distcp"
+
+
+def object_entry(manifest: Manifest, name: str) -> ObjectEntry:
+    """The manifest's entry for object ``name``; :class:`ManifestError` if it lists none."""
+    for entry in manifest.objects:
+        if entry.name == name:
+            return entry
+    msg = f"the manifest of sharded checkpoint {manifest.name} lists no {name}"
+    raise ManifestError(msg)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """Where one chunk of a DCP checkpoint lies: object, byte range, and for a tensor its
+    dtype and shape (the bytes are raw). Kept in ``dcp.metadata``."""
+
+    object: str
+    offset: int
+    length: int
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Written:
+    """What one rank's ``write_data`` reports: the chunk, and its object's manifest entry."""
+
+    stored: Stored
+    entry: ObjectEntry
+
+
+def _tensor_bytes(tensor: Any) -> memoryview:
+    """A tensor's bytes, without a copy when it is a contiguous CPU tensor."""
+    torch = state_mod._torch()
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous().reshape(-1)
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def _narrow(tensor: Any, offsets: Any, lengths: Any) -> Any:
+    """The part of a saved chunk one read asks for."""
+    for dim, (start, length) in enumerate(zip(offsets, lengths, strict=True)):
+        if tensor.size(dim) != length:
+            tensor = tensor.narrow(dim, start, length)
+    return tensor
+
+
+def _dtype(name: str) -> Any:
+    torch = state_mod._torch()
+    dtype = getattr(torch, name.removeprefix("torch."), None)
+    if not isinstance(dtype, torch.dtype):
+        msg = f"unknown dtype {name[:40]!r}"
+        raise ManifestError(msg)
+    return dtype
+
+
+def _safe_globals() -> list[Any]:
+    """The classes ``dcp.metadata`` may hold (for ``torch.load(weights_only=True)``)."""
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import metadata as md
+
+    return [
+        md.Metadata,
+        md.TensorStorageMetadata,
+        md.BytesStorageMetadata,
+        md.ChunkStorageMetadata,
+        md.TensorProperties,
+        md.MetadataIndex,
+        md.StorageMeta,
+        md._MEM_FORMAT_ENCODING,
+        torch.Size,
+        Stored,
+    ]
+
+
+def storage_writer(store: Store, folder: str) -> Any:
+    """A DCP ``StorageWriter`` that writes into checkpoint folder ``folder`` of ``store``.
+
+    Each rank writes one object (:func:`shard_object`), streamed into the store and
+    hashed on the way; the coordinator writes ``dcp.metadata`` in ``finish``, after DCP
+    has gathered every rank's results, and then knows every object's manifest entry
+    (:attr:`objects`).
+    """
+    from torch.distributed.checkpoint import StorageWriter
+    from torch.distributed.checkpoint.planner import WriteItemType
+    from torch.distributed.checkpoint.storage import WriteResult
+    from torch.futures import Future
+
+    class _Writer(StorageWriter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.is_coordinator = False
+            #: Every object of the checkpoint but the manifest (on the coordinator, after
+            #: ``finish``).
+            self.objects: list[ObjectEntry] = []
+
+        def reset(self, checkpoint_id: Any = None) -> None:
+            self.objects = []
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+            return True
+
+        def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            self.is_coordinator = is_coordinator
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            return plan
+
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            return [
+                dataclasses.replace(plan, storage_data=shard_object(rank))
+                for rank, plan in enumerate(plans)
+            ]
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            future: Any = Future()
+            future.set_result(self._write(plan, planner))
+            return future
+
+        def _write(self, plan: Any, planner: Any) -> list[Any]:
+            if not plan.items:
+                return []
+            name: str = plan.storage_data
+            chunks: list[tuple[Any, Stored]] = []
+
+            def produce(upload: Any) -> None:
+                chunks.clear()  # a local write that is retried starts again
+                for item in plan.items:
+                    data = planner.resolve_data(item)
+                    offset = upload.size
+                    if item.type == WriteItemType.BYTE_IO:
+                        upload.write(data.getbuffer())
+                        stored = Stored(name, offset, upload.size - offset)
+                    else:
+                        upload.write(_tensor_bytes(data))
+                        stored = Stored(
+                            name,
+                            offset,
+                            upload.size - offset,
+                            str(data.dtype),
+                            tuple(int(n) for n in data.shape),
+                        )
+                    chunks.append((item.index, stored))
+
+            size, digest = store.write_stream(f"{folder}/{name}", produce)
+            entry = ObjectEntry(name, size, digest)
+            return [
+                WriteResult(index, stored.length, _Written(stored, entry))
+                for index, stored in chunks
+            ]
+
+        def finish(self, metadata: Any, results: list[list[Any]]) -> None:
+            torch = state_mod._torch()
+            storage: dict[Any, Stored] = {}
+            objects: dict[str, ObjectEntry] = {}
+            for rank_results in results:
+                for result in rank_results:
+                    storage[result.index] = result.storage_data.stored
+                    objects[result.storage_data.entry.name] = result.storage_data.entry
+            metadata.storage_data = storage
+            buffer = io.BytesIO()
+            torch.save(metadata, buffer)
+            data = buffer.getbuffer()
+            digest = store.put_hashed(f"{folder}/{METADATA}", data)
+            self.objects = [ObjectEntry(METADATA, data.nbytes, digest), *objects.values()]
+
+        def storage_meta(self) -> Any:
+            return None
+
+    return _Writer()
+
+
+def read_metadata_object(store: Store, manifest: Manifest) -> Any:
+    """DCP's index of a sharded checkpoint, checked against the manifest, loaded safely."""
+    torch = state_mod._torch()
+    entry = object_entry(manifest, METADATA)
+    data = store.get(manifest.object_path(entry))
+    if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        msg = f"{manifest.object_path(entry)} does not match the manifest's size and sha256"
+        raise ManifestError(msg)
+    with torch.serialization.safe_globals(_safe_globals()):
+        return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def storage_reader(store: Store, manifest: Manifest) -> Any:
+    """A DCP ``StorageReader`` for a verified sharded checkpoint of ``store``."""
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import StorageReader
+    from torch.distributed.checkpoint.planner import LoadItemType
+    from torch.futures import Future
+
+    class _Reader(StorageReader):
+        def __init__(self) -> None:
+            super().__init__()
+            self.storage: Mapping[Any, Stored] = {}
+
+        def reset(self, checkpoint_id: Any = None) -> None:
+            pass
+
+        @classmethod
+        def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+            return True
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            return read_metadata_object(store, manifest)
+
+        def set_up_storage_reader(
+            self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any
+        ) -> None:
+            self.storage = metadata.storage_data
+
+        def prepare_local_plan(self, plan: Any) -> Any:
+            return plan
+
+        def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+            return plans
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            listed = {o.name for o in manifest.objects}
+            for item in sorted(plan.items, key=lambda i: self._where(i, listed).offset):
+                where = self._where(item, listed)
+                data = store.read_range(
+                    manifest.object_path(where.object), where.offset, where.offset + where.length
+                )
+                if item.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(item, io.BytesIO(data))
+                    continue
+                if where.dtype is None or where.shape is None:
+                    msg = f"chunk {item.storage_index.fqn[:80]!r} has no dtype or shape"
+                    raise ManifestError(msg)
+                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                tensor = saved.view(_dtype(where.dtype)).reshape(where.shape)
+                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
+                target = planner.resolve_tensor(item).detach()
+                if target.size() != tensor.size():
+                    msg = (
+                        f"chunk of {item.storage_index.fqn[:80]!r}: {tuple(tensor.size())} "
+                        f"saved, {tuple(target.size())} wanted"
+                    )
+                    raise ValueError(msg)
+                target.copy_(tensor)
+                planner.commit_tensor(item, target)
+            future: Any = Future()
+            future.set_result(None)
+            return future
+
+        def _where(self, item: Any, listed: set[str]) -> Stored:
+            where = self.storage[item.storage_index]
+            if where.object not in listed:
+                msg = f"dcp.metadata names {where.object[:80]!r}, which the manifest does not list"
+                raise ManifestError(msg)
+            return where
+
+    return _Reader()
+
+
+def load_planner(*, whole: bool = False) -> Any:
+    """DCP's load planner, reading non-tensor values with ``weights_only=True``.
+
+    ``whole``: DCP's planner that rebuilds the whole state from ``dcp.metadata`` (full
+    tensors, no live objects needed; the one ``dcp_to_torch_save`` uses), for one process.
+    """
+    torch = state_mod._torch()
+    from torch.distributed.checkpoint import default_planner
+    from torch.distributed.checkpoint._nested_dict import set_element
+
+    base = (
+        default_planner._EmptyStateDictLoadPlanner if whole else default_planner.DefaultLoadPlanner
+    )
+
+    class _SafePlanner(base):  # type: ignore[misc,valid-type]
+        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                fqn = self.mappings[read_item.dest_index.fqn]
+                set_element(self.original_state_dict, fqn, loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return _SafePlanner()
