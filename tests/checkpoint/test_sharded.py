@@ -27,6 +27,7 @@ from costguard.checkpoint import Checkpointer, export, load_state
 from costguard.checkpoint.checkpointer import ShardedStateError
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
+    READ_FORMAT_VERSION,
     SHARDED_FORMAT_VERSION,
     UnreadableError,
     parse_manifest,
@@ -242,7 +243,7 @@ def test_sharded_state_without_a_process_group_is_refused(tmp_path: Path) -> Non
     assert not list((tmp_path / "ckpt").glob("ckpt-*"))
 
 
-def test_the_sharded_layout_is_format_2_and_a_newer_one_is_unreadable() -> None:
+def test_the_sharded_layout_has_its_own_format_and_a_newer_one_is_unreadable() -> None:
     name = "ckpt-000000000004-0a1b2c3d"
     data = {
         "format_version": SHARDED_FORMAT_VERSION,
@@ -254,7 +255,7 @@ def test_the_sharded_layout_is_format_2_and_a_newer_one_is_unreadable() -> None:
     assert parse_manifest(json.dumps(data), name).sharded
     assert not parse_manifest(json.dumps({**data, "format_version": 1}), name).sharded
     with pytest.raises(UnreadableError, match="newer costguard"):
-        parse_manifest(json.dumps({**data, "format_version": 3}), name)
+        parse_manifest(json.dumps({**data, "format_version": READ_FORMAT_VERSION + 1}), name)
 
 
 @pytest.mark.parametrize("target", ["shard-00000.distcp", "dcp.metadata", MANIFEST_FILE])

@@ -12,10 +12,8 @@ asks for ``--data-region``.
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
+from urllib.parse import quote, urlsplit
 
 from costguard.errors import InputError
 from costguard.pricing.datasets import DataLocation, known_region, parse_data_url
@@ -35,11 +33,16 @@ class Located:
 
 def s3_bucket_region(bucket: str, timeout_s: float = TIMEOUT_S) -> str | None:
     """The region S3 says ``bucket`` is in, or ``None`` (no such bucket, no answer)."""
+    # Imported here: urllib.request pulls in http.client, email and ssl, a third of the
+    # start-up of a `costguard estimate` that looks nothing up.
+    import urllib.error
+    import urllib.request
+
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    quoted = urllib.parse.quote(bucket, safe="")
+    quoted = quote(bucket, safe="")
     # An endpoint of one's own is addressed path-style; AWS's own, virtual-host style.
     url = f"{endpoint.rstrip('/')}/{quoted}" if endpoint else f"https://{quoted}.s3.amazonaws.com/"
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+    if urlsplit(url).scheme not in ("http", "https"):
         return None
     request = urllib.request.Request(url, method="HEAD")  # noqa: S310 - http(s) only
     try:
