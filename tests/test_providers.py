@@ -12,8 +12,14 @@ import pytest
 from costguard.errors import InputError, MissingDependencyError
 from costguard.providers import ADAPTERS, Adapter, adapter_class, providers
 
-#: What each feature's commands call on the class the table names.
-ENTRY_POINTS = {"launcher": "__init__", "fleet": "for_options", "alarm": "for_scope"}
+#: What each feature's commands call on the class (a price source: the function) the table
+#: names.
+ENTRY_POINTS = {
+    "launcher": "__init__",
+    "fleet": "for_options",
+    "alarm": "for_scope",
+    "price source": "__call__",
+}
 
 
 @pytest.mark.parametrize(
@@ -26,7 +32,11 @@ def test_every_entry_names_a_class_with_its_features_entry_point(
     found = adapter_class(feature, provider)
     if feature == "fleet":
         assert found.provider == provider
-    assert inspect.isclass(found)
+    if feature == "price source":
+        assert inspect.isfunction(found)
+        assert "mirror" in inspect.signature(found).parameters
+    else:
+        assert inspect.isclass(found)
     assert found.__name__ == ADAPTERS[feature][provider].name
     assert callable(getattr(found, ENTRY_POINTS[feature]))
 

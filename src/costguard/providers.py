@@ -33,7 +33,9 @@ class Adapter:
 
 #: feature -> provider -> adapter. The launcher classes are built with the keywords they
 #: accept (:func:`costguard.spot.launcher.cloud_launcher`); a fleet class lists its fleets
-#: with ``for_options``; an alarm backend class is built with ``from_options``.
+#: with ``for_options``; an alarm backend class is built with ``from_options``; a price
+#: source is the ``fetch`` function of ``costguard pricing refresh`` (its SDK, when it needs
+#: one, is imported inside: a mirror needs none).
 ADAPTERS: dict[str, dict[str, Adapter]] = {
     "launcher": {
         "aws": Adapter("costguard.spot.launcher.aws", "AwsLauncher", "aws"),
@@ -50,6 +52,11 @@ ADAPTERS: dict[str, dict[str, Adapter]] = {
         "gcp": Adapter("costguard.alarms.gcp", "GcpAlarms", "gcp"),
         "azure": Adapter("costguard.alarms.azure", "AzureAlarms", "azure"),
     },
+    "price source": {
+        "aws": Adapter("costguard.pricing.refresh.aws", "fetch", "aws"),
+        "gcp": Adapter("costguard.pricing.refresh.gcp", "fetch", "gcp"),
+        "azure": Adapter("costguard.pricing.refresh.azure", "fetch", None),
+    },
 }
 
 
@@ -63,7 +70,8 @@ def providers(feature: str) -> list[str]:
 
 
 def adapter_class(feature: str, provider: str, *, absent_hint: str | None = None) -> Any:
-    """The class of ``provider``'s adapter for ``feature``, its module imported now.
+    """The class (a price source: the function) of ``provider``'s adapter for ``feature``,
+    its module imported now.
 
     An unknown provider is an :class:`~costguard.errors.InputError` naming the known ones;
     an adapter module missing from this build is one too (``absent_hint`` says what to do

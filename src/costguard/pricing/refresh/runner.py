@@ -10,7 +10,6 @@ date and source, and are reported.
 
 from __future__ import annotations
 
-import importlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -30,6 +29,7 @@ from costguard.pricing.refresh.merge import (
     new_rows,
 )
 from costguard.pricing.tables import load_tables
+from costguard.providers import adapter_class
 from costguard.retry import RetryPolicy
 from costguard.settings import Settings
 
@@ -216,8 +216,8 @@ def _fetch_one(
     providers go on). An unexpected error is reported as a
     :class:`~costguard.errors.CostguardError` naming its type and the provider; so is
     a provider that came back with prices for none of the regions asked for."""
-    # Adapters are looked up by name, so a run for one provider imports only its SDK.
-    adapter = importlib.import_module(f"costguard.pricing.refresh.{target.provider}")
+    # Looked up in the provider table, so a run for one provider imports only its SDK.
+    fetch = adapter_class("price source", target.provider)
     started = time.perf_counter()
 
     def tell(records: int) -> None:
@@ -225,7 +225,7 @@ def _fetch_one(
             progress(target.provider, records)
 
     try:
-        fresh: FreshPrices = adapter.fetch(
+        fresh: FreshPrices = fetch(
             target, settings, now=now, mirror=plan.mirror, retry=retry, progress=tell
         )
         if target.regions and not fresh.answered:
