@@ -21,15 +21,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from costguard.checkpoint.agreement import Decision, decide, earliest, propose_sync
 from costguard.checkpoint.distributed import (
-    Decision,
     NoticeFileListener,
     append_notice,
-    decide,
-    earliest,
     mark_preempted,
     pipe_is_ours,
-    propose_sync,
     read_notices,
 )
 from costguard.checkpoint.notices import Notice, NoticeBoard

@@ -46,16 +46,14 @@ from typing import Any, Literal
 from costguard.checkpoint import incremental as incremental_mod
 from costguard.checkpoint import sharded as sharded_mod
 from costguard.checkpoint import state as state_mod
+from costguard.checkpoint.agreement import Decision, earliest, propose_sync
 from costguard.checkpoint.distributed import (
     ENV_NOTICE_FILE,
     ENV_PREEMPTED_FILE,
-    Decision,
     Group,
     NoticeFileListener,
-    earliest,
     mark_preempted,
     pipe_is_ours,
-    propose_sync,
 )
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
