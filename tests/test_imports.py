@@ -70,3 +70,36 @@ def test_the_notebook_api_loads_pandas_only_for_a_dataframe() -> None:
     )
     assert loaded_heavy_modules(body) == []
     assert "pandas" in loaded_heavy_modules(body + "result.to_pandas()\n")
+
+
+#: What `costguard estimate` into a pipe (a script, cron) has no use for, each a cost on
+#: every run (benchmarks/estimate.py): rich's console (plain output is echoed), difflib
+#: (close-name suggestions, on errors only), importlib.resources and the tempfile, shutil
+#: and archive modules it pulls in (the bundled tables are found by path), and the
+#: --data URL rules.
+NOT_FOR_A_PIPED_ESTIMATE = (
+    "rich.console",
+    "difflib",
+    "importlib.resources",
+    "tempfile",
+    "costguard.pricing.locate",
+)
+
+
+def test_a_piped_estimate_loads_only_what_it_prints_with() -> None:
+    body = (
+        "import io, contextlib\n"
+        "from costguard.cli import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['estimate', '--gpu', 'a10g', '--hours', '8'], standalone_mode=False)\n"
+        f"print(json.dumps(sorted(set({NOT_FOR_A_PIPED_ESTIMATE!r}) & set(sys.modules))))\n"
+    )
+    assert loaded_heavy_modules(body) == []
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(body=body, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-2]) == []

@@ -9,7 +9,6 @@ and ``Hint: <hint>`` and exits with :attr:`CostguardError.exit_code`:
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 EXIT_FAILURE = 1
@@ -105,6 +104,8 @@ def did_you_mean(name: str, known: Iterable[str]) -> str | None:
     >>> did_you_mean("h10", ["H100", "H200", "L4"])
     'did you mean H100?'
     """
+    import difflib  # on error paths only: not worth its import on every run
+
     by_lower = {k.lower(): k for k in known}
     matches = difflib.get_close_matches(name.lower(), list(by_lower), n=3, cutoff=0.6)
     if not matches:

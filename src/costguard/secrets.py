@@ -2,7 +2,7 @@
 
 The one place that knows what a secret looks like:
 
-* :data:`SHAPES` - credentials recognisable by their form wherever they appear: cloud keys
+* :func:`shapes` - credentials recognisable by their form wherever they appear: cloud keys
   (AWS, Azure, GCP service-account JSON), tokens (Hugging Face ``hf_``, GitHub ``ghp_`` and
   ``github_pat_``, GitLab, Slack ``xox*``, OpenAI-style ``sk-``), signed URLs (S3, GCS,
   Azure SAS ``sig=``), ``https://user:pass@`` URLs and private keys.
@@ -28,6 +28,7 @@ GCS signed URLs ``?X-Amz-Signature=...``, ``?X-Goog-Signature=...``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -41,59 +42,72 @@ _URL_IN_TEXT = re.compile(r"""\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'"<>]+""")
 #: ``scheme://userinfo@`` at the start of a URL (userinfo has no ``/``).
 _USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/?#]*@")
 
-#: Credentials recognisable by their shape: (pattern, what it is). Formats from the
-#: issuers' documentation: AWS "Understanding unique ID prefixes" (AKIA/ASIA), Hugging Face
-#: "User access tokens" (hf_), GitHub "About authentication" (ghp_, gho_, ghu_, ghs_, ghr_,
-#: github_pat_), GitLab "Personal access tokens" (glpat-), Slack "Token types" (xoxb-,
-#: xoxp-, xoxa-, xoxr-, xoxs-, xoxe-), OpenAI API keys (sk-, sk-proj-), Google API keys
-#: (AIza), Azure Storage connection strings (AccountKey=) and SAS (sig=), Entra ID client
-#: secrets (three characters, a digit, "Q~"), S3 SigV4 and GCS V4 signed URLs.
-SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
-    (
-        re.compile(r"aws_secret_access_key\s*[=:]\s*\S{16,}", re.IGNORECASE),
-        "an AWS secret access key",
-    ),
-    (
-        re.compile(
-            r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----|.*)",
-            re.DOTALL,
+
+@functools.cache
+def shapes() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """Credentials recognisable by their shape: (pattern, what it is). Formats from the
+    issuers' documentation: AWS "Understanding unique ID prefixes" (AKIA/ASIA), Hugging Face
+    "User access tokens" (hf_), GitHub "About authentication" (ghp_, gho_, ghu_, ghs_, ghr_,
+    github_pat_), GitLab "Personal access tokens" (glpat-), Slack "Token types" (xoxb-,
+    xoxp-, xoxa-, xoxr-, xoxs-, xoxe-), OpenAI API keys (sk-, sk-proj-), Google API keys
+    (AIza), Azure Storage connection strings (AccountKey=) and SAS (sig=), Entra ID client
+    secrets (three characters, a digit, "Q~"), S3 SigV4 and GCS V4 signed URLs.
+
+    Compiled on first use, not on import: ``costguard estimate`` never needs them
+    unless something goes wrong, and compiling them costs more than the rest of the module.
+    """
+    return (
+        (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), "an AWS access key id"),
+        (
+            re.compile(r"aws_secret_access_key\s*[=:]\s*\S{16,}", re.IGNORECASE),
+            "an AWS secret access key",
         ),
-        "a private key",
-    ),
-    (
-        re.compile(
-            r'"(?:private_key|private_key_id)"\s*:\s*"[^"]*"?|"type"\s*:\s*"service_account"'
+        (
+            re.compile(
+                r"-----BEGIN [A-Z ]*PRIVATE KEY-----(?:.*?-----END [A-Z ]*PRIVATE KEY-----|.*)",
+                re.DOTALL,
+            ),
+            "a private key",
         ),
-        "a GCP service account key file",
-    ),
-    (re.compile(r"AccountKey=[^;\s'\"]*", re.IGNORECASE), "an Azure storage account key"),
-    (re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{86}=="), "an Azure storage account key"),
-    (re.compile(r"\b[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}"), "an Azure client secret"),
-    (re.compile(r"(?:^|(?<=[?&\s'\";]))sig=[^&\s'\"]{8,}", re.IGNORECASE), "a SAS signature"),
-    (
-        re.compile(
-            r"X-(?:Amz|Goog)-(?:Signature|Credential|Security-Token)=[^&\s'\"]*", re.IGNORECASE
+        (
+            re.compile(
+                r'"(?:private_key|private_key_id)"\s*:\s*"[^"]*"?|"type"\s*:\s*"service_account"'
+            ),
+            "a GCP service account key file",
         ),
-        "a signed URL",
-    ),
-    (
-        re.compile(r"[?&](?:Signature|GoogleAccessId|AWSAccessKeyId)=[^&\s'\"]*", re.IGNORECASE),
-        "a signed URL",
-    ),
-    (
-        re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]+:[^/\s@'\"]+@"),
-        "a user name and password in a URL",
-    ),
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
-    (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), "a GitHub token"),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{30,}"), "a GitHub token"),
-    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), "a GitLab token"),
-    (re.compile(r"\bxox[abeoprs]-[A-Za-z0-9-]{10,}"), "a Slack token"),
-    (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"), "a Slack webhook"),
-    (re.compile(r"\bsk-(?:[a-z]+-)?[A-Za-z0-9_-]{20,}"), "an API key (sk-...)"),
-    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
-)
+        (re.compile(r"AccountKey=[^;\s'\"]*", re.IGNORECASE), "an Azure storage account key"),
+        (re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{86}=="), "an Azure storage account key"),
+        (
+            re.compile(r"\b[A-Za-z0-9_~.-]{3}[0-9]Q~[A-Za-z0-9_~.-]{31,34}"),
+            "an Azure client secret",
+        ),
+        (re.compile(r"(?:^|(?<=[?&\s'\";]))sig=[^&\s'\"]{8,}", re.IGNORECASE), "a SAS signature"),
+        (
+            re.compile(
+                r"X-(?:Amz|Goog)-(?:Signature|Credential|Security-Token)=[^&\s'\"]*", re.IGNORECASE
+            ),
+            "a signed URL",
+        ),
+        (
+            re.compile(
+                r"[?&](?:Signature|GoogleAccessId|AWSAccessKeyId)=[^&\s'\"]*", re.IGNORECASE
+            ),
+            "a signed URL",
+        ),
+        (
+            re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@'\"]+:[^/\s@'\"]+@"),
+            "a user name and password in a URL",
+        ),
+        (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), "a Hugging Face token"),
+        (re.compile(r"\bgh[pousr]_[A-Za-z0-9]{30,}"), "a GitHub token"),
+        (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{30,}"), "a GitHub token"),
+        (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), "a GitLab token"),
+        (re.compile(r"\bxox[abeoprs]-[A-Za-z0-9-]{10,}"), "a Slack token"),
+        (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"), "a Slack webhook"),
+        (re.compile(r"\bsk-(?:[a-z]+-)?[A-Za-z0-9_-]{20,}"), "an API key (sk-...)"),
+        (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
+    )
+
 
 #: Environment variable names that hold credentials.
 SECRET_NAME = re.compile(
@@ -126,7 +140,7 @@ def redact_url(url: str) -> str:
 
 def redact(text: str) -> str:
     """``text`` with every URL in it passed through :func:`redact_url` and every secret
-    shape (:data:`SHAPES`) masked.
+    shape (:func:`shapes`) masked.
 
     >>> redact("no url here")
     'no url here'
@@ -136,7 +150,7 @@ def redact(text: str) -> str:
     'key *** refused'
     """
     text = _URL_IN_TEXT.sub(lambda found: redact_url(found[0]), text)
-    for pattern, _ in SHAPES:
+    for pattern, _ in shapes():
         text = pattern.sub(MASK, text)
     return text
 
@@ -159,7 +173,7 @@ def find_shape(text: str) -> str | None:
     >>> find_shape("python train.py --lr 3e-4") is None
     True
     """
-    for pattern, what in SHAPES:
+    for pattern, what in shapes():
         if pattern.search(text):
             return what
     return None

@@ -6,7 +6,6 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import re
 import sys
@@ -173,6 +172,8 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
     >>> _no_such_option("--hour", ["--count", "--hours"])
     "no such option '--hour'; did you mean '--hours'? (or '--count')"
     """
+    import difflib  # on error paths only: not worth its import on every run
+
     ranked = sorted(
         possibilities, key=lambda p: (-difflib.SequenceMatcher(None, name, p).ratio(), p)
     )

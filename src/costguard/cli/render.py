@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -16,6 +17,9 @@ import click
 from rich.cells import cell_len
 
 from costguard.money import usd_str
+
+#: Environment variables with which rich treats a stream that is not a tty as a terminal.
+_FORCED_TERMINAL = frozenset({"FORCE_COLOR", "TTY_COMPATIBLE"})
 
 
 def stdout() -> IO[str]:
@@ -30,12 +34,30 @@ def is_terminal(stream: IO[str] | None = None) -> bool:
     return bool(isatty and isatty())
 
 
-def console(*, stderr: bool = False) -> Any:
-    """A rich console on stdout (or stderr); wide and colourless when not a terminal."""
-    from rich.console import Console
+@dataclass(frozen=True)
+class Pipe:
+    """What the layouts need to know of a pipe, a file or cron: not a terminal, and wide.
 
+    Plain output is written with ``click.echo``, so it needs no rich console, and a
+    script's ``costguard estimate ... | grep`` does not pay for importing one.
+    """
+
+    is_terminal: bool = False
+    width: int = 160
+
+
+def console(*, stderr: bool = False) -> Any:
+    """A rich console on stdout (or stderr); wide and colourless when not a terminal.
+
+    Where the stream is no terminal and the environment does not say to treat it as one
+    (rich reads ``FORCE_COLOR`` and ``TTY_COMPATIBLE``), a :class:`Pipe` stands in.
+    """
     stream = sys.stderr if stderr else stdout()
     terminal = is_terminal(stream)
+    if not terminal and not _FORCED_TERMINAL.intersection(os.environ):
+        return Pipe()
+    from rich.console import Console
+
     return Console(
         file=stream,
         width=None if terminal else 160,

@@ -20,7 +20,6 @@ that no figure is shown without its assumption.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -522,6 +521,8 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
 def _unknown_instance_type(request: EstimateRequest, catalog: Catalog) -> InputError:
     """An instance type that is not in the tables, or that carries another GPU than
     ``--gpu`` says: what it is, and the names closest to it."""
+    import difflib  # on error paths only: not worth its import on every run
+
     assert request.instance_type is not None
     wanted = request.instance_type.lower()
     same_type = [i for i in catalog.instances if i.instance_type.lower() == wanted]

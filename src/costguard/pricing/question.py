@@ -17,7 +17,6 @@ from costguard.pricing.advice import expand_regions, split_names
 from costguard.pricing.catalog import Catalog, Market, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
 from costguard.pricing.gpus import canonical_gpu
-from costguard.pricing.locate import locate
 from costguard.pricing.slurm import SLURM
 
 #: The largest values a question may hold (ten years; a hundred thousand instances; an
@@ -107,6 +106,8 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     if question.data_url and not question.data_region:
         # Bad input is refused before the lookup goes out.
         build_request(catalog, replace(question, data_gb=Decimal(0)), names[0])
+        from costguard.pricing.locate import locate  # --data only: URL rules, dataset table
+
         located = locate(question.data_url)
         question = replace(question, data_region=f"{located.provider}:{located.region}")
     results: list[Estimate] = []

@@ -18,7 +18,6 @@ import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,10 +46,11 @@ def bundled_tables_dir() -> Path:
     In a wheel they sit in ``costguard/_tables``; in a source checkout (editable install)
     they are the repository's ``pricing/`` directory.
     """
-    packaged = Path(str(resources.files("costguard"))) / "_tables"
+    package = Path(__file__).resolve().parents[1]  # costguard/, where the wheel puts them
+    packaged = package / "_tables"
     if (packaged / "tables.toml").is_file():
         return packaged
-    checkout = Path(__file__).resolve().parents[3] / "pricing"
+    checkout = package.parents[1] / "pricing"
     if (checkout / "tables.toml").is_file():
         return checkout
     msg = "the price tables are missing from this installation of costguard"
