@@ -6,8 +6,12 @@
 2. Save throughput to moto S3 / raw boto3 ``upload_file`` of the same bytes (target >= 0.8);
    restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
    ranged GETs slowly, so both baselines are printed). Each repeat runs the baseline and
-   ours back to back, so a busy machine slows both alike. Also printed: the store layer
-   alone (``Store.put_hashed`` of the serialised bytes) and where one save's time goes.
+   ours back to back, in turns (baseline first in even repeats, ours first in odd ones),
+   so a busy machine slows both alike; the ratio is printed per repeat. Between repeats,
+   untimed, the repeat's objects are deleted so moto's memory stays flat, and the
+   checkpoint keeps every save (retention, which runs after a commit, deletes nothing
+   inside a timed save). Also printed: the store layer alone (``Store.put_hashed`` of the
+   serialised bytes) and where one save's time goes.
 3. Steps/s of a small training loop while a background save runs / steps/s without
    (target >= 0.9), per save: the loop alone just before and just after each save.
 4. Peak memory a restore adds / the state's size (target <= 0.5), from a local folder and
@@ -321,22 +325,29 @@ def measure_s3(
     size = len(payload)
     # 2. Save and restore through moto S3 vs boto3 on the same bytes, interleaved.
     store = Store.open(f"s3://{BUCKET}/store")
-    ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=1)
+    ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=repeats + 1)
     upload_s, download_s, get_s, save_s, put_s, stream_s = [], [], [], [], [], []
     copier = state_mod.CpuCopier()
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "payload.bin"
         raw.write_bytes(payload)
-        for i in range(repeats):
+
+        def baseline(i: int) -> None:
             started = time.perf_counter()
             s3.upload_file(str(raw), BUCKET, f"raw/{i}.bin")
             upload_s.append(time.perf_counter() - started)
+
+        def ours(i: int) -> None:
             started = time.perf_counter()
             future = ckpt.save(i, model=model, optimizer=optimizer)
             assert future is not None
             result = future.result()
             save_s.append(time.perf_counter() - started)
             assert result.ok, result.error
+
+        for i in range(repeats):
+            for turn in (baseline, ours) if i % 2 == 0 else (ours, baseline):
+                turn(i)
             started = time.perf_counter()
             digest = store.put_hashed(f"put/{i}.bin", payload)
             put_s.append(time.perf_counter() - started)
@@ -356,9 +367,9 @@ def measure_s3(
             started = time.perf_counter()
             s3.get_object(Bucket=BUCKET, Key=f"raw/{i}.bin")["Body"].read()
             get_s.append(time.perf_counter() - started)
+            s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.bin")  # moto's memory stays flat
+            store.delete([f"put/{i}.bin", f"stream/{i}.pt"])
     ckpt.close()
-    store.delete([f"put/{i}.bin" for i in range(repeats)])
-    store.delete([f"stream/{i}.pt" for i in range(repeats)])
     restore_s = []
     for _ in range(repeats):
         reader = Checkpointer(f"s3://{BUCKET}/run", check=False)
@@ -371,8 +382,8 @@ def measure_s3(
     down, get, restore = (statistics.median(x) for x in (download_s, get_s, restore_s))
 
     def paired(ours: list[float]) -> str:
-        # Each repeat's upload_file ran right before ours: the ratio per repeat, so that
-        # the machine's drift over the run cancels out.
+        # Each repeat's upload_file ran next to ours: the ratio per repeat, so that the
+        # machine's drift over the run cancels out.
         ratios = sorted(u / o for u, o in zip(upload_s, ours, strict=True))
         return (
             f"ratio per repeat, median {statistics.median(ratios):.2f} "
