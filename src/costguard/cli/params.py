@@ -12,14 +12,18 @@ time (exit 2) instead of reaching a controller loop, a batch-script header or a 
 * :class:`Text`: free text (a command line, ``KEY=VALUE``) without control characters.
 * :class:`Url`: a folder or ``scheme://bucket/path`` with an ASCII scheme and bucket.
 
+:func:`option_group` and :func:`table_or_json` declare options several commands share
+(the larger groups are in :mod:`costguard.cli.options`).
+
 Refusals quote at most :data:`SHOWN_CHARS` characters of the value.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -250,6 +254,21 @@ class Url(_Strict):
                     "has no bucket (or one with characters no bucket name has)", value, param, ctx
                 )
         return text
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def option_group(*options: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Several click options (or arguments) as one decorator; ``--help`` lists them in the
+    order given."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
 
 
 FORMAT = click.Choice(["table", "json", "csv"], case_sensitive=False)

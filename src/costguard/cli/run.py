@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 import click
 
-from costguard.cli.params import FiniteFloat, Url, WholeNumber
+from costguard.cli.options import cadence_options
+from costguard.cli.params import Url, WholeNumber
 
 
 @click.command(
@@ -42,12 +43,7 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
     show_default=True,
     help="Where checkpoints go: a folder, s3://bucket/prefix, gs://..., az://container/...",
 )
-@click.option("--every-steps", type=WholeNumber(min=1), help="Save every N steps.")
-@click.option(
-    "--every-minutes",
-    type=FiniteFloat(min=0, min_open=True),
-    help="Save every T minutes.",
-)
+@cadence_options("Save")
 @click.option(
     "--keep",
     type=WholeNumber(min=1),

@@ -30,7 +30,7 @@ from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, pages, require
 from costguard.clouds import gcp as gcp_clouds
-from costguard.errors import InputError, UnknownNameError, did_you_mean
+from costguard.errors import InputError, check_names, did_you_mean
 from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample
@@ -96,13 +96,8 @@ def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequenc
     ...
     costguard.errors.UnknownNameError: unknown GCP region 'us-centrl1'
     """
-    for region in regions:
-        if not _REGION.match(region):
-            msg = f"unknown GCP region {region!r}"
-            raise InputError(msg, hint="a region looks like us-central1; zones go in --zone")
-        if region not in known:
-            kind = "GCP region"
-            raise UnknownNameError(kind, region, known)
+    hint = "a region looks like us-central1; zones go in --zone"
+    check_names("GCP region", regions, known, pattern=_REGION, hint=hint)
     for zone in zones:
         if not _ZONE.match(zone):
             msg = f"unknown GCP zone {zone!r}"
