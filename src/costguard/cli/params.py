@@ -271,16 +271,17 @@ def option_group(*options: Callable[[Any], Any]) -> Callable[[F], F]:
     return decorate
 
 
-FORMAT = click.Choice(["table", "json", "csv"], case_sensitive=False)
-
-
-def table_or_json(help_text: str | None = None, *, case_sensitive: bool = True) -> Any:
-    """The ``--format table|json`` option (``output_format``, table by default) of the
-    commands that print a report."""
+def table_or_json(
+    help_text: str | None = None, *, case_sensitive: bool = True, csv: bool = False
+) -> Any:
+    """The ``--format table|json`` option (``|csv`` with ``csv``; ``output_format``, table
+    by default) of the commands that print a report."""
     return click.option(
         "--format",
         "output_format",
-        type=click.Choice(["table", "json"], case_sensitive=case_sensitive),
+        type=click.Choice(
+            ["table", "json", *(["csv"] if csv else [])], case_sensitive=case_sensitive
+        ),
         default="table",
         show_default=True,
         help=help_text,
