@@ -10,6 +10,10 @@ and ``Hint: <hint>`` and exits with :attr:`CostguardError.exit_code`:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import re
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -59,6 +63,30 @@ class UnknownNameError(InputError):
         self.kind = kind
         self.name = name
         self.known = known
+
+
+def check_names(
+    kind: str, names: Iterable[str], known: Iterable[str], *, pattern: re.Pattern[str], hint: str
+) -> None:
+    """Each of ``names`` has the form of a ``kind`` (``pattern``: else an :class:`InputError`
+    with ``hint``) and is one of ``known`` (else an :class:`UnknownNameError`).
+
+    >>> import re
+    >>> check_names("GCP region", ["us-central1"], ["us-central1"], pattern=re.compile("[a-z]"),
+    ...             hint="")
+    >>> check_names("GCP region", ["us-centrl1"], ["us-central1"], pattern=re.compile("[a-z]"),
+    ...             hint="")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.UnknownNameError: unknown GCP region 'us-centrl1'
+    """
+    known = list(known)
+    for name in names:
+        if not pattern.match(name):
+            msg = f"unknown {kind} {name!r}"
+            raise InputError(msg, hint=hint)
+        if name not in known:
+            raise UnknownNameError(kind, name, known)
 
 
 class BudgetExceededError(CostguardError):

@@ -27,30 +27,18 @@ from costguard.cli.params import DecimalRange
 from costguard.errors import InputError, MissingDependencyError
 from costguard.money import format_usd, usd_str
 from costguard.pricing.catalog import Catalog
-from costguard.pricing.document import option_row, to_document
+from costguard.pricing.document import OPTION_FIELDS, option_row, to_document
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate, limit_places
 from costguard.pricing.estimate import estimate as price
 from costguard.pricing.question import MAX_COUNT, MAX_GB, MAX_HOURS, Question, build_request
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
-#: The DataFrame's columns: those of ``--format json``'s options, in that order.
-COLUMNS = (
-    "provider",
-    "region",
-    "instance_type",
-    "accelerator",
-    "gpus_per_instance",
-    "market",
-    "usd_per_hour",
-    "price_status",
-    "compute_usd",
-    "storage_usd",
-    "egress_usd",
-    "total_usd",
-    "pricing_as_of",
-    "notes",
-)
+#: The parts ``--format json`` splits storage and egress into; the DataFrame shows the sums.
+_PARTS = ("block_storage_usd", "object_storage_usd", "internet_egress_usd", "data_transfer_usd")
+#: The DataFrame's columns: those of ``--format json``'s options, in that order, with the
+#: tables' date before the notes.
+COLUMNS = (*(f for f in OPTION_FIELDS if f not in (*_PARTS, "notes")), "pricing_as_of", "notes")
 
 
 @dataclass(frozen=True)

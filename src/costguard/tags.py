@@ -1,7 +1,8 @@
 """The tags costguard writes on instances and reads back: one name, one place.
 
 AWS and Azure spell them as below; GCP labels take no ``:`` and are lower case, so
-``costguard:keep`` is the label ``costguard-keep`` there (each adapter translates).
+``costguard:keep`` is the label ``costguard-keep`` there (:func:`gcp_label`,
+:func:`from_gcp_label`).
 """
 
 from __future__ import annotations
@@ -20,3 +21,24 @@ JOB_TAG = "costguard:job"
 OWNER_TAG = "costguard:owner"
 ATTEMPT_TAG = "costguard:attempt"
 IDLE_MINUTES_TAG = "costguard:idle-minutes"
+
+_PREFIX = "costguard:"
+_GCP_PREFIX = "costguard-"
+
+
+def gcp_label(tag: str) -> str:
+    """The GCP label key of a costguard tag.
+
+    >>> gcp_label(KEEP_TAG)
+    'costguard-keep'
+    """
+    return tag.replace(_PREFIX, _GCP_PREFIX, 1) if tag.startswith(_PREFIX) else tag
+
+
+def from_gcp_label(label: str) -> str:
+    """A GCP label key in the tags' spelling (other labels as they are).
+
+    >>> from_gcp_label("costguard-keep"), from_gcp_label("team")
+    ('costguard:keep', 'team')
+    """
+    return _PREFIX + label.removeprefix(_GCP_PREFIX) if label.startswith(_GCP_PREFIX) else label

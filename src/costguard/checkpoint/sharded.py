@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -413,14 +413,5 @@ def _apply_train(store: Store, manifest: Manifest, parts: TrainState, group: Gro
             len(ranks),
             group.world_size,
         )
-    for key in ("scheduler", "scaler"):
-        obj = getattr(parts, key)
-        if obj is not None:
-            if key not in data:
-                msg = f"the checkpoint has no {key} state"
-                raise KeyError(msg)
-            obj.load_state_dict(data[key])
-    extra = parts.extra
-    if isinstance(extra, MutableMapping) and data.get("extra") is not None:
-        extra.clear()
-        extra.update(data["extra"])
+    unsharded = [(key, obj) for key, obj in parts.stateful() if key in ("scheduler", "scaler")]
+    state_mod.load_parts(data, unsharded, parts.extra)

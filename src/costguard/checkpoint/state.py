@@ -16,7 +16,7 @@ import contextlib
 import io
 import mmap
 import random
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -168,16 +168,24 @@ def apply(state: Mapping[str, Any], train: TrainState) -> None:
     passes an object for it: silently training on with a fresh scheduler would not be an
     exact resume.
     """
-    for key, obj in train.stateful():
+    load_parts(state, train.stateful(), train.extra)
+    set_rng_state(state["rng"])
+
+
+def load_parts(
+    state: Mapping[str, Any], parts: Iterable[tuple[str, Stateful]], extra: object
+) -> None:
+    """Load each ``(key, object)`` of ``parts`` from ``state`` (``KeyError`` for a part it
+    does not hold), and put the saved ``extra`` into ``extra`` (a mutable mapping) in place.
+    """
+    for key, obj in parts:
         if key not in state:
             msg = f"the checkpoint has no {key} state"
             raise KeyError(msg)
         obj.load_state_dict(state[key])
-    extra = train.extra
     if isinstance(extra, MutableMapping) and state.get("extra") is not None:
         extra.clear()
         extra.update(state["extra"])
-    set_rng_state(state["rng"])
 
 
 #: Tensor classes whose values are split across ranks: no one rank holds the whole.

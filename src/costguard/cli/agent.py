@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from costguard.cli.params import DecimalRange, Text, WholeNumber
+from costguard.cli.options import idle_options
+from costguard.cli.params import Text, WholeNumber
 from costguard.errors import InputError
-from costguard.reaper.policy import MAX_IDLE_MINUTES
 from costguard.settings import Settings
 
 EXAMPLES = """
@@ -31,8 +31,6 @@ Busy: GPU, CPU or network at or above the thresholds, a job started with `costgu
 (a pid file in $COSTGUARD_JOBS_DIR, default /run/costguard/jobs), or an SSH session.
 """
 
-_PERCENT = DecimalRange(0, maximum=100)
-
 
 @click.command(
     "agent",
@@ -40,21 +38,11 @@ _PERCENT = DecimalRange(0, maximum=100)
     short_help="On-instance autostop: shut down after the GPU has been idle (dry run unless "
     "--execute).",
 )
-@click.option(
-    "--idle-minutes",
-    type=WholeNumber(1, MAX_IDLE_MINUTES),
-    default=60,
-    show_default=True,
-    help="Shut down after this long with every reading idle.",
-)
-@click.option("--gpu-threshold", type=_PERCENT, default=5, show_default=True, help="GPU %.")
-@click.option("--cpu-threshold", type=_PERCENT, default=5, show_default=True, help="CPU %.")
-@click.option(
-    "--network-threshold-mbps",
-    type=DecimalRange(0, maximum=1_000_000),
-    default=1,
-    show_default=True,
-    help="Network in + out, Mbit/s.",
+@idle_options(
+    idle="Shut down after this long with every reading idle.",
+    gpu="GPU %.",
+    cpu="CPU %.",
+    network="Network in + out, Mbit/s.",
 )
 @click.option(
     "--interval-seconds",

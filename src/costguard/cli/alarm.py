@@ -12,7 +12,7 @@ from costguard.alarms.backend import Scope, alarm_backend
 from costguard.alarms.plan import ApiCall, Plan
 from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.cli import render
-from costguard.cli.params import Name, table_or_json
+from costguard.cli.params import Name, option_group, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.providers import providers
@@ -54,9 +54,7 @@ def _provider_options(command: Any) -> Any:
         ),
         table_or_json("table for people, json for scripts.", case_sensitive=False),
     ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    return option_group(*options)(command)
 
 
 @click.group(

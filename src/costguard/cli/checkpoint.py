@@ -9,10 +9,8 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import Name, Url, WholeNumber
+from costguard.cli.params import Name, Url, WholeNumber, table_or_json
 from costguard.errors import EXIT_FAILURE
-
-FORMAT = click.Choice(["table", "json"])
 
 
 def _open(url: str) -> Any:
@@ -55,7 +53,7 @@ Examples:
   costguard checkpoint ls s3://my-bucket/run1 --format json""",
 )
 @click.argument("url", type=Url())
-@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@table_or_json()
 def ls_command(url: str, output_format: str) -> None:
     """List the checkpoints at URL, newest first; * marks the one a resume starts from.
 
@@ -166,7 +164,7 @@ Examples:
 )
 @click.argument("url", type=Url())
 @click.option("--latest", is_flag=True, help="Check only the checkpoint a resume would use.")
-@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@table_or_json()
 @click.pass_context
 def verify_command(ctx: click.Context, url: str, latest: bool, output_format: str) -> None:
     """Read each checkpoint at URL, newest first, and check every object's size and sha256.

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import FORMAT, DecimalRange, Name, Url, WholeNumber
+from costguard.cli.params import DecimalRange, Name, Url, WholeNumber, table_or_json
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing.advice import (
@@ -205,14 +205,7 @@ Examples:
     type=WholeNumber(0, 10_000),
     help="Show the N cheapest provider/regions (0: all).",
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=FORMAT,
-    default="table",
-    show_default=True,
-    help="table for people, json or csv for scripts.",
-)
+@table_or_json("table for people, json or csv for scripts.", case_sensitive=False, csv=True)
 @click.option(
     "--no-stale-warning",
     is_flag=True,

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from costguard.cli.params import Name
+from costguard.cli.params import Name, option_group
 from costguard.providers import adapter_class, providers
 from costguard.reaper.fleet import Fleet, FleetRequest, PriceBook
 from costguard.settings import Settings
@@ -23,13 +23,8 @@ from costguard.settings import Settings
 def fleet_options(region_help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the location flags to a click command; ``region_help`` says the default."""
 
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        region = click.option("--region", "regions", type=Name(), multiple=True, help=region_help)
-        for option in reversed((_PROVIDER, region, *_OPTIONS)):
-            command = option(command)
-        return command
-
-    return decorate
+    region = click.option("--region", "regions", type=Name(), multiple=True, help=region_help)
+    return option_group(_PROVIDER, region, *_OPTIONS)
 
 
 _PROVIDER = click.option(
@@ -55,24 +50,29 @@ _OPTIONS = (
     click.option("--resource-group", type=Name(), help="Azure: only this resource group."),
 )
 
+#: Per cloud: the option only it takes, and the one it needs (option name, flag).
+_PROVIDER_FLAGS = (
+    ("gcp", ("zones", "--zone"), ("project", "--project (or GOOGLE_CLOUD_PROJECT)")),
+    (
+        "azure",
+        ("resource_group", "--resource-group"),
+        ("subscription", "--subscription (or AZURE_SUBSCRIPTION_ID)"),
+    ),
+)
+
 
 def check_combinations(provider: str, options: dict[str, Any]) -> None:
     """Flags that only make sense together; bad ones exit 2 before any cloud call."""
     if options["all_regions"] and (options["regions"] or provider != "aws"):
         msg = "--all-regions is for AWS and replaces --region"
         raise click.UsageError(msg)
-    if options["zones"] and provider != "gcp":
-        msg = "--zone is for --provider gcp"
-        raise click.UsageError(msg)
-    if provider == "gcp" and not options["project"]:
-        msg = "--provider gcp needs --project (or GOOGLE_CLOUD_PROJECT)"
-        raise click.UsageError(msg)
-    if options["resource_group"] and provider != "azure":
-        msg = "--resource-group is for --provider azure"
-        raise click.UsageError(msg)
-    if provider == "azure" and not options["subscription"]:
-        msg = "--provider azure needs --subscription (or AZURE_SUBSCRIPTION_ID)"
-        raise click.UsageError(msg)
+    for cloud, (only, only_flag), (needed, needed_flag) in _PROVIDER_FLAGS:
+        if options[only] and provider != cloud:
+            msg = f"{only_flag} is for --provider {cloud}"
+            raise click.UsageError(msg)
+        if provider == cloud and not options[needed]:
+            msg = f"--provider {cloud} needs {needed_flag}"
+            raise click.UsageError(msg)
 
 
 def fleets(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
+from costguard.cli.options import cadence_options
 from costguard.cli.params import (
     DecimalRange,
     FiniteFloat,
@@ -124,12 +125,7 @@ def _echo(message: str) -> None:
     type=DecimalRange(0, minimum_open=True, maximum=24 * 366),
     help="Expected run time, for the estimate.",
 )
-@click.option("--every-steps", type=WholeNumber(min=1), help="Checkpoint every N steps.")
-@click.option(
-    "--every-minutes",
-    type=FiniteFloat(min=0, min_open=True),
-    help="Checkpoint every T minutes.",
-)
+@cadence_options("Checkpoint")
 @click.option(
     "--idle-minutes",
     type=WholeNumber(1, 10_000),

@@ -12,14 +12,18 @@ time (exit 2) instead of reaching a controller loop, a batch-script header or a 
 * :class:`Text`: free text (a command line, ``KEY=VALUE``) without control characters.
 * :class:`Url`: a folder or ``scheme://bucket/path`` with an ASCII scheme and bucket.
 
+:func:`option_group` and :func:`table_or_json` declare options several commands share
+(the larger groups are in :mod:`costguard.cli.options`).
+
 Refusals quote at most :data:`SHOWN_CHARS` characters of the value.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -252,16 +256,32 @@ class Url(_Strict):
         return text
 
 
-FORMAT = click.Choice(["table", "json", "csv"], case_sensitive=False)
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def table_or_json(help_text: str | None = None, *, case_sensitive: bool = True) -> Any:
-    """The ``--format table|json`` option (``output_format``, table by default) of the
-    commands that print a report."""
+def option_group(*options: Callable[[Any], Any]) -> Callable[[F], F]:
+    """Several click options (or arguments) as one decorator; ``--help`` lists them in the
+    order given."""
+
+    def decorate(command: F) -> F:
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate
+
+
+def table_or_json(
+    help_text: str | None = None, *, case_sensitive: bool = True, csv: bool = False
+) -> Any:
+    """The ``--format table|json`` option (``|csv`` with ``csv``; ``output_format``, table
+    by default) of the commands that print a report."""
     return click.option(
         "--format",
         "output_format",
-        type=click.Choice(["table", "json"], case_sensitive=case_sensitive),
+        type=click.Choice(
+            ["table", "json", *(["csv"] if csv else [])], case_sensitive=case_sensitive
+        ),
         default="table",
         show_default=True,
         help=help_text,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import FORMAT, Name
+from costguard.cli.params import Name, table_or_json
 from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
 from costguard.pricing import TABLES
@@ -72,7 +72,7 @@ Examples:
 @click.option("--region", "regions", type=Name(), multiple=True, help="Region (repeatable).")
 @click.option("--gpu", type=Name(), help="Only instances with this GPU (instance tables).")
 @click.option("--unverified", is_flag=True, help="Only rows whose price is not verified.")
-@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@table_or_json(case_sensitive=False, csv=True)
 @click.pass_obj
 def show_command(
     settings: Settings,
@@ -133,7 +133,7 @@ Examples:
 @click.option(
     "--provider", "providers", type=Name(), multiple=True, help="aws, gcp or azure (repeatable)."
 )
-@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@table_or_json(case_sensitive=False, csv=True)
 @click.pass_obj
 def gpus_command(settings: Settings, providers: Sequence[str], output_format: str) -> None:
     """The GPUs in the tables: names you can type, where they are, lowest $/GPU-hour."""
@@ -183,7 +183,7 @@ Examples:
     type=click.Path(file_okay=False, path_type=Path),
     help="Check the tables in this folder (default: the tables in use).",
 )
-@click.option("--format", "output_format", type=FORMAT, default="table", show_default=True)
+@table_or_json(case_sensitive=False, csv=True)
 @click.pass_obj
 def check_command(settings: Settings, pricing_dir: Path | None, output_format: str) -> None:
     """Flag suspect prices: spot not below on-demand, $0 parts, an instance type far from
@@ -450,13 +450,7 @@ A region the tables do not cover yet is added with the instance types the API li
     type=click.Path(file_okay=False, path_type=Path),
     help="Write the tables to this folder. Default: the user cache (COSTGUARD_CACHE_DIR).",
 )
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json"], case_sensitive=False),
-    default="table",
-    show_default=True,
-)
+@table_or_json(case_sensitive=False)
 @click.pass_context
 def refresh_command(
     ctx: click.Context,

@@ -10,6 +10,7 @@ import click
 
 from costguard.cli import render
 from costguard.cli.fleets import check_combinations, fleet_options, fleets
+from costguard.cli.options import idle_options
 from costguard.cli.params import DecimalRange, Text, WholeNumber, table_or_json
 from costguard.errors import CostguardError
 from costguard.money import format_usd
@@ -53,33 +54,11 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     short_help="Stop or terminate idle GPU instances (dry run unless --execute).",
 )
 @fleet_options("Region (repeatable). Default: AWS's default region; all for GCP/Azure.")
-@click.option(
-    "--idle-minutes",
-    type=WholeNumber(1, MAX_IDLE_MINUTES),
-    default=60,
-    show_default=True,
-    help="How long every sample must have been below every threshold.",
-)
-@click.option(
-    "--gpu-threshold",
-    type=_PERCENT,
-    default=Decimal(5),
-    show_default=True,
-    help="GPU utilisation (%) at or above which a sample is busy.",
-)
-@click.option(
-    "--cpu-threshold",
-    type=_PERCENT,
-    default=Decimal(5),
-    show_default=True,
-    help="CPU utilisation (%) at or above which a sample is busy.",
-)
-@click.option(
-    "--network-threshold-mbps",
-    type=DecimalRange(0, maximum=1_000_000),
-    default=Decimal(1),
-    show_default=True,
-    help="Network in + out (Mbit/s) at or above which a sample is busy.",
+@idle_options(
+    idle="How long every sample must have been below every threshold.",
+    gpu="GPU utilisation (%) at or above which a sample is busy.",
+    cpu="CPU utilisation (%) at or above which a sample is busy.",
+    network="Network in + out (Mbit/s) at or above which a sample is busy.",
 )
 @click.option(
     "--grace-minutes",

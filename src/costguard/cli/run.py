@@ -6,10 +6,12 @@ The command parses; :func:`costguard.checkpoint.supervisor.supervise` runs the s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
-from costguard.cli.params import FiniteFloat, Url, WholeNumber
+from costguard.cli.options import cadence_options
+from costguard.cli.params import Url, WholeNumber
 
 
 @click.command(
@@ -42,12 +44,7 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
     show_default=True,
     help="Where checkpoints go: a folder, s3://bucket/prefix, gs://..., az://container/...",
 )
-@click.option("--every-steps", type=WholeNumber(min=1), help="Save every N steps.")
-@click.option(
-    "--every-minutes",
-    type=FiniteFloat(min=0, min_open=True),
-    help="Save every T minutes.",
-)
+@cadence_options("Save")
 @click.option(
     "--keep",
     type=WholeNumber(min=1),
@@ -77,17 +74,7 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
 @click.pass_context
-def run_command(
-    ctx: click.Context,
-    url: str,
-    every_steps: int | None,
-    every_minutes: float | None,
-    keep: int,
-    cloud: str,
-    signal_mode: str,
-    quiet: bool,
-    command: Sequence[str],
-) -> None:
+def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -> None:
     """Run COMMAND (after --) with checkpointing to URL and preemption notices.
 
     Before the script starts, the checkpoint location is checked (write, read back,
@@ -95,15 +82,8 @@ def run_command(
     """
     from costguard.checkpoint.supervisor import supervise
 
-    code = supervise(
-        command,
-        url=url,
-        every_steps=every_steps,
-        every_minutes=every_minutes,
-        keep=keep,
-        cloud=cloud,
-        signal_mode=signal_mode,
-        quiet=quiet,
-        say=lambda line: click.echo(f"costguard: {line}", err=True),
-    )
+    def say(line: str) -> None:
+        click.echo(f"costguard: {line}", err=True)
+
+    code = supervise(command, say=say, **options)  # the options are its keywords, by name
     ctx.exit(code)

@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 
 import click
 
-from costguard.cli.params import FiniteFloat, Name, Text, Url, WholeNumber
+from costguard.cli.options import cadence_options
+from costguard.cli.params import Name, Text, Url, WholeNumber, option_group
 from costguard.errors import InputError
 from costguard.secrets import find_secret
 from costguard.slurm.batch import (
@@ -138,12 +139,7 @@ def job_options(func: F) -> F:
             help="Seconds before the time limit that SLURM sends USR1 (it may come up to a "
             "minute earlier).",
         ),
-        click.option("--every-steps", type=WholeNumber(min=1), help="Also save every N steps."),
-        click.option(
-            "--every-minutes",
-            type=FiniteFloat(min=0, min_open=True),
-            help="Also save every T minutes.",
-        ),
+        cadence_options("Also save"),
         click.option("--keep", type=WholeNumber(min=1), help="Keep the newest N checkpoints."),
         click.option(
             "--costguard",
@@ -155,9 +151,7 @@ def job_options(func: F) -> F:
         ),
         click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True),
     ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+    return option_group(*options)(func)
 
 
 def build_job(options: dict[str, Any]) -> BatchJob:

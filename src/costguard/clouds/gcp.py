@@ -11,6 +11,26 @@ from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
 
 EXTRA = "gcp"
+#: Machine families whose GPUs come with the machine type (the others, N1, attach them).
+GPU_FAMILIES = ("a2", "a3", "a4", "g2")
+#: ``acceleratorTypes/<name>`` -> the canonical GPU names of the price tables.
+ACCELERATORS = {
+    "nvidia-tesla-t4": "T4",
+    "nvidia-tesla-t4-vws": "T4",
+    "nvidia-l4": "L4",
+    "nvidia-l4-vws": "L4",
+    "nvidia-tesla-p4": "P4",
+    "nvidia-tesla-p4-vws": "P4",
+    "nvidia-tesla-p100": "P100",
+    "nvidia-tesla-p100-vws": "P100",
+    "nvidia-tesla-v100": "V100",
+    "nvidia-tesla-a100": "A100",
+    "nvidia-a100-80gb": "A100-80GB",
+    "nvidia-h100-80gb": "H100",
+    "nvidia-h100-mega-80gb": "H100-MEGA",
+    "nvidia-h200-141gb": "H200",
+    "nvidia-b200": "B200",
+}
 
 
 def default_credentials() -> Any:

@@ -38,7 +38,7 @@ from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
-from costguard.errors import InputError, UnknownNameError
+from costguard.errors import check_names
 from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample, format_timestamp
@@ -84,13 +84,8 @@ def check_regions(regions: Sequence[str], known: Sequence[str]) -> None:
     ...
     costguard.errors.UnknownNameError: unknown Azure region 'westeuroppe'
     """
-    for region in regions:
-        if not _LOCATION.match(region):
-            msg = f"unknown Azure region {region!r}"
-            raise InputError(msg, hint="use the location name, e.g. eastus or westeurope")
-        if region not in known:
-            kind = "Azure region"
-            raise UnknownNameError(kind, region, known)
+    hint = "use the location name, e.g. eastus or westeurope"
+    check_names("Azure region", regions, known, pattern=_LOCATION, hint=hint)
 
 
 def resource_group(resource_id: str) -> str:

@@ -30,12 +30,12 @@ from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, pages, require
 from costguard.clouds import gcp as gcp_clouds
-from costguard.errors import InputError, UnknownNameError, did_you_mean
+from costguard.errors import InputError, check_names, did_you_mean
 from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
 from costguard.reaper.policy import Action, Instance, InstanceSamples, Sample
 from costguard.settings import Settings
-from costguard.tags import MARK_TAG
+from costguard.tags import MARK_TAG, from_gcp_label, gcp_label
 
 #: The Ops Agent and Compute Engine metrics are sampled every 60 s. Cloud Monitoring
 #: stamps an aligned point with the *end* of its alignment period; the adapter re-stamps it
@@ -55,31 +55,9 @@ CPU_METRIC = "compute.googleapis.com/instance/cpu/utilization"
 RECEIVED_METRIC = "compute.googleapis.com/instance/network/received_bytes_count"
 SENT_METRIC = "compute.googleapis.com/instance/network/sent_bytes_count"
 LIVE_STATES = ("PROVISIONING", "STAGING", "RUNNING")
-#: Machine families that always come with GPUs attached.
-GPU_FAMILIES = ("a2", "a3", "a4", "g2")
-#: ``acceleratorTypes/<name>`` -> the canonical names of the price tables.
-ACCELERATORS = {
-    "nvidia-tesla-t4": "T4",
-    "nvidia-tesla-t4-vws": "T4",
-    "nvidia-l4": "L4",
-    "nvidia-l4-vws": "L4",
-    "nvidia-tesla-p4": "P4",
-    "nvidia-tesla-p4-vws": "P4",
-    "nvidia-tesla-p100": "P100",
-    "nvidia-tesla-p100-vws": "P100",
-    "nvidia-tesla-v100": "V100",
-    "nvidia-tesla-a100": "A100",
-    "nvidia-a100-80gb": "A100-80GB",
-    "nvidia-h100-80gb": "H100",
-    "nvidia-h100-mega-80gb": "H100-MEGA",
-    "nvidia-h200-141gb": "H200",
-    "nvidia-b200": "B200",
-}
 _REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_LABEL_PREFIX = "costguard-"
-_TAG_PREFIX = "costguard:"
-MARK_LABEL = MARK_TAG.replace(_TAG_PREFIX, _LABEL_PREFIX, 1)
+MARK_LABEL = gcp_label(MARK_TAG)
 
 
 def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequence[str]) -> None:
@@ -96,13 +74,8 @@ def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequenc
     ...
     costguard.errors.UnknownNameError: unknown GCP region 'us-centrl1'
     """
-    for region in regions:
-        if not _REGION.match(region):
-            msg = f"unknown GCP region {region!r}"
-            raise InputError(msg, hint="a region looks like us-central1; zones go in --zone")
-        if region not in known:
-            kind = "GCP region"
-            raise UnknownNameError(kind, region, known)
+    hint = "a region looks like us-central1; zones go in --zone"
+    check_names("GCP region", regions, known, pattern=_REGION, hint=hint)
     for zone in zones:
         if not _ZONE.match(zone):
             msg = f"unknown GCP zone {zone!r}"
@@ -112,17 +85,6 @@ def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequenc
             msg = f"unknown GCP zone {zone!r}: region {region!r} is not in the price tables"
             hint = did_you_mean(region, known) or f"known GCP regions: {', '.join(sorted(known))}"
             raise InputError(msg, hint=hint)
-
-
-def tag_name(label: str) -> str:
-    """A GCP label key in the policy's spelling.
-
-    >>> tag_name("costguard-keep"), tag_name("team")
-    ('costguard:keep', 'team')
-    """
-    if label.startswith(_LABEL_PREFIX):
-        return _TAG_PREFIX + label[len(_LABEL_PREFIX) :]
-    return label
 
 
 def _last(url: str) -> str:
@@ -246,8 +208,8 @@ class GcpFleet:
         accelerator = None
         if item.guest_accelerators:
             name = _last(item.guest_accelerators[0].accelerator_type)
-            accelerator = ACCELERATORS.get(name, name)
-        elif machine_type.split("-")[0] in GPU_FAMILIES:
+            accelerator = gcp_clouds.ACCELERATORS.get(name, name)
+        elif machine_type.split("-")[0] in gcp_clouds.GPU_FAMILIES:
             known = self.prices.gpus(self.provider, machine_type)
             accelerator, count = known if known and known[1] else (None, 1)
         region = zone.rsplit("-", 1)[0]
@@ -266,7 +228,7 @@ class GcpFleet:
             launched_at=_time(started) if started else None,
             # Deletion protection does not block a stop, but it says "do not touch".
             protected=bool(item.deletion_protection),
-            tags={tag_name(k): v for k, v in labels.items()},
+            tags={from_gcp_label(k): v for k, v in labels.items()},
             accelerator=accelerator,
             usd_per_hour=self.prices.usd_per_hour(
                 self.provider,

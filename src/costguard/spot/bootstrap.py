@@ -280,8 +280,9 @@ def _wheel_words(spec: LaunchSpec) -> dict[str, str]:
 # ----------------------------------------------------------------- options shared by adapters
 
 
-def option(spec: LaunchSpec, name: str, provider: str, hint: str) -> str:
-    """The required option ``name`` of ``spec``, or an :class:`InputError` saying how to set it.
+def option(spec: LaunchSpec, name: str, provider: str, hint: str, *, default: str = "") -> str:
+    """The required option ``name`` of ``spec`` (else ``default``, the launcher's own), or an
+    :class:`InputError` saying how to set it.
 
     >>> from datetime import datetime, UTC
     >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC))
@@ -290,7 +291,7 @@ def option(spec: LaunchSpec, name: str, provider: str, hint: str) -> str:
     ...
     costguard.errors.InputError: launching on aws needs the image option
     """
-    value = spec.options.get(name, "").strip()
+    value = spec.options.get(name, "").strip() or default
     if not value:
         msg = f"launching on {provider} needs the {name} option"
         raise InputError(msg, hint=hint)

@@ -29,6 +29,7 @@ from costguard.spot.recovery import Launch, decide
 
 if TYPE_CHECKING:
     from costguard.checkpoint.store import Store
+    from costguard.pricing.catalog import Catalog
     from costguard.spot.wheel import Wheel
 
 #: ``--provider local`` without ``--preempt-at`` or ``--preempt-every``: a notice a minute.
@@ -220,7 +221,11 @@ def open_store(url: str) -> Store:
 
 def offers_for(settings: Settings, spec: JobSpec) -> list[Offer]:
     """The offers the spec allows, from the price tables (``--attach``, ``jobs status``)."""
-    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    return offers_in(load_tables(settings.pricing_dir, settings.pricing_cache_dir), spec)
+
+
+def offers_in(catalog: Catalog, spec: JobSpec) -> list[Offer]:
+    """The offers of ``catalog`` the spec allows; an InputError when there are none."""
     return require_offers(
         catalog,
         gpu=spec.gpu,
@@ -286,27 +291,9 @@ def prepare(
             catalog.region(provider, region)
         else:
             catalog.find_region(region)
-    offers = require_offers(
-        catalog,
-        gpu=gpu,
-        gpu_count=request.gpu_count,
-        provider=provider,
-        regions=regions,
-        spot=request.spot,
-        max_usd_per_hour=request.max_usd_per_hour,
-    )
-
+    # The spec before any store is touched: what it refuses (--preempt-at with
+    # --preempt-every) is bad input, refused before any I/O.
     url = normal_url(request.checkpoint_url)
-    store = open_store(url)
-    store.check_writable()
-    if job_exists(store):
-        previous = load_job(store)
-        if previous.status == RUNNING:
-            msg = f"job {previous.spec.job_id} already runs with checkpoints at {url}"
-            raise InputError(
-                msg, hint=f"costguard launch --attach {url} (or costguard jobs status {url})"
-            )
-
     spec = new_spec(
         request,
         gpu=gpu,
@@ -317,6 +304,17 @@ def prepare(
         now=datetime.now(UTC),
         token=secrets.token_hex(3),
     )
+    offers = offers_in(catalog, spec)
+
+    store = open_store(url)
+    store.check_writable()
+    if job_exists(store):
+        previous = load_job(store)
+        if previous.status == RUNNING:
+            msg = f"job {previous.spec.job_id} already runs with checkpoints at {url}"
+            raise InputError(
+                msg, hint=f"costguard launch --attach {url} (or costguard jobs status {url})"
+            )
     first = first_launch(spec, offers)
     return Prepared(spec, store, offers, first, catalog.as_of.isoformat(), wheel)
 

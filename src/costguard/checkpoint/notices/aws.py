@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 from costguard.checkpoint.notices import Notice, fetch
 
@@ -38,19 +39,25 @@ def parse_time(text: str) -> float | None:
     return moment.timestamp()
 
 
-def parse_instance_action(status: int, body: str) -> Notice | None:
-    """The ``spot/instance-action`` answer as a notice (``None`` when there is none).
-
-    Some mocks name the key ``instance-action`` instead of ``action``: both are read. An
-    unknown action is still a notice: the machine is going away either way.
-    """
+def _json_object(status: int, body: str) -> dict[str, Any] | None:
+    """The JSON object of a 200 answer; ``None`` for any other status or body."""
     if status != 200:
         return None
     try:
         data = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def parse_instance_action(status: int, body: str) -> Notice | None:
+    """The ``spot/instance-action`` answer as a notice (``None`` when there is none).
+
+    Some mocks name the key ``instance-action`` instead of ``action``: both are read. An
+    unknown action is still a notice: the machine is going away either way.
+    """
+    data = _json_object(status, body)
+    if data is None:
         return None
     action = str(data.get("action") or data.get("instance-action") or "terminate").lower()
     deadline = parse_time(str(data.get("time", "")))
@@ -76,13 +83,8 @@ def parse_rebalance(status: int, body: str) -> Notice | None:
     >>> parse_rebalance(200, '{"noticeTime": "2020-10-27T08:22:00Z"}').kind
     'rebalance'
     """
-    if status != 200:
-        return None
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(data, dict):
+    data = _json_object(status, body)
+    if data is None:
         return None
     return Notice("aws", "rebalance", None, f"noticeTime {data.get('noticeTime', '?')}")
 

@@ -138,15 +138,8 @@ def fetch(
     rows = aws_prices(ondemand, spot, target.rows, dated)
     if mirror is not None:
         days = mirrors.as_of(mirror, "aws", target.regions, rows.dated)
-    return FreshPrices(
-        provider="aws",
-        regions=frozenset(target.regions),
-        markets=markets,
-        rows=rows,
-        source=source,
-        fetched_at=now,
-        records=count.total,
-        dated=days,
+    return target.read(
+        rows, source=source, fetched_at=now, records=count.total, dated=days, markets=markets
     )
 
 

@@ -32,7 +32,6 @@ from typing import Any, TypeVar, cast
 from costguard import __version__
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, pages
 from costguard.errors import CostguardError, InputError
-from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
 from costguard.pricing.refresh.parse import azure_prices
@@ -103,16 +102,7 @@ def fetch(
         raise CostguardError(
             msg, hint="try again later; check COSTGUARD_AZURE_PRICES_ENDPOINT if you set it"
         ) from None
-    return FreshPrices(
-        provider="azure",
-        regions=frozenset(target.regions),
-        markets=frozenset(Market),
-        rows=rows,
-        source=source,
-        fetched_at=now,
-        records=count.total,
-        dated=days,
-    )
+    return target.read(rows, source=source, fetched_at=now, records=count.total, dated=days)
 
 
 def _http_error(exc: urllib.error.HTTPError) -> CostguardError:

@@ -97,16 +97,7 @@ def fetch(
     rows = gcp_prices(unit_prices, target.rows, dated)
     if mirror is not None:
         days = mirrors.as_of(mirror, "gcp", target.regions, rows.dated)
-    return FreshPrices(
-        provider="gcp",
-        regions=frozenset(target.regions),
-        markets=frozenset(Market),
-        rows=rows,
-        source=source,
-        fetched_at=now,
-        records=count.total,
-        dated=days,
-    )
+    return target.read(rows, source=source, fetched_at=now, records=count.total, dated=days)
 
 
 def _live_unit_prices(

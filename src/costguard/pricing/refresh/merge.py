@@ -51,6 +51,28 @@ class Target:
         """The instance types of the rows in ``region``, sorted, each once."""
         return sorted({row.instance_type for row in self.rows if row.region == region})
 
+    def read(
+        self,
+        rows: RowPrices,
+        *,
+        source: str,
+        fetched_at: datetime,
+        records: int,
+        dated: Mapping[str, date],
+        markets: frozenset[Market] = frozenset(Market),
+    ) -> FreshPrices:
+        """What a price source read for this target (every market, unless ``markets``)."""
+        return FreshPrices(
+            self.provider,
+            frozenset(self.regions),
+            markets,
+            rows,
+            source,
+            fetched_at,
+            records,
+            dated=dated,
+        )
+
 
 @dataclass(frozen=True)
 class FreshPrices:

@@ -31,7 +31,7 @@ applied and read in one place.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -97,6 +97,29 @@ class RowPrices:
         ['eastus', 'westus']
         """
         return self.listed | {region for region, _, _ in self.prices}
+
+
+def _row_prices(
+    rows: Iterable[InstancePrice],
+    row_price: Callable[[InstancePrice], Mapping[Market, Decimal] | None],
+    seen: Iterable[tuple[str, Market]],
+    dated: Mapping[tuple[str, Market], datetime] | None = None,
+) -> RowPrices:
+    """Each row's fresh prices by market (``row_price``: ``None`` for a row the source does not
+    cover, an empty mapping for one it covers but lists no price for); ``seen`` and
+    ``dated`` as :func:`_listed` takes them."""
+    rows = list(rows)
+    prices: dict[RowKey, dict[Market, Decimal]] = {}
+    covered = set()
+    for row in rows:
+        found = row_price(row)
+        if found is None:
+            continue
+        key = row_key(row)
+        covered.add(key)
+        if found:
+            prices[key] = dict(found)
+    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))
 
 
 def _listed(
@@ -340,22 +363,17 @@ def aws_prices(
     dated: Mapping[tuple[str, Market], datetime] | None = None,
 ) -> RowPrices:
     """Fresh prices for AWS rows: every EC2 instance type is in the Price List."""
-    rows = list(rows)
-    prices: dict[RowKey, dict[Market, Decimal]] = {}
-    covered = set()
-    for row in rows:
-        key = row_key(row)
-        covered.add(key)
-        found = {
+
+    def row_price(row: InstancePrice) -> dict[Market, Decimal]:
+        return {
             market: table[(row.region, row.instance_type)]
             for market, table in ((Market.ON_DEMAND, ondemand), (Market.SPOT, spot))
             if (row.region, row.instance_type) in table
         }
-        if found:
-            prices[key] = found
+
     seen = {(region, Market.ON_DEMAND) for region, _ in ondemand}
     seen.update((region, Market.SPOT) for region, _ in spot)
-    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))
+    return _row_prices(rows, row_price, seen, dated)
 
 
 # --- GCP -------------------------------------------------------------------------------
@@ -601,18 +619,14 @@ def gcp_prices(
     >>> gcp_prices(units, [row]).prices[row_key(row)][Market.ON_DEMAND]
     Decimal('0.628')
     """
-    rows = list(rows)
-    prices: dict[RowKey, dict[Market, Decimal]] = {}
-    covered = set()
     known_gpus = set(GCP_GPUS.values())
-    for row in rows:
+
+    def row_price(row: InstancePrice) -> dict[Market, Decimal] | None:
         series = gcp_series(row.instance_type)
         if series is None or row.vcpus is None or row.memory_gib is None:
-            continue
+            return None
         if row.accelerator is not None and row.accelerator not in known_gpus:
-            continue
-        key = row_key(row)
-        covered.add(key)
+            return None
         shape = [(f"core:{series}", row.vcpus), (f"ram:{series}", row.memory_gib)]
         if row.accelerator is not None:
             shape.append((f"gpu:{row.accelerator}", Decimal(row.accelerator_count)))
@@ -628,10 +642,10 @@ def gcp_prices(
                     ),
                     Decimal(0),
                 )
-        if found:
-            prices[key] = found
+        return found
+
     seen = {(region, market) for _, region, market in unit_prices}
-    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))
+    return _row_prices(rows, row_price, seen, dated)
 
 
 # --- Azure -----------------------------------------------------------------------------
@@ -706,15 +720,10 @@ def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePric
             moment = record_moment(item.get("effectiveStartDate"))
             _keep_newest(found, (region.lower(), sku.lower(), market), price, moment)
             _newest(dated, (region.lower(), market), moment)
-    rows = list(rows)
-    prices: dict[RowKey, dict[Market, Decimal]] = {}
-    covered = set()
-    for row in rows:
-        key = row_key(row)
-        covered.add(key)
+
+    def row_price(row: InstancePrice) -> dict[Market, Decimal]:
         wanted = (row.region.lower(), row.instance_type.lower())
-        fresh = {m: found[(*wanted, m)][1] for m in Market if (*wanted, m) in found}
-        if fresh:
-            prices[key] = fresh
+        return {m: found[(*wanted, m)][1] for m in Market if (*wanted, m) in found}
+
     seen = {(region, market) for region, _, market in found}
-    return RowPrices(prices, frozenset(covered), **_listed(rows, seen, dated))
+    return _row_prices(rows, row_price, seen, dated)

@@ -217,17 +217,23 @@ class AzureLauncher:
     # ------------------------------------------------------------------ check
 
     def _where(self, spec: LaunchSpec) -> tuple[str, str]:
-        subscription = spec.options.get("subscription", "").strip() or self.subscription_id
-        group = spec.options.get("resource_group", "").strip() or self.resource_group
-        if not subscription:
-            msg = "launching on azure needs the subscription option"
-            raise InputError(msg, hint="subscription=$(az account show --query id -o tsv)")
+        subscription = bootstrap.option(
+            spec,
+            "subscription",
+            self.provider,
+            "subscription=$(az account show --query id -o tsv)",
+            default=self.subscription_id,
+        )
         if not _SUBSCRIPTION.match(subscription):
             msg = f"not an Azure subscription id: {subscription!r}"
             raise InputError(msg, hint="the GUID `az account show --query id` prints")
-        if not group:
-            msg = "launching on azure needs the resource_group option"
-            raise InputError(msg, hint="e.g. resource_group=costguard-jobs (az group create)")
+        group = bootstrap.option(
+            spec,
+            "resource_group",
+            self.provider,
+            "e.g. resource_group=costguard-jobs (az group create)",
+            default=self.resource_group,
+        )
         if not _GROUP.match(group):
             msg = f"not a resource group name: {group!r}"
             raise InputError(msg, hint="letters, digits, -, _, ., ( and ), at most 90")

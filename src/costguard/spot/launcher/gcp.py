@@ -60,20 +60,17 @@ from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
-from costguard.tags import EXPIRES_TAG, JOB_TAG
+from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, gcp_label
 
 #: The most seconds one insert or delete operation is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
 LIVE_STATES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")
 PREEMPTED_OPERATION = "compute.instances.preempted"
-#: Machine families whose GPUs come with the machine type.
-BUILT_IN_GPU_FAMILIES = ("a2", "a3", "a4", "g2")
 #: Canonical GPU names of the price tables -> ``acceleratorTypes`` for N1 machines.
 ACCELERATOR_TYPES = {
-    "T4": "nvidia-tesla-t4",
-    "P4": "nvidia-tesla-p4",
-    "P100": "nvidia-tesla-p100",
-    "V100": "nvidia-tesla-v100",
+    gpu: name
+    for name, gpu in gcp_clouds.ACCELERATORS.items()
+    if gpu in ("T4", "P4", "P100", "V100") and not name.endswith("-vws")
 }
 #: ``error.errors[].code`` values of a failed insert that another place may not hit.
 CAPACITY_CODES = (
@@ -87,7 +84,6 @@ DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 _PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _ACCOUNT = re.compile(r"^[^@\s]+@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^default$")
-_LABEL_PREFIX = "costguard-"
 
 
 def label_value(text: str) -> str:
@@ -111,7 +107,7 @@ def labels(spec: LaunchSpec, attempt: int) -> dict[str, str]:
     """
     out = {}
     for key, value in spec.tags(attempt).items():
-        name = key.replace("costguard:", _LABEL_PREFIX, 1)
+        name = gcp_label(key)
         if key == EXPIRES_TAG:
             out[name] = str(int(spec.expires_at.timestamp()))
         else:
@@ -256,10 +252,13 @@ class GcpLauncher:
     # ------------------------------------------------------------------ check
 
     def _project(self, spec: LaunchSpec) -> str:
-        project = spec.options.get("project", "").strip() or self.project
-        if not project:
-            msg = "launching on gcp needs the project option"
-            raise InputError(msg, hint="e.g. project=my-lab (gcloud projects list)")
+        project = bootstrap.option(
+            spec,
+            "project",
+            self.provider,
+            "e.g. project=my-lab (gcloud projects list)",
+            default=self.project,
+        )
         if not _PROJECT.match(project):
             msg = f"not a GCP project id: {project!r}"
             raise InputError(msg, hint="the project ID (lower case), not its name or number")
@@ -323,7 +322,7 @@ class GcpLauncher:
             msg = f"{offer.instance_type} is a TPU, not a VM type"
             raise InputError(msg, hint="costguard launch runs GPU VMs: pick a GPU offer")
         accelerators = []
-        if family not in BUILT_IN_GPU_FAMILIES and offer.gpu_count:
+        if family not in gcp_clouds.GPU_FAMILIES and offer.gpu_count:
             accelerator = ACCELERATOR_TYPES.get(offer.gpu.upper())
             if accelerator is None:
                 msg = f"no {offer.gpu} accelerator can be attached to {offer.instance_type}"
@@ -534,7 +533,7 @@ class GcpLauncher:
             msg = "finding the VMs of a job on gcp needs a project"
             raise InputError(msg, hint="give the launcher the project the job runs in")
         compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
-        key = JOB_TAG.replace("costguard:", _LABEL_PREFIX, 1)
+        key = gcp_label(JOB_TAG)
         value = label_value(job_id)
         request = compute.AggregatedListInstancesRequest(
             project=self.project, filter=f'labels.{key} = "{value}"'
@@ -554,7 +553,7 @@ class GcpLauncher:
                                 extra={
                                     "project": self.project,
                                     "id": str(item.id),
-                                    "attempt": item.labels.get(f"{_LABEL_PREFIX}attempt", ""),
+                                    "attempt": item.labels.get(gcp_label(ATTEMPT_TAG), ""),
                                 },
                             )
                         )
