@@ -245,3 +245,17 @@ def test_options_reach_only_the_documented_constructor_parameters() -> None:
     assert launcher.project == "p-1"  # type: ignore[attr-defined]
     assert launcher.poll_interval_s == 2.0  # type: ignore[attr-defined]
     assert getattr(launcher, "_instances", None) != "not-a-client"
+
+
+def test_input_errors_come_before_the_checkpoint_store_is_touched(
+    run_cli: Callable[..., Any], tmp_path: Path, local_dir: Path
+) -> None:
+    # Two schedules for the simulator: refused from the command line alone, before the
+    # store is opened and write-probed (which would create the checkpoint folder).
+    ckpt = tmp_path / "ckpt"
+    result = run_cli(
+        "launch", "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+        "--preempt-at", "30", "--preempt-every", "10", "--yes", *TRAIN,
+    )  # fmt: skip
+    assert_refused(result, "exclude each other", local_dir)
+    assert not ckpt.exists()
