@@ -171,7 +171,9 @@ def storage_writer(store: Store, folder: str) -> Any:
                         upload.write(data.getbuffer())
                         stored = Stored(name, offset, upload.size - offset)
                     else:
-                        upload.write(_tensor_bytes(data))
+                        # dcp.save is synchronous: the state is left unchanged until it
+                        # returns, so the hash may run on past this write.
+                        upload.write_held(_tensor_bytes(data))
                         stored = Stored(
                             name,
                             offset,

@@ -58,9 +58,19 @@ class Upload:
         self.failure: BaseException | None = None
 
     def write(self, data: Any) -> int:
-        """Append ``data``; returns its length in bytes."""
+        """Append ``data``; returns its length in bytes. The caller may change or reuse
+        ``data`` as soon as this returns (torch.save reuses its buffers)."""
+        return self._append(data, held=False)
+
+    def write_held(self, data: Any) -> int:
+        """Append ``data`` that the caller leaves unchanged until the upload has ended
+        (the tensors of a synchronous save): an upload may then hash it in the
+        background, past this call, where :meth:`write` must finish first."""
+        return self._append(data, held=True)
+
+    def _append(self, data: Any, *, held: bool) -> int:
         try:
-            n = self._write(data)
+            n = self._write(data, held=held)
         except BaseException as exc:
             if self.failure is None:
                 self.failure = exc
@@ -68,7 +78,7 @@ class Upload:
         self.size += n
         return n
 
-    def _write(self, data: Any) -> int:
+    def _write(self, data: Any, *, held: bool) -> int:
         return self.buffer.write(data)
 
     def writable(self) -> bool:
@@ -82,12 +92,18 @@ class Upload:
 class LocalUpload(Upload):
     """One local file written from a stream: hashed as written, atomic at :meth:`finish`.
 
-    The bytes go to a temporary file beside the target, unbuffered; big writes are
-    hashed and written a chunk at a time, so each chunk is still in the CPU cache when it
-    is written, and both the hash and the write run without the GIL.
+    The bytes go to a temporary file beside the target, unbuffered, a chunk at a time.
+    A big write is hashed on a second thread while this one writes it (both release the
+    GIL). A :meth:`write` returns once its bytes are hashed, so that the caller may
+    reuse its buffer; a :meth:`~Upload.write_held` returns once they are written, and
+    its hash runs on while the next bytes are written and while :meth:`finish` syncs
+    the file: the sha256 then costs a save no wall time of its own where a core is
+    free or the disk is the slower part.
     """
 
     CHUNK = 1 << 20
+    #: Writes at least this large are hashed on the second thread; smaller ones here.
+    PIPELINE_BYTES = 4 << 20
 
     def __init__(self, target: str) -> None:
         super().__init__()
@@ -96,20 +112,49 @@ class LocalUpload(Upload):
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
         self.digest = hashlib.sha256()
         self.file = self.tmp.open("wb", buffering=0)
+        self._hasher: concurrent.futures.ThreadPoolExecutor | None = None
+        self._hashed: concurrent.futures.Future[None] | None = None
 
-    def _write(self, data: Any) -> int:
+    def _write(self, data: Any, *, held: bool) -> int:
         view = memoryview(data).cast("B")
-        for start in range(0, view.nbytes, self.CHUNK):
-            chunk = view[start : start + self.CHUNK]
-            self.digest.update(chunk)
-            written = 0
-            while written < chunk.nbytes:  # a raw write may take fewer bytes
-                written += self.file.write(chunk[written:]) or 0
+        if not held and self._hashed is not None and view.nbytes < self.PIPELINE_BYTES:
+            # Hashes of held bytes are still running: a copy of a small write joins their
+            # queue, rather than this call waiting for all of them.
+            view, held = memoryview(bytes(view)), True
+        if view.nbytes < self.PIPELINE_BYTES and self._hashed is None:
+            self.digest.update(view)
+            self._write_all(view)
+            return view.nbytes
+        if self._hasher is None:
+            self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
+        try:
+            for start in range(0, view.nbytes, self.CHUNK):
+                chunk = view[start : start + self.CHUNK]
+                # One worker: chunks are hashed in the order they are submitted.
+                self._hashed = self._hasher.submit(self.digest.update, chunk)
+                self._write_all(chunk)
+        finally:
+            if not held:
+                self._wait_hashed()
         return view.nbytes
 
+    def _write_all(self, view: memoryview) -> None:
+        written = 0
+        while written < view.nbytes:  # a raw write may take fewer bytes
+            written += self.file.write(view[written:]) or 0
+
+    def _wait_hashed(self) -> None:
+        """Wait until every byte written so far is hashed (the last chunk submitted)."""
+        if self._hashed is not None:
+            self._hashed.result()
+            self._hashed = None
+
     def finish(self) -> None:
-        """Make the file durable, then visible under its name (and the rename durable)."""
+        """Make the file durable (its hash completing meanwhile), then visible under its
+        name (and the rename durable)."""
         os.fsync(self.file.fileno())
+        self._wait_hashed()
+        self._stop_hasher()
         self.file.close()
         self.tmp.replace(self.path)
         fsync_dir(self.path.parent)
@@ -117,9 +162,15 @@ class LocalUpload(Upload):
 
     def abort(self) -> None:
         """Drop the temporary file (never raises)."""
+        self._stop_hasher()
         with contextlib.suppress(OSError):
             self.file.close()
         self.tmp.unlink(missing_ok=True)
+
+    def _stop_hasher(self) -> None:
+        if self._hasher is not None:
+            self._hasher.shutdown(wait=True)
+            self._hasher = None
 
 
 class S3Upload(Upload):
@@ -154,7 +205,7 @@ class S3Upload(Upload):
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
         self._hashed: list[concurrent.futures.Future[None]] = []
 
-    def _write(self, data: Any) -> int:
+    def _write(self, data: Any, *, held: bool) -> int:
         view = memoryview(data).cast("B")
         n, offset = view.nbytes, 0
         while offset < n:
