@@ -190,11 +190,11 @@ def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again
     writes = {"n": 0}
     write = uploads.LocalUpload._write
 
-    def flaky_write(self: Any, data: Any) -> int:  # the disk fails once, midway
+    def flaky_write(self: Any, data: Any, *, held: bool) -> int:  # the disk fails once, midway
         writes["n"] += 1
         if writes["n"] == 3:
             raise OSError(5, "Input/output error")
-        return write(self, data)
+        return write(self, data, held=held)
 
     monkeypatch.setattr(uploads.LocalUpload, "_write", flaky_write)
     model, opt = tiny()
@@ -216,7 +216,7 @@ def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again
     assert torch.equal(fresh.weight, model.weight)
 
     # A disk that keeps failing: the report names the disk's error, not torch.save's.
-    def broken(self: Any, data: Any) -> int:
+    def broken(self: Any, data: Any, *, held: bool) -> int:
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(uploads.LocalUpload, "_write", broken)
