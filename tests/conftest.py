@@ -19,6 +19,9 @@ from costguard.cli import cli
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.tables import load_catalog
 
+#: The checkpoint stores, one fixture set for the checkpoint suite and the Store contract.
+pytest_plugins = ["tests.helpers.stores"]
+
 
 @pytest.fixture(scope="session")
 def catalog() -> Catalog:

@@ -22,8 +22,9 @@ from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.state import CpuCopier, TrainState, capture, rng_state, set_rng_state
 from costguard.checkpoint.store import RetryPolicy
 from costguard.errors import InputError
-from tests.checkpoint.conftest import AckState, make_s3_bucket
 from tests.checkpoint.test_notices_azure_ack import PREEMPT, watched_notice
+from tests.helpers.metadata import AckState
+from tests.helpers.stores import make_s3_bucket
 
 
 def tiny() -> tuple[torch.nn.Linear, torch.optim.Optimizer]:

@@ -17,7 +17,7 @@ import torch
 
 from costguard.checkpoint import Checkpointer, Preempted
 from costguard.checkpoint.notices import Notice, NoticeBoard
-from tests.checkpoint.conftest import costguard_command
+from tests.helpers.training import costguard_command
 
 MICRO_BATCHES = 5
 

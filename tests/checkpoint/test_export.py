@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from costguard.checkpoint import Checkpointer, load_state
 from costguard.cli import cli
-from tests.checkpoint.conftest import Backend
 from tests.checkpoint.test_faults import train
+from tests.helpers.stores import Backend
 
 
 def trained(url: str, steps: int = 7) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from costguard.checkpoint import Checkpointer, RetryPolicy
-from tests.checkpoint.conftest import make_s3_bucket
+from tests.helpers.stores import make_s3_bucket
 
 
 def _every_put(method: str, path: str) -> bool:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
 from tests.checkpoint.test_run import TIMEOUT_S, Child, reached
+from tests.helpers.training import TRAIN_SCRIPT, costguard_command
 
 
 def _run(url: str, out: Path, env: dict[str, str], *extra: str, steps: int = 12) -> str:

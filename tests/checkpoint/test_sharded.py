@@ -33,9 +33,9 @@ from costguard.checkpoint.manifest import (
     parse_manifest,
 )
 from costguard.checkpoint.store import Store, StoreError
-from tests.checkpoint.conftest import Backend
-from tests.checkpoint.test_run import assert_bitwise_equal
 from tests.checkpoint.test_trust import FAULTS, faulty
+from tests.helpers.stores import Backend
+from tests.helpers.training import assert_bitwise_equal
 
 
 @pytest.fixture

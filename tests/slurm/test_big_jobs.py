@@ -317,7 +317,7 @@ def test_a_warning_reaches_the_training_script_inside_the_container(
 ) -> None:
     """Real `costguard run` and training script, the stand-in apptainer between them: the
     script is no child of `costguard run`, so the notice comes through the relay file."""
-    from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
+    from tests.helpers.training import TRAIN_SCRIPT, costguard_command
 
     ckpt = tmp_path / "ckpt"
     text = script_for(

@@ -21,9 +21,9 @@ from costguard.money import format_usd
 from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
-from tests.checkpoint.test_run import assert_bitwise_equal
 from tests.cli.test_widths import read_screen
 from tests.conftest import WIDTHS, assert_fits, read_png
+from tests.helpers.training import assert_bitwise_equal
 from tests.spot.conftest import (
     TIMEOUT_S,
     attempt_lines,
