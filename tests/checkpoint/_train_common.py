@@ -3,7 +3,7 @@ regression data, one optimizer step, and the loop that checkpoints after every s
 
 The scripts run as files (``python tests/checkpoint/train_script.py``, under torchrun,
 ``costguard run`` or SLURM) and as modules of the tests; each puts the repository root on
-``sys.path`` first, so either way this is ``tests.checkpoint._train_common``.
+``sys.path`` first and imports this as ``tests.checkpoint._train_common``.
 """
 
 from __future__ import annotations
@@ -56,6 +56,19 @@ def regression(rows: int, width: int) -> torch.utils.data.TensorDataset:
 def shard(dataset: torch.utils.data.Dataset[Any], rank: int, world: int) -> Any:
     """Every ``world``-th row from ``rank`` on: this rank's part of ``dataset``."""
     return torch.utils.data.Subset(dataset, list(range(rank, len(dataset), world)))  # type: ignore[arg-type]
+
+
+def parts(
+    model: Any, optimizer: Any, scheduler: Any, loader: ResumableLoader, **extra: Any
+) -> dict[str, Any]:
+    """What ``Checkpointer.restore`` and ``step`` take, by name."""
+    return {
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "loader": loader,
+        **extra,
+    }
 
 
 def noise() -> float:

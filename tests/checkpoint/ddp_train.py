@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,20 +22,11 @@ from costguard.checkpoint import Checkpointer, ResumableLoader
 from costguard.checkpoint.state import rng_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
-from tests.checkpoint._train_common import (
-    batches,
-    deterministic,
-    noise,
-    options,
-    regression,
-    say,
-    shard,
-    train_step,
-)
+from tests.checkpoint import _train_common as common
 
 
 def main() -> None:
-    parser = options(steps=40)
+    parser = common.options(steps=40)
     parser.add_argument(
         "--abort-after-close", type=int, default=-1, help="this rank aborts after close()"
     )
@@ -44,9 +34,12 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    deterministic(python=10 + rank, numpy=20 + rank, torch_seed=30 + rank)
+    common.deterministic(python=10 + rank, numpy=20 + rank, torch_seed=30 + rank)
     loader = ResumableLoader(
-        shard(regression(96, 8), rank, world), batch_size=6, shuffle=True, seed=5 + rank
+        common.shard(common.regression(96, 8), rank, world),
+        batch_size=6,
+        shuffle=True,
+        seed=5 + rank,
     )
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
@@ -57,20 +50,14 @@ def main() -> None:
     extra: dict[str, float] = {"loss_sum": 0.0}  # the mean loss over ranks: replicated
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=5)
-    parts: dict[str, Any] = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "loader": loader,
-        "extra": extra,
-    }
+    parts = common.parts(model, optimizer, scheduler, loader, extra=extra)
     step = ckpt.restore(**parts)
-    say(f"READY {rank} {os.getpid()} {step}")
-    for x, y in batches(
+    common.say(f"READY {rank} {os.getpid()} {step}")
+    for x, y in common.batches(
         ckpt, loader, step, args.steps, parts, sleep_s=args.sleep,
-        announce=lambda n: say(f"STEP {rank} {n}"),
+        announce=lambda n: common.say(f"STEP {rank} {n}"),
     ):  # fmt: skip
-        mean = train_step(ddp, x, y, optimizer, scheduler, noise()).detach().clone()
+        mean = common.train_step(ddp, x, y, optimizer, scheduler, common.noise()).detach().clone()
         dist.all_reduce(mean)
         extra["loss_sum"] += float(mean) / world
     ckpt.close()
@@ -89,7 +76,7 @@ def main() -> None:
         )
     dist.barrier()
     dist.destroy_process_group()
-    say(f"DONE {rank}")
+    common.say(f"DONE {rank}")
 
 
 if __name__ == "__main__":

@@ -29,16 +29,7 @@ from costguard.checkpoint import Checkpointer, ResumableLoader
 from costguard.checkpoint.state import rng_state
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
-from tests.checkpoint._train_common import (
-    batches,
-    deterministic,
-    noise,
-    options,
-    regression,
-    say,
-    shard,
-    train_step,
-)
+from tests.checkpoint import _train_common as common
 
 
 def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
@@ -55,41 +46,38 @@ def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.7)
     torch.manual_seed(30 + rank)  # each rank its own dropout stream
     loader = ResumableLoader(
-        shard(regression(64, 8), rank, world), batch_size=4, shuffle=True, seed=5 + rank
+        common.shard(common.regression(64, 8), rank, world),
+        batch_size=4,
+        shuffle=True,
+        seed=5 + rank,
     )
     return model, optimizer, scheduler, loader
 
 
 def main() -> None:
-    parser = options(steps=12)
+    parser = common.options(steps=12)
     parser.add_argument("--every-steps", type=int, default=4)
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    deterministic(python=10 + rank, numpy=20 + rank)
+    common.deterministic(python=10 + rank, numpy=20 + rank)
     model, optimizer, scheduler, loader = build(rank, world)
     extra: dict[str, float] = {"noise": 0.0}
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=args.every_steps)
-    parts: dict[str, Any] = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "loader": loader,
-        "extra": extra,
-    }
+    parts = common.parts(model, optimizer, scheduler, loader, extra=extra)
     step = ckpt.restore(**parts)
-    say(f"READY {rank} {os.getpid()} {step}")
-    for x, y in batches(
+    common.say(f"READY {rank} {os.getpid()} {step}")
+    for x, y in common.batches(
         ckpt, loader, step, args.steps, parts, sleep_s=args.sleep,
-        announce=lambda n: say(f"STEP {rank} {n}"),
+        announce=lambda n: common.say(f"STEP {rank} {n}"),
     ):  # fmt: skip
-        this = noise()
+        this = common.noise()
         total = torch.tensor([this], dtype=torch.float64)
         dist.all_reduce(total)  # extra is replicated: the same on every rank
         extra["noise"] += float(total)
-        train_step(model, x, y, optimizer, scheduler, this)
+        common.train_step(model, x, y, optimizer, scheduler, this)
     step = max(step, args.steps)  # where the loop ended; a restore only stays where it was
     ckpt.close()
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -106,10 +94,10 @@ def main() -> None:
             },
             args.out,
         )
-    say(f"WROTE {rank}")  # gloo's teardown may still abort (torch's own flake)
+    common.say(f"WROTE {rank}")  # gloo's teardown may still abort (torch's own flake)
     dist.barrier()
     dist.destroy_process_group()
-    say(f"DONE {rank}")
+    common.say(f"DONE {rank}")
 
 
 if __name__ == "__main__":

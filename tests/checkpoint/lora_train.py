@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from costguard.checkpoint import Checkpointer, ResumableLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
-from tests.checkpoint._train_common import batches, deterministic, options, regression, train_step
+from tests.checkpoint import _train_common as common
 
 WIDTH, OUT, RANK = 256, 1024, 4
 
@@ -42,29 +41,24 @@ class Lora(torch.nn.Module):
 
 
 def main() -> None:
-    args = options(steps=30).parse_args()
+    args = common.options(steps=30).parse_args()
 
-    deterministic(torch_seed=3)
+    common.deterministic(torch_seed=3)
     model = Lora()
-    loader = ResumableLoader(regression(64, WIDTH), batch_size=8, shuffle=True, seed=5)
+    loader = ResumableLoader(common.regression(64, WIDTH), batch_size=8, shuffle=True, seed=5)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=4, keep_last=2)
-    parts: dict[str, Any] = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "loader": loader,
-    }
+    parts = common.parts(model, optimizer, scheduler, loader)
     step = ckpt.restore(**parts)
     print(f"READY {step}", flush=True)
-    for x, y in batches(
+    for x, y in common.batches(
         ckpt, loader, step, args.steps, parts, sleep_s=args.sleep,
         announce=lambda n: print(f"STEP {n}", flush=True),
     ):  # fmt: skip
-        train_step(model, x, y, optimizer, scheduler)
+        common.train_step(model, x, y, optimizer, scheduler)
     ckpt.close()
     torch.save(
         {

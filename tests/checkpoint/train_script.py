@@ -13,30 +13,22 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from costguard.checkpoint import Checkpointer, ResumableLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
-from tests.checkpoint._train_common import (
-    batches,
-    deterministic,
-    noise,
-    options,
-    regression,
-    train_step,
-)
+from tests.checkpoint import _train_common as common
 
 
 def main() -> None:
-    parser = options(steps=40)
+    parser = common.options(steps=40)
     parser.add_argument("--sleep-first", type=float, default=0.0, help="the same, fresh start")
     args = parser.parse_args()
 
-    deterministic(python=1, numpy=2, torch_seed=3)
-    dataset = regression(72, 8)
+    common.deterministic(python=1, numpy=2, torch_seed=3)
+    dataset = common.regression(72, 8)
     loader = ResumableLoader(dataset, batch_size=8, shuffle=True, seed=5)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 32),
@@ -49,21 +41,17 @@ def main() -> None:
     extra: dict[str, float] = {"loss_sum": 0.0}
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=5)
-    parts: dict[str, Any] = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "loader": loader,
-        "extra": extra,
-    }
+    parts = common.parts(model, optimizer, scheduler, loader, extra=extra)
     step = ckpt.restore(**parts)
     sleep_s = args.sleep + (args.sleep_first if step == 0 else 0.0)
     print(f"READY {step} {time.time():.1f}", flush=True)
-    for x, y in batches(
+    for x, y in common.batches(
         ckpt, loader, step, args.steps, parts, sleep_s=sleep_s,
         announce=lambda n: print(f"STEP {n}", flush=True),
     ):  # fmt: skip
-        extra["loss_sum"] += float(train_step(model, x, y, optimizer, scheduler, noise()))
+        extra["loss_sum"] += float(
+            common.train_step(model, x, y, optimizer, scheduler, common.noise())
+        )
     ckpt.close()
     torch.save(
         {
