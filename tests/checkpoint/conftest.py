@@ -6,7 +6,6 @@ shared with the Store contract in tests/contract.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,8 +18,7 @@ from tests.helpers.metadata import (
     MetadataState,
     serving,
 )
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.training import child_env
 
 
 @pytest.fixture
@@ -39,21 +37,25 @@ def train_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
     """The environment for a training child: no cloud, no stray costguard settings."""
 
     def make(**extra: str) -> dict[str, str]:
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("COSTGUARD_", "AWS_", "AZURE_", "STORAGE_EMULATOR"))
-        }
-        env.update(
-            {
-                "COSTGUARD_CLOUD": "none",
-                "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
-                "PYTHONPATH": str(REPO),
-                "OMP_NUM_THREADS": "1",
-            }
+        return child_env(tmp_path, **{"COSTGUARD_CLOUD": "none", **extra})
+
+    return make
+
+
+@pytest.fixture
+def watched_env(
+    train_env: Callable[..., dict[str, str]], metadata_server: tuple[str, MetadataState]
+) -> Callable[[str], dict[str, str]]:
+    """The training environment on ``cloud``, its notices from :func:`metadata_server`
+    (polled every 0.2 s)."""
+    base, _ = metadata_server
+
+    def make(cloud: str) -> dict[str, str]:
+        return train_env(
+            COSTGUARD_CLOUD=cloud,
+            COSTGUARD_NOTICE_POLL_S="0.2",
+            **{f"COSTGUARD_{cloud.upper()}_METADATA_URL": base},
         )
-        env.update(extra)
-        return env
 
     return make
 

@@ -213,11 +213,10 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
 ) -> None:
-    base, state = metadata_server
-    env = train_env(
-        COSTGUARD_CLOUD="gcp", COSTGUARD_NOTICE_POLL_S="0.2", COSTGUARD_GCP_METADATA_URL=base
-    )
+    _, state = metadata_server
+    env = watched_env("gcp")
     reference_out = tmp_path / "reference.pt"
     reference = subprocess.run(
         [*TORCHRUN, "2", str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(reference_out)],

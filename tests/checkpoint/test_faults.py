@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
 import pytest
@@ -19,6 +19,7 @@ import torch
 
 from costguard.checkpoint import Checkpointer, RetryPolicy
 from tests.helpers.stores import make_s3_bucket
+from tests.servers.http import serving
 
 
 def _every_put(method: str, path: str) -> bool:
@@ -131,14 +132,8 @@ def make_handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
 @contextlib.contextmanager
 def fault_proxy(upstream: str, faults: Faults) -> Iterator[str]:
     """Serve the proxy on loopback; yields its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(upstream, faults))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(make_handler(upstream, faults)) as url:
+        yield url
 
 
 @pytest.fixture

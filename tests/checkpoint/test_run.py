@@ -134,13 +134,10 @@ def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
 ) -> None:
-    base, state = metadata_server
-    env = train_env(
-        COSTGUARD_CLOUD=cloud,
-        COSTGUARD_NOTICE_POLL_S="0.2",
-        **{f"COSTGUARD_{cloud.upper()}_METADATA_URL": base},
-    )
+    _, state = metadata_server
+    env = watched_env(cloud)
     url = str(tmp_path / "ckpt")
     child = Child(url, tmp_path / "out.pt", env, "--every-steps", "1000")
     child.read_until(lambda line: line == "STEP 5")

@@ -86,11 +86,10 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
 ) -> None:
-    base, state = metadata_server
-    env = train_env(
-        COSTGUARD_CLOUD="gcp", COSTGUARD_NOTICE_POLL_S="0.2", COSTGUARD_GCP_METADATA_URL=base
-    )
+    _, state = metadata_server
+    env = watched_env("gcp")
     reference_out = tmp_path / "reference.pt"
     torchrun(4, str(tmp_path / "reference-ckpt"), reference_out, train_env(), "--steps", str(STEPS))
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.servers.http import serving as loopback
 
 
 @dataclass
@@ -84,15 +85,8 @@ class MetadataHandler(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def serving(handler: type[BaseHTTPRequestHandler], state: Any) -> Iterator[str]:
     """Serve ``handler`` (bound to ``state``) on a loopback port; its base URL."""
-    bound = type("Handler", (handler,), {"state": state})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), bound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback(type("Handler", (handler,), {"state": state})) as url:
+        yield url
 
 
 @dataclass

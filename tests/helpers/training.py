@@ -4,6 +4,7 @@ that a resumed run ended in the state of an uninterrupted one (torch loads only 
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -32,6 +33,26 @@ def costguard_command() -> list[str]:
         assert found, "costguard is not installed in this environment: pip install -e ."
         script = Path(found)
     return [str(script)]
+
+
+def child_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    """The environment of a child process: this one's, less every cloud and costguard
+    setting, with no config file, the repository importable, one OpenMP thread, and
+    ``settings``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COSTGUARD_", "AWS_", "AZURE_", "STORAGE_EMULATOR"))
+    }
+    env.update(
+        {
+            "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
+            "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    env.update(settings)
+    return env
 
 
 def run_python(checkpoint: str | Path, code: str) -> list[str]:
