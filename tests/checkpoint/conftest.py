@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.faults import Faults, fault_proxy
 from tests.helpers.metadata import (
     AckingMetadataHandler,
     AckState,
@@ -18,6 +19,7 @@ from tests.helpers.metadata import (
     MetadataState,
     serving,
 )
+from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import child_env
 
 
@@ -66,3 +68,13 @@ def acking_metadata_server() -> Iterator[tuple[str, AckState]]:
     state = AckState()
     with serving(AckingMetadataHandler, state) as url:
         yield url, state
+
+
+@pytest.fixture
+def flaky_s3(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
+    """The moto bucket ``flaky`` behind the fault proxy (:mod:`tests.helpers.faults`)."""
+    make_s3_bucket(aws_env, "flaky")
+    faults = Faults()
+    with fault_proxy(aws_env, faults) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
+        yield faults

@@ -18,7 +18,7 @@ import pytest
 
 from costguard.checkpoint import RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
-from tests.checkpoint.test_faults import Faults, fault_proxy
+from tests.helpers.faults import Faults, fault_proxy
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
 from tests.helpers.training import REPO
 

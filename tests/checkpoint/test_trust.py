@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from costguard.checkpoint import Checkpointer, RetryPolicy
 from costguard.checkpoint.manifest import MANIFEST_FILE, READ_FORMAT_VERSION, parse_name, scan
 from costguard.checkpoint.store import Store
-from tests.checkpoint.test_faults import Faults, fault_proxy, train
+from tests.helpers.faults import Faults, fault_proxy, train
 from tests.helpers.stores import Backend
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)
