@@ -78,3 +78,15 @@ def flaky_s3(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
     with fault_proxy(aws_env, faults) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
         yield faults
+
+
+@pytest.fixture
+def one_rank() -> Iterator[None]:
+    """A gloo process group of one rank in this process (torn down afterwards)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

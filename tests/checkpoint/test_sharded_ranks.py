@@ -23,13 +23,12 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from costguard.checkpoint import Checkpointer
 from costguard.checkpoint.manifest import MANIFEST_FILE, SHARDED_FORMAT_VERSION, scan
@@ -173,15 +172,6 @@ def assert_hashes_match(root: Path, name: str) -> None:
     for entry in manifest["objects"]:
         digest = hashlib.sha256((root / name / entry["name"]).read_bytes()).hexdigest()
         assert digest == entry["sha256"], (name, entry["name"])
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) -> str:
