@@ -38,6 +38,7 @@ from tests.helpers.training import (
     RankedJob,
     assert_bitwise_equal,
     costguard_command,
+    newest_manifest,
     reached,
 )
 
@@ -254,8 +255,7 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
         code, err = job.finish(), job.stderr()
         state.gcp_preempted = False
         assert code == 75, (seed, attempt, job.lines[-4:], err[-3000:])
-        manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-        newest = max(manifests, key=lambda m: m["step"])
+        newest = newest_manifest(url)
         # Zero lost steps: the emergency save holds every step any rank finished.
         assert newest["step"] >= job.last_step(), (seed, attempt)
         assert newest["reason"] == reason, (seed, attempt, newest)

@@ -13,7 +13,6 @@ one order), measured with torch 2.13 on CPU.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -28,7 +27,14 @@ import torch
 
 from tests.checkpoint.test_distributed import DDP_SCRIPT, TIMEOUT_S
 from tests.conftest import free_port
-from tests.helpers.training import READY, STEP, assert_bitwise_equal, assert_same, costguard_command
+from tests.helpers.training import (
+    READY,
+    STEP,
+    assert_bitwise_equal,
+    assert_same,
+    costguard_command,
+    newest_manifest,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -141,8 +147,7 @@ def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
     assert codes == [75, 75], (seed, codes, [n.err[-2000:] for n in nodes])
     ready = {**nodes[0].ready(), **nodes[1].ready()}
     assert ready == dict.fromkeys(range(ranks), 0), ready
-    manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-    newest = max(manifests, key=lambda m: m["step"])
+    newest = newest_manifest(url)
     assert newest["reason"] == "notice:signal-signal", newest
     # Zero lost steps: the emergency save holds every step any rank on either node finished.
     assert newest["step"] >= max(n.last_step() for n in nodes), seed

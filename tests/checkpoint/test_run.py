@@ -35,6 +35,7 @@ from tests.helpers.training import (
     Followed,
     assert_bitwise_equal,
     costguard_command,
+    manifests,
     run_python,
     train_reference,
 )
@@ -132,7 +133,6 @@ def _notice(cloud: str, state: MetadataState, deadline: float) -> None:
 def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
     cloud: str,
     tmp_path: Path,
-    train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
     watched_env: Callable[[str], dict[str, str]],
 ) -> None:
@@ -145,15 +145,15 @@ def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
     _notice(cloud, state, deadline)
     assert child.finish() == 75, child.stderr()
     last = max(child.steps()) + 1  # the step in training when the notice came is saved too
-    manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-    assert [m["step"] for m in manifests] in ([last], [last - 1])  # next step boundary
-    assert manifests[0]["reason"] == f"notice:{cloud}-preempt" or cloud == "aws"
-    assert manifests[0]["created_unix"] < deadline
+    saved = manifests(url)
+    assert [m["step"] for m in saved] in ([last], [last - 1])  # next step boundary
+    assert saved[0]["reason"] == f"notice:{cloud}-preempt" or cloud == "aws"
+    assert saved[0]["created_unix"] < deadline
     resumed = Child(url, tmp_path / "out.pt", {**env, "COSTGUARD_CLOUD": "none"})
     resumed.read_until(lambda line: line.startswith("READY"))
     resumed.proc.kill()
     resumed.finish()
-    assert resumed.ready() == manifests[0]["step"] >= last - 1  # zero lost steps
+    assert resumed.ready() == saved[0]["step"] >= last - 1  # zero lost steps
     assert any("GET" in r for r in state.requests)
 
 

@@ -40,6 +40,7 @@ from tests.helpers.training import (
     TORCHRUN,
     RankedJob,
     assert_bitwise_equal,
+    newest_manifest,
     reached,
 )
 
@@ -111,8 +112,7 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
         code, err = job.finish(), job.stderr()
         state.gcp_preempted = False
         assert code == 75, (seed, attempt, job.lines[-6:], err[-4000:])
-        manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-        newest = max(manifests, key=lambda m: m["step"])
+        newest = newest_manifest(url)
         # Zero lost steps, and every rank's shard in the emergency checkpoint.
         assert newest["step"] >= job.last_step(), (seed, attempt)
         assert newest["reason"] == reason, (seed, attempt, newest)

@@ -4,6 +4,7 @@ that a resumed run ended in the state of an uninterrupted one (torch loads only 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -12,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,7 +135,17 @@ def reached(line: str, step: int) -> bool:
     return any(int(s) >= step for _, s in STEP.findall(line))
 
 
-def train_reference(steps: int, out: Path, env: dict[str, str], timeout_s: float) -> object:
+def manifests(folder: str | Path) -> list[dict[str, Any]]:
+    """The manifests of every committed checkpoint in a local checkpoint folder."""
+    return [json.loads(p.read_text()) for p in Path(folder).glob("ckpt-*/manifest.json")]
+
+
+def newest_manifest(folder: str | Path) -> dict[str, Any]:
+    """The manifest of the checkpoint of the highest step in a local checkpoint folder."""
+    return max(manifests(folder), key=lambda m: int(m["step"]))
+
+
+def train_reference(steps: int, out: Path, env: dict[str, str], timeout_s: float) -> Any:
     """An uninterrupted run of the training script (its checkpoint URL in ``env``): its
     final weights."""
     import torch

@@ -272,7 +272,7 @@ def test_a_warning_reaches_the_training_script_inside_the_container(
 ) -> None:
     """Real `costguard run` and training script, the stand-in apptainer between them: the
     script is no child of `costguard run`, so the notice comes through the relay file."""
-    from tests.helpers.training import TRAIN_SCRIPT, costguard_command
+    from tests.helpers.training import TRAIN_SCRIPT, costguard_command, manifests
 
     ckpt = tmp_path / "ckpt"
     text = script_for(
@@ -302,5 +302,4 @@ def test_a_warning_reaches_the_training_script_inside_the_container(
     assert "costguard: requeueing job 4242" in err
     made = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert calls_of(made, "apptainer")[0][:3] == ["exec", "--bind", str(ckpt)]
-    manifests = [json.loads(p.read_text()) for p in ckpt.glob("ckpt-*/manifest.json")]
-    assert [m["reason"] for m in manifests] == ["notice:signal-signal"]
+    assert [m["reason"] for m in manifests(ckpt)] == ["notice:signal-signal"]
