@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from costguard.clouds import aws as aws_clouds
-from tests.conftest import WIDTHS, assert_fits
+from tests.helpers.output import WIDTHS, assert_fits
 
 ACCOUNT = "123456789012"
 TOPIC = f"arn:aws:sns:us-east-1:{ACCOUNT}:costguard-budget-alerts"

@@ -292,7 +292,7 @@ def test_bad_urls_fail_before_training(tmp_path: Path, aws_env: str) -> None:
 
 
 def test_unreachable_endpoint_fails_fast(monkeypatch: pytest.MonkeyPatch, aws_env: str) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(InputError, match="cannot write"):

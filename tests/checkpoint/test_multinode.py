@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from tests.checkpoint.test_distributed import DDP_SCRIPT, TIMEOUT_S
-from tests.conftest import free_port
+from tests.helpers.processes import free_port
 from tests.helpers.training import (
     READY,
     STEP,

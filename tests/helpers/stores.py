@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from costguard.checkpoint.store import Store
-from tests.conftest import free_port, stop_process
+from tests.helpers.processes import free_port, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE = Path(os.environ.get("COSTGUARD_AZURITE_DIR", REPO / ".ci-work" / "node"))

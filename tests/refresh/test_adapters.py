@@ -24,7 +24,7 @@ from costguard.pricing.refresh.merge import Target
 from costguard.pricing.refresh.parse import row_key
 from costguard.retry import RetryPolicy
 from costguard.settings import Settings
-from tests.refresh.conftest import (
+from tests.refresh.records import (
     G2_STANDARD_4_SPOT_USD,
     G2_STANDARD_4_USD,
     G5_XLARGE_USD,
@@ -290,7 +290,7 @@ def test_gcp_real_endpoints_get_the_clients_own_tls_channel(
 
 
 def test_gcp_unreachable_endpoint_is_explained(catalog: Catalog) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     settings = Settings(gcp_endpoint=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(CostguardError, match="cannot reach the Cloud Billing Catalog API"):

@@ -22,7 +22,7 @@ import pytest
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.refresh import cache
 from costguard.pricing.tables import bundled_tables_dir, load_catalog
-from tests.refresh.conftest import (
+from tests.refresh.records import (
     G2_STANDARD_4_SPOT_USD,
     G2_STANDARD_4_USD,
     G5_XLARGE_USD,
@@ -191,7 +191,7 @@ def test_every_provider_failing_writes_nothing(
 def test_from_mirror_needs_no_network(
     run_cli, tmp_path: Path, cache_dir: Path, monkeypatch
 ) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: any call would fail
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_PRICING", "COSTGUARD_GCP_ENDPOINT"):

@@ -28,7 +28,7 @@ from tests.helpers.training import (
     costguard_command,
     train_reference,
 )
-from tests.slurm.conftest import SlurmCluster
+from tests.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_C
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.cli.test_widths import read_screen
-from tests.conftest import WIDTHS, assert_fits, read_png
+from tests.helpers.output import WIDTHS, assert_fits, read_png
 from tests.helpers.training import TRAIN_SCRIPT, assert_bitwise_equal
 from tests.test_plots import blobs, rgb
 
