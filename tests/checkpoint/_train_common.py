@@ -120,6 +120,15 @@ def batches(
                 break
 
 
+def save_final(parts: dict[str, Any], out: str) -> None:
+    """``torch.save`` to ``out`` the state of the model, optimizer and scheduler of
+    ``parts``, and its ``extra`` as it is (where it has one)."""
+    state = {name: parts[name].state_dict() for name in ("model", "optimizer", "scheduler")}
+    if "extra" in parts:
+        state["extra"] = parts["extra"]
+    torch.save(state, out)
+
+
 def say(line: str) -> None:
     """One line in one write: the ranks share stdout, and must not split each other's lines."""
     os.write(sys.stdout.fileno(), f"{line}\n".encode())

@@ -65,15 +65,7 @@ def main() -> None:
         os.abort()  # as gloo's teardown sometimes does: "terminate called without ..."
     torch.save({"rng": rng_state(), "extra": extra}, f"{args.out}.rank{rank}")
     if rank == 0:
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "extra": extra,
-            },
-            args.out,
-        )
+        common.save_final(parts, args.out)
     dist.barrier()
     dist.destroy_process_group()
     common.say(f"DONE {rank}")

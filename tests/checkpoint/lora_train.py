@@ -60,14 +60,7 @@ def main() -> None:
     ):  # fmt: skip
         common.train_step(model, x, y, optimizer, scheduler)
     ckpt.close()
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-        },
-        args.out,
-    )
+    common.save_final(parts, args.out)
     print("DONE", flush=True)
 
 

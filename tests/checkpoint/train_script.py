@@ -53,15 +53,7 @@ def main() -> None:
             common.train_step(model, x, y, optimizer, scheduler, common.noise())
         )
     ckpt.close()
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "extra": extra,
-        },
-        args.out,
-    )
+    common.save_final(parts, args.out)
     print(f"DONE {time.time():.1f}", flush=True)
 
 
