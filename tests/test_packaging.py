@@ -1,4 +1,5 @@
-"""The wheel carries the price tables: it works installed far from this repository."""
+"""The wheel carries the price tables and the SLURM template: it works installed far from
+this repository (one wheel, built once for the module)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from costguard.slurm.batch import TEMPLATE_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,6 +28,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (built,) = out.glob("costguard-*.whl")
     return built
+
+
+def run_installed(wheel: Path, tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE`` with ``wheel`` unpacked as the only costguard, in a folder of its own."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
+    env["PYTHONPATH"] = str(site)
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -48,13 +71,6 @@ def test_wheel_contains_tables_and_typing_marker(wheel: Path) -> None:
 
 @pytest.mark.slow
 def test_wheel_estimates_outside_the_repository(wheel: Path, tmp_path: Path) -> None:
-    site = tmp_path / "site"
-    zipfile.ZipFile(wheel).extractall(site)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
-    env["PYTHONPATH"] = str(site)
-    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
     code = (
         "import json, sys, costguard\n"
         "from costguard.cli import cli\n"
@@ -62,18 +78,26 @@ def test_wheel_estimates_outside_the_repository(wheel: Path, tmp_path: Path) -> 
         "sys.exit(cli.main(['estimate', '--gpu', 'a10g', '--hours', '8', '--count', '4',"
         " '--region', 'us-east-1', '--on-demand', '--format', 'json'], standalone_mode=False))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_installed(wheel, tmp_path, code)
     assert done.returncode == 0, done.stderr
     first, rest = done.stdout.split("\n", 1)
-    assert json.loads(first)["file"].startswith(str(site))
+    assert json.loads(first)["file"].startswith(str(tmp_path / "site"))
     doc = json.loads(rest)
     assert doc["options"][0]["compute_usd"] == "32.192"
-    assert doc["pricing_source"]["directory"].startswith(str(site))
+    assert doc["pricing_source"]["directory"].startswith(str(tmp_path / "site"))
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_slurm_template_and_writes_scripts_elsewhere(
+    wheel: Path, tmp_path: Path
+) -> None:
+    assert f"costguard/_slurm/{TEMPLATE_NAME}" in zipfile.ZipFile(wheel).namelist()
+    code = (
+        "from costguard.cli import cli\n"
+        "cli.main(['slurm', 'script', '--time', '1:00:00', '--checkpoint', 's3://b/r',"
+        " '--', 'python', 'train.py'])\n"
+    )
+    done = run_installed(wheel, tmp_path, code)
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --signal=B:USR1@120" in done.stdout
+    assert "scontrol requeue" in done.stdout

@@ -18,7 +18,7 @@ import pytest
 from costguard.alarms.burn import PricedInstance, burn_report
 from costguard.plots import BUDGET_COLOR, COST_COLOR, HEIGHT_PX, WIDTH_PX, draw_burn
 from costguard.reaper.policy import Instance
-from tests.conftest import Png, read_png
+from tests.helpers.output import Png, read_png
 
 BLACK = (0, 0, 0)
 

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from costguard.clouds import aws as aws_clouds
-from tests.conftest import WIDTHS, assert_fits
+from tests.helpers.output import WIDTHS, assert_fits
 
 ACCOUNT = "123456789012"
 TOPIC = f"arn:aws:sns:us-east-1:{ACCOUNT}:costguard-budget-alerts"
@@ -134,9 +134,8 @@ def test_threshold_change_edits_only_the_alerts(
     )
 
 
-def test_status_lists_ours(run_cli: Callable[..., Any], calls: list[str]) -> None:
-    assert run_cli("alarm", "--budget", "200", "--email", "me@uni.edu").exit_code == 0
-    assert run_cli("alarm", "--budget", "75", "--no-notify", "--name", "thesis").exit_code == 0
+def someone_elses_budget() -> None:
+    """A budget of the account that costguard did not make (no costguard- prefix)."""
     budgets().create_budget(
         AccountId=ACCOUNT,
         Budget={
@@ -146,6 +145,12 @@ def test_status_lists_ours(run_cli: Callable[..., Any], calls: list[str]) -> Non
             "BudgetType": "COST",
         },
     )
+
+
+def test_status_lists_ours(run_cli: Callable[..., Any], calls: list[str]) -> None:
+    assert run_cli("alarm", "--budget", "200", "--email", "me@uni.edu").exit_code == 0
+    assert run_cli("alarm", "--budget", "75", "--no-notify", "--name", "thesis").exit_code == 0
+    someone_elses_budget()
     doc = run_cli("alarm", "status", "--format", "json").json()
     assert {(b["name"], b["amount_usd"]) for b in doc["budgets"]} == {
         ("costguard-monthly", "200"),
@@ -179,15 +184,7 @@ def test_delete_is_dry_run_by_default_and_removes_only_ours(
     run_cli: Callable[..., Any], calls: list[str]
 ) -> None:
     assert run_cli("alarm", "--budget", "200", "--no-notify").exit_code == 0
-    budgets().create_budget(
-        AccountId=ACCOUNT,
-        Budget={
-            "BudgetName": "someone-elses",
-            "BudgetLimit": {"Amount": "5", "Unit": "USD"},
-            "TimeUnit": "MONTHLY",
-            "BudgetType": "COST",
-        },
-    )
+    someone_elses_budget()
     calls.clear()
     preview = run_cli("alarm", "delete")
     assert preview.exit_code == 0

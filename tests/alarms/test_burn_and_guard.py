@@ -18,7 +18,7 @@ from costguard.money import format_usd
 from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import Instance
-from tests.conftest import WIDTHS, assert_fits
+from tests.helpers.output import WIDTHS, assert_fits
 from tests.servers.http import JsonServer
 
 

@@ -10,14 +10,10 @@ RNG or loader state would change the final weights.
 
 from __future__ import annotations
 
-import argparse
 import os
-import random
 import sys
-import time
-from typing import Any
+from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
@@ -25,17 +21,12 @@ from torch.nn.parallel import DistributedDataParallel
 from costguard.checkpoint import Checkpointer, ResumableLoader
 from costguard.checkpoint.state import rng_state
 
-
-def say(line: str) -> None:
-    """One line in one write: the ranks share stdout, and must not split each other's lines."""
-    os.write(sys.stdout.fileno(), f"{line}\n".encode())
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
+from tests.checkpoint import _train_common as common
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    parser = common.options(steps=40)
     parser.add_argument(
         "--abort-after-close", type=int, default=-1, help="this rank aborts after close()"
     )
@@ -43,17 +34,13 @@ def main() -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    random.seed(10 + rank)
-    np.random.seed(20 + rank)
-    torch.manual_seed(30 + rank)
-    data = torch.randn(96, 8, generator=torch.Generator().manual_seed(4))
-    target = data.sum(dim=1, keepdim=True).sin()
-    shard = torch.utils.data.Subset(
-        torch.utils.data.TensorDataset(data, target), list(range(rank, len(data), world))
+    common.deterministic(python=10 + rank, numpy=20 + rank, torch_seed=30 + rank)
+    loader = ResumableLoader(
+        common.shard(common.regression(96, 8), rank, world),
+        batch_size=6,
+        shuffle=True,
+        seed=5 + rank,
     )
-    loader = ResumableLoader(shard, batch_size=6, shuffle=True, seed=5 + rank)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
     )
@@ -63,49 +50,25 @@ def main() -> None:
     extra: dict[str, float] = {"loss_sum": 0.0}  # the mean loss over ranks: replicated
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=5)
-    parts: dict[str, Any] = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "loader": loader,
-    }
-    step = ckpt.restore(**parts, extra=extra)
-    say(f"READY {rank} {os.getpid()} {step}")
-    while step < args.steps:
-        for x, y in loader:
-            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3
-            loss = torch.nn.functional.mse_loss(ddp(x), y) + noise
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            mean = loss.detach().clone()
-            dist.all_reduce(mean)
-            extra["loss_sum"] += float(mean) / world
-            if args.sleep:
-                time.sleep(args.sleep)
-            ckpt.step(step, epoch=loader.epoch, **parts, extra=extra)
-            step += 1
-            say(f"STEP {rank} {step}")
-            if step >= args.steps:
-                break
+    parts = common.parts(model, optimizer, scheduler, loader, extra=extra)
+    step = ckpt.restore(**parts)
+    common.say(f"READY {rank} {os.getpid()} {step}")
+    for x, y in common.batches(
+        ckpt, loader, step, args.steps, parts, sleep_s=args.sleep,
+        announce=lambda n: common.say(f"STEP {rank} {n}"),
+    ):  # fmt: skip
+        mean = common.train_step(ddp, x, y, optimizer, scheduler, common.noise()).detach().clone()
+        dist.all_reduce(mean)
+        extra["loss_sum"] += float(mean) / world
     ckpt.close()
     if rank == args.abort_after_close:
         os.abort()  # as gloo's teardown sometimes does: "terminate called without ..."
     torch.save({"rng": rng_state(), "extra": extra}, f"{args.out}.rank{rank}")
     if rank == 0:
-        torch.save(
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "extra": extra,
-            },
-            args.out,
-        )
+        common.save_final(parts, args.out)
     dist.barrier()
     dist.destroy_process_group()
-    say(f"DONE {rank}")
+    common.say(f"DONE {rank}")
 
 
 if __name__ == "__main__":

@@ -14,14 +14,11 @@ three of them hold an empty shard of it.
 
 from __future__ import annotations
 
-import argparse
 import os
-import random
 import sys
-import time
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
@@ -31,10 +28,8 @@ from torch.distributed.fsdp import fully_shard
 from costguard.checkpoint import Checkpointer, ResumableLoader
 from costguard.checkpoint.state import rng_state
 
-
-def say(line: str) -> None:
-    """One line in one write: the ranks share stdout."""
-    os.write(sys.stdout.fileno(), f"{line}\n".encode())
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
+from tests.checkpoint import _train_common as common
 
 
 def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
@@ -50,59 +45,40 @@ def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.7)
     torch.manual_seed(30 + rank)  # each rank its own dropout stream
-    data = torch.randn(64, 8, generator=torch.Generator().manual_seed(4))
-    target = data.sum(dim=1, keepdim=True).sin()
-    shard = torch.utils.data.Subset(
-        torch.utils.data.TensorDataset(data, target), list(range(rank, len(data), world))
+    loader = ResumableLoader(
+        common.shard(common.regression(64, 8), rank, world),
+        batch_size=4,
+        shuffle=True,
+        seed=5 + rank,
     )
-    loader = ResumableLoader(shard, batch_size=4, shuffle=True, seed=5 + rank)
     return model, optimizer, scheduler, loader
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--out", required=True)
+    parser = common.options(steps=12)
     parser.add_argument("--every-steps", type=int, default=4)
-    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    random.seed(10 + rank)
-    np.random.seed(20 + rank)
+    common.deterministic(python=10 + rank, numpy=20 + rank)
     model, optimizer, scheduler, loader = build(rank, world)
     extra: dict[str, float] = {"noise": 0.0}
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=args.every_steps)
-    parts: dict[str, Any] = {
-        "model": model,
-        "optimizer": optimizer,
-        "scheduler": scheduler,
-        "loader": loader,
-    }
-    step = ckpt.restore(**parts, extra=extra)
-    say(f"READY {rank} {os.getpid()} {step}")
-    while step < args.steps:
-        for x, y in loader:
-            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3
-            total = torch.tensor([noise], dtype=torch.float64)
-            dist.all_reduce(total)  # extra is replicated: the same on every rank
-            extra["noise"] += float(total)
-            loss = torch.nn.functional.mse_loss(model(x), y) + noise
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            if args.sleep:
-                time.sleep(args.sleep)
-            ckpt.step(step, epoch=loader.epoch, **parts, extra=extra)
-            step += 1
-            say(f"STEP {rank} {step}")
-            if step >= args.steps:
-                break
+    parts = common.parts(model, optimizer, scheduler, loader, extra=extra)
+    step = ckpt.restore(**parts)
+    common.say(f"READY {rank} {os.getpid()} {step}")
+    for x, y in common.batches(
+        ckpt, loader, step, args.steps, parts, sleep_s=args.sleep,
+        announce=lambda n: common.say(f"STEP {rank} {n}"),
+    ):  # fmt: skip
+        this = common.noise()
+        total = torch.tensor([this], dtype=torch.float64)
+        dist.all_reduce(total)  # extra is replicated: the same on every rank
+        extra["noise"] += float(total)
+        common.train_step(model, x, y, optimizer, scheduler, this)
+    step = max(step, args.steps)  # where the loop ended; a restore only stays where it was
     ckpt.close()
     full = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state, optimizer_state = get_state_dict(model, optimizer, options=full)
@@ -118,10 +94,10 @@ def main() -> None:
             },
             args.out,
         )
-    say(f"WROTE {rank}")  # gloo's teardown may still abort (torch's own flake)
+    common.say(f"WROTE {rank}")  # gloo's teardown may still abort (torch's own flake)
     dist.barrier()
     dist.destroy_process_group()
-    say(f"DONE {rank}")
+    common.say(f"DONE {rank}")
 
 
 if __name__ == "__main__":

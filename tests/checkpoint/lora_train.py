@@ -10,12 +10,15 @@ to ``--out``. ``--sleep`` slows every step so a test can interrupt mid-run.
 
 from __future__ import annotations
 
-import argparse
-import time
+import sys
+from pathlib import Path
 
 import torch
 
 from costguard.checkpoint import Checkpointer, ResumableLoader
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
+from tests.checkpoint import _train_common as common
 
 WIDTH, OUT, RANK = 256, 1024, 4
 
@@ -38,58 +41,26 @@ class Lora(torch.nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
-    args = parser.parse_args()
+    args = common.options(steps=30).parse_args()
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    torch.manual_seed(3)
+    common.deterministic(torch_seed=3)
     model = Lora()
-    data = torch.randn(64, WIDTH, generator=torch.Generator().manual_seed(4))
-    target = data.sum(dim=1, keepdim=True).sin()
-    loader = ResumableLoader(
-        torch.utils.data.TensorDataset(data, target), batch_size=8, shuffle=True, seed=5
-    )
+    loader = ResumableLoader(common.regression(64, WIDTH), batch_size=8, shuffle=True, seed=5)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=4, keep_last=2)
-    step = ckpt.restore(model=model, optimizer=optimizer, scheduler=scheduler, loader=loader)
+    parts = common.parts(model, optimizer, scheduler, loader)
+    step = ckpt.restore(**parts)
     print(f"READY {step}", flush=True)
-    while step < args.steps:
-        for x, y in loader:
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            if args.sleep:
-                time.sleep(args.sleep)
-            ckpt.step(
-                step,
-                epoch=loader.epoch,
-                model=model,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                loader=loader,
-            )
-            step += 1
-            print(f"STEP {step}", flush=True)
-            if step >= args.steps:
-                break
+    for x, y in common.batches(
+        ckpt, loader, step, args.steps, parts, sleep_s=args.sleep,
+        announce=lambda n: print(f"STEP {n}", flush=True),
+    ):  # fmt: skip
+        common.train_step(model, x, y, optimizer, scheduler)
     ckpt.close()
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-        },
-        args.out,
-    )
+    common.save_final(parts, args.out)
     print("DONE", flush=True)
 
 

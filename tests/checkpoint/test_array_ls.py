@@ -12,8 +12,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from costguard.cli import cli
-from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
 from tests.checkpoint.test_export import trained
+from tests.helpers.training import TRAIN_SCRIPT, costguard_command
 
 
 def test_two_array_tasks_by_hand_then_ls_on_the_parent(tmp_path: Path) -> None:

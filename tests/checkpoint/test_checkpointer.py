@@ -22,8 +22,9 @@ from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.state import CpuCopier, TrainState, capture, rng_state, set_rng_state
 from costguard.checkpoint.store import RetryPolicy
 from costguard.errors import InputError
-from tests.checkpoint.conftest import AckState, make_s3_bucket
 from tests.checkpoint.test_notices_azure_ack import PREEMPT, watched_notice
+from tests.helpers.metadata import AckState
+from tests.helpers.stores import make_s3_bucket
 
 
 def tiny() -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
@@ -291,7 +292,7 @@ def test_bad_urls_fail_before_training(tmp_path: Path, aws_env: str) -> None:
 
 
 def test_unreachable_endpoint_fails_fast(monkeypatch: pytest.MonkeyPatch, aws_env: str) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(InputError, match="cannot write"):

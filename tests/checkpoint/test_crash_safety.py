@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.conftest import HERE, make_s3_bucket
+from tests.helpers.stores import make_s3_bucket
+from tests.helpers.training import SCRIPTS
 
 TRIALS = int(os.environ.get("COSTGUARD_CRASH_TRIALS", "25"))
 
@@ -25,7 +26,7 @@ TRIALS = int(os.environ.get("COSTGUARD_CRASH_TRIALS", "25"))
 def run_trials(url: str, trials: int, env: dict[str, str], *mode: str) -> dict[str, object]:
     seed = random.randrange(10**6)
     done = subprocess.run(
-        [sys.executable, str(HERE / "crash_trials.py"), url, str(trials), str(seed), *mode],
+        [sys.executable, str(SCRIPTS / "crash_trials.py"), url, str(trials), str(seed), *mode],
         env=env,
         capture_output=True,
         text=True,

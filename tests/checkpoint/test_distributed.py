@@ -8,7 +8,6 @@ import functools
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -32,15 +31,20 @@ from costguard.checkpoint.distributed import (
 from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.state import for_rank
 from costguard.checkpoint.supervisor import is_launcher
-from tests.checkpoint.conftest import HERE, MetadataState, costguard_command
-from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.helpers.metadata import MetadataState
+from tests.helpers.training import (
+    SCRIPTS,
+    TORCHRUN,
+    RankedJob,
+    assert_bitwise_equal,
+    costguard_command,
+    newest_manifest,
+    reached,
+)
 
-DDP_SCRIPT = HERE / "ddp_train.py"
-DECISION_SCRIPT = HERE / "ddp_decision.py"
-TORCHRUN = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node"]
+DDP_SCRIPT = SCRIPTS / "ddp_train.py"
+DECISION_SCRIPT = SCRIPTS / "ddp_decision.py"
 STEPS = 30
-READY = re.compile(r"READY (\d+) (\d+) (\d+)")
-STEP = re.compile(r"STEP (\d+) (\d+)")
 TIMEOUT_S = 240
 
 # -- the decision, without processes ----------------------------------------------------
@@ -193,48 +197,9 @@ def test_two_ranks_save_together_when_one_gets_a_notice(
     assert results[("sparse", 0)]["results_on_this_rank"] == 3
 
 
-class Job:
+def ddp_job(url: str, out: Path, env: dict[str, str]) -> RankedJob:
     """`costguard run -- torchrun --nproc-per-node 2 ddp_train.py`, its stdout followed."""
-
-    def __init__(self, url: str, out: Path, env: dict[str, str]) -> None:
-        command = [*costguard_command(), "run", "--checkpoint", url, "--every-steps", "4", "--"]
-        command += [*TORCHRUN, "2", str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(out)]
-        command += ["--sleep", "0.1"]
-        self.proc = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.lines: list[str] = []
-        self.deadline = time.monotonic() + TIMEOUT_S
-
-    def read_until(self, predicate: Callable[[str], bool]) -> None:
-        assert self.proc.stdout is not None
-        while time.monotonic() < self.deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line.strip())
-            if predicate(line.strip()):
-                return
-        self.proc.kill()
-        _, err = self.proc.communicate(timeout=30)
-        raise AssertionError(f"job ended or timed out: {self.lines[-6:]} {err[-3000:]}")
-
-    def finish(self) -> tuple[int, str]:
-        out, err = self.proc.communicate(timeout=TIMEOUT_S)
-        self.lines.extend(line.strip() for line in out.splitlines())
-        return self.proc.returncode, err
-
-    def ready(self) -> dict[int, tuple[int, int]]:
-        """rank -> (pid, step it resumed at)."""
-        text = "\n".join(self.lines)
-        return {int(r): (int(p), int(s)) for r, p, s in READY.findall(text)}
-
-    def last_step(self) -> int:
-        return max((int(s) for _, s in STEP.findall("\n".join(self.lines))), default=0)
-
-
-def reached(line: str, step: int) -> bool:
-    return any(int(s) >= step for _, s in STEP.findall(line))
+    return RankedJob(DDP_SCRIPT, 2, STEPS, url, out, env, timeout_s=TIMEOUT_S)
 
 
 def _final(out: Path) -> dict[str, object]:
@@ -249,11 +214,10 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
 ) -> None:
-    base, state = metadata_server
-    env = train_env(
-        COSTGUARD_CLOUD="gcp", COSTGUARD_NOTICE_POLL_S="0.2", COSTGUARD_GCP_METADATA_URL=base
-    )
+    _, state = metadata_server
+    env = watched_env("gcp")
     reference_out = tmp_path / "reference.pt"
     reference = subprocess.run(
         [*TORCHRUN, "2", str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(reference_out)],
@@ -277,7 +241,7 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
         ("sigusr1-to-rank-1", "notice:signal-signal"),
         ("gcp-metadata", "notice:gcp-preempt"),
     ):
-        job = Job(url, out, env)
+        job = ddp_job(url, out, env)
         target = done + rng.randint(2, 6)
         job.read_until(functools.partial(reached, step=target))
         ready = job.ready()
@@ -288,17 +252,16 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
             os.kill(ready[1][0], signal.SIGUSR1)
         else:
             state.gcp_preempted = True
-        code, err = job.finish()
+        code, err = job.finish(), job.stderr()
         state.gcp_preempted = False
         assert code == 75, (seed, attempt, job.lines[-4:], err[-3000:])
-        manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-        newest = max(manifests, key=lambda m: m["step"])
+        newest = newest_manifest(url)
         # Zero lost steps: the emergency save holds every step any rank finished.
         assert newest["step"] >= job.last_step(), (seed, attempt)
         assert newest["reason"] == reason, (seed, attempt, newest)
         done = newest["step"]
-    final = Job(url, out, {**env, "COSTGUARD_CLOUD": "none"})
-    code, err = final.finish()
+    final = ddp_job(url, out, {**env, "COSTGUARD_CLOUD": "none"})
+    code, err = final.finish(), final.stderr()
     assert code == 0, err[-3000:]
     assert {r: s for r, (_, s) in final.ready().items()} == {0: done, 1: done}
     assert_bitwise_equal(_final(out), _final(reference_out))
@@ -312,7 +275,7 @@ def test_a_sharded_state_costguard_cannot_save_is_refused_and_nothing_is_stored(
     url = tmp_path / "ckpt"
     done = subprocess.run(
         [
-            *TORCHRUN, "2", str(HERE / "fsdp_refusal.py"), "--url", str(url),
+            *TORCHRUN, "2", str(SCRIPTS / "fsdp_refusal.py"), "--url", str(url),
             *(["--skip-restore"] if skip_restore else []),
         ],
         env=train_env(),

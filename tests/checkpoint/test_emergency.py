@@ -17,7 +17,7 @@ import torch
 
 from costguard.checkpoint import Checkpointer, Preempted
 from costguard.checkpoint.notices import Notice, NoticeBoard
-from tests.checkpoint.conftest import costguard_command
+from tests.helpers.training import costguard_command, run_python
 
 MICRO_BATCHES = 5
 
@@ -165,10 +165,9 @@ def test_the_preempted_record_turns_a_launcher_failure_into_75(
         "    assert exc.code == 75\n"
         "sys.exit(1)  # what torchrun does with its workers' 75\n"
     )
-    run = [*costguard_command(), "run", "--checkpoint", str(tmp_path / "c"), "--"]
     for script, expected in ((child, 75), ("import sys; sys.exit(1)", 1)):
         done = subprocess.run(
-            [*run, sys.executable, "-c", script],
+            run_python(tmp_path / "c", script),
             env=train_env(),
             capture_output=True,
             text=True,

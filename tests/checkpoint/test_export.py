@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from costguard.checkpoint import Checkpointer, load_state
 from costguard.cli import cli
-from tests.checkpoint.conftest import Backend
-from tests.checkpoint.test_faults import train
+from tests.helpers.faults import train
+from tests.helpers.stores import Backend
 
 
 def trained(url: str, steps: int = 7) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -26,7 +26,7 @@ def trained(url: str, steps: int = 7) -> tuple[torch.nn.Module, torch.optim.Opti
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with Checkpointer(url, every_steps=3) as ckpt:
         for step in range(steps):
-            train(model, opt)  # type: ignore[arg-type]
+            train(model, opt)
             ckpt.step(step, model=model, optimizer=opt)
     return model, opt
 

@@ -1,7 +1,7 @@
 """Faults on GCS (gcp-storage-emulator) and Azure Blob (Azurite): the proxy of
 :mod:`test_faults` in front of each answers some uploads with 5xx or throttling, or
 stalls them. Saves retry and succeed, or are reported; training goes on; nothing earlier
-is lost."""
+is lost. A store that refuses every write is the same test on S3 (moto) too."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 
 from costguard.checkpoint import Checkpointer, RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
-from tests.checkpoint.test_faults import Faults, fault_proxy, train
+from tests.helpers.faults import Faults, fault_proxy, train
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
 
@@ -90,8 +90,10 @@ def throttle(flaky: Flaky, count: int) -> None:
 
 
 def refuse_everything(flaky: Flaky) -> None:
-    """From now on every upload fails with a server error."""
-    if flaky.url.startswith("gs://"):
+    """From now on every upload fails with a server error (on S3 the proxy's SlowDown)."""
+    if flaky.url.startswith("s3://"):
+        pass
+    elif flaky.url.startswith("gs://"):
         # 507: a server error gcsfs hands straight back; our retries then report it.
         flaky.faults.status, flaky.faults.error_body = 507, gcs_error(507, "Please reduce")
         flaky.faults.error_headers = {"Content-Type": "application/json"}
@@ -109,6 +111,20 @@ def refuse_everything(flaky: Flaky) -> None:
 def flaky(request: pytest.FixtureRequest) -> Flaky:
     name = "flaky_gcs" if request.param == "gcs" else "flaky_azure"
     result: Flaky = request.getfixturevalue(name)
+    return result
+
+
+@pytest.fixture
+def flaky_s3_store(flaky_s3: Faults) -> Flaky:
+    """The moto bucket behind the proxy of :mod:`test_faults`, botocore's own retries off."""
+    return Flaky("s3://flaky/run", {"config_kwargs": {"retries": {"max_attempts": 1}}}, flaky_s3)
+
+
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def failing_store(request: pytest.FixtureRequest) -> Flaky:
+    result: Flaky = request.getfixturevalue(
+        f"flaky_{request.param}" + "_store" * (request.param == "s3")
+    )
     return result
 
 
@@ -158,7 +174,10 @@ def test_a_stalled_upload_times_out_and_is_retried(flaky: Flaky) -> None:
 
 
 @pytest.mark.slow
-def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(flaky: Flaky) -> None:
+def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(
+    failing_store: Flaky,
+) -> None:
+    flaky = failing_store
     model = torch.nn.Linear(6, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = Checkpointer(flaky.url, every_steps=1, retry=FAST, storage_options=flaky.options)
@@ -178,6 +197,8 @@ def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(flaky: Flaky) 
         (False, "final"),
     ]
     assert all(r.error for r in ckpt.results[1:])
+    if flaky.url.startswith("s3://"):  # S3's SlowDown message reaches the report
+        assert all("Please reduce" in (r.error or "") for r in ckpt.results[1:])
     flaky.faults.fail_puts = 0
     fresh = torch.nn.Linear(6, 3)
     assert Checkpointer(flaky.url, storage_options=flaky.options).restore(model=fresh) == 1

@@ -23,8 +23,9 @@ from costguard.checkpoint.incremental import CONFIRM_EVERY, POOL_MIN_BYTES
 from costguard.checkpoint.inventory import verify
 from costguard.checkpoint.manifest import MANIFEST_FILE, parse_manifest, pool_object, scan
 from costguard.checkpoint.store import Store
-from tests.checkpoint.conftest import HERE, Backend
 from tests.checkpoint.test_trust import FaultyFS
+from tests.helpers.stores import Backend
+from tests.helpers.training import SCRIPTS
 
 FAST = RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.02)
 SIDE = 512  # a 512 x 512 float32 weight: 1 MiB, the pool's threshold
@@ -272,7 +273,7 @@ def test_retention_deletes_no_pool_object_a_kept_checkpoint_needs(
 
 def run_lora(env: dict[str, str], out: Path, stop_after: int | None) -> int:
     """Run lora_train.py; SIGTERM it once it has printed ``STEP stop_after``."""
-    command = [sys.executable, str(HERE / "lora_train.py"), "--out", str(out), "--sleep", "0.02"]
+    command = [sys.executable, str(SCRIPTS / "lora_train.py"), "--out", str(out), "--sleep", "0.02"]
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:

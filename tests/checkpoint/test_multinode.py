@@ -13,7 +13,6 @@ one order), measured with torch 2.13 on CPU.
 
 from __future__ import annotations
 
-import json
 import random
 import signal
 import subprocess
@@ -26,10 +25,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.checkpoint.conftest import costguard_command
-from tests.checkpoint.test_distributed import DDP_SCRIPT, READY, STEP, TIMEOUT_S
-from tests.checkpoint.test_run import assert_bitwise_equal
-from tests.conftest import free_port
+from tests.checkpoint.test_distributed import DDP_SCRIPT, TIMEOUT_S
+from tests.helpers.processes import free_port
+from tests.helpers.training import (
+    READY,
+    STEP,
+    assert_bitwise_equal,
+    assert_same,
+    costguard_command,
+    newest_manifest,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -108,26 +113,6 @@ def rank_states(out: Path, ranks: int) -> list[object]:
     return [torch.load(f"{out}.rank{r}", weights_only=True) for r in range(ranks)]
 
 
-def assert_close(a: object, b: object) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor)
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_close(a[key], b[key])
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple)
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_close(x, y)
-    elif isinstance(a, float):
-        assert a == pytest.approx(b, rel=1e-6)
-    else:
-        assert_bitwise_equal(a, b)
-
-
 @pytest.mark.parametrize("procs", [1, 2])
 def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
     tmp_path: Path, train_env: Callable[..., dict[str, str]], procs: int
@@ -162,8 +147,7 @@ def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
     assert codes == [75, 75], (seed, codes, [n.err[-2000:] for n in nodes])
     ready = {**nodes[0].ready(), **nodes[1].ready()}
     assert ready == dict.fromkeys(range(ranks), 0), ready
-    manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-    newest = max(manifests, key=lambda m: m["step"])
+    newest = newest_manifest(url)
     assert newest["reason"] == "notice:signal-signal", newest
     # Zero lost steps: the emergency save holds every step any rank on either node finished.
     assert newest["step"] >= max(n.last_step() for n in nodes), seed
@@ -184,5 +168,5 @@ def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
     else:
         # 4-rank gloo sums in an order that may change when DDP is rebuilt (see above), so
         # the floats that came through an all-reduce (weights, the mean loss) agree closely.
-        assert_close(rank_states(out, ranks), rank_states(reference_out, ranks))
-        assert_close(weights, expected)
+        assert_same(rank_states(out, ranks), rank_states(reference_out, ranks), close=True)
+        assert_same(weights, expected, close=True)

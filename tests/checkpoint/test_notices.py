@@ -25,8 +25,8 @@ from costguard.checkpoint.notices.azure import AzureScheduledEvents
 from costguard.checkpoint.notices.gcp import GcpMetadata
 from costguard.checkpoint.notices.signals import install
 from costguard.errors import InputError
-from tests.checkpoint.conftest import MetadataState
-from tests.conftest import free_port
+from tests.helpers.metadata import MetadataState
+from tests.helpers.processes import free_port
 
 
 def wait_for_notice(board: NoticeBoard, timeout_s: float = 10) -> Notice:

@@ -16,8 +16,8 @@ from costguard.checkpoint.notices import (
     cloud_poller,
 )
 from costguard.checkpoint.notices.azure import AzureScheduledEvents, event_id
-from tests.checkpoint.conftest import AckState
-from tests.conftest import free_port
+from tests.helpers.metadata import AckState
+from tests.helpers.processes import free_port
 
 PREEMPT = {
     "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",

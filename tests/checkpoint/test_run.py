@@ -28,52 +28,29 @@ from click.testing import CliRunner
 
 from costguard.checkpoint.store import Store
 from costguard.cli.checkpoint import checkpoint_group
-from tests.checkpoint.conftest import (
+from tests.helpers.metadata import MetadataState
+from tests.helpers.stores import make_s3_bucket
+from tests.helpers.training import (
     TRAIN_SCRIPT,
-    MetadataState,
+    Followed,
+    assert_bitwise_equal,
     costguard_command,
-    make_s3_bucket,
+    manifests,
+    run_python,
+    train_reference,
 )
 
 STEPS = 40
 TIMEOUT_S = 120
 
 
-class Child:
+class Child(Followed):
     """A `costguard run -- python train_script.py` process whose stdout lines we follow."""
 
     def __init__(self, url: str, out: Path, env: dict[str, str], *extra: str) -> None:
         command = [*costguard_command(), "run", "--checkpoint", url, *extra, "--"]
         command += [sys.executable, str(TRAIN_SCRIPT), "--steps", str(STEPS), "--out", str(out)]
-        command += ["--sleep", "0.05"]
-        self.proc = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.lines: list[str] = []
-        self.err: str | None = None
-        self.deadline = time.monotonic() + TIMEOUT_S
-
-    def read_until(self, predicate: Callable[[str], bool]) -> str:
-        assert self.proc.stdout is not None
-        while time.monotonic() < self.deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line.strip())
-            if predicate(line.strip()):
-                return line.strip()
-        self.proc.kill()
-        raise AssertionError(f"child ended or timed out; stdout {self.lines[-5:]}, {self.stderr()}")
-
-    def finish(self) -> int:
-        out, self.err = self.proc.communicate(timeout=TIMEOUT_S)
-        self.lines.extend(line.strip() for line in out.splitlines())
-        return self.proc.returncode
-
-    def stderr(self) -> str:
-        if self.err is not None:
-            return self.err
-        return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+        super().__init__([*command, "--sleep", "0.05"], env, TIMEOUT_S)
 
     def steps(self) -> list[int]:
         return [int(line.split()[1]) for line in self.lines if line.startswith("STEP ")]
@@ -86,35 +63,9 @@ def reached(line: str, step: int) -> bool:
     return line.startswith("STEP ") and int(line.split()[1]) >= step
 
 
-def reference_weights(tmp_path: Path, env: dict[str, str]) -> dict[str, object]:
-    out = tmp_path / "reference.pt"
-    subprocess.run(
-        [sys.executable, str(TRAIN_SCRIPT), "--steps", str(STEPS), "--out", str(out)],
-        env={**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
-        check=True,
-        timeout=TIMEOUT_S,
-        capture_output=True,
-    )
-    return torch.load(out, weights_only=True)
-
-
-def assert_bitwise_equal(a: object, b: object) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor)
-        assert a.dtype == b.dtype
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_bitwise_equal(a[key], b[key])
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple)
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_bitwise_equal(x, y)
-    else:
-        assert a == b
+def reference_weights(tmp_path: Path, env: dict[str, str]) -> object:
+    env = {**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")}
+    return train_reference(STEPS, tmp_path / "reference.pt", env, TIMEOUT_S)
 
 
 @pytest.mark.slow
@@ -182,15 +133,11 @@ def _notice(cloud: str, state: MetadataState, deadline: float) -> None:
 def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
     cloud: str,
     tmp_path: Path,
-    train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
 ) -> None:
-    base, state = metadata_server
-    env = train_env(
-        COSTGUARD_CLOUD=cloud,
-        COSTGUARD_NOTICE_POLL_S="0.2",
-        **{f"COSTGUARD_{cloud.upper()}_METADATA_URL": base},
-    )
+    _, state = metadata_server
+    env = watched_env(cloud)
     url = str(tmp_path / "ckpt")
     child = Child(url, tmp_path / "out.pt", env, "--every-steps", "1000")
     child.read_until(lambda line: line == "STEP 5")
@@ -198,15 +145,15 @@ def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
     _notice(cloud, state, deadline)
     assert child.finish() == 75, child.stderr()
     last = max(child.steps()) + 1  # the step in training when the notice came is saved too
-    manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-    assert [m["step"] for m in manifests] in ([last], [last - 1])  # next step boundary
-    assert manifests[0]["reason"] == f"notice:{cloud}-preempt" or cloud == "aws"
-    assert manifests[0]["created_unix"] < deadline
+    saved = manifests(url)
+    assert [m["step"] for m in saved] in ([last], [last - 1])  # next step boundary
+    assert saved[0]["reason"] == f"notice:{cloud}-preempt" or cloud == "aws"
+    assert saved[0]["created_unix"] < deadline
     resumed = Child(url, tmp_path / "out.pt", {**env, "COSTGUARD_CLOUD": "none"})
     resumed.read_until(lambda line: line.startswith("READY"))
     resumed.proc.kill()
     resumed.finish()
-    assert resumed.ready() == manifests[0]["step"] >= last - 1  # zero lost steps
+    assert resumed.ready() == saved[0]["step"] >= last - 1  # zero lost steps
     assert any("GET" in r for r in state.requests)
 
 
@@ -258,16 +205,7 @@ def test_exit_code_and_signal_forwarding(
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen(
-        [
-            *costguard_command(),
-            "run",
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--",
-            sys.executable,
-            "-c",
-            child,
-        ],
+        run_python(tmp_path / "ck", child),
         env=train_env(),
         stdout=subprocess.PIPE,
         text=True,
@@ -278,16 +216,7 @@ def test_exit_code_and_signal_forwarding(
     assert proc.wait(timeout=30) == 42
     proc.stdout.close()
     code = subprocess.run(
-        [
-            *costguard_command(),
-            "run",
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--",
-            sys.executable,
-            "-c",
-            "import os; os.kill(os.getpid(), 9)",
-        ],
+        run_python(tmp_path / "ck", "import os; os.kill(os.getpid(), 9)"),
         env=train_env(),
         timeout=TIMEOUT_S,
     ).returncode
@@ -305,16 +234,7 @@ def test_the_job_is_registered_for_the_agent_while_it_runs(
     )
     env = {**train_env(), "COSTGUARD_JOBS_DIR": str(jobs)}
     done = subprocess.run(
-        [
-            *costguard_command(),
-            "run",
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--",
-            sys.executable,
-            "-c",
-            child,
-        ],
+        run_python(tmp_path / "ck", child),
         env=env,
         timeout=TIMEOUT_S,
         check=False,
@@ -323,16 +243,7 @@ def test_the_job_is_registered_for_the_agent_while_it_runs(
     assert list(jobs.iterdir()) == []  # and it is gone once the job ended
     unwritable = {**env, "COSTGUARD_JOBS_DIR": "/proc/costguard-no-such-dir"}
     done = subprocess.run(
-        [
-            *costguard_command(),
-            "run",
-            "--checkpoint",
-            str(tmp_path / "ck"),
-            "--",
-            sys.executable,
-            "-c",
-            "pass",
-        ],
+        run_python(tmp_path / "ck", "pass"),
         env=unwritable,
         timeout=TIMEOUT_S,
         check=False,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
 from tests.checkpoint.test_run import TIMEOUT_S, Child, reached
+from tests.helpers.training import TRAIN_SCRIPT, costguard_command
 
 
 def _run(url: str, out: Path, env: dict[str, str], *extra: str, steps: int = 12) -> str:
@@ -138,7 +138,7 @@ def test_a_url_with_a_secret_is_refused_before_anything_and_never_echoed(
 def test_an_unreachable_gcs_store_is_reported_soon_naming_gcs(
     tmp_path: Path, train_env: Callable[..., dict[str, str]]
 ) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     env = train_env(
         STORAGE_EMULATOR_HOST=f"http://127.0.0.1:{free_port()}",  # nothing listens there

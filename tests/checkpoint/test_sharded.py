@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,19 +32,9 @@ from costguard.checkpoint.manifest import (
     parse_manifest,
 )
 from costguard.checkpoint.store import Store, StoreError
-from tests.checkpoint.conftest import Backend
-from tests.checkpoint.test_run import assert_bitwise_equal
 from tests.checkpoint.test_trust import FAULTS, faulty
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    """A gloo process group of one rank in this process (torn down afterwards)."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
+from tests.helpers.stores import Backend
+from tests.helpers.training import assert_bitwise_equal
 
 
 def sharded_model(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

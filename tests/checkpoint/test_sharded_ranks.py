@@ -14,6 +14,7 @@ mesh, gloo, torchrun) with the README's Checkpointer calls, under ``costguard ru
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -21,29 +22,32 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from costguard.checkpoint import Checkpointer
 from costguard.checkpoint.manifest import MANIFEST_FILE, SHARDED_FORMAT_VERSION, scan
-from tests.checkpoint.conftest import HERE, MetadataState, costguard_command
 from tests.checkpoint.fsdp_train import build
-from tests.checkpoint.test_run import assert_bitwise_equal
+from tests.helpers.metadata import MetadataState
+from tests.helpers.training import (
+    READY,
+    SCRIPTS,
+    TORCHRUN,
+    RankedJob,
+    assert_bitwise_equal,
+    newest_manifest,
+    reached,
+)
 
 pytestmark = pytest.mark.slow
 
-SCRIPT = HERE / "fsdp_train.py"
-TORCHRUN = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node"]
+SCRIPT = SCRIPTS / "fsdp_train.py"
 STEPS = 14
-READY = re.compile(r"READY (\d+) (\d+) (\d+)")
-STEP = re.compile(r"STEP (\d+) (\d+)")
 TIMEOUT_S = 300
 TRIALS = int(os.environ.get("COSTGUARD_SHARDED_CRASH_TRIALS", "10"))
 
@@ -65,44 +69,9 @@ def torchrun(ranks: int, url: str, out: Path, env: dict[str, str], *args: str) -
     assert done.returncode == 0 or (wrote and aborted), done.stdout[-2000:] + done.stderr[-4000:]
 
 
-class Job:
+def fsdp_job(url: str, out: Path, env: dict[str, str]) -> RankedJob:
     """`costguard run -- torchrun --nproc-per-node 4 fsdp_train.py`, its stdout followed."""
-
-    def __init__(self, url: str, out: Path, env: dict[str, str]) -> None:
-        command = [*costguard_command(), "run", "--checkpoint", url, "--every-steps", "4", "--"]
-        command += [*TORCHRUN, "4", str(SCRIPT), "--steps", str(STEPS), "--out", str(out)]
-        command += ["--sleep", "0.1"]
-        self.proc = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        self.lines: list[str] = []
-        self.deadline = time.monotonic() + TIMEOUT_S
-
-    def read_until_step(self, step: int) -> None:
-        assert self.proc.stdout is not None
-        while time.monotonic() < self.deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self.lines.append(line.strip())
-            if any(int(s) >= step for _, s in STEP.findall(line)):
-                return
-        self.proc.kill()
-        _, err = self.proc.communicate(timeout=30)
-        raise AssertionError(f"job ended or timed out: {self.lines[-6:]} {err[-3000:]}")
-
-    def finish(self) -> tuple[int, str]:
-        out, err = self.proc.communicate(timeout=TIMEOUT_S)
-        self.lines.extend(line.strip() for line in out.splitlines())
-        return self.proc.returncode, err
-
-    def ready(self) -> dict[int, tuple[int, int]]:
-        """rank -> (pid, step it resumed at)."""
-        text = "\n".join(self.lines)
-        return {int(r): (int(p), int(s)) for r, p, s in READY.findall(text)}
-
-    def last_step(self) -> int:
-        return max((int(s) for _, s in STEP.findall("\n".join(self.lines))), default=0)
+    return RankedJob(SCRIPT, 4, STEPS, url, out, env, timeout_s=TIMEOUT_S)
 
 
 def final(out: Path, ranks: int) -> dict[str, Any]:
@@ -117,11 +86,10 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
 ) -> None:
-    base, state = metadata_server
-    env = train_env(
-        COSTGUARD_CLOUD="gcp", COSTGUARD_NOTICE_POLL_S="0.2", COSTGUARD_GCP_METADATA_URL=base
-    )
+    _, state = metadata_server
+    env = watched_env("gcp")
     reference_out = tmp_path / "reference.pt"
     torchrun(4, str(tmp_path / "reference-ckpt"), reference_out, train_env(), "--steps", str(STEPS))
 
@@ -133,19 +101,18 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
         ("sigterm-to-rank-2", "notice:signal-signal"),
         ("gcp-metadata", "notice:gcp-preempt"),
     ):
-        job = Job(url, out, env)
-        job.read_until_step(done + rng.randint(2, 5))
+        job = fsdp_job(url, out, env)
+        job.read_until(functools.partial(reached, step=done + rng.randint(2, 5)))
         ready = job.ready()
         assert {r: s for r, (_, s) in ready.items()} == dict.fromkeys(range(4), done), seed
         if attempt == "sigterm-to-rank-2":
             os.kill(ready[2][0], signal.SIGTERM)  # one worker alone: every rank must save
         else:
             state.gcp_preempted = True
-        code, err = job.finish()
+        code, err = job.finish(), job.stderr()
         state.gcp_preempted = False
         assert code == 75, (seed, attempt, job.lines[-6:], err[-4000:])
-        manifests = [json.loads(p.read_text()) for p in Path(url).glob("ckpt-*/manifest.json")]
-        newest = max(manifests, key=lambda m: m["step"])
+        newest = newest_manifest(url)
         # Zero lost steps, and every rank's shard in the emergency checkpoint.
         assert newest["step"] >= job.last_step(), (seed, attempt)
         assert newest["reason"] == reason, (seed, attempt, newest)
@@ -156,8 +123,8 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
             *(f"shard-{r:05d}.distcp" for r in range(4)),
         }
         done = newest["step"]
-    final_job = Job(url, out, {**env, "COSTGUARD_CLOUD": "none"})
-    code, err = final_job.finish()
+    final_job = fsdp_job(url, out, {**env, "COSTGUARD_CLOUD": "none"})
+    code, err = final_job.finish(), final_job.stderr()
     assert code == 0, err[-4000:]
     assert {r: s for r, (_, s) in final_job.ready().items()} == dict.fromkeys(range(4), done)
     reference = final(reference_out, 4)
@@ -205,15 +172,6 @@ def assert_hashes_match(root: Path, name: str) -> None:
     for entry in manifest["objects"]:
         digest = hashlib.sha256((root / name / entry["name"]).read_bytes()).hexdigest()
         assert digest == entry["sha256"], (name, entry["name"])
-
-
-@pytest.fixture
-def one_rank() -> Iterator[None]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) -> str:

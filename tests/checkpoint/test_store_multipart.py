@@ -18,9 +18,9 @@ import pytest
 
 from costguard.checkpoint import RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
-from tests.checkpoint.conftest import REPO, Backend, make_s3_bucket
-from tests.checkpoint.test_faults import Faults, fault_proxy
-from tests.checkpoint.test_store_contract import open_store
+from tests.helpers.faults import Faults, fault_proxy
+from tests.helpers.stores import Backend, make_s3_bucket, open_store
+from tests.helpers.training import REPO
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
 PART = 5 * 2**20  # S3's smallest part: small test objects still come in several parts

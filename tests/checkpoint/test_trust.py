@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from costguard.checkpoint import Checkpointer, RetryPolicy
 from costguard.checkpoint.manifest import MANIFEST_FILE, READ_FORMAT_VERSION, parse_name, scan
 from costguard.checkpoint.store import Store
-from tests.checkpoint.conftest import Backend
-from tests.checkpoint.test_faults import Faults, fault_proxy, train
+from tests.helpers.faults import Faults, fault_proxy, train
+from tests.helpers.stores import Backend
 
 FAST = RetryPolicy(attempts=3, base_delay_s=0.01, max_delay_s=0.02)
 FAULTS: dict[str, Callable[[], Exception]] = {
@@ -144,7 +144,7 @@ def test_a_read_that_fails_never_deletes_the_checkpoint(
 def test_a_403_and_503_from_s3_itself_delete_nothing(
     aws_env: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.checkpoint.conftest import make_s3_bucket
+    from tests.helpers.stores import make_s3_bucket
 
     make_s3_bucket(aws_env, "trust")
     url = "s3://trust/run"

@@ -10,32 +10,25 @@ start, so that a resumed run goes at full speed and a test knows which run it in
 
 from __future__ import annotations
 
-import argparse
-import random
+import sys
 import time
+from pathlib import Path
 
-import numpy as np
 import torch
 
 from costguard.checkpoint import Checkpointer, ResumableLoader
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: tests/ importable
+from tests.checkpoint import _train_common as common
+
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--sleep", type=float, default=0.0, help="seconds per step")
+    parser = common.options(steps=40)
     parser.add_argument("--sleep-first", type=float, default=0.0, help="the same, fresh start")
     args = parser.parse_args()
 
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    random.seed(1)
-    np.random.seed(2)
-    torch.manual_seed(3)
-    data = torch.randn(72, 8, generator=torch.Generator().manual_seed(4))
-    target = data.sum(dim=1, keepdim=True).sin()
-    dataset = torch.utils.data.TensorDataset(data, target)
+    common.deterministic(python=1, numpy=2, torch_seed=3)
+    dataset = common.regression(72, 8)
     loader = ResumableLoader(dataset, batch_size=8, shuffle=True, seed=5)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 32),
@@ -48,45 +41,19 @@ def main() -> None:
     extra: dict[str, float] = {"loss_sum": 0.0}
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=5)
-    step = ckpt.restore(
-        model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, extra=extra
-    )
+    parts = common.parts(model, optimizer, scheduler, loader, extra=extra)
+    step = ckpt.restore(**parts)
     sleep_s = args.sleep + (args.sleep_first if step == 0 else 0.0)
     print(f"READY {step} {time.time():.1f}", flush=True)
-    while step < args.steps:
-        for x, y in loader:
-            noise = random.random() * 1e-3 + float(np.random.rand()) * 1e-3
-            loss = torch.nn.functional.mse_loss(model(x), y) + noise
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            scheduler.step()
-            extra["loss_sum"] += float(loss)
-            if sleep_s:
-                time.sleep(sleep_s)
-            ckpt.step(
-                step,
-                epoch=loader.epoch,
-                model=model,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                loader=loader,
-                extra=extra,
-            )
-            step += 1
-            print(f"STEP {step}", flush=True)
-            if step >= args.steps:
-                break
+    for x, y in common.batches(
+        ckpt, loader, step, args.steps, parts, sleep_s=sleep_s,
+        announce=lambda n: print(f"STEP {n}", flush=True),
+    ):  # fmt: skip
+        extra["loss_sum"] += float(
+            common.train_step(model, x, y, optimizer, scheduler, common.noise())
+        )
     ckpt.close()
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "extra": extra,
-        },
-        args.out,
-    )
+    common.save_final(parts, args.out)
     print(f"DONE {time.time():.1f}", flush=True)
 
 

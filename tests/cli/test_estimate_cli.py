@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 ARGS = ("estimate", "--gpu", "a10g", "--hours", "8", "--count", "4")
+T4_2H = ("estimate", "--gpu", "t4", "--hours", "2")
 SLURM_ARGS = ("--provider", "slurm", "--su-per-gpu-hour", "32")
 
 
@@ -94,36 +95,12 @@ def test_spot_only(run_cli) -> None:
 
 
 def test_filters_and_top(run_cli) -> None:
-    doc = run_cli(
-        "estimate",
-        "--gpu",
-        "t4",
-        "--hours",
-        "2",
-        "--provider",
-        "gcp",
-        "--top",
-        "2",
-        "--format",
-        "json",
-    ).json()
+    doc = run_cli(*T4_2H, "--provider", "gcp", "--top", "2", "--format", "json").json()
     assert {o["provider"] for o in doc["options"]} == {"gcp"}
     assert len({o["region"] for o in doc["options"]}) == 2
     assert doc["options_total"] > len(doc["options"])
     doc = run_cli(
-        "estimate",
-        "--gpu",
-        "t4",
-        "--hours",
-        "2",
-        "--region",
-        "eastus",
-        "--region",
-        "us-east-1",
-        "--format",
-        "json",
-        "--top",
-        "0",
+        *T4_2H, "--region", "eastus", "--region", "us-east-1", "--format", "json", "--top", "0"
     ).json()
     assert {o["region"] for o in doc["options"]} == {"eastus", "us-east-1"}
 

@@ -16,10 +16,9 @@ A new option of a plain ``str``/``int``/``float`` type fails
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +28,7 @@ from click.testing import CliRunner
 
 from costguard.cli import cli
 from costguard.cli.params import DecimalRange, FiniteFloat, Name, Text, Url, WholeNumber
+from tests.servers.http import serving
 
 #: Values no option of a kind may take. The 100 KB ones test that errors stay short.
 LONG = "9" * 100_000
@@ -194,14 +194,8 @@ class Counter(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def counter() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Counter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Counter) as url:
+        yield url
 
 
 @pytest.fixture

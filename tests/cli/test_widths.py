@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from costguard.money import format_usd
-from tests.conftest import WIDTHS, assert_fits
+from tests.helpers.output import WIDTHS, assert_fits
 
 ESTIMATES = [
     ("estimate", "--gpu", "a10g", "--hours", "8", "--count", "4"),

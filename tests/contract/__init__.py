@@ -1,2 +1,2 @@
 """Contract suites: one behaviour, run against every implementation's fixture (fsspec's
-``tests/abstract`` pattern; the Store's is tests/checkpoint/test_store_contract.py)."""
+``tests/abstract`` pattern): Launcher, Fleet, alarm backend and Store."""

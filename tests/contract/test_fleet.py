@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from costguard.clouds import aws as aws_clouds
-from costguard.pricing.tables import load_catalog
 from costguard.providers import adapter_class
-from costguard.reaper.fleet import Fleet, FleetRequest, PriceBook, reap
+from costguard.reaper.fleet import Fleet, FleetRequest, reap
 from costguard.reaper.policy import IdlePolicy, ReapLimits
 from costguard.settings import Settings
+from tests.helpers.fleets import PRICES
 from tests.servers.aws import Metrics, launch_instance
 from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm
 from tests.servers.azure import seed_vm as seed_azure
@@ -30,7 +30,6 @@ from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm
 from tests.servers.gcp import seed_vm as seed_gcp
 from tests.servers.http import with_test_auth
 
-PRICES = PriceBook(load_catalog())
 LOCATION = {"regions": (), "all_regions": False, "zones": (), "resource_group": None}
 
 

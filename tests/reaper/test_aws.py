@@ -36,7 +36,7 @@ from costguard.reaper.policy import (
     judge_idle,
 )
 from costguard.tags import MARK_TAG
-from tests.conftest import WIDTHS, assert_fits
+from tests.helpers.output import WIDTHS, assert_fits
 from tests.servers.aws import Metrics, every_five_minutes, launch_instance
 
 NOW = datetime.now(UTC)

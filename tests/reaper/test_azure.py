@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from costguard.pricing.tables import load_catalog
 from costguard.reaper import azure
-from costguard.reaper.fleet import PriceBook, judge_fleet, reap
+from costguard.reaper.fleet import judge_fleet, reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, format_timestamp
 from costguard.settings import Settings
 from costguard.tags import MARK_TAG
+from tests.helpers.fleets import PRICES, verdicts
 from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm, seed_vm
 from tests.servers.http import (
     FakeTokenCredential,
@@ -24,13 +24,7 @@ from tests.servers.http import (
 )
 
 NOW = datetime.now(UTC).replace(microsecond=0)
-PRICES = PriceBook(load_catalog())
-
-
-@pytest.fixture(autouse=True)
-def _now(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOW is when each test starts: the CLI tests judge with the real clock."""
-    monkeypatch.setattr(f"{__name__}.NOW", datetime.now(UTC).replace(microsecond=0))
+pytestmark = pytest.mark.usefixtures("live_now")
 
 
 def minutes(value: float) -> list[tuple[datetime, float]]:
@@ -72,10 +66,6 @@ def make_fleet(server: AzureServer, **kwargs: Any) -> azure.AzureFleet:
 
 def policy(**kwargs: Any) -> IdlePolicy:
     return azure.SAMPLING.policy(**kwargs)
-
-
-def verdicts(report: Any) -> dict[str, tuple[str, str]]:
-    return {v.instance.name: (str(v.action), str(v.code)) for v in report.plan.verdicts}
 
 
 def test_dry_run_judges_with_one_platform_call_per_region_and_one_gpu_call_per_gpu_vm(

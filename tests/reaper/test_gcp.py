@@ -10,22 +10,16 @@ from typing import Any
 import pytest
 
 from costguard.errors import CostguardError
-from costguard.pricing.tables import load_catalog
 from costguard.reaper import gcp
-from costguard.reaper.fleet import PriceBook, reap
+from costguard.reaper.fleet import reap
 from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, Signal
 from costguard.settings import Settings
+from tests.helpers.fleets import PRICES, verdicts
 from tests.servers.gcp import GCP_PROJECT, GcpServer, GcpVm, seed_vm
 from tests.servers.http import every_minute
 
 NOW = datetime.now(UTC).replace(microsecond=0)
-PRICES = PriceBook(load_catalog())
-
-
-@pytest.fixture(autouse=True)
-def _now(monkeypatch: pytest.MonkeyPatch) -> None:
-    """NOW is when each test starts: the CLI test judges with the real clock."""
-    monkeypatch.setattr(f"{__name__}.NOW", datetime.now(UTC).replace(microsecond=0))
+pytestmark = pytest.mark.usefixtures("live_now")
 
 
 def minutes(value: float) -> list[tuple[datetime, float]]:
@@ -71,10 +65,6 @@ def make_fleet(server: GcpServer, **kwargs: Any) -> gcp.GcpFleet:
 
 def policy(**kwargs: Any) -> IdlePolicy:
     return gcp.SAMPLING.policy(**kwargs)
-
-
-def verdicts(report: Any) -> dict[str, tuple[str, str]]:
-    return {v.instance.name: (str(v.action), str(v.code)) for v in report.plan.verdicts}
 
 
 def test_dry_run_judges_with_four_monitoring_calls(fleet: GcpServer) -> None:

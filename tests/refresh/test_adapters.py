@@ -11,6 +11,7 @@ import http.client
 import threading
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Any
 
 import pytest
 from google.auth.credentials import AnonymousCredentials
@@ -23,7 +24,7 @@ from costguard.pricing.refresh.merge import Target
 from costguard.pricing.refresh.parse import row_key
 from costguard.retry import RetryPolicy
 from costguard.settings import Settings
-from tests.refresh.conftest import (
+from tests.refresh.records import (
     G2_STANDARD_4_SPOT_USD,
     G2_STANDARD_4_USD,
     G5_XLARGE_USD,
@@ -164,16 +165,23 @@ def gcp_settings(server: CatalogServer) -> Settings:
     return Settings(gcp_endpoint=server.url)
 
 
-def test_gcp_sums_skus_per_machine_type(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
-    progress: list[int] = []
-    fresh = gcp.fetch(
+def fetch_gcp(
+    catalog: Catalog, server: CatalogServer, credentials: Any = None, **options: Any
+) -> Any:
+    """``gcp.fetch`` of us-central1 from ``server``, anonymous unless ``credentials``."""
+    return gcp.fetch(
         target(catalog, "gcp", "us-central1"),
-        gcp_settings(gcp_catalog),
+        gcp_settings(server),
         now=NOW,
         retry=FAST,
-        progress=progress.append,
-        credentials=AnonymousCredentials(),
+        credentials=credentials or AnonymousCredentials(),
+        **options,
     )
+
+
+def test_gcp_sums_skus_per_machine_type(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
+    progress: list[int] = []
+    fresh = fetch_gcp(catalog, gcp_catalog, progress=progress.append)
     assert price(fresh, catalog, "us-central1", "g2-standard-4") == {
         Market.ON_DEMAND: G2_STANDARD_4_USD,
         Market.SPOT: G2_STANDARD_4_SPOT_USD,
@@ -199,13 +207,7 @@ def test_gcp_sums_skus_per_machine_type(gcp_catalog: CatalogServer, catalog: Cat
 def test_gcp_access_token_travels_as_metadata(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
     from google.oauth2.credentials import Credentials
 
-    gcp.fetch(
-        target(catalog, "gcp", "us-central1"),
-        gcp_settings(gcp_catalog),
-        now=NOW,
-        retry=FAST,
-        credentials=Credentials(token="ya29.test-token"),
-    )
+    fetch_gcp(catalog, gcp_catalog, Credentials(token="ya29.test-token"))
     assert {call.metadata.get("authorization") for call in gcp_catalog.requests} == {
         "Bearer ya29.test-token"
     }
@@ -219,13 +221,7 @@ def test_gcp_throttling_and_unavailability_are_retried_then_500_fails(
         gcp_error("UNAVAILABLE", retry_after_s=None),
         gcp_error("DEADLINE_EXCEEDED", retry_after_s=None),
     ]
-    fresh = gcp.fetch(
-        target(catalog, "gcp", "us-central1"),
-        gcp_settings(gcp_catalog),
-        now=NOW,
-        retry=FAST,
-        credentials=AnonymousCredentials(),
-    )
+    fresh = fetch_gcp(catalog, gcp_catalog)
     assert (
         price(fresh, catalog, "us-central1", "g2-standard-4")[Market.ON_DEMAND] == G2_STANDARD_4_USD
     )
@@ -234,26 +230,14 @@ def test_gcp_throttling_and_unavailability_are_retried_then_500_fails(
     gcp_catalog.requests.clear()
     gcp_catalog.always = gcp_error("INTERNAL")
     with pytest.raises(CostguardError, match="Compute Engine SKUs"):
-        gcp.fetch(
-            target(catalog, "gcp", "us-central1"),
-            gcp_settings(gcp_catalog),
-            now=NOW,
-            retry=FAST,
-            credentials=AnonymousCredentials(),
-        )
+        fetch_gcp(catalog, gcp_catalog)
     assert len(gcp_catalog.requests) == FAST.attempts
 
 
 def test_gcp_permission_denied_is_not_retried(gcp_catalog: CatalogServer, catalog: Catalog) -> None:
     gcp_catalog.always = gcp_error("PERMISSION_DENIED")
     with pytest.raises(CostguardError, match="Google Cloud refused") as info:
-        gcp.fetch(
-            target(catalog, "gcp", "us-central1"),
-            gcp_settings(gcp_catalog),
-            now=NOW,
-            retry=FAST,
-            credentials=AnonymousCredentials(),
-        )
+        fetch_gcp(catalog, gcp_catalog)
     assert "infra/gcp" in (info.value.hint or "")
     assert len(gcp_catalog.requests) == 1
 
@@ -306,7 +290,7 @@ def test_gcp_real_endpoints_get_the_clients_own_tls_channel(
 
 
 def test_gcp_unreachable_endpoint_is_explained(catalog: Catalog) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     settings = Settings(gcp_endpoint=f"http://127.0.0.1:{free_port()}")
     with pytest.raises(CostguardError, match="cannot reach the Cloud Billing Catalog API"):
@@ -423,13 +407,7 @@ def test_gcp_credentials_that_cannot_refresh_are_translated(
             raise RefreshError("invalid_grant: token revoked")
 
     with pytest.raises(CostguardError, match="credentials failed") as info:
-        gcp.fetch(
-            target(catalog, "gcp", "us-central1"),
-            gcp_settings(gcp_catalog),
-            now=NOW,
-            retry=FAST,
-            credentials=Revoked(),
-        )
+        fetch_gcp(catalog, gcp_catalog, Revoked())
     assert "token revoked" in info.value.message
     assert "gcloud auth application-default login" in (info.value.hint or "")
     assert not gcp_catalog.requests

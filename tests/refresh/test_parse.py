@@ -29,7 +29,7 @@ from costguard.pricing.refresh.parse import (
     gcp_unit_prices,
     row_key,
 )
-from tests.refresh.conftest import AWS_PRODUCTS, AZURE_ITEMS, GCP_SKUS
+from tests.refresh.records import AWS_PRODUCTS, AZURE_ITEMS, GCP_SKUS
 from tests.refresh.servers import aws_product, gcp_sku
 from tests.refresh.servers import azure_item as azure_record
 

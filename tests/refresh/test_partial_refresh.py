@@ -17,7 +17,7 @@ from google.auth.exceptions import RefreshError
 from costguard.pricing.refresh.runner import current_tables, plan_refresh, refresh_tables
 from costguard.pricing.tables import load_catalog, load_tables
 from costguard.settings import Settings
-from tests.refresh.conftest import G5_XLARGE_USD, NC4AS_T4_USD, write_mirror
+from tests.refresh.records import G5_XLARGE_USD, NC4AS_T4_USD, write_mirror
 
 REGIONS = ("--region", "us-east-1", "--region", "us-central1", "--region", "eastus")
 BUNDLED_AS_OF = date(2026, 11, 30)

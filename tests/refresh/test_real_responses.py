@@ -64,6 +64,15 @@ def write(folder: Path, name: str, value: Any) -> None:
     (folder / name).write_text(json.dumps(value, default=str), encoding="utf-8")
 
 
+def one_azure_page(mirror: Path) -> None:
+    """A mirror's first Azure page: one NC4as_T4_v3 in eastus at $0.5 an hour."""
+    write(
+        mirror / "azure",
+        "prices-1.json",
+        {"Items": [azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")]},
+    )
+
+
 # --- GCP -------------------------------------------------------------------------------
 
 
@@ -184,11 +193,7 @@ def test_a_mirror_dates_its_prices_by_fetched_json(
     run_cli, tmp_path: Path, cache_dir: Path
 ) -> None:
     mirror = tmp_path / "responses"
-    write(
-        mirror / "azure",
-        "prices-1.json",
-        {"Items": [azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")]},
-    )
+    one_azure_page(mirror)
     write(mirror / "azure", "fetched.json", {"fetched_at": "2026-10-02T08:00:00Z"})
     result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
     assert result.exit_code == 0, result.stderr
@@ -264,11 +269,7 @@ def test_an_error_body_among_good_pages_fails_the_provider_with_its_message(
     run_cli, tmp_path: Path, cache_dir: Path
 ) -> None:
     mirror = tmp_path / "responses"
-    write(
-        mirror / "azure",
-        "prices-1.json",
-        {"Items": [azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")]},
-    )
+    one_azure_page(mirror)
     error = {"Error": {"Code": "TooManyRequests", "Message": "Rate limit exceeded, retry later"}}
     write(mirror / "azure", "prices-2.json", error)
     write(mirror / "gcp", "skus-1.json", recorded("gcp-skus-a2-americas.json"))

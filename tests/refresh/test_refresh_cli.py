@@ -22,7 +22,7 @@ import pytest
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.refresh import cache
 from costguard.pricing.tables import bundled_tables_dir, load_catalog
-from tests.refresh.conftest import (
+from tests.refresh.records import (
     G2_STANDARD_4_SPOT_USD,
     G2_STANDARD_4_USD,
     G5_XLARGE_USD,
@@ -34,6 +34,8 @@ from tests.refresh.conftest import (
 from tests.refresh.servers import Reply, gcp_error
 
 REGIONS = ("--region", "us-east-1", "--region", "us-central1", "--region", "eastus")
+#: One hour of an A10G in us-east-1: the question the staleness tests ask.
+A10G_HOUR = ("estimate", "--gpu", "a10g", "--hours", "1", "--region", "us-east-1")
 
 
 def estimate(run_cli, instance_type: str, region: str, *extra: str) -> dict:
@@ -189,7 +191,7 @@ def test_every_provider_failing_writes_nothing(
 def test_from_mirror_needs_no_network(
     run_cli, tmp_path: Path, cache_dir: Path, monkeypatch
 ) -> None:
-    from tests.conftest import free_port
+    from tests.helpers.processes import free_port
 
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens: any call would fail
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_PRICING", "COSTGUARD_GCP_ENDPOINT"):
@@ -333,76 +335,25 @@ def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
     shutil.copytree(bundled_tables_dir(), cache_dir)
     index = cache_dir / "tables.toml"
     index.write_text(index.read_text().replace('as_of = "2026-11-30"', 'as_of = "2099-01-01"'))
-    fresh = run_cli("estimate", "--gpu", "a10g", "--hours", "1", "--region", "us-east-1")
+    fresh = run_cli(*A10G_HOUR)
     assert "Warning" not in fresh.stderr
     index.write_text(index.read_text().replace('as_of = "2099-01-01"', 'as_of = "2020-01-01"'))
     # Older than the bundled tables now: the bundled ones are used, and they are not stale.
-    assert (
-        run_cli(
-            "estimate", "--gpu", "a10g", "--hours", "1", "--region", "us-east-1", "--format", "json"
-        ).json()["pricing_source"]["origin"]
-        == "bundled"
-    )
+    assert run_cli(*A10G_HOUR, "--format", "json").json()["pricing_source"]["origin"] == "bundled"
     stale_dir = tmp_path / "old-tables"
     shutil.copytree(cache_dir, stale_dir)
-    result = run_cli(
-        "--pricing-dir",
-        str(stale_dir),
-        "estimate",
-        "--gpu",
-        "a10g",
-        "--hours",
-        "1",
-        "--region",
-        "us-east-1",
-    )
+    result = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR)
     warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
     assert len(warnings) == 1
     assert "as of 2020-01-01" in warnings[0]
     assert "costguard pricing refresh" in warnings[0]
-    doc = run_cli(
-        "--pricing-dir",
-        str(stale_dir),
-        "estimate",
-        "--gpu",
-        "a10g",
-        "--hours",
-        "1",
-        "--region",
-        "us-east-1",
-        "--format",
-        "json",
-    ).json()
+    doc = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--format", "json").json()
     assert "2020-01-01" in doc["pricing_source"]["stale_warning"]
-    quiet = run_cli(
-        "--pricing-dir",
-        str(stale_dir),
-        "estimate",
-        "--gpu",
-        "a10g",
-        "--hours",
-        "1",
-        "--region",
-        "us-east-1",
-        "--no-stale-warning",
-    )
+    quiet = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--no-stale-warning")
     assert quiet.exit_code == 0
     assert "Warning" not in quiet.stderr
     monkeypatch.setenv("COSTGUARD_STALE_WARNING", "0")
-    assert (
-        "Warning"
-        not in run_cli(
-            "--pricing-dir",
-            str(stale_dir),
-            "estimate",
-            "--gpu",
-            "a10g",
-            "--hours",
-            "1",
-            "--region",
-            "us-east-1",
-        ).stderr
-    )
+    assert "Warning" not in run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR).stderr
 
 
 def test_spot_only_staleness_says_spot(run_cli, tmp_path: Path, cache_dir: Path) -> None:
@@ -413,31 +364,9 @@ def test_spot_only_staleness_says_spot(run_cli, tmp_path: Path, cache_dir: Path)
     shutil.copytree(bundled_tables_dir(), stale_dir)
     index = stale_dir / "tables.toml"
     index.write_text(index.read_text().replace('as_of = "2026-11-30"', f'as_of = "{ten_days_ago}"'))
-    on_demand = run_cli(
-        "--pricing-dir",
-        str(stale_dir),
-        "estimate",
-        "--gpu",
-        "a10g",
-        "--hours",
-        "1",
-        "--region",
-        "us-east-1",
-        "--on-demand",
-    )
+    on_demand = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--on-demand")
     assert "Warning" not in on_demand.stderr
-    spot = run_cli(
-        "--pricing-dir",
-        str(stale_dir),
-        "estimate",
-        "--gpu",
-        "a10g",
-        "--hours",
-        "1",
-        "--region",
-        "us-east-1",
-        "--spot",
-    )
+    spot = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--spot")
     assert "Warning: the spot prices used are 10 days old" in spot.stderr
 
 

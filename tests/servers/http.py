@@ -10,10 +10,11 @@ API servers of ``tests/refresh/servers.py`` are shapes over it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,31 +28,21 @@ Answer = Callable[
 
 
 class Loopback:
-    """A threaded HTTP server on 127.0.0.1 answering every request with ``answer``."""
+    """A threaded HTTP server on 127.0.0.1 answering every request with ``answer``; or, for
+    a fake that speaks HTTP itself (a fault proxy, the metadata services), with its own
+    ``handler`` class."""
 
-    def __init__(self, answer: Answer, *, http11: bool = False) -> None:
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1" if http11 else "HTTP/1.0"
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if length else b""
-                status, headers, data = answer(
-                    self.command, self.path, dict(self.headers.items()), raw
-                )
-                self.send_response(status)
-                for name, value in headers:
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # keep test output clean
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    def __init__(
+        self,
+        answer: Answer | None = None,
+        *,
+        http11: bool = False,
+        handler: type[BaseHTTPRequestHandler] | None = None,
+    ) -> None:
+        if handler is None:
+            assert answer is not None, "Loopback needs an answer function or a handler class"
+            handler = _answering(answer, http11)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(
@@ -63,6 +54,39 @@ class Loopback:
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join(timeout=10)
+
+
+def _answering(answer: Answer, http11: bool) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if http11 else "HTTP/1.0"
+
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            status, headers, data = answer(self.command, self.path, dict(self.headers.items()), raw)
+            self.send_response(status)
+            for name, value in headers:
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _handle
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # keep test output clean
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """:class:`Loopback` with ``handler`` for the block; its base URL."""
+    server = Loopback(handler=handler)
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def rfc3339(moment: datetime) -> str:

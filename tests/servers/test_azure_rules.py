@@ -28,20 +28,16 @@ EAST_SUBNET = (
 )
 
 
-@pytest.fixture(scope="module")
-def arm() -> Iterator[ArmServer]:
-    server = ArmServer()
-    try:
-        yield server
-    finally:
-        server.stop()
+@pytest.fixture
+def arm(arm_server: ArmServer) -> ArmServer:
+    """The session's ARM fake (tests/conftest.py), reset for this test."""
+    return arm_server
 
 
 @pytest.fixture
 def compute(arm: ArmServer) -> Any:
     from azure.mgmt.compute import ComputeManagementClient
 
-    arm.reset()
     return ComputeManagementClient(
         FakeTokenCredential(), SUBSCRIPTION, base_url=arm.url, **azure_client_options()
     )
@@ -150,19 +146,10 @@ def test_sku_restrictions_come_as_location_and_zone(arm: ArmServer, compute: Any
 # ------------------------------------------------------------- reaper: listAll, metrics
 
 
-@pytest.fixture(scope="module")
-def fleet_server() -> Iterator[AzureServer]:
-    server = AzureServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
-def fleet(fleet_server: AzureServer) -> AzureServer:
-    fleet_server.reset()
-    return fleet_server
+def fleet(azure_server: AzureServer) -> AzureServer:
+    """The session's reaper fake (tests/conftest.py), reset for this test."""
+    return azure_server
 
 
 def clients(server: AzureServer) -> tuple[Any, Any]:

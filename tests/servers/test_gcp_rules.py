@@ -110,20 +110,10 @@ def test_resource_manager_names_a_project_by_number() -> None:
 # ------------------------------------------------------------------------------ compute
 
 
-@pytest.fixture(scope="module")
-def compute_server() -> Iterator[ComputeServer]:
-    server = ComputeServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def instances(compute_server: ComputeServer) -> Any:
     from google.cloud.compute_v1 import InstancesClient
 
-    compute_server.reset()
     return InstancesClient(**options(compute_server.url))
 
 
@@ -170,15 +160,6 @@ def test_a_quota_refusal_is_an_immediate_403(compute_server: ComputeServer, inst
 # --------------------------------------------------------------------------- monitoring
 
 
-@pytest.fixture(scope="module")
-def monitoring_server() -> Iterator[GcpServer]:
-    server = GcpServer()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 NOW = datetime.now(UTC).replace(second=0, microsecond=0)
 
 
@@ -198,21 +179,19 @@ def series(server: GcpServer, metric: str, **aggregation: str) -> Any:
 
 
 @pytest.fixture
-def monitoring(monitoring_server: GcpServer) -> GcpServer:
-    monitoring_server.reset()
-    monitoring_server.add(GcpVm("vm", "us-central1-a", "a2-highgpu-2g", "7"))
+def monitoring(gcp_server: GcpServer) -> GcpServer:
+    """The session's fake (tests/conftest.py), reset, with one A2 VM's metrics."""
+    gcp_server.add(GcpVm("vm", "us-central1-a", "a2-highgpu-2g", "7"))
     points = [(NOW - timedelta(seconds=30 + 60 * k), 6000.0) for k in range(4)]
-    monitoring_server.put(
-        "compute.googleapis.com/instance/network/received_bytes_count", "7", points
-    )
+    gcp_server.put("compute.googleapis.com/instance/network/received_bytes_count", "7", points)
     for gpu, value in (("0", 5.0), ("1", 80.0)):
-        monitoring_server.put(
+        gcp_server.put(
             "agent.googleapis.com/gpu/utilization",
             "7",
             [(t, value) for t, _ in points],
             label=gpu,
         )
-    return monitoring_server
+    return gcp_server
 
 
 def test_align_rate_turns_a_delta_count_into_a_double_rate(monitoring: GcpServer) -> None:

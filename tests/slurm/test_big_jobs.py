@@ -256,51 +256,6 @@ def test_the_index_url_reaches_pip_in_the_job(run_cli: Callable[..., Any], tmp_p
     assert "/simple/costguard-mirror-probe/" in mirror_requests(tmp_path, batch)
 
 
-@pytest.mark.parametrize(
-    ("extra", "needle"),
-    [
-        (("--nodes", "0"), "--nodes"),
-        (("--nodes", "two"), "--nodes"),
-        (("--gpus-per-node", "-1"), "--gpus"),
-        (("--nodes", "2", "--gpus", "0"), "needs --procs-per-node"),
-        (("--procs-per-node", "2"), "--procs-per-node is for multi-node jobs"),
-        (("--rdzv-port", "2000"), "--rdzv-port is for multi-node jobs"),
-        (("--nodes", "2", "--rdzv-port", "80"), "--rdzv-port"),
-        (("--nodes", "2", "--torchrun", " "), "--torchrun"),
-        (("--nodes", "2", "--gpus", "2", "--", "python3"), "COMMAND is what torchrun runs"),
-        (("--nodes", "2", "--gpus", "2", "--", "/x/torchrun"), "COMMAND is what torchrun runs"),
-        (("--array", "9-0"), "goes down"),
-        (("--array", "0-9:0"), ":step"),
-        (("--array", "0-9%0"), "%limit"),
-        (("--array", "a-b"), "not a SLURM array"),
-        (("--array", "0-9\n#SBATCH --x"), "'--array'"),  # refused by the option's type
-        (("--array", "5000000"), "too large"),
-        (("--container", "img\n.sif"), "'--container'"),  # refused by the option's type
-        (("--container", " "), "--container"),
-        (("--index-url", "ftp://mirror/simple"), "not an http(s) URL"),
-        (("--index-url", "https://me:pw@mirror/simple"), "carries a user name"),
-        (("--index-url", "https://mirror/simple\nx"), "'--index-url'"),
-        (("--job-name", "a\nb"), "--job-name"),
-        (("--costguard", "'pixi run"), "cannot be split into words"),
-        (("--nodes", "2", "--torchrun", "torchrun 'x"), "cannot be split into words"),
-    ],
-)
-def test_bad_input_exits_2_with_a_hint(
-    run_cli: Callable[..., Any], extra: tuple[str, ...], needle: str
-) -> None:
-    for command in ("script", "submit"):
-        args = ["slurm", command, "--time", "08:00:00", "--checkpoint", "ckpt/", *extra]
-        result = run_cli(*args, "--", "python", "train.py")
-        assert result.exit_code == 2, (command, result.stdout, result.stderr)
-        assert result.stdout == ""
-        lines = result.stderr.strip().splitlines()
-        assert lines[0].startswith("Error: "), lines
-        assert needle in lines[0], lines
-        assert len(lines) == 2, lines
-        assert lines[1].startswith("Hint: ")
-        assert "pw@" not in result.stderr
-
-
 def test_the_script_of_every_shape_is_valid_bash(run_cli: Callable[..., Any]) -> None:
     text = script_for(
         run_cli, *BASE, "--nodes", "4", "--array", "0-3", "--container", "i.sif",
@@ -317,7 +272,7 @@ def test_a_warning_reaches_the_training_script_inside_the_container(
 ) -> None:
     """Real `costguard run` and training script, the stand-in apptainer between them: the
     script is no child of `costguard run`, so the notice comes through the relay file."""
-    from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
+    from tests.helpers.training import TRAIN_SCRIPT, costguard_command, manifests
 
     ckpt = tmp_path / "ckpt"
     text = script_for(
@@ -347,5 +302,4 @@ def test_a_warning_reaches_the_training_script_inside_the_container(
     assert "costguard: requeueing job 4242" in err
     made = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert calls_of(made, "apptainer")[0][:3] == ["exec", "--bind", str(ckpt)]
-    manifests = [json.loads(p.read_text()) for p in ckpt.glob("ckpt-*/manifest.json")]
-    assert [m["reason"] for m in manifests] == ["notice:signal-signal"]
+    assert [m["reason"] for m in manifests(ckpt)] == ["notice:signal-signal"]

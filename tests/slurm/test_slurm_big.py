@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
 from tests.checkpoint.test_distributed import DDP_SCRIPT
-from tests.slurm.conftest import SlurmCluster
-from tests.slurm.test_slurm_jobs import FINISHED, Job, assert_bitwise_equal, training_env
+from tests.helpers.training import TRAIN_SCRIPT, assert_bitwise_equal, costguard_command
+from tests.slurm.cluster import SlurmCluster
+from tests.slurm.test_slurm_jobs import FINISHED, Job, training_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -22,8 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.checkpoint.conftest import TRAIN_SCRIPT, costguard_command
-from tests.slurm.conftest import SlurmCluster
+from tests.helpers.training import (
+    TRAIN_SCRIPT,
+    assert_bitwise_equal,
+    costguard_command,
+    train_reference,
+)
+from tests.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -65,37 +70,10 @@ def reference_weights(
             env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
             env.update({"COSTGUARD_CLOUD": "none", "OMP_NUM_THREADS": "1"})
             env.update({"COSTGUARD_CHECKPOINT_URL": str(folder / "ckpt")})
-            out = folder / "reference.pt"
-            subprocess.run(
-                [sys.executable, str(TRAIN_SCRIPT), "--steps", str(steps), "--out", str(out)],
-                env=env,
-                check=True,
-                timeout=300,
-                capture_output=True,
-            )
-            done[steps] = torch.load(out, weights_only=True)
+            done[steps] = train_reference(steps, folder / "reference.pt", env, 300)
         return done[steps]
 
     return weights
-
-
-def assert_bitwise_equal(a: object, b: object) -> None:
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor)
-        assert a.dtype == b.dtype
-        assert torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert isinstance(b, dict)
-        assert a.keys() == b.keys()
-        for key in a:
-            assert_bitwise_equal(a[key], b[key])
-    elif isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple)
-        assert len(a) == len(b)
-        for x, y in zip(a, b, strict=True):
-            assert_bitwise_equal(x, y)
-    else:
-        assert a == b
 
 
 class Job:

@@ -16,6 +16,7 @@ from costguard.spot.job import Job, load_job, save_job
 from tests.spot.test_offers_and_job import spec
 
 TRAIN = ("--", "python", "train.py")
+LOCAL_A10G = ("--gpu", "a10g", "--provider", "local")
 
 
 @pytest.fixture
@@ -41,62 +42,14 @@ def assert_refused(result: Any, message: str, *nothing_in: Path) -> None:
     ("args", "message"),
     [
         (("--gpu", "a10q", "--provider", "local", "--checkpoint", "{ckpt}"), "unknown GPU 'a10q'"),
-        (
-            (
-                "--gpu",
-                "a10g",
-                "--provider",
-                "local",
-                "--gpus-per-instance",
-                "3",
-                "--checkpoint",
-                "{ckpt}",
-            ),
-            "no spot offer",
-        ),
-        (
-            (
-                "--gpu",
-                "a10g",
-                "--provider",
-                "local",
-                "--max-price",
-                "0.01",
-                "--checkpoint",
-                "{ckpt}",
-            ),
-            "--max-price",
-        ),
+        ((*LOCAL_A10G, "--gpus-per-instance", "3", "--checkpoint", "{ckpt}"), "no spot offer"),
+        ((*LOCAL_A10G, "--max-price", "0.01", "--checkpoint", "{ckpt}"), "--max-price"),
         (("--gpu", "a10g", "--provider", "aws", "--checkpoint", "{ckpt}"), "local folder"),
-        (("--gpu", "a10g", "--provider", "local"), "--checkpoint is required: a spot instance"),
+        (LOCAL_A10G, "--checkpoint is required: a spot instance"),
         (("--gpu", "a10g", "--checkpoint", "s3://b/r", "--preempt-every", "5"), "only apply to"),
-        (
-            (
-                "--gpu",
-                "a10g",
-                "--provider",
-                "local",
-                "--checkpoint",
-                "{ckpt}",
-                "--preempt-at",
-                "9,3",
-            ),
-            "increasing",
-        ),
-        (
-            (
-                "--gpu",
-                "a10g",
-                "--provider",
-                "local",
-                "--checkpoint",
-                "{ckpt}",
-                "--max-total",
-                "0.001",
-            ),
-            "max-total",
-        ),
-        (("--gpu", "a10g", "--provider", "local", "--checkpoint", "{ckpt}"), "confirmation"),
+        ((*LOCAL_A10G, "--checkpoint", "{ckpt}", "--preempt-at", "9,3"), "increasing"),
+        ((*LOCAL_A10G, "--checkpoint", "{ckpt}", "--max-total", "0.001"), "max-total"),
+        ((*LOCAL_A10G, "--checkpoint", "{ckpt}"), "confirmation"),
     ],
 )
 def test_bad_input_exits_2_before_anything_is_launched(

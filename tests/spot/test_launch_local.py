@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from decimal import Decimal
@@ -21,19 +22,63 @@ from costguard.money import format_usd
 from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
 from costguard.spot.job import Simulation
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
-from tests.checkpoint.test_run import assert_bitwise_equal
 from tests.cli.test_widths import read_screen
-from tests.conftest import WIDTHS, assert_fits, read_png
-from tests.spot.conftest import (
-    TIMEOUT_S,
-    attempt_lines,
-    launch_argv,
-    read_job,
-    reference_run,
-    steps_of,
-    train_command,
-)
+from tests.helpers.output import WIDTHS, assert_fits, read_png
+from tests.helpers.training import TRAIN_SCRIPT, assert_bitwise_equal
 from tests.test_plots import blobs, rgb
+
+#: Every child process is bounded by this (the machine may be shared and slow).
+TIMEOUT_S = 600
+
+
+def launch_argv(*args: str) -> list[str]:
+    """``python -m costguard launch ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "costguard", "launch", *args]
+
+
+def train_command(out: Path, steps: int, sleep: float = 0.05) -> list[str]:
+    """The seeded torch training script (tests/checkpoint/train_script.py)."""
+    return [
+        sys.executable,
+        str(TRAIN_SCRIPT),
+        "--steps",
+        str(steps),
+        "--sleep",
+        str(sleep),
+        "--out",
+        str(out),
+    ]
+
+
+def reference_run(tmp_path: Path, env: dict[str, str], steps: int) -> Path:
+    """The same training, uninterrupted, checkpointing elsewhere: its final state file."""
+    out = tmp_path / "reference.pt"
+    subprocess.run(
+        train_command(out, steps, sleep=0.0),
+        env={**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
+        check=True,
+        timeout=TIMEOUT_S,
+        capture_output=True,
+    )
+    return out
+
+
+def read_job(url: Path) -> dict[str, object]:
+    """``job/job.json`` of a local checkpoint folder."""
+    data: dict[str, object] = json.loads((url / "job" / "job.json").read_text())
+    return data
+
+
+def attempt_lines(state_dir: Path, job_id: str, attempt: int) -> list[str]:
+    """The output lines of a local attempt."""
+    return (state_dir / job_id / f"attempt-{attempt}.log").read_text().splitlines()
+
+
+def steps_of(lines: list[str]) -> tuple[int, int]:
+    """(READY step, last STEP printed) of a training attempt's output."""
+    ready = next(int(line.split()[1]) for line in lines if line.startswith("READY "))
+    steps = [int(line.split()[1]) for line in lines if line.startswith("STEP ")]
+    return ready, max(steps, default=ready)
 
 
 @pytest.mark.slow

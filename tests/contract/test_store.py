@@ -1,4 +1,5 @@
-"""One contract for every store backend: local folder, moto S3, Azurite, gcp-storage-emulator."""
+"""The Store contract: one behaviour for every store backend (local folder, moto S3,
+Azurite, gcp-storage-emulator), each the ``backend`` fixture of :mod:`tests.helpers.stores`."""
 
 from __future__ import annotations
 
@@ -8,15 +9,7 @@ import pytest
 
 from costguard.checkpoint.store import Store, StoreError
 from costguard.errors import InputError
-from tests.checkpoint.conftest import Backend
-
-
-def open_store(backend: Backend) -> Store:
-    import json
-    import os
-
-    text = os.environ.get("COSTGUARD_STORAGE_OPTIONS")
-    return Store.open(backend.url, json.loads(text) if text else None)
+from tests.helpers.stores import Backend, open_store
 
 
 def test_put_get_list_delete(backend: Backend) -> None:

@@ -1,0 +1,135 @@
+"""A loopback server that plays the three clouds' instance metadata services (IMDSv2
+spot notices and rebalance recommendations, GCP ``preempted``, Azure Scheduled Events with
+their ``StartRequests`` acknowledgements); tests flip its state while training runs. The
+fixtures ``metadata_server`` and ``acking_metadata_server`` are in tests/checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
+from typing import Any
+
+from tests.servers.http import serving as loopback
+
+
+@dataclass
+class MetadataState:
+    """What the fake metadata service answers; tests flip it while training runs."""
+
+    aws_action: dict[str, str] | None = None
+    aws_rebalance: dict[str, str] | None = None
+    gcp_preempted: bool = False
+    azure_events: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    tokens: set[str] = field(default_factory=set)
+
+
+class MetadataHandler(BaseHTTPRequestHandler):
+    """The documented shapes of IMDSv2, GCP metadata and Azure Scheduled Events."""
+
+    state: MetadataState
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, body: str, content_type: str = "text/plain") -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PUT(self) -> None:
+        self.state.requests.append(f"PUT {self.path}")
+        if self.path == "/latest/api/token" and self.headers.get(
+            "X-aws-ec2-metadata-token-ttl-seconds"
+        ):
+            token = f"token-{len(self.state.tokens)}"
+            self.state.tokens.add(token)
+            self._send(200, token)
+        else:
+            self._send(400, "bad token request")
+
+    def do_GET(self) -> None:
+        s = self.state
+        s.requests.append(f"GET {self.path}")
+        if self.path.startswith("/latest/meta-data/"):
+            if self.headers.get("X-aws-ec2-metadata-token") not in s.tokens:
+                self._send(401, "")
+                return
+            if self.path.endswith("spot/instance-action") and s.aws_action:
+                self._send(200, json.dumps(s.aws_action), "application/json")
+            elif self.path.endswith("events/recommendations/rebalance") and s.aws_rebalance:
+                self._send(200, json.dumps(s.aws_rebalance), "application/json")
+            else:
+                self._send(404, "Not Found")
+        elif self.path.startswith("/computeMetadata/v1/instance/preempted"):
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._send(403, "Missing Metadata-Flavor")
+            else:
+                self._send(200, "TRUE" if s.gcp_preempted else "FALSE")
+        elif self.path.startswith("/metadata/scheduledevents"):
+            if self.headers.get("Metadata") != "true":
+                self._send(400, "Bad request: Metadata header")
+            else:
+                doc = {"DocumentIncarnation": len(s.azure_events), "Events": s.azure_events}
+                self._send(200, json.dumps(doc), "application/json")
+        else:
+            self._send(404, "Not Found")
+
+
+@contextlib.contextmanager
+def serving(handler: type[BaseHTTPRequestHandler], state: Any) -> Iterator[str]:
+    """Serve ``handler`` (bound to ``state``) on a loopback port; its base URL."""
+    with loopback(type("Handler", (handler,), {"state": state})) as url:
+        yield url
+
+
+@dataclass
+class AckState(MetadataState):
+    """:class:`MetadataState` plus the EventIds acknowledged with ``StartRequests``."""
+
+    started: list[str] = field(default_factory=list)
+    #: Called with the acknowledged EventIds while the POST is handled (tests record
+    #: what was true at that moment, e.g. which checkpoints were committed).
+    on_start: Callable[[list[str]], None] | None = None
+
+
+class AckingMetadataHandler(MetadataHandler):
+    """The metadata server plus Scheduled Events' documented POST: ``{"StartRequests":
+    [{"EventId": ...}]}`` with ``Metadata: true`` starts those events (EventStatus
+    ``Started``); an unknown EventId or a malformed body is a 400."""
+
+    state: AckState
+
+    def do_POST(self) -> None:
+        s = self.state
+        s.requests.append(f"POST {self.path}")
+        if not self.path.startswith("/metadata/scheduledevents"):
+            self._send(404, "Not Found")
+            return
+        if self.headers.get("Metadata") != "true":
+            self._send(400, "Bad request: Metadata header")
+            return
+        length = int(self.headers.get("Content-Length") or 0)
+        try:
+            doc = json.loads(self.rfile.read(length))
+            ids = [str(item["EventId"]) for item in doc["StartRequests"]]
+        except (ValueError, KeyError, TypeError):
+            self._send(400, "Bad request: StartRequests")
+            return
+        known = {str(event.get("EventId")) for event in s.azure_events}
+        if not ids or not set(ids) <= known:
+            self._send(400, "Bad request: unknown EventId")
+            return
+        if s.on_start is not None:
+            s.on_start(ids)
+        for event in s.azure_events:
+            if str(event.get("EventId")) in ids:
+                event["EventStatus"] = "Started"
+        s.started.extend(ids)
+        self._send(200, "")

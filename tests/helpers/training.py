@@ -1,0 +1,192 @@
+"""Training children as the checkpoint and SLURM suites run them: the scripts, the
+``costguard`` command, a child whose stdout a test follows line by line, and the check
+that a resumed run ended in the state of an uninterrupted one (torch loads only there)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+#: The training scripts (tests/checkpoint/*_train.py, train_script.py, ...).
+SCRIPTS = REPO / "tests" / "checkpoint"
+TRAIN_SCRIPT = SCRIPTS / "train_script.py"
+TORCHRUN = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node"]
+#: What the distributed scripts print: ``READY rank pid step`` once, ``STEP rank step``.
+READY = re.compile(r"READY (\d+) (\d+) (\d+)")
+STEP = re.compile(r"STEP (\d+) (\d+)")
+
+
+def costguard_command() -> list[str]:
+    """The installed ``costguard`` script of this interpreter's environment."""
+    script = Path(sys.executable).with_name("costguard")
+    if not script.exists():
+        found = shutil.which("costguard")
+        assert found, "costguard is not installed in this environment: pip install -e ."
+        script = Path(found)
+    return [str(script)]
+
+
+def child_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    """The environment of a child process: this one's, less every cloud and costguard
+    setting, with no config file, the repository importable, one OpenMP thread, and
+    ``settings``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("COSTGUARD_", "AWS_", "AZURE_", "STORAGE_EMULATOR"))
+    }
+    env.update(
+        {
+            "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
+            "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    env.update(settings)
+    return env
+
+
+def run_python(checkpoint: str | Path, code: str) -> list[str]:
+    """``costguard run --checkpoint CHECKPOINT -- python -c CODE``."""
+    command = [*costguard_command(), "run", "--checkpoint", str(checkpoint), "--"]
+    return [*command, sys.executable, "-c", code]
+
+
+class Followed:
+    """A child process whose stdout lines a test reads as they come, within a deadline."""
+
+    def __init__(self, command: list[str], env: dict[str, str], timeout_s: float) -> None:
+        self.proc = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines: list[str] = []
+        self.err: str | None = None
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+
+    def read_until(self, predicate: Callable[[str], bool]) -> str:
+        """Read lines until one satisfies ``predicate`` (that line); else kill and fail."""
+        assert self.proc.stdout is not None
+        while time.monotonic() < self.deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line.strip())
+            if predicate(line.strip()):
+                return line.strip()
+        self.proc.kill()
+        _, self.err = self.proc.communicate(timeout=30)
+        raise AssertionError(
+            f"child ended or timed out; stdout {self.lines[-6:]}, {self.err[-3000:]}"
+        )
+
+    def finish(self) -> int:
+        """Wait for the exit (its code); the rest of stdout joins ``lines``, stderr is kept."""
+        out, self.err = self.proc.communicate(timeout=self.timeout_s)
+        self.lines.extend(line.strip() for line in out.splitlines())
+        return self.proc.returncode
+
+    def stderr(self) -> str:
+        if self.err is not None:
+            return self.err
+        return self.proc.stderr.read() if self.proc.stderr and self.proc.poll() is not None else ""
+
+
+class RankedJob(Followed):
+    """``costguard run -- torchrun --nproc-per-node RANKS SCRIPT``, saving every 4 steps."""
+
+    def __init__(
+        self,
+        script: Path,
+        ranks: int,
+        steps: int,
+        url: str,
+        out: Path,
+        env: dict[str, str],
+        *,
+        timeout_s: float,
+    ) -> None:
+        command = [*costguard_command(), "run", "--checkpoint", url, "--every-steps", "4", "--"]
+        command += [*TORCHRUN, str(ranks), str(script), "--steps", str(steps), "--out", str(out)]
+        super().__init__([*command, "--sleep", "0.1"], env, timeout_s)
+
+    def ready(self) -> dict[int, tuple[int, int]]:
+        """rank -> (pid, step it resumed at)."""
+        text = "\n".join(self.lines)
+        return {int(r): (int(p), int(s)) for r, p, s in READY.findall(text)}
+
+    def last_step(self) -> int:
+        return max((int(s) for _, s in STEP.findall("\n".join(self.lines))), default=0)
+
+
+def reached(line: str, step: int) -> bool:
+    """A distributed script's ``STEP rank step`` line at ``step`` or later."""
+    return any(int(s) >= step for _, s in STEP.findall(line))
+
+
+def manifests(folder: str | Path) -> list[dict[str, Any]]:
+    """The manifests of every committed checkpoint in a local checkpoint folder."""
+    return [json.loads(p.read_text()) for p in Path(folder).glob("ckpt-*/manifest.json")]
+
+
+def newest_manifest(folder: str | Path) -> dict[str, Any]:
+    """The manifest of the checkpoint of the highest step in a local checkpoint folder."""
+    return max(manifests(folder), key=lambda m: int(m["step"]))
+
+
+def train_reference(steps: int, out: Path, env: dict[str, str], timeout_s: float) -> Any:
+    """An uninterrupted run of the training script (its checkpoint URL in ``env``): its
+    final weights."""
+    import torch
+
+    subprocess.run(
+        [sys.executable, str(TRAIN_SCRIPT), "--steps", str(steps), "--out", str(out)],
+        env=env,
+        check=True,
+        timeout=timeout_s,
+        capture_output=True,
+    )
+    return torch.load(out, weights_only=True)
+
+
+def assert_same(a: object, b: object, *, close: bool = False) -> None:
+    """``a`` and ``b`` hold the same tensors, containers and values: bitwise, or with
+    ``close`` tensors and floats within float rounding (atol 1e-6, rel 1e-6)."""
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor)
+        if close:
+            torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+        else:
+            assert a.dtype == b.dtype
+            assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert_same(a[key], b[key], close=close)
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y, close=close)
+    elif close and isinstance(a, float):
+        assert a == pytest.approx(b, rel=1e-6)
+    else:
+        assert a == b
+
+
+def assert_bitwise_equal(a: object, b: object) -> None:
+    assert_same(a, b)
