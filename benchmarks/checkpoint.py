@@ -7,7 +7,8 @@
    restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
    ranged GETs slowly, so both baselines are printed). Each repeat runs the baseline and
    ours back to back, in turns (baseline first in even repeats, ours first in odd ones),
-   so a busy machine slows both alike; the ratio is printed per repeat. Between repeats,
+   so a busy machine slows both alike; the ratio is printed per repeat. The restores
+   follow the saves, each next to the baselines' reads of the same bytes. Between repeats,
    untimed, the repeat's objects are deleted so moto's memory stays flat, and the
    checkpoint keeps every save (retention, which runs after a commit, deletes nothing
    inside a timed save). Also printed: the store layer alone (``Store.put_hashed`` of the
@@ -327,6 +328,7 @@ def measure_s3(
     store = Store.open(f"s3://{BUCKET}/store")
     ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=repeats + 1)
     upload_s, download_s, get_s, save_s, put_s, stream_s = [], [], [], [], [], []
+    restore_s: list[float] = []
     copier = state_mod.CpuCopier()
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "payload.bin"
@@ -361,22 +363,32 @@ def measure_s3(
             stream_s.append(time.perf_counter() - started)
             assert upload.size >= 0.99 * len(payload)
             del snapshot
+            if i < repeats - 1:  # the last is kept for the restores' baselines
+                s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.bin")  # moto's memory stays flat
+            store.delete([f"put/{i}.bin", f"stream/{i}.pt"])
+
+        # Restores, each next to download_file and get_object of the same bytes, in turns.
+        def timed_download(_: int) -> None:
             started = time.perf_counter()
-            s3.download_file(BUCKET, f"raw/{i}.bin", str(Path(folder) / "down.bin"))
+            s3.download_file(BUCKET, f"raw/{repeats - 1}.bin", str(Path(folder) / "down.bin"))
             download_s.append(time.perf_counter() - started)
             started = time.perf_counter()
-            s3.get_object(Bucket=BUCKET, Key=f"raw/{i}.bin")["Body"].read()
+            s3.get_object(Bucket=BUCKET, Key=f"raw/{repeats - 1}.bin")["Body"].read()
             get_s.append(time.perf_counter() - started)
-            s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.bin")  # moto's memory stays flat
-            store.delete([f"put/{i}.bin", f"stream/{i}.pt"])
+
+        def timed_restore(_: int) -> None:
+            reader = Checkpointer(f"s3://{BUCKET}/run", check=False)
+            started = time.perf_counter()
+            reader.restore(model=model, optimizer=optimizer)
+            restore_s.append(time.perf_counter() - started)
+            reader.close()
+
+        for i in range(repeats):
+            for read in (
+                (timed_download, timed_restore) if i % 2 == 0 else (timed_restore, timed_download)
+            ):
+                read(i)
     ckpt.close()
-    restore_s = []
-    for _ in range(repeats):
-        reader = Checkpointer(f"s3://{BUCKET}/run", check=False)
-        started = time.perf_counter()
-        reader.restore(model=model, optimizer=optimizer)
-        restore_s.append(time.perf_counter() - started)
-        reader.close()
     mb = size / 1e6
     up, save, put, stream = (statistics.median(x) for x in (upload_s, save_s, put_s, stream_s))
     down, get, restore = (statistics.median(x) for x in (download_s, get_s, restore_s))
