@@ -4,12 +4,15 @@ is aborted, and uploads a killed writer left behind are aborted after a grace pe
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from datetime import datetime
 from typing import IO, Any, cast
@@ -77,11 +80,13 @@ def test_parts_go_up_concurrently_with_checksums(parts_proxy: Faults) -> None:
     assert store.get("ckpt/state.pt") == data
     assert len(parts_proxy.seen) == 7
     assert 1 < parts_proxy.max_inflight <= uploads.PARTS_IN_FLIGHT
-    # Every part carries a CRC32 that S3 checks before accepting it.
-    assert all(
-        any(k.lower() == "x-amz-checksum-crc32" for k in headers)
-        for _, _, headers in parts_proxy.seen
-    )
+    # Every part carries the CRC32 of its bytes, which S3 checks before accepting it
+    # (moto does not: a wrong one would pass unnoticed there).
+    for _, path, headers in parts_proxy.seen:
+        number = int(re.search(r"partNumber=(\d+)", path)[1])  # type: ignore[index]
+        part = data[(number - 1) * PART : number * PART]
+        crc = {k.lower(): v for k, v in headers.items()}["x-amz-checksum-crc32"]
+        assert crc == base64.b64encode(zlib.crc32(part).to_bytes(4, "big")).decode()
     assert incomplete_uploads() == []
 
 
@@ -223,9 +228,9 @@ def test_a_long_stream_reuses_a_few_part_buffers(
     bodies: list[bytes | bytearray] = []  # kept alive: a freed buffer's id could recur
     send = uploads.S3Upload._send
 
-    async def recording(self: Any, number: int, body: bytes | bytearray) -> dict[str, Any]:
+    async def recording(self: Any, number: int, body: Any, crc32: Any) -> dict[str, Any]:
         bodies.append(body)
-        return await send(self, number, body)
+        return await send(self, number, body, crc32)
 
     monkeypatch.setattr(uploads.S3Upload, "_send", recording)
     store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)

@@ -9,6 +9,7 @@ the store creates them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import hashlib
@@ -18,6 +19,7 @@ import os
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -203,7 +205,7 @@ class S3Upload(Upload):
         self._slots = threading.BoundedSemaphore(PARTS_IN_FLIGHT)
         self._sent: list[concurrent.futures.Future[dict[str, Any]]] = []
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
-        self._hashed: list[concurrent.futures.Future[None]] = []
+        self._hashed: list[concurrent.futures.Future[str]] = []
 
     def _write(self, data: Any, *, held: bool) -> int:
         view = memoryview(data).cast("B")
@@ -267,16 +269,13 @@ class S3Upload(Upload):
             msg = f"{self.path} is larger than {MAX_PARTS} parts of {PART_BYTES} bytes"
             raise StoreError(msg)
         # A full part's buffer is reused once it has been hashed and sent.
-        done = (
-            self._returns(body, 1 if self.digest is None else 2)
-            if isinstance(body, bytearray)
-            else None
-        )
-        if self.digest is not None:
-            hashed = self._hasher.submit(self.digest.update, body)
-            if done is not None:
-                hashed.add_done_callback(done)
-            self._hashed.append(hashed)
+        done = self._returns(body, 2) if isinstance(body, bytearray) else None
+        # The part's CRC32 (and its share of the sha256) is computed on the hashing
+        # thread, not on the event loop that sends every part.
+        hashed = self._hasher.submit(self._checksum, body)
+        if done is not None:
+            hashed.add_done_callback(done)
+        self._hashed.append(hashed)
         if self._upload_id is None:
             created = self._call(
                 "starting the upload of", "create_multipart_upload", ChecksumAlgorithm="CRC32"
@@ -288,15 +287,25 @@ class S3Upload(Upload):
             raise StoreError(msg)
         self._raise_failed()
         future = asyncio.run_coroutine_threadsafe(
-            self._send(self._number, body), self.store.fs.loop
+            self._send(self._number, body, hashed), self.store.fs.loop
         )
         future.add_done_callback(lambda _: self._slots.release())
         if done is not None:
             future.add_done_callback(done)
         self._sent.append(future)
 
-    async def _send(self, number: int, body: bytes | bytearray) -> dict[str, Any]:
+    def _checksum(self, body: bytes | bytearray) -> str:
+        """Add ``body`` to the sha256 (parts come here in order) and return its CRC32 as
+        S3 writes it (base64 of the 4 big-endian bytes)."""
+        if self.digest is not None:
+            self.digest.update(body)
+        return base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+
+    async def _send(
+        self, number: int, body: bytes | bytearray, checksum: concurrent.futures.Future[str]
+    ) -> dict[str, Any]:
         fs = self.store.fs
+        crc32 = await asyncio.wrap_future(checksum)
 
         async def call() -> dict[str, Any]:
             answer: dict[str, Any] = await fs._call_s3(
@@ -306,17 +315,14 @@ class S3Upload(Upload):
                 UploadId=self._upload_id,
                 PartNumber=number,
                 Body=body,
-                ChecksumAlgorithm="CRC32",
+                ChecksumCRC32=crc32,  # given, so botocore does not compute it on the loop
             )
             return answer
 
         answer = await self.store._with_retries_async(
             f"uploading part {number} of {self.path}", call
         )
-        part = {"PartNumber": number, "ETag": answer["ETag"]}
-        if answer.get("ChecksumCRC32"):
-            part["ChecksumCRC32"] = answer["ChecksumCRC32"]
-        return part
+        return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32": crc32}
 
     def finish(self) -> None:
         """Send the last part and complete the upload (or PUT a small object whole)."""
