@@ -5,9 +5,11 @@
    serialised into memory first.
 2. Save throughput to moto S3 / raw boto3 ``upload_file`` of the same bytes (target >= 0.8);
    restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
-   ranged GETs slowly, so both baselines are printed). Each repeat runs the baseline and
-   ours back to back, in turns (baseline first in even repeats, ours first in odd ones),
-   so a busy machine slows both alike; the ratio is printed per repeat. The restores
+   ranged GETs slowly, so both baselines are printed). Each repeat runs ours between two
+   ``upload_file`` runs of the same bytes and divides by their mean, so a machine that
+   speeds up or slows down over a repeat slows both alike; the ratio is printed per
+   repeat, beside the two baseline runs' own ratio (how far this machine moves a run
+   against itself within a repeat: no ratio here is more exact than that). The restores
    follow the saves, each next to the baselines' reads of the same bytes. Between repeats,
    untimed, the repeat's objects are deleted so moto's memory stays flat, and the
    checkpoint keeps every save (retention, which runs after a commit, deletes nothing
@@ -329,27 +331,25 @@ def measure_s3(
     ckpt = Checkpointer(f"s3://{BUCKET}/run", keep_last=repeats + 1)
     upload_s, download_s, get_s, save_s, put_s, stream_s = [], [], [], [], [], []
     restore_s: list[float] = []
+    self_s: list[float] = []  # upload_file before / after, in each repeat
     copier = state_mod.CpuCopier()
     with tempfile.TemporaryDirectory() as folder:
         raw = Path(folder) / "payload.bin"
         raw.write_bytes(payload)
 
-        def baseline(i: int) -> None:
+        def baseline(key: str) -> float:
             started = time.perf_counter()
-            s3.upload_file(str(raw), BUCKET, f"raw/{i}.bin")
-            upload_s.append(time.perf_counter() - started)
+            s3.upload_file(str(raw), BUCKET, key)
+            return time.perf_counter() - started
 
-        def ours(i: int) -> None:
+        for i in range(repeats):
+            before = baseline(f"raw/{i}.bin")
             started = time.perf_counter()
             future = ckpt.save(i, model=model, optimizer=optimizer)
             assert future is not None
             result = future.result()
             save_s.append(time.perf_counter() - started)
             assert result.ok, result.error
-
-        for i in range(repeats):
-            for turn in (baseline, ours) if i % 2 == 0 else (ours, baseline):
-                turn(i)
             started = time.perf_counter()
             digest = store.put_hashed(f"put/{i}.bin", payload)
             put_s.append(time.perf_counter() - started)
@@ -363,6 +363,10 @@ def measure_s3(
             stream_s.append(time.perf_counter() - started)
             assert upload.size >= 0.99 * len(payload)
             del snapshot
+            after = baseline(f"raw/{i}.after.bin")
+            upload_s.append((before + after) / 2)
+            self_s.append(before / after)
+            s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.after.bin")
             if i < repeats - 1:  # the last is kept for the restores' baselines
                 s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.bin")  # moto's memory stays flat
             store.delete([f"put/{i}.bin", f"stream/{i}.pt"])
@@ -394,7 +398,7 @@ def measure_s3(
     down, get, restore = (statistics.median(x) for x in (download_s, get_s, restore_s))
 
     def paired(ours: list[float]) -> str:
-        # Each repeat's upload_file ran next to ours: the ratio per repeat, so that the
+        # Each repeat's upload_file ran around ours: the ratio per repeat, so that the
         # machine's drift over the run cancels out.
         ratios = sorted(u / o for u, o in zip(upload_s, ours, strict=True))
         return (
@@ -402,9 +406,15 @@ def measure_s3(
             f"(range {ratios[0]:.2f}-{ratios[-1]:.2f})"
         )
 
+    spread = sorted(self_s)
+
     print(
         f"2. save (copy+serialise+sha256+upload+manifest) {mb / save:.0f} MB/s; boto3 "
         f"upload_file {mb / up:.0f} MB/s; {paired(save_s)} (target >= 0.8)"
+    )
+    print(
+        f"   upload_file against itself (before / after ours, same repeat): median "
+        f"{statistics.median(spread):.2f} (range {spread[0]:.2f}-{spread[-1]:.2f})"
     )
     print(
         f"   store layer alone (Store.put_hashed: upload + sha256 in one pass) {mb / put:.0f} "
