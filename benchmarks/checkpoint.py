@@ -5,16 +5,18 @@
    serialised into memory first.
 2. Save throughput to moto S3 / raw boto3 ``upload_file`` of the same bytes (target >= 0.8);
    restore / ``download_file`` (target >= 0.8), and / one plain ``get_object`` (moto serves
-   ranged GETs slowly, so both baselines are printed). Each repeat runs ours between two
-   ``upload_file`` runs of the same bytes and divides by their mean, so a machine that
-   speeds up or slows down over a repeat slows both alike; the ratio is printed per
+   ranged GETs slowly, so both baselines are printed). Each repeat runs the save between
+   two ``upload_file`` runs of the same bytes and divides by their mean, so a machine
+   that speeds up or slows down over a repeat slows both alike; the ratio is printed per
    repeat, beside the two baseline runs' own ratio (how far this machine moves a run
-   against itself within a repeat: no ratio here is more exact than that). The restores
-   follow the saves, each next to the baselines' reads of the same bytes. Between repeats,
-   untimed, the repeat's objects are deleted so moto's memory stays flat, and the
-   checkpoint keeps every save (retention, which runs after a commit, deletes nothing
-   inside a timed save). Also printed: the store layer alone (``Store.put_hashed`` of the
-   serialised bytes) and where one save's time goes.
+   against itself within a repeat: no ratio here is more exact than that). Every timed
+   run starts after a short pause, so that none runs while the last is still freed.
+   Each object but the checkpoints is deleted, untimed, once timed, so moto's memory
+   stays flat; the checkpoint keeps every save (retention, which runs after a commit,
+   deletes nothing inside a timed save). Also printed, against the same baselines: the
+   store layer alone (``Store.put_hashed`` of the serialised bytes) and a save streamed
+   by ``torch.save`` into ``Store.upload``; and where one save's time goes. The restores
+   follow the saves, each next to the baselines' reads of the same bytes.
 3. Steps/s of a small training loop while a background save runs / steps/s without
    (target >= 0.9), per save: the loop alone just before and just after each save.
 4. Peak memory a restore adds / the state's size (target <= 0.5), from a local folder and
@@ -51,6 +53,10 @@ from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.store import Store
 
 BUCKET = "bench-bucket"
+#: A pause, untimed, before each timed S3 run: a run that starts while moto and the kernel
+#: still free the last 600 MB runs slower (an upload_file right after a save took about
+#: 25% longer than the one before it, without this pause).
+SETTLE_S = 2.0
 
 
 def free_port() -> int:
@@ -337,23 +343,33 @@ def measure_s3(
         raw = Path(folder) / "payload.bin"
         raw.write_bytes(payload)
 
-        def baseline(key: str) -> float:
+        def baseline() -> float:
+            time.sleep(SETTLE_S)
             started = time.perf_counter()
-            s3.upload_file(str(raw), BUCKET, key)
-            return time.perf_counter() - started
+            s3.upload_file(str(raw), BUCKET, "raw/payload.bin")
+            took = time.perf_counter() - started
+            s3.delete_object(Bucket=BUCKET, Key="raw/payload.bin")  # moto's memory stays flat
+            return took
 
         for i in range(repeats):
-            before = baseline(f"raw/{i}.bin")
+            before = baseline()
+            time.sleep(SETTLE_S)
             started = time.perf_counter()
             future = ckpt.save(i, model=model, optimizer=optimizer)
             assert future is not None
             result = future.result()
             save_s.append(time.perf_counter() - started)
             assert result.ok, result.error
+            after = baseline()
+            upload_s.append((before + after) / 2)
+            self_s.append(before / after)
+            time.sleep(SETTLE_S)
             started = time.perf_counter()
             digest = store.put_hashed(f"put/{i}.bin", payload)
             put_s.append(time.perf_counter() - started)
             assert digest == hashlib.sha256(payload).hexdigest()
+            store.delete([f"put/{i}.bin"])
+            time.sleep(SETTLE_S)
             started = time.perf_counter()
             snapshot = copier.copy(
                 state_mod.capture(1, state_mod.TrainState(model=model, optimizer=optimizer))
@@ -363,21 +379,16 @@ def measure_s3(
             stream_s.append(time.perf_counter() - started)
             assert upload.size >= 0.99 * len(payload)
             del snapshot
-            after = baseline(f"raw/{i}.after.bin")
-            upload_s.append((before + after) / 2)
-            self_s.append(before / after)
-            s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.after.bin")
-            if i < repeats - 1:  # the last is kept for the restores' baselines
-                s3.delete_object(Bucket=BUCKET, Key=f"raw/{i}.bin")  # moto's memory stays flat
-            store.delete([f"put/{i}.bin", f"stream/{i}.pt"])
+            store.delete([f"stream/{i}.pt"])
+        s3.upload_file(str(raw), BUCKET, "raw/payload.bin")  # for the restores' baselines
 
         # Restores, each next to download_file and get_object of the same bytes, in turns.
         def timed_download(_: int) -> None:
             started = time.perf_counter()
-            s3.download_file(BUCKET, f"raw/{repeats - 1}.bin", str(Path(folder) / "down.bin"))
+            s3.download_file(BUCKET, "raw/payload.bin", str(Path(folder) / "down.bin"))
             download_s.append(time.perf_counter() - started)
             started = time.perf_counter()
-            s3.get_object(Bucket=BUCKET, Key=f"raw/{repeats - 1}.bin")["Body"].read()
+            s3.get_object(Bucket=BUCKET, Key="raw/payload.bin")["Body"].read()
             get_s.append(time.perf_counter() - started)
 
         def timed_restore(_: int) -> None:
