@@ -90,6 +90,45 @@ def test_parts_go_up_concurrently_with_checksums(parts_proxy: Faults) -> None:
     assert incomplete_uploads() == []
 
 
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_botocore_hashes_no_part_twice(scheme: str) -> None:
+    """The CRC32 computed on the hashing thread goes with a part where botocore signs
+    the body anyway (plain http); over https botocore streams its own CRC32 as a trailer
+    and signs no body (a given CRC32 would make it sha256 every part on the loop)."""
+    import boto3
+    from botocore.awsrequest import AWSResponse
+
+    client = boto3.client(
+        "s3",
+        endpoint_url=f"{scheme}://127.0.0.1:9",  # nothing is sent: before-send answers
+        aws_access_key_id="test",
+        aws_secret_access_key="test",
+        region_name="us-east-1",
+    )
+    sent: dict[str, str] = {}
+
+    class Empty:
+        def stream(self, **_: Any) -> Iterator[bytes]:
+            return iter([b""])
+
+    def answer(request: Any, **_: Any) -> AWSResponse:
+        for name, value in request.headers.items():
+            sent[name.lower()] = value.decode() if isinstance(value, bytes) else value
+        return AWSResponse(request.url, 200, {"ETag": '"e"'}, Empty())
+
+    client.meta.events.register("before-send.s3.UploadPart", answer)
+    body = payload(PART)
+    crc32 = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
+    given = uploads.part_checksum(client.meta.endpoint_url, crc32)
+    client.upload_part(Bucket=BUCKET, Key="k", UploadId="u", PartNumber=1, Body=body, **given)
+    if scheme == "http":
+        assert sent["x-amz-checksum-crc32"] == crc32
+        assert sent["x-amz-content-sha256"] == hashlib.sha256(body).hexdigest()
+    else:
+        assert sent["x-amz-trailer"] == "x-amz-checksum-crc32"
+        assert sent["x-amz-content-sha256"] == "STREAMING-UNSIGNED-PAYLOAD-TRAILER"
+
+
 @pytest.mark.slow
 def test_a_failed_part_is_resent_alone(parts_proxy: Faults) -> None:
     parts_proxy.fail_puts = 2

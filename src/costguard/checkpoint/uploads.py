@@ -181,8 +181,9 @@ class S3Upload(Upload):
 
     Threads: the writer's thread fills parts (big writes copied without the GIL, into
     buffers reused once sent); fsspec's event loop sends them; one worker hashes them in
-    order. The multipart upload starts with the first full part, so an
-    object smaller than a part is one plain PUT.
+    order, and computes each one's CRC32 (see :func:`part_checksum`). The multipart
+    upload starts with the first full part, so an object smaller than a part is one
+    plain PUT.
     """
 
     def __init__(self, store: Store, path: str, digest: Any) -> None:
@@ -306,6 +307,7 @@ class S3Upload(Upload):
     ) -> dict[str, Any]:
         fs = self.store.fs
         crc32 = await asyncio.wrap_future(checksum)
+        given = part_checksum(fs.s3.meta.endpoint_url, crc32)
 
         async def call() -> dict[str, Any]:
             answer: dict[str, Any] = await fs._call_s3(
@@ -315,7 +317,7 @@ class S3Upload(Upload):
                 UploadId=self._upload_id,
                 PartNumber=number,
                 Body=body,
-                ChecksumCRC32=crc32,  # given, so botocore does not compute it on the loop
+                **given,
             )
             return answer
 
@@ -363,6 +365,20 @@ class S3Upload(Upload):
                     abort_upload(self.store, self.bucket, self.key, self._upload_id),
                 )
         self._upload_id = None
+
+
+def part_checksum(endpoint_url: str, crc32: str) -> dict[str, str]:
+    """How a part's CRC32 goes with it, so that botocore hashes as little of the part as
+    it can on the event loop that sends every part.
+
+    Over plain http botocore signs the body with its sha256 whatever else it does, so the
+    CRC32 computed on the hashing thread goes along and botocore computes nothing more.
+    Over https botocore leaves the body unsigned only when it computes the CRC32 itself,
+    as a trailer while it streams the part (a CRC32 given here would make it sign the
+    body: a sha256, three times the work)."""
+    if endpoint_url.startswith("https:"):
+        return {"ChecksumAlgorithm": "CRC32"}
+    return {"ChecksumCRC32": crc32}
 
 
 def sync(fs: Any, coroutine: Awaitable[T]) -> T:
