@@ -329,6 +329,9 @@ def test_ctrl_c_releases_the_job_for_attach(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # A foreground process: a shell starts background jobs with SIGINT ignored, and a
+        # test run started that way would hand its children that, and Ctrl-C with it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
         _wait_for(lambda: _running_handle(ckpt))
