@@ -71,3 +71,57 @@ def test_an_upload_that_fails_with_hashes_running_leaves_no_file_and_no_thread(
         produce()
     assert list(tmp_path.iterdir()) == []
     assert not hasher_threads()
+
+
+def test_without_hash_aside_big_writes_are_hashed_on_the_writing_thread(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path))
+    blocks = [os.urandom(BIG) for _ in range(2)]
+    with store.upload("obj", hash_aside=False) as upload:
+        for block in blocks:
+            upload.write(block)
+            upload.write_held(block)
+            assert not hasher_threads()  # none was started: this thread hashed it all
+    assert upload.sha256 == hashlib.sha256(b"".join(b + b for b in blocks)).hexdigest()
+    assert hashlib.sha256((tmp_path / "obj").read_bytes()).hexdigest() == upload.sha256
+
+
+def test_a_save_beside_training_takes_one_core_one_training_waits_for_may_take_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On two cores a second hashing thread beside a background save cost the training
+    # loop 10% of its steps/s (benchmarks/checkpoint.py, part 3): only a save that
+    # training waits for (a blocking, final or emergency one) hashes aside.
+    import torch
+
+    from costguard.checkpoint import Checkpointer, Preempted
+    from costguard.checkpoint.notices import Notice, NoticeBoard
+
+    asides: list[bool] = []
+    real_init = LocalUpload.__init__
+
+    def spy(self: LocalUpload, target: str, *, hash_aside: bool = True) -> None:
+        if Path(target).name == "state.pt":
+            asides.append(hash_aside)
+        real_init(self, target, hash_aside=hash_aside)
+
+    monkeypatch.setattr(LocalUpload, "__init__", spy)
+    model = torch.nn.Linear(4, 4)
+    board = NoticeBoard()
+    ckpt = Checkpointer(tmp_path, every_steps=2, notices=board, keep_last=10)
+    ckpt.step(0, model=model)
+    ckpt.step(1, model=model)  # a scheduled save, in the background
+    ckpt.flush()
+    future = ckpt.save(2, model=model)  # on demand, in the background
+    assert future is not None
+    future.result()
+    ckpt.save(3, model=model, block=True)
+    ckpt.step(4, model=model)
+    ckpt.close()  # commits step 5, the last one passed to step()
+    assert asides == [False, False, True, True]
+
+    asides.clear()
+    ckpt = Checkpointer(tmp_path, every_steps=100, notices=board)
+    board.post(Notice("aws", "terminate", None))
+    with pytest.raises(Preempted):
+        ckpt.step(9, model=model)
+    assert asides == [True]

@@ -564,11 +564,19 @@ class Checkpointer:
         is still in flight, and on ranks other than 0 (under a process group every rank
         must call it: each sends its own RNG and loader state to rank 0).
         """
+        if parts is None:
+            parts = TrainState(**objects)
+        return self._save(step, reason, parts, block=block, hurry=block)
+
+    def _save(
+        self, step: int, reason: str, parts: TrainState, *, block: bool = False, hurry: bool
+    ) -> Future[SaveResult] | None:
+        """:meth:`save`; ``hurry`` when training waits for it (block, final, emergency):
+        it may then use a second core (see
+        :attr:`~costguard.checkpoint.incremental.Snapshot.hurry`)."""
         if self._closed:
             msg = "this Checkpointer is closed"
             raise RuntimeError(msg)
-        if parts is None:
-            parts = TrainState(**objects)
         # Every rank of a sharded model gets here with its shards: all decide alike, at the
         # first save (sharding does not change during a run).
         if self._is_sharded(parts):
@@ -603,7 +611,7 @@ class Checkpointer:
             if self._saver.pool.enabled
             else None
         )
-        snapshot = self._saver.snapshot(captured, trainable)
+        snapshot = self._saver.snapshot(captured, trainable, hurry=hurry)
         stall_s = time.perf_counter() - started
         name = checkpoint_name(steps_done, secrets.token_hex(4))
         future = self._saver.submit(snapshot, name, steps_done, parts.epoch, reason, stall_s)
@@ -634,7 +642,7 @@ class Checkpointer:
         if self._saver.saved_steps_done == step + 1:
             result = self.flush(self._wait_s(notice))
         elif self.rank == 0:
-            self.save(step, reason=f"notice:{notice.source}-{notice.kind}", parts=parts)
+            self._save(step, f"notice:{notice.source}-{notice.kind}", parts, hurry=True)
             result = self.flush(self._wait_s(notice))
         return self._stop(notice, result, step + 1)
 
@@ -665,7 +673,7 @@ class Checkpointer:
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
         self._arm_deadline(notice)
         if self._last_steps_done != step + 1:  # the same on every rank: saves are collective
-            self.save(step, reason=f"notice:{notice.source}-{notice.kind}", parts=parts)
+            self._save(step, f"notice:{notice.source}-{notice.kind}", parts, hurry=True)
         result = self.flush(self._wait_s(notice)) if group.rank == 0 else None
         # Every rank waits here for rank 0's save: a rank that exited early would make a
         # launcher like torchrun kill the others, rank 0 included, before it is durable.
@@ -783,7 +791,7 @@ class Checkpointer:
             # Under a group every rank must decide alike: by the saves they all started.
             saved = self._last_steps_done if group is not None else self._saver.saved_steps_done
             if step + 1 > (saved or 0):
-                self.save(step, reason="final", parts=parts)
+                self._save(step, "final", parts, hurry=True)
                 result = self.flush(timeout_s)
             durable = self.last_durable
             committed = durable is not None and durable.step == step + 1

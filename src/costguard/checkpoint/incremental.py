@@ -117,6 +117,9 @@ class Snapshot:
     uploaded_bytes: int = 0
     #: Copy buffers no longer needed, to be freed off the training thread.
     released: list[Any] = field(default_factory=list)
+    #: Training waits for this save (a blocking, final or emergency one): a local write
+    #: may hash on a second core. A save beside training takes one core, not two.
+    hurry: bool = False
 
 
 def tensor_key(tensor: Any) -> tuple[Any, ...]:
@@ -287,7 +290,7 @@ class Pool:
         if known:
             return
         view = tensor_bytes(cpu)
-        size, written = self._write(pool_path(digest), view)
+        size, written = self._write(pool_path(digest), view, hash_aside=snapshot.hurry)
         if written != digest or size != view.nbytes:
             msg = f"pool object {digest[:12]}... was written with sha256 {written[:12]}..."
             raise OSError(msg)
@@ -295,14 +298,14 @@ class Pool:
             self.known[digest] = size
         snapshot.uploaded_bytes += size
 
-    def _write(self, path: str, view: memoryview) -> tuple[int, str]:
+    def _write(self, path: str, view: memoryview, *, hash_aside: bool) -> tuple[int, str]:
         if self.store.is_s3 or self.store.is_local:
 
             def produce(file: Any) -> None:
                 for start in range(0, view.nbytes, CHUNK_BYTES):
                     file.write(view[start : start + CHUNK_BYTES])
 
-            return self.store.write_stream(path, produce)
+            return self.store.write_stream(path, produce, hash_aside=hash_aside)
         return view.nbytes, self.store.put_hashed(path, view)
 
     def committed(self, snapshot: Snapshot) -> None:

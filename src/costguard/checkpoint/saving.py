@@ -109,16 +109,19 @@ class Saver:
         if self._inflight is not None:
             self._inflight.result()
 
-    def snapshot(self, state: Any, trainable: set[int] | None = None) -> Snapshot:
+    def snapshot(
+        self, state: Any, trainable: set[int] | None = None, *, hurry: bool = False
+    ) -> Snapshot:
         """Copy ``state`` into the warm CPU buffers (the part that blocks training), all
         but the frozen tensors unchanged since the last save (``trainable``: the storages
-        of the parameters that train, see :meth:`Pool.split`)."""
+        of the parameters that train, see :meth:`Pool.split`). ``hurry``: training will
+        wait for this save (:attr:`Snapshot.hurry`)."""
         rest, items = self.pool.split(state, trainable)
         changed = {"/".join(map(str, i.path)): i.live for i in items if i.sha256 is None}
         copied = self._copier.copy({"state": rest, "pooled": changed})
         for item in items:
             item.copy = copied["pooled"].get("/".join(map(str, item.path)))
-        snapshot = Snapshot(copied["state"], items)
+        snapshot = Snapshot(copied["state"], items, hurry=hurry)
         # Buffers no longer needed are freed by the background thread, not training's.
         snapshot.released, self._copier.released = self._copier.released, []
         return snapshot
@@ -184,7 +187,9 @@ class Saver:
         try:
             snapshot.released.clear()
             pooled = self.pool.store_objects(snapshot)
-            size, digest = self._write_payload(snapshot.state, f"{name}/{PAYLOAD}")
+            size, digest = self._write_payload(
+                snapshot.state, f"{name}/{PAYLOAD}", hash_aside=snapshot.hurry
+            )
             uploaded = size + snapshot.uploaded_bytes
             snapshot.state = None  # the CPU buffers stay with the copier for the next save
             manifest = Manifest(
@@ -243,7 +248,7 @@ class Saver:
         self._record(result)
         return result
 
-    def _write_payload(self, snapshot: Any, path: str) -> tuple[int, str]:
+    def _write_payload(self, snapshot: Any, path: str, *, hash_aside: bool) -> tuple[int, str]:
         """Serialise ``snapshot`` to ``path``; its size and sha256, hashed in the same pass.
 
         On S3 and in a local folder the bytes stream into the store as ``torch.save``
@@ -253,7 +258,9 @@ class Saver:
         the bulk copies, and uploaded a block at a time with the store's retries.
         """
         if self.store.is_s3 or self.store.is_local:
-            return self.store.write_stream(path, lambda file: state_mod.torch_save(snapshot, file))
+            return self.store.write_stream(
+                path, lambda file: state_mod.torch_save(snapshot, file), hash_aside=hash_aside
+            )
         data = state_mod.serialise(snapshot)
         return len(data), self.store.put_hashed(path, data)
 

@@ -300,7 +300,7 @@ class Store:
         return digest.hexdigest()
 
     @contextlib.contextmanager
-    def upload(self, path: str) -> Iterator[uploads.Upload]:
+    def upload(self, path: str, *, hash_aside: bool = True) -> Iterator[uploads.Upload]:
         """Write one object from a stream: ``torch.save(state, upload)`` inside the block.
 
         On S3 the bytes go up while they are produced: each full part is hashed (in a
@@ -311,13 +311,16 @@ class Store:
         are written at the end of the block. The object exists (complete) only once the block
         has ended without an error; on an error nothing is written and a started multipart
         upload is aborted. Afterwards ``upload.size`` and ``upload.sha256`` describe it.
+        ``hash_aside=False`` keeps a local write's hashing on the writing thread (see
+        :class:`~costguard.checkpoint.uploads.LocalUpload`).
         """
         streamed: uploads.S3Upload | uploads.LocalUpload | None = None
         if self.is_s3:
             streamed = uploads.S3Upload(self, path, hashlib.sha256())
         elif self.is_local:
             streamed = self._translate(
-                f"writing {path}", lambda: uploads.LocalUpload(self.full(path))
+                f"writing {path}",
+                lambda: uploads.LocalUpload(self.full(path), hash_aside=hash_aside),
             )
         if streamed is not None:
             try:
@@ -335,7 +338,9 @@ class Store:
         yield buffered
         buffered.sha256 = self.put_hashed(path, buffered.buffer.getbuffer())
 
-    def write_stream(self, path: str, produce: Callable[[uploads.Upload], None]) -> tuple[int, str]:
+    def write_stream(
+        self, path: str, produce: Callable[[uploads.Upload], None], *, hash_aside: bool = True
+    ) -> tuple[int, str]:
         """Write one object from what ``produce(file)`` writes; its size and sha256.
 
         :meth:`upload` with a retry that fits each store: S3 retries each part alone;
@@ -344,7 +349,7 @@ class Store:
         """
 
         def once() -> tuple[int, str]:
-            with self.upload(path) as upload:
+            with self.upload(path, hash_aside=hash_aside) as upload:
                 produce(upload)
             return upload.size, upload.sha256
 

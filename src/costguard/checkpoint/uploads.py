@@ -95,20 +95,23 @@ class LocalUpload(Upload):
     """One local file written from a stream: hashed as written, atomic at :meth:`finish`.
 
     The bytes go to a temporary file beside the target, unbuffered, a chunk at a time.
-    A big write is hashed on a second thread while this one writes it (both release the
-    GIL). A :meth:`write` returns once its bytes are hashed, so that the caller may
-    reuse its buffer; a :meth:`~Upload.write_held` returns once they are written, and
-    its hash runs on while the next bytes are written and while :meth:`finish` syncs
-    the file: the sha256 then costs a save no wall time of its own where a core is
-    free or the disk is the slower part.
+    With ``hash_aside`` (for a save that training waits for), a big write is hashed on a
+    second thread while this one writes it (both release the GIL). A :meth:`write`
+    returns once its bytes are hashed, so that the caller may reuse its buffer; a
+    :meth:`~Upload.write_held` returns once they are written, and its hash runs on while
+    the next bytes are written and while :meth:`finish` syncs the file: the sha256 then
+    costs the save no wall time of its own where a core is free or the disk is the
+    slower part. Without it (a save in the background of training) every byte is hashed
+    on this thread: the save takes one core, not two, from the training beside it.
     """
 
     CHUNK = 1 << 20
     #: Writes at least this large are hashed on the second thread; smaller ones here.
     PIPELINE_BYTES = 4 << 20
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, hash_aside: bool = True) -> None:
         super().__init__()
+        self.hash_aside = hash_aside
         self.path = Path(target)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -123,7 +126,7 @@ class LocalUpload(Upload):
             # Hashes of held bytes are still running: a copy of a small write joins their
             # queue, rather than this call waiting for all of them.
             view, held = memoryview(bytes(view)), True
-        if view.nbytes < self.PIPELINE_BYTES and self._hashed is None:
+        if not self.hash_aside or (view.nbytes < self.PIPELINE_BYTES and self._hashed is None):
             self.digest.update(view)
             self._write_all(view)
             return view.nbytes
