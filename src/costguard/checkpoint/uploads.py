@@ -95,8 +95,9 @@ class LocalUpload(Upload):
     """One local file written from a stream: hashed as written, atomic at :meth:`finish`.
 
     The bytes go to a temporary file beside the target, unbuffered, a chunk at a time.
-    With ``hash_aside`` (for a save that training waits for), a big write is hashed on a
-    second thread while this one writes it (both release the GIL). A :meth:`write`
+    With ``hash_aside`` (for a save that training waits for), a big write (a held one
+    from :attr:`HELD_BYTES`) is hashed on a second thread while this one writes it (both
+    release the GIL). A :meth:`write`
     returns once its bytes are hashed, so that the caller may reuse its buffer; a
     :meth:`~Upload.write_held` returns once they are written, and its hash runs on while
     the next bytes are written and while :meth:`finish` syncs the file: the sha256 then
@@ -106,8 +107,12 @@ class LocalUpload(Upload):
     """
 
     CHUNK = 1 << 20
-    #: Writes at least this large are hashed on the second thread; smaller ones here.
+    #: A :meth:`write` at least this large is hashed on the second thread (in chunks,
+    #: each hashed while the next is written); a smaller one here.
     PIPELINE_BYTES = 4 << 20
+    #: A held write at least this large is hashed on the second thread (it need not wait
+    #: for its hash); a smaller one, not worth the hand-over, here or behind those.
+    HELD_BYTES = 64 << 10
 
     def __init__(self, target: str, *, hash_aside: bool = True) -> None:
         super().__init__()
@@ -122,11 +127,14 @@ class LocalUpload(Upload):
 
     def _write(self, data: Any, *, held: bool) -> int:
         view = memoryview(data).cast("B")
-        if not held and self._hashed is not None and view.nbytes < self.PIPELINE_BYTES:
-            # Hashes of held bytes are still running: a copy of a small write joins their
-            # queue, rather than this call waiting for all of them.
-            view, held = memoryview(bytes(view)), True
-        if not self.hash_aside or (view.nbytes < self.PIPELINE_BYTES and self._hashed is None):
+        aside = view.nbytes >= (self.HELD_BYTES if held else self.PIPELINE_BYTES)
+        if self._hashed is not None and not aside:
+            # Hashes of held bytes are still running: a small write joins their queue
+            # (a copy of it, unless held), rather than this call waiting for all of them.
+            if not held:
+                view, held = memoryview(bytes(view)), True
+            aside = True
+        if not (self.hash_aside and aside):
             self.digest.update(view)
             self._write_all(view)
             return view.nbytes
