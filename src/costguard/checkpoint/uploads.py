@@ -97,13 +97,13 @@ class LocalUpload(Upload):
     The bytes go to a temporary file beside the target, unbuffered, a chunk at a time.
     With ``hash_aside`` (for a save that training waits for), a big write (a held one
     from :attr:`HELD_BYTES`) is hashed on a second thread while this one writes it (both
-    release the GIL). A :meth:`write`
-    returns once its bytes are hashed, so that the caller may reuse its buffer; a
-    :meth:`~Upload.write_held` returns once they are written, and its hash runs on while
-    the next bytes are written and while :meth:`finish` syncs the file: the sha256 then
-    costs the save no wall time of its own where a core is free or the disk is the
-    slower part. Without it (a save in the background of training) every byte is hashed
-    on this thread: the save takes one core, not two, from the training beside it.
+    release the GIL). A :meth:`write` returns once its bytes are hashed, so that the
+    caller may reuse its buffer; a :meth:`~Upload.write_held` returns once they are
+    written, and its hash runs on while the next bytes are written and while
+    :meth:`finish` syncs the file: the sha256 then costs the save no wall time of its
+    own where a core is free or the disk is the slower part. Without it (a save in the
+    background of training) every byte is hashed on this thread: the save takes one
+    core, not two, from the training beside it.
     """
 
     CHUNK = 1 << 20
