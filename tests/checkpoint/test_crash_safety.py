@@ -2,7 +2,9 @@
 (inside serialise, upload, manifest write or retention delete, or at a random time) never
 leaves a store whose "latest" is incomplete, and every restore loads a valid checkpoint.
 
-The default run does a modest number of trials; CI sets COSTGUARD_CRASH_TRIALS=200.
+The default run does a modest number of trials; CI sets COSTGUARD_CRASH_TRIALS=200. A large
+count is split into batches of ``BATCH`` trials or more, each its own test on its own store
+and seed, so that pytest-xdist's workers share them; the trials add up to the count asked.
 """
 
 from __future__ import annotations
@@ -18,9 +20,18 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.stores import make_s3_bucket
-from tests.helpers.training import SCRIPTS
+from tests.helpers.training import SCRIPTS, batches
 
 TRIALS = int(os.environ.get("COSTGUARD_CRASH_TRIALS", "25"))
+#: The fewest trials in one batch: enough that kills land in every phase of a save.
+BATCH = 25
+
+
+def trials_timeout_s(trials: int) -> int:
+    """A safety net, not a budget: a trial takes about a second on an idle machine, and a
+    busy one (four test workers on two cores) may take many times that; the count of trials
+    is what the test asks for, never what fits a time."""
+    return 120 + trials * 30
 
 
 def run_trials(url: str, trials: int, env: dict[str, str], *mode: str) -> dict[str, object]:
@@ -30,7 +41,7 @@ def run_trials(url: str, trials: int, env: dict[str, str], *mode: str) -> dict[s
         env=env,
         capture_output=True,
         text=True,
-        timeout=60 + trials * 5,
+        timeout=trials_timeout_s(trials),
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
@@ -40,14 +51,16 @@ def run_trials(url: str, trials: int, env: dict[str, str], *mode: str) -> dict[s
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", batches(TRIALS, 50))
+@pytest.mark.timeout(60 + trials_timeout_s(max(batches(TRIALS, 50))))
 def test_kill_9_during_saves_on_a_local_store(
-    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+    tmp_path: Path, train_env: Callable[..., dict[str, str]], batch: int
 ) -> None:
-    result = run_trials(str(tmp_path / "ckpt"), TRIALS, train_env())
+    result = run_trials(str(tmp_path / "ckpt"), batch, train_env())
     assert result["failures"] == [], result
     trials, landed = result["trials"], result["landed"]
     assert isinstance(trials, int)
-    assert trials >= TRIALS
+    assert trials >= batch
     assert isinstance(landed, dict)
     # Kills landed in every phase of a save, not only between saves.
     assert {"serialise", "upload", "manifest", "retention"} <= set(landed), landed
@@ -59,10 +72,14 @@ def test_kill_9_during_saves_on_a_local_store(
 
 
 @pytest.mark.slow
-def test_kill_9_during_saves_on_s3(train_env: Callable[..., dict[str, str]], aws_env: str) -> None:
+@pytest.mark.parametrize("batch", batches(max(5, TRIALS // 4), BATCH))
+@pytest.mark.timeout(60 + trials_timeout_s(max(batches(max(5, TRIALS // 4), BATCH))))
+def test_kill_9_during_saves_on_s3(
+    train_env: Callable[..., dict[str, str]], aws_env: str, batch: int
+) -> None:
     make_s3_bucket(aws_env, "crash")
     env = train_env(**{k: v for k, v in os.environ.items() if k.startswith("AWS_")})
-    result = run_trials("s3://crash/run", max(5, TRIALS // 4), env)
+    result = run_trials("s3://crash/run", batch, env)
     assert result["failures"] == [], result
     landed = result["landed"]
     assert isinstance(landed, dict)
@@ -74,10 +91,12 @@ POOL_TRIALS = max(10, TRIALS * 2 // 5)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batch", batches(POOL_TRIALS, 40))
+@pytest.mark.timeout(60 + trials_timeout_s(max(batches(POOL_TRIALS, 40))))
 def test_kill_9_during_incremental_saves_on_a_local_store(
-    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+    tmp_path: Path, train_env: Callable[..., dict[str, str]], batch: int
 ) -> None:
-    result = run_trials(str(tmp_path / "ckpt"), POOL_TRIALS, train_env(), "lora")
+    result = run_trials(str(tmp_path / "ckpt"), batch, train_env(), "lora")
     assert result["failures"] == [], result
     landed = result["landed"]
     assert isinstance(landed, dict)
@@ -92,6 +111,7 @@ def test_kill_9_during_incremental_saves_on_a_local_store(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(60 + trials_timeout_s(max(4, POOL_TRIALS // 3)))
 def test_kill_9_during_incremental_saves_on_s3(
     train_env: Callable[..., dict[str, str]], aws_env: str
 ) -> None:

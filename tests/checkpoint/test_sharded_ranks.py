@@ -9,7 +9,8 @@ mesh, gloo, torchrun) with the README's Checkpointer calls, under ``costguard ru
 * kill -9 of one rank at a random moment of a run that saves at every step, then a
   restore: every trial loads the newest complete, verified checkpoint, and every folder
   with a manifest holds every object it lists, hashes equal. The suite runs
-  ``COSTGUARD_SHARDED_CRASH_TRIALS`` trials (default 10).
+  ``COSTGUARD_SHARDED_CRASH_TRIALS`` trials (default 10), in batches of five on their own
+  stores, so that pytest-xdist's workers share them.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from tests.helpers.training import (
     TORCHRUN,
     RankedJob,
     assert_bitwise_equal,
+    batches,
     newest_manifest,
     reached,
 )
@@ -209,16 +211,17 @@ def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) ->
     return f"rank {victim}"
 
 
-@pytest.mark.timeout(120 + 120 * TRIALS)  # a 4-rank start per trial
+@pytest.mark.timeout(120 + 120 * max(batches(TRIALS, 5)))  # a 4-rank start per trial
+@pytest.mark.parametrize("batch", batches(TRIALS, 5))
 def test_kill_9_of_one_rank_during_sharded_saves_never_breaks_a_restore(
-    tmp_path: Path, train_env: Callable[..., dict[str, str]], one_rank: None
+    tmp_path: Path, train_env: Callable[..., dict[str, str]], one_rank: None, batch: int
 ) -> None:
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     url = tmp_path / "ckpt"
     env = train_env()
     restored_steps = []
-    for trial in range(TRIALS):
+    for trial in range(batch):
         what = kill_trial(url, env, rng, tmp_path / f"trial-{trial}.err")
         complete = complete_folders(url)
         for name in complete:  # a manifest is only ever written over whole objects
@@ -229,5 +232,5 @@ def test_kill_9_of_one_rank_during_sharded_saves_never_breaks_a_restore(
             assert ckpt.restored is not None or not complete, (seed, trial, what)
         assert step == max(complete.values(), default=0), (seed, trial, what, complete)
         restored_steps.append(step)
-    print(f"kill -9 trials: {TRIALS}, restores that loaded the newest complete: {TRIALS}")
+    print(f"kill -9 trials: {batch}, restores that loaded the newest complete: {batch}")
     assert restored_steps[-1] > 0, (seed, restored_steps)

@@ -27,6 +27,18 @@ READY = re.compile(r"READY (\d+) (\d+) (\d+)")
 STEP = re.compile(r"STEP (\d+) (\d+)")
 
 
+def batches(trials: int, size: int) -> list[int]:
+    """``trials`` split into batches of at least ``size`` (one batch when fewer), summing to
+    it: crash trials run as several tests, each on its own store, so xdist's workers share
+    them.
+
+    >>> batches(200, 50), batches(25, 50), batches(26, 25), batches(10, 5), batches(3, 5)
+    ([50, 50, 50, 50], [25], [26], [5, 5], [3])
+    """
+    count = max(1, trials // size)
+    return [trials // count + (1 if i < trials % count else 0) for i in range(count)]
+
+
 def costguard_command() -> list[str]:
     """The installed ``costguard`` script of this interpreter's environment."""
     script = Path(sys.executable).with_name("costguard")
