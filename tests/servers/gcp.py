@@ -203,8 +203,8 @@ class ComputeServer(LocalServer):
         return None
 
     def types(self, request: Request, match: re.Match[str]) -> Reply:
-        """``machineTypes.aggregatedList`` / ``acceleratorTypes.aggregatedList`` filtered by
-        ``name = "X"``: the zones that offer X list it, the others carry a warning."""
+        """``machineTypes.aggregatedList`` filtered by ``name = "X"``: the zones that offer X
+        list it, the others carry a warning."""
         kind = match["kind"]
         wanted = re.fullmatch(r'name = "([^"]+)"', request.query.get("filter", [""])[0])
         if wanted is None:
@@ -327,7 +327,7 @@ class ComputeServer(LocalServer):
             ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),
             ("GET", zone + "/operations", self.list_operations),
             ("GET", project + "/aggregated/instances", self.aggregated),
-            ("GET", project + "/aggregated/(?P<kind>machineTypes|acceleratorTypes)", self.types),
+            ("GET", project + "/aggregated/(?P<kind>machineTypes)", self.types),
         ]
 
 
