@@ -73,6 +73,27 @@ def test_gcp_preempted_flag(metadata_server: tuple[str, MetadataState]) -> None:
     assert gcp.poll() == first  # the deadline stays the first one
 
 
+@pytest.mark.parametrize("quiet", ["NONE", "MIGRATE_ON_HOST_MAINTENANCE"])
+def test_gcp_host_maintenance_that_stops_the_vm_is_a_notice(
+    quiet: str, metadata_server: tuple[str, MetadataState]
+) -> None:
+    # cloud.google.com/compute/docs/gpus/gpu-host-maintenance: a GPU VM is stopped for
+    # host maintenance, announced on instance/maintenance-event; a migration is not a stop.
+    base, state = metadata_server
+    gcp = GcpMetadata(base)
+    state.gcp_maintenance = quiet
+    assert gcp.poll() == []
+    assert any("/instance/maintenance-event" in r for r in state.requests)
+    state.gcp_maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
+    (notice,) = gcp.poll()
+    assert notice.urgent
+    assert (notice.source, notice.kind) == ("gcp", "stop")
+    assert notice.deadline_unix is not None
+    assert 0 < notice.deadline_unix - time.time() <= 60
+    state.gcp_maintenance = "NONE"  # the key goes back once the event is over
+    assert gcp.poll() == [notice]
+
+
 def test_azure_preempt_event_uses_not_before(metadata_server: tuple[str, MetadataState]) -> None:
     base, state = metadata_server
     azure = AzureScheduledEvents(base)

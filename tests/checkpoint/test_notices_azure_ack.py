@@ -16,7 +16,7 @@ from costguard.checkpoint.notices import (
     cloud_poller,
 )
 from costguard.checkpoint.notices.azure import AzureScheduledEvents, event_id
-from tests.helpers.metadata import AckState
+from tests.helpers.metadata import AckState, azure_event
 from tests.helpers.processes import free_port
 
 PREEMPT = {
@@ -88,7 +88,7 @@ def test_other_notices_acknowledge_nothing(
     assert state.requests == []
 
 
-def test_a_refused_acknowledgement_is_logged_not_raised(
+def test_an_event_no_longer_listed_is_logged_not_raised_nor_sent(
     acking_metadata_server: tuple[str, AckState], caplog: pytest.LogCaptureFixture
 ) -> None:
     base, state = acking_metadata_server
@@ -96,8 +96,43 @@ def test_a_refused_acknowledgement_is_logged_not_raised(
     stale = Notice("azure", "preempt", 1.0, "event an-event-that-is-gone")
     with caplog.at_level(logging.WARNING):
         assert acknowledge(stale, {"COSTGUARD_AZURE_METADATA_URL": base}) is False
-    assert "refused" in caplog.text
-    assert "unknown EventId" in caplog.text
+    assert "not acknowledged" in caplog.text
+    assert state.started == []
+    assert not [r for r in state.requests if r.startswith("POST")]
+
+
+def test_a_siblings_eviction_is_neither_a_notice_nor_acknowledged(
+    acking_metadata_server: tuple[str, AckState],
+) -> None:
+    # Azure lists every event of the availability set / placement group on each VM of it.
+    base, state = acking_metadata_server
+    sibling = azure_event("sib-1", ["vm2", "vm3"], str(PREEMPT["NotBefore"]))
+    state.azure_events = [sibling]
+    events = AzureScheduledEvents(base)
+    assert events.poll() == []
+    assert any("/metadata/instance/compute/name" in r for r in state.requests)
+    # Even asked to, costguard does not approve a sibling's eviction.
+    env = {"COSTGUARD_AZURE_METADATA_URL": base}
+    assert acknowledge(Notice("azure", "preempt", 1.0, "event sib-1"), env) is False
+    assert not [r for r in state.requests if r.startswith("POST")]
+    assert state.azure_events[0]["EventStatus"] == "Scheduled"
+    # This VM's own eviction, listed with the sibling's, is seen and acknowledged alone.
+    state.azure_events.append(dict(PREEMPT))
+    (notice,) = events.poll()
+    assert event_id(notice) == PREEMPT["EventId"]
+    assert acknowledge(notice, env) is True
+    assert state.started == [PREEMPT["EventId"]]
+
+
+def test_without_the_vm_name_every_eviction_saves_and_none_is_acknowledged(
+    acking_metadata_server: tuple[str, AckState],
+) -> None:
+    base, state = acking_metadata_server
+    state.azure_vm_name = ""  # instance metadata answers no name
+    state.azure_events = [azure_event("sib-1", ["vm2"], str(PREEMPT["NotBefore"]))]
+    (notice,) = AzureScheduledEvents(base).poll()
+    assert notice.kind == "preempt"
+    assert acknowledge(notice, {"COSTGUARD_AZURE_METADATA_URL": base}) is False
     assert state.started == []
 
 

@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 from costguard.checkpoint.store import Store
 from costguard.cli.checkpoint import checkpoint_group
-from tests.helpers.metadata import MetadataState
+from tests.helpers.metadata import AckState, MetadataState, azure_event
 from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import (
     TRAIN_SCRIPT,
@@ -114,17 +114,7 @@ def _notice(cloud: str, state: MetadataState, deadline: float) -> None:
         state.gcp_preempted = True
     else:
         state.azure_events = [
-            {
-                "EventId": "A1",
-                "EventType": "Preempt",
-                "ResourceType": "VirtualMachine",
-                "Resources": ["vm"],
-                "EventStatus": "Scheduled",
-                "NotBefore": formatdate(deadline, usegmt=True),
-                "Description": "Spot eviction",
-                "EventSource": "Platform",
-                "DurationInSeconds": -1,
-            }
+            azure_event("A1", [state.azure_vm_name], formatdate(deadline, usegmt=True))
         ]
 
 
@@ -155,6 +145,49 @@ def test_a_cloud_notice_saves_before_the_deadline_and_loses_no_step(
     resumed.finish()
     assert resumed.ready() == saved[0]["step"] >= last - 1  # zero lost steps
     assert any("GET" in r for r in state.requests)
+
+
+@pytest.mark.slow
+def test_a_gcp_host_maintenance_notice_saves_and_exits_75(
+    tmp_path: Path,
+    metadata_server: tuple[str, MetadataState],
+    watched_env: Callable[[str], dict[str, str]],
+) -> None:
+    _, state = metadata_server
+    url = str(tmp_path / "ckpt")
+    child = Child(url, tmp_path / "out.pt", watched_env("gcp"), "--every-steps", "1000")
+    child.read_until(lambda line: line == "STEP 5")
+    state.gcp_maintenance = "TERMINATE_ON_HOST_MAINTENANCE"
+    assert child.finish() == 75, child.stderr()
+    (saved,) = manifests(url)
+    assert saved["reason"] == "notice:gcp-stop"
+    assert saved["step"] >= 5
+
+
+@pytest.mark.slow
+def test_a_siblings_azure_eviction_changes_nothing_here(
+    tmp_path: Path,
+    acking_metadata_server: tuple[str, AckState],
+    train_env: Callable[..., dict[str, str]],
+) -> None:
+    # Scheduled Events reach every VM of the availability set / placement group; this one
+    # concerns vm2 only (its Resources), listed from before the job starts to its end.
+    base, state = acking_metadata_server
+    when = formatdate(time.time() + 30, usegmt=True)
+    state.azure_events = [azure_event("S1", ["vm2"], when)]
+    env = train_env(
+        COSTGUARD_CLOUD="azure", COSTGUARD_NOTICE_POLL_S="0.05", COSTGUARD_AZURE_METADATA_URL=base
+    )
+    url = str(tmp_path / "ckpt")
+    child = Child(url, tmp_path / "out.pt", env, "--every-steps", "1000")
+    assert child.finish() == 0, child.stderr()
+    assert any(line.startswith("DONE") for line in child.lines)  # trained to the end
+    polls = [r for r in state.requests if r.startswith("GET /metadata/scheduledevents")]
+    assert len(polls) >= 2, state.requests  # the watcher saw the event, more than once
+    assert not [m for m in manifests(url) if str(m["reason"]).startswith("notice:")]
+    assert not [r for r in state.requests if r.startswith("POST")]
+    assert state.started == []
+    assert state.azure_events[0]["EventStatus"] == "Scheduled"
 
 
 def test_bad_input_fails_before_the_script_starts(

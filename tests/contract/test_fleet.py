@@ -76,8 +76,9 @@ def _gcp(request: pytest.FixtureRequest, now: datetime) -> FleetCase:
     server: GcpServer = request.getfixturevalue("gcp_server")
     monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
+    # With a Local SSD: a stop must then say what becomes of its data (or 400).
     seed_gcp(server, server.add(GcpVm("idle", "us-central1-a", "g2-standard-4", "101",
-                                      "nvidia-l4", 1)), now)  # fmt: skip
+                                      "nvidia-l4", 1, local_ssds=1)), now)  # fmt: skip
     seed_gcp(server, server.add(GcpVm("busy", "us-central1-a", "g2-standard-4", "102",
                                       "nvidia-l4", 1)), now, gpu=97.0)  # fmt: skip
 

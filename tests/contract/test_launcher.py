@@ -11,6 +11,7 @@ also show on the wire (its request bodies, tags, price caps) is the case's ``che
 from __future__ import annotations
 
 import base64
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -68,6 +69,8 @@ class LauncherCase:
     preempt: Callable[[Handle], None]
     #: What the cloud must show after the relaunch story: ``check(final, events)``.
     check: Callable[[Job, list[str]], None]
+    #: The cloud stops offering the offer's type in one zone of its region: that zone.
+    lack: Callable[[], str] | None = None
 
 
 def _job(provider: str, gpu: str, count: int, region: str, url: str, **extra: Any) -> JobSpec:
@@ -134,7 +137,9 @@ def _aws(request: pytest.FixtureRequest) -> LauncherCase:
     )  # fmt: skip
 
 
-def _gcp(request: pytest.FixtureRequest) -> LauncherCase:
+def _gcp(request: pytest.FixtureRequest, take: str = "preempt") -> LauncherCase:
+    """``take``: how Compute Engine takes the VM back, a preemption or a host maintenance
+    stop (GPU VMs cannot live-migrate)."""
     from google.auth.credentials import AnonymousCredentials
 
     server: ComputeServer = request.getfixturevalue("compute_server")
@@ -149,7 +154,7 @@ def _gcp(request: pytest.FixtureRequest) -> LauncherCase:
 
     def check(final: Job, events: list[str]) -> None:
         first, second = final.attempts
-        assert "preempted" in first.detail
+        assert ("preempted" if take == "preempt" else "host maintenance") in first.detail
         assert (first.offer.zone, second.offer.zone) == ("us-central1-a", "us-central1-b")
         bodies = [call.body for call in server.calls("POST", "/instances")]
         zones = [b["machineType"].split("/")[1] for b in bodies]
@@ -159,11 +164,20 @@ def _gcp(request: pytest.FixtureRequest) -> LauncherCase:
         for body in bodies:
             script = body["metadata"]["items"][0]["value"]
             assert f"costguard run --checkpoint {url} " in script
-        assert server.vms == {}  # the finished job's VM was deleted
+        # The finished job's VM was deleted; a VM stopped by host maintenance stays stopped
+        # (no automatic restart), as Compute Engine leaves it.
+        assert first.handle is not None
+        left = {name: vm.status for name, vm in server.vms.items()}
+        assert left == ({} if take == "preempt" else {first.handle.instance_id: "TERMINATED"})
 
+    def lack() -> str:
+        server.lacking.add(("us-central1-a", offer.instance_type))
+        return "us-central1-a"
+
+    takes = {"preempt": server.preempt, "maintenance": server.host_maintenance}
     return LauncherCase(
         launcher, [offer], _job("gcp", "T4", 2, "us-central1", url, options=GCP_OPTIONS),
-        lambda handle: server.preempt(handle.instance_id), check,
+        lambda handle: takes[take](handle.instance_id), check, lack,
     )  # fmt: skip
 
 
@@ -194,8 +208,13 @@ def _azure(request: pytest.FixtureRequest) -> LauncherCase:
             assert f"costguard run --checkpoint {url} " in script
         assert server.vms == {}  # the finished job's VM was deleted
 
+    def lack() -> str:
+        zones, restricted = server.skus[("eastus", size)]
+        server.skus[("eastus", size)] = ([z for z in zones if z != "1"], restricted)
+        return "1"
+
     return LauncherCase(
-        launcher, [offer], job, lambda handle: server.evict(handle.instance_id), check
+        launcher, [offer], job, lambda handle: server.evict(handle.instance_id), check, lack
     )
 
 
@@ -225,11 +244,24 @@ def _local(request: pytest.FixtureRequest) -> LauncherCase:
     return LauncherCase(launcher, [offer], job, not_called, not_called)
 
 
-CASES = {"aws": _aws, "gcp": _gcp, "azure": _azure, "local": _local}
+CASES: dict[str, Callable[[pytest.FixtureRequest], LauncherCase]] = {
+    "aws": _aws,
+    "gcp": _gcp,
+    "gcp-maintenance": functools.partial(_gcp, take="maintenance"),
+    "azure": _azure,
+    "local": _local,
+}
 
 
-@pytest.fixture(params=CLOUDS)
+@pytest.fixture(params=(*CLOUDS, "gcp-maintenance"))
 def case(request: pytest.FixtureRequest) -> LauncherCase:
+    return CASES[request.param](request)
+
+
+@pytest.fixture(params=("gcp", "azure"))
+def lacking_case(request: pytest.FixtureRequest) -> LauncherCase:
+    """The clouds whose fakes can take a type away from one zone (moto's EC2 offerings
+    are its own data: the AWS launcher's filter is tests/spot/test_aws_launcher.py's)."""
     return CASES[request.param](request)
 
 
@@ -290,3 +322,29 @@ def test_find_sees_a_jobs_live_instances_until_they_are_terminated(
     assert [h.instance_id for h in case.launcher.find("run-2")] == [other.instance_id]
     case.launcher.terminate(other)
     assert case.launcher.find("run-2") == []
+
+
+def test_a_zone_without_the_type_is_not_launched_in(lacking_case: LauncherCase) -> None:
+    # A zone that lacks the type refuses at once (GCP: 400 invalid); the zone walk must
+    # skip it, by the offering, before any launch.
+    case = lacking_case
+    assert case.lack is not None
+    lacked = case.lack()
+    store = Store.open(case.job.checkpoint_url)
+    save_job(store, Job(case.job))
+
+    def sleep(seconds: float) -> None:
+        current = load_job(store).current
+        assert current is not None
+        write_exit_record(store, ExitRecord(current.number, 0, 10, time.time(), job_id="run-1"))
+
+    events: list[str] = []
+    controller = Controller(store, case.launcher, case.offers, poll_s=0.0, sleep=sleep,
+                            on_event=lambda e: events.append(e.message))  # fmt: skip
+    final = controller.run(load_job(store))
+    assert final.status == "succeeded", events
+    (attempt,) = final.attempts
+    assert attempt.offer.zone
+    assert attempt.offer.zone != lacked
+    zones = case.launcher.zones(case.offers[0].region, case.offers[0].instance_type)
+    assert lacked not in zones

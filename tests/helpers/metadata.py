@@ -1,7 +1,13 @@
 """A loopback server that plays the three clouds' instance metadata services (IMDSv2
-spot notices and rebalance recommendations, GCP ``preempted``, Azure Scheduled Events with
-their ``StartRequests`` acknowledgements); tests flip its state while training runs. The
-fixtures ``metadata_server`` and ``acking_metadata_server`` are in tests/checkpoint."""
+spot notices and rebalance recommendations, GCP ``preempted`` and ``maintenance-event``,
+Azure Scheduled Events with their ``StartRequests`` acknowledgements and the instance
+metadata's ``compute/name``); tests flip its state while training runs. The fixtures
+``metadata_server`` and ``acking_metadata_server`` are in tests/checkpoint.
+
+Azure delivers the events of a whole availability set or scale-set placement group to each
+of its VMs; an event's ``Resources`` names the VMs it concerns (:func:`azure_event` makes
+one for this VM or a sibling). Source: learn.microsoft.com/azure/virtual-machines/linux/
+scheduled-events ("Scope", "Event properties")."""
 
 from __future__ import annotations
 
@@ -22,6 +28,11 @@ class MetadataState:
     aws_action: dict[str, str] | None = None
     aws_rebalance: dict[str, str] | None = None
     gcp_preempted: bool = False
+    #: ``instance/maintenance-event``: NONE, MIGRATE_ON_HOST_MAINTENANCE or
+    #: TERMINATE_ON_HOST_MAINTENANCE (cloud.google.com/compute/docs/gpus/gpu-host-maintenance).
+    gcp_maintenance: str = "NONE"
+    #: This VM's name (``compute.name``); the events' ``Resources`` name it or its siblings.
+    azure_vm_name: str = "vm1"
     azure_events: list[dict[str, Any]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
@@ -72,6 +83,18 @@ class MetadataHandler(BaseHTTPRequestHandler):
                 self._send(403, "Missing Metadata-Flavor")
             else:
                 self._send(200, "TRUE" if s.gcp_preempted else "FALSE")
+        elif self.path.startswith("/computeMetadata/v1/instance/maintenance-event"):
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._send(403, "Missing Metadata-Flavor")
+            else:
+                self._send(200, s.gcp_maintenance)
+        elif self.path.startswith("/metadata/instance/compute/name"):
+            # IMDS: the Metadata header and an api-version are required; format=text
+            # answers the bare value.
+            if self.headers.get("Metadata") != "true" or "api-version=" not in self.path:
+                self._send(400, "Bad request")
+            else:
+                self._send(200, s.azure_vm_name)
         elif self.path.startswith("/metadata/scheduledevents"):
             if self.headers.get("Metadata") != "true":
                 self._send(400, "Bad request: Metadata header")
@@ -80,6 +103,23 @@ class MetadataHandler(BaseHTTPRequestHandler):
                 self._send(200, json.dumps(doc), "application/json")
         else:
             self._send(404, "Not Found")
+
+
+def azure_event(
+    event_id: str, resources: list[str], not_before: str = "", kind: str = "Preempt"
+) -> dict[str, Any]:
+    """A Scheduled Event as the service lists it, concerning the VMs ``resources``."""
+    return {
+        "EventId": event_id,
+        "EventType": kind,
+        "ResourceType": "VirtualMachine",
+        "Resources": resources,
+        "EventStatus": "Scheduled",
+        "NotBefore": not_before,
+        "Description": "Spot eviction" if kind == "Preempt" else "",
+        "EventSource": "Platform",
+        "DurationInSeconds": -1,
+    }
 
 
 @contextlib.contextmanager

@@ -102,6 +102,7 @@ def test_help_has_an_example(reap: Callable[..., Any]) -> None:
     assert "Examples:" in result.stdout
     assert "costguard reap --idle-minutes 90 --execute" in result.stdout
     assert "costguard:keep (any value but false/no/0/off)" in result.stdout
+    assert "GCP: Local SSD contents are discarded" in " ".join(result.stdout.split())
 
 
 def test_the_commands_load_no_cloud_sdk_until_they_run() -> None:

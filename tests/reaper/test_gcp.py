@@ -111,6 +111,17 @@ def test_execute_stops_then_rerun_changes_nothing(fleet: GcpServer) -> None:
     assert not fleet.calls("POST", "/stop")
 
 
+def test_a_stop_discards_local_ssds_which_the_api_requires(gcp_server: GcpServer) -> None:
+    # a3-highgpu-8g comes with 16 Local SSDs: a stop without discardLocalSsd is a 400.
+    vm = GcpVm("idle-a3", "us-central1-a", "a3-highgpu-8g", "301", local_ssds=16)
+    seed(gcp_server, gcp_server.add(vm))
+    report = reap([make_fleet(gcp_server)], policy(), ReapLimits(), NOW, execute=True)
+    assert [(o.instance.name, o.ok) for o in report.outcomes] == [("idle-a3", True)], report
+    (call,) = gcp_server.calls("POST", "/stop")
+    assert call.query["discardLocalSsd"] == ["true"]
+    assert vm.status == "TERMINATED"
+
+
 def test_terminate_deletes_and_zones_limit_the_listing(fleet: GcpServer) -> None:
     fleets = [make_fleet(fleet, zones=["us-central1-a"])]
     report = reap(fleets, policy(action=Action.TERMINATE), ReapLimits(), NOW, execute=True)

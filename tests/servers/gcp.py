@@ -86,10 +86,31 @@ class ComputeVm:
     status: str = "PROVISIONING"
 
 
+#: The system events that take a VM away, as ``zoneOperations.list`` shows them.
+SYSTEM_EVENTS = {
+    "compute.instances.preempted": "Instance was preempted.",
+    "compute.instances.terminateOnHostMaintenance": "Instance terminated during host maintenance.",
+    "compute.instances.hostError": "Instance was stopped due to a host error.",
+}
+_OPERATION_TYPE = re.compile(r'\(?operationType = "([^"]+)"\)?')
+
+
+def operation_types(text: str) -> set[str]:
+    """The operation types of a ``zoneOperations.list`` filter: one ``operationType = "X"``
+    or several in parentheses joined by ``OR`` (anything else is refused)."""
+    terms = text.split(" OR ")
+    found = [_OPERATION_TYPE.fullmatch(term.strip()) for term in terms]
+    assert all(found), text
+    assert len(terms) == 1 or all(t.strip().startswith("(") for t in terms), text
+    return {m[1] for m in found if m}
+
+
 class ComputeServer(LocalServer):
     """Compute Engine for one project as the spot launcher uses it: VMs, their operations,
-    system events and regions; a repeated ``requestId`` is answered with the first request's
-    operation, and a quota refusal comes as an immediate HTTP 403."""
+    system events (preemption, host maintenance, host error), regions and the machine and
+    accelerator types per zone; a repeated ``requestId`` is answered with the first
+    request's operation, a quota refusal comes as an immediate HTTP 403, and an insert
+    naming a type the zone does not have as an immediate HTTP 400 ``invalid``."""
 
     def reset(self) -> None:
         self.vms: dict[str, ComputeVm] = {}
@@ -106,6 +127,9 @@ class ComputeServer(LocalServer):
         #: When set, every insert is refused at once with HTTP 403, as a quota check does
         #: (rule quota_exceeded_is_immediate_403).
         self.quota_exceeded = False
+        #: (zone, machine or accelerator type name) the zone does not offer (rule
+        #: zone_without_the_type); every other pair is offered.
+        self.lacking: set[tuple[str, str]] = set()
         self.requests.clear()
 
     def _operation(self, kind: str, zone: str, vm: ComputeVm, **extra: Any) -> dict[str, Any]:
@@ -136,7 +160,7 @@ class ComputeServer(LocalServer):
         if self.quota_exceeded:
             refusal = RULES["quota_exceeded_is_immediate_403"]
             return refusal["status"], {"error": refusal["body"]}, {}
-        refused = check_instance(body)
+        refused = check_instance(body) or self._lacks(body, match["zone"])
         if refused is not None:
             return (*refused, {})
         if name in self.vms:
@@ -158,6 +182,49 @@ class ComputeServer(LocalServer):
             self.request_ids[request_id] = operation["name"]
         return 200, operation, {}
 
+    def _lacks(self, body: dict[str, Any], zone: str) -> tuple[int, dict[str, Any]] | None:
+        """The 400 ``invalid`` of an insert whose machine or accelerator type the zone does
+        not have (rule zone_without_the_type)."""
+        wanted = [("resource.machineType", "Machine type", body.get("machineType", ""))]
+        wanted += [
+            (f"resource.guestAccelerators[{n}].acceleratorType", "Accelerator type",
+             a.get("acceleratorType", ""))
+            for n, a in enumerate(body.get("guestAccelerators", []))
+        ]  # fmt: skip
+        for field_name, what, url in wanted:
+            type_name = url.rsplit("/", 1)[-1]
+            if (zone, type_name) in self.lacking:
+                message = (
+                    f"Invalid value for field '{field_name}': '{url}'. {what} with name "
+                    f"'{type_name}' does not exist in zone '{zone}'."
+                )
+                error = {"message": message, "domain": "global", "reason": "invalid"}
+                return google_error(400, message, errors=[error])
+        return None
+
+    def types(self, request: Request, match: re.Match[str]) -> Reply:
+        """``machineTypes.aggregatedList`` filtered by ``name = "X"``: the zones that offer X
+        list it, the others carry a warning."""
+        kind = match["kind"]
+        wanted = re.fullmatch(r'name = "([^"]+)"', request.query.get("filter", [""])[0])
+        if wanted is None:
+            return (*google_error(400, "Invalid value for field 'filter'"), {})
+        items: dict[str, Any] = {}
+        for _status, zones in self.regions.values():
+            for zone in zones:
+                if (zone, wanted[1]) in self.lacking:
+                    items[f"zones/{zone}"] = {"warning": {
+                        "code": "NO_RESULTS_ON_PAGE",
+                        "message": f"There are no results for scope 'zones/{zone}' on this page.",
+                    }}  # fmt: skip
+                    continue
+                base = f"{COMPUTE}/projects/{PROJECT}/zones/{zone}"
+                items[f"zones/{zone}"] = {kind: [{
+                    "kind": f"compute#{kind[:-1]}", "name": wanted[1], "zone": zone,
+                    "selfLink": f"{base}/{kind}/{wanted[1]}",
+                }]}  # fmt: skip
+        return 200, {"kind": f"compute#{kind[:-1]}AggregatedList", "items": items}, {}
+
     def get_operation(self, request: Request, match: re.Match[str]) -> Reply:
         operation = self.operations[match["operation"]]
         if operation["status"] != "DONE":
@@ -168,9 +235,8 @@ class ComputeServer(LocalServer):
         return 200, operation, {}
 
     def list_operations(self, request: Request, match: re.Match[str]) -> Reply:
-        wanted = re.fullmatch(r'operationType = "([^"]+)"', request.query["filter"][0])
-        assert wanted, request.query
-        items = [o for o in self.operations.values() if o["operationType"] == wanted[1]
+        wanted = operation_types(request.query["filter"][0])
+        items = [o for o in self.operations.values() if o["operationType"] in wanted
                  and o["zone"].endswith(f"/zones/{match['zone']}")]  # fmt: skip
         return 200, {"kind": "compute#operationList", "items": items}, {}
 
@@ -213,13 +279,23 @@ class ComputeServer(LocalServer):
     def preempt(self, name: str) -> None:
         """What Compute Engine does to a Spot VM it reclaims: a system event, then the
         termination action (delete, or stop: status TERMINATED)."""
-        vm = self.vms[name]
-        self._operation("compute.instances.preempted", vm.zone, vm, status="DONE",
-                        progress=100, user="system",
-                        statusMessage="Instance was preempted.")  # fmt: skip
-        vm.status = "TERMINATED"
+        vm = self._system_event(name, "compute.instances.preempted")
         if vm.body["scheduling"].get("instanceTerminationAction") == "DELETE":
             del self.vms[name]
+
+    def host_maintenance(self, name: str, event: str = "terminateOnHostMaintenance") -> None:
+        """What Compute Engine does to a GPU VM (``onHostMaintenance=TERMINATE``, no
+        automatic restart) at host maintenance (``hostError``: a host that failed): a system
+        event, then the VM stopped (status TERMINATED), whatever its termination action
+        (that one is for preemption)."""
+        self._system_event(name, f"compute.instances.{event}")
+
+    def _system_event(self, name: str, kind: str) -> ComputeVm:
+        vm = self.vms[name]
+        self._operation(kind, vm.zone, vm, status="DONE", progress=100, user="system",
+                        statusMessage=SYSTEM_EVENTS[kind])  # fmt: skip
+        vm.status = "TERMINATED"
+        return vm
 
     def region(self, request: Request, match: re.Match[str]) -> Reply:
         found = self.regions.get(match["region"])
@@ -251,6 +327,7 @@ class ComputeServer(LocalServer):
             ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),
             ("GET", zone + "/operations", self.list_operations),
             ("GET", project + "/aggregated/instances", self.aggregated),
+            ("GET", project + "/aggregated/(?P<kind>machineTypes)", self.types),
         ]
 
 
@@ -268,6 +345,8 @@ class GcpVm:
     deletion_protection: bool = False
     spot: bool = False
     fingerprint: int = 1
+    #: Local SSDs (375 GB SCRATCH disks; a2-ultragpu, a3 and a4 come with them).
+    local_ssds: int = 0
 
     def resource(self, project: str) -> dict[str, Any]:
         base = f"https://www.googleapis.com/compute/v1/projects/{project}/zones/{self.zone}"
@@ -292,6 +371,16 @@ class GcpVm:
                 "preemptible": False,
             },
             "selfLink": f"{base}/instances/{self.name}",
+            "disks": [{"boot": True, "type": "PERSISTENT", "deviceName": "boot"}]
+            + [
+                {
+                    "type": "SCRATCH",
+                    "interface": "NVME",
+                    "diskSizeGb": "375",
+                    "deviceName": f"local-ssd-{n}",
+                }
+                for n in range(self.local_ssds)
+            ],
         }
         if self.accelerator:
             body["guestAccelerators"] = [
@@ -350,7 +439,12 @@ class GcpServer(LocalServer):
         return 200, {"kind": "compute#instanceList", "items": vms}, {}
 
     def stop_vm(self, request: Request, match: re.Match[str]) -> Reply:
+        """``instances.stop``; a VM with Local SSDs needs ``discardLocalSsd`` (rule
+        stop_local_ssd_needs_discard)."""
         vm = self.vms[match["name"]]
+        discard = request.query.get("discardLocalSsd", [""])[0]
+        if vm.local_ssds and discard not in ("true", "false"):
+            return (*rule_error("stop_local_ssd_needs_discard"), {})
         vm.status = "TERMINATED"  # what GCP calls a stopped VM
         return 200, self._operation("stop", vm.zone, vm.name), {}
 

@@ -157,6 +157,48 @@ def test_a_quota_refusal_is_an_immediate_403(compute_server: ComputeServer, inst
     assert compute_server.vms == {}
 
 
+def test_a_zone_without_the_type_refuses_at_once_and_lists_it_not(
+    compute_server: ComputeServer, instances: Any
+) -> None:
+    from google.api_core.exceptions import BadRequest
+    from google.cloud.compute_v1 import AggregatedListMachineTypesRequest, MachineTypesClient
+
+    compute_server.lacking.add(("us-central1-a", "n1-standard-4"))
+    with pytest.raises(BadRequest) as caught:
+        insert(instances, "vm-a", str(uuid.uuid4()))
+    assert [e.get("reason") for e in caught.value.errors] == [
+        RULES["zone_without_the_type"]["reason"]
+    ]
+    assert "does not exist in zone 'us-central1-a'" in caught.value.message
+    assert compute_server.vms == {}
+    listing = MachineTypesClient(**options(compute_server.url)).aggregated_list(
+        request=AggregatedListMachineTypesRequest(
+            project=GCP_PROJECT, filter='name = "n1-standard-4"'
+        )
+    )
+    offered = {scope for scope, scoped in listing if scoped.machine_types}
+    assert "zones/us-central1-a" not in offered
+    assert "zones/us-central1-b" in offered
+
+
+def test_a_stop_of_a_vm_with_local_ssds_must_say_what_becomes_of_them(
+    gcp_server: GcpServer,
+) -> None:
+    from google.api_core.exceptions import BadRequest
+    from google.cloud.compute_v1 import InstancesClient, StopInstanceRequest
+
+    gcp_server.add(GcpVm("a3", "us-central1-a", "a3-highgpu-8g", "8", local_ssds=16))
+    gcp_server.add(GcpVm("g2", "us-central1-a", "g2-standard-4", "9", "nvidia-l4", 1))
+    client = InstancesClient(**options(gcp_server.url))
+    where = {"project": GCP_PROJECT, "zone": "us-central1-a"}
+    with pytest.raises(BadRequest, match="discardLocalSsd"):
+        client.stop_unary(request=StopInstanceRequest(**where, instance="a3"))
+    assert gcp_server.vms["a3"].status == "RUNNING"
+    client.stop_unary(request=StopInstanceRequest(**where, instance="g2"))  # none: optional
+    client.stop_unary(request=StopInstanceRequest(**where, instance="a3", discard_local_ssd=True))
+    assert gcp_server.vms["a3"].status == "TERMINATED"
+
+
 # --------------------------------------------------------------------------- monitoring
 
 

@@ -277,3 +277,49 @@ def test_a_reused_job_id_gets_a_new_vm(server: ComputeServer, launcher: GcpLaunc
     ids = [c.query["requestId"][0] for c in server.calls("POST", "/instances")]
     assert len(ids) == 2
     assert len(set(ids)) == 2
+
+
+@pytest.mark.parametrize("event", ["terminateOnHostMaintenance", "hostError"])
+@pytest.mark.parametrize("market", [Market.SPOT, Market.ON_DEMAND])
+def test_a_vm_stopped_by_the_host_is_taken_by_the_provider_not_stopped(
+    server: ComputeServer, launcher: GcpLauncher, event: str, market: Market
+) -> None:
+    # GPU VMs run with onHostMaintenance=TERMINATE: host maintenance (or a failed host)
+    # stops them, and Compute Engine logs it as a system event.
+    handle = launcher.launch(offer(market=market), spec(), attempt=1)
+    assert inserted(server)["scheduling"]["onHostMaintenance"] == "TERMINATE"
+    server.host_maintenance(handle.instance_id, event)
+    status = launcher.status(handle)
+    assert status.state is State.PREEMPTED
+    assert "host" in status.detail
+    (call,) = [c for c in server.calls("GET", "/operations") if "filter" in c.query]
+    assert f'"compute.instances.{event}"' in call.query["filter"][0]
+
+
+def test_zones_lacking_the_machine_type_are_left_out(
+    server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    server.lacking |= {("us-central1-a", "a3-highgpu-8g"), ("us-central1-f", "a3-highgpu-8g")}
+    assert launcher.zones("us-central1", "a3-highgpu-8g") == ["us-central1-b", "us-central1-c"]
+    (call,) = server.calls("GET", "/aggregated/machineTypes")
+    assert call.query["filter"] == ['name = "a3-highgpu-8g"']
+    assert launcher.zones("us-central1", "n1-highmem-8") == [
+        "us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f",
+    ]  # fmt: skip
+    server.lacking |= {(f"us-central1-{z}", "g2-standard-4") for z in "abcf"}
+    assert launcher.zones("us-central1", "g2-standard-4") == []
+
+
+@pytest.mark.parametrize("missing", ["n1-highmem-8", "nvidia-tesla-t4"])
+def test_a_zone_without_the_type_is_a_capacity_error_of_that_zone(
+    server: ComputeServer, launcher: GcpLauncher, missing: str
+) -> None:
+    # Compute Engine answers 400 invalid at once; another zone may well have the type.
+    server.lacking.add(("us-central1-b", missing))
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch(offer(), spec(), attempt=1)
+    assert caught.value.place == "gcp/us-central1/us-central1-b"
+    assert "does not exist in zone" in caught.value.message
+    assert server.vms == {}
+    handle = launcher.launch(offer(zone="us-central1-c"), spec(), attempt=1)
+    assert handle.zone == "us-central1-c"

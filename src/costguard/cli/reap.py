@@ -72,7 +72,8 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     type=click.Choice(["stop", "terminate"], case_sensitive=False),
     default="stop",
     show_default=True,
-    help="stop keeps the disks (Azure: deallocate); terminate deletes the instance.",
+    help="stop keeps the disks (Azure: deallocate; GCP: Local SSD contents are discarded, "
+    "as a stop must say); terminate deletes the instance.",
 )
 @click.option(
     "--max-actions",

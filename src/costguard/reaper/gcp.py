@@ -347,7 +347,11 @@ class GcpFleet:
             where = {"project": self.project, "zone": handle.zone, "instance": handle.name}
             try:
                 if action is Action.STOP:
-                    operation = self.instances_client.stop_unary(**where)
+                    # Required for a VM with Local SSDs (a2-ultragpu, a3, a4 have them; the
+                    # API answers 400 without it): kept, their data would bill on.
+                    compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+                    request = compute.StopInstanceRequest(**where, discard_local_ssd=True)
+                    operation = self.instances_client.stop_unary(request=request)
                 elif action is Action.TERMINATE:
                     operation = self.instances_client.delete_unary(**where)
                 else:

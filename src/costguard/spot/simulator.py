@@ -7,9 +7,10 @@ the cloud being simulated (the offer's region says which: ``aws:us-east-1``):
 * AWS IMDSv2: ``PUT /latest/api/token``, then ``GET /latest/meta-data/spot/instance-action``
   answers 404 until a notice is due, then ``{"action": "terminate", "time": ...}``;
 * GCP: ``GET /computeMetadata/v1/instance/preempted`` (``Metadata-Flavor: Google``)
-  answers ``FALSE``, then ``TRUE``;
+  answers ``FALSE``, then ``TRUE`` (and ``instance/maintenance-event`` always ``NONE``);
 * Azure: ``GET /metadata/scheduledevents`` (``Metadata: true``) lists a ``Preempt`` event
-  with its ``NotBefore`` time; a ``POST`` of ``StartRequests`` acknowledges it.
+  with its ``NotBefore`` time for the VM ``costguard-local`` (the instance metadata's
+  ``compute/name``); a ``POST`` of ``StartRequests`` acknowledges it.
 
 ``costguard run`` polls it through ``COSTGUARD_<CLOUD>_METADATA_URL`` with the same
 watcher it uses on that cloud, so a local run exercises exactly the code path a spot
@@ -37,6 +38,9 @@ from typing import Any
 
 from costguard.errors import InputError
 from costguard.spot.job import Simulation
+
+#: The name the emulated Azure VM answers for ``compute/name``, and its events list.
+VM_NAME = "costguard-local"
 
 #: How long each cloud gives between its notice and the end (reference/preemption_notices).
 NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
@@ -223,6 +227,18 @@ class MetadataEmulator:
                     else:
                         self._send(200, "TRUE" if action else "FALSE")
                     return
+                if self.path.startswith("/computeMetadata/v1/instance/maintenance-event"):
+                    if self.headers.get("Metadata-Flavor") != "Google":
+                        self._send(403, "Missing Metadata-Flavor:Google header.")
+                    else:
+                        self._send(200, "NONE")  # a simulated preemption, not maintenance
+                    return
+                if self.path.startswith("/metadata/instance/compute/name"):
+                    if self.headers.get("Metadata") != "true":
+                        self._send(400, "Bad request: Metadata header")
+                    else:
+                        self._send(200, VM_NAME)
+                    return
                 if self.path.startswith("/metadata/scheduledevents"):
                     if self.headers.get("Metadata") != "true":
                         self._send(400, "Bad request: Metadata header")
@@ -234,7 +250,7 @@ class MetadataEmulator:
                                 "EventId": event_id,
                                 "EventType": "Preempt",
                                 "ResourceType": "VirtualMachine",
-                                "Resources": ["costguard-local"],
+                                "Resources": [VM_NAME],
                                 "EventStatus": "Scheduled",
                                 "NotBefore": http_date(deadline),
                                 "Description": "simulated Spot eviction",

@@ -23,10 +23,13 @@ are a :class:`CapacityError` (another region or market may have quota). Any othe
 permission problem, and stops the job.
 
 Preemption: Compute Engine records a ``compute.instances.preempted`` operation (a system
-event, in ``zoneOperations.list``) targeting the VM. A VM that is gone (termination action
-``DELETE``) or stopped (``STOP``, status ``TERMINATED``) is :attr:`State.PREEMPTED` when
-such an operation exists for it, and :attr:`State.MISSING` / :attr:`State.STOPPED`
-otherwise.
+event, in ``zoneOperations.list``) targeting the VM. Host maintenance stops a GPU VM too
+(``onHostMaintenance=TERMINATE``, announced on the metadata key ``maintenance-event``), as
+does a failed host: system events ``compute.instances.terminateOnHostMaintenance`` and
+``compute.instances.hostError``. A VM that is gone (termination action ``DELETE``) or
+stopped (status ``TERMINATED``) is :attr:`State.PREEMPTED` when such an operation exists
+for it - the provider took it, recovery relaunches - and :attr:`State.MISSING` /
+:attr:`State.STOPPED` (someone stopped it: the job ends) otherwise.
 
 Options: ``project`` (required unless the launcher was given one), ``image`` (required:
 ``projects/P/global/images/family/F`` or an image URL), ``service_account`` (required),
@@ -40,8 +43,12 @@ Spot VMs on GCP take no price cap: Compute Engine has no maximum price for them 
 price changes at most once a month), so ``--max-price`` only filters the offers, and a
 ``max_price`` option is ignored here.
 
-Zones: :meth:`GcpLauncher.zones` names the region's ``UP`` zones (``regions.get``), or
-only the ``zone`` option's when one is given.
+Zones: :meth:`GcpLauncher.zones` names the region's ``UP`` zones (``regions.get``) that
+offer the machine type (``machineTypes.aggregatedList``), or only the ``zone`` option's
+when one is given. A zone without the type refuses an insert at once with HTTP 400
+``invalid`` ("... does not exist in zone ..."): for the attached GPU of an N1 machine,
+which the zone listing does not know, that refusal is a :class:`CapacityError` of the
+zone, so recovery tries the next one instead of ending the job.
 """
 
 from __future__ import annotations
@@ -66,6 +73,15 @@ from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, gcp_label
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
 LIVE_STATES = ("PROVISIONING", "STAGING", "RUNNING", "REPAIRING")
 PREEMPTED_OPERATION = "compute.instances.preempted"
+#: System events that take a VM away (zoneOperations ``operationType``): the provider's
+#: doing, so the attempt is relaunched rather than read as stopped by someone.
+SYSTEM_EVENTS = (
+    PREEMPTED_OPERATION,
+    "compute.instances.terminateOnHostMaintenance",
+    "compute.instances.hostError",
+)
+#: The immediate 400 of an insert naming a machine or accelerator type the zone lacks.
+_NOT_IN_ZONE = re.compile(r"does not exist in zone", re.IGNORECASE)
 #: Canonical GPU names of the price tables -> ``acceleratorTypes`` for N1 machines.
 ACCELERATOR_TYPES = {
     gpu: name
@@ -188,10 +204,12 @@ class GcpLauncher:
         poll_interval_s: float = 2.0,
         options: Mapping[str, str] | None = None,
         regions_client: Any = None,
+        machine_types_client: Any = None,
     ) -> None:
         self.settings = settings
         self.options = dict(options or {})
         self._regions = regions_client
+        self._machine_types = machine_types_client
         self.poll_interval_s = poll_interval_s
         self.project = project
         self._credentials = credentials
@@ -222,15 +240,23 @@ class GcpLauncher:
             self._regions = self._client("RegionsClient")
         return self._regions
 
+    @property
+    def machine_types(self) -> Any:
+        if self._machine_types is None:
+            self._machine_types = self._client("MachineTypesClient")
+        return self._machine_types
+
     # ------------------------------------------------------------------ zones
 
     def zones(self, region: str, instance_type: str = "") -> list[str]:
         """The zones of ``region`` that are ``UP`` (``regions.get``: the region lists its
-        zones), sorted; only the ``zone`` option's when one is given (it pins the zone).
+        zones) and offer ``instance_type`` (one ``machineTypes.aggregatedList`` by name),
+        sorted; only the ``zone`` option's when one is given (it pins the zone).
 
-        Whether the zone has the GPU is learnt at launch: a zone without it refuses the
-        insert with ``RESOURCE_NOT_FOUND_IN_ZONE`` or ``ZONE_RESOURCE_POOL_EXHAUSTED``, a
-        :class:`CapacityError`, and recovery tries the next zone.
+        A zone without the machine type would refuse the insert at once (400 ``invalid``).
+        An N1 machine's attached GPU is not in the listing: a zone without it refuses the
+        insert the same way, a :class:`CapacityError` of that zone, and recovery tries the
+        next one.
         """
         pinned = self.options.get("zone", "").strip()
         if pinned:
@@ -247,7 +273,27 @@ class GcpLauncher:
             raise gcp_clouds.translate(exc, f"reading the region {region}") from None
         if found.status and found.status != "UP":
             return []
-        return sorted(_last(url) for url in found.zones if _ZONE.match(_last(url)))
+        up = sorted(_last(url) for url in found.zones if _ZONE.match(_last(url)))
+        if not instance_type or not up:
+            return up
+        offered = self._offering(project, instance_type)
+        return [zone for zone in up if zone in offered]
+
+    def _offering(self, project: str, instance_type: str) -> set[str]:
+        """The zones that offer the machine type ``instance_type`` (a zone without it
+        answers its scope with a warning instead of the type)."""
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        request = compute.AggregatedListMachineTypesRequest(
+            project=project, filter=f'name = "{instance_type}"', max_results=500
+        )
+        found = set()
+        try:
+            for scope, scoped in self.machine_types.aggregated_list(request=request):
+                if any(item.name == instance_type for item in scoped.machine_types):
+                    found.add(_last(scope))
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, f"listing the zones of {instance_type}") from None
+        return found
 
     # ------------------------------------------------------------------ check
 
@@ -427,6 +473,16 @@ class GcpLauncher:
             target_id = str(operation.target_id or "")
         except core.Conflict:
             operation = None  # this attempt's VM exists already: a retried launch, use it
+        except core.BadRequest as exc:
+            message = str(getattr(exc, "message", "") or exc)
+            if not _NOT_IN_ZONE.search(message):
+                raise gcp_clouds.translate(exc, action) from None
+            text = f"Google Cloud has no {offer.instance_type} ({offer.gpu}) in {zone}: {message}"
+            raise CapacityError(
+                text,
+                place=f"{self.provider}/{offer.region}/{zone}",
+                code="RESOURCE_NOT_FOUND_IN_ZONE",
+            ) from None
         except core.Forbidden as exc:
             quota = quota_refusal(exc)
             if quota is None:
@@ -459,12 +515,13 @@ class GcpLauncher:
     # ----------------------------------------------------------------- status
 
     def _preempted(self, handle: Handle) -> str:
-        """The preemption operation's message for this VM, or ``""`` when there is none."""
+        """The message of the system event that took this VM (a preemption, a host
+        maintenance or error stop), or ``""`` when there is none."""
         compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
         request = compute.ListZoneOperationsRequest(
             project=handle.extra["project"],
             zone=handle.zone,
-            filter=f'operationType = "{PREEMPTED_OPERATION}"',
+            filter=" OR ".join(f'(operationType = "{kind}")' for kind in SYSTEM_EVENTS),
             max_results=500,
         )
         suffix = f"/zones/{handle.zone}/instances/{handle.instance_id}"
@@ -472,10 +529,10 @@ class GcpLauncher:
         for page_number, page in enumerate(pager.pages):
             for operation in page.items:
                 mine = handle.extra.get("id") and str(operation.target_id) == handle.extra["id"]
-                if operation.operation_type == PREEMPTED_OPERATION and (
+                if operation.operation_type in SYSTEM_EVENTS and (
                     mine or operation.target_link.endswith(suffix)
                 ):
-                    return operation.status_message or "Instance was preempted."
+                    return operation.status_message or operation.operation_type
             if page_number >= 20:  # bounded: a zone with that many preemptions in its log
                 break
         return ""
