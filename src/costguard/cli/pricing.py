@@ -186,17 +186,18 @@ Examples:
 @table_or_json(case_sensitive=False, csv=True)
 @click.pass_obj
 def check_command(settings: Settings, pricing_dir: Path | None, output_format: str) -> None:
-    """Flag suspect prices: spot not below on-demand, $0 parts, an instance type far from
-    its price in other regions, sizes of a family that disagree per GPU, GPU counts that
-    disagree with the name.
+    """Flag suspect prices: spot not below on-demand or exactly a tenth of it, $0 parts, a
+    price per GPU far from the same GPU's in other regions and sizes, sizes of a family
+    that disagree per GPU, GPU counts that disagree with the name, rows older than a
+    source their note cites.
 
     Exits 1 when a suspect row is still marked "listed" (rows already marked unverified
     or corrected, with a note, are shown as known: the estimate shows their note).
     """
-    from costguard.pricing.check import check_instances
+    from costguard.pricing.check import check_catalog
 
     catalog = load_tables(pricing_dir or settings.pricing_dir, settings.pricing_cache_dir)
-    findings = check_instances(catalog.instances)
+    findings = check_catalog(catalog)
     rows = [
         {
             "provider": f.provider,
