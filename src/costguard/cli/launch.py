@@ -30,7 +30,7 @@ from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.checkpoint.store import Store
-    from costguard.spot.job import Job, JobSpec
+    from costguard.spot.job import Job
     from costguard.spot.launcher.base import Launcher, Offer
     from costguard.spot.prepare import LaunchRequest, Prepared
 
@@ -308,7 +308,7 @@ def _prepare(
     launcher = launcher_for(settings, prepared.spec, prepared.offers)
     try:
         prepared = check_launcher(prepared, launcher)
-        _print_estimate(prepared.spec, prepared.first.offer, _fallback(prepared), prepared.as_of)
+        _print_estimate(prepared, _fallback(prepared))
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -365,10 +365,11 @@ class _NoBackend:
         return False
 
 
-def _print_estimate(spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str) -> None:
+def _print_estimate(prepared: Prepared, fallback: Offer | None) -> None:
     from costguard.spot.report import estimate_lines
 
-    for line in estimate_lines(spec, offer, fallback, as_of):
+    first = prepared.first.offer
+    for line in estimate_lines(prepared.spec, first, fallback, prepared.as_of, prepared.offers):
         body = line.removeprefix("  ")
         indent = "  " if body != line else ""
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)

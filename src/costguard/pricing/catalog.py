@@ -50,6 +50,13 @@ class PriceStatus(StrEnum):
     ASSUMED = "assumed"  # copied from a neighbouring region with the same price tier
     UNVERIFIED = "unverified"  # suspect or from memory; treat as a rough figure
 
+    @property
+    def verified(self) -> bool:
+        """Whether a sentence may name this price as an answer: a list price as read
+        (``listed``) or as a second source corrected it (``corrected``), which
+        ``costguard pricing check`` passes (a suspect row is never left ``listed``)."""
+        return self in (PriceStatus.LISTED, PriceStatus.CORRECTED)
+
 
 @dataclass(frozen=True, slots=True)
 class InstancePrice:
