@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -88,6 +89,20 @@ def test_a_recorded_gcp_page_prices_a2_highgpu_1g_exactly() -> None:
     assert fresh.rows.dated["us-central1"].date() == date(2023, 3, 24)
 
 
+def test_the_real_a3_mega_skus_price_every_a3_megagpu_row() -> None:
+    # GCP names the A3 Mega host "A3Plus Instance Core/Ram" and its GPU "Nvidia H100 80GB
+    # Mega GPU" ("... Plus GPU" in us-central1), not "A3 Mega Instance".
+    skus = recorded("gcp-skus-a3plus-2024-09.json")["skus"]
+    rows = [r for r in BUNDLED.instances if r.instance_type == "a3-megagpu-8g"]
+    assert {r.region for r in rows} == {"us-central1", "us-west1", "europe-west4"}
+    fresh = gcp_fresh(skus, rows)
+    for row in rows:
+        assert set(fresh.rows.prices[row_key(row)]) == {Market.ON_DEMAND, Market.SPOT}, row
+        steady = fresh.rows.prices[row_key(row)][Market.ON_DEMAND]
+        # Cyclenerd's us-east4 figure (92.28, pricing/README.md) is the same tier.
+        assert Decimal(85) < steady < Decimal(125), (row.region, steady)
+
+
 def test_a_zero_priced_gcp_sku_is_no_price_and_the_real_spot_price_stays() -> None:
     skus = copy.deepcopy(recorded("gcp-skus-a2-americas.json")["skus"])
     gpu = next(s for s in skus if s["description"].startswith("Nvidia Tesla A100"))
@@ -140,6 +155,15 @@ def test_azure_cloud_services_dedicated_host_and_basic_items_are_not_vm_prices()
 
 def _fields(row: Any) -> dict[str, Any]:
     return {name: getattr(row, name) for name in row.__slots__}
+
+
+def test_a_real_azure_page_names_the_nd96asr_v4_size_with_its_gpu() -> None:
+    # The API's armSkuName is Standard_ND96asr_A100_v4; the VM size (and the table's
+    # name) is Standard_ND96asr_v4.
+    items = recorded("azure-westeurope-nd96-2026-07.json")["Items"]
+    row = replace(bundled_row("azure", "eastus", "Standard_ND96asr_v4"), region="westeurope")
+    prices = azure_prices(items, [row])
+    assert prices.prices[row_key(row)] == {Market.SPOT: Decimal("7.77854")}
 
 
 def test_azure_duplicates_keep_the_newest_effective_date() -> None:

@@ -382,13 +382,14 @@ def aws_prices(
 GCP_COMPUTE_SERVICE = "services/6F81-5844-456A"
 
 #: The vCPU/RAM SKU series of each machine-type prefix (the longest prefix wins), as in
-#: "N1 Predefined Instance Core running in Americas". The A3 Mega/Ultra and A4 names
-#: follow the pattern but were not seen in a live catalog: rows whose SKUs are not
-#: found keep their old price and are flagged unverified.
+#: "N1 Predefined Instance Core running in Americas". A3 Mega's host is "A3Plus
+#: Instance" in the real catalog (tests/refresh/recorded/gcp-skus-a3plus-2024-09.json).
+#: The A3 Ultra and A4 names follow the pattern but were not seen in a live catalog: rows
+#: whose SKUs are not found keep their old price and are flagged unverified.
 GCP_HOST_SERIES: dict[str, str] = {
     "a2-": "A2 Instance",
     "a3-highgpu-": "A3 Instance",
-    "a3-megagpu-": "A3 Mega Instance",
+    "a3-megagpu-": "A3Plus Instance",
     "a3-ultragpu-": "A3 Ultra Instance",
     "a4-": "A4 Instance",
     "c2-": "Compute optimized",
@@ -412,6 +413,7 @@ GCP_GPUS: dict[str, str] = {
     "h100 80gb": "H100",
     "h100": "H100",
     "h100 80gb mega": "H100-MEGA",
+    "h100 80gb plus": "H100-MEGA",  # A3 Mega's GPU where it was first sold (us-central1)
     "h200 141gb": "H200",
     "b200": "B200",
 }
@@ -594,7 +596,7 @@ def gcp_series(instance_type: str) -> str | None:
     """The vCPU/RAM SKU series of a machine type (longest prefix match).
 
     >>> gcp_series("a3-megagpu-8g"), gcp_series("n1-highmem-8"), gcp_series("tpu-v3-8")
-    ('A3 Mega Instance', 'N1 Predefined Instance', None)
+    ('A3Plus Instance', 'N1 Predefined Instance', None)
     """
     matches = [prefix for prefix in GCP_HOST_SERIES if instance_type.startswith(prefix)]
     return GCP_HOST_SERIES[max(matches, key=len)] if matches else None
@@ -721,9 +723,39 @@ def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePric
             _keep_newest(found, (region.lower(), sku.lower(), market), price, moment)
             _newest(dated, (region.lower(), market), moment)
 
+    names: dict[str, set[str]] = {}
+    for region, sku, _ in found:
+        names.setdefault(region, set()).add(sku)
+
     def row_price(row: InstancePrice) -> dict[Market, Decimal]:
-        wanted = (row.region.lower(), row.instance_type.lower())
-        return {m: found[(*wanted, m)][1] for m in Market if (*wanted, m) in found}
+        region = row.region.lower()
+        sku = azure_sku_name(row.instance_type, names.get(region, set()))
+        return {m: found[(region, sku, m)][1] for m in Market if (region, sku, m) in found}
 
     seen = {(region, market) for region, _, market in found}
     return _row_prices(rows, row_price, seen, dated)
+
+
+def azure_sku_name(size: str, listed: Iterable[str]) -> str:
+    """The Retail Prices ``armSkuName`` (lower case) of the VM size ``size``: the same
+    name, or else the one name of ``listed`` that is ``size`` with a GPU tag before its
+    version (the API lists the size ``Standard_ND96asr_v4`` as
+    ``Standard_ND96asr_A100_v4``); two such names (an H100 and an H200 size) match
+    neither.
+
+    >>> azure_sku_name("Standard_ND96asr_v4", {"standard_nd96asr_a100_v4"})
+    'standard_nd96asr_a100_v4'
+    >>> azure_sku_name("Standard_ND96isr_v5", {"standard_nd96isr_h100_v5",
+    ...                                        "standard_nd96isr_h200_v5"})
+    'standard_nd96isr_v5'
+    """
+    wanted = size.lower()
+    listed = set(listed)
+    if wanted in listed:
+        return wanted
+    stem, dot, version = wanted.rpartition("_v")
+    if not dot:
+        return wanted
+    pattern = re.compile(rf"{re.escape(stem)}_[a-z0-9]+_v{re.escape(version)}")
+    tagged = [name for name in listed if pattern.fullmatch(name)]
+    return tagged[0] if len(tagged) == 1 else wanted
