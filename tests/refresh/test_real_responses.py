@@ -328,6 +328,15 @@ def test_a_page_in_euros_is_an_error_naming_the_currency(
     assert "no prices came back" not in result.stderr
 
 
+def test_a_real_price_list_product_without_region_code_is_read_from_its_location() -> None:
+    # The 2021 product names its region only as "US East (N. Virginia)".
+    product = recorded("aws-getproducts-m5-large-2021.json")
+    assert "regionCode" not in product["product"]["attributes"]
+    dated: dict[tuple[str, Market], datetime] = {}
+    assert aws_ondemand([product], dated) == {("us-east-1", "m5.large"): Decimal("0.096")}
+    assert dated[("us-east-1", Market.ON_DEMAND)].date() == date(2021, 2, 5)
+
+
 def test_aws_spot_and_products_carry_their_dates() -> None:
     dated: dict[tuple[str, Market], datetime] = {}
     spot = recorded("aws-spot-m1-2014.json")["SpotPriceHistory"]
