@@ -388,3 +388,45 @@ def test_a_mirror_holding_the_public_offer_file_refreshes_aws_on_demand(
     assert p4d.ondemand_status is PriceStatus.LISTED
     part = cached.tables["gpu_instances"].part("aws", "us-east-1")
     assert part.as_of == date(2024, 5, 28)  # the file's publicationDate
+
+
+def test_a_real_azure_page_one_of_many_is_an_incomplete_answer(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # Page 1 of eastus2 (NextPageLink set), as its recorder saved it: 1,000 of the
+    # region's items, 12 of them for sizes the tables have.
+    page = recorded("azure-eastus2-page1-2026-01.json")
+    assert page["NextPageLink"]
+    write(tmp_path / "mirror" / "azure", "prices-eastus2-1.json", page)
+    before = BUNDLED.tables["gpu_instances"].part("azure", "eastus2").as_of
+    result = run_cli(
+        "pricing", "refresh", "--from", str(tmp_path / "mirror"), "--region", "eastus2",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["providers"][0]["regions_incomplete"] == ["eastus2"]
+    fresh = load_catalog(cache_dir / "current")
+    rows = {r.instance_type: r for r in fresh.instances if r.region == "eastus2"}
+    assert rows["Standard_NC48ads_A100_v4"].ondemand_usd_per_hour == Decimal("7.346")
+    assert rows["Standard_NC6s_v3"].spot_usd_per_hour == Decimal("0.565488")
+    # The 13 sizes the page does not reach are not "not listed": they are on later pages.
+    assert not any("not listed" in r.note for r in rows.values())
+    assert len(rows) == len([r for r in BUNDLED.instances if r.region == "eastus2"])
+    # The region keeps its date: only part of it was read.
+    assert fresh.tables["gpu_instances"].part("azure", "eastus2").as_of == before
+
+
+def test_an_azure_mirror_is_dated_when_it_was_read_not_when_its_prices_took_effect(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # A whole answer (no NextPageLink) downloaded on 2026-01-11 whose newest price took
+    # effect on 2025-12-01: its prices were read, and held, on 2026-01-11.
+    mirror = tmp_path / "responses"
+    item = azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")
+    item["effectiveStartDate"] = "2025-12-01T00:00:00Z"
+    write(mirror / "azure", "prices-1.json", {"Items": [item], "NextPageLink": None})
+    _age(mirror, datetime(2026, 1, 11, 9, tzinfo=UTC))
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
+    assert result.exit_code == 0, result.stderr
+    part = load_catalog(cache_dir / "current").tables["gpu_instances"].part("azure", "eastus")
+    assert part.as_of == date(2026, 1, 11)

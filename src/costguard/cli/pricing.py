@@ -496,6 +496,13 @@ def refresh_command(
                 "kept as they were, with their date",
                 err=True,
             )
+        if done.ok and done.partial:
+            click.echo(
+                f"Warning: {done.provider}: the answer for {', '.join(done.partial)} is "
+                "incomplete (a page names a next page that is not there): the rows it prices "
+                "are updated, no other row is marked not listed, the region keeps its date",
+                err=True,
+            )
     for failure in report.failed:
         assert failure.error is not None
         click.secho(f"Error: {failure.provider}: {failure.error.message}", err=True, fg="red")
@@ -553,6 +560,7 @@ def _refresh_document(report: RefreshReport) -> dict[str, Any]:
                 "status": "refreshed" if p.ok else "failed",
                 "regions": list(p.regions),
                 "regions_without_prices": list(p.missing),
+                "regions_incomplete": list(p.partial),
                 "records": p.records,
                 "rows_updated": p.stats.updated if p.stats else 0,
                 "rows_not_found": p.stats.not_found if p.stats else 0,

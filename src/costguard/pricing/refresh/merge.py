@@ -317,9 +317,10 @@ def _fresh_part(
     as_of = fresh.as_of(place[1])
     if read == frozenset(Market):
         return TablePart(as_of, fresh.source)
-    # Only some markets were read: the rows are as old as the oldest of their parts.
+    # Only some markets were read (none, from an incomplete answer): the rows are as old
+    # as the oldest of their parts.
     kept = _kept_part(info, place, origin)
-    markets = ", ".join(sorted(read))
+    markets = ", ".join(sorted(read)) or "some rows (an incomplete answer)"
     return TablePart(
         min(kept.as_of, as_of), f"{markets} from {fresh.source}; the rest: {kept.source}"
     )

@@ -70,14 +70,21 @@ class RowPrices:
     #: How recent the records of each region are, when they carry dates: the newest
     #: record of each market read there, the oldest of those.
     dated: Mapping[str, datetime] = field(default_factory=dict)
+    #: Regions (lower case) whose answer is known to be incomplete (a page that names a
+    #: next page that is not there): their prices update rows, but no market there
+    #: counts as read, so nothing is marked "not listed" and the region is not re-dated.
+    partial: frozenset[str] = frozenset()
 
     def markets_in(self, region: str) -> frozenset[Market]:
-        """The markets the records listed a price in, in ``region``.
+        """The markets the records listed a price in, in ``region`` (none in a region
+        whose answer is incomplete).
 
         >>> prices = RowPrices({}, frozenset(), markets=frozenset({("eastus", Market.SPOT)}))
         >>> sorted(prices.markets_in("eastus")), sorted(prices.markets_in("westus"))
         ([<Market.SPOT: 'spot'>], [])
         """
+        if region.lower() in self.partial:
+            return frozenset()
         return self._markets_by_region.get(region, frozenset())
 
     @cached_property
@@ -222,6 +229,47 @@ AWS_LINUX_ATTRIBUTES = {
     "preInstalledSw": "NA",
     "capacitystatus": "Used",
 }
+#: The Price List's ``location`` of each commercial and GovCloud region, for products
+#: without ``regionCode`` (older products have only ``location``; AWS's "Regions and
+#: Zones" pages and the Price List's own names: "EU (...)", "Osaka-Local" before 2021).
+AWS_LOCATIONS: dict[str, str] = {
+    "US East (N. Virginia)": "us-east-1",
+    "US East (Ohio)": "us-east-2",
+    "US West (N. California)": "us-west-1",
+    "US West (Oregon)": "us-west-2",
+    "Africa (Cape Town)": "af-south-1",
+    "Asia Pacific (Hong Kong)": "ap-east-1",
+    "Asia Pacific (Tokyo)": "ap-northeast-1",
+    "Asia Pacific (Seoul)": "ap-northeast-2",
+    "Asia Pacific (Osaka)": "ap-northeast-3",
+    "Asia Pacific (Osaka-Local)": "ap-northeast-3",
+    "Asia Pacific (Mumbai)": "ap-south-1",
+    "Asia Pacific (Hyderabad)": "ap-south-2",
+    "Asia Pacific (Singapore)": "ap-southeast-1",
+    "Asia Pacific (Sydney)": "ap-southeast-2",
+    "Asia Pacific (Jakarta)": "ap-southeast-3",
+    "Asia Pacific (Melbourne)": "ap-southeast-4",
+    "Asia Pacific (Malaysia)": "ap-southeast-5",
+    "Asia Pacific (Thailand)": "ap-southeast-7",
+    "Canada (Central)": "ca-central-1",
+    "Canada West (Calgary)": "ca-west-1",
+    "EU (Frankfurt)": "eu-central-1",
+    "EU (Zurich)": "eu-central-2",
+    "EU (Stockholm)": "eu-north-1",
+    "EU (Milan)": "eu-south-1",
+    "EU (Spain)": "eu-south-2",
+    "EU (Ireland)": "eu-west-1",
+    "EU (London)": "eu-west-2",
+    "EU (Paris)": "eu-west-3",
+    "Israel (Tel Aviv)": "il-central-1",
+    "Middle East (UAE)": "me-central-1",
+    "Middle East (Bahrain)": "me-south-1",
+    "Mexico (Central)": "mx-central-1",
+    "South America (Sao Paulo)": "sa-east-1",
+    "AWS GovCloud (US-East)": "us-gov-east-1",
+    "AWS GovCloud (US-West)": "us-gov-west-1",
+    "AWS GovCloud (US)": "us-gov-west-1",
+}
 _AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d+)[a-z]$")
 
 
@@ -232,8 +280,10 @@ def aws_ondemand(
 
     Products other than Linux/shared/no-software/used are skipped, whatever the query
     asked for (a mirror may hold more than one query's answer). Of two prices for one
-    instance type, the newer term (``effectiveDate``) wins. ``dated``, when given, is
-    filled with the newest ``publicationDate`` seen per region.
+    instance type, the newer term (``effectiveDate``) wins. The region is the product's
+    ``regionCode``, or its ``location`` (:data:`AWS_LOCATIONS`) in older products that
+    have none. ``dated``, when given, is filled with the newest ``publicationDate`` seen
+    per region.
 
     >>> product = {"product": {"attributes": {**AWS_LINUX_ATTRIBUTES,
     ...     "regionCode": "us-east-1", "instanceType": "g5.xlarge"}},
@@ -251,7 +301,8 @@ def aws_ondemand(
         # Capacity Blocks and other purchase options are products of their own.
         if attributes.get("marketoption", "OnDemand") != "OnDemand":
             continue
-        region, instance_type = attributes.get("regionCode"), attributes.get("instanceType")
+        instance_type = attributes.get("instanceType")
+        region = attributes.get("regionCode") or AWS_LOCATIONS.get(attributes.get("location", ""))
         if not region or not instance_type:
             continue
         place = (region, Market.ON_DEMAND)
