@@ -430,3 +430,24 @@ def test_an_azure_mirror_is_dated_when_it_was_read_not_when_its_prices_took_effe
     assert result.exit_code == 0, result.stderr
     part = load_catalog(cache_dir / "current").tables["gpu_instances"].part("azure", "eastus")
     assert part.as_of == date(2026, 1, 11)
+
+
+def test_an_answer_about_one_cpu_type_neither_flags_nor_redates_the_gpu_table(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # The real m5.large product and spot history of 2021: nothing about any GPU type.
+    mirror = tmp_path / "responses"
+    product = recorded("aws-getproducts-m5-large-2021.json")
+    write(mirror / "aws", "pricing-1.json", {"FormatVersion": "aws_v1",
+                                             "PriceList": [json.dumps(product)]})  # fmt: skip
+    write(mirror / "aws", "spot-1.json", recorded("aws-spot-m5-large-2021.json"))
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1")
+    assert result.exit_code == 0, result.stderr
+    fresh = load_catalog(cache_dir / "current")
+    gpu = fresh.tables["gpu_instances"].part("aws", "us-east-1")
+    assert gpu.as_of == BUNDLED.tables["gpu_instances"].part("aws", "us-east-1").as_of
+    east = [r for r in fresh.instances if (r.provider, r.region) == ("aws", "us-east-1")]
+    assert not any("not listed" in r.note for r in east if r.accelerator)
+    m5 = next(r for r in east if r.instance_type == "m5.large")
+    assert m5.ondemand_usd_per_hour == Decimal("0.096")
+    assert m5.spot_usd_per_hour == Decimal("0.0381")  # the newest per zone, lowest zone

@@ -1,7 +1,8 @@
 """Merge fresh prices into the tables in use, and record where every row came from. Pure.
 
 A refresh replaces only the rows of the providers and regions it read prices for (a
-region the API or mirror listed nothing in was not read); every other row, and the
+region the API or mirror listed nothing in was not read, nor, for one table, a region
+where the answer priced none of that table's rows); every other row, and the
 storage, transfer and regions tables, are carried over from the tables in use (bundled
 or cache) as they were, with their date and source, and the table metadata says so. The
 rules for one row (:func:`merge_row`):
@@ -226,10 +227,21 @@ def merge_tables(
             continue
         rows = []
         parts: dict[tuple[str, str], TablePart] = {}
-        for row in _table_rows(catalog, name):
+        table_rows = list(_table_rows(catalog, name))
+        # An answer that priced rows of the other table only, in a region, is about those
+        # types (m5.large's spot history): it neither flags this table's rows there nor
+        # re-dates them. One that priced no row of either table read the region (its
+        # sizes are gone) and flags them.
+        elsewhere = priced_places(catalog, by_provider, name, other=True)
+        here = priced_places(catalog, by_provider, name)
+        for row in table_rows:
             provider_fresh = by_provider.get(row.provider)
             place = (row.provider, row.region)
-            if provider_fresh is None or row.region not in provider_fresh.answered:
+            if (
+                provider_fresh is None
+                or row.region not in provider_fresh.answered
+                or (place in elsewhere and place not in here)
+            ):
                 rows.append(row)
                 parts.setdefault(place, _kept_part(info, place, catalog.origin))
                 continue
@@ -292,6 +304,20 @@ def new_rows(catalog: Catalog, provider: str, region: str) -> tuple[InstancePric
         )
         for row in sorted(shapes.values(), key=_sort_key)
     )
+
+
+def priced_places(
+    catalog: Catalog, fresh: Mapping[str, FreshPrices], name: str, *, other: bool = False
+) -> set[tuple[str, str]]:
+    """The (provider, region) places where ``fresh`` priced a row of the instance table
+    ``name`` (``other``: of the other instance tables)."""
+    tables = [t for t in INSTANCE_TABLES if (t != name) == other]
+    return {
+        (row.provider, row.region)
+        for table in tables
+        for row in _table_rows(catalog, table)
+        if row.provider in fresh and row_key(row) in fresh[row.provider].rows.prices
+    }
 
 
 def _table_rows(catalog: Catalog, name: str) -> Iterable[InstancePrice]:
