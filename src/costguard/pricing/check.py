@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date
 from decimal import Decimal
 
@@ -105,6 +105,44 @@ def check_catalog(catalog: Catalog) -> list[Finding]:
         return catalog.tables[table].part(row.provider, row.region).as_of
 
     return check_instances(catalog.instances, dated)
+
+
+def mark_suspects(
+    rows: Sequence[InstancePrice], only: Callable[[InstancePrice], bool] = lambda _: True
+) -> list[InstancePrice]:
+    """``rows`` with each price :func:`check_instances` finds new fault with marked
+    ``unverified``, the finding in the row's note, in the rows ``only`` accepts (those a
+    refresh read: what it writes is never a suspect price left ``listed``).
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> rows = load_catalog().instances
+    >>> mark_suspects(rows) == list(rows)
+    True
+    """
+    found: dict[tuple[str, str, str, str | None], list[Finding]] = {}
+    for finding in check_instances(rows):
+        if not finding.known:
+            key = (finding.provider, finding.region, finding.instance_type, finding.accelerator)
+            found.setdefault(key, []).append(finding)
+    marked = []
+    for row in rows:
+        findings = found.get((row.provider, row.region, row.instance_type, row.accelerator))
+        if not findings or not only(row):
+            marked.append(row)
+            continue
+        markets = {f.market for f in findings}
+        notes = [f"{f.market} unverified, pricing check: {f.message}" for f in findings]
+        marked.append(
+            replace(
+                row,
+                ondemand_status=PriceStatus.UNVERIFIED
+                if Market.ON_DEMAND in markets
+                else row.ondemand_status,
+                spot_status=PriceStatus.UNVERIFIED if Market.SPOT in markets else row.spot_status,
+                note="; ".join([*notes, row.note] if row.note else notes),
+            )
+        )
+    return marked
 
 
 def _finding(row: InstancePrice, market: Market, kind: str, message: str) -> Finding:

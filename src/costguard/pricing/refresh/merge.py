@@ -31,6 +31,7 @@ from costguard.pricing.catalog import (
     TableInfo,
     TablePart,
 )
+from costguard.pricing.check import mark_suspects
 from costguard.pricing.refresh.parse import RowPrices, row_key
 
 
@@ -220,6 +221,7 @@ def merge_tables(
     stats = {f.provider: MergeStats() for f in fresh}
     instances: dict[str, tuple[InstancePrice, ...]] = {}
     meta: list[TableMeta] = []
+    read: set[tuple[str, str]] = set()  # the places whose rows this refresh merged
     for name in REQUIRED_TABLES:
         info = catalog.tables[name]
         if name not in INSTANCE_TABLES:
@@ -247,6 +249,7 @@ def merge_tables(
                 continue
             merged, outcome = merge_row(row, provider_fresh)
             rows.append(merged)
+            read.add(place)
             stats[row.provider] = stats[row.provider].add(outcome)
             parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
         for new in _new_rows(fresh, name):
@@ -256,6 +259,7 @@ def merge_tables(
                 rows.append(merged)
                 stats[new.provider] = stats[new.provider].add(outcome)
                 place = (new.provider, new.region)
+                read.add(place)
                 parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
         instances[name] = tuple(sorted(rows, key=_sort_key))
         meta.append(
@@ -268,6 +272,13 @@ def merge_tables(
                 parts=parts,
             )
         )
+    # A price a refresh read is checked against the others before it is written.
+    checked = mark_suspects(
+        [row for table in INSTANCE_TABLES for row in instances[table]],
+        lambda row: (row.provider, row.region) in read,
+    )
+    for table in INSTANCE_TABLES:
+        instances[table] = tuple(_in_table(checked, table))
     return MergedTables(instances=instances, meta=tuple(meta), stats=stats)
 
 
@@ -321,8 +332,12 @@ def priced_places(
 
 
 def _table_rows(catalog: Catalog, name: str) -> Iterable[InstancePrice]:
+    return _in_table(catalog.instances, name)
+
+
+def _in_table(rows: Iterable[InstancePrice], name: str) -> Iterable[InstancePrice]:
     gpu = name == "gpu_instances"
-    return (row for row in catalog.instances if (row.accelerator is not None) == gpu)
+    return (row for row in rows if (row.accelerator is not None) == gpu)
 
 
 def _sort_key(row: InstancePrice) -> tuple[str, str, str, str]:
