@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
     refresh_hint,
+    source_dates,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.pricing.tables import load_tables
@@ -278,12 +280,23 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         for name, info in catalog.tables.items()
     ]
     uncovered = catalog.uncovered()
+    today = datetime.now(UTC).date()
+    dated = source_dates(catalog)
     if output_format == "json":
         render.print_json(
             {
                 "origin": catalog.origin,
                 "directory": str(catalog.directory),
                 "tables": rows,
+                "instance_prices_by_cloud": {
+                    p: {
+                        "newest": new.isoformat(),
+                        "newest_age_days": (today - new).days,
+                        "oldest": old.isoformat(),
+                        "oldest_age_days": (today - old).days,
+                    }
+                    for p, (old, new) in dated.items()
+                },
                 "not_covered": [str(r) for r in uncovered],
             }
         )
@@ -291,6 +304,14 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         render.print_csv(list(rows[0]), rows)
     else:
         _print_rows(f"Price tables ({catalog.origin}: {catalog.directory})", list(rows[0]), rows)
+        render.print_prose(
+            "Instance prices per cloud: "
+            + "; ".join(
+                f"{p} newest {new} ({(today - new).days} days old), oldest region {old} "
+                f"({(today - old).days} days old)"
+                for p, (old, new) in dated.items()
+            )
+        )
         _say_uncovered(catalog, uncovered)
 
 

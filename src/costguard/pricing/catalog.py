@@ -342,6 +342,24 @@ def staleness(
     return Staleness(oldest, (today - oldest).days, spot_only)
 
 
+def source_dates(catalog: Catalog) -> dict[str, tuple[date, date]]:
+    """The oldest and newest as-of dates of each provider's instance prices: those of
+    the table parts of the regions the instance tables cover for it. Pure.
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> source_dates(load_catalog())["aws"]
+    (datetime.date(2026, 1, 21), datetime.date(2026, 11, 30))
+    """
+    dates: dict[str, list[date]] = {}
+    for provider, region in catalog.covered:
+        for table in INSTANCE_TABLES:
+            if table in catalog.tables:
+                dates.setdefault(provider, []).append(
+                    catalog.tables[table].part(provider, region).as_of
+                )
+    return {p: (min(dates[p]), max(dates[p])) for p in PROVIDERS if p in dates}
+
+
 def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]]) -> date:
     """How old the prices used for ``places`` are: the oldest as-of date of their parts
     (``(table, provider, region, market)``, as for :func:`staleness`); the instance
