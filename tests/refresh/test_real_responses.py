@@ -451,3 +451,15 @@ def test_an_answer_about_one_cpu_type_neither_flags_nor_redates_the_gpu_table(
     m5 = next(r for r in east if r.instance_type == "m5.large")
     assert m5.ondemand_usd_per_hour == Decimal("0.096")
     assert m5.spot_usd_per_hour == Decimal("0.0381")  # the newest per zone, lowest zone
+
+
+def test_the_bundled_eastus2_rows_agree_with_the_recorded_2026_page() -> None:
+    # Every price the real page of 2026-01-11 lists for a bundled eastus2 row is the
+    # bundled price (NC6s_v3 spot was 0.40484 in the SkyPilot fork, 0.565488 in the API).
+    items = recorded("azure-eastus2-page1-2026-01.json")["Items"]
+    rows = [r for r in BUNDLED.instances if (r.provider, r.region) == ("azure", "eastus2")]
+    read = azure_prices(items, rows).prices
+    assert read
+    for row in rows:
+        for market, price in read.get(row_key(row), {}).items():
+            assert row.usd_per_hour(market) == price, (row.instance_type, market)
