@@ -30,7 +30,7 @@ from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.checkpoint.store import Store
-    from costguard.spot.job import Job
+    from costguard.spot.job import Job, JobSpec
     from costguard.spot.launcher.base import Launcher, Offer
     from costguard.spot.prepare import LaunchRequest, Prepared
 
@@ -308,7 +308,8 @@ def _prepare(
     launcher = launcher_for(settings, prepared.spec, prepared.offers)
     try:
         prepared = check_launcher(prepared, launcher)
-        _print_estimate(prepared, _fallback(prepared))
+        first = prepared.first.offer
+        _print_estimate(prepared.spec, first, _fallback(prepared), prepared.as_of, prepared.offers)
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -365,11 +366,12 @@ class _NoBackend:
         return False
 
 
-def _print_estimate(prepared: Prepared, fallback: Offer | None) -> None:
+def _print_estimate(
+    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+) -> None:
     from costguard.spot.report import estimate_lines
 
-    first = prepared.first.offer
-    for line in estimate_lines(prepared.spec, first, fallback, prepared.as_of, prepared.offers):
+    for line in estimate_lines(spec, offer, fallback, as_of, offers):
         body = line.removeprefix("  ")
         indent = "  " if body != line else ""
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)
