@@ -26,6 +26,7 @@ import click
 from costguard.cli.params import DecimalRange
 from costguard.errors import InputError, MissingDependencyError
 from costguard.money import format_usd, usd_str
+from costguard.pricing.advice import describe, unverified_note
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.document import OPTION_FIELDS, option_row, to_document
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate, limit_places
@@ -131,8 +132,8 @@ class EstimateResult:
     def __repr__(self) -> str:
         cheapest = self.cheapest
         best = (
-            f"cheapest {cheapest.provider} {cheapest.region} {cheapest.instance_type} "
-            f"{cheapest.market} {format_usd(cheapest.total_usd)}"
+            f"cheapest {describe(cheapest)} {format_usd(cheapest.total_usd)}"
+            f"{unverified_note(self.estimate.cheaper_unverified)}"
             if cheapest
             else "no option"
         )

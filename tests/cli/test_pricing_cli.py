@@ -21,6 +21,19 @@ def test_show_summary_lists_every_table_with_date_and_source(run_cli) -> None:
     assert "gpu_instances" in table.stdout
 
 
+def test_show_says_per_cloud_how_old_its_newest_and_oldest_prices_are(run_cli) -> None:
+    doc = run_cli("pricing", "show", "--format", "json").json()
+    by_cloud = doc["instance_prices_by_cloud"]
+    assert set(by_cloud) == {"aws", "gcp", "azure"}
+    # AWS's first six regions were read on 2026-11-30, the other 22 from 2026-01-21's data.
+    assert by_cloud["aws"]["newest"] == "2026-11-30"
+    assert by_cloud["aws"]["oldest"] == "2026-01-21"
+    assert by_cloud["aws"]["oldest_age_days"] >= by_cloud["aws"]["newest_age_days"] >= 0
+    table = " ".join(run_cli("pricing", "show").stdout.split())
+    assert "aws newest 2026-11-30" in table
+    assert "oldest region 2026-01-21" in table
+
+
 def test_show_rows_with_filters(run_cli) -> None:
     doc = run_cli(
         "pricing",

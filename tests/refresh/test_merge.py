@@ -269,3 +269,48 @@ def test_regions_nothing_came_back_for_keep_their_rows_date_and_source() -> None
     assert stats.updated + stats.not_found + stats.kept == sum(
         1 for r in rows if r.region in fresh.answered
     )
+
+
+def test_a_refreshed_price_the_check_finds_suspect_is_written_unverified() -> None:
+    # A fresh on-demand price for GCP us-east1 a2-highgpu-1g at half its family's, and a
+    # spot price exactly a tenth of on-demand for AWS us-east-1 g6.xlarge.
+    a2 = next(
+        r for r in CATALOG.instances if (r.region, r.instance_type) == ("us-east1", "a2-highgpu-1g")
+    )
+    g6 = next(
+        r for r in CATALOG.instances if (r.region, r.instance_type) == ("us-east-1", "g6.xlarge")
+    )
+    assert g6.ondemand_usd_per_hour is not None
+    fresh = [
+        FreshPrices(
+            provider,
+            frozenset({row.region}),
+            BOTH,
+            RowPrices(
+                {row_key(row): prices},
+                frozenset({row_key(row)}),
+                frozenset({row.region}),
+                frozenset((row.region, m) for m in prices),
+            ),
+            "API",
+            NOW,
+            1,
+        )
+        for provider, row, prices in (
+            ("gcp", a2, {Market.ON_DEMAND: Decimal("1.9")}),
+            ("aws", g6, {Market.SPOT: g6.ondemand_usd_per_hour / 10}),
+        )
+    ]
+    merged = merge_tables(CATALOG, fresh, NOW).instances["gpu_instances"]
+    by_key = {(r.provider, r.region, r.instance_type, r.accelerator): r for r in merged}
+    new_a2 = by_key[("gcp", "us-east1", "a2-highgpu-1g", "A100")]
+    assert new_a2.ondemand_usd_per_hour == Decimal("1.9")
+    assert new_a2.ondemand_status is PriceStatus.UNVERIFIED
+    assert "pricing check" in new_a2.note
+    new_g6 = by_key[("aws", "us-east-1", "g6.xlarge", "L4")]
+    assert new_g6.spot_status is PriceStatus.UNVERIFIED
+    assert "a catalogue's placeholder" in new_g6.note
+    # The rows nothing is wrong with stay as they were.
+    assert by_key[("gcp", "us-central1", "a2-highgpu-1g", "A100")].ondemand_status is (
+        PriceStatus.LISTED
+    )

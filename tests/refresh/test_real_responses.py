@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -88,6 +89,20 @@ def test_a_recorded_gcp_page_prices_a2_highgpu_1g_exactly() -> None:
     assert fresh.rows.dated["us-central1"].date() == date(2023, 3, 24)
 
 
+def test_the_real_a3_mega_skus_price_every_a3_megagpu_row() -> None:
+    # GCP names the A3 Mega host "A3Plus Instance Core/Ram" and its GPU "Nvidia H100 80GB
+    # Mega GPU" ("... Plus GPU" in us-central1), not "A3 Mega Instance".
+    skus = recorded("gcp-skus-a3plus-2024-09.json")["skus"]
+    rows = [r for r in BUNDLED.instances if r.instance_type == "a3-megagpu-8g"]
+    assert {r.region for r in rows} == {"us-central1", "us-west1", "europe-west4"}
+    fresh = gcp_fresh(skus, rows)
+    for row in rows:
+        assert set(fresh.rows.prices[row_key(row)]) == {Market.ON_DEMAND, Market.SPOT}, row
+        steady = fresh.rows.prices[row_key(row)][Market.ON_DEMAND]
+        # Cyclenerd's us-east4 figure (92.28, pricing/README.md) is the same tier.
+        assert Decimal(85) < steady < Decimal(125), (row.region, steady)
+
+
 def test_a_zero_priced_gcp_sku_is_no_price_and_the_real_spot_price_stays() -> None:
     skus = copy.deepcopy(recorded("gcp-skus-a2-americas.json")["skus"])
     gpu = next(s for s in skus if s["description"].startswith("Nvidia Tesla A100"))
@@ -140,6 +155,15 @@ def test_azure_cloud_services_dedicated_host_and_basic_items_are_not_vm_prices()
 
 def _fields(row: Any) -> dict[str, Any]:
     return {name: getattr(row, name) for name in row.__slots__}
+
+
+def test_a_real_azure_page_names_the_nd96asr_v4_size_with_its_gpu() -> None:
+    # The API's armSkuName is Standard_ND96asr_A100_v4; the VM size (and the table's
+    # name) is Standard_ND96asr_v4.
+    items = recorded("azure-westeurope-nd96-2026-07.json")["Items"]
+    row = replace(bundled_row("azure", "eastus", "Standard_ND96asr_v4"), region="westeurope")
+    prices = azure_prices(items, [row])
+    assert prices.prices[row_key(row)] == {Market.SPOT: Decimal("7.77854")}
 
 
 def test_azure_duplicates_keep_the_newest_effective_date() -> None:
@@ -304,6 +328,15 @@ def test_a_page_in_euros_is_an_error_naming_the_currency(
     assert "no prices came back" not in result.stderr
 
 
+def test_a_real_price_list_product_without_region_code_is_read_from_its_location() -> None:
+    # The 2021 product names its region only as "US East (N. Virginia)".
+    product = recorded("aws-getproducts-m5-large-2021.json")
+    assert "regionCode" not in product["product"]["attributes"]
+    dated: dict[tuple[str, Market], datetime] = {}
+    assert aws_ondemand([product], dated) == {("us-east-1", "m5.large"): Decimal("0.096")}
+    assert dated[("us-east-1", Market.ON_DEMAND)].date() == date(2021, 2, 5)
+
+
 def test_aws_spot_and_products_carry_their_dates() -> None:
     dated: dict[tuple[str, Market], datetime] = {}
     spot = recorded("aws-spot-m1-2014.json")["SpotPriceHistory"]
@@ -355,3 +388,78 @@ def test_a_mirror_holding_the_public_offer_file_refreshes_aws_on_demand(
     assert p4d.ondemand_status is PriceStatus.LISTED
     part = cached.tables["gpu_instances"].part("aws", "us-east-1")
     assert part.as_of == date(2024, 5, 28)  # the file's publicationDate
+
+
+def test_a_real_azure_page_one_of_many_is_an_incomplete_answer(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # Page 1 of eastus2 (NextPageLink set), as its recorder saved it: 1,000 of the
+    # region's items, 12 of them for sizes the tables have.
+    page = recorded("azure-eastus2-page1-2026-01.json")
+    assert page["NextPageLink"]
+    write(tmp_path / "mirror" / "azure", "prices-eastus2-1.json", page)
+    before = BUNDLED.tables["gpu_instances"].part("azure", "eastus2").as_of
+    result = run_cli(
+        "pricing", "refresh", "--from", str(tmp_path / "mirror"), "--region", "eastus2",
+        "--format", "json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert result.json()["providers"][0]["regions_incomplete"] == ["eastus2"]
+    fresh = load_catalog(cache_dir / "current")
+    rows = {r.instance_type: r for r in fresh.instances if r.region == "eastus2"}
+    assert rows["Standard_NC48ads_A100_v4"].ondemand_usd_per_hour == Decimal("7.346")
+    assert rows["Standard_NC6s_v3"].spot_usd_per_hour == Decimal("0.565488")
+    # The 13 sizes the page does not reach are not "not listed": they are on later pages.
+    assert not any("not listed" in r.note for r in rows.values())
+    assert len(rows) == len([r for r in BUNDLED.instances if r.region == "eastus2"])
+    # The region keeps its date: only part of it was read.
+    assert fresh.tables["gpu_instances"].part("azure", "eastus2").as_of == before
+
+
+def test_an_azure_mirror_is_dated_when_it_was_read_not_when_its_prices_took_effect(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # A whole answer (no NextPageLink) downloaded on 2026-01-11 whose newest price took
+    # effect on 2025-12-01: its prices were read, and held, on 2026-01-11.
+    mirror = tmp_path / "responses"
+    item = azure_record("Standard_NC4as_T4_v3", "eastus", "0.5")
+    item["effectiveStartDate"] = "2025-12-01T00:00:00Z"
+    write(mirror / "azure", "prices-1.json", {"Items": [item], "NextPageLink": None})
+    _age(mirror, datetime(2026, 1, 11, 9, tzinfo=UTC))
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "eastus")
+    assert result.exit_code == 0, result.stderr
+    part = load_catalog(cache_dir / "current").tables["gpu_instances"].part("azure", "eastus")
+    assert part.as_of == date(2026, 1, 11)
+
+
+def test_an_answer_about_one_cpu_type_neither_flags_nor_redates_the_gpu_table(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # The real m5.large product and spot history of 2021: nothing about any GPU type.
+    mirror = tmp_path / "responses"
+    product = recorded("aws-getproducts-m5-large-2021.json")
+    write(mirror / "aws", "pricing-1.json", {"FormatVersion": "aws_v1",
+                                             "PriceList": [json.dumps(product)]})  # fmt: skip
+    write(mirror / "aws", "spot-1.json", recorded("aws-spot-m5-large-2021.json"))
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1")
+    assert result.exit_code == 0, result.stderr
+    fresh = load_catalog(cache_dir / "current")
+    gpu = fresh.tables["gpu_instances"].part("aws", "us-east-1")
+    assert gpu.as_of == BUNDLED.tables["gpu_instances"].part("aws", "us-east-1").as_of
+    east = [r for r in fresh.instances if (r.provider, r.region) == ("aws", "us-east-1")]
+    assert not any("not listed" in r.note for r in east if r.accelerator)
+    m5 = next(r for r in east if r.instance_type == "m5.large")
+    assert m5.ondemand_usd_per_hour == Decimal("0.096")
+    assert m5.spot_usd_per_hour == Decimal("0.0381")  # the newest per zone, lowest zone
+
+
+def test_the_bundled_eastus2_rows_agree_with_the_recorded_2026_page() -> None:
+    # Every price the real page of 2026-01-11 lists for a bundled eastus2 row is the
+    # bundled price (NC6s_v3 spot was 0.40484 in the SkyPilot fork, 0.565488 in the API).
+    items = recorded("azure-eastus2-page1-2026-01.json")["Items"]
+    rows = [r for r in BUNDLED.instances if (r.provider, r.region) == ("azure", "eastus2")]
+    read = azure_prices(items, rows).prices
+    assert read
+    for row in rows:
+        for market, price in read.get(row_key(row), {}).items():
+            assert row.usd_per_hour(market) == price, (row.instance_type, market)

@@ -152,6 +152,24 @@ def test_the_estimate_says_gcp_takes_no_price_cap(
     assert "zones: picked at launch among us-central1's zones" in err
 
 
+def test_the_estimate_names_a_cheaper_unverified_offer_it_passed_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dataclasses import replace
+    from decimal import Decimal
+
+    from costguard.cli.launch import _print_estimate
+    from costguard.spot.launcher.base import Market, Offer
+
+    job = replace(spec(str(tmp_path)), provider="aws")
+    listed = Offer("aws", "us-east-2", "p5.48xlarge", Market.SPOT, Decimal("11.2"), "H100", 8)
+    placeholder = replace(listed, region="ap-southeast-3", usd_per_hour=Decimal("7.5955"),
+                          verified=False)  # fmt: skip
+    _print_estimate(job, listed, None, "2026-11-30", [listed, placeholder])
+    err = " ".join(capsys.readouterr().err.split())
+    assert "a cheaper unverified price exists: p5.48xlarge spot in ap-southeast-3" in err
+
+
 def test_a_running_job_is_not_launched_twice_and_status_reads_it(
     run_cli: Callable[..., Any], tmp_path: Path, local_dir: Path
 ) -> None:

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from costguard.errors import InputError
+from costguard.pricing.tables import load_catalog
 from costguard.spot.job import JobSpec
 from costguard.spot.launcher.base import Market, Offer
+from costguard.spot.offers import find_offers
 from costguard.spot.prepare import (
     LaunchRequest,
     check_request,
@@ -119,3 +121,30 @@ def test_the_estimate_lines_say_what_the_price_cap_does() -> None:
     assert lines[0] == "job cg-20261201-000000-t: 1 x A10G on aws: g5.xlarge spot in us-east-1"
     assert "  estimate: $4.20 for 10 h if nothing is preempted" in lines
     assert any("sent as the spot MaxPrice" in line for line in lines)
+
+
+def test_launch_picks_a_verified_price_and_names_a_cheaper_unverified_one() -> None:
+    # 8 x H100 on AWS: ap-southeast-3's $7.5955/h spot is the tenth-of-on-demand
+    # placeholder, cheaper than every spot price read from a market.
+    offers = find_offers(load_catalog(), gpu="H100", gpu_count=8, provider="aws")
+    placeholder = next(
+        o for o in offers if o.region == "ap-southeast-3" and o.market is Market.SPOT
+    )
+    assert not placeholder.verified
+    spec = _spec(gpu="H100", gpu_count=8)
+    first = first_launch(spec, offers).offer
+    assert first.verified
+    assert first.region != "ap-southeast-3"
+    assert first.usd_per_hour > placeholder.usd_per_hour
+    said = estimate_lines(spec, first, None, "2026-11-30", offers)
+    assert (
+        "  a cheaper unverified price exists: p5.48xlarge spot in ap-southeast-3 at $7.5955/h"
+        in said
+    )
+    # Where only unverified prices fit, the pick says it is one.
+    only = [o for o in offers if not o.verified and o.market is Market.SPOT]
+    alone = first_launch(spec, only).offer
+    assert any(
+        line.startswith("  unverified price:")
+        for line in estimate_lines(spec, alone, None, "2026-11-30", only)
+    )

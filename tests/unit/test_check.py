@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import replace
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
 from costguard.pricing.catalog import InstancePrice, Market, PriceStatus
-from costguard.pricing.check import check_instances
+from costguard.pricing.check import check_catalog, check_instances
 from costguard.pricing.tables import load_catalog
 
 CATALOG = load_catalog()
@@ -101,3 +102,85 @@ def test_check_cli_exits_1_on_a_new_suspect_row(run_cli, tmp_path: Path) -> None
         ("us-east1", "a2-highgpu-1g", str(Market.ON_DEMAND))
     }
     assert {f["check"] for f in new} == {"regional-outlier", "family-sum"}
+
+
+def listed(rows: list[InstancePrice], wanted: dict[tuple[str, str, str], str | None]):
+    """``rows`` with the named rows (and GPU, where given) put back as their source had
+    them: both prices ``listed``, no note."""
+    out = []
+    for r in rows:
+        key = (r.provider, r.region, r.instance_type)
+        if key in wanted and wanted[key] in (None, r.accelerator):
+            r = replace(
+                r, ondemand_status=PriceStatus.LISTED, spot_status=PriceStatus.LISTED, note=""
+            )
+        out.append(r)
+    return out
+
+
+def test_the_rows_issue_26_found_are_flagged_when_put_back_as_listed() -> None:
+    put_back = listed(
+        list(CATALOG.instances),
+        {
+            ("gcp", "europe-west4", "a3-ultragpu-8g"): None,  # $49.48/h: 0.57x other H200s
+            ("aws", "us-east-2", "p3.16xlarge"): None,  # spot $2.448 = 0.1 x $24.48
+            ("aws", "eu-central-1", "p3.16xlarge"): None,
+            ("aws", "eu-central-1", "p3.8xlarge"): None,
+            ("aws", "ap-northeast-1", "p3.8xlarge"): None,
+            ("aws", "ap-southeast-3", "p5.48xlarge"): None,  # the H100 headline's placeholder
+            ("aws", "us-east-1", "p4d.24xlarge"): None,  # spot 0.25x its other regions
+            ("gcp", "asia-east1", "n1-highmem-8"): "P100",
+        },
+    )
+    found = {(f.region, f.instance_type, f.market, f.kind) for f in check_instances(put_back)
+             if not f.known}  # fmt: skip
+    spot, steady = Market.SPOT, Market.ON_DEMAND
+    assert ("europe-west4", "a3-ultragpu-8g", steady, "regional-outlier") in found
+    for region, size in (
+        ("us-east-2", "p3.16xlarge"),
+        ("eu-central-1", "p3.16xlarge"),
+        ("eu-central-1", "p3.8xlarge"),
+        ("ap-northeast-1", "p3.8xlarge"),
+        ("ap-southeast-3", "p5.48xlarge"),
+    ):
+        assert (region, size, spot, "spot-placeholder") in found
+    assert ("us-east-1", "p4d.24xlarge", spot, "regional-outlier") in found
+    assert ("asia-east1", "n1-highmem-8", spot, "regional-outlier") in found
+
+
+def test_outliers_per_gpu_both_directions_any_size_of_the_family() -> None:
+    # Another GPU, another cloud, another size: g6.12xlarge (4 x L4) in eu-central-1.
+    base = row("eu-central-1", "g6.12xlarge", "aws")
+    ondemand, spot = base.ondemand_usd_per_hour, base.spot_usd_per_hour
+    assert ondemand is not None
+    assert spot is not None
+    for moved, market in (
+        (replace(base, ondemand_usd_per_hour=ondemand / 2), Market.ON_DEMAND),
+        (replace(base, ondemand_usd_per_hour=ondemand * Decimal("2.5")), Market.ON_DEMAND),
+        (replace(base, spot_usd_per_hour=spot / 5), Market.SPOT),
+        (replace(base, spot_usd_per_hour=spot * 8, ondemand_usd_per_hour=spot * 16), Market.SPOT),
+    ):
+        rows = [moved if r is base else r for r in CATALOG.instances]
+        outliers = {
+            (f.instance_type, f.market)
+            for f in check_instances(rows)
+            if f.kind == "regional-outlier" and f.region == "eu-central-1" and not f.known
+        }
+        assert ("g6.12xlarge", market) in outliers, moved
+
+
+def test_a_placeholder_ratio_in_any_row_and_a_row_older_than_its_cited_source() -> None:
+    g6 = row("us-east-1", "g6.xlarge", "aws")
+    assert g6.ondemand_usd_per_hour is not None
+    tenth = replace(g6, spot_usd_per_hour=g6.ondemand_usd_per_hour / 10)
+    assert {f.kind for f in check_instances([tenth])} == {"spot-placeholder"}
+    cited = replace(g6, note="on-demand read from the Price List of 2026-12-01")
+    old = {f.kind for f in check_instances([cited], lambda r: date(2026, 1, 21))}
+    assert old == {"older-than-source"}
+    assert check_instances([cited], lambda r: date(2026, 12, 1)) == []
+
+
+def test_the_check_dates_rows_by_their_table_part() -> None:
+    findings = check_catalog(CATALOG)
+    assert [f for f in findings if not f.known] == []
+    assert {f.kind for f in findings} >= {"spot-placeholder", "regional-outlier"}

@@ -17,7 +17,9 @@ from costguard.money import format_usd
 from costguard.pricing.advice import (
     budget_lines,
     cheapest_line,
+    describe,
     spot_size_notes,
+    unverified_fit,
 )
 from costguard.pricing.catalog import (
     Catalog,
@@ -265,9 +267,8 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     cheapest = result.cheapest
     if budget is not None and cheapest is not None and cheapest.total_usd > budget:
         msg = (
-            f"the cheapest option ({cheapest.provider} {cheapest.region} "
-            f"{cheapest.instance_type} {cheapest.market}, {format_usd(cheapest.total_usd)}) "
-            f"is over the budget of {format_usd(budget)}"
+            f"the cheapest option ({describe(cheapest)}, {format_usd(cheapest.total_usd)}) "
+            f"is over the budget of {format_usd(budget)}{unverified_fit(result, budget)}"
         )
         raise BudgetExceededError(
             msg, hint="fewer hours or instances, spot, a smaller GPU, or a bigger budget"

@@ -308,7 +308,8 @@ def _prepare(
     launcher = launcher_for(settings, prepared.spec, prepared.offers)
     try:
         prepared = check_launcher(prepared, launcher)
-        _print_estimate(prepared.spec, prepared.first.offer, _fallback(prepared), prepared.as_of)
+        first = prepared.first.offer
+        _print_estimate(prepared.spec, first, _fallback(prepared), prepared.as_of, prepared.offers)
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -365,10 +366,12 @@ class _NoBackend:
         return False
 
 
-def _print_estimate(spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str) -> None:
+def _print_estimate(
+    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+) -> None:
     from costguard.spot.report import estimate_lines
 
-    for line in estimate_lines(spec, offer, fallback, as_of):
+    for line in estimate_lines(spec, offer, fallback, as_of, offers):
         body = line.removeprefix("  ")
         indent = "  " if body != line else ""
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
     refresh_hint,
+    source_dates,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.pricing.tables import load_tables
@@ -186,17 +188,18 @@ Examples:
 @table_or_json(case_sensitive=False, csv=True)
 @click.pass_obj
 def check_command(settings: Settings, pricing_dir: Path | None, output_format: str) -> None:
-    """Flag suspect prices: spot not below on-demand, $0 parts, an instance type far from
-    its price in other regions, sizes of a family that disagree per GPU, GPU counts that
-    disagree with the name.
+    """Flag suspect prices: spot not below on-demand or exactly a tenth of it, $0 parts, a
+    price per GPU far from the same GPU's in other regions and sizes, sizes of a family
+    that disagree per GPU, GPU counts that disagree with the name, rows older than a
+    source their note cites.
 
     Exits 1 when a suspect row is still marked "listed" (rows already marked unverified
     or corrected, with a note, are shown as known: the estimate shows their note).
     """
-    from costguard.pricing.check import check_instances
+    from costguard.pricing.check import check_catalog
 
     catalog = load_tables(pricing_dir or settings.pricing_dir, settings.pricing_cache_dir)
-    findings = check_instances(catalog.instances)
+    findings = check_catalog(catalog)
     rows = [
         {
             "provider": f.provider,
@@ -277,12 +280,23 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         for name, info in catalog.tables.items()
     ]
     uncovered = catalog.uncovered()
+    today = datetime.now(UTC).date()
+    dated = source_dates(catalog)
     if output_format == "json":
         render.print_json(
             {
                 "origin": catalog.origin,
                 "directory": str(catalog.directory),
                 "tables": rows,
+                "instance_prices_by_cloud": {
+                    p: {
+                        "newest": new.isoformat(),
+                        "newest_age_days": (today - new).days,
+                        "oldest": old.isoformat(),
+                        "oldest_age_days": (today - old).days,
+                    }
+                    for p, (old, new) in dated.items()
+                },
                 "not_covered": [str(r) for r in uncovered],
             }
         )
@@ -290,6 +304,14 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         render.print_csv(list(rows[0]), rows)
     else:
         _print_rows(f"Price tables ({catalog.origin}: {catalog.directory})", list(rows[0]), rows)
+        render.print_prose(
+            "Instance prices per cloud: "
+            + "; ".join(
+                f"{p} newest {new} ({(today - new).days} days old), oldest region {old} "
+                f"({(today - old).days} days old)"
+                for p, (old, new) in dated.items()
+            )
+        )
         _say_uncovered(catalog, uncovered)
 
 
@@ -495,6 +517,13 @@ def refresh_command(
                 "kept as they were, with their date",
                 err=True,
             )
+        if done.ok and done.partial:
+            click.echo(
+                f"Warning: {done.provider}: the answer for {', '.join(done.partial)} is "
+                "incomplete (a page names a next page that is not there): the rows it prices "
+                "are updated, no other row is marked not listed, the region keeps its date",
+                err=True,
+            )
     for failure in report.failed:
         assert failure.error is not None
         click.secho(f"Error: {failure.provider}: {failure.error.message}", err=True, fg="red")
@@ -552,6 +581,7 @@ def _refresh_document(report: RefreshReport) -> dict[str, Any]:
                 "status": "refreshed" if p.ok else "failed",
                 "regions": list(p.regions),
                 "regions_without_prices": list(p.missing),
+                "regions_incomplete": list(p.partial),
                 "records": p.records,
                 "rows_updated": p.stats.updated if p.stats else 0,
                 "rows_not_found": p.stats.not_found if p.stats else 0,

@@ -17,7 +17,7 @@ from decimal import ROUND_FLOOR, Decimal
 
 from costguard.money import format_usd
 from costguard.pricing.catalog import Catalog, Market, Region
-from costguard.pricing.estimate import CostOption
+from costguard.pricing.estimate import CostOption, Estimate, cheaper_unverified, cheapest_of
 
 #: Names for a group of regions (a continent of ``regions.csv``), as people type them.
 REGION_GROUPS: dict[str, str] = {
@@ -115,7 +115,7 @@ def budget_lines(
         verdict = budget_verdict(option, budget_usd, hours)
         word = "fits" if verdict.fits else "over"
         lines.append(
-            f"{word}: {_name(option)} {format_usd(option.total_usd)} for {hours} h; "
+            f"{word}: {describe(option)} {format_usd(option.total_usd)} for {hours} h; "
             f"{format_usd(budget_usd)} buys {verdict.hours} h"
         )
     if len(options) > limit:
@@ -124,20 +124,51 @@ def budget_lines(
 
 
 def cheapest_line(options: Sequence[CostOption]) -> str | None:
-    """The cheapest option in one sentence, and the cheapest on-demand one when the
-    cheapest is spot (it can be reclaimed)."""
-    if not options:
+    """The cheapest option on a verified price in one sentence, and the cheapest
+    on-demand one when that is spot (it can be reclaimed); a cheaper unverified price
+    is named as such, never as the answer.
+
+    >>> from costguard.pricing.estimate import EstimateRequest, estimate
+    >>> from costguard.pricing.tables import load_catalog
+    >>> request = EstimateRequest(gpu="H100", gpus_per_instance=8, hours=Decimal(10),
+    ...                           providers=("aws",), disk_gb=Decimal(0))
+    >>> print(cheapest_line(estimate(request, load_catalog()).options))  # doctest: +ELLIPSIS
+    Cheapest: aws ... spot, ... in total; ...; a cheaper unverified price exists: aws ...
+    """
+    best = cheapest_of(options)
+    if best is None:
         return None
-    best = options[0]
-    line = f"Cheapest: {_name(best)}, {format_usd(best.total_usd)} in total"
+    line = f"Cheapest: {describe(best)}, {format_usd(best.total_usd)} in total"
     if best.market is Market.SPOT:
-        steady = next((o for o in options if o.market is Market.ON_DEMAND), None)
+        on_demand = [o for o in options if o.market is Market.ON_DEMAND]
+        steady = cheapest_of(on_demand)
         if steady is not None:
             line += (
-                f"; cheapest on-demand (not reclaimed): {_name(steady)}, "
-                f"{format_usd(steady.total_usd)}"
+                f"; cheapest on-demand (not reclaimed): {describe(steady)}, "
+                f"{format_usd(steady.total_usd)}{unverified_note(cheaper_unverified(on_demand))}"
             )
-    return line
+    return line + unverified_note(cheaper_unverified(options))
+
+
+def unverified_fit(result: Estimate, budget_usd: Decimal) -> str:
+    """``; a cheaper unverified price exists: ...`` when an option on an unverified
+    price fits ``budget_usd`` though the cheapest verified one does not, else ``""``."""
+    other = result.cheaper_unverified
+    return unverified_note(other if other and other.total_usd <= budget_usd else None)
+
+
+def unverified_note(other: CostOption | None) -> str:
+    """``; a cheaper unverified price exists: <option>, <total>``, or ``""`` for ``None``."""
+    if other is None:
+        return ""
+    return f"; a cheaper unverified price exists: {_name(other)}, {format_usd(other.total_usd)}"
+
+
+def describe(option: CostOption) -> str:
+    """The option's name, with ``(unverified price)`` when its price is not verified:
+    every sentence that names an option as an answer names it so."""
+    unverified = "" if option.verified else " (unverified price)"
+    return f"{_name(option)}{unverified}"
 
 
 def spot_size_notes(options: Sequence[CostOption], catalog: Catalog) -> list[str]:

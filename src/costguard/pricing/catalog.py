@@ -50,6 +50,13 @@ class PriceStatus(StrEnum):
     ASSUMED = "assumed"  # copied from a neighbouring region with the same price tier
     UNVERIFIED = "unverified"  # suspect or from memory; treat as a rough figure
 
+    @property
+    def verified(self) -> bool:
+        """Whether a sentence may name this price as an answer: a list price as read
+        (``listed``) or as a second source corrected it (``corrected``), which
+        ``costguard pricing check`` passes (a suspect row is never left ``listed``)."""
+        return self in (PriceStatus.LISTED, PriceStatus.CORRECTED)
+
 
 @dataclass(frozen=True, slots=True)
 class InstancePrice:
@@ -333,6 +340,24 @@ def staleness(
         market is Market.SPOT and (today - as_of).days <= max_age_days for as_of, market in stale
     )
     return Staleness(oldest, (today - oldest).days, spot_only)
+
+
+def source_dates(catalog: Catalog) -> dict[str, tuple[date, date]]:
+    """The oldest and newest as-of dates of each provider's instance prices: those of
+    the table parts of the regions the instance tables cover for it. Pure.
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> source_dates(load_catalog())["aws"]
+    (datetime.date(2026, 1, 21), datetime.date(2026, 11, 30))
+    """
+    dates: dict[str, list[date]] = {}
+    for provider, region in catalog.covered:
+        for table in INSTANCE_TABLES:
+            if table in catalog.tables:
+                dates.setdefault(provider, []).append(
+                    catalog.tables[table].part(provider, region).as_of
+                )
+    return {p: (min(dates[p]), max(dates[p])) for p in PROVIDERS if p in dates}
 
 
 def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]]) -> date:

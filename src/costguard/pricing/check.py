@@ -5,37 +5,57 @@ single row does not show. :func:`check_instances` looks at each row against the 
 
 * ``spot-not-cheaper``: a spot price at or above on-demand (a cap, not a discount);
 * ``zero-price``: a $0 price (a catalogue's placeholder, never a real price);
-* ``regional-outlier``: an instance type whose price in one region is far from its
-  median over the regions it is sold in (GCP europe-west4 A100s were 0.66x);
+* ``spot-placeholder``: a spot price exactly a tenth of on-demand (the pattern a
+  catalogue writes where it read no market price: every zone, every size alike);
+* ``regional-outlier``: a price per GPU far from the same GPU's on the same cloud, in
+  the sizes of its family that have the same shape per GPU, over the other regions and
+  sizes (GCP europe-west4 A100s were 0.66x; AWS us-east-1 p4d spot 0.25x). On-demand
+  and spot, each against its own market, spot with wider bounds (it moves by the hour);
 * ``family-sum``: in a family whose shape grows with the GPU count (``a2-highgpu-1g`` ..
-  ``-8g``), a size whose price per GPU disagrees with its siblings' (a host or GPU part
-  missing from the sum);
-* ``gpu-count``: a GPU count that disagrees with the instance type's name (GCP ``-8g``).
+  ``-8g``), a size whose price per GPU disagrees with its siblings' in the same region
+  (a host or GPU part missing from the sum);
+* ``gpu-count``: a GPU count that disagrees with the instance type's name (GCP ``-8g``);
+* ``older-than-source``: a row whose note cites a source dated after the row's own date
+  (the table part it is in): the newer source was not read into it.
 
 A finding on a row whose price for that market is already marked ``unverified`` or
-``corrected`` with a note is *known*: the estimate shows that note. Other findings are
-*new*: a table is clean when it has none (a test runs the check on the bundled tables).
+``corrected`` with a note is *known*: the estimate shows that note, and no sentence
+names it as an answer. Other findings are *new*: a table is clean when it has none (a
+test runs the check on the bundled tables).
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from datetime import date
 from decimal import Decimal
 
-from costguard.pricing.catalog import InstancePrice, Market, PriceStatus
+from costguard.pricing.catalog import Catalog, InstancePrice, Market, PriceStatus
 
-#: A price below this fraction of its instance type's median over regions, or above the
-#: upper one, is an outlier. Regional list prices of one machine type spread about
-#: 0.9x-1.4x of the median (Sao Paulo, Zurich and Tokyo at the top); a half-price region
-#: is a copying error far more often than a bargain.
+#: A price per GPU below this fraction of the same GPU's median over the other regions
+#: and sizes of its family (same shape per GPU), or above the upper one, is an outlier.
+#: Regional list prices of one machine type spread about 0.9x-1.4x of the median (Sao
+#: Paulo, Zurich and Tokyo at the top); a half-price region is a copying error far more
+#: often than a bargain.
 OUTLIER_LOW = Decimal("0.75")
 OUTLIER_HIGH = Decimal("1.75")
+#: Spot prices are set by spare capacity, per zone and hour: over the bundled tables
+#: the spot price per GPU of one family spreads 0.34x-4.1x of its median. Below 0.3x
+#: (AWS us-east-1 p4d at $2.47 against $9-12 elsewhere) is a stale or mistyped record.
+SPOT_OUTLIER_LOW = Decimal("0.30")
+SPOT_OUTLIER_HIGH = Decimal("6")
 #: Sizes of one family with the same shape per GPU should cost the same per GPU.
 FAMILY_TOLERANCE = Decimal("0.10")
+#: A catalogue's stand-in for a spot price it did not read: on-demand times this.
+PLACEHOLDER_RATIO = Decimal("0.1")
 _GCP_GPU_SUFFIX = re.compile(r"-(?P<count>\d+)g(?:-[a-z]+)?$")
+_SIZE = re.compile(r"[-.]?\d+g?(?:-[a-z]+)?$|\.\w+$")
+_DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,8 +72,11 @@ class Finding:
     known: bool  # the row already says so (status and note)
 
 
-def check_instances(rows: Iterable[InstancePrice]) -> list[Finding]:
-    """Every finding over ``rows``, in table order.
+def check_instances(
+    rows: Iterable[InstancePrice], dated: Callable[[InstancePrice], date] | None = None
+) -> list[Finding]:
+    """Every finding over ``rows``, in table order. ``dated`` gives a row's own date (its
+    table part's as-of date); without it, notes citing newer sources are not checked.
 
     >>> from costguard.pricing.tables import load_catalog
     >>> [f for f in check_instances(load_catalog().instances) if not f.known]
@@ -63,13 +86,65 @@ def check_instances(rows: Iterable[InstancePrice]) -> list[Finding]:
     findings: list[Finding] = []
     for row in rows:
         findings.extend(_row_findings(row))
-    findings.extend(_outliers(rows))
+        if dated is not None:
+            findings.extend(_older_than_source(row, dated(row)))
+    for market in Market:
+        findings.extend(_outliers(rows, market))
     findings.extend(_family_sums(rows))
     order = {(r.provider, r.region, r.instance_type, r.accelerator): i for i, r in enumerate(rows)}
     return sorted(
         findings,
         key=lambda f: (order[(f.provider, f.region, f.instance_type, f.accelerator)], f.kind),
     )
+
+
+def check_catalog(catalog: Catalog) -> list[Finding]:
+    """:func:`check_instances` over ``catalog``'s instance rows, each dated by the table
+    part (provider and region) it is in."""
+
+    def dated(row: InstancePrice) -> date:
+        table = "gpu_instances" if row.accelerator else "cpu_instances"
+        return catalog.tables[table].part(row.provider, row.region).as_of
+
+    return check_instances(catalog.instances, dated)
+
+
+def mark_suspects(
+    rows: Sequence[InstancePrice], only: Callable[[InstancePrice], bool] = lambda _: True
+) -> list[InstancePrice]:
+    """``rows`` with each price :func:`check_instances` finds new fault with marked
+    ``unverified``, the finding in the row's note, in the rows ``only`` accepts (those a
+    refresh read: what it writes is never a suspect price left ``listed``).
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> rows = load_catalog().instances
+    >>> mark_suspects(rows) == list(rows)
+    True
+    """
+    found: dict[tuple[str, str, str, str | None], list[Finding]] = {}
+    for finding in check_instances(rows):
+        if not finding.known:
+            key = (finding.provider, finding.region, finding.instance_type, finding.accelerator)
+            found.setdefault(key, []).append(finding)
+    marked = []
+    for row in rows:
+        findings = found.get((row.provider, row.region, row.instance_type, row.accelerator))
+        if not findings or not only(row):
+            marked.append(row)
+            continue
+        markets = {f.market for f in findings}
+        notes = [f"{f.market} unverified, pricing check: {f.message}" for f in findings]
+        marked.append(
+            replace(
+                row,
+                ondemand_status=PriceStatus.UNVERIFIED
+                if Market.ON_DEMAND in markets
+                else row.ondemand_status,
+                spot_status=PriceStatus.UNVERIFIED if Market.SPOT in markets else row.spot_status,
+                note="; ".join([*notes, row.note] if row.note else notes),
+            )
+        )
+    return marked
 
 
 def _finding(row: InstancePrice, market: Market, kind: str, message: str) -> Finding:
@@ -89,6 +164,14 @@ def _row_findings(row: InstancePrice) -> Iterable[Finding]:
         yield _finding(
             row, Market.SPOT, "spot-not-cheaper", f"spot {spot} is not below on-demand {ondemand}"
         )
+    if ondemand and spot and _is_placeholder(spot, ondemand):
+        yield _finding(
+            row,
+            Market.SPOT,
+            "spot-placeholder",
+            f"spot {spot} is exactly {PLACEHOLDER_RATIO}x on-demand {ondemand}: a catalogue's "
+            "placeholder, not a market price",
+        )
     match = _GCP_GPU_SUFFIX.search(row.instance_type) if row.provider == "gcp" else None
     if match and row.accelerator and int(match["count"]) != row.accelerator_count:
         yield _finding(
@@ -99,28 +182,96 @@ def _row_findings(row: InstancePrice) -> Iterable[Finding]:
         )
 
 
-def _outliers(rows: Sequence[InstancePrice]) -> Iterable[Finding]:
-    groups: dict[tuple[str, str, str | None], list[InstancePrice]] = {}
-    for row in rows:
-        groups.setdefault((row.provider, row.instance_type, row.accelerator), []).append(row)
-    for group in groups.values():
-        priced = [(r, r.ondemand_usd_per_hour) for r in group if r.ondemand_usd_per_hour]
-        # On-demand only (spot moves by the hour); each region against the median of the
-        # others, so that two regions are enough to tell one of them is odd.
-        for row, price in priced:
-            others = [p for r, p in priced if r is not row and p]
-            if not price or not others:
-                continue
-            median = Decimal(statistics.median(others))
-            ratio = price / median
-            if ratio < OUTLIER_LOW or ratio > OUTLIER_HIGH:
+def _is_placeholder(spot: Decimal, ondemand: Decimal) -> bool:
+    """Whether ``spot`` is on-demand times :data:`PLACEHOLDER_RATIO`, to the digits it
+    is written with (7.5955 for 75.9552), written to a tenth of a cent or finer (a round
+    0.5 beside 5.04 is a price someone typed, not the pattern)."""
+    exponent = spot.as_tuple().exponent
+    return (
+        isinstance(exponent, int)
+        and exponent <= -3
+        and spot == (ondemand * PLACEHOLDER_RATIO).quantize(spot)
+    )
+
+
+def _older_than_source(row: InstancePrice, as_of: date) -> Iterable[Finding]:
+    cited = max((date.fromisoformat(d) for d in _DATE.findall(row.note)), default=None)
+    if cited is not None and cited > as_of:
+        for market in Market:
+            if row.usd_per_hour(market) is not None:
                 yield _finding(
                     row,
-                    Market.ON_DEMAND,
-                    "regional-outlier",
-                    f"on-demand ${price}/h is {ratio:.2f}x the median of its "
-                    f"{len(others)} other region(s) (${median}/h)",
+                    market,
+                    "older-than-source",
+                    f"the note cites a source of {cited}, newer than the row's {as_of}: "
+                    "read the row from it",
                 )
+
+
+@functools.cache
+def _family(instance_type: str) -> str:
+    """The instance type without its size (``a2-highgpu``, ``p4d``, ``Standard_NC``)."""
+    return _SIZE.sub("", instance_type)
+
+
+def _outliers(rows: Sequence[InstancePrice], market: Market) -> Iterable[Finding]:
+    # The same GPU on the same cloud, in the sizes of one family with the same shape per
+    # GPU (so the host share per GPU is the same), over every region: each price per GPU
+    # against the median of the others, so two rows are enough to tell one of them is odd.
+    groups: dict[tuple[object, ...], list[tuple[InstancePrice, Decimal]]] = {}
+    for row in rows:
+        price = row.usd_per_hour(market)
+        if not price:
+            continue
+        count = row.accelerator_count or 1
+        shape = (
+            row.vcpus / count if row.vcpus is not None else None,
+            row.memory_gib / count if row.memory_gib is not None else None,
+        )
+        key = (row.provider, row.accelerator, _family(row.instance_type), *shape)
+        groups.setdefault(key, []).append((row, price / count))
+    low, high = (
+        (OUTLIER_LOW, OUTLIER_HIGH)
+        if market is Market.ON_DEMAND
+        else (SPOT_OUTLIER_LOW, SPOT_OUTLIER_HIGH)
+    )
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        ordered = sorted(per_gpu for _, per_gpu in group)
+        places = len(group) - 1
+        for row, per_gpu in group:
+            median = _median_without(ordered, per_gpu)
+            ratio = per_gpu / median
+            if ratio < low or ratio > high:
+                yield _finding(
+                    row,
+                    market,
+                    "regional-outlier",
+                    f"{market} ${per_gpu:.4f} per GPU-hour is {ratio:.2f}x the median of "
+                    f"{places} other region(s) and size(s) of its family (${median:.4f})",
+                )
+
+
+def _median_without(ordered: Sequence[Decimal], value: Decimal) -> Decimal:
+    """The median of ``ordered`` (sorted) with one ``value`` taken out, without copying:
+    each row against the others, in a group of thousands of rows on world tables.
+
+    >>> _median_without([Decimal(1), Decimal(2), Decimal(10)], Decimal(10))
+    Decimal('1.5')
+    >>> _median_without([Decimal(1), Decimal(2), Decimal(10)], Decimal(1))
+    Decimal('6')
+    """
+    gone = bisect.bisect_left(ordered, value)
+    size = len(ordered) - 1
+
+    def at(position: int) -> Decimal:  # the position among the others
+        return ordered[position if position < gone else position + 1]
+
+    middle = size // 2
+    if size % 2:
+        return at(middle)
+    return (at(middle - 1) + at(middle)) / 2
 
 
 def _family_sums(rows: Sequence[InstancePrice]) -> Iterable[Finding]:
@@ -128,7 +279,7 @@ def _family_sums(rows: Sequence[InstancePrice]) -> Iterable[Finding]:
     for row in rows:
         if not row.accelerator_count or row.vcpus is None or row.memory_gib is None:
             continue
-        family = re.sub(r"[-.]?\d+g?(?:-[a-z]+)?$|\.\w+$", "", row.instance_type)
+        family = _family(row.instance_type)
         shape = (row.vcpus / row.accelerator_count, row.memory_gib / row.accelerator_count)
         key = (row.provider, row.region, family, row.accelerator, *shape)
         families.setdefault(key, []).append(row)

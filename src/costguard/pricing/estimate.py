@@ -122,6 +122,12 @@ class CostOption:
         return self.compute_usd + self.storage_usd + self.egress_usd
 
     @property
+    def verified(self) -> bool:
+        """Whether its price is one a sentence may name as an answer (listed or corrected,
+        not unverified): see :attr:`~costguard.pricing.catalog.PriceStatus.verified`."""
+        return self.price_status is not None and self.price_status.verified
+
+    @property
     def sort_key(self) -> tuple[Decimal, str, str, str, str]:
         """Cheapest first; ties broken by name so the order is stable."""
         return (self.total_usd, self.provider, self.region, self.instance_type, self.market)
@@ -141,8 +147,30 @@ class Estimate:
 
     @property
     def cheapest(self) -> CostOption | None:
-        """The cheapest option, or ``None`` when nothing matched."""
-        return self.options[0] if self.options else None
+        """The cheapest option on a verified price (the answer a sentence names); the
+        cheapest of all when no price is verified; ``None`` when nothing matched."""
+        return cheapest_of(self.options)
+
+    @property
+    def cheaper_unverified(self) -> CostOption | None:
+        """The cheapest option when its price is unverified and below :attr:`cheapest`'s
+        (a sentence naming the answer says it exists), else ``None``."""
+        return cheaper_unverified(self.options)
+
+
+def cheapest_of(options: Sequence[CostOption]) -> CostOption | None:
+    """The first option (of ``options``, cheapest first) on a verified price, else the
+    first of all; ``None`` when there is none."""
+    return next((o for o in options if o.verified), options[0] if options else None)
+
+
+def cheaper_unverified(options: Sequence[CostOption]) -> CostOption | None:
+    """The first option of ``options`` (cheapest first) when it is unverified and cheaper
+    than :func:`cheapest_of` picks, else ``None``."""
+    best = cheapest_of(options)
+    if best is None or best is options[0] or options[0].total_usd >= best.total_usd:
+        return None
+    return options[0]
 
 
 def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:

@@ -278,6 +278,7 @@ def _offer_doc(offer: Offer) -> dict[str, Any]:
         "usd_per_hour": usd_str(offer.usd_per_hour),
         "gpu": offer.gpu,
         "gpu_count": offer.gpu_count,
+        "verified": offer.verified,
     }
 
 
@@ -291,6 +292,7 @@ def _offer(doc: Mapping[str, Any]) -> Offer:
         usd_per_hour=Decimal(str(doc["usd_per_hour"])),
         gpu=str(doc["gpu"]),
         gpu_count=int(doc["gpu_count"]),
+        verified=bool(doc.get("verified", True)),  # job.json written before it had the key
     )
 
 

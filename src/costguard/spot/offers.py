@@ -41,8 +41,9 @@ def find_offers(
     max_usd_per_hour: Decimal | None = None,
 ) -> list[Offer]:
     """Every (region, market) where ``gpu_count`` x ``gpu`` is sold, the cheapest instance
-    type of each, cheapest first. ``max_usd_per_hour`` caps the spot price only: it is
-    the spot bid, and on-demand (the fallback) has its own fixed price.
+    type of each: verified prices first, then unverified ones, each cheapest first.
+    ``max_usd_per_hour`` caps the spot price only: it is the spot bid, and on-demand (the
+    fallback) has its own fixed price.
 
     ``provider="local"`` returns the offers of all three clouds, re-labelled ``local``
     with the cloud's place as the region (``aws:us-east-1``).
@@ -78,11 +79,19 @@ def find_offers(
             usd_per_hour=price,
             gpu=gpu,
             gpu_count=gpu_count,
+            verified=_verified(inst, market),
         )
         for (_, _, market), (price, inst) in best.items()
     ]
-    offers.sort(key=lambda o: (o.usd_per_hour, o.provider, o.region, o.market.value))
+    offers.sort(
+        key=lambda o: (not o.verified, o.usd_per_hour, o.provider, o.region, o.market.value)
+    )
     return offers
+
+
+def _verified(inst: InstancePrice, market: Market) -> bool:
+    status = inst.status(market)
+    return status is not None and status.verified
 
 
 def expand_zones(

@@ -217,8 +217,8 @@ def choose_offer(
 
     Places hit (interrupted or refused) within ``backoff_s`` go last, the most recently
     hit last of all; before them, the places of regions backed off as a whole
-    (:func:`hot_regions`); the rest are taken cheapest first (ties by place, for
-    stability).
+    (:func:`hot_regions`); the rest are taken verified prices first (an unverified price
+    may be a placeholder), then cheapest first (ties by place, for stability).
     """
     market = market_for(attempts, offers, limits)
     pool = [o for o in offers if o.market is market]
@@ -230,11 +230,12 @@ def choose_offer(
         hit[attempt.offer.place] = max(hit.get(attempt.offer.place, when), when)
     hot = hot_regions(attempts, limits, now_unix)
 
-    def key(offer: Offer) -> tuple[bool, bool, float, Decimal, str, str]:
+    def key(offer: Offer) -> tuple[bool, bool, float, bool, Decimal, str, str]:
         return (
             offer.place in hit,
             offer.region_place in hot,
             hit.get(offer.place, 0.0),
+            not offer.verified,  # a verified price before a cheaper unverified one
             offer.usd_per_hour,
             offer.place,
             offer.instance_type,

@@ -39,9 +39,12 @@ def usd(amount: Decimal) -> str:
     return format_usd(amount, rate=amount < 1)
 
 
-def estimate_lines(spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str) -> list[str]:
+def estimate_lines(
+    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+) -> list[str]:
     """The estimate shown before the confirmation; a line indented by two spaces belongs to
-    the line before it."""
+    the line before it. An unverified price is said to be one, and so is a cheaper
+    unverified offer in ``offers`` that the pick passed over."""
     simulated = " (simulated on this machine; priced as" if spec.provider == "local" else ""
     where = f"{offer.instance_type} {offer.market.value} in {offer.region}"
     lines = [
@@ -50,6 +53,22 @@ def estimate_lines(spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: s
         f"  price: {format_usd(offer.usd_per_hour, rate=True)}/h "
         f"(list price, prices as of {as_of}; excludes disk, egress and taxes)",
     ]
+    if not offer.verified:
+        lines.append(
+            "  unverified price: no verified offer fits, and this one is suspect or not read "
+            "from a source (`costguard pricing show gpu_instances --unverified` says why)"
+        )
+    cheaper = [
+        o
+        for o in offers
+        if not o.verified and o.market is offer.market and o.usd_per_hour < offer.usd_per_hour
+    ]
+    if offer.verified and cheaper:
+        other = min(cheaper, key=lambda o: o.usd_per_hour)
+        lines.append(
+            f"  a cheaper unverified price exists: {other.instance_type} {other.market.value} "
+            f"in {other.region} at {format_usd(other.usd_per_hour, rate=True)}/h"
+        )
     if spec.hours:
         lines.append(
             f"  estimate: {format_usd(offer.usd_per_hour * spec.hours)} for {spec.hours} h "

@@ -16,13 +16,14 @@ import gzip
 import http.client
 import json
 import queue
+import re
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
 from functools import partial
@@ -80,12 +81,17 @@ def fetch(
         endpoint = endpoint_of(settings)
         responses = _live_pages(endpoint, target.regions, retry or API_RETRY)
         source = f"Azure Retail Prices API ({endpoint}/api/retail/prices)"
+    paging = PageChains()
     items = (
-        item for page in responses for item in mirrors.records(page, "Items", "Azure Retail Prices")
+        item
+        for page in paging.watch(responses)
+        for item in mirrors.records(page, "Items", "Azure Retail Prices")
     )
     try:
-        rows = azure_prices(count(items), target.rows)
-        days = {} if mirror is None else mirrors.as_of(mirror, "azure", target.regions, rows.dated)
+        rows = replace(azure_prices(count(items), target.rows), partial=paging.partial)
+        # effectiveStartDate says since when a price holds, not when it was read: a
+        # mirror's prices are as old as its download (fetched.json, else its files).
+        days = {} if mirror is None else mirrors.as_of(mirror, "azure", target.regions, {})
     except urllib.error.HTTPError as exc:
         raise _http_error(exc) from None
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
@@ -103,6 +109,51 @@ def fetch(
             msg, hint="try again later; check COSTGUARD_AZURE_PRICES_ENDPOINT if you set it"
         ) from None
     return target.read(rows, source=source, fetched_at=now, records=count.total, dated=days)
+
+
+_REGION_FILTER = re.compile(r"armRegionName(?:\s|%20)+eq(?:\s|%20)+(?:'|%27)([^'%]+)")
+
+
+class PageChains:
+    """Which regions' answers are incomplete: a region whose pages name a
+    ``NextPageLink`` and none of which is a last page (no ``NextPageLink``). A mirror
+    holding page 1 of 20 is an incomplete answer, not the region's whole price list.
+
+    A page's region is its items' ``armRegionName``, or the one its ``NextPageLink``'s
+    filter names.
+
+    >>> chains = PageChains()
+    >>> link = "https://prices.azure.com/api/retail/prices?$filter=armRegionName eq 'eastus2'"
+    >>> pages = [{"Items": [{"armRegionName": "eastus2"}], "NextPageLink": link},
+    ...          {"Items": [{"armRegionName": "westus2"}], "NextPageLink": None}]
+    >>> _ = list(chains.watch(pages))
+    >>> sorted(chains.partial)
+    ['eastus2']
+    """
+
+    def __init__(self) -> None:
+        self._open: set[str] = set()
+        self._closed: set[str] = set()
+
+    def watch(self, pages: Iterable[Mapping[str, Any]]) -> Iterator[Mapping[str, Any]]:
+        """``pages``, unchanged, noting each page's region and whether more follow."""
+        for page in pages:
+            yield page
+            link = page.get("NextPageLink") or None
+            regions = {
+                str(item["armRegionName"]).lower()
+                for item in page.get("Items") or ()
+                if isinstance(item, Mapping) and item.get("armRegionName")
+            }
+            named = _REGION_FILTER.search(str(link)) if link else None
+            if named:
+                regions.add(named[1].lower())
+            (self._open if link else self._closed).update(regions)
+
+    @property
+    def partial(self) -> frozenset[str]:
+        """The regions with a next page and no last page among the pages watched."""
+        return frozenset(self._open - self._closed)
 
 
 def _http_error(exc: urllib.error.HTTPError) -> CostguardError:

@@ -96,7 +96,9 @@ def fetch(
         unit_prices = _live_unit_prices(settings, endpoint, retry or API_RETRY, count, credentials)
     rows = gcp_prices(unit_prices, target.rows, dated)
     if mirror is not None:
-        days = mirrors.as_of(mirror, "gcp", target.regions, rows.dated)
+        # effectiveTime says since when a price holds, not when it was read: a mirror's
+        # prices are as old as its download (fetched.json, else its files).
+        days = mirrors.as_of(mirror, "gcp", target.regions, {})
     return target.read(rows, source=source, fetched_at=now, records=count.total, dated=days)
 
 

@@ -1,7 +1,8 @@
 """Merge fresh prices into the tables in use, and record where every row came from. Pure.
 
 A refresh replaces only the rows of the providers and regions it read prices for (a
-region the API or mirror listed nothing in was not read); every other row, and the
+region the API or mirror listed nothing in was not read, nor, for one table, a region
+where the answer priced none of that table's rows); every other row, and the
 storage, transfer and regions tables, are carried over from the tables in use (bundled
 or cache) as they were, with their date and source, and the table metadata says so. The
 rules for one row (:func:`merge_row`):
@@ -30,6 +31,7 @@ from costguard.pricing.catalog import (
     TableInfo,
     TablePart,
 )
+from costguard.pricing.check import mark_suspects
 from costguard.pricing.refresh.parse import RowPrices, row_key
 
 
@@ -219,6 +221,7 @@ def merge_tables(
     stats = {f.provider: MergeStats() for f in fresh}
     instances: dict[str, tuple[InstancePrice, ...]] = {}
     meta: list[TableMeta] = []
+    read: set[tuple[str, str]] = set()  # the places whose rows this refresh merged
     for name in REQUIRED_TABLES:
         info = catalog.tables[name]
         if name not in INSTANCE_TABLES:
@@ -226,15 +229,27 @@ def merge_tables(
             continue
         rows = []
         parts: dict[tuple[str, str], TablePart] = {}
-        for row in _table_rows(catalog, name):
+        table_rows = list(_table_rows(catalog, name))
+        # An answer that priced rows of the other table only, in a region, is about those
+        # types (m5.large's spot history): it neither flags this table's rows there nor
+        # re-dates them. One that priced no row of either table read the region (its
+        # sizes are gone) and flags them.
+        elsewhere = priced_places(catalog, by_provider, name, other=True)
+        here = priced_places(catalog, by_provider, name)
+        for row in table_rows:
             provider_fresh = by_provider.get(row.provider)
             place = (row.provider, row.region)
-            if provider_fresh is None or row.region not in provider_fresh.answered:
+            if (
+                provider_fresh is None
+                or row.region not in provider_fresh.answered
+                or (place in elsewhere and place not in here)
+            ):
                 rows.append(row)
                 parts.setdefault(place, _kept_part(info, place, catalog.origin))
                 continue
             merged, outcome = merge_row(row, provider_fresh)
             rows.append(merged)
+            read.add(place)
             stats[row.provider] = stats[row.provider].add(outcome)
             parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
         for new in _new_rows(fresh, name):
@@ -244,6 +259,7 @@ def merge_tables(
                 rows.append(merged)
                 stats[new.provider] = stats[new.provider].add(outcome)
                 place = (new.provider, new.region)
+                read.add(place)
                 parts[place] = _fresh_part(info, place, provider_fresh, catalog.origin)
         instances[name] = tuple(sorted(rows, key=_sort_key))
         meta.append(
@@ -256,6 +272,13 @@ def merge_tables(
                 parts=parts,
             )
         )
+    # A price a refresh read is checked against the others before it is written.
+    checked = mark_suspects(
+        [row for table in INSTANCE_TABLES for row in instances[table]],
+        lambda row: (row.provider, row.region) in read,
+    )
+    for table in INSTANCE_TABLES:
+        instances[table] = tuple(_in_table(checked, table))
     return MergedTables(instances=instances, meta=tuple(meta), stats=stats)
 
 
@@ -294,9 +317,27 @@ def new_rows(catalog: Catalog, provider: str, region: str) -> tuple[InstancePric
     )
 
 
+def priced_places(
+    catalog: Catalog, fresh: Mapping[str, FreshPrices], name: str, *, other: bool = False
+) -> set[tuple[str, str]]:
+    """The (provider, region) places where ``fresh`` priced a row of the instance table
+    ``name`` (``other``: of the other instance tables)."""
+    tables = [t for t in INSTANCE_TABLES if (t != name) == other]
+    return {
+        (row.provider, row.region)
+        for table in tables
+        for row in _table_rows(catalog, table)
+        if row.provider in fresh and row_key(row) in fresh[row.provider].rows.prices
+    }
+
+
 def _table_rows(catalog: Catalog, name: str) -> Iterable[InstancePrice]:
+    return _in_table(catalog.instances, name)
+
+
+def _in_table(rows: Iterable[InstancePrice], name: str) -> Iterable[InstancePrice]:
     gpu = name == "gpu_instances"
-    return (row for row in catalog.instances if (row.accelerator is not None) == gpu)
+    return (row for row in rows if (row.accelerator is not None) == gpu)
 
 
 def _sort_key(row: InstancePrice) -> tuple[str, str, str, str]:
@@ -317,9 +358,10 @@ def _fresh_part(
     as_of = fresh.as_of(place[1])
     if read == frozenset(Market):
         return TablePart(as_of, fresh.source)
-    # Only some markets were read: the rows are as old as the oldest of their parts.
+    # Only some markets were read (none, from an incomplete answer): the rows are as old
+    # as the oldest of their parts.
     kept = _kept_part(info, place, origin)
-    markets = ", ".join(sorted(read))
+    markets = ", ".join(sorted(read)) or "some rows (an incomplete answer)"
     return TablePart(
         min(kept.as_of, as_of), f"{markets} from {fresh.source}; the rest: {kept.source}"
     )

@@ -13,11 +13,12 @@ answered (files are read in name order)::
     DIR/<provider>/fetched.json  optional: {"fetched_at": "2026-11-30T12:00:00Z"}, when the
                              responses were downloaded (also accepted as DIR/fetched.json)
 
-The prices are dated by when they were downloaded: ``fetched.json``; without it, by the
-newest date the records of each region carry (spot ``Timestamp``, ``publicationDate``,
-``effectiveTime``, ``effectiveStartDate``) but no later than the files' modification
-date; without either, by the files' modification date. Never by the day of the refresh:
-a mirror of 2016 stays a mirror of 2016, and the estimate says its prices are stale.
+The prices are dated by when they were downloaded: ``fetched.json``; without it, for
+AWS, by the newest date its records of each region carry (spot ``Timestamp``,
+``publicationDate``) but no later than the files' modification date; else by the files'
+modification date (Azure's ``effectiveStartDate`` and GCP's ``effectiveTime`` say since
+when a price holds, not when it was read). Never by the day of the refresh: a mirror of
+2016 stays a mirror of 2016, and the estimate says its prices are stale.
 A response that is an API error (a body with ``error``, ``Error`` or ``__type`` and no
 records) fails that provider with the API's own message.
 

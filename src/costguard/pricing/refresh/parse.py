@@ -70,14 +70,21 @@ class RowPrices:
     #: How recent the records of each region are, when they carry dates: the newest
     #: record of each market read there, the oldest of those.
     dated: Mapping[str, datetime] = field(default_factory=dict)
+    #: Regions (lower case) whose answer is known to be incomplete (a page that names a
+    #: next page that is not there): their prices update rows, but no market there
+    #: counts as read, so nothing is marked "not listed" and the region is not re-dated.
+    partial: frozenset[str] = frozenset()
 
     def markets_in(self, region: str) -> frozenset[Market]:
-        """The markets the records listed a price in, in ``region``.
+        """The markets the records listed a price in, in ``region`` (none in a region
+        whose answer is incomplete).
 
         >>> prices = RowPrices({}, frozenset(), markets=frozenset({("eastus", Market.SPOT)}))
         >>> sorted(prices.markets_in("eastus")), sorted(prices.markets_in("westus"))
         ([<Market.SPOT: 'spot'>], [])
         """
+        if region.lower() in self.partial:
+            return frozenset()
         return self._markets_by_region.get(region, frozenset())
 
     @cached_property
@@ -222,6 +229,47 @@ AWS_LINUX_ATTRIBUTES = {
     "preInstalledSw": "NA",
     "capacitystatus": "Used",
 }
+#: The Price List's ``location`` of each commercial and GovCloud region, for products
+#: without ``regionCode`` (older products have only ``location``; AWS's "Regions and
+#: Zones" pages and the Price List's own names: "EU (...)", "Osaka-Local" before 2021).
+AWS_LOCATIONS: dict[str, str] = {
+    "US East (N. Virginia)": "us-east-1",
+    "US East (Ohio)": "us-east-2",
+    "US West (N. California)": "us-west-1",
+    "US West (Oregon)": "us-west-2",
+    "Africa (Cape Town)": "af-south-1",
+    "Asia Pacific (Hong Kong)": "ap-east-1",
+    "Asia Pacific (Tokyo)": "ap-northeast-1",
+    "Asia Pacific (Seoul)": "ap-northeast-2",
+    "Asia Pacific (Osaka)": "ap-northeast-3",
+    "Asia Pacific (Osaka-Local)": "ap-northeast-3",
+    "Asia Pacific (Mumbai)": "ap-south-1",
+    "Asia Pacific (Hyderabad)": "ap-south-2",
+    "Asia Pacific (Singapore)": "ap-southeast-1",
+    "Asia Pacific (Sydney)": "ap-southeast-2",
+    "Asia Pacific (Jakarta)": "ap-southeast-3",
+    "Asia Pacific (Melbourne)": "ap-southeast-4",
+    "Asia Pacific (Malaysia)": "ap-southeast-5",
+    "Asia Pacific (Thailand)": "ap-southeast-7",
+    "Canada (Central)": "ca-central-1",
+    "Canada West (Calgary)": "ca-west-1",
+    "EU (Frankfurt)": "eu-central-1",
+    "EU (Zurich)": "eu-central-2",
+    "EU (Stockholm)": "eu-north-1",
+    "EU (Milan)": "eu-south-1",
+    "EU (Spain)": "eu-south-2",
+    "EU (Ireland)": "eu-west-1",
+    "EU (London)": "eu-west-2",
+    "EU (Paris)": "eu-west-3",
+    "Israel (Tel Aviv)": "il-central-1",
+    "Middle East (UAE)": "me-central-1",
+    "Middle East (Bahrain)": "me-south-1",
+    "Mexico (Central)": "mx-central-1",
+    "South America (Sao Paulo)": "sa-east-1",
+    "AWS GovCloud (US-East)": "us-gov-east-1",
+    "AWS GovCloud (US-West)": "us-gov-west-1",
+    "AWS GovCloud (US)": "us-gov-west-1",
+}
 _AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d+)[a-z]$")
 
 
@@ -232,8 +280,10 @@ def aws_ondemand(
 
     Products other than Linux/shared/no-software/used are skipped, whatever the query
     asked for (a mirror may hold more than one query's answer). Of two prices for one
-    instance type, the newer term (``effectiveDate``) wins. ``dated``, when given, is
-    filled with the newest ``publicationDate`` seen per region.
+    instance type, the newer term (``effectiveDate``) wins. The region is the product's
+    ``regionCode``, or its ``location`` (:data:`AWS_LOCATIONS`) in older products that
+    have none. ``dated``, when given, is filled with the newest ``publicationDate`` seen
+    per region.
 
     >>> product = {"product": {"attributes": {**AWS_LINUX_ATTRIBUTES,
     ...     "regionCode": "us-east-1", "instanceType": "g5.xlarge"}},
@@ -251,7 +301,8 @@ def aws_ondemand(
         # Capacity Blocks and other purchase options are products of their own.
         if attributes.get("marketoption", "OnDemand") != "OnDemand":
             continue
-        region, instance_type = attributes.get("regionCode"), attributes.get("instanceType")
+        instance_type = attributes.get("instanceType")
+        region = attributes.get("regionCode") or AWS_LOCATIONS.get(attributes.get("location", ""))
         if not region or not instance_type:
             continue
         place = (region, Market.ON_DEMAND)
@@ -382,13 +433,14 @@ def aws_prices(
 GCP_COMPUTE_SERVICE = "services/6F81-5844-456A"
 
 #: The vCPU/RAM SKU series of each machine-type prefix (the longest prefix wins), as in
-#: "N1 Predefined Instance Core running in Americas". The A3 Mega/Ultra and A4 names
-#: follow the pattern but were not seen in a live catalog: rows whose SKUs are not
-#: found keep their old price and are flagged unverified.
+#: "N1 Predefined Instance Core running in Americas". A3 Mega's host is "A3Plus
+#: Instance" in the real catalog (tests/refresh/recorded/gcp-skus-a3plus-2024-09.json).
+#: The A3 Ultra and A4 names follow the pattern but were not seen in a live catalog: rows
+#: whose SKUs are not found keep their old price and are flagged unverified.
 GCP_HOST_SERIES: dict[str, str] = {
     "a2-": "A2 Instance",
     "a3-highgpu-": "A3 Instance",
-    "a3-megagpu-": "A3 Mega Instance",
+    "a3-megagpu-": "A3Plus Instance",
     "a3-ultragpu-": "A3 Ultra Instance",
     "a4-": "A4 Instance",
     "c2-": "Compute optimized",
@@ -412,6 +464,7 @@ GCP_GPUS: dict[str, str] = {
     "h100 80gb": "H100",
     "h100": "H100",
     "h100 80gb mega": "H100-MEGA",
+    "h100 80gb plus": "H100-MEGA",  # A3 Mega's GPU where it was first sold (us-central1)
     "h200 141gb": "H200",
     "b200": "B200",
 }
@@ -594,7 +647,7 @@ def gcp_series(instance_type: str) -> str | None:
     """The vCPU/RAM SKU series of a machine type (longest prefix match).
 
     >>> gcp_series("a3-megagpu-8g"), gcp_series("n1-highmem-8"), gcp_series("tpu-v3-8")
-    ('A3 Mega Instance', 'N1 Predefined Instance', None)
+    ('A3Plus Instance', 'N1 Predefined Instance', None)
     """
     matches = [prefix for prefix in GCP_HOST_SERIES if instance_type.startswith(prefix)]
     return GCP_HOST_SERIES[max(matches, key=len)] if matches else None
@@ -721,9 +774,39 @@ def azure_prices(items: Iterable[Mapping[str, Any]], rows: Iterable[InstancePric
             _keep_newest(found, (region.lower(), sku.lower(), market), price, moment)
             _newest(dated, (region.lower(), market), moment)
 
+    names: dict[str, set[str]] = {}
+    for region, sku, _ in found:
+        names.setdefault(region, set()).add(sku)
+
     def row_price(row: InstancePrice) -> dict[Market, Decimal]:
-        wanted = (row.region.lower(), row.instance_type.lower())
-        return {m: found[(*wanted, m)][1] for m in Market if (*wanted, m) in found}
+        region = row.region.lower()
+        sku = azure_sku_name(row.instance_type, names.get(region, set()))
+        return {m: found[(region, sku, m)][1] for m in Market if (region, sku, m) in found}
 
     seen = {(region, market) for region, _, market in found}
     return _row_prices(rows, row_price, seen, dated)
+
+
+def azure_sku_name(size: str, listed: Iterable[str]) -> str:
+    """The Retail Prices ``armSkuName`` (lower case) of the VM size ``size``: the same
+    name, or else the one name of ``listed`` that is ``size`` with a GPU tag before its
+    version (the API lists the size ``Standard_ND96asr_v4`` as
+    ``Standard_ND96asr_A100_v4``); two such names (an H100 and an H200 size) match
+    neither.
+
+    >>> azure_sku_name("Standard_ND96asr_v4", {"standard_nd96asr_a100_v4"})
+    'standard_nd96asr_a100_v4'
+    >>> azure_sku_name("Standard_ND96isr_v5", {"standard_nd96isr_h100_v5",
+    ...                                        "standard_nd96isr_h200_v5"})
+    'standard_nd96isr_v5'
+    """
+    wanted = size.lower()
+    listed = set(listed)
+    if wanted in listed:
+        return wanted
+    stem, dot, version = wanted.rpartition("_v")
+    if not dot:
+        return wanted
+    pattern = re.compile(rf"{re.escape(stem)}_[a-z0-9]+_v{re.escape(version)}")
+    tagged = [name for name in listed if pattern.fullmatch(name)]
+    return tagged[0] if len(tagged) == 1 else wanted

@@ -63,6 +63,9 @@ class ProviderReport:
     stats: MergeStats | None = None
     error: CostguardError | None = None
     missing: tuple[str, ...] = ()
+    #: Regions whose answer was incomplete (pages missing): rows priced there updated,
+    #: nothing marked "not listed", the region not re-dated.
+    partial: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -247,8 +250,15 @@ def _fetch_one(
     answered = tuple(r for r in target.regions if r in fresh.answered)
     quiet = plan.mirror is not None and not plan.regions_named
     missing = () if quiet else tuple(r for r in target.regions if r in fresh.unanswered)
+    partial = tuple(r for r in answered if r.lower() in fresh.rows.partial)
     report = ProviderReport(
-        target.provider, answered, fresh.records, seconds, fresh.source, missing=missing
+        target.provider,
+        answered,
+        fresh.records,
+        seconds,
+        fresh.source,
+        missing=missing,
+        partial=partial,
     )
     return fresh, report
 

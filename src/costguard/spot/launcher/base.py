@@ -34,6 +34,9 @@ class Offer:
     gpu: str
     gpu_count: int
     zone: str = ""
+    #: ``False`` when the tables mark this price unverified (suspect, or not read from a
+    #: source): launch prefers a verified offer and says when it picks one that is not.
+    verified: bool = True
 
     @property
     def place(self) -> str:
