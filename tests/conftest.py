@@ -114,6 +114,19 @@ def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) ->
     return moto_server
 
 
+@pytest.fixture
+def ec2_faults(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """EC2 through the fault layer of ``tests/servers/aws.py`` (``AWS_ENDPOINT_URL_EC2``):
+    the test sets what it does (eventual consistency, paging) on the yielded ``Ec2Faults``;
+    every other service reaches moto directly."""
+    from tests.servers.aws import Ec2FaultLayer, Ec2Faults
+
+    layer = Ec2FaultLayer(aws_env, Ec2Faults())
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", layer.url)
+    yield layer.faults
+    layer.stop()
+
+
 # -- the strict GCP and Azure fakes (tests/servers): one of each per session, reset per test
 
 

@@ -242,3 +242,39 @@ def test_gcp_budget_names_longer_than_60_are_refused_before_any_call(
     assert server.requests == []
     fits = run_cli(*GCP_ARGS, "--budget", "200", "--name", "n" * 50)
     assert fits.exit_code == 0, fits.stderr
+
+
+@pytest.mark.parametrize(
+    "topic",
+    ["budget-alerts", "projects/thesis-1/budget-alerts", "projects/thesis-1/topics/goog-x",
+     "projects/Thesis_1/topics/budget-alerts", "topics/budget-alerts",
+     "projects/thesis-1/topics/ab"],
+)  # fmt: skip
+def test_gcp_pubsub_topic_must_be_a_full_topic_name(
+    run_cli: Callable[..., Any], gcp_cli, topic: str
+) -> None:
+    """The Budget API takes ``projects/{p}/topics/{t}`` only: anything else exits 2 with a
+    hint before any call (it used to reach the budget create, which the API rejects)."""
+    server, fake = gcp_cli
+    result = run_cli(*GCP_ARGS, "--budget", "200", "--pubsub-topic", topic)
+    assert result.exit_code == 2, result.stderr
+    assert "projects/PROJECT/topics/TOPIC" in result.stderr
+    assert "Hint:" in result.stderr
+    assert server.requests == []
+    assert fake.budgets == {}
+
+
+def test_gcp_pubsub_topic_in_full_reaches_the_budget(run_cli: Callable[..., Any], gcp_cli) -> None:
+    _server, fake = gcp_cli
+    topic = "projects/thesis-1/topics/budget-alerts"
+    created = run_cli(*GCP_ARGS, "--budget", "200", "--pubsub-topic", topic)
+    assert created.exit_code == 0, created.stderr
+    (budget,) = fake.budgets.values()
+    assert budget["notificationsRule"]["pubsubTopic"] == topic
+
+
+def test_a_pubsub_topic_on_aws_is_refused(run_cli: Callable[..., Any], aws_env: str) -> None:
+    topic = "projects/thesis-1/topics/budget-alerts"
+    result = run_cli("alarm", "--provider", "aws", "--budget", "200", "--pubsub-topic", topic)
+    assert result.exit_code == 2, result.stderr
+    assert "GCP" in result.stderr

@@ -33,6 +33,8 @@ class BudgetActionsProxy:
         self.upstream = upstream
         self.actions: list[dict[str, Any]] = []
         self.operations: list[str] = []
+        #: Actions per page at most (the API's MaxResults is at most 100), with a NextToken.
+        self.page_size = 100
         self._ids = itertools.count(1)
         self._loopback = Loopback(self._answer)
         self.url = self._loopback.url
@@ -54,9 +56,12 @@ class BudgetActionsProxy:
                     "ActionId": action["ActionId"],
                 }
             elif operation == "DescribeBudgetActionsForBudget":
-                reply = {
-                    "Actions": [a for a in self.actions if a["BudgetName"] == request["BudgetName"]]
-                }
+                listed = [a for a in self.actions if a["BudgetName"] == request["BudgetName"]]
+                start = int(request.get("NextToken") or 0)
+                end = start + min(self.page_size, int(request.get("MaxResults") or 100))
+                reply = {"Actions": listed[start:end]}
+                if end < len(listed):
+                    reply["NextToken"] = str(end)
             else:
                 self.actions = [a for a in self.actions if a["ActionId"] != request["ActionId"]]
                 reply = {}
@@ -136,6 +141,27 @@ def test_hard_stop_creates_policy_and_action_once(
     assert again.stdout.startswith("No changes")
     assert "CreateBudgetAction" not in proxy.operations
     assert len(proxy.actions) == 1
+
+
+def test_hard_stop_reads_every_page_of_the_budgets_actions(
+    run_cli: Callable[..., Any], proxy: BudgetActionsProxy
+) -> None:
+    """DescribeBudgetActionsForBudget pages with a NextToken: an action of costguard's on
+    the second page is found (only the first page was read, and a second one created)."""
+    result = run_cli("alarm", "--budget", "200", "--no-notify", *HARD_STOP)
+    assert result.exit_code == 0, result.stderr
+    (ours,) = proxy.actions
+    someone = {**ours, "ActionId": "action-by-someone", "ActionType": "RUN_SSM_DOCUMENTS",
+               "Definition": {"SsmActionDefinition": {}}}  # fmt: skip
+    proxy.actions.insert(0, someone)
+    proxy.page_size = 1
+    proxy.operations.clear()
+    again = run_cli("alarm", "--budget", "200", "--no-notify", *HARD_STOP)
+    assert again.exit_code == 0, again.stderr
+    assert proxy.operations.count("DescribeBudgetActionsForBudget") >= 2
+    assert "CreateBudgetAction" not in proxy.operations
+    assert again.stdout.startswith("No changes"), again.stdout
+    assert len(proxy.actions) == 2
 
 
 def test_hard_stop_dry_run_lists_the_action(

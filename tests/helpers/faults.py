@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +35,9 @@ class Faults:
     """
 
     fail_puts: int = 0
+    #: S3's part-number limit (10,000; 0: not checked): a part numbered above it is
+    #: refused with S3's 400 InvalidArgument (moto accepts any number).
+    max_part_number: int = 0
     stall_puts: int = 0
     stall_s: float = 3.0
     failed: int = 0
@@ -55,6 +59,9 @@ class Faults:
             return "pass"
         with self.lock:
             self.seen.append((method, path, headers))
+            number = re.search(r"[?&]partNumber=(\d+)", path)
+            if self.max_part_number and number and int(number[1]) > self.max_part_number:
+                return "too many parts"
             if self.fail_puts > 0:
                 self.fail_puts -= 1
                 self.failed += 1
@@ -83,6 +90,17 @@ def make_handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
             body = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
             action = faults.decide(self.command, self.path, headers)
+            if action == "too many parts":
+                limit = faults.max_part_number
+                error = (
+                    "<Error><Code>InvalidArgument</Code><Message>Part number must be an "
+                    f"integer between 1 and {limit}, inclusive</Message></Error>"
+                ).encode()
+                self.send_response(400)
+                self.send_header("Content-Length", str(len(error)))
+                self.end_headers()
+                self.wfile.write(error)
+                return
             if action == "fail":
                 self.send_response(faults.status)
                 for key, value in faults.error_headers.items():

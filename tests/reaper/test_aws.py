@@ -421,3 +421,22 @@ def test_a_scan_over_many_regions_shows_progress_on_a_terminal_only(
     assert [(r["instance_id"], r["action"]) for r in shown.json()["instances"]] == [
         (r["instance_id"], r["action"]) for r in piped.json()["instances"]
     ]
+
+
+def test_gpu_facts_of_types_the_tables_lack_are_read_from_every_page(
+    ec2_faults: Any,
+) -> None:
+    """DescribeInstanceTypes answers a NextToken (EC2 through the fault layer, one type a
+    page): every page is read, so no GPU instance of a new family passes for a CPU one."""
+    ec2_faults.page_size = 1
+    ec2 = aws_clouds.client("ec2", "us-east-1", attempts=1)
+    new_types = ("g7.4xlarge", "g7.2xlarge", "g4dn.metal")
+    book = PriceBook(load_catalog())
+    assert all(book.gpus("aws", t) is None for t in new_types)  # not in the tables
+    for n, instance_type in enumerate(new_types):
+        launch_instance(ec2, f"box-{n}", instance_type, at=datetime.now(UTC))
+    found = aws.AwsFleet("us-east-1", book, ec2=ec2).instances()
+    assert ec2_faults.actions.count("DescribeInstanceTypes") == 3
+    assert sorted((i.instance_type, i.gpu_count > 0) for i in found) == sorted(
+        (t, True) for t in new_types
+    )

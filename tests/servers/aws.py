@@ -5,15 +5,23 @@ for one) and a look at what the SDK sent.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+import threading
+import urllib.error
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
 from costguard.clouds import aws as aws_clouds
+from tests.servers.http import Loopback
 
 REPO = Path(__file__).resolve().parents[2]
 AWS_LAUNCH_OPTIONS = {"image": "ami-12345678", "instance_profile": "costguard-instance"}
@@ -138,3 +146,167 @@ class Metrics:
                 cloudwatch.put_metric_data(
                     Namespace=namespace, MetricData=data[start : start + 1000]
                 )
+
+
+# -- EC2 as the real service behaves and moto does not: eventual consistency, paging ---------
+
+#: An HTTP answer: status, headers, body.
+Reply = tuple[int, Sequence[tuple[str, str]], bytes]
+#: Headers not passed back from moto (the loopback server sets its own).
+_HOP = ("content-length", "transfer-encoding", "connection", "server", "date")
+
+
+@dataclass
+class Ec2Faults:
+    """What the fault layer in front of moto does to EC2 (query protocol) requests.
+
+    ``hidden_calls``: a freshly launched instance stays invisible for this many requests
+    that name it, counted per instance (``DescribeInstances`` by id and
+    ``TerminateInstances`` answer ``InvalidInstanceID.NotFound`` without reaching moto;
+    filtered ``DescribeInstances`` leave it out), as EC2's eventual consistency does right
+    after ``RunInstances`` ("a NotFound does not mean the instance does not exist").
+    ``stale_calls``: after a ``TerminateInstances``, this many ``DescribeInstances`` by id
+    still show the instance ``running``. ``page_size``: ``DescribeInstanceTypes`` answers
+    at most this many types per page, with a ``NextToken`` (0: moto's single page).
+    Counts, not seconds: a test's outcome does not depend on the machine's load.
+    """
+
+    hidden_calls: int = 0
+    stale_calls: int = 0
+    page_size: int = 0
+    #: instance id -> requests naming it still to answer NotFound / stale.
+    hidden: dict[str, int] = field(default_factory=dict)
+    stale: dict[str, int] = field(default_factory=dict)
+    #: How many NotFound answers and stale views were given, and every Action seen.
+    not_found: int = 0
+    stale_views: int = 0
+    launched: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def hide(self, ids: list[str]) -> bool:
+        """Whether a request naming ``ids`` finds one of them invisible (and count it)."""
+        with self.lock:
+            hiding = [i for i in ids if self.hidden.get(i, 0) > 0]
+            for instance_id in hiding:
+                self.hidden[instance_id] -= 1
+            self.not_found += bool(hiding)
+            return bool(hiding)
+
+
+def _ids(form: Mapping[str, list[str]]) -> list[str]:
+    return [v[0] for k, v in form.items() if re.fullmatch(r"InstanceId\.\d+", k)]
+
+
+def _not_found(ids: list[str]) -> Reply:
+    body = (
+        "<?xml version='1.0' encoding='UTF-8'?><Response><Errors><Error>"
+        "<Code>InvalidInstanceID.NotFound</Code>"
+        f"<Message>The instance IDs '{', '.join(ids)}' do not exist</Message>"
+        "</Error></Errors><RequestID>costguard-fault-layer</RequestID></Response>"
+    )
+    return 400, [("Content-Type", "text/xml")], body.encode()
+
+
+def _tagger(root: ET.Element) -> Callable[[str], str]:
+    """Names of elements in the namespace of the response (EC2's API version)."""
+    namespace = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+    return lambda name: f"{namespace}{name}"
+
+
+class Ec2FaultLayer:
+    """A loopback HTTP proxy to moto for EC2 (``AWS_ENDPOINT_URL_EC2``) that applies
+    :class:`Ec2Faults`; every other service keeps reaching moto directly."""
+
+    def __init__(self, upstream: str, faults: Ec2Faults) -> None:
+        self.upstream = upstream
+        self.faults = faults
+        self._loopback = Loopback(self._answer)
+        self.url = self._loopback.url
+
+    def stop(self) -> None:
+        self._loopback.stop()
+
+    def _forward(self, target: str, headers: Mapping[str, str], body: bytes) -> Reply:
+        sent = {k: v for k, v in headers.items() if k.lower() not in ("host", "content-length")}
+        forward = urllib.request.Request(self.upstream + target, data=body, method="POST",
+                                         headers=sent)  # fmt: skip
+        try:
+            with urllib.request.urlopen(forward, timeout=30) as answer:
+                passed = [(k, v) for k, v in answer.headers.items() if k.lower() not in _HOP]
+                return answer.status, passed, answer.read()
+        except urllib.error.HTTPError as error:
+            passed = [(k, v) for k, v in error.headers.items() if k.lower() not in _HOP]
+            return error.code, passed, error.read()
+
+    def _answer(self, method: str, target: str, headers: Mapping[str, str], body: bytes) -> Reply:
+        form = parse_qs(body.decode())
+        action = form.get("Action", [""])[0]
+        faults = self.faults
+        faults.actions.append(action)
+        ids = _ids(form)
+        if action in ("DescribeInstances", "TerminateInstances") and ids and faults.hide(ids):
+            return _not_found(ids)
+        status, passed, data = self._forward(target, headers, body)
+        if status != 200:
+            return status, passed, data
+        if action == "RunInstances":
+            launched = re.findall(rb"<instanceId>(i-[0-9a-f]+)</instanceId>", data)
+            with faults.lock:
+                for raw in launched:
+                    faults.launched.append(raw.decode())
+                    faults.hidden[raw.decode()] = faults.hidden_calls
+        elif action == "TerminateInstances":
+            with faults.lock:
+                faults.stale.update(dict.fromkeys(ids, faults.stale_calls))
+        elif action == "DescribeInstances":
+            data = self._describe(data, by_id=bool(ids))
+        elif action == "DescribeInstanceTypes" and faults.page_size:
+            data = self._page(data, form.get("NextToken", [""])[0])
+        return status, passed, data
+
+    def _describe(self, data: bytes, *, by_id: bool) -> bytes:
+        """Leave hidden instances out of a filtered listing; show a just-terminated one as
+        ``running`` to a describe by id."""
+        root = ET.fromstring(data)
+        _tag = _tagger(root)
+        reservations = root.find(_tag("reservationSet"))
+        changed = False
+        for reservation in list(reservations if reservations is not None else []):
+            instances = reservation.find(_tag("instancesSet"))
+            for instance in list(instances if instances is not None else []):
+                instance_id = instance.findtext(_tag("instanceId"), "")
+                with self.faults.lock:
+                    hidden = not by_id and self.faults.hidden.get(instance_id, 0) > 0
+                    stale = by_id and self.faults.stale.get(instance_id, 0) > 0
+                    if stale:
+                        self.faults.stale[instance_id] -= 1
+                        self.faults.stale_views += 1
+                if hidden and instances is not None:
+                    instances.remove(instance)
+                    changed = True
+                elif stale:
+                    state = instance.find(_tag("instanceState"))
+                    assert state is not None
+                    state.find(_tag("code")).text = "16"  # type: ignore[union-attr]
+                    state.find(_tag("name")).text = "running"  # type: ignore[union-attr]
+                    changed = True
+            if instances is not None and len(instances) == 0 and reservations is not None:
+                reservations.remove(reservation)
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True) if changed else data
+
+    def _page(self, data: bytes, token: str) -> bytes:
+        """One page of ``DescribeInstanceTypes``: ``page_size`` types from the offset the
+        ``NextToken`` carries, and the next token while types remain."""
+        root = ET.fromstring(data)
+        _tag = _tagger(root)
+        listed = root.find(_tag("instanceTypeSet"))
+        assert listed is not None
+        items = list(listed)
+        start = int(token) if token else 0
+        end = start + self.faults.page_size
+        for item in items[:start] + items[end:]:
+            listed.remove(item)
+        if end < len(items):
+            ET.SubElement(root, _tag("nextToken")).text = str(end)
+        return ET.tostring(root, encoding="utf-8", xml_declaration=True)

@@ -126,8 +126,11 @@ def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
 def test_aws_policy_scopes_everything_but_describe() -> None:
     for statement in statements("launcher-policy.json"):
         for action in listed(statement["Action"]):
-            assert action.startswith(("ec2:", "iam:PassRole")), action
-            if action.startswith("ec2:Describe"):  # EC2 offers no resource scope for these
+            assert action.startswith(("ec2:", "iam:PassRole", "s3:")), action
+            if action.startswith("s3:"):  # the job's own objects: the checkpoint prefix
+                assert all(r.startswith("arn:aws:s3:::my-checkpoints")
+                           for r in listed(statement["Resource"])), action  # fmt: skip
+            elif action.startswith("ec2:Describe"):  # EC2 offers no resource scope for these
                 assert statement["Resource"] == "*"
             else:
                 assert "*" not in listed(statement["Resource"]), action
@@ -142,6 +145,10 @@ def test_instance_role_reaches_only_the_checkpoint_prefix() -> None:
         for resource in listed(statement["Resource"]):
             if resource.endswith("/*"):
                 assert resource == "arn:aws:s3:::my-checkpoints/costguard/*"
+            elif statement["Action"] == "s3:ListBucketMultipartUploads":
+                # The stale-upload sweep, granted on the bucket without a prefix condition:
+                # the code lists with the prefix and aborts only what lies under it.
+                assert resource == "arn:aws:s3:::my-checkpoints"
             else:  # the bucket itself: listing, within the prefix only
                 assert resource == "arn:aws:s3:::my-checkpoints"
                 prefixes = statement["Condition"]["StringLike"]["s3:prefix"]

@@ -152,15 +152,16 @@ class AwsAlarms:
 
     def _budget_actions(self, account: str, name: str) -> tuple[dict[str, Any], ...] | None:
         budgets = self._client("budgets")
-        try:
-            page = budgets.describe_budget_actions_for_budget(
-                AccountId=account, BudgetName=name, MaxResults=100
-            )
+        try:  # every page: the API answers a NextToken past MaxResults (at most 100)
+            actions = aws.paginate(
+                budgets, "describe_budget_actions_for_budget", "Actions",
+                AccountId=account, BudgetName=name,
+            )  # fmt: skip
+            return tuple(actions)
         except aws.errors() as exc:
             if aws.is_unsupported(exc):
                 return None
             raise aws.translate(exc, f"reading the actions of {name}") from None
-        return tuple(page.get("Actions", []))
 
     def _subscribers(
         self, account: str, name: str, notifications: dict[Notification, dict[str, Any]]

@@ -139,6 +139,8 @@ def alarm_spec(
             msg = "a GCP budget belongs to a billing account: --billing-account is missing"
             raise InputError(msg, hint="gcloud billing accounts list shows yours")
         billing_account = _billing_account(billing_account)
+    if pubsub_topic is not None:
+        pubsub_topic = _pubsub_topic(provider, pubsub_topic)
     if provider == "azure" and not subscription:
         msg = "an Azure budget needs a subscription: --subscription is missing"
         raise InputError(msg, hint="az account show --query id shows yours")
@@ -160,6 +162,39 @@ def alarm_spec(
         hard_stop_role_arn=hard_stop_role_arn if hard_stop else None,
         hard_stop_targets=targets,
     )
+
+
+#: ``projects/{project}/topics/{topic}``: a project id (6-30 characters, optionally with a
+#: ``domain:`` prefix) and a topic name (3-255 characters, starting with a letter, not with
+#: ``goog``), as the Budget API's ``NotificationsRule.pubsubTopic`` and Pub/Sub name them.
+_PUBSUB_TOPIC = re.compile(
+    r"^projects/(?:[a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]"
+    r"/topics/(?!goog)[A-Za-z][A-Za-z0-9_.~+%-]{2,254}$"
+)
+
+
+def _pubsub_topic(provider: str, topic: str) -> str:
+    """The full resource name of a Pub/Sub topic, or an :class:`InputError`.
+
+    >>> _pubsub_topic("gcp", "projects/my-lab-123/topics/budget-alerts")
+    'projects/my-lab-123/topics/budget-alerts'
+    >>> _pubsub_topic("gcp", "budget-alerts")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --pubsub-topic must be projects/PROJECT/topics/TOPIC, not ...
+    """
+    if provider != "gcp":
+        msg = "--pubsub-topic is a GCP budget setting; AWS and Azure budgets do not publish there"
+        raise InputError(msg, hint="leave out --pubsub-topic, or use --provider gcp")
+    topic = topic.strip()
+    if not _PUBSUB_TOPIC.match(topic):
+        msg = f"--pubsub-topic must be projects/PROJECT/topics/TOPIC, not {topic!r}"
+        raise InputError(
+            msg,
+            hint="the topic's full name: gcloud pubsub topics list --format='value(name)', "
+            "e.g. projects/my-lab-123/topics/budget-alerts",
+        )
+    return topic
 
 
 _ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")

@@ -38,6 +38,15 @@ REACH_HINTS = {
     "(AZURE_STORAGE_CONNECTION_STRING, or account_name and a managed identity)",
     "local": "check that the folder exists and that you may write to it",
 }
+#: How a large object is written in parts, per backend: (at most this many parts, this
+#: many bytes an object). S3: 10,000 parts, 5 TiB (the multipart upload limits); Azure
+#: block blobs: 50,000 blocks, 190.7 TiB; GCS: a resumable upload has no part count, an
+#: object is at most 5 TiB.
+PART_LIMITS: Mapping[str, tuple[int | None, int]] = {
+    "s3": (10_000, 5 * 2**40),
+    "azure": (50_000, 50_000 * 4000 * 2**20),
+    "gcs": (None, 5 * 2**40),
+}
 #: Errors that no retry can fix: the object or bucket is not there, or we may not touch it.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 

@@ -361,7 +361,7 @@ class Store:
         target = self.full(path)
         view = memoryview(data).cast("B")
         if self.is_s3 and view.nbytes > uploads.PART_BYTES:
-            upload = uploads.S3Upload(self, path, digest)
+            upload = uploads.S3Upload(self, path, digest, size=view.nbytes)
             try:
                 # No outer retry: every call of the upload retries on its own.
                 self._translate(f"writing {path}", lambda: upload.write(view))
@@ -381,7 +381,9 @@ class Store:
 
     def _write_in_blocks(self, target: str, view: memoryview) -> None:
         """Write a large object through the backend's own chunked upload (GCS: a resumable
-        upload; Azure: staged blocks committed at the end), ``uploads.PART_BYTES`` at a time.
+        upload; Azure: staged blocks committed at the end), a block at a time: at least
+        ``uploads.PART_BYTES``, larger where the backend's block count needs it
+        (``backends.PART_LIMITS``), and an error before any write past its object limit.
 
         ``pipe_file`` wants one ``bytes``: a copy of the whole object made with the GIL
         held, which would stop the training thread for as long as it takes and double the
@@ -389,10 +391,13 @@ class Store:
         upload completes; on an error the upload is cancelled where the backend can
         (gcsfs), and never completed.
         """
-        file = self.fs.open(target, "wb", block_size=uploads.PART_BYTES)
+        max_parts, max_object = backends.PART_LIMITS[self.backend]
+        block = uploads.part_size(view.nbytes, target, max_parts=max_parts,
+                                  max_object=max_object, backend=self.backend.upper())  # fmt: skip
+        file = self.fs.open(target, "wb", block_size=block)
         try:
-            for start in range(0, view.nbytes, uploads.PART_BYTES):
-                file.write(view[start : start + uploads.PART_BYTES])
+            for start in range(0, view.nbytes, block):
+                file.write(view[start : start + block])
         except BaseException:
             with contextlib.suppress(Exception):
                 file.discard()

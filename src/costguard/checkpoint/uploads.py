@@ -37,15 +37,55 @@ logger = logging.getLogger(__name__)
 EXTRA = "train"
 T = TypeVar("T")
 
-#: S3 multipart: objects larger than one part go up in parts of this size (or larger,
-#: so that no object needs more than S3's 10,000 parts), this many in flight at once.
+#: S3 multipart: objects larger than one part go up in parts of at least this size, this
+#: many in flight at once; larger parts where the object needs them (:func:`part_size`,
+#: :func:`streamed_part_size`) so that no object needs more than S3's 10,000 parts.
 PART_BYTES = 16 * 2**20
 PARTS_IN_FLIGHT = 8
 MAX_PARTS = 10_000
+#: S3's largest part and largest object.
+MAX_PART_BYTES = 5 * 2**30
+MAX_OBJECT_BYTES = 5 * 2**40
 #: How long a writer waits for a free part slot before giving up (parts have timeouts).
 PART_WAIT_S = 900.0
 #: An incomplete multipart upload older than this belongs to a writer that is gone.
 UPLOAD_GRACE_S = 900.0
+
+
+def part_size(size: int, path: str, *, max_parts: int | None = None,
+              max_object: int | None = None, backend: str = "S3") -> int:  # fmt: skip
+    """The part size for an object of ``size`` bytes: :data:`PART_BYTES`, or the smallest
+    whole number of MiB that keeps it within ``max_parts`` parts (default S3's
+    :data:`MAX_PARTS`; None: no limit). A :class:`StoreError` before any byte is sent when
+    the object is larger than the backend allows (default S3's :data:`MAX_OBJECT_BYTES`).
+
+    >>> part_size(100 * 2**20, "a"), part_size(208 * 10**9, "b") // 2**20
+    (16777216, 20)
+    """
+    parts = MAX_PARTS if max_parts is None else max_parts
+    largest = MAX_OBJECT_BYTES if max_object is None else max_object
+    if size > largest:
+        msg = (
+            f"{path} is {size / 2**40:.2f} TiB; {backend} stores objects of at most "
+            f"{largest / 2**40:.1f} TiB"
+        )
+        raise StoreError(msg, hint="save the state in several objects (a sharded save)")
+    if not parts:
+        return PART_BYTES
+    mib = -(-size // (parts * 2**20))  # ceiling
+    return max(PART_BYTES, mib * 2**20)
+
+
+def streamed_part_size(number: int) -> int:
+    """The size of part ``number`` of an object whose size is not known in advance (a
+    stream): :data:`PART_BYTES`, doubled every tenth of :data:`MAX_PARTS` parts, at most
+    :data:`MAX_PART_BYTES`; 10,000 such parts hold about 12.9 TiB, more than S3's 5 TiB.
+
+    >>> [streamed_part_size(n) // 2**20 for n in (1, 1000, 1001, 2001, 9001)]
+    [16, 16, 32, 64, 5120]
+    """
+    doubling = (number - 1) // max(1, MAX_PARTS // 10)
+    return int(min(MAX_PART_BYTES, PART_BYTES * 2**doubling))
 
 
 class Upload:
@@ -197,8 +237,12 @@ class S3Upload(Upload):
     plain PUT.
     """
 
-    def __init__(self, store: Store, path: str, digest: Any) -> None:
+    def __init__(self, store: Store, path: str, digest: Any, size: int | None = None) -> None:
         super().__init__()
+        #: The part size when the object's size is known (every part but the last),
+        #: else each part's size follows :func:`streamed_part_size`.
+        self._fixed = part_size(size, path) if size is not None else None
+        self._total = 0
         self.store = store
         self.path = path
         self.target = store.full(path)
@@ -226,17 +270,20 @@ class S3Upload(Upload):
             if self._part is None:
                 self._take_buffer()
                 assert self._part is not None
-            take = view[offset : offset + PART_BYTES - self._fill]
+            take = view[offset : offset + len(self._part) - self._fill]
             memcopy.copy_into(self._part, self._address, self._fill, take)
             self._fill += take.nbytes
             offset += take.nbytes
-            if self._fill == PART_BYTES:
+            if self._fill == len(self._part):
                 self._send_part()
         return n
 
     def _take_buffer(self) -> None:
+        size = self._fixed or streamed_part_size(self._number + 1)
         with self._lock:
-            part = self._free.pop() if self._free else bytearray(PART_BYTES)
+            # Buffers of a smaller size (a stream's earlier parts) are let go.
+            self._free = [b for b in self._free if len(b) == size]
+            part = self._free.pop() if self._free else bytearray(size)
         self._part, self._address, self._fill = part, memcopy.writable_address(part), 0
 
     def _returns(self, part: bytearray, uses: int) -> Callable[[object], None]:
@@ -258,7 +305,7 @@ class S3Upload(Upload):
         self._part, self._fill = None, 0
         if part is None:
             return b""
-        return part if fill == PART_BYTES else bytes(memoryview(part)[:fill])
+        return part if fill == len(part) else bytes(memoryview(part)[:fill])
 
     def _call(self, action: str, method: str, **kwargs: Any) -> Any:
         """One S3 call (with retries) on the event loop, from the writer's thread."""
@@ -277,9 +324,12 @@ class S3Upload(Upload):
     def _send_part(self) -> None:
         body = self._body()
         self._number += 1
-        if self._number > MAX_PARTS:
-            msg = f"{self.path} is larger than {MAX_PARTS} parts of {PART_BYTES} bytes"
-            raise StoreError(msg)
+        self._total += len(body)
+        if self._total > MAX_OBJECT_BYTES:  # a stream: its size shows only now
+            part_size(self._total, self.path)  # raises, naming S3's object limit
+        if self._number > MAX_PARTS:  # cannot happen with the sizes above: a last guard
+            msg = f"{self.path} needs more than S3's {MAX_PARTS} parts"
+            raise StoreError(msg, hint="save the state in several objects (a sharded save)")
         # A full part's buffer is reused once it has been hashed and sent.
         done = self._returns(body, 2) if isinstance(body, bytearray) else None
         # The part's CRC32 (and its share of the sha256) is computed on the hashing

@@ -177,17 +177,19 @@ class AwsFleet:
         """GPU facts for instance types the price tables do not know (new families)."""
         found: dict[str, tuple[str | None, int]] = {}
         for batch in _chunks(types, 100):
-            reply = self._call(
-                "describing instance types",
-                self.ec2.describe_instance_types,
-                InstanceTypes=list(batch),
+            infos = self._call(  # paged: EC2 answers a NextToken, even for named types
+                "describing instance types", self._every_type, InstanceTypes=list(batch)
             )
-            for info in reply.get("InstanceTypes", []):
+            for info in infos:
                 gpu_list = info.get("GpuInfo", {}).get("Gpus", [])
                 count = sum(int(g.get("Count", 0)) for g in gpu_list)
                 name = gpu_list[0].get("Name") if gpu_list else None
                 found[info["InstanceType"]] = (name, count)
         return found
+
+    def _every_type(self, **kwargs: Any) -> list[Any]:
+        pages = aws_clouds.paginate(self.ec2, "describe_instance_types", "InstanceTypes", **kwargs)
+        return list(pages)
 
     def _instance(
         self, item: Mapping[str, Any], gpus: Mapping[str, tuple[str | None, int] | None]

@@ -13,6 +13,15 @@ What became of an instance is read from ``DescribeInstances``: the state, and fo
 stopped or terminated one its ``StateReason`` code (``Server.SpotInstanceTermination`` is a
 reclaim, ``Client.UserInitiatedShutdown`` is someone's doing).
 
+EC2's API is eventually consistent: right after ``RunInstances`` a describe or a terminate
+of the new instance may answer ``InvalidInstanceID.NotFound`` ("does not mean the
+instance does not exist"). Within :data:`VISIBLE_WITHIN_S` of its launch such an answer
+is "not visible yet": :meth:`AwsLauncher.status` describes again a few times with backoff
+and then reports the instance ``pending`` (never ``missing``, which would make the
+controller launch a second one), and :meth:`AwsLauncher.terminate` retries until EC2
+answers with the instance's new state: a terminate is confirmed by ``shutting-down`` or
+``terminated``, never by a NotFound.
+
 Options (``LaunchSpec.options``): ``image`` (AMI id, required), ``instance_profile``
 (name or ARN, required), ``subnet``, ``security_groups`` (comma-separated ids),
 ``key_name``, ``disk_gb`` with ``root_device`` (default ``/dev/sda1``),
@@ -32,11 +41,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from costguard.clouds import aws as aws_clouds
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
@@ -61,6 +71,17 @@ CAPACITY_CODES = (
     "Unsupported",
 )
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+#: How long after ``RunInstances`` a NotFound means "not visible yet" rather than "gone"
+#: (EC2 keeps a terminated instance visible for about an hour, so a NotFound later is
+#: an instance long gone).
+VISIBLE_WITHIN_S = 600.0
+#: The waits between the describes of an instance EC2 does not show yet, in one status.
+DESCRIBE_BACKOFF_S = (0.2, 0.5, 1.0)
+#: The waits between the terminates of an instance EC2 does not show yet (the last one
+#: repeats until :data:`VISIBLE_WITHIN_S` after the launch has passed).
+TERMINATE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+#: The states that confirm a terminate.
+ENDING_STATES = ("shutting-down", "terminated")
 _AMI = re.compile(r"^ami-[0-9a-f]{8,17}$")
 _SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
 _GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
@@ -133,8 +154,12 @@ class AwsLauncher:
         clients: Callable[[str], Any] | None = None,
         environ: dict[str, str] | None = None,
         options: Mapping[str, str] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.options = dict(options or {})
+        self._clock = clock
+        self._sleep = sleep
         self.regions = list(dict.fromkeys(regions))
         self._factory = clients or (lambda region: aws_clouds.client("ec2", region))
         self._clients: dict[str, Any] = {}
@@ -280,8 +305,20 @@ class AwsLauncher:
             region=offer.region,
             instance_id=instance["InstanceId"],
             zone=instance.get("Placement", {}).get("AvailabilityZone", offer.zone),
-            extra={"market": offer.market.value, "attempt": str(attempt)},
+            extra={
+                "market": offer.market.value,
+                "attempt": str(attempt),
+                "launched_unix": f"{self._clock():.3f}",
+            },
         )
+
+    def _fresh(self, handle: Handle) -> bool:
+        """Whether ``handle`` was launched so recently that EC2 may not show it yet."""
+        try:
+            launched = float(handle.extra.get("launched_unix", ""))
+        except ValueError:  # a handle found by tag, or from before this field: visible once
+            return False
+        return self._clock() - launched < VISIBLE_WITHIN_S
 
     # ------------------------------------------------------------------ zones
 
@@ -323,35 +360,72 @@ class AwsLauncher:
     # ----------------------------------------------------------------- status
 
     def status(self, handle: Handle) -> Status:
-        """``DescribeInstances`` of one instance; an unknown id is :attr:`State.MISSING`."""
-        ec2 = self._ec2(handle.region)
-        try:
-            answer = ec2.describe_instances(InstanceIds=[handle.instance_id])
-        except aws_clouds.errors() as exc:
-            if _code(exc) in _NOT_FOUND:
-                return Status(handle, State.MISSING, "EC2 no longer knows the instance")
-            raise aws_clouds.translate(exc, f"describing {handle.instance_id}") from None
-        found = [i for r in answer.get("Reservations", []) for i in r.get("Instances", [])]
-        if not found:
+        """``DescribeInstances`` of one instance; an unknown id is :attr:`State.MISSING`,
+        unless it was launched within :data:`VISIBLE_WITHIN_S` (then it is described again
+        with backoff, and :attr:`State.PENDING` while EC2 does not show it yet)."""
+        instance = self._describe(handle)
+        fresh = instance is None and self._fresh(handle)
+        for delay in DESCRIBE_BACKOFF_S if fresh else ():
+            self._sleep(delay)
+            instance = self._describe(handle)
+            if instance is not None:
+                break
+        if instance is None:
+            if fresh:
+                return Status(handle, State.PENDING, "launched; EC2 does not show the instance yet")
             return Status(handle, State.MISSING, "EC2 no longer knows the instance")
-        instance = found[0]
         reason = instance.get("StateReason", {})
         spot = instance.get("InstanceLifecycle") == "spot" or handle.extra.get("market") == "spot"
         state = classify(instance["State"]["Name"], str(reason.get("Code", "")), spot)
         detail = str(reason.get("Message") or instance.get("StateTransitionReason") or "")
         return Status(handle, state, detail, launched_at=instance.get("LaunchTime"))
 
+    def _describe(self, handle: Handle) -> Mapping[str, Any] | None:
+        """The instance as ``DescribeInstances`` shows it; None when EC2 does not."""
+        ec2 = self._ec2(handle.region)
+        try:
+            answer = ec2.describe_instances(InstanceIds=[handle.instance_id])
+        except aws_clouds.errors() as exc:
+            if _code(exc) in _NOT_FOUND:
+                return None
+            raise aws_clouds.translate(exc, f"describing {handle.instance_id}") from None
+        found = [i for r in answer.get("Reservations", []) for i in r.get("Instances", [])]
+        return found[0] if found else None
+
     # -------------------------------------------------------------- terminate
 
     def terminate(self, handle: Handle) -> None:
-        """``TerminateInstances``; an instance that is already gone is fine."""
+        """``TerminateInstances``, confirmed by the state EC2 answers (``shutting-down`` or
+        ``terminated``). A NotFound is "already gone" only for an instance launched longer
+        than :data:`VISIBLE_WITHIN_S` ago; for a fresh one the terminate is sent again with
+        backoff until EC2 shows it, and a :class:`CostguardError` names the instance if it
+        never does (it may still run: it must not be left unsaid)."""
         ec2 = self._ec2(handle.region)
-        try:
-            ec2.terminate_instances(InstanceIds=[handle.instance_id])
-        except aws_clouds.errors() as exc:
-            if _code(exc) in _NOT_FOUND:
-                return
-            raise aws_clouds.translate(exc, f"terminating {handle.instance_id}") from None
+        delays = iter(TERMINATE_BACKOFF_S)
+        while True:
+            try:
+                answer = ec2.terminate_instances(InstanceIds=[handle.instance_id])
+            except aws_clouds.errors() as exc:
+                if _code(exc) not in _NOT_FOUND:
+                    raise aws_clouds.translate(exc, f"terminating {handle.instance_id}") from None
+                if not self._fresh(handle):
+                    return
+            else:
+                states = [
+                    str(i.get("CurrentState", {}).get("Name", ""))
+                    for i in answer.get("TerminatingInstances", [])
+                ]
+                if states and all(s in ENDING_STATES for s in states):
+                    return
+                if not self._fresh(handle):
+                    break
+            self._sleep(next(delays, TERMINATE_BACKOFF_S[-1]))
+        msg = f"EC2 did not confirm terminating {handle.instance_id} in {handle.region}"
+        raise CostguardError(
+            msg,
+            hint=f"it may still run: aws ec2 describe-instances --region {handle.region} "
+            f"--instance-ids {handle.instance_id}",
+        )
 
     # ------------------------------------------------------------------- find
 
