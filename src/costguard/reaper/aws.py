@@ -285,7 +285,7 @@ class AwsFleet:
             return []
         listing = self._gpu_listing()
         queries: list[dict[str, Any]] = []
-        per_gpu_ids: list[list[str]] = []
+        per_gpu_ids: list[list[tuple[str, str]]] = []  # (GPU, query id) per instance
         for n, instance in enumerate(instances):
             dims = _dims(instance.instance_id)
             queries += [
@@ -296,16 +296,18 @@ class AwsFleet:
             ]
             ids = []
             for gpu_dims in listing.per_gpu.get(instance.instance_id, []):
-                ids.append(f"d{len(queries)}")
-                queries.append(_query(ids[-1], GPU_NAMESPACE, GPU_METRIC, gpu_dims, "Maximum"))
+                ids.append((_gpu_name(gpu_dims), f"d{len(queries)}"))
+                queries.append(_query(ids[-1][1], GPU_NAMESPACE, GPU_METRIC, gpu_dims, "Maximum"))
             per_gpu_ids.append(ids)
         points = self._metric_data(queries, start, end)
         result = []
         for n, instance in enumerate(instances):
             gpu = _samples(points.get(f"g{n}"))
-            per_gpu = tuple(_samples(points.get(query_id)) for query_id in per_gpu_ids[n])
+            per_gpu = tuple(
+                (gpu_name, _samples(points.get(query_id))) for gpu_name, query_id in per_gpu_ids[n]
+            )
             why = None
-            if not gpu and not any(per_gpu):
+            if not gpu and not any(series for _, series in per_gpu):
                 why = self._why_no_gpu(instance, listing)
             result.append(
                 InstanceSamples(
@@ -427,6 +429,19 @@ class AwsFleet:
             message = aws_clouds.translate(exc, f"{action} {ids[0]}").message
             return [ActionOutcome(batch[0], action, ok=False, message=message)]
         return [ActionOutcome(i, action, ok=True) for i in batch]
+
+
+def _gpu_name(dims: Sequence[Mapping[str, str]]) -> str:
+    """Which GPU a per-GPU series is about: its ``index`` dimension (the agent's), else all
+    its dimensions but the instance's.
+
+    >>> _gpu_name([{"Name": "InstanceId", "Value": "i-1"}, {"Name": "index", "Value": "3"}])
+    '3'
+    """
+    by_name = {d["Name"]: d["Value"] for d in dims}
+    if "index" in by_name:
+        return by_name["index"]
+    return ",".join(f"{k}={v}" for k, v in sorted(by_name.items()) if k != "InstanceId")
 
 
 def _samples(points: Sequence[tuple[datetime, float]] | None) -> tuple[Sample, ...]:

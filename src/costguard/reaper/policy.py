@@ -146,10 +146,12 @@ class Instance:
 class InstanceSamples:
     """An instance and its samples per signal. ``gpu_missing`` explains absent GPU data.
 
-    ``gpu`` is the instance-level GPU series (the busiest GPU per period). ``per_gpu`` is
-    one series per GPU device, for adapters that read them (``None`` for one that reads
-    only an instance-level series its cloud reduced). Every GPU series is a separate
-    witness, judged on its own (see :func:`judge_idle`); none is merged into another.
+    ``gpu`` is the instance-level GPU series (the busiest GPU per period). ``per_gpu`` holds
+    the per-GPU series as (GPU, series) pairs, for adapters that read them (``None`` for
+    one that reads only an instance-level series its cloud reduced); the GPU is the
+    device's index as the agent names it, and two series of one GPU are two witnesses of
+    that GPU. Every GPU series is judged on its own (see :func:`judge_idle`); none is
+    merged into another.
 
     ``gpu_missing`` is the adapter's sentence for *why* there is no GPU series (agent not
     installed, metrics published without the ``InstanceId`` dimension...); ``None`` means
@@ -161,7 +163,7 @@ class InstanceSamples:
     cpu: tuple[Sample, ...] = ()
     network: tuple[Sample, ...] = ()
     gpu_missing: str | None = None
-    per_gpu: tuple[tuple[Sample, ...], ...] | None = None
+    per_gpu: tuple[tuple[str, tuple[Sample, ...]], ...] | None = None
 
     def series(self, signal: Signal) -> tuple[Sample, ...]:
         """The samples of one signal (for the GPU, the instance-level series)."""
@@ -175,15 +177,14 @@ class InstanceSamples:
 
         >>> t = datetime(2026, 12, 1, tzinfo=UTC)
         >>> box = Instance("aws", "us-east-1", "i-1", "p4d.24xlarge", True, 8, t)
-        >>> both = InstanceSamples(box, gpu=(Sample(t, 0.0),), per_gpu=((Sample(t, 97.0),),))
+        >>> both = InstanceSamples(box, gpu=(Sample(t, 0.0),), per_gpu=(("3", (Sample(t, 97.0),)),))
         >>> [note for note, _ in both.witnesses(Signal.GPU)]
-        ['instance series', 'GPU series 1 of 1']
+        ['instance series', 'GPU 3']
         """
         if signal is not Signal.GPU or self.per_gpu is None:
             return (("", self.series(signal)),)
         named = [("instance series", self.gpu)] if self.gpu else []
-        found = [series for series in self.per_gpu if series]
-        named += [(f"GPU series {n} of {len(found)}", s) for n, s in enumerate(found, 1)]
+        named += [(f"GPU {gpu}", series) for gpu, series in self.per_gpu if series]
         return tuple(named)
 
 
@@ -538,20 +539,21 @@ def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) ->
     """Why the GPU series of an adapter that reads per-GPU series cannot be believed.
 
     Where there is any GPU data, every GPU of the instance must have a per-GPU series with
-    a sample in the window. A GPU without one went silent (its last busy minutes would
+    a sample in the window (GPUs are counted by name, so a second series for one GPU does
+    not stand in for another GPU). A GPU without one went silent (its last busy minutes would
     hide), and an instance-level series with no per-GPU series beside it is not what the
     agent publishes: anyone allowed to publish metrics can write it for any instance.
     This holds with ``gpu_missing_ok`` too: that flag is for an instance *without* GPU
     data, not for one whose GPU data disagree.
     """
     per_gpu = samples.per_gpu
-    if per_gpu is None or not (samples.gpu or any(per_gpu)):
+    if per_gpu is None or not (samples.gpu or any(series for _, series in per_gpu)):
         return None
-    live = sum(1 for series in per_gpu if any(policy.overlaps(s, start) for s in series))
+    live = len({gpu for gpu, series in per_gpu if any(policy.overlaps(s, start) for s in series)})
     gpus = samples.instance.gpu_count
     if live >= gpus:
         return None
-    if not any(per_gpu):
+    if not any(series for _, series in per_gpu):
         return (
             f"an instance-level GPU series but no per-GPU series for its {gpus} GPU(s): "
             "the agent publishes both, anyone allowed to publish metrics can forge the "
