@@ -17,6 +17,19 @@ is below *every* threshold (GPU utilisation, CPU utilisation, network), and the 
 cover the whole window without gaps. Tools that compare one datapoint (cloud-custodian#8715)
 or use no GPU signal at all (SkyPilot autostop) stop busy machines; this one does not.
 
+Evidence rules (docs/reaper.md says why each exists):
+
+* Tags: every tag whose key is a spelling of the keep tag (:func:`tag_key`: any case,
+  ``:``/``-``/``_``/blanks) is asked, in any order; one whose value is not clearly false
+  keeps (:func:`protects`). Duplicated time tags are unreadable, so they keep too.
+* Series: each series is a witness of its own (:meth:`InstanceSamples.witnesses`): the
+  instance-level GPU series, each per-GPU series, CPU, network. Any busy or broken sample
+  of any witness keeps; any witness that does not cover the window keeps. None is
+  preferred, none is merged, so a forged idle series cannot outvote a busy one.
+* Doubt keeps (``Reason.DOUBT``): where an adapter reads per-GPU series, every GPU must
+  have one in the window, and an instance-level series without per-GPU series beside it
+  (the agent publishes both; anyone may publish the first) is not believed.
+
 A sample stands for a *period*, not an instant: ``Sample.at`` is the start of the period
 (CloudWatch and Azure Monitor stamp a datapoint so; adapters whose API stamps the end, like
 Cloud Monitoring, shift it), and the period is ``IdlePolicy.sample_period_seconds`` long.
