@@ -15,7 +15,7 @@ from typing import Any
 from costguard.clouds import aws as aws_clouds
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
-from costguard.tags import JOB_TAG
+from costguard.tags import JOB_TAG, OWNER_TAG
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
@@ -328,3 +328,59 @@ def test_azure_role_covers_every_call_of_a_job() -> None:
     assert {"Microsoft.Compute/disks/write", "Microsoft.Compute/disks/delete"} <= actions
     assert body["identity"]["type"] == "UserAssigned"
     assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" in actions
+
+
+def launcher_allows(action: str, resource: str, context: dict[str, Any]) -> bool:
+    """Whether launcher-policy.json allows ``action`` on a ``resource`` ARN in ``context``
+    (condition keys to values; ``${aws:PrincipalTag/...}`` variables are read from it too,
+    and a variable the context lacks matches nothing, as IAM evaluates it)."""
+    from tests.reaper.test_infra import condition_holds
+
+    def resolved(wanted: str | list[str]) -> list[str]:
+        values = []
+        for text in listed(wanted):
+            variable = re.fullmatch(r"\$\{(.+)\}", text)
+            if variable is None:
+                values.append(text)
+            elif variable[1] in context:
+                values.append(str(context[variable[1]]))
+        return values
+
+    def holds(statement: dict[str, Any]) -> bool:
+        return any(fnmatchcase(resource, r) for r in listed(statement["Resource"])) and all(
+            condition_holds(operator, key, resolved(wanted), context)
+            for operator, pairs in statement.get("Condition", {}).items()
+            for key, wanted in pairs.items()
+        )
+
+    chosen = [s for s in statements("launcher-policy.json") if action in listed(s["Action"])]
+    denied = any(holds(s) for s in chosen if s["Effect"] == "Deny")
+    return not denied and any(holds(s) for s in chosen if s["Effect"] == "Allow")
+
+
+def test_aws_policy_launches_and_terminates_only_as_its_owner() -> None:
+    # Issue 28: TerminateInstances was allowed on any instance with a costguard:job tag,
+    # so any launcher user could terminate another's job (or a forged job.json made the
+    # controller do it). The owner tag must be the caller's, at launch and at terminate.
+    spec = LaunchSpec("run-1", "s3://my-checkpoints/costguard/run-1", ("python", "t.py"),
+                      "alice", datetime(2026, 12, 2, tzinfo=UTC))  # fmt: skip
+    tags = spec.tags(1)
+    assert tags[OWNER_TAG] == "alice"
+    instance = "arn:aws:ec2:us-east-1:111122223333:instance/i-0123456789abcdef0"
+    volume = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
+    alice = {"aws:PrincipalTag/costguard-owner": "alice"}
+    mine = {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
+    theirs = {**mine, f"aws:ResourceTag/{OWNER_TAG}": "bob"}
+    assert launcher_allows("ec2:TerminateInstances", instance, {**alice, **mine})
+    assert not launcher_allows("ec2:TerminateInstances", instance, {**alice, **theirs})
+    assert not launcher_allows("ec2:TerminateInstances", instance, mine)  # no principal tag
+    untagged = {k: v for k, v in mine.items() if not k.endswith(OWNER_TAG)}
+    assert not launcher_allows("ec2:TerminateInstances", instance, {**alice, **untagged})
+    request = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
+    imds = {"ec2:MetadataHttpTokens": "required"}
+    for resource in (instance, volume):
+        assert launcher_allows("ec2:RunInstances", resource, {**alice, **request, **imds})
+        forged = {**alice, **request, **imds, f"aws:RequestTag/{OWNER_TAG}": "bob"}
+        assert not launcher_allows("ec2:RunInstances", resource, forged)
+    readme = (INFRA / "README.md").read_text()
+    assert "costguard-owner" in readme
