@@ -57,17 +57,17 @@ class Recorder:
 def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
     iam = aws_clouds.client("iam", attempts=1)
     trust = (INFRA / "aws" / "launcher-instance-role-trust.json").read_text()
-    iam.create_role(RoleName="costguard-instance", AssumeRolePolicyDocument=trust)
-    iam.create_instance_profile(InstanceProfileName="costguard-instance")
+    iam.create_role(RoleName="costguard-instance-alice", AssumeRolePolicyDocument=trust)
+    iam.create_instance_profile(InstanceProfileName="costguard-instance-alice")
     iam.add_role_to_instance_profile(
-        InstanceProfileName="costguard-instance", RoleName="costguard-instance"
+        InstanceProfileName="costguard-instance-alice", RoleName="costguard-instance-alice"
     )
     recorder = Recorder()
     launcher = AwsLauncher(regions=["us-east-1"], clients=recorder.client)
     spec = LaunchSpec(
-        "run-1", "s3://my-checkpoints/costguard/run-1", ("python", "train.py"), "alice",
+        "run-1", "s3://my-checkpoints/costguard/alice/run-1", ("python", "train.py"), "alice",
         datetime(2026, 12, 2, tzinfo=UTC),
-        options={"image": "ami-12345678", "instance_profile": "costguard-instance",
+        options={"image": "ami-12345678", "instance_profile": "costguard-instance-alice",
                  "disk_gb": "200"},
     )  # fmt: skip
     offer = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.4"), "A10G", 1)
@@ -117,10 +117,16 @@ def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
 
     # PassRole: the instance role only, to EC2 only; it is the role of the profile used.
     (pass_role,) = allows("iam:PassRole")
-    assert pass_role["Resource"].endswith(":role/costguard-instance")
+    # Each owner passes only the role of their own prefix (issue 28): costguard-instance-<owner>.
+    role = f"role/costguard-instance-{spec.owner}"
+    pass_to = "arn:aws:iam::111122223333:" + role
+    to_ec2 = {"iam:PassedToService": "ec2.amazonaws.com", **ALICE}
+    assert launcher_allows("iam:PassRole", pass_to, to_ec2)
+    assert not launcher_allows("iam:PassRole", pass_to.replace("alice", "bob"), to_ec2)
+    assert not launcher_allows("iam:PassRole", pass_to, {**to_ec2, **BOB})
     assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
-    profile = iam.get_instance_profile(InstanceProfileName="costguard-instance")
-    assert [r["RoleName"] for r in profile["InstanceProfile"]["Roles"]] == ["costguard-instance"]
+    profile = iam.get_instance_profile(InstanceProfileName="costguard-instance-alice")
+    assert [r["RoleName"] for r in profile["InstanceProfile"]["Roles"]] == [role.split("/")[1]]
 
 
 def test_aws_policy_scopes_everything_but_describe() -> None:
@@ -140,12 +146,12 @@ def test_instance_role_reaches_only_the_checkpoint_prefix() -> None:
         assert statement["Effect"] == "Allow"
         assert all(a.startswith("s3:") for a in listed(statement["Action"]))
         for resource in listed(statement["Resource"]):
-            if resource.endswith("/*"):
-                assert resource == "arn:aws:s3:::my-checkpoints/costguard/*"
+            if resource.endswith("/*"):  # one owner's prefix, never every job's (issue 28)
+                assert resource == "arn:aws:s3:::my-checkpoints/costguard/OWNER/*"
             else:  # the bucket itself: listing, within the prefix only
                 assert resource == "arn:aws:s3:::my-checkpoints"
                 prefixes = statement["Condition"]["StringLike"]["s3:prefix"]
-                assert all(p.startswith("costguard/") for p in prefixes)
+                assert all(p.startswith("costguard/OWNER/") for p in prefixes)
 
 
 def gcp_permissions(*names: str) -> list[str]:
@@ -330,6 +336,10 @@ def test_azure_role_covers_every_call_of_a_job() -> None:
     assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" in actions
 
 
+ALICE = {"aws:PrincipalTag/costguard-owner": "alice"}
+BOB = {"aws:PrincipalTag/costguard-owner": "bob"}
+
+
 def launcher_allows(action: str, resource: str, context: dict[str, Any]) -> bool:
     """Whether launcher-policy.json allows ``action`` on a ``resource`` ARN in ``context``
     (condition keys to values; ``${aws:PrincipalTag/...}`` variables are read from it too,
@@ -339,15 +349,16 @@ def launcher_allows(action: str, resource: str, context: dict[str, Any]) -> bool
     def resolved(wanted: str | list[str]) -> list[str]:
         values = []
         for text in listed(wanted):
-            variable = re.fullmatch(r"\$\{(.+)\}", text)
-            if variable is None:
+            names = re.findall(r"\$\{([^}]+)\}", text)
+            if all(name in context for name in names):
+                for name in names:
+                    text = text.replace(f"${{{name}}}", str(context[name]))
                 values.append(text)
-            elif variable[1] in context:
-                values.append(str(context[variable[1]]))
         return values
 
     def holds(statement: dict[str, Any]) -> bool:
-        return any(fnmatchcase(resource, r) for r in listed(statement["Resource"])) and all(
+        patterns = resolved(statement["Resource"])
+        return any(fnmatchcase(resource, r) for r in patterns) and all(
             condition_holds(operator, key, resolved(wanted), context)
             for operator, pairs in statement.get("Condition", {}).items()
             for key, wanted in pairs.items()
@@ -368,7 +379,7 @@ def test_aws_policy_launches_and_terminates_only_as_its_owner() -> None:
     assert tags[OWNER_TAG] == "alice"
     instance = "arn:aws:ec2:us-east-1:111122223333:instance/i-0123456789abcdef0"
     volume = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
-    alice = {"aws:PrincipalTag/costguard-owner": "alice"}
+    alice = ALICE
     mine = {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
     theirs = {**mine, f"aws:ResourceTag/{OWNER_TAG}": "bob"}
     assert launcher_allows("ec2:TerminateInstances", instance, {**alice, **mine})
