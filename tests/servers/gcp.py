@@ -424,7 +424,7 @@ class GcpServer(LocalServer):
                 grouped[group][at].append(v)
         out = []
         for group, values_at in sorted(grouped.items()):
-            instance_id = group.split("|")[0]
+            instance_id, _, label = group.partition("|")
             reduced = {
                 at: (
                     max(values) if reducer == "REDUCE_MAX"
@@ -438,7 +438,10 @@ class GcpServer(LocalServer):
                 continue
             out.append(
                 {
-                    "metric": {"type": metric[1], "labels": {}},
+                    "metric": {
+                        "type": metric[1],
+                        "labels": {"gpu_number": label} if label else {},
+                    },
                     "resource": {
                         "type": "gce_instance",
                         "labels": {"project_id": match["project"], "instance_id": instance_id},
@@ -599,8 +602,9 @@ def seed_vm(
     (a fraction of 1) and a trickle of network."""
     from costguard.reaper import gcp
 
-    if gpu is not None:
-        server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu))
+    if gpu is not None:  # the Ops Agent writes one series per GPU (label gpu_number)
+        for number in range(vm.accelerator_count or 1):
+            server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu), str(number))
     server.put(gcp.CPU_METRIC, vm.instance_id, every_minute(now, cpu))
     # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
     server.put(gcp.RECEIVED_METRIC, vm.instance_id, every_minute(now, 100.0))
