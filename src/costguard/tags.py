@@ -48,7 +48,7 @@ def from_gcp_label(label: str) -> str:
     return _PREFIX + label.removeprefix(_GCP_PREFIX) if label.startswith(_GCP_PREFIX) else label
 
 
-#: Job ids: what costguard makes (``cg-20261202-201512-a1b2c3``) and all that any boundary
+#: Job ids: what costguard makes (``cg-alice-20261202-201512-a1b2c3``) and all that any boundary
 #: accepts (``job.json``, ``COSTGUARD_JOB_ID``, a ``costguard:job`` tag or label, a folder
 #: name): ASCII lower-case letters, digits and inner hyphens, at most 48 characters, so the
 #: id is also a GCP label value, fits ``costguard-<job>-<attempt>`` in a 63-character GCP
@@ -83,5 +83,5 @@ def check_job_id(text: object, where: str) -> str:
     raise InputError(
         msg,
         hint="a job id is lower-case letters, digits and inner hyphens, at most 48 "
-        "characters (costguard makes them: cg-<date>-<time>-<hex>); was the file edited?",
+        "characters (costguard makes them: cg-<owner>-<date>-<time>-<hex>); was the file edited?",
     )

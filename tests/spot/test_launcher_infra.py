@@ -180,8 +180,18 @@ def test_gcp_changes_only_vms_named_by_costguard() -> None:
     prefixes = re.findall(r'extract\("/(instances|disks)/\{name\}"\)\.startsWith\("([^"]+)"\)',
                           condition)  # fmt: skip
     assert {kind for kind, _ in prefixes} == {"instances", "disks"}
+    # Bound per owner (issue 28: a bare "costguard-" let any launcher user delete another's
+    # VMs): alice's binding reaches the VMs of alice's jobs, never bob's or alice2's.
+    from costguard.spot.prepare import owner_word
+
+    def vm_name(owner: str) -> str:
+        return resource_name(f"cg-{owner_word(owner)}-20261202-201512-a1b2c3", 7, 63)
+
     for _, prefix in prefixes:
-        assert resource_name("Any Job_1", 7, 63).startswith(prefix)
+        assert "OWNER" in prefix
+        alices = prefix.replace("OWNER", owner_word("Alice"))
+        assert vm_name("alice").startswith(alices)
+        assert not any(vm_name(other).startswith(alices) for other in ("bob", "alice2", "al"))
     readme = (INFRA / "README.md").read_text()
     assert "launcher-instances-role.yaml" in readme
     assert "launcher-instances-condition.yaml" in readme
