@@ -595,6 +595,16 @@ class BudgetsFake:
         return 200, {"notificationChannels": items}
 
 
+def gpu_count(vm: GcpVm) -> int:
+    """The GPUs of ``vm``: its accelerators, else what the price tables say its machine type
+    has (the A2, A3, A4 and G2 families list none), as the reaper counts them."""
+    from costguard.pricing.tables import load_catalog
+    from costguard.reaper.fleet import PriceBook
+
+    known = PriceBook(load_catalog()).gpus("gcp", vm.machine_type)
+    return vm.accelerator_count or (known[1] if known else 0) or 1
+
+
 def seed_vm(
     server: GcpServer, vm: GcpVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 0.01
 ) -> None:
@@ -603,7 +613,7 @@ def seed_vm(
     from costguard.reaper import gcp
 
     if gpu is not None:  # the Ops Agent writes one series per GPU (label gpu_number)
-        for number in range(vm.accelerator_count or 1):
+        for number in range(gpu_count(vm)):
             server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu), str(number))
     server.put(gcp.CPU_METRIC, vm.instance_id, every_minute(now, cpu))
     # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
