@@ -7,6 +7,10 @@ AWS and Azure spell them as below; GCP labels take no ``:`` and are lower case, 
 
 from __future__ import annotations
 
+import re
+
+from costguard.errors import InputError
+
 #: Protects an instance from every reaper run.
 KEEP_TAG = "costguard:keep"
 #: A time (ISO 8601 or Unix seconds) before which the reaper leaves the instance alone;
@@ -42,3 +46,42 @@ def from_gcp_label(label: str) -> str:
     ('costguard:keep', 'team')
     """
     return _PREFIX + label.removeprefix(_GCP_PREFIX) if label.startswith(_GCP_PREFIX) else label
+
+
+#: Job ids: what costguard makes (``cg-alice-20261202-201512-a1b2c3``) and all that any boundary
+#: accepts (``job.json``, ``COSTGUARD_JOB_ID``, a ``costguard:job`` tag or label, a folder
+#: name): ASCII lower-case letters, digits and inner hyphens, at most 48 characters, so the
+#: id is also a GCP label value, fits ``costguard-<job>-<attempt>`` in a 63-character GCP
+#: name, and holds nothing a filter (``*``, ``?``, ``%``), a path (``/``, ``..``) or a shell
+#: reads as syntax. ``fullmatch``: a trailing newline is not accepted either.
+JOB_ID = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?", re.ASCII)
+#: An attempt number as the ``costguard:attempt`` tag holds it.
+ATTEMPT = re.compile(r"[1-9][0-9]{0,5}", re.ASCII)
+
+
+def is_job_id(text: object) -> bool:
+    r"""Whether ``text`` is a job id by :data:`JOB_ID` (anything not a ``str`` is not).
+
+    >>> [is_job_id(t) for t in ("cg-20261202-201512-a1b2c3", "*", "a/../b", "run-1\n", 7)]
+    [True, False, False, False, False]
+    """
+    return isinstance(text, str) and JOB_ID.fullmatch(text) is not None
+
+
+def check_job_id(text: object, where: str) -> str:
+    """``text`` if it is a job id, else :class:`InputError` naming ``where`` it came from.
+
+    >>> check_job_id("*", "job.json")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: the job id in job.json is not a costguard job id: '*'
+    """
+    if is_job_id(text):
+        return str(text)
+    shown = repr(text) if len(repr(text)) <= 60 else repr(text)[:57] + "..."
+    msg = f"the job id in {where} is not a costguard job id: {shown}"
+    raise InputError(
+        msg,
+        hint="a job id is lower-case letters, digits and inner hyphens, at most 48 "
+        "characters (costguard makes them: cg-<owner>-<date>-<time>-<hex>); was the file edited?",
+    )

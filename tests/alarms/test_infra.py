@@ -44,6 +44,13 @@ def test_aws_policy_covers_every_call_of_a_run() -> None:
     for call in calls:
         if call.service == "sts":
             continue  # GetCallerIdentity needs no permission
+        if call.operation == "create_policy":
+            # An administrator's step (infra/README.md): see the next test.
+            assert "iam:CreatePolicy" not in allowed
+            assert call.params["PolicyDocument"] == json.loads(
+                (INFRA / "aws" / "deny-run-instances-policy.json").read_text()
+            )
+            continue
         if call.service == "budgets" and call.operation not in BUDGET_ACTIONS:
             # Budgets authorises its API with two actions only.
             needed = "budgets:ViewBudget" if call.read_only else "budgets:ModifyBudget"
@@ -102,3 +109,15 @@ def test_gcp_role_and_azure_role_parse() -> None:
         a.startswith(("Microsoft.Consumption/budgets/", "Microsoft.Compute/"))
         for a in azure["Actions"]
     )
+
+
+def test_the_alarm_policy_cannot_make_the_policy_a_hard_stop_attaches() -> None:
+    # Issue 28: iam:CreatePolicy on costguard-* let an alarm user create
+    # costguard-deny-run-instances first, with any content, for the budget action to attach.
+    policy = json.loads((INFRA / "aws" / "alarm-policy.json").read_text())
+    iam_actions = {a for s in policy["Statement"] for a in s["Action"] if a.startswith("iam:")}
+    assert iam_actions == {"iam:GetPolicy", "iam:PassRole"}
+    (get_policy,) = [s for s in policy["Statement"] if "iam:GetPolicy" in s["Action"]]
+    assert get_policy["Resource"] == "arn:aws:iam::*:policy/costguard-deny-run-instances"
+    readme = (INFRA / "README.md").read_text()
+    assert "--policy-document file://infra/aws/deny-run-instances-policy.json" in readme

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
@@ -312,6 +313,50 @@ def test_hostile_values_exit_2_with_one_clean_error_and_no_side_effect(
             problems.append(f"{shown}: more than 200 characters of the value echoed")
         if result.stdout:
             problems.append(f"{shown}: wrote to stdout: {result.stdout[:200]!r}")
+    assert problems == []
+    assert Counter.hits == [], "a network call was made"
+    assert tree(root) == before_files, "a file was written"
+    assert children() <= before_children, "a process was left running"
+
+
+#: Job ids a writable store may hold in job.json (issue 28): filter wildcards, paths,
+#: control characters, look-alikes, other JSON types, and 100 KB.
+HOSTILE_JOB_IDS: list[object] = ["*", "?", "cg-*", "%", "../other", "/etc", "a/b", "run-1\n",
+                                 "Run-1", "", "-run", "x" * 100_000, "\uff52un-1", "a\x00b",
+                                 "a b", 5, None, ["run-1"]]  # fmt: skip
+
+
+@pytest.mark.parametrize("command", [["jobs", "status"], ["launch", "--force", "--attach"]])
+def test_a_hostile_job_id_in_job_json_is_refused_by_every_reader(
+    command: list[str], sandbox: tuple[Path, str]
+) -> None:
+    import json
+    import time
+
+    from costguard.checkpoint.store import Store
+    from costguard.spot.job import JOB_FILE, Job, JobSpec, save_job
+
+    root, _ = sandbox
+    store = Store.open(str(root / "ckpt"))
+    spec = JobSpec("cg-me-20261202-201512-a1b2c3", "local", "T4", 1, (), True, store.url,
+                   ("true",), "me", time.time(), datetime.now(UTC))  # fmt: skip
+    save_job(store, Job(spec))
+    before_files, before_children = tree(root), children()
+    Counter.hits.clear()
+    problems = []
+    for job_id in HOSTILE_JOB_IDS:
+        doc = json.loads(store.get(JOB_FILE))
+        doc["spec"]["job_id"] = job_id
+        store.put(JOB_FILE, json.dumps(doc).encode())
+        result = CliRunner().invoke(cli, [*command, store.url], catch_exceptions=True)
+        lines = result.stderr.splitlines()
+        shown = repr(job_id)[:30]
+        if result.exit_code != 2 or len(lines) != 2 or "Traceback" in result.output:
+            problems.append(f"{shown}: exit {result.exit_code} {result.stderr[-300:]!r}")
+        elif not (lines[0].startswith("Error: ") and "not a costguard job id" in lines[0]):
+            problems.append(f"{shown}: {lines[0]!r}")
+        elif not lines[1].startswith("Hint: ") or len(result.stderr) > 500:
+            problems.append(f"{shown}: {lines!r}")
     assert problems == []
     assert Counter.hits == [], "a network call was made"
     assert tree(root) == before_files, "a file was written"

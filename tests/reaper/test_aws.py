@@ -12,6 +12,7 @@ Moto notes (checked with real calls, see also shared TESTING.md):
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -122,7 +123,7 @@ def fleet(ec2: Any, cloudwatch: Any) -> dict[str, str]:
     # An agent with append_dimensions but no aggregation_dimensions: per-GPU series only.
     ids["idle-per-gpu"] = launch(ec2, "idle-per-gpu", "g4dn.12xlarge")
     metrics.seed(ids["idle-per-gpu"], gpu=None)
-    for index in ("0", "1"):
+    for index in ("0", "1", "2", "3"):  # a g4dn.12xlarge has four T4s
         dims = {"InstanceId": ids["idle-per-gpu"], "index": index, "name": "Tesla T4"}
         metrics.put("CWAgent", "nvidia_smi_utilization_gpu", dims, points(0.0))
     ids["busy"] = launch(ec2, "busy")
@@ -157,7 +158,9 @@ def fleet(ec2: Any, cloudwatch: Any) -> dict[str, str]:
     ids["gpu-stale"] = launch(ec2, "gpu-stale")
     metrics.seed(ids["gpu-stale"], gpu=None)
     stale = [(t, v) for t, v in points(1.0) if t < NOW - timedelta(minutes=10)]
-    metrics.put("CWAgent", "nvidia_smi_utilization_gpu", {"InstanceId": ids["gpu-stale"]}, stale)
+    for extra in ({}, {"index": "0", "name": "NVIDIA A10G"}):
+        dims = {"InstanceId": ids["gpu-stale"], **extra}
+        metrics.put("CWAgent", "nvidia_smi_utilization_gpu", dims, stale)
     metrics.send(cloudwatch)
     return ids
 
@@ -214,11 +217,11 @@ def test_dry_runs_and_refusals_judge_every_instance_and_change_nothing(
     assert Decimal(doc["summary"]["usd_per_hour_selected"]) == Decimal("4.918")
     assert doc["executed"] is False
     assert set(states(ec2).values()) == {"running"}
-    # One listing; 4 metric queries for each of the 9 instances left open by the static
-    # rules -> one GetMetricData; one ListMetrics and one more GetMetricData for the
-    # instance that only has per-GPU series; protection read only for the 3 idle ones.
+    # One listing; one ListMetrics of the GPU series; 4 metric queries for each of the 9
+    # instances left open by the static rules and one for each of their 10 per-GPU series
+    # -> one GetMetricData; protection read only for the 3 idle ones.
     assert calls["DescribeInstances"] == 1
-    assert calls["GetMetricData"] == math.ceil(9 * 4 / 500) + math.ceil(2 / 500)
+    assert calls["GetMetricData"] == math.ceil((9 * 4 + 10) / 500)
     assert calls["ListMetrics"] == 1
     assert calls["GetMetricStatistics"] == 0
     assert calls["DescribeInstanceAttribute"] == 2 * 3
@@ -309,7 +312,9 @@ def test_two_phase_marks_first_and_acts_a_window_later(
 
 class CloudWatchLike:
     """``GetMetricData`` as CloudWatch answers it, unlike moto: ``StartTime`` is rounded
-    down to the minute, and each period's datapoint is stamped with the period's start."""
+    down to the minute, and each period's datapoint is stamped with the period's start.
+    ``ListMetrics`` lists the GPU series of instance ``i-1`` as the agent publishes them
+    (per instance and for GPU 0); every query of a metric name gets that name's data."""
 
     def __init__(self, data: dict[str, list[tuple[datetime, float]]], *, stuck: bool = False):
         self.data = data  # metric name -> (time, value)
@@ -334,6 +339,13 @@ class CloudWatchLike:
                 at += period
             results.append({"Id": query["Id"], "Timestamps": stamps, "Values": values})
         return {"MetricDataResults": results, **({"NextToken": "same"} if self.stuck else {})}
+
+    def get_paginator(self, operation: str) -> Any:
+        assert operation == "list_metrics"
+        own = [{"Name": "InstanceId", "Value": "i-1"}]
+        listed = [{"Dimensions": own}, {"Dimensions": [*own, {"Name": "index", "Value": "0"}]}]
+        pages = [{"Metrics": listed if aws.GPU_METRIC in self.data else []}]
+        return type("Paginator", (), {"paginate": lambda _, **__: iter(pages)})()
 
 
 CLOCK = datetime(2026, 12, 1, 12, 0, 30, tzinfo=UTC)
@@ -440,3 +452,56 @@ def test_gpu_facts_of_types_the_tables_lack_are_read_from_every_page(
     assert sorted((i.instance_type, i.gpu_count > 0) for i in found) == sorted(
         (t, True) for t in new_types
     )
+
+
+def test_forged_disagreeing_or_silent_gpu_series_and_a_second_keep_tag_keep_the_instance(
+    ec2: Any, cloudwatch: Any, reap: Callable[..., Any]
+) -> None:
+    # Issue 28: anyone with cloudwatch:PutMetricData can publish a per-instance series for
+    # any instance id; the reaper preferred it over the per-GPU series, took the maximum
+    # over GPUs per timestamp (a silent GPU vanished), and read the first keep tag only.
+    ids, metrics = {}, Metrics(NOW)
+    gpu = "nvidia_smi_utilization_gpu"
+    ids["idle"] = launch(ec2, "idle")
+    metrics.seed(ids["idle"])
+    # A p4d at 97% on each of its 8 GPUs (an agent without aggregation_dimensions), and
+    # zeros forged for its per-instance series.
+    ids["forged-busy"] = launch(ec2, "forged-busy", "p4d.24xlarge")
+    metrics.seed(ids["forged-busy"], gpu=None)
+    metrics.put("CWAgent", gpu, {"InstanceId": ids["forged-busy"]}, points(0.0))
+    for index in range(8):
+        dims = {"InstanceId": ids["forged-busy"], "index": str(index), "name": "NVIDIA A100"}
+        metrics.put("CWAgent", gpu, dims, points(97.0))
+    # A p4d with no GPU agent at all: only the forged zeros.
+    ids["forged-no-agent"] = launch(ec2, "forged-no-agent", "p4d.24xlarge")
+    metrics.seed(ids["forged-no-agent"], gpu=None)
+    metrics.put("CWAgent", gpu, {"InstanceId": ids["forged-no-agent"]}, points(0.0))
+    # GPU 3 of 4 was busy until its series stopped 40 minutes ago; the others are idle.
+    ids["silent-gpu"] = launch(ec2, "silent-gpu", "g4dn.12xlarge")
+    metrics.seed(ids["silent-gpu"], gpu=None)
+    for index in range(4):
+        dims = {"InstanceId": ids["silent-gpu"], "index": str(index), "name": "Tesla T4"}
+        series = points(0.0) if index < 3 else points(98.0)
+        silent = NOW - timedelta(minutes=40) if index == 3 else NOW
+        metrics.put("CWAgent", gpu, dims, [(t, v) for t, v in series if t < silent])
+    # Two keep tags that differ in case, the one saying "keep" listed second.
+    ids["keep-twice"] = launch(
+        ec2, "keep-twice", tags={"costguard:keep": "false", "COSTGUARD:KEEP": "true"}
+    )
+    metrics.seed(ids["keep-twice"])
+    metrics.send(cloudwatch)
+
+    result = reap("--format", "json", "--idle-minutes", "30", "--execute")
+    assert result.exit_code == 0, result.stderr
+    rows = by_name(json.loads(result.stdout))
+    codes = {name: (rows[name]["action"], rows[name]["code"]) for name in ids}
+    assert codes == {
+        "idle": ("stop", "idle"),
+        "forged-busy": ("keep", "busy"),
+        "forged-no-agent": ("keep", "metrics-doubt"),
+        "silent-gpu": ("keep", "metrics-doubt"),
+        "keep-twice": ("keep", "protect-tag"),
+    }
+    assert re.search(r"busy: gpu 97% at .* \(GPU \d;", rows["forged-busy"]["reason"])
+    assert "3 of 4 GPUs" in rows["silent-gpu"]["reason"]
+    assert {n for n, s in states(ec2).items() if s != "running"} == {"idle"}

@@ -89,8 +89,12 @@ def test_dry_run_judges_with_four_monitoring_calls(fleet: GcpServer) -> None:
     series_calls = fleet.calls("GET", "/timeSeries")
     assert len(series_calls) == 4
     for call in series_calls:
-        assert call.query["aggregation.groupByFields"] == ["resource.label.instance_id"]
         assert call.query["aggregation.alignmentPeriod"] == ["60s"]
+        if gcp.GPU_METRIC in call.query["filter"][0]:  # one series per GPU (issue 28)
+            assert call.query["aggregation.crossSeriesReducer"] == ["REDUCE_NONE"]
+            assert "aggregation.groupByFields" not in call.query
+        else:
+            assert call.query["aggregation.groupByFields"] == ["resource.label.instance_id"]
     assert len(fleet.calls("GET", "/aggregated/instances")) == 1
     assert not fleet.calls("POST", "/stop")
     assert not fleet.calls("DELETE", "/instances/")
@@ -246,20 +250,30 @@ def test_an_operation_that_never_finishes_is_a_failed_outcome_in_bounded_time(
 # ------------------------------------------ the aggregation the adapter asks for (issue 19)
 
 
-def test_the_busiest_gpu_of_a_multi_gpu_vm_decides(gcp_server: GcpServer) -> None:
-    """The Ops Agent writes one series per GPU; the adapter asks Cloud Monitoring for the
-    maximum across them per instance (REDUCE_MAX grouped by instance_id), so one busy GPU
-    of two keeps the VM."""
-    vm = gcp_server.add(GcpVm("two-gpus", "us-central1-a", "a2-highgpu-2g", "120"))
-    seed(gcp_server, vm, gpu=None)
+def test_every_gpu_of_a_multi_gpu_vm_is_its_own_witness(gcp_server: GcpServer) -> None:
+    """The Ops Agent writes one series per GPU; the adapter reads each (no reducer across
+    GPUs), so one busy GPU of two keeps the VM, and so does a GPU whose series went silent:
+    with REDUCE_MAX the other GPU's quiet minutes filled the window (issue 28)."""
+    busy = gcp_server.add(GcpVm("two-gpus", "us-central1-a", "a2-highgpu-2g", "120"))
+    seed(gcp_server, busy, gpu=None)
     gcp_server.put(gcp.GPU_METRIC, "120", minutes(1.0), label="0")
     gcp_server.put(gcp.GPU_METRIC, "120", minutes(88.0), label="1")
-    report = reap([make_fleet(gcp_server)], policy(), ReapLimits(), NOW, execute=False)
-    assert verdicts(report)["two-gpus"] == ("keep", "busy")
-    (call, *_) = [c for c in gcp_server.calls("GET", "/timeSeries")
-                  if gcp.GPU_METRIC in c.query["filter"][0]]  # fmt: skip
-    assert call.query["aggregation.crossSeriesReducer"] == ["REDUCE_MAX"]
-    assert call.query["aggregation.groupByFields"] == ["resource.label.instance_id"]
+    silent = gcp_server.add(GcpVm("silent-gpu", "us-central1-a", "a2-highgpu-2g", "122"))
+    seed(gcp_server, silent, gpu=None)
+    gcp_server.put(gcp.GPU_METRIC, "122", minutes(1.0), label="0")
+    stopped = [(t, v) for t, v in minutes(98.0) if t < NOW - timedelta(minutes=40)]
+    gcp_server.put(gcp.GPU_METRIC, "122", stopped, label="1")
+    idle = gcp_server.add(GcpVm("idle-two", "us-central1-a", "a2-highgpu-2g", "123"))
+    seed(gcp_server, idle, gpu=None)
+    for label in ("0", "1"):
+        gcp_server.put(gcp.GPU_METRIC, "123", minutes(1.0), label=label)
+    report = reap([make_fleet(gcp_server)], policy(idle_minutes=30), ReapLimits(), NOW,
+                  execute=False)  # fmt: skip
+    assert verdicts(report) == {
+        "two-gpus": ("keep", "busy"),
+        "silent-gpu": ("keep", "metrics-doubt"),
+        "idle-two": ("stop", "idle"),
+    }
 
 
 def test_network_is_a_rate_of_the_byte_counts(gcp_server: GcpServer) -> None:

@@ -61,6 +61,8 @@ def condition_holds(operator: str, key: str, wanted: Any, context: dict[str, Any
         return operator.startswith("StringNot")
     if operator == "StringEquals":
         return value in wanted
+    if operator == "StringNotEquals":
+        return value not in wanted
     if operator == "StringEqualsIgnoreCase":
         return str(value).lower() in [w.lower() for w in wanted]
     if operator == "StringLike":
@@ -227,3 +229,21 @@ def test_the_readme_has_a_reaper_section() -> None:
         "costguard-agent.service",
     ):
         assert name in readme
+
+
+def test_the_aws_policy_reads_user_data_of_no_instance_but_gpu_ones() -> None:
+    # Issue 28: DescribeInstanceAttribute on "*" also returns every instance's user data
+    # (startup scripts, often with secrets); the reaper reads protection of GPU
+    # candidates only, so that is all it may read.
+    policy = json.loads((INFRA / "aws" / "reaper-policy.json").read_text())
+    (statement,) = [
+        s for s in policy["Statement"] if "ec2:DescribeInstanceAttribute" in s["Action"]
+    ]
+    assert statement["Action"] == ["ec2:DescribeInstanceAttribute"]
+    assert statement["Resource"] == "arn:aws:ec2:*:*:instance/*"
+    assert iam_allows("ec2:DescribeInstanceAttribute", {"ec2:InstanceType": "p4d.24xlarge"})
+    assert not iam_allows("ec2:DescribeInstanceAttribute", {"ec2:InstanceType": "m5.large"})
+    assert not iam_allows("ec2:DescribeInstanceAttribute", {})
+    assert all(s["Resource"] != "*" for s in policy["Statement"]
+               if set(s["Action"]) & {"ec2:DescribeInstanceAttribute", "ec2:StopInstances",
+                                       "ec2:TerminateInstances"})  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -329,3 +330,127 @@ def test_the_agent_never_shuts_down_on_a_broken_or_missing_reading(
         assert 0 <= cpu < 5
         assert net is not None
         assert 0 <= net < 1
+
+
+# ---------------------------------------------------------------- issue 28: evidence rules
+
+#: An instance every rule but the tags and the GPU series would stop.
+ELIGIBLE = Instance("aws", "us-east-1", "i-0e1", "p4d.24xlarge", running=True, gpu_count=8,
+                    launched_at=minutes_ago(600), protected=False)  # fmt: skip
+QUIET = tuple(Sample(minutes_ago(m), 0.0) for m in range(0, 70, 5))
+
+
+@st.composite
+def keep_like_keys(draw: st.DrawFn) -> str:
+    """``costguard:keep`` as people and tools spell it: any case, ``:``/``-``/``_``/blank."""
+
+    def cased(word: str) -> str:
+        return "".join(c.upper() if draw(st.booleans()) else c for c in word)
+
+    sep = draw(st.sampled_from([":", "-", "_", " ", ": "]))
+    pad = draw(st.sampled_from(["", "", " "]))
+    return f"{pad}{cased('costguard')}{sep}{cased('keep')}{pad}"
+
+
+#: Keys that only look like the keep tag: they protect nothing.
+near_keys = st.sampled_from(["keep", "costguard:keeper", "costguard:kept", "costguardkeep",
+                             "team", "Name", "costguard:keep:until"])  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    entries=st.lists(
+        st.tuples(st.one_of(keep_like_keys(), near_keys), tag_values), min_size=1, max_size=6
+    ),
+    order=st.randoms(use_true_random=False),
+)
+def test_any_keep_like_tag_that_says_keep_or_is_unclear_keeps(
+    entries: list[tuple[str, str]], order: Any
+) -> None:
+    """Whatever the tags' case, duplicates and order: one keep-like tag whose value is not
+    clearly false keeps the instance; with none, the idle instance is stopped (issue 28:
+    ``costguard:keep=false`` listed before ``COSTGUARD:KEEP=true`` stopped it)."""
+    order.shuffle(entries)
+    tags = dict(entries)  # a cloud holds one value per exact key
+    samples = InstanceSamples(replace(ELIGIBLE, gpu_count=1, tags=tags), gpu=QUIET, cpu=QUIET,
+                              network=QUIET, per_gpu=(("0", QUIET),))  # fmt: skip
+    verdict = judge_idle(samples, IdlePolicy(), NOW)
+
+    def keep_like(key: str) -> bool:
+        words = key.strip().lower().replace("-", ":").replace("_", ":").replace(" ", ":")
+        return words.replace("::", ":") == KEEP_TAG
+
+    if any(keep_like(k) and v.lower() not in FALSE_VALUES for k, v in tags.items()):
+        assert (verdict.action, verdict.code) == (Action.KEEP, Reason.PROTECT_TAG), tags
+    else:
+        assert verdict.action is Action.STOP, (tags, verdict)
+
+
+#: What one GPU's own series shows: idle and complete, busy once, silent for the last
+#: minutes, or absent.
+GPU_KINDS = ["idle", "idle", "idle", "busy", "silent", "missing"]
+
+
+@st.composite
+def gpu_evidence(draw: st.DrawFn) -> tuple[InstanceSamples, bool]:
+    """An 1-8 GPU instance's GPU series as the agent and a forger may have published them,
+    and whether the instance must be kept (some GPU busy or not seen in the window)."""
+    count = draw(st.integers(min_value=1, max_value=8))
+    per_gpu: list[tuple[str, tuple[Sample, ...]]] = []
+    must_keep = False
+    honest: list[tuple[Sample, ...]] = []
+    for gpu in range(count):
+        kind = draw(st.sampled_from(GPU_KINDS))
+        must_keep = must_keep or kind != "idle"
+        if kind == "missing":
+            continue
+        series = QUIET
+        if kind == "busy":
+            at = draw(st.sampled_from(range(1, 12)))
+            value = draw(st.floats(min_value=5, max_value=100))
+            series = (*QUIET[:at], Sample(QUIET[at].at, value), *QUIET[at + 1 :])
+        if kind == "silent":
+            since = draw(st.integers(min_value=6, max_value=70))
+            value = draw(st.sampled_from([0.0, 98.0]))
+            series = tuple(Sample(s.at, value) for s in QUIET if s.at <= minutes_ago(since))
+        honest.append(series)
+        per_gpu.append((str(gpu), series))
+    # Forged zeros: duplicates for GPUs that have a series, at any place in the order.
+    for gpu in draw(st.lists(st.integers(min_value=0, max_value=count - 1), max_size=3)):
+        if any(name == str(gpu) for name, _ in per_gpu):
+            per_gpu.insert(draw(st.integers(min_value=0, max_value=len(per_gpu))),
+                           (str(gpu), QUIET))  # fmt: skip
+    # The instance series: the agent's aggregate (the busiest GPU per period), forged
+    # zeros, or none.
+    aggregate = draw(st.sampled_from(["agent", "forged", "none"]))
+    gpu_series: tuple[Sample, ...] = ()
+    if aggregate == "agent" and honest:
+        at_times = sorted({s.at for series in honest for s in series})
+        gpu_series = tuple(
+            Sample(t, max(s.value for series in honest for s in series if s.at == t))
+            for t in at_times
+        )
+    elif aggregate == "forged":
+        gpu_series = QUIET
+    missing = None if gpu_series or per_gpu else "no GPU metrics"
+    samples = InstanceSamples(
+        replace(ELIGIBLE, gpu_count=count), gpu=gpu_series, cpu=QUIET, network=QUIET,
+        gpu_missing=missing, per_gpu=tuple(per_gpu),
+    )  # fmt: skip
+    return samples, must_keep
+
+
+@settings(max_examples=400, deadline=None)
+@given(evidence=gpu_evidence(), gpu_missing_ok=st.booleans())
+def test_missing_forged_or_disagreeing_gpu_series_never_stop_a_gpu_that_was_busy_or_unseen(
+    evidence: tuple[InstanceSamples, bool], gpu_missing_ok: bool
+) -> None:
+    """Issue 28: forged zeros next to a busy GPU, forged zeros with no agent, a GPU whose
+    series went silent, a GPU with no series: kept. Every GPU idle and seen: stopped."""
+    samples, must_keep = evidence
+    verdict = judge_idle(samples, IdlePolicy(gpu_missing_ok=gpu_missing_ok), NOW)
+    if must_keep:
+        no_gpu_data = not samples.gpu and not samples.per_gpu
+        assert verdict.action is Action.KEEP or (gpu_missing_ok and no_gpu_data), verdict
+    else:
+        assert verdict.action is Action.STOP, verdict

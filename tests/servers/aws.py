@@ -129,10 +129,16 @@ class Metrics:
         )
 
     def seed(self, instance_id: str, *, gpu: list[float] | float | None = 1.0,
-             cpu: float = 2.0, net_bytes: float = 1000.0) -> None:  # fmt: skip
+             cpu: float = 2.0, net_bytes: float = 1000.0, gpus: int = 1) -> None:  # fmt: skip
+        """CPU and network as EC2 publishes them; the GPU series as the CloudWatch agent
+        with ``infra/cloudwatch-agent.json`` does: one per GPU (``index``, ``name`` and the
+        appended ``InstanceId``) and the per-instance aggregate."""
         dims = {"InstanceId": instance_id}
         if gpu is not None:
             self.put("CWAgent", "nvidia_smi_utilization_gpu", dims, self.points(gpu))
+            for index in range(gpus):
+                per_gpu = {**dims, "index": str(index), "name": "NVIDIA A10G"}
+                self.put("CWAgent", "nvidia_smi_utilization_gpu", per_gpu, self.points(gpu))
         self.put("AWS/EC2", "CPUUtilization", dims, self.points(cpu))
         self.put("AWS/EC2", "NetworkIn", dims, self.points(net_bytes))
         self.put("AWS/EC2", "NetworkOut", dims, self.points(net_bytes))

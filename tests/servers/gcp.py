@@ -518,7 +518,7 @@ class GcpServer(LocalServer):
                 grouped[group][at].append(v)
         out = []
         for group, values_at in sorted(grouped.items()):
-            instance_id = group.split("|")[0]
+            instance_id, _, label = group.partition("|")
             reduced = {
                 at: (
                     max(values) if reducer == "REDUCE_MAX"
@@ -532,7 +532,10 @@ class GcpServer(LocalServer):
                 continue
             out.append(
                 {
-                    "metric": {"type": metric[1], "labels": {}},
+                    "metric": {
+                        "type": metric[1],
+                        "labels": {"gpu_number": label} if label else {},
+                    },
                     "resource": {
                         "type": "gce_instance",
                         "labels": {"project_id": match["project"], "instance_id": instance_id},
@@ -686,6 +689,16 @@ class BudgetsFake:
         return 200, {"notificationChannels": items}
 
 
+def gpu_count(vm: GcpVm) -> int:
+    """The GPUs of ``vm``: its accelerators, else what the price tables say its machine type
+    has (the A2, A3, A4 and G2 families list none), as the reaper counts them."""
+    from costguard.pricing.tables import load_catalog
+    from costguard.reaper.fleet import PriceBook
+
+    known = PriceBook(load_catalog()).gpus("gcp", vm.machine_type)
+    return vm.accelerator_count or (known[1] if known else 0) or 1
+
+
 def seed_vm(
     server: GcpServer, vm: GcpVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 0.01
 ) -> None:
@@ -693,8 +706,9 @@ def seed_vm(
     (a fraction of 1) and a trickle of network."""
     from costguard.reaper import gcp
 
-    if gpu is not None:
-        server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu))
+    if gpu is not None:  # the Ops Agent writes one series per GPU (label gpu_number)
+        for number in range(gpu_count(vm)):
+            server.put(gcp.GPU_METRIC, vm.instance_id, every_minute(now, gpu), str(number))
     server.put(gcp.CPU_METRIC, vm.instance_id, every_minute(now, cpu))
     # DELTA counts: bytes per minute (100 B/min is under 2 B/s after ALIGN_RATE).
     server.put(gcp.RECEIVED_METRIC, vm.instance_id, every_minute(now, 100.0))

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import base64
+import json
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
 
+from costguard.checkpoint.store import Store
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import InputError
+from costguard.spot.job import JOB_FILE, Job, JobSpec, save_job
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer, State
 from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, IDLE_MINUTES_TAG, JOB_TAG, OWNER_TAG
@@ -266,3 +272,32 @@ def test_max_price_reaches_the_spot_options(aws_launch_options: dict[str, str]) 
     assert len(sent) == 1
     launcher.launch(offer(Market.ON_DEMAND), capped, attempt=3)
     assert "MaxPrice" not in sent[-1].decode()  # on-demand has no cap
+
+
+def test_a_wildcard_job_id_in_job_json_terminates_nobody_elses_instance(
+    launcher: AwsLauncher, aws_launch_options: dict[str, str], tmp_path: Path,
+    run_cli: Callable[..., Any],
+) -> None:  # fmt: skip
+    # Issue 28: anyone who can write the store's job.json wrote "job_id": "*"; `launch
+    # --attach` put it in an EC2 tag filter (where * is a wildcard) and terminated every
+    # costguard instance as a stray of this job.
+    theirs = [launcher.launch(offer(), spec("cg-theirs-1"), attempt=n).instance_id for n in (1, 2)]
+    store = Store.open(str(tmp_path / "ckpt"))
+    mine = JobSpec(
+        job_id="cg-mine-1", provider="aws", gpu="A10G", gpu_count=1, regions=("us-east-1",),
+        spot=True, checkpoint_url=store.url, command=("python", "train.py"), owner="mallory",
+        created_unix=time.time(), expires_at=EXPIRES, options=aws_launch_options,
+    )  # fmt: skip
+    save_job(store, Job(mine))
+    for forged in ("*", "cg-*", "cg-theirs-?", "../cg-theirs-1", "cg-theirs-1\n"):
+        doc = json.loads(store.get(JOB_FILE))
+        doc["spec"]["job_id"] = forged
+        store.put(JOB_FILE, json.dumps(doc).encode())
+        result = run_cli("launch", "--attach", store.url, "--force")
+        assert result.exit_code == 2, (forged, result.stdout, result.stderr)
+        assert "Error: the job id in job/job.json is not a costguard job id" in result.stderr
+        assert "Hint:" in result.stderr
+        with pytest.raises(InputError, match="not a costguard job id"):
+            launcher.find(forged)
+    assert all(describe(i)["State"]["Name"] in ("pending", "running") for i in theirs)
+    assert sorted(h.instance_id for h in launcher.find("cg-theirs-1")) == sorted(theirs)

@@ -141,13 +141,18 @@ def test_a_stopped_spot_vm(server: ComputeServer, launcher: GcpLauncher) -> None
 def test_find_and_idempotent_terminate(server: ComputeServer, launcher: GcpLauncher) -> None:
     first = launcher.launch(offer(), spec(), attempt=1)
     launcher.launch(offer(), spec("run-2"), attempt=1)
-    assert launcher.find("Run-1") == [first]
+    assert launcher.find("run-1") == [first]
     (call,) = server.calls("GET", "/aggregated/instances")
     assert call.query["filter"] == ['labels.costguard-job = "run-1"']
     launcher.terminate(first)
     assert first.instance_id not in server.vms
     launcher.terminate(first)  # already gone: fine
-    assert launcher.find("Run-1") == []
+    assert launcher.find("run-1") == []
+    # Issue 28: "Run-1" and "run-1" would be one label value, so one job's controller
+    # would take the other's VMs for its strays; only the strict grammar is asked for.
+    with pytest.raises(InputError, match="not a costguard job id"):
+        launcher.find("Run-1")
+    assert len(server.calls("GET", "/aggregated/instances")) == 2
 
 
 def test_a_retried_launch_reuses_the_vm(server: ComputeServer, launcher: GcpLauncher) -> None:

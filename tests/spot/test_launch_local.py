@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,11 @@ from typing import Any
 import pytest
 import torch
 
+from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
-from costguard.spot.job import Simulation
+from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation, record_exit
+from costguard.spot.launcher.base import LaunchSpec, Market, Offer
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.cli.test_widths import read_screen
 from tests.helpers.output import WIDTHS, assert_fits, read_png
@@ -402,3 +405,26 @@ def test_a_local_launch_reads_well_on_an_80_column_terminal(
     steps = f"{attempt['resumed_step'] or 0}->{attempt['last_step']}"
     assert_fits("\n".join(ours), 80, ["succeeded", "on-demand", "$1.006", steps, "$2.01"])
     assert "  [1] STEP 4" in screen
+
+
+@pytest.mark.parametrize("job_id", ["..", "../other", "/etc", "a/b", "*", "run-1\n", "Run-1"])
+def test_the_local_launcher_joins_no_unchecked_job_id_into_a_path(
+    tmp_path: Path, job_id: str
+) -> None:
+    # Issue 28: `state_dir / job_id` with a job id from a writable job.json reached
+    # other folders (an absolute id replaces state_dir; ".." climbs out of it).
+    state = tmp_path / "state"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "attempt-1.json").write_text('{"pid": 1}')
+    launcher = LocalLauncher(Simulation(), job_started_unix=0.0, state_dir=state)
+    with pytest.raises(InputError, match="not a costguard job id"):
+        launcher.find(job_id)
+    spec = LaunchSpec(job_id, str(tmp_path / "ckpt"), ("true",), "me", datetime.now(UTC))
+    offer = Offer("local", "sim-1", "sim", Market.SPOT, Decimal("0.1"), "T4", 1)
+    with pytest.raises(InputError, match="not a costguard job id"):
+        launcher.launch(offer, spec, attempt=1)
+    assert not state.exists()
+    assert (
+        record_exit({ENV_JOB_ID: job_id, ENV_JOB_ATTEMPT: "1"}, str(tmp_path / "ckpt"), 0) is False
+    )
+    assert not (tmp_path / "ckpt").exists()

@@ -15,7 +15,7 @@ from typing import Any
 from costguard.clouds import aws as aws_clouds
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
-from costguard.tags import JOB_TAG
+from costguard.tags import JOB_TAG, OWNER_TAG
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 
@@ -57,17 +57,17 @@ class Recorder:
 def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
     iam = aws_clouds.client("iam", attempts=1)
     trust = (INFRA / "aws" / "launcher-instance-role-trust.json").read_text()
-    iam.create_role(RoleName="costguard-instance", AssumeRolePolicyDocument=trust)
-    iam.create_instance_profile(InstanceProfileName="costguard-instance")
+    iam.create_role(RoleName="costguard-instance-alice", AssumeRolePolicyDocument=trust)
+    iam.create_instance_profile(InstanceProfileName="costguard-instance-alice")
     iam.add_role_to_instance_profile(
-        InstanceProfileName="costguard-instance", RoleName="costguard-instance"
+        InstanceProfileName="costguard-instance-alice", RoleName="costguard-instance-alice"
     )
     recorder = Recorder()
     launcher = AwsLauncher(regions=["us-east-1"], clients=recorder.client)
     spec = LaunchSpec(
-        "run-1", "s3://my-checkpoints/costguard/run-1", ("python", "train.py"), "alice",
+        "run-1", "s3://my-checkpoints/costguard/alice/run-1", ("python", "train.py"), "alice",
         datetime(2026, 12, 2, tzinfo=UTC),
-        options={"image": "ami-12345678", "instance_profile": "costguard-instance",
+        options={"image": "ami-12345678", "instance_profile": "costguard-instance-alice",
                  "disk_gb": "200"},
     )  # fmt: skip
     offer = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.4"), "A10G", 1)
@@ -117,10 +117,16 @@ def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
 
     # PassRole: the instance role only, to EC2 only; it is the role of the profile used.
     (pass_role,) = allows("iam:PassRole")
-    assert pass_role["Resource"].endswith(":role/costguard-instance")
+    # Each owner passes only the role of their own prefix (issue 28): costguard-instance-<owner>.
+    role = f"role/costguard-instance-{spec.owner}"
+    pass_to = "arn:aws:iam::111122223333:" + role
+    to_ec2 = {"iam:PassedToService": "ec2.amazonaws.com", **ALICE}
+    assert launcher_allows("iam:PassRole", pass_to, to_ec2)
+    assert not launcher_allows("iam:PassRole", pass_to.replace("alice", "bob"), to_ec2)
+    assert not launcher_allows("iam:PassRole", pass_to, {**to_ec2, **BOB})
     assert pass_role["Condition"]["StringEquals"]["iam:PassedToService"] == "ec2.amazonaws.com"
-    profile = iam.get_instance_profile(InstanceProfileName="costguard-instance")
-    assert [r["RoleName"] for r in profile["InstanceProfile"]["Roles"]] == ["costguard-instance"]
+    profile = iam.get_instance_profile(InstanceProfileName="costguard-instance-alice")
+    assert [r["RoleName"] for r in profile["InstanceProfile"]["Roles"]] == [role.split("/")[1]]
 
 
 def test_aws_policy_scopes_everything_but_describe() -> None:
@@ -143,8 +149,8 @@ def test_instance_role_reaches_only_the_checkpoint_prefix() -> None:
         assert statement["Effect"] == "Allow"
         assert all(a.startswith("s3:") for a in listed(statement["Action"]))
         for resource in listed(statement["Resource"]):
-            if resource.endswith("/*"):
-                assert resource == "arn:aws:s3:::my-checkpoints/costguard/*"
+            if resource.endswith("/*"):  # one owner's prefix, never every job's (issue 28)
+                assert resource == "arn:aws:s3:::my-checkpoints/costguard/OWNER/*"
             elif statement["Action"] == "s3:ListBucketMultipartUploads":
                 # The stale-upload sweep, granted on the bucket without a prefix condition:
                 # the code lists with the prefix and aborts only what lies under it.
@@ -152,7 +158,7 @@ def test_instance_role_reaches_only_the_checkpoint_prefix() -> None:
             else:  # the bucket itself: listing, within the prefix only
                 assert resource == "arn:aws:s3:::my-checkpoints"
                 prefixes = statement["Condition"]["StringLike"]["s3:prefix"]
-                assert all(p.startswith("costguard/") for p in prefixes)
+                assert all(p.startswith("costguard/OWNER/") for p in prefixes)
 
 
 def gcp_permissions(*names: str) -> list[str]:
@@ -181,8 +187,18 @@ def test_gcp_changes_only_vms_named_by_costguard() -> None:
     prefixes = re.findall(r'extract\("/(instances|disks)/\{name\}"\)\.startsWith\("([^"]+)"\)',
                           condition)  # fmt: skip
     assert {kind for kind, _ in prefixes} == {"instances", "disks"}
+    # Bound per owner (issue 28: a bare "costguard-" let any launcher user delete another's
+    # VMs): alice's binding reaches the VMs of alice's jobs, never bob's or alice2's.
+    from costguard.spot.prepare import owner_word
+
+    def vm_name(owner: str) -> str:
+        return resource_name(f"cg-{owner_word(owner)}-20261202-201512-a1b2c3", 7, 63)
+
     for _, prefix in prefixes:
-        assert resource_name("Any Job_1", 7, 63).startswith(prefix)
+        assert "OWNER" in prefix
+        alices = prefix.replace("OWNER", owner_word("Alice"))
+        assert vm_name("alice").startswith(alices)
+        assert not any(vm_name(other).startswith(alices) for other in ("bob", "alice2", "al"))
     readme = (INFRA / "README.md").read_text()
     assert "launcher-instances-role.yaml" in readme
     assert "launcher-instances-condition.yaml" in readme
@@ -335,3 +351,64 @@ def test_azure_role_covers_every_call_of_a_job() -> None:
     assert {"Microsoft.Compute/disks/write", "Microsoft.Compute/disks/delete"} <= actions
     assert body["identity"]["type"] == "UserAssigned"
     assert "Microsoft.ManagedIdentity/userAssignedIdentities/assign/action" in actions
+
+
+ALICE = {"aws:PrincipalTag/costguard-owner": "alice"}
+BOB = {"aws:PrincipalTag/costguard-owner": "bob"}
+
+
+def launcher_allows(action: str, resource: str, context: dict[str, Any]) -> bool:
+    """Whether launcher-policy.json allows ``action`` on a ``resource`` ARN in ``context``
+    (condition keys to values; ``${aws:PrincipalTag/...}`` variables are read from it too,
+    and a variable the context lacks matches nothing, as IAM evaluates it)."""
+    from tests.reaper.test_infra import condition_holds
+
+    def resolved(wanted: str | list[str]) -> list[str]:
+        values = []
+        for text in listed(wanted):
+            names = re.findall(r"\$\{([^}]+)\}", text)
+            if all(name in context for name in names):
+                for name in names:
+                    text = text.replace(f"${{{name}}}", str(context[name]))
+                values.append(text)
+        return values
+
+    def holds(statement: dict[str, Any]) -> bool:
+        patterns = resolved(statement["Resource"])
+        return any(fnmatchcase(resource, r) for r in patterns) and all(
+            condition_holds(operator, key, resolved(wanted), context)
+            for operator, pairs in statement.get("Condition", {}).items()
+            for key, wanted in pairs.items()
+        )
+
+    chosen = [s for s in statements("launcher-policy.json") if action in listed(s["Action"])]
+    denied = any(holds(s) for s in chosen if s["Effect"] == "Deny")
+    return not denied and any(holds(s) for s in chosen if s["Effect"] == "Allow")
+
+
+def test_aws_policy_launches_and_terminates_only_as_its_owner() -> None:
+    # Issue 28: TerminateInstances was allowed on any instance with a costguard:job tag,
+    # so any launcher user could terminate another's job (or a forged job.json made the
+    # controller do it). The owner tag must be the caller's, at launch and at terminate.
+    spec = LaunchSpec("run-1", "s3://my-checkpoints/costguard/run-1", ("python", "t.py"),
+                      "alice", datetime(2026, 12, 2, tzinfo=UTC))  # fmt: skip
+    tags = spec.tags(1)
+    assert tags[OWNER_TAG] == "alice"
+    instance = "arn:aws:ec2:us-east-1:111122223333:instance/i-0123456789abcdef0"
+    volume = "arn:aws:ec2:us-east-1:111122223333:volume/vol-0123456789abcdef0"
+    alice = ALICE
+    mine = {f"aws:ResourceTag/{k}": v for k, v in tags.items()}
+    theirs = {**mine, f"aws:ResourceTag/{OWNER_TAG}": "bob"}
+    assert launcher_allows("ec2:TerminateInstances", instance, {**alice, **mine})
+    assert not launcher_allows("ec2:TerminateInstances", instance, {**alice, **theirs})
+    assert not launcher_allows("ec2:TerminateInstances", instance, mine)  # no principal tag
+    untagged = {k: v for k, v in mine.items() if not k.endswith(OWNER_TAG)}
+    assert not launcher_allows("ec2:TerminateInstances", instance, {**alice, **untagged})
+    request = {f"aws:RequestTag/{k}": v for k, v in tags.items()}
+    imds = {"ec2:MetadataHttpTokens": "required"}
+    for resource in (instance, volume):
+        assert launcher_allows("ec2:RunInstances", resource, {**alice, **request, **imds})
+        forged = {**alice, **request, **imds, f"aws:RequestTag/{OWNER_TAG}": "bob"}
+        assert not launcher_allows("ec2:RunInstances", resource, forged)
+    readme = (INFRA / "README.md").read_text()
+    assert "costguard-owner" in readme

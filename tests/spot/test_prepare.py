@@ -84,7 +84,7 @@ def test_one_clock_reading_names_dates_and_expires_the_job() -> None:
         now=now,
         token="abc123",
     )
-    assert spec.job_id == "cg-20261201-235959-abc123"
+    assert spec.job_id == "cg-me-20261201-235959-abc123"
     assert spec.created_unix == now.timestamp()
     assert spec.expires_at - now == timedelta(hours=2)
     assert spec.regions == ("us-east-1",)
@@ -118,7 +118,7 @@ def test_the_first_launch_is_decided_once_or_refused_with_the_reason() -> None:
 def test_the_estimate_lines_say_what_the_price_cap_does() -> None:
     spec = _spec(max_usd_per_hour=Decimal(1), hours=Decimal(10))
     lines = estimate_lines(spec, SPOT, None, "2026-11-30")
-    assert lines[0] == "job cg-20261201-000000-t: 1 x A10G on aws: g5.xlarge spot in us-east-1"
+    assert lines[0] == "job cg-me-20261201-000000-t: 1 x A10G on aws: g5.xlarge spot in us-east-1"
     assert "  estimate: $4.20 for 10 h if nothing is preempted" in lines
     assert any("sent as the spot MaxPrice" in line for line in lines)
 

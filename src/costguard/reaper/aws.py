@@ -1,8 +1,9 @@
 """AWS: EC2 instances and CloudWatch metrics for the reaper, in batches.
 
-Per region and run: one paginated ``DescribeInstances``; ``GetMetricData`` with up to 500
-queries a call (4 per candidate instance: GPU, CPU, network in and out), never a call per
-instance for metrics; ``DescribeInstanceAttribute`` only for instances about to be acted
+Per region and run: one paginated ``DescribeInstances``; one paginated ``ListMetrics`` of
+the GPU series; ``GetMetricData`` with up to 500 queries a call (4 per candidate instance:
+GPU, CPU, network in and out, and one per per-GPU series), never a call per instance for
+metrics; ``DescribeInstanceAttribute`` only for instances about to be acted
 on (EC2 returns termination/stop protection nowhere else); stop/terminate/tag calls in
 batches of 100.
 
@@ -10,16 +11,18 @@ GPU utilisation comes from the CloudWatch agent's ``nvidia_gpu`` section (namesp
 ``CWAgent``, metric ``nvidia_smi_utilization_gpu``). The agent must add the ``InstanceId``
 dimension (``append_dimensions``) for a metric to be tied to an instance, and should also
 publish the per-instance series (``aggregation_dimensions: [["InstanceId"]]``); see
-``infra/cloudwatch-agent.json``. When the per-instance series is absent, one
-``ListMetrics`` listing tells why, and per-GPU series carrying the ``InstanceId`` are used
-instead.
+``infra/cloudwatch-agent.json``. Both kinds are read, and each series is a witness of
+its own for the policy (``InstanceSamples.per_gpu``; the rules are in
+:mod:`costguard.reaper.policy` and docs/reaper.md): anyone allowed
+``cloudwatch:PutMetricData`` can publish a series for any instance id, so no series is
+preferred and none hides another. When there is no GPU series, the listing tells why.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -52,6 +55,20 @@ LIVE_STATES = ("pending", "running")
 AGENT_CONFIG = "infra/cloudwatch-agent.json"
 
 _T = TypeVar("_T")
+
+
+@dataclass
+class _GpuListing:
+    """What ``ListMetrics`` says about the region's GPU series."""
+
+    #: Per-GPU series (their full dimensions) by ``InstanceId``.
+    per_gpu: defaultdict[str, list[list[dict[str, str]]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
+    #: Instances with a per-instance series (dimension ``InstanceId`` alone).
+    own: set[str] = field(default_factory=set)
+    #: Hosts whose GPU series lack the ``InstanceId`` dimension, with how many.
+    hosts_without_id: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
 
 
 def available_regions() -> list[str]:
@@ -258,10 +275,19 @@ class AwsFleet:
     def samples(
         self, instances: Sequence[Instance], start: datetime, end: datetime
     ) -> list[InstanceSamples]:
-        """Four queries per instance, 500 a call: GPU (max), CPU (max), network in/out (sum)."""
+        """One ``ListMetrics`` listing of the GPU series, then ``GetMetricData`` in calls of
+        500 queries: per instance its GPU (max), CPU (max) and network in/out (sum) series,
+        and each per-GPU series that carries its ``InstanceId``.
+
+        Every GPU series goes to the policy as a witness of its own (``per_gpu``): none
+        is preferred, and none is merged into another (a maximum over GPUs per timestamp
+        hides a GPU that went silent; a preferred per-instance series can be forged).
+        """
         if not instances:
             return []
+        listing = self._gpu_listing()
         queries: list[dict[str, Any]] = []
+        per_gpu_ids: list[list[tuple[str, str]]] = []  # (GPU, query id) per instance
         for n, instance in enumerate(instances):
             dims = _dims(instance.instance_id)
             queries += [
@@ -270,32 +296,36 @@ class AwsFleet:
                 _query(f"i{n}", "AWS/EC2", "NetworkIn", dims, "Sum"),
                 _query(f"o{n}", "AWS/EC2", "NetworkOut", dims, "Sum"),
             ]
+            ids = []
+            for gpu_dims in listing.per_gpu.get(instance.instance_id, []):
+                ids.append((_gpu_name(gpu_dims), f"d{len(queries)}"))
+                queries.append(_query(ids[-1][1], GPU_NAMESPACE, GPU_METRIC, gpu_dims, "Maximum"))
+            per_gpu_ids.append(ids)
         points = self._metric_data(queries, start, end)
-        missing = [i for n, i in enumerate(instances) if not points.get(f"g{n}")]
-        fallback = self._gpu_fallback(missing, start, end) if missing else {}
         result = []
         for n, instance in enumerate(instances):
-            gpu, why = fallback.get(instance.instance_id, (_samples(points.get(f"g{n}")), None))
-            network = _network(points.get(f"i{n}", []), points.get(f"o{n}", []))
+            gpu = _samples(points.get(f"g{n}"))
+            per_gpu = tuple(
+                (gpu_name, _samples(points.get(query_id))) for gpu_name, query_id in per_gpu_ids[n]
+            )
+            why = None
+            if not gpu and not any(series for _, series in per_gpu):
+                why = self._why_no_gpu(instance, listing)
             result.append(
                 InstanceSamples(
                     instance,
                     gpu=gpu,
                     cpu=_samples(points.get(f"c{n}")),
-                    network=network,
+                    network=_network(points.get(f"i{n}", []), points.get(f"o{n}", [])),
                     gpu_missing=why,
+                    per_gpu=per_gpu,
                 )
             )
         return result
 
-    def _gpu_fallback(
-        self, instances: Sequence[Instance], start: datetime, end: datetime
-    ) -> dict[str, tuple[tuple[Sample, ...], str | None]]:
-        """For instances without a per-instance GPU series: use per-GPU series, or say why.
-
-        One paginated ``ListMetrics`` for the region; then one more ``GetMetricData`` round
-        for the per-GPU series that carry an ``InstanceId``.
-        """
+    def _gpu_listing(self) -> _GpuListing:
+        """The region's GPU series of the last 3 hours (one paginated ``ListMetrics``): the
+        per-GPU ones by ``InstanceId``, the per-instance ones, and hosts without an id."""
         try:
             listed = list(
                 aws_clouds.paginate(
@@ -311,9 +341,7 @@ class AwsFleet:
             raise aws_clouds.translate(
                 exc, f"listing CloudWatch metrics in {self.region}"
             ) from None
-        per_gpu: dict[str, list[list[dict[str, str]]]] = defaultdict(list)
-        own: set[str] = set()
-        hosts_without_id: dict[str, int] = defaultdict(int)
+        listing = _GpuListing()
         seen: set[frozenset[tuple[str, str]]] = set()
         for metric in listed:
             dims = metric.get("Dimensions", [])
@@ -324,34 +352,16 @@ class AwsFleet:
             by_name = dict(key)
             instance_id = by_name.get("InstanceId")
             if instance_id is None:
-                hosts_without_id[by_name.get("host", "")] += 1
+                listing.hosts_without_id[by_name.get("host", "")] += 1
             elif len(by_name) == 1:
-                own.add(instance_id)
+                listing.own.add(instance_id)
             else:
-                per_gpu[instance_id].append(dims)
-        queries: list[dict[str, Any]] = []
-        owner: dict[str, str] = {}
-        found: dict[str, tuple[tuple[Sample, ...], str | None]] = {}
-        for instance in instances:
-            iid = instance.instance_id
-            for dims in per_gpu.get(iid, []):
-                query_id = f"x{len(queries)}"
-                owner[query_id] = iid
-                queries.append(_query(query_id, GPU_NAMESPACE, GPU_METRIC, dims, "Maximum"))
-            if iid not in per_gpu:
-                found[iid] = ((), self._why_no_gpu(instance, iid in own, hosts_without_id))
-        if queries:
-            points = self._metric_data(queries, start, end)
-            merged: dict[str, dict[datetime, float]] = defaultdict(dict)
-            for query_id, iid in owner.items():
-                for at, value in points.get(query_id, []):
-                    merged[iid][at] = max(value, merged[iid].get(at, value))
-            for iid in {*owner.values()}:
-                samples = tuple(Sample(at, v) for at, v in sorted(merged[iid].items()))
-                found[iid] = (samples, None)
-        return found
+                listing.per_gpu[instance_id].append(dims)
+        return listing
 
-    def _why_no_gpu(self, instance: Instance, has_own: bool, hosts: Mapping[str, int]) -> str:
+    def _why_no_gpu(self, instance: Instance, listing: _GpuListing) -> str:
+        has_own = instance.instance_id in listing.own
+        hosts = listing.hosts_without_id
         names = self._hosts.get(instance.instance_id, set())
         matched = sorted(names & set(hosts))
         if matched:
@@ -421,6 +431,19 @@ class AwsFleet:
             message = aws_clouds.translate(exc, f"{action} {ids[0]}").message
             return [ActionOutcome(batch[0], action, ok=False, message=message)]
         return [ActionOutcome(i, action, ok=True) for i in batch]
+
+
+def _gpu_name(dims: Sequence[Mapping[str, str]]) -> str:
+    """Which GPU a per-GPU series is about: its ``index`` dimension (the agent's), else all
+    its dimensions but the instance's.
+
+    >>> _gpu_name([{"Name": "InstanceId", "Value": "i-1"}, {"Name": "index", "Value": "3"}])
+    '3'
+    """
+    by_name = {d["Name"]: d["Value"] for d in dims}
+    if "index" in by_name:
+        return by_name["index"]
+    return ",".join(f"{k}={v}" for k, v in sorted(by_name.items()) if k != "InstanceId")
 
 
 def _samples(points: Sequence[tuple[datetime, float]] | None) -> tuple[Sample, ...]:

@@ -2,12 +2,14 @@
 
 Per project and run: one ``instances.aggregatedList`` (or one ``instances.list`` per
 ``--zone``), and four ``projects.timeSeries.list`` queries (GPU, CPU, bytes received,
-bytes sent), each aligned and reduced to one series per instance by Cloud Monitoring itself,
-so the number of calls does not grow with the fleet (only pages do).
+bytes sent), each aligned (and CPU and network reduced to one series per instance) by Cloud
+Monitoring itself, so the number of calls does not grow with the fleet (only pages do).
 
-GPU utilisation comes from the Ops Agent (``agent.googleapis.com/gpu/utilization``, the
-busiest GPU of the VM after ``REDUCE_MAX``). A GPU is what the API lists in
-``guestAccelerators``; the accelerator-optimised families (A2, A3, A4, G2) always have one.
+GPU utilisation comes from the Ops Agent (``agent.googleapis.com/gpu/utilization``), one
+series per GPU (label ``gpu_number``), not reduced across GPUs: each is a witness of its own
+for the policy, so a GPU that went silent is not hidden by the others. A GPU is what the
+API lists in ``guestAccelerators``; the accelerator-optimised families (A2, A3, A4, G2)
+always have one.
 
 ``google-cloud-monitoring`` ships only a gRPC transport, so the time series are read over
 its documented REST API (:class:`costguard.clouds.gcp.RestSession`: same credentials, same
@@ -246,8 +248,9 @@ class GcpFleet:
 
     def _series(
         self, metric: str, aligner: str, reducer: str, start: datetime, end: datetime
-    ) -> dict[str, list[tuple[datetime, float]]]:
-        """One metric for every instance in the project: points by instance id."""
+    ) -> dict[str, dict[str, list[tuple[datetime, float]]]]:
+        """One metric for every instance in the project: points by instance id, then by
+        GPU (the ``gpu_number`` label; ``""`` for a series reduced across them)."""
         params: dict[str, str] = {
             "filter": f'metric.type = "{metric}" AND resource.type = "gce_instance"',
             # From one period earlier, so the period holding ``start`` is there however the
@@ -257,9 +260,10 @@ class GcpFleet:
             "aggregation.alignmentPeriod": f"{PERIOD_SECONDS}s",
             "aggregation.perSeriesAligner": aligner,
             "aggregation.crossSeriesReducer": reducer,
-            "aggregation.groupByFields": "resource.label.instance_id",
             "view": "FULL",
         }
+        if reducer != "REDUCE_NONE":
+            params["aggregation.groupByFields"] = "resource.label.instance_id"
         period = timedelta(seconds=PERIOD_SECONDS)
 
         def fetch(token: str | None) -> tuple[list[dict[str, Any]], str | None]:
@@ -269,16 +273,19 @@ class GcpFleet:
             )
             return body.get("timeSeries", []), body.get("nextPageToken")
 
-        points: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
+        points: dict[str, dict[str, list[tuple[datetime, float]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
         for series in pages(fetch):
             instance_id = series.get("resource", {}).get("labels", {}).get("instance_id")
+            gpu = str(series.get("metric", {}).get("labels", {}).get("gpu_number", ""))
             for point in series.get("points", []):
                 value = point.get("value", {})
                 number = value.get("doubleValue", value.get("int64Value"))
                 if instance_id and number is not None:
                     # An aligned point stands for the period that ends at its endTime.
                     when = _time(point["interval"]["endTime"]) - period
-                    points[instance_id].append((when, float(number)))
+                    points[instance_id][gpu].append((when, float(number)))
         return points
 
     def samples(
@@ -287,10 +294,12 @@ class GcpFleet:
         """Four project-wide queries, whatever the number of instances."""
         if not instances:
             return []
-        gpu = self._series(GPU_METRIC, "ALIGN_MAX", "REDUCE_MAX", start, end)
-        cpu = self._series(CPU_METRIC, "ALIGN_MAX", "REDUCE_MAX", start, end)
-        received = self._series(RECEIVED_METRIC, "ALIGN_RATE", "REDUCE_SUM", start, end)
-        sent = self._series(SENT_METRIC, "ALIGN_RATE", "REDUCE_SUM", start, end)
+        # Each GPU's own series (no reducer across GPUs): the busiest GPU per period
+        # would hide a GPU that went silent (issue 28; docs/reaper.md).
+        gpus = self._series(GPU_METRIC, "ALIGN_MAX", "REDUCE_NONE", start, end)
+        cpu = _reduced(self._series(CPU_METRIC, "ALIGN_MAX", "REDUCE_MAX", start, end))
+        received = _reduced(self._series(RECEIVED_METRIC, "ALIGN_RATE", "REDUCE_SUM", start, end))
+        sent = _reduced(self._series(SENT_METRIC, "ALIGN_RATE", "REDUCE_SUM", start, end))
         result = []
         for instance in instances:
             iid = instance.instance_id
@@ -303,12 +312,15 @@ class GcpFleet:
             result.append(
                 InstanceSamples(
                     instance,
-                    gpu=tuple(Sample(at, v) for at, v in sorted(gpu.get(iid, []))),
+                    per_gpu=tuple(
+                        (number, tuple(Sample(at, v) for at, v in sorted(points)))
+                        for number, points in sorted(gpus.get(iid, {}).items())
+                    ),
                     # Compute Engine reports CPU utilisation as a fraction of 1.
                     cpu=tuple(Sample(at, v * 100) for at, v in sorted(cpu.get(iid, []))),
                     network=network,
                     gpu_missing=None
-                    if iid in gpu
+                    if iid in gpus
                     else f"no {GPU_METRIC} series: the Ops Agent (with its NVIDIA GPU "
                     "metrics) is not running on this VM",
                 )
@@ -383,3 +395,12 @@ class GcpFleet:
             else:
                 outcomes.append(ActionOutcome(instance, action, ok=True))
         return outcomes
+
+
+def _reduced(
+    points: Mapping[str, Mapping[str, list[tuple[datetime, float]]]],
+) -> dict[str, list[tuple[datetime, float]]]:
+    """The points of a query reduced across series: one series per instance."""
+    return {
+        iid: [p for series in by_gpu.values() for p in series] for iid, by_gpu in points.items()
+    }

@@ -17,6 +17,19 @@ is below *every* threshold (GPU utilisation, CPU utilisation, network), and the 
 cover the whole window without gaps. Tools that compare one datapoint (cloud-custodian#8715)
 or use no GPU signal at all (SkyPilot autostop) stop busy machines; this one does not.
 
+Evidence rules (docs/reaper.md says why each exists):
+
+* Tags: every tag whose key is a spelling of the keep tag (:func:`tag_key`: any case,
+  ``:``/``-``/``_``/blanks) is asked, in any order; one whose value is not clearly false
+  keeps (:func:`protects`). Duplicated time tags are unreadable, so they keep too.
+* Series: each series is a witness of its own (:meth:`InstanceSamples.witnesses`): the
+  instance-level GPU series, each per-GPU series, CPU, network. Any busy or broken sample
+  of any witness keeps; any witness that does not cover the window keeps. None is
+  preferred, none is merged, so a forged idle series cannot outvote a busy one.
+* Doubt keeps (``Reason.DOUBT``): where an adapter reads per-GPU series, every GPU must
+  have one in the window, and an instance-level series without per-GPU series beside it
+  (the agent publishes both; anyone may publish the first) is not believed.
+
 A sample stands for a *period*, not an instant: ``Sample.at`` is the start of the period
 (CloudWatch and Azure Monitor stamp a datapoint so; adapters whose API stamps the end, like
 Cloud Monitoring, shift it), and the period is ``IdlePolicy.sample_period_seconds`` long.
@@ -36,6 +49,8 @@ of the window, and a burst in it keeps the instance.
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -103,6 +118,7 @@ class Reason(StrEnum):
     TOO_FEW_SAMPLES = "too-few-samples"
     MARKED = "marked"
     NO_LONGER_IDLE = "no-longer-idle"
+    DOUBT = "metrics-doubt"
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +159,13 @@ class Instance:
 class InstanceSamples:
     """An instance and its samples per signal. ``gpu_missing`` explains absent GPU data.
 
+    ``gpu`` is the instance-level GPU series (the busiest GPU per period). ``per_gpu`` holds
+    the per-GPU series as (GPU, series) pairs, for adapters that read them (``None`` for
+    one that reads only an instance-level series its cloud reduced); the GPU is the
+    device's index as the agent names it, and two series of one GPU are two witnesses of
+    that GPU. Every GPU series is judged on its own (see :func:`judge_idle`); none is
+    merged into another.
+
     ``gpu_missing`` is the adapter's sentence for *why* there is no GPU series (agent not
     installed, metrics published without the ``InstanceId`` dimension...); ``None`` means
     the series was found (it may still have too few samples).
@@ -153,10 +176,29 @@ class InstanceSamples:
     cpu: tuple[Sample, ...] = ()
     network: tuple[Sample, ...] = ()
     gpu_missing: str | None = None
+    per_gpu: tuple[tuple[str, tuple[Sample, ...]], ...] | None = None
 
     def series(self, signal: Signal) -> tuple[Sample, ...]:
-        """The samples of one signal."""
+        """The samples of one signal (for the GPU, the instance-level series)."""
         return {Signal.GPU: self.gpu, Signal.CPU: self.cpu, Signal.NETWORK: self.network}[signal]
+
+    def witnesses(self, signal: Signal) -> tuple[tuple[str, tuple[Sample, ...]], ...]:
+        """Every series of ``signal``, with a note that tells it from the others (``""``
+        when it is the only kind): for the GPU the instance-level one (when
+        there is one, or when the adapter reads no per-GPU series) and each per-GPU one
+        that has samples (how many GPUs have one is :func:`_gpu_doubt`'s question).
+
+        >>> t = datetime(2026, 12, 1, tzinfo=UTC)
+        >>> box = Instance("aws", "us-east-1", "i-1", "p4d.24xlarge", True, 8, t)
+        >>> both = InstanceSamples(box, gpu=(Sample(t, 0.0),), per_gpu=(("3", (Sample(t, 97.0),)),))
+        >>> [note for note, _ in both.witnesses(Signal.GPU)]
+        ['instance series', 'GPU 3']
+        """
+        if signal is not Signal.GPU or self.per_gpu is None:
+            return (("", self.series(signal)),)
+        named = [("instance series", self.gpu)] if self.gpu else []
+        named += [(f"GPU {gpu}", series) for gpu, series in self.per_gpu if series]
+        return tuple(named)
 
 
 @dataclass(frozen=True)
@@ -389,24 +431,49 @@ def protects(value: str) -> bool:
     return value.lower() not in FALSE_VALUES
 
 
+def tag_key(name: str) -> str:
+    """A tag key as the rules compare it: NFKC, case-folded, outer blanks dropped, and any
+    run of blanks, ``-``, ``_``, ``.``, ``/`` or ``:`` as one ``:``. Every spelling of a
+    key a person or another tool may write is then the same key.
+
+    >>> {tag_key(k) for k in ("costguard:keep", "COSTGUARD-KEEP", " Costguard_Keep ",
+    ...                       "costguard keep", "\uff43ostguard:keep")}
+    {'costguard:keep'}
+    """
+    folded = unicodedata.normalize("NFKC", name).casefold().strip()
+    return re.sub(r"[\s\-_./:]+", ":", folded)
+
+
+def tag_values(tags: Mapping[str, str], key: str) -> tuple[str, ...]:
+    """The values of *every* tag whose key is ``key`` by :func:`tag_key`, in the order the
+    cloud listed them. Keys that differ only in case or separators are separate tags to
+    a cloud (``costguard:keep=false`` next to ``COSTGUARD:KEEP=true``), so a rule asks
+    all of them, never the first one found.
+
+    >>> tag_values({"costguard:keep": "false", "COSTGUARD:KEEP": "true"}, KEEP_TAG)
+    ('false', 'true')
+    """
+    wanted = tag_key(key)
+    return tuple(value for name, value in tags.items() if tag_key(name) == wanted)
+
+
 def _tag(tags: Mapping[str, str], key: str) -> str | None:
-    lowered = key.lower()
-    for name, value in tags.items():
-        if name.lower() == lowered:
-            return value
-    return None
+    """The value of ``key`` when exactly one tag has that key; ``None`` when none does.
+
+    Several values are joined with ``,``: for a time tag that is unreadable, so a rule
+    that reads it keeps the instance (see :func:`static_verdict`)."""
+    values = tag_values(tags, key)
+    return ",".join(values) if values else None
 
 
 def _protect_tag(instance: Instance, policy: IdlePolicy) -> str | None:
-    keep = _tag(instance.tags, KEEP_TAG)
-    if keep is not None and protects(keep):
-        return f"{KEEP_TAG}={keep}"
+    for keep in tag_values(instance.tags, KEEP_TAG):
+        if protects(keep):
+            return f"{KEEP_TAG}={keep}"
     for key, wanted in policy.protect_tags:
-        value = _tag(instance.tags, key)
-        if value is None:
-            continue
-        if wanted is None or value.strip().lower() == wanted.lower():
-            return f"{key}={value}"
+        for value in tag_values(instance.tags, key):
+            if wanted is None or value.strip().lower() == wanted.lower():
+                return f"{key}={value}"
     return None
 
 
@@ -461,8 +528,14 @@ def static_verdict(instance: Instance, policy: IdlePolicy, now: datetime) -> Idl
     return None
 
 
-def _signals(samples: InstanceSamples, policy: IdlePolicy) -> tuple[Signal, ...] | IdleVerdict:
-    """The signals that must all be idle, or a keep verdict when the GPU signal is missing."""
+def _signals(
+    samples: InstanceSamples, policy: IdlePolicy, start: datetime
+) -> tuple[Signal, ...] | IdleVerdict:
+    """The signals that must all be idle, or a keep verdict when the GPU signal is missing
+    or in doubt (:func:`_gpu_doubt`)."""
+    doubt = _gpu_doubt(samples, policy, start)
+    if doubt is not None:
+        return _keep(Reason.DOUBT, doubt, samples.instance)
     if samples.gpu_missing is None:
         return (Signal.GPU, Signal.CPU, Signal.NETWORK)
     if policy.gpu_missing_ok:
@@ -472,6 +545,36 @@ def _signals(samples: InstanceSamples, policy: IdlePolicy) -> tuple[Signal, ...]
         f"{samples.gpu_missing}; not judged idle without a GPU signal "
         "(--gpu-missing-ok judges by CPU and network alone)",
         samples.instance,
+    )
+
+
+def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) -> str | None:
+    """Why the GPU series of an adapter that reads per-GPU series cannot be believed.
+
+    Where there is any GPU data, every GPU of the instance must have a per-GPU series with
+    a sample in the window (GPUs are counted by name, so a second series for one GPU does
+    not stand in for another GPU). A GPU without one went silent (its last busy minutes would
+    hide), and an instance-level series with no per-GPU series beside it is not what the
+    agent publishes: anyone allowed to publish metrics can write it for any instance.
+    This holds with ``gpu_missing_ok`` too: that flag is for an instance *without* GPU
+    data, not for one whose GPU data disagree.
+    """
+    per_gpu = samples.per_gpu
+    if per_gpu is None or not (samples.gpu or any(series for _, series in per_gpu)):
+        return None
+    live = len({gpu for gpu, series in per_gpu if any(policy.overlaps(s, start) for s in series)})
+    gpus = samples.instance.gpu_count
+    if live >= gpus:
+        return None
+    if not any(series for _, series in per_gpu):
+        return (
+            f"an instance-level GPU series but no per-GPU series for its {gpus} GPU(s): "
+            "the agent publishes both, anyone allowed to publish metrics can forge the "
+            "first; in doubt, kept"
+        )
+    return (
+        f"{live} of {gpus} GPUs have a per-GPU series in the {policy.idle_minutes} min "
+        "window: a silent GPU is no evidence of an idle one; in doubt, kept"
     )
 
 
@@ -507,52 +610,51 @@ def _metrics_verdict(
     samples: InstanceSamples, policy: IdlePolicy, now: datetime
 ) -> IdleVerdict | dict[Signal, float]:
     """A keep verdict from the metrics, or the peaks of a window that is idle throughout."""
-    signals = _signals(samples, policy)
+    start = now - policy.window
+    signals = _signals(samples, policy, start)
     if isinstance(signals, IdleVerdict):
         return signals
-    start = now - policy.window
     peaks: dict[Signal, float] = {}
-    windows: dict[Signal, list[Sample]] = {}
+    # (signal, which of its series, its samples in the window, all its samples)
+    witnesses: list[tuple[Signal, str, list[Sample], tuple[Sample, ...]]] = []
     for signal in signals:
-        # Every sample whose period reaches into the window counts, including the one
-        # stamped just before ``start`` (its period began before the window did).
-        inside = [s for s in samples.series(signal) if policy.overlaps(s, start)]
-        windows[signal] = inside
-        if inside:
-            peaks[signal] = max(
-                (s.value for s in inside), key=lambda v: math.inf if math.isnan(v) else v
-            )
-    for signal in signals:
+        for note, series in samples.witnesses(signal):
+            # Every sample whose period reaches into the window counts, including the one
+            # stamped just before ``start`` (its period began before the window did).
+            inside = [s for s in series if policy.overlaps(s, start)]
+            witnesses.append((signal, note, inside, series))
+            values = [s.value for s in inside]
+            if signal in peaks:
+                values.append(peaks[signal])
+            if values:
+                peaks[signal] = max(values, key=lambda v: math.inf if math.isnan(v) else v)
+    for signal, note, inside, _ in witnesses:
         threshold = policy.threshold(signal)
-        busy = [s for s in windows[signal] if _busy(s.value, threshold)]
+        busy = [s for s in inside if _busy(s.value, threshold)]
         if busy:
             first = busy[0]
             return IdleVerdict(
                 Action.KEEP,
                 f"busy: {signal} {shown(first.value)}{_unit(signal)} "
-                f"at {format_timestamp(first.at)} "
-                f"(threshold {shown(threshold)}{_unit(signal)}; {len(busy)} busy sample(s) "
+                f"at {format_timestamp(first.at)} ({note + '; ' if note else ''}"
+                f"threshold {shown(threshold)}{_unit(signal)}; {len(busy)} busy sample(s) "
                 "in the window)",
                 Reason.BUSY,
                 samples.instance,
                 peaks,
             )
-    for signal in signals:
-        if not samples.series(signal):
+    for signal, _note, _, series in witnesses:
+        if not series:
             return IdleVerdict(
-                Action.KEEP,
-                f"no {signal} samples",
-                Reason.NO_METRICS,
-                samples.instance,
-                peaks,
+                Action.KEEP, f"no {signal} samples", Reason.NO_METRICS, samples.instance, peaks
             )
-    for signal in signals:
-        gap = coverage_gap((s.at for s in windows[signal]), start, now, policy, signal)
+    for signal, note, inside, _ in witnesses:
+        gap = coverage_gap((s.at for s in inside), start, now, policy, signal)
         if gap is not None:
             return IdleVerdict(
                 Action.KEEP,
                 f"too few {signal} samples to cover the {policy.idle_minutes} min window: "
-                f"{gap} ({len(windows[signal])} sample(s))",
+                f"{gap} ({len(inside)} sample(s){', ' + note if note else ''})",
                 Reason.TOO_FEW_SAMPLES,
                 samples.instance,
                 peaks,

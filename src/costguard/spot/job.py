@@ -40,6 +40,7 @@ from costguard.money import usd_str
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
 from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
+from costguard.tags import ATTEMPT, check_job_id, is_job_id
 
 logger = logging.getLogger(__name__)
 
@@ -140,9 +141,14 @@ def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: An
     Called by ``costguard run`` after its child exits. Never raises: a record that cannot
     be written is logged, and the controller then treats the attempt as lost.
     """
-    job_id = env.get(ENV_JOB_ID, "").strip()
+    job_id = env.get(ENV_JOB_ID, "")  # as the launcher set it: not stripped, checked
     attempt_text = env.get(ENV_JOB_ATTEMPT, "").strip()
-    if not job_id or not attempt_text.isdigit():
+    if not job_id or not ATTEMPT.fullmatch(attempt_text):
+        return False
+    if not is_job_id(job_id):
+        logger.warning(
+            "costguard: %s is not a costguard job id; no exit record written", ENV_JOB_ID
+        )
         return False
     try:
         store = Store.open(url, storage_options)
@@ -401,7 +407,7 @@ def spec_doc(spec: JobSpec) -> dict[str, Any]:
 def _spec(doc: Mapping[str, Any]) -> JobSpec:
     sim = doc.get("simulation")
     return JobSpec(
-        job_id=str(doc["job_id"]),
+        job_id=check_job_id(doc["job_id"], JOB_FILE),
         provider=str(doc["provider"]),
         gpu=str(doc["gpu"]),
         gpu_count=int(doc["gpu_count"]),

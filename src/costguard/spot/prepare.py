@@ -166,6 +166,17 @@ def simulation_for(request: LaunchRequest, state_dir: Path) -> Simulation | None
     )
 
 
+def owner_word(owner: str) -> str:
+    """The owner's name as it goes into a job id: ASCII lower-case letters and digits only,
+    at most 12 (no ``-``, so one owner's prefix ``cg-<word>-`` never matches another's).
+
+    >>> owner_word("Alice.Smith-2"), owner_word("Zoë"), owner_word("")
+    ('alicesmith2', 'zo', 'x')
+    """
+    word = "".join(c for c in owner.lower() if c.isascii() and c.isalnum())
+    return word[:12] or "x"
+
+
 def new_spec(
     request: LaunchRequest,
     *,
@@ -177,9 +188,13 @@ def new_spec(
     now: datetime,
     token: str,
 ) -> JobSpec:
-    """The job's spec; ``now`` (read once) names it, dates it and sets its expiry."""
+    """The job's spec; ``now`` (read once) names it, dates it and sets its expiry.
+
+    The job id carries the owner's name as one word (:func:`owner_word`), so the names of
+    its VMs (``costguard-cg-<owner>-...``) can be bound to their owner where a cloud's IAM
+    sees names only (GCP: infra/gcp/launcher-instances-condition.yaml)."""
     return JobSpec(
-        job_id=f"cg-{now:%Y%m%d-%H%M%S}-{token}",
+        job_id=f"cg-{owner_word(owner)}-{now:%Y%m%d-%H%M%S}-{token}",
         provider=request.provider,
         gpu=gpu,
         gpu_count=request.gpu_count,

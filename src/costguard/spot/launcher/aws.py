@@ -50,7 +50,7 @@ from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
-from costguard.tags import ATTEMPT_TAG, JOB_TAG
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
 
 #: States of an instance that runs or is about to (``find`` reports only these).
 LIVE_STATES = ("pending", "running")
@@ -436,6 +436,7 @@ class AwsLauncher:
             default = self._factory("")
             self._clients.setdefault(default.meta.region_name, default)
             self.regions.append(default.meta.region_name)
+        check_job_id(job_id, "the job to find")
         found: list[Handle] = []
         for where in list(self.regions):
             ec2 = self._ec2(where)
@@ -452,6 +453,8 @@ class AwsLauncher:
             for reservation in reservations:
                 for instance in reservation.get("Instances", []):
                     tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                    if tags.get(JOB_TAG) != job_id:  # the filter's value is a pattern
+                        continue
                     found.append(
                         Handle(
                             provider=self.provider,

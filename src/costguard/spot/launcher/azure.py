@@ -56,7 +56,7 @@ from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
-from costguard.tags import ATTEMPT_TAG, JOB_TAG
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
@@ -585,6 +585,7 @@ class AzureLauncher:
         if not (self.subscription_id and self.resource_group):
             msg = "finding the VMs of a job on azure needs a subscription and resource group"
             raise InputError(msg, hint="give the launcher the ones the job runs in")
+        check_job_id(job_id, "the job to find")
         compute = self._compute(self.subscription_id)
         core = require("azure.core.exceptions", azure_clouds.EXTRA)
         found = []

@@ -67,7 +67,7 @@ from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
-from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, gcp_label
+from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, check_job_id, gcp_label
 
 #: The most seconds one insert or delete operation is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
@@ -591,7 +591,7 @@ class GcpLauncher:
             raise InputError(msg, hint="give the launcher the project the job runs in")
         compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
         key = gcp_label(JOB_TAG)
-        value = label_value(job_id)
+        value = label_value(check_job_id(job_id, "the job to find"))
         request = compute.AggregatedListInstancesRequest(
             project=self.project, filter=f'labels.{key} = "{value}"'
         )

@@ -43,6 +43,7 @@ from costguard.spot.simulator import (
     simulated_cloud,
     simulated_zones,
 )
+from costguard.tags import check_job_id
 
 PROVIDER = "local"
 #: How often ``costguard run`` polls the simulated metadata service.
@@ -138,7 +139,7 @@ class LocalLauncher:
             self._emulator = None
 
     def _job_dir(self, job_id: str) -> Path:
-        return self.state_dir / job_id
+        return self.state_dir / check_job_id(job_id, "the local launcher's job")
 
     # -- Launcher protocol -------------------------------------------------------------
 
