@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
     backend: Backend, tmp_path: Path
 ) -> None:
     store = open_store(backend)
-    out, lines = tmp_path / "out", []
+    out, lines = tmp_path / "out", list[str]()
     first = syncer(store, out, lines)
     first.prepare()  # nothing there yet
     hf_folder(out, 10)
@@ -91,13 +92,13 @@ def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
 
 def test_a_folder_rewritten_while_it_uploads_is_not_committed(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path / "store"))
-    out, lines = tmp_path / "out", []
+    out, lines = tmp_path / "out", list[str]()
     sync = syncer(store, out, lines)
     folder = hf_folder(out, 10)
     sync.sync(finished=False)
     original = store.write_stream
 
-    def rewriting(path: str, produce, **kw):  # type: ignore[no-untyped-def]
+    def rewriting(path: str, produce: Any, **kw: Any) -> tuple[int, str]:
         result = original(path, produce, **kw)
         (folder / "optimizer.pt").write_bytes(os.urandom(5001))  # the trainer writes on
         return result
@@ -112,7 +113,7 @@ def test_a_folder_rewritten_while_it_uploads_is_not_committed(tmp_path: Path) ->
 
 def test_a_half_folder_in_out_is_moved_aside_and_the_store_one_restored(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path / "store"))
-    out, lines = tmp_path / "out", []
+    out, lines = tmp_path / "out", list[str]()
     hf_folder(out, 10)
     syncer(store, out, lines).sync(finished=True)
     hf_folder(out, 20, finished=False)  # a kill mid-save, on this machine
@@ -125,7 +126,7 @@ def test_a_half_folder_in_out_is_moved_aside_and_the_store_one_restored(tmp_path
 
 def test_a_manifest_naming_a_path_outside_the_folder_is_never_followed(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path / "store"))
-    out, lines = tmp_path / "out", []
+    out, lines = tmp_path / "out", list[str]()
     hf_folder(out, 10)
     (manifest,) = syncer(store, out, lines).sync(finished=True)
     record = json.loads(store.get(manifest.manifest_path))
@@ -142,7 +143,7 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_never_followed(tmp_path:
 
 def test_a_corrupt_object_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path / "store"))
-    out, lines = tmp_path / "out", []
+    out, lines = tmp_path / "out", list[str]()
     sync = syncer(store, out, lines)
     hf_folder(out, 10)
     sync.sync(finished=True)
@@ -158,7 +159,7 @@ def test_a_corrupt_object_falls_back_to_the_previous_checkpoint(tmp_path: Path) 
 
 def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:
     store = Store.open(str(tmp_path / "store"))
-    out, lines = tmp_path / "out", []
+    out, lines = tmp_path / "out", list[str]()
     sync = syncer(store, out, lines)
     for step in (10, 20, 30):
         hf_folder(out, step)

@@ -236,7 +236,7 @@ def _stat(root: Path, path: Path) -> tuple[str, int, int]:
 
 
 def _folder_item(root: Path, folder: Path) -> Item | None:
-    files = []
+    files: list[Path] = []
     for dirpath, _, names in os.walk(folder):
         files.extend(Path(dirpath, n) for n in names)
     kind = folder_kind(folder.name, (f.name for f in files if f.parent == folder))
@@ -345,9 +345,9 @@ class FolderSync:
         manifests = folder_manifests(survey.manifests, survey.sizes)
         local = {i.path: i for i in items_in(self.root)}
         for manifest in manifests:  # finished here and in the store already: not again
-            item = local.get(manifest.extra["folder"]["path"])
-            if item is not None and item.sizes == _sizes(manifest):
-                self.kept.setdefault(item.path, item.files)
+            same = local.get(manifest.extra["folder"]["path"])
+            if same is not None and same.sizes == _sizes(manifest):
+                self.kept.setdefault(same.path, same.files)
         restored: list[Manifest] = []
         for manifest in manifests:
             if restored and manifest.step != restored[0].step:
