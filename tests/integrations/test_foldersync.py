@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from costguard.checkpoint.foldersync import ASIDE, FolderSync, items_in
@@ -165,3 +166,30 @@ def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:
         hf_folder(out, step)
         sync.sync(finished=True)
     assert sorted(m.step for m in Restorer(store).survey().manifests) == [20, 30]
+
+
+def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path) -> None:
+    """What a kill -9 of costguard run leaves mid-upload: every file of checkpoint-20 in
+    the store, no manifest. A new machine gets checkpoint-10."""
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    hf_folder(out, 10)
+    sync.sync(finished=True)
+    hf_folder(out, 20)
+    original = store.put
+
+    def killed_at_the_manifest(path: str, data: bytes | memoryview) -> None:
+        if path.endswith("/manifest.json"):
+            raise KeyboardInterrupt  # the process dies here
+        original(path, data)
+
+    store.put = killed_at_the_manifest  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        sync.sync(finished=True)
+    store.put = original  # type: ignore[method-assign]
+    uploaded = {p.split("/")[0] for p in store.listing()}
+    assert len(uploaded) == 2  # both folders' files are there
+    new_machine = tmp_path / "new"
+    assert [m.step for m in syncer(store, new_machine, lines).prepare()] == [10]
+    assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-10"]

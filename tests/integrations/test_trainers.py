@@ -21,9 +21,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file
 
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
+from costguard.cli.checkpoint import checkpoint_group
 from tests.helpers.stores import Backend, make_s3_bucket
 from tests.helpers.training import (
     Followed,
@@ -37,6 +40,7 @@ STEPS = 60  # 6 saves of 10 steps; the steps take ~1 s, each process ~10 s of im
 TIMEOUT_S = 400
 #: Where each of the two notices is sent: so many steps after the run resumed.
 AFTER = (13, 12)
+TWICE_SIGTERM = (signal.SIGTERM, signal.SIGTERM)
 
 
 class Run(Followed):
@@ -56,6 +60,22 @@ def kept(url: str) -> list[tuple[int, str]]:
     text = os.environ.get("COSTGUARD_STORAGE_OPTIONS")
     survey = Restorer(Store.open(url, json.loads(text) if text else None)).survey()
     return sorted((m.step, m.extra["folder"]["path"]) for m in survey.manifests if m.folder)
+
+
+def export_matches(url: str, tmp_path: Path, final: Path) -> None:
+    """``costguard checkpoint ls/verify/export`` on the store: the exported safetensors are
+    the final weights (those the trainer saved; a tied copy it leaves out is not there)."""
+    runner = CliRunner()
+    for args in (["ls", url], ["verify", url]):
+        result = runner.invoke(checkpoint_group, args)
+        assert result.exit_code == 0, result.output
+    target = tmp_path / "model.safetensors"
+    result = runner.invoke(checkpoint_group, ["export", url, "--to", str(target)])
+    assert result.exit_code == 0, result.output
+    exported, weights = load_file(target), torch.load(final, weights_only=True)
+    assert exported
+    assert set(exported) <= set(weights)
+    assert_bitwise_equal(exported, {k: weights[k] for k in exported})
 
 
 def reference(script: str, tmp_path: Path, env: dict[str, str], *args: str) -> object:
@@ -84,20 +104,21 @@ def preempted_twice(
     env: dict[str, str],
     resumed_from: Callable[[str], int],
     *args: str,
+    signals: tuple[signal.Signals, signal.Signals] = TWICE_SIGTERM,
 ) -> Path:
-    """Two SIGTERMs, each on a new machine (``out`` deleted first), then a run to the end;
-    the final weights' file."""
+    """Two notices (``signals`` to costguard run), each on a new machine (``out`` deleted
+    first), then a run to the end; the final weights' file."""
     out, final = tmp_path / "out", tmp_path / "final.pt"
     args = ("--final", str(final), "--steps", str(STEPS), "--sleep", "0.05", *args)
     env = {**env, **store.env}
     done = 0
-    for after in AFTER:
+    for after, sig in zip(AFTER, signals, strict=True):
         shutil.rmtree(out, ignore_errors=True)
         run = Run(script, store.url, out, env, *args)
         start = resumed_from(run.read_until(lambda line: line.startswith("READY")))
         assert start == done, (start, done, run.lines)  # resumed exactly where it saved
         run.read_until(functools.partial(at_step, step=start + after))
-        run.proc.send_signal(signal.SIGTERM)
+        run.proc.send_signal(sig)
         assert run.finish() == 75, run.stderr()[-3000:]
         done = max(run.steps())
         # Saved at the step boundary after the notice: the newest checkpoint is that step.
@@ -148,6 +169,7 @@ def test_hf_trainer_survives_two_notices_on_new_machines(
     expected = reference("hf_train.py", tmp_path, hf_env, "--steps", str(STEPS), "--callback")
     final = preempted_twice("hf_train.py", store, tmp_path, hf_env, hf_step, "--callback")
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
+    export_matches(store.url, tmp_path, final)
 
 
 @pytest.mark.slow
@@ -164,6 +186,7 @@ def test_lightning_survives_two_notices_on_new_machines(
     final = preempted_twice("lightning_train.py", store, tmp_path, env, ready_step, "--callback")
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     assert {path for _, path in kept(store.url)} == {"last.ckpt"}
+    export_matches(store.url, tmp_path, final)
 
 
 @pytest.mark.slow
@@ -172,7 +195,15 @@ def test_accelerate_loop_survives_two_notices_on_every_store(
 ) -> None:
     env = train_env
     expected = reference("accelerate_train.py", tmp_path, env, "--steps", str(STEPS))
-    final = preempted_twice("accelerate_train.py", backend, tmp_path, env, ready_step)
+    # SIGINT (Ctrl-C) is not forwarded: costguard run relays it through the notice file.
+    final = preempted_twice(
+        "accelerate_train.py",
+        backend,
+        tmp_path,
+        env,
+        ready_step,
+        signals=(signal.SIGTERM, signal.SIGINT),
+    )
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     assert {path for _, path in kept(backend.url)} <= {f"checkpoint_{s}" for s in range(99)}
 

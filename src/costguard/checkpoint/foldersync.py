@@ -47,13 +47,15 @@ from costguard.checkpoint.manifest import (
     Manifest,
     ManifestError,
     ObjectEntry,
+    UnreadableError,
     checkpoint_name,
     plan_retention,
     restore_order,
 )
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
-from costguard.errors import CostguardError
+from costguard.clouds import require
+from costguard.errors import CostguardError, InputError
 from costguard.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -73,6 +75,8 @@ _ACCELERATE = re.compile(r"^checkpoint_(\d+)$")
 _LIGHTNING_STEP = re.compile(r"step=(\d+)")
 _DIGITS = re.compile(r"(\d+)")
 _OBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: A Hugging Face or Accelerate folder's weights: one file, or the shards of one.
+_WEIGHTS = re.compile(r"^model(-\d+-of-\d+)?\.safetensors$")
 HF_MARK = "trainer_state.json"
 ACCELERATE_MARK = "random_states_0.pkl"
 
@@ -302,6 +306,44 @@ def _files_of(manifest: Manifest) -> dict[str, str]:
     ):
         return {}
     return dict(files)
+
+
+def folder_state(store: Store, manifest: Manifest) -> dict[str, Any]:
+    """``{"model": weights}`` of a ``--sync-dir`` checkpoint, each file verified: the
+    ``model*.safetensors`` of a Hugging Face or Accelerate folder, the ``state_dict`` of a
+    Lightning ``.ckpt`` (read with ``weights_only``: nothing in it is executed)."""
+    files = _files_of(manifest)
+    by_name = {PurePosixPath(files[o.name]).name: o for o in manifest.objects if o.name in files}
+    with contextlib.ExitStack() as stack:
+
+        def local(obj: ObjectEntry) -> str:
+            return stack.enter_context(
+                store.verified_file(manifest.object_path(obj), obj.size_bytes, obj.sha256)
+            )
+
+        if manifest.extra["folder"].get("kind") == "lightning" and len(manifest.objects) == 1:
+            torch = require("torch", "train")
+            try:
+                saved = torch.load(
+                    local(manifest.objects[0]), map_location="cpu", weights_only=True
+                )
+            except Exception as exc:
+                msg = f"{manifest.name}: the .ckpt cannot be read as plain tensors ({exc})"[:300]
+                raise UnreadableError(msg, hint="load it with Lightning itself") from exc
+            weights = saved.get("state_dict") if isinstance(saved, dict) else None
+            if not isinstance(weights, dict):
+                msg = f"{manifest.name}: the .ckpt holds no state_dict"
+                raise InputError(msg, hint="load it with Lightning itself")
+            return {"model": weights}
+        shards = sorted(name for name in by_name if _WEIGHTS.match(name))
+        if not shards:
+            msg = f"{manifest.name} holds no model.safetensors (files: {sorted(by_name)[:8]})"
+            raise InputError(msg, hint="save with safe_serialization (the default)")
+        load_file = require("safetensors.torch", "transformers").load_file
+        weights = {}
+        for name in shards:
+            weights.update(load_file(local(by_name[name])))
+        return {"model": weights}
 
 
 @dataclass
