@@ -1,11 +1,13 @@
 """Accelerate: whether a notice arrived, for a loop that saves with ``save_state``.
 
->>> from costguard.integrations.accelerate import notice, EXIT_PREEMPTED  # doctest: +SKIP
->>> for step in range(start, total_steps):                                # doctest: +SKIP
-...     train_step(batch)
-...     if notice():
-...         accelerator.save_state(f"out/checkpoint_{step + 1}")
-...         raise SystemExit(EXIT_PREEMPTED)
+::
+
+    from costguard.integrations.accelerate import notice, EXIT_PREEMPTED
+    for step in range(start, total_steps):
+        train_step(batch)
+        if notice():
+            accelerator.save_state(f"out/checkpoint_{step + 1}")
+            raise SystemExit(EXIT_PREEMPTED)
 
 Run under ``costguard run --checkpoint URL --sync-dir out/``: the folder written on the
 notice is committed to the store before ``costguard run`` exits, and the newest one is put

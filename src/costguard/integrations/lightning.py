@@ -1,9 +1,11 @@
 """Lightning: save ``last.ckpt`` at the next step boundary on a notice, then exit 75.
 
->>> from costguard.integrations.lightning import PreemptionCallback          # doctest: +SKIP
->>> ckpt = ModelCheckpoint(dirpath="out", every_n_train_steps=100, save_last=True)  # doctest: +SKIP
->>> trainer = Trainer(max_steps=1000, callbacks=[ckpt, PreemptionCallback()])  # doctest: +SKIP
->>> trainer.fit(model, data, ckpt_path="last")                               # doctest: +SKIP
+::
+
+    from costguard.integrations.lightning import PreemptionCallback
+    ckpt = ModelCheckpoint(dirpath="out", every_n_train_steps=100, save_last=True)
+    trainer = Trainer(max_steps=1000, callbacks=[ckpt, PreemptionCallback()])
+    trainer.fit(model, data, ckpt_path="last")
 
 Run under ``costguard run --checkpoint URL --sync-dir out/``: the ``last.ckpt`` written
 on the notice is committed to the store before ``costguard run`` exits, and put back in

@@ -1,8 +1,10 @@
 """Hugging Face ``Trainer``: save at the next step boundary on a notice, then exit 75.
 
->>> from costguard.integrations.transformers import PreemptionCallback  # doctest: +SKIP
->>> trainer = Trainer(..., callbacks=[PreemptionCallback()])              # doctest: +SKIP
->>> trainer.train(resume_from_checkpoint=get_last_checkpoint("out") or None)  # doctest: +SKIP
+::
+
+    from costguard.integrations.transformers import PreemptionCallback
+    trainer = Trainer(..., callbacks=[PreemptionCallback()])
+    trainer.train(resume_from_checkpoint=get_last_checkpoint("out") or None)
 
 Run under ``costguard run --checkpoint URL --sync-dir out/``: the checkpoint the Trainer
 writes on the notice (``out/checkpoint-N/``) is committed to the store before ``costguard
