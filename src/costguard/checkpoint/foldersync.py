@@ -41,6 +41,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from costguard import __version__
+from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
 from costguard.checkpoint.manifest import (
     FOLDER_FORMAT_VERSION,
     PARTIAL_GRACE_S,
@@ -53,6 +54,7 @@ from costguard.checkpoint.manifest import (
     restore_order,
 )
 from costguard.checkpoint.restoring import Restorer
+from costguard.checkpoint.saving import _lower_priority
 from costguard.checkpoint.store import Store
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
@@ -470,6 +472,8 @@ class FolderSync:
         self._thread.start()
 
     def _loop(self) -> None:
+        # Nicer than the trainer (Linux; the threads an upload starts inherit it).
+        _lower_priority(DEFAULT_SAVE_NICENESS)
         while not self._stop.wait(self.poll_s):
             self.sync(finished=False)
 
