@@ -38,6 +38,9 @@ from tests.helpers.training import (
 HERE = Path(__file__).parent
 STEPS = 60  # 6 saves of 10 steps; the steps take ~1 s, each process ~10 s of imports
 TIMEOUT_S = 400
+#: Five trainer processes a test (each imports torch and its trainer: 10 s idle, minutes on
+#: two busy cores): a safety net, not a budget.
+pytestmark = pytest.mark.timeout(1500)
 #: Where each of the two notices is sent: so many steps after the run resumed.
 AFTER = (13, 12)
 TWICE_SIGTERM = (signal.SIGTERM, signal.SIGTERM)
