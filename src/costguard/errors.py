@@ -105,6 +105,8 @@ EXTRAS = {
     "train": "torch and the fsspec storage backends",
     "pandas": "pandas",
     "plot": "matplotlib",
+    "transformers": "Hugging Face transformers and accelerate",
+    "lightning": "PyTorch Lightning",
 }
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from costguard.checkpoint import sharded
+from costguard.checkpoint import foldersync, sharded
 from costguard.checkpoint.manifest import Manifest, restore_order
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store, storage_options_from_env
@@ -86,9 +86,12 @@ def _load(store: Store, step: int | None) -> tuple[dict[str, Any], Manifest]:
     problems = []
     for manifest in order:
         try:
-            state = (
-                sharded.load_whole(store, manifest) if manifest.sharded else restorer.load(manifest)
-            )
+            if manifest.sharded:
+                state = sharded.load_whole(store, manifest)
+            elif manifest.folder:  # a trainer's own checkpoint (costguard run --sync-dir)
+                state = foldersync.folder_state(store, manifest)
+            else:
+                state = restorer.load(manifest)
         except CostguardError as exc:
             problems.append(f"{manifest.name}: {exc.message}")
             continue

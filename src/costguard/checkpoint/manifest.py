@@ -46,8 +46,11 @@ POOL_FORMAT_VERSION = 2
 #: :mod:`costguard.checkpoint.sharded`). A costguard that reads only older formats takes
 #: it for "written by a newer costguard": unreadable, skipped and kept, never corrupt.
 SHARDED_FORMAT_VERSION = 3
+#: The manifest of a trainer's own checkpoint folder or file kept by ``costguard run
+#: --sync-dir`` (:mod:`costguard.checkpoint.foldersync`): its files, not a costguard state.
+FOLDER_FORMAT_VERSION = 4
 #: The newest format this costguard reads.
-READ_FORMAT_VERSION = SHARDED_FORMAT_VERSION
+READ_FORMAT_VERSION = FOLDER_FORMAT_VERSION
 #: The folder under the store's root holding content-addressed objects that several
 #: checkpoints may share (``blobs/<sha256>``); not a checkpoint folder, so :func:`scan`
 #: ignores it and only :func:`plan_pool_deletions` ever deletes in it.
@@ -112,6 +115,11 @@ class Manifest:
     def sharded(self) -> bool:
         """Whether this is a sharded (DCP) checkpoint rather than one replicated payload."""
         return self.format_version == SHARDED_FORMAT_VERSION
+
+    @property
+    def folder(self) -> bool:
+        """Whether this keeps a trainer's own checkpoint files (``--sync-dir``)."""
+        return self.format_version == FOLDER_FORMAT_VERSION
 
     @property
     def size_bytes(self) -> int:
@@ -291,6 +299,7 @@ def _from_dict(data: Any, name: str) -> Manifest:
         FORMAT_VERSION,
         POOL_FORMAT_VERSION,
         SHARDED_FORMAT_VERSION,
+        FOLDER_FORMAT_VERSION,
     ):
         msg = f"format_version {str(version)[:40]!r}"
         raise ValueError(msg)

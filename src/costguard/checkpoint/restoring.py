@@ -170,6 +170,12 @@ class Restorer:
             raise UnreadableError(
                 msg, hint="or get its whole weights: costguard checkpoint export URL --to FILE"
             )
+        if manifest.folder:
+            # A trainer's own files (costguard run --sync-dir): fine, but no costguard state.
+            msg = f"{manifest.name} holds a trainer's own checkpoint files, not a costguard state"
+            raise UnreadableError(
+                msg, hint="costguard run --sync-dir puts them back for the trainer"
+            )
         own = [o for o in manifest.objects if not o.pool]
         if len(own) != 1 or own[0].name != PAYLOAD:
             msg = f"unexpected objects {[o.name for o in manifest.objects][:10]}"

@@ -264,12 +264,16 @@ def supervise(
     signal_mode: str,
     quiet: bool,
     say: Say,
+    sync_dir: str | None = None,
 ) -> int:
     """Run ``command`` with checkpointing to ``url`` and preemption notices; its exit code
     as ``costguard run`` reports it (75: saved on a notice, run again to resume).
 
     Before the script starts, the checkpoint location is checked (write, read back,
-    delete a probe object), so a wrong URL or a missing bucket fails at once.
+    delete a probe object), so a wrong URL or a missing bucket fails at once. With
+    ``sync_dir``, the trainer's own checkpoints there are kept in the store
+    (:mod:`~costguard.checkpoint.foldersync`): the newest is put back before the script
+    starts, each one it finishes is uploaded, the last ones after it exits.
     """
     from costguard.checkpoint.distributed import append_notice
     from costguard.checkpoint.notices import (
@@ -291,6 +295,12 @@ def supervise(
     store = Store.open(url, storage_options)  # refuses credentials in the URL, unknown schemes
     store.check_writable()
     say(f"checkpoints go to {store.url}; running {' '.join(command)[:120]}")
+    syncer = None
+    if sync_dir is not None:
+        from costguard.checkpoint.foldersync import FolderSync
+
+        syncer = FolderSync(store, Path(sync_dir).expanduser().resolve(), keep=keep, say=say)
+        syncer.prepare()
 
     relay_signals = signal_mode == "relay" or (signal_mode == "auto" and is_launcher(command))
     relay_dir = tempfile.mkdtemp(prefix="costguard-run-")
@@ -358,11 +368,15 @@ def supervise(
         previous[sig] = signal.signal(sig, forward)
     watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
     events.start()
+    if syncer is not None:
+        syncer.start()
     try:
         returncode = child.wait()
     finally:
         registration.close()
         events.stop()
+        if syncer is not None:
+            syncer.finish()
         if watcher is not None:
             watcher.stop()
         for signum, handler in previous.items():

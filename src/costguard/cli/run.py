@@ -32,6 +32,9 @@ In train.py:
 Exit code: the script's; 75 means it saved on a preemption notice and can be resumed
 by running the same command again.
 \b
+Hugging Face Trainer, Accelerate or Lightning, with their own checkpoints:
+  costguard run --checkpoint s3://my-bucket/run1 --sync-dir out/ -- python train.py
+\b
 Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
   costguard run --checkpoint s3://my-bucket/run1 -- torchrun --nproc-per-node 2 train.py""",
     short_help="Run a training script with checkpointing and preemption notices.",
@@ -68,6 +71,14 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
     show_default=True,
     help="SIGTERM/SIGUSR1: forward them to the command, or relay them as notices to every "
     "process (and forward a second one); auto relays for torchrun.",
+)
+@click.option(
+    "--sync-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Keep the trainer's own checkpoints written here (Hugging Face checkpoint-N/, "
+    "Accelerate save_state folders, Lightning .ckpt) in the store, and put the newest back "
+    "here before the script starts.",
 )
 @click.option(
     "-q", "--quiet", is_flag=True, help="No line per save; only the start and the exit summary."

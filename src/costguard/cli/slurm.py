@@ -142,6 +142,12 @@ def job_options(func: F) -> F:
         cadence_options("Also save"),
         click.option("--keep", type=WholeNumber(min=1), help="Keep the newest N checkpoints."),
         click.option(
+            "--sync-dir",
+            type=Text(),
+            help="Keep the trainer's own checkpoints written here (Hugging Face, Accelerate, "
+            "Lightning) in the store; see costguard run --help.",
+        ),
+        click.option(
             "--costguard",
             "costguard_command",
             type=Text(),
@@ -172,6 +178,10 @@ def build_job(options: dict[str, Any]) -> BatchJob:
     ):
         if options[name] is not None:
             run_options += [flag, str(options[name])]
+    sync_dir: str | None = options["sync_dir"]
+    if sync_dir is not None and sync_dir.strip():
+        # Like a local checkpoint folder: the job may start in another folder than this one.
+        run_options += ["--sync-dir", str(Path(sync_dir.strip()).expanduser().resolve())]
     command: Sequence[str] = options["command"]
     container: str | None = options["container"]
     if container is not None and container.strip() and "://" not in container:

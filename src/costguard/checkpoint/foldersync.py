@@ -1,0 +1,584 @@
+"""A trainer's own checkpoints kept in the store: ``costguard run --sync-dir out/``.
+
+Hugging Face's ``Trainer`` writes ``checkpoint-N/`` folders, Accelerate's ``save_state``
+writes a folder (``checkpoint_N/`` with automatic naming), Lightning writes ``.ckpt``
+files. While the script runs, each one the trainer has *finished* is uploaded as a
+costguard checkpoint: its files, their sha256, and the manifest last (format
+:data:`~costguard.checkpoint.manifest.FOLDER_FORMAT_VERSION`, the files' paths in
+``extra["folder"]``), then retention as for any save. Before the script starts, the newest
+verified one is put back where the trainer looks, so its own resume
+(``get_last_checkpoint``, ``ckpt_path="last"``, ``load_state``) finds it on a new machine.
+
+Finished means what each trainer writes last, and nothing changing since:
+
+- Hugging Face: ``trainer_state.json`` is written after the weights and the optimizer;
+- Accelerate: ``random_states_0.pkl`` comes after the models, optimizers and schedulers;
+- Lightning: a ``.ckpt`` is a zip archive (``torch.save``) whose central directory, at its
+  very end, is written last: a file cut short is not a readable zip.
+
+While the trainer runs, an item must also have kept the same sizes and times for
+``settle_s``; once it has exited, nothing is writing any more and the mark alone decides.
+A folder left half written (a kill during the save) is never uploaded, and one found in
+``out/`` before the script starts is moved aside (to ``.costguard-incomplete/``), not
+deleted, so the trainer's resume cannot pick it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pickletools
+import re
+import shutil
+import threading
+import time
+import uuid
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from costguard import __version__
+from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
+from costguard.checkpoint.manifest import (
+    FOLDER_FORMAT_VERSION,
+    PARTIAL_GRACE_S,
+    Manifest,
+    ManifestError,
+    ObjectEntry,
+    UnreadableError,
+    checkpoint_name,
+    plan_retention,
+    restore_order,
+)
+from costguard.checkpoint.restoring import Restorer
+from costguard.checkpoint.saving import _lower_priority
+from costguard.checkpoint.store import Store
+from costguard.clouds import require
+from costguard.errors import CostguardError, InputError
+from costguard.secrets import redact
+
+logger = logging.getLogger(__name__)
+
+#: Where a half-written item found before the script starts is moved (never deleted).
+ASIDE = ".costguard-incomplete"
+#: Restored items are assembled here, then renamed into place.
+STAGING_PREFIX = ".costguard-restore-"
+#: How long an item must stay unchanged, while the trainer runs, before it is uploaded.
+SETTLE_S = 2.0
+POLL_S = 1.0
+#: Bounds on one look at the folder (a sync dir is a trainer's output, not a dataset).
+MAX_ENTRIES = 100_000
+MAX_DEPTH = 8
+_HF = re.compile(r"^checkpoint-(\d+)$")
+_ACCELERATE = re.compile(r"^checkpoint_(\d+)$")
+_LIGHTNING_STEP = re.compile(r"step=(\d+)")
+_DIGITS = re.compile(r"(\d+)")
+_OBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+#: A Hugging Face or Accelerate folder's weights: one file, or the shards of one.
+_WEIGHTS = re.compile(r"^model(-\d+-of-\d+)?\.safetensors$")
+HF_MARK = "trainer_state.json"
+ACCELERATE_MARK = "random_states_0.pkl"
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One checkpoint of the trainer's in the sync dir, as one look found it."""
+
+    #: Its path under the sync dir (POSIX): a folder, or a Lightning ``.ckpt`` file.
+    path: str
+    kind: str  # "transformers" | "accelerate" | "lightning"
+    step: int | None
+    #: (path under the sync dir, size, mtime_ns) of each file, sorted.
+    files: tuple[tuple[str, int, int], ...]
+    #: Whether the trainer's mark of a finished save is there.
+    marked: bool
+
+    @property
+    def sizes(self) -> tuple[tuple[str, int], ...]:
+        return tuple((path, size) for path, size, _ in self.files)
+
+
+def folder_kind(name: str, names: Iterable[str]) -> str | None:
+    """Which trainer wrote folder ``name`` holding files ``names``, or ``None`` if it is
+    no checkpoint folder.
+
+    >>> folder_kind("checkpoint-40", ["model.safetensors", "trainer_state.json"])
+    'transformers'
+    >>> folder_kind("step_3", ["model.safetensors", "random_states_0.pkl"])
+    'accelerate'
+    >>> folder_kind("checkpoint_2", []), folder_kind("logs", ["events.out"])
+    ('accelerate', None)
+    """
+    present = set(names)
+    if _HF.match(name) or HF_MARK in present:
+        return "transformers"
+    if _ACCELERATE.match(name) or ACCELERATE_MARK in present:
+        return "accelerate"
+    return None
+
+
+def folder_step(name: str) -> int | None:
+    """The step a checkpoint folder's name carries (its last number), or ``None``.
+
+    >>> folder_step("checkpoint-120"), folder_step("checkpoint_3"), folder_step("final")
+    (120, 3, None)
+    """
+    numbers = _DIGITS.findall(name)
+    return int(numbers[-1]) if numbers else None
+
+
+def lightning_step(path: Path) -> int | None:
+    """The step of a finished Lightning ``.ckpt``: ``step=N`` in its name, else the
+    ``global_step`` its pickle records (read as opcodes: nothing in it is executed);
+    ``None`` for a file that is not a readable zip archive (cut short, or still written).
+    """
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+            named = _LIGHTNING_STEP.search(path.name)
+            if named:
+                return int(named.group(1))
+            if len(pickles) != 1:
+                return None
+            data = archive.read(pickles[0])
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError):
+        return None
+    return _pickled_int(data, "global_step")
+
+
+def _pickled_int(data: bytes, key: str) -> int | None:
+    """The int that follows the first string ``key`` in a pickle (a dict's item).
+
+    >>> import pickle
+    >>> _pickled_int(pickle.dumps({"epoch": 1, "global_step": 300, "x": [1]}), "global_step")
+    300
+    """
+    previous: Any = None
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            if opcode.name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                continue
+            if previous == key:
+                return arg if isinstance(arg, int) and not isinstance(arg, bool) else None
+            previous = arg if isinstance(arg, str) else None
+    except (ValueError, EOFError):
+        return None
+    return None
+
+
+def safe_relative(text: Any) -> bool:
+    """Whether ``text`` (from a manifest: untrusted) is a plain relative path that stays
+    inside the sync dir and is none of costguard's own folders there.
+
+    >>> safe_relative("checkpoint-10/model.safetensors"), safe_relative("last.ckpt")
+    (True, True)
+    >>> [safe_relative(p) for p in ("../x", "/etc/passwd", "a/./b", "", ".costguard-x/y")]
+    [False, False, False, False, False]
+    """
+    if not isinstance(text, str) or not text or len(text) > 1024 or "\\" in text or "\0" in text:
+        return False
+    parts = text.split("/")
+    return (
+        len(parts) <= MAX_DEPTH + 2
+        and all(part not in ("", ".", "..") for part in parts)
+        and not parts[0].startswith(".costguard")
+    )
+
+
+def object_names(paths: Iterable[str]) -> dict[str, str]:
+    """A store object name for each file path (unique, as manifests allow them).
+
+    >>> sorted(object_names(["checkpoint-10/model.safetensors", "epoch=0-step=10.ckpt"]))
+    ['000-model.safetensors', '001-epoch_0-step_10.ckpt']
+    """
+    return {
+        f"{index:03d}-{_OBJECT_UNSAFE.sub('_', PurePosixPath(path).name)}"[:128]: path
+        for index, path in enumerate(paths)
+    }
+
+
+def items_in(root: Path) -> list[Item]:
+    """Every trainer checkpoint under ``root`` (bounded walk; costguard's own folders and
+    hidden ones skipped), oldest step first."""
+    found: list[Item] = []
+    seen = 0
+    stack = [(root, 0)]
+    while stack:
+        folder, depth = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            continue
+        seen += len(entries)
+        if seen > MAX_ENTRIES:
+            logger.warning(
+                "costguard: more than %d entries under %s; looked no further", MAX_ENTRIES, root
+            )
+            break
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            path = Path(entry.path)
+            with contextlib.suppress(OSError):
+                if entry.is_dir(follow_symlinks=False):
+                    item = _folder_item(root, path)
+                    if item is not None:
+                        found.append(item)
+                    elif depth < MAX_DEPTH:
+                        stack.append((path, depth + 1))
+                elif entry.is_file() and entry.name.endswith(".ckpt"):
+                    found.append(_file_item(root, path))
+    return sorted(found, key=lambda i: (-1 if i.step is None else i.step, i.path))
+
+
+def _stat(root: Path, path: Path) -> tuple[str, int, int]:
+    info = path.stat()
+    return path.relative_to(root).as_posix(), info.st_size, info.st_mtime_ns
+
+
+def _folder_item(root: Path, folder: Path) -> Item | None:
+    files: list[Path] = []
+    for dirpath, _, names in os.walk(folder):
+        files.extend(Path(dirpath, n) for n in names)
+    kind = folder_kind(folder.name, (f.name for f in files if f.parent == folder))
+    if kind is None:
+        return None
+    mark = HF_MARK if kind == "transformers" else ACCELERATE_MARK
+    return Item(
+        path=folder.relative_to(root).as_posix(),
+        kind=kind,
+        step=folder_step(folder.name),
+        files=tuple(sorted(_stat(root, f) for f in files)),
+        marked=(folder / mark).is_file(),
+    )
+
+
+def _file_item(root: Path, path: Path) -> Item:
+    step = lightning_step(path)
+    return Item(
+        path=path.relative_to(root).as_posix(),
+        kind="lightning",
+        step=step,
+        files=(_stat(root, path),),
+        marked=step is not None,
+    )
+
+
+def _item_at(root: Path, path: str) -> Item | None:
+    """The item at ``path`` under ``root`` as it is now, or ``None``."""
+    target = root / path
+    with contextlib.suppress(OSError):
+        if target.is_dir():
+            return _folder_item(root, target)
+        if target.is_file():
+            return _file_item(root, target)
+    return None
+
+
+def _sizes(manifest: Manifest) -> tuple[tuple[str, int], ...]:
+    files = manifest.extra["folder"]["files"]
+    return tuple(sorted((files[o.name], o.size_bytes) for o in manifest.objects))
+
+
+def folder_manifests(manifests: Iterable[Manifest], present: Mapping[str, int]) -> list[Manifest]:
+    """The complete ``--sync-dir`` checkpoints whose file list is usable, best first."""
+    return [m for m in restore_order(manifests, present) if m.folder and _files_of(m)]
+
+
+def _files_of(manifest: Manifest) -> dict[str, str]:
+    """Object name -> path under the sync dir, from ``extra["folder"]``; empty when the
+    record is not one this costguard can place safely."""
+    record = manifest.extra.get("folder")
+    if not isinstance(record, dict):
+        return {}
+    item, files = record.get("path"), record.get("files")
+    names = {o.name for o in manifest.objects}
+    if (
+        not safe_relative(item)
+        or not isinstance(files, dict)
+        or set(files) != names
+        or not all(
+            safe_relative(p) and (p == item or p.startswith(f"{item}/")) for p in files.values()
+        )
+    ):
+        return {}
+    return dict(files)
+
+
+def folder_state(store: Store, manifest: Manifest) -> dict[str, Any]:
+    """``{"model": weights}`` of a ``--sync-dir`` checkpoint, each file verified: the
+    ``model*.safetensors`` of a Hugging Face or Accelerate folder, the ``state_dict`` of a
+    Lightning ``.ckpt`` (read with ``weights_only``: nothing in it is executed)."""
+    files = _files_of(manifest)
+    by_name = {PurePosixPath(files[o.name]).name: o for o in manifest.objects if o.name in files}
+    with contextlib.ExitStack() as stack:
+
+        def local(obj: ObjectEntry) -> str:
+            return stack.enter_context(
+                store.verified_file(manifest.object_path(obj), obj.size_bytes, obj.sha256)
+            )
+
+        if manifest.extra["folder"].get("kind") == "lightning" and len(manifest.objects) == 1:
+            torch = require("torch", "train")
+            try:
+                saved = torch.load(
+                    local(manifest.objects[0]), map_location="cpu", weights_only=True
+                )
+            except Exception as exc:
+                msg = f"{manifest.name}: the .ckpt cannot be read as plain tensors ({exc})"[:300]
+                raise UnreadableError(msg, hint="load it with Lightning itself") from exc
+            weights = saved.get("state_dict") if isinstance(saved, dict) else None
+            if not isinstance(weights, dict):
+                msg = f"{manifest.name}: the .ckpt holds no state_dict"
+                raise InputError(msg, hint="load it with Lightning itself")
+            return {"model": weights}
+        shards = sorted(name for name in by_name if _WEIGHTS.match(name))
+        if not shards:
+            msg = f"{manifest.name} holds no model.safetensors (files: {sorted(by_name)[:8]})"
+            raise InputError(msg, hint="save with safe_serialization (the default)")
+        load_file = require("safetensors.torch", "transformers").load_file
+        weights = {}
+        for name in shards:
+            weights.update(load_file(local(by_name[name])))
+        return {"model": weights}
+
+
+@dataclass
+class FolderSync:
+    """Uploads the trainer's finished checkpoints from ``root`` to ``store`` (a thread),
+    and puts the newest back before the script starts."""
+
+    store: Store
+    root: Path
+    keep: int
+    say: Say
+    settle_s: float = SETTLE_S
+    poll_s: float = POLL_S
+    #: Item path -> its files as they were when last committed or restored.
+    kept: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
+    #: Step of the newest committed checkpoint: older items are not uploaded again.
+    newest_step: int = -1
+    #: Item path -> (its files' signature, when first seen so), for the settle wait.
+    _watching: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = field(
+        default_factory=dict
+    )
+    _restorer: Restorer | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._restorer = Restorer(self.store)
+
+    # --- before the script starts ---------------------------------------------------
+
+    def prepare(self) -> list[Manifest]:
+        """Move half-written items aside, then put the newest verified checkpoint back
+        (every item of its step: Lightning's ``last.ckpt`` and its step file); the
+        manifests restored."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for item in items_in(self.root):
+            if not item.marked:
+                self._set_aside(item, why=f"left half written (no {self._mark(item)})")
+        assert self._restorer is not None
+        survey = self._restorer.survey()
+        manifests = folder_manifests(survey.manifests, survey.sizes)
+        local = {i.path: i for i in items_in(self.root)}
+        for manifest in manifests:  # finished here and in the store already: not again
+            same = local.get(manifest.extra["folder"]["path"])
+            if same is not None and same.sizes == _sizes(manifest):
+                self.kept.setdefault(same.path, same.files)
+        restored: list[Manifest] = []
+        for manifest in manifests:
+            if restored and manifest.step != restored[0].step:
+                break
+            path = manifest.extra["folder"]["path"]
+            if any(m.extra["folder"]["path"] == path for m in restored):
+                continue
+            mine = local.get(path)
+            if mine is not None and (mine.step or 0) >= manifest.step:
+                restored.append(manifest)  # the trainer's own, finished: kept as it is
+                continue
+            if mine is not None:  # older than the store's (last.ckpt from another machine)
+                self._set_aside(mine, why="older than the store's")
+            try:
+                self._put_back(manifest)
+            except ManifestError as exc:
+                self._restorer.mark_corrupt(manifest.name, exc.message)
+                self.say(f"{manifest.name} is corrupt ({exc.message}); trying the previous one")
+                continue
+            except CostguardError as exc:
+                self.say(
+                    f"could not restore {manifest.name} now ({redact(exc.message)}); "
+                    "trying the previous one"
+                )
+                continue
+            restored.append(manifest)
+        if manifests:
+            self.newest_step = manifests[0].step
+        for manifest in restored:
+            self.say(
+                f"restored {manifest.extra['folder']['path']} (step {manifest.step}) "
+                f"into {self.root} from {manifest.name}"
+            )
+        return restored
+
+    def _set_aside(self, item: Item, *, why: str) -> None:
+        """Move ``item`` out of the trainer's way, under ``ASIDE`` (never deleted)."""
+        target = self.root / ASIDE / f"{item.path.replace('/', '__')}.{time.time_ns()}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (self.root / item.path).rename(target)
+        self.say(
+            f"{item.path} was {why}; moved it to {target} so the trainer does not resume from it"
+        )
+
+    @staticmethod
+    def _mark(item: Item) -> str:
+        return {"transformers": HF_MARK, "accelerate": ACCELERATE_MARK}.get(
+            item.kind, "zip directory at its end"
+        )
+
+    def _put_back(self, manifest: Manifest) -> None:
+        """Download and verify every file into a staging folder, then rename the item
+        into place: the trainer sees all of it or nothing."""
+        files = _files_of(manifest)
+        item = manifest.extra["folder"]["path"]
+        staging = Path(self.root, f"{STAGING_PREFIX}{uuid.uuid4().hex[:8]}")
+        try:
+            for obj in manifest.objects:
+                target = staging / files[obj.name]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with self.store.verified_file(
+                    manifest.object_path(obj), obj.size_bytes, obj.sha256
+                ) as local:
+                    shutil.copyfile(local, target)
+            final = self.root / item
+            final.parent.mkdir(parents=True, exist_ok=True)
+            (staging / item).rename(final)
+            restored = _item_at(self.root, item)
+            if restored is not None:
+                self.kept[item] = restored.files
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # --- while the script runs ------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="costguard-sync", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        # Nicer than the trainer (Linux; the threads an upload starts inherit it).
+        _lower_priority(DEFAULT_SAVE_NICENESS)
+        while not self._stop.wait(self.poll_s):
+            self.sync(finished=False)
+
+    def finish(self) -> None:
+        """The script has exited: stop the thread, then upload what it finished last."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sync(finished=True)
+
+    def sync(self, *, finished: bool) -> list[Manifest]:
+        """One look: upload each finished item not uploaded yet, newest last."""
+        done = []
+        now = time.monotonic()
+        for item in items_in(self.root):
+            if not self._ready(item, now, finished=finished):
+                continue
+            try:
+                manifest = self._upload(item)
+            except CostguardError as exc:
+                self.say(
+                    f"could not upload {item.path} (step {item.step}): "
+                    f"{redact(exc.message)}; will try again"
+                )
+                continue
+            if manifest is not None:
+                done.append(manifest)
+        return done
+
+    def _ready(self, item: Item, now: float, *, finished: bool) -> bool:
+        if not item.marked or item.step is None or item.step < self.newest_step:
+            return False
+        if self.kept.get(item.path) == item.files:
+            return False
+        if finished:
+            return True
+        signature, since = self._watching.get(item.path, (None, now))
+        if signature != item.files:
+            self._watching[item.path] = (item.files, now)
+            return False
+        return now - since >= self.settle_s
+
+    def _upload(self, item: Item) -> Manifest | None:
+        assert item.step is not None
+        started = time.perf_counter()
+        name = checkpoint_name(item.step, uuid.uuid4().hex[:8])
+        names = object_names(path for path, _, _ in item.files)
+        objects = []
+        for obj, path in names.items():
+            source = self.root / path
+
+            def produce(upload: Any, source: Path = source) -> None:
+                with source.open("rb") as file:
+                    shutil.copyfileobj(file, upload, 4 * 2**20)
+
+            try:
+                size, digest = self.store.write_stream(f"{name}/{obj}", produce)
+            except FileNotFoundError:  # the trainer's rotation removed it meanwhile
+                return None
+            objects.append(ObjectEntry(obj, size, digest))
+        again = _item_at(self.root, item.path)
+        if again is None or again.files != item.files:
+            # Rewritten while it went up: not committed (its objects are a partial folder
+            # that retention removes); the next look uploads it again.
+            self._watching.pop(item.path, None)
+            return None
+        manifest = Manifest(
+            name=name,
+            step=item.step,
+            created_unix=time.time(),
+            objects=tuple(objects),
+            library_version=__version__,
+            format_version=FOLDER_FORMAT_VERSION,
+            reason=f"sync:{item.kind}",
+            extra={"folder": {"path": item.path, "kind": item.kind, "files": names}},
+        )
+        self.store.put(manifest.manifest_path, manifest.to_json().encode())
+        assert self._restorer is not None
+        self._restorer.remember(manifest)
+        self.kept[item.path] = item.files
+        self.newest_step = max(self.newest_step, item.step)
+        self.say(
+            f"kept {item.path} (step {item.step}, {manifest.size_bytes:,} bytes, "
+            f"{time.perf_counter() - started:.1f} s) as {name}"
+        )
+        self._retain(name)
+        return manifest
+
+    def _retain(self, protect: str) -> None:
+        """Delete what retention proves unneeded (as every save does); best effort."""
+        assert self._restorer is not None
+        try:
+            survey = self._restorer.survey()
+            for deletion in plan_retention(
+                survey.listings,
+                survey.committed,
+                self.keep,
+                corrupt=survey.corrupt,
+                protect=(protect,),
+                count=True,
+                now_unix=time.time(),
+                grace_s=PARTIAL_GRACE_S,
+            ):
+                self.store.delete(deletion.paths)
+                self._restorer.forget(deletion.name)
+            self.store.abort_stale_uploads()
+        except CostguardError as exc:
+            logger.warning("costguard: retention skipped this time: %s", redact(exc.message))

@@ -1,0 +1,69 @@
+"""An Accelerate loop for the --sync-dir tests: ``save_state`` every 10 steps into
+``<out>/checkpoint_<step>``, ``load_state`` of the newest at the start, and
+``costguard.integrations.accelerate.notice()`` at each step boundary.
+
+Each step's batch is drawn from a generator seeded by the step, so a resume is exact.
+Prints ``READY <step>`` and ``STEP <n>``; writes the final weights to ``--final``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from costguard.integrations.accelerate import EXIT_PREEMPTED, notice
+
+
+def newest(out: Path) -> tuple[int, Path | None]:
+    found = [
+        (int(m.group(1)), p)
+        for p in (out.iterdir() if out.is_dir() else ())
+        if (m := re.fullmatch(r"checkpoint_(\d+)", p.name))
+    ]
+    return max(found, default=(0, None), key=lambda f: f[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--final", required=True)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    options = parser.parse_args()
+    out = Path(options.out)
+    set_seed(0)
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    notice()  # the first call turns SIGTERM into a notice
+    start, folder = newest(out)
+    if folder is not None:
+        accelerator.load_state(str(folder))
+    print(f"READY {start}", flush=True)
+    for step in range(start, options.steps):
+        generator = torch.Generator().manual_seed(1000 + step)
+        x = torch.randn(32, 16, generator=generator)
+        loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True).sin())
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        print(f"STEP {step + 1}", flush=True)
+        time.sleep(options.sleep)
+        if notice() or (step + 1) % 10 == 0:
+            accelerator.save_state(str(out / f"checkpoint_{step + 1}"))
+            if notice():
+                raise SystemExit(EXIT_PREEMPTED)
+    state = accelerator.unwrap_model(model).state_dict()
+    torch.save({k: v.clone() for k, v in state.items()}, options.final)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The --sync-dir syncer on its own (:mod:`costguard.checkpoint.foldersync`), on every
+store: what counts as a finished trainer checkpoint, the upload as a costguard checkpoint
+(files, sha256, manifest last), the restore (all or nothing, verified), and what it
+refuses: half folders, rewritten files, manifests that name paths outside the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from costguard.checkpoint.foldersync import ASIDE, FolderSync, items_in
+from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION
+from costguard.checkpoint.restoring import Restorer
+from costguard.checkpoint.store import Store
+from tests.helpers.stores import Backend, open_store
+
+
+def hf_folder(root: Path, step: int, *, finished: bool = True) -> Path:
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "model.safetensors").write_bytes(os.urandom(3000) + bytes([step]))
+    (folder / "optimizer.pt").write_bytes(os.urandom(5000))
+    if finished:
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def syncer(store: Store, root: Path, lines: list[str]) -> FolderSync:
+    return FolderSync(store, root, keep=2, say=lines.append, settle_s=0.0)
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+def test_each_trainer_marks_a_finished_checkpoint_its_own_way(tmp_path: Path) -> None:
+    hf_folder(tmp_path, 10)
+    hf_folder(tmp_path, 20, finished=False)
+    accelerate = tmp_path / "checkpoints" / "checkpoint_3"
+    accelerate.mkdir(parents=True)
+    (accelerate / "model.safetensors").write_bytes(b"x")
+    (accelerate / "random_states_0.pkl").write_bytes(b"y")
+    torch.save(
+        {"epoch": 2, "global_step": 37, "state_dict": {"w": torch.ones(3)}}, tmp_path / "last.ckpt"
+    )
+    torch.save({"global_step": 5}, tmp_path / "epoch=0-step=40.ckpt")
+    whole = (tmp_path / "epoch=0-step=40.ckpt").read_bytes()
+    (tmp_path / "epoch=0-step=50.ckpt").write_bytes(whole[: len(whole) // 2])  # cut short
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "events.txt").write_text("not a checkpoint")
+    found = {i.path: (i.kind, i.step, i.marked) for i in items_in(tmp_path)}
+    assert found == {
+        "checkpoint-10": ("transformers", 10, True),
+        "checkpoint-20": ("transformers", 20, False),
+        "checkpoints/checkpoint_3": ("accelerate", 3, True),
+        "last.ckpt": ("lightning", 37, True),  # read from the pickle, nothing executed
+        "epoch=0-step=40.ckpt": ("lightning", 40, True),  # the name says
+        "epoch=0-step=50.ckpt": ("lightning", None, False),
+    }
+
+
+def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
+    backend: Backend, tmp_path: Path
+) -> None:
+    store = open_store(backend)
+    out, lines = tmp_path / "out", list[str]()
+    first = syncer(store, out, lines)
+    first.prepare()  # nothing there yet
+    hf_folder(out, 10)
+    half = hf_folder(out, 20, finished=False)
+    assert first.sync(finished=False) == []  # seen once: not settled yet
+    committed = first.sync(finished=False)
+    assert [(m.step, m.format_version) for m in committed] == [(10, FOLDER_FORMAT_VERSION)]
+    assert first.sync(finished=True) == []  # kept already; the half one never
+    (half / "trainer_state.json").write_text("{}")
+    assert [m.step for m in first.sync(finished=True)] == [20]
+    uploaded = folder_files(half)
+
+    new_machine = tmp_path / "new"
+    restored = syncer(store, new_machine, lines).prepare()
+    assert [m.step for m in restored] == [20]
+    assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-20"]
+    assert folder_files(new_machine / "checkpoint-20") == uploaded
+
+
+def test_a_folder_rewritten_while_it_uploads_is_not_committed(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    folder = hf_folder(out, 10)
+    sync.sync(finished=False)
+    original = store.write_stream
+
+    def rewriting(path: str, produce: Any, **kw: Any) -> tuple[int, str]:
+        result = original(path, produce, **kw)
+        (folder / "optimizer.pt").write_bytes(os.urandom(5001))  # the trainer writes on
+        return result
+
+    store.write_stream = rewriting  # type: ignore[method-assign]
+    assert sync.sync(finished=False) == []
+    store.write_stream = original  # type: ignore[method-assign]
+    assert not Restorer(store).survey().manifests
+    sync.sync(finished=False)
+    assert [m.step for m in sync.sync(finished=False)] == [10]
+
+
+def test_a_half_folder_in_out_is_moved_aside_and_the_store_one_restored(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    hf_folder(out, 10)
+    syncer(store, out, lines).sync(finished=True)
+    hf_folder(out, 20, finished=False)  # a kill mid-save, on this machine
+    restored = syncer(store, out, lines).prepare()
+    assert [m.step for m in restored] == [10]
+    assert sorted(p.name for p in out.iterdir()) == [ASIDE, "checkpoint-10"]
+    assert [p.name.split(".")[0] for p in (out / ASIDE).iterdir()] == ["checkpoint-20"]
+    assert any("half written" in line for line in lines)
+
+
+def test_a_manifest_naming_a_path_outside_the_folder_is_never_followed(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    hf_folder(out, 10)
+    (manifest,) = syncer(store, out, lines).sync(finished=True)
+    record = json.loads(store.get(manifest.manifest_path))
+    record["extra"]["folder"]["path"] = "../escaped"
+    record["extra"]["folder"]["files"] = dict.fromkeys(
+        record["extra"]["folder"]["files"], "../escaped/x"
+    )
+    store.put(manifest.manifest_path, json.dumps(record).encode())
+    new_machine = tmp_path / "new"
+    assert syncer(store, new_machine, lines).prepare() == []
+    assert not (tmp_path / "escaped").exists()
+    assert list(new_machine.iterdir()) == []
+
+
+def test_a_corrupt_object_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    hf_folder(out, 10)
+    sync.sync(finished=True)
+    hf_folder(out, 20)
+    (newest,) = sync.sync(finished=True)
+    victim = Path(store.full(newest.object_path(newest.objects[0])))
+    victim.write_bytes(b"\0" * victim.stat().st_size)  # same size, other bytes
+    new_machine = tmp_path / "new"
+    assert [m.step for m in syncer(store, new_machine, lines).prepare()] == [10]
+    assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-10"]
+    assert any("corrupt" in line for line in lines)
+
+
+def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    for step in (10, 20, 30):
+        hf_folder(out, step)
+        sync.sync(finished=True)
+    assert sorted(m.step for m in Restorer(store).survey().manifests) == [20, 30]
+
+
+def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path) -> None:
+    """What a kill -9 of costguard run leaves mid-upload: every file of checkpoint-20 in
+    the store, no manifest. A new machine gets checkpoint-10."""
+    store = Store.open(str(tmp_path / "store"))
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    hf_folder(out, 10)
+    sync.sync(finished=True)
+    hf_folder(out, 20)
+    original = store.put
+
+    def killed_at_the_manifest(path: str, data: bytes | memoryview) -> None:
+        if path.endswith("/manifest.json"):
+            raise KeyboardInterrupt  # the process dies here
+        original(path, data)
+
+    store.put = killed_at_the_manifest  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        sync.sync(finished=True)
+    store.put = original  # type: ignore[method-assign]
+    uploaded = {p.split("/")[0] for p in store.listing()}
+    assert len(uploaded) == 2  # both folders' files are there
+    new_machine = tmp_path / "new"
+    assert [m.step for m in syncer(store, new_machine, lines).prepare()] == [10]
+    assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-10"]
