@@ -76,15 +76,20 @@ class ShardPool:
         #: Chunks found changed past their version counter: hashed at every save.
         self._untrusted: set[Chunk] = set()
         self._trainable: set[int] = set()
+        #: Whether the save in flight pools (enabled, and the model is a module).
+        self._active = False
         #: Bytes this rank wrote to the pool in the save in flight.
         self.written_bytes = 0
 
     def begin(self, model: Any, optimizer: Any) -> None:
         """A save starts: note which storages train (their chunks are never pooled)."""
+        import torch
+
         self._pending, self.written_bytes = {}, 0
+        # Only a module can say which of its parameters train.
+        self._active = self.enabled and isinstance(model, torch.nn.Module)
         found = set()
-        parameters = getattr(model, "parameters", None)
-        for p in parameters() if callable(parameters) else ():
+        for p in model.parameters() if self._active else ():
             if p.requires_grad:
                 found.add(_local(p).untyped_storage().data_ptr())
         for group in getattr(optimizer, "param_groups", None) or ():
@@ -97,7 +102,7 @@ class ShardPool:
         import torch
 
         return (
-            self.enabled
+            self._active
             and fqn.startswith("model.")
             and type(tensor) is torch.Tensor
             and tensor.layout == torch.strided
