@@ -25,6 +25,7 @@ from costguard.checkpoint.store import Store
 from tests.checkpoint.fsdp_train import lora_model
 from tests.checkpoint.test_sharded import full
 from tests.checkpoint.test_sharded_ranks import final, torchrun
+from tests.helpers.stores import Backend
 from tests.helpers.training import assert_bitwise_equal
 
 FROZEN = 2 * 1024 * 1024 * 4  # the two base weights, sharded over the ranks
@@ -76,20 +77,45 @@ def test_a_lora_fsdp2_model_on_2_ranks_saves_increments_resumes_bitwise_and_resh
     assert_bitwise_equal(torch.load(restored, weights_only=True), final(reference, 2)["state"])
 
 
-def test_a_frozen_shard_written_past_its_version_counter_is_stored_again(
-    one_rank: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    torch.manual_seed(0)
+def sharded_lora(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The LoRA-shaped model sharded on a mesh of this one rank, and AdamW on its adapters."""
+    torch.manual_seed(seed)
     model = lora_model()
     mesh = init_device_mesh("cpu", (1,))
     for layer in (model[1], model[3]):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    return model, torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+
+
+def test_frozen_shards_go_to_the_pool_and_back_on_every_backend(
+    one_rank: None, backend: Backend
+) -> None:
+    model, opt = sharded_lora()
+    with Checkpointer(backend.url) as ckpt:
+        for step in range(2):
+            model(torch.randn(4, 8)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            ckpt.save(step, model=model, optimizer=opt, block=True)
+    first, second = ckpt.results
+    assert first.uploaded_bytes >= FROZEN
+    assert second.uploaded_bytes <= 0.05 * second.size_bytes
+    assert len({d for d in map(pool_object, ckpt.store.listing()) if d is not None}) == 2
+    restored, restored_opt = sharded_lora(seed=99)
+    with Checkpointer(backend.url) as again:
+        assert again.restore(model=restored, optimizer=restored_opt) == 2
+    assert_bitwise_equal(full(restored, restored_opt), full(model, opt))
+
+
+def test_a_frozen_shard_written_past_its_version_counter_is_stored_again(
+    one_rank: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model, opt = sharded_lora()
     url = str(tmp_path / "ckpt")
     with caplog.at_level(logging.WARNING), Checkpointer(url, keep_last=2) as ckpt:
         ckpt.save(0, model=model, optimizer=opt, block=True)
-        weight: Any = model[1].get_submodule("base").weight
+        weight: Any = model.get_submodule("1.base").weight
         with torch.no_grad():  # past the version counter: .data has one of its own
             weight.data.to_local().add_(1.0)
         for step in range(1, CONFIRM_EVERY + 2):
@@ -97,12 +123,7 @@ def test_a_frozen_shard_written_past_its_version_counter_is_stored_again(
     assert "model.1.base.weight changed without its version counter moving" in caplog.text
     confirming = [r for r in ckpt.results[1:] if r.uploaded_bytes > 1024 * 1024 * 4]
     assert len(confirming) == 1  # stored again once, at the save that hashed it
-    expected = full(model, opt)
-    restored = lora_model()
-    for layer in (restored[1], restored[3]):
-        fully_shard(layer, mesh=mesh)
-    fully_shard(restored, mesh=mesh)
-    restored_opt = torch.optim.AdamW([p for p in restored.parameters() if p.requires_grad])
+    restored, restored_opt = sharded_lora(seed=99)
     with Checkpointer(url) as again:
         assert again.restore(model=restored, optimizer=restored_opt) == CONFIRM_EVERY + 2
-    assert_bitwise_equal(full(restored, restored_opt)[0], expected[0])
+    assert_bitwise_equal(full(restored, restored_opt), full(model, opt))

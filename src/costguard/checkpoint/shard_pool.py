@@ -31,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from costguard.checkpoint.incremental import (
-    CHUNK_BYTES,
     CONFIRM_EVERY,
     POOL_MIN_BYTES,
     sha256_of,
     tensor_bytes,
     tensor_key,
+    write_object,
 )
 from costguard.checkpoint.manifest import ObjectEntry, pool_path
 from costguard.checkpoint.store import Store
@@ -142,11 +142,7 @@ class ShardPool:
         return ObjectEntry(digest, size, digest, pool=True)
 
     def _write(self, store: Store, digest: str, view: memoryview, *, hash_aside: bool) -> None:
-        def produce(file: Any) -> None:
-            for start in range(0, view.nbytes, CHUNK_BYTES):
-                file.write(view[start : start + CHUNK_BYTES])
-
-        size, written = store.write_stream(pool_path(digest), produce, hash_aside=hash_aside)
+        size, written = write_object(store, pool_path(digest), view, hash_aside=hash_aside)
         if written != digest or size != view.nbytes:
             msg = f"pool object {digest[:12]}... was written with sha256 {written[:12]}..."
             raise OSError(msg)
