@@ -17,12 +17,25 @@ Afterwards the newest checkpoint is verified (every object's sha256, pool object
 included). Medians over the saves. torch runs one intra-op thread (``--threads``): on a
 small shared machine its pool of threads waiting for busy cores blurs both timings.
 
+With ``--sharded`` the same model is sharded with FSDP2 (``fully_shard``, gloo on CPU) over
+``--world`` processes, and every rank saves its own shards (the save runs on the training
+thread, so the loop is blocked for all of it):
+
+1. Bytes written per save (after the first; every rank's shards and pool objects,
+   ``train.pt``, ``dcp.metadata``) / the checkpoint's size (target <= 0.05).
+2. Training stall per save (after the first) / a full sharded save of the same state
+   (``Checkpointer(incremental=False)``: every shard written each time) (target <= 0.2).
+
     python benchmarks/incremental.py [--layers 8] [--width 4096] [--rank 16] [--saves 6]
+    python benchmarks/incremental.py --sharded [--world 2] [--layers 8] [--width 4096]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import statistics
 import tempfile
 import time
@@ -30,6 +43,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from costguard.checkpoint import Checkpointer
 from costguard.checkpoint import state as state_mod
@@ -75,6 +92,77 @@ def full_copy_s(state: Any, repeats: int = 3) -> float:
     return statistics.median(times[1:])
 
 
+def sharded_rank(rank: int, args: argparse.Namespace, port: int, folder: str) -> None:
+    """One rank of ``--sharded``: full sharded saves, then incremental ones; rank 0 writes
+    what it measured to ``folder/report.json``."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=args.world)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    mesh = init_device_mesh("cpu", (args.world,))
+    model = torch.nn.Sequential(*(LoraLinear(args.width, args.rank) for _ in range(args.layers)))
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+
+    def saves(name: str, count: int, *, incremental: bool) -> list[Any]:
+        with Checkpointer(
+            Path(folder, name), keep_last=2, partial_grace_s=0.0, incremental=incremental
+        ) as ckpt:
+            for step in range(count):
+                model(torch.randn(4, args.width)).pow(2).mean().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                ckpt.save(step, model=model, optimizer=optimizer, block=True)
+        return ckpt.results  # rank 0's; empty elsewhere
+
+    full = saves("full", args.saves, incremental=False)
+    incremental = saves("incremental", args.saves, incremental=True)
+    if rank == 0:
+        first, *later = incremental
+        assert all(r.ok for r in [*full, *incremental])
+        report = {
+            "full_s": statistics.median(r.stall_s for r in full[1:]),
+            "full_bytes": full[-1].size_bytes,
+            "first": [first.uploaded_bytes, first.stall_s],
+            "uploaded": statistics.median(r.uploaded_bytes for r in later),
+            "size": statistics.median(r.size_bytes for r in later),
+            "stall": statistics.median(r.stall_s for r in later),
+        }
+        Path(folder, "report.json").write_text(json.dumps(report))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def sharded(args: argparse.Namespace) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory(dir=args.folder or Path.cwd()) as folder:
+        mp.spawn(sharded_rank, args=(args, port, folder), nprocs=args.world, join=True)
+        report = json.loads(Path(folder, "report.json").read_text())
+    mib = 2**20
+    print(
+        f"sharded over {args.world} ranks: checkpoint {report['size'] / mib:.1f} MiB; a full "
+        f"sharded save writes {report['full_bytes'] / mib:.1f} MiB in {report['full_s']:.3f} s"
+    )
+    print(
+        f"first save: {report['first'][0] / mib:.1f} MiB written, blocked "
+        f"{report['first'][1]:.3f} s (everything, once)"
+    )
+    print(
+        f"1. bytes written per save {report['uploaded'] / mib:.2f} MiB / checkpoint "
+        f"{report['size'] / mib:.1f} MiB: ratio {report['uploaded'] / report['size']:.4f} "
+        "(target <= 0.05)"
+    )
+    print(
+        f"2. training blocked per save {report['stall'] * 1e3:.1f} ms / full sharded save "
+        f"{report['full_s'] * 1e3:.1f} ms: ratio {report['stall'] / report['full_s']:.3f} "
+        "(target <= 0.2)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=8)
@@ -83,7 +171,12 @@ def main() -> None:
     parser.add_argument("--saves", type=int, default=6)
     parser.add_argument("--folder", default=None, help="the checkpoint folder (default: a temp)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--sharded", action="store_true", help="FSDP2 over --world ranks")
+    parser.add_argument("--world", type=int, default=2, help="ranks, with --sharded")
     args = parser.parse_args()
+    if args.sharded:
+        sharded(args)
+        return
     torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)

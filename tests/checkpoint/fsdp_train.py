@@ -9,7 +9,8 @@ the *full* state (model and optimizer gathered with
 of ranks) to ``--out``, and every rank its RNG states and loader position to
 ``<out>.rank<r>``. ``--steps`` equal to the checkpoint's step only restores and writes: a
 restore on another number of ranks. The second layer has one output row, so with 4 ranks
-three of them hold an empty shard of it.
+three of them hold an empty shard of it. ``--lora`` trains a LoRA-shaped model instead: a
+frozen 8 MiB base (two 1024 x 1024 weights, sharded) with small trainable adapters.
 """
 
 from __future__ import annotations
@@ -32,17 +33,47 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: t
 from tests.checkpoint import _train_common as common
 
 
-def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
+class LoraBlock(torch.nn.Module):
+    """``base(x) + up(down(x))``, ``base`` a frozen 1024 x 1024 weight (4 MiB)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.base = torch.nn.Linear(1024, 1024)
+        self.base.requires_grad_(False)
+        self.down = torch.nn.Linear(1024, 2, bias=False)
+        self.up = torch.nn.Linear(2, 1024, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.base(x) + self.up(self.down(x)))
+
+
+def lora_model() -> torch.nn.Sequential:
+    """8 features in, one out: a small projection, two frozen blocks with adapters, a head."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 1024), LoraBlock(), torch.nn.Dropout(0.1), LoraBlock(),
+        torch.nn.Linear(1024, 1),
+    )  # fmt: skip
+    model[0].requires_grad_(False)
+    return model
+
+
+def build(rank: int, world: int, *, lora: bool = False) -> tuple[Any, Any, Any, ResumableLoader]:
     """The model (sharded over all ranks), optimizer, scheduler and this rank's loader."""
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)  # the same initial weights on every rank, and every world size
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1)
-    )
-    for layer in (model[0], model[3]):
+    if lora:
+        model = lora_model()
+        layers = (model[1], model[3])
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1)
+        )
+        layers = (model[0], model[3])
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.7)
     torch.manual_seed(30 + rank)  # each rank its own dropout stream
     loader = ResumableLoader(
@@ -57,12 +88,13 @@ def build(rank: int, world: int) -> tuple[Any, Any, Any, ResumableLoader]:
 def main() -> None:
     parser = common.options(steps=12)
     parser.add_argument("--every-steps", type=int, default=4)
+    parser.add_argument("--lora", action="store_true", help="the LoRA-shaped model")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     common.deterministic(python=10 + rank, numpy=20 + rank)
-    model, optimizer, scheduler, loader = build(rank, world)
+    model, optimizer, scheduler, loader = build(rank, world, lora=args.lora)
     extra: dict[str, float] = {"noise": 0.0}
 
     ckpt = Checkpointer.from_env(default="checkpoints/", every_steps=args.every_steps)

@@ -130,7 +130,7 @@ def failing_store(request: pytest.FixtureRequest) -> Flaky:
 
 @pytest.mark.slow
 def test_throttled_uploads_are_retried(flaky: Flaky, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="costguard.checkpoint.store")
+    caplog.set_level(logging.WARNING, logger="costguard.checkpoint")
     model = torch.nn.Linear(6, 3)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     ckpt = Checkpointer(flaky.url, every_steps=1, retry=FAST, storage_options=flaky.options)

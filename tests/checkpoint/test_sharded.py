@@ -31,6 +31,7 @@ from costguard.checkpoint.manifest import (
     UnreadableError,
     parse_manifest,
 )
+from costguard.checkpoint.restoring import NoUsableCheckpointError
 from costguard.checkpoint.store import Store, StoreError
 from tests.checkpoint.test_trust import FAULTS, faulty
 from tests.helpers.stores import Backend
@@ -143,8 +144,9 @@ def test_a_corrupt_shard_falls_back_to_the_previous_checkpoint(
         step, state = restore_full(url, partial_grace_s=0.0)
     assert step == 2
     assert_bitwise_equal(state, states[1])
-    assert f"checkpoint {names[-1]} is corrupt" in caplog.text
+    assert f"skipped checkpoint {names[-1]} (step 3)" in caplog.text
     assert "does not match the manifest" in caplog.text
+    assert "recorded as incomplete or corrupt" in caplog.text
 
 
 def test_a_missing_shard_or_manifest_is_never_latest(one_rank: None, tmp_path: Path) -> None:
@@ -165,7 +167,12 @@ def test_a_sharded_checkpoint_is_skipped_and_kept_by_a_replicated_restore(
     url = str(tmp_path / "ckpt")
     names, _ = save_steps(url, 1)
     plain = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    with caplog.at_level(logging.WARNING), Checkpointer(url, partial_grace_s=0.0) as ckpt:
+    with Checkpointer(url) as refused, pytest.raises(NoUsableCheckpointError):
+        refused.restore(model=plain)  # the only checkpoint cannot be used: no silent step 0
+    with (
+        caplog.at_level(logging.WARNING),
+        Checkpointer(url, partial_grace_s=0.0, start_fresh=True) as ckpt,
+    ):
         assert ckpt.restore(model=plain) == 0
         ckpt.save(5, model=plain, block=True)  # a newer commit: retention runs, and keeps it
     assert (Path(url) / names[0] / MANIFEST_FILE).exists()

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from costguard.checkpoint import Checkpointer, RetryPolicy
 from costguard.checkpoint.manifest import MANIFEST_FILE, READ_FORMAT_VERSION, parse_name, scan
+from costguard.checkpoint.restoring import NoUsableCheckpointError
 from costguard.checkpoint.store import Store
 from tests.helpers.faults import Faults, fault_proxy, train
 from tests.helpers.stores import Backend
@@ -416,9 +417,11 @@ def test_a_save_after_falling_back_never_deletes_the_newer_checkpoints_it_skippe
 ) -> None:
     names = make_steps(str(tmp_path), 4)
     unreadable = {f"{n}/state.pt": (-1, FAULTS["forbidden"]) for n in names}
-    ckpt = faulty(str(tmp_path), unreadable, keep_last=1)
     model, opt = tiny()
-    assert ckpt.restore(model=model, optimizer=opt) == 0  # none could be read
+    with faulty(str(tmp_path), unreadable) as refused, pytest.raises(NoUsableCheckpointError):
+        refused.restore(model=model, optimizer=opt)  # none could be read: no silent step 0
+    ckpt = faulty(str(tmp_path), unreadable, keep_last=1, start_fresh=True)
+    assert ckpt.restore(model=model, optimizer=opt) == 0  # starting over, on purpose
     ckpt.save(0, model=model, optimizer=opt, block=True)  # step 1 commits, keep_last=1
     ckpt.close()
     # Count retention deletes only what is older than the new commit: nothing here.

@@ -12,6 +12,7 @@ agree on when to save and on which checkpoint to resume from
 from costguard.checkpoint.checkpointer import (
     EXIT_PREEMPTED,
     Checkpointer,
+    NoUsableCheckpointError,
     Preempted,
     RestoreError,
     SaveResult,
@@ -25,6 +26,7 @@ from costguard.retry import RetryPolicy
 __all__ = [
     "EXIT_PREEMPTED",
     "Checkpointer",
+    "NoUsableCheckpointError",
     "Preempted",
     "RestoreError",
     "ResumableLoader",

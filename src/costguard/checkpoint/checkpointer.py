@@ -71,9 +71,15 @@ from costguard.checkpoint.notices import (
     start_cloud_watcher,
 )
 from costguard.checkpoint.notices import signals as signals_mod
-from costguard.checkpoint.restoring import PAYLOAD, Restorer
+from costguard.checkpoint.restoring import (
+    PAYLOAD,
+    NoUsableCheckpointError,
+    Restorer,
+    fallback,
+)
 from costguard.checkpoint.saving import ENV_EVENTS_FILE, Saver, SaveResult
 from costguard.checkpoint.schedule import Schedule
+from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.sharded import ShardedStateError
 from costguard.checkpoint.state import Stateful, TrainState
 from costguard.checkpoint.store import (
@@ -102,6 +108,8 @@ ENV_URL = "COSTGUARD_CHECKPOINT_URL"
 ENV_EVERY_STEPS = "COSTGUARD_CHECKPOINT_EVERY_STEPS"
 ENV_EVERY_MINUTES = "COSTGUARD_CHECKPOINT_EVERY_MINUTES"
 ENV_KEEP = "COSTGUARD_CHECKPOINT_KEEP"
+#: ``costguard run --start-fresh``: start from step 0 when no checkpoint can be used.
+ENV_START_FRESH = "COSTGUARD_CHECKPOINT_START_FRESH"
 #: Seconds an emergency save keeps in hand before the notice's deadline to say how it went.
 REPORT_MARGIN_S = 2.0
 __all__ = [
@@ -109,6 +117,7 @@ __all__ = [
     "EXIT_PREEMPTED",
     "PAYLOAD",
     "Checkpointer",
+    "NoUsableCheckpointError",
     "Preempted",
     "RestoreError",
     "SaveResult",
@@ -161,7 +170,14 @@ class Checkpointer:
     off, buffers no step touches) are stored once, in a pool the checkpoints share, and
     not copied or uploaded again while they stay unchanged: a LoRA fine-tune saves the
     adapter and the optimizer, not the base model, at every save (see
-    :mod:`~costguard.checkpoint.incremental`). The restored state is the same either way.
+    :mod:`~costguard.checkpoint.incremental`; for a sharded state, each rank's frozen
+    shards: :mod:`~costguard.checkpoint.shard_pool`). The restored state is the same
+    either way.
+
+    When checkpoints exist but none can be used (each proven corrupt or unreadable now),
+    :meth:`restore` raises :class:`NoUsableCheckpointError` rather than start from step 0;
+    ``start_fresh`` makes it start from step 0 then, on purpose (a usable checkpoint is
+    still resumed from).
     """
 
     def __init__(
@@ -182,6 +198,7 @@ class Checkpointer:
         partial_grace_s: float = PARTIAL_GRACE_S,
         events_file: str | None = None,
         incremental: bool = True,
+        start_fresh: bool = False,
         check: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -197,6 +214,7 @@ class Checkpointer:
         self.schedule = Schedule(every_steps, every_minutes)
         self.keep_last = keep_last
         self.when_busy = when_busy
+        self.start_fresh = start_fresh
         self.board = notices if notices is not None else NoticeBoard()
         self.exit_on_notice = exit_on_notice
         self.rank = rank
@@ -228,6 +246,8 @@ class Checkpointer:
         self._preempted_file: str | None = None
         #: Whether the state is sharded (saved through DCP); known at the first use.
         self._sharded: bool | None = None
+        #: A sharded state's frozen chunks, stored once in the pool (this rank's).
+        self._shard_pool = ShardPool(enabled=incremental)
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
 
@@ -282,6 +302,8 @@ class Checkpointer:
             options.setdefault("events_file", env[ENV_EVENTS_FILE].strip())
         if env.get("RANK", "").strip().isdigit():
             options.setdefault("rank", int(env["RANK"]))
+        if env.get(ENV_START_FRESH, "").strip() == "1":
+            options["start_fresh"] = True
         ckpt = cls(url, **options)
         if watch:
             ckpt.watch(env)
@@ -359,7 +381,9 @@ class Checkpointer:
 
         Returns 0 (and changes nothing) when there is no checkpoint. Each candidate is
         verified (sizes and sha256); on a mismatch, a missing object or a corrupt manifest
-        a warning is logged and the previous checkpoint is tried. ``extra`` is updated in
+        a warning names it, says why and how many steps it costs, and the previous
+        checkpoint is tried. When checkpoints exist and none can be used, raises
+        :class:`NoUsableCheckpointError` (unless ``start_fresh``). ``extra`` is updated in
         place. Afterwards, partial folders left by a killed writer are deleted.
 
         Under a process group rank 0 chooses, every rank loads the checkpoint it chose (and
@@ -377,7 +401,13 @@ class Checkpointer:
             self._restore_sharded(train)
             return self._restored()
         group = self._coordination()
-        chosen = self._restorer.choose() if group is None or group.rank == 0 else None
+        chosen: tuple[Manifest, Any] | None = None
+        refusal: NoUsableCheckpointError | None = None
+        if group is None or group.rank == 0:
+            chosen, skipped = self._restorer.choose()
+            picked = chosen[0] if chosen is not None else None
+            refusal = fallback(skipped, picked, self.store.url, start_fresh=self.start_fresh)
+        self._refuse(group, refusal)
         if group is not None:
             chosen = self._load_chosen(group, chosen)
         if chosen is not None:
@@ -399,6 +429,18 @@ class Checkpointer:
                 self._saver.pool.adopt(model.state_dict(), self._restorer.pooled)
             self.restored = manifest
         return self._restored()
+
+    def _refuse(self, group: Group | None, refusal: NoUsableCheckpointError | None) -> None:
+        """Raise rank 0's refusal to start from step 0 on every rank (collective), after
+        telling ``costguard run`` (which then exits 2 with its message and hint)."""
+        said = (refusal.message, refusal.hint) if refusal is not None else None
+        if group is not None:
+            said = group.broadcast(said)
+        if said is None:
+            return
+        if self.rank == 0:
+            self._saver.note({"event": "restore", "refused": said[0], "hint": said[1]})
+        raise NoUsableCheckpointError(said[0], hint=said[1])
 
     def _restored(self) -> int:
         """After a restore (of :attr:`restored`, if any): the step to start from."""
@@ -436,7 +478,9 @@ class Checkpointer:
             raise RuntimeError(msg)
         self._group, self.rank = group, group.rank
         try:
-            self.restored = sharded_mod.restore(self.store, self._restorer, group, train)
+            self.restored, skipped = sharded_mod.restore(
+                self.store, self._restorer, group, train, self._shard_pool
+            )
         except (KeyError, RuntimeError, ValueError) as exc:
             msg = f"a sharded checkpoint in {self.store.url} does not fit: {exc}"
             raise RestoreError(
@@ -444,6 +488,10 @@ class Checkpointer:
                 hint="restore into the same model and optimizer it was saved from (the "
                 "number of ranks may differ)",
             ) from exc
+        refusal = None
+        if group.rank == 0:
+            refusal = fallback(skipped, self.restored, self.store.url, start_fresh=self.start_fresh)
+        self._refuse(group, refusal)
 
     def _load_chosen(
         self, group: Group, chosen: tuple[Manifest, Any] | None
@@ -630,7 +678,9 @@ class Checkpointer:
         self._last_save_s = self._clock()
         self._saver.wait()  # the previous save's retention (rank 0)
         name = group.broadcast(checkpoint_name(steps_done, secrets.token_hex(4)))
-        result, manifest = sharded_mod.save(self.store, group, name, steps_done, parts, reason)
+        result, manifest = sharded_mod.save(
+            self.store, group, name, steps_done, parts, reason, self._shard_pool
+        )
         if group.rank != 0:
             return None
         return self._saver.completed(result, manifest)

@@ -5,8 +5,10 @@
 :class:`~costguard.checkpoint.store.Store` (local, s3, gs, az, with its retries): each
 rank streams its chunks, as raw bytes, into one object hashed on the way
 (:func:`shard_object`); the coordinating rank writes DCP's index (:data:`METADATA`, loaded
-back with ``weights_only=True``). The checkpoint logic on top (the manifest, verification,
-fallback) is :mod:`costguard.checkpoint.sharded`.
+back with ``weights_only=True``). With a :class:`~costguard.checkpoint.shard_pool.ShardPool`
+a rank's frozen chunks go to the shared pool instead (``blobs/<sha256>``, one object per
+chunk, written only when changed), and the index says so. The checkpoint logic on top
+(the manifest, verification, fallback) is :mod:`costguard.checkpoint.sharded`.
 
 torch is imported inside the functions.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.manifest import Manifest, ManifestError, ObjectEntry
+from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.store import Store
 
 #: DCP's index of every chunk (written by the coordinating rank).
@@ -47,8 +50,9 @@ def object_entry(manifest: Manifest, name: str) -> ObjectEntry:
 
 @dataclasses.dataclass(frozen=True)
 class Stored:
-    """Where one chunk of a DCP checkpoint lies: object, byte range, and for a tensor its
-    dtype and shape (the bytes are raw). Kept in ``dcp.metadata``."""
+    """Where one chunk of a DCP checkpoint lies: object (the manifest entry's name: a
+    pool object's is its sha256), byte range, and for a tensor its dtype and shape (the
+    bytes are raw). Kept in ``dcp.metadata``."""
 
     object: str
     offset: int
@@ -73,6 +77,11 @@ def _tensor_bytes(tensor: Any) -> memoryview:
         t = t.cpu()
     t = t.contiguous().reshape(-1)
     return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def _described(tensor: Any) -> tuple[str, tuple[int, ...]]:
+    """A saved tensor chunk's dtype and shape, as :class:`Stored` keeps them."""
+    return str(tensor.dtype), tuple(int(n) for n in tensor.shape)
 
 
 def _narrow(tensor: Any, offsets: Any, lengths: Any) -> Any:
@@ -111,13 +120,14 @@ def _safe_globals() -> list[Any]:
     ]
 
 
-def storage_writer(store: Store, folder: str) -> Any:
+def storage_writer(store: Store, folder: str, pool: ShardPool | None = None) -> Any:
     """A DCP ``StorageWriter`` that writes into checkpoint folder ``folder`` of ``store``.
 
     Each rank writes one object (:func:`shard_object`), streamed into the store and
-    hashed on the way; the coordinator writes ``dcp.metadata`` in ``finish``, after DCP
-    has gathered every rank's results, and then knows every object's manifest entry
-    (:attr:`objects`).
+    hashed on the way, but for the chunks ``pool`` takes (each a pool object); the
+    coordinator writes ``dcp.metadata`` in ``finish``, after DCP has gathered every rank's
+    results, and then knows every object's manifest entry (:attr:`objects`). Each rank's
+    :attr:`written_bytes` counts what it wrote.
     """
     from torch.distributed.checkpoint import StorageWriter
     from torch.distributed.checkpoint.planner import WriteItemType
@@ -131,9 +141,11 @@ def storage_writer(store: Store, folder: str) -> Any:
             #: Every object of the checkpoint but the manifest (on the coordinator, after
             #: ``finish``).
             self.objects: list[ObjectEntry] = []
+            self.written_bytes = 0
 
         def reset(self, checkpoint_id: Any = None) -> None:
             self.objects = []
+            self.written_bytes = 0
 
         @classmethod
         def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
@@ -157,14 +169,29 @@ def storage_writer(store: Store, folder: str) -> Any:
             return future
 
         def _write(self, plan: Any, planner: Any) -> list[Any]:
-            if not plan.items:
-                return []
+            results, rest = [], []
+            for item in plan.items:
+                if pool is not None and item.type != WriteItemType.BYTE_IO:
+                    data = planner.resolve_data(item)
+                    if pool.pooled(item.index.fqn, data):
+                        offsets = tuple(int(n) for n in item.index.offset or ())
+                        entry = pool.place(store, item.index.fqn, offsets, data, hash_aside=True)
+                        stored = Stored(entry.name, 0, entry.size_bytes, *_described(data))
+                        results.append(
+                            WriteResult(item.index, entry.size_bytes, _Written(stored, entry))
+                        )
+                        continue
+                rest.append(item)
+            if pool is not None:
+                self.written_bytes += pool.written_bytes
+            if not rest:
+                return results
             name: str = plan.storage_data
             chunks: list[tuple[Any, Stored]] = []
 
             def produce(upload: Any) -> None:
                 chunks.clear()  # a local write that is retried starts again
-                for item in plan.items:
+                for item in rest:
                     data = planner.resolve_data(item)
                     offset = upload.size
                     if item.type == WriteItemType.BYTE_IO:
@@ -174,18 +201,13 @@ def storage_writer(store: Store, folder: str) -> Any:
                         # dcp.save is synchronous: the state is left unchanged until it
                         # returns, so the hash may run on past this write.
                         upload.write_held(_tensor_bytes(data))
-                        stored = Stored(
-                            name,
-                            offset,
-                            upload.size - offset,
-                            str(data.dtype),
-                            tuple(int(n) for n in data.shape),
-                        )
+                        stored = Stored(name, offset, upload.size - offset, *_described(data))
                     chunks.append((item.index, stored))
 
             size, digest = store.write_stream(f"{folder}/{name}", produce)
+            self.written_bytes += size
             entry = ObjectEntry(name, size, digest)
-            return [
+            return results + [
                 WriteResult(index, stored.length, _Written(stored, entry))
                 for index, stored in chunks
             ]
@@ -257,11 +279,13 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             return plans
 
         def read_data(self, plan: Any, planner: Any) -> Any:
-            listed = {o.name for o in manifest.objects}
+            listed = {o.name: o for o in manifest.objects}
             for item in sorted(plan.items, key=lambda i: self._where(i, listed).offset):
                 where = self._where(item, listed)
                 data = store.read_range(
-                    manifest.object_path(where.object), where.offset, where.offset + where.length
+                    manifest.object_path(listed[where.object]),
+                    where.offset,
+                    where.offset + where.length,
                 )
                 if item.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(item, io.BytesIO(data))
@@ -285,7 +309,7 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             future.set_result(None)
             return future
 
-        def _where(self, item: Any, listed: set[str]) -> Stored:
+        def _where(self, item: Any, listed: Mapping[str, ObjectEntry]) -> Stored:
             where = self.storage[item.storage_index]
             if where.object not in listed:
                 msg = f"dcp.metadata names {where.object[:80]!r}, which the manifest does not list"

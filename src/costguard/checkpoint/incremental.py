@@ -205,6 +205,22 @@ def sha256_of(tensor: Any) -> str:
     return digest.hexdigest()
 
 
+def write_object(store: Store, path: str, view: memoryview, *, hash_aside: bool) -> tuple[int, str]:
+    """Write a pool object from the bytes of a live tensor; its size and sha256 as written.
+
+    Streamed where the store streams (S3 parts, a local file); elsewhere put whole from
+    ``view`` (a streamed write there would buffer a second copy).
+    """
+    if store.is_s3 or store.is_local:
+
+        def produce(file: Any) -> None:
+            for start in range(0, view.nbytes, CHUNK_BYTES):
+                file.write(view[start : start + CHUNK_BYTES])
+
+        return store.write_stream(path, produce, hash_aside=hash_aside)
+    return view.nbytes, store.put_hashed(path, view)
+
+
 class Pool:
     """The pool side of one writer: which tensors are pooled, what is known stored."""
 
@@ -299,14 +315,7 @@ class Pool:
         snapshot.uploaded_bytes += size
 
     def _write(self, path: str, view: memoryview, *, hash_aside: bool) -> tuple[int, str]:
-        if self.store.is_s3 or self.store.is_local:
-
-            def produce(file: Any) -> None:
-                for start in range(0, view.nbytes, CHUNK_BYTES):
-                    file.write(view[start : start + CHUNK_BYTES])
-
-            return self.store.write_stream(path, produce, hash_aside=hash_aside)
-        return view.nbytes, self.store.put_hashed(path, view)
+        return write_object(self.store, path, view, hash_aside=hash_aside)
 
     def committed(self, snapshot: Snapshot) -> None:
         """A save committed: its pooled tensors are what the next save compares with."""

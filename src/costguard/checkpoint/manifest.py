@@ -37,6 +37,10 @@ from typing import Any
 from costguard.errors import CostguardError
 
 MANIFEST_FILE = "manifest.json"
+#: Written into a checkpoint's folder by the restore that proved it incomplete or corrupt
+#: (an object missing, bytes that do not match): the verdict stands, so the checkpoint
+#: does not come back when a later run writes a pool object of the same sha256 again.
+CONDEMNED_FILE = "condemned.json"
 FORMAT_VERSION = 1
 #: The format of a manifest that refers to objects in the shared pool (incremental saves).
 #: Only such manifests carry it, so a costguard that knows no pool skips them as written
@@ -327,7 +331,7 @@ def _from_dict(data: Any, name: str) -> Manifest:
         if (
             not isinstance(object_name, str)
             or not _OBJECT.match(object_name)
-            or object_name == MANIFEST_FILE
+            or object_name in (MANIFEST_FILE, CONDEMNED_FILE)
         ):
             # Also what keeps a manifest from naming an object outside its folder.
             msg = f"object name {str(object_name)[:80]!r}"
@@ -393,6 +397,11 @@ class Listing:
         return MANIFEST_FILE in self.objects
 
     @property
+    def condemned(self) -> bool:
+        """Whether a restore proved it incomplete or corrupt (:data:`CONDEMNED_FILE`)."""
+        return CONDEMNED_FILE in self.objects
+
+    @property
     def size_bytes(self) -> int:
         """Bytes this folder holds in the store."""
         return sum(self.objects.values())
@@ -437,6 +446,26 @@ def is_complete(manifest: Manifest, present: Mapping[str, int]) -> bool:
     cheaply; the sha256 is checked when the checkpoint is read.
     """
     return all(present.get(manifest.object_path(o)) == o.size_bytes for o in manifest.objects)
+
+
+def missing_objects(manifest: Manifest, present: Mapping[str, int]) -> list[str]:
+    """What keeps a checkpoint from being complete: each object not listed in ``present``
+    or listed with another size, in words (empty when it is complete).
+
+    >>> m = Manifest("ckpt-000000000001-00000000", 1, 0.0, (ObjectEntry("s", 4, "0" * 64),))
+    >>> missing_objects(m, {"ckpt-000000000001-00000000/s": 3})
+    ['ckpt-000000000001-00000000/s has 3 bytes, not 4']
+    >>> missing_objects(m, {})
+    ['ckpt-000000000001-00000000/s is missing']
+    """
+    found = []
+    for o in manifest.objects:
+        size = present.get(manifest.object_path(o))
+        if size is None:
+            found.append(f"{manifest.object_path(o)} is missing")
+        elif size != o.size_bytes:
+            found.append(f"{manifest.object_path(o)} has {size} bytes, not {o.size_bytes}")
+    return found
 
 
 def restore_order(manifests: Iterable[Manifest], present: Mapping[str, int]) -> list[Manifest]:

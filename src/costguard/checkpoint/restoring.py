@@ -14,14 +14,24 @@ whole point of this module:
   not the manifest's. Retention may delete such a folder once a newer checkpoint exists.
 * **doubtful** (anything else: a read that failed after its retries, a timeout, a 403, a
   manifest from a newer costguard, a payload this torch cannot load): skipped for this
-  restore with a warning that says how many steps will be repeated, and never deleted.
+  restore, and never deleted.
+
+One rule for every restore path (replicated, incremental, sharded), :func:`fallback`: each
+checkpoint skipped is named in a warning with why and how many steps it costs; when
+checkpoints exist and none can be used, the restore raises
+:class:`NoUsableCheckpointError` rather than start at step 0 (``start_fresh`` starts over
+on purpose). A checkpoint proven incomplete or corrupt gets a marker object
+(:data:`~costguard.checkpoint.manifest.CONDEMNED_FILE`): the verdict stands even if a
+later run writes the missing pool object again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -30,19 +40,20 @@ from typing import Any
 from costguard.checkpoint import incremental
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.manifest import (
+    CONDEMNED_FILE,
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
     Listing,
     Manifest,
     ManifestError,
     UnreadableError,
-    is_complete,
+    missing_objects,
     parse_manifest,
     restore_order,
     scan,
 )
 from costguard.checkpoint.store import Progress, Store
-from costguard.errors import CostguardError
+from costguard.errors import EXIT_BAD_INPUT, CostguardError
 from costguard.secrets import redact
 
 logger = logging.getLogger(__name__)
@@ -67,11 +78,92 @@ class Survey:
     incomplete: list[Manifest] = field(default_factory=list)
     #: Relative path -> when it was last written, for the objects whose store says.
     modified: dict[str, float] = field(default_factory=dict)
+    #: Folders an earlier restore recorded as incomplete or corrupt (corrupt too).
+    condemned: set[str] = field(default_factory=set)
 
     @property
     def committed(self) -> set[str]:
         """Folders with a readable manifest whose objects are all listed."""
         return {m.name for m in restore_order(self.manifests, self.sizes)} - set(self.corrupt)
+
+    def skipped(self) -> list[Skipped]:
+        """The checkpoints (folders with a manifest) a restore cannot use, as listed."""
+        steps = {c.name: c.step for c in self.listings}
+        return [
+            *(
+                Skipped(name, steps.get(name, 0), why, kept=False)
+                for name, why in self.corrupt.items()
+            ),
+            *(
+                Skipped(name, steps.get(name, 0), why, kept=True)
+                for name, why in self.doubtful.items()
+            ),
+        ]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A checkpoint a restore did not use: why, and whether it is kept (could not be judged
+    now) or proven incomplete or corrupt (recorded; retention may delete it)."""
+
+    name: str
+    step: int
+    why: str
+    kept: bool
+
+
+class NoUsableCheckpointError(CostguardError):
+    """Checkpoints exist but none can be restored: starting from step 0 instead would
+    silently throw the run away (exit code 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+#: What the refusal suggests (:func:`fallback`).
+START_FRESH_HINT = (
+    "costguard checkpoint verify URL says what is wrong with each; to start over from step 0 "
+    "on purpose: costguard run --start-fresh, or Checkpointer(start_fresh=True)"
+)
+
+
+def fallback(
+    skipped: list[Skipped], chosen: Manifest | None, url: str, *, start_fresh: bool
+) -> NoUsableCheckpointError | None:
+    """The one rule of every restore path: warn about each checkpoint newer than the one
+    resumed from that was skipped (why, and the steps it costs), and return the error to
+    raise when checkpoints exist but none can be used (``None`` with ``start_fresh``: the
+    run starts from step 0 on purpose, with a warning)."""
+    start = chosen.step if chosen is not None else 0
+    passed = sorted(
+        (s for s in skipped if s.step >= start and (chosen is None or s.name != chosen.name)),
+        key=lambda s: (s.step, s.name),
+        reverse=True,
+    )
+    for s in passed:
+        logger.warning(
+            "costguard: skipped checkpoint %s (step %d): %s. %s Resuming from step %d repeats "
+            "%d steps.",
+            s.name,
+            s.step,
+            s.why,
+            "It is kept (it could not be judged now)."
+            if s.kept
+            else "It is recorded as incomplete or corrupt.",
+            start,
+            s.step - start,
+        )
+    if chosen is not None or not skipped:
+        return None
+    newest = max(skipped, key=lambda s: (s.step, s.name))
+    msg = (
+        f"{len(skipped)} checkpoint{'s' * (len(skipped) > 1)} in {url} and none can be "
+        f"used (the newest, {newest.name} at step {newest.step}: {newest.why})"
+    )
+    if start_fresh:
+        logger.warning("costguard: %s; starting from step 0, as start_fresh asks", msg)
+        return None
+    logger.error("costguard: %s. Not starting from step 0: %s", msg, START_FRESH_HINT)
+    return NoUsableCheckpointError(msg, hint=START_FRESH_HINT)
 
 
 class Restorer:
@@ -96,6 +188,22 @@ class Restorer:
         with self._lock:
             self.corrupt[name] = why
 
+    def condemn(self, skipped: list[Skipped]) -> None:
+        """Record in the store each checkpoint a restore proved incomplete or corrupt (its
+        :data:`CONDEMNED_FILE`), so the verdict outlives a later write of the same pool
+        object. Best effort: a store this process may only read keeps the verdict here."""
+        for s in skipped:
+            if s.kept:
+                continue
+            self.mark_corrupt(s.name, s.why)
+            record = {"why": s.why, "found_unix": time.time()}
+            try:
+                self.store.put(f"{s.name}/{CONDEMNED_FILE}", json.dumps(record).encode())
+            except CostguardError as exc:
+                logger.warning(
+                    "costguard: could not record %s as corrupt: %s", s.name, redact(exc.message)
+                )
+
     def forget(self, name: str) -> None:
         """A checkpoint that has been deleted."""
         with self._lock:
@@ -112,6 +220,12 @@ class Restorer:
         for listing in listings:
             if not listing.has_manifest or listing.name in survey.corrupt:
                 continue
+            if listing.condemned:
+                survey.condemned.add(listing.name)
+                survey.corrupt[listing.name] = (
+                    f"an earlier restore found it incomplete or corrupt ({CONDEMNED_FILE})"
+                )
+                continue
             try:
                 manifest = self._manifest(listing)
             except ManifestError as exc:
@@ -125,11 +239,14 @@ class Restorer:
                     redact(exc.message),
                 )
             else:
-                if is_complete(manifest, sizes):
+                missing = missing_objects(manifest, sizes)
+                if not missing:
                     survey.manifests.append(manifest)
                 else:
                     survey.incomplete.append(manifest)
-                    survey.corrupt[listing.name] = "an object is missing or has the wrong size"
+                    survey.corrupt[listing.name] = missing[0] + (
+                        f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+                    )
         with self._lock:
             self.corrupt.update(survey.corrupt)
         return survey
@@ -215,40 +332,27 @@ class Restorer:
                 msg = f"{PAYLOAD} cannot be loaded: {type(exc).__name__}: {str(exc)[:200]}"
                 raise UnreadableError(msg) from exc
 
-    def choose(self) -> tuple[Manifest, Any] | None:
-        """The newest checkpoint that verifies and loads, with its state; or ``None``.
+    def choose(self) -> tuple[tuple[Manifest, Any] | None, list[Skipped]]:
+        """The newest checkpoint that verifies and loads, with its state (or ``None``), and
+        every checkpoint that could not be used (see :func:`fallback`).
 
-        A corrupt one is recorded and the previous one tried; one that could not be read
-        now is skipped (kept). Each skip is reported with the steps it costs.
+        A corrupt one is recorded (:meth:`condemn`) and the previous one tried; one that
+        could not be read now is skipped and kept.
         """
         survey = self.survey()
-        skipped: list[tuple[Manifest, str]] = []
+        skipped = survey.skipped()
         chosen: tuple[Manifest, Any] | None = None
         for manifest in restore_order(survey.manifests, survey.sizes):
             try:
                 chosen = manifest, self.load(manifest)
                 break
             except ManifestError as exc:
-                self.mark_corrupt(manifest.name, exc.message)
-                logger.warning(
-                    "costguard: checkpoint %s is corrupt (%s); trying the previous one",
-                    manifest.name,
-                    exc.message,
-                )
+                skipped.append(Skipped(manifest.name, manifest.step, exc.message, kept=False))
             except Exception as exc:
-                skipped.append((manifest, f"{type(exc).__name__}: {redact(str(exc))[:300]}"))
-        start = chosen[0].step if chosen is not None else 0
-        for manifest, why in skipped:
-            logger.warning(
-                "costguard: skipped checkpoint %s (step %d) for this restore: %s. It is kept; "
-                "resuming from step %d repeats %d steps.",
-                manifest.name,
-                manifest.step,
-                why,
-                start,
-                manifest.step - start,
-            )
-        return chosen
+                why = f"{type(exc).__name__}: {redact(str(exc))[:300]}"
+                skipped.append(Skipped(manifest.name, manifest.step, why, kept=True))
+        self.condemn([s for s in skipped if s.name not in survey.condemned])
+        return chosen, skipped
 
 
 #: Reads shorter than this show no progress bar: they are over before one would help.

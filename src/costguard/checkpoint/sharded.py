@@ -60,10 +60,12 @@ from costguard.checkpoint.manifest import (
     ManifestError,
     ObjectEntry,
     UnreadableError,
+    parse_name,
     restore_order,
 )
-from costguard.checkpoint.restoring import Restorer
+from costguard.checkpoint.restoring import Restorer, Skipped
 from costguard.checkpoint.saving import SaveResult
+from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.state import TrainState
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
@@ -226,12 +228,14 @@ def save(
     steps_done: int,
     parts: TrainState,
     reason: str,
+    pool: ShardPool | None = None,
 ) -> tuple[SaveResult, Manifest | None]:
     """Save the sharded state as checkpoint ``name``; every rank calls it (collective).
 
-    Every rank writes its shards, rank 0 also ``train.pt``; rank 0 writes the manifest
-    only when every object is durable. Every rank gets the same outcome; rank 0 also the
-    committed manifest. Errors are reported in the result, never raised.
+    Every rank writes its shards (its frozen ones to ``pool``, when given and not already
+    there), rank 0 also ``train.pt``; rank 0 writes the manifest only when every object
+    is durable. Every rank gets the same outcome; rank 0 also the committed manifest.
+    Errors are reported in the result, never raised.
     """
     from torch.distributed import checkpoint as dcp
 
@@ -240,16 +244,18 @@ def save(
     error: str | None = None
     objects: list[ObjectEntry] = []
     train: Future[tuple[int, str]] | None = None
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="costguard-train-pt") as pool:
+    if pool is not None:
+        pool.begin(parts.model, parts.optimizer)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="costguard-train-pt") as executor:
         if ranks is not None:
             # Rank 0 writes train.pt while its shards go out: both are on its critical path.
             snapshot = train_state(steps_done, parts, ranks)
-            train = pool.submit(
+            train = executor.submit(
                 store.write_stream,
                 f"{name}/{TRAIN}",
                 lambda file: state_mod.torch_save(snapshot, file),
             )
-        writer = storage_writer(store, name)
+        writer = storage_writer(store, name, pool)
         try:
             dcp.save(dcp_state(parts), storage_writer=writer)
         except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
@@ -278,7 +284,11 @@ def save(
         except Exception as exc:
             error, manifest = _describe(exc), None
     error = group.broadcast(error)
+    if pool is not None:
+        pool.committed(error is None)
+    written = group.gather(writer.written_bytes)
     size = manifest.size_bytes if manifest is not None else 0
+    unique = {o.name: o.size_bytes for o in manifest.objects} if manifest is not None else {}
     result = SaveResult(
         name,
         steps_done,
@@ -288,6 +298,8 @@ def save(
         stall_s=time.perf_counter() - started,  # the loop waited for all of it
         save_s=time.perf_counter() - started,
         error=error,
+        # The shards and new pool objects every rank wrote, train.pt and dcp.metadata.
+        uploaded_bytes=sum(written or ()) + sum(unique.get(n, 0) for n in (TRAIN, METADATA)),
     )
     return result, manifest
 
@@ -340,34 +352,38 @@ def _verdict(store: Store, restorer: Restorer, name: str, group: Group) -> tuple
     return "ok", "", manifest
 
 
-def restore(store: Store, restorer: Restorer, group: Group, parts: TrainState) -> Manifest | None:
+def restore(
+    store: Store,
+    restorer: Restorer,
+    group: Group,
+    parts: TrainState,
+    pool: ShardPool | None = None,
+) -> tuple[Manifest | None, list[Skipped]]:
     """Load the newest sharded checkpoint that verifies into ``parts``; collective.
 
     Rank 0 lists the candidates; every rank verifies its share of each in turn and all
     agree on the verdict before anything is loaded: a corrupt one is recorded (retention
     may delete it), a doubtful one skipped and kept, and the previous one tried. Returns
-    the manifest loaded, or ``None`` (nothing changed) when none verifies.
+    the manifest loaded, or ``None`` (nothing changed) when none verifies, and (on rank 0)
+    every checkpoint that could not be used, for
+    :func:`~costguard.checkpoint.restoring.fallback`. The chunks loaded whole from pool
+    objects count as unchanged in ``pool`` (the next save does not write them again).
     """
     from torch.distributed import checkpoint as dcp
 
     names: list[str] | None = None
+    skipped: list[Skipped] = []
+    condemned: set[str] = set()
     if group.rank == 0:
         survey = restorer.survey()
         names = [m.name for m in restore_order(survey.manifests, survey.sizes)]
+        skipped, condemned = survey.skipped(), survey.condemned
     names = group.broadcast(names) or []
-    skipped: list[tuple[str, str]] = []
     chosen: Manifest | None = None
     for name in names:
         kind, why, manifest = _verdict(store, restorer, name, group)
-        if kind == "corrupt":
-            if group.rank == 0:
-                restorer.mark_corrupt(name, why)
-                logger.warning(
-                    "costguard: checkpoint %s is corrupt (%s); trying the previous one", name, why
-                )
-            continue
-        if kind == "doubtful" or manifest is None:
-            skipped.append((name, why))
+        if kind == "corrupt" or kind == "doubtful" or manifest is None:
+            skipped.append(Skipped(name, parse_name(name) or 0, why, kept=kind != "corrupt"))
             continue
         state = dcp_state(parts)
         try:
@@ -377,18 +393,19 @@ def restore(store: Store, restorer: Restorer, group: Group, parts: TrainState) -
             raise RuntimeError(_describe(exc)) from exc
         apply_dcp_state(parts, state)
         _apply_train(store, manifest, parts, group)
+        if pool is not None:
+            pool.adopt((parts.model, parts.optimizer), dcp_state(parts).get("model", {}), {
+                (index.fqn, tuple(int(n) for n in index.offset or ())): (pooled, where.dtype)
+                for index, where in reader.storage.items()
+                for pooled in manifest.objects
+                if pooled.pool and pooled.name == where.object
+            })  # fmt: skip
         chosen = manifest
         break
-    if group.rank == 0:
-        for name, why in skipped:
-            logger.warning(
-                "costguard: skipped checkpoint %s for this restore: %s. It is kept; resuming "
-                "from step %d.",
-                name,
-                why,
-                chosen.step if chosen is not None else 0,
-            )
-    return chosen
+    if group.rank != 0:
+        return chosen, []
+    restorer.condemn([s for s in skipped if s.name not in condemned])
+    return chosen, skipped
 
 
 def _apply_train(store: Store, manifest: Manifest, parts: TrainState, group: Group) -> None:

@@ -38,26 +38,20 @@ import io
 import json
 import logging
 import os
-import random
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from costguard.checkpoint import backends, uploads
+from costguard.checkpoint.calls import StoreCalls
 from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import require
-from costguard.errors import CostguardError, InputError, StoreError
+from costguard.errors import InputError, StoreError
 from costguard.files import atomic_write
-from costguard.retry import (
-    OnRetry,
-    RetryPolicy,
-    Transient,
-    call_with_retry,
-    call_with_retry_async,
-)
+from costguard.retry import RetryPolicy
 from costguard.secrets import redact, redact_url, url_has_credentials
 
 logger = logging.getLogger(__name__)
@@ -70,8 +64,6 @@ Progress = Callable[[int, int], None]
 #: concurrent ranged GETs of twice that.
 READ_CHUNK = 4 * 2**20
 READ_STREAMS = 4
-#: A retry that would start less than this before the deadline is not started.
-DEADLINE_MARGIN_S = 1.0
 #: The environment variable that holds fsspec options for the store, as a JSON object.
 ENV_STORAGE_OPTIONS = "COSTGUARD_STORAGE_OPTIONS"
 
@@ -101,35 +93,8 @@ def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
     return options
 
 
-def _classify(exc: Exception) -> Transient | None:
-    return Transient(type(exc).__name__) if backends.is_transient(exc) else None
-
-
-class Store:
+class Store(StoreCalls):
     """One checkpoint root in one fsspec filesystem. Paths are relative to the root."""
-
-    def __init__(
-        self,
-        fs: Any,
-        root: str,
-        url: str,
-        *,
-        retry: RetryPolicy | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-    ) -> None:
-        self.fs = fs
-        self.root = root.rstrip("/")
-        #: The URL as it may be shown: userinfo and query string masked.
-        self.url = redact_url(url)
-        self.backend = backends.backend_name(url)
-        self.retry = retry or RetryPolicy()
-        #: When set (unix time), no retry starts that could not end before it: the save
-        #: of a preemption notice must commit, or say it could not, while the machine lives.
-        self.deadline_unix: float | None = None
-        self._sleep = sleep
-        self._rng = random.Random()  # noqa: S311 - jitter, not security
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        self.is_local = protocol in ("file", "local")
 
     @classmethod
     def open(
@@ -206,85 +171,6 @@ class Store:
                 raise StoreError(msg, hint="check the path (nothing was created)")
         return cls(fs, root, text, retry=retry)
 
-    def full(self, path: str) -> str:
-        """The absolute path (in the filesystem's terms) of a relative ``path``."""
-        return f"{self.root}/{path.lstrip('/')}" if path else self.root
-
-    def _may_retry(self, delay_s: float) -> bool:
-        """Whether a retry after ``delay_s`` could still end before the deadline."""
-        if self.deadline_unix is None:
-            return True
-        return time.time() + delay_s + DEADLINE_MARGIN_S < self.deadline_unix
-
-    def _on_retry(self, action: str) -> OnRetry:
-        def log(exc: Exception, retry: int, retries: int, delay_s: float) -> None:
-            logger.warning(
-                "%s on %s failed (%s: %s); retry %d of %d in %.1f s",
-                action,
-                self.url,
-                type(exc).__name__,
-                redact(str(exc))[:300],
-                retry,
-                retries,
-                delay_s,
-            )
-
-        return log
-
-    def _with_retries(self, action: str, func: Callable[[], T]) -> T:
-        return call_with_retry(
-            func,
-            _classify,
-            self.retry,
-            sleep=self._sleep,
-            rand=self._rng.random,
-            may_wait=self._may_retry,
-            on_retry=self._on_retry(action),
-        )
-
-    def _call(self, action: str, func: Callable[[], T]) -> T:
-        return self._translate(action, lambda: self._with_retries(action, func))
-
-    def _translate(self, action: str, func: Callable[[], T]) -> T:
-        """Run ``func``; what it raises becomes a :class:`StoreError` that names ``action``."""
-        try:
-            return func()
-        except CostguardError:
-            raise
-        except Exception as exc:
-            raise self._store_error(action, exc) from exc
-
-    def _store_error(self, action: str, exc: Exception) -> StoreError:
-        detail = redact(str(exc))[:300]
-        if isinstance(exc, FileNotFoundError):
-            return StoreError(f"{action} on {self.url}: not found ({detail})")
-        if isinstance(exc, PermissionError):
-            return StoreError(f"{action} on {self.url}: permission denied ({detail})")
-        return StoreError(f"{action} on {self.url} failed: {type(exc).__name__}: {detail}")
-
-    async def _with_retries_async(self, action: str, func: Callable[[], Awaitable[T]]) -> T:
-        """:meth:`_with_retries` for a coroutine (one S3 call on fsspec's event loop); after
-        the last attempt the error is a :class:`StoreError` that names ``action``."""
-        try:
-            return await call_with_retry_async(
-                func,
-                _classify,
-                self.retry,
-                rand=self._rng.random,
-                may_wait=self._may_retry,
-                on_retry=self._on_retry(action),
-            )
-        except CostguardError:
-            raise
-        except Exception as exc:
-            raise self._store_error(action, exc) from exc
-
-    @property
-    def is_s3(self) -> bool:
-        """Whether this store is S3 (or an S3-compatible endpoint) through s3fs."""
-        protocol = self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]
-        return protocol in ("s3", "s3a")
-
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write one whole object; a reader sees the old object, or the complete new one."""
         self._put(path, data, None)
@@ -318,14 +204,14 @@ class Store:
         if self.is_s3:
             streamed = uploads.S3Upload(self, path, hashlib.sha256())
         elif self.is_local:
-            streamed = self._translate(
+            streamed = self.translate(
                 f"writing {path}",
                 lambda: uploads.LocalUpload(self.full(path), hash_aside=hash_aside),
             )
         if streamed is not None:
             try:
                 yield streamed
-                self._translate(f"writing {path}", streamed.finish)
+                self.translate(f"writing {path}", streamed.finish)
             except BaseException:
                 streamed.abort()
                 if streamed.failure is not None:
@@ -354,7 +240,7 @@ class Store:
             return upload.size, upload.sha256
 
         if self.is_local:
-            return self._call(f"writing {path}", once)
+            return self.call(f"writing {path}", once)
         return once()
 
     def _put(self, path: str, data: bytes | memoryview, digest: Any) -> None:
@@ -364,8 +250,8 @@ class Store:
             upload = uploads.S3Upload(self, path, digest, size=view.nbytes)
             try:
                 # No outer retry: every call of the upload retries on its own.
-                self._translate(f"writing {path}", lambda: upload.write(view))
-                self._translate(f"writing {path}", upload.finish)
+                self.translate(f"writing {path}", lambda: upload.write(view))
+                self.translate(f"writing {path}", upload.finish)
             except BaseException:
                 upload.abort()
                 raise
@@ -373,11 +259,11 @@ class Store:
         if digest is not None:
             digest.update(view)
         if self.is_local:
-            self._call(f"writing {path}", lambda: _write_local(target, view))
+            self.call(f"writing {path}", lambda: _write_local(target, view))
         elif view.nbytes > uploads.PART_BYTES:
-            self._call(f"writing {path}", lambda: self._write_in_blocks(target, view))
+            self.call(f"writing {path}", lambda: self._write_in_blocks(target, view))
         else:
-            self._call(f"writing {path}", lambda: self.fs.pipe_file(target, bytes(view)))
+            self.call(f"writing {path}", lambda: self.fs.pipe_file(target, bytes(view)))
 
     def _write_in_blocks(self, target: str, view: memoryview) -> None:
         """Write a large object through the backend's own chunked upload (GCS: a resumable
@@ -414,7 +300,7 @@ class Store:
 
     def get(self, path: str) -> bytes:
         """Read one whole object (one GET: faster than ranged reads on most stores)."""
-        return self._call(f"reading {path}", lambda: bytes(self.fs.cat_file(self.full(path))))
+        return self.call(f"reading {path}", lambda: bytes(self.fs.cat_file(self.full(path))))
 
     @contextlib.contextmanager
     def verified_file(
@@ -434,7 +320,7 @@ class Store:
         report = progress or (lambda done, total: None)
         if self.is_local:
             local = self.full(path)
-            self._call(
+            self.call(
                 f"reading {path}",
                 lambda: self._check_file(
                     path, local, size, sha256, opener=self.fs.open, progress=report
@@ -470,7 +356,7 @@ class Store:
             # in memory (twice, while a body is joined): its defaults (10 x 50 MB) held
             # about 1 GB at a time. Memory a process has touched is rarely given back, so
             # this peak would stay for the whole run.
-            self._call(
+            self.call(
                 f"reading {path}",
                 lambda: self.fs.get_file(
                     full,
@@ -482,7 +368,7 @@ class Store:
             )
             return
         if self.backend != "gcs":
-            self._call(f"reading {path}", lambda: self.fs.get_file(full, local, callback=callback))
+            self.call(f"reading {path}", lambda: self.fs.get_file(full, local, callback=callback))
             return
         with Path(local).open("wb") as file:
             for start in range(0, size, READ_CHUNK):
@@ -495,7 +381,7 @@ class Store:
         return self._read_range(path, self.full(path), start, end)
 
     def _read_range(self, path: str, full: str, start: int, end: int) -> bytes:
-        return self._call(
+        return self.call(
             f"reading {path}", lambda: bytes(self.fs.cat_file(full, start=start, end=end))
         )
 
@@ -554,7 +440,7 @@ class Store:
                         modified[relative] = when
             return sizes, modified
 
-        return self._call("listing", find)
+        return self.call("listing", find)
 
     def delete(self, paths: Iterable[str]) -> None:
         """Delete objects, in the order given (missing ones are fine)."""
@@ -565,7 +451,7 @@ class Store:
                 with contextlib.suppress(FileNotFoundError):
                     self.fs.rm_file(target)
 
-            self._call(f"deleting {path}", remove)
+            self.call(f"deleting {path}", remove)
         if self.is_local:
             _prune_empty_local_dirs(self.root)
 
@@ -576,7 +462,7 @@ class Store:
             found = Path(self.root).is_dir()
         else:
             bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
-            found = self._call("looking for the bucket", lambda: self.fs.exists(bucket))
+            found = self.call("looking for the bucket", lambda: self.fs.exists(bucket))
         if not found:
             msg = f"no checkpoint store at {self.url}: it does not exist"
             raise StoreError(msg, hint="check the URL (nothing was created)")

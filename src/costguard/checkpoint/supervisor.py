@@ -30,7 +30,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from costguard.errors import InputError
+from costguard.errors import EXIT_BAD_INPUT, InputError
 from costguard.reaper.agent import jobs_dir, registered_job
 
 #: Where the supervisor's lines go (``costguard run`` writes them to stderr).
@@ -57,6 +57,7 @@ def child_environment(
     notice_fd: int,
     relay_dir: str | None = None,
     run_pid: int | None = None,
+    start_fresh: bool = False,
 ) -> dict[str, str]:
     """The child's environment: ``base`` plus the checkpoint settings and the notice pipe
     (and, with ``relay_dir``, the relay file and preemption record for deeper processes).
@@ -82,8 +83,11 @@ def child_environment(
         "COSTGUARD_PREEMPTED_FILE",
         "COSTGUARD_RUN_PID",
         "COSTGUARD_EVENTS_FILE",
+        "COSTGUARD_CHECKPOINT_START_FRESH",
     ):
         env.pop(name, None)  # an outer costguard run's settings are not ours
+    if start_fresh:
+        env["COSTGUARD_CHECKPOINT_START_FRESH"] = "1"
     if relay_dir is not None:
         env["COSTGUARD_NOTICE_FILE"] = str(Path(relay_dir, "notices.jsonl"))
         env["COSTGUARD_PREEMPTED_FILE"] = str(Path(relay_dir, "preempted.json"))
@@ -144,6 +148,8 @@ class Events:
         self.quiet = quiet
         self._say = say
         self.restored: dict[str, Any] | None = None
+        #: The restore's refusal to start from step 0 (checkpoints exist, none usable).
+        self.refused: dict[str, Any] | None = None
         self.last_durable: dict[str, Any] | None = None
         #: rank -> its "closed" event: the loop ended and the final checkpoint is durable.
         self.closed: dict[int, dict[str, Any]] = {}
@@ -178,7 +184,9 @@ class Events:
                 self._show(json.loads(line))
 
     def _show(self, event: dict[str, Any]) -> None:
-        if event.get("event") == "restore":
+        if event.get("event") == "restore" and event.get("refused"):
+            self.refused = event  # said once, as the command's error, when the script ends
+        elif event.get("event") == "restore":
             self.restored = event if event.get("name") else None
             if not self.quiet:
                 self._say(
@@ -265,9 +273,14 @@ def supervise(
     quiet: bool,
     say: Say,
     sync_dir: str | None = None,
+    start_fresh: bool = False,
 ) -> int:
     """Run ``command`` with checkpointing to ``url`` and preemption notices; its exit code
     as ``costguard run`` reports it (75: saved on a notice, run again to resume).
+
+    When the script's restore refused to start from step 0 (checkpoints exist, none can be
+    used), raises that :class:`~costguard.checkpoint.restoring.NoUsableCheckpointError`
+    (exit 2) once the script has ended; ``start_fresh`` lets the script start over.
 
     Before the script starts, the checkpoint location is checked (write, read back,
     delete a probe object), so a wrong URL or a missing bucket fails at once. With
@@ -317,6 +330,7 @@ def supervise(
         notice_fd=read_fd,
         relay_dir=relay_dir,
         run_pid=os.getpid(),
+        start_fresh=start_fresh,
     )
     try:
         # Its own process group: a terminal's Ctrl-C reaches the child once, through us.
@@ -398,9 +412,17 @@ def supervise(
         code = 0
     if interrupted:
         code = 130  # the shell's code for Ctrl-C
-    say(summary(code, events.newest(), interrupted=bool(interrupted)))
+    refused = events.refused if code != 0 and not interrupted else None
+    if refused is not None:
+        code = EXIT_BAD_INPUT
+    else:
+        say(summary(code, events.newest(), interrupted=bool(interrupted)))
     # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
     from costguard.spot.job import record_exit
 
     record_exit(os.environ, url, code, storage_options)
+    if refused is not None:
+        from costguard.checkpoint.restoring import NoUsableCheckpointError
+
+        raise NoUsableCheckpointError(str(refused["refused"]), hint=refused.get("hint"))
     return code

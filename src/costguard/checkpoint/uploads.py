@@ -22,16 +22,14 @@ import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from costguard.checkpoint import memcopy
+from costguard.checkpoint.calls import StoreCalls
 from costguard.clouds import require
 from costguard.errors import StoreError
 from costguard.files import fsync_dir
 from costguard.secrets import redact
-
-if TYPE_CHECKING:
-    from costguard.checkpoint.store import Store
 
 logger = logging.getLogger(__name__)
 EXTRA = "train"
@@ -237,7 +235,7 @@ class S3Upload(Upload):
     plain PUT.
     """
 
-    def __init__(self, store: Store, path: str, digest: Any, size: int | None = None) -> None:
+    def __init__(self, store: StoreCalls, path: str, digest: Any, size: int | None = None) -> None:
         super().__init__()
         #: The part size when the object's size is known (every part but the last),
         #: else each part's size follows :func:`streamed_part_size`.
@@ -314,7 +312,7 @@ class S3Upload(Upload):
         async def call() -> Any:
             return await fs._call_s3(method, Bucket=self.bucket, Key=self.key, **kwargs)
 
-        return sync(fs, self.store._with_retries_async(f"{action} {self.path}", call))
+        return sync(fs, self.store.with_retries_async(f"{action} {self.path}", call))
 
     def _raise_failed(self) -> None:
         for future in self._sent:
@@ -382,7 +380,7 @@ class S3Upload(Upload):
             )
             return answer
 
-        answer = await self.store._with_retries_async(
+        answer = await self.store.with_retries_async(
             f"uploading part {number} of {self.path}", call
         )
         return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32": crc32}
@@ -393,7 +391,7 @@ class S3Upload(Upload):
             body = bytes(self._body())
             if self.digest is not None:
                 self.digest.update(body)
-            self.store._call(
+            self.store.call(
                 f"writing {self.path}", lambda: self.store.fs.pipe_file(self.target, body)
             )
         else:
@@ -453,11 +451,11 @@ def sync(fs: Any, coroutine: Awaitable[T]) -> T:
     return result
 
 
-async def abort_upload(store: Store, bucket: str, key: str, upload_id: str) -> bool:
+async def abort_upload(store: StoreCalls, bucket: str, key: str, upload_id: str) -> bool:
     """Abort one multipart upload, best effort: a failure here is logged, not raised
     (:func:`abort_stale` gets another go later). Whether it was aborted."""
     try:
-        await store._with_retries_async(
+        await store.with_retries_async(
             f"aborting the upload of {key}",
             lambda: store.fs._call_s3(
                 "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id
@@ -472,7 +470,7 @@ async def abort_upload(store: Store, bucket: str, key: str, upload_id: str) -> b
 
 
 def abort_stale(
-    store: Store, grace_s: float = UPLOAD_GRACE_S, *, now_unix: float | None = None
+    store: StoreCalls, grace_s: float = UPLOAD_GRACE_S, *, now_unix: float | None = None
 ) -> list[str]:
     """Abort incomplete S3 multipart uploads under the root older than ``grace_s``.
 
@@ -498,7 +496,7 @@ def abort_stale(
             return answer
 
         for _page in range(1000):  # bounded: 1000 pages of 1000 uploads
-            answer = await store._with_retries_async("listing incomplete uploads", page)
+            answer = await store.with_retries_async("listing incomplete uploads", page)
             for upload in answer.get("Uploads", []):
                 initiated = upload.get("Initiated")
                 started = initiated.timestamp() if initiated is not None else 0.0
@@ -512,7 +510,7 @@ def abort_stale(
             kwargs["UploadIdMarker"] = answer.get("NextUploadIdMarker", "")
         return aborted
 
-    aborted = store._translate("listing incomplete uploads", lambda: sync(fs, sweep()))
+    aborted = store.translate("listing incomplete uploads", lambda: sync(fs, sweep()))
     for key in aborted:
         logger.info("aborted an incomplete upload of %s on %s", key, store.url)
     return aborted

@@ -13,7 +13,7 @@ import gc
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, fields
+from dataclasses import fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -36,6 +36,7 @@ from costguard.pricing.catalog import (
     check_provider,
     refresh_hint,
     source_dates,
+    table_rows,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.pricing.tables import load_tables
@@ -315,22 +316,6 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         _say_uncovered(catalog, uncovered)
 
 
-def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
-    """The rows of one table as plain records (dates as ISO strings, enums as values)."""
-    records: Sequence[InstancePrice | StorageRate | TransferRate | Region]
-    if table == "gpu_instances":
-        records = [i for i in catalog.instances if i.accelerator]
-    elif table == "cpu_instances":
-        records = [i for i in catalog.instances if not i.accelerator]
-    elif table == "storage":
-        records = catalog.storage
-    elif table == "transfer":
-        records = catalog.transfer
-    else:
-        records = catalog.regions
-    return [_plain(asdict(r)) for r in records]
-
-
 def _columns(table: str) -> list[str]:
     kind = {
         "gpu_instances": InstancePrice,
@@ -340,13 +325,6 @@ def _columns(table: str) -> list[str]:
         "regions": Region,
     }[table]
     return [f.name for f in fields(kind)]
-
-
-def _plain(record: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (v.isoformat() if hasattr(v, "isoformat") else str(v) if hasattr(v, "value") else v)
-        for k, v in record.items()
-    }
 
 
 def _statuses(row: dict[str, Any]) -> set[str]:

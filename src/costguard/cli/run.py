@@ -81,6 +81,12 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
     "here before the script starts.",
 )
 @click.option(
+    "--start-fresh",
+    is_flag=True,
+    help="Start from step 0 when checkpoints exist but none can be used (each corrupt or "
+    "unreadable); without it the script's restore refuses, and this exits 2.",
+)
+@click.option(
     "-q", "--quiet", is_flag=True, help="No line per save; only the start and the exit summary."
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)

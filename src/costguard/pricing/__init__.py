@@ -25,9 +25,9 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     prices stay :class:`~decimal.Decimal`. ``DataFrame.attrs`` holds ``as_of``,
     ``source`` and ``origin``.
     """
-    from costguard.cli.pricing import table_rows
     from costguard.errors import InputError
     from costguard.notebook import _pandas
+    from costguard.pricing.catalog import table_rows
     from costguard.pricing.tables import load_tables
     from costguard.settings import Settings
 

@@ -5,13 +5,14 @@ and validating the files is :mod:`costguard.pricing.tables`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import date, datetime
 from decimal import Decimal
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from costguard.errors import UnknownNameError
 
@@ -281,6 +282,29 @@ def refresh_hint(provider: str, regions: Iterable[str]) -> str:
     named = "".join(f" --region {r}" for r in names) if len(names) <= 3 else ""
     command = f"costguard pricing refresh --provider {provider}{named}"
     return f"{command} adds them ({REFRESH_NEEDS[provider]})"
+
+
+def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
+    """The rows of one table as plain records (dates as ISO strings, enums as values)."""
+    records: Sequence[InstancePrice | StorageRate | TransferRate | Region]
+    if table == "gpu_instances":
+        records = [i for i in catalog.instances if i.accelerator]
+    elif table == "cpu_instances":
+        records = [i for i in catalog.instances if not i.accelerator]
+    elif table == "storage":
+        records = catalog.storage
+    elif table == "transfer":
+        records = catalog.transfer
+    else:
+        records = catalog.regions
+    return [_plain(asdict(r)) for r in records]
+
+
+def _plain(record: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: (v.isoformat() if hasattr(v, "isoformat") else str(v) if hasattr(v, "value") else v)
+        for k, v in record.items()
+    }
 
 
 def check_provider(name: str) -> str:
