@@ -105,6 +105,7 @@ EXTRAS = {
     "train": "torch and the fsspec storage backends",
     "pandas": "pandas",
     "plot": "matplotlib",
+    "billing": "pyarrow, to read billing exports",
 }
 
 

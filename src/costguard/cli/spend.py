@@ -1,0 +1,134 @@
+"""``costguard spend``: what was billed, per job, owner, project, day or service, from the
+clouds' billing exports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from costguard.billing.spend import (
+    GROUPINGS,
+    SpendReport,
+    document,
+    exact,
+    group_label,
+    parse_month,
+    report,
+)
+from costguard.cli import render
+from costguard.cli.params import Name, Url, table_or_json
+from costguard.errors import InputError
+from costguard.money import format_usd
+
+
+class Month(Name):
+    """A month written ``YYYY-MM``."""
+
+    name = "month"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = super().convert(value, param, ctx)
+        try:
+            return parse_month(text)
+        except InputError:
+            self.refuse("is not a month written YYYY-MM", value, param, ctx)
+
+
+@click.command(
+    "spend",
+    epilog="""\b
+Examples:
+  costguard spend focus-2026-11.csv.gz --by job
+  costguard spend s3://my-bills/focus/data/BILLING_PERIOD=2026-11/ --by owner --format json
+  costguard spend 'exports/*.parquet' --by day --month 2026-11
+  costguard spend gcp-billing.jsonl --by project --format csv
+  costguard spend azure-focus.csv --by service --currency EUR""",
+    short_help="What was billed, per job, owner, project, day or service (billing exports).",
+)
+@click.argument("exports", nargs=-1, required=True, type=Url())
+@click.option(
+    "--by",
+    type=click.Choice(GROUPINGS),
+    default="job",
+    show_default=True,
+    help="Group by costguard's job or owner tag, the project (account, subscription), "
+    "the day of the charge, or the service.",
+)
+@click.option("--month", type=Month(), help="Only this billing month (YYYY-MM).")
+@click.option(
+    "--currency",
+    type=Name(8),
+    help="Report the charges in this currency (needed when the export mixes currencies).",
+)
+@table_or_json(csv=True)
+def spend_command(**options: Any) -> None:
+    """Sum the billed and the amortised (effective) cost of billing exports by group.
+
+    EXPORTS are FOCUS 1.0 exports (AWS Data Exports, the GCP FOCUS view, Azure Cost
+    Management), AWS CUR 2.0 or the GCP BigQuery billing export saved as JSONL or Parquet:
+    CSV, CSV.gz or Parquet files, globs or folders, local or s3://, gs://, az:// URLs read
+    in place. Charges without costguard's tag are one line of their own. Exact sums, in
+    the export's currency.
+    """
+    from costguard.billing.exports import read_spend  # pyarrow loads only now
+
+    tally = read_spend(options["exports"], options["by"])
+    spend = report(tally, options["by"], month=options["month"], currency=options["currency"])
+    output = options["output_format"]
+    if output == "json":
+        render.print_json(document(spend))
+    elif output == "csv":
+        render.print_csv(
+            ("key", "billed_usd", "effective_usd"),
+            (
+                {
+                    "key": g.key,
+                    "billed_usd": exact(g.billed_usd),
+                    "effective_usd": exact(g.effective_usd),
+                }
+                for g in spend.groups
+            ),
+        )
+    else:
+        _print(spend)
+
+
+def _money(amount: Any, currency: str) -> str:
+    return format_usd(amount) if currency == "USD" else f"{amount:,.2f} {currency}"
+
+
+def _print(spend: SpendReport) -> None:
+    columns = (
+        render.Column(spend.by.capitalize()),
+        render.Column("Billed", "right"),
+        render.Column("Effective", "right", drop=1),
+    )
+    rows = [
+        [
+            group_label(g.key, spend.by),
+            _money(g.billed_usd, spend.currency),
+            _money(g.effective_usd, spend.currency),
+        ]
+        for g in spend.groups
+    ]
+    rows.append(
+        [
+            "Total",
+            _money(spend.total_billed_usd, spend.currency),
+            _money(spend.total_effective_usd, spend.currency),
+        ]
+    )
+    span = f", charges {spend.first_day} to {spend.last_day}" if spend.first_day else ""
+    render.print_table(f"Billed in {spend.period} ({spend.currency}{span})", columns, rows)
+    notes = [
+        f"{spend.rows} charges from {len(spend.files)} file(s); exact sums: --format json",
+        "Effective = amortised: commitments (savings plans, reservations) spread over the "
+        "usage they cover; billed = what the invoice counts",
+    ]
+    if spend.by in ("job", "owner"):
+        notes.append(
+            f"(untagged): charges without costguard's {spend.by} tag (support, tax, shared "
+            "services, resources costguard did not create)"
+        )
+    render.print_notes(notes, heading="Notes:")
