@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.csv
 import pyarrow.parquet as pq
 import pytest
 
@@ -227,3 +228,30 @@ def test_exports_of_several_clouds_add_up(run_cli: Callable[..., Any], cur2: Pat
     document = spend(run_cli, str(cur2), str(GCP_JSONL), "--by", "owner")
     assert groups(document)["ana"] == Decimal("1.306") + Decimal("0.355")
     assert groups(document)["li"] == Decimal("0.468")
+
+
+def test_focus_as_parquet_with_a_tags_map(run_cli: Callable[..., Any], tmp_path: Path) -> None:
+    """AWS Data Exports' FOCUS 1.0 Parquet types (FOCUS 1.0 with AWS columns, the Data
+    Exports table dictionary): costs double, periods timestamp_milliseconds; Tags as a
+    map of the keys as written."""
+    csv_rows = pa.csv.read_csv(
+        DATA / "focus_handmade.csv",
+        convert_options=pa.csv.ConvertOptions(
+            column_types={"BilledCost": pa.float64(), "EffectiveCost": pa.float64()},
+            null_values=["", "NULL"],
+            strings_can_be_null=True,
+        ),
+    )
+    tags = [list(json.loads(text).items()) if text else [] for text in csv_rows["Tags"].to_pylist()]
+    table = csv_rows.drop_columns(["Tags"]).append_column(
+        "Tags", pa.array(tags, pa.map_(pa.string(), pa.string()))
+    )
+    for name in ("BillingPeriodStart", "ChargePeriodStart"):
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, table[name].cast(pa.timestamp("ms", "UTC")))
+    path = tmp_path / "focus.parquet"
+    pq.write_table(table, path)
+    document = spend(run_cli, str(path), "--by", "job", "--month", "2026-11")
+    assert document["total_billed_usd"] == "55.4147"
+    assert groups(document)["llama-ft"] == Decimal("0.3817")
+    assert groups(document, "effective_usd")["bert-sweep"] == Decimal("22.818")
