@@ -13,6 +13,7 @@ import csv
 import io
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -43,15 +44,37 @@ PRECISION = 36
 #: The files a folder or glob yields, by name ending (manifests and others are skipped).
 DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".jsonl", ".jsonl.gz", ".ndjson", ".json")
 _MAX_FILES = 100_000
+#: Rows of a batch whose distinct float amounts decide how the batch's are converted.
+_SAMPLE_ROWS = 4096
 
 
-def read_spend(sources: Sequence[str], by: str) -> Tally:
-    """Sum every charge of the exports ``sources`` per ``by`` group, currency and month."""
+def read_spend(sources: Sequence[str], by: str, *, job: str | None = None) -> Tally:
+    """Sum every charge of the exports ``sources`` per ``by`` group, currency and month;
+    with ``job``, only the charges tagged with that ``costguard:job``."""
     tally = Tally()
     for fs, path, shown in expand(sources):
-        _read_file(fs, path, shown, by, tally)
+        _read_file(fs, path, shown, Grouping(by, job), tally)
         tally.files.append(shown)
     return tally
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """What a report groups by, and the one job it keeps (``None``: every charge)."""
+
+    by: str
+    job: str | None = None
+
+    def columns(self, fmt: ExportFormat, present: Sequence[str]) -> list[str]:
+        """The columns to read: those of the grouping, and the tags for a job."""
+        wanted = _columns_for(fmt, self.by, present)
+        if self.job is not None:
+            wanted += [c for c in _columns_for(fmt, "job", present) if c not in wanted]
+        return wanted
+
+    def detect(self, columns: Sequence[str], source: str) -> ExportFormat:
+        fmt = detect(columns, self.by, source)
+        return fmt if self.job is None else detect(columns, "job", source)
 
 
 def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
@@ -116,7 +139,7 @@ def _kind(path: str) -> str:
     return "csv"
 
 
-def _read_file(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
+def _read_file(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
     kind = _kind(path)
     try:
         if kind == "parquet":
@@ -141,14 +164,14 @@ def _columns_for(fmt: ExportFormat, by: str, present: Sequence[str]) -> list[str
     return wanted + [c for c in fmt.optional if c in present and c not in wanted]
 
 
-def _read_csv(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
+def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
     pa = require("pyarrow", EXTRA)
     pcsv = require("pyarrow.csv", EXTRA)
     with fs.open(path, "rb", compression="infer") as raw:
         first = raw.readline(1 << 20).decode("utf-8-sig", errors="replace")
     header = next(csv.reader(io.StringIO(first)), [])
-    fmt = detect(header, by, shown)
-    columns = _columns_for(fmt, by, header)
+    fmt = by.detect(header, shown)
+    columns = by.columns(fmt, header)
     convert = pcsv.ConvertOptions(
         include_columns=columns,
         column_types=dict.fromkeys(columns, pa.string()),
@@ -163,14 +186,14 @@ def _read_csv(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
             _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
 
 
-def _read_parquet(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
+def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
     pa = require("pyarrow", EXTRA)
     pq = require("pyarrow.parquet", EXTRA)
     with fs.open(path, "rb") as raw:
         parquet = pq.ParquetFile(raw)
         names = parquet.schema_arrow.names
-        fmt = detect(names, by, shown)
-        columns = _columns_for(fmt, by, names)
+        fmt = by.detect(names, shown)
+        columns = by.columns(fmt, names)
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
             _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
 
@@ -192,7 +215,7 @@ def _gcp_schema(pa: Any) -> Any:
     )
 
 
-def _read_jsonl(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
+def _read_jsonl(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
     pa = require("pyarrow", EXTRA)
     pjson = require("pyarrow.json", EXTRA)
     with fs.open(path, "rb", compression="infer") as raw:
@@ -201,7 +224,7 @@ def _read_jsonl(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
         keys = list(json.loads(first)) if first.strip() else []
     except ValueError:
         keys = []
-    fmt = detect(keys, by, shown)
+    fmt = by.detect(keys, shown)
     if fmt is not GCP_EXPORT:
         msg = f"{shown} is a {fmt.name} export saved as JSON lines"
         raise InputError(msg, hint="read its CSV or Parquet files")
@@ -217,7 +240,7 @@ def _read_jsonl(fs: Any, path: str, shown: str, by: str, tally: Tally) -> None:
 # -- one batch: normalised to (key, currency, month, day, billed, effective), summed
 
 
-def _add_batch(table: Any, fmt: ExportFormat, by: str, tally: Tally) -> None:
+def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) -> None:
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
     if table.num_rows == 0:
@@ -229,24 +252,32 @@ def _add_batch(table: Any, fmt: ExportFormat, by: str, tally: Tally) -> None:
         effective = _cur_effective(table, billed)
     else:
         effective = billed
+    by = grouping.by
     day = _date(table, fmt.day)
     month = _month(table, fmt)
     key = _key(table, fmt, by, day)
     currency = pc.fill_null(_text(table[fmt.currency]), "")
-    parts = pa.table(
-        {
-            "key": key,
-            "currency": currency,
-            "month": month,
-            "billed": billed,
-            "effective": effective,
-        }
-    )
+    columns = {
+        "key": key,
+        "currency": currency,
+        "month": month,
+        "billed": billed,
+        "effective": effective,
+    }
+    if grouping.job is not None:
+        columns["job"] = key if by == "job" else _key(table, fmt, "job", day)
+    parts = pa.table(columns)
     if fmt is GCP_EXPORT:
         parts = pa.concat_tables([parts, _gcp_credits(table, parts)])
+    if grouping.job is not None:
+        parts = parts.filter(pc.fill_null(pc.equal(parts["job"], grouping.job), False))
+        day = pc.filter(day, pc.fill_null(pc.equal(columns["job"], grouping.job), False))
+        if parts.num_rows == 0:
+            return
     sums = parts.group_by(["key", "currency", "month"]).aggregate(
         [("billed", "sum"), ("effective", "sum")]
     )
+    tally.rows += table.num_rows if grouping.job is None else len(day)
     for row in sums.to_pylist():
         tally.add(
             _as_text(row["key"]),
@@ -256,7 +287,6 @@ def _add_batch(table: Any, fmt: ExportFormat, by: str, tally: Tally) -> None:
             row["effective_sum"] or Decimal(0),
             rows=0,
         )
-    tally.rows += table.num_rows
     span = pc.min_max(day)
     tally.saw_days(_as_text(span["min"].as_py()), _as_text(span["max"].as_py()))
 
@@ -288,9 +318,10 @@ def _money(table: Any, name: str | Any) -> Any:
     try:
         if pa.types.is_floating(column.type):
             # Bills repeat amounts (an instance's hourly price): each distinct one is
-            # formatted and parsed once.
-            encoded = pc.dictionary_encode(column)
-            if len(encoded.dictionary) * 2 <= len(column):
+            # formatted and parsed once, when a sample of the batch says they repeat.
+            sample = column.slice(0, _SAMPLE_ROWS)
+            if pc.count_distinct(sample).as_py() * 2 <= len(sample):
+                encoded = pc.dictionary_encode(column)
                 amounts = pc.cast(pc.cast(encoded.dictionary, pa.string()), _exact_type(pa))
                 exact = pc.take(amounts, encoded.indices)
                 return pc.fill_null(exact, Decimal(0)) if exact.null_count else exact
@@ -448,12 +479,5 @@ def _gcp_credits(table: Any, parts: Any) -> Any:
     credits = table["credits"].combine_chunks()
     amounts = _money(table, pc.struct_field(pc.list_flatten(credits), "amount"))
     rows = pc.list_parent_indices(credits)
-    return pa.table(
-        {
-            "key": pc.take(parts["key"], rows),
-            "currency": pc.take(parts["currency"], rows),
-            "month": pc.take(parts["month"], rows),
-            "billed": amounts,
-            "effective": amounts,
-        }
-    )
+    credit_rows = {name: pc.take(parts[name], rows) for name in parts.column_names}
+    return pa.table({**credit_rows, "billed": amounts, "effective": amounts})

@@ -420,3 +420,65 @@ def keys_matching(keys: Sequence[str], tag: str) -> list[str]:
     ['user_costguard_job']
     """
     return [k for k in keys if is_tag(k, tag)]
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """A launched job's estimate and its controller's running cost next to what the
+    export billed under its ``costguard:job`` tag, and what the difference is made of."""
+
+    job_id: str
+    estimate_usd: Decimal | None
+    running_usd: Decimal
+    billed_usd: Decimal
+    effective_usd: Decimal
+    gap_usd: Decimal
+    gaps: tuple[str, ...]
+
+
+def reconcile(
+    spend: SpendReport,
+    job_id: str,
+    *,
+    estimate_usd: Decimal | None,
+    running_usd: Decimal,
+) -> Reconciliation:
+    """Billed against running cost; each group of the report (a service, a day) named
+    with its share of the bill, credits and refunds (negative groups) apart.
+
+    >>> spend = SpendReport("service", (SpendGroup("EC2", Decimal(3), Decimal(3)),
+    ...     SpendGroup("S3", Decimal("0.5"), Decimal("0.5"))), Decimal("3.5"), Decimal("3.5"),
+    ...     "USD", "2026-11", None, None, 2, ())
+    >>> r = reconcile(spend, "j1", estimate_usd=Decimal(2), running_usd=Decimal("2.5"))
+    >>> str(r.gap_usd), r.gaps[0]
+    ('1.0', 'billed 1 more than the controller counted (instance-hours x list price)')
+    """
+    gap = spend.total_billed_usd - running_usd
+    if gap > 0:
+        lines = [
+            f"billed {exact(gap)} more than the controller counted (instance-hours x list price)"
+        ]
+    elif gap < 0:
+        lines = [
+            f"billed {exact(-gap)} less than the controller counted: discounts, credits, "
+            "or charges not in the export yet"
+        ]
+    else:
+        lines = ["billed exactly what the controller counted"]
+    for group in spend.groups:
+        kind = "credit or refund" if group.billed_usd < 0 else "charged"
+        lines.append(f"{group_label(group.key, spend.by)}: {exact(group.billed_usd)} {kind}")
+    if spend.total_effective_usd != spend.total_billed_usd:
+        lines.append(
+            f"amortised commitments: effective {exact(spend.total_effective_usd)} against "
+            f"billed {exact(spend.total_billed_usd)}"
+        )
+    return Reconciliation(
+        job_id=job_id,
+        estimate_usd=estimate_usd,
+        running_usd=running_usd,
+        billed_usd=spend.total_billed_usd,
+        effective_usd=spend.total_effective_usd,
+        gap_usd=gap,
+        gaps=tuple(lines),
+    )

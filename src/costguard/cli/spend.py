@@ -3,7 +3,8 @@ clouds' billing exports."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,12 +15,18 @@ from costguard.billing.spend import (
     exact,
     group_label,
     parse_month,
+    reconcile,
     report,
 )
 from costguard.cli import render
 from costguard.cli.params import Name, Url, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
+from costguard.settings import Settings
+from costguard.tags import JOB_TAG
+
+if TYPE_CHECKING:
+    from costguard.spot.job import Job
 
 
 class Month(Name):
@@ -43,17 +50,16 @@ Examples:
   costguard spend s3://my-bills/focus/data/BILLING_PERIOD=2026-11/ --by owner --format json
   costguard spend 'exports/*.parquet' --by day --month 2026-11
   costguard spend gcp-billing.jsonl --by project --format csv
-  costguard spend azure-focus.csv --by service --currency EUR""",
+  costguard spend azure-focus.csv --by service --currency EUR
+  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1   # billed vs estimate""",
     short_help="What was billed, per job, owner, project, day or service (billing exports).",
 )
 @click.argument("exports", nargs=-1, required=True, type=Url())
 @click.option(
     "--by",
     type=click.Choice(GROUPINGS),
-    default="job",
-    show_default=True,
     help="Group by costguard's job or owner tag, the project (account, subscription), "
-    "the day of the charge, or the service.",
+    "the day of the charge, or the service. Default: job (service with --job).",
 )
 @click.option("--month", type=Month(), help="Only this billing month (YYYY-MM).")
 @click.option(
@@ -61,8 +67,16 @@ Examples:
     type=Name(8),
     help="Report the charges in this currency (needed when the export mixes currencies).",
 )
+@click.option(
+    "--job",
+    "job_url",
+    type=Url(),
+    help="A job started by costguard launch (its checkpoint URL): its estimate and its "
+    "controller's running cost next to what was billed under its tag.",
+)
 @table_or_json(csv=True)
-def spend_command(**options: Any) -> None:
+@click.pass_obj
+def spend_command(settings: Settings, /, **options: Any) -> None:
     """Sum the billed and the amortised (effective) cost of billing exports by group.
 
     EXPORTS are FOCUS 1.0 exports (AWS Data Exports, the GCP FOCUS view, Azure Cost
@@ -73,10 +87,21 @@ def spend_command(**options: Any) -> None:
     """
     from costguard.billing.exports import read_spend  # pyarrow loads only now
 
-    tally = read_spend(options["exports"], options["by"])
-    spend = report(tally, options["by"], month=options["month"], currency=options["currency"])
+    job = _job(options["job_url"]) if options["job_url"] else None
+    by = options["by"] or ("service" if job else "job")
+    tally = read_spend(options["exports"], by, job=job.spec.job_id if job else None)
+    if job is not None and not tally.sums:
+        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
+        raise InputError(
+            msg,
+            hint="on AWS the tag counts once activated as a cost allocation tag; the export "
+            "must cover the days the job ran",
+        )
+    spend = report(tally, by, month=options["month"], currency=options["currency"])
     output = options["output_format"]
-    if output == "json":
+    if job is not None:
+        _print_reconciliation(job, spend, settings, output)
+    elif output == "json":
         render.print_json(document(spend))
     elif output == "csv":
         render.print_csv(
@@ -92,6 +117,46 @@ def spend_command(**options: Any) -> None:
         )
     else:
         _print(spend)
+
+
+def _job(url: str) -> Job:
+    from costguard.spot.job import load_job
+    from costguard.spot.prepare import normal_url, open_store
+
+    return load_job(open_store(normal_url(url)))
+
+
+def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, output: str) -> None:
+    from costguard.spot.controller import summarise
+    from costguard.spot.prepare import offers_for
+
+    try:
+        offers = offers_for(settings, job.spec)
+    except InputError:
+        offers = []
+    summary = summarise(job, offers, time.time())
+    result = reconcile(
+        spend, job.spec.job_id, estimate_usd=summary.estimate_usd, running_usd=summary.spent_usd
+    )
+    if output != "table":
+        render.print_json(
+            {
+                **document(spend),
+                "job_id": result.job_id,
+                "estimate_usd": None if result.estimate_usd is None else exact(result.estimate_usd),
+                "running_cost_usd": exact(result.running_usd),
+                "gap_usd": exact(result.gap_usd),
+                "gaps": list(result.gaps),
+            }
+        )
+        return
+    _print(spend)
+    click.echo(f"Job {result.job_id}:")
+    if result.estimate_usd is not None:
+        click.echo(f"  estimate before launch: {_money(result.estimate_usd, spend.currency)}")
+    click.echo(f"  controller's running cost: {_money(result.running_usd, spend.currency)}")
+    click.echo(f"  billed under its tag: {_money(result.billed_usd, spend.currency)}")
+    render.print_notes(result.gaps, heading="Where the difference is:")
 
 
 def _money(amount: Any, currency: str) -> str:
