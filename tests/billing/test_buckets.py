@@ -51,3 +51,27 @@ def test_an_empty_bucket_prefix_is_refused(aws_env: str, run_cli: Callable[..., 
     assert result.exit_code == 2
     assert "Error: no billing export files at s3://lab-bills/nothing-here/" in result.stderr
     assert "Hint: " in result.stderr
+
+
+def test_alarm_status_sets_an_exports_month_against_the_budget(
+    aws_env: str, run_cli: Callable[..., Any], monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # moto answers unimplemented calls with 500
+    assert run_cli("alarm", "--budget", "200", "--email", "me@uni.edu").exit_code == 0
+    document = run_cli("alarm", "status", "--export", str(HANDMADE), "--format", "json").json()
+    assert document["export"] == {
+        "period": "2026-11",  # the export's latest billing month
+        "currency": "USD",
+        "billed_usd": "55.4147",
+        "budget_usd": "200",
+        "percent_of_budget": "27.7",
+        "charges_to": "2026-11-07",
+    }
+    table = run_cli("alarm", "status", "--export", str(HANDMADE))
+    assert table.exit_code == 0, table.stderr
+    assert "Billed in 2026-11 per the export (to 2026-11-07): $55.41, 28% of the $200.00" in (
+        table.stdout
+    )
+    refused = run_cli("alarm", "status", "--export", str(HANDMADE.with_name("nope.csv")))
+    assert refused.exit_code == 2
+    assert "Error: no billing export files at" in refused.stderr
