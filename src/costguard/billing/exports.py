@@ -247,7 +247,11 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
         return
     billed = _money(table, fmt.billed)
     if fmt is FOCUS:
-        effective = _money(table, "EffectiveCost")
+        effective = (
+            billed
+            if _same(table[fmt.billed], table["EffectiveCost"])
+            else _money(table, "EffectiveCost")
+        )
     elif fmt is CUR2:
         effective = _cur_effective(table, billed)
     else:
@@ -289,6 +293,15 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
         )
     span = pc.min_max(day)
     tally.saw_days(_as_text(span["min"].as_py()), _as_text(span["max"].as_py()))
+
+
+def _same(first: Any, second: Any) -> bool:
+    """Whether two columns hold the same values (a batch without commitments bills what
+    it costs): one comparison, where converting the second would cost a cast per row."""
+    pc = require("pyarrow.compute", EXTRA)
+    if first.type != second.type or first.null_count or second.null_count:
+        return False
+    return bool(pc.all(pc.equal(first, second)).as_py())
 
 
 def _as_text(value: Any) -> str | None:
