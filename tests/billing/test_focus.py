@@ -261,3 +261,18 @@ def test_a_csv_gz_export_is_streamed_in_bounded_memory(tmp_path: Path) -> None:
     count, peak = map(int, out.stdout.split())
     assert count == copies * len(rows[:-1])
     assert peak < size / 6, (peak, size)
+
+
+def test_the_notebook_api_returns_a_dataframe_of_exact_decimals() -> None:
+    import costguard
+
+    frame = costguard.spend(str(HANDMADE), by="owner", month="2026-11")
+    assert list(frame.columns) == ["key", "billed_usd", "effective_usd"]
+    keys = [None if pd.isna(k) else k for k in frame["key"]]  # untagged: pandas' missing
+    assert dict(zip(keys, frame["billed_usd"], strict=True)) == {
+        "ana": Decimal("2.3017"),
+        "li": Decimal("0.86"),
+        None: Decimal("52.253"),
+    }
+    assert frame.attrs["total_billed_usd"] == Decimal("55.4147")
+    assert (frame.attrs["currency"], frame.attrs["period"]) == ("USD", "2026-11")
