@@ -255,3 +255,22 @@ def test_focus_as_parquet_with_a_tags_map(run_cli: Callable[..., Any], tmp_path:
     assert document["total_billed_usd"] == "55.4147"
     assert groups(document)["llama-ft"] == Decimal("0.3817")
     assert groups(document, "effective_usd")["bert-sweep"] == Decimal("22.818")
+
+
+def test_tag_keys_in_any_case_and_punctuation_are_the_tag(
+    run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The rule of costguard.billing.spend.tag_key on a map column: case and punctuation
+    aside, ``COSTGUARD-JOB`` is the job tag; ``costguard:jobs`` and a value-less key are not."""
+    path = tmp_path / "cur2.parquet"
+    table = cur2_table()
+    spellings = ["COSTGUARD-JOB", "user_Costguard_Job", "costguard:jobs", "costguard:job"]
+    tags = [[(spellings[i % 4], f"j{i % 4}")] for i in range(table.num_rows)]
+    tags[-1] = [("costguard:job", " ")]
+    index = table.schema.get_field_index("resource_tags")
+    table = table.set_column(
+        index, "resource_tags", pa.array(tags, pa.map_(pa.string(), pa.string()))
+    )
+    pq.write_table(table, path)
+    keys = set(groups(spend(run_cli, str(path), "--by", "job")))
+    assert keys == {"j0", "j1", "j3", None}

@@ -466,13 +466,17 @@ def _tag_values(column: Any, tag: str) -> Any:
     else:
         msg = f"a tags column of type {column.type} is not one costguard reads"
         raise InputError(msg, hint="tags come as JSON text, a map or a list of key/value records")
+    rows = pc.list_parent_indices(column)
+    # Every spelling of costguard:job holds "job" in some case (tag_key only lowers and
+    # replaces punctuation): a substring scan leaves the few keys worth hashing.
+    near = pc.match_substring(keys, tag.rsplit(":", 1)[-1], ignore_case=True)
+    keys, rows, values = pc.filter(keys, near), pc.filter(rows, near), pc.filter(values, near)
     # The rule runs on the distinct keys; the rows are then matched by dictionary index.
     encoded = pc.dictionary_encode(keys)
     known = encoded.dictionary.to_pylist()
     spelled = set(keys_matching([k for k in known if k is not None], tag))
     wanted = pa.array([i for i, k in enumerate(known) if k in spelled], encoded.indices.type)
     mask = pc.and_(pc.is_in(encoded.indices, wanted), pc.is_valid(values))
-    rows = pc.list_parent_indices(column)
     return _scatter(pa, pc, len(column), pc.filter(rows, mask), pc.filter(values, mask))
 
 
