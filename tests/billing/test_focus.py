@@ -66,7 +66,7 @@ def test_the_real_sample_matches_pandas_to_the_cent(
         theirs = {None if k == "\0" else k: v for k, v in theirs.items()}
         assert_to_the_cent(groups(document, figure), theirs)
     assert Decimal(document["total_billed_usd"]) == sum(groups(document).values())
-    assert document["rows"] == 1000  # every row read; one is of the next billing period
+    assert document["rows"] == 999  # the charges of 2024-09: one row is of 2024-10
     assert document["period"] == "2024-09"
     assert document["currency"] == "USD"
 
@@ -125,7 +125,8 @@ def test_each_clouds_tag_spelling_credits_refunds_and_amortisation(
     }
     assert document["total_billed_usd"] == "55.4147"
     assert document["total_effective_usd"] == "4.3727"
-    assert (document["charges_from"], document["charges_to"]) == ("2026-10-30", "2026-11-07")
+    # the days charged in the month asked (the export's October hour is not)
+    assert (document["charges_from"], document["charges_to"]) == ("2026-11-01", "2026-11-07")
 
 
 def test_owner_project_and_service_groupings(run_cli: Callable[..., Any]) -> None:
@@ -220,6 +221,7 @@ def test_table_and_csv_outputs(run_cli: Callable[..., Any]) -> None:
     assert table.exit_code == 0, table.stderr
     assert "(untagged)" in table.stdout
     assert "$55.41" in table.stdout
+    assert "-$20.75" in table.stdout  # the untagged line's effective cost: credit, no fee
     assert "llama-ft" in table.stdout
     rows = run_cli("spend", str(HANDMADE), "--month", "2026-11", "--format", "csv")
     assert rows.exit_code == 0, rows.stderr
@@ -235,7 +237,7 @@ import pyarrow as pa
 from costguard.billing import exports
 exports.CSV_BLOCK_BYTES = 1 << 20
 tally = exports.read_spend([sys.argv[1]], "job")
-print(tally.rows, pa.default_memory_pool().max_memory())
+print(sum(tally.counts.values()), pa.default_memory_pool().max_memory())
 """
 
 

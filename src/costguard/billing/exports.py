@@ -265,8 +265,10 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
         "key": key,
         "currency": currency,
         "month": month,
+        "day": day,
         "billed": billed,
         "effective": effective,
+        "charges": pa.array([1] * table.num_rows, pa.int64()),
     }
     if grouping.job is not None:
         columns["job"] = key if by == "job" else _key(table, fmt, "job", day)
@@ -275,13 +277,9 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
         parts = pa.concat_tables([parts, _gcp_credits(table, parts)])
     if grouping.job is not None:
         parts = parts.filter(pc.fill_null(pc.equal(parts["job"], grouping.job), False))
-        day = pc.filter(day, pc.fill_null(pc.equal(columns["job"], grouping.job), False))
-        if parts.num_rows == 0:
-            return
     sums = parts.group_by(["key", "currency", "month"]).aggregate(
-        [("billed", "sum"), ("effective", "sum")]
+        [("billed", "sum"), ("effective", "sum"), ("charges", "sum"), ("day", "min_max")]
     )
-    tally.rows += table.num_rows if grouping.job is None else len(day)
     for row in sums.to_pylist():
         tally.add(
             _as_text(row["key"]),
@@ -289,10 +287,9 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
             (_as_text(row["month"]) or "")[:7],
             row["billed_sum"] or Decimal(0),
             row["effective_sum"] or Decimal(0),
-            rows=0,
+            rows=row["charges_sum"] or 0,
+            days=(_as_text(row["day_min_max"]["min"]), _as_text(row["day_min_max"]["max"])),
         )
-    span = pc.min_max(day)
-    tally.saw_days(_as_text(span["min"].as_py()), _as_text(span["max"].as_py()))
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -497,4 +494,5 @@ def _gcp_credits(table: Any, parts: Any) -> Any:
     amounts = _money(table, pc.struct_field(pc.list_flatten(credits), "amount"))
     rows = pc.list_parent_indices(credits)
     credit_rows = {name: pc.take(parts[name], rows) for name in parts.column_names}
-    return pa.table({**credit_rows, "billed": amounts, "effective": amounts})
+    none = pa.array([0] * len(rows), pa.int64())  # a credit is part of its charge, not one
+    return pa.table({**credit_rows, "billed": amounts, "effective": amounts, "charges": none})

@@ -249,13 +249,13 @@ def parse_month(text: str) -> str:
 @dataclass
 class Tally:
     """Sums of billed and effective cost per (group key, currency, billing month), added
-    batch by batch as the files are read. ``None`` is the key of a charge without one
+    batch by batch as the files are read, with their count of charges and, per billing
+    month, the first and last day charged. ``None`` is the key of a charge without one
     (untagged, no project)."""
 
     sums: dict[tuple[str | None, str, str], list[Decimal]] = field(default_factory=dict)
-    first_day: str | None = None
-    last_day: str | None = None
-    rows: int = 0
+    counts: dict[tuple[str | None, str, str], int] = field(default_factory=dict)
+    days: dict[str, tuple[str, str]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
 
     def add(
@@ -265,20 +265,21 @@ class Tally:
         month: str,
         billed: Decimal,
         effective: Decimal,
+        *,
         rows: int = 1,
+        days: tuple[str | None, str | None] = (None, None),
     ) -> None:
-        """Add one charge (or ``rows`` charges already summed)."""
-        figures = self.sums.setdefault((key, currency, month), [Decimal(0), Decimal(0)])
+        """Add one charge (or ``rows`` charges already summed, charged from ``days[0]``
+        to ``days[1]``)."""
+        group = (key, currency, month)
+        figures = self.sums.setdefault(group, [Decimal(0), Decimal(0)])
         figures[0] += billed
         figures[1] += effective
-        self.rows += rows
-
-    def saw_days(self, first: str | None, last: str | None) -> None:
-        """Widen the span of charge days seen."""
-        if first and (self.first_day is None or first < self.first_day):
-            self.first_day = first
-        if last and (self.last_day is None or last > self.last_day):
-            self.last_day = last
+        self.counts[group] = self.counts.get(group, 0) + rows
+        first, last = days
+        if first and last:
+            seen = self.days.get(month, (first, last))
+            self.days[month] = (min(seen[0], first), max(seen[1], last))
 
 
 @dataclass(frozen=True)
@@ -355,6 +356,7 @@ def report(
         key=lambda g: (g.key is None, -g.billed_usd, g.key or ""),
     )
     period = chosen[0] if len(chosen) == 1 else f"{chosen[0]}/{chosen[-1]}"
+    spans = [tally.days[m] for m in chosen if m in tally.days]
     return SpendReport(
         by=by,
         groups=tuple(groups),
@@ -362,9 +364,9 @@ def report(
         total_effective_usd=sum((g.effective_usd for g in groups), Decimal(0)),
         currency=currency,
         period=period,
-        first_day=tally.first_day,
-        last_day=tally.last_day,
-        rows=tally.rows,
+        first_day=min((first for first, _ in spans), default=None),
+        last_day=max((last for _, last in spans), default=None),
+        rows=sum(n for (_, cur, m), n in tally.counts.items() if m in chosen and cur == currency),
         files=tuple(tally.files),
     )
 

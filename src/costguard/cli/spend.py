@@ -4,6 +4,7 @@ clouds' billing exports."""
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -159,8 +160,11 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
     render.print_notes(result.gaps, heading="Where the difference is:")
 
 
-def _money(amount: Any, currency: str) -> str:
-    return format_usd(amount) if currency == "USD" else f"{amount:,.2f} {currency}"
+def _money(amount: Decimal, currency: str) -> str:
+    """An amount for people, a credit's minus sign first: ``-$20.75``, ``2.75 EUR``."""
+    if currency != "USD":
+        return f"{amount:,.2f} {currency}"
+    return f"-{format_usd(-amount)}" if amount < 0 else format_usd(amount)
 
 
 def _print(spend: SpendReport) -> None:
