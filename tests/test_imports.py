@@ -9,7 +9,18 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("boto3", "botocore", "google", "azure", "torch", "pandas", "numpy", "fsspec", "matplotlib")
+HEAVY = (
+    "boto3",
+    "botocore",
+    "google",
+    "azure",
+    "torch",
+    "pandas",
+    "numpy",
+    "fsspec",
+    "matplotlib",
+    "pyarrow",
+)
 
 PROBE = """
 import json, sys

@@ -102,6 +102,7 @@ EXTRAS = {
     "aws": "the AWS SDK, boto3",
     "gcp": "the Google Cloud client libraries",
     "azure": "the Azure SDK",
+    "billing": "pyarrow, to read billing exports",
     "train": "torch and the fsspec storage backends",
     "pandas": "pandas",
     "plot": "matplotlib",

@@ -73,6 +73,7 @@ BASES: dict[str, tuple[list[str], list[str]]] = {
         ["--time", "08:00:00", "--checkpoint", "s3://bucket/run1"],
         ["--", "python", "train.py"],
     ),
+    "spend": (["export.csv"], []),
 }
 
 #: Options and arguments left out of the sweep, with the reason.

@@ -79,6 +79,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "slurm_group",
         "Preempt-safe SLURM batch jobs that save and requeue themselves.",
     ),
+    "spend": (
+        "costguard.cli.spend",
+        "spend_command",
+        "What was billed, per job, owner, project, day or service (billing exports).",
+    ),
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 import click
@@ -11,8 +12,9 @@ import click
 from costguard.alarms.backend import Scope, alarm_backend
 from costguard.alarms.plan import ApiCall, Plan
 from costguard.alarms.spec import AlarmSpec, alarm_spec
+from costguard.billing.spend import SpendReport, exact, report
 from costguard.cli import render
-from costguard.cli.params import Name, option_group, table_or_json
+from costguard.cli.params import Name, Url, option_group, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.providers import providers
@@ -241,17 +243,32 @@ def _print_dry_run(spec: AlarmSpec, summary: str, calls: Sequence[ApiCall]) -> N
     epilog="""\b
 Examples:
   costguard alarm status
-  costguard alarm status --provider gcp --billing-account 012345-6789AB-CDEF01 --format json""",
+  costguard alarm status --provider gcp --billing-account 012345-6789AB-CDEF01 --format json
+  costguard alarm status --export s3://my-bills/focus/data/BILLING_PERIOD=2026-11/""",
 )
 @_provider_options
+@click.option(
+    "--export",
+    "exports",
+    multiple=True,
+    type=Url(),
+    help="A billing export (as costguard spend reads it, repeatable): the billed total of "
+    "its latest month next to the budget.",
+)
 @click.pass_obj
 def status_command(settings: Settings, **options: Any) -> None:
     """List the budgets costguard manages, with amounts, spend and alerts."""
+    billed = _billed(options["exports"]) if options["exports"] else None
     cloud = alarm_backend(options["provider"], settings, Scope.of(options))
     statuses = cloud.status()
+    # The export is set against costguard's monthly budget, else the first one listed.
+    chosen = next((s for s in statuses if s.name == "costguard-monthly"), None)
+    chosen = chosen or (statuses[0] if statuses else None)
+    budget_usd = chosen.amount_usd if chosen else None
     if options["output_format"].lower() == "json":
         render.print_json(
             {
+                **({"export": _export_doc(billed, budget_usd)} if billed else {}),
                 "budgets": [
                     {
                         "provider": s.provider,
@@ -263,7 +280,7 @@ def status_command(settings: Settings, **options: Any) -> None:
                         "extra": s.extra,
                     }
                     for s in statuses
-                ]
+                ],
             }
         )
         return
@@ -291,7 +308,39 @@ def status_command(settings: Settings, **options: Any) -> None:
         for s in statuses
     ]
     render.print_table(f"costguard budgets on {options['provider']}", columns, rows)
+    if billed is not None:
+        click.echo(_export_line(billed, budget_usd))
     click.echo("Provider billing data lags hours; `costguard burn` shows the live rate.")
+
+
+def _billed(exports: tuple[str, ...]) -> SpendReport:
+    """The billed total of the exports' latest billing month (read before any cloud call)."""
+    from costguard.billing.exports import read_spend  # pyarrow loads only now
+
+    tally = read_spend(exports, "project")
+    return report(tally, "project", month=max(month for (_, _, month) in tally.sums))
+
+
+def _export_doc(billed: SpendReport, budget_usd: Decimal | None) -> dict[str, Any]:
+    return {
+        "period": billed.period,
+        "currency": billed.currency,
+        "billed_usd": exact(billed.total_billed_usd),
+        "budget_usd": budget_usd,
+        "percent_of_budget": None
+        if not budget_usd
+        else round(100 * billed.total_billed_usd / budget_usd, 1),
+        "charges_to": billed.last_day,
+    }
+
+
+def _export_line(billed: SpendReport, budget_usd: Decimal | None) -> str:
+    amount = format_usd(billed.total_billed_usd)
+    line = f"Billed in {billed.period} per the export (to {billed.last_day}): {amount}"
+    if budget_usd:
+        share = 100 * billed.total_billed_usd / budget_usd
+        line += f", {share:.0f}% of the {format_usd(budget_usd)} budget"
+    return line
 
 
 @alarm_group.command(

@@ -1,0 +1,486 @@
+"""Spend from billing exports, decided: which format a file is, which tag a key spells,
+and what a report says for a period and a currency. Values in, values out: no I/O here.
+
+The three export families costguard reads, each with the columns it needs
+(:data:`FORMATS`): FOCUS 1.0 (AWS Data Exports ``FOCUS_1_0_AWS``, the GCP FOCUS view,
+Azure Cost Management's FOCUS export), AWS CUR 2.0 (``COST_AND_USAGE_REPORT``) and the GCP
+standard usage cost export to BigQuery, saved as JSONL or Parquet.
+
+Money is summed as exact decimals: a charge's ``billed`` is what the invoice counts
+(FOCUS ``BilledCost``; CUR ``line_item_unblended_cost``; GCP ``cost`` plus its
+``credits``), its ``effective`` the amortised figure (FOCUS ``EffectiveCost``; CUR the
+savings-plan and reservation effective costs; GCP the same as billed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from costguard.errors import InputError
+from costguard.tags import JOB_TAG, OWNER_TAG
+
+#: What ``--by`` may group by.
+GROUPINGS = ("job", "owner", "project", "day", "service")
+#: The tag each tag grouping reads.
+GROUPING_TAGS = {"job": JOB_TAG, "owner": OWNER_TAG}
+
+READ_HINT = (
+    "costguard spend reads FOCUS 1.0 exports (AWS Data Exports, the GCP FOCUS view, Azure "
+    "Cost Management), AWS CUR 2.0 and the GCP BigQuery billing export saved as JSONL or "
+    "Parquet, as CSV, CSV.gz or Parquet files"
+)
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """One family of billing exports: the columns each figure comes from.
+
+    ``period`` holds the billing period (the invoice month), ``day`` the start of the
+    charge; ``project`` and ``service`` are what ``--by project`` and ``--by service``
+    group by. GCP's ``invoice``, ``project`` and ``service`` are records whose fields
+    (``month``, ``id``, ``description``) the reader takes.
+    """
+
+    name: str
+    billed: str
+    currency: str
+    period: str
+    day: str
+    tags: str
+    project: str
+    service: str
+    #: Columns needed besides those above (FOCUS ``EffectiveCost``, GCP ``credits``, the
+    #: CUR line item type) and columns read when present (the CUR amortisation figures).
+    also: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    #: Other names of the tags column, tried when ``tags`` is absent.
+    tags_elsewhere: tuple[str, ...] = ()
+
+    def needed(self, by: str) -> tuple[str, ...]:
+        """The columns a report grouped ``by`` cannot do without.
+
+        >>> FOCUS.needed("service")[-2:], GCP_EXPORT.needed("job")[-2:]
+        (('EffectiveCost', 'ServiceName'), ('credits', 'labels'))
+        """
+        grouped = {"job": self.tags, "owner": self.tags, "project": self.project}
+        extra = grouped.get(by, self.service if by == "service" else None)
+        columns = (self.billed, self.currency, self.period, self.day, *self.also)
+        return columns + ((extra,) if extra and extra not in columns else ())
+
+
+FOCUS = ExportFormat(
+    name="FOCUS 1.0",
+    billed="BilledCost",
+    currency="BillingCurrency",
+    period="BillingPeriodStart",
+    day="ChargePeriodStart",
+    tags="Tags",
+    project="SubAccountId",
+    service="ServiceName",
+    also=("EffectiveCost",),
+)
+#: Column names from the CUR 2.0 data dictionary (docs.aws.amazon.com/cur/latest/userguide/
+#: table-dictionary-cur2.html); the amortisation columns are those of its savings plan and
+#: reservation sections.
+CUR2 = ExportFormat(
+    name="AWS CUR 2.0",
+    billed="line_item_unblended_cost",
+    currency="line_item_currency_code",
+    period="bill_billing_period_start_date",
+    day="line_item_usage_start_date",
+    tags="resource_tags",
+    project="line_item_usage_account_id",
+    service="line_item_product_code",
+    also=("line_item_line_item_type",),
+    optional=(
+        "savings_plan_savings_plan_effective_cost",
+        "savings_plan_total_commitment_to_date",
+        "savings_plan_used_commitment",
+        "reservation_effective_cost",
+        "reservation_unused_amortized_upfront_fee_for_billing_period",
+        "reservation_unused_recurring_fee",
+        "reservation_reservation_a_r_n",
+    ),
+    tags_elsewhere=("tags",),
+)
+#: Field names from "Structure of Standard data export" (cloud.google.com/billing/docs/
+#: how-to/export-data-bigquery-tables/standard-usage).
+GCP_EXPORT = ExportFormat(
+    name="GCP BigQuery billing export",
+    billed="cost",
+    currency="currency",
+    period="invoice",
+    day="usage_start_time",
+    tags="labels",
+    project="project",
+    service="service",
+    also=("credits",),
+)
+FORMATS = (FOCUS, CUR2, GCP_EXPORT)
+
+
+def detect(columns: Iterable[str], by: str, source: str) -> ExportFormat:
+    """The export format whose columns ``columns`` has, for a report grouped ``by``.
+
+    A file that is none of them is refused, naming the columns missing from the format it
+    is closest to.
+
+    >>> detect(["BilledCost", "EffectiveCost", "BillingCurrency", "BillingPeriodStart",
+    ...         "ChargePeriodStart", "Tags"], "job", "a.csv").name
+    'FOCUS 1.0'
+    >>> detect(["date", "amount"], "service", "a.csv")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: a.csv is not a billing export: it lacks the FOCUS 1.0 columns ...
+    """
+    present = set(columns)
+    gaps = []
+    for fmt in FORMATS:
+        tags = next((t for t in (fmt.tags, *fmt.tags_elsewhere) if t in present), fmt.tags)
+        missing = [c for c in fmt.needed(by) if c not in present and c != fmt.tags]
+        if by in GROUPING_TAGS and tags not in present:
+            missing.append(fmt.tags)
+        if not missing:
+            return fmt
+        found = len([c for c in fmt.needed(by) if c in present])
+        gaps.append((-found, FORMATS.index(fmt), fmt, missing))
+    _, _, closest, missing = min(gaps)
+    if len(missing) < len(closest.needed(by)):
+        message = (
+            f"{source} looks like a {closest.name} export but lacks the column(s) "
+            f"{', '.join(missing)} that --by {by} needs"
+        )
+    else:
+        message = (
+            f"{source} is not a billing export: it lacks the {closest.name} columns "
+            f"{', '.join(missing)}"
+        )
+    raise InputError(message, hint=READ_HINT)
+
+
+def tag_key(key: str) -> str:
+    """A tag key as every cloud's export spells it, reduced to one form.
+
+    AWS FOCUS and Azure keep the key as written (``costguard:job``); GCP labels take no
+    ``:`` (``costguard-job``, :func:`costguard.tags.gcp_label`); the CUR 2.0
+    ``resource_tags`` map prefixes user tags with ``user_`` and turns the other characters
+    into ``_``; CUR 2.0's ``tags`` column prefixes ``resourceTags/``.
+
+    >>> {tag_key(k) for k in ("costguard:job", "costguard-job", "user_costguard_job",
+    ...                       "resourceTags/user:costguard:job", "Costguard:Job ")}
+    {'costguard_job'}
+    """
+    text = re.sub(r"[^a-z0-9]+", "_", key.strip().lower()).strip("_")
+    for prefix in ("resourcetags_", "user_"):
+        text = text.removeprefix(prefix)
+    return text
+
+
+def is_tag(key: str, tag: str) -> bool:
+    """Whether an export's key ``key`` spells costguard's ``tag``.
+
+    >>> is_tag("user_costguard_owner", OWNER_TAG), is_tag("costguard-jobs", JOB_TAG)
+    (True, False)
+    """
+    return tag_key(key) == tag_key(tag)
+
+
+def parse_tags(text: str | None) -> dict[str, str]:
+    """The tags of one charge from a JSON ``Tags`` cell: FOCUS writes an object, Azure's
+    cost exports the same pairs without the braces. Anything else counts as no tags.
+
+    >>> parse_tags('{"costguard:job": "a"}'), parse_tags('"env": "dev","costguard:job": "b"')
+    ({'costguard:job': 'a'}, {'env': 'dev', 'costguard:job': 'b'})
+    >>> parse_tags("NULL"), parse_tags('{"a": 1')
+    ({}, {})
+    """
+    if not text or not text.strip():
+        return {}
+    body = text.strip()
+    if not body.startswith("{"):
+        body = "{" + body + "}"
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return {}
+    if not isinstance(parsed, dict):
+        return {}
+    return {str(k): str(v) for k, v in parsed.items() if v is not None}
+
+
+def tag_value(tags: Mapping[str, str], tag: str) -> str | None:
+    """The value of costguard's ``tag`` among ``tags``, in whichever spelling; an empty
+    value counts as none.
+
+    >>> tag_value({"env": "dev", "costguard-job": "j1"}, JOB_TAG)
+    'j1'
+    >>> tag_value({"costguard:job": " "}, JOB_TAG) is None
+    True
+    """
+    for key, value in tags.items():
+        if is_tag(key, tag) and value.strip():
+            return value.strip()
+    return None
+
+
+_MONTH = re.compile(r"([0-9]{4})-(0[1-9]|1[0-2])", re.ASCII)
+
+
+def parse_month(text: str) -> str:
+    """A ``YYYY-MM`` month, or :class:`InputError`.
+
+    >>> parse_month("2026-11")
+    '2026-11'
+    >>> parse_month("2026-13")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --month must be a month written YYYY-MM, not '2026-13'
+    """
+    if not _MONTH.fullmatch(text):
+        msg = f"--month must be a month written YYYY-MM, not {text[:40]!r}"
+        raise InputError(msg, hint="e.g. --month 2026-11")
+    return text
+
+
+@dataclass
+class Tally:
+    """Sums of billed and effective cost per (group key, currency, billing month), added
+    batch by batch as the files are read, with their count of charges and, per billing
+    month, the first and last day charged. ``None`` is the key of a charge without one
+    (untagged, no project)."""
+
+    sums: dict[tuple[str | None, str, str], list[Decimal]] = field(default_factory=dict)
+    counts: dict[tuple[str | None, str, str], int] = field(default_factory=dict)
+    days: dict[str, tuple[str, str]] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+
+    def add(
+        self,
+        key: str | None,
+        currency: str,
+        month: str,
+        billed: Decimal,
+        effective: Decimal,
+        *,
+        rows: int = 1,
+        days: tuple[str | None, str | None] = (None, None),
+    ) -> None:
+        """Add one charge (or ``rows`` charges already summed, charged from ``days[0]``
+        to ``days[1]``)."""
+        group = (key, currency, month)
+        figures = self.sums.setdefault(group, [Decimal(0), Decimal(0)])
+        figures[0] += billed
+        figures[1] += effective
+        self.counts[group] = self.counts.get(group, 0) + rows
+        first, last = days
+        if first and last:
+            seen = self.days.get(month, (first, last))
+            self.days[month] = (min(seen[0], first), max(seen[1], last))
+
+
+@dataclass(frozen=True)
+class SpendGroup:
+    key: str | None
+    billed_usd: Decimal
+    effective_usd: Decimal
+
+
+@dataclass(frozen=True)
+class SpendReport:
+    """What was billed, per group, in one currency over one period."""
+
+    by: str
+    groups: tuple[SpendGroup, ...]
+    total_billed_usd: Decimal
+    total_effective_usd: Decimal
+    currency: str
+    period: str
+    first_day: str | None
+    last_day: str | None
+    rows: int
+    files: tuple[str, ...]
+
+
+def report(
+    tally: Tally, by: str, *, month: str | None = None, currency: str | None = None
+) -> SpendReport:
+    """The report for ``month`` (default: every billing month in the export) in
+    ``currency`` (default: the only one there is).
+
+    Refused (:class:`InputError`): a month the export does not cover, several currencies
+    without ``currency``, a currency the export does not have.
+
+    >>> t = Tally()
+    >>> t.add("j1", "USD", "2026-11", Decimal("1.10"), Decimal("1.00"))
+    >>> t.add(None, "USD", "2026-11", Decimal("0.05"), Decimal("0.05"))
+    >>> r = report(t, "job")
+    >>> [(g.key, str(g.billed_usd)) for g in r.groups], str(r.total_billed_usd), r.period
+    ([('j1', '1.10'), (None, '0.05')], '1.15', '2026-11')
+    >>> report(t, "job", month="2026-10")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: the export does not cover 2026-10: its billing periods are 2026-11
+    """
+    months = sorted({m for (_, _, m) in tally.sums})
+    if not months:
+        msg = "the export has no charges"
+        raise InputError(msg, hint="check that the files are the billing export's data files")
+    if month is not None and month not in months:
+        msg = f"the export does not cover {month}: its billing periods are {', '.join(months)}"
+        raise InputError(
+            msg, hint=f"add the export files of {month}, or ask for --month {months[-1]}"
+        )
+    chosen = [month] if month else months
+    in_period = {k: v for k, v in tally.sums.items() if k[2] in chosen}
+    currencies = sorted({c for (_, c, _) in in_period})
+    if currency is None:
+        if len(currencies) > 1:
+            msg = f"the export mixes currencies ({', '.join(currencies)}): sums would be wrong"
+            raise InputError(msg, hint=f"report one with --currency {currencies[0]}")
+        currency = currencies[0]
+    elif currency not in currencies:
+        msg = f"the export has no charges in {currency}: it has {', '.join(currencies)}"
+        raise InputError(msg, hint=f"--currency {currencies[0]}")
+    per_key: dict[str | None, list[Decimal]] = {}
+    for (key, cur, _), (billed, effective) in in_period.items():
+        if cur == currency:
+            figures = per_key.setdefault(key, [Decimal(0), Decimal(0)])
+            figures[0] += billed
+            figures[1] += effective
+    groups = sorted(
+        (SpendGroup(key, billed, effective) for key, (billed, effective) in per_key.items()),
+        key=lambda g: (g.key is None, -g.billed_usd, g.key or ""),
+    )
+    period = chosen[0] if len(chosen) == 1 else f"{chosen[0]}/{chosen[-1]}"
+    spans = [tally.days[m] for m in chosen if m in tally.days]
+    return SpendReport(
+        by=by,
+        groups=tuple(groups),
+        total_billed_usd=sum((g.billed_usd for g in groups), Decimal(0)),
+        total_effective_usd=sum((g.effective_usd for g in groups), Decimal(0)),
+        currency=currency,
+        period=period,
+        first_day=min((first for first, _ in spans), default=None),
+        last_day=max((last for _, last in spans), default=None),
+        rows=sum(n for (_, cur, m), n in tally.counts.items() if m in chosen and cur == currency),
+        files=tuple(tally.files),
+    )
+
+
+def exact(amount: Decimal) -> str:
+    """An exact sum as a plain decimal string, trailing zeros dropped (no rounding).
+
+    >>> exact(Decimal("0.00000080000")), exact(Decimal("-12.500")), exact(Decimal("0E-18"))
+    ('0.0000008', '-12.5', '0')
+    """
+    text = f"{amount.normalize():f}"
+    return "0" if text in ("0", "-0") else text
+
+
+def document(spend: SpendReport) -> dict[str, object]:
+    """The JSON document of a report: money as exact decimal strings."""
+    return {
+        "by": spend.by,
+        "groups": [
+            {
+                "key": g.key,
+                "billed_usd": exact(g.billed_usd),
+                "effective_usd": exact(g.effective_usd),
+            }
+            for g in spend.groups
+        ],
+        "total_billed_usd": exact(spend.total_billed_usd),
+        "total_effective_usd": exact(spend.total_effective_usd),
+        "currency": spend.currency,
+        "period": spend.period,
+        "charges_from": spend.first_day,
+        "charges_to": spend.last_day,
+        "rows": spend.rows,
+        "files": list(spend.files),
+    }
+
+
+def group_label(key: str | None, by: str) -> str:
+    """How a group's key reads in a table.
+
+    >>> group_label(None, "job"), group_label(None, "project"), group_label("j1", "job")
+    ('(untagged)', '(none)', 'j1')
+    """
+    if key is not None:
+        return key
+    return "(untagged)" if by in GROUPING_TAGS else "(none)"
+
+
+def keys_matching(keys: Sequence[str], tag: str) -> list[str]:
+    """Those of ``keys`` (an export's distinct tag keys) that spell ``tag``.
+
+    >>> keys_matching(["env", "user_costguard_job", "user_costguard_owner"], JOB_TAG)
+    ['user_costguard_job']
+    """
+    return [k for k in keys if is_tag(k, tag)]
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    """A launched job's estimate and its controller's running cost next to what the
+    export billed under its ``costguard:job`` tag, and what the difference is made of."""
+
+    job_id: str
+    estimate_usd: Decimal | None
+    running_usd: Decimal
+    billed_usd: Decimal
+    effective_usd: Decimal
+    gap_usd: Decimal
+    gaps: tuple[str, ...]
+
+
+def reconcile(
+    spend: SpendReport,
+    job_id: str,
+    *,
+    estimate_usd: Decimal | None,
+    running_usd: Decimal,
+) -> Reconciliation:
+    """Billed against running cost; each group of the report (a service, a day) named
+    with its share of the bill, credits and refunds (negative groups) apart.
+
+    >>> spend = SpendReport("service", (SpendGroup("EC2", Decimal(3), Decimal(3)),
+    ...     SpendGroup("S3", Decimal("0.5"), Decimal("0.5"))), Decimal("3.5"), Decimal("3.5"),
+    ...     "USD", "2026-11", None, None, 2, ())
+    >>> r = reconcile(spend, "j1", estimate_usd=Decimal(2), running_usd=Decimal("2.5"))
+    >>> str(r.gap_usd), r.gaps[0]
+    ('1.0', 'billed 1 more than the controller counted (instance-hours x list price)')
+    """
+    gap = spend.total_billed_usd - running_usd
+    if gap > 0:
+        lines = [
+            f"billed {exact(gap)} more than the controller counted (instance-hours x list price)"
+        ]
+    elif gap < 0:
+        lines = [
+            f"billed {exact(-gap)} less than the controller counted: discounts, credits, "
+            "or charges not in the export yet"
+        ]
+    else:
+        lines = ["billed exactly what the controller counted"]
+    for group in spend.groups:
+        kind = "credit or refund" if group.billed_usd < 0 else "charged"
+        lines.append(f"{group_label(group.key, spend.by)}: {exact(group.billed_usd)} {kind}")
+    if spend.total_effective_usd != spend.total_billed_usd:
+        lines.append(
+            f"amortised commitments: effective {exact(spend.total_effective_usd)} against "
+            f"billed {exact(spend.total_billed_usd)}"
+        )
+    return Reconciliation(
+        job_id=job_id,
+        estimate_usd=estimate_usd,
+        running_usd=running_usd,
+        billed_usd=spend.total_billed_usd,
+        effective_usd=spend.total_effective_usd,
+        gap_usd=gap,
+        gaps=tuple(lines),
+    )

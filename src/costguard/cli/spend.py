@@ -1,0 +1,203 @@
+"""``costguard spend``: what was billed, per job, owner, project, day or service, from the
+clouds' billing exports."""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from costguard.billing.spend import (
+    GROUPINGS,
+    SpendReport,
+    document,
+    exact,
+    group_label,
+    parse_month,
+    reconcile,
+    report,
+)
+from costguard.cli import render
+from costguard.cli.params import Name, Url, table_or_json
+from costguard.errors import InputError
+from costguard.money import format_usd
+from costguard.settings import Settings
+from costguard.tags import JOB_TAG
+
+if TYPE_CHECKING:
+    from costguard.spot.job import Job
+
+
+class Month(Name):
+    """A month written ``YYYY-MM``."""
+
+    name = "month"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = super().convert(value, param, ctx)
+        try:
+            return parse_month(text)
+        except InputError:
+            self.refuse("is not a month written YYYY-MM", value, param, ctx)
+
+
+@click.command(
+    "spend",
+    epilog="""\b
+Examples:
+  costguard spend focus-2026-11.csv.gz --by job
+  costguard spend s3://my-bills/focus/data/BILLING_PERIOD=2026-11/ --by owner --format json
+  costguard spend 'exports/*.parquet' --by day --month 2026-11
+  costguard spend gcp-billing.jsonl --by project --format csv
+  costguard spend azure-focus.csv --by service --currency EUR
+  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1   # billed vs estimate""",
+    short_help="What was billed, per job, owner, project, day or service (billing exports).",
+)
+@click.argument("exports", nargs=-1, required=True, type=Url())
+@click.option(
+    "--by",
+    type=click.Choice(GROUPINGS),
+    help="Group by costguard's job or owner tag, the project (account, subscription), "
+    "the day of the charge, or the service. Default: job (service with --job).",
+)
+@click.option("--month", type=Month(), help="Only this billing month (YYYY-MM).")
+@click.option(
+    "--currency",
+    type=Name(8),
+    help="Report the charges in this currency (needed when the export mixes currencies).",
+)
+@click.option(
+    "--job",
+    "job_url",
+    type=Url(),
+    help="A job started by costguard launch (its checkpoint URL): its estimate and its "
+    "controller's running cost next to what was billed under its tag.",
+)
+@table_or_json(csv=True)
+@click.pass_obj
+def spend_command(settings: Settings, /, **options: Any) -> None:
+    """Sum the billed and the amortised (effective) cost of billing exports by group.
+
+    EXPORTS are FOCUS 1.0 exports (AWS Data Exports, the GCP FOCUS view, Azure Cost
+    Management), AWS CUR 2.0 or the GCP BigQuery billing export saved as JSONL or Parquet:
+    CSV, CSV.gz or Parquet files, globs or folders, local or s3://, gs://, az:// URLs read
+    in place. Charges without costguard's tag are one line of their own. Exact sums, in
+    the export's currency.
+    """
+    from costguard.billing.exports import read_spend  # pyarrow loads only now
+
+    job = _job(options["job_url"]) if options["job_url"] else None
+    by = options["by"] or ("service" if job else "job")
+    tally = read_spend(options["exports"], by, job=job.spec.job_id if job else None)
+    if job is not None and not tally.sums:
+        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
+        raise InputError(
+            msg,
+            hint="on AWS the tag counts once activated as a cost allocation tag; the export "
+            "must cover the days the job ran",
+        )
+    spend = report(tally, by, month=options["month"], currency=options["currency"])
+    output = options["output_format"]
+    if job is not None:
+        _print_reconciliation(job, spend, settings, output)
+    elif output == "json":
+        render.print_json(document(spend))
+    elif output == "csv":
+        render.print_csv(
+            ("key", "billed_usd", "effective_usd"),
+            (
+                {
+                    "key": g.key,
+                    "billed_usd": exact(g.billed_usd),
+                    "effective_usd": exact(g.effective_usd),
+                }
+                for g in spend.groups
+            ),
+        )
+    else:
+        _print(spend)
+
+
+def _job(url: str) -> Job:
+    from costguard.spot.job import load_job
+    from costguard.spot.prepare import normal_url, open_store
+
+    return load_job(open_store(normal_url(url)))
+
+
+def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, output: str) -> None:
+    from costguard.spot.controller import summarise
+    from costguard.spot.prepare import offers_for
+
+    try:
+        offers = offers_for(settings, job.spec)
+    except InputError:
+        offers = []
+    summary = summarise(job, offers, time.time())
+    result = reconcile(
+        spend, job.spec.job_id, estimate_usd=summary.estimate_usd, running_usd=summary.spent_usd
+    )
+    if output != "table":
+        render.print_json(
+            {
+                **document(spend),
+                "job_id": result.job_id,
+                "estimate_usd": None if result.estimate_usd is None else exact(result.estimate_usd),
+                "running_cost_usd": exact(result.running_usd),
+                "gap_usd": exact(result.gap_usd),
+                "gaps": list(result.gaps),
+            }
+        )
+        return
+    _print(spend)
+    click.echo(f"Job {result.job_id}:")
+    if result.estimate_usd is not None:
+        click.echo(f"  estimate before launch: {_money(result.estimate_usd, spend.currency)}")
+    click.echo(f"  controller's running cost: {_money(result.running_usd, spend.currency)}")
+    click.echo(f"  billed under its tag: {_money(result.billed_usd, spend.currency)}")
+    render.print_notes(result.gaps, heading="Where the difference is:")
+
+
+def _money(amount: Decimal, currency: str) -> str:
+    """An amount for people, a credit's minus sign first: ``-$20.75``, ``2.75 EUR``."""
+    if currency != "USD":
+        return f"{amount:,.2f} {currency}"
+    return f"-{format_usd(-amount)}" if amount < 0 else format_usd(amount)
+
+
+def _print(spend: SpendReport) -> None:
+    columns = (
+        render.Column(spend.by.capitalize()),
+        render.Column("Billed", "right"),
+        render.Column("Effective", "right", drop=1),
+    )
+    rows = [
+        [
+            group_label(g.key, spend.by),
+            _money(g.billed_usd, spend.currency),
+            _money(g.effective_usd, spend.currency),
+        ]
+        for g in spend.groups
+    ]
+    rows.append(
+        [
+            "Total",
+            _money(spend.total_billed_usd, spend.currency),
+            _money(spend.total_effective_usd, spend.currency),
+        ]
+    )
+    span = f", charges {spend.first_day} to {spend.last_day}" if spend.first_day else ""
+    render.print_table(f"Billed in {spend.period} ({spend.currency}{span})", columns, rows)
+    notes = [
+        f"{spend.rows} charges from {len(spend.files)} file(s); exact sums: --format json",
+        "Effective = amortised: commitments (savings plans, reservations) spread over the "
+        "usage they cover; billed = what the invoice counts",
+    ]
+    if spend.by in ("job", "owner"):
+        notes.append(
+            f"(untagged): charges without costguard's {spend.by} tag (support, tax, shared "
+            "services, resources costguard did not create)"
+        )
+    render.print_notes(notes, heading="Notes:")

@@ -1,0 +1,77 @@
+"""costguard spend reads exports in place in a bucket: S3 through moto's server over HTTP
+(the standard AWS_ENDPOINT_URL), as AWS Data Exports deliver them
+(``s3://bucket/prefix/export-name/data/BILLING_PERIOD=YYYY-MM/...``), and refuses a bucket
+path with nothing there."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pyarrow.parquet as pq
+from botocore.config import Config
+
+from tests.billing.test_cur_gcp import cur2_table
+from tests.billing.test_focus import HANDMADE, groups, spend
+
+PREFIX = "exports/costguard-focus/data/BILLING_PERIOD=2026-11"
+
+
+def test_spend_reads_focus_csv_gz_and_cur_parquet_in_an_s3_bucket(
+    aws_env: str, run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    s3 = boto3.client("s3", config=Config(retries={"max_attempts": 1}))
+    s3.create_bucket(Bucket="lab-bills")
+    s3.put_object(
+        Bucket="lab-bills",
+        Key=f"{PREFIX}/costguard-focus-00001.csv.gz",
+        Body=gzip.compress(HANDMADE.read_bytes()),
+    )
+    s3.put_object(Bucket="lab-bills", Key=f"{PREFIX}/costguard-focus-Manifest.json", Body=b"{}")
+    local = tmp_path / "cur2.parquet"
+    pq.write_table(cur2_table(), local)
+    s3.put_object(Bucket="lab-bills", Key="cur2/data/cur2-00001.parquet", Body=local.read_bytes())
+
+    folder = spend(run_cli, "s3://lab-bills/exports/", "--by", "job", "--month", "2026-11")
+    assert folder["files"] == [f"s3://lab-bills/{PREFIX}/costguard-focus-00001.csv.gz"]
+    assert folder["total_billed_usd"] == "55.4147"
+    assert groups(folder)["llama-ft"].to_eng_string() == "0.3817"
+
+    parquet = spend(run_cli, "s3://lab-bills/cur2/data/*.parquet", "--by", "owner")
+    assert str(groups(parquet)["ana"]) == "1.306"
+
+
+def test_an_empty_bucket_prefix_is_refused(aws_env: str, run_cli: Callable[..., Any]) -> None:
+    s3 = boto3.client("s3", config=Config(retries={"max_attempts": 1}))
+    s3.create_bucket(Bucket="lab-bills")
+    result = run_cli("spend", "s3://lab-bills/nothing-here/")
+    assert result.exit_code == 2
+    assert "Error: no billing export files at s3://lab-bills/nothing-here/" in result.stderr
+    assert "Hint: " in result.stderr
+
+
+def test_alarm_status_sets_an_exports_month_against_the_budget(
+    aws_env: str, run_cli: Callable[..., Any], monkeypatch: Any
+) -> None:
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # moto answers unimplemented calls with 500
+    assert run_cli("alarm", "--budget", "200", "--email", "me@uni.edu").exit_code == 0
+    document = run_cli("alarm", "status", "--export", str(HANDMADE), "--format", "json").json()
+    assert document["export"] == {
+        "period": "2026-11",  # the export's latest billing month
+        "currency": "USD",
+        "billed_usd": "55.4147",
+        "budget_usd": "200",
+        "percent_of_budget": "27.7",
+        "charges_to": "2026-11-07",
+    }
+    table = run_cli("alarm", "status", "--export", str(HANDMADE))
+    assert table.exit_code == 0, table.stderr
+    assert "Billed in 2026-11 per the export (to 2026-11-07): $55.41, 28% of the $200.00" in (
+        table.stdout
+    )
+    refused = run_cli("alarm", "status", "--export", str(HANDMADE.with_name("nope.csv")))
+    assert refused.exit_code == 2
+    assert "Error: no billing export files at" in refused.stderr
