@@ -100,7 +100,9 @@ def moto_server() -> Iterator[str]:
 def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> str:
     """A clean moto account reached through the standard AWS_ENDPOINT_URL, and nothing else."""
     request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")
-    with urllib.request.urlopen(request, timeout=10):
+    # A safety net, not a budget: a reset after a test that left many objects, on a machine
+    # busy with other workers, took over 10 s.
+    with urllib.request.urlopen(request, timeout=120):
         pass
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_REGION"):
         monkeypatch.delenv(name, raising=False)

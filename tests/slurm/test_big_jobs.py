@@ -302,4 +302,7 @@ def test_a_warning_reaches_the_training_script_inside_the_container(
     assert "costguard: requeueing job 4242" in err
     made = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert calls_of(made, "apptainer")[0][:3] == ["exec", "--bind", str(ckpt)]
-    assert [m["reason"] for m in manifests(ckpt)] == ["notice:signal-signal"]
+    # The notice's save is the newest; a scheduled save may come first on a busy machine.
+    saved = sorted(manifests(ckpt), key=lambda m: int(m["step"]))
+    assert saved[-1]["reason"] == "notice:signal-signal", saved
+    assert {m["reason"] for m in saved[:-1]} <= {"schedule"}, saved
