@@ -20,7 +20,7 @@ from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.pricing.tables import load_tables
-from costguard.reaper.fleet import PriceBook
+from costguard.reaper.fleet import PriceBook, across
 from costguard.reaper.policy import Instance
 from costguard.settings import Settings
 
@@ -86,7 +86,7 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
     budget: Decimal | None = options["budget"]
     if budget is None:
         budget = _alarm_budget(provider, options, settings)
-    seen = [vm for fleet in chosen for vm in fleet.instances()]
+    seen = [vm for listed in across(chosen, lambda fleet: fleet.instances()) for vm in listed]
 
     def on_demand(vm: Instance) -> Decimal | None:
         return prices.usd_per_hour(vm.provider, vm.region, vm.instance_type, spot=False)
