@@ -9,10 +9,13 @@ must know about one backend is here, so adding a store is one entry per table be
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from costguard.clouds import require
+from costguard.errors import InputError
+from costguard.secrets import redact_url
 
 EXTRA = "train"
 
@@ -52,6 +55,77 @@ def backend_name(url: str) -> str:
     return {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}.get(
         scheme, "azure" if scheme in ("az", "abfs", "abfss") else "local"
     )
+
+
+#: A scheme and a broken separator: ``s3:/b``, ``s3:b``, ``s3//b``, ``gs:/``.
+_SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*|//+)(.*)", re.DOTALL)
+_WEB = ("http", "https")
+#: Web addresses of the stores' objects, and the store URL each one means.
+_WEB_ADDRESSES = (
+    (re.compile(r"([a-z0-9.-]+)\.s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com(/.*)?", re.I), "s3"),
+    (re.compile(r"s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com/([^/]+)(/.*)?", re.I), "s3"),
+    (re.compile(r"storage\.(?:googleapis|cloud\.google)\.com/([^/]+)(/.*)?", re.I), "gs"),
+    (re.compile(r"[a-z0-9]+\.(?:blob|dfs)\.core\.windows\.net/([^/]+)(/.*)?", re.I), "az"),
+)
+
+
+def check_url(text: str) -> None:
+    """Refuse what looks like a store URL and is not one, naming the URL it probably meant.
+
+    A mistyped URL (``s3:/b/run1``, ``S3://b``, ``s3//b``, an ``https://`` address of a
+    bucket, an unknown scheme) would otherwise be a local folder of that name, and the
+    checkpoints of a spot instance would die with its disk. A plain folder passes, and so
+    does a URL of a known scheme (its bucket and credentials are checked when it opens).
+
+    >>> check_url("s3://b/run1"), check_url("runs/s3-copy"), check_url("./s3:b")
+    (None, None, None)
+    >>> check_url("s3:/b/run1")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: 's3:/b/run1' looks like a store URL but is not one
+    """
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme in PROTOCOLS and not (PROTOCOLS[scheme] and rest.startswith("/")):
+        return
+    if not sep:
+        typo = _SCHEME_LIKE.fullmatch(text)
+        if typo is None or typo[1].lower() not in (*PROTOCOLS, *_WEB):
+            return  # a folder, maybe with a colon in its name
+        scheme, rest = typo[1], typo[3]
+    meant = _probable(scheme, rest)
+    shown = redact_url(text)[:200]
+    msg = f"{shown!r} looks like a store URL but is not one"
+    local = f"for a local folder of that name: ./{shown}" if not sep else None
+    if meant is not None:
+        hint = f"did you mean {redact_url(meant)[:200]}?" + (f" ({local})" if local else "")
+    elif PROTOCOLS.get(scheme.lower()):
+        hint = f"it names no bucket: e.g. {scheme.lower()}://my-bucket/run1"
+    else:
+        hint = "a store is a folder, s3://bucket/prefix, gs://bucket/prefix or " + (
+            "az://container/prefix; an S3-compatible server's address goes in AWS_ENDPOINT_URL"
+        )
+    raise InputError(msg, hint=hint)
+
+
+def _probable(scheme: str, rest: str) -> str | None:
+    """The store URL ``scheme`` and ``rest`` probably meant, if one can be told."""
+    import difflib  # on error paths only
+
+    lower = scheme.lower()
+    if lower in _WEB:
+        address = rest.lstrip("/").split("?", 1)[0]
+        for pattern, store in _WEB_ADDRESSES:
+            if found := pattern.fullmatch(address):
+                return f"{store}://{found[1]}{found[2] or ''}"
+        return None
+    if lower not in PROTOCOLS:
+        close = difflib.get_close_matches(lower, list(PROTOCOLS), n=1, cutoff=0.5)
+        if not close:
+            return None
+        lower = close[0]
+    if PROTOCOLS[lower] is None:
+        return f"{lower}:///{rest.lstrip('/')}"
+    return f"{lower}://{rest.lstrip('/')}" if rest.strip("/") else None
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -143,18 +143,15 @@ class Store:
         """The store at ``url``; a plain path is a local folder (created if missing, with
         ``create``; without it a missing folder is a :class:`StoreError`).
 
-        Raises :class:`InputError` for an unknown scheme or a URL that carries credentials
+        Raises :class:`InputError` for what looks like a URL but is not one
+        (:func:`~costguard.checkpoint.backends.check_url`), or a URL that carries credentials
         (they belong in the environment, not in a URL that is logged and passed on), and
         :class:`~costguard.errors.MissingDependencyError` when its fsspec backend is not
         installed. Nothing touches the store before these checks.
         """
         text = os.fspath(url)
-        scheme = text.split("://", 1)[0].lower() if "://" in text else "file"
-        if scheme not in backends.PROTOCOLS:
-            msg = f"unsupported checkpoint URL scheme {scheme[:20]!r} in {redact_url(text)[:200]!r}"
-            raise InputError(
-                msg, hint="use a local folder, s3://bucket/prefix, gs://bucket/prefix or az://"
-            )
+        backends.check_url(text)  # a mistyped URL is not a local folder
+        scheme = text.split("://", 1)[0] if "://" in text else "file"
         if "://" in text and url_has_credentials(text):
             msg = (
                 f"the checkpoint URL {redact_url(text)[:200]!r} carries a user name, password "

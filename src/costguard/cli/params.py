@@ -256,6 +256,26 @@ class Url(_Strict):
         return text
 
 
+class StoreUrl(Url):
+    """A checkpoint store: a local folder, or a URL of a store fsspec serves here.
+
+    What looks like a store URL and is not one (``s3:/b``, ``S3://b``, an ``https://``
+    address of a bucket) is refused with the URL it probably meant (exit 2): as a local
+    folder it would lose a spot instance's checkpoints with its disk.
+
+    >>> StoreUrl().convert("s3:b", None, None)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: 's3:b' looks like a store URL but is not one
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from costguard.checkpoint.backends import check_url
+
+        check_url(str(value))
+        return super().convert(value, param, ctx)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
