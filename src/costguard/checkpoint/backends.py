@@ -9,12 +9,14 @@ must know about one backend is here, so adding a store is one entry per table be
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from costguard.clouds import aws as aws_clouds
 from costguard.clouds import require
-from costguard.errors import InputError
+from costguard.errors import InputError, MissingCredentialsError
 from costguard.secrets import redact_url
 
 EXTRA = "train"
@@ -41,6 +43,29 @@ REACH_HINTS = {
     "(AZURE_STORAGE_CONNECTION_STRING, or account_name and a managed identity)",
     "local": "check that the folder exists and that you may write to it",
 }
+#: Per backend: whose credentials it needs, and how a person provides them.
+CREDENTIALS = {
+    "s3": ("AWS", aws_clouds.CREDENTIALS_HINT),
+    "gcs": (
+        "Google Cloud",
+        "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS "
+        "to a service account's key file; on a VM, give it a service account",
+    ),
+    "azure": (
+        "Azure Storage",
+        "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with `az login` "
+        "or the VM's managed identity",
+    ),
+}
+#: The SDKs' ways of saying that no credentials were found (by class name: no SDK import).
+_NO_CREDENTIALS = frozenset(
+    {
+        "NoCredentialsError",  # botocore
+        "PartialCredentialsError",
+        "DefaultCredentialsError",  # google.auth
+        "CredentialUnavailableError",  # azure.identity
+    }
+)
 #: Errors that no retry can fix: the object or bucket is not there, or we may not touch it.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -128,6 +153,28 @@ def _probable(scheme: str, rest: str) -> str | None:
     return f"{lower}://{rest.lstrip('/')}" if rest.strip("/") else None
 
 
+def no_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says that no credentials were found: never
+    worth a retry.
+
+    >>> class NoCredentialsError(Exception): ...
+    >>> no_credentials(RuntimeError("upload failed")), no_credentials(NoCredentialsError())
+    (False, True)
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # a bounded walk down the chain of causes
+        if seen is None:
+            return False
+        names = {cls.__name__ for cls in type(seen).__mro__}
+        if names & _NO_CREDENTIALS or (
+            # DefaultAzureCredential: none of its sources had a credential
+            "ClientAuthenticationError" in names and "failed to retrieve a token" in str(seen)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away on retry (5xx, throttling, timeouts, dropped connections).
 
@@ -139,7 +186,7 @@ def is_transient(exc: BaseException) -> bool:
     ...     is_transient(wrapped)
     True
     """
-    if isinstance(exc, _PERMANENT):
+    if isinstance(exc, _PERMANENT) or no_credentials(exc):
         return False
     if isinstance(exc, OSError | TimeoutError | ConnectionError):
         return True
@@ -182,6 +229,34 @@ def default_options(scheme: str) -> Mapping[str, Any]:
         # adlfs passes these to every blob call; without them a dead endpoint hangs.
         return {**common, "connection_timeout": 10, "read_timeout": 120}
     return common
+
+
+def check_azure_account(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """:class:`MissingCredentialsError` (exit 2) when neither the storage options nor the
+    environment name an Azure Storage account, before adlfs is asked (it would say only
+    "unable to connect to account").
+
+    >>> check_azure_account({}, {"AZURE_STORAGE_ACCOUNT_NAME": "lab"})
+    >>> check_azure_account({}, {})
+    Traceback (most recent call last):
+    ...
+    costguard.errors.MissingCredentialsError: no Azure Storage account or credentials
+    """
+    if any(options.get(k) for k in ("account_name", "connection_string")) or any(
+        environ.get(k) for k in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME")
+    ):
+        return
+    msg = "no Azure Storage account or credentials"
+    raise MissingCredentialsError(msg, hint=CREDENTIALS["azure"][1])
+
+
+def quiet_azure_identity() -> None:
+    """Keep azure.identity's warning (a dozen lines: every credential source it tried)
+    from stderr: a missing credential is reported once, as an error with a hint. A level
+    the user set stays."""
+    logger = logging.getLogger("azure.identity")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.ERROR)
 
 
 def one_retry_layer_azure(fs: Any) -> None:

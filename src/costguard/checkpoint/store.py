@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 from costguard.checkpoint import backends, uploads
 from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import require
-from costguard.errors import CostguardError, InputError, StoreError
+from costguard.errors import CostguardError, InputError, MissingCredentialsError, StoreError
 from costguard.files import atomic_write
 from costguard.retry import (
     OnRetry,
@@ -169,6 +169,9 @@ class Store:
         backend = backends.PROTOCOLS[scheme]
         if backend is not None:
             require(backend, EXTRA)
+        if backend == "adlfs":
+            backends.check_azure_account(storage_options or {}, os.environ)
+            backends.quiet_azure_identity()
         fsspec_core = require("fsspec.core", EXTRA)
         options = dict(backends.default_options(scheme))
         options.update(storage_options or {})
@@ -251,7 +254,12 @@ class Store:
         except Exception as exc:
             raise self._store_error(action, exc) from exc
 
-    def _store_error(self, action: str, exc: Exception) -> StoreError:
+    def _store_error(self, action: str, exc: Exception) -> CostguardError:
+        if backends.no_credentials(exc) and self.backend in backends.CREDENTIALS:
+            cloud, hint = backends.CREDENTIALS[self.backend]
+            return MissingCredentialsError(
+                f"no {cloud} credentials while {action} on {self.url}", hint=hint
+            )
         detail = redact(str(exc))[:300]
         if isinstance(exc, FileNotFoundError):
             return StoreError(f"{action} on {self.url}: not found ({detail})")
@@ -568,7 +576,15 @@ class Store:
             found = Path(self.root).is_dir()
         else:
             bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
-            found = self._call("looking for the bucket", lambda: self.fs.exists(bucket))
+
+            def probe() -> bool:  # not fs.exists: it answers False for any error
+                try:
+                    self.fs.info(bucket)
+                except FileNotFoundError:
+                    return False
+                return True
+
+            found = self._call("looking for the bucket", probe)
         if not found:
             msg = f"no checkpoint store at {self.url}: it does not exist"
             raise StoreError(msg, hint="check the URL (nothing was created)")
