@@ -9,7 +9,6 @@ must know about one backend is here, so adding a store is one entry per table be
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -248,15 +247,6 @@ def check_azure_account(options: Mapping[str, Any], environ: Mapping[str, str]) 
         return
     msg = "no Azure Storage account or credentials"
     raise MissingCredentialsError(msg, hint=CREDENTIALS["azure"][1])
-
-
-def quiet_azure_identity() -> None:
-    """Keep azure.identity's warning (a dozen lines: every credential source it tried)
-    from stderr: a missing credential is reported once, as an error with a hint. A level
-    the user set stays."""
-    logger = logging.getLogger("azure.identity")
-    if logger.level == logging.NOTSET:
-        logger.setLevel(logging.ERROR)
 
 
 def one_retry_layer_azure(fs: Any) -> None:

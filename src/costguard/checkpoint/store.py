@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 from costguard.checkpoint import backends, uploads
 from costguard.checkpoint.manifest import ManifestError
+from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError, MissingCredentialsError, StoreError
 from costguard.files import atomic_write
@@ -171,7 +172,7 @@ class Store:
             require(backend, EXTRA)
         if backend == "adlfs":
             backends.check_azure_account(storage_options or {}, os.environ)
-            backends.quiet_azure_identity()
+            azure_clouds.quiet_identity()
         fsspec_core = require("fsspec.core", EXTRA)
         options = dict(backends.default_options(scheme))
         options.update(storage_options or {})
