@@ -108,7 +108,7 @@ def overlapping(monkeypatch: pytest.MonkeyPatch, operation: str) -> threading.Ba
 
     def hooked(service: str, region: str | None = None, **kwargs: Any) -> Any:
         made = client(service, region, **kwargs)
-        made.meta.events.register_first(f"before-call.{service}.{operation}", wait, "i33")
+        made.meta.events.register_first(f"before-call.{service}.{operation}", wait, "overlap")
         return made
 
     monkeypatch.setattr(aws_clouds, "client", hooked)
