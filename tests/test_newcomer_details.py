@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 import costguard
@@ -21,3 +24,23 @@ def test_the_python_api_asks_for_hours_as_the_cli_does() -> None:
 def test_a_signal_notice_is_named_once() -> None:
     assert Notice("signal", "signal", None, "SIGTERM").describe() == "signal notice (SIGTERM)"
     assert Notice("aws", "terminate", None).describe() == "aws terminate notice"
+
+
+@pytest.mark.parametrize("typed", ["00", "000", ".50", ""])
+@pytest.mark.parametrize("command", [("estimate", "--gpu", "a10g", "--hours", "8"), ("burn",)])
+def test_a_budget_the_shell_ate_says_to_quote_it(
+    command: tuple[str, ...], typed: str, run_cli: Callable[..., Any]
+) -> None:
+    """``--budget $200`` unquoted reaches costguard as ``00``."""
+    result = run_cli(*command, "--budget", typed)
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"Error: {typed!r} is not an amount in USD",
+        "Hint: in a shell, $ starts a variable ($200 arrives as 00): write --budget 200, "
+        "or quote it: --budget '$200'",
+    ]
+
+
+def test_a_quoted_dollar_amount_is_taken(run_cli: Callable[..., Any]) -> None:
+    args = ("estimate", "--gpu", "a10g", "--hours", "8", "--format", "json")
+    assert run_cli(*args, "--budget", "$200").json() == run_cli(*args, "--budget", "200").json()

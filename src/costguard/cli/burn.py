@@ -15,7 +15,7 @@ import click
 from costguard.alarms.burn import BurnReport, burn_report, price_running
 from costguard.cli import render
 from costguard.cli.fleets import fleet_options, fleets
-from costguard.cli.params import DecimalRange, Url, table_or_json
+from costguard.cli.params import Url, Usd, table_or_json
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
@@ -43,7 +43,7 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
 )
 @click.option(
     "--budget",
-    type=DecimalRange(0, minimum_open=True, maximum=10**9),
+    type=Usd(0, minimum_open=True, maximum=10**9),
     help="Monthly budget in USD (AWS and Azure default: the costguard-monthly budget).",
 )
 @fleet_options("Region (repeatable). Default: every region in the price tables (AWS); all.")

@@ -27,6 +27,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from costguard.errors import InputError
 from costguard.money import parse_decimal
 from costguard.secrets import redact
 
@@ -49,6 +50,8 @@ _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*", re.ASCII)
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[0-9]{1,5})?", re.ASCII)
 #: Schemes whose URLs name no bucket (``file:///abs/path``).
 _HOSTLESS = frozenset({"file", "local"})
+#: What an unquoted ``$200``, ``$1000`` or ``$2.50`` becomes in a shell.
+_SHELL_ATE_DOLLAR = re.compile(r"|0[0-9]+(\.[0-9]*)?|\.[0-9]+", re.ASCII)
 
 
 def shown(value: object) -> str:
@@ -176,6 +179,35 @@ class DecimalRange(_Strict):
         if self.maximum is not None and number > self.maximum:
             self.fail(f"must be at most {self.maximum}{self.unit}, not {shown(value)}", param, ctx)
         return number
+
+
+class Usd(DecimalRange):
+    """An amount in USD: a :class:`DecimalRange` that also takes a leading ``$`` (quoted,
+    ``'$200'``), and says what the shell did to an unquoted one: ``$200`` arrives as
+    ``00`` (``$2`` is an empty variable), ``$2.50`` as ``.50``.
+
+    >>> Usd(0, minimum_open=True).convert("$200", None, None)
+    Decimal('200')
+    >>> Usd(0, minimum_open=True).convert("00", None, None)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: '00' is not an amount in USD
+    """
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Decimal:
+        if isinstance(value, str) and value.startswith("$"):
+            value = value[1:]
+        elif isinstance(value, str) and _SHELL_ATE_DOLLAR.fullmatch(value):
+            flag = param.opts[0] if param is not None and param.opts else "--budget"
+            msg = f"{shown(value)} is not an amount in USD"
+            raise InputError(
+                msg,
+                hint=f"in a shell, $ starts a variable ($200 arrives as 00): write {flag} 200, "
+                f"or quote it: {flag} '$200'",
+            )
+        return super().convert(value, param, ctx)
 
 
 class Name(_Bounded):
