@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,3 +48,18 @@ def test_a_budget_the_shell_ate_says_to_quote_it(
 def test_a_quoted_dollar_amount_is_taken(run_cli: Callable[..., Any]) -> None:
     args = ("estimate", "--gpu", "a10g", "--hours", "8", "--format", "json")
     assert run_cli(*args, "--budget", "$200").json() == run_cli(*args, "--budget", "200").json()
+
+
+def test_the_tests_keep_pid_files_out_of_system_folders(tmp_path: Path) -> None:
+    """A real `costguard run` started as the tests start them: its pid file goes to the
+    tests' own folder, never to /run/costguard/jobs."""
+    jobs = Path(os.environ["COSTGUARD_JOBS_DIR"])
+    assert not jobs.is_relative_to("/run")
+    script = "import os; print(sorted(os.listdir(os.environ['COSTGUARD_JOBS_DIR'])))"
+    result = subprocess.run(
+        [sys.executable, "-m", "costguard", "run", "--checkpoint", str(tmp_path / "ckpt"),
+         "--", sys.executable, "-c", script],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ), check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(".pid']"), result.stdout
