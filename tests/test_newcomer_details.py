@@ -14,6 +14,7 @@ import pytest
 import costguard
 from costguard.checkpoint.notices import Notice
 from costguard.errors import InputError
+from tests.helpers.output import on_terminal
 
 
 def test_the_python_api_asks_for_hours_as_the_cli_does() -> None:
@@ -63,3 +64,22 @@ def test_the_tests_keep_pid_files_out_of_system_folders(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith(".pid']"), result.stdout
+
+
+@pytest.mark.parametrize("answer", [b"n\n", b""])
+def test_a_declined_launch_leaves_no_folder(answer: bytes, tmp_path: Path) -> None:
+    """Declined at a real terminal (exit 1, not 130 as for Ctrl-C), or refused without one:
+    the checkpoint folder made for the job, and its parents, are gone again."""
+    costguard = str(Path(sys.executable).parent / "costguard")
+    args = [costguard, "launch", "--provider", "local", "--gpu", "a10g", "--checkpoint",
+            str(tmp_path / "runs" / "r1"), "--", "python", "-c", "pass"]  # fmt: skip
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    if answer:
+        code, screen = on_terminal(args, 80, env, typed=answer)
+        assert code == 1, screen
+        assert "Error: not launched: declined at the confirmation" in screen
+    else:
+        done = subprocess.run(args, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=120, check=False)  # fmt: skip
+        assert done.returncode == 2, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -34,14 +34,17 @@ def assert_fits(text: str, width: int, cells: Iterable[str]) -> None:
 
 
 def on_terminal(
-    argv: list[str], columns: int, env: Mapping[str, str], rows: int = 40
+    argv: list[str], columns: int, env: Mapping[str, str], rows: int = 40, typed: bytes = b""
 ) -> tuple[int, str]:
-    """Run ``argv`` on a pseudo-terminal of ``columns`` x ``rows`` (its stdout and stderr,
-    sized before the command starts): its exit code and what it printed, plain."""
+    """Run ``argv`` on a pseudo-terminal of ``columns`` x ``rows`` (its stdin, stdout and
+    stderr, sized before the command starts), with ``typed`` waiting on its input: its exit
+    code and what it printed, plain."""
     pid, fd = pty.fork()
     if pid == 0:  # the child
         fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
         os.execve(argv[0], argv, {**env, "TERM": "xterm"})
+    if typed:
+        os.write(fd, typed)
     chunks = []
     try:
         while select.select([fd], [], [], 60)[0]:

@@ -128,6 +128,8 @@ class Store:
         #: of a preemption notice must commit, or say it could not, while the machine lives.
         self.deadline_unix: float | None = None
         self._sleep = sleep
+        #: Local folders :meth:`open` created, the deepest first (:meth:`remove_if_unused`).
+        self.made_dirs: tuple[Path, ...] = ()
         self._rng = random.Random()  # noqa: S311 - jitter, not security
         protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         self.is_local = protocol in ("file", "local")
@@ -197,15 +199,19 @@ class Store:
             backends.one_retry_layer_azure(fs)
         if scheme in ("gs", "gcs"):
             backends.one_retry_layer_gcs(fs)
+        made: tuple[Path, ...] = ()
         if backend is None:
             if create:
                 # A missing local root is created; if that fails, check_writable says why.
+                made = tuple(p for p in (Path(root), *Path(root).parents) if not p.exists())
                 with contextlib.suppress(OSError):
                     Path(root).mkdir(parents=True, exist_ok=True)
             elif not Path(root).is_dir():
                 msg = f"no checkpoint store at {text[:200]}: the folder does not exist"
                 raise StoreError(msg, hint="check the path (nothing was created)")
-        return cls(fs, root, text, retry=retry)
+        store = cls(fs, root, text, retry=retry)
+        store.made_dirs = made
+        return store
 
     def full(self, path: str) -> str:
         """The absolute path (in the filesystem's terms) of a relative ``path``."""
@@ -569,6 +575,15 @@ class Store:
             self._call(f"deleting {path}", remove)
         if self.is_local:
             _prune_empty_local_dirs(self.root)
+
+    def remove_if_unused(self) -> None:
+        """Remove the local folders :meth:`open` created, as long as they are empty: a
+        launch declined at its confirmation leaves nothing behind."""
+        for folder in self.made_dirs:
+            try:
+                folder.rmdir()  # only an empty folder
+            except OSError:
+                return
 
     def check_exists(self) -> None:
         """:class:`StoreError` unless the folder (local) or the bucket/container exists;

@@ -24,7 +24,7 @@ from costguard.cli.params import (
     WholeNumber,
     table_or_json,
 )
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.providers import providers
 from costguard.settings import Settings
 
@@ -323,12 +323,15 @@ def _prepare(
             if not sys.stdin.isatty():
                 msg = "confirmation needed, and there is no terminal to ask"
                 raise InputError(msg, hint="pass --yes to launch without asking")
-            click.confirm("Launch?", abort=True, err=True)
+            if not click.confirm("Launch?", err=True):
+                msg = "not launched: declined at the confirmation"
+                raise CostguardError(msg)
         job = commit(prepared)
     except BaseException:
         close = getattr(launcher, "close", None)
         if close is not None:
             close()
+        prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
 
