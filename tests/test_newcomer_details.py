@@ -83,3 +83,39 @@ def test_a_declined_launch_leaves_no_folder(answer: bytes, tmp_path: Path) -> No
                               text=True, timeout=120, check=False)  # fmt: skip
         assert done.returncode == 2, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "hint"),
+    [
+        (
+            ("--gpu", "a10g"),  # AWS only: AWS names
+            "Error: unknown AWS region 'us-east'",
+            "Hint: did you mean us-east-2 or us-east-1 (AWS)?",
+        ),
+        (
+            ("--gpu", "a100", "--provider", "aws"),
+            "Error: unknown AWS region 'us-east'",
+            "Hint: did you mean us-east-2 or us-east-1 (AWS)?",
+        ),
+        (
+            ("--gpu", "l4", "--provider", "gcp"),
+            "Error: unknown GCP region 'us-east'",
+            "Hint: did you mean us-east5 or us-east4 (GCP)?",
+        ),
+    ],
+)
+def test_region_suggestions_are_of_the_providers_in_question(
+    args: tuple[str, ...], error: str, hint: str, run_cli: Callable[..., Any]
+) -> None:
+    result = run_cli("estimate", *args, "--hours", "1", "--region", "us-east")
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [error, hint]
+
+
+def test_a_gpu_on_every_cloud_gets_suggestions_per_cloud(run_cli: Callable[..., Any]) -> None:
+    result = run_cli("estimate", "--gpu", "h100", "--hours", "1", "--region", "us-east")
+    hint = result.stderr.splitlines()[1]
+    for cloud in ("(AWS)", "(GCP)", "(Azure)"):
+        assert cloud in hint
+    assert "us-east-1" in hint
