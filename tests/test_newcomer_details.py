@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -119,3 +120,32 @@ def test_a_gpu_on_every_cloud_gets_suggestions_per_cloud(run_cli: Callable[..., 
     for cloud in ("(AWS)", "(GCP)", "(Azure)"):
         assert cloud in hint
     assert "us-east-1" in hint
+
+
+def test_a_second_ctrl_c_reports_130_and_nothing_else(tmp_path: Path) -> None:
+    """A rank saved on the first Ctrl-C (its record written) and another hangs: the second
+    Ctrl-C stops everything, and `costguard run` says 130 only, not "reporting 75" first."""
+    script = (
+        "import os, pathlib, time\n"
+        "pathlib.Path(os.environ['COSTGUARD_PREEMPTED_FILE']).write_text('{}')\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "costguard", "run", "--checkpoint", str(tmp_path / "ck"),
+         "--", sys.executable, "-c", script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "XDG_CONFIG_HOME": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "up"
+    assert proc.stderr is not None
+    proc.send_signal(signal.SIGINT)
+    for _ in range(50):  # until costguard says it relayed the first
+        if "Ctrl-C: asking the script to save" in proc.stderr.readline():
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "stopped at once by a second Ctrl-C" in err
+    assert "reporting" not in err, err
