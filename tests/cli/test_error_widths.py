@@ -62,3 +62,32 @@ def test_errors_fit_the_terminal(
     commands = re.findall(r"`[^`]*`", hint)
     for command in commands:  # never broken over lines
         assert any(command in line for line in lines), command
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_the_alarms_done_line_fits_the_terminal(
+    columns: int, aws_env: str, clean_env: dict[str, str]
+) -> None:
+    """`costguard alarm` against moto server, at a real terminal: its "Done:" and "No
+    changes:" summaries wrapped to the width."""
+    assert COSTGUARD
+    env = {
+        **clean_env,
+        **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
+        "AWS_MAX_ATTEMPTS": "1",
+        "COLUMNS": f"{columns}",
+    }
+    args = [COSTGUARD, "alarm", "--budget", "200", "--thresholds", "25,50,75,90,100,110",
+            "--email", "someone.long@university.example.edu", "--name", "thesis"]  # fmt: skip
+    for first in ("Done: ", "No changes: "):
+        code, screen = on_terminal(args, columns, env)
+        assert code == 0, screen
+        lines = screen.splitlines()
+        (start,) = [n for n, line in enumerate(lines) if line.startswith(first)]
+        summary = [lines[start]]  # and its continuation lines, indented under its text
+        for line in lines[start + 1 :]:
+            if not line.startswith(" " * len(first)):
+                break
+            summary.append(line)
+        assert all(len(line) <= columns for line in summary), summary
+        assert "costguard-thesis" in " ".join(" ".join(summary).split())
