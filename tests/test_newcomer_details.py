@@ -41,7 +41,7 @@ def test_a_budget_the_shell_ate_says_to_quote_it(
     result = run_cli(*command, "--budget", typed)
     assert result.exit_code == 2, result.stderr
     assert result.stderr.splitlines() == [
-        f"Error: {typed!r} is not an amount in USD",
+        f"Error: --budget {typed!r} is not an amount in USD",
         "Hint: in a shell, $ starts a variable ($200 arrives as 00): write --budget 200, "
         "or quote it: --budget '$200'",
     ]

@@ -121,7 +121,8 @@ def check_url(text: str) -> None:
     msg = f"{shown!r} looks like a store URL but is not one"
     local = f"for a local folder of that name: ./{shown}" if not sep else None
     if meant is not None:
-        hint = f"did you mean {redact_url(meant)[:200]}?" + (f" ({local})" if local else "")
+        # (no "?" after the URL: it would read as a query string, and be masked)
+        hint = f"it probably means {redact_url(meant)[:200]}" + (f"; {local}" if local else "")
     elif PROTOCOLS.get(scheme.lower()):
         hint = f"it names no bucket: e.g. {scheme.lower()}://my-bucket/run1"
     else:

@@ -191,7 +191,7 @@ class Usd(DecimalRange):
     >>> Usd(0, minimum_open=True).convert("00", None, None)
     Traceback (most recent call last):
     ...
-    costguard.errors.InputError: '00' is not an amount in USD
+    costguard.errors.InputError: --budget '00' is not an amount in USD
     """
 
     def convert(
@@ -200,8 +200,8 @@ class Usd(DecimalRange):
         if isinstance(value, str) and value.startswith("$"):
             value = value[1:]
         elif isinstance(value, str) and _SHELL_ATE_DOLLAR.fullmatch(value):
-            flag = param.opts[0] if param is not None and param.opts else "--budget"
-            msg = f"{shown(value)} is not an amount in USD"
+            flag = _flag(param, "--budget")
+            msg = f"{flag} {shown(value)} is not an amount in USD"
             raise InputError(
                 msg,
                 hint=f"in a shell, $ starts a variable ($200 arrives as 00): write {flag} 200, "
@@ -298,14 +298,25 @@ class StoreUrl(Url):
     >>> StoreUrl().convert("s3:b", None, None)
     Traceback (most recent call last):
     ...
-    costguard.errors.InputError: 's3:b' looks like a store URL but is not one
+    costguard.errors.InputError: URL: 's3:b' looks like a store URL but is not one
     """
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from costguard.checkpoint.backends import check_url
 
-        check_url(str(value))
+        try:
+            check_url(str(value))
+        except InputError as exc:
+            msg = f"{_flag(param, 'URL')}: {exc.message}"
+            raise InputError(msg, hint=exc.hint) from None
         return super().convert(value, param, ctx)
+
+
+def _flag(param: click.Parameter | None, default: str) -> str:
+    """How an error names the parameter: its flag, or an argument's metavar."""
+    if isinstance(param, click.Option) and param.opts:
+        return param.opts[0]
+    return param.human_readable_name if param is not None else default
 
 
 F = TypeVar("F", bound=Callable[..., Any])
