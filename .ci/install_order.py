@@ -4,7 +4,7 @@ pip resolves only what one command asks for, so an extra installed later can mov
 dependency from under one installed earlier (s3fs's aiobotocore pins botocore below the
 botocore that the boto3 of `costguard[aws]` needs). This replays what a person does from
 the README's Install section, with costguard itself from a wheel built from this tree.
-torch's CPU wheel goes in first, as in .ci/run, so that `[train]` does not pull a CUDA build.
+The README's own CPU torch line comes before `[train]`, so that it does not pull a CUDA build.
 
 Usage: python .ci/install_order.py [WORKDIR]   (exit 1 at the first line that breaks it)
 """
@@ -48,7 +48,6 @@ def main(workdir: Path) -> int:
         print(built.stdout + built.stderr)
         return 1
     (wheel,) = workdir.glob("costguard-*.whl")
-    subprocess.run([*pip, "install", "-q", "torch==2.13.0"], check=True)
     for line in lines:
         # ``.`` (the clone) and a bare ``costguard`` both mean this tree's wheel.
         args = [

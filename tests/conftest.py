@@ -36,6 +36,15 @@ class Run:
         return json.loads(self.stdout)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _jobs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`costguard run` registers its pid in COSTGUARD_JOBS_DIR, by default the system's
+    /run/costguard/jobs: every test's, and every process it starts, get a temporary one."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("COSTGUARD_JOBS_DIR", str(tmp_path_factory.mktemp("jobs")))
+        yield
+
+
 @pytest.fixture
 def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
     """Invoke ``costguard ARGS`` in-process; no config file or COSTGUARD_* leaks in."""

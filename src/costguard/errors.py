@@ -41,6 +41,14 @@ class InputError(CostguardError):
     exit_code = EXIT_BAD_INPUT
 
 
+class MissingCredentialsError(InputError):
+    """No credentials for a cloud the command needs; nothing was done (exit code 2).
+
+    The message names the cloud and what was about to be done, the hint how to sign in.
+    Never retried: another try finds no more credentials than the first.
+    """
+
+
 class UnknownNameError(InputError):
     """A name (GPU, region, provider, instance type) that is not in the tables.
 

@@ -151,7 +151,7 @@ class EstimateResult:
 
 def estimate(
     gpu: str | None = None,
-    hours: float | int | str | Decimal = 1,
+    hours: float | int | str | Decimal | None = None,
     count: int = 1,
     *,
     gpus_per_instance: int = 1,
@@ -171,8 +171,12 @@ def estimate(
     """What a GPU run costs, as ``costguard estimate`` computes it, offline.
 
     The arguments are the command's options (``provider`` and ``region`` take a name or a
-    list). Bad input raises :class:`~costguard.errors.InputError` with a hint.
+    list); ``hours`` is required, as ``--hours`` is. Bad input raises
+    :class:`~costguard.errors.InputError` with a hint.
     """
+    if hours is None:
+        msg = "hours is required: how long the run takes"
+        raise InputError(msg, hint=f"e.g. costguard.estimate(gpu={gpu or 'a10g'!r}, hours=8)")
     numbers = {
         "hours": (hours, DecimalRange(0, minimum_open=True, maximum=MAX_HOURS)),
         "disk_gb": (disk_gb, DecimalRange(0, maximum=MAX_GB)),

@@ -29,7 +29,7 @@ def calls(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         def record(model: Any, **_: Any) -> None:
             made.append(f"{service}.{model.name}")
 
-        client.meta.events.register("before-call.*.*", record)
+        client.meta.events.register("before-call.*.*", record, unique_id="count")  # shared client
         return client
 
     monkeypatch.setattr(aws_clouds, "client", counting_client)
@@ -302,3 +302,14 @@ def test_bad_input_exits_2_before_any_call(
     assert needle in result.stderr
     assert "Hint: " in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_status_lists_alerts_in_numeric_order(
+    run_cli: Callable[..., Any], calls: list[str]
+) -> None:
+    """100% after 50% (as numbers), not before it (as text)."""
+    args = ("alarm", "--budget", "200", "--no-notify", "--thresholds", "100,50,8")
+    assert run_cli(*args).exit_code == 0
+    (budget,) = run_cli("alarm", "status", "--format", "json").json()["budgets"]
+    actual = [a for a in budget["alerts"] if a.startswith("ACTUAL")]
+    assert actual == ["ACTUAL > 8%", "ACTUAL > 50%", "ACTUAL > 100%"]

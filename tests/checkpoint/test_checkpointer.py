@@ -282,7 +282,7 @@ def test_s3_store_saves_and_restores(aws_env: str) -> None:
 def test_bad_urls_fail_before_training(tmp_path: Path, aws_env: str) -> None:
     with pytest.raises(InputError, match="does not exist"):
         Checkpointer("s3://missing-bucket/run")
-    with pytest.raises(InputError, match="scheme"):
+    with pytest.raises(InputError, match="looks like a store URL"):
         Checkpointer("ftp://host/run")
     with pytest.raises(InputError, match="keep_last"):
         Checkpointer(tmp_path, keep_last=0)

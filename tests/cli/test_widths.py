@@ -8,15 +8,9 @@ same way next to their cloud fixtures (tests/alarms, tests/reaper, tests/spot).
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
-import re
-import select
 import shutil
-import struct
 import sys
-import termios
 from collections.abc import Callable, Iterator
 from decimal import Decimal
 from pathlib import Path
@@ -25,7 +19,7 @@ from typing import Any
 import pytest
 
 from costguard.money import format_usd
-from tests.helpers.output import WIDTHS, assert_fits
+from tests.helpers.output import WIDTHS, assert_fits, on_terminal
 
 ESTIMATES = [
     ("estimate", "--gpu", "a10g", "--hours", "8", "--count", "4"),
@@ -163,24 +157,9 @@ def read_screen(
 ) -> str:
     """Run ``argv`` on a pseudo-terminal of ``columns`` x ``rows``: what it printed, plain."""
     env = {k: v for k, v in (env or os.environ).items() if k not in ("COLUMNS", "LINES")}
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: its stdout is the terminal, sized before the command starts
-        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        os.execve(argv[0], argv, {**env, "TERM": "xterm"})
-    chunks = []
-    try:
-        while select.select([fd], [], [], 60)[0]:
-            try:
-                data = os.read(fd, 65536)
-            except OSError:  # EIO: the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-    finally:
-        _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
+    code, screen = on_terminal(argv, columns, env, rows)
+    assert code == 0
+    return screen
 
 
 def test_readme_first_command_on_an_80_column_terminal() -> None:

@@ -3,7 +3,14 @@ by pixel."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import termios
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +31,34 @@ def assert_fits(text: str, width: int, cells: Iterable[str]) -> None:
     assert "\u2026" not in text, "a cell was cut (ellipsis)"
     missing = sorted({cell for cell in cells if not any(cell in line for line in lines)})
     assert not missing, f"not shown whole at {width} columns: {missing[:10]}"
+
+
+def on_terminal(
+    argv: list[str], columns: int, env: Mapping[str, str], rows: int = 40, typed: bytes = b""
+) -> tuple[int, str]:
+    """Run ``argv`` on a pseudo-terminal of ``columns`` x ``rows`` (its stdin, stdout and
+    stderr, sized before the command starts), with ``typed`` waiting on its input: its exit
+    code and what it printed, plain."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child
+        fcntl.ioctl(1, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        os.execve(argv[0], argv, {**env, "TERM": "xterm"})
+    if typed:
+        os.write(fd, typed)
+    chunks = []
+    try:
+        while select.select([fd], [], [], 60)[0]:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        _, status = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode()).replace("\r", "")
+    return os.waitstatus_to_exitcode(status), text
 
 
 @dataclass(frozen=True)

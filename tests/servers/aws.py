@@ -72,7 +72,9 @@ def recording_clients(sent: list[bytes]) -> Any:
             body = request.body or b""
             sent.append(body.encode() if isinstance(body, str) else bytes(body))
 
-        client.meta.events.register("before-send.ec2.RunInstances", keep)
+        client.meta.events.register(  # once: the client is shared
+            "before-send.ec2.RunInstances", keep, unique_id=f"keep-{id(sent)}"
+        )
         return client
 
     return make

@@ -50,7 +50,9 @@ class Recorder:
         def record(model: Any, params: dict[str, Any], **kwargs: Any) -> None:
             self.calls.append((model.name, copy.deepcopy(params)))  # botocore edits it later
 
-        ec2.meta.events.register("provide-client-params.ec2", record)
+        ec2.meta.events.register(  # once: the client is shared
+            "provide-client-params.ec2", record, unique_id=f"record-{id(self)}"
+        )
         return ec2
 
 

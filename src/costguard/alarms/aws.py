@@ -399,7 +399,7 @@ class AwsAlarms:
                     amount_usd=Decimal(raw["BudgetLimit"]["Amount"]),
                     actual_usd=Decimal(actual) if actual is not None else None,
                     forecast_usd=Decimal(forecast) if forecast is not None else None,
-                    alerts=tuple(sorted(str(n) for n in self._notifications(account, name))),
+                    alerts=tuple(str(n) for n in sorted(self._notifications(account, name))),
                     extra=alarm,
                 )
             )

@@ -157,7 +157,7 @@ class AzureAlarms:
                     forecast_usd=Decimal(str(forecast.amount))
                     if forecast and forecast.amount is not None
                     else None,
-                    alerts=tuple(sorted(str(n) for n in observed.notifications)),
+                    alerts=tuple(str(n) for n in sorted(observed.notifications)),
                     extra=", ".join(sorted(observed.emails)),
                 )
             )

@@ -292,7 +292,7 @@ class GcpAlarms:
                     amount_usd=observed.amount_usd,
                     actual_usd=None,
                     forecast_usd=None,
-                    alerts=tuple(sorted(str(n) for n in observed.notifications)),
+                    alerts=tuple(str(n) for n in sorted(observed.notifications)),
                     extra=", ".join(observed.projects) or "whole billing account",
                 )
             )

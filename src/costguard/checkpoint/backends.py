@@ -9,10 +9,14 @@ must know about one backend is here, so adding a store is one entry per table be
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from costguard.clouds import aws as aws_clouds
 from costguard.clouds import require
+from costguard.errors import InputError, MissingCredentialsError
+from costguard.secrets import redact_url
 
 EXTRA = "train"
 
@@ -47,6 +51,29 @@ PART_LIMITS: Mapping[str, tuple[int | None, int]] = {
     "azure": (50_000, 50_000 * 4000 * 2**20),
     "gcs": (None, 5 * 2**40),
 }
+#: Per backend: whose credentials it needs, and how a person provides them.
+CREDENTIALS = {
+    "s3": ("AWS", aws_clouds.CREDENTIALS_HINT),
+    "gcs": (
+        "Google Cloud",
+        "run `gcloud auth application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS "
+        "to a service account's key file; on a VM, give it a service account",
+    ),
+    "azure": (
+        "Azure Storage",
+        "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with `az login` "
+        "or the VM's managed identity",
+    ),
+}
+#: The SDKs' ways of saying that no credentials were found (by class name: no SDK import).
+_NO_CREDENTIALS = frozenset(
+    {
+        "NoCredentialsError",  # botocore
+        "PartialCredentialsError",
+        "DefaultCredentialsError",  # google.auth
+        "CredentialUnavailableError",  # azure.identity
+    }
+)
 #: Errors that no retry can fix: the object or bucket is not there, or we may not touch it.
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -63,6 +90,100 @@ def backend_name(url: str) -> str:
     )
 
 
+#: A scheme and a broken separator: ``s3:/b``, ``s3:b``, ``s3//b``, ``gs:/``.
+_SCHEME_LIKE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)(:/*|//+)(.*)", re.DOTALL)
+_WEB = ("http", "https")
+#: Web addresses of the stores' objects, and the store URL each one means.
+_WEB_ADDRESSES = (
+    (re.compile(r"([a-z0-9.-]+)\.s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com(/.*)?", re.I), "s3"),
+    (re.compile(r"s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com/([^/]+)(/.*)?", re.I), "s3"),
+    (re.compile(r"storage\.(?:googleapis|cloud\.google)\.com/([^/]+)(/.*)?", re.I), "gs"),
+    (re.compile(r"[a-z0-9]+\.(?:blob|dfs)\.core\.windows\.net/([^/]+)(/.*)?", re.I), "az"),
+)
+
+
+def check_url(text: str) -> None:
+    """Refuse what looks like a store URL and is not one, naming the URL it probably meant.
+
+    A mistyped URL (``s3:/b/run1``, ``S3://b``, ``s3//b``, an ``https://`` address of a
+    bucket, an unknown scheme) would otherwise be a local folder of that name, and the
+    checkpoints of a spot instance would die with its disk. A plain folder passes, and so
+    does a URL of a known scheme (its bucket and credentials are checked when it opens).
+
+    >>> check_url("s3://b/run1"), check_url("runs/s3-copy"), check_url("./s3:b")
+    (None, None, None)
+    >>> check_url("s3:/b/run1")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: 's3:/b/run1' looks like a store URL but is not one
+    """
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme in PROTOCOLS and not (PROTOCOLS[scheme] and rest.startswith("/")):
+        return
+    if not sep:
+        typo = _SCHEME_LIKE.fullmatch(text)
+        if typo is None or typo[1].lower() not in (*PROTOCOLS, *_WEB):
+            return  # a folder, maybe with a colon in its name
+        scheme, rest = typo[1], typo[3]
+    meant = _probable(scheme, rest)
+    shown = redact_url(text)[:200]
+    msg = f"{shown!r} looks like a store URL but is not one"
+    local = f"for a local folder of that name: ./{shown}" if not sep else None
+    if meant is not None:
+        # (no "?" after the URL: it would read as a query string, and be masked)
+        hint = f"it probably means {redact_url(meant)[:200]}" + (f"; {local}" if local else "")
+    elif PROTOCOLS.get(scheme.lower()):
+        hint = f"it names no bucket: e.g. {scheme.lower()}://my-bucket/run1"
+    else:
+        hint = "a store is a folder, s3://bucket/prefix, gs://bucket/prefix or " + (
+            "az://container/prefix; an S3-compatible server's address goes in AWS_ENDPOINT_URL"
+        )
+    raise InputError(msg, hint=hint)
+
+
+def _probable(scheme: str, rest: str) -> str | None:
+    """The store URL ``scheme`` and ``rest`` probably meant, if one can be told."""
+    import difflib  # on error paths only
+
+    lower = scheme.lower()
+    if lower in _WEB:
+        address = rest.lstrip("/").split("?", 1)[0]
+        for pattern, store in _WEB_ADDRESSES:
+            if found := pattern.fullmatch(address):
+                return f"{store}://{found[1]}{found[2] or ''}"
+        return None
+    if lower not in PROTOCOLS:
+        close = difflib.get_close_matches(lower, list(PROTOCOLS), n=1, cutoff=0.5)
+        if not close:
+            return None
+        lower = close[0]
+    if PROTOCOLS[lower] is None:
+        return f"{lower}:///{rest.lstrip('/')}"
+    return f"{lower}://{rest.lstrip('/')}" if rest.strip("/") else None
+
+
+def no_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says that no credentials were found: never
+    worth a retry.
+
+    >>> class NoCredentialsError(Exception): ...
+    >>> no_credentials(RuntimeError("upload failed")), no_credentials(NoCredentialsError())
+    (False, True)
+    """
+    seen: BaseException | None = exc
+    for _ in range(8):  # a bounded walk down the chain of causes
+        if seen is None:
+            return False
+        names = {cls.__name__ for cls in type(seen).__mro__}
+        if names & _NO_CREDENTIALS or (
+            # DefaultAzureCredential: none of its sources had a credential
+            "ClientAuthenticationError" in names and "failed to retrieve a token" in str(seen)
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` may go away on retry (5xx, throttling, timeouts, dropped connections).
 
@@ -74,7 +195,7 @@ def is_transient(exc: BaseException) -> bool:
     ...     is_transient(wrapped)
     True
     """
-    if isinstance(exc, _PERMANENT):
+    if isinstance(exc, _PERMANENT) or no_credentials(exc):
         return False
     if isinstance(exc, OSError | TimeoutError | ConnectionError):
         return True
@@ -117,6 +238,25 @@ def default_options(scheme: str) -> Mapping[str, Any]:
         # adlfs passes these to every blob call; without them a dead endpoint hangs.
         return {**common, "connection_timeout": 10, "read_timeout": 120}
     return common
+
+
+def check_azure_account(options: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+    """:class:`MissingCredentialsError` (exit 2) when neither the storage options nor the
+    environment name an Azure Storage account, before adlfs is asked (it would say only
+    "unable to connect to account").
+
+    >>> check_azure_account({}, {"AZURE_STORAGE_ACCOUNT_NAME": "lab"})
+    >>> check_azure_account({}, {})
+    Traceback (most recent call last):
+    ...
+    costguard.errors.MissingCredentialsError: no Azure Storage account or credentials
+    """
+    if any(options.get(k) for k in ("account_name", "connection_string")) or any(
+        environ.get(k) for k in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME")
+    ):
+        return
+    msg = "no Azure Storage account or credentials"
+    raise MissingCredentialsError(msg, hint=CREDENTIALS["azure"][1])
 
 
 def one_retry_layer_azure(fs: Any) -> None:

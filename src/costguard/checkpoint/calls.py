@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from costguard.checkpoint import backends
-from costguard.errors import CostguardError, StoreError
+from costguard.errors import CostguardError, MissingCredentialsError, StoreError
 from costguard.retry import (
     OnRetry,
     RetryPolicy,
@@ -136,7 +136,12 @@ class StoreCalls:
 
         return log
 
-    def _store_error(self, action: str, exc: Exception) -> StoreError:
+    def _store_error(self, action: str, exc: Exception) -> CostguardError:
+        if backends.no_credentials(exc) and self.backend in backends.CREDENTIALS:
+            cloud, hint = backends.CREDENTIALS[self.backend]
+            return MissingCredentialsError(
+                f"no {cloud} credentials while {action} on {self.url}", hint=hint
+            )
         detail = redact(str(exc))[:300]
         if isinstance(exc, FileNotFoundError):
             return StoreError(f"{action} on {self.url}: not found ({detail})")

@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 from costguard.checkpoint import backends, uploads
 from costguard.checkpoint.calls import StoreCalls
 from costguard.checkpoint.manifest import ManifestError
+from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
 from costguard.errors import InputError, StoreError
 from costguard.files import atomic_write
@@ -96,6 +97,9 @@ def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
 class Store(StoreCalls):
     """One checkpoint root in one fsspec filesystem. Paths are relative to the root."""
 
+    #: Local folders :meth:`open` created, the deepest first (:meth:`remove_if_unused`).
+    made_dirs: tuple[Path, ...] = ()
+
     @classmethod
     def open(
         cls,
@@ -108,18 +112,15 @@ class Store(StoreCalls):
         """The store at ``url``; a plain path is a local folder (created if missing, with
         ``create``; without it a missing folder is a :class:`StoreError`).
 
-        Raises :class:`InputError` for an unknown scheme or a URL that carries credentials
+        Raises :class:`InputError` for what looks like a URL but is not one
+        (:func:`~costguard.checkpoint.backends.check_url`), or a URL that carries credentials
         (they belong in the environment, not in a URL that is logged and passed on), and
         :class:`~costguard.errors.MissingDependencyError` when its fsspec backend is not
         installed. Nothing touches the store before these checks.
         """
         text = os.fspath(url)
-        scheme = text.split("://", 1)[0].lower() if "://" in text else "file"
-        if scheme not in backends.PROTOCOLS:
-            msg = f"unsupported checkpoint URL scheme {scheme[:20]!r} in {redact_url(text)[:200]!r}"
-            raise InputError(
-                msg, hint="use a local folder, s3://bucket/prefix, gs://bucket/prefix or az://"
-            )
+        backends.check_url(text)  # a mistyped URL is not a local folder
+        scheme = text.split("://", 1)[0] if "://" in text else "file"
         if "://" in text and url_has_credentials(text):
             msg = (
                 f"the checkpoint URL {redact_url(text)[:200]!r} carries a user name, password "
@@ -137,6 +138,9 @@ class Store(StoreCalls):
         backend = backends.PROTOCOLS[scheme]
         if backend is not None:
             require(backend, EXTRA)
+        if backend == "adlfs":
+            backends.check_azure_account(storage_options or {}, os.environ)
+            azure_clouds.quiet_identity()
         fsspec_core = require("fsspec.core", EXTRA)
         options = dict(backends.default_options(scheme))
         options.update(storage_options or {})
@@ -161,15 +165,19 @@ class Store(StoreCalls):
             backends.one_retry_layer_azure(fs)
         if scheme in ("gs", "gcs"):
             backends.one_retry_layer_gcs(fs)
+        made: tuple[Path, ...] = ()
         if backend is None:
             if create:
                 # A missing local root is created; if that fails, check_writable says why.
+                made = tuple(p for p in (Path(root), *Path(root).parents) if not p.exists())
                 with contextlib.suppress(OSError):
                     Path(root).mkdir(parents=True, exist_ok=True)
             elif not Path(root).is_dir():
                 msg = f"no checkpoint store at {text[:200]}: the folder does not exist"
                 raise StoreError(msg, hint="check the path (nothing was created)")
-        return cls(fs, root, text, retry=retry)
+        store = cls(fs, root, text, retry=retry)
+        store.made_dirs = made
+        return store
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write one whole object; a reader sees the old object, or the complete new one."""
@@ -455,6 +463,15 @@ class Store(StoreCalls):
         if self.is_local:
             _prune_empty_local_dirs(self.root)
 
+    def remove_if_unused(self) -> None:
+        """Remove the local folders :meth:`open` created, as long as they are empty: a
+        launch declined at its confirmation leaves nothing behind."""
+        for folder in self.made_dirs:
+            try:
+                folder.rmdir()  # only an empty folder
+            except OSError:
+                return
+
     def check_exists(self) -> None:
         """:class:`StoreError` unless the folder (local) or the bucket/container exists;
         for commands that only read, and must not create what they look at."""
@@ -462,7 +479,15 @@ class Store(StoreCalls):
             found = Path(self.root).is_dir()
         else:
             bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
-            found = self.call("looking for the bucket", lambda: self.fs.exists(bucket))
+
+            def probe() -> bool:  # not fs.exists: it answers False for any error
+                try:
+                    self.fs.info(bucket)
+                except FileNotFoundError:
+                    return False
+                return True
+
+            found = self.call("looking for the bucket", probe)
         if not found:
             msg = f"no checkpoint store at {self.url}: it does not exist"
             raise StoreError(msg, hint="check the URL (nothing was created)")

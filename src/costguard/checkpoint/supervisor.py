@@ -399,7 +399,9 @@ def supervise(
         preempted = preempted_file.exists()
         shutil.rmtree(relay_dir, ignore_errors=True)
     code = exit_code(returncode)
-    if code not in (0, EXIT_PREEMPTED) and preempted:
+    if interrupted:
+        code = 130  # the shell's code for Ctrl-C: what the ranks did before it is moot
+    elif code not in (0, EXIT_PREEMPTED) and preempted:
         # torchrun reports its workers' 75 as a failure of its own (exit 1).
         say(f"the command exited with {code} after its ranks saved on a notice; reporting 75")
         code = EXIT_PREEMPTED
@@ -410,8 +412,6 @@ def supervise(
             "checkpoint committed (a crash while shutting down); reporting 0"
         )
         code = 0
-    if interrupted:
-        code = 130  # the shell's code for Ctrl-C
     refused = events.refused if code != 0 and not interrupted else None
     if refused is not None:
         code = EXIT_BAD_INPUT

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -191,10 +192,50 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
 
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
-    click.secho(f"Error: {one_line(message)}", err=True, fg="red")
+    # At a terminal, wrapped to its width; to a pipe or a log, one line each (grep-able).
+    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    for line in wrap_words("Error: ", one_line(message), width):
+        click.secho(line, err=True, fg="red")
     if hint:
-        click.echo(f"Hint: {one_line(hint)}", err=True)
+        for line in wrap_words("Hint: ", one_line(hint), width):
+            click.echo(line, err=True)
     sys.exit(code)
+
+
+def echo_prose(label: str, text: str, *, err: bool = False) -> None:
+    """``label + text`` as :func:`wrap_words` lays it out at a terminal (stdout, or stderr
+    with ``err``); to a pipe, one line."""
+    stream = sys.stderr if err else sys.stdout
+    width = shutil.get_terminal_size().columns if stream.isatty() else None
+    for line in wrap_words(label, text, width):
+        click.echo(line, err=err)
+
+
+#: A word, or a `command` in backticks with what sticks to it (kept whole when wrapped).
+_WORD = re.compile(r"`[^`]*`\S*|\S+")
+
+
+def wrap_words(label: str, text: str, width: int | None) -> list[str]:
+    """``label + text`` in lines of at most ``width`` columns, broken between words,
+    later lines indented under the text; ``None``: one line. A `command` in backticks
+    is never broken: one longer than a line stands alone on its own, whole, so that it
+    can be copied.
+
+    >>> wrap_words("Hint: ", "run `aws sso login --profile NAME` and set AWS_PROFILE", 30)
+    ['Hint: run', '      `aws sso login --profile NAME`', '      and set AWS_PROFILE']
+    """
+    if width is None:
+        return [label + text]
+    indent = " " * len(label)
+    lines: list[str] = []
+    line = label
+    for word in _WORD.findall(text):
+        if line.strip() and len(line) + 1 + len(word) > width:
+            lines.append(line)
+            line = indent
+        line += word if line in (label, indent) else f" {word}"
+    lines.append(line)
+    return lines
 
 
 #: The longest run without a space an error line shows whole (a long path fits), the part

@@ -13,7 +13,7 @@ from costguard.alarms.backend import Scope, alarm_backend
 from costguard.alarms.plan import ApiCall, Plan
 from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.billing.spend import SpendReport, exact, report
-from costguard.cli import render
+from costguard.cli import echo_prose, render
 from costguard.cli.params import Name, Url, option_group, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
@@ -210,9 +210,9 @@ def _report(
     if dry_run:
         _print_dry_run(spec, summary, calls)
     elif not calls:
-        click.echo(f"No changes: {summary} already in place.")
+        echo_prose("No changes: ", f"{summary} already in place.")
     else:
-        click.echo(f"Done: {summary}.")
+        echo_prose("Done: ", f"{summary}.")
         for call in calls:
             click.echo(f"  {call}  # {call.reason}")
     render.print_notes(plan.notes, heading="Notes:")

@@ -15,12 +15,12 @@ import click
 from costguard.alarms.burn import BurnReport, burn_report, price_running
 from costguard.cli import render
 from costguard.cli.fleets import fleet_options, fleets
-from costguard.cli.params import DecimalRange, Url, table_or_json
+from costguard.cli.params import Url, Usd, table_or_json
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.pricing.tables import load_tables
-from costguard.reaper.fleet import PriceBook
+from costguard.reaper.fleet import PriceBook, across
 from costguard.reaper.policy import Instance
 from costguard.settings import Settings
 
@@ -43,7 +43,7 @@ In cron every 10 minutes (infra/cron/costguard-burn has the line):
 )
 @click.option(
     "--budget",
-    type=DecimalRange(0, minimum_open=True, maximum=10**9),
+    type=Usd(0, minimum_open=True, maximum=10**9),
     help="Monthly budget in USD (AWS and Azure default: the costguard-monthly budget).",
 )
 @fleet_options("Region (repeatable). Default: every region in the price tables (AWS); all.")
@@ -86,7 +86,7 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
     budget: Decimal | None = options["budget"]
     if budget is None:
         budget = _alarm_budget(provider, options, settings)
-    seen = [vm for fleet in chosen for vm in fleet.instances()]
+    seen = [vm for listed in across(chosen, lambda fleet: fleet.instances()) for vm in listed]
 
     def on_demand(vm: Instance) -> Decimal | None:
         return prices.usd_per_hour(vm.provider, vm.region, vm.instance_type, spot=False)

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import Name, Url, WholeNumber, table_or_json
+from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
 from costguard.errors import EXIT_FAILURE
 
 
@@ -52,7 +52,7 @@ Examples:
   costguard checkpoint ls checkpoints/
   costguard checkpoint ls s3://my-bucket/run1 --format json""",
 )
-@click.argument("url", type=Url())
+@click.argument("url", type=StoreUrl())
 @table_or_json()
 def ls_command(url: str, output_format: str) -> None:
     """List the checkpoints at URL, newest first; * marks the one a resume starts from.
@@ -162,7 +162,7 @@ Examples:
   costguard checkpoint verify checkpoints/
   costguard checkpoint verify s3://my-bucket/run1 --latest""",
 )
-@click.argument("url", type=Url())
+@click.argument("url", type=StoreUrl())
 @click.option("--latest", is_flag=True, help="Check only the checkpoint a resume would use.")
 @table_or_json()
 @click.pass_context
@@ -210,7 +210,7 @@ In Python:
   from costguard.checkpoint import load_state
   model.load_state_dict(load_state("s3://my-bucket/run1")["model"])""",
 )
-@click.argument("url", type=Url())
+@click.argument("url", type=StoreUrl())
 @click.option(
     "--to",
     "target",

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
-from costguard.cli.params import DecimalRange, Name, Url, WholeNumber, table_or_json
+from costguard.cli.params import DecimalRange, Name, Url, Usd, WholeNumber, table_or_json
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing.advice import (
@@ -181,7 +181,7 @@ Examples:
 )
 @click.option(
     "--budget",
-    type=DecimalRange(0, minimum_open=True, maximum=10**9),
+    type=Usd(0, minimum_open=True, maximum=10**9),
     help="USD: says for each option whether it fits and how many hours it buys; "
     "exit 1 if even the cheapest option costs more.",
 )

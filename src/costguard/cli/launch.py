@@ -19,12 +19,12 @@ from costguard.cli.params import (
     DecimalRange,
     FiniteFloat,
     Name,
+    StoreUrl,
     Text,
-    Url,
     WholeNumber,
     table_or_json,
 )
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.providers import providers
 from costguard.settings import Settings
 
@@ -94,7 +94,10 @@ def _echo(message: str) -> None:
     "--spot/--on-demand", default=True, show_default=True, help="Start on spot or on-demand."
 )
 @click.option(
-    "--checkpoint", "url", type=Url(), help="Checkpoint URL (s3://, gs://, az://, or a folder)."
+    "--checkpoint",
+    "url",
+    type=StoreUrl(),
+    help="Checkpoint URL (s3://, gs://, az://, or a folder).",
 )
 @click.option(
     "--max-price",
@@ -141,7 +144,10 @@ def _echo(message: str) -> None:
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
 )
 @click.option(
-    "--attach", "attach_url", type=Url(), help="Supervise the job at this checkpoint URL again."
+    "--attach",
+    "attach_url",
+    type=StoreUrl(),
+    help="Supervise the job at this checkpoint URL again.",
 )
 @click.option("--force", is_flag=True, help="With --attach: even if its heartbeat is fresh.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -318,12 +324,15 @@ def _prepare(
             if not sys.stdin.isatty():
                 msg = "confirmation needed, and there is no terminal to ask"
                 raise InputError(msg, hint="pass --yes to launch without asking")
-            click.confirm("Launch?", abort=True, err=True)
+            if not click.confirm("Launch?", err=True):
+                msg = "not launched: declined at the confirmation"
+                raise CostguardError(msg)
         job = commit(prepared)
     except BaseException:
         close = getattr(launcher, "close", None)
         if close is not None:
             close()
+        prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
 
@@ -404,7 +413,7 @@ def jobs_group() -> None:
 
 
 @jobs_group.command("status", epilog=STATUS_EXAMPLES)
-@click.argument("url", type=Url())
+@click.argument("url", type=StoreUrl())
 @table_or_json("table for people, json for scripts.")
 @click.option(
     "--plot",

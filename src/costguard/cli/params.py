@@ -27,6 +27,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
+from costguard.errors import InputError
 from costguard.money import parse_decimal
 from costguard.secrets import redact
 
@@ -49,6 +50,8 @@ _SCHEME = re.compile(r"[a-z][a-z0-9+.-]*", re.ASCII)
 _BUCKET = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(:[0-9]{1,5})?", re.ASCII)
 #: Schemes whose URLs name no bucket (``file:///abs/path``).
 _HOSTLESS = frozenset({"file", "local"})
+#: What an unquoted ``$200``, ``$1000`` or ``$2.50`` becomes in a shell.
+_SHELL_ATE_DOLLAR = re.compile(r"|0[0-9]+(\.[0-9]*)?|\.[0-9]+", re.ASCII)
 
 
 def shown(value: object) -> str:
@@ -178,6 +181,35 @@ class DecimalRange(_Strict):
         return number
 
 
+class Usd(DecimalRange):
+    """An amount in USD: a :class:`DecimalRange` that also takes a leading ``$`` (quoted,
+    ``'$200'``), and says what the shell did to an unquoted one: ``$200`` arrives as
+    ``00`` (``$2`` is an empty variable), ``$2.50`` as ``.50``.
+
+    >>> Usd(0, minimum_open=True).convert("$200", None, None)
+    Decimal('200')
+    >>> Usd(0, minimum_open=True).convert("00", None, None)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --budget '00' is not an amount in USD
+    """
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Decimal:
+        if isinstance(value, str) and value.startswith("$"):
+            value = value[1:]
+        elif isinstance(value, str) and _SHELL_ATE_DOLLAR.fullmatch(value):
+            flag = _flag(param, "--budget")
+            msg = f"{flag} {shown(value)} is not an amount in USD"
+            raise InputError(
+                msg,
+                hint=f"in a shell, $ starts a variable ($200 arrives as 00): write {flag} 200, "
+                f"or quote it: {flag} '$200'",
+            )
+        return super().convert(value, param, ctx)
+
+
 class Name(_Bounded):
     """One word of printable ASCII: a GPU, region, zone, project, account, SLURM name...
 
@@ -254,6 +286,37 @@ class Url(_Strict):
                     "has no bucket (or one with characters no bucket name has)", value, param, ctx
                 )
         return text
+
+
+class StoreUrl(Url):
+    """A checkpoint store: a local folder, or a URL of a store fsspec serves here.
+
+    What looks like a store URL and is not one (``s3:/b``, ``S3://b``, an ``https://``
+    address of a bucket) is refused with the URL it probably meant (exit 2): as a local
+    folder it would lose a spot instance's checkpoints with its disk.
+
+    >>> StoreUrl().convert("s3:b", None, None)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: URL: 's3:b' looks like a store URL but is not one
+    """
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from costguard.checkpoint.backends import check_url
+
+        try:
+            check_url(str(value))
+        except InputError as exc:
+            msg = f"{_flag(param, 'URL')}: {exc.message}"
+            raise InputError(msg, hint=exc.hint) from None
+        return super().convert(value, param, ctx)
+
+
+def _flag(param: click.Parameter | None, default: str) -> str:
+    """How an error names the parameter: its flag, or an argument's metavar."""
+    if isinstance(param, click.Option) and param.opts:
+        return param.opts[0]
+    return param.human_readable_name if param is not None else default
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from costguard.cli.options import cadence_options
-from costguard.cli.params import Url, WholeNumber
+from costguard.cli.params import StoreUrl, WholeNumber
 
 
 @click.command(
@@ -42,7 +42,7 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
 @click.option(
     "--checkpoint",
     "url",
-    type=Url(),
+    type=StoreUrl(),
     default="checkpoints/",
     show_default=True,
     help="Where checkpoints go: a folder, s3://bucket/prefix, gs://..., az://container/...",

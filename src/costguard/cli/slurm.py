@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from costguard.cli.options import cadence_options
-from costguard.cli.params import Name, Text, Url, WholeNumber, option_group
+from costguard.cli.params import Name, StoreUrl, Text, WholeNumber, option_group
 from costguard.errors import InputError
 from costguard.secrets import find_secret
 from costguard.slurm.batch import (
@@ -41,7 +41,7 @@ def job_options(func: F) -> F:
         click.option(
             "--checkpoint",
             "url",
-            type=Url(),
+            type=StoreUrl(),
             required=True,
             help="Where checkpoints go: a folder on a shared file system, s3://..., gs://...",
         ),

@@ -3,20 +3,40 @@
 Endpoints come from the standard ``AWS_ENDPOINT_URL`` / ``AWS_ENDPOINT_URL_<SERVICE>``
 variables, which boto3 reads itself; credentials from the usual chain (env, profile,
 instance role). No secret is ever logged.
+
+One boto3 session serves the whole process, and each (service, region, retry rule) gets
+one client from it: botocore parses a service's model once per session (about half a
+second for EC2), so a client per region from fresh sessions cost a 32-region ``burn``
+half a minute. The session is made again when an ``AWS_*`` variable changes.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
-from costguard.errors import CostguardError, InputError
+from costguard.errors import CostguardError, InputError, MissingCredentialsError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 EXTRA = "aws"
+
+_LOCK = threading.Lock()
+#: The shared session, the ``AWS_*`` environment it was made in, and its clients.
+_SHARED: dict[str, Any] = {}
+
+
+def session() -> Any:
+    """The process's boto3 session (one per ``AWS_*`` environment; see the module doc)."""
+    boto3 = require("boto3", EXTRA)
+    environment = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    with _LOCK:
+        if _SHARED.get("environment") != environment:
+            _SHARED.update(environment=environment, session=boto3.session.Session(), clients={})
+        return _SHARED["session"]
 
 
 def client(
@@ -30,21 +50,40 @@ def client(
     both, as they do for the AWS CLI. ``region`` defaults to the usual chain
     (``AWS_DEFAULT_REGION``, profile), then us-east-1.
     """
-    boto3 = require("boto3", EXTRA)
+    shared = session()
     from_env = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
-    config = require("botocore.config", EXTRA).Config(
-        retries={
-            "total_max_attempts": int(from_env) if from_env.isdigit() else attempts,
-            "mode": os.environ.get("AWS_RETRY_MODE", mode),
-        },
-        connect_timeout=CONNECT_TIMEOUT_S,
-        read_timeout=READ_TIMEOUT_S,
-        user_agent_extra="costguard",
-    )
-    session = boto3.session.Session()
-    return session.client(
-        service, region_name=region or session.region_name or "us-east-1", config=config
-    )
+    retries = {
+        "total_max_attempts": int(from_env) if from_env.isdigit() else attempts,
+        "mode": os.environ.get("AWS_RETRY_MODE", mode),
+    }
+    region = region or shared.region_name or "us-east-1"
+    key = (service, region, retries["total_max_attempts"], retries["mode"])
+    with _LOCK:  # a boto3 session is not thread-safe; its clients are
+        clients: dict[tuple[Any, ...], Any] = _SHARED["clients"]
+        if key not in clients:
+            config = require("botocore.config", EXTRA).Config(
+                retries=retries,
+                connect_timeout=CONNECT_TIMEOUT_S,
+                read_timeout=READ_TIMEOUT_S,
+                user_agent_extra="costguard",
+            )
+            clients[key] = shared.client(service, region_name=region, config=config)
+        return clients[key]
+
+
+def require_credentials(action: str) -> None:
+    """Raise :class:`MissingCredentialsError` (exit 2) when the usual chain finds no AWS
+    credentials: asked once, before a command makes its first call, so that it fails in
+    a second rather than after a call per region."""
+    exceptions = require("botocore.exceptions", EXTRA)
+    shared = session()
+    try:
+        with _LOCK:
+            found = shared.get_credentials()
+    except exceptions.BotoCoreError as exc:  # a broken profile, an SSO token gone stale
+        raise translate(exc, action) from None
+    if found is None:
+        raise translate(exceptions.NoCredentialsError(), action)
 
 
 #: What a person with boto3 and no credentials can do, whichever way their site works.
@@ -63,10 +102,7 @@ def translate(exc: BaseException, action: str) -> CostguardError:
     """
     exceptions = require("botocore.exceptions", EXTRA)
     if isinstance(exc, exceptions.NoCredentialsError | exceptions.PartialCredentialsError):
-        return CostguardError(
-            f"no AWS credentials while {action}",
-            hint=CREDENTIALS_HINT,
-        )
+        return MissingCredentialsError(f"no AWS credentials while {action}", hint=CREDENTIALS_HINT)
     if isinstance(exc, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
         return CostguardError(
             f"cannot reach AWS while {action}: {exc}",

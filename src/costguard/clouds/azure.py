@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
-from costguard.errors import CostguardError, InputError
+from costguard.errors import CostguardError, InputError, MissingCredentialsError
 from costguard.settings import Settings
 
 EXTRA = "azure"
@@ -14,7 +15,17 @@ EXTRA = "azure"
 def default_credential() -> Any:
     """``DefaultAzureCredential``: env, managed identity, ``az login``..."""
     identity = require("azure.identity", EXTRA)
+    quiet_identity()
     return identity.DefaultAzureCredential()
+
+
+def quiet_identity() -> None:
+    """Keep azure.identity's warning (a dozen lines: every credential source it tried)
+    off stderr: a missing credential is reported once, as an error with a hint. A level
+    the user set stays."""
+    logger = logging.getLogger("azure.identity")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.ERROR)
 
 
 def client(
@@ -43,6 +54,13 @@ def client(
 def translate(exc: BaseException, action: str) -> CostguardError:
     """An azure-core exception as an actionable :class:`CostguardError`."""
     core = require("azure.core.exceptions", EXTRA)
+    if isinstance(exc, core.ClientAuthenticationError) and "failed to retrieve a token" in str(exc):
+        return MissingCredentialsError(  # DefaultAzureCredential: none of its sources had one
+            f"no Azure credentials while {action}",
+            hint="run `az login`, or set AZURE_CLIENT_ID, AZURE_TENANT_ID and "
+            "AZURE_CLIENT_SECRET (a service principal); the role costguard needs is in "
+            "infra/azure/",
+        )
     if isinstance(exc, core.ClientAuthenticationError):
         return CostguardError(
             f"Azure refused {action}: not signed in or not allowed",

@@ -7,7 +7,7 @@ import urllib.parse
 from typing import Any
 
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
-from costguard.errors import CostguardError, InputError
+from costguard.errors import CostguardError, InputError, MissingCredentialsError
 from costguard.settings import Settings
 
 EXTRA = "gcp"
@@ -41,7 +41,7 @@ def default_credentials() -> Any:
         credentials, _project = auth.default()
     except exceptions.DefaultCredentialsError:
         msg = "no Google Cloud credentials found"
-        raise CostguardError(
+        raise MissingCredentialsError(
             msg,
             hint="run `gcloud auth application-default login`, or set "
             "GOOGLE_APPLICATION_CREDENTIALS",

@@ -8,13 +8,14 @@ every name is checked against the tables before any lookup goes out.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError, UnknownNameError
 from costguard.pricing.advice import expand_regions, split_names
-from costguard.pricing.catalog import Catalog, Market, check_provider
+from costguard.pricing.catalog import Catalog, Market, Region, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
 from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.slurm import SLURM
@@ -63,7 +64,7 @@ def build_request(catalog: Catalog, question: Question, gpu: str | None) -> Esti
         if group == []:
             msg = f"the tables have no region in {name}"
             raise InputError(msg, hint="costguard pricing show lists the regions")
-        for region in group or [catalog.find_region(name)]:
+        for region in group or [_find_region(catalog, name, providers, gpu)]:
             if providers and region.provider not in providers:
                 if group is not None:
                     continue  # a group stays within the providers asked for
@@ -95,6 +96,36 @@ def build_request(catalog: Catalog, question: Question, gpu: str | None) -> Esti
         data_region=catalog.find_region(data_region) if data_region else None,
         data_gb=question.data_gb,
     )
+
+
+def _find_region(
+    catalog: Catalog, name: str, providers: tuple[str, ...], gpu: str | None
+) -> Region:
+    """:meth:`Catalog.find_region`, whose did-you-mean names only regions of the providers
+    asked for, or else of those that have the GPU (an AWS-only GPU: AWS regions)."""
+    try:
+        return catalog.find_region(name)
+    except UnknownNameError as exc:
+        clouds = set(providers)
+        if not clouds and gpu:
+            with contextlib.suppress(CostguardError):  # an unknown GPU is reported later
+                wanted = canonical_gpu(gpu, catalog.accelerators)
+                clouds = {i.provider for i in catalog.instances if i.accelerator == wanted}
+        if not clouds or ":" in name:
+            raise
+        import difflib  # on error paths only
+
+        labels = {"aws": "AWS", "gcp": "GCP", "azure": "Azure"}
+        close = []
+        for cloud in sorted(clouds):
+            names = [r.name for r in catalog.regions if r.provider == cloud]
+            if found := difflib.get_close_matches(exc.name, names, n=2, cutoff=0.6):
+                close.append(f"{' or '.join(found)} ({labels.get(cloud, cloud)})")
+        kind = "/".join(labels.get(c, c) for c in sorted(clouds))
+        known = [r.name for r in catalog.regions if r.provider in clouds]
+        hint = f"did you mean {'; '.join(close)}?" if close else None
+        what = f"{kind} region"
+        raise UnknownNameError(what, exc.name, known, hint=hint) from None
 
 
 def answer(question: Question, catalog: Catalog) -> list[Estimate]:

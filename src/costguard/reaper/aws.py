@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from costguard.clouds import aws as aws_clouds
-from costguard.clouds import pages, require
+from costguard.clouds import pages
 from costguard.errors import UnknownNameError
 from costguard.reaper.fleet import ActionOutcome, FleetRequest, PriceBook, Sampling
 from costguard.reaper.policy import GPU_MAX_LAG_SECONDS as _AGENT_MAX_LAG
@@ -73,8 +73,7 @@ class _GpuListing:
 
 def available_regions() -> list[str]:
     """EC2 regions in botocore's bundled endpoint data (no API call), all partitions."""
-    boto3 = require("boto3", aws_clouds.EXTRA)
-    session = boto3.session.Session()
+    session = aws_clouds.session()
     return sorted(
         {
             region
@@ -95,8 +94,7 @@ def check_regions(regions: Sequence[str]) -> tuple[str, ...]:
 
 def default_region() -> str:
     """The region boto3 would use (``AWS_DEFAULT_REGION``, the profile), else us-east-1."""
-    boto3 = require("boto3", aws_clouds.EXTRA)
-    return str(boto3.session.Session().region_name or "us-east-1")
+    return str(aws_clouds.session().region_name or "us-east-1")
 
 
 def enabled_regions(ec2: Any = None) -> list[str]:
@@ -145,11 +143,23 @@ class AwsFleet:
     ) -> None:
         self.region = region
         self.prices = prices
-        self.ec2 = ec2 if ec2 is not None else aws_clouds.client("ec2", region)
-        self.cloudwatch = (
-            cloudwatch if cloudwatch is not None else aws_clouds.client("cloudwatch", region)
-        )
+        self._clients = {"ec2": ec2, "cloudwatch": cloudwatch}
         self._hosts: dict[str, set[str]] = {}
+
+    @property
+    def ec2(self) -> Any:
+        """The region's EC2 client (made on first use)."""
+        return self._client("ec2")
+
+    @property
+    def cloudwatch(self) -> Any:
+        """The region's CloudWatch client (made on first use: ``burn`` never needs one)."""
+        return self._client("cloudwatch")
+
+    def _client(self, service: str) -> Any:
+        if self._clients[service] is None:
+            self._clients[service] = aws_clouds.client(service, self.region)
+        return self._clients[service]
 
     @classmethod
     def for_options(cls, request: FleetRequest) -> list[AwsFleet]:
@@ -158,6 +168,7 @@ class AwsFleet:
         first."""
         asked = request.options["regions"]
         regions = check_regions(asked) if asked else ()
+        aws_clouds.require_credentials("listing instances")
         if request.options["all_regions"]:
             regions = tuple(enabled_regions())
         chosen = regions or tuple(request.default_regions) or (default_region(),)

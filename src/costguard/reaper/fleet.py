@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from decimal import Decimal
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from costguard.pricing.catalog import Catalog, InstancePrice, Market
 from costguard.reaper.policy import (
@@ -29,6 +29,12 @@ from costguard.reaper.policy import (
     static_verdict,
 )
 from costguard.settings import Settings
+
+#: Fleets (regions) asked at once: each waits on its cloud's API, not on this machine.
+MAX_CONCURRENT_FLEETS = 8
+
+_F = TypeVar("_F")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,44 @@ class ReapReport:
         )
 
 
+def across(
+    fleets: Sequence[_F],
+    work: Callable[[_F], _T],
+    on_done: Callable[[_F], None] | None = None,
+) -> list[_T]:
+    """``work(fleet)`` for every fleet, :data:`MAX_CONCURRENT_FLEETS` at a time; the results
+    in the fleets' order. ``on_done`` runs on the calling thread as each fleet finishes (a
+    progress bar). After a failure no more fleets start, and the error of the first failed
+    fleet, in the fleets' order, is raised once the running ones end.
+    """
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    results: dict[int, _T] = {}
+    failed: dict[int, BaseException] = {}
+    workers = max(1, min(MAX_CONCURRENT_FLEETS, len(fleets)))
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="costguard-fleet")
+    try:
+        pending = {pool.submit(work, fleet): n for n, fleet in enumerate(fleets)}
+        while pending and not failed:
+            done, _ = wait(pending, return_when="FIRST_COMPLETED")
+            for future in done:
+                n = pending.pop(future)
+                if future.exception() is not None:
+                    failed[n] = future.exception()  # type: ignore[assignment]
+                    continue
+                results[n] = future.result()
+                if on_done is not None:
+                    on_done(fleets[n])
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    for future, n in pending.items():
+        if not future.cancelled() and future.exception() is not None:
+            failed[n] = future.exception()  # type: ignore[assignment]
+    if failed:
+        raise failed[min(failed)]
+    return [results[n] for n in range(len(fleets))]
+
+
 def _key(instance: Instance) -> tuple[str, str, str]:
     return (instance.provider, instance.region, instance.instance_id)
 
@@ -231,7 +275,8 @@ def reap(
     execute: bool,
     on_judged: Callable[[Fleet], None] | None = None,
 ) -> ReapReport:
-    """Judge every fleet, plan within the limits, and act only when ``execute`` is true.
+    """Judge every fleet (several at once, :func:`across`; ``on_judged`` as each is
+    judged), plan within the limits, and act only when ``execute`` is true.
 
     A breach of the limits, or a dry run, changes nothing in any cloud. ``now`` is passed
     in so that tests (and what-if runs) control the clock. Example::
@@ -245,12 +290,11 @@ def reap(
     """
     owners: dict[tuple[str, str, str], Fleet] = {}
     verdicts: list[IdleVerdict] = []
-    for fleet in fleets:
-        for verdict in judge_fleet(fleet, policy, now):
+    judged = across(fleets, lambda fleet: judge_fleet(fleet, policy, now), on_judged)
+    for fleet, fleet_verdicts in zip(fleets, judged, strict=True):
+        for verdict in fleet_verdicts:
             owners[_key(verdict.instance)] = fleet
             verdicts.append(verdict)
-        if on_judged is not None:
-            on_judged(fleet)  # a progress bar over many regions
     plan = plan_reap(verdicts, limits)
     outcomes: list[ActionOutcome] = []
     if execute and plan.breach is None:

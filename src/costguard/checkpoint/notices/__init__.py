@@ -94,8 +94,11 @@ class Notice:
 
         >>> Notice("aws", "terminate", 130.0).describe(now_unix=10.0)
         'aws terminate notice, deadline in 120 s'
+        >>> Notice("signal", "signal", None, "SIGTERM").describe()
+        'signal notice (SIGTERM)'
         """
-        text = f"{self.source} {self.kind} notice"
+        what = self.source if self.kind == self.source else f"{self.source} {self.kind}"
+        text = f"{what} notice"
         if self.detail:
             text += f" ({self.detail})"
         if self.deadline_unix is not None:
