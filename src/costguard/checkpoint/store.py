@@ -84,7 +84,7 @@ def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
     >>> storage_options_from_env({"COSTGUARD_STORAGE_OPTIONS": "{anon"})
     Traceback (most recent call last):
     ...
-    costguard.errors.InputError: COSTGUARD_STORAGE_OPTIONS must be a JSON object, not '{anon'
+    costguard.errors.InputError: COSTGUARD_STORAGE_OPTIONS (5 characters) is not a JSON object
     """
     env = os.environ if env is None else env
     text = env.get(ENV_STORAGE_OPTIONS, "").strip()
@@ -95,8 +95,8 @@ def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
     except (ValueError, RecursionError):
         options = None
     if not isinstance(options, dict):
-        shown = text if len(text) <= 40 else f"{text[:40]}..."
-        msg = f"{ENV_STORAGE_OPTIONS} must be a JSON object, not {shown!r}"
+        # Not a word of it is shown: these options are where the store's keys are.
+        msg = f"{ENV_STORAGE_OPTIONS} ({len(text)} characters) is not a JSON object"
         raise InputError(msg, hint=f"e.g. {ENV_STORAGE_OPTIONS}='{{\"anon\": false}}'")
     return options
 

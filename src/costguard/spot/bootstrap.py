@@ -40,7 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from costguard.errors import CostguardError, InputError
-from costguard.secrets import find_secret
+from costguard.secrets import find_in_words, find_secret
 from costguard.spot.launcher.base import LaunchSpec
 from costguard.spot.wheel import STORE_DIR
 
@@ -201,10 +201,13 @@ def refuse_secrets(
     for number, word in enumerate(command, start=1):
         places[f"argument {number} of the command"] = [word]
     for name, value in sorted(options.items()):
-        places[f"the {name} option"] = [value]
+        places[f"the {name} option"] = [f"{name}={value}", value]
     if script:
         places["the boot script"] = [script]
-    found = find_secret(places, environ)
+    in_command = find_in_words(command)  # a value after its flag: --wandb-key 0123...
+    found = find_secret(places, environ) or (
+        in_command and (f"argument {in_command[0] + 1} of the command", in_command[1])
+    )
     if found:
         place, what = found
         msg = f"{place} carries {what}, which would be written into the boot script"
