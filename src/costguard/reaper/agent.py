@@ -13,12 +13,14 @@ session (the last two unless configured otherwise).
 The job contract (what ``costguard run`` writes, what the agent reads)
 -----------------------------------------------------------------------
 * The directory is ``$COSTGUARD_JOBS_DIR``, default ``/run/costguard/jobs`` (the systemd
-  unit creates it world-writable and sticky, like ``/tmp``).
+  unit creates it writable by root only: the boot script runs ``costguard run`` as root).
 * A running job is a file ``<pid>.pid`` in it whose text is that same process id, written
   atomically (temporary file + rename) when the job starts and removed when it ends;
   :func:`registered_job` does both.
 * A file counts only while process ``<pid>`` is alive, so a wrapper killed with SIGKILL
-  cannot keep the machine up forever. Other files in the directory are ignored.
+  cannot keep the machine up forever; only when it is a plain file owned by root or by
+  the process's own user (nobody keeps the machine up with another user's process, such
+  as init, pid 1, which never counts). Other files in the directory are ignored.
 
 The sampler and the shutdown action are plain objects passed in (:class:`Sampler`,
 :data:`Shutdown`), and the loop takes its clock and sleep as arguments: tests run it with
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import tempfile
 import time
@@ -104,15 +107,33 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def active_jobs(directory: Path, alive: Callable[[int], bool] = pid_alive) -> list[int]:
-    """Process ids of registered jobs that are still running (stale files are ignored)."""
+def process_owner(pid: int) -> int | None:
+    """The user id that process ``pid`` runs as (its ``/proc`` entry), ``None`` if gone."""
+    try:
+        return Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        return None
+
+
+def active_jobs(
+    directory: Path,
+    alive: Callable[[int], bool] = pid_alive,
+    owner: Callable[[int], int | None] = process_owner,
+) -> list[int]:
+    """Process ids of registered jobs that are still running (stale files are ignored),
+    each named by a plain file that root or the process's own user wrote."""
     pids = []
     for path in sorted(directory.glob("*.pid")) if directory.is_dir() else []:
         try:
-            pid = int(path.read_text(encoding="utf-8").strip())
+            status = path.lstat()
+            if not stat.S_ISREG(status.st_mode) or status.st_size > 32:
+                continue
+            pid = int(path.read_text(encoding="ascii").strip())
         except (OSError, ValueError):
             continue
-        if path.stem == str(pid) and alive(pid):
+        if path.stem != str(pid) or pid <= 1 or not alive(pid):
+            continue
+        if status.st_uid in (0, owner(pid)):
             pids.append(pid)
     return pids
 
