@@ -35,7 +35,6 @@ import stat
 import subprocess
 import tempfile
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from costguard.clouds import azure as azure_clouds
-from costguard.clouds import require
+from costguard.clouds import metadata, require
 from costguard.errors import CostguardError
 from costguard.reaper.autostop import AgentDecision, AgentPolicy, Reading, decide_shutdown
 from costguard.settings import Settings
@@ -54,6 +53,8 @@ JOBS_DIR_ENV = "COSTGUARD_JOBS_DIR"
 DEFAULT_JOBS_DIR = Path("/run/costguard/jobs")
 POWEROFF = ("systemctl", "poweroff")
 AZURE_IMDS = "http://169.254.169.254"
+#: The identity call's whole answer within this (the service answers in milliseconds).
+IMDS_DEADLINE_S = 5.0
 
 
 def jobs_dir(env: Mapping[str, str]) -> Path:
@@ -383,20 +384,21 @@ class AzureDeallocate:
 
     def identity(self) -> dict[str, str]:
         """Subscription, resource group and name of this VM, from the metadata service."""
-        # The URL is the fixed metadata address (or a test server's), never user input.
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.imds}/metadata/instance/compute?api-version=2021-02-01",
-            headers={"Metadata": "true"},
-        )
+        # The URL is the fixed metadata address (or a test server's), never user input;
+        # the whole answer within IMDS_DEADLINE_S and 1 MiB, however the service sends it.
+        url = f"{self.imds}/metadata/instance/compute?api-version=2021-02-01"
         try:
-            with urllib.request.urlopen(request, timeout=5) as reply:  # noqa: S310
-                body = json.load(reply)
-        except (OSError, ValueError) as exc:
-            msg = f"cannot read the Azure instance metadata service: {exc}"
-            raise CostguardError(
-                msg, hint="is this an Azure VM? use --action poweroff elsewhere"
-            ) from None
-        return {k: str(body[k]) for k in ("subscriptionId", "resourceGroupName", "name")}
+            status, data = metadata.fetch(
+                "GET", url, {"Metadata": "true"}, deadline_s=IMDS_DEADLINE_S
+            )
+            body, why = (json.loads(data) if status == 200 else None), f"HTTP {status}"
+        except (OSError, ValueError, RecursionError) as exc:
+            body, why = None, f"{type(exc).__name__}: {exc}"
+        keys = ("subscriptionId", "resourceGroupName", "name")
+        if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in keys):
+            msg = f"cannot read the Azure instance metadata service ({why})"
+            raise CostguardError(msg, hint="is this an Azure VM? use --action poweroff elsewhere")
+        return {k: body[k] for k in keys}
 
     def __call__(self, reason: str) -> None:
         me = self.identity()
