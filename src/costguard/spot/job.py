@@ -34,7 +34,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from costguard.checkpoint.store import Store, StoreError
+from costguard.checkpoint.store import Store, StoreError, TooLargeError
 from costguard.errors import CostguardError, InputError
 from costguard.money import usd_str
 from costguard.pricing.catalog import Market
@@ -54,6 +54,10 @@ FINAL = ("succeeded", "failed", "stopped")
 
 class JobError(CostguardError):
     """``job.json`` is missing or cannot be read."""
+
+
+#: An exit record is a few hundred bytes; a longer one is not costguard's and is ignored.
+EXIT_RECORD_BYTES = 64 * 1024
 
 
 def exit_record_path(attempt: int) -> str:
@@ -91,7 +95,9 @@ def read_exit_record(store: Store, attempt: int, job_id: str = "") -> ExitRecord
     """Attempt ``attempt``'s exit record, ``None`` when there is none (yet), or when it
     belongs to another job than ``job_id`` (an earlier job at the same URL)."""
     try:
-        data = json.loads(store.get(exit_record_path(attempt)))
+        data = json.loads(store.get(exit_record_path(attempt), max_bytes=EXIT_RECORD_BYTES))
+    except TooLargeError:
+        data = None
     except StoreError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):
             return None
