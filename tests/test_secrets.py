@@ -298,6 +298,8 @@ def test_boot_and_slurm_scripts_refuse_a_value_after_a_flag(words: list[str], co
         ("--torchrun", f"torchrun --rdzv-conf key={WANDB_KEY}"),
         ("--torchrun", f"env WANDB_API_KEY={WANDB_KEY} torchrun"),
         ("--costguard", f"costguard --hf-token {WANDB_KEY}"),
+        ("--job-name", "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
+        ("--account", "hf_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
     ],
 )
 def test_slurm_script_checks_what_it_ships_besides_the_command(

@@ -311,6 +311,15 @@ class BatchJob:
         procs = _processes(nodes, procs_per_node, gpus, rdzv_port)
         launcher = _words("--torchrun", _plain_text("--torchrun", torchrun, "e.g. torchrun"))
         shipped = {"--costguard": prefix, "--torchrun": launcher, "--container": [container or ""]}
+        shipped |= {  # names go into #SBATCH lines; a token fits their characters
+            flag: [value or ""]
+            for flag, value in (
+                ("--job-name", job_name),
+                ("--partition", partition),
+                ("--account", account),
+                ("--gpu-type", gpu_type),
+            )
+        }
         _refuse_secrets(command, checkpoint, shipped, run_options, environ)
         if nodes is not None and re.match(r"^(python[0-9.]*|torchrun)$", Path(command[0]).name):
             msg = f"with --nodes, COMMAND is what torchrun runs, not {command[0]!r}"
