@@ -101,3 +101,18 @@ def test_wheel_carries_the_slurm_template_and_writes_scripts_elsewhere(
     assert done.returncode == 0, done.stderr
     assert "#SBATCH --signal=B:USR1@120" in done.stdout
     assert "scontrol requeue" in done.stdout
+
+
+def test_the_train_extra_needs_a_torch_whose_weights_only_holds() -> None:
+    """torch < 2.6: ``torch.load(weights_only=True)`` can be bypassed (CVE-2025-32434)."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    for extra, requirements in project["optional-dependencies"].items():
+        for line in requirements:
+            requirement = Requirement(line)
+            if requirement.name == "torch":
+                assert not requirement.specifier.contains("2.5.1"), extra
+                assert requirement.specifier.contains("2.6.0"), extra

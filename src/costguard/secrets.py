@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -106,7 +106,156 @@ def shapes() -> tuple[tuple[re.Pattern[str], str], ...]:
         (re.compile(r"hooks\.slack\.com/services/[A-Za-z0-9/]{20,}"), "a Slack webhook"),
         (re.compile(r"\bsk-(?:[a-z]+-)?[A-Za-z0-9_-]{20,}"), "an API key (sk-...)"),
         (re.compile(r"\bAIza[0-9A-Za-z_-]{35}"), "a Google API key"),
+        (re.compile(r"\bya29\.[0-9A-Za-z_-]{20,}"), "a Google OAuth access token"),
+        (re.compile(r"\bpypi-[0-9A-Za-z_-]{40,}"), "a PyPI token"),
+        (re.compile(r"\bnpm_[A-Za-z0-9]{36}"), "an npm token"),
+        (re.compile(r"\b[rs]k_(?:live|test)_[0-9A-Za-z]{20,}"), "a Stripe key"),
+        (re.compile(r"\br8_[0-9A-Za-z]{30,}"), "a Replicate token"),
+        (re.compile(r"\bdapi[0-9a-f]{32}(?:-[0-9]+)?"), "a Databricks token"),
+        (
+            re.compile(r"\beyJ[0-9A-Za-z_-]{8,}\.eyJ[0-9A-Za-z_-]{8,}\.[0-9A-Za-z_-]*"),
+            "a JSON web token",
+        ),
+        (
+            re.compile(
+                r"\bBearer[ \t]+(?=[\w.~+/=-]*[0-9])[\w.~+/=-]{8,}", re.IGNORECASE | re.ASCII
+            ),
+            "a bearer token",
+        ),
     )
+
+
+#: Words of a flag or variable name that make its value a credential, whatever it is.
+_ALWAYS_SECRET = ("password", "passwd", "passphrase", "secret", "credential", "credentials")
+#: Words that make it one when the value also looks random (``--label-key labels`` is
+#: not one, ``--wandb-key`` followed by 40 hex digits is).
+_KEY_WORDS = ("key", "token", "apikey", "accesskey", "secretkey", "auth", "pat", "sas", "bearer")
+#: Words of a command line after which the next word is a credential, as after a flag.
+_HEADER_WORDS = ("bearer", "authorization:", "token:")
+#: A last word that makes the value where a credential is, not the credential.
+_REFERENCE_WORDS = frozenset(
+    {"file", "path", "dir", "env", "var", "name", "id", "type", "len", "length", "size"}
+    | {"count", "limit", "column", "field", "prefix", "url", "arn", "ref", "header"}
+)
+#: A flag, a ``NAME=value`` word's name, or a ``name: value`` key in free text that
+#: mentions one of the words above (the full rule is :func:`secret_name_kind`).
+_NAMED_IN_TEXT = re.compile(
+    r"""(?P<name>(?<![\w.-])-{0,2}(?=[A-Za-z_])[\w.-]{0,64}?"""
+    r"""(?:key|token|secret|passw|passphrase|credential|auth|pat|sas|bearer)[\w.-]{0,64})["']?"""
+    r"""(?P<sep>[ \t]*[=:][ \t]*|[ \t]+)(?P<value>"[^"\n]*"|'[^'\n]*'|[^\s'",;&-][^\s'",;&]*)""",
+    re.IGNORECASE | re.ASCII,
+)
+#: Runs of characters a random credential is made of (base64, hex).
+_RANDOM_RUN = re.compile(r"[A-Za-z0-9+/=]{16,}")
+_NAME_WORD = re.compile(r"[a-z0-9]+")
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_VARIABLE = re.compile(r"-{0,2}[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def secret_name_kind(name: str) -> str | None:
+    """Whether a flag or variable name says its value is a credential: ``"always"``
+    (password, secret, credential: any value is one), ``"random"`` (key, token, auth: a
+    random-looking value is one) or ``None``. A last word such as ``file`` or ``name``
+    says where the credential is, not what it is.
+
+    >>> [secret_name_kind(n) for n in ("--db-password", "WANDB_API_KEY", "--hfToken")]
+    ['always', 'random', 'random']
+    >>> [secret_name_kind(n) for n in ("--max-tokens", "--tokenizer", "--key-file", "--lr")]
+    [None, None, None, None]
+    """
+    words = _NAME_WORD.findall(_CAMEL.sub("_", name.lstrip("-")).lower())
+    if not words or words[-1] in _REFERENCE_WORDS:
+        return None
+    if any(word.endswith(_ALWAYS_SECRET) for word in words):
+        return "always"
+    if any(word in _KEY_WORDS or word.endswith(("token", "apikey", "accesskey")) for word in words):
+        return "random"
+    return None
+
+
+def looks_random(value: str) -> bool:
+    """Whether ``value`` holds a run of 16 or more base64/hex characters mixing letters
+    and digits (or 32 of any of them): a key, not a word, a path or a model's name.
+
+    >>> looks_random("0123456789abcdef0123456789abcdef01234567"), looks_random("labels")
+    (True, False)
+    >>> looks_random("wikitext-103-raw-v1"), looks_random("/data/alice2/tokenizer_v2.json")
+    (False, False)
+    """
+    if value.startswith("$") or "://" in value:
+        return False
+    # A path's segments are judged one by one: /data/alice/tokenizer.json is not a key.
+    runs = _RANDOM_RUN.findall(value.replace("/", " ") if value[:1] in "/.~" else value)
+    for run in runs:
+        if len(run) >= 32 or (any(c.isdigit() for c in run) and any(c.isalpha() for c in run)):
+            return True
+    return False
+
+
+def _named_secret(name: str, value: str) -> bool:
+    """Whether ``value``, given after the flag or variable ``name``, is a credential."""
+    kind = secret_name_kind(name)
+    value = value.strip().strip("'\"")
+    if kind is None or not value or value.startswith("$"):
+        return False
+    return kind == "always" or looks_random(value)
+
+
+def _word_secrets(words: Sequence[str]) -> Iterator[tuple[int, str, str]]:
+    """Each word of ``words`` that is or holds a credential: ``(index, what, masked word)``.
+
+    A word is one by its shape (:func:`shapes`), as the value after a flag whose name
+    says so (``--wandb-key 0123...``) or as the value of ``NAME=value`` or ``--name=value``
+    (``WANDB_API_KEY=...``, ``password=...``)."""
+    flag = ""
+    for index, word in enumerate(words):
+        after, flag = flag, ""
+        name, sep, value = word.partition("=")
+        if after and not word.startswith("-") and _named_secret(after, word):
+            yield index, f"a credential after {after}", MASK
+        elif sep and _VARIABLE.fullmatch(name) and _named_secret(name, value):
+            yield index, f"a credential in {name}=", f"{name}={MASK}"
+        elif (what := find_shape(word)) is not None:
+            yield index, what, redact(word)
+        elif (word.startswith("-") and not sep) or word.lower() in _HEADER_WORDS:
+            flag = word
+
+
+def find_in_words(words: Sequence[str]) -> tuple[int, str] | None:
+    """The index of the first word of ``words`` (a command line) that is or holds a
+    credential, and what it is (never the value); ``None`` when none is.
+
+    >>> find_in_words(["python", "t.py", "--wandb-key", "0123456789abcdef" * 2 + "01234567"])
+    (3, 'a credential after --wandb-key')
+    >>> find_in_words(["python", "t.py", "--label-key", "labels", "--max-tokens", "512"])
+    """
+    for index, what, _ in _word_secrets(words):
+        return index, what
+    return None
+
+
+def mask_words(words: Sequence[str]) -> list[str]:
+    """``words`` with every credential in them masked, the rest as it was.
+
+    >>> mask_words(["python", "t.py", "--hf-token", "hf_" + "x" * 34, "--lr", "3e-4"])
+    ['python', 't.py', '--hf-token', '***', '--lr', '3e-4']
+    >>> mask_words(["env", "WANDB_API_KEY=0123456789abcdef0123456789abcdef01234567", "t"])
+    ['env', 'WANDB_API_KEY=***', 't']
+    """
+    shown = [redact(word) for word in words]
+    for index, _, masked in _word_secrets(words):
+        shown[index] = masked
+    return shown
+
+
+def _mask_named(found: re.Match[str]) -> str:
+    name, sep, value = found["name"], found["sep"], found["value"]
+    if not sep.strip() and not name.startswith("-"):
+        return found[0]  # "the token expired": only a flag takes its value after a space
+    if not _named_secret(name, value):
+        return found[0]
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{found[0][: found.start('value') - found.start()]}{quote}{MASK}{quote}"
 
 
 #: Environment variable names that hold credentials.
@@ -152,7 +301,7 @@ def redact(text: str) -> str:
     text = _URL_IN_TEXT.sub(lambda found: redact_url(found[0]), text)
     for pattern, _ in shapes():
         text = pattern.sub(MASK, text)
-    return text
+    return _NAMED_IN_TEXT.sub(_mask_named, text)
 
 
 def url_has_credentials(url: str) -> bool:
@@ -216,10 +365,9 @@ def find_secret(
         name = find_env_value(listed, environ)
         if name:
             return place, f"the value of {name}"
-        for word in listed:
-            what = find_shape(word)
-            if what:
-                return place, what
+        found = find_in_words(listed)
+        if found:
+            return place, found[1]
     return None
 
 

@@ -120,7 +120,7 @@ def test_ls_on_a_missing_store_fails_and_creates_nothing(
     monkeypatch.setenv("COSTGUARD_STORAGE_OPTIONS", "{not json")
     done = CliRunner().invoke(cli, ["checkpoint", "ls", str(tmp_path)])
     assert done.exit_code == 2
-    assert "COSTGUARD_STORAGE_OPTIONS must be a JSON object" in done.output
+    assert "COSTGUARD_STORAGE_OPTIONS (9 characters) is not a JSON object" in done.output
     assert "unexpected" not in done.output
 
 

@@ -16,7 +16,9 @@ from costguard.checkpoint.manifest import (
     checkpoint_name,
     latest_complete,
     parse_manifest,
+    parse_name,
     plan_retention,
+    pool_object,
     restore_order,
     scan,
 )
@@ -46,6 +48,8 @@ def test_manifest_round_trips_through_json() -> None:
         (lambda d: d["objects"][0].update(size_bytes=-1), "size"),
         (lambda d: d["objects"][0].update(name="../evil"), "object name"),
         (lambda d: d["objects"][0].update(name=MANIFEST_FILE), "object name"),
+        (lambda d: d["objects"][0].update(name="state.pt\n"), "object name"),
+        (lambda d: d["objects"][0].update(sha256=SHA + "\n"), "sha256"),
         (lambda d: d.update(objects=[]), "no objects"),
         (lambda d: d.pop("objects"), "objects"),
     ],
@@ -63,6 +67,23 @@ def test_truncated_manifest_is_not_json() -> None:
     for cut in range(len(text)):
         with pytest.raises(ManifestError):
             parse_manifest(text[:cut], manifest(3).name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ckpt-000000000042-0123abcd\n",
+        "ckpt-\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0664\u0662-0123abcd",
+        "ckpt-\uff10\uff10\uff10\uff10\uff10\uff10\uff10\uff10\uff10\uff10\uff14\uff12-0123abcd",
+    ],
+)
+def test_a_name_with_a_newline_or_non_ascii_digits_is_no_checkpoint(name: str) -> None:
+    """Names and digests are matched whole and in ASCII digits (issue 28): a listing that
+    shows such a folder holds no checkpoint of step 42, and a pool path no blob."""
+    assert parse_name(name) is None
+    assert scan({f"{name}/{MANIFEST_FILE}": 10}, {}) == []
+    assert pool_object("blobs/" + SHA + "\n") is None
+    assert pool_object("blobs/" + SHA) == SHA
 
 
 def test_checkpoint_name_validates() -> None:

@@ -10,8 +10,11 @@ the GCS emulator too. The multi-process runs
 from __future__ import annotations
 
 import copy
+import hashlib
+import io
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -301,13 +304,18 @@ def test_a_shard_that_fails_to_write_commits_nothing(
     assert step == 1
 
 
-def test_a_sharded_checkpoint_exports_whole_without_a_process_group(tmp_path: Path) -> None:
-    url = str(tmp_path / "ckpt")
+def save_steps_alone(url: str, steps: int) -> tuple[list[str], list[Any]]:
+    """:func:`save_steps` in a process group of its own, closed after."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        names, states = save_steps(url, 2)
+        return save_steps(url, steps)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_sharded_checkpoint_exports_whole_without_a_process_group(tmp_path: Path) -> None:
+    url = str(tmp_path / "ckpt")
+    names, states = save_steps_alone(url, 2)
     model_state, optimizer_state = states[-1]
     whole = load_state(url)  # one process, no model: full tensors by parameter name
     assert whole["step"] == 2
@@ -320,3 +328,58 @@ def test_a_sharded_checkpoint_exports_whole_without_a_process_group(tmp_path: Pa
     assert raw[8:9] == b"{"  # a safetensors header, then the weights
     plain.load_state_dict(whole["model"])  # the names fit the unsharded model
     assert torch.equal(plain.state_dict()["2.weight"], model_state["2.weight"])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"not a torch file",
+        b"PK\x03\x04 a broken zip",
+        "legacy",  # torch.save's pre-1.6 format: refused before torch.load (CVE-2025-32434)
+        "list",  # loads, but is no training state
+    ],
+)
+def test_an_unloadable_train_pt_falls_back_to_the_previous_checkpoint(
+    tmp_path: Path, payload: bytes | str
+) -> None:
+    """Verified bytes that do not load (issue 28) skip the checkpoint, kept, as a payload
+    that does not load does in a replicated one."""
+    url = str(tmp_path / "ckpt")
+    names, _ = save_steps_alone(url, 2)
+    if payload in ("legacy", "list"):
+        buffer = io.BytesIO()
+        value = {"step": 2} if payload == "legacy" else [1, 2]
+        torch.save(value, buffer, _use_new_zipfile_serialization=payload == "list")
+        payload = buffer.getvalue()
+    assert isinstance(payload, bytes)
+    folder = Path(url) / names[-1]
+    (folder / "train.pt").write_bytes(payload)
+    manifest = parse_manifest((folder / MANIFEST_FILE).read_bytes(), names[-1])
+    entries = tuple(
+        replace(o, size_bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+        if o.name == "train.pt"
+        else o
+        for o in manifest.objects
+    )
+    (folder / MANIFEST_FILE).write_text(replace(manifest, objects=entries).to_json())
+    assert load_state(url)["step"] == 1
+    assert (folder / "train.pt").exists()  # no proof of corruption: kept
+
+
+def test_legacy_format_bytes_never_reach_torch_load() -> None:
+    """torch.save's pre-zip format is where weights_only was bypassed (CVE-2025-32434):
+    costguard never writes it, and refuses it in every in-memory and file load."""
+    from types import SimpleNamespace
+
+    from costguard.checkpoint import state as state_mod
+    from costguard.checkpoint.dcp_storage import load_planner
+
+    buffer = io.BytesIO()
+    torch.save({"a": 1}, buffer, _use_new_zipfile_serialization=False)
+    legacy = buffer.getvalue()
+    assert torch.load(io.BytesIO(legacy), weights_only=True) == {"a": 1}  # torch would
+    with pytest.raises(ValueError, match="zip format"):
+        state_mod.deserialise(legacy)
+    item = SimpleNamespace(dest_index=SimpleNamespace(fqn="optimizer.param_groups"))
+    with pytest.raises(ValueError, match="zip format"):
+        load_planner(whole=True).load_bytes(item, io.BytesIO(legacy))

@@ -370,9 +370,9 @@ def test_restore_streams_the_payload_and_never_holds_it_as_bytes(
 
 
 def _no_payload_get(get: Callable[..., bytes]) -> Callable[..., bytes]:
-    def guarded(self: Store, path: str) -> bytes:
+    def guarded(self: Store, path: str, max_bytes: int | None = None) -> bytes:
         assert not path.endswith("state.pt"), "restore read the whole payload into memory"
-        return get(self, path)
+        return get(self, path, max_bytes)
 
     return guarded
 

@@ -244,6 +244,36 @@ def test_the_job_contract(tmp_path: Path) -> None:
     assert active_jobs(tmp_path / "missing") == []
 
 
+def test_a_job_file_counts_only_from_its_process_owner_or_root(tmp_path: Path) -> None:
+    """Anyone who could write the jobs folder kept the machine up with ``1.pid`` (issue
+    28): init never counts, nor a file another user wrote about a process not theirs, nor
+    a link; the job's own user (or root) registering it still does."""
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    me = os.getpid()
+    (jobs / "1.pid").write_text("1\n")
+    assert active_jobs(jobs) == []
+    with registered_job(jobs):
+        assert active_jobs(jobs) == [me]
+        stranger = os.getuid() + 1000  # a user who is not the process's owner
+        assert active_jobs(jobs, owner=lambda pid: stranger) == ([me] if os.getuid() == 0 else [])
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        target = job_file(jobs, sleeper.pid)
+        (tmp_path / "elsewhere").write_text(f"{sleeper.pid}\n")
+        target.symlink_to(tmp_path / "elsewhere")
+        assert active_jobs(jobs) == []  # a link, not a plain file
+        target.unlink()
+        target.write_text(f"{sleeper.pid}\n")
+        assert active_jobs(jobs) == [sleeper.pid]
+        if os.getuid() == 0:  # a file of another user about a process not theirs
+            os.chown(target, 65534, 65534)
+            assert active_jobs(jobs) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
 def fake_proc(root: Path, *, busy: int, total: int, net: int) -> None:
     (root / "net").mkdir(parents=True, exist_ok=True)
     idle = total - busy

@@ -213,7 +213,7 @@ def test_units_and_cron_run_valid_commands(path: str, command: click.Command, na
 def test_the_agent_unit_provides_the_jobs_directory() -> None:
     unit = (INFRA / "systemd" / "costguard-agent.service").read_text()
     assert f"{agent.JOBS_DIR_ENV}={agent.DEFAULT_JOBS_DIR}" in unit
-    assert "RuntimeDirectoryMode=1777" in unit
+    assert "RuntimeDirectoryMode=0755" in unit  # not world-writable (issue 28)
     timer = (INFRA / "systemd" / "costguard-reap.timer").read_text()
     assert "OnCalendar=*:0/15" in timer
 

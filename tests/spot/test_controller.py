@@ -16,7 +16,7 @@ import pytest
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError
 from costguard.spot.controller import Controller, Event, summarise
-from costguard.spot.job import Job, Simulation, load_job, save_job
+from costguard.spot.job import Job, Simulation, exit_record_path, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from costguard.spot.recovery import Attempt, AttemptOutcome, Launch
 from tests.spot.test_offers_and_job import spec
@@ -176,3 +176,36 @@ def test_zones_that_cannot_be_listed_leave_the_offer_regional(
     assert "zones of aws:us-east-1 unknown (UnauthorizedOperation" in note
     assert controller.decide(job, job.spec.limits()) == decision  # asked once
     assert len(events) == 1
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"[]",
+        b"{}",
+        b"null",
+        b'"x"',
+        b'{"attempt": 1, "exit_code": "x", "finished_unix": 1.0}',
+        b'{"attempt": 1, "exit_code": 1e400, "finished_unix": 1.0}',
+        b'{"attempt": 1, "exit_code": true, "finished_unix": 1.0}',
+        b'{"attempt": 1, "exit_code": 0, "finished_unix": NaN}',
+        b'{"attempt": 1, "exit_code": 0, "finished_unix": 1.0, "last_step": [1]}',
+        b'{"attempt": 1, "exit_code": 0, "finished_unix": 1.0, "job_id": {"a": 1}}',
+        b'{"attempt": 1, "exit_code": 0, "finished_unix": "1"}',
+        b"[" * 100_000,
+        b"\xff\xfe",
+    ],
+)
+def test_a_malformed_exit_record_does_not_raise_out_of_reconcile(
+    tmp_path: Path, launcher: LocalLauncher, record: bytes
+) -> None:
+    """Anyone who can write the store can write ``job/attempt-N.exit.json`` (issue 28):
+    a record that is not what ``costguard run`` writes counts as no record."""
+    store = Store.open(tmp_path / "ckpt")
+    job_spec = spec(store.url, command=STUBBORN, simulation=Simulation())
+    job = save_job(store, Job(job_spec, attempts=(Attempt(1, ON_DEMAND, time.time()),)))
+    store.put(exit_record_path(1), record)
+    reconciled = Controller(store, launcher, [ON_DEMAND]).reconcile(job)
+    closed = reconciled.attempts[0]
+    assert closed.outcome is not None  # closed: the launch was never confirmed
+    assert closed.exit_code is None

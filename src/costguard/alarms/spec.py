@@ -284,10 +284,16 @@ def _emails(emails: Iterable[str], limit: int, provider: str) -> tuple[str, ...]
 
 
 def _name(name: str) -> str:
+    from costguard.secrets import find_shape
+
     bare = name.removeprefix(NAME_PREFIX)
-    if not _NAME.match(bare):
+    if not _NAME.fullmatch(bare):
         msg = f"budget name {name!r} must be letters, digits, '.', '_' or '-' (up to 63)"
         raise InputError(msg, hint="e.g. --name thesis")
+    what = find_shape(bare)
+    if what is not None:  # the name goes into the cloud's resources and every listing
+        msg = f"the budget name looks like {what}"
+        raise InputError(msg, hint="a plain name, e.g. --name thesis")
     return NAME_PREFIX + bare
 
 

@@ -241,6 +241,7 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
     if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
         msg = f"{manifest.object_path(entry)} does not match the manifest's size and sha256"
         raise ManifestError(msg)
+    state_mod.require_zip(data, METADATA)
     with torch.serialization.safe_globals(_safe_globals()):
         return torch.load(io.BytesIO(data), weights_only=True)
 
@@ -335,6 +336,9 @@ def load_planner(*, whole: bool = False) -> Any:
 
     class _SafePlanner(base):  # type: ignore[misc,valid-type]
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+            start = value.tell()
+            state_mod.require_zip(value.read(4), f"the value of {read_item.dest_index.fqn}")
+            value.seek(start)
             loaded = torch.load(value, weights_only=True)
             if self.flatten_state_dict:
                 fqn = self.mappings[read_item.dest_index.fqn]

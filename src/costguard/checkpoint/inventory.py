@@ -127,7 +127,7 @@ def verify(store: Store, *, latest_only: bool = False) -> list[Verification]:
 
 
 #: The folders ``costguard slurm script --array`` gives its tasks: ``task-<index>``.
-_TASK = re.compile(r"^task-([0-9]+)$")
+_TASK = re.compile(r"task-([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def task_folders(store: Store) -> list[str]:
         top = path.split("/", 1)[0]
         if "/" in path and top.startswith("ckpt-"):
             return []
-        if "/" in path and _TASK.match(top):
+        if "/" in path and _TASK.fullmatch(top):
             tasks.add(top)
     return sorted(tasks, key=lambda name: int(name.split("-", 1)[1]))
 

@@ -67,9 +67,11 @@ MAX_EXTRA_DEPTH = 32
 #: A folder without a manifest is a save in progress until nothing in it has changed for
 #: this long; only then, and only when a newer checkpoint is committed, is it abandoned.
 PARTIAL_GRACE_S = 900.0
-_NAME = re.compile(r"^ckpt-(\d{12})-([0-9a-f]{8})$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_OBJECT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# Matched whole (fullmatch: "$" would let a trailing newline through), ASCII digits only
+# ("\d" is any Unicode digit).
+_NAME = re.compile(r"ckpt-([0-9]{12})-([0-9a-f]{8})")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_OBJECT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class ManifestError(CostguardError):
@@ -206,7 +208,7 @@ def pool_object(path: str) -> str | None:
     (True, None)
     """
     folder, _, rest = path.strip("/").partition("/")
-    return rest if folder == POOL_FOLDER and _SHA256.match(rest) else None
+    return rest if folder == POOL_FOLDER and _SHA256.fullmatch(rest) else None
 
 
 def checkpoint_name(step: int, unique: str) -> str:
@@ -233,7 +235,7 @@ def parse_name(name: str) -> int | None:
     >>> parse_name("ckpt-000000000042-0123abcd"), parse_name("notes.txt")
     (42, None)
     """
-    match = _NAME.match(name)
+    match = _NAME.fullmatch(name)
     return int(match.group(1)) if match else None
 
 
@@ -325,12 +327,12 @@ def _from_dict(data: Any, name: str) -> Manifest:
             raise TypeError(msg)
         size = _integer(raw["size_bytes"], "object size", high=2**62)
         digest, object_name = raw["sha256"], raw["name"]
-        if not isinstance(digest, str) or not _SHA256.match(digest):
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
             msg = f"object sha256 {str(digest)[:80]!r}"
             raise ValueError(msg)
         if (
             not isinstance(object_name, str)
-            or not _OBJECT.match(object_name)
+            or not _OBJECT.fullmatch(object_name)
             or object_name in (MANIFEST_FILE, CONDEMNED_FILE)
         ):
             # Also what keeps a manifest from naming an object outside its folder.

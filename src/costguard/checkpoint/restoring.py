@@ -52,7 +52,7 @@ from costguard.checkpoint.manifest import (
     restore_order,
     scan,
 )
-from costguard.checkpoint.store import Progress, Store
+from costguard.checkpoint.store import Progress, Store, TooLargeError
 from costguard.errors import EXIT_BAD_INPUT, CostguardError
 from costguard.secrets import redact
 
@@ -60,6 +60,13 @@ logger = logging.getLogger(__name__)
 
 #: The one payload object of a replicated checkpoint.
 PAYLOAD = "state.pt"
+#: The most manifest text one survey reads (newest folders first): parsed, a manifest
+#: takes about 30 times its text in memory. Folders past it are reported unread and kept.
+SURVEY_MANIFEST_BYTES = 16 * 2**20
+#: The most manifest text a Restorer keeps parsed between surveys (oldest dropped first).
+CACHED_MANIFEST_BYTES = 4 * 2**20
+#: A restore tries at most this many checkpoints that do not load before it gives up.
+MAX_RESTORE_TRIES = 8
 
 
 @dataclass
@@ -172,16 +179,29 @@ class Restorer:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._lock = threading.Lock()
-        self._manifests: dict[str, Manifest] = {}
+        #: Parsed manifests -> their text's size, within CACHED_MANIFEST_BYTES in all.
+        self._manifests: dict[str, tuple[Manifest, int]] = {}
+        self._cached_bytes = 0
         #: Proven corrupt in this process (a hash mismatch is not visible in a listing).
         self.corrupt: dict[str, str] = {}
         #: Of the last :meth:`load`: which tensors came from which verified pool object.
         self.pooled: dict[tuple[object, ...], incremental.Placed] = {}
 
-    def remember(self, manifest: Manifest) -> None:
-        """A manifest this process has just committed."""
+    def remember(self, manifest: Manifest, size: int | None = None) -> None:
+        """A manifest this process has just committed (or read: ``size``, its text's)."""
+        cost = size if size is not None else 200 + 120 * len(manifest.objects)
         with self._lock:
-            self._manifests[manifest.name] = manifest
+            _, old = self._manifests.pop(manifest.name, (None, 0))
+            self._manifests[manifest.name] = (manifest, cost)
+            self._cached_bytes += cost - old
+            while self._cached_bytes > CACHED_MANIFEST_BYTES and len(self._manifests) > 1:
+                oldest = next(iter(self._manifests))  # in the order they were kept
+                self._cached_bytes -= self._manifests.pop(oldest)[1]
+
+    def _cached(self, name: str) -> Manifest | None:
+        with self._lock:
+            cached = self._manifests.get(name)
+        return cached[0] if cached is not None else None
 
     def mark_corrupt(self, name: str, why: str) -> None:
         """A checkpoint proven corrupt when it was read (retention may delete it)."""
@@ -207,7 +227,7 @@ class Restorer:
     def forget(self, name: str) -> None:
         """A checkpoint that has been deleted."""
         with self._lock:
-            self._manifests.pop(name, None)
+            self._cached_bytes -= self._manifests.pop(name, (None, 0))[1]
             self.corrupt.pop(name, None)
 
     def survey(self) -> Survey:
@@ -217,13 +237,20 @@ class Restorer:
         with self._lock:
             corrupt = {k: v for k, v in self.corrupt.items() if any(c.name == k for c in listings)}
         survey = Survey(sizes, listings, [], corrupt, modified=modified)
-        for listing in listings:
+        budget = SURVEY_MANIFEST_BYTES
+        for listing in reversed(listings):  # newest first: the budget goes where resumes are
             if not listing.has_manifest or listing.name in survey.corrupt:
                 continue
             if listing.condemned:
                 survey.condemned.add(listing.name)
                 survey.corrupt[listing.name] = (
                     f"an earlier restore found it incomplete or corrupt ({CONDEMNED_FILE})"
+                )
+                continue
+            budget -= min(listing.objects[MANIFEST_FILE], MAX_MANIFEST_BYTES + 1)
+            if budget < 0:
+                survey.doubtful[listing.name] = (
+                    f"not read: the manifests here hold over {SURVEY_MANIFEST_BYTES} bytes in all"
                 )
                 continue
             try:
@@ -252,26 +279,26 @@ class Restorer:
         return survey
 
     def _manifest(self, listing: Listing) -> Manifest:
-        with self._lock:
-            cached = self._manifests.get(listing.name)
-        if cached is not None:
-            return cached
         listed = listing.objects[MANIFEST_FILE]
         if listed > MAX_MANIFEST_BYTES:
             msg = f"its manifest is {listed} bytes (at most {MAX_MANIFEST_BYTES})"
             raise ManifestError(msg)
-        manifest = parse_manifest(self.store.get(f"{listing.name}/{MANIFEST_FILE}"), listing.name)
-        self.remember(manifest)
-        return manifest
+        return self.manifest(listing.name)
 
     def manifest(self, name: str) -> Manifest:
-        """The manifest of checkpoint ``name`` (read if not cached)."""
-        with self._lock:
-            cached = self._manifests.get(name)
+        """The manifest of checkpoint ``name`` (read if not cached); its text is read no
+        further than ``MAX_MANIFEST_BYTES`` whatever its size."""
+        cached = self._cached(name)
         if cached is not None:
             return cached
-        manifest = parse_manifest(self.store.get(f"{name}/{MANIFEST_FILE}"), name)
-        self.remember(manifest)
+        path = f"{name}/{MANIFEST_FILE}"
+        try:
+            text = self.store.get(path, max_bytes=MAX_MANIFEST_BYTES)
+        except TooLargeError:
+            msg = f"its manifest is over {MAX_MANIFEST_BYTES} bytes"
+            raise ManifestError(msg) from None
+        manifest = parse_manifest(text, name)
+        self.remember(manifest, len(text))
         return manifest
 
     @contextmanager
@@ -342,7 +369,13 @@ class Restorer:
         survey = self.survey()
         skipped = survey.skipped()
         chosen: tuple[Manifest, Any] | None = None
-        for manifest in restore_order(survey.manifests, survey.sizes):
+        for tries, manifest in enumerate(restore_order(survey.manifests, survey.sizes)):
+            if tries == MAX_RESTORE_TRIES:
+                logger.warning(
+                    "costguard: %d checkpoints in a row did not load; older ones are not tried",
+                    tries,
+                )
+                break
             try:
                 chosen = manifest, self.load(manifest)
                 break

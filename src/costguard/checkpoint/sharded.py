@@ -153,7 +153,16 @@ def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
         raise UnreadableError(msg) from exc
     entry = object_entry(manifest, TRAIN)
     with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
-        train = state_mod.load_file(path)
+        try:
+            train = state_mod.load_file(path)
+        except Exception as exc:
+            # Verified bytes this torch cannot read (as Restorer.load): no proof of
+            # corruption, so the checkpoint is skipped and kept, and the previous one tried.
+            msg = f"{TRAIN} cannot be loaded: {type(exc).__name__}: {redact(str(exc))[:200]}"
+            raise UnreadableError(msg) from exc
+    if not isinstance(train, dict):
+        msg = f"{TRAIN} is not a costguard training state"
+        raise UnreadableError(msg)
     return {**train, **state}
 
 

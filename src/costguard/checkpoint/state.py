@@ -18,6 +18,7 @@ import mmap
 import random
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from costguard.checkpoint import memcopy
@@ -365,16 +366,38 @@ def torch_save(state: Any, file: Any) -> None:
         torch.save(state, file)
 
 
+#: How ``torch.save``'s zip format (its only format since torch 1.6) begins.
+ZIP_MAGIC = b"PK\x03\x04"
+
+
+def require_zip(head: bytes | memoryview, what: str) -> None:
+    """Refuse bytes that are not ``torch.save``'s zip format before ``torch.load`` sees
+    them: the legacy format is where ``weights_only=True`` was bypassed (CVE-2025-32434),
+    and costguard never writes it.
+
+    >>> require_zip(b"PK\\x05\\x06", "state.pt")
+    Traceback (most recent call last):
+    ...
+    ValueError: state.pt is not in torch.save's zip format
+    """
+    if bytes(head[: len(ZIP_MAGIC)]) != ZIP_MAGIC:
+        msg = f"{what} is not in torch.save's zip format"
+        raise ValueError(msg)
+
+
 def deserialise(data: bytes | memoryview) -> Any:
-    """``torch.load`` with ``weights_only=True`` onto the CPU."""
+    """``torch.load`` of zip-format bytes with ``weights_only=True`` onto the CPU."""
+    require_zip(data, "the state")
     return _torch().load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def load_file(path: str) -> Any:
-    """``torch.load`` of a local file with ``weights_only=True``, its tensors mapped from
-    the file (``mmap=True``) rather than read into memory: pages are read as the live
-    objects copy them, and a tensor nobody copies (optimizer state taken as is) costs
-    memory only once it is written (the mapping is private: the file never changes)."""
+    """``torch.load`` of a local zip-format file with ``weights_only=True``, its tensors
+    mapped from the file (``mmap=True``) rather than read into memory: pages are read as
+    the live objects copy them, and a tensor nobody copies (optimizer state taken as is)
+    costs memory only once it is written (the mapping is private: the file never changes)."""
+    with Path(path).open("rb") as file:
+        require_zip(file.read(len(ZIP_MAGIC)), Path(path).name)
     return _torch().load(path, map_location="cpu", weights_only=True, mmap=True)
 
 

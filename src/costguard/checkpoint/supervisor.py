@@ -32,6 +32,7 @@ from typing import Any
 
 from costguard.errors import EXIT_BAD_INPUT, InputError
 from costguard.reaper.agent import jobs_dir, registered_job
+from costguard.secrets import mask_words
 
 #: Where the supervisor's lines go (``costguard run`` writes them to stderr).
 Say = Callable[[str], None]
@@ -307,7 +308,7 @@ def supervise(
     storage_options = storage_options_from_env()
     store = Store.open(url, storage_options)  # refuses credentials in the URL, unknown schemes
     store.check_writable()
-    say(f"checkpoints go to {store.url}; running {' '.join(command)[:120]}")
+    say(f"checkpoints go to {store.url}; running {' '.join(mask_words(command))[:120]}")
     syncer = None
     if sync_dir is not None:
         from costguard.checkpoint.foldersync import FolderSync

@@ -98,9 +98,10 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     delete a probe object), so a wrong URL or a missing bucket fails at once.
     """
     from costguard.checkpoint.supervisor import supervise
+    from costguard.secrets import redact
 
     def say(line: str) -> None:
-        click.echo(f"costguard: {line}", err=True)
+        click.echo(f"costguard: {redact(line)}", err=True)
 
     code = supervise(command, say=say, **options)  # the options are its keywords, by name
     ctx.exit(code)

@@ -13,12 +13,14 @@ session (the last two unless configured otherwise).
 The job contract (what ``costguard run`` writes, what the agent reads)
 -----------------------------------------------------------------------
 * The directory is ``$COSTGUARD_JOBS_DIR``, default ``/run/costguard/jobs`` (the systemd
-  unit creates it world-writable and sticky, like ``/tmp``).
+  unit creates it writable by root only: the boot script runs ``costguard run`` as root).
 * A running job is a file ``<pid>.pid`` in it whose text is that same process id, written
   atomically (temporary file + rename) when the job starts and removed when it ends;
   :func:`registered_job` does both.
 * A file counts only while process ``<pid>`` is alive, so a wrapper killed with SIGKILL
-  cannot keep the machine up forever. Other files in the directory are ignored.
+  cannot keep the machine up forever; only when it is a plain file owned by root or by
+  the process's own user (nobody keeps the machine up with another user's process, such
+  as init, pid 1, which never counts). Other files in the directory are ignored.
 
 The sampler and the shutdown action are plain objects passed in (:class:`Sampler`,
 :data:`Shutdown`), and the loop takes its clock and sleep as arguments: tests run it with
@@ -29,10 +31,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import tempfile
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from costguard.clouds import azure as azure_clouds
-from costguard.clouds import require
+from costguard.clouds import metadata, require
 from costguard.errors import CostguardError
 from costguard.reaper.autostop import AgentDecision, AgentPolicy, Reading, decide_shutdown
 from costguard.settings import Settings
@@ -51,6 +53,8 @@ JOBS_DIR_ENV = "COSTGUARD_JOBS_DIR"
 DEFAULT_JOBS_DIR = Path("/run/costguard/jobs")
 POWEROFF = ("systemctl", "poweroff")
 AZURE_IMDS = "http://169.254.169.254"
+#: The identity call's whole answer within this (the service answers in milliseconds).
+IMDS_DEADLINE_S = 5.0
 
 
 def jobs_dir(env: Mapping[str, str]) -> Path:
@@ -104,15 +108,33 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def active_jobs(directory: Path, alive: Callable[[int], bool] = pid_alive) -> list[int]:
-    """Process ids of registered jobs that are still running (stale files are ignored)."""
+def process_owner(pid: int) -> int | None:
+    """The user id that process ``pid`` runs as (its ``/proc`` entry), ``None`` if gone."""
+    try:
+        return Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        return None
+
+
+def active_jobs(
+    directory: Path,
+    alive: Callable[[int], bool] = pid_alive,
+    owner: Callable[[int], int | None] = process_owner,
+) -> list[int]:
+    """Process ids of registered jobs that are still running (stale files are ignored),
+    each named by a plain file that root or the process's own user wrote."""
     pids = []
     for path in sorted(directory.glob("*.pid")) if directory.is_dir() else []:
         try:
-            pid = int(path.read_text(encoding="utf-8").strip())
+            status = path.lstat()
+            if not stat.S_ISREG(status.st_mode) or status.st_size > 32:
+                continue
+            pid = int(path.read_text(encoding="ascii").strip())
         except (OSError, ValueError):
             continue
-        if path.stem == str(pid) and alive(pid):
+        if path.stem != str(pid) or pid <= 1 or not alive(pid):
+            continue
+        if status.st_uid in (0, owner(pid)):
             pids.append(pid)
     return pids
 
@@ -362,20 +384,21 @@ class AzureDeallocate:
 
     def identity(self) -> dict[str, str]:
         """Subscription, resource group and name of this VM, from the metadata service."""
-        # The URL is the fixed metadata address (or a test server's), never user input.
-        request = urllib.request.Request(  # noqa: S310
-            f"{self.imds}/metadata/instance/compute?api-version=2021-02-01",
-            headers={"Metadata": "true"},
-        )
+        # The URL is the fixed metadata address (or a test server's), never user input;
+        # the whole answer within IMDS_DEADLINE_S and 1 MiB, however the service sends it.
+        url = f"{self.imds}/metadata/instance/compute?api-version=2021-02-01"
         try:
-            with urllib.request.urlopen(request, timeout=5) as reply:  # noqa: S310
-                body = json.load(reply)
-        except (OSError, ValueError) as exc:
-            msg = f"cannot read the Azure instance metadata service: {exc}"
-            raise CostguardError(
-                msg, hint="is this an Azure VM? use --action poweroff elsewhere"
-            ) from None
-        return {k: str(body[k]) for k in ("subscriptionId", "resourceGroupName", "name")}
+            status, data = metadata.fetch(
+                "GET", url, {"Metadata": "true"}, deadline_s=IMDS_DEADLINE_S
+            )
+            body, why = (json.loads(data) if status == 200 else None), f"HTTP {status}"
+        except (OSError, ValueError, RecursionError) as exc:
+            body, why = None, f"{type(exc).__name__}: {exc}"
+        keys = ("subscriptionId", "resourceGroupName", "name")
+        if not isinstance(body, dict) or not all(isinstance(body.get(k), str) for k in keys):
+            msg = f"cannot read the Azure instance metadata service ({why})"
+            raise CostguardError(msg, hint="is this an Azure VM? use --action poweroff elsewhere")
+        return {k: body[k] for k in keys}
 
     def __call__(self, reason: str) -> None:
         me = self.identity()

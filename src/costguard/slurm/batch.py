@@ -34,7 +34,7 @@ from pathlib import Path
 
 from costguard import __version__
 from costguard.errors import CostguardError, InputError
-from costguard.secrets import find_secret, redact_url, url_has_credentials
+from costguard.secrets import find_in_words, find_secret, redact_url, url_has_credentials
 
 #: How long before the time limit SLURM sends USR1, unless told: room for an emergency
 #: save plus SLURM's own slack (it may signal up to a minute early, never late).
@@ -308,9 +308,19 @@ class BatchJob:
         if not prefix:
             msg = "--costguard is empty"
             raise InputError(msg, hint="the command that starts costguard on the nodes")
-        _refuse_secrets(command, checkpoint, prefix, run_options, environ)
         procs = _processes(nodes, procs_per_node, gpus, rdzv_port)
         launcher = _words("--torchrun", _plain_text("--torchrun", torchrun, "e.g. torchrun"))
+        shipped = {"--costguard": prefix, "--torchrun": launcher, "--container": [container or ""]}
+        shipped |= {  # names go into #SBATCH lines; a token fits their characters
+            flag: [value or ""]
+            for flag, value in (
+                ("--job-name", job_name),
+                ("--partition", partition),
+                ("--account", account),
+                ("--gpu-type", gpu_type),
+            )
+        }
+        _refuse_secrets(command, checkpoint, shipped, run_options, environ)
         if nodes is not None and re.match(r"^(python[0-9.]*|torchrun)$", Path(command[0]).name):
             msg = f"with --nodes, COMMAND is what torchrun runs, not {command[0]!r}"
             raise InputError(
@@ -349,14 +359,19 @@ class BatchJob:
 def _refuse_secrets(
     command: Sequence[str],
     checkpoint: str,
-    prefix: Sequence[str],
+    shipped: Mapping[str, Sequence[str]],
     run_options: Sequence[str],
     environ: Mapping[str, str] | None,
 ) -> None:
-    places = {"--checkpoint": [checkpoint], "--costguard": list(prefix)}
+    """Refuse a credential in anything the batch script carries: the command, the
+    checkpoint URL, the ``shipped`` options (flag -> its words) and costguard's options."""
+    places = {"--checkpoint": [checkpoint]} | {flag: list(w) for flag, w in shipped.items()}
     places |= {f"argument {n} of the command": [w] for n, w in enumerate(command, start=1)}
     places["the costguard run options"] = list(run_options)
-    found = find_secret(places, os.environ if environ is None else environ)
+    in_command = find_in_words(command)  # a value after its flag: --wandb-key 0123...
+    found = find_secret(places, os.environ if environ is None else environ) or (
+        in_command and (f"argument {in_command[0] + 1} of the command", in_command[1])
+    )
     if found:
         place, what = found
         msg = f"{place} carries {what}, which would be written into the batch script"

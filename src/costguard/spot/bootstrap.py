@@ -40,7 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from costguard.errors import CostguardError, InputError
-from costguard.secrets import find_secret
+from costguard.secrets import find_in_words, find_secret
 from costguard.spot.launcher.base import LaunchSpec
 from costguard.spot.wheel import STORE_DIR
 
@@ -65,7 +65,7 @@ _WHEEL_NAME = re.compile(r"costguard-[0-9A-Za-z.+!_]+-py3-none-any\.whl", re.ASC
 _SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 
 _PLACEHOLDER = re.compile(r"\{\{ (\w+) \}\}")
-_ABSOLUTE = re.compile(r"^/[A-Za-z0-9._/-]*$")
+_ABSOLUTE = re.compile(r"/[A-Za-z0-9._/-]*")
 
 
 def template_dir() -> Path:
@@ -170,7 +170,7 @@ def check_options(spec: LaunchSpec) -> None:
         msg = f"the index_url option carries {why}, which would be written into the user-data"
         raise InputError(msg, hint="a mirror the instance reaches without credentials in the URL")
     workdir = spec.options.get("workdir", DEFAULT_WORKDIR)
-    if not _ABSOLUTE.match(workdir) or "/../" in f"{workdir}/":
+    if not _ABSOLUTE.fullmatch(workdir) or "/../" in f"{workdir}/":
         msg = f"the workdir option must be an absolute path, not {workdir!r}"
         raise InputError(msg, hint=f"e.g. workdir={DEFAULT_WORKDIR}")
     wheel, digest = spec.options.get("wheel", ""), spec.options.get("wheel_sha256", "")
@@ -201,10 +201,13 @@ def refuse_secrets(
     for number, word in enumerate(command, start=1):
         places[f"argument {number} of the command"] = [word]
     for name, value in sorted(options.items()):
-        places[f"the {name} option"] = [value]
+        places[f"the {name} option"] = [f"{name}={value}", value]
     if script:
         places["the boot script"] = [script]
-    found = find_secret(places, environ)
+    in_command = find_in_words(command)  # a value after its flag: --wandb-key 0123...
+    found = find_secret(places, environ) or (
+        in_command and (f"argument {in_command[0] + 1} of the command", in_command[1])
+    )
     if found:
         place, what = found
         msg = f"{place} carries {what}, which would be written into the boot script"

@@ -34,7 +34,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from costguard.checkpoint.store import Store, StoreError
+from costguard.checkpoint.store import Store, StoreError, TooLargeError
 from costguard.errors import CostguardError, InputError
 from costguard.money import usd_str
 from costguard.pricing.catalog import Market
@@ -55,6 +55,10 @@ FINAL = ("succeeded", "failed", "stopped")
 
 class JobError(CostguardError):
     """``job.json`` is missing or cannot be read."""
+
+
+#: An exit record is a few hundred bytes; a longer one is not costguard's and is ignored.
+EXIT_RECORD_BYTES = 64 * 1024
 
 
 def exit_record_path(attempt: int) -> str:
@@ -92,26 +96,62 @@ def read_exit_record(store: Store, attempt: int, job_id: str = "") -> ExitRecord
     """Attempt ``attempt``'s exit record, ``None`` when there is none (yet), or when it
     belongs to another job than ``job_id`` (an earlier job at the same URL)."""
     try:
-        data = json.loads(store.get(exit_record_path(attempt)))
+        data = json.loads(store.get(exit_record_path(attempt), max_bytes=EXIT_RECORD_BYTES))
+    except TooLargeError:
+        data = None
     except StoreError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):
             return None
         raise
-    except ValueError:
+    except (ValueError, RecursionError):
+        data = None
+    record = _exit_record(data, attempt)
+    if record is None:
         logger.warning("costguard: ignoring the unreadable exit record of attempt %d", attempt)
         return None
-    step = data.get("last_step")
-    record = ExitRecord(
-        attempt=int(data["attempt"]),
-        exit_code=int(data["exit_code"]),
-        last_step=int(step) if step is not None else None,
-        finished_unix=float(data["finished_unix"]),
-        host=str(data.get("host", "")),
-        job_id=str(data.get("job_id", "")),
-    )
     if job_id and record.job_id != job_id:
         return None
     return record
+
+
+def _exit_record(data: object, attempt: int) -> ExitRecord | None:
+    """The exit record of attempt ``attempt`` in parsed JSON ``data``; ``None`` unless every
+    field has its type and range (anyone who can write the store can write the file).
+
+    >>> _exit_record({"attempt": 2, "exit_code": 0, "finished_unix": 1.0}, 2).exit_code
+    0
+    >>> [_exit_record(d, 2) for d in ([], {}, {"attempt": 2, "exit_code": "x"})]
+    [None, None, None]
+    """
+
+    def whole(value: object, low: int, high: int) -> bool:
+        return type(value) is int and low <= value <= high
+
+    if not isinstance(data, dict):
+        return None
+    step, finished = data.get("last_step"), data.get("finished_unix")
+    host, job_id = data.get("host", ""), data.get("job_id", "")
+    if not (
+        whole(data.get("attempt"), attempt, attempt)
+        and whole(data.get("exit_code"), -255, 255)
+        and (step is None or whole(step, 0, 2**63))
+        and isinstance(finished, int | float)
+        and not isinstance(finished, bool)
+        and isinstance(host, str)
+        and isinstance(job_id, str)
+    ):
+        return None
+    finished_unix = float(finished)
+    if not 0 <= finished_unix < 2**40:  # a unix time: finite, not negative
+        return None
+    return ExitRecord(
+        attempt=attempt,
+        exit_code=int(data["exit_code"]),
+        last_step=None if step is None else int(step),
+        finished_unix=finished_unix,
+        host=host[:200],
+        job_id=job_id,
+    )
 
 
 def latest_step(store: Store) -> int | None:

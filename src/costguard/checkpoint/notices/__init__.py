@@ -25,12 +25,11 @@ import logging
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from costguard.clouds import metadata
 from costguard.errors import InputError
 
 logger = logging.getLogger(__name__)
@@ -171,10 +170,9 @@ def detect_cloud(env: Mapping[str, str], dmi_dir: Path = Path("/sys/class/dmi/id
     return None
 
 
-#: Metadata services answer in milliseconds; a slow one must not stall the watcher.
+#: Metadata services answer in milliseconds; a slow one must not stall the watcher: the
+#: whole answer within this, its body within ``metadata.MAX_BYTES`` (1 MiB).
 HTTP_TIMEOUT_S = 2.0
-# Metadata addresses are link-local: never send them through an HTTP(S)_PROXY.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def fetch(
@@ -185,19 +183,11 @@ def fetch(
     timeout_s: float = HTTP_TIMEOUT_S,
 ) -> tuple[int, str]:
     """One HTTP request to a metadata service: ``(status, body)``; 4xx/5xx are returned,
-    not raised. Connection errors raise ``OSError``.
+    not raised. Connection errors, an answer not whole within ``timeout_s`` and a body
+    over 1 MiB raise ``OSError`` (:func:`costguard.clouds.metadata.fetch`).
     """
-    if not url.startswith(("http://", "https://")):
-        msg = f"metadata endpoint {url!r} must be an http(s) URL"
-        raise OSError(msg)
-    # The scheme was checked above: http(s) only.
-    request = urllib.request.Request(url, data=data, headers=dict(headers), method=method)  # noqa: S310
-    try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
-            return int(response.status), response.read().decode("utf-8", errors="replace")
-    except urllib.error.HTTPError as exc:
-        body = exc.read().decode("utf-8", errors="replace") if exc.fp else ""
-        return int(exc.code), body
+    status, body = metadata.fetch(method, url, headers, data, deadline_s=timeout_s)
+    return status, body.decode("utf-8", errors="replace")
 
 
 def endpoint(cloud: str, env: Mapping[str, str]) -> str:

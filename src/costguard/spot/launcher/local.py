@@ -34,6 +34,7 @@ from typing import IO, Any
 from costguard.checkpoint.notices import ENDPOINT_ENV
 from costguard.errors import InputError
 from costguard.pricing.catalog import Market
+from costguard.spot.bootstrap import refuse_secrets
 from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
 from costguard.spot.launcher.base import Handle, LaunchSpec, Offer, State, Status
 from costguard.spot.simulator import (
@@ -144,10 +145,12 @@ class LocalLauncher:
     # -- Launcher protocol -------------------------------------------------------------
 
     def check(self, spec: LaunchSpec) -> None:
-        """The command is there and the state folder is writable."""
+        """The command is there, carries no credential (it goes into job.json and each
+        attempt's log) and the state folder is writable."""
         if not spec.command:
             msg = "no command to run"
             raise InputError(msg, hint="put the command after --, e.g. -- python train.py")
+        refuse_secrets(spec.command, spec.options, spec.checkpoint_url, self.env)
         folder = self.state_dir  # the job's own folder is made at its first launch
         try:
             folder.mkdir(parents=True, exist_ok=True)
