@@ -7,6 +7,9 @@ from decimal import Decimal
 
 import pytest
 
+from costguard.money import format_usd
+from tests.helpers.output import WIDTHS, assert_fits
+
 T4 = ("estimate", "--gpu", "t4", "--hours", "10")
 RATE = ("--interruptions-per-day", "2")
 
@@ -85,6 +88,21 @@ def test_says_where_on_demand_is_cheaper_for_this_job(run_cli) -> None:
     assert "On-demand is cheaper than spot for this job in" in table.stdout
     mild = run_cli(*T4, "--interruptions-per-day", "0.1")
     assert "Spot stays cheaper than on-demand wherever both are shown" in mild.stdout
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_the_wider_table_still_fits_the_terminal(run_cli, terminal, width: int) -> None:
+    doc = run_cli(*T4, *RATE, "--format", "json").json()
+    cells = [format_usd(Decimal(o["total_usd"])) for o in doc["options"]]
+    cells += [
+        format_usd(Decimal(o["effective_total_usd"]))
+        for o in doc["options"][:10]
+        if o["market"] == "spot"
+    ]
+    terminal(width)
+    result = run_cli(*T4, *RATE)
+    assert result.exit_code == 0, result.stderr
+    assert_fits(result.stdout, width, cells)
 
 
 def test_csv_states_the_assumptions(run_cli) -> None:
