@@ -14,6 +14,7 @@ from costguard.cli import render
 from costguard.cli.params import DecimalRange, Name, Url, Usd, WholeNumber, table_or_json
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
+from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import (
     budget_lines,
     cheapest_line,
@@ -201,6 +202,30 @@ Examples:
     help="With --provider slurm: what one SU is worth in USD (else: not billed).",
 )
 @click.option(
+    "--interruptions-per-day",
+    type=DecimalRange(0, maximum=48),
+    help="Spot preemptions a day you expect: spot rows then show the preemptions over the "
+    "run and the effective cost (lost work and restarts paid too).",
+)
+@click.option(
+    "--every-minutes",
+    type=DecimalRange(0, minimum_open=True, maximum=10_080),
+    help="With --interruptions-per-day: minutes of work between checkpoints "
+    f"[default: {preemption.DEFAULT_EVERY_MINUTES}].",
+)
+@click.option(
+    "--save-seconds",
+    type=DecimalRange(0, maximum=86_400),
+    help="With --interruptions-per-day: seconds one checkpoint save takes "
+    f"[default: {preemption.DEFAULT_SAVE_SECONDS}].",
+)
+@click.option(
+    "--restart-minutes",
+    type=DecimalRange(0, maximum=1_440),
+    help="With --interruptions-per-day: minutes from a preemption to training again "
+    f"[default: {preemption.DEFAULT_RESTART_MINUTES}].",
+)
+@click.option(
     "--top",
     default=10,
     show_default=True,
@@ -223,6 +248,7 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     says what it assumes. Prices older than 30 days (spot: 7) draw a warning.
     """
     rate = slurm_rate(options)
+    checkpointing = checkpointing_from(options)
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     results = answer(question_from(options), catalog)
     result = combine(results)
@@ -231,6 +257,7 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     shown = limit_places(result.options, options["top"])
     budget: Decimal | None = options["budget"]
     stale = staleness(catalog, places(shown), datetime.now(UTC).date())
+    spot = None if checkpointing is None else preemption.expected(request.hours, checkpointing)
     output_format = options["output_format"].lower()
     if output_format == "json":
         document = to_document(result, shown, catalog, budget, options["top"])
@@ -241,6 +268,8 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         document["slurm"] = slurm_document(slurm, result.cheapest)
         if slurm is not None:
             document["assumptions"].extend(slurm_assumptions(slurm))
+        if spot is not None:
+            add_interruptions(document, spot, shown)
         render.print_json(document)
     elif output_format == "csv":
         columns = (*OPTION_FIELDS, "pricing_as_of", *(SLURM_FIELDS if slurm else ()))
@@ -248,14 +277,19 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         if slurm is not None:
             rows.append(slurm_row(slurm, request))
         render.print_csv(columns, rows)
-        extra = slurm_assumptions(slurm) if slurm else ()
+        extra = [*(slurm_assumptions(slurm) if slurm else ())]
+        extra += preemption.assumption_lines(spot) if spot is not None else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
         for one in results:  # one table per GPU asked for; the assumptions once, at the end
             shown_one = limit_places(one.options, options["top"])
             last = one is results[-1]
-            print_table(one, shown_one, catalog, slurm if last else None, assumptions=last)
+            print_table(
+                one, shown_one, catalog, slurm if last else None, assumptions=last, spot=spot
+            )
         print_answers(result, catalog, budget)
+        if spot is not None:
+            render.print_notes(preemption.advice_lines(spot, shown), heading="Preemptions:")
     if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
         render.print_prose(
             f"{stale_text(stale, catalog)}: `costguard pricing refresh` updates them "
@@ -287,6 +321,60 @@ def question_from(options: dict[str, Any]) -> Question:
     """The command's options as a :class:`~costguard.pricing.question.Question`."""
     fields = {f.name for f in dataclasses.fields(Question)} - {"gpus"}
     return Question(gpus=tuple(options["gpus"]), **{k: options[k] for k in fields})
+
+
+def checkpointing_from(options: dict[str, Any]) -> preemption.Checkpointing | None:
+    """The spot preemption figures when --interruptions-per-day is given; exit 2 on
+    checkpoint figures without a rate, or on a rate for on-demand only."""
+    per_day: Decimal | None = options["interruptions_per_day"]
+    given = {
+        flag: options[name]
+        for flag, name in (
+            ("--every-minutes", "every_minutes"),
+            ("--save-seconds", "save_seconds"),
+            ("--restart-minutes", "restart_minutes"),
+        )
+        if options[name] is not None
+    }
+    if per_day is None:
+        if given:
+            flag = next(iter(given))
+            msg = f"{flag} prices spot preemptions, and --interruptions-per-day is not given"
+            raise InputError(msg, hint="add --interruptions-per-day N (e.g. 1), or drop " + flag)
+        return None
+    if options["spot"] is False:
+        msg = "--interruptions-per-day prices spot, and --on-demand asks for on-demand only"
+        raise InputError(msg, hint="drop --on-demand to see spot next to on-demand")
+    return preemption.Checkpointing(
+        every_minutes=fallback(options["every_minutes"], preemption.DEFAULT_EVERY_MINUTES),
+        save_seconds=fallback(options["save_seconds"], preemption.DEFAULT_SAVE_SECONDS),
+        restart_minutes=fallback(options["restart_minutes"], preemption.DEFAULT_RESTART_MINUTES),
+        per_day=per_day,
+    )
+
+
+def fallback(value: Decimal | None, default: Decimal) -> Decimal:
+    """The value given, else the stated default."""
+    return default if value is None else value
+
+
+def add_interruptions(
+    document: dict[str, Any], spot: preemption.Interruptions, shown: Sequence[CostOption]
+) -> None:
+    """The JSON's spot preemption fields: the query's figures, each spot option's expected
+    preemptions and effective total, the run's summary and the assumptions."""
+    summary = preemption.document(spot, shown)
+    document["query"]["interruptions"] = {
+        k: summary[k]
+        for k in ("preemptions_per_day", "every_minutes", "save_seconds", "restart_minutes")
+    }
+    document["interruptions"] = summary
+    for row, option in zip(document["options"], shown, strict=True):
+        if option.market is Market.SPOT:
+            row["expected_preemptions"] = spot.expected_preemptions
+            row["effective_hours"] = spot.effective_hours
+            row["effective_total_usd"] = preemption.effective_total_usd(option, spot)
+    document["assumptions"].extend(preemption.assumption_lines(spot))
 
 
 def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
@@ -339,8 +427,12 @@ def print_table(
     slurm: SlurmOption | None = None,
     *,
     assumptions: bool = True,
+    spot: preemption.Interruptions | None = None,
 ) -> None:
     """Two rows per provider and region, on-demand above spot, cheapest place first.
+
+    With spot preemption figures, two more columns: the preemptions expected over the
+    run and the total with their lost work and restarts (spot rows only).
 
     A narrow terminal loses the compute, storage and egress columns (the total keeps
     them), never a price, a total, an instance or a region. A SLURM allocation gets its
@@ -362,7 +454,7 @@ def print_table(
         f"{what}{per_instance}, {request.count} instance(s), {request.hours} h"
         f" - {catalog.origin} prices as of {as_of}"
     )
-    columns = (
+    columns: tuple[render.Column, ...] = (
         render.Column("Where"),
         render.Column("Market"),
         render.Column("Instance"),
@@ -372,6 +464,8 @@ def print_table(
         render.Column("Storage", "right", drop=2),
         render.Column("Egress", "right", drop=3),
     )
+    if spot is not None:
+        columns += (render.Column("Preempt.", "right", drop=4), render.Column("Effective", "right"))
     rows: list[list[str]] = []
     flagged = False
     for (provider, region), by_market in by_place.items():
@@ -379,7 +473,7 @@ def print_table(
         for market in markets:
             option = by_market.get(market)
             if option is None:
-                rows.append([where, str(market), "-", "-", "-", "-", "-", "-"])
+                rows.append([where, str(market), *["-"] * (len(columns) - 2)])
             else:
                 mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
                 flagged = flagged or bool(mark)
@@ -393,6 +487,7 @@ def print_table(
                         format_usd(option.total_usd),
                         format_usd(option.storage_usd),
                         format_usd(option.egress_usd),
+                        *spot_cells(option, spot),
                     ]
                 )
             where = ""
@@ -412,11 +507,22 @@ def print_table(
     render.print_notes(notes, heading="Notes:")
     if not assumptions:
         return
-    extra = slurm_assumptions(slurm) if slurm is not None else ()
+    extra = [*(slurm_assumptions(slurm) if slurm is not None else ())]
+    extra += preemption.assumption_lines(spot) if spot is not None else ()
     render.print_notes(
         ["total = compute + storage + egress", *result.assumptions, *extra],
         heading="Assumptions:",
     )
+
+
+def spot_cells(option: CostOption, spot: preemption.Interruptions | None) -> list[str]:
+    """The preemption columns of a row: none without the figures, dashes on on-demand."""
+    if spot is None:
+        return []
+    if option.market is not Market.SPOT:
+        return ["-", "-"]
+    effective = preemption.effective_total_usd(option, spot)
+    return [f"{spot.expected_preemptions:.1f}", format_usd(effective)]
 
 
 def print_slurm_table(slurm: SlurmOption) -> None:
