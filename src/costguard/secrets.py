@@ -162,10 +162,12 @@ def secret_name_kind(name: str) -> str | None:
     ['always', 'random', 'random']
     >>> [secret_name_kind(n) for n in ("--max-tokens", "--tokenizer", "--key-file", "--lr")]
     [None, None, None, None]
+    >>> secret_name_kind("ssh_public_key"), secret_name_kind("--public-key")
+    (None, None)
     """
     words = _NAME_WORD.findall(_CAMEL.sub("_", name.lstrip("-")).lower())
-    if not words or words[-1] in _REFERENCE_WORDS:
-        return None
+    if not words or words[-1] in _REFERENCE_WORDS or "public" in words:
+        return None  # where a credential is; or a public key (an SSH key's public half)
     if any(word.endswith(_ALWAYS_SECRET) for word in words):
         return "always"
     if any(word in _KEY_WORDS or word.endswith(("token", "apikey", "accesskey")) for word in words):

@@ -107,5 +107,7 @@ def test_a_restore_tries_a_bounded_number_of_checkpoints_that_do_not_load(
         load_state(str(tmp_path))
     assert len(tried) == restoring.MAX_RESTORE_TRIES
     tried.clear()
-    assert restoring.Restorer(Store.open(tmp_path, create=False)).choose() is None
+    chosen, skipped = restoring.Restorer(Store.open(tmp_path, create=False)).choose()
+    assert chosen is None
     assert len(tried) == restoring.MAX_RESTORE_TRIES
+    assert len(skipped) >= restoring.MAX_RESTORE_TRIES  # each named with why

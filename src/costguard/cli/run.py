@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from costguard.cli.options import cadence_options
-from costguard.cli.params import StoreUrl, WholeNumber
+from costguard.cli.params import StoreUrl, Text, WholeNumber
 
 
 @click.command(
@@ -74,7 +74,7 @@ Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
 )
 @click.option(
     "--sync-dir",
-    type=click.Path(file_okay=False),
+    type=Text(),
     default=None,
     help="Keep the trainer's own checkpoints written here (Hugging Face checkpoint-N/, "
     "Accelerate save_state folders, Lightning .ckpt) in the store, and put the newest back "

@@ -163,10 +163,11 @@ def job_options(func: F) -> F:
 def build_job(options: dict[str, Any]) -> BatchJob:
     """Validate the options into a :class:`BatchJob` (exit 2 on bad input, nothing run)."""
     url: str = options["url"]
-    found = find_secret({"--checkpoint": [url]}, os.environ)  # before it is made absolute
-    if found:
-        msg = f"--checkpoint carries {found[1]}, which would be written into the batch script"
-        raise InputError(msg, hint="give the nodes access to the store by their own identity")
+    for flag, value in (("--checkpoint", url), ("--sync-dir", options["sync_dir"])):
+        found = find_secret({flag: [value]}, os.environ) if value else None
+        if found:  # before either is made absolute
+            msg = f"{flag} carries {found[1]}, which would be written into the batch script"
+            raise InputError(msg, hint="give the nodes access to the store by their own identity")
     if url.strip() and "://" not in url:
         # The job may start in another folder than this one: make a local path absolute.
         url = str(Path(url).expanduser().resolve())
