@@ -97,8 +97,16 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     Before the script starts, the checkpoint location is checked (write, read back,
     delete a probe object), so a wrong URL or a missing bucket fails at once.
     """
+    from pathlib import Path
+
     from costguard.checkpoint.supervisor import supervise
+    from costguard.errors import InputError
     from costguard.secrets import redact
+
+    sync_dir = options.get("sync_dir")
+    if sync_dir is not None and Path(sync_dir).expanduser().is_file():
+        msg = f"--sync-dir {sync_dir[:200]!r} is a file, not the trainer's output folder"
+        raise InputError(msg, hint="give the folder the trainer writes its checkpoints in")
 
     def say(line: str) -> None:
         click.echo(f"costguard: {redact(line)}", err=True)
