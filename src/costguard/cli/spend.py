@@ -48,11 +48,11 @@ class Month(Name):
     epilog="""\b
 Examples:
   costguard spend focus-2026-11.csv.gz --by job
-  costguard spend s3://my-bills/focus/data/BILLING_PERIOD=2026-11/ --by owner --format json
+  costguard spend s3://my-bills/focus/2026-11/ --by owner --format json
   costguard spend 'exports/*.parquet' --by day --month 2026-11
   costguard spend gcp-billing.jsonl --by project --format csv
   costguard spend azure-focus.csv --by service --currency EUR
-  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1   # billed vs estimate""",
+  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1""",
     short_help="What was billed, per job, owner, project, day or service (billing exports).",
 )
 @click.argument("exports", nargs=-1, required=True, type=Url())
