@@ -15,7 +15,7 @@ from costguard.reaper.policy import Action, IdlePolicy, ReapLimits, format_times
 from costguard.settings import Settings
 from costguard.tags import MARK_TAG
 from tests.helpers.fleets import PRICES, verdicts
-from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm, seed_vm
+from tests.servers.azure import AZURE_SUBSCRIPTION, AzureServer, AzureVm, put_gpu, seed_vm
 from tests.servers.http import (
     FakeTokenCredential,
     azure_client_options,
@@ -213,11 +213,58 @@ def test_a_burst_in_the_minute_that_holds_the_window_start_keeps_the_vm(
     start = NOW - timedelta(minutes=60)
     gpu = [(start - timedelta(seconds=30), 97.0)]
     gpu += [(start + timedelta(seconds=30 + 60 * k), 1.0) for k in range(60)]
-    azure_server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, gpu)
+    put_gpu(azure_server, vm, 0, gpu)
     report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
     (verdict,) = report.plan.verdicts
     assert (verdict.action, verdict.code) == ("keep", "busy")
     assert "gpu 97%" in verdict.reason
+
+
+def test_every_gpu_of_a_multi_gpu_vm_is_its_own_witness(azure_server: AzureServer) -> None:
+    """Telegraf writes one series per GPU (dimension ``index``); the adapter asks Azure
+    Monitor to split by it, so a GPU that went silent 40 minutes ago (busy until then), or
+    one never heard from in the window, keeps the VM: the maximum across GPUs, which the
+    service returns without a split, filled the window with the other GPU's idle minutes
+    (issue 28)."""
+    s = azure_server
+    two = "Standard_NC48ads_A100_v4"  # two A100s in the price tables
+    busy = s.add(AzureVm("one-busy", two))
+    seed(s, busy, gpu=None)
+    put_gpu(s, busy, 0, minutes(1.0))
+    put_gpu(s, busy, 1, minutes(88.0))
+    silent = s.add(AzureVm("went-silent", two))
+    seed(s, silent, gpu=None)
+    put_gpu(s, silent, 0, minutes(1.0))
+    put_gpu(s, silent, 1, [(t, v) for t, v in minutes(98.0) if t < NOW - timedelta(minutes=40)])
+    unheard = s.add(AzureVm("never-heard", two))
+    seed(s, unheard, gpu=None)
+    put_gpu(s, unheard, 0, minutes(1.0))
+    seed(s, s.add(AzureVm("idle-two", two)))
+    report = reap([make_fleet(s)], policy(idle_minutes=30), ReapLimits(), NOW, execute=False)
+    assert verdicts(report) == {
+        "one-busy": ("keep", "busy"),
+        "went-silent": ("keep", "metrics-doubt"),
+        "never-heard": ("keep", "metrics-doubt"),
+        "idle-two": ("stop", "idle"),
+    }
+    gpu_calls = [
+        c for c in s.calls("GET", "/Microsoft.Insights/metrics") if "region" not in c.query
+    ]
+    assert {c.query["$filter"][0] for c in gpu_calls} == {f"{azure.GPU_DIMENSION} eq '*'"}
+
+
+def test_gpu_series_without_the_index_dimension_are_not_judged(
+    azure_server: AzureServer,
+) -> None:
+    """A Telegraf that drops the ``index`` tag publishes series the split cannot name: the
+    service refuses the dimension (validateDimensions), and the VM is kept, with the reason."""
+    vm = azure_server.add(AzureVm("no-index", "Standard_NC4as_T4_v3"))
+    seed(azure_server, vm, gpu=None)
+    azure_server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, minutes(1.0), {"host": "x"})
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
+    (verdict,) = report.plan.verdicts
+    assert (verdict.action, verdict.code) == ("keep", "no-gpu-metrics")
+    assert f"{azure.GPU_DIMENSION} dimension" in verdict.reason
 
 
 def test_missing_gpu_namespace_is_explained(azure_server: AzureServer) -> None:

@@ -15,6 +15,7 @@ import binascii
 import itertools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,6 +45,20 @@ LAUNCH_OPTIONS = {
 RULES: dict[str, dict[str, Any]] = json.loads(
     (Path(__file__).parent / "definitions" / "azure.json").read_text()
 )["rules"]
+
+
+#: A series' dimensions, sorted (name, value) pairs; one raw point.
+Dimensions = tuple[tuple[str, str], ...]
+Point = tuple[datetime, float]
+#: How the fake aggregates the raw values of one minute (several series of a combination).
+AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
+    "average": lambda values: sum(values) / len(values),
+    "count": len,
+    "maximum": max,
+    "minimum": min,
+    "total": sum,
+}
+RESOURCE_ID = RULES["metrics_resource_id_dimension"]["spelling"]
 
 
 def arm_error(rule: str, **names: str) -> Reply:
@@ -368,8 +383,8 @@ class AzureServer(LocalServer):
     def reset(self) -> None:
         self.me = ""  # the VM whose metadata /metadata/instance/compute serves
         self.vms: dict[str, AzureVm] = {}
-        # (namespace, metric) -> lower-cased resource id -> [(time, value)]
-        self.series: dict[tuple[str, str], dict[str, list[tuple[datetime, float]]]] = {}
+        # (namespace, metric) -> lower-cased resource id -> dimensions -> [(time, value)]
+        self.series: dict[tuple[str, str], dict[str, dict[Dimensions, list[Point]]]] = {}
         self.requests.clear()
 
     def add(self, vm: AzureVm) -> AzureVm:
@@ -377,11 +392,18 @@ class AzureServer(LocalServer):
         return vm
 
     def put(
-        self, namespace: str, metric: str, vm: AzureVm, points: list[tuple[datetime, float]]
+        self,
+        namespace: str,
+        metric: str,
+        vm: AzureVm,
+        points: list[Point],
+        dimensions: dict[str, str] | None = None,
     ) -> None:
-        self.series.setdefault((namespace.lower(), metric), {}).setdefault(
-            vm.resource_id.lower(), []
-        ).extend(points)
+        """Raw points of one series of ``vm``; ``dimensions`` as its publisher writes them
+        (Telegraf: each tag of the input, such as nvidia_smi's GPU ``index``)."""
+        key = tuple(sorted((dimensions or {}).items()))
+        by_resource = self.series.setdefault((namespace.lower(), metric), {})
+        by_resource.setdefault(vm.resource_id.lower(), {}).setdefault(key, []).extend(points)
 
     def list_all(self, request: Request, match: re.Match[str]) -> Reply:
         refused = check_vm_listing(request)
@@ -453,9 +475,13 @@ class AzureServer(LocalServer):
     def _series_reply(
         self, query: dict[str, str], resource_ids: set[str], *, with_owner: bool
     ) -> Reply:
-        """The Metrics API body for ``resource_ids``: one series per resource and metric,
-        only the aggregations asked for, in resource-id order (no ``orderby``: the service
-        promises no order, so the fake does not sort busiest first), cut at ``top``."""
+        """The Metrics API body for ``resource_ids``: per resource and metric, one series per
+        combination of the dimensions ``$filter`` splits by (``name eq '*'``), aggregated
+        over every other dimension (rule metrics_dimension_split); only the aggregations
+        asked for, in resource-id order (no ``orderby``: the service promises no order, so
+        the fake does not sort busiest first), cut at ``top``. A combination without a
+        point in the timespan is left out (the pessimistic reading: a silent GPU is not
+        named at all)."""
         namespace = query["metricnamespace"].lower()
         names = query["metricnames"].split(",")
         known = {
@@ -466,27 +492,36 @@ class AzureServer(LocalServer):
             return 400, {"error": {"code": "BadRequest", "message": message}}, {}
         kinds = [a.strip().lower() for a in query.get("aggregation", "average").split(",")]
         for kind in kinds:
-            if kind not in ("average", "count", "maximum", "minimum", "total"):
+            if kind not in AGGREGATIONS:
                 message = f"Invalid aggregation {kind}"
                 return 400, {"error": {"code": "BadRequest", "message": message}}, {}
+        terms = {k: v for k, v in _filter_terms(query.get("$filter", "")).items()
+                 if k != RESOURCE_ID}  # fmt: skip
         top = int(query.get("top", 10))
         start_text, end_text = query["timespan"].split("/")
         start, end = datetime.fromisoformat(start_text), datetime.fromisoformat(end_text)
-        spelling = RULES["metrics_resource_id_dimension"]["spelling"]
         value = []
         for name in names:
+            by_resource = self.series.get((namespace, name), {})
+            dimensions = {k.lower() for rid, series in by_resource.items()
+                          if rid in resource_ids for key in series for k, _ in key}  # fmt: skip
+            unknown = sorted(set(terms) - dimensions)
+            if unknown:
+                return arm_error("metrics_dimension_split", dimension=unknown[0])
             timeseries: list[dict[str, Any]] = []
-            for resource_id, points in sorted(self.series.get((namespace, name), {}).items()):
+            for resource_id, series in sorted(by_resource.items()):
                 if resource_id not in resource_ids:
                     continue
-                data = [
-                    {"timeStamp": rfc3339(t), **dict.fromkeys(kinds, v)}
-                    for t, v in sorted(points)
-                    if start <= t <= end
-                ]
-                owner = [{"name": {"value": spelling, "localizedValue": spelling},
-                          "value": resource_id}]  # fmt: skip
-                timeseries.append({"metadatavalues": owner if with_owner else [], "data": data})
+                for split, points in _split(series, terms, start, end).items():
+                    data = [
+                        {"timeStamp": rfc3339(t),
+                         **{kind: AGGREGATIONS[kind](values) for kind in kinds}}
+                        for t, values in sorted(points.items())
+                    ]  # fmt: skip
+                    metadata = [_metadata(k, v) for k, v in split]
+                    if with_owner:
+                        metadata.insert(0, _metadata(RESOURCE_ID, resource_id))
+                    timeseries.append({"metadatavalues": metadata, "data": data})
             value.append(
                 {
                     "id": f"/subscriptions/{AZURE_SUBSCRIPTION}/metrics/{name}",
@@ -555,15 +590,57 @@ class AzureServer(LocalServer):
         ]
 
 
+def _filter_terms(text: str) -> dict[str, set[str] | None]:
+    """A metrics ``$filter`` as {dimension (lower case): the values asked for, ``None`` for
+    ``'*'``}: ``and`` joins dimensions, ``or`` only values of one dimension (the spec's
+    FilterParameter text); anything else is a test's mistake."""
+    wanted: dict[str, set[str] | None] = {}
+    for group in re.split(r"\s+and\s+", text.strip(), flags=re.IGNORECASE) if text.strip() else []:
+        names, values = set(), set()
+        for term in re.split(r"\s+or\s+", group.strip(), flags=re.IGNORECASE):
+            found = re.fullmatch(r"([A-Za-z][\w.]*) eq '([^']*)'", term.strip())
+            assert found, f"unsupported $filter {text!r}"
+            names.add(found[1].lower())
+            values.add(found[2])
+        assert len(names) == 1, f"'or' separates two dimensions in $filter {text!r}"
+        wanted[names.pop()] = None if "*" in values else values
+    return wanted
+
+
 def _resource_filter(text: str) -> set[str] | None:
     """The resource IDs a metrics ``$filter`` asks for; ``None`` for all (``eq '*'``)."""
-    terms = re.split(r"\s+or\s+", text.strip(), flags=re.IGNORECASE)
-    ids = set()
-    for term in terms:
-        found = re.fullmatch(r"Microsoft\.ResourceId eq '([^']+)'", term.strip(), re.IGNORECASE)
-        assert found, f"unsupported $filter {text!r}"
-        ids.add(found[1].lower())
-    return None if "*" in ids else ids
+    terms = _filter_terms(text)
+    assert set(terms) == {RESOURCE_ID}, f"unsupported $filter {text!r}"
+    ids = terms[RESOURCE_ID]
+    return None if ids is None else {i.lower() for i in ids}
+
+
+def _split(
+    series: dict[Dimensions, list[Point]],
+    terms: dict[str, set[str] | None],
+    start: datetime,
+    end: datetime,
+) -> dict[Dimensions, dict[datetime, list[float]]]:
+    """The points of one resource's series in ``[start, end]`` grouped by the values of the
+    dimensions ``terms`` name (series whose value is not asked for are left out); the
+    values at one timestamp of a group are aggregated together by the caller."""
+    groups: dict[Dimensions, dict[datetime, list[float]]] = {}
+    for key, points in series.items():
+        values = {k.lower(): v for k, v in key}
+        if any(n not in values or (w is not None and values[n] not in w)
+               for n, w in terms.items()):  # fmt: skip
+            continue
+        split = tuple((n, values[n]) for n in sorted(terms))
+        for t, v in points:
+            if start <= t <= end:
+                groups.setdefault(split, {}).setdefault(t, []).append(v)
+    return groups
+
+
+def _metadata(name: str, value: str) -> dict[str, Any]:
+    """One ``metadatavalues`` entry: the service names the dimension in lower case
+    (rules metrics_resource_id_dimension and metrics_dimension_split)."""
+    return {"name": {"value": name.lower(), "localizedValue": name.lower()}, "value": value}
 
 
 def _day(text: str) -> str:
@@ -619,15 +696,36 @@ class ConsumptionFake:
         return 200, self.budgets[key]
 
 
+def gpu_count(vm: AzureVm) -> int:
+    """The GPUs of ``vm`` as the reaper counts them: the price tables' count, else one for an
+    N-series size."""
+    from costguard.pricing.tables import load_catalog
+    from costguard.reaper.fleet import PriceBook
+
+    known = PriceBook(load_catalog()).gpus("azure", vm.size)
+    return known[1] if known else 1
+
+
+def put_gpu(server: AzureServer, vm: AzureVm, index: int, points: list[Point]) -> None:
+    """One GPU's ``utilization_gpu`` series as Telegraf's nvidia_smi input and azure_monitor
+    output publish it: every tag a dimension (``index``, ``uuid``, ``name``, ``pstate``...)."""
+    from costguard.reaper import azure
+
+    tags = {"host": vm.name, "index": str(index), "name": "NVIDIA A100 80GB PCIe",
+            "uuid": f"GPU-{vm.name}-{index}", "pstate": "P0"}  # fmt: skip
+    server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, points, tags)
+
+
 def seed_vm(
     server: AzureServer, vm: AzureVm, now: datetime, *, gpu: float | None = 1.0, cpu: float = 1.5
 ) -> None:
-    """Azure Monitor series for ``vm`` up to ``now``: GPU (``None``: no agent), CPU in
-    percent, and a trickle of network."""
+    """Azure Monitor series for ``vm`` up to ``now``: one per GPU (``None``: no agent), CPU
+    in percent, and a trickle of network."""
     from costguard.reaper import azure
 
     if gpu is not None:
-        server.put(azure.GPU_NAMESPACE, azure.GPU_METRIC, vm, every_minute(now, gpu))
+        for index in range(gpu_count(vm)):
+            put_gpu(server, vm, index, every_minute(now, gpu))
     server.put(azure.VM_NAMESPACE, azure.CPU_METRIC, vm, every_minute(now, cpu))
     # Bytes per one-minute grain: 6 kB/min each way is far below 1 Mbit/s.
     server.put(azure.VM_NAMESPACE, azure.NETWORK_IN_METRIC, vm, every_minute(now, 6000.0))

@@ -24,8 +24,13 @@ Stop means **deallocate**: a VM that is only powered off keeps billing for its c
 
 Azure has no first-party GPU metric for VMs. The in-guest one read here is what Telegraf's
 ``nvidia_smi`` input publishes through its ``azure_monitor`` output (namespace
-``Telegraf/nvidia_smi``, metric ``utilization_gpu``); see infra/README.md. GPU VMs are the
-N-series sizes (``Standard_N...``), priced from the tables when they list the size.
+``Telegraf/nvidia_smi``, metric ``utilization_gpu``); see infra/README.md. Telegraf writes
+every tag as a dimension, so each GPU is its own series under its ``index``; the query splits
+by it (``$filter=index eq '*'``, the Metrics API's dimension split), and each GPU's series
+goes to the policy as a witness of its own (``InstanceSamples.per_gpu``), as on AWS and GCP:
+without the split the service aggregates across GPUs, and the ``Maximum`` of the others
+hid a GPU that went silent (issue 28; docs/reaper.md). GPU VMs are the N-series sizes
+(``Standard_N...``), priced from the tables when they list the size.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ NETWORK_IN_METRIC = "Network In Total"
 NETWORK_OUT_METRIC = "Network Out Total"
 GPU_NAMESPACE = "Telegraf/nvidia_smi"
 GPU_METRIC = "utilization_gpu"
+#: The dimension that names a GPU: Telegraf's nvidia_smi tag ``index`` (the service spells
+#: dimension names in lower case in its replies).
+GPU_DIMENSION = "index"
 #: Power states that bill for compute and can be judged by their metrics.
 LIVE_POWER_STATES = ("running", "starting")
 _LOCATION = re.compile(r"^[a-z][a-z0-9]+$")
@@ -314,14 +322,15 @@ class AzureFleet:
 
     def _gpu(
         self, instance: Instance, start: datetime, end: datetime
-    ) -> tuple[list[tuple[datetime, Any]], str | None]:
-        """The Telegraf GPU series of one VM, read at the VM's scope (``Metrics_List``).
+    ) -> tuple[dict[str, list[tuple[datetime, Any]]], str | None]:
+        """The Telegraf GPU series of one VM by GPU ``index`` (``""``: a series that names
+        no GPU), read at the VM's scope (``Metrics_List``) and split by the GPU dimension.
 
         Not at subscription scope: no definition says a multi-resource query accepts a
         custom namespace, so the GPU signal must not depend on it (issue 19). A VM without
         GPUs is not asked (its verdict does not need the series)."""
         if not instance.gpu_count:
-            return [], None
+            return {}, None
         core = require("azure.core.exceptions", azure_clouds.EXTRA)
         vm = self._vms[instance.instance_id]
         try:
@@ -332,27 +341,41 @@ class AzureFleet:
                 metricnames=GPU_METRIC,
                 aggregation="Maximum",
                 metricnamespace=GPU_NAMESPACE,
+                filter=f"{GPU_DIMENSION} eq '*'",
+                # ``top`` caps the series (default 10): one per GPU, and a margin.
+                top=max(10, instance.gpu_count + TOP_MARGIN),
                 auto_adjust_timegrain=False,
             )
         except core.HttpResponseError as exc:
-            # A namespace this VM never published to is "not found" (400/404): no agent.
+            # A namespace this VM never published to, or series without the GPU dimension,
+            # is refused (400/404): no per-GPU data from an agent.
             if exc.status_code in (400, 404):
-                return [], f"the {GPU_NAMESPACE} metric namespace does not exist on this VM"
+                return {}, (
+                    f"the {GPU_NAMESPACE} metric namespace does not exist on this VM, or its "
+                    f"series lack the {GPU_DIMENSION} dimension (one series per GPU)"
+                )
             raise azure_clouds.translate(exc, f"reading GPU metrics of {vm.name}") from None
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, f"reading GPU metrics of {vm.name}") from None
-        return [
-            (value.time_stamp, value)
-            for metric in reply.value or []
-            for series in metric.timeseries or []
-            for value in series.data or []
-        ], None
+        by_gpu: dict[str, list[tuple[datetime, Any]]] = defaultdict(list)
+        for metric in reply.value or []:
+            for series in metric.timeseries or []:
+                gpu = next(
+                    (
+                        str(m.value)
+                        for m in series.metadatavalues or []
+                        if m.name and (m.name.value or "").lower() == GPU_DIMENSION
+                    ),
+                    "",
+                )
+                by_gpu[gpu] += [(value.time_stamp, value) for value in series.data or []]
+        return by_gpu, None
 
     def _instance_samples(
         self,
         instance: Instance,
         platform: Mapping[tuple[str, str], list[tuple[datetime, Any]]],
-        gpu: Sequence[tuple[datetime, Any]],
+        gpu: Mapping[str, Sequence[tuple[datetime, Any]]],
         gpu_error: str | None,
     ) -> InstanceSamples:
         key = instance.instance_id
@@ -365,9 +388,12 @@ class AzureFleet:
         cpu = series(platform.get((key, CPU_METRIC), []), "maximum")
         received = series(platform.get((key, NETWORK_IN_METRIC), []), "total")
         sent = series(platform.get((key, NETWORK_OUT_METRIC), []), "total")
-        gpu_values = series(gpu, "maximum")
+        # Each GPU a witness of its own; a series that names no GPU stands as the
+        # instance-level one (alone, the policy does not believe it: metrics-doubt).
+        per_gpu = {name: series(points, "maximum") for name, points in gpu.items() if name}
+        unnamed = series(gpu.get("", []), "maximum")
         missing = None
-        if not gpu_values:
+        if not unnamed and not any(per_gpu.values()):
             missing = (
                 f"no in-guest GPU metric ({GPU_NAMESPACE} {GPU_METRIC}"
                 + (f"; {gpu_error}" if gpu_error else "")
@@ -376,7 +402,11 @@ class AzureFleet:
             )
         return InstanceSamples(
             instance,
-            gpu=tuple(Sample(at, v) for at, v in sorted(gpu_values.items())),
+            gpu=tuple(Sample(at, v) for at, v in sorted(unnamed.items())),
+            per_gpu=tuple(
+                (name, tuple(Sample(at, v) for at, v in sorted(values.items())))
+                for name, values in sorted(per_gpu.items())
+            ),
             cpu=tuple(Sample(at, v) for at, v in sorted(cpu.items())),
             # Totals are bytes per one-minute grain.
             network=tuple(
