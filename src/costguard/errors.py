@@ -76,21 +76,21 @@ class UnknownNameError(InputError):
 def check_names(
     kind: str, names: Iterable[str], known: Iterable[str], *, pattern: re.Pattern[str], hint: str
 ) -> None:
-    """Each of ``names`` has the form of a ``kind`` (``pattern``: else an :class:`InputError`
-    with ``hint``) and is one of ``known`` (else an :class:`UnknownNameError`).
+    """Each of ``names`` has the form of a ``kind`` (the whole name matches ``pattern``: else
+    an :class:`InputError` with ``hint``) and is one of ``known`` (else an
+    :class:`UnknownNameError`).
 
     >>> import re
-    >>> check_names("GCP region", ["us-central1"], ["us-central1"], pattern=re.compile("[a-z]"),
-    ...             hint="")
-    >>> check_names("GCP region", ["us-centrl1"], ["us-central1"], pattern=re.compile("[a-z]"),
-    ...             hint="")
+    >>> region = re.compile("[a-z0-9-]+")
+    >>> check_names("GCP region", ["us-central1"], ["us-central1"], pattern=region, hint="")
+    >>> check_names("GCP region", ["us-centrl1"], ["us-central1"], pattern=region, hint="")
     Traceback (most recent call last):
     ...
     costguard.errors.UnknownNameError: unknown GCP region 'us-centrl1'
     """
     known = list(known)
     for name in names:
-        if not pattern.match(name):
+        if not pattern.fullmatch(name):
             msg = f"unknown {kind} {name!r}"
             raise InputError(msg, hint=hint)
         if name not in known:

@@ -263,7 +263,7 @@ def _mask_named(found: re.Match[str]) -> str:
 #: Environment variable names that hold credentials.
 SECRET_NAME = re.compile(
     r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL|PRIVATE|ACCESS_KEY|ACCOUNT_KEY|"
-    r"CONNECTION_STRING|SAS|_KEY$|^KEY$",
+    r"CONNECTION_STRING|SAS|_KEY\s*\Z|\A\s*KEY\s*\Z",
     re.IGNORECASE,
 )
 #: Secret values shorter than this are too common to search for ("true", "1").

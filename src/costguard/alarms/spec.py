@@ -36,8 +36,8 @@ LIMITS = {
 DEFAULT_THRESHOLDS = (Decimal(50), Decimal(80), Decimal(100))
 # A deliberately plain check: one @, no spaces, a dot in the domain. Providers validate
 # fully; this catches typos before any call.
-_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_EMAIL = re.compile(r"[^@\s]+@[^@\s]+\.[A-Za-z]{2,}")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 class Basis(StrEnum):
@@ -168,8 +168,8 @@ def alarm_spec(
 #: ``domain:`` prefix) and a topic name (3-255 characters, starting with a letter, not with
 #: ``goog``), as the Budget API's ``NotificationsRule.pubsubTopic`` and Pub/Sub name them.
 _PUBSUB_TOPIC = re.compile(
-    r"^projects/(?:[a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]"
-    r"/topics/(?!goog)[A-Za-z][A-Za-z0-9_.~+%-]{2,254}$"
+    r"projects/(?:[a-z][a-z0-9.-]*[a-z0-9]:)?[a-z][a-z0-9-]{4,28}[a-z0-9]"
+    r"/topics/(?!goog)[A-Za-z][A-Za-z0-9_.~+%-]{2,254}"
 )
 
 
@@ -187,7 +187,7 @@ def _pubsub_topic(provider: str, topic: str) -> str:
         msg = "--pubsub-topic is a GCP budget setting; AWS and Azure budgets do not publish there"
         raise InputError(msg, hint="leave out --pubsub-topic, or use --provider gcp")
     topic = topic.strip()
-    if not _PUBSUB_TOPIC.match(topic):
+    if not _PUBSUB_TOPIC.fullmatch(topic):
         msg = f"--pubsub-topic must be projects/PROJECT/topics/TOPIC, not {topic!r}"
         raise InputError(
             msg,
@@ -197,8 +197,8 @@ def _pubsub_topic(provider: str, topic: str) -> str:
     return topic
 
 
-_ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
-_TARGET = re.compile(r"^(user|role|group)/[\w+=,.@-]{1,128}$")
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}", re.ASCII)
+_TARGET = re.compile(r"(user|role|group)/[\w+=,.@-]{1,128}", re.ASCII)
 
 
 def _hard_stop(
@@ -212,7 +212,7 @@ def _hard_stop(
     if provider != "aws":
         msg = "--hard-stop is an AWS Budgets action; GCP and Azure budgets only alert"
         raise InputError(msg, hint="leave out --hard-stop-role-arn/--hard-stop-target")
-    if role_arn is None or not _ROLE_ARN.match(role_arn):
+    if role_arn is None or not _ROLE_ARN.fullmatch(role_arn):
         msg = f"--hard-stop needs the ARN of the role AWS Budgets assumes, not {role_arn!r}"
         raise InputError(
             msg,
@@ -223,7 +223,7 @@ def _hard_stop(
         msg = "--hard-stop needs at least one --hard-stop-target (who may no longer launch)"
         raise InputError(msg, hint="e.g. --hard-stop-target user/alice or role/ResearchRole")
     for target in targets:
-        if not _TARGET.match(target):
+        if not _TARGET.fullmatch(target):
             msg = f"hard-stop target {target!r} is not user/NAME, role/NAME or group/NAME"
             raise InputError(msg, hint="e.g. --hard-stop-target user/alice")
     return tuple(sorted(set(targets)))
@@ -274,7 +274,7 @@ def _thresholds(value: str | Sequence[Decimal]) -> tuple[Decimal, ...]:
 def _emails(emails: Iterable[str], limit: int, provider: str) -> tuple[str, ...]:
     addresses = tuple(dict.fromkeys(e.strip() for e in emails if e.strip()))
     for address in addresses:
-        if not _EMAIL.match(address):
+        if not _EMAIL.fullmatch(address):
             msg = f"{address!r} is not an email address"
             raise InputError(msg, hint="e.g. --email me@uni.edu")
     if len(addresses) > limit:

@@ -72,13 +72,13 @@ POLL_S = 1.0
 #: Bounds on one look at the folder (a sync dir is a trainer's output, not a dataset).
 MAX_ENTRIES = 100_000
 MAX_DEPTH = 8
-_HF = re.compile(r"^checkpoint-(\d+)$")
-_ACCELERATE = re.compile(r"^checkpoint_(\d+)$")
+_HF = re.compile(r"checkpoint-([0-9]+)")
+_ACCELERATE = re.compile(r"checkpoint_([0-9]+)")
 _LIGHTNING_STEP = re.compile(r"step=(\d+)")
 _DIGITS = re.compile(r"(\d+)")
 _OBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 #: A Hugging Face or Accelerate folder's weights: one file, or the shards of one.
-_WEIGHTS = re.compile(r"^model(-\d+-of-\d+)?\.safetensors$")
+_WEIGHTS = re.compile(r"model(-[0-9]+-of-[0-9]+)?\.safetensors")
 HF_MARK = "trainer_state.json"
 ACCELERATE_MARK = "random_states_0.pkl"
 
@@ -115,9 +115,9 @@ def folder_kind(name: str, names: Iterable[str]) -> str | None:
     ('accelerate', None)
     """
     present = set(names)
-    if _HF.match(name) or HF_MARK in present:
+    if _HF.fullmatch(name) or HF_MARK in present:
         return "transformers"
-    if _ACCELERATE.match(name) or ACCELERATE_MARK in present:
+    if _ACCELERATE.fullmatch(name) or ACCELERATE_MARK in present:
         return "accelerate"
     return None
 
@@ -337,7 +337,7 @@ def folder_state(store: Store, manifest: Manifest) -> dict[str, Any]:
                 msg = f"{manifest.name}: the .ckpt holds no state_dict"
                 raise InputError(msg, hint="load it with Lightning itself")
             return {"model": weights}
-        shards = sorted(name for name in by_name if _WEIGHTS.match(name))
+        shards = sorted(name for name in by_name if _WEIGHTS.fullmatch(name))
         if not shards:
             msg = f"{manifest.name} holds no model.safetensors (files: {sorted(by_name)[:8]})"
             raise InputError(msg, hint="save with safe_serialization (the default)")

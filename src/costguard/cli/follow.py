@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-_ATTEMPT = re.compile(r"attempt-(\d+)\.log$")
+_ATTEMPT = re.compile(r"attempt-([0-9]+)\.log")
 POLL_S = 0.2
 MAX_LINE = 4000  # a line longer than this is printed in pieces, never held back whole
 
@@ -55,7 +55,7 @@ class Follower:
 
     def _logs(self) -> list[tuple[int, Path]]:
         try:
-            found = [(m, p) for p in self.folder.iterdir() if (m := _ATTEMPT.search(p.name))]
+            found = [(m, p) for p in self.folder.iterdir() if (m := _ATTEMPT.fullmatch(p.name))]
         except OSError:
             return []
         return sorted((int(m.group(1)), p) for m, p in found)

@@ -53,8 +53,8 @@ SPOT_OUTLIER_HIGH = Decimal("6")
 FAMILY_TOLERANCE = Decimal("0.10")
 #: A catalogue's stand-in for a spot price it did not read: on-demand times this.
 PLACEHOLDER_RATIO = Decimal("0.1")
-_GCP_GPU_SUFFIX = re.compile(r"-(?P<count>\d+)g(?:-[a-z]+)?$")
-_SIZE = re.compile(r"[-.]?\d+g?(?:-[a-z]+)?$|\.\w+$")
+_GCP_GPU_SUFFIX = re.compile(r"-(?P<count>[0-9]+)g(?:-[a-z]+)?\Z")
+_SIZE = re.compile(r"[-.]?[0-9]+g?(?:-[a-z]+)?\Z|\.\w+\Z")
 _DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
 
 

@@ -22,10 +22,10 @@ from costguard.errors import InputError
 from costguard.pricing.tables import bundled_tables_dir
 
 _S3_HOST = re.compile(
-    r"^(?:(?P<vhost>[a-z0-9.-]+)\.)?s3(?:[.-](?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d))?"
-    r"\.amazonaws\.com$"
+    r"(?:(?P<vhost>[a-z0-9.-]+)\.)?s3(?:[.-](?P<region>[a-z]{2}(?:-gov)?-[a-z]+-[0-9]))?"
+    r"\.amazonaws\.com"
 )
-_AZURE_HOST = re.compile(r"^(?P<account>[a-z0-9]+)\.(?:blob|dfs)\.core\.windows\.net$")
+_AZURE_HOST = re.compile(r"(?P<account>[a-z0-9]+)\.(?:blob|dfs)\.core\.windows\.net")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,14 +87,14 @@ def parse_data_url(url: str) -> DataLocation:
     if scheme in ("az", "abfs", "abfss", "azure") and host:
         return DataLocation(url, "azure", host.split("@")[0], key=whole)
     if scheme in ("http", "https"):
-        s3 = _S3_HOST.match(host)
+        s3 = _S3_HOST.fullmatch(host)
         if s3 and s3["vhost"]:
             return DataLocation(url, "aws", s3["vhost"], s3["region"], whole)
         if s3 and first:
             return DataLocation(url, "aws", first, s3["region"], rest.strip("/"))
         if host == "storage.googleapis.com" and first:
             return DataLocation(url, "gcp", first, key=rest.strip("/"))
-        azure = _AZURE_HOST.match(host)
+        azure = _AZURE_HOST.fullmatch(host)
         if azure:
             bucket = f"{azure['account']}/{first}" if first else azure["account"]
             return DataLocation(url, "azure", bucket, key=rest.strip("/"))

@@ -75,7 +75,7 @@ GPU_METRIC = "utilization_gpu"
 GPU_DIMENSION = "index"
 #: Power states that bill for compute and can be judged by their metrics.
 LIVE_POWER_STATES = ("running", "starting")
-_LOCATION = re.compile(r"^[a-z][a-z0-9]+$")
+_LOCATION = re.compile(r"[a-z][a-z0-9]+")
 _GROUP = re.compile(r"/resourceGroups/([^/]+)/", re.IGNORECASE)
 
 

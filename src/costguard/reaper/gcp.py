@@ -57,8 +57,8 @@ CPU_METRIC = "compute.googleapis.com/instance/cpu/utilization"
 RECEIVED_METRIC = "compute.googleapis.com/instance/network/received_bytes_count"
 SENT_METRIC = "compute.googleapis.com/instance/network/sent_bytes_count"
 LIVE_STATES = ("PROVISIONING", "STAGING", "RUNNING")
-_REGION = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+_REGION = re.compile(r"[a-z]+-[a-z]+[0-9]+")
+_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
 MARK_LABEL = gcp_label(MARK_TAG)
 
 
@@ -79,7 +79,7 @@ def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequenc
     hint = "a region looks like us-central1; zones go in --zone"
     check_names("GCP region", regions, known, pattern=_REGION, hint=hint)
     for zone in zones:
-        if not _ZONE.match(zone):
+        if not _ZONE.fullmatch(zone):
             msg = f"unknown GCP zone {zone!r}"
             raise InputError(msg, hint="a zone looks like us-central1-a")
         region = zone.rsplit("-", 1)[0]

@@ -321,7 +321,7 @@ class BatchJob:
             )
         }
         _refuse_secrets(command, checkpoint, shipped, run_options, environ)
-        if nodes is not None and re.match(r"^(python[0-9.]*|torchrun)$", Path(command[0]).name):
+        if nodes is not None and re.fullmatch(r"(python[0-9.]*|torchrun)", Path(command[0]).name):
             msg = f"with --nodes, COMMAND is what torchrun runs, not {command[0]!r}"
             raise InputError(
                 msg,

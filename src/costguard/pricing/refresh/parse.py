@@ -270,7 +270,7 @@ AWS_LOCATIONS: dict[str, str] = {
     "AWS GovCloud (US-West)": "us-gov-west-1",
     "AWS GovCloud (US)": "us-gov-west-1",
 }
-_AWS_ZONE = re.compile(r"^(?P<region>[a-z]{2}(?:-gov)?-[a-z]+-\d+)[a-z]$")
+_AWS_ZONE = re.compile(r"(?P<region>[a-z]{2}(?:-gov)?-[a-z]+-[0-9]+)[a-z]")
 
 
 def aws_ondemand(
@@ -358,7 +358,7 @@ def aws_zone_region(zone: str) -> str | None:
     >>> aws_zone_region("us-east-1a"), aws_zone_region("us-west-2-lax-1a")
     ('us-east-1', None)
     """
-    match = _AWS_ZONE.match(zone)
+    match = _AWS_ZONE.fullmatch(zone)
     return match["region"] if match else None
 
 

@@ -82,11 +82,13 @@ DESCRIBE_BACKOFF_S = (0.2, 0.5, 1.0)
 TERMINATE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 #: The states that confirm a terminate.
 ENDING_STATES = ("shutting-down", "terminated")
-_AMI = re.compile(r"^ami-[0-9a-f]{8,17}$")
-_SUBNET = re.compile(r"^subnet-[0-9a-f]{8,17}$")
-_GROUP = re.compile(r"^sg-[0-9a-f]{8,17}$")
-_PROFILE = re.compile(r"^(arn:aws[a-z-]*:iam::\d{12}:instance-profile/)?[\w+=,.@/-]{1,128}$")
-_DEVICE = re.compile(r"^/dev/[a-z0-9]+$")
+_AMI = re.compile(r"ami-[0-9a-f]{8,17}")
+_SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
+_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
+_PROFILE = re.compile(
+    r"(arn:aws[a-z-]*:iam::\d{12}:instance-profile/)?[\w+=,.@/-]{1,128}", re.ASCII
+)
+_DEVICE = re.compile(r"/dev/[a-z0-9]+")
 
 
 def classify(state: str, reason_code: str, spot: bool) -> State:
@@ -183,7 +185,7 @@ class AwsLauncher:
             "an AMI id with the NVIDIA driver, e.g. a Deep "
             "Learning AMI: image=ami-0123456789abcdef0",
         )
-        if not _AMI.match(image):
+        if not _AMI.fullmatch(image):
             msg = f"the image option must be an AMI id like ami-0123456789abcdef0, not {image!r}"
             raise InputError(msg, hint="aws ec2 describe-images --owners amazon ...")
         profile = bootstrap.option(
@@ -193,21 +195,21 @@ class AwsLauncher:
             "the instance reaches the checkpoint bucket with its role, never with keys: "
             "see infra/aws/launcher-instance-role-*.json, then instance_profile=costguard-instance",
         )
-        if not _PROFILE.match(profile):
+        if not _PROFILE.fullmatch(profile):
             msg = f"the instance_profile option is not a profile name or ARN: {profile!r}"
             raise InputError(msg, hint="e.g. instance_profile=costguard-instance")
         subnet = spec.options.get("subnet", "")
-        if subnet and not _SUBNET.match(subnet):
+        if subnet and not _SUBNET.fullmatch(subnet):
             msg = f"the subnet option must be a subnet id like subnet-0abc1234, not {subnet!r}"
             raise InputError(msg, hint="or leave it out to use the default VPC")
         for group in self._groups(spec):
-            if not _GROUP.match(group):
+            if not _GROUP.fullmatch(group):
                 msg = f"the security_groups option must list ids like sg-0abc1234, not {group!r}"
                 raise InputError(msg, hint="security_groups=sg-0abc1234,sg-0def5678")
         bootstrap.int_option(spec, "metadata_hop_limit", 1, 1, 64)
         bootstrap.int_option(spec, "disk_gb", 100, 8, 65536)
         device = spec.options.get("root_device", "/dev/sda1")
-        if not _DEVICE.match(device):
+        if not _DEVICE.fullmatch(device):
             msg = f"the root_device option must look like /dev/sda1 or /dev/xvda, not {device!r}"
             raise InputError(msg, hint="aws ec2 describe-images --image-ids AMI: RootDeviceName")
         self._max_price(spec)

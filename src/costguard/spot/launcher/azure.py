@@ -76,24 +76,25 @@ CAPACITY_CODES = (
     "OperationNotAllowed",
     "SpotMaxPriceTooLow",
 )
-_SUBSCRIPTION = re.compile(r"^[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}$")
-_GROUP = re.compile(r"^[-\w._()]{1,90}$")
+_SUBSCRIPTION = re.compile(r"[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+_GROUP = re.compile(r"[-\w._()]{1,90}")
 _SUBNET = re.compile(
-    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Network/"
-    r"virtualNetworks/[^/]+/subnets/[^/]+$",
+    r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.Network/"
+    r"virtualNetworks/[^/\s]+/subnets/[^/\s]+",
     re.IGNORECASE,
 )
 _IDENTITY = re.compile(
-    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.ManagedIdentity/"
-    r"userAssignedIdentities/[^/]+$",
+    r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.ManagedIdentity/"
+    r"userAssignedIdentities/[^/\s]+",
     re.IGNORECASE,
 )
-_URN = re.compile(r"^[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+$")
+_URN = re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+")
 _IMAGE_ID = re.compile(
-    r"^/subscriptions/[^/]+/resourceGroups/[^/]+/providers/Microsoft\.Compute/", re.IGNORECASE
+    r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.Compute/\S+",
+    re.IGNORECASE,
 )
-_SSH_KEY = re.compile(r"^(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp\d+) [A-Za-z0-9+/=]+( .*)?$")
-_USER = re.compile(r"^[a-z_][a-z0-9_-]{0,31}$")
+_SSH_KEY = re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp[0-9]+) [A-Za-z0-9+/=]+( .*)?")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 #: ``osProfile.adminUsername`` values ARM refuses (computeRPCommon.json, OSProfile:
 #: "Disallowed values"), compared case-insensitively.
 DISALLOWED_USERS = frozenset((
@@ -116,7 +117,7 @@ def image_reference(image: str) -> dict[str, str]:
     >>> image_reference("/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/images/i")
     {'id': '/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/images/i'}
     """
-    if _IMAGE_ID.match(image):
+    if _IMAGE_ID.fullmatch(image):
         return {"id": image}
     publisher, offer, sku, version = image.split(":")
     return {"publisher": publisher, "offer": offer, "sku": sku, "version": version}
@@ -224,7 +225,7 @@ class AzureLauncher:
             "subscription=$(az account show --query id -o tsv)",
             default=self.subscription_id,
         )
-        if not _SUBSCRIPTION.match(subscription):
+        if not _SUBSCRIPTION.fullmatch(subscription):
             msg = f"not an Azure subscription id: {subscription!r}"
             raise InputError(msg, hint="the GUID `az account show --query id` prints")
         group = bootstrap.option(
@@ -234,7 +235,7 @@ class AzureLauncher:
             "e.g. resource_group=costguard-jobs (az group create)",
             default=self.resource_group,
         )
-        if not _GROUP.match(group):
+        if not _GROUP.fullmatch(group):
             msg = f"not a resource group name: {group!r}"
             raise InputError(msg, hint="letters, digits, -, _, ., ( and ), at most 90")
         return subscription, group
@@ -248,7 +249,7 @@ class AzureLauncher:
             self.provider,
             "an image with the NVIDIA driver, e.g. image=microsoft-dsvm:ubuntu-hpc:2204:latest",
         )
-        if not (_URN.match(image) or _IMAGE_ID.match(image)):
+        if not (_URN.fullmatch(image) or _IMAGE_ID.fullmatch(image)):
             msg = f"the image option must be publisher:offer:sku:version or an id, not {image!r}"
             raise InputError(msg, hint="az vm image list --publisher microsoft-dsvm --all")
         subnets = {k: v.strip() for k, v in spec.options.items() if k.startswith("subnet_")}
@@ -261,7 +262,7 @@ class AzureLauncher:
                 "(or subnet_<region>=... for each region the job may run in)",
             )
         for name, subnet in {**subnets, "subnet": spec.options.get("subnet", "").strip()}.items():
-            if subnet and not _SUBNET.match(subnet):
+            if subnet and not _SUBNET.fullmatch(subnet):
                 msg = f"the {name} option must be a subnet resource id"
                 raise InputError(msg, hint="/subscriptions/…/virtualNetworks/VNET/subnets/SUBNET")
         identity = bootstrap.option(
@@ -271,7 +272,7 @@ class AzureLauncher:
             "the VM reaches the checkpoint container with a user-assigned managed identity, "
             "never with keys: az identity create -g GROUP -n costguard-instance --query id",
         )
-        if not _IDENTITY.match(identity):
+        if not _IDENTITY.fullmatch(identity):
             msg = "the identity option must be a user-assigned identity resource id"
             raise InputError(
                 msg, hint="…/providers/Microsoft.ManagedIdentity/userAssignedIdentities/NAME"
@@ -282,12 +283,12 @@ class AzureLauncher:
             self.provider,
             'Azure wants one for a Linux VM: ssh_public_key="$(cat ~/.ssh/id_ed25519.pub)"',
         )
-        if not _SSH_KEY.match(key):
+        if not _SSH_KEY.fullmatch(key):
             msg = "the ssh_public_key option is not an OpenSSH public key"
             raise InputError(msg, hint="the one line of ~/.ssh/id_ed25519.pub (never the key)")
         user = spec.options.get("admin_username", "azureuser")
         # ARM's deny-list (OSProfile.adminUsername "Disallowed values"), not only root/admin.
-        if not _USER.match(user) or user.lower() in DISALLOWED_USERS:
+        if not _USER.fullmatch(user) or user.lower() in DISALLOWED_USERS:
             msg = f"the admin_username option cannot be {user!r}"
             raise InputError(msg, hint="e.g. admin_username=azureuser")
         policy = spec.options.get("eviction_policy", "Delete")

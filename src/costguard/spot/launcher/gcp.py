@@ -97,9 +97,9 @@ CAPACITY_CODES = (
     "UNSUPPORTED_OPERATION_IN_ZONE",
 )
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-_PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
-_ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
-_ACCOUNT = re.compile(r"^[^@\s]+@[a-z0-9.-]+\.iam\.gserviceaccount\.com$|^default$")
+_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+_ACCOUNT = re.compile(r"[^@\s]+@[a-z0-9.-]+\.iam\.gserviceaccount\.com|default")
 
 
 def label_value(text: str) -> str:
@@ -273,7 +273,7 @@ class GcpLauncher:
             raise gcp_clouds.translate(exc, f"reading the region {region}") from None
         if found.status and found.status != "UP":
             return []
-        up = sorted(_last(url) for url in found.zones if _ZONE.match(_last(url)))
+        up = sorted(_last(url) for url in found.zones if _ZONE.fullmatch(_last(url)))
         if not instance_type or not up:
             return up
         offered = self._offering(project, instance_type)
@@ -305,7 +305,7 @@ class GcpLauncher:
             "e.g. project=my-lab (gcloud projects list)",
             default=self.project,
         )
-        if not _PROJECT.match(project):
+        if not _PROJECT.fullmatch(project):
             msg = f"not a GCP project id: {project!r}"
             raise InputError(msg, hint="the project ID (lower case), not its name or number")
         return project
@@ -328,11 +328,11 @@ class GcpLauncher:
             "service_account=costguard-instance@my-lab.iam.gserviceaccount.com "
             "(see infra/gcp/launcher-role.yaml)",
         )
-        if not _ACCOUNT.match(account):
+        if not _ACCOUNT.fullmatch(account):
             msg = f"not a service account email: {account!r}"
             raise InputError(msg, hint="NAME@PROJECT.iam.gserviceaccount.com")
         zone = spec.options.get("zone", "")
-        if zone and not _ZONE.match(zone):
+        if zone and not _ZONE.fullmatch(zone):
             msg = f"not a GCP zone: {zone!r}"
             raise InputError(msg, hint="a zone looks like us-central1-a")
         action = spec.options.get("termination_action", "DELETE").upper()
