@@ -16,7 +16,7 @@ import pytest
 from costguard.cli.agent import agent_command
 from costguard.cli.reap import reap_command
 from costguard.reaper import agent, aws, azure, policy
-from costguard.tags import KEEP_TAG
+from costguard.tags import KEEP_TAG, MARK_TAG
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -120,10 +120,27 @@ def test_the_aws_policy_stops_exactly_what_the_rule_may_stop(keep: str | None, a
 def test_the_aws_policy_writes_only_the_mark(
     action: str, keys: list[str] | None, allowed: bool
 ) -> None:
-    context: dict[str, Any] = {"ec2:InstanceType": "p4d.24xlarge"}
+    """The request carries only the keys the Service Authorization Reference lists for the
+    action on an instance (``DeleteTags`` has no ``ec2:InstanceType``: a condition on it
+    refused every unmark; tests/aws_service_authorization.json)."""
+    marked: dict[str, Any] = {
+        "ec2:InstanceType": "p4d.24xlarge",
+        f"aws:ResourceTag/{MARK_TAG}": "2026-12-01",
+    }
     if keys is not None:
-        context["aws:TagKeys"] = keys
-    assert iam_allows(action, context) is allowed
+        marked["aws:TagKeys"] = keys
+    assert iam_allows(action, request_context(action, marked)) is allowed
+    unmarked = {k: v for k, v in marked.items() if k != f"aws:ResourceTag/{MARK_TAG}"}
+    if action == "ec2:DeleteTags":  # only from an instance that carries the mark
+        assert not iam_allows(action, request_context(action, unmarked))
+
+
+def request_context(action: str, context: dict[str, Any]) -> dict[str, Any]:
+    """``context`` less the keys the reference does not list for ``action`` on an instance."""
+    table = json.loads((ROOT / "tests" / "aws_service_authorization.json").read_text())
+    listed = [*table["actions"][action]["instance"], *table["actions"][action]["(action)"]]
+    patterns = [re.escape(k).replace(re.escape("${TagKey}"), ".+") for k in listed]
+    return {k: v for k, v in context.items() if any(re.fullmatch(p, k) for p in patterns)}
 
 
 def test_the_cloudwatch_agent_config_ties_gpu_metrics_to_instances() -> None:

@@ -46,6 +46,8 @@ _STATUS = {
     404: "NOT_FOUND",
     409: "ALREADY_EXISTS",
 }
+#: The label that names a GPU in the Ops Agent's GPU series (its source: the rule's).
+GPU_LABEL = RULES["metric_kinds"]["labels"]["agent.googleapis.com/gpu/utilization"]["gpu_label"]
 
 
 def google_error(code: int, message: str, **extra: Any) -> tuple[int, dict[str, Any]]:
@@ -534,7 +536,7 @@ class GcpServer(LocalServer):
                 {
                     "metric": {
                         "type": metric[1],
-                        "labels": {"gpu_number": label} if label else {},
+                        "labels": {GPU_LABEL: label} if label else {},
                     },
                     "resource": {
                         "type": "gce_instance",

@@ -53,6 +53,9 @@ SAMPLING = Sampling(PERIOD_SECONDS, MAX_LAG_SECONDS, GPU_MAX_LAG_SECONDS)
 #: The most seconds :meth:`GcpFleet.apply` waits for all its operations together.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
 GPU_METRIC = "agent.googleapis.com/gpu/utilization"
+#: The label of ``GPU_METRIC`` that names the GPU (its index from 0): the Ops Agent's NVML
+#: metrics (GoogleCloudPlatform/ops-agent, docs/gcp.md).
+GPU_LABEL = "gpu_number"
 CPU_METRIC = "compute.googleapis.com/instance/cpu/utilization"
 RECEIVED_METRIC = "compute.googleapis.com/instance/network/received_bytes_count"
 SENT_METRIC = "compute.googleapis.com/instance/network/sent_bytes_count"
@@ -278,7 +281,7 @@ class GcpFleet:
         )
         for series in pages(fetch):
             instance_id = series.get("resource", {}).get("labels", {}).get("instance_id")
-            gpu = str(series.get("metric", {}).get("labels", {}).get("gpu_number", ""))
+            gpu = str(series.get("metric", {}).get("labels", {}).get(GPU_LABEL, ""))
             for point in series.get("points", []):
                 value = point.get("value", {})
                 number = value.get("doubleValue", value.get("int64Value"))
