@@ -262,9 +262,39 @@ def test_the_store_calls_of_each_side_are_allowed_and_all_it_is_allowed(
     assert s3_allowed <= needed | needed_by(side) | implied, sorted(
         s3_allowed - needed - needed_by(side) - implied
     )
-    for _, path, _ in seen:  # every object under the checkpoint prefix the policy names
+    for method, path, _ in seen:  # every object under the checkpoint prefix the policy names
         key = path.split("?", 1)[0].strip("/")
         assert key == "my-checkpoints" or fnmatchcase(key, "my-checkpoints/costguard/*"), key
+        if side == "launcher-instance-role-policy.json":  # which its policy denies it
+            assert method == "GET" or not key.endswith("/job/job.json"), (method, key)
+
+
+def s3_allows(policy: list[dict[str, Any]], action_name: str, key: str) -> bool:
+    """Whether ``policy`` (no conditions on objects) allows ``action_name`` on object ``key``
+    (``bucket/path``): some Allow names it, no Deny does."""
+
+    def names(statement: dict[str, Any]) -> bool:
+        return action_name in listed(statement["Action"]) and any(
+            fnmatchcase(f"arn:aws:s3:::{key}", r) for r in listed(statement["Resource"])
+        )
+
+    effects = {s["Effect"] for s in policy if names(s)}
+    return "Allow" in effects and "Deny" not in effects
+
+
+def test_the_instance_role_never_rewrites_a_job_document() -> None:
+    """The instance runs the user's command with the owner's role: it writes checkpoints
+    and exit records, but only the controller writes ``job/job.json`` (which says what to
+    launch and which instances are the job's), so no job's code rewrites another's job
+    (issue 28: one role per job is not possible, see infra/README.md)."""
+    policy = statements("launcher-instance-role-policy.json")
+    job = "my-checkpoints/costguard/OWNER/run-1/"
+    assert s3_allows(policy, "s3:PutObject", job + "ckpt-1/state.pt")
+    assert s3_allows(policy, "s3:PutObject", job + "job/attempt-1.exit.json")
+    assert s3_allows(policy, "s3:GetObject", job + "job/job.json")
+    for action_name in ("s3:PutObject", "s3:DeleteObject"):
+        assert not s3_allows(policy, action_name, job + "job/job.json")
+        assert not s3_allows(policy, action_name, "my-checkpoints/costguard/BOB/run-2/x")
 
 
 # ------------------------------------------ what the Service Authorization Reference says
