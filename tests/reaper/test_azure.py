@@ -253,6 +253,16 @@ def test_every_gpu_of_a_multi_gpu_vm_is_its_own_witness(azure_server: AzureServe
     assert {c.query["$filter"][0] for c in gpu_calls} == {f"{azure.GPU_DIMENSION} eq '*'"}
 
 
+def test_a_gpu_numbered_past_the_size_the_tables_lack_counts(azure_server: AzureServer) -> None:
+    """An N-series size the tables lack counts one GPU; GPU 1 publishing says there are two,
+    so GPU 0, silent the whole window (not returned at all), is unknown, not absent."""
+    vm = azure_server.add(AzureVm("new-size", "Standard_NC8ads_Z1000_v9"))
+    seed(azure_server, vm, gpu=None)
+    put_gpu(azure_server, vm, 1, minutes(1.0))
+    report = reap([make_fleet(azure_server)], policy(), ReapLimits(), NOW, execute=False)
+    assert verdicts(report) == {"new-size": ("keep", "metrics-doubt")}
+
+
 def test_gpu_series_without_the_index_dimension_are_not_judged(
     azure_server: AzureServer,
 ) -> None:

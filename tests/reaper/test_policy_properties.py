@@ -394,14 +394,17 @@ GPU_KINDS = ["idle", "idle", "idle", "busy", "silent", "missing"]
 @st.composite
 def gpu_evidence(draw: st.DrawFn) -> tuple[InstanceSamples, bool]:
     """An 1-8 GPU instance's GPU series as the agent and a forger may have published them,
-    and whether the instance must be kept (some GPU busy or not seen in the window)."""
+    and whether the instance must be kept (some GPU busy or not seen in the window, that
+    the adapter could know of: the size's count, which may be short for a size the tables
+    lack, or a GPU numbered above it)."""
     count = draw(st.integers(min_value=1, max_value=8))
+    counted = draw(st.one_of(st.just(count), st.integers(min_value=1, max_value=count)))
     per_gpu: list[tuple[str, tuple[Sample, ...]]] = []
-    must_keep = False
+    kinds: list[str] = []
     honest: list[tuple[Sample, ...]] = []
     for gpu in range(count):
         kind = draw(st.sampled_from(GPU_KINDS))
-        must_keep = must_keep or kind != "idle"
+        kinds.append(kind)
         if kind == "missing":
             continue
         series = QUIET
@@ -433,8 +436,12 @@ def gpu_evidence(draw: st.DrawFn) -> tuple[InstanceSamples, bool]:
     elif aggregate == "forged":
         gpu_series = QUIET
     missing = None if gpu_series or per_gpu else "no GPU metrics"
+    # GPUs above the highest one named, past the size's count, no adapter can know of.
+    named = [gpu for gpu, kind in enumerate(kinds) if kind != "missing"]
+    known = max(counted, max(named, default=-1) + 1)
+    must_keep = any(kind != "idle" for kind in kinds[:known])
     samples = InstanceSamples(
-        replace(ELIGIBLE, gpu_count=count), gpu=gpu_series, cpu=QUIET, network=QUIET,
+        replace(ELIGIBLE, gpu_count=counted), gpu=gpu_series, cpu=QUIET, network=QUIET,
         gpu_missing=missing, per_gpu=tuple(per_gpu),
     )  # fmt: skip
     return samples, must_keep

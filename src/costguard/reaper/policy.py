@@ -563,7 +563,7 @@ def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) ->
     if per_gpu is None or not (samples.gpu or any(series for _, series in per_gpu)):
         return None
     live = len({gpu for gpu, series in per_gpu if any(policy.overlaps(s, start) for s in series)})
-    gpus = samples.instance.gpu_count
+    gpus = _gpus_known(samples.instance.gpu_count, [gpu for gpu, _ in per_gpu])
     if live >= gpus:
         return None
     if not any(series for _, series in per_gpu):
@@ -576,6 +576,19 @@ def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) ->
         f"{live} of {gpus} GPUs have a per-GPU series in the {policy.idle_minutes} min "
         "window: a silent GPU is no evidence of an idle one; in doubt, kept"
     )
+
+
+def _gpus_known(count: int, names: Sequence[str]) -> int:
+    """How many GPUs an instance has at least: its size's count (``1`` for a size the
+    tables lack), each GPU the agent ever named, and, GPUs being numbered from 0 (an
+    ``index``, a ``gpu_number``), one more than the highest number named: a GPU the agent
+    stopped naming is unknown, never absent.
+
+    >>> _gpus_known(1, ["3"]), _gpus_known(8, ["0", "1"]), _gpus_known(1, ["GPU-ab", "GPU-cd"])
+    (4, 8, 2)
+    """
+    numbers = [int(name) for name in names if name.isascii() and name.isdigit() and len(name) < 7]
+    return max(count, len(set(names)), max(numbers, default=-1) + 1)
 
 
 def _unit(signal: Signal) -> str:
