@@ -33,7 +33,14 @@ from costguard.spot.job import (
     read_exit_record,
     save_job,
 )
-from costguard.spot.launcher.base import CapacityError, Handle, Launcher, Offer, State
+from costguard.spot.launcher.base import (
+    CapacityError,
+    Handle,
+    Launcher,
+    Offer,
+    State,
+    launch_token,
+)
 from costguard.spot.offers import expand_zones
 from costguard.spot.recovery import (
     EXIT_PREEMPTED,
@@ -133,9 +140,11 @@ class Controller:
         """Match the provider's live instances of this job with ``job.json``.
 
         The current attempt without a handle (the controller died between the launch
-        and the write) adopts the live instance of its attempt number; live instances
-        that no attempt accounts for are terminated (they carry the job's tag, so they
-        are ours, and nothing would supervise them).
+        and the write) adopts the live instance of its attempt number, or else the one
+        the launcher finds by the attempt's launch token (:meth:`_resume`: a listing by
+        tag may not show a new instance yet); live instances that no attempt accounts
+        for are terminated (they carry the job's tag, so they are ours, and nothing
+        would supervise them).
         """
         live = list(self.launcher.find(job.spec.job_id))
         known = {a.handle.instance_id for a in job.attempts if a.handle is not None}
@@ -154,6 +163,8 @@ class Controller:
                 self._emit("adopt", f"attempt {current.number} runs as {handle.instance_id}")
                 continue
             strays.append(handle)
+        if current is not None and current.handle is None and current.outcome is None:
+            job = self._resume(job, current)
         for handle in strays:
             self.launcher.terminate(handle)
             self._emit("stray", f"terminated {handle.instance_id}: no attempt in job.json owns it")
@@ -162,6 +173,31 @@ class Controller:
                 job, strays_terminated=(*job.strays_terminated, *(h.instance_id for h in strays))
             )
         return self._save(job)
+
+    def _resume(self, job: Job, current: Attempt) -> Job:
+        """The current attempt's instance found by its launch token, where the launcher
+        can (``resume``: AWS, whose ``RunInstances`` is idempotent by ``ClientToken``);
+        unchanged when it finds none (reconcile then closes the attempt as never
+        confirmed). GCP and Azure name the instance after the job and attempt, so the
+        listing by label or tag already finds it."""
+        resume = getattr(self.launcher, "resume", None)
+        if resume is None or not current.token:
+            return job
+        handle = resume(
+            current.offer,
+            job.spec.launch_spec(),
+            current.number,
+            current.token,
+            current.launched_unix,
+        )
+        if handle is None:
+            return job
+        self._emit(
+            "adopt",
+            f"attempt {current.number} runs as {handle.instance_id} (found by its launch "
+            f"token {current.token})",
+        )
+        return job.with_attempt(replace(current, handle=handle))
 
     # -- reconcile --------------------------------------------------------------------
 
@@ -294,7 +330,11 @@ class Controller:
         """Record the attempt, create the instance, record its handle."""
         now = self._clock()
         attempt = Attempt(
-            decision.number, decision.offer, launched_unix=now, resumed_step=self._latest_step()
+            decision.number,
+            decision.offer,
+            launched_unix=now,
+            resumed_step=self._latest_step(),
+            token=launch_token(job.spec.job_id, decision.number),
         )
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
         try:

@@ -378,6 +378,7 @@ def attempt_doc(attempt: Attempt) -> dict[str, Any]:
         "last_step": attempt.last_step,
         "lost_s": attempt.lost_s,
         "lost_steps": attempt.lost_steps,
+        "token": attempt.token,
     }
 
 
@@ -396,6 +397,7 @@ def _attempt(doc: Mapping[str, Any]) -> Attempt:
         last_step=_opt_int(doc.get("last_step")),
         lost_s=float(doc.get("lost_s") or 0.0),
         lost_steps=_opt_int(doc.get("lost_steps")),
+        token=str(doc.get("token") or ""),
     )
 
 

@@ -9,6 +9,7 @@ decisions: where to run, when to give up and when to fall back to on-demand belo
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -108,6 +109,24 @@ class Status:
     state: State
     detail: str = ""  # the provider's own words (state reason, eviction message)
     launched_at: datetime | None = None
+
+
+def launch_token(job_id: str, attempt: int) -> str:
+    """The idempotency token of attempt ``attempt``'s launch (at most 64 printable ASCII
+    characters, EC2's ``ClientToken`` limit): the controller writes it to ``job.json``
+    before the launch call, so a controller that dies before it learns the instance can
+    find it again (job ids carry a random part, so no two jobs share a token).
+
+    >>> launch_token("run-1", 2)
+    'costguard-run-1-2'
+    >>> len(launch_token("x" * 80, 2))
+    64
+    """
+    token = f"costguard-{job_id}-{attempt}"
+    if len(token) <= 64 and token.isascii() and token.isprintable():
+        return token
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return f"costguard-{digest}"[:64]
 
 
 class Launcher(Protocol):
