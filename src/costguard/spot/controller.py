@@ -23,6 +23,7 @@ from decimal import Decimal
 
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
+from costguard.money import format_usd, gb_to_gib
 from costguard.pricing.catalog import Market
 from costguard.spot.job import (
     FINAL,
@@ -39,6 +40,7 @@ from costguard.spot.launcher.base import (
     Launcher,
     Offer,
     State,
+    Stopped,
     launch_token,
 )
 from costguard.spot.offers import expand_zones
@@ -249,7 +251,40 @@ class Controller:
         if last_step is not None:
             text += f"; latest checkpoint: step {last_step}"
         self._emit(outcome.value, text)
-        return self._save(job.with_attempt(closed))
+        job = job.with_attempt(closed)
+        if state is State.PREEMPTED and closed.handle is not None:
+            job = self._stopped_instance(job, closed.handle)
+        return self._save(job)
+
+    def _stopped_instance(self, job: Job, handle: Handle) -> Job:
+        """An instance the provider stopped rather than deleted keeps billing its disks
+        while the next attempt runs elsewhere (GCP host maintenance stops GPU VMs). Where
+        the launcher can tell (``stopped``: it proves the instance is the job's), it is
+        deleted once the store's latest checkpoint is complete (the work is there, not
+        only on that disk), and otherwise kept and reported with what its disk costs."""
+        probe = getattr(self.launcher, "stopped", None)
+        found: Stopped | None = probe(handle, job.spec.job_id) if probe is not None else None
+        if found is None:
+            return job
+        step = self._latest_step()
+        where = f"{handle.instance_id} in {handle.zone or handle.region}"
+        if step is not None and not found.kept_because:
+            self.launcher.terminate(handle)
+            self._emit(
+                "cleanup",
+                f"deleted {where}: stopped by the provider, its {found.disk_gb} GB of disk "
+                f"billed on; the checkpoint of step {step} holds its work",
+            )
+            return job
+        why = found.kept_because or "no complete checkpoint holds its work yet"
+        monthly = _disk_usd_per_month(handle, found.disk_gb)
+        note = (
+            f"{where}: {found.disk_gb} GB of disk, "
+            + (f"about {format_usd(monthly)}/month" if monthly is not None else "billed")
+            + f" while it exists; kept because {why}: {found.delete_command}"
+        )
+        self._emit("kept", note)
+        return replace(job, kept_stopped=(*job.kept_stopped, note))
 
     def _latest_step(self) -> int | None:
         try:
@@ -416,6 +451,19 @@ class Controller:
                 last_write = time.monotonic()
             assert isinstance(decision, Wait)
             self._sleep(self.poll_s)
+
+
+def _disk_usd_per_month(handle: Handle, disk_gb: int) -> Decimal | None:
+    """What ``disk_gb`` of the provider's block storage costs a month in the handle's
+    region, at the bundled tables' first (cheapest) rate; ``None`` when they have none
+    or price it per disk."""
+    from costguard.pricing.tables import load_catalog
+
+    rates = load_catalog().storage_rates(handle.provider, handle.region, "block")
+    if not rates or rates[0].unit == "disk-month":
+        return None
+    size = Decimal(disk_gb)
+    return rates[0].usd * (gb_to_gib(size) if rates[0].unit.startswith("GiB") else size)
 
 
 # -- the report ----------------------------------------------------------------------

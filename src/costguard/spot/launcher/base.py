@@ -129,6 +129,20 @@ def launch_token(job_id: str, attempt: int) -> str:
     return f"costguard-{digest}"[:64]
 
 
+@dataclass(frozen=True)
+class Stopped:
+    """An attempt's instance that the provider stopped rather than deleted (GCP host
+    maintenance; a Spot VM whose termination action is STOP), proven to be the job's: its
+    persistent disks bill on while it exists."""
+
+    handle: Handle
+    disk_gb: int
+    #: Why costguard must keep it whatever the checkpoints say ("" when it may go).
+    kept_because: str = ""
+    #: The command that deletes it, for the report.
+    delete_command: str = ""
+
+
 class Launcher(Protocol):
     """One provider. Every method makes bounded calls and raises ``CostguardError``."""
 
