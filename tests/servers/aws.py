@@ -196,6 +196,10 @@ class Ec2Faults:
     hidden_calls: int = 0
     stale_calls: int = 0
     page_size: int = 0
+    #: The next this many successful ``RunInstances`` lose their answer: the instance is
+    #: launched, the client gets an HTTP 503 (a timeout or a dropped connection after EC2
+    #: acted looks the same to it).
+    lost_answers: int = 0
     #: instance id -> requests naming it still to answer NotFound / stale.
     hidden: dict[str, int] = field(default_factory=dict)
     stale: dict[str, int] = field(default_factory=dict)
@@ -337,6 +341,15 @@ class Ec2FaultLayer:
                 for raw in launched:
                     faults.launched.append(raw.decode())
                     faults.hidden[raw.decode()] = faults.hidden_calls
+                if faults.lost_answers > 0:
+                    faults.lost_answers -= 1
+                    return (
+                        503,
+                        [("Content-Type", "text/xml")],
+                        _error(
+                            "Unavailable", "The service is unavailable. Please try again shortly."
+                        )[2],
+                    )
         elif action == "TerminateInstances":
             with faults.lock:
                 faults.stale.update(dict.fromkeys(ids, faults.stale_calls))

@@ -344,3 +344,32 @@ def test_launch_whose_terminate_ec2_never_confirms_returns_and_says_so(
     assert attempt.handle is not None
     assert attempt.handle.instance_id == launched
     assert job.status == "running"  # --attach takes over and finishes it
+
+
+def test_a_launch_whose_answer_was_lost_is_the_same_instance_not_a_failed_job(
+    launcher: AwsLauncher, ec2_faults: Ec2Faults, aws_env: str, clock: Clock, tmp_path: Path
+) -> None:
+    """Issue 27: ``RunInstances`` launched the instance but its answer was lost (a
+    timeout, a dropped connection, a 503 after EC2 acted). The attempt was closed as
+    failed, the job ended, and the instance ran on with nobody supervising it. Now the
+    controller asks again by the attempt's token and supervises the one instance."""
+    ec2_faults.lost_answers = 1
+    ec2_faults.hidden_calls = 3
+    job = contract_job("aws", "A10G", 1, "us-east-1", "s3://x", options=dict(AWS_LAUNCH_OPTIONS))
+    store = Store.open(tmp_path / "job")
+    save_job(store, Job(replace(job, job_id="lost-1")))
+    polls: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        polls.append(1)
+        assert len(polls) < 50
+        if len(polls) == 2:  # what `costguard run` writes when the script exits 0
+            write_exit_record(store, ExitRecord(1, 0, 10, time.time(), job_id="lost-1"))
+
+    final = Controller(store, launcher, [offer()], poll_s=0.0, sleep=sleep).run(load_job(store))
+    assert final.status == "succeeded", final.reason
+    (instance,) = instances_of(aws_env, "lost-1")
+    assert [a.handle.instance_id for a in final.attempts if a.handle] == [instance["InstanceId"]]
+    assert instance["State"]["Name"] in ("shutting-down", "terminated")
+    assert ec2_faults.replayed == 1

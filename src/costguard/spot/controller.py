@@ -384,11 +384,17 @@ class Controller:
             self._emit("refused", f"{decision.offer.place}: {exc.message}")
             return self._save(job.with_attempt(refused))
         except CostguardError as exc:
-            refused = replace(
-                attempt, ended_unix=self._clock(), outcome=AttemptOutcome.FAILED, detail=exc.message
-            )
-            job = job.with_attempt(refused)
-            return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
+            found = self._launched_anyway(job, attempt)
+            if found is None:
+                refused = replace(
+                    attempt,
+                    ended_unix=self._clock(),
+                    outcome=AttemptOutcome.FAILED,
+                    detail=exc.message,
+                )
+                job = job.with_attempt(refused)
+                return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
+            handle = found
         launched = replace(attempt, handle=handle)
         price = f"${decision.offer.usd_per_hour}/h"
         if decision.offer.zone:
@@ -400,6 +406,16 @@ class Controller:
             f"{price} as {handle.instance_id} ({decision.reason})",
         )
         return self._save(job.with_attempt(launched))
+
+    def _launched_anyway(self, job: Job, attempt: Attempt) -> Handle | None:
+        """The instance of a launch that raised: what failed may be the answer, not the
+        launch (a timeout or a 503 after the provider acted), so the attempt is asked for
+        again by its token (:meth:`_resume`); ``None`` when there is none to be had."""
+        try:
+            current = self._resume(job, attempt).current
+        except CostguardError:
+            return None
+        return current.handle if current is not None else None
 
     def finish(self, job: Job, decision: Finish) -> Job:
         """Terminate what still runs and write the final state."""

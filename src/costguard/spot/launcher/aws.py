@@ -6,8 +6,10 @@ Every instance is created in one call with everything it needs: the spot market 
 *and* its volumes (so ``ec2:RunInstances`` can be allowed only with the tag, see
 ``infra/aws/launcher-policy.json``), an instance profile instead of any key in user-data,
 the boot script of :mod:`costguard.spot.bootstrap`, and a guest shutdown that terminates.
-The client token is derived from the job and attempt, so a controller that retries a
-launch after losing the answer gets the same instance, not a second one.
+The client token is derived from the job and attempt (:func:`launch_token`; the
+controller writes it to ``job.json`` before the call), so a launch whose answer was lost
+(a timeout, or a controller that died before writing the instance id) is found again by
+it (:meth:`AwsLauncher.resume`) rather than launched a second time.
 
 What became of an instance is read from ``DescribeInstances``: the state, and for a
 stopped or terminated one its ``StateReason`` code (``Server.SpotInstanceTermination`` is a

@@ -144,7 +144,14 @@ class Stopped:
 
 
 class Launcher(Protocol):
-    """One provider. Every method makes bounded calls and raises ``CostguardError``."""
+    """One provider. Every method makes bounded calls and raises ``CostguardError``.
+
+    Two methods are optional (the controller looks for them): ``resume(offer, spec,
+    attempt, token, launched_unix) -> Handle | None``, the instance of a launch whose
+    answer was lost, found by its idempotency token (AWS); and ``stopped(handle, job_id)
+    -> Stopped | None``, an attempt's instance the provider stopped rather than deleted
+    (GCP host maintenance), when it is provably the job's.
+    """
 
     provider: str
 
