@@ -165,10 +165,12 @@ def _gcp(request: pytest.FixtureRequest, take: str = "preempt") -> LauncherCase:
             script = body["metadata"]["items"][0]["value"]
             assert f"costguard run --checkpoint {url} " in script
         # The finished job's VM was deleted; a VM stopped by host maintenance stays stopped
-        # (no automatic restart), as Compute Engine leaves it.
+        # (no automatic restart), as Compute Engine leaves it, and with no checkpoint to
+        # hold its work costguard keeps it and reports what its disk bills.
         assert first.handle is not None
         left = {name: vm.status for name, vm in server.vms.items()}
         assert left == ({} if take == "preempt" else {first.handle.instance_id: "TERMINATED"})
+        assert len(final.kept_stopped) == (take != "preempt")
 
     def lack() -> str:
         server.lacking.add(("us-central1-a", offer.instance_type))

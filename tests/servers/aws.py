@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import pytest
 
@@ -162,6 +162,13 @@ class Metrics:
 Reply = tuple[int, Sequence[tuple[str, str]], bytes]
 #: Headers not passed back from moto (the loopback server sets its own).
 _HOP = ("content-length", "transfer-encoding", "connection", "server", "date")
+#: A ``DescribeInstances`` answer that lists nothing.
+_EMPTY_RESERVATIONS = (
+    b"<?xml version='1.0' encoding='UTF-8'?>"
+    b'<DescribeInstancesResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
+    b"<requestId>costguard-fault-layer</requestId><reservationSet/>"
+    b"</DescribeInstancesResponse>"
+)
 
 
 @dataclass
@@ -177,11 +184,22 @@ class Ec2Faults:
     still show the instance ``running``. ``page_size``: ``DescribeInstanceTypes`` answers
     at most this many types per page, with a ``NextToken`` (0: moto's single page).
     Counts, not seconds: a test's outcome does not depend on the machine's load.
+
+    ``RunInstances`` with a ``ClientToken`` is idempotent, as EC2 documents it and moto
+    does not (it ignores the token): a repeat of a successful request with the same token
+    in the same region answers the first request's response and launches nothing; with
+    other parameters (the Availability Zone aside) it answers
+    ``IdempotentParameterMismatch``. ``DescribeInstances`` takes the ``client-token``
+    filter (moto has none) and, like any filtered listing, leaves hidden instances out.
     """
 
     hidden_calls: int = 0
     stale_calls: int = 0
     page_size: int = 0
+    #: The next this many successful ``RunInstances`` lose their answer: the instance is
+    #: launched, the client gets an HTTP 503 (a timeout or a dropped connection after EC2
+    #: acted looks the same to it).
+    lost_answers: int = 0
     #: instance id -> requests naming it still to answer NotFound / stale.
     hidden: dict[str, int] = field(default_factory=dict)
     stale: dict[str, int] = field(default_factory=dict)
@@ -190,6 +208,11 @@ class Ec2Faults:
     stale_views: int = 0
     launched: list[str] = field(default_factory=list)
     actions: list[str] = field(default_factory=list)
+    #: (region, client token) -> the parameters and the answer of the request that used it.
+    tokens: dict[tuple[str, str], tuple[list[tuple[str, str]], Reply]] = field(default_factory=dict)
+    #: How many repeated tokens were answered from the first request / refused.
+    replayed: int = 0
+    mismatched: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def hide(self, ids: list[str]) -> bool:
@@ -206,14 +229,56 @@ def _ids(form: Mapping[str, list[str]]) -> list[str]:
     return [v[0] for k, v in form.items() if re.fullmatch(r"InstanceId\.\d+", k)]
 
 
-def _not_found(ids: list[str]) -> Reply:
+def _error(code: str, message: str) -> Reply:
+    """An EC2 error answer (query protocol), as EC2 words it."""
     body = (
         "<?xml version='1.0' encoding='UTF-8'?><Response><Errors><Error>"
-        "<Code>InvalidInstanceID.NotFound</Code>"
-        f"<Message>The instance IDs '{', '.join(ids)}' do not exist</Message>"
+        f"<Code>{code}</Code><Message>{message}</Message>"
         "</Error></Errors><RequestID>costguard-fault-layer</RequestID></Response>"
     )
     return 400, [("Content-Type", "text/xml")], body.encode()
+
+
+def _not_found(ids: list[str]) -> Reply:
+    return _error("InvalidInstanceID.NotFound", f"The instance IDs '{', '.join(ids)}' do not exist")
+
+
+def _region(headers: Mapping[str, str]) -> str:
+    """The region a SigV4-signed request was signed for (its credential scope)."""
+    auth = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+    found = re.search(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/ec2/", auth)
+    return found.group(1) if found else ""
+
+
+def _parameters(form: Mapping[str, list[str]]) -> list[tuple[str, str]]:
+    """What EC2 compares between two requests with one client token: every parameter but
+    the token and the Availability Zone."""
+    return sorted(
+        (k, v[0]) for k, v in form.items() if k not in ("ClientToken", "Placement.AvailabilityZone")
+    )
+
+
+def _token_filter(form: Mapping[str, list[str]]) -> tuple[list[str], dict[str, list[str]]]:
+    """The values of a ``client-token`` filter, and the request without it (other filters
+    renumbered), for moto, which has no such filter."""
+    filters: dict[str, dict[str, list[str]]] = {}
+    rest: dict[str, list[str]] = {}
+    for key, values in form.items():
+        parts = key.split(".")
+        if parts[0] == "Filter" and len(parts) >= 3:
+            filters.setdefault(parts[1], {})[".".join(parts[2:])] = values
+        else:
+            rest[key] = values
+    tokens: list[str] = []
+    kept = 0
+    for number in sorted(filters, key=int):
+        one = filters[number]
+        if one.get("Name") == ["client-token"]:
+            tokens += [v[0] for k, v in one.items() if k.startswith("Value.")]
+            continue
+        kept += 1
+        rest.update({f"Filter.{kept}.{k}": v for k, v in one.items()})
+    return tokens, rest
 
 
 def _tagger(root: ET.Element) -> Callable[[str], str]:
@@ -255,15 +320,36 @@ class Ec2FaultLayer:
         ids = _ids(form)
         if action in ("DescribeInstances", "TerminateInstances") and ids and faults.hide(ids):
             return _not_found(ids)
+        token = form.get("ClientToken", [""])[0] if action == "RunInstances" else ""
+        key = (_region(headers), token)
+        if token and key in faults.tokens:
+            return self._repeat(key, _parameters(form))
+        if action == "DescribeInstances":
+            tokens, rest = _token_filter(form)
+            if tokens:
+                body = self._by_token(key[0], tokens, rest)
+                if not body:
+                    return 200, [("Content-Type", "text/xml")], _EMPTY_RESERVATIONS
         status, passed, data = self._forward(target, headers, body)
         if status != 200:
             return status, passed, data
         if action == "RunInstances":
             launched = re.findall(rb"<instanceId>(i-[0-9a-f]+)</instanceId>", data)
             with faults.lock:
+                if token:
+                    faults.tokens[key] = (_parameters(form), (status, passed, data))
                 for raw in launched:
                     faults.launched.append(raw.decode())
                     faults.hidden[raw.decode()] = faults.hidden_calls
+                if faults.lost_answers > 0:
+                    faults.lost_answers -= 1
+                    return (
+                        503,
+                        [("Content-Type", "text/xml")],
+                        _error(
+                            "Unavailable", "The service is unavailable. Please try again shortly."
+                        )[2],
+                    )
         elif action == "TerminateInstances":
             with faults.lock:
                 faults.stale.update(dict.fromkeys(ids, faults.stale_calls))
@@ -272,6 +358,34 @@ class Ec2FaultLayer:
         elif action == "DescribeInstanceTypes" and faults.page_size:
             data = self._page(data, form.get("NextToken", [""])[0])
         return status, passed, data
+
+    def _repeat(self, key: tuple[str, str], parameters: list[tuple[str, str]]) -> Reply:
+        """A ``RunInstances`` with a token seen before: the first answer, or the mismatch."""
+        with self.faults.lock:
+            first, answer = self.faults.tokens[key]
+            if first != parameters:
+                self.faults.mismatched += 1
+                return _error(
+                    "IdempotentParameterMismatch",
+                    "Arguments on this idempotent request are inconsistent with arguments "
+                    "used in previous request(s).",
+                )
+            self.faults.replayed += 1
+            return answer
+
+    def _by_token(self, region: str, tokens: list[str], rest: dict[str, list[str]]) -> bytes:
+        """The request for moto that lists the instances launched with ``tokens`` (as an
+        ``instance-id`` filter); empty when no request used them."""
+        with self.faults.lock:
+            answers = [self.faults.tokens[(region, t)][1][2] for t in tokens
+                       if (region, t) in self.faults.tokens]  # fmt: skip
+        ids = [i.decode() for a in answers for i in re.findall(rb"<instanceId>(i-[0-9a-f]+)<", a)]
+        if not ids:
+            return b""
+        number = 1 + len({k.split(".")[1] for k in rest if k.startswith("Filter.")})
+        rest[f"Filter.{number}.Name"] = ["instance-id"]
+        rest.update({f"Filter.{number}.Value.{n}": [i] for n, i in enumerate(ids, 1)})
+        return urlencode([(k, v[0]) for k, v in rest.items()]).encode()
 
     def _describe(self, data: bytes, *, by_id: bool) -> bytes:
         """Leave hidden instances out of a filtered listing; show a just-terminated one as

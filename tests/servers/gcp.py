@@ -243,8 +243,16 @@ class ComputeServer(LocalServer):
         return 200, {"kind": "compute#operationList", "items": items}, {}
 
     def resource(self, vm: ComputeVm) -> dict[str, Any]:
+        """The VM as ``instances.get`` shows it: an attached disk carries its type and size
+        (``initializeParams`` is only what the insert asked for)."""
+        disks = [
+            {"type": "PERSISTENT", **disk,
+             "diskSizeGb": str(disk.get("initializeParams", {}).get("diskSizeGb", "10"))}
+            for disk in vm.body.get("disks", [])
+        ]  # fmt: skip
         return {
             **vm.body,
+            "disks": disks,
             "kind": "compute#instance",
             "id": vm.id,
             "status": vm.status,

@@ -4,18 +4,27 @@ speaking the documented Compute Engine shapes: ``instances.insert`` / ``get`` / 
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from costguard.checkpoint.checkpointer import Checkpointer
+from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
 from costguard.settings import Settings
+from costguard.spot.controller import Controller
+from costguard.spot.job import Job
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Market, Offer, State
 from costguard.spot.launcher.gcp import GcpLauncher
+from costguard.spot.recovery import AttemptOutcome, Launch
+from costguard.spot.report import summary_lines
+from tests.contract.test_launcher import _job as contract_job
 from tests.servers.gcp import LAUNCH_OPTIONS as OPTIONS
-from tests.servers.gcp import PROJECT, ComputeServer
+from tests.servers.gcp import PROJECT, ComputeServer, ComputeVm
 
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
@@ -328,3 +337,100 @@ def test_a_zone_without_the_type_is_a_capacity_error_of_that_zone(
     assert server.vms == {}
     handle = launcher.launch(offer(zone="us-central1-c"), spec(), attempt=1)
     assert handle.zone == "us-central1-c"
+
+
+# -- a VM stopped by the provider keeps billing its disk: deleted once a checkpoint holds the work
+
+
+def stopped_job(
+    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path, *, checkpoint: bool,
+    take: str = "maintenance", **options: str,
+) -> tuple[Job, list[str], str]:  # fmt: skip
+    """A job whose attempt 1 ran in the fake and was stopped by Compute Engine (``take``:
+    host maintenance, or a preemption of a VM whose termination action is STOP), with a
+    complete checkpoint in its store or none; the job after the controller's reconcile,
+    its events, and the VM's name."""
+    url = f"file://{tmp_path / 'ckpt'}"
+    if checkpoint:
+        saver = Checkpointer(url)
+        saver.save(40, block=True, extra={"x": 1})
+        saver.close()
+    job_spec = contract_job("gcp", "T4", 2, "us-central1", url, options={**OPTIONS, **options})
+    store = Store.open(url)
+    events: list[str] = []
+    controller = Controller(
+        store, launcher, [offer()], on_event=lambda e: events.append(f"{e.kind}: {e.message}")
+    )
+    job = controller.launch(Job(job_spec), Launch(offer(), 1, "cheapest"))
+    assert job.attempts[0].handle is not None, events
+    name = job.attempts[0].handle.instance_id
+    {"maintenance": server.host_maintenance, "preempt": server.preempt}[take](name)
+    return controller.reconcile(job), events, name
+
+
+def test_a_vm_stopped_by_host_maintenance_is_deleted_once_a_checkpoint_holds_its_work(
+    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path
+) -> None:
+    """Issue 27: host maintenance stops a GPU VM (status TERMINATED) and its boot disk
+    bills on; the next attempt runs elsewhere. Once the store's latest checkpoint is
+    complete, the stopped VM (provably the job's: its label and id) is deleted."""
+    job, events, name = stopped_job(server, launcher, tmp_path, checkpoint=True)
+    assert job.attempts[0].outcome is AttemptOutcome.PREEMPTED
+    assert server.vms == {}
+    assert len(server.calls("DELETE", f"/instances/{name}")) == 1
+    assert any(e.startswith(f"cleanup: deleted {name}") for e in events), events
+    assert job.kept_stopped == ()
+
+
+def test_a_stopped_vm_without_a_checkpoint_is_kept_and_reported_with_its_disk_cost(
+    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path
+) -> None:
+    """No complete checkpoint holds the attempt's work: the VM is kept (its disk may be
+    all there is), and job.json, the events and ``jobs status`` say what it bills."""
+    job, events, name = stopped_job(server, launcher, tmp_path, checkpoint=False)
+    assert server.vms[name].status == "TERMINATED"
+    assert server.calls("DELETE", "/instances/") == []
+    (kept,) = job.kept_stopped
+    # 100 GB of pd-balanced at the bundled $0.10 per GiB-month: 93.13 GiB
+    assert f"{name} in us-central1-b: 100 GB of disk, about $9.31/month" in kept
+    assert f"gcloud compute instances delete {name} --zone us-central1-b" in kept
+    assert any(e.startswith(f"kept: {name}") for e in events), events
+    lines = summary_lines(job, [offer()], time.time(), None)
+    assert any(kept in line for line in lines), lines
+
+
+@pytest.mark.parametrize("whose", ["label", "id"])
+def test_a_stopped_vm_not_provably_the_jobs_is_left_alone(
+    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path, whose: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The name in job.json now belongs to a VM without the job's label, or with another
+    id (deleted and created again by someone): never deleted, not reported as the job's."""
+    maintenance = server.host_maintenance
+
+    def take(name: str) -> None:
+        maintenance(name)
+        vm = server.vms[name]
+        if whose == "label":
+            vm.body["labels"]["costguard-job"] = "someone-else"
+        else:
+            server.vms[name] = ComputeVm(vm.body, vm.zone, "999", vm.status)
+
+    monkeypatch.setattr(server, "host_maintenance", take)
+    job, _, name = stopped_job(server, launcher, tmp_path, checkpoint=True)
+    assert server.vms[name].status == "TERMINATED"
+    assert server.calls("DELETE", "/instances/") == []
+    assert job.kept_stopped == ()
+
+
+def test_a_spot_vm_whose_termination_action_is_stop_is_kept_as_asked(
+    server: ComputeServer, launcher: GcpLauncher, tmp_path: Path
+) -> None:
+    """``termination_action=STOP`` asks Compute Engine to keep a preempted VM: costguard
+    keeps it too, checkpoint or not, and reports what it bills."""
+    job, _, name = stopped_job(
+        server, launcher, tmp_path, checkpoint=True, take="preempt", termination_action="STOP"
+    )
+    assert server.vms[name].status == "TERMINATED"
+    (kept,) = job.kept_stopped
+    assert "termination_action=STOP" in kept

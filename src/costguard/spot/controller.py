@@ -23,6 +23,7 @@ from decimal import Decimal
 
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
+from costguard.money import format_usd, gb_to_gib
 from costguard.pricing.catalog import Market
 from costguard.spot.job import (
     FINAL,
@@ -33,7 +34,15 @@ from costguard.spot.job import (
     read_exit_record,
     save_job,
 )
-from costguard.spot.launcher.base import CapacityError, Handle, Launcher, Offer, State
+from costguard.spot.launcher.base import (
+    CapacityError,
+    Handle,
+    Launcher,
+    Offer,
+    State,
+    Stopped,
+    launch_token,
+)
 from costguard.spot.offers import expand_zones
 from costguard.spot.recovery import (
     EXIT_PREEMPTED,
@@ -133,9 +142,11 @@ class Controller:
         """Match the provider's live instances of this job with ``job.json``.
 
         The current attempt without a handle (the controller died between the launch
-        and the write) adopts the live instance of its attempt number; live instances
-        that no attempt accounts for are terminated (they carry the job's tag, so they
-        are ours, and nothing would supervise them).
+        and the write) adopts the live instance of its attempt number, or else the one
+        the launcher finds by the attempt's launch token (:meth:`_resume`: a listing by
+        tag may not show a new instance yet); live instances that no attempt accounts
+        for are terminated (they carry the job's tag, so they are ours, and nothing
+        would supervise them).
         """
         live = list(self.launcher.find(job.spec.job_id))
         known = {a.handle.instance_id for a in job.attempts if a.handle is not None}
@@ -154,6 +165,8 @@ class Controller:
                 self._emit("adopt", f"attempt {current.number} runs as {handle.instance_id}")
                 continue
             strays.append(handle)
+        if current is not None and current.handle is None and current.outcome is None:
+            job = self._resume(job, current)
         for handle in strays:
             self.launcher.terminate(handle)
             self._emit("stray", f"terminated {handle.instance_id}: no attempt in job.json owns it")
@@ -162,6 +175,31 @@ class Controller:
                 job, strays_terminated=(*job.strays_terminated, *(h.instance_id for h in strays))
             )
         return self._save(job)
+
+    def _resume(self, job: Job, current: Attempt) -> Job:
+        """The current attempt's instance found by its launch token, where the launcher
+        can (``resume``: AWS, whose ``RunInstances`` is idempotent by ``ClientToken``);
+        unchanged when it finds none (reconcile then closes the attempt as never
+        confirmed). GCP and Azure name the instance after the job and attempt, so the
+        listing by label or tag already finds it."""
+        resume = getattr(self.launcher, "resume", None)
+        if resume is None or not current.token:
+            return job
+        handle = resume(
+            current.offer,
+            job.spec.launch_spec(),
+            current.number,
+            current.token,
+            current.launched_unix,
+        )
+        if handle is None:
+            return job
+        self._emit(
+            "adopt",
+            f"attempt {current.number} runs as {handle.instance_id} (found by its launch "
+            f"token {current.token})",
+        )
+        return job.with_attempt(replace(current, handle=handle))
 
     # -- reconcile --------------------------------------------------------------------
 
@@ -213,7 +251,40 @@ class Controller:
         if last_step is not None:
             text += f"; latest checkpoint: step {last_step}"
         self._emit(outcome.value, text)
-        return self._save(job.with_attempt(closed))
+        job = job.with_attempt(closed)
+        if state is State.PREEMPTED and closed.handle is not None:
+            job = self._stopped_instance(job, closed.handle)
+        return self._save(job)
+
+    def _stopped_instance(self, job: Job, handle: Handle) -> Job:
+        """An instance the provider stopped rather than deleted keeps billing its disks
+        while the next attempt runs elsewhere (GCP host maintenance stops GPU VMs). Where
+        the launcher can tell (``stopped``: it proves the instance is the job's), it is
+        deleted once the store's latest checkpoint is complete (the work is there, not
+        only on that disk), and otherwise kept and reported with what its disk costs."""
+        probe = getattr(self.launcher, "stopped", None)
+        found: Stopped | None = probe(handle, job.spec.job_id) if probe is not None else None
+        if found is None:
+            return job
+        step = self._latest_step()
+        where = f"{handle.instance_id} in {handle.zone or handle.region}"
+        if step is not None and not found.kept_because:
+            self.launcher.terminate(handle)
+            self._emit(
+                "cleanup",
+                f"deleted {where}: stopped by the provider, its {found.disk_gb} GB of disk "
+                f"billed on; the checkpoint of step {step} holds its work",
+            )
+            return job
+        why = found.kept_because or "no complete checkpoint holds its work yet"
+        monthly = _disk_usd_per_month(handle, found.disk_gb)
+        note = (
+            f"{where}: {found.disk_gb} GB of disk, "
+            + (f"about {format_usd(monthly)}/month" if monthly is not None else "billed")
+            + f" while it exists; kept because {why}: {found.delete_command}"
+        )
+        self._emit("kept", note)
+        return replace(job, kept_stopped=(*job.kept_stopped, note))
 
     def _latest_step(self) -> int | None:
         try:
@@ -294,7 +365,11 @@ class Controller:
         """Record the attempt, create the instance, record its handle."""
         now = self._clock()
         attempt = Attempt(
-            decision.number, decision.offer, launched_unix=now, resumed_step=self._latest_step()
+            decision.number,
+            decision.offer,
+            launched_unix=now,
+            resumed_step=self._latest_step(),
+            token=launch_token(job.spec.job_id, decision.number),
         )
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
         try:
@@ -309,11 +384,17 @@ class Controller:
             self._emit("refused", f"{decision.offer.place}: {exc.message}")
             return self._save(job.with_attempt(refused))
         except CostguardError as exc:
-            refused = replace(
-                attempt, ended_unix=self._clock(), outcome=AttemptOutcome.FAILED, detail=exc.message
-            )
-            job = job.with_attempt(refused)
-            return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
+            found = self._launched_anyway(job, attempt)
+            if found is None:
+                refused = replace(
+                    attempt,
+                    ended_unix=self._clock(),
+                    outcome=AttemptOutcome.FAILED,
+                    detail=exc.message,
+                )
+                job = job.with_attempt(refused)
+                return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
+            handle = found
         launched = replace(attempt, handle=handle)
         price = f"${decision.offer.usd_per_hour}/h"
         if decision.offer.zone:
@@ -325,6 +406,16 @@ class Controller:
             f"{price} as {handle.instance_id} ({decision.reason})",
         )
         return self._save(job.with_attempt(launched))
+
+    def _launched_anyway(self, job: Job, attempt: Attempt) -> Handle | None:
+        """The instance of a launch that raised: what failed may be the answer, not the
+        launch (a timeout or a 503 after the provider acted), so the attempt is asked for
+        again by its token (:meth:`_resume`); ``None`` when there is none to be had."""
+        try:
+            current = self._resume(job, attempt).current
+        except CostguardError:
+            return None
+        return current.handle if current is not None else None
 
     def finish(self, job: Job, decision: Finish) -> Job:
         """Terminate what still runs and write the final state."""
@@ -376,6 +467,19 @@ class Controller:
                 last_write = time.monotonic()
             assert isinstance(decision, Wait)
             self._sleep(self.poll_s)
+
+
+def _disk_usd_per_month(handle: Handle, disk_gb: int) -> Decimal | None:
+    """What ``disk_gb`` of the provider's block storage costs a month in the handle's
+    region, at the bundled tables' first (cheapest) rate; ``None`` when they have none
+    or price it per disk."""
+    from costguard.pricing.tables import load_catalog
+
+    rates = load_catalog().storage_rates(handle.provider, handle.region, "block")
+    if not rates or rates[0].unit == "disk-month":
+        return None
+    size = Decimal(disk_gb)
+    return rates[0].usd * (gb_to_gib(size) if rates[0].unit.startswith("GiB") else size)
 
 
 # -- the report ----------------------------------------------------------------------

@@ -297,6 +297,9 @@ class Job:
     heartbeat_unix: float = 0.0
     #: Handles of instances found running for this job that job.json did not know.
     strays_terminated: tuple[str, ...] = ()
+    #: Instances the provider stopped that costguard kept, each with its disk's cost and
+    #: the command that deletes it (``Controller._stopped_instance``).
+    kept_stopped: tuple[str, ...] = ()
 
     @property
     def current(self) -> Attempt | None:
@@ -378,6 +381,7 @@ def attempt_doc(attempt: Attempt) -> dict[str, Any]:
         "last_step": attempt.last_step,
         "lost_s": attempt.lost_s,
         "lost_steps": attempt.lost_steps,
+        "token": attempt.token,
     }
 
 
@@ -396,6 +400,7 @@ def _attempt(doc: Mapping[str, Any]) -> Attempt:
         last_step=_opt_int(doc.get("last_step")),
         lost_s=float(doc.get("lost_s") or 0.0),
         lost_steps=_opt_int(doc.get("lost_steps")),
+        token=str(doc.get("token") or ""),
     )
 
 
@@ -490,6 +495,7 @@ def job_doc(job: Job) -> dict[str, Any]:
         "controller": job.controller,
         "heartbeat_unix": job.heartbeat_unix,
         "strays_terminated": list(job.strays_terminated),
+        "kept_stopped": list(job.kept_stopped),
         "spec": spec_doc(job.spec),
         "attempts": [attempt_doc(a) for a in job.attempts],
     }
@@ -511,6 +517,7 @@ def parse_job(data: bytes, url: str = "") -> Job:
             controller=str(doc.get("controller", "")),
             heartbeat_unix=float(doc.get("heartbeat_unix", 0.0)),
             strays_terminated=tuple(str(s) for s in doc.get("strays_terminated") or ()),
+            kept_stopped=tuple(str(s) for s in doc.get("kept_stopped") or ()),
         )
     except (ValueError, KeyError, TypeError) as exc:
         msg = f"{JOB_FILE} in {url or 'the store'} is not a costguard job: {exc}"

@@ -90,6 +90,9 @@ class Attempt:
     #: honoured (the emergency save holds them), estimated from the attempt's pace when it
     #: was killed without a save, ``None`` when unknown.
     lost_steps: int | None = None
+    #: The idempotency token its launch request carried (written before the call, so a
+    #: controller that died before it learnt the instance can find it by the token).
+    token: str = ""
 
     @property
     def running(self) -> bool:

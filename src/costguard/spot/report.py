@@ -157,6 +157,7 @@ def job_document(
             "its region's price: the price tables are per region)"
             + (" (simulated: nothing was billed)" if job.spec.provider == "local" else ""),
         },
+        "kept_stopped": list(job.kept_stopped),
         "spec": spec_doc(job.spec),
         "attempts": [attempt_doc(a) for a in job.attempts],
     }
@@ -206,6 +207,8 @@ def summary_lines(
         lines.append(f"the same hours on-demand: {usd(summary.on_demand_usd)}")
     if summary.estimate_usd is not None:
         lines.append(f"estimate before launch: {usd(summary.estimate_usd)}")
+    for kept in job.kept_stopped:
+        lines.append(f"stopped by the provider and kept: {kept}")
     if checkpoint is not None:
         final = "final checkpoint" if job.status == "succeeded" else "newest checkpoint"
         lines.append(f"{final}: step {checkpoint['step']} ({checkpoint['name']})")

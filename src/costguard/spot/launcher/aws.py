@@ -6,8 +6,10 @@ Every instance is created in one call with everything it needs: the spot market 
 *and* its volumes (so ``ec2:RunInstances`` can be allowed only with the tag, see
 ``infra/aws/launcher-policy.json``), an instance profile instead of any key in user-data,
 the boot script of :mod:`costguard.spot.bootstrap`, and a guest shutdown that terminates.
-The client token is derived from the job and attempt, so a controller that retries a
-launch after losing the answer gets the same instance, not a second one.
+The client token is derived from the job and attempt (:func:`launch_token`; the
+controller writes it to ``job.json`` before the call), so a launch whose answer was lost
+(a timeout, or a controller that died before writing the instance id) is found again by
+it (:meth:`AwsLauncher.resume`) rather than launched a second time.
 
 What became of an instance is read from ``DescribeInstances``: the state, and for a
 stopped or terminated one its ``StateReason`` code (``Server.SpotInstanceTermination`` is a
@@ -39,7 +41,6 @@ one), so with it the launcher names none and recovery moves between regions only
 
 from __future__ import annotations
 
-import hashlib
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,7 +50,15 @@ from costguard.clouds import aws as aws_clouds
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.spot import bootstrap
-from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.spot.launcher.base import (
+    CapacityError,
+    Handle,
+    LaunchSpec,
+    Offer,
+    State,
+    Status,
+    launch_token,
+)
 from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
 
 #: States of an instance that runs or is about to (``find`` reports only these).
@@ -78,8 +87,12 @@ VISIBLE_WITHIN_S = 600.0
 #: The waits between the describes of an instance EC2 does not show yet, in one status.
 DESCRIBE_BACKOFF_S = (0.2, 0.5, 1.0)
 #: The waits between the terminates of an instance EC2 does not show yet (the last one
-#: repeats until :data:`VISIBLE_WITHIN_S` after the launch has passed).
+#: repeats until :data:`TERMINATE_WAIT_S` has passed).
 TERMINATE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+#: The longest one terminate waits for EC2 to show a fresh instance (the default of
+#: ``AwsLauncher(terminate_wait_s=...)``): then it says so instead of blocking a command
+#: for the whole :data:`VISIBLE_WITHIN_S`.
+TERMINATE_WAIT_S = 120.0
 #: The states that confirm a terminate.
 ENDING_STATES = ("shutting-down", "terminated")
 _AMI = re.compile(r"ami-[0-9a-f]{8,17}")
@@ -114,21 +127,6 @@ def classify(state: str, reason_code: str, spot: bool) -> State:
     return State.TERMINATED
 
 
-def client_token(job_id: str, attempt: int) -> str:
-    """The idempotency token of one attempt (at most 64 ASCII characters).
-
-    >>> client_token("run-1", 2)
-    'costguard-run-1-2'
-    >>> len(client_token("x" * 80, 2))
-    64
-    """
-    token = f"costguard-{job_id}-{attempt}"
-    if len(token) <= 64 and token.isascii() and token.isprintable():
-        return token
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    return f"costguard-{digest}"[:64]
-
-
 def _tags(pairs: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in pairs.items()]
 
@@ -158,8 +156,10 @@ class AwsLauncher:
         options: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        terminate_wait_s: float | None = None,
     ) -> None:
         self.options = dict(options or {})
+        self.terminate_wait_s = TERMINATE_WAIT_S if terminate_wait_s is None else terminate_wait_s
         self._clock = clock
         self._sleep = sleep
         self.regions = list(dict.fromkeys(regions))
@@ -240,7 +240,7 @@ class AwsLauncher:
             "InstanceType": offer.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
-            "ClientToken": client_token(spec.job_id, attempt),
+            "ClientToken": launch_token(spec.job_id, attempt),
             "UserData": bootstrap.render(spec, attempt, self.provider, environ=self._environ),
             "MetadataOptions": {
                 "HttpTokens": "required",
@@ -291,7 +291,9 @@ class AwsLauncher:
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """One ``RunInstances`` call; a :class:`CapacityError` when the place is full."""
-        params = self.request(offer, spec, attempt)
+        return self._run(offer, self.request(offer, spec, attempt), attempt)
+
+    def _run(self, offer: Offer, params: Mapping[str, Any], attempt: int) -> Handle:
         ec2 = self._ec2(offer.region)
         try:
             answer = ec2.run_instances(**params)
@@ -300,18 +302,77 @@ class AwsLauncher:
             if code in CAPACITY_CODES:
                 message = aws_clouds.translate(exc, f"launching {offer.instance_type}").message
                 raise CapacityError(message, place=offer.place, code=code) from None
+            if code == "IdempotentParameterMismatch":
+                token = params["ClientToken"]
+                msg = (
+                    f"attempt {attempt} was launched with the client token {token}, but EC2 "
+                    "does not show its instance yet"
+                )
+                raise CostguardError(
+                    msg,
+                    hint="attach again in a few minutes (costguard launch --attach URL); "
+                    f"aws ec2 describe-instances --region {offer.region} "
+                    f"--filters Name=client-token,Values={token}",
+                ) from None
             raise aws_clouds.translate(exc, f"launching {offer.instance_type}") from None
         (instance,) = answer["Instances"]
+        return self._launched(offer, instance, attempt, self._clock())
+
+    def resume(
+        self, offer: Offer, spec: LaunchSpec, attempt: int, token: str, launched_unix: float
+    ) -> Handle | None:
+        """The instance of attempt ``attempt`` whose launch (with ``token``) was sent at
+        ``launched_unix`` but whose answer never reached ``job.json`` (the controller died
+        or timed out between the call and the write).
+
+        ``DescribeInstances`` by the ``client-token`` filter first (any state). Within
+        :data:`VISIBLE_WITHIN_S` of the launch a listing may not show a new instance yet,
+        so the launch is then sent again with the same token and parameters: EC2 answers
+        a repeated token with the first request's instance and launches nothing more, or,
+        if the first request never arrived, launches the attempt's instance now. Later, a
+        token no instance carries is a launch that never happened (``None``). A token EC2
+        knows with other parameters (``IdempotentParameterMismatch``) is a
+        :class:`CostguardError`, never a second instance.
+        """
+        ec2 = self._ec2(offer.region)
+        try:
+            answer = ec2.describe_instances(Filters=[{"Name": "client-token", "Values": [token]}])
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, f"finding the instance of attempt {attempt}") from None
+        for reservation in answer.get("Reservations", []):
+            for instance in reservation.get("Instances", []):
+                tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+                if tags.get(JOB_TAG) == spec.job_id:
+                    return self._launched(offer, instance, attempt, launched_unix)
+        if self._clock() - launched_unix >= VISIBLE_WITHIN_S:
+            return None
+        params = self.request(offer, spec, attempt)
+        params["ClientToken"] = token
+        return self._run(offer, params, attempt)
+
+    def _launched(
+        self, offer: Offer, instance: Mapping[str, Any], attempt: int, launched_unix: float
+    ) -> Handle:
+        """The handle of attempt ``attempt``'s instance, launched for ``offer`` at
+        ``launched_unix`` (its visibility window starts then)."""
+        return self._handle(
+            offer.region,
+            instance,
+            market=offer.market.value,
+            attempt=str(attempt),
+            launched_unix=f"{launched_unix:.3f}",
+        )
+
+    def _handle(self, region: str, instance: Mapping[str, Any], **extra: str) -> Handle:
+        """The handle of an instance as EC2 describes it; ``extra``: ``attempt``, and
+        ``market`` / ``launched_unix`` (for the visibility window) when known."""
+        spot = instance.get("InstanceLifecycle") == "spot"
         return Handle(
             provider=self.provider,
-            region=offer.region,
-            instance_id=instance["InstanceId"],
-            zone=instance.get("Placement", {}).get("AvailabilityZone", offer.zone),
-            extra={
-                "market": offer.market.value,
-                "attempt": str(attempt),
-                "launched_unix": f"{self._clock():.3f}",
-            },
+            region=region,
+            instance_id=str(instance["InstanceId"]),
+            zone=str(instance.get("Placement", {}).get("AvailabilityZone", "")),
+            extra={"market": "spot" if spot else "on-demand", **extra},
         )
 
     def _fresh(self, handle: Handle) -> bool:
@@ -400,11 +461,15 @@ class AwsLauncher:
         """``TerminateInstances``, confirmed by the state EC2 answers (``shutting-down`` or
         ``terminated``). A NotFound is "already gone" only for an instance launched longer
         than :data:`VISIBLE_WITHIN_S` ago; for a fresh one the terminate is sent again with
-        backoff until EC2 shows it, and a :class:`CostguardError` names the instance if it
-        never does (it may still run: it must not be left unsaid)."""
+        backoff for at most :attr:`terminate_wait_s`, then a :class:`CostguardError` says
+        that EC2 does not show the instance yet and how to finish the terminate (it may
+        still start: it must not be left unsaid, nor may a command hang for it)."""
         ec2 = self._ec2(handle.region)
         delays = iter(TERMINATE_BACKOFF_S)
+        deadline = self._clock() + self.terminate_wait_s
+        sent = 0
         while True:
+            sent += 1
             try:
                 answer = ec2.terminate_instances(InstanceIds=[handle.instance_id])
             except aws_clouds.errors() as exc:
@@ -412,6 +477,7 @@ class AwsLauncher:
                     raise aws_clouds.translate(exc, f"terminating {handle.instance_id}") from None
                 if not self._fresh(handle):
                     return
+                seen = "EC2 does not show the instance yet"
             else:
                 states = [
                     str(i.get("CurrentState", {}).get("Name", ""))
@@ -419,13 +485,21 @@ class AwsLauncher:
                 ]
                 if states and all(s in ENDING_STATES for s in states):
                     return
+                seen = f"EC2 answered the state {', '.join(states) or 'of nothing'}"
                 if not self._fresh(handle):
                     break
-            self._sleep(next(delays, TERMINATE_BACKOFF_S[-1]))
-        msg = f"EC2 did not confirm terminating {handle.instance_id} in {handle.region}"
+            delay = next(delays, TERMINATE_BACKOFF_S[-1])
+            if self._clock() + delay > deadline:
+                break
+            self._sleep(delay)
+        msg = (
+            f"EC2 did not confirm terminating {handle.instance_id} in {handle.region} "
+            f"({sent} requests in {self.terminate_wait_s:.0f} s): {seen}, and it may still run"
+        )
         raise CostguardError(
             msg,
-            hint=f"it may still run: aws ec2 describe-instances --region {handle.region} "
+            hint="attach to the job again to finish it (costguard launch --attach URL), or "
+            f"check: aws ec2 describe-instances --region {handle.region} "
             f"--instance-ids {handle.instance_id}",
         )
 
@@ -457,18 +531,5 @@ class AwsLauncher:
                     tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
                     if tags.get(JOB_TAG) != job_id:  # the filter's value is a pattern
                         continue
-                    found.append(
-                        Handle(
-                            provider=self.provider,
-                            region=where,
-                            instance_id=instance["InstanceId"],
-                            zone=instance.get("Placement", {}).get("AvailabilityZone", ""),
-                            extra={
-                                "market": "spot"
-                                if instance.get("InstanceLifecycle") == "spot"
-                                else "on-demand",
-                                "attempt": tags.get(ATTEMPT_TAG, ""),
-                            },
-                        )
-                    )
+                    found.append(self._handle(where, instance, attempt=tags.get(ATTEMPT_TAG, "")))
         return found

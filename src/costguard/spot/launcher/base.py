@@ -9,6 +9,7 @@ decisions: where to run, when to give up and when to fall back to on-demand belo
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -110,8 +111,47 @@ class Status:
     launched_at: datetime | None = None
 
 
+def launch_token(job_id: str, attempt: int) -> str:
+    """The idempotency token of attempt ``attempt``'s launch (at most 64 printable ASCII
+    characters, EC2's ``ClientToken`` limit): the controller writes it to ``job.json``
+    before the launch call, so a controller that dies before it learns the instance can
+    find it again (job ids carry a random part, so no two jobs share a token).
+
+    >>> launch_token("run-1", 2)
+    'costguard-run-1-2'
+    >>> len(launch_token("x" * 80, 2))
+    64
+    """
+    token = f"costguard-{job_id}-{attempt}"
+    if len(token) <= 64 and token.isascii() and token.isprintable():
+        return token
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return f"costguard-{digest}"[:64]
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """An attempt's instance that the provider stopped rather than deleted (GCP host
+    maintenance; a Spot VM whose termination action is STOP), proven to be the job's: its
+    persistent disks bill on while it exists."""
+
+    handle: Handle
+    disk_gb: int
+    #: Why costguard must keep it whatever the checkpoints say ("" when it may go).
+    kept_because: str = ""
+    #: The command that deletes it, for the report.
+    delete_command: str = ""
+
+
 class Launcher(Protocol):
-    """One provider. Every method makes bounded calls and raises ``CostguardError``."""
+    """One provider. Every method makes bounded calls and raises ``CostguardError``.
+
+    Two methods are optional (the controller looks for them): ``resume(offer, spec,
+    attempt, token, launched_unix) -> Handle | None``, the instance of a launch whose
+    answer was lost, found by its idempotency token (AWS); and ``stopped(handle, job_id)
+    -> Stopped | None``, an attempt's instance the provider stopped rather than deleted
+    (GCP host maintenance), when it is provably the job's.
+    """
 
     provider: str
 

@@ -66,6 +66,7 @@ from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
+from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
 from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, check_job_id, gcp_label
 
@@ -559,6 +560,36 @@ class GcpLauncher:
             raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
         started = item.last_start_timestamp or item.creation_timestamp
         return Status(handle, state, detail, launched_at=_time(started) if started else None)
+
+    def stopped(self, handle: Handle, job_id: str) -> base.Stopped | None:
+        """The attempt's VM when Compute Engine stopped it (status ``TERMINATED``: host
+        maintenance, a failed host, a preemption with the termination action ``STOP``)
+        and it is provably this job's: its ``costguard-job`` label, and the id
+        ``job.json`` recorded. ``None`` when it is gone, runs, or cannot be proven the
+        job's (a VM of that name someone else created): such a VM is never touched."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        project, zone, name = handle.extra["project"], handle.zone, handle.instance_id
+        try:
+            item = self.instances.get(project=project, zone=zone, instance=name)
+        except core.NotFound:
+            return None
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
+        known = handle.extra.get("id", "")
+        if (
+            item.status != "TERMINATED"
+            or item.labels.get(gcp_label(JOB_TAG)) != label_value(job_id)
+            or (known and str(item.id) != known)
+        ):
+            return None
+        action = str(item.scheduling.instance_termination_action or "")
+        return base.Stopped(
+            handle,
+            disk_gb=sum(int(d.disk_size_gb or 0) for d in item.disks if d.type_ == "PERSISTENT"),
+            kept_because="its termination_action=STOP asks to keep it" if action == "STOP" else "",
+            delete_command=f"gcloud compute instances delete {name} --zone {zone} "
+            f"--project {project}",
+        )
 
     # -------------------------------------------------------------- terminate
 
