@@ -79,8 +79,18 @@ def test_every_gcp_gpu_is_priced_in_the_regions_gcp_sells_it_in() -> None:
 
 def test_estimate_l4_answers_in_every_gcp_region_that_sells_it(run_cli) -> None:
     run = run_cli(
-        "estimate", "--gpu", "l4", "--provider", "gcp", "--hours", "1", "--top", "0",
-        "--format", "json", "--no-stale-warning",
+        "estimate",
+        "--gpu",
+        "l4",
+        "--provider",
+        "gcp",
+        "--hours",
+        "1",
+        "--top",
+        "0",
+        "--format",
+        "json",
+        "--no-stale-warning",
     )
     assert run.exit_code == 0, run.stderr
     regions = {option["region"] for option in json.loads(run.stdout)["options"]}
