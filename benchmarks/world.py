@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.refresh.servers import aws_product, azure_item, gcp_sku
 
 from costguard.pricing.check import check_catalog
-from costguard.pricing.tables import bundled_tables_dir, load_catalog
+from costguard.pricing.tables import bundled_tables_dir, load_catalog, load_gpu_parts
 
 ESTIMATE_RATIO = Decimal("1.2")
 MIN_RECORDS_PER_S = 50_000
@@ -117,10 +117,11 @@ def estimate_ratio(runs: int, world: Path) -> Decimal:
 def check_seconds(world: Path, runs: int) -> float:
     """The median time `costguard pricing check` takes over the loaded world tables."""
     catalog = load_catalog(world)
+    parts = load_gpu_parts(world)
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        check_catalog(catalog)
+        check_catalog(catalog, parts)
         times.append(time.perf_counter() - started)
     return statistics.median(times)
 

@@ -61,6 +61,7 @@ def test_wheel_contains_tables_and_typing_marker(wheel: Path) -> None:
         "transfer.csv",
         "regions.csv",
         "datasets.csv",
+        "gpu_parts.csv",
         "README.md",
     ):
         assert f"costguard/_tables/{table}" in names

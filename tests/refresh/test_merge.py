@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from costguard.pricing.catalog import InstancePrice, Market, PriceStatus, TablePart
 from costguard.pricing.refresh.merge import FreshPrices, RowOutcome, merge_row, merge_tables
 from costguard.pricing.refresh.parse import RowPrices, row_key
-from costguard.pricing.tables import load_catalog
+from costguard.pricing.tables import load_catalog, load_gpu_parts
 
 NOW = datetime(2026, 12, 1, 9, 30, tzinfo=UTC)
 CATALOG = load_catalog()
@@ -314,3 +314,37 @@ def test_a_refreshed_price_the_check_finds_suspect_is_written_unverified() -> No
     assert by_key[("gcp", "us-central1", "a2-highgpu-1g", "A100")].ondemand_status is (
         PriceStatus.LISTED
     )
+
+
+def test_a_refreshed_total_without_its_host_is_written_unverified() -> None:
+    # A refresh that found the B200 GPU SKU but no A4 core or RAM SKU in us-central1
+    # would write the GPUs alone: $90.216, the row the catalogue had.
+    a4 = next(
+        r
+        for r in CATALOG.instances
+        if (r.region, r.instance_type) == ("us-central1", "a4-highgpu-8g")
+    )
+    prices = {Market.ON_DEMAND: Decimal("90.216"), Market.SPOT: Decimal("32.6064")}
+    fresh = [
+        FreshPrices(
+            "gcp",
+            frozenset({a4.region}),
+            BOTH,
+            RowPrices(
+                {row_key(a4): prices},
+                frozenset({row_key(a4)}),
+                frozenset({a4.region}),
+                frozenset((a4.region, m) for m in prices),
+            ),
+            "API",
+            NOW,
+            1,
+        )
+    ]
+    parts = load_gpu_parts(CATALOG.directory)
+    merged = merge_tables(CATALOG, fresh, NOW, parts).instances["gpu_instances"]
+    new_a4 = next(
+        r for r in merged if r.region == "us-central1" and r.instance_type == a4.instance_type
+    )
+    assert new_a4.ondemand_status is new_a4.spot_status is PriceStatus.UNVERIFIED
+    assert "host VM" in new_a4.note

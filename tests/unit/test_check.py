@@ -11,9 +11,10 @@ from pathlib import Path
 
 from costguard.pricing.catalog import InstancePrice, Market, PriceStatus
 from costguard.pricing.check import check_catalog, check_instances
-from costguard.pricing.tables import load_catalog
+from costguard.pricing.tables import load_catalog, load_gpu_parts
 
 CATALOG = load_catalog()
+PARTS = load_gpu_parts(CATALOG.directory)
 
 
 def row(region: str, instance_type: str, provider: str = "gcp") -> InstancePrice:
@@ -97,11 +98,15 @@ def test_check_cli_exits_1_on_a_new_suspect_row(run_cli, tmp_path: Path) -> None
     assert result.exit_code == 1
     document = result.json()
     new = [f for f in document["findings"] if not f["known"]]
-    assert document["new"] == len(new) == 2
-    assert {(f["region"], f["instance_type"], f["market"]) for f in new} == {
-        ("us-east1", "a2-highgpu-1g", str(Market.ON_DEMAND))
+    assert document["new"] == len(new) == 4
+    assert {(f["region"], f["instance_type"]) for f in new} == {("us-east1", "a2-highgpu-1g")}
+    # $1.90 is below its A100 alone ($2.93): the host is missing too, and so from its spot.
+    assert {(f["market"], f["check"]) for f in new} == {
+        (str(Market.ON_DEMAND), "regional-outlier"),
+        (str(Market.ON_DEMAND), "family-sum"),
+        (str(Market.ON_DEMAND), "missing-host"),
+        (str(Market.SPOT), "missing-host"),
     }
-    assert {f["check"] for f in new} == {"regional-outlier", "family-sum"}
 
 
 def listed(rows: list[InstancePrice], wanted: dict[tuple[str, str, str], str | None]):
@@ -184,3 +189,61 @@ def test_the_check_dates_rows_by_their_table_part() -> None:
     findings = check_catalog(CATALOG)
     assert [f for f in findings if not f.known] == []
     assert {f.kind for f in findings} >= {"spot-placeholder", "regional-outlier"}
+
+
+def test_a_total_that_is_the_gpus_alone_lacks_its_host() -> None:
+    # GCP a4-highgpu-8g as the catalogue had it: $90.216 = 8 B200s at $11.277, host $0.
+    put_back = listed(list(CATALOG.instances), {("gcp", "us-central1", "a4-highgpu-8g"): None})
+    found = {
+        (f.region, f.instance_type, f.market)
+        for f in check_instances(put_back, parts=PARTS)
+        if f.kind == "missing-host" and not f.known
+    }
+    assert found == {
+        ("us-central1", "a4-highgpu-8g", Market.ON_DEMAND),
+        ("us-central1", "a4-highgpu-8g", Market.SPOT),
+    }
+    # The bundled rows say so already (unverified, with the note): known, not new.
+    bundled = [f for f in check_catalog(CATALOG, PARTS) if f.kind == "missing-host"]
+    assert {f.instance_type for f in bundled} == {"a4-highgpu-8g"}
+    assert all(f.known for f in bundled)
+    # Without the parts, nothing tells a GPU-only total from a whole one.
+    assert not [f for f in check_instances(put_back) if f.kind == "missing-host"]
+
+
+def test_any_gpu_billed_apart_priced_without_its_host_is_found() -> None:
+    alone = {(p.region, p.accelerator): p.ondemand_usd_per_gpu_hour for p in PARTS}
+    for region, size, gpu in (
+        ("us-central1", "g2-standard-4", "L4"),  # the host is 21% of the total
+        ("asia-northeast1", "a3-highgpu-8g", "H100"),
+        ("europe-west4", "n1-highmem-8", "T4"),  # GPUs attached to n1
+        ("us-east5", "a3-ultragpu-8g", "H200"),
+    ):
+        whole = next(
+            r
+            for r in CATALOG.instances
+            if (r.region, r.instance_type, r.accelerator) == (region, size, gpu)
+        )
+        assert not [f for f in check_instances([whole], parts=PARTS) if f.kind == "missing-host"]
+        gpus = alone[(region, gpu)] * whole.accelerator_count
+        for price in (gpus, gpus * Decimal("1.01"), gpus * Decimal("0.9")):
+            bare = replace(whole, ondemand_usd_per_hour=price, spot_usd_per_hour=None)
+            found = {(f.market, f.kind) for f in check_instances([bare], parts=PARTS)}
+            assert found == {(Market.ON_DEMAND, "missing-host")}, (size, price)
+
+
+def test_check_cli_flags_the_b200_row_put_back(run_cli, tmp_path: Path) -> None:
+    tables = tmp_path / "tables"
+    shutil.copytree(CATALOG.directory, tables)
+    csv_path = tables / "gpu_instances.csv"
+    text = csv_path.read_text(encoding="utf-8")
+    line = next(x for x in text.splitlines() if x.startswith("gcp,us-east1,a4-highgpu-8g,"))
+    fields = line.split(",")[:9]
+    csv_path.write_text(text.replace(line, ",".join([*fields, "listed", "listed", ""])))
+    result = run_cli("pricing", "check", "--pricing-dir", str(tables), "--format", "json")
+    assert result.exit_code == 1
+    new = [f for f in result.json()["findings"] if not f["known"]]
+    assert {(f["instance_type"], f["market"], f["check"]) for f in new} == {
+        ("a4-highgpu-8g", str(Market.ON_DEMAND), "missing-host"),
+        ("a4-highgpu-8g", str(Market.SPOT), "missing-host"),
+    }

@@ -198,9 +198,10 @@ def check_command(settings: Settings, pricing_dir: Path | None, output_format: s
     or corrected, with a note, are shown as known: the estimate shows their note).
     """
     from costguard.pricing.check import check_catalog
+    from costguard.pricing.tables import load_gpu_parts
 
     catalog = load_tables(pricing_dir or settings.pricing_dir, settings.pricing_cache_dir)
-    findings = check_catalog(catalog)
+    findings = check_catalog(catalog, load_gpu_parts(catalog.directory))
     rows = [
         {
             "provider": f.provider,

@@ -129,6 +129,21 @@ class TransferRate:
 
 
 @dataclass(frozen=True, slots=True)
+class GpuPart:
+    """What one GPU costs alone in one region, where the cloud bills it apart from the
+    host VM's vCPUs and memory (``gpu_parts.csv``): a machine's total there is the host
+    plus its GPUs at this price, so a total that is the GPUs alone lacks its host."""
+
+    provider: str
+    region: str
+    accelerator: str
+    ondemand_usd_per_gpu_hour: Decimal
+    spot_usd_per_gpu_hour: Decimal | None
+    as_of: date
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class Region:
     """A provider region and the continent it is on (transfer prices depend on it)."""
 

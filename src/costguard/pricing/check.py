@@ -16,7 +16,11 @@ single row does not show. :func:`check_instances` looks at each row against the 
   (a host or GPU part missing from the sum);
 * ``gpu-count``: a GPU count that disagrees with the instance type's name (GCP ``-8g``);
 * ``older-than-source``: a row whose note cites a source dated after the row's own date
-  (the table part it is in): the newer source was not read into it.
+  (the table part it is in): the newer source was not read into it;
+* ``missing-host``: where the cloud bills a GPU apart from the host VM's vCPUs and
+  memory (a GPU part of ``gpu_parts.csv``: GCP), a machine whose on-demand total leaves
+  (next to) nothing for its host once its GPUs are paid (GCP a4-highgpu-8g: $90.216, the
+  eight B200s alone). Its spot price, built the same way, is flagged with it.
 
 A finding on a row whose price for that market is already marked ``unverified`` or
 ``corrected`` with a note is *known*: the estimate shows that note, and no sentence
@@ -35,7 +39,7 @@ from dataclasses import dataclass, replace
 from datetime import date
 from decimal import Decimal
 
-from costguard.pricing.catalog import Catalog, InstancePrice, Market, PriceStatus
+from costguard.pricing.catalog import Catalog, GpuPart, InstancePrice, Market, PriceStatus
 
 #: A price per GPU below this fraction of the same GPU's median over the other regions
 #: and sizes of its family (same shape per GPU), or above the upper one, is an outlier.
@@ -53,6 +57,10 @@ SPOT_OUTLIER_HIGH = Decimal("6")
 FAMILY_TOLERANCE = Decimal("0.10")
 #: A catalogue's stand-in for a spot price it did not read: on-demand times this.
 PLACEHOLDER_RATIO = Decimal("0.1")
+#: The host VM's least share of a machine's on-demand total where it is billed apart
+#: from the GPUs: over the bundled GCP rows it is 9-68% (A3 in europe-west4 the least,
+#: n1 with one T4 the most); a total within 2% of its GPUs alone lacks its host.
+HOST_SHARE_MIN = Decimal("0.02")
 _GCP_GPU_SUFFIX = re.compile(r"-(?P<count>[0-9]+)g(?:-[a-z]+)?\Z")
 _SIZE = re.compile(r"[-.]?[0-9]+g?(?:-[a-z]+)?\Z|\.\w+\Z")
 _DATE = re.compile(r"\b(20\d\d-[01]\d-[0-3]\d)\b")
@@ -73,10 +81,14 @@ class Finding:
 
 
 def check_instances(
-    rows: Iterable[InstancePrice], dated: Callable[[InstancePrice], date] | None = None
+    rows: Iterable[InstancePrice],
+    dated: Callable[[InstancePrice], date] | None = None,
+    parts: Iterable[GpuPart] = (),
 ) -> list[Finding]:
     """Every finding over ``rows``, in table order. ``dated`` gives a row's own date (its
     table part's as-of date); without it, notes citing newer sources are not checked.
+    ``parts`` are the GPUs' prices alone where a cloud bills them apart from the host
+    (without them, no total is checked for a missing host).
 
     >>> from costguard.pricing.tables import load_catalog
     >>> [f for f in check_instances(load_catalog().instances) if not f.known]
@@ -91,6 +103,7 @@ def check_instances(
     for market in Market:
         findings.extend(_outliers(rows, market))
     findings.extend(_family_sums(rows))
+    findings.extend(_missing_hosts(rows, parts))
     order = {(r.provider, r.region, r.instance_type, r.accelerator): i for i, r in enumerate(rows)}
     return sorted(
         findings,
@@ -98,23 +111,26 @@ def check_instances(
     )
 
 
-def check_catalog(catalog: Catalog) -> list[Finding]:
+def check_catalog(catalog: Catalog, parts: Iterable[GpuPart] = ()) -> list[Finding]:
     """:func:`check_instances` over ``catalog``'s instance rows, each dated by the table
-    part (provider and region) it is in."""
+    part (provider and region) it is in, with the GPU ``parts``."""
 
     def dated(row: InstancePrice) -> date:
         table = "gpu_instances" if row.accelerator else "cpu_instances"
         return catalog.tables[table].part(row.provider, row.region).as_of
 
-    return check_instances(catalog.instances, dated)
+    return check_instances(catalog.instances, dated, parts)
 
 
 def mark_suspects(
-    rows: Sequence[InstancePrice], only: Callable[[InstancePrice], bool] = lambda _: True
+    rows: Sequence[InstancePrice],
+    only: Callable[[InstancePrice], bool] = lambda _: True,
+    parts: Iterable[GpuPart] = (),
 ) -> list[InstancePrice]:
     """``rows`` with each price :func:`check_instances` finds new fault with marked
     ``unverified``, the finding in the row's note, in the rows ``only`` accepts (those a
-    refresh read: what it writes is never a suspect price left ``listed``).
+    refresh read: what it writes is never a suspect price left ``listed``); ``parts`` as
+    for :func:`check_instances`.
 
     >>> from costguard.pricing.tables import load_catalog
     >>> rows = load_catalog().instances
@@ -122,7 +138,7 @@ def mark_suspects(
     True
     """
     found: dict[tuple[str, str, str, str | None], list[Finding]] = {}
-    for finding in check_instances(rows):
+    for finding in check_instances(rows, parts=parts):
         if not finding.known:
             key = (finding.provider, finding.region, finding.instance_type, finding.accelerator)
             found.setdefault(key, []).append(finding)
@@ -302,3 +318,32 @@ def _family_sums(rows: Sequence[InstancePrice]) -> Iterable[Finding]:
                     f"on-demand ${price:.4f} per GPU-hour, while its family's sizes "
                     f"cost ${median:.4f}",
                 )
+
+
+def _missing_hosts(rows: Sequence[InstancePrice], parts: Iterable[GpuPart]) -> Iterable[Finding]:
+    alone = {(p.provider, p.region, p.accelerator): p for p in parts}
+    if not alone:
+        return
+    for row in rows:
+        part = alone.get((row.provider, row.region, row.accelerator or ""))
+        total = row.ondemand_usd_per_hour
+        if part is None or not total or not row.accelerator_count:
+            continue
+        gpus = part.ondemand_usd_per_gpu_hour * row.accelerator_count
+        host = total - gpus
+        if host >= total * HOST_SHARE_MIN:
+            continue
+        message = (
+            f"on-demand {total} leaves ${host:.4f} for the host VM once its "
+            f"{row.accelerator_count} {row.accelerator} are paid (${gpus:.4f} at "
+            f"${part.ondemand_usd_per_gpu_hour} each, gpu_parts.csv of {part.as_of}): "
+            "the vCPUs and memory billed apart are missing"
+        )
+        yield _finding(row, Market.ON_DEMAND, "missing-host", message)
+        if row.spot_usd_per_hour is not None:
+            yield _finding(
+                row,
+                Market.SPOT,
+                "missing-host",
+                "spot is built like its on-demand price, whose host VM part is missing",
+            )

@@ -29,6 +29,7 @@ from costguard.pricing.catalog import (
     PROVIDERS,
     REQUIRED_TABLES,
     Catalog,
+    GpuPart,
     InstancePrice,
     PriceStatus,
     Region,
@@ -83,6 +84,21 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
         directory=directory,
         origin=origin,
     )
+
+
+def load_gpu_parts(directory: Path) -> tuple[GpuPart, ...]:
+    """The GPU parts table (``[gpu_parts]`` in ``tables.toml``) of ``directory``, or the
+    bundled one when that folder has none (a refresh writes only the tables it reads).
+    ``costguard pricing check`` reads it; the estimate does not need it.
+    """
+    index_path = directory / "tables.toml"
+    index = _read_index(index_path) if index_path.is_file() else {}
+    if "gpu_parts" not in index:
+        bundled = bundled_tables_dir()
+        if directory == bundled:
+            return ()
+        return load_gpu_parts(bundled)
+    return _load(_table_info("gpu_parts", index, directory).path, _by_name(_gpu_part))
 
 
 #: In a cache folder written by ``costguard pricing refresh``: the symbolic link to the
@@ -497,6 +513,18 @@ def _storage(row: Mapping[str, str]) -> StorageRate:
         disk_size_gib=size,
         usd=_required_price(row, "usd"),
         status=_required_status(row),
+        as_of=_date(row, "as_of"),
+        source=_field(row, "source"),
+    )
+
+
+def _gpu_part(row: Mapping[str, str]) -> GpuPart:
+    return GpuPart(
+        provider=check_provider(_field(row, "provider")),
+        region=_field(row, "region"),
+        accelerator=_field(row, "accelerator"),
+        ondemand_usd_per_gpu_hour=_required_price(row, "ondemand_usd_per_gpu_hour"),
+        spot_usd_per_gpu_hour=_price(row, "spot_usd_per_gpu_hour", optional=True),
         as_of=_date(row, "as_of"),
         source=_field(row, "source"),
     )

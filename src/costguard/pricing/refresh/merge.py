@@ -25,6 +25,7 @@ from costguard.pricing.catalog import (
     INSTANCE_TABLES,
     REQUIRED_TABLES,
     Catalog,
+    GpuPart,
     InstancePrice,
     Market,
     PriceStatus,
@@ -214,9 +215,13 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ro
 
 
 def merge_tables(
-    catalog: Catalog, fresh: Sequence[FreshPrices], refreshed_at: datetime
+    catalog: Catalog,
+    fresh: Sequence[FreshPrices],
+    refreshed_at: datetime,
+    gpu_parts: Sequence[GpuPart] = (),
 ) -> MergedTables:
-    """The tables after merging ``fresh`` (one entry per provider that refreshed)."""
+    """The tables after merging ``fresh`` (one entry per provider that refreshed); the
+    rows read are checked with the ``gpu_parts`` too (a total without its host)."""
     by_provider = {f.provider: f for f in fresh}
     stats = {f.provider: MergeStats() for f in fresh}
     instances: dict[str, tuple[InstancePrice, ...]] = {}
@@ -276,6 +281,7 @@ def merge_tables(
     checked = mark_suspects(
         [row for table in INSTANCE_TABLES for row in instances[table]],
         lambda row: (row.provider, row.region) in read,
+        gpu_parts,
     )
     for table in INSTANCE_TABLES:
         instances[table] = tuple(_in_table(checked, table))

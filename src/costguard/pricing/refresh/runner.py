@@ -28,7 +28,7 @@ from costguard.pricing.refresh.merge import (
     merge_tables,
     new_rows,
 )
-from costguard.pricing.tables import load_tables
+from costguard.pricing.tables import load_gpu_parts, load_tables
 from costguard.providers import adapter_class
 from costguard.retry import RetryPolicy
 from costguard.settings import Settings
@@ -198,7 +198,7 @@ def refresh_tables(
     cache.check_target(plan.output)
     with cache.locked(plan.output):
         base = current_tables(plan.output) if cache.has_tables(plan.output) else catalog
-        merged = merge_tables(base, fresh, now)
+        merged = merge_tables(base, fresh, now, load_gpu_parts(base.directory))
         cache.write_tables(plan.output, merged, base, now)
     reports = [
         replace(report, stats=merged.stats[report.provider]) if report.ok else report
