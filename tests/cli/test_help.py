@@ -135,6 +135,7 @@ def test_help_fits_the_terminal(
     assert result.exit_code == 0, result.stderr
     wide = [line for line in result.stdout.splitlines() if len(line) > columns]
     assert not wide, f"{len(wide)} line(s) wider than {columns}: {wide}"
+    assert "\b" not in result.stdout, "a \\b marker shown as text (not after a blank line)"
     assert "Example" in result.stdout or "costguard estimate --gpu" in result.stdout
     examples = [line.strip() for line in result.stdout.splitlines()]
     assert any(line.startswith("costguard ") for line in examples), "no example command"
