@@ -63,11 +63,14 @@ EXAMPLES = """
 \b
 Examples:
   costguard estimate --gpu a10g --hours 8 --count 4
-  costguard estimate --gpu h100 --gpus-per-instance 8 --hours 24 --spot --format json
+  costguard estimate --gpu h100 --gpus-per-instance 8 --hours 24 --spot \\
+      --format json
   costguard estimate --gpu l4 --hours 10 --data-region us-east-1 --data-gb 500
-  costguard estimate --instance-type g5.xlarge --region us-east-1 --hours 8 --budget 50
-  costguard estimate --gpu a100 --hours 24 --provider slurm --su-per-gpu-hour 64 \\
-      --su-budget 50000            # an ACCESS allocation next to every cloud
+  costguard estimate --instance-type g5.xlarge --region us-east-1 --hours 8 \\
+      --budget 50
+  # an ACCESS allocation next to every cloud:
+  costguard estimate --gpu a100 --hours 24 --provider slurm \\
+      --su-per-gpu-hour 64 --su-budget 50000
   costguard estimate --gpu a100 --hours 24 --provider slurm --provider aws \\
       --su-per-gpu-hour 64 --usd-per-su 0.02
   costguard estimate --gpu a100 --gpus-per-instance 4 --count 10 --hours 2 \\

@@ -38,14 +38,15 @@ EXAMPLES = """
 \b
 Examples:
   # prove preempt-and-resume on this machine first (nothing is billed):
-  costguard launch --provider local --gpu a10g --checkpoint ckpt/ --preempt-every 60 --yes \\
-      -- python train.py
-  costguard launch --gpu a10g --spot --checkpoint s3://my-bucket/run1 --max-total 50 \\
-      --option image=ami-0123456789abcdef0 --option instance_profile=costguard-instance \\
+  costguard launch --provider local --gpu a10g --checkpoint ckpt/ \\
+      --preempt-every 60 --yes -- python train.py
+  costguard launch --gpu a10g --spot --checkpoint s3://my-bucket/run1 \\
+      --max-total 50 --option image=ami-0123456789abcdef0 \\
+      --option instance_profile=costguard-instance \\
       -- python train.py --epochs 10
-  costguard launch --attach s3://my-bucket/run1        # a new controller takes over
+  costguard launch --attach s3://my-bucket/run1  # a new controller takes over
   costguard jobs status s3://my-bucket/run1 --format json
-\b
+
 Exit code: 0 when the job finished (exit 0), 1 when it failed or a limit stopped it,
 2 for bad input (nothing was launched).
 """

@@ -396,28 +396,35 @@ def _cell(name: str, value: Any) -> str:
 REFRESH_EPILOG = """\b
 Examples:
   costguard pricing refresh
-  costguard pricing refresh --provider aws --region us-east-1 --region us-west-2
+  costguard pricing refresh --provider aws --region us-east-1 \\
+      --region us-west-2
   costguard pricing refresh --from /media/usb/price-responses
   costguard pricing refresh --output /shared/costguard-pricing --format json
 
 \b
 Sources (estimate and pricing show never reach the network; refresh does):
-  aws    Price List Query API (GetProducts) and EC2 DescribeSpotPriceHistory, through
-         boto3 and your AWS credentials; AWS_ENDPOINT_URL_PRICING overrides the endpoint.
-  gcp    Cloud Billing Catalog API (Compute Engine SKUs) over gRPC, Application Default
-         Credentials; COSTGUARD_GCP_ENDPOINT overrides the endpoint (https://HOST[:PORT],
-         TLS; or http://127.0.0.1:PORT, a local server).
-  azure  Retail Prices API, no account; COSTGUARD_AZURE_PRICES_ENDPOINT overrides it.
+  aws    Price List Query API (GetProducts) and EC2 DescribeSpotPriceHistory,
+         through boto3 and your AWS credentials; AWS_ENDPOINT_URL_PRICING
+         overrides the endpoint.
+  gcp    Cloud Billing Catalog API (Compute Engine SKUs) over gRPC,
+         Application Default Credentials; COSTGUARD_GCP_ENDPOINT overrides
+         the endpoint (https://HOST[:PORT], TLS; or http://127.0.0.1:PORT,
+         a local server).
+  azure  Retail Prices API, no account; COSTGUARD_AZURE_PRICES_ENDPOINT
+         overrides it.
 
 \b
---from DIR reads responses downloaded earlier (air-gapped sites), one file per page:
-  DIR/aws/pricing-*.json   GetProducts responses, or a region's public offer file
+--from DIR reads responses downloaded earlier (air-gapped sites), one a page:
+  DIR/aws/pricing-*.json   GetProducts responses, or a region's offer file
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses
-  DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they were
-                           downloaded (else: the records' own dates, or the files')
-A region the tables do not cover yet is added with the instance types the API lists there.
+  DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they
+                           were downloaded (else: the records' own dates, or
+                           the files')
+
+A region the tables do not cover yet is added with the instance types the API
+lists there.
 """
 
 
