@@ -289,7 +289,7 @@ def status_command(settings: Settings, **options: Any) -> None:
         return
     if not statuses:
         click.echo(f"No costguard budget on {options['provider']}.")
-        click.echo("Hint: costguard alarm --budget 200 --email me@uni.edu")
+        click.echo("Hint: `costguard alarm --budget 200 --email me@uni.edu`")
         return
     columns = (
         render.Column("Name"),

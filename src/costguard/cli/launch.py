@@ -205,6 +205,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     The job's state lives next to the checkpoints (job/job.json), so
     another controller can take over with --attach.
     """
+    from costguard.spot import report
     from costguard.spot.controller import Controller, check_not_supervised
     from costguard.spot.job import release_job
     from costguard.spot.prepare import launcher_for, offers_for
@@ -233,11 +234,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
             final = controller.run(job)
     except KeyboardInterrupt:
         released = release_job(store)
-        _echo(
-            "interrupted: the job keeps running unsupervised; "
-            f"`costguard launch --attach {job.spec.checkpoint_url}` takes over"
-            + ("" if released else " (with --force: this controller could not release it)")
-        )
+        _echo(report.interrupted_line(job.spec.checkpoint_url, released=released))
         raise
     finally:
         close = getattr(launcher, "close", None)
@@ -270,7 +267,7 @@ def _attached(options: Mapping[str, Any]) -> tuple[Job, Store]:
 
     if options["command"]:
         msg = "--attach takes no command: the job's own is used"
-        raise InputError(msg, hint="costguard launch --attach URL")
+        raise InputError(msg, hint="`costguard launch --attach URL`")
     store = open_store(normal_url(options["attach_url"]))
     return load_job(store), store
 

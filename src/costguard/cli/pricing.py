@@ -612,7 +612,7 @@ def _print_refresh(report: RefreshReport) -> None:
             "updated: rows with a price read just now; kept: rows that API does not price "
             "(TPUs), left as they were",
             "not found: rows the API did not list; their old price is kept and flagged "
-            "unverified (costguard pricing show gpu_instances --unverified)",
+            "unverified (`costguard pricing show gpu_instances --unverified`)",
             "storage, transfer and regions: kept as they were (refresh updates instance "
             "prices only); providers and regions not refreshed (regions: those refreshed, "
             "with prices read) keep their rows and dates",

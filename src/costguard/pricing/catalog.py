@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from costguard.errors import UnknownNameError
+from costguard.shell import command
 
 PROVIDERS = ("aws", "gcp", "azure")
 INSTANCE_TABLES = ("gpu_instances", "cpu_instances")
@@ -274,14 +275,14 @@ def refresh_hint(provider: str, regions: Iterable[str]) -> str:
     more: the whole provider, which covers every region it knows).
 
     >>> refresh_hint("azure", ["uksouth"])  # doctest: +ELLIPSIS
-    'costguard pricing refresh --provider azure --region uksouth adds them (needs no account...)'
+    '`costguard pricing refresh --provider azure --region uksouth` adds them (needs no account...)'
     >>> refresh_hint("gcp", ["a", "b", "c", "d"])  # doctest: +ELLIPSIS
-    'costguard pricing refresh --provider gcp adds them (needs Google Cloud credentials...)'
+    '`costguard pricing refresh --provider gcp` adds them (needs Google Cloud credentials...)'
     """
     names = list(regions)
-    named = "".join(f" --region {r}" for r in names) if len(names) <= 3 else ""
-    command = f"costguard pricing refresh --provider {provider}{named}"
-    return f"{command} adds them ({REFRESH_NEEDS[provider]})"
+    named = [word for r in names for word in ("--region", r)] if len(names) <= 3 else []
+    refresh = command("costguard", "pricing", "refresh", "--provider", provider, *named)
+    return f"{refresh} adds them ({REFRESH_NEEDS[provider]})"
 
 
 def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:

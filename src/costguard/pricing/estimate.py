@@ -526,7 +526,7 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
             return _unknown_instance_type(request, catalog)
         return InputError(
             f"no instance with {what} in the tables",
-            hint="costguard pricing gpus lists the GPUs and where they are",
+            hint="`costguard pricing gpus` lists the GPUs and where they are",
         )
     located = _matching(request, catalog.instances, ignore_count=True)
     where = ", ".join(request.regions or request.providers) or "any region in the tables"

@@ -24,6 +24,7 @@ from decimal import Decimal
 
 from costguard.errors import InputError
 from costguard.pricing.catalog import Catalog, InstancePrice, Market
+from costguard.shell import command
 from costguard.spot.launcher.base import Offer
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -156,6 +157,8 @@ def require_offers(
     msg = f"no {wanted.value} offer for {gpu_count} x {gpu} on {where} in the price tables"
     raise InputError(
         msg,
-        hint=f"costguard estimate --gpu {gpu} --gpus-per-instance {gpu_count} --hours 1 "
-        "shows where it is sold",
+        hint=command(
+            "costguard", "estimate", "--gpu", gpu, "--gpus-per-instance", gpu_count, "--hours", 1
+        )
+        + " shows where it is sold",
     )
