@@ -19,6 +19,7 @@ from costguard.cli import render, wrap_words
 from costguard.errors import CostguardError
 from costguard.spot import report
 from costguard.spot.job import Job, save_job
+from tests.helpers.output import assert_commands_whole
 from tests.spot.test_offers_and_job import spec
 
 COMMAND = re.compile(r"`([^`]*)`")
@@ -28,16 +29,6 @@ WIDTH = 80
 def pasted(text: str) -> list[list[str]]:
     """The words a shell makes of each command in ``text`` (wrapped or not)."""
     return [shlex.split(found) for found in COMMAND.findall(" ".join(text.split()))]
-
-
-def assert_whole(lines: list[str], text: str) -> None:
-    """Each command of ``text`` on one of ``lines``; no line wider than the terminal but
-    a command standing alone on its own."""
-    for command in COMMAND.findall(text):
-        assert any(f"`{command}`" in line for line in lines), (command, lines)
-    for line in lines:
-        alone = re.fullmatch(r"\s*(\S+: )?`[^`]*`\S*", line)
-        assert len(line) <= WIDTH or alone, f"{len(line)} > {WIDTH}: {line!r}"
 
 
 @pytest.fixture
@@ -67,7 +58,7 @@ def test_a_running_jobs_hint_names_commands_that_paste(
         ["costguard", "launch", "--attach", store.url],
         ["costguard", "jobs", "status", store.url],
     ]
-    assert_whole(wrap_words("Hint: ", hint.removeprefix("Hint: "), WIDTH), hint)
+    assert_commands_whole(wrap_words("Hint: ", hint.removeprefix("Hint: "), WIDTH), WIDTH, hint)
 
 
 def test_the_offer_hint_names_an_estimate_that_pastes(
@@ -111,4 +102,4 @@ def test_a_launchs_report_and_its_interruption_name_commands_that_paste(
         render.print_prose(line, first="", indent="  ")
     render.print_prose(interrupted, first="costguard: ", indent="  ")
     shown = capsys.readouterr().out.splitlines()
-    assert_whole(shown, " ".join([*lines, interrupted]))
+    assert_commands_whole(shown, WIDTH, " ".join([*lines, interrupted]))
