@@ -284,11 +284,14 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         extra += preemption.assumption_lines(spot) if spot is not None else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
+        said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
         for one in results:  # one table per GPU asked for; the assumptions once, at the end
             shown_one = limit_places(one.options, options["top"])
             last = one is results[-1]
+            fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
+            said.update(one.notes)
             print_table(
-                one, shown_one, catalog, slurm if last else None, assumptions=last, spot=spot
+                fresh, shown_one, catalog, slurm if last else None, assumptions=last, spot=spot
             )
         print_answers(result, catalog, budget)
         if spot is not None:

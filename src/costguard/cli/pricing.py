@@ -166,10 +166,11 @@ def _say_uncovered(catalog: Catalog, uncovered: Sequence[Region]) -> None:
         by_provider.setdefault(region.provider, []).append(region.name)
     for provider, names in by_provider.items():
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        example = names[:1] if len(names) > 1 else names
-        click.echo(
+        render.print_prose(
             f"Not covered by the {catalog.origin} tables: {provider} {shown}. "
-            f"{refresh_hint(provider, example)}",
+            f"{refresh_hint(provider, names)}",
+            indent="  ",
+            first="",
             err=True,
         )
 

@@ -194,8 +194,8 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     notes = list(_market_notes(request, candidates))
     for provider, names in uncovered.items():
         notes.append(
-            f"Not covered by the {catalog.origin} tables (no prices): {_shorten(names, 4)}; "
-            f"{refresh_hint(provider, names)}"
+            f"Not covered by the {catalog.origin} tables (no prices): {provider} "
+            f"{', '.join(names)}; {refresh_hint(provider, names)}"
         )
     near = None
     if request.data_region is not None:
