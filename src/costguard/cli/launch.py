@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from costguard.checkpoint.store import Store
     from costguard.spot.job import Job, JobSpec
     from costguard.spot.launcher.base import Launcher, Offer
-    from costguard.spot.prepare import LaunchRequest, Prepared
+    from costguard.spot.prepare import LaunchRequest
 
 EXAMPLES = """
 \b
@@ -306,6 +306,7 @@ def _prepare(
     settings: Settings, request: LaunchRequest
 ) -> tuple[Job, Store, list[Offer], Launcher]:
     """Check everything, print the estimate, run the guard, confirm; write job.json."""
+    from costguard.spot.offers import fallback_offer
     from costguard.spot.prepare import check_launcher, commit, launcher_for, prepare
 
     prepared = prepare(settings, request, owner=_owner(), environ=os.environ)
@@ -313,7 +314,8 @@ def _prepare(
     try:
         prepared = check_launcher(prepared, launcher)
         first = prepared.first.offer
-        _print_estimate(prepared.spec, first, _fallback(prepared), prepared.as_of, prepared.offers)
+        fallback = fallback_offer(prepared.offers)
+        _print_estimate(prepared.spec, first, fallback, prepared.as_of, prepared.offers)
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -333,12 +335,6 @@ def _prepare(
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
-
-
-def _fallback(prepared: Prepared) -> Offer | None:
-    from costguard.pricing.catalog import Market
-
-    return next((o for o in prepared.offers if o.market is Market.ON_DEMAND), None)
 
 
 def _owner() -> str:

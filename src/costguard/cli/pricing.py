@@ -34,6 +34,7 @@ from costguard.pricing.catalog import (
     StorageRate,
     TransferRate,
     check_provider,
+    prices_as_of,
     refresh_hint,
     source_dates,
     table_rows,
@@ -142,15 +143,21 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
     """The GPUs in the tables: names you can type, where they are, lowest $/GPU-hour."""
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     wanted = {check_provider(p) for p in providers}
-    rows = list(_gpu_rows(catalog, wanted))
+    listed = [
+        i for i in catalog.instances if i.accelerator and (not wanted or i.provider in wanted)
+    ]
+    rows = list(_gpu_rows(listed))
+    # Dated by the oldest price listed, as estimate dates what it shows.
+    places = [("gpu_instances", i.provider, i.region, Market.ON_DEMAND) for i in listed]
+    as_of = prices_as_of(catalog, places).isoformat()
     output_format = output_format.lower()
     if output_format == "json":
-        render.print_json({"as_of": catalog.as_of.isoformat(), "gpus": rows})
+        render.print_json({"as_of": as_of, "gpus": rows})
     elif output_format == "csv":
         render.print_csv(list(rows[0]) if rows else ["gpu"], rows)
     else:
         _print_rows(
-            f"GPUs in the tables - as of {catalog.as_of.isoformat()} ({catalog.origin})",
+            f"GPUs in the tables - as of {as_of} ({catalog.origin})",
             list(rows[0]) if rows else ["gpu"],
             rows,
         )
@@ -231,10 +238,10 @@ def check_command(settings: Settings, pricing_dir: Path | None, output_format: s
         raise SystemExit(EXIT_FAILURE)
 
 
-def _gpu_rows(catalog: Catalog, providers: set[str]) -> Iterable[dict[str, Any]]:
+def _gpu_rows(listed: Sequence[InstancePrice]) -> Iterable[dict[str, Any]]:
     by_gpu: dict[str, list[InstancePrice]] = {}
-    for inst in catalog.instances:
-        if inst.accelerator and (not providers or inst.provider in providers):
+    for inst in listed:
+        if inst.accelerator:
             by_gpu.setdefault(inst.accelerator, []).append(inst)
     order = {m.name: i for i, m in enumerate(MODELS)}
     for name in sorted(by_gpu, key=lambda n: (order.get(n, len(order)), n)):
