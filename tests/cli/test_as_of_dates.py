@@ -70,3 +70,5 @@ def test_pricing_gpus_is_dated_by_the_rows_it_lists(
     assert table.exit_code == 0, table.stderr
     assert dates(table.stdout) == {expected}
     assert run_cli("pricing", "gpus", *flags, "--format", "json").json()["as_of"] == str(expected)
+    show = run_cli("pricing", "show", "gpu_instances", *flags)
+    assert dates(show.stdout) == {expected}

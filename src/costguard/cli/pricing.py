@@ -27,6 +27,7 @@ from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
 from costguard.pricing import TABLES
 from costguard.pricing.catalog import (
+    INSTANCE_TABLES,
     Catalog,
     InstancePrice,
     Market,
@@ -106,11 +107,15 @@ def show_command(
     ]
     columns = list(rows[0]) if rows else _columns(table)
     info = catalog.tables[table]
+    as_of = info.as_of
+    if table in INSTANCE_TABLES:  # the oldest price listed, as estimate dates what it shows
+        places = [(table, r["provider"], r["region"], Market.ON_DEMAND) for r in rows]
+        as_of = prices_as_of(catalog, places)
     if output_format == "json":
         render.print_json(
             {
                 "table": table,
-                "as_of": info.as_of.isoformat(),
+                "as_of": as_of.isoformat(),
                 "source": info.source,
                 "origin": catalog.origin,
                 "rows": rows,
@@ -119,7 +124,7 @@ def show_command(
     elif output_format == "csv":
         render.print_csv(columns, rows)
     else:
-        _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
+        _print_rows(f"{table} - as of {as_of.isoformat()} ({catalog.origin})", columns, rows)
         render.print_prose(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
     if table in ("gpu_instances", "cpu_instances"):
