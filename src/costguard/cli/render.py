@@ -217,7 +217,9 @@ def print_prose(
     con = con or console(stderr=err)
     first = indent if first is None else first
     if con.is_terminal:
-        lines = [line.rstrip() for line in wrap_words(first, text, max(20, con.width), indent)]
+        body = text.lstrip()  # the text's own indent stays on its first line
+        label = first + text[: len(text) - len(body)]
+        lines = [line.rstrip() for line in wrap_words(label, body, max(20, con.width), indent)]
     else:
         lines = [first + text]
     for line in lines:
