@@ -27,7 +27,6 @@ from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
 from costguard.pricing import TABLES
 from costguard.pricing.catalog import (
-    INSTANCE_TABLES,
     Catalog,
     InstancePrice,
     Market,
@@ -37,6 +36,7 @@ from costguard.pricing.catalog import (
     check_provider,
     prices_as_of,
     refresh_hint,
+    rows_as_of,
     source_dates,
     table_rows,
 )
@@ -107,10 +107,7 @@ def show_command(
     ]
     columns = list(rows[0]) if rows else _columns(table)
     info = catalog.tables[table]
-    as_of = info.as_of
-    if table in INSTANCE_TABLES:  # the oldest price listed, as estimate dates what it shows
-        places = [(table, r["provider"], r["region"], Market.ON_DEMAND) for r in rows]
-        as_of = prices_as_of(catalog, places)
+    as_of = rows_as_of(catalog, table, rows)  # the oldest listed, as estimate dates prices
     if output_format == "json":
         render.print_json(
             {

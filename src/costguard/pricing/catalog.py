@@ -402,3 +402,19 @@ def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]
         catalog.tables[table].part(provider, region).as_of for table, provider, region, _ in places
     ]
     return min(dates, default=catalog.as_of)
+
+
+def rows_as_of(catalog: Catalog, table: str, rows: Iterable[Mapping[str, Any]]) -> date:
+    """How old the :func:`table_rows` ``rows`` of ``table`` are: for an instance table the
+    oldest date of the parts they are in (:func:`prices_as_of`), else the table's. Pure.
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> catalog = load_catalog()
+    >>> rows = [{"provider": "aws", "region": "us-east-1"}]
+    >>> rows_as_of(catalog, "gpu_instances", rows) == prices_as_of(
+    ...     catalog, [("gpu_instances", "aws", "us-east-1", Market.SPOT)])
+    True
+    """
+    if table not in INSTANCE_TABLES:
+        return catalog.tables[table].as_of
+    return prices_as_of(catalog, [(table, r["provider"], r["region"], Market.SPOT) for r in rows])
