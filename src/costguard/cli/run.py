@@ -41,7 +41,7 @@ Hugging Face Trainer, Accelerate or Lightning, with their own checkpoints:
       -- python train.py
 
 \b
-Multi-process training (a Checkpointer per rank; FSDP2: each its shards):
+Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
   costguard run --checkpoint s3://my-bucket/run1 \\
       -- torchrun --nproc-per-node 2 train.py""",
     short_help="Run a training script with checkpointing and preemption notices.",
