@@ -117,3 +117,25 @@ def test_a_command_loads_its_own_module_only() -> None:
     assert "costguard.cli.estimate" in loaded
     others = {module for module, *_ in COMMANDS.values()} - {"costguard.cli.estimate"}
     assert loaded.isdisjoint(others)
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "costguard")
+def test_help_fits_the_terminal(
+    run_cli: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+    path: tuple[str, ...],
+    columns: int,
+) -> None:
+    """Every --help, lazy subcommands included, at COLUMNS=80 and 120: no line wider than
+    the terminal (click wraps prose; an example in a ``\\b`` block must fit by itself, a
+    long one continued with a backslash), and an example in each."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    result = run_cli(*path, "--help")
+    assert result.exit_code == 0, result.stderr
+    wide = [line for line in result.stdout.splitlines() if len(line) > columns]
+    assert not wide, f"{len(wide)} line(s) wider than {columns}: {wide}"
+    assert "\b" not in result.stdout, "a \\b marker shown as text (not after a blank line)"
+    assert "Example" in result.stdout or "costguard estimate --gpu" in result.stdout
+    examples = [line.strip() for line in result.stdout.splitlines()]
+    assert any(line.startswith("costguard ") for line in examples), "no example command"

@@ -33,6 +33,18 @@ def assert_fits(text: str, width: int, cells: Iterable[str]) -> None:
     assert not missing, f"not shown whole at {width} columns: {missing[:10]}"
 
 
+def assert_commands_whole(lines: list[str], width: int, text: str | None = None) -> None:
+    """Each `command` in backticks (of ``text``, default: the lines) whole on one of
+    ``lines``, and no line wider than ``width`` but one where a command stands alone
+    (after a label such as ``Hint: `` at most), so that it can be copied."""
+    text = "\n".join(lines) if text is None else text
+    for command in re.findall(r"`[^`]*`", " ".join(text.split())):
+        assert any(command in line for line in lines), (command, lines)
+    for line in lines:
+        alone = re.fullmatch(r"\s*(\S+: )?`[^`]*`\S*", line)
+        assert len(line) <= width or alone, f"{len(line)} > {width}: {line!r}"
+
+
 def on_terminal(
     argv: list[str], columns: int, env: Mapping[str, str], rows: int = 40, typed: bytes = b""
 ) -> tuple[int, str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from costguard.errors import CostguardError
+from costguard.shell import command
 
 
 class _HasAlarm(Protocol):
@@ -18,6 +19,10 @@ class _HasAlarm(Protocol):
 
 class NoAlarmError(CostguardError):
     """No costguard budget exists on the provider: launching is refused (exit 1)."""
+
+
+#: The rest of the alarm command the refusal suggests.
+_EXAMPLE = ("--budget", "200", "--email", "you@uni.edu")
 
 
 def require_alarm(provider: str, backend: _HasAlarm, *, override: bool = False) -> str | None:
@@ -34,8 +39,5 @@ def require_alarm(provider: str, backend: _HasAlarm, *, override: bool = False) 
     if backend.has_alarm():
         return None
     msg = f"no costguard budget alarm on {provider}: set one before launching anything"
-    raise NoAlarmError(
-        msg,
-        hint=f"costguard alarm --provider {provider} --budget 200 --email you@uni.edu "
-        "(or --no-alarm-check to launch anyway)",
-    )
+    alarm = command("costguard", "alarm", "--provider", provider, *_EXAMPLE)
+    raise NoAlarmError(msg, hint=f"{alarm} (or --no-alarm-check to launch anyway)")

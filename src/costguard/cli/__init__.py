@@ -215,18 +215,18 @@ def echo_prose(label: str, text: str, *, err: bool = False) -> None:
 _WORD = re.compile(r"`[^`]*`\S*|\S+")
 
 
-def wrap_words(label: str, text: str, width: int | None) -> list[str]:
+def wrap_words(label: str, text: str, width: int | None, indent: str | None = None) -> list[str]:
     """``label + text`` in lines of at most ``width`` columns, broken between words,
-    later lines indented under the text; ``None``: one line. A `command` in backticks
-    is never broken: one longer than a line stands alone on its own, whole, so that it
-    can be copied.
+    later lines starting with ``indent`` (default: under the text); ``None``: one line.
+    A `command` in backticks is never broken: one longer than a line stands alone on
+    its own, whole, so that it can be copied.
 
     >>> wrap_words("Hint: ", "run `aws sso login --profile NAME` and set AWS_PROFILE", 30)
     ['Hint: run', '      `aws sso login --profile NAME`', '      and set AWS_PROFILE']
     """
     if width is None:
         return [label + text]
-    indent = " " * len(label)
+    indent = " " * len(label) if indent is None else indent
     lines: list[str] = []
     line = label
     for word in _WORD.findall(text):

@@ -22,11 +22,12 @@ from costguard.settings import Settings
 EXAMPLES = """
 \b
 Examples:
-  costguard agent --once                          # one reading: what the agent sees
-  costguard agent --idle-minutes 5                # dry run: watch and log, never shut down
-  costguard agent --idle-minutes 60 --execute     # the systemd unit in infra/systemd/
-  costguard agent --action azure-deallocate --execute   # Azure: a powered-off VM bills
-\b
+  costguard agent --once                       # one reading: what it sees
+  costguard agent --idle-minutes 5             # dry run: watch and log only
+  costguard agent --idle-minutes 60 --execute  # infra/systemd/ runs this
+  # Azure: a VM that is only powered off still bills; deallocate it
+  costguard agent --action azure-deallocate --execute
+
 Busy: GPU, CPU or network at or above the thresholds, a job started with `costguard run`
 (a pid file in $COSTGUARD_JOBS_DIR, default /run/costguard/jobs), or an SSH session.
 """

@@ -27,10 +27,12 @@ EXAMPLES = """
 Examples:
   costguard alarm --budget 200 --email me@uni.edu
   costguard alarm --budget 200 --email me@uni.edu --dry-run
-  costguard alarm --budget 500 --thresholds 25,50,75,100 --name thesis --email me@uni.edu
-  costguard alarm --provider gcp --billing-account 012345-6789AB-CDEF01 --project my-proj \\
-      --budget 200 --email me@uni.edu
-  costguard alarm --provider azure --subscription <id> --budget 200 --email me@uni.edu
+  costguard alarm --budget 500 --thresholds 25,50,75,100 --name thesis \\
+      --email me@uni.edu
+  costguard alarm --provider gcp --billing-account 012345-6789AB-CDEF01 \\
+      --project my-proj --budget 200 --email me@uni.edu
+  costguard alarm --provider azure --subscription SUB --budget 200 \\
+      --email me@uni.edu
   costguard alarm status
   costguard alarm delete --yes
 """
@@ -243,8 +245,9 @@ def _print_dry_run(spec: AlarmSpec, summary: str, calls: Sequence[ApiCall]) -> N
     epilog="""\b
 Examples:
   costguard alarm status
-  costguard alarm status --provider gcp --billing-account 012345-6789AB-CDEF01 --format json
-  costguard alarm status --export s3://my-bills/focus/data/BILLING_PERIOD=2026-11/""",
+  costguard alarm status --provider gcp \\
+      --billing-account 012345-6789AB-CDEF01 --format json
+  costguard alarm status --export s3://my-bills/focus/BILLING_PERIOD=2026-11/""",
 )
 @_provider_options
 @click.option(
@@ -286,7 +289,7 @@ def status_command(settings: Settings, **options: Any) -> None:
         return
     if not statuses:
         click.echo(f"No costguard budget on {options['provider']}.")
-        click.echo("Hint: costguard alarm --budget 200 --email me@uni.edu")
+        click.echo("Hint: `costguard alarm --budget 200 --email me@uni.edu`")
         return
     columns = (
         render.Column("Name"),

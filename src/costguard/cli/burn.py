@@ -35,10 +35,11 @@ Examples:
   costguard burn --region us-east-1 --region us-west-2 --format json
   costguard burn --provider gcp --project my-lab --budget 300
   costguard burn --provider azure --subscription SUB --budget 300
-  costguard burn --budget 200 --webhook https://hooks.example.org/T0/B0   # for cron
+  costguard burn --budget 200 --webhook https://hooks.example.org/T0/B0
+
 \b
-In cron every 10 minutes (infra/cron/costguard-burn has the line):
-  */10 * * * * costguard burn --budget 200 --format json >> ~/.cache/costguard-burn.log""",
+In cron every 10 minutes (infra/cron/costguard-burn, with how to install it):
+  */10 * * * * costguard burn --budget 200 --format json >> ~/burn.log 2>&1""",
     short_help="Live burn rate of running instances and the month's projection.",
 )
 @click.option(

@@ -205,6 +205,7 @@ Examples:
   costguard checkpoint export s3://my-bucket/run1 --to model.safetensors
   costguard checkpoint export checkpoints/ --step 500 --to model.pt
   costguard checkpoint export checkpoints/ --part optimizer --to optimizer.pt
+
 \b
 In Python:
   from costguard.checkpoint import load_state

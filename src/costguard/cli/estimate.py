@@ -63,11 +63,14 @@ EXAMPLES = """
 \b
 Examples:
   costguard estimate --gpu a10g --hours 8 --count 4
-  costguard estimate --gpu h100 --gpus-per-instance 8 --hours 24 --spot --format json
+  costguard estimate --gpu h100 --gpus-per-instance 8 --hours 24 --spot \\
+      --format json
   costguard estimate --gpu l4 --hours 10 --data-region us-east-1 --data-gb 500
-  costguard estimate --instance-type g5.xlarge --region us-east-1 --hours 8 --budget 50
-  costguard estimate --gpu a100 --hours 24 --provider slurm --su-per-gpu-hour 64 \\
-      --su-budget 50000            # an ACCESS allocation next to every cloud
+  costguard estimate --instance-type g5.xlarge --region us-east-1 --hours 8 \\
+      --budget 50
+  # an ACCESS allocation next to every cloud:
+  costguard estimate --gpu a100 --hours 24 --provider slurm \\
+      --su-per-gpu-hour 64 --su-budget 50000
   costguard estimate --gpu a100 --hours 24 --provider slurm --provider aws \\
       --su-per-gpu-hour 64 --usd-per-su 0.02
   costguard estimate --gpu a100 --gpus-per-instance 4 --count 10 --hours 2 \\
@@ -281,11 +284,14 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         extra += preemption.assumption_lines(spot) if spot is not None else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
+        said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
         for one in results:  # one table per GPU asked for; the assumptions once, at the end
             shown_one = limit_places(one.options, options["top"])
             last = one is results[-1]
+            fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
+            said.update(one.notes)
             print_table(
-                one, shown_one, catalog, slurm if last else None, assumptions=last, spot=spot
+                fresh, shown_one, catalog, slurm if last else None, assumptions=last, spot=spot
             )
         print_answers(result, catalog, budget)
         if spot is not None:

@@ -32,20 +32,21 @@ if TYPE_CHECKING:
     from costguard.checkpoint.store import Store
     from costguard.spot.job import Job, JobSpec
     from costguard.spot.launcher.base import Launcher, Offer
-    from costguard.spot.prepare import LaunchRequest, Prepared
+    from costguard.spot.prepare import LaunchRequest
 
 EXAMPLES = """
 \b
 Examples:
   # prove preempt-and-resume on this machine first (nothing is billed):
-  costguard launch --provider local --gpu a10g --checkpoint ckpt/ --preempt-every 60 --yes \\
-      -- python train.py
-  costguard launch --gpu a10g --spot --checkpoint s3://my-bucket/run1 --max-total 50 \\
-      --option image=ami-0123456789abcdef0 --option instance_profile=costguard-instance \\
+  costguard launch --provider local --gpu a10g --checkpoint ckpt/ \\
+      --preempt-every 60 --yes -- python train.py
+  costguard launch --gpu a10g --spot --checkpoint s3://my-bucket/run1 \\
+      --max-total 50 --option image=ami-0123456789abcdef0 \\
+      --option instance_profile=costguard-instance \\
       -- python train.py --epochs 10
-  costguard launch --attach s3://my-bucket/run1        # a new controller takes over
+  costguard launch --attach s3://my-bucket/run1  # a new controller takes over
   costguard jobs status s3://my-bucket/run1 --format json
-\b
+
 Exit code: 0 when the job finished (exit 0), 1 when it failed or a limit stopped it,
 2 for bad input (nothing was launched).
 """
@@ -204,6 +205,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     The job's state lives next to the checkpoints (job/job.json), so
     another controller can take over with --attach.
     """
+    from costguard.spot import report
     from costguard.spot.controller import Controller, check_not_supervised
     from costguard.spot.job import release_job
     from costguard.spot.prepare import launcher_for, offers_for
@@ -232,11 +234,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
             final = controller.run(job)
     except KeyboardInterrupt:
         released = release_job(store)
-        _echo(
-            "interrupted: the job keeps running unsupervised; "
-            f"`costguard launch --attach {job.spec.checkpoint_url}` takes over"
-            + ("" if released else " (with --force: this controller could not release it)")
-        )
+        _echo(report.interrupted_line(job.spec.checkpoint_url, released=released))
         raise
     finally:
         close = getattr(launcher, "close", None)
@@ -269,7 +267,7 @@ def _attached(options: Mapping[str, Any]) -> tuple[Job, Store]:
 
     if options["command"]:
         msg = "--attach takes no command: the job's own is used"
-        raise InputError(msg, hint="costguard launch --attach URL")
+        raise InputError(msg, hint="`costguard launch --attach URL`")
     store = open_store(normal_url(options["attach_url"]))
     return load_job(store), store
 
@@ -308,6 +306,7 @@ def _prepare(
     settings: Settings, request: LaunchRequest
 ) -> tuple[Job, Store, list[Offer], Launcher]:
     """Check everything, print the estimate, run the guard, confirm; write job.json."""
+    from costguard.spot.offers import fallback_offer
     from costguard.spot.prepare import check_launcher, commit, launcher_for, prepare
 
     prepared = prepare(settings, request, owner=_owner(), environ=os.environ)
@@ -315,7 +314,8 @@ def _prepare(
     try:
         prepared = check_launcher(prepared, launcher)
         first = prepared.first.offer
-        _print_estimate(prepared.spec, first, _fallback(prepared), prepared.as_of, prepared.offers)
+        fallback = fallback_offer(prepared.offers)
+        _print_estimate(prepared.spec, first, fallback, prepared.as_of, prepared.offers)
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -335,12 +335,6 @@ def _prepare(
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
-
-
-def _fallback(prepared: Prepared) -> Offer | None:
-    from costguard.pricing.catalog import Market
-
-    return next((o for o in prepared.offers if o.market is Market.ON_DEMAND), None)
 
 
 def _owner() -> str:

@@ -34,7 +34,9 @@ from costguard.pricing.catalog import (
     StorageRate,
     TransferRate,
     check_provider,
+    prices_as_of,
     refresh_hint,
+    rows_as_of,
     source_dates,
     table_rows,
 )
@@ -105,11 +107,12 @@ def show_command(
     ]
     columns = list(rows[0]) if rows else _columns(table)
     info = catalog.tables[table]
+    as_of = rows_as_of(catalog, table, rows)  # the oldest listed, as estimate dates prices
     if output_format == "json":
         render.print_json(
             {
                 "table": table,
-                "as_of": info.as_of.isoformat(),
+                "as_of": as_of.isoformat(),
                 "source": info.source,
                 "origin": catalog.origin,
                 "rows": rows,
@@ -118,7 +121,7 @@ def show_command(
     elif output_format == "csv":
         render.print_csv(columns, rows)
     else:
-        _print_rows(f"{table} - as of {info.as_of.isoformat()} ({catalog.origin})", columns, rows)
+        _print_rows(f"{table} - as of {as_of.isoformat()} ({catalog.origin})", columns, rows)
         render.print_prose(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
     if table in ("gpu_instances", "cpu_instances"):
@@ -142,15 +145,21 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
     """The GPUs in the tables: names you can type, where they are, lowest $/GPU-hour."""
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     wanted = {check_provider(p) for p in providers}
-    rows = list(_gpu_rows(catalog, wanted))
+    listed = [
+        i for i in catalog.instances if i.accelerator and (not wanted or i.provider in wanted)
+    ]
+    rows = list(_gpu_rows(listed))
+    # Dated by the oldest price listed, as estimate dates what it shows.
+    places = [("gpu_instances", i.provider, i.region, Market.ON_DEMAND) for i in listed]
+    as_of = prices_as_of(catalog, places).isoformat()
     output_format = output_format.lower()
     if output_format == "json":
-        render.print_json({"as_of": catalog.as_of.isoformat(), "gpus": rows})
+        render.print_json({"as_of": as_of, "gpus": rows})
     elif output_format == "csv":
         render.print_csv(list(rows[0]) if rows else ["gpu"], rows)
     else:
         _print_rows(
-            f"GPUs in the tables - as of {catalog.as_of.isoformat()} ({catalog.origin})",
+            f"GPUs in the tables - as of {as_of} ({catalog.origin})",
             list(rows[0]) if rows else ["gpu"],
             rows,
         )
@@ -166,10 +175,11 @@ def _say_uncovered(catalog: Catalog, uncovered: Sequence[Region]) -> None:
         by_provider.setdefault(region.provider, []).append(region.name)
     for provider, names in by_provider.items():
         shown = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        example = names[:1] if len(names) > 1 else names
-        click.echo(
+        render.print_prose(
             f"Not covered by the {catalog.origin} tables: {provider} {shown}. "
-            f"{refresh_hint(provider, example)}",
+            f"{refresh_hint(provider, names)}",
+            indent="  ",
+            first="",
             err=True,
         )
 
@@ -231,10 +241,10 @@ def check_command(settings: Settings, pricing_dir: Path | None, output_format: s
         raise SystemExit(EXIT_FAILURE)
 
 
-def _gpu_rows(catalog: Catalog, providers: set[str]) -> Iterable[dict[str, Any]]:
+def _gpu_rows(listed: Sequence[InstancePrice]) -> Iterable[dict[str, Any]]:
     by_gpu: dict[str, list[InstancePrice]] = {}
-    for inst in catalog.instances:
-        if inst.accelerator and (not providers or inst.provider in providers):
+    for inst in listed:
+        if inst.accelerator:
             by_gpu.setdefault(inst.accelerator, []).append(inst)
     order = {m.name: i for i, m in enumerate(MODELS)}
     for name in sorted(by_gpu, key=lambda n: (order.get(n, len(order)), n)):
@@ -397,28 +407,35 @@ def _cell(name: str, value: Any) -> str:
 REFRESH_EPILOG = """\b
 Examples:
   costguard pricing refresh
-  costguard pricing refresh --provider aws --region us-east-1 --region us-west-2
+  costguard pricing refresh --provider aws --region us-east-1 \\
+      --region us-west-2
   costguard pricing refresh --from /media/usb/price-responses
   costguard pricing refresh --output /shared/costguard-pricing --format json
 
 \b
 Sources (estimate and pricing show never reach the network; refresh does):
-  aws    Price List Query API (GetProducts) and EC2 DescribeSpotPriceHistory, through
-         boto3 and your AWS credentials; AWS_ENDPOINT_URL_PRICING overrides the endpoint.
-  gcp    Cloud Billing Catalog API (Compute Engine SKUs) over gRPC, Application Default
-         Credentials; COSTGUARD_GCP_ENDPOINT overrides the endpoint (https://HOST[:PORT],
-         TLS; or http://127.0.0.1:PORT, a local server).
-  azure  Retail Prices API, no account; COSTGUARD_AZURE_PRICES_ENDPOINT overrides it.
+  aws    Price List Query API (GetProducts) and EC2 DescribeSpotPriceHistory,
+         through boto3 and your AWS credentials; AWS_ENDPOINT_URL_PRICING
+         overrides the endpoint.
+  gcp    Cloud Billing Catalog API (Compute Engine SKUs) over gRPC,
+         Application Default Credentials; COSTGUARD_GCP_ENDPOINT overrides
+         the endpoint (https://HOST[:PORT], TLS; or http://127.0.0.1:PORT,
+         a local server).
+  azure  Retail Prices API, no account; COSTGUARD_AZURE_PRICES_ENDPOINT
+         overrides it.
 
 \b
---from DIR reads responses downloaded earlier (air-gapped sites), one file per page:
-  DIR/aws/pricing-*.json   GetProducts responses, or a region's public offer file
+--from DIR reads responses downloaded earlier (air-gapped sites), one a page:
+  DIR/aws/pricing-*.json   GetProducts responses, or a region's offer file
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses
-  DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they were
-                           downloaded (else: the records' own dates, or the files')
-A region the tables do not cover yet is added with the instance types the API lists there.
+  DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they
+                           were downloaded (else: the records' own dates, or
+                           the files')
+
+A region the tables do not cover yet is added with the instance types the API
+lists there.
 """
 
 
@@ -606,7 +623,7 @@ def _print_refresh(report: RefreshReport) -> None:
             "updated: rows with a price read just now; kept: rows that API does not price "
             "(TPUs), left as they were",
             "not found: rows the API did not list; their old price is kept and flagged "
-            "unverified (costguard pricing show gpu_instances --unverified)",
+            "unverified (`costguard pricing show gpu_instances --unverified`)",
             "storage, transfer and regions: kept as they were (refresh updates instance "
             "prices only); providers and regions not refreshed (regions: those refreshed, "
             "with prices read) keep their rows and dates",

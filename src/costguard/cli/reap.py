@@ -32,13 +32,14 @@ from costguard.settings import Settings
 EXAMPLES = """
 \b
 Examples:
-  costguard reap                                  # dry run: what would stop, and why
-  costguard reap --idle-minutes 90 --execute      # stop GPU instances idle for 90 min
+  costguard reap                              # dry run: what would stop, why
+  costguard reap --idle-minutes 90 --execute  # stop GPUs idle for 90 min
   costguard reap --all-regions --action terminate --max-actions 3 --execute
-  costguard reap --mark --execute                 # two-phase: tag now, act on a later run
+  costguard reap --mark --execute             # tag now, act on a later run
   costguard reap --provider gcp --project my-lab --region us-central1
-  costguard reap --provider azure --subscription SUB --resource-group ml --format json
-\b
+  costguard reap --provider azure --subscription SUB --resource-group ml \\
+      --format json
+
 Never touched: instances tagged costguard:keep (any value but false/no/0/off) or with a
 --protect-tag, with termination protection, younger than --grace-minutes, with a future
 costguard:expires-at, or with any busy sample in the window. Cron and systemd units are in infra/.

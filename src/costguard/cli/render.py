@@ -6,7 +6,6 @@ import csv
 import json
 import os
 import sys
-import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import IO, Any, Literal
 import click
 from rich.cells import cell_len
 
+from costguard.cli import wrap_words
 from costguard.money import usd_str
 
 #: Environment variables with which rich treats a stream that is not a tty as a terminal.
@@ -208,7 +208,8 @@ def print_table(
 def print_prose(
     text: str, *, indent: str = "", first: str | None = None, con: Any = None, err: bool = False
 ) -> None:
-    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere.
+    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere; a
+    `command` in backticks is never broken (:func:`costguard.cli.wrap_words`).
 
     ``first`` starts the first line (default: ``indent``), ``indent`` the lines it wraps
     onto; ``err``: on stderr, wrapped to stderr's terminal.
@@ -216,14 +217,9 @@ def print_prose(
     con = con or console(stderr=err)
     first = indent if first is None else first
     if con.is_terminal:
-        lines = textwrap.wrap(
-            text,
-            width=max(20, con.width),
-            initial_indent=first,
-            subsequent_indent=indent,
-            break_long_words=False,
-            break_on_hyphens=False,
-        ) or [first.rstrip()]
+        body = text.lstrip()  # the text's own indent stays on its first line
+        label = first + text[: len(text) - len(body)]
+        lines = [line.rstrip() for line in wrap_words(label, body, max(20, con.width), indent)]
     else:
         lines = [first + text]
     for line in lines:

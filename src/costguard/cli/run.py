@@ -19,8 +19,11 @@ from costguard.cli.params import StoreUrl, Text, WholeNumber
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
     epilog="""\b
 Examples:
-  costguard run --checkpoint s3://my-bucket/run1 --every-steps 500 -- python train.py
-  costguard run --checkpoint checkpoints/ --every-minutes 10 -- python train.py --lr 3e-4
+  costguard run --checkpoint s3://my-bucket/run1 --every-steps 500 \\
+      -- python train.py
+  costguard run --checkpoint checkpoints/ --every-minutes 10 \\
+      -- python train.py --lr 3e-4
+
 \b
 In train.py:
   ckpt = Checkpointer.from_env(default="checkpoints/")
@@ -28,15 +31,19 @@ In train.py:
   for step in range(start, total_steps):
       ...
       ckpt.step(step, model=model, optimizer=opt)
-\b
+
 Exit code: the script's; 75 means it saved on a preemption notice and can be resumed
 by running the same command again.
+
 \b
 Hugging Face Trainer, Accelerate or Lightning, with their own checkpoints:
-  costguard run --checkpoint s3://my-bucket/run1 --sync-dir out/ -- python train.py
+  costguard run --checkpoint s3://my-bucket/run1 --sync-dir out/ \\
+      -- python train.py
+
 \b
-Multi-process training (a Checkpointer per rank; FSDP2: each writes its shard):
-  costguard run --checkpoint s3://my-bucket/run1 -- torchrun --nproc-per-node 2 train.py""",
+Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
+  costguard run --checkpoint s3://my-bucket/run1 \\
+      -- torchrun --nproc-per-node 2 train.py""",
     short_help="Run a training script with checkpointing and preemption notices.",
 )
 @click.option(

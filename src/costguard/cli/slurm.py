@@ -23,12 +23,12 @@ from costguard.slurm.batch import (
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-HOW = """\b
-The job runs COMMAND under `costguard run --checkpoint URL`. SLURM sends USR1 to the
+HOW = """The job runs COMMAND under `costguard run --checkpoint URL`. SLURM sends USR1 to the
 batch shell --signal-lead seconds before the time limit, and TERM on preemption or
 scancel; the shell passes both on, the training script (with a costguard Checkpointer)
 saves and exits 75, and with --requeue the job requeues itself (`scontrol requeue`, at
 most --max-requeues times) and resumes from the checkpoint in its next allocation.
+
 With --nodes, each node's torchrun runs under its own `costguard run` and the whole job
 requeues; with --array, each task has its own checkpoint folder and requeues alone
 (`costguard estimate --count 10` prices a 10-task sweep; `costguard checkpoint ls` on
@@ -219,7 +219,8 @@ def build_job(options: dict[str, Any]) -> BatchJob:
     epilog="""\b
 Examples:
   costguard slurm script --gpus 1 --mem 64G --time 08:00:00 --requeue \\
-      --checkpoint /scratch/$USER/run1 -- pixi run python train.py > job.sbatch
+      --checkpoint /scratch/$USER/run1 -- pixi run python train.py \\
+      > job.sbatch
   costguard slurm submit --gpus 1 --time 08:00:00 --partition gpu --requeue \\
       --checkpoint s3://my-bucket/run1 -- pixi run python train.py""",
 )
@@ -234,14 +235,16 @@ def slurm_group() -> None:
     epilog=f"""\b
 Examples:
   costguard slurm script --gpus 1 --mem 64G --time 08:00:00 --requeue \\
-      --checkpoint /scratch/$USER/run1 -- pixi run python train.py > job.sbatch
+      --checkpoint /scratch/$USER/run1 -- pixi run python train.py \\
+      > job.sbatch
   sbatch job.sbatch
-  costguard slurm script --gpus 0 --time 30 --signal-lead 60 --checkpoint ckpt/ \\
-      -- python train.py --lr 3e-4
-  costguard slurm script --nodes 2 --gpus-per-node 4 --time 12:00:00 --requeue \\
-      --checkpoint /scratch/$USER/big -- train.py --lr 3e-4
-  costguard slurm script --array 0-9 --time 2:00:00 --requeue --container img.sif \\
-      --checkpoint /scratch/$USER/sweep -- python train.py
+  costguard slurm script --gpus 0 --time 30 --signal-lead 60 \\
+      --checkpoint ckpt/ -- python train.py --lr 3e-4
+  costguard slurm script --nodes 2 --gpus-per-node 4 --time 12:00:00 \\
+      --requeue --checkpoint /scratch/$USER/big -- train.py --lr 3e-4
+  costguard slurm script --array 0-9 --time 2:00:00 --requeue \\
+      --container img.sif --checkpoint /scratch/$USER/sweep -- python train.py
+
 {HOW}""",
 )
 @job_options
@@ -256,9 +259,10 @@ def script_command(**options: Any) -> None:
     short_help="Submit the batch script with sbatch.",
     epilog=f"""\b
 Examples:
-  costguard slurm submit --gpus 1 --mem 64G --time 08:00:00 --partition gpu --requeue \\
-      --checkpoint /scratch/$USER/run1 -- pixi run python train.py
+  costguard slurm submit --gpus 1 --mem 64G --time 08:00:00 --partition gpu \\
+      --requeue --checkpoint /scratch/$USER/run1 -- pixi run python train.py
   squeue --me            # then watch it
+
 {HOW}""",
 )
 @job_options

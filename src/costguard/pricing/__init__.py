@@ -27,7 +27,7 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     """
     from costguard.errors import InputError
     from costguard.notebook import _pandas
-    from costguard.pricing.catalog import table_rows
+    from costguard.pricing.catalog import rows_as_of, table_rows
     from costguard.pricing.tables import load_tables
     from costguard.settings import Settings
 
@@ -37,7 +37,8 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     pandas = _pandas()
     settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    frame = pandas.DataFrame.from_records(table_rows(catalog, name))
-    info = catalog.tables[name]
-    frame.attrs.update(as_of=info.as_of.isoformat(), source=info.source, origin=catalog.origin)
+    rows = table_rows(catalog, name)
+    frame = pandas.DataFrame.from_records(rows)
+    as_of = rows_as_of(catalog, name, rows).isoformat()
+    frame.attrs.update(as_of=as_of, source=catalog.tables[name].source, origin=catalog.origin)
     return frame

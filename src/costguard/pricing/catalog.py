@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from costguard.errors import UnknownNameError
+from costguard.shell import command
 
 PROVIDERS = ("aws", "gcp", "azure")
 INSTANCE_TABLES = ("gpu_instances", "cpu_instances")
@@ -289,14 +290,14 @@ def refresh_hint(provider: str, regions: Iterable[str]) -> str:
     more: the whole provider, which covers every region it knows).
 
     >>> refresh_hint("azure", ["uksouth"])  # doctest: +ELLIPSIS
-    'costguard pricing refresh --provider azure --region uksouth adds them (needs no account...)'
+    '`costguard pricing refresh --provider azure --region uksouth` adds them (needs no account...)'
     >>> refresh_hint("gcp", ["a", "b", "c", "d"])  # doctest: +ELLIPSIS
-    'costguard pricing refresh --provider gcp adds them (needs Google Cloud credentials...)'
+    '`costguard pricing refresh --provider gcp` adds them (needs Google Cloud credentials...)'
     """
     names = list(regions)
-    named = "".join(f" --region {r}" for r in names) if len(names) <= 3 else ""
-    command = f"costguard pricing refresh --provider {provider}{named}"
-    return f"{command} adds them ({REFRESH_NEEDS[provider]})"
+    named = [word for r in names for word in ("--region", r)] if len(names) <= 3 else []
+    refresh = command("costguard", "pricing", "refresh", "--provider", provider, *named)
+    return f"{refresh} adds them ({REFRESH_NEEDS[provider]})"
 
 
 def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
@@ -416,3 +417,19 @@ def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]
         catalog.tables[table].part(provider, region).as_of for table, provider, region, _ in places
     ]
     return min(dates, default=catalog.as_of)
+
+
+def rows_as_of(catalog: Catalog, table: str, rows: Iterable[Mapping[str, Any]]) -> date:
+    """How old the :func:`table_rows` ``rows`` of ``table`` are: for an instance table the
+    oldest date of the parts they are in (:func:`prices_as_of`), else the table's. Pure.
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> catalog = load_catalog()
+    >>> rows = [{"provider": "aws", "region": "us-east-1"}]
+    >>> rows_as_of(catalog, "gpu_instances", rows) == prices_as_of(
+    ...     catalog, [("gpu_instances", "aws", "us-east-1", Market.SPOT)])
+    True
+    """
+    if table not in INSTANCE_TABLES:
+        return catalog.tables[table].as_of
+    return prices_as_of(catalog, [(table, r["provider"], r["region"], Market.SPOT) for r in rows])

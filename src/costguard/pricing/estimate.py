@@ -194,8 +194,8 @@ def estimate(request: EstimateRequest, catalog: Catalog) -> Estimate:
     notes = list(_market_notes(request, candidates))
     for provider, names in uncovered.items():
         notes.append(
-            f"Not covered by the {catalog.origin} tables (no prices): {_shorten(names, 4)}; "
-            f"{refresh_hint(provider, names)}"
+            f"Not covered by the {catalog.origin} tables (no prices): {provider} "
+            f"{', '.join(names)}; {refresh_hint(provider, names)}"
         )
     near = None
     if request.data_region is not None:
@@ -526,7 +526,7 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
             return _unknown_instance_type(request, catalog)
         return InputError(
             f"no instance with {what} in the tables",
-            hint="costguard pricing gpus lists the GPUs and where they are",
+            hint="`costguard pricing gpus` lists the GPUs and where they are",
         )
     located = _matching(request, catalog.instances, ignore_count=True)
     where = ", ".join(request.regions or request.providers) or "any region in the tables"

@@ -63,7 +63,7 @@ def build_request(catalog: Catalog, question: Question, gpu: str | None) -> Esti
         group = expand_regions(name, catalog.regions)
         if group == []:
             msg = f"the tables have no region in {name}"
-            raise InputError(msg, hint="costguard pricing show lists the regions")
+            raise InputError(msg, hint="`costguard pricing show regions` lists them")
         for region in group or [_find_region(catalog, name, providers, gpu)]:
             if providers and region.provider not in providers:
                 if group is not None:

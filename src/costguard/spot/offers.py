@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import date
 from decimal import Decimal
 
 from costguard.errors import InputError
-from costguard.pricing.catalog import Catalog, InstancePrice, Market
+from costguard.pricing.catalog import Catalog, InstancePrice, Market, prices_as_of
+from costguard.shell import command
 from costguard.spot.launcher.base import Offer
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -87,6 +89,24 @@ def find_offers(
         key=lambda o: (not o.verified, o.usd_per_hour, o.provider, o.region, o.market.value)
     )
     return offers
+
+
+def fallback_offer(offers: Sequence[Offer]) -> Offer | None:
+    """The on-demand offer a job falls back to after repeated preemptions (the cheapest)."""
+    return next((o for o in offers if o.market is Market.ON_DEMAND), None)
+
+
+def offers_as_of(catalog: Catalog, offers: Sequence[Offer]) -> date:
+    """How old the prices of ``offers`` are: the oldest as-of date of the table parts
+    (provider and region) they were read from, as ``estimate`` dates what it shows; a
+    local offer by its cloud's place (``aws:us-east-1``)."""
+    places = []
+    for offer in offers:
+        cloud, _, region = offer.region.partition(":") if offer.provider == LOCAL else ("", "", "")
+        places.append(
+            ("gpu_instances", cloud or offer.provider, region or offer.region, offer.market)
+        )
+    return prices_as_of(catalog, places)
 
 
 def _verified(inst: InstancePrice, market: Market) -> bool:
@@ -156,6 +176,8 @@ def require_offers(
     msg = f"no {wanted.value} offer for {gpu_count} x {gpu} on {where} in the price tables"
     raise InputError(
         msg,
-        hint=f"costguard estimate --gpu {gpu} --gpus-per-instance {gpu_count} --hours 1 "
-        "shows where it is sold",
+        hint=command(
+            "costguard", "estimate", "--gpu", gpu, "--gpus-per-instance", gpu_count, "--hours", 1
+        )
+        + " shows where it is sold",
     )

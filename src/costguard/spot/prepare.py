@@ -22,9 +22,10 @@ from costguard.errors import InputError
 from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
+from costguard.shell import command
 from costguard.spot.job import RUNNING, Job, JobSpec, Simulation, job_exists, load_job, save_job
 from costguard.spot.launcher.base import Launcher, Offer
-from costguard.spot.offers import require_offers
+from costguard.spot.offers import fallback_offer, offers_as_of, require_offers
 from costguard.spot.recovery import Launch, decide
 
 if TYPE_CHECKING:
@@ -327,11 +328,13 @@ def prepare(
         previous = load_job(store)
         if previous.status == RUNNING:
             msg = f"job {previous.spec.job_id} already runs with checkpoints at {url}"
+            attach = command("costguard", "launch", "--attach", url)
             raise InputError(
-                msg, hint=f"costguard launch --attach {url} (or costguard jobs status {url})"
+                msg, hint=f"{attach} (or {command('costguard', 'jobs', 'status', url)})"
             )
     first = first_launch(spec, offers)
-    return Prepared(spec, store, offers, first, catalog.as_of.isoformat(), wheel)
+    shown = [first.offer, *filter(None, [fallback_offer(offers)])]  # what the estimate prices
+    return Prepared(spec, store, offers, first, offers_as_of(catalog, shown).isoformat(), wheel)
 
 
 def check_launcher(prepared: Prepared, launcher: Launcher) -> Prepared:

@@ -14,6 +14,7 @@ from typing import Any
 
 from costguard.errors import CostguardError
 from costguard.money import format_usd
+from costguard.shell import command
 from costguard.spot.controller import handle_label, summarise
 from costguard.spot.job import Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
@@ -212,8 +213,15 @@ def summary_lines(
     if checkpoint is not None:
         final = "final checkpoint" if job.status == "succeeded" else "newest checkpoint"
         lines.append(f"{final}: step {checkpoint['step']} ({checkpoint['name']})")
-        lines.append(
-            f"  the weights: costguard checkpoint export {job.spec.checkpoint_url} "
-            "--to model.safetensors"
-        )
+        export = ("costguard", "checkpoint", "export", job.spec.checkpoint_url)
+        lines.append(f"  the weights: {command(*export, '--to', 'model.safetensors')}")
     return lines
+
+
+def interrupted_line(url: str, *, released: bool) -> str:
+    """What a launch stopped by Ctrl-C says: the job runs on, and what takes over."""
+    return (
+        "interrupted: the job keeps running unsupervised; "
+        f"{command('costguard', 'launch', '--attach', url)} takes over"
+        + ("" if released else " (with --force: this controller could not release it)")
+    )
