@@ -13,7 +13,9 @@ import csv
 import io
 import json
 from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -25,7 +27,7 @@ from costguard.billing.spend import (
     ExportFormat,
     Tally,
     detect,
-    keys_matching,
+    is_tag,
     parse_tags,
     tag_value,
 )
@@ -46,6 +48,11 @@ DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".jsonl", ".jsonl.gz", ".ndjson"
 _MAX_FILES = 100_000
 #: Rows of a batch whose distinct float amounts decide how the batch's are converted.
 _SAMPLE_ROWS = 4096
+#: Float amounts of at most this many decimal places, under 10**5 each (every export's
+#: line items), are converted as integers (:func:`_float_amounts`); others as text.
+FLOAT_PLACES = 10
+_FLOAT_SCALE = 10.0**FLOAT_PLACES
+_FLOAT_UNITS_LIMIT = 10**15
 
 
 def read_spend(sources: Sequence[str], by: str, *, job: str | None = None) -> Tally:
@@ -189,13 +196,45 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
 def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
     pa = require("pyarrow", EXTRA)
     pq = require("pyarrow.parquet", EXTRA)
-    with fs.open(path, "rb") as raw:
-        parquet = pq.ParquetFile(raw)
-        names = parquet.schema_arrow.names
+    # A local file is read by pyarrow itself: its threads decode the columns without
+    # holding the GIL, where an fsspec file object reads through Python.
+    local = "file" in ([fs.protocol] if isinstance(fs.protocol, str) else fs.protocol)
+    with (nullcontext(path) if local else fs.open(path, "rb")) as raw:
+        footer = pq.ParquetFile(raw)
+        names = footer.schema_arrow.names
         fmt = by.detect(names, shown)
         columns = by.columns(fmt, names)
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-            _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
+        # Text read as dictionaries: the few distinct tags, currencies and services are
+        # decoded once per column chunk, and rows are grouped by their integer indices.
+        schema = footer.schema
+        text = [
+            leaf.path
+            for leaf in (schema.column(i) for i in range(len(schema)))
+            if leaf.path.split(".", 1)[0] in columns and leaf.logical_type.type == "STRING"
+        ]
+        parquet = pq.ParquetFile(raw, metadata=footer.metadata, read_dictionary=text)
+        for group in range(footer.num_row_groups):
+            part = Tally()
+            try:
+                _add_row_group(parquet, group, columns, fmt, by, part)
+            except pa.ArrowNotImplementedError:
+                # A nested column whose writer gave up its dictionary within the row
+                # group (too many distinct values) comes in chunks pyarrow cannot nest:
+                # that row group is read again as plain text.
+                part = Tally()
+                _add_row_group(footer, group, columns, fmt, by, part)
+            tally.merge(part)
+
+
+def _add_row_group(
+    parquet: Any, group: int, columns: list[str], fmt: ExportFormat, by: Grouping, tally: Tally
+) -> None:
+    pa = require("pyarrow", EXTRA)
+    batches = parquet.iter_batches(
+        batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=columns
+    )
+    for batch in batches:
+        _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
 
 
 def _gcp_schema(pa: Any) -> Any:
@@ -241,8 +280,12 @@ def _read_jsonl(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> N
 
 
 def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) -> None:
+    """Sum one batch per (key, currency, billing period) in pyarrow. The currency, the
+    period and the day are grouped as read (a timestamp, a dictionary index) and made
+    text only for the few groups that come out."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
+    np = require("numpy", EXTRA)
     if table.num_rows == 0:
         return
     billed = _money(table, fmt.billed)
@@ -257,38 +300,36 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
     else:
         effective = billed
     by = grouping.by
-    day = _date(table, fmt.day)
-    month = _month(table, fmt)
-    key = _key(table, fmt, by, day)
-    currency = pc.fill_null(_text(table[fmt.currency]), "")
+    key = _date(table, fmt.day) if by == "day" else _key(table, fmt, by)
     columns = {
         "key": key,
-        "currency": currency,
-        "month": month,
-        "day": day,
+        "currency": table[fmt.currency],
+        "month": pc.struct_field(table["invoice"], "month") if fmt is GCP_EXPORT else table[fmt.period],
+        "day": table[fmt.day],
         "billed": billed,
         "effective": effective,
-        "charges": pa.array([1] * table.num_rows, pa.int64()),
+        "charges": pa.array(np.ones(table.num_rows, np.int8)),
     }
     if grouping.job is not None:
-        columns["job"] = key if by == "job" else _key(table, fmt, "job", day)
+        columns["job"] = key if by == "job" else _key(table, fmt, "job")
     parts = pa.table(columns)
     if fmt is GCP_EXPORT:
-        parts = pa.concat_tables([parts, _gcp_credits(table, parts)])
+        parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
-        parts = parts.filter(pc.fill_null(pc.equal(parts["job"], grouping.job), False))
+        parts = parts.filter(_is(parts["job"], grouping.job))
     sums = parts.group_by(["key", "currency", "month"]).aggregate(
         [("billed", "sum"), ("effective", "sum"), ("charges", "sum"), ("day", "min_max")]
     )
     for row in sums.to_pylist():
+        month = _as_text(row["month"]) or ""
         tally.add(
             _as_text(row["key"]),
-            row["currency"],
-            (_as_text(row["month"]) or "")[:7],
+            row["currency"] or "",
+            f"{month[:4]}-{month[4:6]}" if fmt is GCP_EXPORT else month[:7],  # GCP: YYYYMM
             row["billed_sum"] or Decimal(0),
             row["effective_sum"] or Decimal(0),
             rows=row["charges_sum"] or 0,
-            days=(_as_text(row["day_min_max"]["min"]), _as_text(row["day_min_max"]["max"])),
+            days=(_day(row["day_min_max"]["min"]), _day(row["day_min_max"]["max"])),
         )
 
 
@@ -302,14 +343,34 @@ def _same(first: Any, second: Any) -> bool:
 
 
 def _as_text(value: Any) -> str | None:
-    """A group's key or month as text: dates (from Parquet timestamps) in ISO form."""
-    if value is None or isinstance(value, str):
-        return value
-    return str(value.isoformat())
+    """A value grouped as read, as text: a timestamp as its UTC date (``YYYY-MM-DD``)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        moment = value.astimezone(UTC) if value.tzinfo is not None else value
+        return moment.date().isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+def _day(value: Any) -> str | None:
+    """The date of a charge's start as read: text is cut to its first 10 characters
+    (``YYYY-MM-DD``). Text sorts as its first characters do, so the least of a
+    column's values gives the least date."""
+    text = _as_text(value)
+    return text[:10] if text else None
 
 
 def _exact_type(pa: Any) -> Any:
     return pa.decimal128(PRECISION, SCALE)
+
+
+def _exact(column: Any) -> Any:
+    """Amounts as ``decimal128(PRECISION, SCALE)``, to add to or pick among others."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    return column if column.type == _exact_type(pa) else pc.cast(column, _exact_type(pa))
 
 
 def _text(column: Any) -> Any:
@@ -327,6 +388,9 @@ def _money(table: Any, name: str | Any) -> Any:
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     try:
         if pa.types.is_floating(column.type):
+            amounts = _float_amounts(column)
+            if amounts is not None:
+                return amounts
             # Bills repeat amounts (an instance's hourly price): each distinct one is
             # formatted and parsed once, when a sample of the batch says they repeat.
             sample = column.slice(0, _SAMPLE_ROWS)
@@ -345,6 +409,37 @@ def _money(table: Any, name: str | Any) -> Any:
         raise InputError(msg, hint="check that the file is an unmodified billing export") from None
 
 
+def _float_amounts(column: Any) -> Any:
+    """Float amounts as ``decimal128(38, FLOAT_PLACES)`` without formatting each one, when
+    every amount of the column is the float nearest a decimal of at most
+    :data:`FLOAT_PLACES` places under 10**5: that decimal is then the only one of its
+    places that reads as the float, so it is the float's shortest form with zeros
+    appended. ``None`` when some amount is not (more places, a larger amount, NaN).
+
+    The test is exact: an integer under 10**15 is exact as a double, and dividing it by
+    10**FLOAT_PLACES rounds as reading the decimal's text does.
+    """
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    np = require("numpy", EXTRA)
+    if column.null_count:
+        column = pc.fill_null(column, 0.0)
+    amounts = column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = np.rint(amounts * _FLOAT_SCALE)
+        if not (np.abs(scaled) < _FLOAT_UNITS_LIMIT).all():
+            return None
+        units = scaled.astype(np.int64)
+        if not (units / _FLOAT_SCALE == amounts).all():
+            return None
+    # decimal128 values are 16-byte little-endian integers: the units, sign-extended.
+    words = np.empty((len(units), 2), np.int64)
+    words[:, 0] = units
+    words[:, 1] = units >> 63
+    kind = pa.decimal128(38, FLOAT_PLACES)
+    return pa.Array.from_buffers(kind, len(units), [None, pa.py_buffer(words)])
+
+
 def _cur_effective(table: Any, unblended: Any) -> Any:
     """CUR 2.0's amortised cost per line: covered usage at its savings plan or reservation
     effective cost, the unused part of a commitment's fee, nothing for the negations and
@@ -356,16 +451,16 @@ def _cur_effective(table: Any, unblended: Any) -> Any:
     def figure(*names: str) -> Any:
         if not all(n in table.column_names for n in names):
             return None
-        total = _money(table, names[0])
+        total = _exact(_money(table, names[0]))
         for name in names[1:]:
-            total = pc.cast(pc.add(total, _money(table, name)), pa.decimal128(PRECISION, SCALE))
+            total = _exact(pc.add(total, _exact(_money(table, name))))
         return total
 
-    zero = pa.scalar(Decimal(0), pa.decimal128(PRECISION, SCALE))
+    zero = pa.scalar(Decimal(0), _exact_type(pa))
     committed = figure("savings_plan_total_commitment_to_date")
     used = figure("savings_plan_used_commitment")
     unused_sp = (
-        pc.cast(pc.subtract(committed, used), pa.decimal128(PRECISION, SCALE))
+        _exact(pc.subtract(committed, used))
         if committed is not None and used is not None
         else None
     )
@@ -388,17 +483,16 @@ def _cur_effective(table: Any, unblended: Any) -> Any:
     if "reservation_reservation_a_r_n" in table.column_names:
         arn = pc.fill_null(table["reservation_reservation_a_r_n"], "")
         rules.append((pc.and_(pc.equal(kind, "Fee"), pc.not_equal(arn, "")), zero))
-    effective = unblended
+    effective = _exact(unblended)
     for when, value in reversed(rules):
         if value is not None:
             effective = pc.if_else(when, value, effective)
     return effective
 
 
-def _date(table: Any, name: str, chars: int = 10) -> Any:
-    """A timestamp column as dates, in UTC: Parquet timestamps as ``date32`` (formatted
-    once per group, after the sums: ``strftime`` on every row took most of the time),
-    text cut to its first ``chars`` characters (``YYYY-MM-DD``, or 7 for ``YYYY-MM``)."""
+def _date(table: Any, name: str) -> Any:
+    """A timestamp column as dates, in UTC: Parquet timestamps as ``date32``, text cut to
+    its first 10 characters (``YYYY-MM-DD``)."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
     column = table[name]
@@ -408,50 +502,82 @@ def _date(table: Any, name: str, chars: int = 10) -> Any:
         return pc.cast(column, pa.date32())
     if pa.types.is_date(column.type):
         return column
-    return pc.utf8_slice_codeunits(_text(column), 0, chars)
+    return pc.utf8_slice_codeunits(_text(column), 0, 10)
 
 
-def _month(table: Any, fmt: ExportFormat) -> Any:
+def _key(table: Any, fmt: ExportFormat, by: str) -> Any:
+    """The group of each charge for ``--by`` job, owner, project or service, as a
+    dictionary array of its trimmed text (empty: missing)."""
     pc = require("pyarrow.compute", EXTRA)
-    if fmt is GCP_EXPORT:
-        # invoice.month is YYYYMM.
-        month = pc.struct_field(table["invoice"], "month")
-        return pc.binary_join_element_wise(
-            pc.utf8_slice_codeunits(month, 0, 4), pc.utf8_slice_codeunits(month, 4, 6), "-"
-        )
-    return _date(table, fmt.period, 7)
-
-
-def _key(table: Any, fmt: ExportFormat, by: str, day: Any) -> Any:
-    pa = require("pyarrow", EXTRA)
-    pc = require("pyarrow.compute", EXTRA)
-    if by == "day":
-        return day
     if by in GROUPING_TAGS:
         tags = fmt.tags if fmt.tags in table.column_names else fmt.tags_elsewhere[0]
-        values = _tag_values(table[tags], GROUPING_TAGS[by])
-    elif fmt is GCP_EXPORT:
+        return _tag_values(table[tags], GROUPING_TAGS[by])
+    if fmt is GCP_EXPORT:
         record, name = (
             (table["project"], "id") if by == "project" else (table["service"], "description")
         )
-        values = pc.struct_field(record, name)
-    else:
-        values = _text(table[fmt.project if by == "project" else fmt.service])
-    values = pc.utf8_trim_whitespace(_text(values))
-    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+        return _labels(pc.struct_field(record, name))
+    return _labels(table[fmt.project if by == "project" else fmt.service])
+
+
+def _encoded(column: Any) -> Any:
+    """``column`` as a dictionary array (read as one already, or encoded now)."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(column.type):
+        return column
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        column = _text(column)
+    return pc.dictionary_encode(column)
+
+
+def _labels(column: Any) -> Any:
+    """A text column as a dictionary array of its values trimmed, empty ones missing."""
+    encoded = _encoded(column)
+    return _relabel(encoded.indices, [_trimmed(v) for v in encoded.dictionary.to_pylist()])
+
+
+def _trimmed(value: str | None) -> str | None:
+    return value.strip() or None if value is not None else None
+
+
+def _relabel(indices: Any, labels: Sequence[str | None]) -> Any:
+    """A dictionary array whose row ``i`` reads ``labels[indices[i]]``: its dictionary
+    holds each label once (so a group is one index), ``None`` labels are missing."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    distinct = list(dict.fromkeys(label for label in labels if label is not None))
+    where = {label: i for i, label in enumerate(distinct)}
+    mapping = pa.array([None if x is None else where[x] for x in labels], pa.int32())
+    return pa.DictionaryArray.from_arrays(
+        pc.take(mapping, indices), pa.array(distinct, pa.string())
+    )
+
+
+def _is(labels: Any, value: str) -> Any:
+    """Which rows of a dictionary array read ``value`` (never a missing one)."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    labels = labels.combine_chunks() if isinstance(labels, pa.ChunkedArray) else labels
+    known = labels.dictionary.to_pylist()
+    index = known.index(value) if value in known else -1
+    return pc.fill_null(pc.equal(labels.indices, index), False)
 
 
 def _tag_values(column: Any, tag: str) -> Any:
-    """The value of costguard's ``tag`` on each row, from a JSON text column (FOCUS CSV,
-    Azure), a ``map<string, string>`` (CUR 2.0, FOCUS Parquet) or a list of
-    ``{key, value}`` records (GCP labels)."""
+    """The value of costguard's ``tag`` on each row, as a dictionary array, from a JSON
+    text column (FOCUS CSV, Azure), a ``map<string, string>`` (CUR 2.0, FOCUS Parquet)
+    or a list of ``{key, value}`` records (GCP labels)."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
+    np = require("numpy", EXTRA)
     column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        encoded = pc.dictionary_encode(column)
+    kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        encoded = _encoded(column)
         found = [tag_value(parse_tags(text), tag) for text in encoded.dictionary.to_pylist()]
-        return pc.take(pa.array(found, pa.string()), encoded.indices)
+        return _relabel(encoded.indices, found)
     if pa.types.is_map(column.type):
         # As a list of (key, value) records: list kernels do not all take maps.
         column = pa.ListArray.from_arrays(column.offsets, column.values)
@@ -463,36 +589,33 @@ def _tag_values(column: Any, tag: str) -> Any:
     else:
         msg = f"a tags column of type {column.type} is not one costguard reads"
         raise InputError(msg, hint="tags come as JSON text, a map or a list of key/value records")
-    rows = pc.list_parent_indices(column)
-    # Every spelling of costguard:job holds "job" in some case (tag_key only lowers and
-    # replaces punctuation): a substring scan leaves the few keys worth hashing.
-    near = pc.match_substring(keys, tag.rsplit(":", 1)[-1], ignore_case=True)
-    keys, rows, values = pc.filter(keys, near), pc.filter(rows, near), pc.filter(values, near)
-    # The rule runs on the distinct keys; the rows are then matched by dictionary index.
-    encoded = pc.dictionary_encode(keys)
-    known = encoded.dictionary.to_pylist()
-    spelled = set(keys_matching([k for k in known if k is not None], tag))
-    wanted = pa.array([i for i, k in enumerate(known) if k in spelled], encoded.indices.type)
-    mask = pc.and_(pc.is_in(encoded.indices, wanted), pc.is_valid(values))
-    return _scatter(pa, pc, len(column), pc.filter(rows, mask), pc.filter(values, mask))
+    # The spelling rule runs on the few distinct keys; the pairs are matched by index.
+    keys = _encoded(keys)
+    spelled = [i for i, k in enumerate(keys.dictionary.to_pylist()) if k and is_tag(k, tag)]
+    chosen = pc.is_in(keys.indices, pa.array(spelled, keys.indices.type))
+    values = _labels(pc.filter(values, chosen))
+    rows = pc.filter(pc.list_parent_indices(column), chosen)
+    present = values.indices.is_valid()
+    rows, found = pc.filter(rows, present), pc.filter(values.indices, present)
+    # Each row's value index (-1: none), then missing where none was found.
+    where = np.full(len(column), -1, dtype=np.int32)
+    where[rows.to_numpy(zero_copy_only=False)] = found.to_numpy(zero_copy_only=False)
+    return pa.DictionaryArray.from_arrays(pa.array(where, mask=where < 0), values.dictionary)
 
 
-def _scatter(pa: Any, pc: Any, length: int, rows: Any, values: Any) -> Any:
-    """A column of ``length`` rows holding ``values`` at ``rows`` (null elsewhere)."""
-    np = require("numpy", EXTRA)
-    where = np.full(length, -1, dtype=np.int64)
-    where[rows.to_numpy(zero_copy_only=False)] = np.arange(len(rows), dtype=np.int64)
-    indices = pa.array(where, mask=where < 0)
-    return pc.take(values, indices)
-
-
-def _gcp_credits(table: Any, parts: Any) -> Any:
-    """One row per GCP credit (negative amounts), keyed like the charge it reduces."""
+def _with_gcp_credits(table: Any, parts: Any) -> Any:
+    """``parts`` and one row per GCP credit (negative amounts), keyed like the charge it
+    reduces: amounts as ``decimal128(PRECISION, SCALE)`` on both."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
+    for name in ("billed", "effective"):
+        parts = parts.set_column(
+            parts.column_names.index(name), name, _exact(parts[name].combine_chunks())
+        )
     credits = table["credits"].combine_chunks()
-    amounts = _money(table, pc.struct_field(pc.list_flatten(credits), "amount"))
+    amounts = _exact(_money(table, pc.struct_field(pc.list_flatten(credits), "amount")))
     rows = pc.list_parent_indices(credits)
     credit_rows = {name: pc.take(parts[name], rows) for name in parts.column_names}
-    none = pa.array([0] * len(rows), pa.int64())  # a credit is part of its charge, not one
-    return pa.table({**credit_rows, "billed": amounts, "effective": amounts, "charges": none})
+    none = pa.array([0] * len(rows), pa.int8())  # a credit is part of its charge, not one
+    credit_rows.update(billed=amounts, effective=amounts, charges=none)
+    return pa.concat_tables([parts, pa.table(credit_rows, schema=parts.schema)])
