@@ -12,7 +12,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -35,8 +37,10 @@ from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
 
 EXTRA = "billing"
-#: Rows per Parquet batch and bytes per CSV block: what one batch holds in memory.
+#: Rows per Parquet batch and bytes per CSV block: what one batch holds in memory; row
+#: groups read at once (each holding a batch).
 PARQUET_BATCH_ROWS = 256 * 1024
+PARQUET_WORKERS = 4
 CSV_BLOCK_BYTES = 8 * 1024 * 1024
 #: Costs are cast to exact decimals of 36 digits, 18 after the point: every export's digits
 #: fit, and a sum of two (the amortised figures) stays within decimal128's 38 digits. A
@@ -194,47 +198,59 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
 
 
 def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
-    pa = require("pyarrow", EXTRA)
+    """Read a Parquet file's row groups in parallel (:data:`PARQUET_WORKERS` at a time,
+    each with its own handle on the file and its own tally), added in file order."""
     pq = require("pyarrow.parquet", EXTRA)
     # A local file is read by pyarrow itself: its threads decode the columns without
     # holding the GIL, where an fsspec file object reads through Python.
     local = "file" in ([fs.protocol] if isinstance(fs.protocol, str) else fs.protocol)
-    with (nullcontext(path) if local else fs.open(path, "rb")) as raw:
+
+    def opened() -> Any:
+        return nullcontext(path) if local else fs.open(path, "rb")
+
+    with opened() as raw:
         footer = pq.ParquetFile(raw)
-        names = footer.schema_arrow.names
-        fmt = by.detect(names, shown)
-        columns = by.columns(fmt, names)
-        # Text read as dictionaries: the few distinct tags, currencies and services are
-        # decoded once per column chunk, and rows are grouped by their integer indices.
-        schema = footer.schema
-        text = [
-            leaf.path
-            for leaf in (schema.column(i) for i in range(len(schema)))
-            if leaf.path.split(".", 1)[0] in columns and leaf.logical_type.type == "STRING"
-        ]
-        parquet = pq.ParquetFile(raw, metadata=footer.metadata, read_dictionary=text)
-        for group in range(footer.num_row_groups):
-            part = Tally()
-            try:
-                _add_row_group(parquet, group, columns, fmt, by, part)
-            except pa.ArrowNotImplementedError:
-                # A nested column whose writer gave up its dictionary within the row
-                # group (too many distinct values) comes in chunks pyarrow cannot nest:
-                # that row group is read again as plain text.
-                part = Tally()
-                _add_row_group(footer, group, columns, fmt, by, part)
+        metadata = footer.metadata
+    names = footer.schema_arrow.names
+    fmt = by.detect(names, shown)
+    columns = by.columns(fmt, names)
+    # Text read as dictionaries: the few distinct tags, currencies and services are
+    # decoded once per column chunk, and rows are grouped by their integer indices.
+    schema = footer.schema
+    text = [
+        leaf.path
+        for leaf in (schema.column(i) for i in range(len(schema)))
+        if leaf.path.split(".", 1)[0] in columns and leaf.logical_type.type == "STRING"
+    ]
+
+    def row_group(group: int) -> Tally:
+        # One row group at a time: a batch across two would hold two dictionaries of a
+        # nested column (the tags map), which pyarrow does not return.
+        with opened() as raw:
+            parquet = pq.ParquetFile(raw, metadata=metadata, read_dictionary=text)
+            return _row_group(parquet, group, columns, fmt, by)
+
+    workers = min(PARQUET_WORKERS, os.cpu_count() or 1, metadata.num_row_groups)
+    if workers <= 1:
+        for group in range(metadata.num_row_groups):
+            tally.merge(row_group(group))
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="costguard-spend") as pool:
+        for part in pool.map(row_group, range(metadata.num_row_groups)):
             tally.merge(part)
 
 
-def _add_row_group(
-    parquet: Any, group: int, columns: list[str], fmt: ExportFormat, by: Grouping, tally: Tally
-) -> None:
+def _row_group(
+    parquet: Any, group: int, columns: list[str], fmt: ExportFormat, by: Grouping
+) -> Tally:
     pa = require("pyarrow", EXTRA)
+    tally = Tally()
     batches = parquet.iter_batches(
         batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=columns
     )
     for batch in batches:
         _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
+    return tally
 
 
 def _gcp_schema(pa: Any) -> Any:
@@ -318,19 +334,29 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
     if grouping.job is not None:
         parts = parts.filter(_is(parts["job"], grouping.job))
     sums = parts.group_by(["key", "currency", "month"]).aggregate(
-        [("billed", "sum"), ("effective", "sum"), ("charges", "sum"), ("day", "min_max")]
+        [("billed", "sum"), ("effective", "sum"), ("charges", "sum")]
     )
     for row in sums.to_pylist():
-        month = _as_text(row["month"]) or ""
         tally.add(
             _as_text(row["key"]),
             row["currency"] or "",
-            f"{month[:4]}-{month[4:6]}" if fmt is GCP_EXPORT else month[:7],  # GCP: YYYYMM
+            _period(row["month"], fmt),
             row["billed_sum"] or Decimal(0),
             row["effective_sum"] or Decimal(0),
             rows=row["charges_sum"] or 0,
-            days=(_day(row["day_min_max"]["min"]), _day(row["day_min_max"]["max"])),
         )
+    # The days charged, per billing period (not per group: fewer values to make text).
+    spans = parts.group_by("month").aggregate([("day", "min_max")])
+    for row in spans.to_pylist():
+        first, last = _day(row["day_min_max"]["min"]), _day(row["day_min_max"]["max"])
+        if first and last:
+            tally.span(_period(row["month"], fmt), first, last)
+
+
+def _period(value: Any, fmt: ExportFormat) -> str:
+    """A billing period as read, as ``YYYY-MM`` (GCP's invoice month is ``YYYYMM``)."""
+    month = _as_text(value) or ""
+    return f"{month[:4]}-{month[4:6]}" if fmt is GCP_EXPORT else month[:7]
 
 
 def _same(first: Any, second: Any) -> bool:

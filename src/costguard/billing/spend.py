@@ -278,16 +278,17 @@ class Tally:
         self.counts[group] = self.counts.get(group, 0) + rows
         first, last = days
         if first and last:
-            self._span(month, first, last)
+            self.span(month, first, last)
 
     def merge(self, other: Tally) -> None:
         """Add the sums of ``other`` (a part of the same export, read apart)."""
         for (key, currency, month), (billed, effective) in other.sums.items():
             self.add(key, currency, month, billed, effective, rows=other.counts[key, currency, month])
         for month, (first, last) in other.days.items():
-            self._span(month, first, last)
+            self.span(month, first, last)
 
-    def _span(self, month: str, first: str, last: str) -> None:
+    def span(self, month: str, first: str, last: str) -> None:
+        """Count ``first`` to ``last`` among the days charged in ``month``."""
         seen = self.days.get(month, (first, last))
         self.days[month] = (min(seen[0], first), max(seen[1], last))
 
