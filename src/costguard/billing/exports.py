@@ -320,12 +320,22 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
     columns = {
         "key": key,
         "currency": table[fmt.currency],
-        "month": pc.struct_field(table["invoice"], "month") if fmt is GCP_EXPORT else table[fmt.period],
+        "month": (
+            pc.struct_field(table["invoice"], "month") if fmt is GCP_EXPORT else table[fmt.period]
+        ),
         "day": table[fmt.day],
         "billed": billed,
         "effective": effective,
         "charges": pa.array(np.ones(table.num_rows, np.int8)),
     }
+    # A batch is mostly of one currency and one billing period: then the rows are grouped
+    # by their key alone.
+    same: dict[str, Any] = {}
+    for name in ("currency", "month"):
+        values = pc.unique(columns[name])
+        if len(values) == 1:
+            same[name] = values[0].as_py()
+            del columns[name]
     if grouping.job is not None:
         columns["job"] = key if by == "job" else _key(table, fmt, "job")
     parts = pa.table(columns)
@@ -333,10 +343,12 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
         parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
         parts = parts.filter(_is(parts["job"], grouping.job))
-    sums = parts.group_by(["key", "currency", "month"]).aggregate(
+    grouped = [name for name in ("key", "currency", "month") if name not in same]
+    sums = parts.group_by(grouped).aggregate(
         [("billed", "sum"), ("effective", "sum"), ("charges", "sum")]
     )
     for row in sums.to_pylist():
+        row.update(same)
         tally.add(
             _as_text(row["key"]),
             row["currency"] or "",
@@ -346,8 +358,11 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
             rows=row["charges_sum"] or 0,
         )
     # The days charged, per billing period (not per group: fewer values to make text).
-    spans = parts.group_by("month").aggregate([("day", "min_max")])
-    for row in spans.to_pylist():
+    if "month" in same:
+        spans = [{"month": same["month"], "day_min_max": pc.min_max(parts["day"]).as_py()}]
+    else:
+        spans = parts.group_by("month").aggregate([("day", "min_max")]).to_pylist()
+    for row in spans:
         first, last = _day(row["day_min_max"]["min"]), _day(row["day_min_max"]["max"])
         if first and last:
             tally.span(_period(row["month"], fmt), first, last)
@@ -450,7 +465,7 @@ def _float_amounts(column: Any) -> Any:
     np = require("numpy", EXTRA)
     if column.null_count:
         column = pc.fill_null(column, 0.0)
-    amounts = column.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    amounts = _view(column if column.type == pa.float64() else pc.cast(column, pa.float64()))
     with np.errstate(invalid="ignore", over="ignore"):
         scaled = np.rint(amounts * _FLOAT_SCALE)
         if not (np.abs(scaled) < _FLOAT_UNITS_LIMIT).all():
@@ -464,6 +479,17 @@ def _float_amounts(column: Any) -> Any:
     words[:, 1] = units >> 63
     kind = pa.decimal128(38, FLOAT_PLACES)
     return pa.Array.from_buffers(kind, len(units), [None, pa.py_buffer(words)])
+
+
+def _view(array: Any) -> Any:
+    """An array of integers or floats without nulls as a numpy view of its values
+    (``Array.to_numpy`` would import pandas, when installed, on its first call)."""
+    pa = require("pyarrow", EXTRA)
+    np = require("numpy", EXTRA)
+    letter = "f" if pa.types.is_floating(array.type) else "i"
+    kind = np.dtype(f"{letter}{array.type.bit_width // 8}")
+    values = array.buffers()[1]
+    return np.frombuffer(values, kind, count=len(array), offset=array.offset * kind.itemsize)
 
 
 def _cur_effective(table: Any, unblended: Any) -> Any:
@@ -625,7 +651,7 @@ def _tag_values(column: Any, tag: str) -> Any:
     rows, found = pc.filter(rows, present), pc.filter(values.indices, present)
     # Each row's value index (-1: none), then missing where none was found.
     where = np.full(len(column), -1, dtype=np.int32)
-    where[rows.to_numpy(zero_copy_only=False)] = found.to_numpy(zero_copy_only=False)
+    where[_view(rows)] = _view(found)
     return pa.DictionaryArray.from_arrays(pa.array(where, mask=where < 0), values.dictionary)
 
 
