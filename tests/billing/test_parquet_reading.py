@@ -112,7 +112,7 @@ def test_tags_read_as_dictionaries_across_row_groups_and_a_dictionary_given_up(
 def test_row_groups_read_in_parallel_add_up_as_read_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "cost": round(0.01 * (i % 97), 2),
             "effective": round(0.009 * (i % 89), 3),
@@ -130,8 +130,8 @@ def test_row_groups_read_in_parallel_add_up_as_read_one_by_one(
     assert parallel == [report(read_spend([str(path)], by), by) for by in ("job", "owner", "day")]
     assert job == report(read_spend([str(path)], "day", job="j3"), "day")
     assert {g.key: g.billed_usd for g in parallel[0].groups} == shortest(rows)
-    efficient = {g.key: g.effective_usd for g in parallel[0].groups}
-    assert efficient == shortest(rows, "effective")
+    effective = {g.key: g.effective_usd for g in parallel[0].groups}
+    assert effective == shortest(rows, "effective")
     assert (parallel[0].first_day, parallel[0].last_day) == ("2026-11-01", "2026-11-30")
     assert job.rows == len([r for r in rows if r["tags"].get("costguard:job") == "j3"])
 
@@ -140,8 +140,16 @@ def test_charges_stamped_in_another_zone_count_on_their_utc_day(tmp_path: Path) 
     """2026-11-30 22:00 in New York is 2026-12-01 03:00 UTC: December's first day."""
     new_york = ZoneInfo("America/New_York")
     rows = [
-        {"cost": 1.5, "tags": {"costguard:job": "a"}, "day": datetime(2026, 11, 30, 22, tzinfo=new_york)},
-        {"cost": 2.0, "tags": {"costguard:job": "a"}, "day": datetime(2026, 11, 2, 9, tzinfo=new_york)},
+        {
+            "cost": 1.5,
+            "tags": {"costguard:job": "a"},
+            "day": datetime(2026, 11, 30, 22, tzinfo=new_york),
+        },
+        {
+            "cost": 2.0,
+            "tags": {"costguard:job": "a"},
+            "day": datetime(2026, 11, 2, 9, tzinfo=new_york),
+        },
     ]
     path = focus(tmp_path / "focus.parquet", rows)
     days = report(read_spend([str(path)], "day"), "day")

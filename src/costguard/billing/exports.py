@@ -512,9 +512,7 @@ def _cur_effective(table: Any, unblended: Any) -> Any:
     committed = figure("savings_plan_total_commitment_to_date")
     used = figure("savings_plan_used_commitment")
     unused_sp = (
-        _exact(pc.subtract(committed, used))
-        if committed is not None and used is not None
-        else None
+        _exact(pc.subtract(committed, used)) if committed is not None and used is not None else None
     )
     rules: list[tuple[Any, Any]] = [
         (

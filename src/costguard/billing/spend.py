@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -283,7 +283,9 @@ class Tally:
     def merge(self, other: Tally) -> None:
         """Add the sums of ``other`` (a part of the same export, read apart)."""
         for (key, currency, month), (billed, effective) in other.sums.items():
-            self.add(key, currency, month, billed, effective, rows=other.counts[key, currency, month])
+            self.add(
+                key, currency, month, billed, effective, rows=other.counts[key, currency, month]
+            )
         for month, (first, last) in other.days.items():
             self.span(month, first, last)
 
@@ -424,15 +426,6 @@ def group_label(key: str | None, by: str) -> str:
     if key is not None:
         return key
     return "(untagged)" if by in GROUPING_TAGS else "(none)"
-
-
-def keys_matching(keys: Sequence[str], tag: str) -> list[str]:
-    """Those of ``keys`` (an export's distinct tag keys) that spell ``tag``.
-
-    >>> keys_matching(["env", "user_costguard_job", "user_costguard_owner"], JOB_TAG)
-    ['user_costguard_job']
-    """
-    return [k for k in keys if is_tag(k, tag)]
 
 
 @dataclass(frozen=True)
