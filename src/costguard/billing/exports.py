@@ -28,6 +28,7 @@ from costguard.billing.spend import (
     GROUPING_TAGS,
     ExportFormat,
     Tally,
+    charge_kind,
     detect,
     is_tag,
     parse_tags,
@@ -57,6 +58,8 @@ _SAMPLE_ROWS = 4096
 FLOAT_PLACES = 10
 _FLOAT_SCALE = 10.0**FLOAT_PLACES
 _FLOAT_UNITS_LIMIT = 10**15
+#: Between the words of a charge's kind columns (a character no export writes).
+_SEPARATOR = "\x1f"
 
 
 def read_spend(sources: Sequence[str], by: str, *, job: str | None = None) -> Tally:
@@ -172,7 +175,8 @@ def _columns_for(fmt: ExportFormat, by: str, present: Sequence[str]) -> list[str
     if by in GROUPING_TAGS and fmt.tags not in present:
         tags = next(t for t in fmt.tags_elsewhere if t in present)
         wanted = [tags if c == fmt.tags else c for c in wanted]
-    return wanted + [c for c in fmt.optional if c in present and c not in wanted]
+    more = fmt.optional + (fmt.kinds if by == "charge" else ())
+    return wanted + [c for c in dict.fromkeys(more) if c in present and c not in wanted]
 
 
 def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
@@ -266,6 +270,8 @@ def _gcp_schema(pa: Any) -> Any:
             ("credits", pa.list_(pa.struct([("amount", pa.decimal128(PRECISION, SCALE))]))),
             ("project", pa.struct([("id", pa.string())])),
             ("service", pa.struct([("description", pa.string())])),
+            ("sku", pa.struct([("description", pa.string())])),
+            ("cost_type", pa.string()),
         ]
     )
 
@@ -342,6 +348,7 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
     if fmt is GCP_EXPORT:
         parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
+        _add_around_job(table, fmt, parts, tally)
         parts = parts.filter(_is(parts["job"], grouping.job))
     grouped = [name for name in ("key", "currency", "month") if name not in same]
     sums = parts.group_by(grouped).aggregate(
@@ -366,6 +373,21 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
         first, last = _day(row["day_min_max"]["min"]), _day(row["day_min_max"]["max"])
         if first and last:
             tally.span(_period(row["month"], fmt), first, last)
+
+
+def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> None:
+    """What a job's reconciliation needs besides its charges: the last day the batch
+    charges, and what it billed without a job tag, per day."""
+    pc = require("pyarrow.compute", EXTRA)
+    last = pc.max(table[fmt.day]).as_py()
+    if _day(last) is not None:
+        tally.covered_to = max(tally.covered_to or "", _day(last) or "")
+    untagged = parts.filter(pc.is_null(parts["job"]))
+    if untagged.num_rows:
+        days = untagged.append_column("date", _date(untagged, "day"))
+        for row in days.group_by("date").aggregate([("billed", "sum")]).to_pylist():
+            day = _day(row["date"]) or ""
+            tally.untagged[day] = tally.untagged.get(day, Decimal(0)) + row["billed_sum"]
 
 
 def _period(value: Any, fmt: ExportFormat) -> str:
@@ -556,9 +578,12 @@ def _date(table: Any, name: str) -> Any:
 
 
 def _key(table: Any, fmt: ExportFormat, by: str) -> Any:
-    """The group of each charge for ``--by`` job, owner, project or service, as a
-    dictionary array of its trimmed text (empty: missing)."""
+    """The group of each charge for ``--by`` job, owner, project or service (or the
+    charge's kind, for ``--job``), as a dictionary array of its trimmed text (empty:
+    missing)."""
     pc = require("pyarrow.compute", EXTRA)
+    if by == "charge":
+        return _kinds(table, fmt)
     if by in GROUPING_TAGS:
         tags = fmt.tags if fmt.tags in table.column_names else fmt.tags_elsewhere[0]
         return _tag_values(table[tags], GROUPING_TAGS[by])
@@ -568,6 +593,28 @@ def _key(table: Any, fmt: ExportFormat, by: str) -> Any:
         )
         return _labels(pc.struct_field(record, name))
     return _labels(table[fmt.project if by == "project" else fmt.service])
+
+
+def _kinds(table: Any, fmt: ExportFormat) -> Any:
+    """Each charge's :func:`~costguard.billing.spend.charge_kind`, decided once per
+    distinct combination of the words the export has for it."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    words = []
+    for name in fmt.kinds:
+        if name in table.column_names:
+            column = table[name]
+            if pa.types.is_struct(column.type):
+                column = pc.struct_field(column, "description")
+            words.append(pc.fill_null(_text(column), ""))
+    joined = (
+        pc.binary_join_element_wise(*words, _SEPARATOR)
+        if words
+        else pa.repeat(pa.scalar(""), table.num_rows)
+    )
+    encoded = _encoded(joined)
+    found = [charge_kind(*text.split(_SEPARATOR)) for text in encoded.dictionary.to_pylist()]
+    return _relabel(encoded.indices, found)
 
 
 def _encoded(column: Any) -> Any:

@@ -4,6 +4,8 @@ clouds' billing exports."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +13,9 @@ import click
 
 from costguard.billing.spend import (
     GROUPINGS,
+    JobWindow,
     SpendReport,
+    Tally,
     document,
     exact,
     group_label,
@@ -101,7 +105,9 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
     spend = report(tally, by, month=options["month"], currency=options["currency"])
     output = options["output_format"]
     if job is not None:
-        _print_reconciliation(job, spend, settings, output)
+        kinds = read_spend(options["exports"], "charge", job=job.spec.job_id)
+        bill = report(kinds, "charge", month=options["month"], currency=spend.currency)
+        _print_reconciliation(job, spend, bill, kinds, settings, output)
     elif output == "json":
         render.print_json(document(spend))
     elif output == "csv":
@@ -127,7 +133,9 @@ def _job(url: str) -> Job:
     return load_job(open_store(normal_url(url)))
 
 
-def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, output: str) -> None:
+def _print_reconciliation(
+    job: Job, spend: SpendReport, bill: SpendReport, kinds: Tally, settings: Settings, output: str
+) -> None:
     from costguard.spot.controller import summarise
     from costguard.spot.prepare import offers_for
 
@@ -135,9 +143,20 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
         offers = offers_for(settings, job.spec)
     except InputError:
         offers = []
-    summary = summarise(job, offers, time.time())
+    now = time.time()
+    summary = summarise(job, offers, now)
+    window = job_window(job, now, kinds.covered_to, summary.spent_usd)
+    untagged = sum(
+        (usd for day, usd in kinds.untagged.items() if window.first_day <= day <= window.last_day),
+        Decimal(0),
+    )
     result = reconcile(
-        spend, job.spec.job_id, estimate_usd=summary.estimate_usd, running_usd=summary.spent_usd
+        bill,
+        job.spec.job_id,
+        estimate_usd=summary.estimate_usd,
+        window=window,
+        covered_to=kinds.covered_to,
+        untagged_usd=untagged,
     )
     if output != "table":
         render.print_json(
@@ -147,7 +166,9 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
                 "estimate_usd": None if result.estimate_usd is None else exact(result.estimate_usd),
                 "running_cost_usd": exact(result.running_usd),
                 "gap_usd": exact(result.gap_usd),
-                "gaps": list(result.gaps),
+                "gaps": [
+                    {"kind": g.kind, "usd": exact(g.usd), "note": g.note} for g in result.gaps
+                ],
             }
         )
         return
@@ -157,7 +178,34 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
         click.echo(f"  estimate before launch: {_money(result.estimate_usd, spend.currency)}")
     click.echo(f"  controller's running cost: {_money(result.running_usd, spend.currency)}")
     click.echo(f"  billed under its tag: {_money(result.billed_usd, spend.currency)}")
-    render.print_notes(result.gaps, heading="Where the difference is:")
+    render.print_notes(
+        [f"{g.kind}: {_money(g.usd, spend.currency)}, {g.note}" for g in result.gaps],
+        heading=f"Where the difference ({_money(result.gap_usd, spend.currency)}) is:",
+    )
+
+
+def job_window(job: Job, now: float, covered_to: str | None, running_usd: Decimal) -> JobWindow:
+    """The days ``job`` ran (UTC) and what its controller counted after ``covered_to``
+    (the export's last day), from its attempts as ``costguard jobs status`` counts them."""
+    ran = [a for a in job.attempts if a.hours(now)]
+    starts = [a.launched_unix for a in ran] or [job.spec.created_unix]
+    ends = [a.ended_unix if a.ended_unix is not None else now for a in ran] or starts
+    unexported = Decimal(0)
+    if covered_to is not None:
+        cutoff = datetime.fromisoformat(covered_to).replace(tzinfo=UTC).timestamp() + 86400
+        for attempt, end in zip(ran, ends, strict=True):
+            before = replace(attempt, ended_unix=max(attempt.launched_unix, min(end, cutoff)))
+            unexported += attempt.cost_usd(now) - before.cost_usd(now)
+    return JobWindow(
+        running_usd=running_usd,
+        first_day=_utc_day(min(starts)),
+        last_day=_utc_day(max(ends)),
+        unexported_usd=unexported,
+    )
+
+
+def _utc_day(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).date().isoformat()
 
 
 def _money(amount: Decimal, currency: str) -> str:
