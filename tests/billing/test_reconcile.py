@@ -10,12 +10,17 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
+
+from costguard.billing.exports import read_spend
+from costguard.billing.spend import report
 from costguard.checkpoint.store import Store
 from costguard.pricing.catalog import Catalog
 from costguard.spot.job import Job, save_job
 from costguard.spot.launcher.base import Handle
 from costguard.spot.offers import find_offers
 from costguard.spot.recovery import Attempt, AttemptOutcome
+from tests.billing.test_cur_gcp import GCP_JSONL, cur2_table
 from tests.billing.test_focus import HANDMADE, groups, spend
 from tests.spot.test_offers_and_job import spec
 
@@ -96,3 +101,23 @@ def test_a_job_without_charges_in_the_export_is_refused(
     assert result.exit_code == 2
     assert "Error: the export has no charges tagged costguard:job=never-billed" in result.stderr
     assert "Hint: " in result.stderr
+
+
+def test_what_each_charge_is_in_cur_and_gcp_exports(tmp_path: Path) -> None:
+    """The kinds a reconciliation names, from CUR 2.0's line item types and product codes
+    and from the GCP export's cost type, service and SKU (credits count with their charge)."""
+    cur2 = tmp_path / "cur2.parquet"
+    pq.write_table(cur2_table(), cur2)
+    cur = report(read_spend([str(cur2)], "charge"), "charge")
+    assert {g.key: g.billed_usd for g in cur.groups} == {
+        "compute": Decimal("34.0786"),  # usage, the savings plan's covered hour, RI usage
+        "commitment": Decimal("150.2274"),  # the plan's negation and fee, the RI fees
+        "tax": Decimal("4.12"),
+        "credit": Decimal(-25),
+    }
+    gcp = report(read_spend([str(GCP_JSONL)], "charge"), "charge")
+    assert {g.key: g.billed_usd for g in gcp.groups} == {
+        "compute": Decimal("0.823"),  # the L4 hours, core and ram, less their credits
+        "tax": Decimal("0.31"),
+        "storage": Decimal("0.026"),  # the bucket; the balanced PD's credit cancels it
+    }

@@ -456,9 +456,20 @@ _NETWORK = re.compile(
     re.IGNORECASE,
 )
 _STORAGE = re.compile(
-    r"storage|ebs|volume|disk|snapshot|\bs3\b|bucket|gb-?mo|blob|filestore|efs|fsx", re.IGNORECASE
+    r"storage|ebs|volume|disk|\bpd\b|snapshot|\bs3\b|bucket|gb-?mo|blob|filestore|efs|fsx",
+    re.IGNORECASE,
 )
-_COMMITMENT = re.compile(r"savings ?plan|reserv|commit|\bri ?fee|\brifee\b", re.IGNORECASE)
+_COMMITMENT = re.compile(r"savings ?plan|reserv|commit|\bri ?fee", re.IGNORECASE)
+#: FOCUS's category and CUR 2.0's line item types of a commitment's fees (``Fee``: the
+#: upfront ones), and the negation of the usage a savings plan covers (what it saved).
+_COMMITMENT_TYPES = {
+    "purchase",
+    "fee",
+    "rifee",
+    "savingsplanrecurringfee",
+    "savingsplanupfrontfee",
+    "savingsplannegation",
+}
 
 
 def charge_kind(*fields: str | None) -> str:
@@ -477,21 +488,26 @@ def charge_kind(*fields: str | None) -> str:
     'network'
     >>> charge_kind("Usage", "Correction", None, "Amazon Elastic Compute Cloud", "refund")
     'credit'
-    >>> [charge_kind(k) for k in ("Tax", "Credit", "Refund", "SavingsPlanRecurringFee", "tax")]
-    ['tax', 'credit', 'credit', 'commitment', 'tax']
+    >>> [charge_kind(k) for k in ("Tax", "Credit", "Refund", "EdpDiscount", "SavingsPlanNegation")]
+    ['tax', 'credit', 'credit', 'credit', 'commitment']
+    >>> charge_kind("SavingsPlanCoveredUsage", "AmazonEC2", "USE1-BoxUsage:p4d.24xlarge")
+    'compute'
+    >>> charge_kind("Usage", None, None, "Amazon EC2", "p4d hour covered by the savings plan")
+    'compute'
     >>> charge_kind("Usage", None, None, "AWS Support (Business)", "support")
     'other'
     """
     words = [f.strip() for f in fields if f and f.strip()]
     lowered = {w.lower() for w in words}
     text = " ".join(words)
-    if lowered & {"tax"}:
+    if "tax" in lowered:
         return "tax"
-    if lowered & {"credit", "refund", "correction", "bundleddiscount", "discount"}:
-        return "credit"
-    if lowered & {"purchase", "rifee", "savingsplanrecurringfee", "savingsplanupfrontfee"} or (
-        _COMMITMENT.search(text) and not lowered & {"usage"}
+    if lowered & {"credit", "refund", "correction", "adjustment"} or any(
+        w.endswith("discount") for w in lowered
     ):
+        return "credit"
+    usage = any(w.endswith("usage") for w in lowered)  # CUR's SavingsPlanCoveredUsage too
+    if lowered & _COMMITMENT_TYPES or (_COMMITMENT.search(text) and not usage):
         return "commitment"
     if _NETWORK.search(text):
         return "network"
