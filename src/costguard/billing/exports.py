@@ -97,8 +97,9 @@ def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
     fsspec = require("fsspec", EXTRA)
     for source in sources:
         fs, path = fsspec.core.url_to_fs(source)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        prefix = "" if protocol in ("file", "local") else f"{protocol}://"
+        # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
+        scheme = source.split("://", 1)[0] if "://" in source else "file"
+        prefix = "" if scheme in ("file", "local") else f"{scheme}://"
         if any(ch in path for ch in "*?["):
             found = sorted(fs.glob(path))
         elif _isdir(fs, path):
