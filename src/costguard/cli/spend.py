@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -24,7 +25,7 @@ from costguard.billing.spend import (
     report,
 )
 from costguard.cli import render
-from costguard.cli.params import Name, Url, table_or_json
+from costguard.cli.params import Name, Url, Usd, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.settings import Settings
@@ -56,7 +57,8 @@ Examples:
   costguard spend 'exports/*.parquet' --by day --month 2026-11
   costguard spend gcp-billing.jsonl --by project --format csv
   costguard spend azure-focus.csv --by service --currency EUR
-  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1""",
+  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1
+  costguard spend focus.csv.gz --month 2026-11 --plot nov.png --budget 200""",
     short_help="What was billed, per job, owner, project, day or service (billing exports).",
 )
 @click.argument("exports", nargs=-1, required=True, type=Url())
@@ -79,6 +81,17 @@ Examples:
     help="A job started by costguard launch (its checkpoint URL): its estimate and its "
     "controller's running cost next to what was billed under its tag.",
 )
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw what was billed to date, day by day, into this PNG (needs "
+    "costguard[plot]), against --budget.",
+)
+@click.option(
+    "--budget",
+    type=Usd(0, minimum_open=True, maximum=10**9),
+    help="The month's budget, drawn as a line by --plot (in the export's currency).",
+)
 @table_or_json(csv=True)
 @click.pass_obj
 def spend_command(settings: Settings, /, **options: Any) -> None:
@@ -92,6 +105,14 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
     """
     from costguard.billing.exports import read_spend  # pyarrow loads only now
 
+    plot: Path | None = options["plot"]
+    if plot is not None:
+        from costguard.plots import check_target
+
+        check_target(plot)
+    elif options["budget"] is not None:
+        msg = "--budget is the line --plot draws"
+        raise InputError(msg, hint="add --plot spend.png, or drop --budget")
     job = _job(options["job_url"]) if options["job_url"] else None
     by = options["by"] or ("service" if job else "job")
     tally = read_spend(options["exports"], by, job=job.spec.job_id if job else None)
@@ -124,6 +145,14 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
         )
     else:
         _print(spend)
+    if plot is not None:
+        from costguard.plots import draw_spend
+
+        days = spend
+        if by != "day":
+            tally = read_spend(options["exports"], "day", job=job.spec.job_id if job else None)
+            days = report(tally, "day", month=options["month"], currency=spend.currency)
+        click.echo(f"Picture: {draw_spend(plot, days, options['budget']).path}", err=True)
 
 
 def _job(url: str) -> Job:
