@@ -79,7 +79,8 @@ Examples:
     "job_url",
     type=Url(),
     help="A job started by costguard launch (its checkpoint URL): its estimate and its "
-    "controller's running cost next to what was billed under its tag.",
+    "controller's running cost next to what was billed under its tag, and what the "
+    "difference is made of.",
 )
 @click.option(
     "--plot",
