@@ -40,7 +40,7 @@ from costguard.errors import CostguardError, InputError
 EXTRA = "billing"
 #: Rows per Parquet batch and bytes per CSV block: what one batch holds in memory; row
 #: groups read at once (each holding a batch).
-PARQUET_BATCH_ROWS = 256 * 1024
+PARQUET_BATCH_ROWS = 512 * 1024
 PARQUET_WORKERS = 4
 CSV_BLOCK_BYTES = 8 * 1024 * 1024
 #: Costs are cast to exact decimals of 36 digits, 18 after the point: every export's digits
@@ -490,18 +490,19 @@ def _float_amounts(column: Any) -> Any:
         column = pc.fill_null(column, 0.0)
     amounts = _view(column if column.type == pa.float64() else pc.cast(column, pa.float64()))
     with np.errstate(invalid="ignore", over="ignore"):
-        scaled = np.rint(amounts * _FLOAT_SCALE)
-        if not (np.abs(scaled) < _FLOAT_UNITS_LIMIT).all():
+        scaled = amounts * _FLOAT_SCALE
+        np.rint(scaled, out=scaled)
+        # NaN fails both comparisons; an integer under 10**15 is exact as a double.
+        if not (scaled.max() < _FLOAT_UNITS_LIMIT and scaled.min() > -_FLOAT_UNITS_LIMIT):
             return None
-        units = scaled.astype(np.int64)
-        if not (units / _FLOAT_SCALE == amounts).all():
+        if not np.array_equal(scaled / _FLOAT_SCALE, amounts):
             return None
     # decimal128 values are 16-byte little-endian integers: the units, sign-extended.
-    words = np.empty((len(units), 2), np.int64)
-    words[:, 0] = units
-    words[:, 1] = units >> 63
+    words = np.empty((len(scaled), 2), np.int64)
+    words[:, 0] = scaled
+    words[:, 1] = words[:, 0] >> 63
     kind = pa.decimal128(38, FLOAT_PLACES)
-    return pa.Array.from_buffers(kind, len(units), [None, pa.py_buffer(words)])
+    return pa.Array.from_buffers(kind, len(scaled), [None, pa.py_buffer(words)])
 
 
 def _view(array: Any) -> Any:
