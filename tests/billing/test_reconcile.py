@@ -93,6 +93,20 @@ def test_each_gap_between_the_bill_and_the_controllers_count_is_named(
     assert "storage: $0.08, disks, snapshots and buckets" in table.stdout
 
 
+def test_jobs_status_spend_puts_the_bill_under_the_status(
+    run_cli: Callable[..., Any], tmp_path: Path, catalog: Catalog
+) -> None:
+    url, _ = launched(tmp_path, catalog, "llama-ft")
+    result = run_cli("jobs", "status", url, "--spend", str(HANDMADE))
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.index("job llama-ft: succeeded") < result.stdout.index("Job llama-ft:")
+    assert "billed under its tag: $0.68" in result.stdout  # October's hour too
+    assert "storage: $0.08" in result.stdout
+    refused = run_cli("jobs", "status", url, "--spend", str(HANDMADE), "--format", "json")
+    assert refused.exit_code == 2
+    assert f"Hint: costguard spend EXPORT --job {url} --format json" in refused.stderr
+
+
 def test_a_job_without_charges_in_the_export_is_refused(
     run_cli: Callable[..., Any], tmp_path: Path, catalog: Catalog
 ) -> None:

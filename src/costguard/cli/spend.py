@@ -4,6 +4,7 @@ clouds' billing exports."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -116,21 +117,25 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
         raise InputError(msg, hint="add --plot spend.png, or drop --budget")
     job = _job(options["job_url"]) if options["job_url"] else None
     by = options["by"] or ("service" if job else "job")
-    tally = read_spend(options["exports"], by, job=job.spec.job_id if job else None)
-    if job is not None and not tally.sums:
-        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
-        raise InputError(
-            msg,
-            hint="on AWS the tag counts once activated as a cost allocation tag; the export "
-            "must cover the days the job ran",
-        )
-    spend = report(tally, by, month=options["month"], currency=options["currency"])
+    month, currency = options["month"], options["currency"]
     output = options["output_format"]
     if job is not None:
-        kinds = read_spend(options["exports"], "charge", job=job.spec.job_id)
-        bill = report(kinds, "charge", month=options["month"], currency=spend.currency)
-        _print_reconciliation(job, spend, bill, kinds, settings, output)
-    elif output == "json":
+        spend = job_spend(settings, job, options["exports"], by, month, currency, output)
+    else:
+        spend = report(read_spend(options["exports"], by), by, month=month, currency=currency)
+        _print_spend(spend, output)
+    if plot is not None:
+        from costguard.plots import draw_spend
+
+        days = spend
+        if by != "day":
+            tally = read_spend(options["exports"], "day", job=job.spec.job_id if job else None)
+            days = report(tally, "day", month=options["month"], currency=spend.currency)
+        click.echo(f"Picture: {draw_spend(plot, days, options['budget']).path}", err=True)
+
+
+def _print_spend(spend: SpendReport, output: str) -> None:
+    if output == "json":
         render.print_json(document(spend))
     elif output == "csv":
         render.print_csv(
@@ -146,14 +151,35 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
         )
     else:
         _print(spend)
-    if plot is not None:
-        from costguard.plots import draw_spend
 
-        days = spend
-        if by != "day":
-            tally = read_spend(options["exports"], "day", job=job.spec.job_id if job else None)
-            days = report(tally, "day", month=options["month"], currency=spend.currency)
-        click.echo(f"Picture: {draw_spend(plot, days, options['budget']).path}", err=True)
+
+def job_spend(
+    settings: Settings,
+    job: Job,
+    exports: Sequence[str],
+    by: str,
+    month: str | None,
+    currency: str | None,
+    output: str,
+) -> SpendReport:
+    """Print what ``exports`` billed under ``job``'s tag (grouped ``by``) next to its
+    estimate and running cost, the difference named (``costguard spend --job``, ``jobs
+    status --spend``); the report printed."""
+    from costguard.billing.exports import read_spend
+
+    tally = read_spend(exports, by, job=job.spec.job_id)
+    if not tally.sums:
+        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
+        raise InputError(
+            msg,
+            hint="on AWS the tag counts once activated as a cost allocation tag; the export "
+            "must cover the days the job ran",
+        )
+    spend = report(tally, by, month=month, currency=currency)
+    kinds = read_spend(exports, "charge", job=job.spec.job_id)
+    bill = report(kinds, "charge", month=month, currency=spend.currency)
+    _print_reconciliation(job, spend, bill, kinds, settings, output)
+    return spend
 
 
 def _job(url: str) -> Job:
