@@ -3,10 +3,10 @@ GROUP BY of the same file, in one run.
 
 The file has the FOCUS 1.0 columns AWS Data Exports write (costs as double, periods as
 timestamps, Tags as a map), 400 jobs and a fifth of the rows untagged. Each contender
-runs in its own process, in turns, ``--runs`` times; the figures are medians of wall time
-and each process's peak resident memory (``wait4``). Targets (issue 31): costguard's wall
-<= 1.5x DuckDB's and its peak <= 1 GB. DuckDB sums the doubles as floats; costguard sums
-exact decimals.
+runs in its own process, in turns, ``--runs`` times; the figures are medians of wall time,
+CPU time (all threads: steadier than wall on a shared machine) and peak resident memory
+(``wait4``). Targets (issue 31): costguard's wall <= 1.5x DuckDB's and its peak <= 1 GB.
+DuckDB sums the doubles as floats; costguard sums exact decimals.
 
     python benchmarks/spend.py [--rows 10000000] [--runs 3] [--folder /tmp/costguard-spend]
 """
@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 CHUNK_ROWS = 1_000_000
 JOBS = 400
@@ -33,6 +34,7 @@ print(len(spend.groups), spend.total_billed_usd)
 """
 DUCKDB = """
 import sys, duckdb
+duckdb.sql("SET enable_progress_bar = false")
 rows = duckdb.sql(
     "SELECT Tags['costguard:job'] AS job, sum(BilledCost), sum(EffectiveCost) "
     f"FROM read_parquet('{sys.argv[1]}') GROUP BY 1"
@@ -82,8 +84,16 @@ def generate(path: Path, rows: int) -> None:
             writer.close()
 
 
-def timed(code: str, path: Path) -> tuple[float, int, str]:
-    """Wall seconds, peak resident bytes and output of ``python -c code path``."""
+class Run(NamedTuple):
+    wall: float
+    cpu: float
+    peak: int
+    output: str
+
+
+def timed(code: str, path: Path) -> Run:
+    """Wall seconds, CPU seconds (all threads), peak resident bytes and output of
+    ``python -c code path``."""
     began = time.perf_counter()
     child = subprocess.Popen(
         [sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True
@@ -95,7 +105,7 @@ def timed(code: str, path: Path) -> tuple[float, int, str]:
     child.returncode = os.waitstatus_to_exitcode(status)
     if child.returncode:
         sys.exit(f"failed ({child.returncode}): {code.strip().splitlines()[-1]}")
-    return wall, usage.ru_maxrss * 1024, output.strip()
+    return Run(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024, output.strip())
 
 
 def main() -> None:
@@ -120,21 +130,27 @@ def main() -> None:
             f"generated {path} ({path.stat().st_size / 1e6:.0f} MB) "
             f"in {time.perf_counter() - began:.0f} s"
         )
-    results: dict[str, list[tuple[float, int, str]]] = {"costguard": [], "duckdb": []}
+    results: dict[str, list[Run]] = {"costguard": [], "duckdb": []}
     for _ in range(args.runs):
         results["costguard"].append(timed(OURS, path))
         results["duckdb"].append(timed(DUCKDB, path))
     medians = {}
     for name, runs in results.items():
-        wall = statistics.median(r[0] for r in runs)
-        peak = statistics.median(r[1] for r in runs)
-        medians[name] = (wall, peak)
-        print(f"{name:10s} wall {wall:7.2f} s  peak {peak / 2**20:7.0f} MiB  -> {runs[0][2]}")
+        wall = statistics.median(r.wall for r in runs)
+        cpu = statistics.median(r.cpu for r in runs)
+        peak = statistics.median(r.peak for r in runs)
+        medians[name] = (wall, cpu, peak)
+        print(
+            f"{name:10s} wall {wall:7.2f} s  cpu {cpu:7.2f} s  peak {peak / 2**20:7.0f} MiB"
+            f"  -> {runs[0].output}"
+        )
     ratio = medians["costguard"][0] / medians["duckdb"][0]
-    peak_gb = medians["costguard"][1] / 1e9
+    cpu_ratio = medians["costguard"][1] / medians["duckdb"][1]
+    peak_gb = medians["costguard"][2] / 1e9
     print(
-        f"costguard / duckdb wall: {ratio:.2f}x (target <= 1.5x); "
-        f"costguard peak {peak_gb:.2f} GB (target <= 1 GB)"
+        f"costguard / duckdb wall: {ratio:.2f}x (target <= 1.5x), cpu {cpu_ratio:.2f}x; "
+        f"costguard peak {peak_gb:.2f} GB (target <= 1 GB); {os.cpu_count()} CPUs, "
+        f"load {os.getloadavg()[0]:.1f}"
     )
 
 

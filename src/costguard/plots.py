@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -214,3 +214,41 @@ def _save(figure: Any, path: Path, top: float) -> Picture:
         msg = f"cannot write {path}: {exc.strerror or exc}"
         raise InputError(msg, hint="a folder that exists and that you can write to") from None
     return Picture(path, top)
+
+
+def spend_series(report: Any) -> Series:
+    """What an export billed to date (y) at the end of each day charged (x: days since
+    the first day of its first month), from a ``costguard spend --by day`` report;
+    charges without a date are left out."""
+    days = sorted((g.key, g.billed_usd) for g in report.groups if g.key is not None)
+    if not days:
+        return Series((0.0,), (0.0,))
+    start = date.fromisoformat(days[0][0][:7] + "-01")
+    xs, ys, total = [0.0], [0.0], Decimal(0)
+    for day, billed in days:
+        total += billed
+        xs.append(float((date.fromisoformat(day) - start).days + 1))
+        ys.append(float(total))
+    return Series(tuple(xs), tuple(ys))
+
+
+def draw_spend(path: Path, report: Any, budget: Decimal | None) -> Picture:
+    """The export's spend to date, day by day, against the month's budget."""
+    spent = spend_series(report)
+    figure, axes = _canvas()
+    axes.plot(spent.x, spent.y, color=COST_COLOR, linewidth=2, drawstyle="steps-pre",
+              label=f"billed to date ({report.currency}, the export)")  # fmt: skip
+    values = list(spent.y)
+    if budget is not None:
+        axes.axhline(float(budget), color=BUDGET_COLOR, linewidth=2,
+                     label=f"budget {budget:,.2f} {report.currency}")  # fmt: skip
+        values.append(float(budget))
+    top = _top(values)
+    axes.set_ylim(0, top)
+    axes.set_xlim(0, max(31.0, max(spent.x)))
+    first = min((g.key for g in report.groups if g.key is not None), default=None)
+    axes.set_xlabel(f"days since {first[:7] + '-01' if first else 'the month began'} (UTC)")
+    axes.set_ylabel(report.currency)
+    axes.set_title(f"billed in {report.period}, per the export")
+    axes.legend(loc="lower right")  # the month fills from the left
+    return _save(figure, path, top)

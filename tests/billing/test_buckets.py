@@ -1,21 +1,27 @@
 """costguard spend reads exports in place in a bucket: S3 through moto's server over HTTP
 (the standard AWS_ENDPOINT_URL), as AWS Data Exports deliver them
-(``s3://bucket/prefix/export-name/data/BILLING_PERIOD=YYYY-MM/...``), and refuses a bucket
-path with nothing there."""
+(``s3://bucket/prefix/export-name/data/BILLING_PERIOD=YYYY-MM/...``), Azure Blob through
+Azurite and GCS through gcp-storage-emulator (the ``backend`` fixture of
+tests/helpers/stores.py), and refuses a bucket path with nothing there."""
 
 from __future__ import annotations
 
 import gzip
+import importlib
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pyarrow.parquet as pq
+import pytest
 from botocore.config import Config
 
+from costguard.checkpoint.store import storage_options_from_env
 from tests.billing.test_cur_gcp import cur2_table
 from tests.billing.test_focus import HANDMADE, groups, spend
+from tests.helpers.stores import Backend
 
 PREFIX = "exports/costguard-focus/data/BILLING_PERIOD=2026-11"
 
@@ -42,6 +48,33 @@ def test_spend_reads_focus_csv_gz_and_cur_parquet_in_an_s3_bucket(
 
     parquet = spend(run_cli, "s3://lab-bills/cur2/data/*.parquet", "--by", "owner")
     assert str(groups(parquet)["ana"]) == "1.306"
+
+
+@pytest.mark.parametrize("backend", ["azure", "gcs"], indirect=True)
+def test_spend_reads_exports_in_azure_blob_and_gcs_buckets(
+    backend: Backend, run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Azure Cost Management writes its exports to a storage container, GCP's BigQuery
+    export is extracted to a bucket: a folder of CSV.gz and Parquet read in place."""
+    local = tmp_path / "cur2.parquet"
+    pq.write_table(cur2_table(), local)
+    options = storage_options_from_env() or {}
+    fsspec = importlib.import_module("fsspec")  # untyped; mypy need not know it
+    files = {
+        "focus/2026-11/part-0.csv.gz": gzip.compress(HANDMADE.read_bytes()),
+        "focus/2026-11/part-1.parquet": local.read_bytes(),
+        "focus/2026-11/manifest.json": b"{}",
+    }
+    for name, body in files.items():
+        with fsspec.open(f"{backend.url}/{name}", "wb", **options) as out:
+            out.write(body)
+    document = spend(run_cli, f"{backend.url}/focus/", "--by", "owner", "--month", "2026-11")
+    assert [f.rsplit("/", 1)[-1] for f in document["files"]] == ["part-0.csv.gz", "part-1.parquet"]
+    assert document["files"][0].startswith(backend.url.split("://")[0] + "://")
+    assert groups(document)["ana"] == Decimal("2.3017") + Decimal("1.306")
+    missing = run_cli("spend", f"{backend.url}/nothing-here/")
+    assert missing.exit_code == 2
+    assert "Error: no billing export files at" in missing.stderr
 
 
 def test_an_empty_bucket_prefix_is_refused(aws_env: str, run_cli: Callable[..., Any]) -> None:

@@ -278,3 +278,30 @@ def test_the_notebook_api_returns_a_dataframe_of_exact_decimals() -> None:
     }
     assert frame.attrs["total_billed_usd"] == Decimal("55.4147")
     assert (frame.attrs["currency"], frame.attrs["period"]) == ("USD", "2026-11")
+
+
+def test_plot_draws_the_spend_to_date_against_the_budget(
+    run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """November's charges day by day (the fee, credit and tax on the 1st, the jobs' days
+    after): the line climbs to the month's 55.4147 and the budget line sits at 100."""
+    from costguard.plots import BUDGET_COLOR, COST_COLOR
+    from tests.helpers.output import read_png
+    from tests.test_plots import height_of, rgb
+
+    picture = tmp_path / "nov.png"
+    result = run_cli(
+        "spend", str(HANDMADE), "--month", "2026-11", "--plot", str(picture), "--budget", "100"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert f"Picture: {picture}" in result.stderr
+    png = read_png(picture)
+    top = 150.0  # _top: a round number 10% above the budget
+    red = png.rows_with(rgb(BUDGET_COLOR), least=png.width // 3)
+    assert height_of(png, sum(red) / len(red)) == pytest.approx(100 / top, abs=0.01)
+    blue = rgb(COST_COLOR)
+    highest = min(y for y, row in enumerate(png.rows) if blue in row)
+    assert height_of(png, highest) == pytest.approx(55.4147 / top, abs=0.015)
+    alone = run_cli("spend", str(HANDMADE), "--budget", "100")
+    assert alone.exit_code == 2
+    assert "Error: --budget is the line --plot draws" in alone.stderr

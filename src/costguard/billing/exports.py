@@ -5,6 +5,11 @@ read in place, only the columns the report needs: Parquet by column projection, 
 CSV.gz as a stream of blocks (memory bounded by the block size, not the file), JSONL
 with the fields named in an explicit schema. Each batch is summed by pyarrow (costs cast
 to exact decimals, grouped in C++), so Python sees a handful of sums per batch, not rows.
+
+Parquet, the large exports' format, is read fast (benchmarks/spend.py): row groups in
+parallel, text as dictionaries (rows grouped by integer indices, each distinct tag or
+service decided once), float costs turned into decimals as integers where that is exact,
+and a batch of one currency and one billing period grouped by its key alone.
 """
 
 from __future__ import annotations
@@ -12,8 +17,12 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
+from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -24,8 +33,9 @@ from costguard.billing.spend import (
     GROUPING_TAGS,
     ExportFormat,
     Tally,
+    charge_kind,
     detect,
-    keys_matching,
+    is_tag,
     parse_tags,
     tag_value,
 )
@@ -33,8 +43,10 @@ from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
 
 EXTRA = "billing"
-#: Rows per Parquet batch and bytes per CSV block: what one batch holds in memory.
-PARQUET_BATCH_ROWS = 256 * 1024
+#: Rows per Parquet batch and bytes per CSV block: what one batch holds in memory; row
+#: groups read at once (each holding a batch).
+PARQUET_BATCH_ROWS = 512 * 1024
+PARQUET_WORKERS = 4
 CSV_BLOCK_BYTES = 8 * 1024 * 1024
 #: Costs are cast to exact decimals of 36 digits, 18 after the point: every export's digits
 #: fit, and a sum of two (the amortised figures) stays within decimal128's 38 digits. A
@@ -46,6 +58,13 @@ DATA_SUFFIXES = (".csv", ".csv.gz", ".parquet", ".jsonl", ".jsonl.gz", ".ndjson"
 _MAX_FILES = 100_000
 #: Rows of a batch whose distinct float amounts decide how the batch's are converted.
 _SAMPLE_ROWS = 4096
+#: Float amounts of at most this many decimal places, under 10**5 each (every export's
+#: line items), are converted as integers (:func:`_float_amounts`); others as text.
+FLOAT_PLACES = 10
+_FLOAT_SCALE = 10.0**FLOAT_PLACES
+_FLOAT_UNITS_LIMIT = 10**15
+#: Between the words of a charge's kind columns (a character no export writes).
+_SEPARATOR = "\x1f"
 
 
 def read_spend(sources: Sequence[str], by: str, *, job: str | None = None) -> Tally:
@@ -83,8 +102,9 @@ def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
     fsspec = require("fsspec", EXTRA)
     for source in sources:
         fs, path = fsspec.core.url_to_fs(source)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        prefix = "" if protocol in ("file", "local") else f"{protocol}://"
+        # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
+        scheme = source.split("://", 1)[0] if "://" in source else "file"
+        prefix = "" if scheme in ("file", "local") else f"{scheme}://"
         if any(ch in path for ch in "*?["):
             found = sorted(fs.glob(path))
         elif _isdir(fs, path):
@@ -161,7 +181,8 @@ def _columns_for(fmt: ExportFormat, by: str, present: Sequence[str]) -> list[str
     if by in GROUPING_TAGS and fmt.tags not in present:
         tags = next(t for t in fmt.tags_elsewhere if t in present)
         wanted = [tags if c == fmt.tags else c for c in wanted]
-    return wanted + [c for c in fmt.optional if c in present and c not in wanted]
+    more = fmt.optional + (fmt.kinds if by == "charge" else ())
+    return wanted + [c for c in dict.fromkeys(more) if c in present and c not in wanted]
 
 
 def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
@@ -187,15 +208,59 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
 
 
 def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
-    pa = require("pyarrow", EXTRA)
+    """Read a Parquet file's row groups in parallel (:data:`PARQUET_WORKERS` at a time,
+    each with its own handle on the file and its own tally), added in file order."""
     pq = require("pyarrow.parquet", EXTRA)
-    with fs.open(path, "rb") as raw:
-        parquet = pq.ParquetFile(raw)
-        names = parquet.schema_arrow.names
-        fmt = by.detect(names, shown)
-        columns = by.columns(fmt, names)
-        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns):
-            _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
+    # A local file is read by pyarrow itself: its threads decode the columns without
+    # holding the GIL, where an fsspec file object reads through Python.
+    local = "file" in ([fs.protocol] if isinstance(fs.protocol, str) else fs.protocol)
+
+    def opened() -> Any:
+        return nullcontext(path) if local else fs.open(path, "rb")
+
+    with opened() as raw:
+        footer = pq.ParquetFile(raw)
+        metadata = footer.metadata
+    names = footer.schema_arrow.names
+    fmt = by.detect(names, shown)
+    columns = by.columns(fmt, names)
+    # Text read as dictionaries: the few distinct tags, currencies and services are
+    # decoded once per column chunk, and rows are grouped by their integer indices.
+    schema = footer.schema
+    text = [
+        leaf.path
+        for leaf in (schema.column(i) for i in range(len(schema)))
+        if leaf.path.split(".", 1)[0] in columns and leaf.logical_type.type == "STRING"
+    ]
+
+    def row_group(group: int) -> Tally:
+        # One row group at a time: a batch across two would hold two dictionaries of a
+        # nested column (the tags map), which pyarrow does not return.
+        with opened() as raw:
+            parquet = pq.ParquetFile(raw, metadata=metadata, read_dictionary=text)
+            return _row_group(parquet, group, columns, fmt, by)
+
+    workers = min(PARQUET_WORKERS, os.cpu_count() or 1, metadata.num_row_groups)
+    if workers <= 1:
+        for group in range(metadata.num_row_groups):
+            tally.merge(row_group(group))
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="costguard-spend") as pool:
+        for part in pool.map(row_group, range(metadata.num_row_groups)):
+            tally.merge(part)
+
+
+def _row_group(
+    parquet: Any, group: int, columns: list[str], fmt: ExportFormat, by: Grouping
+) -> Tally:
+    pa = require("pyarrow", EXTRA)
+    tally = Tally()
+    batches = parquet.iter_batches(
+        batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=columns
+    )
+    for batch in batches:
+        _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
+    return tally
 
 
 def _gcp_schema(pa: Any) -> Any:
@@ -211,6 +276,8 @@ def _gcp_schema(pa: Any) -> Any:
             ("credits", pa.list_(pa.struct([("amount", pa.decimal128(PRECISION, SCALE))]))),
             ("project", pa.struct([("id", pa.string())])),
             ("service", pa.struct([("description", pa.string())])),
+            ("sku", pa.struct([("description", pa.string())])),
+            ("cost_type", pa.string()),
         ]
     )
 
@@ -241,8 +308,12 @@ def _read_jsonl(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> N
 
 
 def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) -> None:
+    """Sum one batch per (key, currency, billing period) in pyarrow. The currency, the
+    period and the day are grouped as read (a timestamp, a dictionary index) and made
+    text only for the few groups that come out."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
+    np = require("numpy", EXTRA)
     if table.num_rows == 0:
         return
     billed = _money(table, fmt.billed)
@@ -257,39 +328,78 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
     else:
         effective = billed
     by = grouping.by
-    day = _date(table, fmt.day)
-    month = _month(table, fmt)
-    key = _key(table, fmt, by, day)
-    currency = pc.fill_null(_text(table[fmt.currency]), "")
+    key = _date(table, fmt.day) if by == "day" else _key(table, fmt, by)
     columns = {
         "key": key,
-        "currency": currency,
-        "month": month,
-        "day": day,
+        "currency": table[fmt.currency],
+        "month": (
+            pc.struct_field(table["invoice"], "month") if fmt is GCP_EXPORT else table[fmt.period]
+        ),
+        "day": table[fmt.day],
         "billed": billed,
         "effective": effective,
-        "charges": pa.array([1] * table.num_rows, pa.int64()),
+        "charges": pa.array(np.ones(table.num_rows, np.int8)),
     }
+    # A batch is mostly of one currency and one billing period: then the rows are grouped
+    # by their key alone.
+    same: dict[str, Any] = {}
+    for name in ("currency", "month"):
+        values = pc.unique(columns[name])
+        if len(values) == 1:
+            same[name] = values[0].as_py()
+            del columns[name]
     if grouping.job is not None:
-        columns["job"] = key if by == "job" else _key(table, fmt, "job", day)
+        columns["job"] = key if by == "job" else _key(table, fmt, "job")
     parts = pa.table(columns)
     if fmt is GCP_EXPORT:
-        parts = pa.concat_tables([parts, _gcp_credits(table, parts)])
+        parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
-        parts = parts.filter(pc.fill_null(pc.equal(parts["job"], grouping.job), False))
-    sums = parts.group_by(["key", "currency", "month"]).aggregate(
-        [("billed", "sum"), ("effective", "sum"), ("charges", "sum"), ("day", "min_max")]
+        _add_around_job(table, fmt, parts, tally)
+        parts = parts.filter(_is(parts["job"], grouping.job))
+    grouped = [name for name in ("key", "currency", "month") if name not in same]
+    sums = parts.group_by(grouped).aggregate(
+        [("billed", "sum"), ("effective", "sum"), ("charges", "sum")]
     )
     for row in sums.to_pylist():
+        row.update(same)
         tally.add(
             _as_text(row["key"]),
-            row["currency"],
-            (_as_text(row["month"]) or "")[:7],
+            row["currency"] or "",
+            _period(row["month"], fmt),
             row["billed_sum"] or Decimal(0),
             row["effective_sum"] or Decimal(0),
             rows=row["charges_sum"] or 0,
-            days=(_as_text(row["day_min_max"]["min"]), _as_text(row["day_min_max"]["max"])),
         )
+    # The days charged, per billing period (not per group: fewer values to make text).
+    if "month" in same:
+        spans = [{"month": same["month"], "day_min_max": pc.min_max(parts["day"]).as_py()}]
+    else:
+        spans = parts.group_by("month").aggregate([("day", "min_max")]).to_pylist()
+    for row in spans:
+        first, last = _day(row["day_min_max"]["min"]), _day(row["day_min_max"]["max"])
+        if first and last:
+            tally.span(_period(row["month"], fmt), first, last)
+
+
+def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> None:
+    """What a job's reconciliation needs besides its charges: the last day the batch
+    charges, and what it billed without a job tag, per day."""
+    pc = require("pyarrow.compute", EXTRA)
+    last = pc.max(table[fmt.day]).as_py()
+    if _day(last) is not None:
+        tally.covered_to = max(tally.covered_to or "", _day(last) or "")
+    untagged = parts.filter(pc.is_null(parts["job"]))
+    if untagged.num_rows:
+        days = untagged.append_column("date", _date(untagged, "day"))
+        for row in days.group_by("date").aggregate([("billed", "sum")]).to_pylist():
+            day = _day(row["date"]) or ""
+            tally.untagged[day] = tally.untagged.get(day, Decimal(0)) + row["billed_sum"]
+
+
+def _period(value: Any, fmt: ExportFormat) -> str:
+    """A billing period as read, as ``YYYY-MM`` (GCP's invoice month is ``YYYYMM``)."""
+    month = _as_text(value) or ""
+    return f"{month[:4]}-{month[4:6]}" if fmt is GCP_EXPORT else month[:7]
 
 
 def _same(first: Any, second: Any) -> bool:
@@ -302,14 +412,34 @@ def _same(first: Any, second: Any) -> bool:
 
 
 def _as_text(value: Any) -> str | None:
-    """A group's key or month as text: dates (from Parquet timestamps) in ISO form."""
-    if value is None or isinstance(value, str):
-        return value
-    return str(value.isoformat())
+    """A value grouped as read, as text: a timestamp as its UTC date (``YYYY-MM-DD``)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        moment = value.astimezone(UTC) if value.tzinfo is not None else value
+        return moment.date().isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+def _day(value: Any) -> str | None:
+    """The date of a charge's start as read: text is cut to its first 10 characters
+    (``YYYY-MM-DD``). Text sorts as its first characters do, so the least of a
+    column's values gives the least date."""
+    text = _as_text(value)
+    return text[:10] if text else None
 
 
 def _exact_type(pa: Any) -> Any:
     return pa.decimal128(PRECISION, SCALE)
+
+
+def _exact(column: Any) -> Any:
+    """Amounts as ``decimal128(PRECISION, SCALE)``, to add to or pick among others."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    return column if column.type == _exact_type(pa) else pc.cast(column, _exact_type(pa))
 
 
 def _text(column: Any) -> Any:
@@ -327,6 +457,9 @@ def _money(table: Any, name: str | Any) -> Any:
     column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     try:
         if pa.types.is_floating(column.type):
+            amounts = _float_amounts(column)
+            if amounts is not None:
+                return amounts
             # Bills repeat amounts (an instance's hourly price): each distinct one is
             # formatted and parsed once, when a sample of the batch says they repeat.
             sample = column.slice(0, _SAMPLE_ROWS)
@@ -345,6 +478,49 @@ def _money(table: Any, name: str | Any) -> Any:
         raise InputError(msg, hint="check that the file is an unmodified billing export") from None
 
 
+def _float_amounts(column: Any) -> Any:
+    """Float amounts as ``decimal128(38, FLOAT_PLACES)`` without formatting each one, when
+    every amount of the column is the float nearest a decimal of at most
+    :data:`FLOAT_PLACES` places under 10**5: that decimal is then the only one of its
+    places that reads as the float, so it is the float's shortest form with zeros
+    appended. ``None`` when some amount is not (more places, a larger amount, NaN).
+
+    The test is exact: an integer under 10**15 is exact as a double, and dividing it by
+    10**FLOAT_PLACES rounds as reading the decimal's text does.
+    """
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    np = require("numpy", EXTRA)
+    if column.null_count:
+        column = pc.fill_null(column, 0.0)
+    amounts = _view(column if column.type == pa.float64() else pc.cast(column, pa.float64()))
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = amounts * _FLOAT_SCALE
+        np.rint(scaled, out=scaled)
+        # NaN fails both comparisons; an integer under 10**15 is exact as a double.
+        if not (scaled.max() < _FLOAT_UNITS_LIMIT and scaled.min() > -_FLOAT_UNITS_LIMIT):
+            return None
+        if not np.array_equal(scaled / _FLOAT_SCALE, amounts):
+            return None
+    # decimal128 values are 16-byte little-endian integers: the units, sign-extended.
+    words = np.empty((len(scaled), 2), np.int64)
+    words[:, 0] = scaled
+    words[:, 1] = words[:, 0] >> 63
+    kind = pa.decimal128(38, FLOAT_PLACES)
+    return pa.Array.from_buffers(kind, len(scaled), [None, pa.py_buffer(words)])
+
+
+def _view(array: Any) -> Any:
+    """An array of integers or floats without nulls as a numpy view of its values
+    (``Array.to_numpy`` would import pandas, when installed, on its first call)."""
+    pa = require("pyarrow", EXTRA)
+    np = require("numpy", EXTRA)
+    letter = "f" if pa.types.is_floating(array.type) else "i"
+    kind = np.dtype(f"{letter}{array.type.bit_width // 8}")
+    values = array.buffers()[1]
+    return np.frombuffer(values, kind, count=len(array), offset=array.offset * kind.itemsize)
+
+
 def _cur_effective(table: Any, unblended: Any) -> Any:
     """CUR 2.0's amortised cost per line: covered usage at its savings plan or reservation
     effective cost, the unused part of a commitment's fee, nothing for the negations and
@@ -356,18 +532,16 @@ def _cur_effective(table: Any, unblended: Any) -> Any:
     def figure(*names: str) -> Any:
         if not all(n in table.column_names for n in names):
             return None
-        total = _money(table, names[0])
+        total = _exact(_money(table, names[0]))
         for name in names[1:]:
-            total = pc.cast(pc.add(total, _money(table, name)), pa.decimal128(PRECISION, SCALE))
+            total = _exact(pc.add(total, _exact(_money(table, name))))
         return total
 
-    zero = pa.scalar(Decimal(0), pa.decimal128(PRECISION, SCALE))
+    zero = pa.scalar(Decimal(0), _exact_type(pa))
     committed = figure("savings_plan_total_commitment_to_date")
     used = figure("savings_plan_used_commitment")
     unused_sp = (
-        pc.cast(pc.subtract(committed, used), pa.decimal128(PRECISION, SCALE))
-        if committed is not None and used is not None
-        else None
+        _exact(pc.subtract(committed, used)) if committed is not None and used is not None else None
     )
     rules: list[tuple[Any, Any]] = [
         (
@@ -388,17 +562,16 @@ def _cur_effective(table: Any, unblended: Any) -> Any:
     if "reservation_reservation_a_r_n" in table.column_names:
         arn = pc.fill_null(table["reservation_reservation_a_r_n"], "")
         rules.append((pc.and_(pc.equal(kind, "Fee"), pc.not_equal(arn, "")), zero))
-    effective = unblended
+    effective = _exact(unblended)
     for when, value in reversed(rules):
         if value is not None:
             effective = pc.if_else(when, value, effective)
     return effective
 
 
-def _date(table: Any, name: str, chars: int = 10) -> Any:
-    """A timestamp column as dates, in UTC: Parquet timestamps as ``date32`` (formatted
-    once per group, after the sums: ``strftime`` on every row took most of the time),
-    text cut to its first ``chars`` characters (``YYYY-MM-DD``, or 7 for ``YYYY-MM``)."""
+def _date(table: Any, name: str) -> Any:
+    """A timestamp column as dates, in UTC: Parquet timestamps as ``date32``, text cut to
+    its first 10 characters (``YYYY-MM-DD``)."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
     column = table[name]
@@ -408,50 +581,107 @@ def _date(table: Any, name: str, chars: int = 10) -> Any:
         return pc.cast(column, pa.date32())
     if pa.types.is_date(column.type):
         return column
-    return pc.utf8_slice_codeunits(_text(column), 0, chars)
+    return pc.utf8_slice_codeunits(_text(column), 0, 10)
 
 
-def _month(table: Any, fmt: ExportFormat) -> Any:
+def _key(table: Any, fmt: ExportFormat, by: str) -> Any:
+    """The group of each charge for ``--by`` job, owner, project or service (or the
+    charge's kind, for ``--job``), as a dictionary array of its trimmed text (empty:
+    missing)."""
     pc = require("pyarrow.compute", EXTRA)
-    if fmt is GCP_EXPORT:
-        # invoice.month is YYYYMM.
-        month = pc.struct_field(table["invoice"], "month")
-        return pc.binary_join_element_wise(
-            pc.utf8_slice_codeunits(month, 0, 4), pc.utf8_slice_codeunits(month, 4, 6), "-"
-        )
-    return _date(table, fmt.period, 7)
-
-
-def _key(table: Any, fmt: ExportFormat, by: str, day: Any) -> Any:
-    pa = require("pyarrow", EXTRA)
-    pc = require("pyarrow.compute", EXTRA)
-    if by == "day":
-        return day
+    if by == "charge":
+        return _kinds(table, fmt)
     if by in GROUPING_TAGS:
         tags = fmt.tags if fmt.tags in table.column_names else fmt.tags_elsewhere[0]
-        values = _tag_values(table[tags], GROUPING_TAGS[by])
-    elif fmt is GCP_EXPORT:
+        return _tag_values(table[tags], GROUPING_TAGS[by])
+    if fmt is GCP_EXPORT:
         record, name = (
             (table["project"], "id") if by == "project" else (table["service"], "description")
         )
-        values = pc.struct_field(record, name)
-    else:
-        values = _text(table[fmt.project if by == "project" else fmt.service])
-    values = pc.utf8_trim_whitespace(_text(values))
-    return pc.if_else(pc.equal(values, ""), pa.scalar(None, pa.string()), values)
+        return _labels(pc.struct_field(record, name))
+    return _labels(table[fmt.project if by == "project" else fmt.service])
+
+
+def _kinds(table: Any, fmt: ExportFormat) -> Any:
+    """Each charge's :func:`~costguard.billing.spend.charge_kind`, decided once per
+    distinct combination of the words the export has for it."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    words = []
+    for name in fmt.kinds:
+        if name in table.column_names:
+            column = table[name]
+            if pa.types.is_struct(column.type):
+                column = pc.struct_field(column, "description")
+            words.append(pc.fill_null(_text(column), ""))
+    joined = (
+        pc.binary_join_element_wise(*words, _SEPARATOR)
+        if words
+        else pa.repeat(pa.scalar(""), table.num_rows)
+    )
+    encoded = _encoded(joined)
+    found = [charge_kind(*text.split(_SEPARATOR)) for text in encoded.dictionary.to_pylist()]
+    return _relabel(encoded.indices, found)
+
+
+def _encoded(column: Any) -> Any:
+    """``column`` as a dictionary array (read as one already, or encoded now)."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(column.type):
+        return column
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+        column = _text(column)
+    return pc.dictionary_encode(column)
+
+
+def _labels(column: Any) -> Any:
+    """A text column as a dictionary array of its values trimmed, empty ones missing."""
+    encoded = _encoded(column)
+    return _relabel(encoded.indices, [_trimmed(v) for v in encoded.dictionary.to_pylist()])
+
+
+def _trimmed(value: str | None) -> str | None:
+    return value.strip() or None if value is not None else None
+
+
+def _relabel(indices: Any, labels: Sequence[str | None]) -> Any:
+    """A dictionary array whose row ``i`` reads ``labels[indices[i]]``: its dictionary
+    holds each label once (so a group is one index), ``None`` labels are missing."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    distinct = list(dict.fromkeys(label for label in labels if label is not None))
+    where = {label: i for i, label in enumerate(distinct)}
+    mapping = pa.array([None if x is None else where[x] for x in labels], pa.int32())
+    return pa.DictionaryArray.from_arrays(
+        pc.take(mapping, indices), pa.array(distinct, pa.string())
+    )
+
+
+def _is(labels: Any, value: str) -> Any:
+    """Which rows of a dictionary array read ``value`` (never a missing one)."""
+    pa = require("pyarrow", EXTRA)
+    pc = require("pyarrow.compute", EXTRA)
+    labels = labels.combine_chunks() if isinstance(labels, pa.ChunkedArray) else labels
+    known = labels.dictionary.to_pylist()
+    index = known.index(value) if value in known else -1
+    return pc.fill_null(pc.equal(labels.indices, index), False)
 
 
 def _tag_values(column: Any, tag: str) -> Any:
-    """The value of costguard's ``tag`` on each row, from a JSON text column (FOCUS CSV,
-    Azure), a ``map<string, string>`` (CUR 2.0, FOCUS Parquet) or a list of
-    ``{key, value}`` records (GCP labels)."""
+    """The value of costguard's ``tag`` on each row, as a dictionary array, from a JSON
+    text column (FOCUS CSV, Azure), a ``map<string, string>`` (CUR 2.0, FOCUS Parquet)
+    or a list of ``{key, value}`` records (GCP labels)."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
+    np = require("numpy", EXTRA)
     column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
-    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        encoded = pc.dictionary_encode(column)
+    kind = column.type.value_type if pa.types.is_dictionary(column.type) else column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        encoded = _encoded(column)
         found = [tag_value(parse_tags(text), tag) for text in encoded.dictionary.to_pylist()]
-        return pc.take(pa.array(found, pa.string()), encoded.indices)
+        return _relabel(encoded.indices, found)
     if pa.types.is_map(column.type):
         # As a list of (key, value) records: list kernels do not all take maps.
         column = pa.ListArray.from_arrays(column.offsets, column.values)
@@ -463,36 +693,33 @@ def _tag_values(column: Any, tag: str) -> Any:
     else:
         msg = f"a tags column of type {column.type} is not one costguard reads"
         raise InputError(msg, hint="tags come as JSON text, a map or a list of key/value records")
-    rows = pc.list_parent_indices(column)
-    # Every spelling of costguard:job holds "job" in some case (tag_key only lowers and
-    # replaces punctuation): a substring scan leaves the few keys worth hashing.
-    near = pc.match_substring(keys, tag.rsplit(":", 1)[-1], ignore_case=True)
-    keys, rows, values = pc.filter(keys, near), pc.filter(rows, near), pc.filter(values, near)
-    # The rule runs on the distinct keys; the rows are then matched by dictionary index.
-    encoded = pc.dictionary_encode(keys)
-    known = encoded.dictionary.to_pylist()
-    spelled = set(keys_matching([k for k in known if k is not None], tag))
-    wanted = pa.array([i for i, k in enumerate(known) if k in spelled], encoded.indices.type)
-    mask = pc.and_(pc.is_in(encoded.indices, wanted), pc.is_valid(values))
-    return _scatter(pa, pc, len(column), pc.filter(rows, mask), pc.filter(values, mask))
+    # The spelling rule runs on the few distinct keys; the pairs are matched by index.
+    keys = _encoded(keys)
+    spelled = [i for i, k in enumerate(keys.dictionary.to_pylist()) if k and is_tag(k, tag)]
+    chosen = pc.is_in(keys.indices, pa.array(spelled, keys.indices.type))
+    values = _labels(pc.filter(values, chosen))
+    rows = pc.filter(pc.list_parent_indices(column), chosen)
+    present = values.indices.is_valid()
+    rows, found = pc.filter(rows, present), pc.filter(values.indices, present)
+    # Each row's value index (-1: none), then missing where none was found.
+    where = np.full(len(column), -1, dtype=np.int32)
+    where[_view(rows)] = _view(found)
+    return pa.DictionaryArray.from_arrays(pa.array(where, mask=where < 0), values.dictionary)
 
 
-def _scatter(pa: Any, pc: Any, length: int, rows: Any, values: Any) -> Any:
-    """A column of ``length`` rows holding ``values`` at ``rows`` (null elsewhere)."""
-    np = require("numpy", EXTRA)
-    where = np.full(length, -1, dtype=np.int64)
-    where[rows.to_numpy(zero_copy_only=False)] = np.arange(len(rows), dtype=np.int64)
-    indices = pa.array(where, mask=where < 0)
-    return pc.take(values, indices)
-
-
-def _gcp_credits(table: Any, parts: Any) -> Any:
-    """One row per GCP credit (negative amounts), keyed like the charge it reduces."""
+def _with_gcp_credits(table: Any, parts: Any) -> Any:
+    """``parts`` and one row per GCP credit (negative amounts), keyed like the charge it
+    reduces: amounts as ``decimal128(PRECISION, SCALE)`` on both."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
+    for name in ("billed", "effective"):
+        parts = parts.set_column(
+            parts.column_names.index(name), name, _exact(parts[name].combine_chunks())
+        )
     credits = table["credits"].combine_chunks()
-    amounts = _money(table, pc.struct_field(pc.list_flatten(credits), "amount"))
+    amounts = _exact(_money(table, pc.struct_field(pc.list_flatten(credits), "amount")))
     rows = pc.list_parent_indices(credits)
     credit_rows = {name: pc.take(parts[name], rows) for name in parts.column_names}
-    none = pa.array([0] * len(rows), pa.int64())  # a credit is part of its charge, not one
-    return pa.table({**credit_rows, "billed": amounts, "effective": amounts, "charges": none})
+    none = pa.array([0] * len(rows), pa.int8())  # a credit is part of its charge, not one
+    credit_rows.update(billed=amounts, effective=amounts, charges=none)
+    return pa.concat_tables([parts, pa.table(credit_rows, schema=parts.schema)])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -59,6 +59,9 @@ class ExportFormat:
     optional: tuple[str, ...] = ()
     #: Other names of the tags column, tried when ``tags`` is absent.
     tags_elsewhere: tuple[str, ...] = ()
+    #: The columns that say what a charge is (:func:`charge_kind`), read when present
+    #: for ``--job`` (records: their ``description``).
+    kinds: tuple[str, ...] = ()
 
     def needed(self, by: str) -> tuple[str, ...]:
         """The columns a report grouped ``by`` cannot do without.
@@ -82,6 +85,7 @@ FOCUS = ExportFormat(
     project="SubAccountId",
     service="ServiceName",
     also=("EffectiveCost",),
+    kinds=("ChargeCategory", "ChargeClass", "ServiceCategory", "ServiceName", "ChargeDescription"),
 )
 #: Column names from the CUR 2.0 data dictionary (docs.aws.amazon.com/cur/latest/userguide/
 #: table-dictionary-cur2.html); the amortisation columns are those of its savings plan and
@@ -106,6 +110,12 @@ CUR2 = ExportFormat(
         "reservation_reservation_a_r_n",
     ),
     tags_elsewhere=("tags",),
+    kinds=(
+        "line_item_line_item_type",
+        "line_item_product_code",
+        "line_item_usage_type",
+        "line_item_line_item_description",
+    ),
 )
 #: Field names from "Structure of Standard data export" (cloud.google.com/billing/docs/
 #: how-to/export-data-bigquery-tables/standard-usage).
@@ -119,6 +129,7 @@ GCP_EXPORT = ExportFormat(
     project="project",
     service="service",
     also=("credits",),
+    kinds=("cost_type", "service", "sku"),
 )
 FORMATS = (FOCUS, CUR2, GCP_EXPORT)
 
@@ -257,6 +268,10 @@ class Tally:
     counts: dict[tuple[str | None, str, str], int] = field(default_factory=dict)
     days: dict[str, tuple[str, str]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    #: Read for one job (``--job``): the last day the export has any charge for, and
+    #: what it billed without a job tag, per day.
+    covered_to: str | None = None
+    untagged: dict[str, Decimal] = field(default_factory=dict)
 
     def add(
         self,
@@ -278,8 +293,25 @@ class Tally:
         self.counts[group] = self.counts.get(group, 0) + rows
         first, last = days
         if first and last:
-            seen = self.days.get(month, (first, last))
-            self.days[month] = (min(seen[0], first), max(seen[1], last))
+            self.span(month, first, last)
+
+    def merge(self, other: Tally) -> None:
+        """Add the sums of ``other`` (a part of the same export, read apart)."""
+        for (key, currency, month), (billed, effective) in other.sums.items():
+            self.add(
+                key, currency, month, billed, effective, rows=other.counts[key, currency, month]
+            )
+        for month, (first, last) in other.days.items():
+            self.span(month, first, last)
+        for day, billed in other.untagged.items():
+            self.untagged[day] = self.untagged.get(day, Decimal(0)) + billed
+        if other.covered_to is not None:
+            self.covered_to = max(self.covered_to or other.covered_to, other.covered_to)
+
+    def span(self, month: str, first: str, last: str) -> None:
+        """Count ``first`` to ``last`` among the days charged in ``month``."""
+        seen = self.days.get(month, (first, last))
+        self.days[month] = (min(seen[0], first), max(seen[1], last))
 
 
 @dataclass(frozen=True)
@@ -415,13 +447,100 @@ def group_label(key: str | None, by: str) -> str:
     return "(untagged)" if by in GROUPING_TAGS else "(none)"
 
 
-def keys_matching(keys: Sequence[str], tag: str) -> list[str]:
-    """Those of ``keys`` (an export's distinct tag keys) that spell ``tag``.
+#: What a charge is, for a job's reconciliation (``costguard spend --job``), in the order
+#: the gaps are named.
+CHARGE_KINDS = ("compute", "storage", "network", "commitment", "credit", "tax", "other")
+_NETWORK = re.compile(
+    r"data ?transfer|egress|bandwidth|internet|inter-?region|nat ?gateway|load ?balanc|"
+    r"networking|cdn|vpc|ip address",
+    re.IGNORECASE,
+)
+_STORAGE = re.compile(
+    r"storage|ebs|volume|disk|\bpd\b|snapshot|\bs3\b|bucket|gb-?mo|blob|filestore|efs|fsx",
+    re.IGNORECASE,
+)
+_COMMITMENT = re.compile(r"savings ?plan|reserv|commit|\bri ?fee", re.IGNORECASE)
+#: FOCUS's category and CUR 2.0's line item types of a commitment's fees (``Fee``: the
+#: upfront ones), and the negation of the usage a savings plan covers (what it saved).
+_COMMITMENT_TYPES = {
+    "purchase",
+    "fee",
+    "rifee",
+    "savingsplanrecurringfee",
+    "savingsplanupfrontfee",
+    "savingsplannegation",
+}
 
-    >>> keys_matching(["env", "user_costguard_job", "user_costguard_owner"], JOB_TAG)
-    ['user_costguard_job']
+
+def charge_kind(*fields: str | None) -> str:
+    """What one charge is, from its export's words for it: FOCUS ``ChargeCategory``,
+    ``ChargeClass``, ``ServiceCategory``, ``ServiceName``, ``ChargeDescription``; CUR 2.0
+    ``line_item_line_item_type``, ``line_item_product_code``, ``line_item_usage_type``,
+    ``line_item_line_item_description``; GCP ``cost_type``, ``service.description``,
+    ``sku.description``. Tax and credits (refunds, corrections) by their category,
+    network before storage before compute by their words.
+
+    >>> charge_kind("Usage", None, None, "Amazon Elastic Compute Cloud", "g5.xlarge spot hour")
+    'compute'
+    >>> charge_kind("Usage", None, None, "Amazon Elastic Compute Cloud", "EBS gp3 GB-month")
+    'storage'
+    >>> charge_kind("Usage", "", "", "AmazonEC2", "USE1-DataTransfer-Out-Bytes")
+    'network'
+    >>> charge_kind("Usage", "Correction", None, "Amazon Elastic Compute Cloud", "refund")
+    'credit'
+    >>> [charge_kind(k) for k in ("Tax", "Credit", "Refund", "EdpDiscount", "SavingsPlanNegation")]
+    ['tax', 'credit', 'credit', 'credit', 'commitment']
+    >>> charge_kind("SavingsPlanCoveredUsage", "AmazonEC2", "USE1-BoxUsage:p4d.24xlarge")
+    'compute'
+    >>> charge_kind("Usage", None, None, "Amazon EC2", "p4d hour covered by the savings plan")
+    'compute'
+    >>> charge_kind("Usage", None, None, "AWS Support (Business)", "support")
+    'other'
     """
-    return [k for k in keys if is_tag(k, tag)]
+    words = [f.strip() for f in fields if f and f.strip()]
+    lowered = {w.lower() for w in words}
+    text = " ".join(words)
+    if "tax" in lowered:
+        return "tax"
+    if lowered & {"credit", "refund", "correction", "adjustment"} or any(
+        w.endswith("discount") for w in lowered
+    ):
+        return "credit"
+    usage = any(w.endswith("usage") for w in lowered)  # CUR's SavingsPlanCoveredUsage too
+    if lowered & _COMMITMENT_TYPES or (_COMMITMENT.search(text) and not usage):
+        return "commitment"
+    if _NETWORK.search(text):
+        return "network"
+    if _STORAGE.search(text):
+        return "storage"
+    if lowered & {"compute", "ai and machine learning"} or re.search(
+        r"compute|instance|virtual machine|\bvm\b|gpu|\bcore|\bram\b|spot|boxusage|ec2",
+        text,
+        re.IGNORECASE,
+    ):
+        return "compute"
+    return "other"
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One part of the difference between a job's bill and its controller's count."""
+
+    kind: str
+    usd: Decimal
+    note: str
+
+
+@dataclass(frozen=True)
+class JobWindow:
+    """What the controller knows of a job: its instance-hours at their launch prices,
+    the days it ran (UTC, ``YYYY-MM-DD``), and what it counted after a given day."""
+
+    running_usd: Decimal
+    first_day: str
+    last_day: str
+    #: The controller's cost of the hours after the export's last day (0: none).
+    unexported_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -435,52 +554,99 @@ class Reconciliation:
     billed_usd: Decimal
     effective_usd: Decimal
     gap_usd: Decimal
-    gaps: tuple[str, ...]
+    gaps: tuple[Gap, ...]
+
+
+_NOTES = {
+    "storage": "disks, snapshots and buckets: the controller counts instance-hours only",
+    "network": "egress and other data transfer, NAT, load balancers, addresses",
+    "commitment": "savings plan or reservation fees billed under the job's tag",
+    "credit": "credits, refunds and corrections",
+    "tax": "tax billed under the job's tag",
+    "other": "charges of other services under the job's tag",
+}
 
 
 def reconcile(
-    spend: SpendReport,
+    kinds: SpendReport,
     job_id: str,
     *,
     estimate_usd: Decimal | None,
-    running_usd: Decimal,
+    window: JobWindow,
+    covered_to: str | None,
+    untagged_usd: Decimal,
 ) -> Reconciliation:
-    """Billed against running cost; each group of the report (a service, a day) named
-    with its share of the bill, credits and refunds (negative groups) apart.
+    """Billed against running cost, the difference named part by part: ``kinds`` is the
+    job's bill grouped by :func:`charge_kind`; ``covered_to`` the last day the export
+    has charges for (any charge, not only the job's); ``untagged_usd`` what the export
+    billed without any job tag on the days the job ran. The gaps up to the missing days
+    add up to ``gap_usd``; the untagged and amortised lines are beside it.
 
-    >>> spend = SpendReport("service", (SpendGroup("EC2", Decimal(3), Decimal(3)),
-    ...     SpendGroup("S3", Decimal("0.5"), Decimal("0.5"))), Decimal("3.5"), Decimal("3.5"),
-    ...     "USD", "2026-11", None, None, 2, ())
-    >>> r = reconcile(spend, "j1", estimate_usd=Decimal(2), running_usd=Decimal("2.5"))
-    >>> str(r.gap_usd), r.gaps[0]
-    ('1.0', 'billed 1 more than the controller counted (instance-hours x list price)')
+    >>> bill = SpendReport("charge", (SpendGroup("compute", Decimal(3), Decimal(3)),
+    ...     SpendGroup("storage", Decimal("0.5"), Decimal("0.5"))), Decimal("3.5"),
+    ...     Decimal("3.5"), "USD", "2026-11", None, None, 2, ())
+    >>> window = JobWindow(Decimal("2.5"), "2026-11-03", "2026-11-09", Decimal("0.4"))
+    >>> r = reconcile(bill, "j1", estimate_usd=None, window=window,
+    ...               covered_to="2026-11-07", untagged_usd=Decimal("0.2"))
+    >>> str(r.gap_usd), [(g.kind, str(g.usd)) for g in r.gaps]  # doctest: +NORMALIZE_WHITESPACE
+    ('1.0', [('idle time or price changes', '0.9'), ('storage', '0.5'),
+             ('missing days', '-0.4'), ('untagged', '0.2')])
     """
-    gap = spend.total_billed_usd - running_usd
-    if gap > 0:
-        lines = [
-            f"billed {exact(gap)} more than the controller counted (instance-hours x list price)"
-        ]
-    elif gap < 0:
-        lines = [
-            f"billed {exact(-gap)} less than the controller counted: discounts, credits, "
-            "or charges not in the export yet"
-        ]
+    billed = {g.key: g.billed_usd for g in kinds.groups}
+    gaps = []
+    compute = billed.get("compute", Decimal(0)) - window.running_usd + window.unexported_usd
+    if compute > 0:
+        note = (
+            f"the instances billed {exact(compute)} more than the controller counted "
+            "(instance-hours x launch price): instance time outside the attempts (boot, "
+            "shutdown, an instance left idle) or a higher price than the table's"
+        )
     else:
-        lines = ["billed exactly what the controller counted"]
-    for group in spend.groups:
-        kind = "credit or refund" if group.billed_usd < 0 else "charged"
-        lines.append(f"{group_label(group.key, spend.by)}: {exact(group.billed_usd)} {kind}")
-    if spend.total_effective_usd != spend.total_billed_usd:
-        lines.append(
-            f"amortised commitments: effective {exact(spend.total_effective_usd)} against "
-            f"billed {exact(spend.total_billed_usd)}"
+        note = (
+            f"the instances billed {exact(-compute)} less than the controller counted: a "
+            "lower price than the table's (the spot price moved, discounts), or hours "
+            "not billed"
+        )
+    if compute:
+        gaps.append(Gap("idle time or price changes", compute, note))
+    for kind in CHARGE_KINDS[1:]:
+        if billed.get(kind):
+            gaps.append(Gap(kind, billed[kind], _NOTES[kind]))
+    if window.unexported_usd or (covered_to is not None and covered_to < window.last_day):
+        gaps.append(
+            Gap(
+                "missing days",
+                -window.unexported_usd,
+                f"the export's charges end on {covered_to}, the job ran to "
+                f"{window.last_day}: the controller counted {exact(window.unexported_usd)} "
+                "after that (exports lag a day or two)",
+            )
+        )
+    if untagged_usd:
+        gaps.append(
+            Gap(
+                "untagged",
+                untagged_usd,
+                f"billed without a costguard:job tag from {window.first_day} to "
+                f"{window.last_day}, not counted above: some may be the job's (data "
+                "transfer, NAT, snapshots its tags do not reach)",
+            )
+        )
+    if kinds.total_effective_usd != kinds.total_billed_usd:
+        gaps.append(
+            Gap(
+                "amortised",
+                kinds.total_effective_usd - kinds.total_billed_usd,
+                f"commitments spread over usage: effective {exact(kinds.total_effective_usd)} "
+                f"against billed {exact(kinds.total_billed_usd)}",
+            )
         )
     return Reconciliation(
         job_id=job_id,
         estimate_usd=estimate_usd,
-        running_usd=running_usd,
-        billed_usd=spend.total_billed_usd,
-        effective_usd=spend.total_effective_usd,
-        gap_usd=gap,
-        gaps=tuple(lines),
+        running_usd=window.running_usd,
+        billed_usd=kinds.total_billed_usd,
+        effective_usd=kinds.total_effective_usd,
+        gap_usd=kinds.total_billed_usd - window.running_usd,
+        gaps=tuple(gaps),
     )

@@ -21,6 +21,7 @@ from costguard.cli.params import (
     Name,
     StoreUrl,
     Text,
+    Url,
     WholeNumber,
     table_or_json,
 )
@@ -415,8 +416,23 @@ def jobs_group() -> None:
     help="Also draw the cost over wall time, the on-demand line and the preemptions into "
     "this PNG (needs costguard[plot]).",
 )
+@click.option(
+    "--spend",
+    "exports",
+    multiple=True,
+    type=Url(),
+    help="A billing export (repeatable): what it billed under the job's tag, by service, "
+    "and what the difference from the running cost is made of (costguard spend --job).",
+)
 @click.pass_obj
-def status_command(settings: Settings, /, url: str, output_format: str, plot: Path | None) -> None:
+def status_command(
+    settings: Settings,
+    /,
+    url: str,
+    output_format: str,
+    plot: Path | None,
+    exports: tuple[str, ...],
+) -> None:
     """Attempts, preemptions, cost so far and status of the job at checkpoint URL."""
     from costguard.spot.job import load_job
     from costguard.spot.prepare import normal_url, offers_for, open_store
@@ -425,12 +441,19 @@ def status_command(settings: Settings, /, url: str, output_format: str, plot: Pa
         from costguard.plots import check_target
 
         check_target(plot)
+    if exports and output_format == "json":
+        msg = "jobs status --spend prints tables; its JSON is costguard spend's"
+        raise InputError(msg, hint=f"costguard spend EXPORT --job {url} --format json")
     job = load_job(open_store(normal_url(url)))
     try:
         offers = offers_for(settings, job.spec)
     except InputError:
         offers = []
     _report(job, offers, output_format)
+    if exports:
+        from costguard.cli.spend import job_spend
+
+        job_spend(settings, job, exports, "service", None, None, output_format)
     if plot is not None:
         from costguard.plots import draw_job
 

@@ -4,14 +4,20 @@ clouds' billing exports."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from costguard.billing.spend import (
     GROUPINGS,
+    JobWindow,
     SpendReport,
+    Tally,
     document,
     exact,
     group_label,
@@ -20,7 +26,7 @@ from costguard.billing.spend import (
     report,
 )
 from costguard.cli import render
-from costguard.cli.params import Name, Url, table_or_json
+from costguard.cli.params import Name, Url, Usd, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.settings import Settings
@@ -52,7 +58,8 @@ Examples:
   costguard spend 'exports/*.parquet' --by day --month 2026-11
   costguard spend gcp-billing.jsonl --by project --format csv
   costguard spend azure-focus.csv --by service --currency EUR
-  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1""",
+  costguard spend s3://my-bills/focus/ --job s3://my-bucket/run1
+  costguard spend focus.csv.gz --month 2026-11 --plot nov.png --budget 200""",
     short_help="What was billed, per job, owner, project, day or service (billing exports).",
 )
 @click.argument("exports", nargs=-1, required=True, type=Url())
@@ -73,7 +80,19 @@ Examples:
     "job_url",
     type=Url(),
     help="A job started by costguard launch (its checkpoint URL): its estimate and its "
-    "controller's running cost next to what was billed under its tag.",
+    "controller's running cost next to what was billed under its tag, and what the "
+    "difference is made of.",
+)
+@click.option(
+    "--plot",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also draw what was billed to date, day by day, into this PNG (needs "
+    "costguard[plot]), against --budget.",
+)
+@click.option(
+    "--budget",
+    type=Usd(0, minimum_open=True, maximum=10**9),
+    help="The month's budget, drawn as a line by --plot (in the export's currency).",
 )
 @table_or_json(csv=True)
 @click.pass_obj
@@ -88,21 +107,35 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
     """
     from costguard.billing.exports import read_spend  # pyarrow loads only now
 
+    plot: Path | None = options["plot"]
+    if plot is not None:
+        from costguard.plots import check_target
+
+        check_target(plot)
+    elif options["budget"] is not None:
+        msg = "--budget is the line --plot draws"
+        raise InputError(msg, hint="add --plot spend.png, or drop --budget")
     job = _job(options["job_url"]) if options["job_url"] else None
     by = options["by"] or ("service" if job else "job")
-    tally = read_spend(options["exports"], by, job=job.spec.job_id if job else None)
-    if job is not None and not tally.sums:
-        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
-        raise InputError(
-            msg,
-            hint="on AWS the tag counts once activated as a cost allocation tag; the export "
-            "must cover the days the job ran",
-        )
-    spend = report(tally, by, month=options["month"], currency=options["currency"])
+    month, currency = options["month"], options["currency"]
     output = options["output_format"]
     if job is not None:
-        _print_reconciliation(job, spend, settings, output)
-    elif output == "json":
+        spend = job_spend(settings, job, options["exports"], by, month, currency, output)
+    else:
+        spend = report(read_spend(options["exports"], by), by, month=month, currency=currency)
+        _print_spend(spend, output)
+    if plot is not None:
+        from costguard.plots import draw_spend
+
+        days = spend
+        if by != "day":
+            tally = read_spend(options["exports"], "day", job=job.spec.job_id if job else None)
+            days = report(tally, "day", month=options["month"], currency=spend.currency)
+        click.echo(f"Picture: {draw_spend(plot, days, options['budget']).path}", err=True)
+
+
+def _print_spend(spend: SpendReport, output: str) -> None:
+    if output == "json":
         render.print_json(document(spend))
     elif output == "csv":
         render.print_csv(
@@ -120,6 +153,35 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
         _print(spend)
 
 
+def job_spend(
+    settings: Settings,
+    job: Job,
+    exports: Sequence[str],
+    by: str,
+    month: str | None,
+    currency: str | None,
+    output: str,
+) -> SpendReport:
+    """Print what ``exports`` billed under ``job``'s tag (grouped ``by``) next to its
+    estimate and running cost, the difference named (``costguard spend --job``, ``jobs
+    status --spend``); the report printed."""
+    from costguard.billing.exports import read_spend
+
+    tally = read_spend(exports, by, job=job.spec.job_id)
+    if not tally.sums:
+        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
+        raise InputError(
+            msg,
+            hint="on AWS the tag counts once activated as a cost allocation tag; the export "
+            "must cover the days the job ran",
+        )
+    spend = report(tally, by, month=month, currency=currency)
+    kinds = read_spend(exports, "charge", job=job.spec.job_id)
+    bill = report(kinds, "charge", month=month, currency=spend.currency)
+    _print_reconciliation(job, spend, bill, kinds, settings, output)
+    return spend
+
+
 def _job(url: str) -> Job:
     from costguard.spot.job import load_job
     from costguard.spot.prepare import normal_url, open_store
@@ -127,7 +189,9 @@ def _job(url: str) -> Job:
     return load_job(open_store(normal_url(url)))
 
 
-def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, output: str) -> None:
+def _print_reconciliation(
+    job: Job, spend: SpendReport, bill: SpendReport, kinds: Tally, settings: Settings, output: str
+) -> None:
     from costguard.spot.controller import summarise
     from costguard.spot.prepare import offers_for
 
@@ -135,9 +199,20 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
         offers = offers_for(settings, job.spec)
     except InputError:
         offers = []
-    summary = summarise(job, offers, time.time())
+    now = time.time()
+    summary = summarise(job, offers, now)
+    window = job_window(job, now, kinds.covered_to, summary.spent_usd)
+    untagged = sum(
+        (usd for day, usd in kinds.untagged.items() if window.first_day <= day <= window.last_day),
+        Decimal(0),
+    )
     result = reconcile(
-        spend, job.spec.job_id, estimate_usd=summary.estimate_usd, running_usd=summary.spent_usd
+        bill,
+        job.spec.job_id,
+        estimate_usd=summary.estimate_usd,
+        window=window,
+        covered_to=kinds.covered_to,
+        untagged_usd=untagged,
     )
     if output != "table":
         render.print_json(
@@ -147,7 +222,9 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
                 "estimate_usd": None if result.estimate_usd is None else exact(result.estimate_usd),
                 "running_cost_usd": exact(result.running_usd),
                 "gap_usd": exact(result.gap_usd),
-                "gaps": list(result.gaps),
+                "gaps": [
+                    {"kind": g.kind, "usd": exact(g.usd), "note": g.note} for g in result.gaps
+                ],
             }
         )
         return
@@ -157,7 +234,34 @@ def _print_reconciliation(job: Job, spend: SpendReport, settings: Settings, outp
         click.echo(f"  estimate before launch: {_money(result.estimate_usd, spend.currency)}")
     click.echo(f"  controller's running cost: {_money(result.running_usd, spend.currency)}")
     click.echo(f"  billed under its tag: {_money(result.billed_usd, spend.currency)}")
-    render.print_notes(result.gaps, heading="Where the difference is:")
+    render.print_notes(
+        [f"{g.kind}: {_money(g.usd, spend.currency)}, {g.note}" for g in result.gaps],
+        heading=f"Where the difference ({_money(result.gap_usd, spend.currency)}) is:",
+    )
+
+
+def job_window(job: Job, now: float, covered_to: str | None, running_usd: Decimal) -> JobWindow:
+    """The days ``job`` ran (UTC) and what its controller counted after ``covered_to``
+    (the export's last day), from its attempts as ``costguard jobs status`` counts them."""
+    ran = [a for a in job.attempts if a.hours(now)]
+    starts = [a.launched_unix for a in ran] or [job.spec.created_unix]
+    ends = [a.ended_unix if a.ended_unix is not None else now for a in ran] or starts
+    unexported = Decimal(0)
+    if covered_to is not None:
+        cutoff = datetime.fromisoformat(covered_to).replace(tzinfo=UTC).timestamp() + 86400
+        for attempt, end in zip(ran, ends, strict=True):
+            before = replace(attempt, ended_unix=max(attempt.launched_unix, min(end, cutoff)))
+            unexported += attempt.cost_usd(now) - before.cost_usd(now)
+    return JobWindow(
+        running_usd=running_usd,
+        first_day=_utc_day(min(starts)),
+        last_day=_utc_day(max(ends)),
+        unexported_usd=unexported,
+    )
+
+
+def _utc_day(unix: float) -> str:
+    return datetime.fromtimestamp(unix, UTC).date().isoformat()
 
 
 def _money(amount: Decimal, currency: str) -> str:
