@@ -2,16 +2,20 @@
 every 10 steps, resumed with ``ckpt_path="last"``.
 
 Prints ``READY <step of last.ckpt>`` and ``STEP <n>``; writes the final weights to
-``--final``. Each epoch is one batch (the same one), so a resume is exact whatever Lightning does
-with a dataloader it cannot fast-forward: what the test checks is that the weights, the
-optimizer and the step count come back.
+``--final``. An epoch is :data:`BATCHES_PER_EPOCH` batches in a new order each epoch, so a
+save on a notice lands mid-epoch, and a resume equals the uninterrupted run only if the
+weights, the optimizer, the step count *and* the place in the epoch's data come back.
+Lightning resumes a loader mid-epoch only through its ``state_dict``/``load_state_dict``
+(a plain ``DataLoader`` starts the epoch over, with a warning): :class:`EpochBatches`.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
@@ -33,6 +37,47 @@ class Model(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
+BATCH_SIZE = 4
+BATCHES_PER_EPOCH = 24
+
+
+class EpochBatches:
+    """The batches of ``data``, each epoch in the order a generator seeded with the epoch
+    draws, resumable mid-epoch: Lightning stores :meth:`state_dict` in each checkpoint and
+    calls :meth:`load_state_dict` before it iterates again.
+
+    The state is the epoch and the batches handed out in it: Lightning knows the epoch's
+    length (``__len__``), so it fetches no batch ahead of the one it trains on, and a
+    checkpoint saved after a batch counts that batch.
+    """
+
+    def __init__(self, data: torch.utils.data.TensorDataset) -> None:
+        self.data = data
+        self.epoch = -1
+        self.handed_out = 0
+        self.resume: tuple[int, int] | None = None
+
+    def __len__(self) -> int:
+        return -(-len(self.data) // BATCH_SIZE)
+
+    def __iter__(self) -> Iterator[list[torch.Tensor]]:
+        epoch, start = self.resume if self.resume else (self.epoch + 1, 0)
+        self.resume = None
+        if start >= len(self):  # saved after the epoch's last batch
+            epoch, start = epoch + 1, 0
+        self.epoch, self.handed_out = epoch, start
+        order = torch.randperm(len(self.data), generator=torch.Generator().manual_seed(epoch))
+        for index in range(start, len(self)):
+            self.handed_out = index + 1
+            yield list(self.data[order[index * BATCH_SIZE : (index + 1) * BATCH_SIZE]])
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "taken": self.handed_out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.resume = (int(state["epoch"]), int(state["taken"]))
+
+
 class Progress(pl.Callback):
     def __init__(self, sleep_s: float) -> None:
         self.sleep_s = sleep_s
@@ -52,9 +97,9 @@ def main() -> None:
     options = parser.parse_args()
     pl.seed_everything(0, verbose=False)
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn(32, 16, generator=generator)
+    x = torch.randn(BATCH_SIZE * BATCHES_PER_EPOCH, 16, generator=generator)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-    loader = torch.utils.data.DataLoader(data, batch_size=32)
+    loader = EpochBatches(data)
     model = Model()
     checkpoints = ModelCheckpoint(
         dirpath=options.out, every_n_train_steps=10, save_top_k=0, save_last=True

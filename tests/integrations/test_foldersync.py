@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from costguard.checkpoint.foldersync import ASIDE, FolderSync, items_in
+from costguard.checkpoint.completion import items_in
+from costguard.checkpoint.foldersync import ASIDE, FolderSync
 from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store

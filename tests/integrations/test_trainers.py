@@ -44,6 +44,8 @@ pytestmark = pytest.mark.timeout(1500)
 #: Where each of the two notices is sent: so many steps after the run resumed.
 AFTER = (13, 12)
 TWICE_SIGTERM = (signal.SIGTERM, signal.SIGTERM)
+#: lightning_train.py's batches per epoch (not imported: that would load Lightning here).
+LIGHTNING_EPOCH = 24
 
 
 class Run(Followed):
@@ -108,13 +110,14 @@ def preempted_twice(
     resumed_from: Callable[[str], int],
     *args: str,
     signals: tuple[signal.Signals, signal.Signals] = TWICE_SIGTERM,
-) -> Path:
+) -> tuple[Path, list[int]]:
     """Two notices (``signals`` to costguard run), each on a new machine (``out`` deleted
-    first), then a run to the end; the final weights' file."""
+    first), then a run to the end; the final weights' file and the steps saved on the
+    notices."""
     out, final = tmp_path / "out", tmp_path / "final.pt"
     args = ("--final", str(final), "--steps", str(STEPS), "--sleep", "0.05", *args)
     env = {**env, **store.env}
-    done = 0
+    done, saved = 0, []
     for after, sig in zip(AFTER, signals, strict=True):
         shutil.rmtree(out, ignore_errors=True)
         run = Run(script, store.url, out, env, *args)
@@ -124,6 +127,7 @@ def preempted_twice(
         run.proc.send_signal(sig)
         assert run.finish() == 75, run.stderr()[-3000:]
         done = max(run.steps())
+        saved.append(done)
         # Saved at the step boundary after the notice: the newest checkpoint is that step.
         assert max(kept(store.url))[0] == done, (kept(store.url), run.stderr()[-2000:])
     shutil.rmtree(out)
@@ -131,7 +135,7 @@ def preempted_twice(
     assert resumed_from(run.read_until(lambda line: line.startswith("READY"))) == done
     assert run.finish() == 0, run.stderr()[-3000:]
     assert max(run.steps()) == STEPS
-    return final
+    return final, saved
 
 
 def at_step(line: str, step: int) -> bool:
@@ -170,7 +174,7 @@ def test_hf_trainer_survives_two_notices_on_new_machines(
 ) -> None:
     store = store_for(store_name, tmp_path, request)
     expected = reference("hf_train.py", tmp_path, hf_env, "--steps", str(STEPS), "--callback")
-    final = preempted_twice("hf_train.py", store, tmp_path, hf_env, hf_step, "--callback")
+    final, _ = preempted_twice("hf_train.py", store, tmp_path, hf_env, hf_step, "--callback")
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     export_matches(store.url, tmp_path, final)
 
@@ -186,7 +190,11 @@ def test_lightning_survives_two_notices_on_new_machines(
     store = store_for(store_name, tmp_path, request)
     env = train_env
     expected = reference("lightning_train.py", tmp_path, env, "--steps", str(STEPS), "--callback")
-    final = preempted_twice("lightning_train.py", store, tmp_path, env, ready_step, "--callback")
+    final, saved = preempted_twice(
+        "lightning_train.py", store, tmp_path, env, ready_step, "--callback"
+    )
+    # Both saves were mid-epoch: the resumed runs took up the epoch's data where it was.
+    assert all(step % LIGHTNING_EPOCH for step in saved), saved
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     assert {path for _, path in kept(store.url)} == {"last.ckpt"}
     export_matches(store.url, tmp_path, final)
@@ -199,7 +207,7 @@ def test_accelerate_loop_survives_two_notices_on_every_store(
     env = train_env
     expected = reference("accelerate_train.py", tmp_path, env, "--steps", str(STEPS))
     # SIGINT (Ctrl-C) is not forwarded: costguard run relays it through the notice file.
-    final = preempted_twice(
+    final, _ = preempted_twice(
         "accelerate_train.py",
         backend,
         tmp_path,

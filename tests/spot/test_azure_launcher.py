@@ -56,6 +56,7 @@ def spec(job_id: str = "run-1", **options: str) -> LaunchSpec:
         expires_at=EXPIRES,
         idle_minutes=45,
         every_minutes=10,
+        sync_dir="/mnt/resource/out",
         options={**OPTIONS, **options},
     )
 
@@ -98,7 +99,7 @@ def test_launch_creates_a_spot_vm_with_identity_tags_and_custom_data(
     script = base64.b64decode(os_profile["customData"]).decode()
     assert script.startswith("#!/bin/bash\n")
     assert "--cloud azure" in script
-    assert "--every-minutes 10.0" in script
+    assert "--every-minutes 10.0 --sync-dir /mnt/resource/out -- python train.py" in script
     (nic,) = properties["networkProfile"]["networkInterfaceConfigurations"]
     assert nic["properties"]["deleteOption"] == "Delete"
     assert properties["storageProfile"]["osDisk"]["deleteOption"] == "Delete"

@@ -54,6 +54,7 @@ def spec(job_id: str = "Run-1", **options: str) -> LaunchSpec:
         owner="alice@uni.edu",
         expires_at=EXPIRES,
         idle_minutes=45,
+        sync_dir="out",
         options={**OPTIONS, **options},
     )
 
@@ -105,7 +106,7 @@ def test_launch_inserts_a_labelled_spot_vm_with_its_gpus(
     (item,) = body["metadata"]["items"]
     assert item["key"] == "startup-script"
     assert "export COSTGUARD_JOB_ATTEMPT=2" in item["value"]
-    assert "--cloud gcp" in item["value"]
+    assert "--cloud gcp --sync-dir out -- python train.py" in item["value"]
     # The insert was waited for: its operation was polled until DONE.
     assert server.calls("GET", "/operations/operation-")
     (call,) = server.calls("POST", "/instances")

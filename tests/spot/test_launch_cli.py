@@ -50,6 +50,8 @@ def assert_refused(result: Any, message: str, *nothing_in: Path) -> None:
         ((*LOCAL_A10G, "--checkpoint", "{ckpt}", "--preempt-at", "9,3"), "increasing"),
         ((*LOCAL_A10G, "--checkpoint", "{ckpt}", "--max-total", "0.001"), "max-total"),
         ((*LOCAL_A10G, "--checkpoint", "{ckpt}"), "confirmation"),
+        ((*LOCAL_A10G, "--checkpoint", "{ckpt}", "--sync-dir", "s3://b/out"), "is a URL"),
+        ((*LOCAL_A10G, "--checkpoint", "{ckpt}", "--sync-dir", "{ckpt}/../x/../.."), "leaves"),
     ],
 )
 def test_bad_input_exits_2_before_anything_is_launched(
@@ -90,6 +92,50 @@ def test_a_missing_bucket_is_refused_before_any_instance(
     assert_refused(result, "does not exist")
     ec2 = boto3.client("ec2", region_name="us-east-1")
     assert ec2.describe_instances()["Reservations"] == []
+
+
+def test_a_bad_sync_dir_is_refused_before_the_store_is_opened(
+    run_cli: Callable[..., Any], aws_env: str
+) -> None:
+    # The bucket does not exist: the --sync-dir refusal comes before the store is probed.
+    result = run_cli(
+        "launch", "--provider", "aws", "--gpu", "a10g", "--checkpoint", "s3://no-such-bucket/r",
+        "--sync-dir", "../out", "--yes", *TRAIN,
+    )  # fmt: skip
+    assert_refused(result, "--sync-dir '../out' leaves the folder it names")
+    assert "does not exist" not in result.stderr
+
+
+def test_the_sync_dir_reaches_the_instances_user_data(
+    run_cli: Callable[..., Any], aws_launch_options: dict[str, str], aws_env: str
+) -> None:
+    """End to end on moto: ``launch --sync-dir`` is in the plan, in job.json (so every
+    relaunch and --attach keep it) and in the boot script's ``costguard run`` line."""
+    import base64
+
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="ckpt")
+    options = [x for k, v in aws_launch_options.items() for x in ("--option", f"{k}={v}")]
+    result = run_cli(
+        "launch", "--provider", "aws", "--gpu", "a10g", "--region", "us-east-1",
+        "--checkpoint", "s3://ckpt/run1", *options, "--option", "package=costguard[train]",
+        "--sync-dir", "out dir/", "--every-steps", "50", "--no-alarm-check", "--yes",
+        "--timeout-hours", "0.0003", "--poll-seconds", "0.05", *TRAIN,
+    )  # fmt: skip
+    assert result.exit_code == 1, result.stderr  # it timed out: no instance ever reports
+    assert "--sync-dir out dir/ on the instance (under its workdir" in result.stderr
+    job = load_job(Store.open("s3://ckpt/run1"))
+    assert job.spec.sync_dir == "out dir/"
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    (reservation,) = ec2.describe_instances()["Reservations"]
+    instance_id = reservation["Instances"][0]["InstanceId"]
+    attribute = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    user_data = base64.b64decode(attribute["UserData"]["Value"]).decode()
+    assert (
+        "costguard run --checkpoint s3://ckpt/run1 --cloud aws --every-steps 50 "
+        "--sync-dir 'out dir/' -- python train.py"
+    ) in user_data
 
 
 def test_the_launch_guard_refuses_a_cloud_launch_without_a_budget(

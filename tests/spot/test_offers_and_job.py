@@ -107,6 +107,7 @@ def spec(url: str, **changes: object) -> JobSpec:
         max_total_usd=Decimal("12.50"),
         hours=Decimal("2.5"),
         options={"image": "ami-0123456789abcdef0"},
+        sync_dir="/home/me/out",
         simulation=Simulation(every_s=30.0, seed=4, notice_s=5.0, metadata_port=4567),
     )
     return replace(base, **changes)  # type: ignore[arg-type]

@@ -22,6 +22,7 @@ from costguard.spot.prepare import (
     new_spec,
     parse_option_pairs,
     simulation_for,
+    sync_dir_for,
 )
 from costguard.spot.report import estimate_lines
 
@@ -53,6 +54,42 @@ def test_a_bad_request_is_refused_before_anything_is_read(
 def test_a_good_request_passes_and_local_takes_a_folder() -> None:
     check_request(REQUEST)
     check_request(replace(REQUEST, provider="local", checkpoint_url="ckpt/", seed=3))
+
+
+@pytest.mark.parametrize(
+    ("provider", "sync_dir", "message"),
+    [
+        ("aws", " ", "--sync-dir is empty"),
+        ("aws", "s3://bucket/out", "--sync-dir 's3://bucket/out' is a URL"),
+        ("local", "gs://bucket/out", "is a URL"),
+        ("gcp", "../elsewhere/out", "leaves the folder it names"),
+        ("azure", "/mnt/data/../../etc", "leaves the folder it names"),
+        ("local", "{file}", "is a file, not the trainer's output folder"),
+    ],
+)
+def test_a_bad_sync_dir_is_refused_before_anything_is_read(
+    tmp_path: Path, provider: str, sync_dir: str, message: str
+) -> None:
+    afile = tmp_path / "train.log"
+    afile.write_text("x")
+    request = replace(REQUEST, provider=provider, sync_dir=sync_dir.format(file=afile))
+    with pytest.raises(InputError, match=message) as refused:
+        sync_dir_for(request)
+    assert refused.value.hint
+
+
+def test_the_sync_dir_is_the_instances_own_or_made_absolute_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # On a cloud instance it is a path there (a relative one is under the job's workdir,
+    # where the boot script starts costguard run): kept as given.
+    assert sync_dir_for(REQUEST) is None
+    assert sync_dir_for(replace(REQUEST, sync_dir="out/")) == "out/"
+    assert sync_dir_for(replace(REQUEST, sync_dir="/mnt/nvme/out")) == "/mnt/nvme/out"
+    # Simulated here: the attempts may start in another folder (--attach) than this one.
+    monkeypatch.chdir(tmp_path)
+    local = replace(REQUEST, provider="local", checkpoint_url="ckpt/")
+    assert sync_dir_for(replace(local, sync_dir="out/")) == str(tmp_path / "out")
 
 
 def test_option_pairs_need_a_key_and_an_equals_sign() -> None:
@@ -121,6 +158,17 @@ def test_the_estimate_lines_say_what_the_price_cap_does() -> None:
     assert lines[0] == "job cg-me-20261201-000000-t: 1 x A10G on aws: g5.xlarge spot in us-east-1"
     assert "  estimate: $4.20 for 10 h if nothing is preempted" in lines
     assert any("sent as the spot MaxPrice" in line for line in lines)
+
+
+def test_the_estimate_lines_name_the_sync_dir_where_it_is() -> None:
+    cloud = estimate_lines(_spec(sync_dir="out/"), SPOT, None, "2026-11-30")
+    (line,) = [line for line in cloud if "--sync-dir" in line]
+    assert line.startswith("  --sync-dir out/ on the instance (under its workdir")
+    assert "kept in s3://bucket/run1" in line
+    assert not any("--sync-dir" in line for line in estimate_lines(_spec(), SPOT, None, "x"))
+    local = _spec(provider="local", sync_dir="/home/me/out")
+    (line,) = [line for line in estimate_lines(local, SPOT, None, "x") if "--sync-dir" in line]
+    assert line.startswith("  --sync-dir /home/me/out on this machine:")
 
 
 def test_launch_picks_a_verified_price_and_names_a_cheaper_unverified_one() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -180,3 +181,13 @@ def test_an_on_demand_attempt_is_never_interrupted_and_find_survives_a_restart(
     finally:
         second.close()
         first.terminate(handle)
+
+
+def test_each_local_attempt_runs_costguard_run_with_the_jobs_sync_dir(tmp_path: Path) -> None:
+    launcher = LocalLauncher(Simulation(every_s=1.0), job_started_unix=0.0, state_dir=tmp_path)
+    spec = replace(launch_spec(tmp_path / "ckpt", ("python", "t.py")), every_steps=5,
+                   sync_dir=str(tmp_path / "out"))  # fmt: skip
+    assert launcher.command(spec, "gcp")[2:] == [
+        "costguard", "run", "--checkpoint", str(tmp_path / "ckpt"), "--cloud", "gcp",
+        "--every-steps", "5", "--sync-dir", str(tmp_path / "out"), "--", "python", "t.py",
+    ]  # fmt: skip

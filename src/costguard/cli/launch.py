@@ -45,6 +45,10 @@ Examples:
       --max-total 50 --option image=ami-0123456789abcdef0 \\
       --option instance_profile=costguard-instance \\
       -- python train.py --epochs 10
+  # a Hugging Face, Accelerate or Lightning script that saves to out/:
+  costguard launch --gpu a10g --checkpoint s3://my-bucket/run1 \\
+      --sync-dir out/ --option image=ami-0123456789abcdef0 \\
+      --option instance_profile=costguard-instance -- python train_hf.py
   costguard launch --attach s3://my-bucket/run1  # a new controller takes over
   costguard jobs status s3://my-bucket/run1 --format json
 
@@ -100,6 +104,13 @@ def _echo(message: str) -> None:
     "url",
     type=StoreUrl(),
     help="Checkpoint URL (s3://, gs://, az://, or a folder).",
+)
+@click.option(
+    "--sync-dir",
+    type=Text(),
+    help="Keep the trainer's own checkpoints written in this folder on the instance (relative: "
+    "under its workdir) in the store, and put the newest back before each attempt; see "
+    "costguard run --help.",
 )
 @click.option(
     "--max-price",
@@ -298,6 +309,7 @@ def _request(options: Mapping[str, Any]) -> LaunchRequest:
         preempt_at=options["preempt_at"],
         seed=options["seed"],
         notice_s=options["notice_seconds"],
+        sync_dir=options["sync_dir"],
         no_alarm_check=options["no_alarm_check"],
         yes=options["yes"],
     )

@@ -7,7 +7,7 @@ environment (``pixi`` when the code has a ``pixi.toml``, else a venv) with costg
 the wheel ``costguard launch`` put next to the job in the checkpoint store, fetched with
 the instance's own identity and installed only if its sha256 matches
 (:mod:`costguard.spot.wheel`), never the bare name ``costguard`` from the public index,
-which is someone else's project - then runs ``costguard run --checkpoint URL --
+which is someone else's project - then runs ``costguard run --checkpoint URL [--sync-dir DIR] --
 <command>`` with ``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` exported.
 
 Every value that reaches the script is one shell word quoted by :mod:`shlex`, so a command
@@ -189,15 +189,20 @@ def refuse_secrets(
     checkpoint_url: str,
     environ: Mapping[str, str],
     script: str = "",
+    *,
+    sync_dir: str | None = None,
 ) -> None:
     """Refuse a job whose boot script would carry a credential, naming where it is (an
-    argument of the command, an option, the checkpoint URL), never its value.
+    argument of the command, an option, the checkpoint URL, ``--sync-dir``), never its
+    value.
 
     The values the user gave are searched as they are, before shell quoting (which
     rewrites a ``'``); the rendered ``script``, when given, is searched too. ``costguard
     launch`` calls this before anything is opened or launched.
     """
     places: dict[str, list[str]] = {"the checkpoint URL": [checkpoint_url]}
+    if sync_dir:
+        places["--sync-dir"] = [sync_dir]
     for number, word in enumerate(command, start=1):
         places[f"argument {number} of the command"] = [word]
     for name, value in sorted(options.items()):
@@ -231,11 +236,6 @@ def render(
         msg = f"no bootstrap for provider {cloud!r}"
         raise InputError(msg, hint=f"one of {', '.join(sorted(MAX_BYTES))}")
     options = spec.options
-    run_options: list[str] = []
-    if spec.every_steps is not None:
-        run_options += ["--every-steps", str(spec.every_steps)]
-    if spec.every_minutes is not None:
-        run_options += ["--every-minutes", repr(float(spec.every_minutes))]
     words = {
         "job_id": shlex.quote(spec.job_id),
         "attempt": shlex.quote(str(attempt)),
@@ -248,12 +248,14 @@ def render(
         **_wheel_words(spec),
         "shutdown_minutes": shlex.quote(options.get("shutdown_minutes", DEFAULT_SHUTDOWN_MINUTES)),
         "checkpoint_url": shlex.quote(spec.checkpoint_url),
-        "run_options": shlex.join(run_options),
+        "run_options": shlex.join(spec.run_options()),
         "command": shlex.join(spec.command),
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
     environ = os.environ if environ is None else environ
-    refuse_secrets(spec.command, spec.options, spec.checkpoint_url, environ, text)
+    refuse_secrets(
+        spec.command, spec.options, spec.checkpoint_url, environ, text, sync_dir=spec.sync_dir
+    )
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:
         msg = f"the boot script is {size} bytes; {cloud} accepts at most {MAX_BYTES[cloud]}"

@@ -256,6 +256,8 @@ class JobSpec:
     idle_minutes: int = 30
     hours: Decimal | None = None  # the user's expected run time, for the estimate
     options: Mapping[str, str] = field(default_factory=dict)
+    #: ``--sync-dir``: the trainer's own checkpoint folder (on the instance), kept in the store.
+    sync_dir: str | None = None
     simulation: Simulation | None = None
 
     def limits(self) -> Limits:
@@ -280,6 +282,7 @@ class JobSpec:
             every_minutes=self.every_minutes,
             max_usd_per_hour=self.max_usd_per_hour,
             options=dict(self.options),
+            sync_dir=self.sync_dir,
         )
 
 
@@ -436,6 +439,7 @@ def spec_doc(spec: JobSpec) -> dict[str, Any]:
         "idle_minutes": spec.idle_minutes,
         "hours": None if spec.hours is None else str(spec.hours),
         "options": dict(spec.options),
+        "sync_dir": spec.sync_dir,
         "simulation": None
         if sim is None
         else {
@@ -472,6 +476,7 @@ def _spec(doc: Mapping[str, Any]) -> JobSpec:
         idle_minutes=int(doc.get("idle_minutes", 30)),
         hours=_opt_decimal(doc.get("hours")),
         options={str(k): str(v) for k, v in dict(doc.get("options") or {}).items()},
+        sync_dir=str(doc["sync_dir"]) if doc.get("sync_dir") else None,  # absent before it
         simulation=None
         if not sim
         else Simulation(

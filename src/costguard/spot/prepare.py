@@ -1,7 +1,8 @@
 """Everything ``costguard launch`` checks and builds before the first instance.
 
-The rules on the request (:func:`check_request`, :func:`parse_option_pairs`,
-:func:`simulation_for`, :func:`new_spec`, :func:`first_launch`) are pure and testable
+The rules on the request (:func:`check_request`, :func:`sync_dir_for`,
+:func:`parse_option_pairs`, :func:`simulation_for`, :func:`new_spec`, :func:`first_launch`)
+are pure and testable
 without click; :func:`prepare` runs them with the I/O around them (price tables, the
 store, the wheel the instances install) and decides the first launch once. The command
 then asks for confirmation and :func:`commit` writes the job.
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from costguard.errors import InputError
@@ -62,6 +63,8 @@ class LaunchRequest:
     preempt_at: str | None = None
     seed: int | None = None
     notice_s: float | None = None
+    #: ``--sync-dir``: the folder the trainer writes its own checkpoints in, on the instance.
+    sync_dir: str | None = None
     no_alarm_check: bool = False
     yes: bool = False
 
@@ -118,6 +121,41 @@ def check_request(request: LaunchRequest) -> None:
     if request.provider != "local" and local_only:
         msg = f"{', '.join(local_only)} only apply to --provider local"
         raise InputError(msg, hint="the cloud sends its own preemption notices")
+
+
+def sync_dir_for(request: LaunchRequest) -> str | None:
+    """The ``--sync-dir`` every attempt's ``costguard run`` gets, or an InputError.
+
+    On a cloud instance it is a path there, kept as given: a relative one is under the
+    job's workdir, where the boot script starts ``costguard run``. Simulated on this
+    machine (``local``), it is made absolute here, as ``slurm script`` does, since the
+    attempts may start in another folder (``--attach``), and a file is refused, as
+    ``costguard run --sync-dir`` refuses one.
+
+    >>> sync_dir_for(LaunchRequest("aws", "t4", ("x",), "s3://b/r", sync_dir="out/"))
+    'out/'
+    """
+    if request.sync_dir is None:
+        return None
+    text = request.sync_dir.strip()
+    hint = "the folder the trainer writes its checkpoints in, e.g. --sync-dir out/"
+    if not text:
+        msg = "--sync-dir is empty"
+        raise InputError(msg, hint=hint)
+    if "://" in text:
+        msg = f"--sync-dir {text[:200]!r} is a URL, not the trainer's output folder"
+        raise InputError(msg, hint=f"the store goes in --checkpoint; {hint}")
+    if ".." in PurePosixPath(text).parts:
+        # Where it lands would depend on the workdir and on links: say the folder itself.
+        msg = f"--sync-dir {text[:200]!r} leaves the folder it names (a '..' part)"
+        raise InputError(msg, hint=f"a folder under the workdir or an absolute path; {hint}")
+    if request.provider != "local":
+        return text
+    path = Path(text).expanduser()
+    if path.is_file():
+        msg = f"--sync-dir {text[:200]!r} is a file, not the trainer's output folder"
+        raise InputError(msg, hint=hint)
+    return str(path.resolve())
 
 
 def parse_option_pairs(pairs: Sequence[str]) -> dict[str, str]:
@@ -215,6 +253,7 @@ def new_spec(
         idle_minutes=request.idle_minutes,
         hours=request.hours,
         options=dict(options),
+        sync_dir=request.sync_dir,
         simulation=simulation,
     )
 
@@ -283,13 +322,20 @@ def prepare(
     from costguard.spot.launcher.local import default_state_dir
 
     check_request(request)
+    request = replace(request, sync_dir=sync_dir_for(request))
     assert request.checkpoint_url is not None  # checked above
     assert request.gpu is not None
     provider = request.provider
     provider_options = parse_option_pairs(request.option_pairs)
     # Before any store is opened: the command and options go into the boot script and
     # job.json, which others can read.
-    refuse_secrets(request.command, provider_options, request.checkpoint_url, environ)
+    refuse_secrets(
+        request.command,
+        provider_options,
+        request.checkpoint_url,
+        environ,
+        sync_dir=request.sync_dir,
+    )
     wheel = None
     if provider != "local" and "package" not in provider_options:
         # The instances install this very costguard, shipped with the job: the bare name

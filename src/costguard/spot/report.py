@@ -98,6 +98,14 @@ def estimate_lines(
             f"  after {spec.max_preemptions} preemption(s): on-demand {fallback.instance_type} "
             f"in {fallback.region} at {format_usd(fallback.usd_per_hour, rate=True)}/h"
         )
+    if spec.sync_dir is not None:
+        where = "this machine" if spec.provider == "local" else "the instance (under its workdir"
+        lines.append(
+            f"  --sync-dir {spec.sync_dir} on {where}"
+            + ("" if spec.provider == "local" else " when relative)")
+            + f": each checkpoint the trainer finishes there is kept in {spec.checkpoint_url}, "
+            "and the newest is put back there before each attempt starts"
+        )
     sim = spec.simulation
     if sim is not None:
         if sim.at_s:

@@ -68,6 +68,25 @@ class LaunchSpec:
     #: Provider-specific settings (image, subnet, key name, project, subscription,
     #: resource group, instance profile / service account / identity, disk size...).
     options: Mapping[str, str] = field(default_factory=dict)
+    #: ``--sync-dir``: the folder the trainer writes its own checkpoints in, on the instance.
+    sync_dir: str | None = None
+
+    def run_options(self) -> list[str]:
+        """The options of ``costguard run`` that every attempt of the job starts with.
+
+        >>> from datetime import datetime, UTC
+        >>> LaunchSpec("j", "s3://b/j", ("t",), "me", datetime.now(UTC), every_minutes=10,
+        ...            sync_dir="out/").run_options()
+        ['--every-minutes', '10.0', '--sync-dir', 'out/']
+        """
+        options: list[str] = []
+        if self.every_steps is not None:
+            options += ["--every-steps", str(self.every_steps)]
+        if self.every_minutes is not None:
+            options += ["--every-minutes", repr(float(self.every_minutes))]
+        if self.sync_dir is not None:
+            options += ["--sync-dir", self.sync_dir]
+        return options
 
     def tags(self, attempt: int) -> dict[str, str]:
         """The tags every instance of this job carries (provider spelling applied later)."""

@@ -150,7 +150,9 @@ class LocalLauncher:
         if not spec.command:
             msg = "no command to run"
             raise InputError(msg, hint="put the command after --, e.g. -- python train.py")
-        refuse_secrets(spec.command, spec.options, spec.checkpoint_url, self.env)
+        refuse_secrets(
+            spec.command, spec.options, spec.checkpoint_url, self.env, sync_dir=spec.sync_dir
+        )
         folder = self.state_dir  # the job's own folder is made at its first launch
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -165,12 +167,7 @@ class LocalLauncher:
     def command(self, spec: LaunchSpec, cloud: str = "aws") -> list[str]:
         """``costguard run`` around the user's command, with the job's checkpoint settings."""
         argv = [self.python, "-m", "costguard", "run", "--checkpoint", spec.checkpoint_url]
-        argv += ["--cloud", cloud]
-        if spec.every_steps is not None:
-            argv += ["--every-steps", str(spec.every_steps)]
-        if spec.every_minutes is not None:
-            argv += ["--every-minutes", str(spec.every_minutes)]
-        return [*argv, "--", *spec.command]
+        return [*argv, "--cloud", cloud, *spec.run_options(), "--", *spec.command]
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """Start attempt ``attempt`` as a new process group, and schedule its notice."""
