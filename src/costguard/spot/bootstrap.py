@@ -236,6 +236,8 @@ def render(
         run_options += ["--every-steps", str(spec.every_steps)]
     if spec.every_minutes is not None:
         run_options += ["--every-minutes", repr(float(spec.every_minutes))]
+    if spec.total_steps is not None:
+        run_options += ["--total-steps", str(spec.total_steps)]
     words = {
         "job_id": shlex.quote(spec.job_id),
         "attempt": shlex.quote(str(attempt)),

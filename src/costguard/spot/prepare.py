@@ -63,6 +63,8 @@ class LaunchRequest:
     notice_s: float | None = None
     no_alarm_check: bool = False
     yes: bool = False
+    total_steps: int | None = None
+    stop_at_projection: bool = False
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,8 @@ def new_spec(
         hours=request.hours,
         options=dict(options),
         simulation=simulation,
+        total_steps=request.total_steps,
+        stop_at_projection=request.stop_at_projection,
     )
 
 

@@ -17,6 +17,8 @@ from costguard.money import format_usd
 from costguard.spot.controller import handle_label, summarise
 from costguard.spot.job import Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
+from costguard.spot.projection import Projection, duration
+from costguard.spot.projection import document as projection_doc
 
 #: What ``--max-price`` does on each provider, besides filtering the offers.
 MAX_PRICE_REACH = {
@@ -127,12 +129,32 @@ def latest_checkpoint(url: str) -> dict[str, Any] | None:
     return {"name": latest.name, "step": latest.step, "reason": latest.reason}
 
 
+def projection_of(job: Job, now_unix: float) -> Projection | None:
+    """The job's projection from the pace its script recorded (``None`` without one, or
+    when the store cannot be read now: the report goes on without it)."""
+    from costguard.checkpoint.pace import read_pace
+    from costguard.spot.prepare import open_store
+    from costguard.spot.projection import of_job
+
+    try:
+        pace = read_pace(open_store(job.spec.checkpoint_url))
+    except CostguardError:
+        return None
+    return of_job(job, pace, now_unix)
+
+
 def job_document(
-    job: Job, offers: Sequence[Offer], now_unix: float, checkpoint: dict[str, Any] | None
+    job: Job,
+    offers: Sequence[Offer],
+    now_unix: float,
+    checkpoint: dict[str, Any] | None,
+    projection: Projection | None = None,
 ) -> dict[str, Any]:
     """The report for scripts (``--format json``)."""
     summary = summarise(job, offers, now_unix)
     return {
+        "elapsed_s": round(now_unix - job.spec.created_unix, 1),
+        "projection": None if projection is None else projection_doc(projection),
         "job_id": job.spec.job_id,
         "status": job.status,
         "reason": job.reason,
@@ -185,7 +207,11 @@ def attempt_rows(job: Job, now_unix: float) -> list[list[str]]:
 
 
 def summary_lines(
-    job: Job, offers: Sequence[Offer], now_unix: float, checkpoint: dict[str, Any] | None
+    job: Job,
+    offers: Sequence[Offer],
+    now_unix: float,
+    checkpoint: dict[str, Any] | None,
+    projection: Projection | None = None,
 ) -> list[str]:
     """What the table's figures add up to; a line indented by two spaces continues the
     line before it."""
@@ -206,6 +232,8 @@ def summary_lines(
         lines.append(f"the same hours on-demand: {usd(summary.on_demand_usd)}")
     if summary.estimate_usd is not None:
         lines.append(f"estimate before launch: {usd(summary.estimate_usd)}")
+    if projection is not None:
+        lines += projection_lines(job, projection, now_unix)
     if checkpoint is not None:
         final = "final checkpoint" if job.status == "succeeded" else "newest checkpoint"
         lines.append(f"{final}: step {checkpoint['step']} ({checkpoint['name']})")
@@ -213,4 +241,32 @@ def summary_lines(
             f"  the weights: costguard checkpoint export {job.spec.checkpoint_url} "
             "--to model.safetensors"
         )
+    return lines
+
+
+def projection_lines(job: Job, p: Projection, now_unix: float) -> list[str]:
+    """The finish time and the projected total of a job with a measured pace."""
+    from datetime import UTC, datetime
+
+    elapsed = duration(now_unix - job.spec.created_unix)
+    if p.steps_done >= p.total_steps:
+        finish = "all steps done"
+    else:
+        at = datetime.fromtimestamp(p.finish_unix, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        finish = f"finish in {duration(p.left_s)} (about {at})"
+    lines = [
+        f"elapsed {elapsed}; step {p.steps_done} of {p.total_steps} "
+        f"({p.fraction_done:.0%}) at {p.seconds_per_step:.3g} s/step measured; {finish}"
+    ]
+    if p.projected_total_usd is None:
+        lines.append("projected total: unknown while no attempt runs (its price decides it)")
+        return lines
+    price = "" if p.usd_per_hour is None else f" at {format_usd(p.usd_per_hour, rate=True)}/h"
+    lines.append(
+        f"projected total: {usd(p.projected_total_usd)} (spent {usd(p.spent_usd)} + the "
+        f"rest{price}; relaunches after preemptions not included)"
+    )
+    cap = job.spec.max_total_usd
+    if cap is not None and p.projected_total_usd > cap:
+        lines.append(f"  over --max-total {format_usd(cap)}: the job would stop before it ends")
     return lines

@@ -61,6 +61,8 @@ class LaunchSpec:
     idle_minutes: int = 30
     every_steps: int | None = None
     every_minutes: float | None = None
+    #: ``--total-steps``: the whole run's steps (``costguard run`` records the pace with it).
+    total_steps: int | None = None
     #: ``--max-price``: the spot price cap, sent to the provider where it takes one (AWS
     #: ``SpotOptions.MaxPrice``, Azure ``billingProfile.maxPrice``; GCP Spot VMs have none).
     max_usd_per_hour: Decimal | None = None

@@ -170,6 +170,8 @@ class LocalLauncher:
             argv += ["--every-steps", str(spec.every_steps)]
         if spec.every_minutes is not None:
             argv += ["--every-minutes", str(spec.every_minutes)]
+        if spec.total_steps is not None:
+            argv += ["--total-steps", str(spec.total_steps)]
         return [*argv, "--", *spec.command]
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
