@@ -49,14 +49,17 @@ def test_meter_leaves_out_warmup_slow_steps_and_time_inside_step() -> None:
     now = 0.0
     for step in range(20):
         meter.lap(now, step + 1)
-        now += 7.0  # inside step(): a save's stall
-        meter.resume(now)
+        now += 30.0 if step == 5 else 7.0  # inside step(): a save's stall; step 6's the first
+        meter.resume(now, setup=step == 5)
         now += 20.0 if step == 10 else 1.0  # step 11 is an evaluation
     assert meter.laps == 20
     assert meter.warmup_steps == 2
     assert meter.outlier_steps == 1
     assert meter.steps == 20 - 1 - 2 - 1
     assert meter.seconds == pytest.approx(meter.steps * 1.0)
+    # Counted from the step that ended the warm-up; the first save's set-up apart.
+    assert meter.setup_s == 30.0
+    assert meter.overhead_s == pytest.approx(7.0 * (20 - 2 - 1))
 
 
 def test_checkpointer_records_the_pace_with_total_steps(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ def clean_env() -> dict[str, str]:
 
 @pytest.mark.slow
 def test_a_200_step_pilot_predicts_the_2000_step_run(run_cli, tmp_path: Path) -> None:
-    steady = [sys.executable, str(STEADY), "--steps", "2000", "--sleep", "0.005"]
+    steady = [sys.executable, str(STEADY), "--steps", "2000", "--sleep", "0.003"]
     pilot = run_cli(
         "pilot", "--steps", "200", "--total-steps", "2000", "--checkpoint", str(tmp_path / "p"),
         "--gpu", "a10g", "--speedup", "1", "--format", "json", "--", *steady,

@@ -18,7 +18,7 @@ from tests.helpers.stores import make_s3_bucket
 #: 390 steps in 195 s: 0.5 s a step, on an A10G.
 A10G_PACE = Pace(
     390, 195.0, 400, 2_000_000_000.0, 1_999_999_800.0, warmup_steps=5, outlier_steps=2,
-    outlier_s=12.0, saves=3, save_stall_s=0.6, device="NVIDIA A10G", host="box",
+    outlier_s=12.0, saves=3, overhead_s=0.6, device="NVIDIA A10G", host="box",
 )  # fmt: skip
 
 
@@ -42,7 +42,8 @@ def test_measured_hours_are_priced_as_typed_ones_and_stated(run_cli, tmp_path: P
     assert source["device"] == "NVIDIA A10G"
     assert source["warmup_steps_left_out"] == 5
     assert source["slow_steps_left_out"] == 2
-    assert source["save_stalls_left_out"] == 3
+    assert source["saves"] == 3
+    assert source["seconds_inside_step_left_out"] == 0.6
     assert source["scaled"] is False
     said = " ".join(doc["assumptions"])
     assert "390 steps measured over 195.0 s on NVIDIA A10G" in said

@@ -39,11 +39,11 @@ ON_NOTICE_75 = (
 
 def test_projection_extrapolates_within_the_running_attempt_only() -> None:
     pace = Pace(200, 100.0, 1000, updated_unix=5000.0, started_unix=4000.0, total_steps=3000,
-                saves=4, save_stall_s=10.0)  # fmt: skip
+                saves=4, overhead_s=10.0)  # fmt: skip
     running = project(pace, spent_usd=Decimal(2), usd_per_hour=Decimal(3), now_unix=5110.0,
                       running_since_unix=4500.0)  # fmt: skip
     assert running is not None
-    # 0.5 s/step, save stalls 10% more: 110 s since the record are 200 steps.
+    # 0.5 s/step, the time inside step() 10% more: 110 s since the record are 200 steps.
     assert running.extrapolated_steps == 200
     assert running.steps_done == 1200
     assert running.left_s == pytest.approx(1800 * 0.55)
@@ -56,6 +56,19 @@ def test_projection_extrapolates_within_the_running_attempt_only() -> None:
                     running_since_unix=5100.0)  # fmt: skip
     assert stale is not None
     assert stale.extrapolated_steps == 0
+    # Evaluations are part of the wall-clock rate; the wind-down comes once, at the end.
+    evaluating = Pace(200, 100.0, 1000, 5000.0, 4000.0, total_steps=3000, outlier_steps=10,
+                      outlier_s=10.0)  # fmt: skip
+    ending = project(evaluating, spent_usd=Decimal(0), usd_per_hour=Decimal(1),
+                     now_unix=5000.0, running_since_unix=4500.0, wind_down_s=30.0)  # fmt: skip
+    assert ending is not None
+    assert ending.left_s == pytest.approx(2000 * 110 / 210 + 30)
+    assert ending.seconds_per_step == 0.5  # the pace shown is training's alone
+    done = Pace(200, 100.0, 3000, 5000.0, 4000.0, total_steps=3000)
+    finished = project(done, spent_usd=Decimal(7), usd_per_hour=Decimal(1), now_unix=5000.0,
+                       running_since_unix=4500.0, wind_down_s=30.0)  # fmt: skip
+    assert finished is not None
+    assert (finished.left_s, finished.projected_total_usd) == (0.0, Decimal("7.0000"))
     no_total = Pace(200, 100.0, 1000, 5000.0, 4000.0)
     assert (
         project(
@@ -82,7 +95,8 @@ def test_jobs_status_shows_elapsed_spend_finish_and_projected_total(
     run_cli, tmp_path: Path
 ) -> None:
     _job, store = running_job(tmp_path, launched_ago_s=600, max_total_usd=Decimal("0.30"))
-    write_pace(store, Pace(400, 200.0, 500, time.time(), time.time() - 300, total_steps=2000))
+    # Its Checkpointer started 10 s after the launch: a 10 s wind-down is projected.
+    write_pace(store, Pace(400, 200.0, 500, time.time(), time.time() - 590, total_steps=2000))
     result = run_cli("jobs", "status", store.url, "--format", "json")
     assert result.exit_code == 0, result.stderr
     doc = result.json()
@@ -90,7 +104,9 @@ def test_jobs_status_shows_elapsed_spend_finish_and_projected_total(
     assert projection["total_steps"] == 2000
     assert 500 <= projection["steps_done"] <= 510  # the record is fresh: a step or so since
     assert projection["seconds_per_step"] == 0.5
-    assert projection["left_s"] == pytest.approx((2000 - projection["steps_done"]) * 0.5)
+    assert projection["left_s"] == pytest.approx(
+        (2000 - projection["steps_done"]) * 0.5 + 10, abs=0.2
+    )
     spent = Decimal(projection["spent_usd"])
     assert Decimal("0.1676") <= spent <= Decimal("0.1700")  # 600 s at $1.006/h
     rest = Decimal("1.006") * Decimal(str(projection["left_s"])) / 3600

@@ -39,9 +39,12 @@ def launch(ckpt: Path, total: int, sleep: float, *extra: str) -> list[str]:
 def test_projection_at_a_quarter_is_within_15_percent_of_the_final_cost(
     tmp_path: Path, spot_env: Callable[..., dict[str, str]]
 ) -> None:
-    ckpt, total = tmp_path / "ckpt", 600
+    # 25 s of training: on a busy 2-core machine the start-up (before the quarter, so in
+    # the money spent) took 24 s and the wind-down after the last step (final save, exit:
+    # not projected) 4 s.
+    ckpt, total = tmp_path / "ckpt", 1000
     proc = subprocess.Popen(
-        launch(ckpt, total, 0.03), env=spot_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        launch(ckpt, total, 0.025), env=spot_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     projected: Decimal | None = None
     try:

@@ -290,6 +290,8 @@ class Checkpointer:
         self._published_s = clock()
         #: The save (its steps done) after which the pace was last published.
         self._published_saved = 0
+        #: Whether this process has started a save from step(): the first is a set-up.
+        self._saved_once = False
 
     @property
     def results(self) -> list[SaveResult]:
@@ -577,11 +579,14 @@ class Checkpointer:
         """
         parts = TrainState(model, optimizer, scheduler, scaler, loader, extra, epoch)
         self._last_step = (step, parts)
+        saved = self._last_steps_done
         self.pace_meter.lap(self._clock(), step + 1)
         try:
             stop = self._step(step, parts)
         finally:
-            self.pace_meter.resume(self._clock())
+            first_save = self._last_steps_done != saved and not self._saved_once
+            self._saved_once = self._saved_once or self._last_steps_done != saved
+            self.pace_meter.resume(self._clock(), setup=first_save)
         if not self._closed:
             self._after_step(step)
         return stop
@@ -635,7 +640,8 @@ class Checkpointer:
             outlier_steps=meter.outlier_steps,
             outlier_s=round(meter.outlier_s, 6),
             saves=len(durable),
-            save_stall_s=round(sum(r.stall_s for r in durable), 6),
+            overhead_s=round(meter.overhead_s, 6),
+            setup_s=round(meter.setup_s, 6),
             total_steps=self.total_steps,
             device=device_name(),
             ranks=group.world_size if group is not None else 1,

@@ -2,11 +2,12 @@
 
 The :class:`~costguard.checkpoint.checkpointer.Checkpointer` times the training between
 two :meth:`~costguard.checkpoint.checkpointer.Checkpointer.step` calls (:class:`PaceMeter`):
-the time spent inside ``step()`` (a save's copy to CPU memory) is never counted, the first
-:data:`WARMUP_STEPS` steps of each process are left out (compilation, autotuning, the data
-loader filling up), and so is a step longer than :data:`OUTLIER_FACTOR` times the median
-of the recent ones (an evaluation, a stall). What is left is the pace of training alone,
-and the record says what was left out.
+the time spent inside ``step()`` (a save's copy to CPU memory, a wait for the previous
+save) is counted apart, as the checkpoints' overhead, the first save's one-time set-up
+apart from that; the first :data:`WARMUP_STEPS` steps of each process are left out
+(compilation, autotuning, the data loader filling up), and so is a step longer than
+:data:`OUTLIER_FACTOR` times the median of the recent ones (an evaluation, a stall). What
+is left is the pace of training alone, and the record says what was left out.
 
 Rank 0 writes the record (:class:`Pace`) to ``job/pace.json`` in the checkpoint store
 after each save, every :data:`PUBLISH_S` seconds and at the end. ``costguard estimate
@@ -17,9 +18,9 @@ projected cost; ``costguard pilot`` stops a script after its first steps
 >>> meter = PaceMeter(warmup=1)
 >>> for t in range(6):
 ...     meter.lap(float(t), t)
-...     meter.resume(t + 0.5)   # 0.5 s inside step(): a save's stall, not counted
->>> meter.steps, meter.seconds, meter.warmup_steps
-(4, 2.0, 1)
+...     meter.resume(t + 0.5)   # 0.5 s inside step(): counted apart
+>>> meter.steps, meter.seconds, meter.warmup_steps, meter.overhead_s
+(4, 2.0, 1, 2.5)
 """
 
 from __future__ import annotations
@@ -68,9 +69,14 @@ class PaceMeter:
         self.warmup_steps = 0
         self.outlier_steps = 0
         self.outlier_s = 0.0
+        #: Seconds inside ``step()`` after the warm-up (save copies, waits for a save);
+        #: ``setup_s``: those of the first save, its one-time set-up.
+        self.overhead_s = 0.0
+        self.setup_s = 0.0
         #: Steps this process has run (``lap`` calls).
         self.laps = 0
         self._resumed_s: float | None = None
+        self._lapped_s: float | None = None
         self._recent: deque[float] = deque(maxlen=WINDOW)
 
     def lap(self, now_s: float, steps_done: int) -> None:
@@ -78,6 +84,7 @@ class PaceMeter:
         for the count of laps this process ran."""
         del steps_done
         self.laps += 1
+        self._lapped_s = now_s
         if self._resumed_s is None:
             return  # the first step of this process: from its start, not measurable
         took = max(0.0, now_s - self._resumed_s)
@@ -93,8 +100,15 @@ class PaceMeter:
         self.steps += 1
         self.seconds += took
 
-    def resume(self, now_s: float) -> None:
-        """Training resumed at ``now_s`` (``step()`` returned)."""
+    def resume(self, now_s: float, *, setup: bool = False) -> None:
+        """Training resumed at ``now_s`` (``step()`` returned); ``setup``: this call made the
+        process's first save (its time is a one-time set-up, not a save's usual cost)."""
+        if self._lapped_s is not None and self.warmup_steps >= self.warmup:
+            inside = max(0.0, now_s - self._lapped_s)
+            if setup:
+                self.setup_s += inside
+            else:
+                self.overhead_s += inside
         self._resumed_s = now_s
 
 
@@ -111,9 +125,11 @@ class Pace:
     warmup_steps: int = 0
     outlier_steps: int = 0
     outlier_s: float = 0.0
-    #: Durable saves of this process and how long they blocked training in all.
+    #: Durable saves of this process; the seconds training spent inside ``step()`` (their
+    #: copies, waits for a save) after the warm-up, the first save's set-up apart.
     saves: int = 0
-    save_stall_s: float = 0.0
+    overhead_s: float = 0.0
+    setup_s: float = 0.0
     #: The whole run's steps, when the script or ``--total-steps`` said it.
     total_steps: int | None = None
     #: The accelerator (``torch.cuda.get_device_name``), ``cpu`` when none was in use.
@@ -172,7 +188,7 @@ def parse_pace(data: bytes) -> Pace | None:
         and all(count(n) for n in ("warmup_steps", "outlier_steps", "saves", "ranks") if n in doc)
         and all(count(n, optional=True) for n in ("total_steps", "attempt"))
         and all(seconds(n) for n in ("seconds_measured", "updated_unix", "started_unix"))
-        and all(seconds(n) for n in ("outlier_s", "save_stall_s"))
+        and all(seconds(n) for n in ("outlier_s", "overhead_s", "setup_s"))
         and all(isinstance(doc.get(n, ""), str) for n in texts)
         and isinstance(doc.get("pilot", False), bool)
     ):
@@ -182,7 +198,10 @@ def parse_pace(data: bytes) -> Pace | None:
     for name in texts:
         if name in known:
             known[name] = known[name][:200]
-    for name in ("seconds_measured", "updated_unix", "started_unix", "outlier_s", "save_stall_s"):
+    for name in ("seconds_measured", "updated_unix", "started_unix", "outlier_s"):
+        if name in known:
+            known[name] = float(known[name])
+    for name in ("overhead_s", "setup_s"):
         if name in known:
             known[name] = float(known[name])
     return Pace(**known)
@@ -256,8 +275,11 @@ def describe(pace: Pace) -> str:
         left_out.append(
             f"{pace.outlier_steps} slow steps ({pace.outlier_s:.1f} s: evaluation or stalls)"
         )
-    if pace.saves:
-        left_out.append(f"{pace.saves} save stalls ({pace.save_stall_s:.1f} s)")
+    if pace.saves or pace.overhead_s:
+        left_out.append(
+            f"{pace.overhead_s:.1f} s inside step() around {pace.saves} saves (and "
+            f"{pace.setup_s:.1f} s of the first's set-up)"
+        )
     where = pace.device if pace.ranks == 1 else f"{pace.ranks} ranks, {pace.device} each"
     text = (
         f"{pace.steps_measured} steps measured over {pace.seconds_measured:.1f} s on {where} "

@@ -283,7 +283,7 @@ def eta_line(event: dict[str, Any]) -> str | None:
     """The finish time a pace event gives, when the run's total steps are known.
 
     >>> eta_line({"steps_done": 500, "total_steps": 2000, "steps_measured": 400,
-    ...           "seconds_measured": 200.0, "save_stall_s": 0.0})
+    ...           "seconds_measured": 200.0, "overhead_s": 0.0})
     'step 500 of 2000 (25%) at 0.5 s/step: finish in 12 min 30 s'
     """
     from costguard.spot.projection import duration
@@ -291,13 +291,13 @@ def eta_line(event: dict[str, Any]) -> str | None:
     try:
         done, total = int(event["steps_done"]), int(event["total_steps"])
         measured, seconds = int(event["steps_measured"]), float(event["seconds_measured"])
-        stall_share = float(event.get("save_stall_s") or 0.0) / seconds
+        overhead = float(event.get("overhead_s") or 0.0) / seconds
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     if measured <= 0 or total <= 0:
         return None
     per_step = seconds / measured
-    left = max(0, total - done) * per_step * (1 + stall_share)
+    left = max(0, total - done) * per_step * (1 + overhead)
     return (
         f"step {done} of {total} ({min(done / total, 1.0):.0%}) at {per_step:.3g} s/step: "
         f"finish in {duration(left)}"

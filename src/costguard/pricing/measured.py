@@ -126,8 +126,9 @@ def hours_from(m: Measured) -> dict[str, Any]:
         "seconds_per_step": round(pace.seconds_per_step, 6),
         "warmup_steps_left_out": pace.warmup_steps,
         "slow_steps_left_out": pace.outlier_steps,
-        "save_stalls_left_out": pace.saves,
-        "save_stall_s": round(pace.save_stall_s, 3),
+        "saves": pace.saves,
+        "seconds_inside_step_left_out": round(pace.overhead_s, 3),
+        "first_save_setup_s": round(pace.setup_s, 3),
         "pilot": pace.pilot,
         "recorded_unix": pace.updated_unix,
         "scaled": m.scaled,
@@ -142,7 +143,8 @@ def assumption_lines(m: Measured) -> list[str]:
     lines = [
         f"hours measured, not guessed: {m.steps} steps x {pace.seconds_per_step:.4f} s/step "
         f"= {m.hours} h, from {m.run} ({describe(pace)})",
-        "the pace is training alone: warm-up, evaluation and save stalls are left out, and "
+        "the pace is training alone: warm-up, evaluation and the time inside step() (saves) "
+        "are left out, and "
         "so are start-up and data staging before the first step",
     ]
     if m.scaled:

@@ -3,7 +3,8 @@
 The pace (:class:`~costguard.checkpoint.pace.Pace`, recorded by the script's Checkpointer)
 says how long a step takes and how many are done; the job's whole run is
 ``--total-steps`` (or the script's ``Checkpointer(total_steps=N)``). The steps left, at the
-measured pace plus the save stalls measured with it, give the time left; that time at the
+measured pace plus the time inside ``step()`` measured with it (save copies, waits for a
+save; the first save's one-time set-up left out), give the time left; that time at the
 current attempt's price, added to what was spent so far, is the projected total.
 
 >>> from costguard.checkpoint.pace import Pace
@@ -34,7 +35,7 @@ class Projection:
     steps_done: int
     total_steps: int
     seconds_per_step: float
-    #: Seconds of training left (save stalls at their measured share included).
+    #: Seconds left: the steps left at the wall-clock rate, and the wind-down.
     left_s: float
     finish_unix: float
     spent_usd: Decimal
@@ -59,23 +60,30 @@ def project(
     now_unix: float,
     running_since_unix: float | None,
     total_steps: int | None = None,
+    wind_down_s: float = 0.0,
 ) -> Projection | None:
     """The projection, or ``None`` when the run's total steps are unknown or no step was
     measured. ``running_since_unix``: when the attempt now running started (``None``:
-    none runs); steps since the record are extrapolated only within it."""
+    none runs); steps since the record are extrapolated only within it. The steps left
+    go at the wall-clock rate of the measured ones: their pace, the slow steps among them
+    (evaluations) and the time inside ``step()`` (saves); ``wind_down_s`` after the last
+    step (the final save, the exit) is added while steps are left."""
     total = total_steps or pace.total_steps
     if total is None or pace.steps_measured == 0 or pace.seconds_measured <= 0:
         return None
     per_step = pace.seconds_measured / pace.steps_measured
-    stall_share = pace.save_stall_s / pace.seconds_measured
+    wall = pace.seconds_measured + pace.outlier_s + pace.overhead_s
+    wall_per_step = wall / (pace.steps_measured + pace.outlier_steps)
     done = pace.steps_done
     extrapolated = 0
     if running_since_unix is not None and pace.updated_unix >= running_since_unix:
         since = max(0.0, now_unix - pace.updated_unix)
-        steps = int(since / (per_step * (1 + stall_share)) + 1e-9)  # whole steps, not 1-ulp less
+        steps = int(since / wall_per_step + 1e-9)  # whole steps, not 1-ulp less
         extrapolated = min(max(0, total - done), steps)
         done += extrapolated
-    left_s = max(0, total - done) * per_step * (1 + stall_share)
+    left_s = max(0, total - done) * wall_per_step
+    if done < total:
+        left_s += wind_down_s
     projected = None
     if usd_per_hour is not None:
         rest = usd_per_hour * Decimal(str(left_s)) / 3600
@@ -97,10 +105,19 @@ def project(
 
 def of_job(job: Job, pace: Pace | None, now_unix: float) -> Projection | None:
     """The projection of ``job`` (spent: its attempts' instance-hours at their list prices;
-    the rest at the running attempt's price), ``None`` without a pace or total steps."""
+    the rest at the running attempt's price), ``None`` without a pace or total steps.
+
+    The wind-down after the last step (the final save, the exit, the controller noticing)
+    is taken to be as long as the attempt's start-up (its launch to the script's
+    Checkpointer): both are a process and its imports, and on a cloud the boot makes it
+    err on the high side."""
     if pace is None:
         return None
     current = job.current
+    # The attempt's start-up (launch to its Checkpointer) stands for its wind-down.
+    start_up = 0.0
+    if current is not None and pace.started_unix >= current.launched_unix:
+        start_up = pace.started_unix - current.launched_unix
     return project(
         pace,
         spent_usd=spent_usd(job.attempts, now_unix),
@@ -108,6 +125,7 @@ def of_job(job: Job, pace: Pace | None, now_unix: float) -> Projection | None:
         now_unix=now_unix,
         running_since_unix=current.launched_unix if current is not None else None,
         total_steps=job.spec.total_steps,
+        wind_down_s=start_up,
     )
 
 
@@ -123,9 +141,9 @@ def document(p: Projection) -> dict[str, Any]:
         "spent_usd": p.spent_usd,
         "usd_per_hour": p.usd_per_hour,
         "projected_total_usd": p.projected_total_usd,
-        "basis": "spent so far + the steps left x the measured s/step (save stalls at their "
-        "measured share) x the running attempt's price; warm-up, evaluation and relaunches "
-        "after preemptions are not in it",
+        "basis": "spent so far + (the steps left x the measured wall-clock s/step, with "
+        "evaluations and saves + a wind-down as long as the attempt's start-up) x the "
+        "running attempt's price; relaunches after preemptions are not in it",
     }
 
 
@@ -133,7 +151,7 @@ def duration(seconds: float) -> str:
     """A time left in words.
 
     >>> duration(42), duration(4000), duration(200000)
-    ('42 s', '1 h 7 min', '2 d 7 h')
+    ('42 s', '1 h 6 min', '2 d 7 h')
     """
     s = round(seconds)
     if s < 60:
