@@ -177,3 +177,28 @@ def test_a_stop_request_for_another_job_is_not_ours(tmp_path: Path) -> None:
     assert stop_requested(store, "cg-other-1") == "why"
     store.put(STOP_FILE, b"not json")
     assert stop_requested(store, "cg-other-1") is None
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_launch_shows_the_projection_of_a_recorded_pace_and_warns(
+    run_cli, tmp_path: Path, spot_env, monkeypatch: pytest.MonkeyPatch, stop: bool
+) -> None:
+    for name, value in spot_env().items():
+        monkeypatch.setenv(name, value)
+    url = str(tmp_path / "ckpt")
+    # A pilot's pace: 0.5 s a step (and 0.1 s of saves), measured on an A10G.
+    write_pace(Store.open(url), Pace(190, 95.0, 200, time.time(), time.time(), overhead_s=19.0,
+                                     device="NVIDIA A10G", pilot=True))  # fmt: skip
+    result = run_cli(
+        "launch", "--provider", "local", "--gpu", "a10g", "--on-demand", "--checkpoint", url,
+        "--total-steps", "36000", "--max-total", "3", *(["--stop-at-projection"] if stop else []),
+        "--", sys.executable, "-c", "pass",
+    )  # fmt: skip
+    assert result.exit_code == 2  # no terminal to confirm on: nothing launched
+    said = " ".join(result.stderr.split())
+    # 36000 x 0.6 s = 6 h at $1.006/h
+    assert "projection: 36000 steps x 0.6 s/step (measured on NVIDIA A10G, a pilot) = 6 h" in said
+    assert "$6.04 if nothing is preempted" in said
+    assert "Warning: the projection passes --max-total $3.00" in said
+    then = "--stop-at-projection saves and stops" if stop else "stops when the money is spent"
+    assert then in said

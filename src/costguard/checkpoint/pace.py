@@ -146,6 +146,20 @@ class Pace:
         """The measured seconds a training step takes (``nan`` with no step measured)."""
         return self.seconds_measured / self.steps_measured if self.steps_measured else math.nan
 
+    @property
+    def wall_seconds_per_step(self) -> float:
+        """Seconds a step takes on the wall clock: its pace, the slow steps among them
+        (evaluations) and the time inside ``step()`` (saves), the first save's set-up
+        apart (``nan`` with no step measured).
+
+        >>> Pace(90, 90.0, 100, 2.0, 1.0, outlier_steps=10, outlier_s=50.0,
+        ...      overhead_s=10.0).wall_seconds_per_step
+        1.5
+        """
+        steps = self.steps_measured + self.outlier_steps
+        wall = self.seconds_measured + self.outlier_s + self.overhead_s
+        return wall / steps if self.steps_measured else math.nan
+
     def to_json(self) -> bytes:
         """The record as UTF-8 JSON."""
         return json.dumps({"version": VERSION, **asdict(self)}, sort_keys=True).encode()

@@ -29,6 +29,7 @@ from costguard.providers import providers
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.checkpoint.store import Store
     from costguard.spot.job import Job, JobSpec
     from costguard.spot.launcher.base import Launcher, Offer
@@ -334,7 +335,14 @@ def _prepare(
     try:
         prepared = check_launcher(prepared, launcher)
         first = prepared.first.offer
-        _print_estimate(prepared.spec, first, _fallback(prepared), prepared.as_of, prepared.offers)
+        _print_estimate(
+            prepared.spec,
+            first,
+            _fallback(prepared),
+            prepared.as_of,
+            prepared.offers,
+            _recorded_pace(prepared.store),
+        )
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -394,12 +402,27 @@ class _NoBackend:
         return False
 
 
+def _recorded_pace(store: Store) -> Pace | None:
+    """The pace a pilot or an earlier run recorded at the checkpoint URL, if any."""
+    from costguard.checkpoint.pace import read_pace
+
+    try:
+        return read_pace(store)
+    except CostguardError:
+        return None
+
+
 def _print_estimate(
-    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+    spec: JobSpec,
+    offer: Offer,
+    fallback: Offer | None,
+    as_of: str,
+    offers: Sequence[Offer] = (),
+    pace: Pace | None = None,
 ) -> None:
     from costguard.spot.report import estimate_lines
 
-    for line in estimate_lines(spec, offer, fallback, as_of, offers):
+    for line in estimate_lines(spec, offer, fallback, as_of, offers, pace):
         body = line.removeprefix("  ")
         indent = "  " if body != line else ""
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)

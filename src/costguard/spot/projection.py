@@ -71,9 +71,8 @@ def project(
     total = total_steps or pace.total_steps
     if total is None or pace.steps_measured == 0 or pace.seconds_measured <= 0:
         return None
-    per_step = pace.seconds_measured / pace.steps_measured
-    wall = pace.seconds_measured + pace.outlier_s + pace.overhead_s
-    wall_per_step = wall / (pace.steps_measured + pace.outlier_steps)
+    per_step = pace.seconds_per_step
+    wall_per_step = pace.wall_seconds_per_step
     done = pace.steps_done
     extrapolated = 0
     if running_since_unix is not None and pace.updated_unix >= running_since_unix:

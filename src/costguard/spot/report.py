@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
 from costguard.money import format_usd
 from costguard.spot.controller import handle_label, summarise
@@ -42,11 +43,18 @@ def usd(amount: Decimal) -> str:
 
 
 def estimate_lines(
-    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+    spec: JobSpec,
+    offer: Offer,
+    fallback: Offer | None,
+    as_of: str,
+    offers: Sequence[Offer] = (),
+    pace: Pace | None = None,
 ) -> list[str]:
     """The estimate shown before the confirmation; a line indented by two spaces belongs to
     the line before it. An unverified price is said to be one, and so is a cheaper
-    unverified offer in ``offers`` that the pick passed over."""
+    unverified offer in ``offers`` that the pick passed over. With ``--total-steps`` and a
+    pace recorded in the store (a pilot's, an earlier run's), the projection and whether
+    it passes ``--max-total``."""
     simulated = " (simulated on this machine; priced as" if spec.provider == "local" else ""
     where = f"{offer.instance_type} {offer.market.value} in {offer.region}"
     lines = [
@@ -77,6 +85,7 @@ def estimate_lines(
             "if nothing is preempted"
         )
     cap = spec.max_total_usd
+    lines += launch_projection(spec, offer, pace)
     if cap is not None:
         lines.append(
             f"  cap: --max-total {format_usd(cap)} (about {cap / offer.usd_per_hour:.1f} h "
@@ -111,6 +120,29 @@ def estimate_lines(
             f"  simulator: {when}, in {offer.region.split(':')[0]}'s metadata format; "
             f"killed {grace} after the notice if still running"
         )
+    return lines
+
+
+def launch_projection(spec: JobSpec, offer: Offer, pace: Pace | None) -> list[str]:
+    """What ``--total-steps`` cost at a pace the store holds, before the launch."""
+    total = spec.total_steps
+    if pace is None or total is None or not pace.steps_measured:
+        return []
+    seconds = total * pace.wall_seconds_per_step
+    usd_total = offer.usd_per_hour * Decimal(str(seconds)) / 3600
+    lines = [
+        f"  projection: {total} steps x {pace.wall_seconds_per_step:.3g} s/step (measured on "
+        f"{pace.device}{', a pilot' if pace.pilot else ''}) = {duration(seconds)}, "
+        f"{usd(usd_total)} if nothing is preempted"
+    ]
+    cap = spec.max_total_usd
+    if cap is not None and usd_total > cap:
+        then = (
+            "--stop-at-projection saves and stops the job once its projection passes it"
+            if spec.stop_at_projection
+            else "the job stops when the money is spent, unfinished"
+        )
+        lines.append(f"  Warning: the projection passes --max-total {format_usd(cap)}: {then}")
     return lines
 
 
