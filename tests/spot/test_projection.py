@@ -121,6 +121,21 @@ def test_jobs_status_shows_elapsed_spend_finish_and_projected_total(
     assert "over --max-total $0.30" in text
 
 
+def test_the_notebook_api_gives_the_same_projection(run_cli, tmp_path: Path) -> None:
+    import costguard
+
+    _job, store = running_job(tmp_path, launched_ago_s=600)
+    write_pace(store, Pace(400, 200.0, 500, time.time(), time.time() - 590, total_steps=2000))
+    status = costguard.job_status(store.url)
+    cli = run_cli("jobs", "status", store.url, "--format", "json").json()
+    assert status["projection"]["total_steps"] == cli["projection"]["total_steps"] == 2000
+    assert isinstance(status["projection"]["projected_total_usd"], Decimal)
+    assert abs(
+        status["projection"]["projected_total_usd"]
+        - Decimal(cli["projection"]["projected_total_usd"])
+    ) < Decimal("0.001")
+
+
 def test_jobs_status_without_a_pace_has_no_projection(run_cli, tmp_path: Path) -> None:
     _job, store = running_job(tmp_path, launched_ago_s=60)
     doc = run_cli("jobs", "status", store.url, "--format", "json").json()

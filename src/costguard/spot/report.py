@@ -175,6 +175,28 @@ def projection_of(job: Job, now_unix: float) -> Projection | None:
     return of_job(job, pace, now_unix)
 
 
+def job_status(url: str) -> dict[str, Any]:
+    """The job at checkpoint ``url`` as ``costguard jobs status --format json`` reports it:
+    attempts, cost so far, and with a recorded pace its ``projection`` (finish time,
+    projected total). The notebook API (``costguard.job_status(url)``).
+    """
+    import time
+
+    from costguard.errors import InputError
+    from costguard.settings import Settings
+    from costguard.spot.job import load_job
+    from costguard.spot.prepare import normal_url, offers_for, open_store
+
+    url = normal_url(url)
+    job = load_job(open_store(url))
+    try:
+        offers = offers_for(Settings.load({}), job.spec)
+    except InputError:
+        offers = []
+    now = time.time()
+    return job_document(job, offers, now, latest_checkpoint(url), projection_of(job, now))
+
+
 def job_document(
     job: Job,
     offers: Sequence[Offer],
