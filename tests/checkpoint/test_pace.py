@@ -147,3 +147,14 @@ def test_records_not_ours_are_refused_missing_is_none(tmp_path: Path) -> None:
     pace = read_pace(store)
     assert pace is not None
     assert len(pace.device) == 200
+
+
+def test_costguard_run_says_the_finish_time_when_the_total_is_known(tmp_path: Path) -> None:
+    from costguard.checkpoint.supervisor import Events
+
+    said: list[str] = []
+    events = Events(tmp_path / "events.jsonl", quiet=False, say=said.append)
+    pace = json.loads(Pace(100, 50.0, 120, 2.0, 1.0, overhead_s=5.0, total_steps=1000).to_json())
+    events._show({"event": "pace", **pace})
+    events._show({"event": "pace", **pace, "total_steps": None})  # no total: nothing to say
+    assert said == ["step 120 of 1000 (12%) at 0.5 s/step: finish in 8 min 4 s"]
