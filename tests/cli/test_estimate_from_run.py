@@ -39,6 +39,8 @@ def test_measured_hours_are_priced_as_typed_ones_and_stated(run_cli, tmp_path: P
     assert source["run"] == url
     assert source["steps_measured"] == 390
     assert source["seconds_measured"] == 195.0
+    # With the 2 slow steps (12 s) and 0.6 s inside step(): the wall-clock rate, stated too.
+    assert source["wall_seconds_per_step"] == round((195.0 + 12.0 + 0.6) / 392, 6)
     assert source["device"] == "NVIDIA A10G"
     assert source["warmup_steps_left_out"] == 5
     assert source["slow_steps_left_out"] == 2

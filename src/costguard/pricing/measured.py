@@ -124,6 +124,7 @@ def hours_from(m: Measured) -> dict[str, Any]:
         "steps_measured": pace.steps_measured,
         "seconds_measured": round(pace.seconds_measured, 3),
         "seconds_per_step": round(pace.seconds_per_step, 6),
+        "wall_seconds_per_step": round(pace.wall_seconds_per_step, 6),
         "warmup_steps_left_out": pace.warmup_steps,
         "slow_steps_left_out": pace.outlier_steps,
         "saves": pace.saves,
