@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 # Whatever handler prints a costguard log line, a credential in it is masked.
 install_log_redaction()
 
-__all__ = ["__version__", "estimate", "pricing", "spend"]
+__all__ = ["__version__", "estimate", "job_status", "pricing", "spend"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,12 +27,17 @@ def __getattr__(name: str) -> Any:
     ``costguard.estimate(gpu="a10g", hours=8, count=4)`` is the notebook API
     (:mod:`costguard.notebook`); ``costguard.pricing.table("gpu_instances")`` a table as a
     DataFrame; ``costguard.spend("export.csv.gz", by="job")`` what a billing export billed,
-    as a DataFrame.
+    as a DataFrame; ``costguard.job_status("s3://my-bucket/run1")`` a launched job's
+    attempts, cost so far, finish time and projected total.
     """
     if name == "estimate":
         from costguard.notebook import estimate
 
         return estimate
+    if name == "job_status":
+        from costguard.spot.report import job_status
+
+        return job_status
     if name == "spend":
         from costguard.billing.frame import spend
 

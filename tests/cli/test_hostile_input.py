@@ -57,6 +57,7 @@ BASES: dict[str, tuple[list[str], list[str]]] = {
     "reap": ([], []),
     "agent": (["--once", "--jobs-dir", "jobs"], []),
     "run": (["--checkpoint", "ckpt"], ["--", "python", "-c", "pass"]),
+    "pilot": (["--steps", "20", "--checkpoint", "ckpt"], ["--", "python", "-c", "pass"]),
     "checkpoint ls": (["ckpt"], []),
     "checkpoint verify": (["ckpt"], []),
     "checkpoint export": (["ckpt", "--to", "model.pt"], []),

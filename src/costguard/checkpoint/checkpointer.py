@@ -71,6 +71,17 @@ from costguard.checkpoint.notices import (
     start_cloud_watcher,
 )
 from costguard.checkpoint.notices import signals as signals_mod
+from costguard.checkpoint.pace import (
+    ENV_PILOT_STEPS,
+    ENV_TOTAL_STEPS,
+    PUBLISH_S,
+    Pace,
+    PaceMeter,
+    as_dict,
+    device_name,
+    host_name,
+    write_pace,
+)
 from costguard.checkpoint.restoring import (
     PAYLOAD,
     NoUsableCheckpointError,
@@ -134,6 +145,15 @@ class Preempted(SystemExit):
         self.result = result
 
 
+class PilotDone(SystemExit):
+    """Raised by :meth:`Checkpointer.step` under ``costguard pilot`` once the pilot's steps
+    ran and the pace is recorded: the script exits 0 (it was only measured)."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(0)
+        self.steps = steps
+
+
 class RestoreError(CostguardError):
     """A checkpoint was read and verified but does not fit the objects given to restore."""
 
@@ -178,6 +198,12 @@ class Checkpointer:
     :meth:`restore` raises :class:`NoUsableCheckpointError` rather than start from step 0;
     ``start_fresh`` makes it start from step 0 then, on purpose (a usable checkpoint is
     still resumed from).
+
+    The training between :meth:`step` calls is timed (:mod:`~costguard.checkpoint.pace`),
+    and rank 0 records the pace in the store (``job/pace.json``) after each save: with
+    ``total_steps`` (the whole run's steps) ``costguard jobs status`` shows the finish time
+    and the projected cost. ``pilot_steps`` stops the script (:class:`PilotDone`, exit 0)
+    after that many steps, once the pace is recorded (``costguard pilot`` sets it).
     """
 
     def __init__(
@@ -200,6 +226,8 @@ class Checkpointer:
         incremental: bool = True,
         start_fresh: bool = False,
         check: bool = True,
+        total_steps: int | None = None,
+        pilot_steps: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if keep_last < 1:
@@ -208,6 +236,10 @@ class Checkpointer:
         if when_busy not in ("wait", "skip"):
             msg = f"when_busy must be 'wait' or 'skip', not {when_busy!r}"
             raise InputError(msg)
+        for name, value in (("total_steps", total_steps), ("pilot_steps", pilot_steps)):
+            if value is not None and value < 1:
+                msg = f"{name} must be at least 1, not {value}"
+                raise InputError(msg, hint=f"or leave {name} unset")
         if sync_every is not None and sync_every < 1:
             msg = f"sync_every must be at least 1, not {sync_every}"
             raise InputError(msg, hint="or leave it unset to agree about every 0.1 s")
@@ -250,6 +282,16 @@ class Checkpointer:
         self._shard_pool = ShardPool(enabled=incremental)
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
+        self.total_steps = total_steps
+        self.pilot_steps = pilot_steps
+        #: The training's pace between step() calls (see :mod:`~costguard.checkpoint.pace`).
+        self.pace_meter = PaceMeter()
+        self._started_unix = time.time()
+        self._published_s = clock()
+        #: The save (its steps done) after which the pace was last published.
+        self._published_saved = 0
+        #: Whether this process has started a save from step(): the first is a set-up.
+        self._saved_once = False
 
     @property
     def results(self) -> list[SaveResult]:
@@ -284,6 +326,8 @@ class Checkpointer:
         options = dict(defaults)
         url = env.get(ENV_URL) or os.fspath(default)
         for key, name, kind in (
+            ("total_steps", ENV_TOTAL_STEPS, int),
+            ("pilot_steps", ENV_PILOT_STEPS, int),
             ("every_steps", ENV_EVERY_STEPS, int),
             ("every_minutes", ENV_EVERY_MINUTES, float),
             ("keep_last", ENV_KEEP, int),
@@ -535,6 +579,20 @@ class Checkpointer:
         """
         parts = TrainState(model, optimizer, scheduler, scaler, loader, extra, epoch)
         self._last_step = (step, parts)
+        saved = self._last_steps_done
+        self.pace_meter.lap(self._clock(), step + 1)
+        try:
+            stop = self._step(step, parts)
+        finally:
+            first_save = self._last_steps_done != saved and not self._saved_once
+            self._saved_once = self._saved_once or self._last_steps_done != saved
+            self.pace_meter.resume(self._clock(), setup=first_save)
+        if not self._closed:
+            self._after_step(step)
+        return stop
+
+    def _step(self, step: int, parts: TrainState) -> bool:
+        """:meth:`step` after the pace is measured: save when due, act on notices."""
         group = self._coordination()
         if group is not None:
             return self._step_together(group, step, parts)
@@ -552,6 +610,66 @@ class Checkpointer:
         ):
             self.save(step, reason="schedule", parts=parts)
         return False
+
+    def _after_step(self, step: int) -> None:
+        """Record the pace when a save was made, every :data:`PUBLISH_S`, and at the end
+        of a pilot (which then stops the script)."""
+        pilot_done = self.pilot_steps is not None and self.pace_meter.laps >= self.pilot_steps
+        saved = self._last_steps_done  # moves when a save starts
+        now = self._clock()
+        if pilot_done:
+            self.publish_pace(step + 1, block=True)
+            self.close(final=False)
+            raise PilotDone(self.pace_meter.laps)
+        if saved != self._published_saved or now - self._published_s >= PUBLISH_S:
+            self._published_saved, self._published_s = saved, now
+            self.publish_pace(step + 1)
+
+    def pace(self, steps_done: int) -> Pace:
+        """The pace measured so far, as :meth:`publish_pace` records it."""
+        meter = self.pace_meter
+        durable = [r for r in self._saver.results if r.ok]
+        group = self._group
+        return Pace(
+            steps_measured=meter.steps,
+            seconds_measured=round(meter.seconds, 6),
+            steps_done=steps_done,
+            updated_unix=time.time(),
+            started_unix=self._started_unix,
+            warmup_steps=meter.warmup_steps,
+            outlier_steps=meter.outlier_steps,
+            outlier_s=round(meter.outlier_s, 6),
+            saves=len(durable),
+            overhead_s=round(meter.overhead_s, 6),
+            setup_s=round(meter.setup_s, 6),
+            total_steps=self.total_steps,
+            device=device_name(),
+            ranks=group.world_size if group is not None else 1,
+            host=host_name(),
+            job_id=os.environ.get("COSTGUARD_JOB_ID", "")[:200],
+            attempt=_attempt_number(os.environ.get("COSTGUARD_JOB_ATTEMPT", "")),
+            pilot=self.pilot_steps is not None,
+        )
+
+    def publish_pace(self, steps_done: int, *, block: bool = False) -> None:
+        """Write the pace to ``job/pace.json`` (rank 0) on the background thread, after
+        what is queued there (so an older record never lands last); with ``block``, wait
+        for it. Never raises: a record that cannot be written is logged."""
+        if self.rank != 0:
+            return
+
+        def write() -> None:
+            # Taken here, after the saves queued before: their outcomes are counted.
+            pace = self.pace(steps_done)
+            self._saver.note({"event": "pace", **as_dict(pace)})  # costguard run: the ETA
+            try:
+                write_pace(self.store, pace)
+            except CostguardError as exc:
+                logger.warning("costguard: could not record the pace: %s", exc.message)
+
+        written = self._saver.background(write)
+        if block:
+            written.result()
 
     def _step_together(self, group: Group, step: int, parts: TrainState) -> bool:
         """:meth:`step` under a process group: every rank decides the same thing."""
@@ -845,6 +963,7 @@ class Checkpointer:
                 result = self.flush(timeout_s)
             durable = self.last_durable
             committed = durable is not None and durable.step == step + 1
+            self.publish_pace(step + 1, block=True)
             if group is not None:
                 # Rank 0 knows; every rank waits for its word, so no rank's close() returns
                 # before the final checkpoint is durable.
@@ -877,3 +996,13 @@ class Checkpointer:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         # After an error in the loop the state may be half updated: no final save.
         self.close(final=exc_type is None)
+
+
+def _attempt_number(text: str) -> int | None:
+    """``COSTGUARD_JOB_ATTEMPT`` as a number, when it is one.
+
+    >>> _attempt_number("3"), _attempt_number(""), _attempt_number("x")
+    (3, None, None)
+    """
+    text = text.strip()
+    return int(text) if text.isdigit() and len(text) < 10 else None

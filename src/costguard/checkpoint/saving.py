@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import asdict, dataclass, field, replace
@@ -141,6 +142,10 @@ class Saver:
         )
         self._inflight = future
         return future
+
+    def background(self, work: Callable[[], None]) -> Future[None]:
+        """Run ``work`` on the background thread after what was queued before it."""
+        return self._executor.submit(work)
 
     def completed(self, result: SaveResult, manifest: Manifest | None) -> Future[SaveResult]:
         """A save written on the caller's thread (a sharded save): recorded as if written

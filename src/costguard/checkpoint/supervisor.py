@@ -46,6 +46,10 @@ NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 #: How often the events file of the script's Checkpointer is read.
 EVENTS_POLL_S = 0.25
+#: Under ``costguard launch``: how often the store is asked whether the controller wants
+#: the script to save and stop (``job/stop.json``); a local folder is looked at more often.
+STOP_POLL_S = 5.0
+STOP_POLL_LOCAL_S = 0.5
 
 
 def child_environment(
@@ -197,6 +201,10 @@ class Events:
                 )
         elif event.get("event") == "closed":
             self.closed[int(event.get("rank", 0))] = event
+        elif event.get("event") == "pace":
+            line = eta_line(event)
+            if line and not self.quiet:
+                self._say(line)
         elif event.get("event") == "save":
             if event.get("ok"):
                 self.last_durable = event
@@ -227,6 +235,73 @@ class Events:
         if event is None:
             return "none yet (a new run starts from step 0)"
         return f"step {event['step']} ({event['name']})"
+
+
+class StopWatch:
+    """Under ``costguard launch``: the controller's request to save and stop
+    (``--stop-at-projection``) becomes a notice to the script, as a preemption would."""
+
+    def __init__(self, store: Any, job_id: str, on_stop: Callable[[Any], None]) -> None:
+        self.store = store
+        self.job_id = job_id
+        self._on_stop = on_stop
+        self._interval_s = STOP_POLL_LOCAL_S if store.is_local else STOP_POLL_S
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="costguard-stop", daemon=True)
+
+    @classmethod
+    def under_launch(
+        cls, store: Any, env: dict[str, str], on_stop: Callable[[Any], None]
+    ) -> StopWatch | None:
+        """A started watch when this run is an attempt of a ``costguard launch`` job."""
+        from costguard.spot.job import ENV_JOB_ID
+        from costguard.tags import is_job_id
+
+        job_id = env.get(ENV_JOB_ID, "")
+        if not job_id or not is_job_id(job_id):
+            return None
+        watch = cls(store, job_id, on_stop)
+        watch._thread.start()
+        return watch
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _watch(self) -> None:
+        from costguard.checkpoint.notices import Notice
+        from costguard.spot.job import stop_requested
+
+        while not self._stop.wait(self._interval_s):
+            reason = stop_requested(self.store, self.job_id)
+            if reason is not None:
+                self._on_stop(Notice("costguard", "stop", None, reason[:200]))
+                return
+
+
+def eta_line(event: dict[str, Any]) -> str | None:
+    """The finish time a pace event gives, when the run's total steps are known.
+
+    >>> eta_line({"steps_done": 500, "total_steps": 2000, "steps_measured": 400,
+    ...           "seconds_measured": 200.0, "overhead_s": 0.0})
+    'step 500 of 2000 (25%) at 0.5 s/step: finish in 12 min 30 s'
+    """
+    from costguard.spot.projection import duration
+
+    try:
+        done, total = int(event["steps_done"]), int(event["total_steps"])
+        measured, seconds = int(event["steps_measured"]), float(event["seconds_measured"])
+        overhead = float(event.get("overhead_s") or 0.0) / seconds
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    if measured <= 0 or total <= 0:
+        return None
+    per_step = seconds / measured
+    left = max(0, total - done) * per_step * (1 + overhead)
+    return (
+        f"step {done} of {total} ({min(done / total, 1.0):.0%}) at {per_step:.3g} s/step: "
+        f"finish in {duration(left)}"
+    )
 
 
 def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
@@ -275,6 +350,8 @@ def supervise(
     say: Say,
     sync_dir: str | None = None,
     start_fresh: bool = False,
+    total_steps: int | None = None,
+    pilot_steps: int | None = None,
 ) -> int:
     """Run ``command`` with checkpointing to ``url`` and preemption notices; its exit code
     as ``costguard run`` reports it (75: saved on a notice, run again to resume).
@@ -288,6 +365,9 @@ def supervise(
     ``sync_dir``, the trainer's own checkpoints there are kept in the store
     (:mod:`~costguard.checkpoint.foldersync`): the newest is put back before the script
     starts, each one it finishes is uploaded, the last ones after it exits.
+
+    ``total_steps`` (the whole run's steps) and ``pilot_steps`` (stop after that many:
+    ``costguard pilot``) reach the script's Checkpointer through the environment.
     """
     from costguard.checkpoint.distributed import append_notice
     from costguard.checkpoint.notices import (
@@ -322,8 +402,15 @@ def supervise(
     preempted_file = Path(relay_dir, "preempted.json")
     events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet, say=say)
     read_fd, write_fd = os.pipe()
+    from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS
+
+    base = dict(os.environ)
+    for name, value in ((ENV_TOTAL_STEPS, total_steps), (ENV_PILOT_STEPS, pilot_steps)):
+        base.pop(name, None)  # an outer costguard run's are not ours
+        if value is not None:
+            base[name] = str(value)
     env = child_environment(
-        dict(os.environ),
+        base,
         url=url,
         every_steps=every_steps,
         every_minutes=every_minutes,
@@ -383,12 +470,15 @@ def supervise(
         previous[sig] = signal.signal(sig, forward)
     watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
     events.start()
+    stop_watch = StopWatch.under_launch(store, dict(os.environ), relay_notice)
     if syncer is not None:
         syncer.start()
     try:
         returncode = child.wait()
     finally:
         registration.close()
+        if stop_watch is not None:
+            stop_watch.stop()
         events.stop()
         if syncer is not None:
             syncer.finish()

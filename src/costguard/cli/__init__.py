@@ -60,6 +60,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "launch_command",
         "Run a job on a spot GPU and relaunch it after each preemption.",
     ),
+    "pilot": (
+        "costguard.cli.pilot",
+        "pilot_command",
+        "Time a script's first steps here and price the whole run from them.",
+    ),
     "pricing": (
         "costguard.cli.pricing",
         "pricing_group",

@@ -6,12 +6,21 @@ import dataclasses
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from costguard.cli import render
-from costguard.cli.params import DecimalRange, Name, Url, Usd, WholeNumber, table_or_json
+from costguard.cli.params import (
+    DecimalRange,
+    Name,
+    StoreUrl,
+    Url,
+    Usd,
+    WholeNumber,
+    table_or_json,
+)
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
 from costguard.pricing import interruptions as preemption
@@ -19,6 +28,7 @@ from costguard.pricing.advice import (
     budget_lines,
     cheapest_line,
     describe,
+    split_names,
     spot_size_notes,
     unverified_fit,
 )
@@ -59,6 +69,17 @@ from costguard.pricing.slurm import (
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
+if TYPE_CHECKING:
+    from costguard.pricing.measured import Measured
+
+#: ``--speedup``: estimate's and pilot's, one range and one meaning.
+speedup_option = click.option(
+    "--speedup",
+    type=DecimalRange(0, minimum_open=True, maximum=1000),
+    help="With another --gpu than the run measured: how many times as fast it runs the "
+    "steps (a stated guess; the rows are flagged as scaled).",
+)
+
 EXAMPLES = """
 \b
 Examples:
@@ -75,6 +96,8 @@ Examples:
       --su-per-gpu-hour 64 --usd-per-su 0.02
   costguard estimate --gpu a100 --gpus-per-instance 4 --count 10 --hours 2 \\
       --provider slurm --su-per-gpu-hour 64   # a 10-task array, 4 GPUs each
+  costguard estimate --from-run s3://my-bucket/run1 --steps 20000
+      # hours from the run's measured step time (costguard run or pilot)
 """
 
 
@@ -93,10 +116,21 @@ Examples:
 )
 @click.option(
     "--hours",
-    required=True,
     type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS, unit="hours (10 years)"),
-    help="Hours each instance runs.",
+    help="Hours each instance runs (or --from-run: measured).",
 )
+@click.option(
+    "--from-run",
+    type=StoreUrl(),
+    help="A run's checkpoint URL (costguard run, launch or pilot): the hours are its "
+    "measured step time x --steps.",
+)
+@click.option(
+    "--steps",
+    type=WholeNumber(1, 10**12),
+    help="With --from-run: training steps to price [default: the run's --total-steps].",
+)
+@speedup_option
 @click.option(
     "--count",
     default=1,
@@ -252,7 +286,12 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     """
     rate = slurm_rate(options)
     checkpointing = checkpointing_from(options)
+    check_hours(options)
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    measured = None
+    if options["from_run"] is not None:
+        measured = measured_from(options, catalog)
+        options = {**options, "hours": measured.hours, "gpus": (measured.gpu,)}
     results = answer(question_from(options), catalog)
     result = combine(results)
     request = result.request
@@ -273,6 +312,8 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
             document["assumptions"].extend(slurm_assumptions(slurm))
         if spot is not None:
             add_interruptions(document, spot, shown)
+        if measured is not None:
+            add_measured(document, measured)
         render.print_json(document)
     elif output_format == "csv":
         columns = (*OPTION_FIELDS, "pricing_as_of", *(SLURM_FIELDS if slurm else ()))
@@ -282,6 +323,7 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         render.print_csv(columns, rows)
         extra = [*(slurm_assumptions(slurm) if slurm else ())]
         extra += preemption.assumption_lines(spot) if spot is not None else ()
+        extra += measured_lines(measured) if measured is not None else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
         said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
@@ -291,7 +333,13 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
             fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
             said.update(one.notes)
             print_table(
-                fresh, shown_one, catalog, slurm if last else None, assumptions=last, spot=spot
+                fresh,
+                shown_one,
+                catalog,
+                slurm if last else None,
+                assumptions=last,
+                spot=spot,
+                measured=measured,
             )
         print_answers(result, catalog, budget)
         if spot is not None:
@@ -327,6 +375,97 @@ def question_from(options: dict[str, Any]) -> Question:
     """The command's options as a :class:`~costguard.pricing.question.Question`."""
     fields = {f.name for f in dataclasses.fields(Question)} - {"gpus"}
     return Question(gpus=tuple(options["gpus"]), **{k: options[k] for k in fields})
+
+
+def check_hours(options: dict[str, Any]) -> None:
+    """Exactly one of --hours and --from-run; --steps and --speedup only with --from-run."""
+    if options["from_run"] is None:
+        if options["hours"] is None:
+            msg = "the run's length is missing: give --hours, or --from-run with --steps"
+            raise InputError(
+                msg, hint="costguard estimate --gpu a10g --hours 8 (or --from-run URL --steps N)"
+            )
+        for flag in ("steps", "speedup"):
+            if options[flag] is not None:
+                msg = f"--{flag} is for --from-run (a measured run), and it is not given"
+                raise InputError(msg, hint=f"add --from-run URL, or drop --{flag}")
+        return
+    if options["hours"] is not None:
+        msg = "--hours and --from-run both give the hours"
+        raise InputError(msg, hint="drop --hours to price the measured ones")
+    if len(split_names(options["gpus"])) > 1:
+        msg = "--from-run prices one GPU: the one measured, or one --gpu with --speedup"
+        raise InputError(msg, hint="run the estimate once per GPU")
+    if options["instance_type"] is not None:
+        msg = "--from-run prices the measured GPU; --instance-type is not taken with it"
+        raise InputError(msg, hint="use --gpu (and --speedup for another GPU than measured)")
+
+
+def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
+    """The hours of --steps steps at the pace the run at --from-run recorded."""
+    from costguard.checkpoint.pace import read_pace
+    from costguard.pricing.gpus import canonical_gpu
+    from costguard.pricing.measured import gpu_of_device, measure
+    from costguard.spot.job import job_exists, load_job
+    from costguard.spot.prepare import normal_url, open_store
+
+    url = normal_url(options["from_run"])
+    if "://" not in url and not Path(url).is_dir():
+        msg = f"--from-run: no run at {url} (no such folder)"
+        raise InputError(msg, hint="pass the --checkpoint URL the run wrote to")
+    store = open_store(url)
+    pace = read_pace(store)
+    if pace is None:
+        msg = f"--from-run: {url} holds no measured pace (no job/pace.json)"
+        raise InputError(
+            msg,
+            hint="measure one: costguard pilot --steps 200 -- python train.py (or any "
+            "costguard run whose Checkpointer has saved once)",
+        )
+    accelerators = catalog.accelerators
+    measured_gpu = (
+        canonical_gpu(load_job(store).spec.gpu, accelerators)
+        if job_exists(store)
+        else gpu_of_device(pace.device, accelerators)
+    )
+    asked = split_names(options["gpus"])
+    gpu = canonical_gpu(asked[0], accelerators) if asked else measured_gpu
+    if gpu is None:
+        msg = f"--from-run: {url} was measured on {pace.device}, which the tables do not price"
+        raise InputError(
+            msg, hint="name the GPU to price: --gpu a10g --speedup F (F: how many times as fast)"
+        )
+    steps = options["steps"] or pace.total_steps
+    if steps is None:
+        msg = "--from-run needs --steps: the run recorded no total steps"
+        raise InputError(msg, hint="add --steps N (the training steps to price)")
+    return measure(
+        pace,
+        run=url,
+        steps=steps,
+        measured_gpu=measured_gpu,
+        gpu=gpu,
+        speedup=options["speedup"],
+        max_hours=Decimal(MAX_HOURS),
+    )
+
+
+def add_measured(document: dict[str, Any], measured: Measured) -> None:
+    """The JSON's record of the measured hours: ``query.hours_from`` and the assumptions."""
+    from costguard.pricing.measured import hours_from
+
+    document["query"]["hours_from"] = hours_from(measured)
+    document["assumptions"].extend(measured_lines(measured))
+    if measured.scaled:
+        for row in document["options"]:
+            row["scaled"] = True
+
+
+def measured_lines(measured: Measured) -> list[str]:
+    """The measurement as assumption lines."""
+    from costguard.pricing.measured import assumption_lines
+
+    return assumption_lines(measured)
 
 
 def checkpointing_from(options: dict[str, Any]) -> preemption.Checkpointing | None:
@@ -434,6 +573,7 @@ def print_table(
     *,
     assumptions: bool = True,
     spot: preemption.Interruptions | None = None,
+    measured: Measured | None = None,
 ) -> None:
     """Two rows per provider and region, on-demand above spot, cheapest place first.
 
@@ -456,8 +596,11 @@ def print_table(
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
     # The oldest of the prices shown: after a partial refresh, not the oldest region's.
     as_of = prices_as_of(catalog, places(shown)).isoformat()
+    hours_how = ""
+    if measured is not None:
+        hours_how = " (measured, SCALED)" if measured.scaled else " (measured)"
     title = (
-        f"{what}{per_instance}, {request.count} instance(s), {request.hours} h"
+        f"{what}{per_instance}, {request.count} instance(s), {request.hours} h{hours_how}"
         f" - {catalog.origin} prices as of {as_of}"
     )
     columns: tuple[render.Column, ...] = (
@@ -515,6 +658,7 @@ def print_table(
         return
     extra = [*(slurm_assumptions(slurm) if slurm is not None else ())]
     extra += preemption.assumption_lines(spot) if spot is not None else ()
+    extra += measured_lines(measured) if measured is not None else ()
     render.print_notes(
         ["total = compute + storage + egress", *result.assumptions, *extra],
         heading="Assumptions:",

@@ -30,6 +30,7 @@ from costguard.providers import providers
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.checkpoint.store import Store
     from costguard.spot.job import Job, JobSpec
     from costguard.spot.launcher.base import Launcher, Offer
@@ -53,7 +54,7 @@ Examples:
   costguard jobs status s3://my-bucket/run1 --format json
 
 Exit code: 0 when the job finished (exit 0), 1 when it failed or a limit stopped it,
-2 for bad input (nothing was launched).
+75 when --stop-at-projection saved and stopped it, 2 for bad input.
 """
 
 STATUS_EXAMPLES = """
@@ -65,6 +66,9 @@ Examples:
 
 #: A local attempt is polled often: the simulator acts when polled.
 LOCAL_POLL_S = 0.5
+#: Exit code when --stop-at-projection stopped the job after its save (EX_TEMPFAIL, as
+#: costguard run's after a notice): the work so far is in a committed checkpoint.
+EXIT_SAVED = 75
 
 
 def _echo(message: str) -> None:
@@ -142,6 +146,18 @@ def _echo(message: str) -> None:
     help="Expected run time, for the estimate.",
 )
 @cadence_options("Checkpoint")
+@click.option(
+    "--total-steps",
+    type=WholeNumber(1, 10**12),
+    help="The whole run's steps: with the measured pace, the job's finish time and "
+    "projected total (jobs status; --max-total acts on it).",
+)
+@click.option(
+    "--stop-at-projection",
+    is_flag=True,
+    help="With --max-total: save and stop (exit 75) once the projected total passes it, "
+    "not only when the money is spent.",
+)
 @click.option(
     "--idle-minutes",
     type=WholeNumber(1, 10_000),
@@ -253,6 +269,8 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         if close is not None:
             close()
     _report(final, offers, options["output_format"])
+    if final.status == "stopped" and final.stop_requested:
+        sys.exit(EXIT_SAVED)  # saved and stopped at the projection: resumable
     if final.status != "succeeded":
         sys.exit(1)
 
@@ -312,6 +330,8 @@ def _request(options: Mapping[str, Any]) -> LaunchRequest:
         sync_dir=options["sync_dir"],
         no_alarm_check=options["no_alarm_check"],
         yes=options["yes"],
+        total_steps=options["total_steps"],
+        stop_at_projection=options["stop_at_projection"],
     )
 
 
@@ -327,8 +347,14 @@ def _prepare(
     try:
         prepared = check_launcher(prepared, launcher)
         first = prepared.first.offer
-        fallback = fallback_offer(prepared.offers)
-        _print_estimate(prepared.spec, first, fallback, prepared.as_of, prepared.offers)
+        _print_estimate(
+            prepared.spec,
+            first,
+            fallback_offer(prepared.offers),
+            prepared.as_of,
+            prepared.offers,
+            _recorded_pace(prepared.store),
+        )
         if prepared.spec.provider == "local":
             _echo("launch guard: not needed for --provider local (nothing is billed)")
         else:
@@ -382,12 +408,27 @@ class _NoBackend:
         return False
 
 
+def _recorded_pace(store: Store) -> Pace | None:
+    """The pace a pilot or an earlier run recorded at the checkpoint URL, if any."""
+    from costguard.checkpoint.pace import read_pace
+
+    try:
+        return read_pace(store)
+    except CostguardError:
+        return None
+
+
 def _print_estimate(
-    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+    spec: JobSpec,
+    offer: Offer,
+    fallback: Offer | None,
+    as_of: str,
+    offers: Sequence[Offer] = (),
+    pace: Pace | None = None,
 ) -> None:
     from costguard.spot.report import estimate_lines
 
-    for line in estimate_lines(spec, offer, fallback, as_of, offers):
+    for line in estimate_lines(spec, offer, fallback, as_of, offers, pace):
         body = line.removeprefix("  ")
         indent = "  " if body != line else ""
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)
@@ -398,8 +439,9 @@ def _report(job: Job, offers: Sequence[Offer], output_format: str) -> None:
 
     now = time.time()
     checkpoint = report.latest_checkpoint(job.spec.checkpoint_url)
+    projection = report.projection_of(job, now)
     if output_format == "json":
-        render.print_json(report.job_document(job, offers, now, checkpoint))
+        render.print_json(report.job_document(job, offers, now, checkpoint, projection))
         return
     columns = [
         render.Column(name, "right" if name in ("#", "$/h", "cost") else "left")
@@ -410,7 +452,7 @@ def _report(job: Job, offers: Sequence[Offer], output_format: str) -> None:
     render.print_table(
         f"job {job.spec.job_id}: {job.status}", columns, report.attempt_rows(job, now)
     )
-    for line in report.summary_lines(job, offers, now, checkpoint):
+    for line in report.summary_lines(job, offers, now, checkpoint, projection):
         render.print_prose(line, first="", indent="  ")
 
 

@@ -94,6 +94,12 @@ Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
     "unreadable); without it the script's restore refuses, and this exits 2.",
 )
 @click.option(
+    "--total-steps",
+    type=WholeNumber(min=1),
+    help="The whole run's steps (or Checkpointer(total_steps=N)): the recorded pace then "
+    "gives its finish time and projected cost (costguard jobs status, estimate --from-run).",
+)
+@click.option(
     "-q", "--quiet", is_flag=True, help="No line per save; only the start and the exit summary."
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)

@@ -32,6 +32,7 @@ from costguard.spot.job import (
     latest_checkpoint_unix,
     latest_step,
     read_exit_record,
+    request_stop,
     save_job,
 )
 from costguard.spot.launcher.base import (
@@ -65,6 +66,9 @@ logger = logging.getLogger(__name__)
 #: ``job.json`` is rewritten at least this often while an attempt runs (the heartbeat
 #: ``--attach`` reads to tell a live controller from a dead one).
 HEARTBEAT_S = 30.0
+#: After asking the script to save and stop (--stop-at-projection), how long it may take
+#: before its instance is terminated anyway.
+STOP_GRACE_S = 600.0
 
 
 class ControllerBusyError(InputError):
@@ -127,6 +131,8 @@ class Controller:
         self._sleep = sleep
         #: (region, instance type) -> the zones the launcher named (empty: none / unknown).
         self.zones: dict[tuple[str, str], tuple[str, ...]] = {}
+        #: Whether the projection's passing --max-total was said already.
+        self._warned_projection = False
 
     def _emit(self, kind: str, message: str) -> None:
         logger.info("costguard launch: %s: %s", kind, message)
@@ -435,6 +441,45 @@ class Controller:
         self._emit("done" if decision.status == "succeeded" else decision.status, decision.reason)
         return self._save(job)
 
+    # -- the projection ------------------------------------------------------------------
+
+    def watch_projection(self, job: Job) -> Job:
+        """Act on the projected total of a running job with --max-total: warn once when it
+        passes the limit; with --stop-at-projection, ask the script to save and stop (the
+        job then ends ``stopped``, its checkpoint committed, before the money is spent)."""
+        from costguard.checkpoint.pace import read_pace
+        from costguard.spot.projection import duration, of_job
+
+        cap = job.spec.max_total_usd
+        if cap is None or job.current is None or job.stop_requested:
+            return job
+        now = self._clock()
+        try:
+            projection = of_job(job, read_pace(self.store), now)
+        except CostguardError:
+            return job  # no pace to read now: the hard limit still holds
+        total = projection.projected_total_usd if projection is not None else None
+        if projection is None or total is None or total <= cap:
+            return job
+        text = (
+            f"projected total ${total:.2f} passes --max-total ${cap} (step "
+            f"{projection.steps_done} of {projection.total_steps} at "
+            f"{projection.seconds_per_step:.3g} s/step, {duration(projection.left_s)} left)"
+        )
+        if not job.spec.stop_at_projection:
+            if not self._warned_projection:
+                self._warned_projection = True
+                self._emit(
+                    "projection",
+                    f"{text}; it will stop when the money is spent (--stop-at-projection "
+                    "saves and stops now)",
+                )
+            return job
+        reason = f"stopped at the projection: {text}"
+        request_stop(self.store, job.spec.job_id, reason, now)
+        self._emit("projection", f"{text}: asking the script to save and stop")
+        return self._save(replace(job, stop_requested=reason, stop_requested_unix=now))
+
     # -- the loop -----------------------------------------------------------------------
 
     def run(self, job: Job) -> Job:
@@ -447,6 +492,10 @@ class Controller:
         limits = job.spec.limits()
         while True:
             job = self.reconcile(job)
+            if job.stop_requested and (
+                job.current is None or self._clock() - job.stop_requested_unix > STOP_GRACE_S
+            ):
+                return self.finish(job, Finish("stopped", job.stop_requested))
             decision = self.decide(job, limits)
             if isinstance(decision, Finish):
                 return self.finish(job, decision)
@@ -466,6 +515,7 @@ class Controller:
                 job = self._save(job)
                 last_write = time.monotonic()
             assert isinstance(decision, Wait)
+            job = self.watch_projection(job)
             self._sleep(self.poll_s)
 
 

@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 VERSION = 1
 JOB_FILE = "job/job.json"
+#: The controller's request that the running attempt save and stop (--stop-at-projection).
+STOP_FILE = "job/stop.json"
 ENV_JOB_ID = "COSTGUARD_JOB_ID"
 ENV_JOB_ATTEMPT = "COSTGUARD_JOB_ATTEMPT"
 #: Job states; ``running`` is the only one a controller supervises.
@@ -175,6 +177,27 @@ def latest_checkpoint_unix(store: Store) -> float | None:
     return None
 
 
+def request_stop(store: Store, job_id: str, reason: str, now_unix: float) -> None:
+    """Ask the job's running ``costguard run`` to have its script save and stop (exit 75):
+    ``job/stop.json``, which it polls (:func:`stop_requested`)."""
+    doc = {"job_id": job_id, "reason": reason, "requested_unix": now_unix}
+    store.put(STOP_FILE, json.dumps(doc, sort_keys=True).encode())
+
+
+def stop_requested(store: Store, job_id: str) -> str | None:
+    """Why job ``job_id`` was asked to stop, ``None`` when it was not (a request for
+    another job at the same URL, or an unreadable one, is none)."""
+    try:
+        doc = json.loads(store.get(STOP_FILE, max_bytes=EXIT_RECORD_BYTES))
+    except StoreError:  # missing (the usual case), too large, unreadable now
+        return None
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("job_id") != job_id or not job_id:
+        return None
+    return str(doc.get("reason", ""))[:500] or "stop requested"
+
+
 def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:
     """Write the exit record of this attempt when running under ``costguard launch``.
 
@@ -259,6 +282,10 @@ class JobSpec:
     #: ``--sync-dir``: the trainer's own checkpoint folder (on the instance), kept in the store.
     sync_dir: str | None = None
     simulation: Simulation | None = None
+    #: ``--total-steps``: the whole run's steps, for its finish time and projected cost.
+    total_steps: int | None = None
+    #: ``--stop-at-projection``: save and stop once the projected total passes --max-total.
+    stop_at_projection: bool = False
 
     def limits(self) -> Limits:
         """The recovery limits these settings imply."""
@@ -280,6 +307,7 @@ class JobSpec:
             idle_minutes=self.idle_minutes,
             every_steps=self.every_steps,
             every_minutes=self.every_minutes,
+            total_steps=self.total_steps,
             max_usd_per_hour=self.max_usd_per_hour,
             options=dict(self.options),
             sync_dir=self.sync_dir,
@@ -303,6 +331,10 @@ class Job:
     #: Instances the provider stopped that costguard kept, each with its disk's cost and
     #: the command that deletes it (``Controller._stopped_instance``).
     kept_stopped: tuple[str, ...] = ()
+    #: Why the controller asked the running attempt to save and stop (``job/stop.json``),
+    #: and when: the job then ends ``stopped`` instead of being relaunched.
+    stop_requested: str = ""
+    stop_requested_unix: float = 0.0
 
     @property
     def current(self) -> Attempt | None:
@@ -438,6 +470,8 @@ def spec_doc(spec: JobSpec) -> dict[str, Any]:
         "every_minutes": spec.every_minutes,
         "idle_minutes": spec.idle_minutes,
         "hours": None if spec.hours is None else str(spec.hours),
+        "total_steps": spec.total_steps,
+        "stop_at_projection": spec.stop_at_projection,
         "options": dict(spec.options),
         "sync_dir": spec.sync_dir,
         "simulation": None
@@ -475,6 +509,8 @@ def _spec(doc: Mapping[str, Any]) -> JobSpec:
         every_minutes=float(doc["every_minutes"]) if doc.get("every_minutes") else None,
         idle_minutes=int(doc.get("idle_minutes", 30)),
         hours=_opt_decimal(doc.get("hours")),
+        total_steps=_opt_int(doc.get("total_steps")),
+        stop_at_projection=bool(doc.get("stop_at_projection", False)),
         options={str(k): str(v) for k, v in dict(doc.get("options") or {}).items()},
         sync_dir=str(doc["sync_dir"]) if doc.get("sync_dir") else None,  # absent before it
         simulation=None
@@ -501,6 +537,8 @@ def job_doc(job: Job) -> dict[str, Any]:
         "heartbeat_unix": job.heartbeat_unix,
         "strays_terminated": list(job.strays_terminated),
         "kept_stopped": list(job.kept_stopped),
+        "stop_requested": job.stop_requested,
+        "stop_requested_unix": job.stop_requested_unix,
         "spec": spec_doc(job.spec),
         "attempts": [attempt_doc(a) for a in job.attempts],
     }
@@ -523,6 +561,8 @@ def parse_job(data: bytes, url: str = "") -> Job:
             heartbeat_unix=float(doc.get("heartbeat_unix", 0.0)),
             strays_terminated=tuple(str(s) for s in doc.get("strays_terminated") or ()),
             kept_stopped=tuple(str(s) for s in doc.get("kept_stopped") or ()),
+            stop_requested=str(doc.get("stop_requested", "")),
+            stop_requested_unix=float(doc.get("stop_requested_unix", 0.0)),
         )
     except (ValueError, KeyError, TypeError) as exc:
         msg = f"{JOB_FILE} in {url or 'the store'} is not a costguard job: {exc}"

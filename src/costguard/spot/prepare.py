@@ -67,6 +67,8 @@ class LaunchRequest:
     sync_dir: str | None = None
     no_alarm_check: bool = False
     yes: bool = False
+    total_steps: int | None = None
+    stop_at_projection: bool = False
 
 
 @dataclass(frozen=True)
@@ -255,6 +257,8 @@ def new_spec(
         options=dict(options),
         sync_dir=request.sync_dir,
         simulation=simulation,
+        total_steps=request.total_steps,
+        stop_at_projection=request.stop_at_projection,
     )
 
 

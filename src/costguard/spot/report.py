@@ -12,12 +12,15 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
 from costguard.money import format_usd
 from costguard.shell import command
 from costguard.spot.controller import handle_label, summarise
 from costguard.spot.job import Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
+from costguard.spot.projection import Projection, duration
+from costguard.spot.projection import document as projection_doc
 
 #: What ``--max-price`` does on each provider, besides filtering the offers.
 MAX_PRICE_REACH = {
@@ -41,11 +44,18 @@ def usd(amount: Decimal) -> str:
 
 
 def estimate_lines(
-    spec: JobSpec, offer: Offer, fallback: Offer | None, as_of: str, offers: Sequence[Offer] = ()
+    spec: JobSpec,
+    offer: Offer,
+    fallback: Offer | None,
+    as_of: str,
+    offers: Sequence[Offer] = (),
+    pace: Pace | None = None,
 ) -> list[str]:
     """The estimate shown before the confirmation; a line indented by two spaces belongs to
     the line before it. An unverified price is said to be one, and so is a cheaper
-    unverified offer in ``offers`` that the pick passed over."""
+    unverified offer in ``offers`` that the pick passed over. With ``--total-steps`` and a
+    pace recorded in the store (a pilot's, an earlier run's), the projection and whether
+    it passes ``--max-total``."""
     simulated = " (simulated on this machine; priced as" if spec.provider == "local" else ""
     where = f"{offer.instance_type} {offer.market.value} in {offer.region}"
     lines = [
@@ -76,6 +86,7 @@ def estimate_lines(
             "if nothing is preempted"
         )
     cap = spec.max_total_usd
+    lines += launch_projection(spec, offer, pace)
     if cap is not None:
         lines.append(
             f"  cap: --max-total {format_usd(cap)} (about {cap / offer.usd_per_hour:.1f} h "
@@ -121,6 +132,29 @@ def estimate_lines(
     return lines
 
 
+def launch_projection(spec: JobSpec, offer: Offer, pace: Pace | None) -> list[str]:
+    """What ``--total-steps`` cost at a pace the store holds, before the launch."""
+    total = spec.total_steps
+    if pace is None or total is None or not pace.steps_measured:
+        return []
+    seconds = total * pace.wall_seconds_per_step
+    usd_total = offer.usd_per_hour * Decimal(str(seconds)) / 3600
+    lines = [
+        f"  projection: {total} steps x {pace.wall_seconds_per_step:.3g} s/step (measured on "
+        f"{pace.device}{', a pilot' if pace.pilot else ''}) = {duration(seconds)}, "
+        f"{usd(usd_total)} if nothing is preempted"
+    ]
+    cap = spec.max_total_usd
+    if cap is not None and usd_total > cap:
+        then = (
+            "--stop-at-projection saves and stops the job once its projection passes it"
+            if spec.stop_at_projection
+            else "the job stops when the money is spent, unfinished"
+        )
+        lines.append(f"  Warning: the projection passes --max-total {format_usd(cap)}: {then}")
+    return lines
+
+
 def latest_checkpoint(url: str) -> dict[str, Any] | None:
     """The newest committed checkpoint of the job (the final one once it succeeded)."""
     from costguard.checkpoint.inventory import inventory
@@ -136,12 +170,54 @@ def latest_checkpoint(url: str) -> dict[str, Any] | None:
     return {"name": latest.name, "step": latest.step, "reason": latest.reason}
 
 
+def projection_of(job: Job, now_unix: float) -> Projection | None:
+    """The job's projection from the pace its script recorded (``None`` without one, or
+    when the store cannot be read now: the report goes on without it)."""
+    from costguard.checkpoint.pace import read_pace
+    from costguard.spot.prepare import open_store
+    from costguard.spot.projection import of_job
+
+    try:
+        pace = read_pace(open_store(job.spec.checkpoint_url))
+    except CostguardError:
+        return None
+    return of_job(job, pace, now_unix)
+
+
+def job_status(url: str) -> dict[str, Any]:
+    """The job at checkpoint ``url`` as ``costguard jobs status --format json`` reports it:
+    attempts, cost so far, and with a recorded pace its ``projection`` (finish time,
+    projected total). The notebook API (``costguard.job_status(url)``).
+    """
+    import time
+
+    from costguard.errors import InputError
+    from costguard.settings import Settings
+    from costguard.spot.job import load_job
+    from costguard.spot.prepare import normal_url, offers_for, open_store
+
+    url = normal_url(url)
+    job = load_job(open_store(url))
+    try:
+        offers = offers_for(Settings.load({}), job.spec)
+    except InputError:
+        offers = []
+    now = time.time()
+    return job_document(job, offers, now, latest_checkpoint(url), projection_of(job, now))
+
+
 def job_document(
-    job: Job, offers: Sequence[Offer], now_unix: float, checkpoint: dict[str, Any] | None
+    job: Job,
+    offers: Sequence[Offer],
+    now_unix: float,
+    checkpoint: dict[str, Any] | None,
+    projection: Projection | None = None,
 ) -> dict[str, Any]:
     """The report for scripts (``--format json``)."""
     summary = summarise(job, offers, now_unix)
     return {
+        "elapsed_s": round(now_unix - job.spec.created_unix, 1),
+        "projection": None if projection is None else projection_doc(projection),
         "job_id": job.spec.job_id,
         "status": job.status,
         "reason": job.reason,
@@ -195,7 +271,11 @@ def attempt_rows(job: Job, now_unix: float) -> list[list[str]]:
 
 
 def summary_lines(
-    job: Job, offers: Sequence[Offer], now_unix: float, checkpoint: dict[str, Any] | None
+    job: Job,
+    offers: Sequence[Offer],
+    now_unix: float,
+    checkpoint: dict[str, Any] | None,
+    projection: Projection | None = None,
 ) -> list[str]:
     """What the table's figures add up to; a line indented by two spaces continues the
     line before it."""
@@ -218,6 +298,8 @@ def summary_lines(
         lines.append(f"estimate before launch: {usd(summary.estimate_usd)}")
     for kept in job.kept_stopped:
         lines.append(f"stopped by the provider and kept: {kept}")
+    if projection is not None:
+        lines += projection_lines(job, projection, now_unix)
     if checkpoint is not None:
         final = "final checkpoint" if job.status == "succeeded" else "newest checkpoint"
         lines.append(f"{final}: step {checkpoint['step']} ({checkpoint['name']})")
@@ -233,3 +315,29 @@ def interrupted_line(url: str, *, released: bool) -> str:
         f"{command('costguard', 'launch', '--attach', url)} takes over"
         + ("" if released else " (with --force: this controller could not release it)")
     )
+def projection_lines(job: Job, p: Projection, now_unix: float) -> list[str]:
+    """The finish time and the projected total of a job with a measured pace."""
+    from datetime import UTC, datetime
+
+    elapsed = duration(now_unix - job.spec.created_unix)
+    if p.steps_done >= p.total_steps:
+        finish = "all steps done"
+    else:
+        at = datetime.fromtimestamp(p.finish_unix, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        finish = f"finish in {duration(p.left_s)} (about {at})"
+    lines = [
+        f"elapsed {elapsed}; step {p.steps_done} of {p.total_steps} "
+        f"({p.fraction_done:.0%}) at {p.seconds_per_step:.3g} s/step measured; {finish}"
+    ]
+    if p.projected_total_usd is None:
+        lines.append("projected total: unknown while no attempt runs (its price decides it)")
+        return lines
+    price = "" if p.usd_per_hour is None else f" at {format_usd(p.usd_per_hour, rate=True)}/h"
+    lines.append(
+        f"projected total: {usd(p.projected_total_usd)} (spent {usd(p.spent_usd)} + the "
+        f"rest{price}; relaunches after preemptions not included)"
+    )
+    cap = job.spec.max_total_usd
+    if cap is not None and p.projected_total_usd > cap:
+        lines.append(f"  over --max-total {format_usd(cap)}: the job would stop before it ends")
+    return lines

@@ -62,6 +62,8 @@ class LaunchSpec:
     idle_minutes: int = 30
     every_steps: int | None = None
     every_minutes: float | None = None
+    #: ``--total-steps``: the whole run's steps (``costguard run`` records the pace with it).
+    total_steps: int | None = None
     #: ``--max-price``: the spot price cap, sent to the provider where it takes one (AWS
     #: ``SpotOptions.MaxPrice``, Azure ``billingProfile.maxPrice``; GCP Spot VMs have none).
     max_usd_per_hour: Decimal | None = None
@@ -84,6 +86,8 @@ class LaunchSpec:
             options += ["--every-steps", str(self.every_steps)]
         if self.every_minutes is not None:
             options += ["--every-minutes", repr(float(self.every_minutes))]
+        if self.total_steps is not None:
+            options += ["--total-steps", str(self.total_steps)]
         if self.sync_dir is not None:
             options += ["--sync-dir", self.sync_dir]
         return options

@@ -1,0 +1,307 @@
+"""A training run's measured pace: how long a step takes, recorded next to its checkpoints.
+
+The :class:`~costguard.checkpoint.checkpointer.Checkpointer` times the training between
+two :meth:`~costguard.checkpoint.checkpointer.Checkpointer.step` calls (:class:`PaceMeter`):
+the time spent inside ``step()`` (a save's copy to CPU memory, a wait for the previous
+save) is counted apart, as the checkpoints' overhead, the first save's one-time set-up
+apart from that; the first :data:`WARMUP_STEPS` steps of each process are left out
+(compilation, autotuning, the data loader filling up), and so is a step longer than
+:data:`OUTLIER_FACTOR` times the median of the recent ones (an evaluation, a stall). What
+is left is the pace of training alone, and the record says what was left out.
+
+Rank 0 writes the record (:class:`Pace`) to ``job/pace.json`` in the checkpoint store
+after each save, every :data:`PUBLISH_S` seconds and at the end. ``costguard estimate
+--from-run URL`` turns it into hours, ``costguard jobs status`` into a finish time and a
+projected cost; ``costguard pilot`` stops a script after its first steps
+(:data:`ENV_PILOT_STEPS`) to get one.
+
+>>> meter = PaceMeter(warmup=1)
+>>> for t in range(6):
+...     meter.lap(float(t), t)
+...     meter.resume(t + 0.5)   # 0.5 s inside step(): counted apart
+>>> meter.steps, meter.seconds, meter.warmup_steps, meter.overhead_s
+(4, 2.0, 1, 2.5)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import socket
+import statistics
+import sys
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from costguard.errors import CostguardError, StoreError
+
+logger = logging.getLogger(__name__)
+
+VERSION = 1
+PACE_FILE = "job/pace.json"
+#: ``costguard run --total-steps N``: the steps the whole run takes (for its finish time).
+ENV_TOTAL_STEPS = "COSTGUARD_TOTAL_STEPS"
+#: ``costguard pilot --steps N``: stop the script after N steps, once the pace is recorded.
+ENV_PILOT_STEPS = "COSTGUARD_PILOT_STEPS"
+#: Steps of each process left out at the start (compilation, autotuning, data loading).
+WARMUP_STEPS = 5
+#: A step that takes this many times the median of the recent ones is not a training
+#: step's pace (an evaluation, a stall) and is left out.
+OUTLIER_FACTOR = 3.0
+#: How many recent steps the median is taken over.
+WINDOW = 64
+#: Seconds between two records written while training (besides after each save).
+PUBLISH_S = 60.0
+#: A record is a few hundred bytes; a longer one is not costguard's.
+PACE_BYTES = 64 * 1024
+
+
+class PaceMeter:
+    """Times the training between ``step()`` calls; see the module's docstring."""
+
+    def __init__(self, *, warmup: int = WARMUP_STEPS) -> None:
+        self.warmup = warmup
+        #: Steps measured and the seconds they took (warm-up and outliers left out).
+        self.steps = 0
+        self.seconds = 0.0
+        self.warmup_steps = 0
+        self.outlier_steps = 0
+        self.outlier_s = 0.0
+        #: Seconds inside ``step()`` after the warm-up (save copies, waits for a save);
+        #: ``setup_s``: those of the first save, its one-time set-up.
+        self.overhead_s = 0.0
+        self.setup_s = 0.0
+        #: Steps this process has run (``lap`` calls).
+        self.laps = 0
+        self._resumed_s: float | None = None
+        self._lapped_s: float | None = None
+        self._recent: deque[float] = deque(maxlen=WINDOW)
+
+    def lap(self, now_s: float, steps_done: int) -> None:
+        """A step ended at ``now_s`` (``step()`` was called); ``steps_done`` is unused but
+        for the count of laps this process ran."""
+        del steps_done
+        self.laps += 1
+        self._lapped_s = now_s
+        if self._resumed_s is None:
+            return  # the first step of this process: from its start, not measurable
+        took = max(0.0, now_s - self._resumed_s)
+        self._resumed_s = None
+        if self.warmup_steps < self.warmup:
+            self.warmup_steps += 1
+            return
+        if len(self._recent) >= 3 and took > OUTLIER_FACTOR * statistics.median(self._recent):
+            self.outlier_steps += 1
+            self.outlier_s += took
+            return
+        self._recent.append(took)
+        self.steps += 1
+        self.seconds += took
+
+    def resume(self, now_s: float, *, setup: bool = False) -> None:
+        """Training resumed at ``now_s`` (``step()`` returned); ``setup``: this call made the
+        process's first save (its time is a one-time set-up, not a save's usual cost)."""
+        if self._lapped_s is not None and self.warmup_steps >= self.warmup:
+            inside = max(0.0, now_s - self._lapped_s)
+            if setup:
+                self.setup_s += inside
+            else:
+                self.overhead_s += inside
+        self._resumed_s = now_s
+
+
+@dataclass(frozen=True)
+class Pace:
+    """What ``job/pace.json`` holds: the measured pace and what it was measured on."""
+
+    steps_measured: int
+    seconds_measured: float
+    #: The newest step done (completed steps) when the record was written.
+    steps_done: int
+    updated_unix: float
+    started_unix: float
+    warmup_steps: int = 0
+    outlier_steps: int = 0
+    outlier_s: float = 0.0
+    #: Durable saves of this process; the seconds training spent inside ``step()`` (their
+    #: copies, waits for a save) after the warm-up, the first save's set-up apart.
+    saves: int = 0
+    overhead_s: float = 0.0
+    setup_s: float = 0.0
+    #: The whole run's steps, when the script or ``--total-steps`` said it.
+    total_steps: int | None = None
+    #: The accelerator (``torch.cuda.get_device_name``), ``cpu`` when none was in use.
+    device: str = "cpu"
+    ranks: int = 1
+    host: str = ""
+    job_id: str = ""
+    attempt: int | None = None
+    #: Whether a pilot wrote it (``costguard pilot``: the script was stopped after it).
+    pilot: bool = False
+
+    @property
+    def seconds_per_step(self) -> float:
+        """The measured seconds a training step takes (``nan`` with no step measured)."""
+        return self.seconds_measured / self.steps_measured if self.steps_measured else math.nan
+
+    @property
+    def wall_seconds_per_step(self) -> float:
+        """Seconds a step takes on the wall clock: its pace, the slow steps among them
+        (evaluations) and the time inside ``step()`` (saves), the first save's set-up
+        apart (``nan`` with no step measured).
+
+        >>> Pace(90, 90.0, 100, 2.0, 1.0, outlier_steps=10, outlier_s=50.0,
+        ...      overhead_s=10.0).wall_seconds_per_step
+        1.5
+        """
+        steps = self.steps_measured + self.outlier_steps
+        wall = self.seconds_measured + self.outlier_s + self.overhead_s
+        return wall / steps if self.steps_measured else math.nan
+
+    def to_json(self) -> bytes:
+        """The record as UTF-8 JSON."""
+        return json.dumps({"version": VERSION, **asdict(self)}, sort_keys=True).encode()
+
+
+def parse_pace(data: bytes) -> Pace | None:
+    """The record in ``data``; ``None`` unless every field has its type and range (anyone
+    who can write the store can write the file).
+
+    >>> parse_pace(Pace(10, 5.0, 12, 2.0, 1.0).to_json()).seconds_per_step
+    0.5
+    >>> [parse_pace(d) for d in (b"[]", b"{}", b'{"version": 1, "steps_measured": -1}')]
+    [None, None, None]
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        return None
+
+    def count(name: str, *, optional: bool = False) -> bool:
+        value = doc.get(name)
+        if optional and value is None:
+            return True
+        return type(value) is int and 0 <= value < 2**63
+
+    def seconds(name: str) -> bool:
+        value = doc.get(name, 0.0)
+        return (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and 0 <= value < 2**40
+        )
+
+    texts = ("device", "host", "job_id")
+    if not (
+        all(count(n) for n in ("steps_measured", "steps_done"))
+        and all(count(n) for n in ("warmup_steps", "outlier_steps", "saves", "ranks") if n in doc)
+        and all(count(n, optional=True) for n in ("total_steps", "attempt"))
+        and all(seconds(n) for n in ("seconds_measured", "updated_unix", "started_unix"))
+        and all(seconds(n) for n in ("outlier_s", "overhead_s", "setup_s"))
+        and all(isinstance(doc.get(n, ""), str) for n in texts)
+        and isinstance(doc.get("pilot", False), bool)
+    ):
+        return None
+    fields = Pace.__dataclass_fields__
+    known = {k: v for k, v in doc.items() if k in fields}
+    for name in texts:
+        if name in known:
+            known[name] = known[name][:200]
+    for name in ("seconds_measured", "updated_unix", "started_unix", "outlier_s"):
+        if name in known:
+            known[name] = float(known[name])
+    for name in ("overhead_s", "setup_s"):
+        if name in known:
+            known[name] = float(known[name])
+    return Pace(**known)
+
+
+class PaceError(CostguardError):
+    """``job/pace.json`` is there and is not a costguard pace record."""
+
+
+class _Store(Protocol):
+    url: str
+
+    def put(self, path: str, data: bytes) -> None: ...
+
+    def get(self, path: str, max_bytes: int | None = None) -> bytes: ...
+
+
+def write_pace(store: _Store, pace: Pace) -> None:
+    """Store ``pace`` as ``job/pace.json`` (one atomic write)."""
+    store.put(PACE_FILE, pace.to_json())
+
+
+def read_pace(store: _Store) -> Pace | None:
+    """The store's pace record, ``None`` when there is none; :class:`PaceError` when it is
+    not a costguard pace record (too long, not JSON, a field out of range)."""
+    from costguard.checkpoint.store import TooLargeError
+
+    try:
+        pace = parse_pace(store.get(PACE_FILE, max_bytes=PACE_BYTES))
+    except TooLargeError:
+        pace = None
+    except StoreError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+    if pace is None:
+        msg = f"{PACE_FILE} in {store.url} is not a costguard pace record"
+        raise PaceError(msg, hint="was it written by another costguard version?")
+    return pace
+
+
+def device_name() -> str:
+    """The CUDA device this process trains on, when CUDA is in use; else ``cpu``.
+
+    Never initialises CUDA (a script that does not use it is not made to).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "cpu"
+    try:
+        if not torch.cuda.is_initialized():
+            return "cpu"
+        return str(torch.cuda.get_device_name(torch.cuda.current_device()))
+    except (RuntimeError, AttributeError, AssertionError):
+        return "cpu"
+
+
+def host_name() -> str:
+    """This machine's name, for the record."""
+    return socket.gethostname()[:200]
+
+
+def describe(pace: Pace) -> str:
+    """The measurement in words, for an assumption line.
+
+    >>> describe(Pace(190, 95.0, 200, 2.0, 1.0, warmup_steps=5, device="NVIDIA A10G"))
+    '190 steps measured over 95.0 s on NVIDIA A10G (0.5000 s/step; 5 warm-up steps left out)'
+    """
+    left_out = [f"{pace.warmup_steps} warm-up steps"] if pace.warmup_steps else []
+    if pace.outlier_steps:
+        left_out.append(
+            f"{pace.outlier_steps} slow steps ({pace.outlier_s:.1f} s: evaluation or stalls)"
+        )
+    if pace.saves or pace.overhead_s:
+        left_out.append(
+            f"{pace.overhead_s:.1f} s inside step() around {pace.saves} saves (and "
+            f"{pace.setup_s:.1f} s of the first's set-up)"
+        )
+    where = pace.device if pace.ranks == 1 else f"{pace.ranks} ranks, {pace.device} each"
+    text = (
+        f"{pace.steps_measured} steps measured over {pace.seconds_measured:.1f} s on {where} "
+        f"({pace.seconds_per_step:.4f} s/step"
+    )
+    return text + (f"; {', '.join(left_out)} left out)" if left_out else ")")
+
+
+def as_dict(pace: Pace) -> dict[str, Any]:
+    """The record as a JSON-ready mapping."""
+    return asdict(pace)

@@ -1,0 +1,117 @@
+"""``costguard pilot``: run a script's first steps here, measure them, price the whole run.
+
+The script runs under ``costguard run`` (its Checkpointer times the steps and records the
+pace in the store) and is stopped after ``--steps``; then the answer of ``costguard
+estimate --from-run`` is printed for ``--total-steps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from costguard.cli.estimate import speedup_option
+from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
+
+EXAMPLES = """
+\b
+Examples:
+  costguard pilot --steps 200 --total-steps 20000 -- python train.py
+  costguard pilot --steps 200 --gpu a10g --speedup 1 --format json \\
+      -- python train.py          # measured off an A10G: the speed-up
+\b
+In train.py the loop calls Checkpointer.from_env(...).step(step, ...) after
+each step (as under costguard run); it is stopped after --steps steps.
+"""
+
+
+@click.command(
+    "pilot",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog=EXAMPLES,
+    short_help="Time a script's first steps here and price the whole run from them.",
+)
+@click.option(
+    "--steps",
+    "pilot_steps",
+    type=WholeNumber(10, 10**7),
+    required=True,
+    help="Run this many steps of the script, then stop it.",
+)
+@click.option(
+    "--total-steps",
+    type=WholeNumber(1, 10**12),
+    help="The whole run's steps to price [default: the script's Checkpointer(total_steps=N)].",
+)
+@click.option(
+    "--checkpoint",
+    "url",
+    type=StoreUrl(),
+    default="costguard-pilot/",
+    show_default=True,
+    help="Where the pilot's pace is recorded (estimate --from-run reads it again later).",
+)
+@click.option("--gpu", type=Name(), help="Price this GPU [default: the one measured on].")
+@speedup_option
+@click.option(
+    "--provider", "providers", type=Name(), multiple=True, help="aws, gcp or azure (repeatable)."
+)
+@click.option("--region", "regions", type=Name(), multiple=True, help="Region (repeatable).")
+@click.option(
+    "--spot/--on-demand", "spot", default=None, help="Only spot, or only on-demand [both]."
+)
+@table_or_json("table for people, json for scripts.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.pass_context
+def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -> None:
+    """Run COMMAND (after --) for --steps steps, then price --total-steps at that pace.
+
+    The pace is the training's alone: the first steps (warm-up), slow ones (evaluation)
+    and save stalls are left out, and the answer says so. Prices come from the tables,
+    as for costguard estimate.
+    """
+    from costguard.checkpoint.pace import read_pace
+    from costguard.checkpoint.supervisor import supervise
+    from costguard.cli.estimate import estimate_command
+    from costguard.errors import CostguardError, InputError
+    from costguard.secrets import redact
+    from costguard.spot.prepare import normal_url, open_store
+
+    def say(line: str) -> None:
+        click.echo(f"costguard pilot: {redact(line)}", err=True)
+
+    code = supervise(
+        command,
+        url=options["url"],
+        every_steps=None,
+        every_minutes=None,
+        keep=1,
+        cloud="none",
+        signal_mode="auto",
+        quiet=True,
+        say=say,
+        pilot_steps=options["pilot_steps"],
+    )
+    if code != 0:
+        msg = f"the script exited with {code} before its pilot steps were measured"
+        raise CostguardError(msg, hint="run it once with costguard run to see why")
+    if read_pace(open_store(normal_url(options["url"]))) is None:
+        msg = "the script recorded no pace: its loop never called Checkpointer.step()"
+        raise InputError(
+            msg,
+            hint="after each training step: ckpt.step(step, model=model, ...), with ckpt = "
+            "Checkpointer.from_env(...)",
+        )
+    ctx.invoke(
+        estimate_command,
+        from_run=options["url"],
+        steps=options["total_steps"],
+        gpus=(options["gpu"],) if options["gpu"] else (),
+        speedup=options["speedup"],
+        providers=options["providers"],
+        regions=options["regions"],
+        spot=options["spot"],
+        output_format=options["output_format"],
+    )

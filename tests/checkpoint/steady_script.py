@@ -1,0 +1,34 @@
+"""A training loop whose step time is steady (a sleep), for the pilot's accuracy test.
+
+Run as a child of ``costguard run`` or ``costguard pilot``. It prints ``LOOP <seconds>``:
+the wall time of its steps (after the restore, before the final save), which a pilot's
+projection is compared with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from costguard.checkpoint import Checkpointer
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--sleep", type=float, required=True)
+    args = parser.parse_args()
+    ckpt = Checkpointer.from_env(default="checkpoints/")
+    extra = {"done": 0}
+    start = ckpt.restore(extra=extra)
+    began = time.monotonic()
+    for step in range(start, args.steps):
+        time.sleep(args.sleep)
+        extra["done"] = step + 1
+        ckpt.step(step, extra=extra)
+    print(f"LOOP {time.monotonic() - began:.4f}", flush=True)
+    ckpt.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""`costguard pilot`: a script's first steps, timed under costguard run, priced for the
+whole run; and the pilot's accuracy against the same script's full run, on this machine."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+STEADY = Path(__file__).with_name("steady_script.py")
+#: Every child process is bounded by this (the machine may be shared and slow).
+TIMEOUT_S = 600
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without any COSTGUARD_* setting of an outer run."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
+
+
+@pytest.mark.slow
+def test_a_200_step_pilot_predicts_the_2000_step_run(run_cli, tmp_path: Path) -> None:
+    steady = [sys.executable, str(STEADY), "--steps", "2000", "--sleep", "0.005"]
+    pilot = run_cli(
+        "pilot", "--steps", "200", "--total-steps", "2000", "--checkpoint", str(tmp_path / "p"),
+        "--gpu", "a10g", "--speedup", "1", "--format", "json", "--", *steady,
+    )  # fmt: skip
+    assert pilot.exit_code == 0, pilot.stderr
+    doc = pilot.json()
+    source = doc["query"]["hours_from"]
+    assert source["pilot"] is True
+    assert source["steps"] == 2000
+    assert source["device"] == "cpu"
+    assert source["scaled"] is True
+    # Every step is accounted for: 200 less the first (from the start) and the warm-up.
+    assert source["steps_measured"] + source["slow_steps_left_out"] == 200 - 1 - 5
+    predicted_s = source["seconds_per_step"] * 2000
+    full = subprocess.run(
+        steady,
+        env={**clean_env(), "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "full")},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=True,
+    )
+    loop_s = float(next(line.split()[1] for line in full.stdout.splitlines() if "LOOP" in line))
+    print(f"pilot predicted {predicted_s:.2f} s, the 2000-step run took {loop_s:.2f} s")
+    assert abs(predicted_s - loop_s) / loop_s <= 0.15
+
+
+@pytest.mark.parametrize(
+    ("script", "code", "said"),
+    [
+        ("pass", 2, "the script recorded no pace"),
+        ("raise SystemExit(3)", 1, "the script exited with 3"),
+    ],
+)
+def test_a_script_without_a_pace_is_refused(
+    run_cli, tmp_path: Path, script: str, code: int, said: str
+) -> None:
+    result = run_cli(
+        "pilot", "--steps", "20", "--checkpoint", str(tmp_path / "p"), "--", sys.executable,
+        "-c", script,
+    )  # fmt: skip
+    assert result.exit_code == code, result.stderr
+    assert f"Error: {said}" in result.stderr
+    assert "Hint: " in result.stderr
+
+
+@pytest.mark.parametrize("args", [("--steps", "5"), ("--steps", "20")])
+def test_bad_pilot_input(run_cli, tmp_path: Path, args: tuple[str, ...]) -> None:
+    command = () if args[1] == "20" else ("--", sys.executable, "-c", "pass")
+    result = run_cli("pilot", *args, *command)
+    assert result.exit_code == 2
+    assert "Error: " in result.stderr
