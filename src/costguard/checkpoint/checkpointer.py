@@ -613,10 +613,12 @@ class Checkpointer:
         ``objects`` are :meth:`step`'s keyword arguments (``model=``, ``optimizer=``, ...),
         or ``parts`` the same as one :class:`~costguard.checkpoint.state.TrainState`.
         Blocks for the copy to CPU memory (and, with ``block``, until the save is durable);
-        a sharded state blocks until its shards are written and committed (only retention
-        is left to the background). Returns ``None`` when ``when_busy="skip"`` and a save
-        is still in flight, and on ranks other than 0 (under a process group every rank
-        must call it: each sends its own RNG and loader state to rank 0).
+        a sharded state copies what changed when that is at most a quarter of each rank's
+        state (a LoRA fine-tune after its first save), and otherwise blocks until its shards
+        are written and committed (see :mod:`~costguard.checkpoint.sharded`); a sharded save
+        always waits for the one before it. Returns ``None`` when ``when_busy="skip"`` and a
+        save is still in flight, and on ranks other than 0 (under a process group every
+        rank must call it: each sends its own RNG and loader state to rank 0).
         """
         if parts is None:
             parts = TrainState(**objects)
@@ -703,6 +705,7 @@ class Checkpointer:
             staged,
             self._shard_pool,
         )
+        future: Future[SaveResult] | None
         if staged.copied:
             future = self._saver.sharded(job, coordinator=coordinator)
         else:

@@ -327,7 +327,7 @@ def save_planner(tensors: Mapping[str, Any]) -> Any:
     state it plans from (whose DTensors then serve only for their shapes and layout)."""
     from torch.distributed.checkpoint import default_planner
 
-    class _StagedPlanner(default_planner.DefaultSavePlanner):  # type: ignore[misc]
+    class _StagedPlanner(default_planner.DefaultSavePlanner):
         def lookup_object(self, index: Any) -> Any:
             staged = tensors.get(index.fqn)
             return staged if staged is not None else super().lookup_object(index)

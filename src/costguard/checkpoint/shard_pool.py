@@ -127,12 +127,12 @@ class ShardPool:
             and tensor.untyped_storage().data_ptr() not in self._trainable
         )
 
-    def stage(self, fqn: str, value: Any) -> bool:
+    def stage(self, fqn: str, value: Any, local: Any) -> bool:
         """On the training thread, for each tensor of the state DCP saves (``fqn`` as DCP
-        names it, ``value`` a tensor or DTensor): note whether its chunk is pooled, and
-        say whether it is unchanged since the last committed save (then it need not be
-        copied: the save refers to its pool object, or hashes the live tensor to confirm)."""
-        local = _local(value)
+        names it, ``value`` a tensor or DTensor, ``local`` its local tensor): note whether
+        its chunk is pooled, and say whether it is unchanged since the last committed save
+        (then it need not be copied: the save refers to its pool object, or hashes the
+        live tensor to confirm)."""
         if not self.pooled(fqn, local):
             return False
         chunk = (fqn, _offsets(value))

@@ -26,8 +26,16 @@ on any number of ranks. costguard's guarantees stay on top:
   index); ``dcp.metadata``, ``train.pt`` and DCP's non-tensor values (an optimizer's
   ``param_groups``) load with ``torch.load(weights_only=True)``.
 
-A sharded save runs on the training thread: DCP's collectives must not interleave with
-the training loop's. ``model`` and ``optimizer`` may be sharded; the other parts are
+* **Training waits for a copy, not for the write.** The training thread only stages the
+  save (:func:`stage`: no collective): the pooled chunks unchanged since the last save
+  are referred to, the rest is copied into warm CPU buffers, and the shards are written
+  from that copy on the save thread (:func:`write`), over a process group of the save's
+  own, so DCP's collectives never interleave with the training loop's. A save that would
+  copy more than :data:`COPY_SHARE` of the rank's state (the first one, a model that
+  trains everything) copies nothing and is written before training resumes: sharded
+  models are split to fit, and a second copy would double their memory.
+
+``model`` and ``optimizer`` may be sharded; the other parts are
 replicated or per rank and go into ``train.pt``. Restoring on another number of ranks
 reshards the model and optimizer exactly; each rank's RNG and loader state come back only
 on as many ranks as saved (otherwise they start afresh, with a warning).
@@ -298,7 +306,7 @@ def stage(
             total += size
             # Only a DTensor's local tensor can be left out of the copy (a plain tensor is
             # copied where it lies in the state); a pooled one is still noted.
-            if pool.stage(fqn, value) and isinstance(value, DTensor):
+            if pool.stage(fqn, value, local) and isinstance(value, DTensor):
                 staged.tensors[fqn] = local.detach()
                 continue
             left += size
@@ -312,6 +320,7 @@ def stage(
         copied = copier.copy(
             {**taken, "train": staged.train} if staged.copied else {}, keep=DTensor
         )
+        copier.released = []
         if staged.copied:
             staged.state, staged.rank, staged.train = (
                 copied["state"],
