@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from costguard.checkpoint import Checkpointer
 from costguard.checkpoint.incremental import CONFIRM_EVERY
 from costguard.checkpoint.manifest import MANIFEST_FILE, parse_manifest, pool_object, scan
+from costguard.checkpoint.saving import SaveResult
 from costguard.checkpoint.store import Store
 from tests.checkpoint.fsdp_train import lora_model
 from tests.checkpoint.test_sharded import full
@@ -127,3 +130,66 @@ def test_a_frozen_shard_written_past_its_version_counter_is_stored_again(
     with Checkpointer(url) as again:
         assert again.restore(model=restored, optimizer=restored_opt) == CONFIRM_EVERY + 2
     assert_bitwise_equal(full(restored, restored_opt), full(model, opt))
+
+
+def lora_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def test_an_incremental_sharded_save_returns_before_its_shards_are_written(
+    one_rank: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: the training loop waited for DCP's whole save (planning, collectives,
+    the index) even when only the adapters had changed. Once the frozen shards are in the
+    pool, a save copies what changed and returns; the shards are written on the save
+    thread, from that copy: the loop may train on at once, and the checkpoint still holds
+    the state of the step saved. A save that would copy most of the state (the first
+    one: the frozen shards are new) writes it before it returns, as before."""
+    caller = threading.current_thread()
+    returned, caller_wrote = threading.Event(), threading.Event()
+    writes: list[tuple[str, bool, bool]] = []  # object, on the caller's thread, after return
+    write_stream = Store.write_stream
+
+    def watched(self: Store, path: str, produce: Any, **options: Any) -> tuple[int, str]:
+        here = threading.current_thread() is caller
+        if here:
+            caller_wrote.set()
+        for _ in range(0 if here else 2400):  # until save() returns (or writes here itself)
+            if returned.wait(0.05) or caller_wrote.is_set():
+                break
+        writes.append((path.rsplit("/", 1)[-1], here, returned.is_set()))
+        return write_stream(self, path, produce, **options)
+
+    def save(step: int) -> Future[SaveResult] | None:
+        writes.clear()
+        returned.clear()
+        caller_wrote.clear()
+        return ckpt.save(step, model=model, optimizer=opt)
+
+    monkeypatch.setattr(Store, "write_stream", watched)
+    model, opt = sharded_lora()
+    url = str(tmp_path / "ckpt")
+    with Checkpointer(url) as ckpt:
+        lora_step(model, opt)
+        future = save(0)
+        returned.set()
+        assert future is not None
+        assert future.result().ok
+        assert ("shard-00000.distcp", True, False) in writes, writes  # written, then returned
+        lora_step(model, opt)
+        expected = full(model, opt)
+        future = save(1)
+        lora_step(model, opt)  # the loop goes on before a byte of the save is written
+        returned.set()
+        assert future is not None
+        result = future.result()
+    assert result.ok, result.error
+    assert {name for name, _, _ in writes} >= {"shard-00000.distcp", "train.pt"}
+    assert not any(here for _, here, _ in writes), writes
+    assert result.uploaded_bytes <= 0.05 * result.size_bytes
+    restored, restored_opt = sharded_lora(seed=99)
+    with Checkpointer(url) as again:
+        assert again.restore(model=restored, optimizer=restored_opt) == 2
+    assert_bitwise_equal(full(restored, restored_opt), expected)

@@ -34,6 +34,7 @@ restore uses, and what counts as corrupt or only unreadable, is
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -280,6 +281,10 @@ class Checkpointer:
         self._sharded: bool | None = None
         #: A sharded state's frozen chunks, stored once in the pool (this rank's).
         self._shard_pool = ShardPool(enabled=incremental)
+        #: The warm buffers a sharded save copies its state into (see sharded.stage).
+        self._shard_copier = state_mod.CpuCopier()
+        #: The process group a sharded save writes over (made at the first one).
+        self._save_group: Group | None = None
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
         self.total_steps = total_steps
@@ -516,6 +521,7 @@ class Checkpointer:
 
     def _restore_sharded(self, train: TrainState) -> None:
         """:meth:`restore` of a sharded state: every rank verifies and loads its part."""
+        self._saver.wait()  # a save in flight still reads the pool's records
         group = Group.current()
         if group is None:  # pragma: no cover - detect() found a process group
             msg = "no process group"
@@ -725,10 +731,12 @@ class Checkpointer:
         ``objects`` are :meth:`step`'s keyword arguments (``model=``, ``optimizer=``, ...),
         or ``parts`` the same as one :class:`~costguard.checkpoint.state.TrainState`.
         Blocks for the copy to CPU memory (and, with ``block``, until the save is durable);
-        a sharded state blocks until its shards are written and committed (only retention
-        is left to the background). Returns ``None`` when ``when_busy="skip"`` and a save
-        is still in flight, and on ranks other than 0 (under a process group every rank
-        must call it: each sends its own RNG and loader state to rank 0).
+        a sharded state copies what changed when that is at most a quarter of each rank's
+        state (a LoRA fine-tune after its first save), and otherwise blocks until its shards
+        are written and committed (see :mod:`~costguard.checkpoint.sharded`); a sharded save
+        always waits for the one before it. Returns ``None`` when ``when_busy="skip"`` and a
+        save is still in flight, and on ranks other than 0 (under a process group every
+        rank must call it: each sends its own RNG and loader state to rank 0).
         """
         if parts is None:
             parts = TrainState(**objects)
@@ -746,10 +754,7 @@ class Checkpointer:
         # Every rank of a sharded model gets here with its shards: all decide alike, at the
         # first save (sharding does not change during a run).
         if self._is_sharded(parts):
-            sharded = self._save_sharded(step, reason, parts)
-            if block and sharded is not None:
-                sharded.result()  # retention too
-            return sharded
+            return self._save_sharded(step, reason, parts, block=block)
         group = self._coordination()
         ranks: list[Any] | None = None
         if group is not None:
@@ -785,8 +790,17 @@ class Checkpointer:
             future.result()
         return future
 
-    def _save_sharded(self, step: int, reason: str, parts: TrainState) -> Future[SaveResult] | None:
-        """:meth:`save` of a sharded state, on every rank together, on this thread."""
+    def _save_sharded(
+        self, step: int, reason: str, parts: TrainState, *, block: bool
+    ) -> Future[SaveResult] | None:
+        """:meth:`save` of a sharded state, on every rank together.
+
+        The state is staged on this thread (:func:`~costguard.checkpoint.sharded.stage`);
+        when it was copied, the shards are written on the background thread, over a
+        process group of the save's own (DCP's collectives never meet training's), and
+        training goes on; otherwise they are written here before training resumes. The
+        next save, on every rank, waits for this one first.
+        """
         group = Group.current()
         if group is None:  # pragma: no cover - detect() found a process group
             msg = "no process group"
@@ -794,14 +808,30 @@ class Checkpointer:
         steps_done = step + 1
         self._last_steps_done = steps_done
         self._last_save_s = self._clock()
-        self._saver.wait()  # the previous save's retention (rank 0)
-        name = group.broadcast(checkpoint_name(steps_done, secrets.token_hex(4)))
-        result, manifest = sharded_mod.save(
-            self.store, group, name, steps_done, parts, reason, self._shard_pool
+        self._saver.wait()  # the previous save, written (and on rank 0 retained)
+        if self._save_group is None:
+            self._save_group = group.side()
+        coordinator = group.rank == 0
+        staged = sharded_mod.stage(
+            parts, steps_done, reason, self._shard_pool, self._shard_copier, coordinator=coordinator
         )
-        if group.rank != 0:
-            return None
-        return self._saver.completed(result, manifest)
+        job = functools.partial(
+            sharded_mod.write,
+            self.store,
+            self._save_group,
+            checkpoint_name(steps_done, secrets.token_hex(4)),  # rank 0's counts
+            staged,
+            self._shard_pool,
+        )
+        future: Future[SaveResult] | None
+        if staged.copied:
+            future = self._saver.sharded(job, coordinator=coordinator)
+        else:
+            result, manifest = job()
+            future = self._saver.completed(result, manifest) if coordinator else None
+        if block and future is not None:
+            future.result()  # retention too
+        return future if coordinator else None
 
     def _emergency(self, step: int, notice: Notice, parts: TrainState) -> bool:
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
@@ -842,7 +872,10 @@ class Checkpointer:
         self._arm_deadline(notice)
         if self._last_steps_done != step + 1:  # the same on every rank: saves are collective
             self._save(step, f"notice:{notice.source}-{notice.kind}", parts, hurry=True)
-        result = self.flush(self._wait_s(notice)) if group.rank == 0 else None
+        # Every rank waits for its own part of the save (written in the background).
+        result = self.flush(self._wait_s(notice))
+        if group.rank != 0:
+            result = None
         # Every rank waits here for rank 0's save: a rank that exited early would make a
         # launcher like torchrun kill the others, rank 0 included, before it is durable.
         outcome = group.broadcast(

@@ -173,9 +173,9 @@ def storage_writer(store: Store, folder: str, pool: ShardPool | None = None) -> 
             for item in plan.items:
                 if pool is not None and item.type != WriteItemType.BYTE_IO:
                     data = planner.resolve_data(item)
-                    if pool.pooled(item.index.fqn, data):
-                        offsets = tuple(int(n) for n in item.index.offset or ())
-                        entry = pool.place(store, item.index.fqn, offsets, data, hash_aside=True)
+                    chunk = (item.index.fqn, tuple(int(n) for n in item.index.offset or ()))
+                    entry = pool.place(store, chunk, data, hash_aside=True)
+                    if entry is not None:
                         stored = Stored(entry.name, 0, entry.size_bytes, *_described(data))
                         results.append(
                             WriteResult(item.index, entry.size_bytes, _Written(stored, entry))
@@ -198,8 +198,9 @@ def storage_writer(store: Store, folder: str, pool: ShardPool | None = None) -> 
                         upload.write(data.getbuffer())
                         stored = Stored(name, offset, upload.size - offset)
                     else:
-                        # dcp.save is synchronous: the state is left unchanged until it
-                        # returns, so the hash may run on past this write.
+                        # What is written (a copy staged for this save, or the live
+                        # state of a save training waits for) stays unchanged until the
+                        # save ends, so the hash may run on past this write.
                         upload.write_held(_tensor_bytes(data))
                         stored = Stored(name, offset, upload.size - offset, *_described(data))
                     chunks.append((item.index, stored))
@@ -318,6 +319,20 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             return where
 
     return _Reader()
+
+
+def save_planner(tensors: Mapping[str, Any]) -> Any:
+    """DCP's save planner, writing the tensor of each name in ``tensors`` (DCP's
+    flattened name -> the local tensor staged for this save) in place of the one in the
+    state it plans from (whose DTensors then serve only for their shapes and layout)."""
+    from torch.distributed.checkpoint import default_planner
+
+    class _StagedPlanner(default_planner.DefaultSavePlanner):
+        def lookup_object(self, index: Any) -> Any:
+            staged = tensors.get(index.fqn)
+            return staged if staged is not None else super().lookup_object(index)
+
+    return _StagedPlanner()
 
 
 def load_planner(*, whole: bool = False) -> Any:

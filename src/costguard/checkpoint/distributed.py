@@ -54,20 +54,23 @@ FILE_POLL_S = 0.2
 
 
 class Group:
-    """The collectives the Checkpointer needs, over the default process group.
+    """The collectives the Checkpointer needs, over the default process group (or ``pg``).
 
-    All calls are collective: every rank must make them in the same order. They run on
-    the training thread only (never the background save thread), so they cannot interleave
-    with other collectives of the training loop.
+    All calls are collective: every rank must make them in the same order. Over the
+    default group they run on the training thread only, so they cannot interleave with
+    other collectives of the training loop; a background save uses a group of its own
+    (:meth:`side`).
     """
 
-    def __init__(self, dist: Any) -> None:
+    def __init__(self, dist: Any, pg: Any = None) -> None:
         self._dist = dist
-        self.rank = int(dist.get_rank())
-        self.world_size = int(dist.get_world_size())
+        #: The process group (``None``: the default one).
+        self.pg = pg
+        self.rank = int(dist.get_rank(pg))
+        self.world_size = int(dist.get_world_size(pg))
         torch = self._torch = sys.modules["torch"]
         device = "cpu"
-        if "nccl" in str(dist.get_backend()).lower():  # NCCL reduces GPU tensors only
+        if "nccl" in str(dist.get_backend(pg)).lower():  # NCCL reduces GPU tensors only
             device = f"cuda:{torch.cuda.current_device()}"
         self._flags = torch.zeros(4, dtype=torch.int32, device=device)
         self._max = dist.ReduceOp.MAX
@@ -83,28 +86,33 @@ class Group:
             return None
         return cls(dist)
 
+    def side(self) -> Group:
+        """A new gloo group of the same ranks, for collectives off the training thread
+        (a background sharded save); collective (every rank creates it at once)."""
+        return Group(self._dist, self._dist.new_group(backend="gloo"))
+
     def decide(self, local: Decision) -> Decision:
         """One ``all_reduce(MAX)`` of four integers: the decision every rank shares."""
         self._flags.copy_(self._torch.tensor(local.flags(), dtype=self._torch.int32))
-        self._dist.all_reduce(self._flags, op=self._max)
+        self._dist.all_reduce(self._flags, op=self._max, group=self.pg)
         return decide([[int(v) for v in self._flags.tolist()]])
 
     def gather(self, value: Any) -> list[Any] | None:
         """Every rank's ``value`` on rank 0 (in rank order); ``None`` on the other ranks."""
         out: list[Any] | None = [None] * self.world_size if self.rank == 0 else None
-        self._dist.gather_object(value, out, dst=0)
+        self._dist.gather_object(value, out, dst=0, group=self.pg)
         return out
 
     def all_gather(self, value: Any) -> list[Any]:
         """Every rank's ``value`` on every rank (in rank order)."""
         out: list[Any] = [None] * self.world_size
-        self._dist.all_gather_object(out, value)
+        self._dist.all_gather_object(out, value, group=self.pg)
         return out
 
     def broadcast(self, value: Any) -> Any:
         """Rank 0's ``value`` on every rank."""
         box = [value if self.rank == 0 else None]
-        self._dist.broadcast_object_list(box, src=0)
+        self._dist.broadcast_object_list(box, src=0, group=self.pg)
         return box[0]
 
     def any(self, flag: bool) -> bool:

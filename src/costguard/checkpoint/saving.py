@@ -150,34 +150,54 @@ class Saver:
     def completed(self, result: SaveResult, manifest: Manifest | None) -> Future[SaveResult]:
         """A save written on the caller's thread (a sharded save): recorded as if written
         here; retention, as after any commit, runs on the background thread."""
+        self._committed(result, manifest)
+        future = self._executor.submit(self._retained, result, manifest)
+        self._inflight = future
+        return future
+
+    def sharded(
+        self, job: Callable[[], tuple[SaveResult, Manifest | None]], *, coordinator: bool
+    ) -> Future[SaveResult]:
+        """Run a sharded save's ``job`` (every rank's part of it) on the background thread;
+        on the coordinator it is recorded, and followed by retention, as any save."""
+
+        def run() -> SaveResult:
+            result, manifest = job()
+            if not coordinator:
+                return result
+            self._committed(result, manifest)
+            return self._retained(result, manifest)
+
+        future = self._executor.submit(run)
+        self._inflight = future
+        return future
+
+    def _committed(self, result: SaveResult, manifest: Manifest | None) -> None:
         if manifest is not None:
             self.restorer.remember(manifest)
             self.saved_steps_done = result.step
 
-        def finish() -> SaveResult:
-            done = result
-            if manifest is not None:
-                done = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
-                logger.info(
-                    "costguard: saved step %d as %s (%s, %.1f s)",
-                    done.step,
-                    done.name,
-                    human_size(done.size_bytes),
-                    done.save_s,
-                )
-            else:
-                logger.error(
-                    "costguard: the save of step %d failed; training goes on and the previous "
-                    "checkpoints are intact: %s",
-                    done.step,
-                    done.error,
-                )
-            self._record(done)
-            return done
-
-        future = self._executor.submit(finish)
-        self._inflight = future
-        return future
+    def _retained(self, result: SaveResult, manifest: Manifest | None) -> SaveResult:
+        """After a sharded save: retention, the log line, the record."""
+        done = result
+        if manifest is not None:
+            done = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
+            logger.info(
+                "costguard: saved step %d as %s (%s, %.1f s)",
+                done.step,
+                done.name,
+                human_size(done.size_bytes),
+                done.save_s,
+            )
+        else:
+            logger.error(
+                "costguard: the save of step %d failed; training goes on and the previous "
+                "checkpoints are intact: %s",
+                done.step,
+                done.error,
+            )
+        self._record(done)
+        return done
 
     def _write(
         self,

@@ -11,16 +11,19 @@ manifest lists each pool object the checkpoint needs, so verification, retention
 resharded restore (DCP reads whatever chunks the new layout needs) treat it like any
 other object.
 
-**Not written again.** A chunk unchanged since this rank's last committed save (the same
-storage, address, shape, strides, dtype and version counter, as
-:func:`~costguard.checkpoint.incremental.tensor_key` decides) refers to the pool object
-that save stored, without reading the data; that object cannot have been deleted, as the
-newest committed checkpoint refers to it. Each unchanged chunk is still hashed at one save
-in :data:`~costguard.checkpoint.incremental.CONFIRM_EVERY` (staggered): a write past the
-version counter is then caught, stored afresh, and the chunk is hashed at every save from
-then on. A chunk that did change is hashed and written, even when an earlier save wrote
-the same bytes (another rank's retention may have deleted that object since). After a
-restore on as many ranks as saved, the chunks loaded from pool objects count as unchanged.
+**Not written again.** Before a save copies anything, on the training thread,
+:meth:`ShardPool.stage` decides for each chunk: one unchanged since this rank's last
+committed save (the same storage, address, shape, strides, dtype and version counter, as
+:func:`~costguard.checkpoint.incremental.tensor_key` decides) is neither copied nor
+written: the save refers to the pool object that save stored, without reading the data;
+that object cannot have been deleted, as the newest committed checkpoint refers to it.
+Each unchanged chunk is still hashed at one save in
+:data:`~costguard.checkpoint.incremental.CONFIRM_EVERY` (staggered, from the live tensor,
+on the save thread): a write past the version counter is then caught, stored afresh, and
+the chunk is copied at every save from then on. A chunk that did change is copied with
+the rest, hashed and written, even when an earlier save wrote the same bytes (another
+rank's retention may have deleted that object since). After a restore on as many ranks as
+saved, the chunks loaded from pool objects count as unchanged.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ class _Record:
     saves_left: int  # saves until it is hashed again to confirm it
 
 
+@dataclass
+class _Staged:
+    """One pooled chunk of the save in flight, as the training thread found it."""
+
+    tensor: Any  # the live local tensor
+    key: tuple[Any, ...]
+    unchanged: bool  # since the last committed save: not copied, referred to
+
+
 def _local(tensor: Any) -> Any:
     """A DTensor's local shard; any other tensor itself."""
     to_local = getattr(tensor, "to_local", None)
@@ -71,9 +83,11 @@ class ShardPool:
         self.enabled = enabled
         #: Chunk -> its record, as of the last committed save.
         self._records: dict[Chunk, _Record] = {}
+        #: The pooled chunks of the save in flight (:meth:`stage`).
+        self._staged: dict[Chunk, _Staged] = {}
         #: What the save in flight placed; becomes :attr:`_records` when it commits.
         self._pending: dict[Chunk, _Record] = {}
-        #: Chunks found changed past their version counter: hashed at every save.
+        #: Chunks found changed past their version counter: copied at every save.
         self._untrusted: set[Chunk] = set()
         self._trainable: set[int] = set()
         #: Whether the save in flight pools (enabled, and the model is a module).
@@ -85,7 +99,7 @@ class ShardPool:
         """A save starts: note which storages train (their chunks are never pooled)."""
         import torch
 
-        self._pending, self.written_bytes = {}, 0
+        self._staged, self._pending, self.written_bytes = {}, {}, 0
         # Only a module can say which of its parameters train.
         self._active = self.enabled and isinstance(model, torch.nn.Module)
         found = set()
@@ -113,32 +127,49 @@ class ShardPool:
             and tensor.untyped_storage().data_ptr() not in self._trainable
         )
 
-    def place(
-        self, store: Store, fqn: str, offsets: tuple[int, ...], tensor: Any, *, hash_aside: bool
-    ) -> ObjectEntry:
-        """The pool object holding this chunk's bytes, written when not known unchanged."""
-        chunk = (fqn, offsets)
-        key = tensor_key(tensor)
-        size = tensor.numel() * tensor.element_size()
+    def stage(self, fqn: str, value: Any, local: Any) -> bool:
+        """On the training thread, for each tensor of the state DCP saves (``fqn`` as DCP
+        names it, ``value`` a tensor or DTensor, ``local`` its local tensor): note whether
+        its chunk is pooled, and say whether it is unchanged since the last committed save
+        (then it need not be copied: the save refers to its pool object, or hashes the
+        live tensor to confirm)."""
+        if not self.pooled(fqn, local):
+            return False
+        chunk = (fqn, _offsets(value))
+        key = tensor_key(local)
         record = self._records.get(chunk)
         unchanged = record is not None and record.key == key and chunk not in self._untrusted
-        if record is not None and unchanged and record.saves_left > 1:
+        self._staged[chunk] = _Staged(local.detach(), key, unchanged)
+        return unchanged
+
+    def place(
+        self, store: Store, chunk: Chunk, tensor: Any, *, hash_aside: bool
+    ) -> ObjectEntry | None:
+        """The pool object holding this chunk's bytes (``tensor``: what the save writes,
+        a copy or the live tensor), written when not known unchanged; ``None`` for a chunk
+        :meth:`stage` did not pool."""
+        staged = self._staged.get(chunk)
+        if staged is None:
+            return None
+        size = tensor.numel() * tensor.element_size()
+        record = self._records.get(chunk)
+        if record is not None and staged.unchanged and record.saves_left > 1:
             left, digest = record.saves_left - 1, record.sha256
         else:
             cpu = tensor if tensor.device.type == "cpu" else tensor.cpu()
             # Staggered: about one chunk in CONFIRM_EVERY is confirmed at each save.
             digest, left = sha256_of(cpu), CONFIRM_EVERY - len(self._pending) % CONFIRM_EVERY
-            if record is not None and unchanged and digest != record.sha256:
+            if record is not None and staged.unchanged and digest != record.sha256:
                 logger.warning(
                     "costguard: %s changed without its version counter moving (written "
                     "through .data, NumPy or a custom kernel?); it is stored as it is now, "
-                    "and hashed at every save from now on",
-                    fqn,
+                    "and copied at every save from now on",
+                    chunk[0],
                 )
                 self._untrusted.add(chunk)
             if record is None or digest != record.sha256:
                 self._write(store, digest, tensor_bytes(cpu), hash_aside=hash_aside)
-        self._pending[chunk] = _Record(tensor.detach(), key, digest, size, left)
+        self._pending[chunk] = _Record(staged.tensor, staged.key, digest, size, left)
         return ObjectEntry(digest, size, digest, pool=True)
 
     def _write(self, store: Store, digest: str, view: memoryview, *, hash_aside: bool) -> None:
@@ -152,7 +183,7 @@ class ShardPool:
         """The save ended (on every rank alike): its chunks are what the next compares with."""
         if ok:
             self._records = self._pending
-        self._pending = {}
+        self._staged, self._pending = {}, {}
 
     def adopt(
         self,

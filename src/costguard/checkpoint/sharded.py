@@ -26,8 +26,16 @@ on any number of ranks. costguard's guarantees stay on top:
   index); ``dcp.metadata``, ``train.pt`` and DCP's non-tensor values (an optimizer's
   ``param_groups``) load with ``torch.load(weights_only=True)``.
 
-A sharded save runs on the training thread: DCP's collectives must not interleave with
-the training loop's. ``model`` and ``optimizer`` may be sharded; the other parts are
+* **Training waits for a copy, not for the write.** The training thread only stages the
+  save (:func:`stage`: no collective): the pooled chunks unchanged since the last save
+  are referred to, the rest is copied into warm CPU buffers, and the shards are written
+  from that copy on the save thread (:func:`write`), over a process group of the save's
+  own, so DCP's collectives never interleave with the training loop's. A save that would
+  copy more than :data:`COPY_SHARE` of the rank's state (the first one, a model that
+  trains everything) copies nothing and is written before training resumes: sharded
+  models are split to fit, and a second copy would double their memory.
+
+``model`` and ``optimizer`` may be sharded; the other parts are
 replicated or per rank and go into ``train.pt``. Restoring on another number of ranks
 reshards the model and optimizer exactly; each rank's RNG and loader state come back only
 on as many ranks as saved (otherwise they start afresh, with a warning).
@@ -42,6 +50,7 @@ import sys
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 from costguard import __version__
@@ -50,6 +59,7 @@ from costguard.checkpoint.dcp_storage import (
     METADATA,
     load_planner,
     object_entry,
+    save_planner,
     storage_reader,
     storage_writer,
 )
@@ -77,6 +87,9 @@ logger = logging.getLogger(__name__)
 TRAIN = "train.pt"
 #: The parts that may hold sharded tensors (saved through DCP).
 SHARDED_PARTS = ("model", "optimizer")
+#: A save copies the state (and returns before it is written) when what it must copy is
+#: at most this share of the rank's state (see :func:`stage`).
+COPY_SHARE = 0.25
 
 
 class ShardedStateError(InputError):
@@ -211,14 +224,14 @@ def apply_dcp_state(parts: TrainState, state: Mapping[str, Any]) -> None:
         optimizer.load_state_dict(state["optimizer"])
 
 
-def train_state(steps_done: int, parts: TrainState, ranks: list[Any]) -> dict[str, Any]:
-    """What goes into ``train.pt``: everything but the sharded parts."""
+def train_state(steps_done: int, parts: TrainState) -> dict[str, Any]:
+    """What goes into ``train.pt`` but every rank's own state (``ranks``): everything but
+    the sharded parts."""
     state: dict[str, Any] = {
         "format": state_mod.STATE_FORMAT,
         "step": steps_done,
         "epoch": parts.epoch,
         "extra": dict(parts.extra) if parts.extra is not None else None,
-        "ranks": ranks,
     }
     for key in ("scheduler", "scaler"):
         obj = getattr(parts, key)
@@ -227,46 +240,142 @@ def train_state(steps_done: int, parts: TrainState, ranks: list[Any]) -> dict[st
     return state
 
 
-# -- save and restore (collective) ---------------------------------------------------
+# -- save (collective) and restore (collective) --------------------------------------
 
 
-def save(
-    store: Store,
-    group: Group,
-    name: str,
-    steps_done: int,
+@dataclass
+class Staged:
+    """One rank's part of a sharded save, taken on the training thread (:func:`stage`),
+    for :func:`write`."""
+
+    steps_done: int
+    reason: str
+    epoch: int | None
+    #: The state DCP plans the save from: with ``copied``, its values copied but for the
+    #: DTensors, which serve for their shapes and layout only (see ``tensors``).
+    state: dict[str, Any] = field(default_factory=dict)
+    #: DCP's name of each DTensor -> the local tensor written: a copy, or the live one
+    #: (a pooled chunk unchanged since the last save, or without ``copied``).
+    tensors: dict[str, Any] = field(default_factory=dict)
+    #: This rank's RNG and loader state; on the coordinator, ``train.pt`` but ``ranks``.
+    rank: dict[str, Any] = field(default_factory=dict)
+    train: dict[str, Any] | None = None
+    #: Whether the state was copied: training may go on while :func:`write` runs.
+    copied: bool = False
+    started: float = 0.0
+    stall_s: float = 0.0
+    #: Why the state could not be staged on this rank (then no rank writes anything).
+    error: str | None = None
+
+
+def stage(
     parts: TrainState,
+    steps_done: int,
     reason: str,
-    pool: ShardPool | None = None,
-) -> tuple[SaveResult, Manifest | None]:
-    """Save the sharded state as checkpoint ``name``; every rank calls it (collective).
+    pool: ShardPool,
+    copier: state_mod.CpuCopier,
+    *,
+    coordinator: bool,
+) -> Staged:
+    """This rank's part of a save, on the training thread; no collective, never raises.
 
-    Every rank writes its shards (its frozen ones to ``pool``, when given and not already
-    there), rank 0 also ``train.pt``; rank 0 writes the manifest only when every object
-    is durable. Every rank gets the same outcome; rank 0 also the committed manifest.
+    The pooled chunks unchanged since the last save (see :meth:`ShardPool.stage`) are
+    not copied. When what is left to copy is at most :data:`COPY_SHARE` of this rank's
+    state (a LoRA fine-tune: the adapters and their optimizer state), it is copied into
+    warm CPU buffers and the save can be written while training goes on; otherwise
+    (the first save, a model that trains everything) nothing is copied and the save is
+    written before training resumes, as without a copy: a second copy of the whole state
+    would double the memory a sharded model is split to save.
+    """
+    staged = Staged(steps_done, reason, parts.epoch, started=time.perf_counter())
+    try:
+        torch = state_mod._torch()
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+        from torch.distributed.tensor import DTensor
+
+        pool.begin(parts.model, parts.optimizer)
+        staged.state = dcp_state(parts)
+        flat, _ = flatten_state_dict(staged.state)
+        live: dict[str, Any] = {}
+        total = left = 0
+        for fqn, value in flat.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            local = value.to_local() if isinstance(value, DTensor) else value
+            size = local.numel() * local.element_size()
+            total += size
+            # Only a DTensor's local tensor can be left out of the copy (a plain tensor is
+            # copied where it lies in the state); a pooled one is still noted.
+            if pool.stage(fqn, value, local) and isinstance(value, DTensor):
+                staged.tensors[fqn] = local.detach()
+                continue
+            left += size
+            if isinstance(value, DTensor):
+                live[fqn] = local
+        staged.rank = state_mod.capture_rank(parts.loader)
+        staged.train = train_state(steps_done, parts) if coordinator else None
+        staged.copied = left <= COPY_SHARE * total
+        taken = {"state": staged.state, "tensors": live, "rank": staged.rank}
+        # Without a copy, the warm buffers of earlier copies are given back.
+        copied = copier.copy(
+            {**taken, "train": staged.train} if staged.copied else {}, keep=DTensor
+        )
+        copier.released = []
+        if staged.copied:
+            staged.state, staged.rank, staged.train = (
+                copied["state"],
+                copied["rank"],
+                copied["train"],
+            )
+            staged.tensors.update(copied["tensors"])
+        else:
+            staged.tensors = {}  # the live state as it lies
+    except Exception as exc:
+        staged.error, staged.copied = _describe(exc), False
+    staged.stall_s = time.perf_counter() - staged.started
+    return staged
+
+
+def write(
+    store: Store, group: Group, name: str, staged: Staged, pool: ShardPool
+) -> tuple[SaveResult, Manifest | None]:
+    """Write the save :func:`stage` took as checkpoint ``name`` (rank 0's name counts);
+    every rank calls it, on ``group``, on the save thread when the state was copied.
+
+    Every rank writes its shards (its frozen ones to ``pool`` when not already there),
+    rank 0 also ``train.pt``; rank 0 writes the manifest only when every object is
+    durable. Every rank gets the same outcome; rank 0 also the committed manifest.
     Errors are reported in the result, never raised.
     """
     from torch.distributed import checkpoint as dcp
 
-    started = time.perf_counter()
-    ranks = group.gather(state_mod.capture_rank(parts.loader))
+    gathered = group.gather((staged.error, staged.rank))
     error: str | None = None
+    ranks: list[Any] | None = None
+    if gathered is not None:
+        error = next((f"rank {r}: {e}" for r, (e, _) in enumerate(gathered) if e), None)
+        ranks = [rank for _, rank in gathered]
+    name, error = group.broadcast((name, error))
     objects: list[ObjectEntry] = []
     train: Future[tuple[int, str]] | None = None
-    if pool is not None:
-        pool.begin(parts.model, parts.optimizer)
+    writer = storage_writer(store, name, pool)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="costguard-train-pt") as executor:
-        if ranks is not None:
+        if error is None and ranks is not None and staged.train is not None:
             # Rank 0 writes train.pt while its shards go out: both are on its critical path.
-            snapshot = train_state(steps_done, parts, ranks)
+            snapshot = {**staged.train, "ranks": ranks}
             train = executor.submit(
                 store.write_stream,
                 f"{name}/{TRAIN}",
                 lambda file: state_mod.torch_save(snapshot, file),
             )
-        writer = storage_writer(store, name, pool)
         try:
-            dcp.save(dcp_state(parts), storage_writer=writer)
+            if error is None:
+                dcp.save(
+                    staged.state,
+                    storage_writer=writer,
+                    planner=save_planner(staged.tensors),
+                    process_group=group.pg,
+                )
         except (Exception, dcp.CheckpointException) as exc:  # DCP's is a BaseException
             error = _describe(exc)
     if train is not None:
@@ -278,13 +387,13 @@ def save(
     if group.rank == 0 and error is None:
         manifest = Manifest(
             name=name,
-            step=steps_done,
+            step=staged.steps_done,
             created_unix=time.time(),
             objects=tuple(sorted([*objects, *writer.objects])),
-            epoch=parts.epoch,
+            epoch=staged.epoch,
             library_version=__version__,
             format_version=SHARDED_FORMAT_VERSION,
-            reason=reason,
+            reason=staged.reason,
             extra={"layout": "dcp", "world_size": group.world_size},
         )
         try:
@@ -293,19 +402,20 @@ def save(
         except Exception as exc:
             error, manifest = _describe(exc), None
     error = group.broadcast(error)
-    if pool is not None:
-        pool.committed(error is None)
+    pool.committed(error is None)
     written = group.gather(writer.written_bytes)
     size = manifest.size_bytes if manifest is not None else 0
     unique = {o.name: o.size_bytes for o in manifest.objects} if manifest is not None else {}
+    save_s = time.perf_counter() - staged.started
     result = SaveResult(
         name,
-        steps_done,
-        reason,
+        staged.steps_done,
+        staged.reason,
         ok=error is None,
         size_bytes=size,
-        stall_s=time.perf_counter() - started,  # the loop waited for all of it
-        save_s=time.perf_counter() - started,
+        # Training waited for the copy; without one, for all of it.
+        stall_s=staged.stall_s if staged.copied else save_s,
+        save_s=save_s,
         error=error,
         # The shards and new pool objects every rank wrote, train.pt and dcp.metadata.
         uploaded_bytes=sum(written or ()) + sum(unique.get(n, 0) for n in (TRAIN, METADATA)),

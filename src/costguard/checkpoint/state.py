@@ -227,19 +227,22 @@ class CpuCopier:
         #: The buffers the last copy dropped (freed when this list goes).
         self.released: list[Any] = []
 
-    def copy(self, state: Any) -> Any:
-        """A deep copy of ``state`` whose tensors live in (reused) CPU memory."""
+    def copy(self, state: Any, *, keep: Any = ()) -> Any:
+        """A deep copy of ``state`` whose tensors live in (reused) CPU memory; values of
+        the types ``keep`` stay as they are (not copied)."""
         seen: set[str] = set()
-        out = self._copy(state, "", seen, _torch().Tensor)
+        out = self._copy(state, "", seen, _torch().Tensor, keep)
         # Drop buffers of tensors that no longer exist (e.g. a parameter group removed, or
         # frozen tensors an incremental save no longer copies); the caller may free them
         # elsewhere (:attr:`released`): giving back hundreds of MB takes a while.
         self.released = [self._buffers.pop(key) for key in set(self._buffers) - seen]
         return out
 
-    def _copy(self, value: Any, path: str, seen: set[str], tensor: Any) -> Any:
+    def _copy(self, value: Any, path: str, seen: set[str], tensor: Any, keep: Any) -> Any:
         if isinstance(value, int | float | str | None):
             return value  # immutable leaves, first: the RNG states hold over 1,000 ints
+        if keep and isinstance(value, keep):
+            return value
         if isinstance(value, tensor):
             seen.add(path)
             src = value.detach()
@@ -259,13 +262,14 @@ class CpuCopier:
                 buf.copy_(src)
             return buf
         if isinstance(value, Mapping):
-            return {k: self._copy(v, f"{path}/{k}", seen, tensor) for k, v in value.items()}
+            return {k: self._copy(v, f"{path}/{k}", seen, tensor, keep) for k, v in value.items()}
         if isinstance(value, list):
             if all(isinstance(v, int | float | str | None) for v in value):
                 return list(value)  # a list of plain values (an RNG state): no walk
-            return [self._copy(v, f"{path}/{i}", seen, tensor) for i, v in enumerate(value)]
+            return [self._copy(v, f"{path}/{i}", seen, tensor, keep) for i, v in enumerate(value)]
         if isinstance(value, tuple):
-            return tuple(self._copy(v, f"{path}/{i}", seen, tensor) for i, v in enumerate(value))
+            items = enumerate(value)
+            return tuple(self._copy(v, f"{path}/{i}", seen, tensor, keep) for i, v in items)
         return value  # other immutable values
 
 
