@@ -20,7 +20,7 @@ import pytest
 
 import costguard
 from costguard.alarms.spec import alarm_spec
-from costguard.checkpoint.foldersync import folder_kind
+from costguard.checkpoint.completion import folder_kind
 from costguard.errors import InputError
 from costguard.pricing.refresh.parse import aws_zone_region
 from costguard.reaper.gcp import check_locations

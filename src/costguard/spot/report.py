@@ -315,6 +315,8 @@ def interrupted_line(url: str, *, released: bool) -> str:
         f"{command('costguard', 'launch', '--attach', url)} takes over"
         + ("" if released else " (with --force: this controller could not release it)")
     )
+
+
 def projection_lines(job: Job, p: Projection, now_unix: float) -> list[str]:
     """The finish time and the projected total of a job with a measured pace."""
     from datetime import UTC, datetime
