@@ -86,6 +86,7 @@ NOT_SWEPT = {
     ("checkpoint export", "--to"): "a file of the user's own file system (click.Path)",
     ("burn", "--plot"): "a file of the user's own file system (click.Path)",
     ("jobs status", "--plot"): "a file of the user's own file system (click.Path)",
+    ("spend", "--plot"): "a file of the user's own file system (click.Path)",
     ("pricing check", "--pricing-dir"): "a folder of the user's own file system (click.Path)",
 }
 

@@ -21,6 +21,7 @@ Examples:
   costguard pilot --steps 200 --total-steps 20000 -- python train.py
   costguard pilot --steps 200 --gpu a10g --speedup 1 --format json \\
       -- python train.py          # measured off an A10G: the speed-up
+
 \b
 In train.py the loop calls Checkpointer.from_env(...).step(step, ...) after
 each step (as under costguard run); it is stopped after --steps steps.
