@@ -197,8 +197,9 @@ def test_retention_deletes_whole_sharded_folders_and_abandoned_partials(
             train(model, opt)
             ckpt.step(step, model=model, optimizer=opt)
     assert not partial.exists()  # abandoned and older than a committed one: garbage
-    kept = sorted(p.name for p in Path(url).iterdir())
+    kept = sorted(p.name for p in Path(url).iterdir() if p.name != "job")
     assert len(kept) == 2
+    assert [p.name for p in (Path(url) / "job").iterdir()] == ["pace.json"]  # the pace only
     assert not {names[0], names[1]} & set(kept)
     for name in kept:  # each kept one whole: every object its manifest lists
         manifest = json.loads((Path(url) / name / MANIFEST_FILE).read_text())
