@@ -461,3 +461,15 @@ def test_missing_forged_or_disagreeing_gpu_series_never_stop_a_gpu_that_was_busy
         assert verdict.action is Action.KEEP or (gpu_missing_ok and no_gpu_data), verdict
     else:
         assert verdict.action is Action.STOP, verdict
+
+
+def test_a_gpu_named_with_no_sample_at_all_keeps_the_instance() -> None:
+    """Hypothesis found it: the adapter named GPU 0 but its series held no sample (silent
+    for longer than the lookback) and there was no instance series. The GPU signal then had
+    no witness, and the verdict stopped the VM as if --gpu-missing-ok had been given."""
+    samples = InstanceSamples(
+        ELIGIBLE, gpu=(), cpu=QUIET, network=QUIET, gpu_missing=None, per_gpu=(("0", ()),)
+    )
+    verdict = judge_idle(samples, IdlePolicy(), NOW)
+    assert verdict.action is Action.KEEP, verdict
+    assert verdict.code is Reason.NO_METRICS

@@ -42,6 +42,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any, Literal
 
 from costguard.checkpoint import incremental as incremental_mod
@@ -291,6 +292,8 @@ class Checkpointer:
         self.pilot_steps = pilot_steps
         #: The training's pace between step() calls (see :mod:`~costguard.checkpoint.pace`).
         self.pace_meter = PaceMeter()
+        #: The latest pace record queued on the background thread (:meth:`flush` waits).
+        self._pace_written: Future[None] | None = None
         self._started_unix = time.time()
         self._published_s = clock()
         #: The save (its steps done) after which the pace was last published.
@@ -673,7 +676,7 @@ class Checkpointer:
             except CostguardError as exc:
                 logger.warning("costguard: could not record the pace: %s", exc.message)
 
-        written = self._saver.background(write)
+        written = self._pace_written = self._saver.background(write)
         if block:
             written.result()
 
@@ -968,11 +971,20 @@ class Checkpointer:
         return self._stop(notice, result, None)
 
     def flush(self, timeout_s: float | None = None) -> SaveResult | None:
-        """Wait until the save in flight is durable; its result (``None`` if none ran).
+        """Wait until the save in flight is durable, and the pace record queued after it
+        is written; the save's result (``None`` if none ran).
 
         With a timeout that passes first, returns ``None`` and the save goes on.
         """
-        return self._saver.flush(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        result = self._saver.flush(timeout_s)
+        if self._pace_written is not None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                self._pace_written.result(timeout=left)
+            except FutureTimeoutError:
+                return None
+        return result
 
     def close(self, *, final: bool = True, timeout_s: float | None = None) -> None:
         """Commit the final state, wait for the save in flight, stop listening for notices.

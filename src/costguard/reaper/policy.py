@@ -198,7 +198,7 @@ class InstanceSamples:
             return (("", self.series(signal)),)
         named = [("instance series", self.gpu)] if self.gpu else []
         named += [(f"GPU {gpu}", series) for gpu, series in self.per_gpu if series]
-        return tuple(named)
+        return tuple(named) or (("", ()),)  # no GPU series at all: a witness with no samples
 
 
 @dataclass(frozen=True)
