@@ -20,11 +20,24 @@ import csv
 import io
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import date
 from decimal import Decimal
 from typing import Any, NoReturn
 
 from costguard.errors import CostguardError
+from costguard.money import format_usd
+from costguard.pricing.catalog import Market
+from costguard.pricing.estimate import CostOption
+from costguard.pricing.interruptions import (
+    COST_LINE,
+    Checkpointing,
+    Interruptions,
+    cheaper_on_demand,
+    checkpoint_line,
+    effective_total_usd,
+    expected,
+)
 
 #: The advisor's file, as AWS serves it and as a ``--from`` mirror holds it.
 ADVISOR_FILE = "spot-advisor-data.json"
@@ -215,3 +228,147 @@ def no_figure_reason(provider: str, region: str, instance_type: str) -> str:
     return NO_FIGURE.get(
         provider, f"the AWS Spot Instance Advisor lists no figure for {instance_type} in {region}"
     )
+
+
+#: How a band is read as a rate, in the assumptions.
+CONVERSION = (
+    "the share p of capacity reclaimed over a 30-day month read as a constant hazard: "
+    "-ln(1 - p) / 30 preemptions a day, p the band's midpoint (>20%: 20%, a lower bound)"
+)
+
+
+@dataclass(frozen=True)
+class AdvisorFigures:
+    """Each spot row's preemptions under ``--interruptions-per-day advisor``: the rows
+    of the advisor table (dated ``as_of``) that name its place and type, and the model's
+    result at the rate of their band; a row the table lacks has none."""
+
+    checkpointing: Checkpointing
+    as_of: date
+    source: str
+    bands: Mapping[tuple[str, str, str], InterruptionRow]
+    figures: Mapping[tuple[str, str, str], Interruptions]
+
+    def band(self, option: CostOption) -> InterruptionRow | None:
+        """The advisor row of a spot option, if the table has one."""
+        if option.market is not Market.SPOT:
+            return None
+        return self.bands.get((option.provider, option.region, option.instance_type))
+
+    def interruptions(self, option: CostOption) -> Interruptions | None:
+        """The model's result for a spot option at its band's rate, if it has one."""
+        return self.figures.get((option.provider, option.region, option.instance_type))
+
+
+def advisor_figures(
+    work_hours: Decimal,
+    checkpointing: Checkpointing,
+    rows: Sequence[InterruptionRow],
+    options: Sequence[CostOption],
+    *,
+    as_of: date,
+    source: str,
+) -> AdvisorFigures:
+    """The figures of the spot ``options`` that the advisor rows cover (AWS only)."""
+    table = index_by_place(rows)
+    bands: dict[tuple[str, str, str], InterruptionRow] = {}
+    figures: dict[tuple[str, str, str], Interruptions] = {}
+    for option in options:
+        key = (option.provider, option.region, option.instance_type)
+        row = table.get(key)
+        if option.market is not Market.SPOT or row is None or key in figures:
+            continue
+        bands[key] = row
+        figures[key] = expected(work_hours, replace(checkpointing, per_day=row.rate_per_day))
+    return AdvisorFigures(checkpointing, as_of, source, bands, figures)
+
+
+def _place(option: CostOption) -> str:
+    return f"{option.provider} {option.region} {option.instance_type}"
+
+
+def _spot(options: Sequence[CostOption]) -> list[CostOption]:
+    return [o for o in options if o.market is Market.SPOT]
+
+
+def assumption_lines(advisor: AdvisorFigures, options: Sequence[CostOption]) -> list[str]:
+    """What the spot rows assume: the source and its date, the conversion, each row's
+    band and rate, why a row has none, and the checkpoint figures."""
+    lines = [
+        f"spot: preemptions a day from the AWS Spot Instance Advisor band of each AWS "
+        f"row's region and type (table as of {advisor.as_of}): {CONVERSION}"
+    ]
+    missing: dict[str, list[str]] = {}
+    for option in _spot(options):
+        row = advisor.band(option)
+        if row is None:
+            reason = no_figure_reason(option.provider, option.region, option.instance_type)
+            missing.setdefault(reason, []).append(f"{option.provider} {option.region}")
+            continue
+        bound = ", a lower bound" if row.band.lower_bound else ""
+        lines.append(
+            f"{_place(option)}: band {row.band.label} -> {row.rate_per_day} preemptions "
+            f"a day{bound}"
+        )
+    for reason, places in missing.items():
+        lines.append(f"no preemption figure for spot in {', '.join(places)}: {reason}")
+    return [*lines, checkpoint_line(advisor.checkpointing), COST_LINE]
+
+
+def advice_lines(advisor: AdvisorFigures, options: Sequence[CostOption]) -> list[str]:
+    """Per spot row with a band: the preemptions expected and the effective hours, and
+    whether on-demand is cheaper there for this job."""
+    lines = []
+    for option in _spot(options):
+        e = advisor.interruptions(option)
+        row = advisor.band(option)
+        if e is None or row is None:
+            continue
+        line = (
+            f"{_place(option)} ({row.band.label}): {e.expected_preemptions:.1f} "
+            f"preemption(s) expected, {e.effective_hours:.1f} effective hours"
+        )
+        same_place = [
+            o for o in options if (o.provider, o.region) == (option.provider, option.region)
+        ]
+        for on_demand, _ in cheaper_on_demand(same_place, e):
+            line += f"; on-demand is cheaper here ({format_usd(on_demand.total_usd)})"
+        lines.append(line)
+    return lines
+
+
+def document(advisor: AdvisorFigures) -> dict[str, object]:
+    """The ``interruptions`` part of ``estimate --format json`` under the advisor."""
+    c = advisor.checkpointing
+    return {
+        "preemptions_per_day": ADVISOR_WORD,
+        "every_minutes": c.every_minutes,
+        "save_seconds": c.save_seconds,
+        "restart_minutes": c.restart_minutes,
+        "advisor_as_of": advisor.as_of.isoformat(),
+        "advisor_source": advisor.source,
+        "conversion": CONVERSION,
+    }
+
+
+def option_fields(advisor: AdvisorFigures, option: CostOption) -> dict[str, object]:
+    """A spot option's JSON fields under the advisor: its band and rate and the model's
+    result, or why it has none."""
+    row = advisor.band(option)
+    e = advisor.interruptions(option)
+    if row is None or e is None:
+        return {
+            "interruption_band": None,
+            "preemptions_per_day": None,
+            "no_preemption_figure": no_figure_reason(
+                option.provider, option.region, option.instance_type
+            ),
+        }
+    return {
+        "interruption_band": row.band.label,
+        "interruption_band_lower_bound": row.band.lower_bound,
+        "preemptions_per_day": row.rate_per_day,
+        "expected_preemptions": e.expected_preemptions,
+        "effective_hours": e.effective_hours,
+        "effective_total_usd": effective_total_usd(option, e),
+    }
