@@ -430,6 +430,9 @@ Sources (estimate and pricing show never reach the network; refresh does):
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses
+  DIR/spot-advisor-data.json  the AWS Spot Instance Advisor's file (optional:
+                           rewrites interruptions.csv, its spot interruption
+                           bands)
   DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they
                            were downloaded (else: the records' own dates, or
                            the files')
@@ -593,6 +596,13 @@ def _refresh_document(report: RefreshReport) -> dict[str, Any]:
             {"table": t.name, "as_of": t.as_of.isoformat(), "source": t.source}
             for t in report.tables
         ],
+        "interruptions": None
+        if report.interruptions is None
+        else {
+            "rows": len(report.interruptions.rows),
+            "as_of": report.interruptions.as_of.isoformat(),
+            "source": report.interruptions.source,
+        },
     }
 
 
@@ -615,8 +625,17 @@ def _print_refresh(report: RefreshReport) -> None:
         if report.written
         else f"Nothing written: {report.output} is as it was"
     )
-    _print_rows(title, list(rows[0]), rows)
-    if not report.written:
+    if rows:
+        _print_rows(title, list(rows[0]), rows)
+    else:
+        click.echo(title)
+    if report.interruptions is not None:
+        table = report.interruptions
+        click.echo(
+            f"Spot interruption bands: {len(table.rows)} rows as of {table.as_of} "
+            "(interruptions.csv, from the Spot Instance Advisor's file)"
+        )
+    if not report.written or not report.providers:
         return
     render.print_notes(
         [

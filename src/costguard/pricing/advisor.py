@@ -139,6 +139,15 @@ class InterruptionRow:
         return rate_per_day(self.band)
 
 
+@dataclass(frozen=True)
+class InterruptionTable:
+    """A new interruption table: its rows, the date of its figures and their source."""
+
+    rows: tuple[InterruptionRow, ...]
+    as_of: date
+    source: str
+
+
 def rows_from_advisor(data: Any, instance_types: Collection[str]) -> tuple[InterruptionRow, ...]:
     """The rows for ``instance_types`` (AWS) in every region the advisor lists them in
     (Linux), sorted by region and type.
