@@ -81,3 +81,12 @@ def test_rows_from_the_recorded_file_keep_only_gpu_types() -> None:
 def test_a_file_of_another_shape_is_refused(data: object) -> None:
     with pytest.raises(CostguardError, match="not the Spot Instance Advisor's data"):
         rows_from_advisor(data, aws_gpu_types())
+
+
+def test_pricing_show_dates_and_sources_the_table(run_cli) -> None:
+    result = run_cli("pricing", "show", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    (entry,) = [t for t in result.json()["tables"] if t["table"] == "interruptions"]
+    assert entry["as_of"] == "2025-06-28"
+    assert entry["rows"] > 500
+    assert "Spot Instance Advisor" in entry["source"]

@@ -41,7 +41,7 @@ from costguard.pricing.catalog import (
     table_rows,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
-from costguard.pricing.tables import load_tables
+from costguard.pricing.tables import load_interruptions, load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
@@ -291,6 +291,17 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         }
         for name, info in catalog.tables.items()
     ]
+    # The spot interruption bands (estimate --interruptions-per-day advisor), dated too.
+    bands, band_rows = load_interruptions(catalog.directory)
+    rows.append(
+        {
+            "table": bands.name,
+            "rows": len(band_rows),
+            "as_of": bands.as_of.isoformat(),
+            "refreshed_at": None,
+            "source": bands.source,
+        }
+    )
     uncovered = catalog.uncovered()
     today = datetime.now(UTC).date()
     dated = source_dates(catalog)
