@@ -62,6 +62,7 @@ def test_wheel_contains_tables_and_typing_marker(wheel: Path) -> None:
         "regions.csv",
         "datasets.csv",
         "gpu_parts.csv",
+        "interruptions.csv",
         "README.md",
     ):
         assert f"costguard/_tables/{table}" in names

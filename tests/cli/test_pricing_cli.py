@@ -14,7 +14,8 @@ REPO_PRICING = Path(__file__).resolve().parents[2] / "pricing"
 def test_show_summary_lists_every_table_with_date_and_source(run_cli) -> None:
     doc = run_cli("pricing", "show", "--format", "json").json()
     names = {t["table"] for t in doc["tables"]}
-    assert names == {"gpu_instances", "cpu_instances", "storage", "transfer", "regions"}
+    tables = {"gpu_instances", "cpu_instances", "storage", "transfer", "regions", "interruptions"}
+    assert names == tables
     assert all(t["as_of"] and t["source"] and t["rows"] > 0 for t in doc["tables"])
     table = run_cli("pricing", "show")
     assert table.exit_code == 0

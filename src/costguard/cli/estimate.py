@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -13,6 +13,7 @@ import click
 
 from costguard.cli import render
 from costguard.cli.params import (
+    DecimalOrWord,
     DecimalRange,
     Name,
     StoreUrl,
@@ -23,6 +24,7 @@ from costguard.cli.params import (
 )
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
+from costguard.pricing import advisor as bands
 from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import (
     budget_lines,
@@ -66,7 +68,7 @@ from costguard.pricing.slurm import (
     slurm_comparison,
     slurm_option,
 )
-from costguard.pricing.tables import load_tables
+from costguard.pricing.tables import load_interruptions, load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
@@ -240,9 +242,10 @@ Examples:
 )
 @click.option(
     "--interruptions-per-day",
-    type=DecimalRange(0, maximum=48),
+    type=DecimalOrWord(bands.ADVISOR_WORD, 0, maximum=48),
     help="Spot preemptions a day you expect: spot rows then show the preemptions over the "
-    "run and the effective cost (lost work and restarts paid too).",
+    "run and the effective cost (lost work and restarts paid too). 'advisor': each AWS "
+    "row's own, from the AWS Spot Instance Advisor's band (GCP, Azure: none published).",
 )
 @click.option(
     "--every-minutes",
@@ -299,7 +302,12 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     shown = limit_places(result.options, options["top"])
     budget: Decimal | None = options["budget"]
     stale = staleness(catalog, places(shown), datetime.now(UTC).date())
-    spot = None if checkpointing is None else preemption.expected(request.hours, checkpointing)
+    advisor = None
+    spot = None
+    if checkpointing is not None and options["interruptions_per_day"] == bands.ADVISOR_WORD:
+        advisor = advisor_from(request.hours, checkpointing, catalog, shown)
+    elif checkpointing is not None:
+        spot = preemption.expected(request.hours, checkpointing)
     output_format = options["output_format"].lower()
     if output_format == "json":
         document = to_document(result, shown, catalog, budget, options["top"])
@@ -312,6 +320,8 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
             document["assumptions"].extend(slurm_assumptions(slurm))
         if spot is not None:
             add_interruptions(document, spot, shown)
+        if advisor is not None:
+            add_advisor(document, advisor, shown)
         if measured is not None:
             add_measured(document, measured)
         render.print_json(document)
@@ -323,6 +333,7 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
         render.print_csv(columns, rows)
         extra = [*(slurm_assumptions(slurm) if slurm else ())]
         extra += preemption.assumption_lines(spot) if spot is not None else ()
+        extra += bands.assumption_lines(advisor, shown) if advisor is not None else ()
         extra += measured_lines(measured) if measured is not None else ()
         render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
     else:
@@ -339,11 +350,14 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
                 slurm if last else None,
                 assumptions=last,
                 spot=spot,
+                advisor=advisor,
                 measured=measured,
             )
         print_answers(result, catalog, budget)
         if spot is not None:
             render.print_notes(preemption.advice_lines(spot, shown), heading="Preemptions:")
+        if advisor is not None:
+            render.print_notes(bands.advice_lines(advisor, shown), heading="Preemptions:")
     if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
         render.print_prose(
             f"{stale_text(stale, catalog)}: `costguard pricing refresh` updates them "
@@ -471,7 +485,7 @@ def measured_lines(measured: Measured) -> list[str]:
 def checkpointing_from(options: dict[str, Any]) -> preemption.Checkpointing | None:
     """The spot preemption figures when --interruptions-per-day is given; exit 2 on
     checkpoint figures without a rate, or on a rate for on-demand only."""
-    per_day: Decimal | None = options["interruptions_per_day"]
+    per_day: Decimal | str | None = options["interruptions_per_day"]
     given = {
         flag: options[name]
         for flag, name in (
@@ -494,7 +508,8 @@ def checkpointing_from(options: dict[str, Any]) -> preemption.Checkpointing | No
         every_minutes=fallback(options["every_minutes"], preemption.DEFAULT_EVERY_MINUTES),
         save_seconds=fallback(options["save_seconds"], preemption.DEFAULT_SAVE_SECONDS),
         restart_minutes=fallback(options["restart_minutes"], preemption.DEFAULT_RESTART_MINUTES),
-        per_day=per_day,
+        # advisor: each row's own rate, set per row (advisor_from)
+        per_day=Decimal(0) if isinstance(per_day, str) else per_day,
     )
 
 
@@ -508,7 +523,41 @@ def add_interruptions(
 ) -> None:
     """The JSON's spot preemption fields: the query's figures, each spot option's expected
     preemptions and effective total, the run's summary and the assumptions."""
+
+    def fields(option: CostOption) -> dict[str, object]:
+        return {
+            "expected_preemptions": spot.expected_preemptions,
+            "effective_hours": spot.effective_hours,
+            "effective_total_usd": preemption.effective_total_usd(option, spot),
+        }
+
     summary = preemption.document(spot, shown)
+    add_spot(document, summary, shown, fields, preemption.assumption_lines(spot))
+
+
+def add_advisor(
+    document: dict[str, Any], advisor: bands.AdvisorFigures, shown: Sequence[CostOption]
+) -> None:
+    """The JSON's spot preemption fields under ``--interruptions-per-day advisor``: each
+    spot option's band, rate and effective total (or why it has none)."""
+    add_spot(
+        document,
+        bands.document(advisor),
+        shown,
+        lambda option: bands.option_fields(advisor, option),
+        bands.assumption_lines(advisor, shown),
+    )
+
+
+def add_spot(
+    document: dict[str, Any],
+    summary: dict[str, object],
+    shown: Sequence[CostOption],
+    fields: Callable[[CostOption], dict[str, object]],
+    assumptions: Sequence[str],
+) -> None:
+    """The run's preemption summary, the query's figures of it, each spot option's
+    ``fields`` and the assumptions, into the JSON document."""
     document["query"]["interruptions"] = {
         k: summary[k]
         for k in ("preemptions_per_day", "every_minutes", "save_seconds", "restart_minutes")
@@ -516,10 +565,22 @@ def add_interruptions(
     document["interruptions"] = summary
     for row, option in zip(document["options"], shown, strict=True):
         if option.market is Market.SPOT:
-            row["expected_preemptions"] = spot.expected_preemptions
-            row["effective_hours"] = spot.effective_hours
-            row["effective_total_usd"] = preemption.effective_total_usd(option, spot)
-    document["assumptions"].extend(preemption.assumption_lines(spot))
+            row.update(fields(option))
+    document["assumptions"].extend(assumptions)
+
+
+def advisor_from(
+    hours: Decimal,
+    checkpointing: preemption.Checkpointing,
+    catalog: Catalog,
+    shown: Sequence[CostOption],
+) -> bands.AdvisorFigures:
+    """Each shown spot row's preemptions at the rate of its AWS Spot Instance Advisor
+    band (the table is read only here, not on every estimate)."""
+    info, rows = load_interruptions(catalog.directory)
+    return bands.advisor_figures(
+        hours, checkpointing, rows, shown, as_of=info.as_of, source=info.source
+    )
 
 
 def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
@@ -573,6 +634,7 @@ def print_table(
     *,
     assumptions: bool = True,
     spot: preemption.Interruptions | None = None,
+    advisor: bands.AdvisorFigures | None = None,
     measured: Measured | None = None,
 ) -> None:
     """Two rows per provider and region, on-demand above spot, cheapest place first.
@@ -613,7 +675,7 @@ def print_table(
         render.Column("Storage", "right", drop=2),
         render.Column("Egress", "right", drop=3),
     )
-    if spot is not None:
+    if spot is not None or advisor is not None:
         columns += (render.Column("Preempt.", "right", drop=4), render.Column("Effective", "right"))
     rows: list[list[str]] = []
     flagged = False
@@ -636,7 +698,7 @@ def print_table(
                         format_usd(option.total_usd),
                         format_usd(option.storage_usd),
                         format_usd(option.egress_usd),
-                        *spot_cells(option, spot),
+                        *spot_cells(option, spot, advisor),
                     ]
                 )
             where = ""
@@ -658,6 +720,7 @@ def print_table(
         return
     extra = [*(slurm_assumptions(slurm) if slurm is not None else ())]
     extra += preemption.assumption_lines(spot) if spot is not None else ()
+    extra += bands.assumption_lines(advisor, shown) if advisor is not None else ()
     extra += measured_lines(measured) if measured is not None else ()
     render.print_notes(
         ["total = compute + storage + egress", *result.assumptions, *extra],
@@ -665,12 +728,22 @@ def print_table(
     )
 
 
-def spot_cells(option: CostOption, spot: preemption.Interruptions | None) -> list[str]:
-    """The preemption columns of a row: none without the figures, dashes on on-demand."""
-    if spot is None:
+def spot_cells(
+    option: CostOption,
+    spot: preemption.Interruptions | None,
+    advisor: bands.AdvisorFigures | None = None,
+) -> list[str]:
+    """The preemption columns of a row: none without the figures, dashes on on-demand,
+    ``n/a`` on a spot row the advisor has no band for (the assumptions say why)."""
+    if spot is None and advisor is None:
         return []
     if option.market is not Market.SPOT:
         return ["-", "-"]
+    if advisor is not None:
+        spot = advisor.interruptions(option)
+        if spot is None:
+            return ["n/a", "n/a"]
+    assert spot is not None
     effective = preemption.effective_total_usd(option, spot)
     return [f"{spot.expected_preemptions:.1f}", format_usd(effective)]
 

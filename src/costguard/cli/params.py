@@ -181,6 +181,32 @@ class DecimalRange(_Strict):
         return number
 
 
+class DecimalOrWord(_Strict):
+    """A :class:`DecimalRange` number, or one word (``--interruptions-per-day advisor``).
+
+    >>> DecimalOrWord("advisor", maximum=48).convert("Advisor", None, None)
+    'advisor'
+    >>> DecimalOrWord("advisor", maximum=48).convert("2", None, None)
+    Decimal('2')
+    """
+
+    name = "number"
+
+    def __init__(self, word: str, minimum: int = 0, *, maximum: int | None = None) -> None:
+        self.word = word
+        self.number = DecimalRange(minimum, maximum=maximum)
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> Decimal | str:
+        if isinstance(value, str):
+            if value.strip().lower() == self.word:
+                return self.word
+            if len(value) > MAX_NUMBER_CHARS or not _REAL.fullmatch(value):
+                self.refuse(f"is neither a number nor the word {self.word}", value, param, ctx)
+        return self.number.convert(value, param, ctx)
+
+
 class Usd(DecimalRange):
     """An amount in USD: a :class:`DecimalRange` that also takes a leading ``$`` (quoted,
     ``'$200'``), and says what the shell did to an unquoted one: ``$200`` arrives as

@@ -41,7 +41,7 @@ from costguard.pricing.catalog import (
     table_rows,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
-from costguard.pricing.tables import load_tables
+from costguard.pricing.tables import load_interruptions, load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
@@ -291,6 +291,17 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         }
         for name, info in catalog.tables.items()
     ]
+    # The spot interruption bands (estimate --interruptions-per-day advisor), dated too.
+    bands, band_rows = load_interruptions(catalog.directory)
+    rows.append(
+        {
+            "table": bands.name,
+            "rows": len(band_rows),
+            "as_of": bands.as_of.isoformat(),
+            "refreshed_at": None,
+            "source": bands.source,
+        }
+    )
     uncovered = catalog.uncovered()
     today = datetime.now(UTC).date()
     dated = source_dates(catalog)
@@ -430,6 +441,9 @@ Sources (estimate and pricing show never reach the network; refresh does):
   DIR/aws/spot-*.json      DescribeSpotPriceHistory responses (optional)
   DIR/gcp/skus-*.json      services.skus.list responses
   DIR/azure/prices-*.json  Retail Prices responses
+  DIR/spot-advisor-data.json  the AWS Spot Instance Advisor's file (optional:
+                           rewrites interruptions.csv, its spot interruption
+                           bands)
   DIR/fetched.json         {"fetched_at": "2026-11-30T12:00:00Z"}: when they
                            were downloaded (else: the records' own dates, or
                            the files')
@@ -593,6 +607,13 @@ def _refresh_document(report: RefreshReport) -> dict[str, Any]:
             {"table": t.name, "as_of": t.as_of.isoformat(), "source": t.source}
             for t in report.tables
         ],
+        "interruptions": None
+        if report.interruptions is None
+        else {
+            "rows": len(report.interruptions.rows),
+            "as_of": report.interruptions.as_of.isoformat(),
+            "source": report.interruptions.source,
+        },
     }
 
 
@@ -615,8 +636,17 @@ def _print_refresh(report: RefreshReport) -> None:
         if report.written
         else f"Nothing written: {report.output} is as it was"
     )
-    _print_rows(title, list(rows[0]), rows)
-    if not report.written:
+    if rows:
+        _print_rows(title, list(rows[0]), rows)
+    else:
+        click.echo(title)
+    if report.interruptions is not None:
+        table = report.interruptions
+        click.echo(
+            f"Spot interruption bands: {len(table.rows)} rows as of {table.as_of} "
+            "(interruptions.csv, from the Spot Instance Advisor's file)"
+        )
+    if not report.written or not report.providers:
         return
     render.print_notes(
         [

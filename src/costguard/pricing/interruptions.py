@@ -271,6 +271,21 @@ def advice_lines(interruptions: Interruptions, options: Sequence[CostOption]) ->
     return lines
 
 
+#: How the effective cost of a spot row is reckoned, in the assumptions.
+COST_LINE = (
+    "spot effective cost = compute x effective hours / hours, + storage + egress; "
+    "a preemption loses half a checkpoint cycle of work"
+)
+
+
+def checkpoint_line(c: Checkpointing) -> str:
+    """The checkpoint figures the spot rows assume (the rate stated apart)."""
+    return (
+        f"spot: a checkpoint every {c.every_minutes} min of work, {c.save_seconds} s per "
+        f"save, {c.restart_minutes} min per restart (billed)"
+    )
+
+
 def assumption_lines(interruptions: Interruptions) -> list[str]:
     """The figures the spot rows assume, stated."""
     c = interruptions.checkpointing
@@ -278,8 +293,7 @@ def assumption_lines(interruptions: Interruptions) -> list[str]:
         f"spot: {c.per_day} preemptions a day (Poisson), a checkpoint every "
         f"{c.every_minutes} min of work, {c.save_seconds} s per save, "
         f"{c.restart_minutes} min per restart (billed)",
-        "spot effective cost = compute x effective hours / hours, + storage + egress; "
-        "a preemption loses half a checkpoint cycle of work",
+        COST_LINE,
     ]
 
 

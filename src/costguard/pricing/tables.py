@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from costguard.errors import CostguardError, UnknownNameError
 from costguard.money import parse_decimal
+from costguard.pricing.advisor import TABLE, InterruptionRow, parse_band
 from costguard.pricing.catalog import (
     INSTANCE_COLUMNS,
     INSTANCE_TABLES,
@@ -99,6 +100,22 @@ def load_gpu_parts(directory: Path) -> tuple[GpuPart, ...]:
             return ()
         return load_gpu_parts(bundled)
     return _load(_table_info("gpu_parts", index, directory).path, _by_name(_gpu_part))
+
+
+def load_interruptions(directory: Path) -> tuple[TableInfo, tuple[InterruptionRow, ...]]:
+    """The interruption table (``[interruptions]`` in ``tables.toml``: the AWS Spot
+    Instance Advisor's bands) of ``directory`` with its entry, or the bundled one when
+    that folder has none. Read by ``estimate --interruptions-per-day advisor`` only."""
+    index_path = directory / "tables.toml"
+    index = _read_index(index_path) if index_path.is_file() else {}
+    if TABLE not in index:
+        bundled = bundled_tables_dir()
+        if directory == bundled:
+            msg = f"{index_path} has no [{TABLE}] table"
+            raise CostguardError(msg, hint="reinstall costguard, or refresh it")
+        return load_interruptions(bundled)
+    info = _table_info(TABLE, index, directory)
+    return info, _load(info.path, _by_name(_interruption))
 
 
 #: In a cache folder written by ``costguard pricing refresh``: the symbolic link to the
@@ -527,6 +544,28 @@ def _gpu_part(row: Mapping[str, str]) -> GpuPart:
         spot_usd_per_gpu_hour=_price(row, "spot_usd_per_gpu_hour", optional=True),
         as_of=_date(row, "as_of"),
         source=_field(row, "source"),
+    )
+
+
+def _interruption(row: Mapping[str, str]) -> InterruptionRow:
+    try:
+        band = parse_band(_field(row, "band"))
+    except ValueError as exc:
+        raise _BadRowError(str(exc)) from None
+    low, high = _price(row, "band_low_pct"), _price(row, "band_high_pct", optional=True)
+    if (low, high) != (band.low_pct, band.high_pct):
+        msg = f"band_low_pct and band_high_pct ({low}, {high}) disagree with {band.label}"
+        raise _BadRowError(msg)
+    savings = _field(row, "savings_pct")
+    if not savings.lstrip("-").isdigit():
+        msg = f"savings_pct must be a whole number, not {savings!r}"
+        raise _BadRowError(msg)
+    return InterruptionRow(
+        provider=check_provider(_field(row, "provider")),
+        region=_field(row, "region"),
+        instance_type=_field(row, "instance_type"),
+        band=band,
+        savings_pct=int(savings),
     )
 
 

@@ -47,9 +47,21 @@ from pathlib import Path
 from costguard import __version__
 from costguard.errors import CostguardError, InputError
 from costguard.files import fsync_dir
-from costguard.pricing.catalog import INSTANCE_COLUMNS, INSTANCE_TABLES, Catalog, InstancePrice
+from costguard.pricing.advisor import TABLE, InterruptionTable, render_csv
+from costguard.pricing.catalog import (
+    INSTANCE_COLUMNS,
+    INSTANCE_TABLES,
+    Catalog,
+    InstancePrice,
+    TableInfo,
+)
 from costguard.pricing.refresh.merge import MergedTables, TableMeta
-from costguard.pricing.tables import CACHE_CURRENT, CACHE_VERSIONS, cache_tables_dir
+from costguard.pricing.tables import (
+    CACHE_CURRENT,
+    CACHE_VERSIONS,
+    cache_tables_dir,
+    load_interruptions,
+)
 
 #: The lock file refreshes serialise on.
 LOCK_FILE = ".lock"
@@ -64,18 +76,48 @@ STALE_STAGING_S = 3600
 
 
 def write_tables(
-    target: Path, merged: MergedTables, catalog: Catalog, written_at: datetime
+    target: Path,
+    merged: MergedTables,
+    catalog: Catalog,
+    written_at: datetime,
+    interruptions: InterruptionTable | None = None,
 ) -> None:
     """Write ``merged`` into ``target`` atomically; tables not refreshed are copied from
-    ``catalog`` byte for byte."""
+    ``catalog`` byte for byte. The interruption table is ``interruptions`` when given
+    (read from the Spot Instance Advisor's file), else ``catalog``'s, copied."""
     files: dict[str, bytes] = {}
     for meta in merged.meta:
         if meta.name in INSTANCE_TABLES:
             files[meta.file] = render_instances(merged.instances[meta.name])
         else:
             files[meta.file] = catalog.tables[meta.name].path.read_bytes()
-    files["tables.toml"] = render_index(merged.meta, written_at).encode("utf-8")
+    index = list(merged.meta)
+    if interruptions is not None:
+        files[INTERRUPTIONS_FILE] = render_csv(interruptions.rows)
+        index.append(
+            TableMeta(TABLE, INTERRUPTIONS_FILE, interruptions.as_of, interruptions.source)
+        )
+    else:
+        kept = _interruption_table(catalog.directory)
+        if kept is not None:
+            files[kept.path.name] = kept.path.read_bytes()
+            index.append(TableMeta(TABLE, kept.path.name, kept.as_of, kept.source))
+    files["tables.toml"] = render_index(index, written_at).encode("utf-8")
     publish(target, files)
+
+
+#: The interruption table's file in a folder a refresh writes.
+INTERRUPTIONS_FILE = "interruptions.csv"
+
+
+def _interruption_table(directory: Path) -> TableInfo | None:
+    """The ``[interruptions]`` entry of the tables in ``directory`` (or the bundled
+    ones'), ``None`` when neither has one."""
+    try:
+        info, _ = load_interruptions(directory)
+    except CostguardError:
+        return None
+    return info
 
 
 def render_instances(rows: Iterable[InstancePrice]) -> bytes:

@@ -68,6 +68,15 @@ def files(mirror: Path, provider: str, kind: str) -> list[Path]:
     return sorted((mirror / provider).glob(PATTERNS[provider][kind]))
 
 
+def has_responses(mirror: Path, provider: str) -> bool:
+    """Whether ``mirror`` has a folder of ``provider``'s responses (not only the Spot
+    Instance Advisor's file and its date, which ``DIR/aws/`` may hold too)."""
+    folder = mirror / provider
+    return folder.is_dir() and any(
+        path.name not in ("spot-advisor-data.json", "fetched.json") for path in folder.iterdir()
+    )
+
+
 def check(mirror: Path, provider: str) -> None:
     """Raise :class:`InputError` when ``mirror`` has no responses for ``provider``."""
     kind = REQUIRED[provider]

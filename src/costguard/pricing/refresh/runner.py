@@ -18,8 +18,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from costguard.errors import CostguardError, InputError
+from costguard.pricing.advisor import InterruptionTable
 from costguard.pricing.catalog import PROVIDERS, Catalog, check_provider
-from costguard.pricing.refresh import cache, mirror
+from costguard.pricing.refresh import advisor, cache, mirror
 from costguard.pricing.refresh.merge import (
     FreshPrices,
     MergeStats,
@@ -47,6 +48,8 @@ class RefreshPlan:
     #: Whether the regions were named (``--region``); else every region in the tables
     #: (with a mirror: those the mirror holds prices for).
     regions_named: bool = False
+    #: The interruption table read from the mirror's Spot Instance Advisor file, if any.
+    interruptions: InterruptionTable | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class RefreshReport:
     refreshed_at: datetime
     providers: tuple[ProviderReport, ...]
     tables: tuple[TableMeta, ...] = ()
+    #: The interruption table written (from the mirror's advisor file), if any.
+    interruptions: InterruptionTable | None = None
 
     @property
     def written(self) -> bool:
@@ -134,20 +139,24 @@ def plan_refresh(
             raise InputError(msg, hint=f"add --provider {place.provider}, or drop --region")
     if not chosen and places:
         chosen = list(dict.fromkeys(place.provider for place in places))
+    interruptions = None
     if mirror_dir is not None:
         if not mirror_dir.is_dir():
             msg = f"{mirror_dir} is not a folder"
             raise InputError(msg, hint="--from names a folder of downloaded API responses")
+        interruptions = advisor.read(mirror_dir, catalog)
         if not chosen:
-            chosen = [p for p in PROVIDERS if (mirror_dir / p).is_dir()]
-            if not chosen:
+            chosen = [p for p in PROVIDERS if mirror.has_responses(mirror_dir, p)]
+            if not chosen and interruptions is None:
                 msg = f"{mirror_dir} has no aws/, gcp/ or azure/ folder of API responses"
                 raise InputError(msg, hint="see `costguard pricing refresh --help` for the layout")
         for provider in chosen:
             mirror.check(mirror_dir, provider)
     cache.check_target(output)
     targets = []
-    for provider in chosen or PROVIDERS:
+    # With a mirror that holds only the advisor's file, no provider's prices are read.
+    only_interruptions = mirror_dir is not None and not chosen
+    for provider in () if only_interruptions else chosen or PROVIDERS:
         wanted = [p.name for p in places if p.provider == provider] or [
             r.name for r in catalog.regions if r.provider == provider
         ]
@@ -162,7 +171,11 @@ def plan_refresh(
         )
         targets.append(Target(provider, tuple(dict.fromkeys(wanted)), rows + added, added))
     return RefreshPlan(
-        targets=tuple(targets), output=output, mirror=mirror_dir, regions_named=bool(places)
+        targets=tuple(targets),
+        output=output,
+        mirror=mirror_dir,
+        regions_named=bool(places),
+        interruptions=interruptions,
     )
 
 
@@ -193,18 +206,18 @@ def refresh_tables(
         results = [future.result() for future in futures]
     fresh = [prices for prices, _ in results if prices is not None]
     reports = [report for _, report in results]
-    if not fresh:
+    if not fresh and plan.interruptions is None:
         return RefreshReport(plan.output, now, tuple(reports))
     cache.check_target(plan.output)
     with cache.locked(plan.output):
         base = current_tables(plan.output) if cache.has_tables(plan.output) else catalog
         merged = merge_tables(base, fresh, now, load_gpu_parts(base.directory))
-        cache.write_tables(plan.output, merged, base, now)
+        cache.write_tables(plan.output, merged, base, now, plan.interruptions)
     reports = [
         replace(report, stats=merged.stats[report.provider]) if report.ok else report
         for report in reports
     ]
-    return RefreshReport(plan.output, now, tuple(reports), merged.meta)
+    return RefreshReport(plan.output, now, tuple(reports), merged.meta, plan.interruptions)
 
 
 def _fetch_one(
