@@ -28,7 +28,15 @@ import pytest
 from click.testing import CliRunner
 
 from costguard.cli import cli
-from costguard.cli.params import DecimalRange, FiniteFloat, Name, Text, Url, WholeNumber
+from costguard.cli.params import (
+    DecimalOrWord,
+    DecimalRange,
+    FiniteFloat,
+    Name,
+    Text,
+    Url,
+    WholeNumber,
+)
 from tests.servers.http import serving
 
 #: Values no option of a kind may take. The 100 KB ones test that errors stay short.
@@ -139,6 +147,9 @@ def cases() -> list[Case]:
 
 def hostile(param: click.Parameter) -> list[str]:
     kind = param.type
+    if isinstance(kind, DecimalOrWord):  # the number's cases, and look-alikes of the word
+        words = [kind.word + "x", kind.word + "\n", " " + kind.word, kind.word[:-1]]
+        return [*hostile(click.Option(["--n"], type=kind.number)), *words]
     if isinstance(kind, (WholeNumber, FiniteFloat, DecimalRange)):
         low: Any
         low_open: bool

@@ -200,7 +200,7 @@ class DecimalOrWord(_Strict):
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
     ) -> Decimal | str:
         if isinstance(value, str):
-            if value.strip().lower() == self.word:
+            if value.lower() == self.word:
                 return self.word
             if len(value) > MAX_NUMBER_CHARS or not _REAL.fullmatch(value):
                 self.refuse(f"is neither a number nor the word {self.word}", value, param, ctx)
