@@ -65,7 +65,7 @@ NO_FIGURE = {
     "azure": "Azure publishes no interruption frequency",
 }
 
-_LABEL = re.compile(r"^\s*(?:<\s*(\d+)|>\s*(\d+)|(\d+)\s*-\s*(\d+))\s*%\s*$")
+_LABEL = re.compile(r"\s*(?:<\s*(\d+)|>\s*(\d+)|(\d+)\s*-\s*(\d+))\s*%\s*")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ def parse_band(label: str) -> Band:
     >>> parse_band("10-15%").share
     Decimal('0.125')
     """
-    match = _LABEL.match(label)
+    match = _LABEL.fullmatch(label)
     if match is None:
         msg = f"{label!r} is not an interruption band (<5%, 5-10%, ..., >20%)"
         raise ValueError(msg)
