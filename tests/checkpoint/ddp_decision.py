@@ -1,4 +1,4 @@
-"""Two ranks (gloo, CPU) decide together: run by torchrun from tests/checkpoint/test_distributed.py.
+"""Two ranks (gloo, CPU) decide together: run by tests/checkpoint/test_distributed.py.
 
 Scenarios, each in its own folder under ``argv[1]``, with a notice posted on rank 1 only:
 

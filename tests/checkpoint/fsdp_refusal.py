@@ -59,6 +59,7 @@ def main() -> None:
         say(f"REFUSED {rank} {exc.message}")
         ckpt.close(final=False)
         code = 3
+    dist.barrier()  # both ranks have said what happened before either exits 3
     dist.destroy_process_group()
     sys.exit(code)
 

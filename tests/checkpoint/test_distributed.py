@@ -1,6 +1,8 @@
 """torch.distributed: the coordinated decision, the notice relay to every rank, and a real
 2-process DDP run (torchrun, gloo, CPU) preempted three times through `costguard run` and
-resumed to weights bitwise identical to an uninterrupted 2-process run."""
+resumed to weights bitwise identical to an uninterrupted 2-process run (its ranks forked
+from one interpreter by tests/helpers/ranks.py, as are the other runs outside `costguard
+run`)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from costguard.checkpoint.state import for_rank
 from costguard.checkpoint.supervisor import is_launcher
 from tests.helpers.metadata import MetadataState
 from tests.helpers.training import (
+    RANKS,
     SCRIPTS,
     TORCHRUN,
     RankedJob,
@@ -167,7 +170,7 @@ def test_two_ranks_save_together_when_one_gets_a_notice(
     tmp_path: Path, train_env: Callable[..., dict[str, str]]
 ) -> None:
     done = subprocess.run(
-        [*TORCHRUN, "2", str(DECISION_SCRIPT), str(tmp_path)],
+        [*RANKS, "2", str(DECISION_SCRIPT), str(tmp_path)],
         env=train_env(),
         capture_output=True,
         text=True,
@@ -220,7 +223,7 @@ def test_ddp_preempted_three_times_resumes_bitwise_identical(
     env = watched_env("gcp")
     reference_out = tmp_path / "reference.pt"
     reference = subprocess.run(
-        [*TORCHRUN, "2", str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(reference_out)],
+        [*RANKS, "2", str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(reference_out)],
         env={**train_env(), "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
         capture_output=True,
         text=True,
@@ -275,7 +278,7 @@ def test_a_sharded_state_costguard_cannot_save_is_refused_and_nothing_is_stored(
     url = tmp_path / "ckpt"
     done = subprocess.run(
         [
-            *TORCHRUN, "2", str(SCRIPTS / "fsdp_refusal.py"), "--url", str(url),
+            *RANKS, "2", str(SCRIPTS / "fsdp_refusal.py"), "--url", str(url),
             *(["--skip-restore"] if skip_restore else []),
         ],
         env=train_env(),

@@ -1,5 +1,5 @@
 """Incremental saves of a sharded state, across real processes: a LoRA-shaped FSDP2 model
-(frozen 8 MiB base, small adapters) on 2 gloo ranks under torchrun. Each rank's frozen
+(frozen 8 MiB base, small adapters) on 2 gloo ranks (tests/helpers/ranks.py). Each rank's frozen
 shards go to the pool once; the saves after the first write a few percent of the state,
 after a resume too; the resumed run ends bitwise equal to an uninterrupted one; the
 checkpoint restores resharded on 1 rank; retention keeps every pool object a kept
@@ -27,7 +27,7 @@ from costguard.checkpoint.saving import SaveResult
 from costguard.checkpoint.store import Store
 from tests.checkpoint.fsdp_train import lora_model
 from tests.checkpoint.test_sharded import full
-from tests.checkpoint.test_sharded_ranks import final, torchrun
+from tests.checkpoint.test_sharded_ranks import final, run_ranks
 from tests.helpers.stores import Backend
 from tests.helpers.training import assert_bitwise_equal
 
@@ -37,11 +37,11 @@ STEPS = 8
 
 def lora(ranks: int, url: str, out: Path, env: dict[str, str], steps: int) -> None:
     args = ("--lora", "--steps", str(steps), "--every-steps", "2")
-    torchrun(ranks, url, out, env, *args)
+    run_ranks(ranks, url, out, env, *args)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # five torchrun launches on a machine of two cores
+@pytest.mark.timeout(900)  # five 2-rank launches on a machine of two cores
 def test_a_lora_fsdp2_model_on_2_ranks_saves_increments_resumes_bitwise_and_reshards(
     tmp_path: Path, train_env: Callable[..., dict[str, str]]
 ) -> None:

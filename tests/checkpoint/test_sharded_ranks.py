@@ -11,6 +11,10 @@ mesh, gloo, torchrun) with the README's Checkpointer calls, under ``costguard ru
   with a manifest holds every object it lists, hashes equal. The suite runs
   ``COSTGUARD_SHARDED_CRASH_TRIALS`` trials (default 10), in batches of five on their own
   stores, so that pytest-xdist's workers share them.
+
+The runs under ``costguard run`` start their ranks with torchrun; the others (the
+uninterrupted reference, the restores, the kill trials) fork them from one interpreter
+(tests/helpers/ranks.py), which spares each rank torch's imports.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from costguard.checkpoint.manifest import MANIFEST_FILE, SHARDED_FORMAT_VERSION,
 from tests.checkpoint.fsdp_train import build
 from tests.helpers.metadata import MetadataState
 from tests.helpers.training import (
+    RANKS,
     READY,
     SCRIPTS,
-    TORCHRUN,
     RankedJob,
     assert_bitwise_equal,
     batches,
@@ -54,10 +58,10 @@ TIMEOUT_S = 300
 TRIALS = int(os.environ.get("COSTGUARD_SHARDED_CRASH_TRIALS", "10"))
 
 
-def torchrun(ranks: int, url: str, out: Path, env: dict[str, str], *args: str) -> None:
+def run_ranks(ranks: int, url: str, out: Path, env: dict[str, str], *args: str) -> None:
     """An uninterrupted run (or a restore only, with ``--steps`` at the checkpoint's step)."""
     done = subprocess.run(
-        [*TORCHRUN, str(ranks), str(SCRIPT), "--out", str(out), *args],
+        [*RANKS, str(ranks), str(SCRIPT), "--out", str(out), *args],
         env={**env, "COSTGUARD_CHECKPOINT_URL": url},
         capture_output=True,
         text=True,
@@ -93,7 +97,7 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
     _, state = metadata_server
     env = watched_env("gcp")
     reference_out = tmp_path / "reference.pt"
-    torchrun(4, str(tmp_path / "reference-ckpt"), reference_out, train_env(), "--steps", str(STEPS))
+    run_ranks(4, str(tmp_path / "reference"), reference_out, train_env(), "--steps", str(STEPS))
 
     seed = random.randrange(10**6)
     rng = random.Random(seed)
@@ -135,7 +139,7 @@ def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and
     # The final checkpoint (step STEPS) on fewer ranks: the same full state.
     for ranks in (2, 1):
         restored_out = tmp_path / f"restored-on-{ranks}.pt"
-        torchrun(ranks, url, restored_out, train_env(), "--steps", str(STEPS))
+        run_ranks(ranks, url, restored_out, train_env(), "--steps", str(STEPS))
         assert_bitwise_equal(torch.load(restored_out, weights_only=True), reference["state"])
 
 
@@ -143,8 +147,8 @@ def test_saved_on_2_ranks_restored_on_4_has_the_same_full_state(
     tmp_path: Path, train_env: Callable[..., dict[str, str]]
 ) -> None:
     url, steps = str(tmp_path / "ckpt"), 6
-    torchrun(2, url, tmp_path / "two.pt", train_env(), "--steps", str(steps))
-    torchrun(4, url, tmp_path / "four.pt", train_env(), "--steps", str(steps))
+    run_ranks(2, url, tmp_path / "two.pt", train_env(), "--steps", str(steps))
+    run_ranks(4, url, tmp_path / "four.pt", train_env(), "--steps", str(steps))
     assert_bitwise_equal(
         torch.load(tmp_path / "four.pt", weights_only=True),
         torch.load(tmp_path / "two.pt", weights_only=True),
@@ -178,7 +182,7 @@ def assert_hashes_match(root: Path, name: str) -> None:
 
 def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) -> str:
     """Run 4 ranks saving at every step; kill -9 one rank at a random moment; what of it."""
-    command = [*TORCHRUN, "4", str(SCRIPT), "--steps", "400", "--out", str(url / "x.pt")]
+    command = [*RANKS, "4", str(SCRIPT), "--steps", "400", "--out", str(url / "x.pt")]
     command += ["--every-steps", "1"]
     with log.open("w") as err:
         proc = subprocess.Popen(
@@ -202,7 +206,7 @@ def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) ->
         victim = rng.randrange(4)
         time.sleep(rng.uniform(0.0, 3.0))  # saves take most of each step: most kills hit one
         os.kill(pids[victim], signal.SIGKILL)
-        proc.wait(timeout=60)  # torchrun ends the other ranks when one dies
+        proc.wait(timeout=60)  # ranks.py ends the other ranks when one dies
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -22,6 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "tests" / "checkpoint"
 TRAIN_SCRIPT = SCRIPTS / "train_script.py"
 TORCHRUN = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node"]
+#: ``[*RANKS, N, SCRIPT, ...]``: N ranks forked from one interpreter (ranks.py), for runs
+#: outside ``costguard run``; ``costguard run -- torchrun`` is what the runs under it use.
+RANKS = [sys.executable, str(REPO / "tests" / "helpers" / "ranks.py")]
 #: What the distributed scripts print: ``READY rank pid step`` once, ``STEP rank step``.
 READY = re.compile(r"READY (\d+) (\d+) (\d+)")
 STEP = re.compile(r"STEP (\d+) (\d+)")
