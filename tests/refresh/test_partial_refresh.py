@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import threading
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -87,7 +88,9 @@ def test_a_mirror_of_some_regions_refreshes_only_those(
     cached = load_catalog(cache_dir / "current")
     today = datetime.now(UTC).date()
     gpu, old = cached.tables["gpu_instances"], bundled.tables["gpu_instances"]
-    assert gpu.part("aws", "us-east-1").as_of == today
+    east = gpu.part("aws", "us-east-1")  # on-demand read for every type, spot for g5's
+    assert east.source.startswith("on-demand, spot of g5 from AWS Price List")
+    assert east.as_of == min(today, BUNDLED_AS_OF)  # the other spot rows are as old as before
     for region in ("eu-west-1", "ap-northeast-1"):  # not in the mirror: not stamped fresh
         assert gpu.part("aws", region).as_of == BUNDLED_AS_OF
         assert gpu.part("aws", region).source.startswith(old.part("aws", region).source)
@@ -146,7 +149,7 @@ def test_two_refreshes_at_once_both_count(tmp_path: Path) -> None:
     assert errors == []
     final = load_tables(cache_dir=output)
     gpu = final.tables["gpu_instances"]
-    assert gpu.part("aws", "us-east-1").source.startswith("AWS Price List")  # neither lost
+    assert "from AWS Price List" in gpu.part("aws", "us-east-1").source  # neither lost
     assert gpu.part("azure", "eastus").source.startswith("Azure Retail Prices API")
     price = {(r.region, r.instance_type): r.ondemand_usd_per_hour for r in final.instances}
     assert price[("us-east-1", "g5.xlarge")] == G5_XLARGE_USD
@@ -157,6 +160,14 @@ def test_estimate_dates_prices_by_the_parts_it_used(
     run_cli, tmp_path: Path, cache_dir: Path
 ) -> None:
     mirror = write_mirror(tmp_path / "responses")
+    # Spot history of every other family in us-east-1 too: the mirror read the region whole.
+    records = [{"AvailabilityZone": "us-east-1a", "InstanceType": r.instance_type,
+                "ProductDescription": "Linux/UNIX", "SpotPrice": str(r.spot_usd_per_hour),
+                "Timestamp": "2026-11-30T12:00:00+00:00"}
+               for r in load_catalog().instances
+               if (r.provider, r.region) == ("aws", "us-east-1") and r.spot_usd_per_hour
+               and not r.instance_type.startswith("g5.")]  # fmt: skip
+    (mirror / "aws" / "spot-002.json").write_text(json.dumps({"SpotPriceHistory": records}))
     refresh = ("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1")
     assert run_cli(*refresh).exit_code == 0
     today = datetime.now(UTC).date().isoformat()

@@ -467,6 +467,36 @@ def test_an_answer_about_one_cpu_type_neither_flags_nor_redates_the_gpu_table(
     assert m5.spot_usd_per_hour == Decimal("0.0381")  # the newest per zone, lowest zone
 
 
+def test_a_mirrors_spot_history_of_one_family_says_nothing_about_the_others(
+    run_cli, tmp_path: Path, cache_dir: Path
+) -> None:
+    # Spot history as someone asked for the g5 family (DescribeSpotPriceHistory's
+    # documented shape): it prices g5 and says nothing about p4d's or g6's spot.
+    mirror = tmp_path / "responses"
+    record = {"AvailabilityZone": "us-east-1a", "InstanceType": "g5.xlarge",
+              "ProductDescription": "Linux/UNIX", "SpotPrice": "0.41",
+              "Timestamp": "2026-12-01T10:00:00Z"}  # fmt: skip
+    write(mirror / "aws", "spot-1.json", {"SpotPriceHistory": [record]})
+    write(mirror / "aws", "pricing-1.json", {"FormatVersion": "aws_v1", "PriceList": []})
+    write(mirror, "fetched.json", {"fetched_at": "2026-12-02T12:00:00Z"})
+    result = run_cli("pricing", "refresh", "--from", str(mirror), "--region", "us-east-1")
+    assert result.exit_code == 0, result.stderr
+    fresh = load_catalog(cache_dir / "current")
+    east = {r.instance_type: r for r in fresh.instances
+            if (r.provider, r.region) == ("aws", "us-east-1") and r.accelerator}  # fmt: skip
+    assert east["g5.xlarge"].spot_usd_per_hour == Decimal("0.41")
+    assert "spot not listed" in east["g5.2xlarge"].note  # a size of the family it read
+    others = [r for t, r in east.items() if not t.startswith("g5.")]
+    assert len(others) > 40
+    for row in others:
+        old = bundled_row("aws", "us-east-1", row.instance_type)
+        assert (row.spot_usd_per_hour, row.spot_status) == (old.spot_usd_per_hour, old.spot_status)
+        assert "not listed" not in row.note, row.instance_type
+    part = fresh.tables["gpu_instances"].part("aws", "us-east-1")
+    assert part.as_of == BUNDLED.tables["gpu_instances"].part("aws", "us-east-1").as_of
+    assert part.source.startswith("spot of g5 from ")
+
+
 def test_the_bundled_eastus2_rows_agree_with_the_recorded_2026_page() -> None:
     # Every price the real page of 2026-01-11 lists for a bundled eastus2 row is the
     # bundled price (NC6s_v3 spot was 0.40484 in the SkyPilot fork, 0.565488 in the API).

@@ -134,7 +134,6 @@ def test_the_rows_issue_26_found_are_flagged_when_put_back_as_listed() -> None:
             ("aws", "ap-northeast-1", "p3.8xlarge"): None,
             ("aws", "ap-southeast-3", "p5.48xlarge"): None,  # the H100 headline's placeholder
             ("aws", "us-east-1", "p4d.24xlarge"): None,  # spot 0.25x its other regions
-            ("gcp", "asia-east1", "n1-highmem-8"): "P100",
         },
     )
     found = {(f.region, f.instance_type, f.market, f.kind) for f in check_instances(put_back)
@@ -150,7 +149,8 @@ def test_the_rows_issue_26_found_are_flagged_when_put_back_as_listed() -> None:
     ):
         assert (region, size, spot, "spot-placeholder") in found
     assert ("us-east-1", "p4d.24xlarge", spot, "regional-outlier") in found
-    assert ("asia-east1", "n1-highmem-8", spot, "regional-outlier") in found
+    # asia-east1's P100 spot (0.28x when only the US and europe-west4 priced P100 spot) is
+    # within range since australia-southeast1 and europe-west1 are priced (pricing/README).
 
 
 def test_outliers_per_gpu_both_directions_any_size_of_the_family() -> None:

@@ -1,6 +1,7 @@
 """The bundled tables answer in the regions the clouds sell each GPU in: coverage is
-measured against GCP's own lists of accelerator and machine types per region
-(``tests/unit/catalogue``, sources in its SOURCES.md)."""
+measured against GCP's own lists of accelerator and machine types per region, and
+AWS's list of instance types per region (``tests/unit/catalogue``, sources in its
+SOURCES.md)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,6 @@ SHORT = {
     "H100-MEGA": (11, 13),
     "H200": (5, 9),
     "B200": (3, 11),
-    "P100": (5, 7),
-    "P4": (2, 7),
 }
 
 
@@ -74,7 +73,7 @@ def test_every_gcp_gpu_is_priced_in_the_regions_gcp_sells_it_in() -> None:
     }
     covered = sum(c[0] for c in coverage.values())
     listed = sum(c[1] for c in coverage.values())
-    assert (covered, listed) == (103, 126)  # 82% over every GPU and region (was 61%)
+    assert (covered, listed) == (110, 126)  # 87% over every GPU and region (was 61%, 82%)
 
 
 def test_estimate_l4_answers_in_every_gcp_region_that_sells_it(run_cli) -> None:
@@ -96,3 +95,26 @@ def test_estimate_l4_answers_in_every_gcp_region_that_sells_it(run_cli) -> None:
     regions = {option["region"] for option in json.loads(run.stdout)["options"]}
     assert regions == gcp_catalogue()["L4"]
     assert len(regions) >= 18
+
+
+def test_every_aws_gpu_is_priced_in_the_regions_aws_sells_it_in() -> None:
+    # AWS's list per instance type (instances.vantage.sh data of 2026-01-21; SOURCES.md).
+    lines = (CATALOGUE / "aws-instancetyperegion.csv").read_text(encoding="utf-8").splitlines()
+    sold_types = {(name, region) for name, region in (line.split(";") for line in lines[1:])}
+    rows = [r for r in load_catalog().instances if r.provider == "aws" and r.accelerator]
+    gpu = {r.instance_type: str(r.accelerator) for r in rows}
+    sold: dict[str, set[str]] = defaultdict(set)
+    for name, region in sold_types:
+        sold[gpu[name]].add(region)
+    priced: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        if row.ondemand_usd_per_hour or row.spot_usd_per_hour:
+            priced[gpu[row.instance_type]].add(row.region)
+    coverage = {g: (len(regions & priced[g]), len(regions)) for g, regions in sold.items()}
+    assert {g: c for g, c in coverage.items() if c[0] < THRESHOLD * c[1]} == {}
+    covered = sum(c[0] for c in coverage.values())
+    listed = sum(c[1] for c in coverage.values())
+    assert (covered, listed) == (143, 143)  # every GPU in every region AWS lists it in
+    # Every type in every region too, and no on-demand price where AWS lists none (p5e is
+    # sold as spot and capacity blocks only).
+    assert {(r.instance_type, r.region) for r in rows if r.ondemand_usd_per_hour} == sold_types

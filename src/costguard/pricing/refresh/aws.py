@@ -135,7 +135,7 @@ def fetch(
         if not_enabled:
             skipped = ", ".join(not_enabled)
             source += f"; no spot prices from {skipped} (not enabled for this account)"
-    rows = aws_prices(ondemand, spot, target.rows, dated)
+    rows = aws_prices(ondemand, spot, target.rows, dated, spot_by_family=mirror is not None)
     if mirror is not None:
         days = mirrors.as_of(mirror, "aws", target.regions, rows.dated)
     return target.read(

@@ -100,9 +100,15 @@ class FreshPrices:
         return self.dated.get(region) or self.fetched_at.date()
 
     def markets_in(self, region: str) -> frozenset[Market]:
-        """The markets read in ``region``: those asked for that the records listed
-        prices in there (spot history alone does not make a region's on-demand read)."""
+        """The markets read in ``region`` for every type: those asked for that the
+        records listed prices in there (spot history alone does not make a region's
+        on-demand read)."""
         return self.markets & self.rows.markets_in(region)
+
+    def markets_for(self, row: InstancePrice) -> frozenset[Market]:
+        """The markets read for ``row``'s type in its region (a mirror's spot history is
+        about the families it holds)."""
+        return self.markets & self.rows.markets_for(row.region, row.instance_type)
 
     @property
     def answered(self) -> frozenset[str]:
@@ -180,7 +186,7 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ro
         return row, RowOutcome.KEPT
     found = fresh.rows.prices.get(key, {})
     day = fresh.as_of(row.region).isoformat()
-    read = fresh.markets_in(row.region)
+    read = fresh.markets_for(row)
     prices = {
         Market.ON_DEMAND: (row.ondemand_usd_per_hour, row.ondemand_status),
         Market.SPOT: (row.spot_usd_per_hour, row.spot_status),
@@ -367,7 +373,12 @@ def _fresh_part(
     # Only some markets were read (none, from an incomplete answer): the rows are as old
     # as the oldest of their parts.
     kept = _kept_part(info, place, origin)
-    markets = ", ".join(sorted(read)) or "some rows (an incomplete answer)"
+    some = [
+        f"{market} of {', '.join(sorted(families))}"
+        for (region, market), families in sorted(fresh.rows.families.items())
+        if region == place[1] and market in fresh.markets
+    ]
+    markets = ", ".join([*sorted(read), *some]) or "some rows (an incomplete answer)"
     return TablePart(
         min(kept.as_of, as_of), f"{markets} from {fresh.source}; the rest: {kept.source}"
     )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from functools import cached_property
@@ -50,6 +50,12 @@ RowKey = tuple[str, str, str | None]
 def row_key(row: InstancePrice) -> RowKey:
     """The key of a table row."""
     return (row.region, row.instance_type, row.accelerator)
+
+
+def instance_family(instance_type: str) -> str:
+    """An AWS instance type's family (``g5`` of ``g5.xlarge``); other clouds' types are
+    their own family."""
+    return instance_type.split(".", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -74,15 +80,42 @@ class RowPrices:
     #: next page that is not there): their prices update rows, but no market there
     #: counts as read, so nothing is marked "not listed" and the region is not re-dated.
     partial: frozenset[str] = frozenset()
+    #: Markets read for some instance families only, by (region, market): a mirror's spot
+    #: history holds the types someone asked for (``g5.*``), so it says nothing about a
+    #: type of another family it lacks.
+    families: Mapping[tuple[str, Market], frozenset[str]] = field(default_factory=dict)
 
     def markets_in(self, region: str) -> frozenset[Market]:
-        """The markets the records listed a price in, in ``region`` (none in a region
-        whose answer is incomplete).
+        """The markets the records listed a price in, in ``region``, for every type there
+        (none in a region whose answer is incomplete; see :attr:`families`).
 
         >>> prices = RowPrices({}, frozenset(), markets=frozenset({("eastus", Market.SPOT)}))
         >>> sorted(prices.markets_in("eastus")), sorted(prices.markets_in("westus"))
         ([<Market.SPOT: 'spot'>], [])
         """
+        read = self._markets_read(region)
+        return frozenset(m for m in read if (region, m) not in self.families)
+
+    def markets_for(self, region: str, instance_type: str) -> frozenset[Market]:
+        """The markets read in ``region`` for ``instance_type``: those read for every
+        type, and those read for its family.
+
+        >>> spot = frozenset({("us-east-1", Market.SPOT)})
+        >>> prices = RowPrices({}, frozenset(), markets=spot,
+        ...                    families={("us-east-1", Market.SPOT): frozenset({"g5"})})
+        >>> sorted(prices.markets_for("us-east-1", "g5.2xlarge"))
+        [<Market.SPOT: 'spot'>]
+        >>> sorted(prices.markets_for("us-east-1", "p4d.24xlarge"))
+        []
+        """
+        family = instance_family(instance_type)
+        return frozenset(
+            m
+            for m in self._markets_read(region)
+            if family in self.families.get((region, m), frozenset({family}))
+        )
+
+    def _markets_read(self, region: str) -> frozenset[Market]:
         if region.lower() in self.partial:
             return frozenset()
         return self._markets_by_region.get(region, frozenset())
@@ -412,8 +445,13 @@ def aws_prices(
     spot: Mapping[tuple[str, str], Decimal],
     rows: Iterable[InstancePrice],
     dated: Mapping[tuple[str, Market], datetime] | None = None,
+    *,
+    spot_by_family: bool = False,
 ) -> RowPrices:
-    """Fresh prices for AWS rows: every EC2 instance type is in the Price List."""
+    """Fresh prices for AWS rows: every EC2 instance type is in the Price List.
+    ``spot_by_family``: the spot history read covers, in each region, the instance
+    families it has records for only (a mirror's; a live read asks for every type): a
+    region with spot prices of other families too was read for spot for those only."""
 
     def row_price(row: InstancePrice) -> dict[Market, Decimal]:
         return {
@@ -424,7 +462,23 @@ def aws_prices(
 
     seen = {(region, Market.ON_DEMAND) for region, _ in ondemand}
     seen.update((region, Market.SPOT) for region, _ in spot)
-    return _row_prices(rows, row_price, seen, dated)
+    rows = list(rows)
+    prices = _row_prices(rows, row_price, seen, dated)
+    if not spot_by_family:
+        return prices
+    read: dict[str, set[str]] = {}
+    for region, instance_type in spot:
+        read.setdefault(region, set()).add(instance_family(instance_type))
+    held: dict[str, set[str]] = {}  # the families with a spot price to refresh
+    for row in rows:
+        if row.spot_usd_per_hour is not None:
+            held.setdefault(row.region, set()).add(instance_family(row.instance_type))
+    families = {
+        (region, Market.SPOT): frozenset(some)
+        for region, some in read.items()
+        if not held.get(region, set()) <= some
+    }
+    return replace(prices, families=families)
 
 
 # --- GCP -------------------------------------------------------------------------------
