@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -16,14 +17,30 @@ from costguard.cli import cli
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.tables import load_catalog
 from tests.helpers.processes import free_port
+from tests.helpers.training import SharedRuns
 
 #: The checkpoint stores, one fixture set for the checkpoint suite and the Store contract.
 pytest_plugins = ["tests.helpers.stores"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, in their order: pytest-xdist's workers then start on them, and
+    the many short tests fill the end of the run instead of a long one being started last
+    while the other workers idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(scope="session")
 def catalog() -> Catalog:
     return load_catalog()
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
+    """Reference runs made once per test run: under pytest-xdist every worker's temporary
+    folder sits in the run's own, which they share."""
+    base = tmp_path_factory.getbasetemp()
+    return SharedRuns((base.parent if "PYTEST_XDIST_WORKER" in os.environ else base) / "shared")
 
 
 @dataclass

@@ -39,9 +39,11 @@ from tests.helpers.training import (
     SCRIPTS,
     TORCHRUN,
     RankedJob,
+    SharedRuns,
     assert_bitwise_equal,
     costguard_command,
     newest_manifest,
+    ranks_reference,
     reached,
 )
 
@@ -215,22 +217,14 @@ def _final(out: Path) -> dict[str, object]:
 @pytest.mark.slow
 def test_ddp_preempted_three_times_resumes_bitwise_identical(
     tmp_path: Path,
+    shared_runs: SharedRuns,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
     watched_env: Callable[[str], dict[str, str]],
 ) -> None:
     _, state = metadata_server
     env = watched_env("gcp")
-    reference_out = tmp_path / "reference.pt"
-    reference = subprocess.run(
-        [*RANKS, "2", str(DDP_SCRIPT), "--steps", str(STEPS), "--out", str(reference_out)],
-        env={**train_env(), "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    reference_out = ranks_reference(shared_runs, DDP_SCRIPT, 2, train_env(), "--steps", str(STEPS))
 
     seed = random.randrange(10**6)
     rng = random.Random(seed)

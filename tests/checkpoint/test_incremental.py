@@ -25,7 +25,7 @@ from costguard.checkpoint.manifest import MANIFEST_FILE, parse_manifest, pool_ob
 from costguard.checkpoint.store import Store
 from tests.checkpoint.test_trust import FaultyFS
 from tests.helpers.stores import Backend
-from tests.helpers.training import SCRIPTS
+from tests.helpers.training import SCRIPTS, SharedRuns
 
 FAST = RetryPolicy(attempts=2, base_delay_s=0.01, max_delay_s=0.02)
 SIDE = 512  # a 512 x 512 float32 weight: 1 MiB, the pool's threshold
@@ -285,11 +285,18 @@ def run_lora(env: dict[str, str], out: Path, stop_after: int | None) -> int:
 
 @pytest.mark.parametrize("backend", ["local", "s3"], indirect=True)
 def test_a_lora_run_preempted_twice_ends_bitwise_equal_to_an_uninterrupted_one(
-    backend: Backend, tmp_path: Path, train_env: Callable[..., dict[str, str]]
+    backend: Backend,
+    tmp_path: Path,
+    train_env: Callable[..., dict[str, str]],
+    shared_runs: SharedRuns,
 ) -> None:
     events = tmp_path / "events.jsonl"
-    whole = train_env(COSTGUARD_CHECKPOINT_URL=str(tmp_path / "whole"))
-    assert run_lora(whole, tmp_path / "whole.pt", None) == 0
+
+    def uninterrupted(folder: Path) -> None:
+        whole = train_env(COSTGUARD_CHECKPOINT_URL=str(folder / "ckpt"))
+        assert run_lora(whole, folder / "whole.pt", None) == 0
+
+    whole = shared_runs.folder(("lora_train.py", "--sleep", "0.02"), uninterrupted) / "whole.pt"
     env = train_env(
         COSTGUARD_CHECKPOINT_URL=backend.url, COSTGUARD_EVENTS_FILE=str(events), **backend.env
     )
@@ -298,7 +305,7 @@ def test_a_lora_run_preempted_twice_ends_bitwise_equal_to_an_uninterrupted_one(
     assert run_lora(env, tmp_path / "resumed.pt", None) == 0
     assert_same(
         torch.load(tmp_path / "resumed.pt", weights_only=True),
-        torch.load(tmp_path / "whole.pt", weights_only=True),
+        torch.load(whole, weights_only=True),
     )
     saves = [
         e for e in (json.loads(x) for x in events.read_text().splitlines()) if e["event"] == "save"

@@ -30,10 +30,12 @@ from tests.helpers.processes import free_port
 from tests.helpers.training import (
     READY,
     STEP,
+    SharedRuns,
     assert_bitwise_equal,
     assert_same,
     costguard_command,
     newest_manifest,
+    ranks_reference,
 )
 
 pytestmark = pytest.mark.slow
@@ -115,24 +117,11 @@ def rank_states(out: Path, ranks: int) -> list[object]:
 
 @pytest.mark.parametrize("procs", [1, 2])
 def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
-    tmp_path: Path, train_env: Callable[..., dict[str, str]], procs: int
+    tmp_path: Path, train_env: Callable[..., dict[str, str]], procs: int, shared_runs: SharedRuns
 ) -> None:
     ranks = 2 * procs
     env = train_env()
-    reference_out = tmp_path / "reference.pt"
-    reference = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", str(ranks), str(DDP_SCRIPT),
-         "--steps", str(STEPS), "--out", str(reference_out)],
-        env={**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
-        capture_output=True, text=True, timeout=TIMEOUT_S, check=False,
-    )  # fmt: skip
-    # gloo's teardown sometimes aborts a rank after the work is done and the output written
-    # (torch's own flake, without costguard): that alone is no failure of the reference.
-    aborted = "terminate called without an active exception" in reference.stderr
-    wrote = reference_out.exists() and all(
-        Path(f"{reference_out}.rank{rank}").exists() for rank in range(ranks)
-    )
-    assert reference.returncode == 0 or (aborted and wrote), reference.stderr[-3000:]
+    reference_out = ranks_reference(shared_runs, DDP_SCRIPT, ranks, env, "--steps", str(STEPS))
 
     url, out = str(tmp_path / "ckpt"), tmp_path / "resumed.pt"
     seed = random.randrange(10**6)

@@ -33,6 +33,7 @@ from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import (
     TRAIN_SCRIPT,
     Followed,
+    SharedRuns,
     assert_bitwise_equal,
     costguard_command,
     manifests,
@@ -63,11 +64,6 @@ def reached(line: str, step: int) -> bool:
     return line.startswith("STEP ") and int(line.split()[1]) >= step
 
 
-def reference_weights(tmp_path: Path, env: dict[str, str]) -> object:
-    env = {**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")}
-    return train_reference(STEPS, tmp_path / "reference.pt", env, TIMEOUT_S)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["local", "s3"])
 def test_exact_resume_after_three_signals(
@@ -75,6 +71,7 @@ def test_exact_resume_after_three_signals(
     tmp_path: Path,
     train_env: Callable[..., dict[str, str]],
     request: pytest.FixtureRequest,
+    shared_runs: SharedRuns,
 ) -> None:
     env = train_env()
     if store == "s3":
@@ -84,7 +81,7 @@ def test_exact_resume_after_three_signals(
         url = "s3://resume/run"
     else:
         url = str(tmp_path / "ckpt")
-    reference = reference_weights(tmp_path, env)
+    reference = train_reference(shared_runs, STEPS, env, TIMEOUT_S)
     seed = random.randrange(10**6)
     rng = random.Random(seed)
     out = tmp_path / "resumed.pt"

@@ -44,9 +44,11 @@ from tests.helpers.training import (
     READY,
     SCRIPTS,
     RankedJob,
+    SharedRuns,
     assert_bitwise_equal,
     batches,
     newest_manifest,
+    ranks_reference,
     reached,
 )
 
@@ -90,14 +92,14 @@ def final(out: Path, ranks: int) -> dict[str, Any]:
 @pytest.mark.timeout(900)  # six 4-rank runs on a machine of two cores
 def test_fsdp2_on_4_ranks_preempted_twice_resumes_bitwise_then_reshards_to_2_and_1(
     tmp_path: Path,
+    shared_runs: SharedRuns,
     train_env: Callable[..., dict[str, str]],
     metadata_server: tuple[str, MetadataState],
     watched_env: Callable[[str], dict[str, str]],
 ) -> None:
     _, state = metadata_server
     env = watched_env("gcp")
-    reference_out = tmp_path / "reference.pt"
-    run_ranks(4, str(tmp_path / "reference"), reference_out, train_env(), "--steps", str(STEPS))
+    reference_out = ranks_reference(shared_runs, SCRIPT, 4, train_env(), "--steps", str(STEPS))
 
     seed = random.randrange(10**6)
     rng = random.Random(seed)

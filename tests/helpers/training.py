@@ -4,6 +4,8 @@ that a resumed run ended in the state of an uninterrupted one (torch loads only 
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import re
@@ -11,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,19 +162,79 @@ def newest_manifest(folder: str | Path) -> dict[str, Any]:
     return max(manifests(folder), key=lambda m: int(m["step"]))
 
 
-def train_reference(steps: int, out: Path, env: dict[str, str], timeout_s: float) -> Any:
-    """An uninterrupted run of the training script (its checkpoint URL in ``env``): its
-    final weights."""
+class SharedRuns:
+    """Folders of outputs made once per test run, for every test and every pytest-xdist
+    worker that asks with the same key: the uninterrupted reference trainings. They are
+    seeded and deterministic, so each resumed run compares against the one made first
+    (tests of one scenario on several stores share it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def folder(self, key: Sequence[str], make: Callable[[Path], None]) -> Path:
+        """The folder of ``key``'s outputs; ``make(folder)`` fills it if no test has yet."""
+        digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+        folder = self.root / digest
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / f"{digest}.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # a worker making it: wait for its outputs
+            if not (folder / ".made").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                make(folder)
+                (folder / ".made").touch()
+        return folder
+
+
+def train_reference(shared: SharedRuns, steps: int, env: dict[str, str], timeout_s: float) -> Any:
+    """An uninterrupted run of the training script for ``steps`` steps, checkpointing in
+    its own folder (made once per test run): its final weights."""
     import torch
 
-    subprocess.run(
-        [sys.executable, str(TRAIN_SCRIPT), "--steps", str(steps), "--out", str(out)],
-        env=env,
-        check=True,
-        timeout=timeout_s,
-        capture_output=True,
-    )
-    return torch.load(out, weights_only=True)
+    def make(folder: Path) -> None:
+        subprocess.run(
+            [
+                sys.executable,
+                str(TRAIN_SCRIPT),
+                "--steps",
+                str(steps),
+                "--out",
+                str(folder / "out.pt"),
+            ],
+            env={**env, "COSTGUARD_CHECKPOINT_URL": str(folder / "ckpt")},
+            check=True,
+            timeout=timeout_s,
+            capture_output=True,
+        )
+
+    folder = shared.folder((TRAIN_SCRIPT.name, str(steps)), make)
+    return torch.load(folder / "out.pt", weights_only=True)
+
+
+def ranks_reference(
+    shared: SharedRuns, script: Path, ranks: int, env: dict[str, str], *args: str
+) -> Path:
+    """An uninterrupted run of a distributed script on ``ranks`` ranks (made once per test
+    run): its ``--out``, rank 0's full state, beside which ``<out>.rank<r>`` holds each
+    rank's own."""
+
+    def make(folder: Path) -> None:
+        out = folder / "out.pt"
+        done = subprocess.run(
+            [*RANKS, str(ranks), str(script), "--out", str(out), *args],
+            env={**env, "COSTGUARD_CHECKPOINT_URL": str(folder / "ckpt")},
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        # gloo's teardown sometimes aborts a rank after the work is done and written (torch's
+        # own flake, without costguard): that alone is no failure of the reference.
+        aborted = "terminate called without an active exception" in done.stderr
+        wrote = out.exists() and all(Path(f"{out}.rank{r}").exists() for r in range(ranks))
+        assert done.returncode == 0 or (aborted and wrote), done.stderr[-3000:]
+
+    return shared.folder((script.name, str(ranks), *args), make) / "out.pt"
 
 
 def assert_same(a: object, b: object, *, close: bool = False) -> None:

@@ -30,6 +30,7 @@ from costguard.cli.checkpoint import checkpoint_group
 from tests.helpers.stores import Backend, make_s3_bucket
 from tests.helpers.training import (
     Followed,
+    SharedRuns,
     assert_bitwise_equal,
     child_env,
     costguard_command,
@@ -83,14 +84,17 @@ def export_matches(url: str, tmp_path: Path, final: Path) -> None:
     assert_bitwise_equal(exported, {k: weights[k] for k in exported})
 
 
-def reference(script: str, tmp_path: Path, env: dict[str, str], *args: str) -> object:
+def reference(shared: SharedRuns, script: str, env: dict[str, str], *args: str) -> object:
     """The final weights of an uninterrupted run, without costguard (the callbacks then
-    do nothing)."""
-    final = tmp_path / "reference.pt"
-    command = [sys.executable, str(HERE / script), "--out", str(tmp_path / "reference")]
-    run = Followed([*command, "--final", str(final), *args], env, TIMEOUT_S)
-    assert run.finish() == 0, run.stderr()[-3000:]
-    return torch.load(final, weights_only=True)
+    do nothing); made once per test run."""
+
+    def make(folder: Path) -> None:
+        command = [sys.executable, str(HERE / script), "--out", str(folder / "out")]
+        run = Followed([*command, "--final", str(folder / "final.pt"), *args], env, TIMEOUT_S)
+        assert run.finish() == 0, run.stderr()[-3000:]
+
+    folder = shared.folder((script, *args), make)
+    return torch.load(folder / "final.pt", weights_only=True)
 
 
 def store_for(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
@@ -170,10 +174,14 @@ def hf_env(train_env: dict[str, str]) -> dict[str, str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("store_name", ["local", "s3"])
 def test_hf_trainer_survives_two_notices_on_new_machines(
-    store_name: str, tmp_path: Path, hf_env: dict[str, str], request: pytest.FixtureRequest
+    store_name: str,
+    tmp_path: Path,
+    hf_env: dict[str, str],
+    request: pytest.FixtureRequest,
+    shared_runs: SharedRuns,
 ) -> None:
     store = store_for(store_name, tmp_path, request)
-    expected = reference("hf_train.py", tmp_path, hf_env, "--steps", str(STEPS), "--callback")
+    expected = reference(shared_runs, "hf_train.py", hf_env, "--steps", str(STEPS), "--callback")
     final, _ = preempted_twice("hf_train.py", store, tmp_path, hf_env, hf_step, "--callback")
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     export_matches(store.url, tmp_path, final)
@@ -185,11 +193,14 @@ def test_lightning_survives_two_notices_on_new_machines(
     store_name: str,
     tmp_path: Path,
     train_env: dict[str, str],
+    shared_runs: SharedRuns,
     request: pytest.FixtureRequest,
 ) -> None:
     store = store_for(store_name, tmp_path, request)
     env = train_env
-    expected = reference("lightning_train.py", tmp_path, env, "--steps", str(STEPS), "--callback")
+    expected = reference(
+        shared_runs, "lightning_train.py", env, "--steps", str(STEPS), "--callback"
+    )
     final, saved = preempted_twice(
         "lightning_train.py", store, tmp_path, env, ready_step, "--callback"
     )
@@ -202,10 +213,10 @@ def test_lightning_survives_two_notices_on_new_machines(
 
 @pytest.mark.slow
 def test_accelerate_loop_survives_two_notices_on_every_store(
-    backend: Backend, tmp_path: Path, train_env: dict[str, str]
+    backend: Backend, tmp_path: Path, train_env: dict[str, str], shared_runs: SharedRuns
 ) -> None:
     env = train_env
-    expected = reference("accelerate_train.py", tmp_path, env, "--steps", str(STEPS))
+    expected = reference(shared_runs, "accelerate_train.py", env, "--steps", str(STEPS))
     # SIGINT (Ctrl-C) is not forwarded: costguard run relays it through the notice file.
     final, _ = preempted_twice(
         "accelerate_train.py",
@@ -221,7 +232,7 @@ def test_accelerate_loop_survives_two_notices_on_every_store(
 
 @pytest.mark.slow
 def test_a_kill_during_a_trainer_save_never_restores_a_half_folder(
-    tmp_path: Path, hf_env: dict[str, str]
+    tmp_path: Path, hf_env: dict[str, str], shared_runs: SharedRuns
 ) -> None:
     url, out, final = str(tmp_path / "store"), tmp_path / "out", tmp_path / "final.pt"
     args = ("--final", str(final), "--steps", "30", "--callback")
@@ -239,7 +250,7 @@ def test_a_kill_during_a_trainer_save_never_restores_a_half_folder(
     assert [p.name.split(".")[0] for p in (out / ".costguard-incomplete").iterdir()] == [
         "checkpoint-20"
     ]
-    expected = reference("hf_train.py", tmp_path, hf_env, "--steps", "30")
+    expected = reference(shared_runs, "hf_train.py", hf_env, "--steps", "30")
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     assert max(kept(url)) == (30, "checkpoint-30")
 

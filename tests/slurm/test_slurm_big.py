@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 import torch
 from tests.checkpoint.test_distributed import DDP_SCRIPT
-from tests.helpers.training import TRAIN_SCRIPT, assert_bitwise_equal, costguard_command
+from tests.helpers.training import (
+    TRAIN_SCRIPT,
+    SharedRuns,
+    assert_bitwise_equal,
+    costguard_command,
+    ranks_reference,
+)
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_slurm_jobs import FINISHED, Job, training_env
 
@@ -58,19 +64,12 @@ class BigJob(Job):
 
 
 def test_multi_node_script_on_one_node_saves_on_the_warning_and_resumes_exactly(
-    slurm_cluster: SlurmCluster, tmp_path: Path
+    slurm_cluster: SlurmCluster, tmp_path: Path, shared_runs: SharedRuns
 ) -> None:
     env = training_env(slurm_cluster, tmp_path)
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     steps = 24
-    reference_out = tmp_path / "reference.pt"
-    reference = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(DDP_SCRIPT),
-         "--steps", str(steps), "--out", str(reference_out)],
-        env={**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    reference_out = ranks_reference(shared_runs, DDP_SCRIPT, 2, env, "--steps", str(steps))
 
     out = tmp_path / "trained.pt"
     job = BigJob(slurm_cluster, tmp_path, env, "--time", "00:10:00", "--requeue",

@@ -24,6 +24,7 @@ import pytest
 import torch
 from tests.helpers.training import (
     TRAIN_SCRIPT,
+    SharedRuns,
     assert_bitwise_equal,
     costguard_command,
     train_reference,
@@ -55,23 +56,17 @@ def training_env(cluster: SlurmCluster, tmp_path: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def reference_weights(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Callable[[int], dict[str, object]]:
-    """The same training, uninterrupted and outside SLURM; once per number of steps.
+def reference_weights(shared_runs: SharedRuns) -> Callable[[int], dict[str, object]]:
+    """The same training, uninterrupted and outside SLURM (once per number of steps).
 
     Run before a job is submitted, so that it does not slow the job down.
     """
-    done: dict[int, dict[str, object]] = {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
+    env.update({"COSTGUARD_CLOUD": "none", "OMP_NUM_THREADS": "1"})
 
     def weights(steps: int) -> dict[str, object]:
-        if steps not in done:
-            folder = tmp_path_factory.mktemp("reference")
-            env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
-            env.update({"COSTGUARD_CLOUD": "none", "OMP_NUM_THREADS": "1"})
-            env.update({"COSTGUARD_CHECKPOINT_URL": str(folder / "ckpt")})
-            done[steps] = train_reference(steps, folder / "reference.pt", env, 300)
-        return done[steps]
+        final: dict[str, object] = train_reference(shared_runs, steps, env, 300)
+        return final
 
     return weights
 

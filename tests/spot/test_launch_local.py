@@ -28,7 +28,7 @@ from costguard.spot.launcher.base import LaunchSpec, Market, Offer
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.cli.test_widths import read_screen
 from tests.helpers.output import WIDTHS, assert_commands_whole, assert_fits, read_png
-from tests.helpers.training import TRAIN_SCRIPT, assert_bitwise_equal
+from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
 from tests.test_plots import blobs, rgb
 
 #: Every child process is bounded by this (the machine may be shared and slow).
@@ -56,19 +56,6 @@ def train_command(out: Path, steps: int, sleep: float = 0.05) -> list[str]:
     ]
 
 
-def reference_run(tmp_path: Path, env: dict[str, str], steps: int) -> Path:
-    """The same training, uninterrupted, checkpointing elsewhere: its final state file."""
-    out = tmp_path / "reference.pt"
-    subprocess.run(
-        train_command(out, steps, sleep=0.0),
-        env={**env, "COSTGUARD_CHECKPOINT_URL": str(tmp_path / "reference-ckpt")},
-        check=True,
-        timeout=TIMEOUT_S,
-        capture_output=True,
-    )
-    return out
-
-
 def read_job(url: Path) -> dict[str, object]:
     """``job/job.json`` of a local checkpoint folder."""
     data: dict[str, object] = json.loads((url / "job" / "job.json").read_text())
@@ -90,13 +77,14 @@ def steps_of(lines: list[str]) -> tuple[int, int]:
 @pytest.mark.slow
 def test_three_preemptions_resume_exactly_and_lose_no_step(
     tmp_path: Path,
+    shared_runs: SharedRuns,
     spot_env: Callable[..., dict[str, str]],
     run_cli: Callable[..., Any],
     terminal: Callable[[int], None],
 ) -> None:
     env = spot_env()
     steps = 16
-    reference = torch.load(reference_run(tmp_path, env, steps), weights_only=True)
+    reference = train_reference(shared_runs, steps, env, TIMEOUT_S)
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
     result = subprocess.run(
         [
