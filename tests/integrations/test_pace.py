@@ -113,3 +113,22 @@ def test_costguard_run_records_the_trainers_pace_in_the_store(tmp_path: Path) ->
     other = Store.open(tmp_path / "other")
     Events(tmp_path / "none", quiet=True, say=said.append, store=other)._show(own)
     assert read_pace(other) is None
+
+
+def test_a_pilot_stops_the_trainer_once_its_pace_is_recorded(tmp_path: Path) -> None:
+    from costguard.checkpoint.checkpointer import PilotDone
+
+    events, clock = tmp_path / "events.jsonl", Clock()
+    env = {"COSTGUARD_EVENTS_FILE": str(events), "COSTGUARD_PILOT_STEPS": "12"}
+    pace = TrainerPace(env, clock=clock)
+    pace.begin(rank0=True, total_steps=1000, steps_per_epoch=100)
+    for step in range(1, 12):
+        clock.now += 0.5
+        pace.step_end(step)
+    clock.now += 0.5
+    with pytest.raises(PilotDone) as stopped:
+        pace.step_end(12)
+    assert stopped.value.code == 0  # the script was only measured
+    recorded = parse_pace(json.dumps(records(events)[-1]).encode())
+    assert recorded is not None
+    assert (recorded.pilot, recorded.steps_done, recorded.steps_per_epoch) == (True, 12, 100)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Literal
 
 from costguard.checkpoint.pace import (
+    ENV_PILOT_STEPS,
     ENV_TOTAL_STEPS,
     PUBLISH_S,
     Pace,
@@ -56,9 +57,10 @@ class TrainerPace:
     ) -> None:
         env = os.environ if env is None else env
         self.events_file = env.get(ENV_EVENTS_FILE, "").strip() or None
-        text = env.get(ENV_TOTAL_STEPS, "").strip()
         #: ``costguard run --total-steps``: wins over what the trainer says.
-        self._env_total = int(text) if text.isdigit() and int(text) > 0 else None
+        self._env_total = _count_text(env.get(ENV_TOTAL_STEPS, ""))
+        #: ``costguard pilot --steps N``: the trainer stops after N steps, its pace recorded.
+        self.pilot_steps = _count_text(env.get(ENV_PILOT_STEPS, ""))
         self._clock = clock
         self.meter = PaceMeter()
         self.evaluations = 0
@@ -87,12 +89,19 @@ class TrainerPace:
         self.steps_per_epoch = _count(steps_per_epoch)
 
     def step_end(self, steps_done: int) -> None:
-        """Optimizer step ``steps_done`` (the trainer's global step) has ended."""
+        """Optimizer step ``steps_done`` (the trainer's global step) has ended. Under
+        ``costguard pilot``, after its steps the record is published and
+        :class:`~costguard.checkpoint.checkpointer.PilotDone` ends the script (exit 0)."""
         now = self._clock()
         self.meter.lap(now, steps_done)
         self.meter.resume(now)  # what comes before the next step's end is that step's
         self._mark = now
         self.steps_done = steps_done
+        if self.pilot_steps is not None and self.meter.laps >= self.pilot_steps:
+            from costguard.checkpoint.checkpointer import PilotDone
+
+            self.publish()
+            raise PilotDone(self.meter.laps)
         if now - self._published_s >= PUBLISH_S:
             self.publish()
 
@@ -141,6 +150,7 @@ class TrainerPace:
             device=device_name(),
             host=host_name(),
             job_id=os.environ.get("COSTGUARD_JOB_ID", "")[:200],
+            pilot=self.pilot_steps is not None,
         )
 
     def publish(self) -> None:
@@ -155,6 +165,16 @@ class TrainerPace:
                 file.write(json.dumps(event) + "\n")
         except OSError as exc:
             logger.debug("costguard: could not tell costguard run the pace: %s", exc)
+
+
+def _count_text(text: str) -> int | None:
+    """A positive whole number in an environment variable (``costguard run`` checked it).
+
+    >>> _count_text("200"), _count_text(" 0"), _count_text("x")
+    (200, None, None)
+    """
+    text = text.strip()
+    return _count(int(text)) if text.isdigit() and len(text) < 19 else None
 
 
 def _count(value: object) -> int | None:
