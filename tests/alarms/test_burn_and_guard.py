@@ -269,14 +269,16 @@ def test_burn_includes_the_projections_of_running_jobs(
     ]  # fmt: skip
     url = running_job_store(tmp_path, tagged[0])
     (tmp_path / "empty").mkdir()
-    args = ("burn", "--region", "us-east-1", "--job", url, "--job", str(tmp_path / "empty"))
+    missing = tmp_path / "missing"
+    args = ("burn", "--region", "us-east-1", "--job", url, "--job", str(tmp_path / "empty"),
+            "--job", str(missing))  # fmt: skip
     result = run_cli(*args, "--format", "json")
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert {i["instance_id"]: i["job"] for i in doc["instances"]} == dict(
         zip(tagged, ("cg-test-1", "cg-other-9"), strict=True)
     )
-    running, unreadable = doc["jobs"]
+    running, unreadable, absent = doc["jobs"]
     assert (running["job_id"], running["status"]) == ("cg-test-1", "running")
     assert running["instance_id"] == tagged[0]
     projection = running["projection"]
@@ -292,6 +294,8 @@ def test_burn_includes_the_projections_of_running_jobs(
     assert unreadable["url"] == str(tmp_path / "empty")
     assert "no costguard job" in unreadable["error"]
     assert unreadable["remaining_usd"] is None
+    assert absent["error"] is not None
+    assert not missing.exists()  # burn reads: a mistyped folder is not made
     terminal(80)
     table = run_cli(*args)
     assert table.exit_code == 0, table.stderr

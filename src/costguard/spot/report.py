@@ -17,6 +17,7 @@ from typing import Any
 from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
 from costguard.money import format_usd
+from costguard.retry import RetryPolicy
 from costguard.shell import command
 from costguard.spot.controller import handle_label, summarise
 from costguard.spot.job import RUNNING, Job, JobSpec, attempt_doc, spec_doc
@@ -214,17 +215,24 @@ class JobBurn:
         return p.projected_total_usd - p.spent_usd
 
 
+#: ``burn --job``: a store that does not answer is named soon, not after a save's patience.
+BURN_RETRY = RetryPolicy(attempts=2, base_delay_s=0.2, max_delay_s=1.0)
+
+
 def job_burn(url: str, now_unix: float) -> JobBurn:
     """The job at checkpoint ``url`` and its projection; a store or record that cannot be
-    read is said in the result, never raised (``burn`` goes on with the other jobs)."""
+    read is said in the result, never raised (``burn`` goes on with the other jobs). Read
+    only: a missing local folder is not made, and a store is retried once."""
     from costguard.checkpoint.pace import read_pace
+    from costguard.checkpoint.store import Store, storage_options_from_env
     from costguard.spot.job import load_job
-    from costguard.spot.prepare import normal_url, open_store
+    from costguard.spot.prepare import normal_url
     from costguard.spot.projection import of_job
     from costguard.spot.recovery import spent_usd
 
     try:
-        store = open_store(normal_url(url))
+        options = storage_options_from_env()
+        store = Store.open(normal_url(url), options, retry=BURN_RETRY, create=False)
         job = load_job(store)
     except CostguardError as exc:
         return JobBurn(url, error=str(exc))
