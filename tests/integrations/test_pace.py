@@ -107,7 +107,8 @@ def test_costguard_run_records_the_trainers_pace_in_the_store(tmp_path: Path) ->
     followed.stop()  # reads the whole file
     recorded = read_pace(store)
     assert recorded == parse_pace(json.dumps(records(events)[-1]).encode())
-    assert said[-1].startswith("step 30 of 100 (30%) at 0.5 s/step: finish in")
+    # 70 steps of 0.5 s, and the evaluations' and saves' 10 s per 12 s of steps with them.
+    assert said[-1] == "step 30 of 100 (30%) at 0.5 s/step: finish in 1 min 4 s"
     # The Checkpointer writes its own record: its events are not written again.
     own = {k: v for k, v in records(events)[-1].items() if k != "record"}
     other = Store.open(tmp_path / "other")

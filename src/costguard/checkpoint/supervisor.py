@@ -301,7 +301,8 @@ class StopWatch:
 
 
 def eta_line(event: dict[str, Any]) -> str | None:
-    """The finish time a pace event gives, when the run's total steps are known.
+    """The finish time a pace event gives, when the run's total steps are known: its steps
+    left at the measured pace, with the saves' stalls and a trainer's evaluations.
 
     >>> eta_line({"steps_done": 500, "total_steps": 2000, "steps_measured": 400,
     ...           "seconds_measured": 200.0, "overhead_s": 0.0})
@@ -312,7 +313,8 @@ def eta_line(event: dict[str, Any]) -> str | None:
     try:
         done, total = int(event["steps_done"]), int(event["total_steps"])
         measured, seconds = int(event["steps_measured"]), float(event["seconds_measured"])
-        overhead = float(event.get("overhead_s") or 0.0) / seconds
+        stalls = float(event.get("overhead_s") or 0.0) + float(event.get("evaluation_s") or 0.0)
+        overhead = stalls / seconds
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     if measured <= 0 or total <= 0:
