@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -14,12 +16,19 @@ import pytest
 from costguard.alarms.aws import AwsAlarms
 from costguard.alarms.burn import PricedInstance, burn_report, month_bounds, price_running
 from costguard.alarms.guard import NoAlarmError, require_alarm
+from costguard.checkpoint.pace import Pace, write_pace
+from costguard.checkpoint.store import Store
 from costguard.money import format_usd
 from costguard.pricing.catalog import Catalog, Market
 from costguard.reaper.fleet import PriceBook
 from costguard.reaper.policy import Instance
+from costguard.spot.job import Job, save_job
+from costguard.spot.launcher.base import Handle
+from costguard.spot.recovery import Attempt
 from tests.helpers.output import WIDTHS, assert_fits
 from tests.servers.http import JsonServer
+from tests.spot.test_offers_and_job import spec
+from tests.spot.test_simulator import ON_DEMAND
 
 
 def launch(region: str, instance_type: str, count: int = 1, *, spot: bool = False) -> list[str]:
@@ -231,3 +240,97 @@ def test_guard_override_warns_without_calling() -> None:
     warning = require_alarm("gcp", Exploding(), override=True)
     assert warning is not None
     assert "--no-alarm-check" in warning
+
+
+def running_job_store(tmp_path: Path, instance_id: str) -> str:
+    """A job launched 600 s ago whose script recorded 500 of its 2000 steps at 0.5 s each,
+    its attempt on ``instance_id`` at $1.006/h, as ``costguard launch`` writes it."""
+    store = Store.open(tmp_path / "ckpt")
+    now = time.time()
+    attempt = Attempt(1, ON_DEMAND, launched_unix=now - 600,
+                      handle=Handle("aws", "us-east-1", instance_id))  # fmt: skip
+    job_spec = spec(store.url, spot=False, simulation=None, created_unix=now - 605)
+    save_job(store, Job(job_spec, attempts=(attempt,)))
+    write_pace(store, Pace(400, 200.0, 500, now, now - 590, total_steps=2000))
+    return store.url
+
+
+def test_burn_includes_the_projections_of_running_jobs(
+    run_cli: Callable[..., Any], aws_env: str, tmp_path: Path, terminal: Callable[[int], None]
+) -> None:
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    tagged = [
+        ec2.run_instances(
+            ImageId="ami-12345678", InstanceType="g5.xlarge", MinCount=1, MaxCount=1,
+            TagSpecifications=[{"ResourceType": "instance",
+                                "Tags": [{"Key": "costguard:job", "Value": job}]}],
+        )["Instances"][0]["InstanceId"]
+        for job in ("cg-test-1", "cg-other-9")
+    ]  # fmt: skip
+    written = time.time()
+    url = running_job_store(tmp_path, tagged[0])
+    (tmp_path / "empty").mkdir()
+    missing = tmp_path / "missing"
+    args = ("burn", "--region", "us-east-1", "--job", url, "--job", str(tmp_path / "empty"),
+            "--job", str(missing))  # fmt: skip
+    result = run_cli(*args, "--format", "json")
+    waited = time.time() - written  # the machine's load decides it: the bounds follow it
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert {i["instance_id"]: i["job"] for i in doc["instances"]} == dict(
+        zip(tagged, ("cg-test-1", "cg-other-9"), strict=True)
+    )
+    running, unreadable, absent = doc["jobs"]
+    assert (running["job_id"], running["status"]) == ("cg-test-1", "running")
+    assert running["instance_id"] == tagged[0]
+    projection = running["projection"]
+    assert projection["total_steps"] == 2000
+    rate = Decimal("1.006") / 3600  # a second at $1.006/h
+    spent = Decimal(running["spent_usd"])
+    assert rate * 600 <= spent <= rate * (600 + Decimal(waited))  # launched 600 s before
+    # The steps since the record at its 0.5 s each; the rest, and a 10 s wind-down, to come.
+    done = projection["steps_done"]
+    assert 500 <= done <= 500 + waited / 0.5
+    assert projection["left_s"] == pytest.approx((2000 - done) * 0.5 + 10, abs=0.2)
+    still = Decimal(running["remaining_usd"])
+    assert abs(still - rate * Decimal(str(projection["left_s"]))) < Decimal("0.0002")
+    assert Decimal(running["projected_total_usd"]) == spent + still
+    assert Decimal(doc["jobs_remaining_usd"]) == still
+    assert unreadable["job_id"] is None
+    assert unreadable["url"] == str(tmp_path / "empty")
+    assert "no costguard job" in unreadable["error"]
+    assert unreadable["remaining_usd"] is None
+    assert absent["error"] is not None
+    assert not missing.exists()  # burn reads: a mistyped folder is not made
+    terminal(80)
+    table = run_cli(*args)
+    assert table.exit_code == 0, table.stderr
+    # The tables fit; a note's folder path is one word, kept whole (copyable).
+    tables = table.stdout[: table.stdout.index("Notes:")]
+    assert_fits(tables, 80, ["cg-test-1", "running", "unreadable"])
+    text = " ".join(table.stdout.split())
+    assert "cg-test-1" in text
+    assert "Jobs still to spend: $0." in text  # a few seconds later: the same cents or so
+    assert f"{tmp_path / 'empty'}: no costguard job" in text
+    # An instance of a job not passed with --job says how to see its projection.
+    assert f"{tagged[1]}: costguard job cg-other-9" in text
+    assert "--job URL" in text
+
+
+def test_burn_names_a_job_without_a_projection(
+    run_cli: Callable[..., Any], aws_env: str, tmp_path: Path
+) -> None:
+    store = Store.open(tmp_path / "ckpt")
+    attempt = Attempt(1, ON_DEMAND, launched_unix=time.time() - 60)
+    save_job(store, Job(spec(store.url, spot=False, simulation=None), attempts=(attempt,)))
+    done = Store.open(tmp_path / "done")
+    save_job(done, Job(spec(done.url, spot=False, simulation=None), status="succeeded"))
+    result = run_cli("burn", "--region", "us-east-1", "--job", store.url, "--job", done.url,
+                     "--format", "json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    unprojected, finished = result.json()["jobs"]
+    assert unprojected["projection"] is None
+    assert unprojected["remaining_usd"] is None
+    assert "no pace recorded" in unprojected["note"]
+    assert Decimal(finished["remaining_usd"]) == 0
+    assert finished["status"] == "succeeded"

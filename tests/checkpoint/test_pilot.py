@@ -91,3 +91,15 @@ def test_bad_pilot_input(run_cli, tmp_path: Path, args: tuple[str, ...]) -> None
     result = run_cli("pilot", *args, *command)
     assert result.exit_code == 2
     assert "Error: " in result.stderr
+
+
+def test_total_steps_and_epochs_are_one_or_the_other(run_cli, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = f"open({str(marker)!r}, 'w').close()"
+    lengths = ("--total-steps", "100", "--epochs", "2")
+    command = ("--", sys.executable, "-c", script)
+    result = run_cli("pilot", "--steps", "20", *lengths, "--checkpoint", str(tmp_path), *command)
+    assert result.exit_code == 2
+    assert "--total-steps and --epochs both give the run's length" in result.stderr
+    assert "Hint: " in result.stderr
+    assert not marker.exists()  # refused before the script ran

@@ -71,6 +71,26 @@ def test_the_runs_total_steps_are_the_default(run_cli, tmp_path: Path) -> None:
     assert doc["query"]["gpus"] == ["T4"]
 
 
+def test_epochs_are_the_trainers_steps_per_epoch(run_cli, tmp_path: Path) -> None:
+    # A trainer's record: 0.5 s a step, 1200 steps an epoch, 4 evaluations of 10 s.
+    pace = Pace(390, 195.0, 400, 2.0, 1.0, steps_per_epoch=1200, evaluations=4,
+                evaluation_s=40.0, device="NVIDIA A10G")  # fmt: skip
+    url = recorded(tmp_path, pace)
+    result = run_cli("estimate", "--from-run", url, "--epochs", "2.5", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    doc = result.json()
+    assert Decimal(doc["query"]["hours"]) == Decimal("0.4167")  # 3000 steps x 0.5 s
+    source = doc["query"]["hours_from"]
+    assert (source["steps"], source["epochs"], source["steps_per_epoch"]) == (3000, "2.5", 1200)
+    assert (source["evaluations"], source["evaluation_s_left_out"]) == (4, 40.0)
+    said = " ".join(doc["assumptions"])
+    assert "3000 steps (2.5 epochs x 1200 steps)" in said
+    assert "4 evaluations (40.0 s)" in said
+    table = run_cli("estimate", "--from-run", url, "--epochs", "1")
+    assert table.exit_code == 0, table.stderr
+    assert "1200 steps (1 epoch x 1200 steps)" in " ".join(table.stdout.split())
+
+
 def test_another_gpu_needs_a_stated_speedup_and_is_flagged(run_cli, tmp_path: Path) -> None:
     url = recorded(tmp_path)
     refused = run_cli("estimate", "--from-run", url, "--steps", "36000", "--gpu", "h100")
@@ -118,6 +138,11 @@ def test_a_cpu_measurement_prices_a_gpu_only_scaled(run_cli, tmp_path: Path) -> 
         (("--from-run", "{thin}", "--steps", "5"), "measured 4 training step(s)"),
         (("--from-run", "{url}", "--steps", "10000000000000"), "--steps"),
         ((), "give --hours, or --from-run"),
+        (("--from-run", "{url}", "--epochs", "3"), "recorded no steps per epoch"),
+        (("--from-run", "{url}", "--epochs", "3", "--steps", "5"), "both give the run's"),
+        (("--gpu", "a10g", "--hours", "2", "--epochs", "3"), "is for --from-run"),
+        (("--from-run", "{url}", "--epochs", "0"), "--epochs"),
+        (("--from-run", "{url}", "--epochs", "nan"), "--epochs"),
     ],
 )
 def test_bad_input_is_refused_before_any_pricing(
@@ -152,6 +177,17 @@ def test_a_run_in_s3(run_cli, aws_env: str, tmp_path: Path) -> None:
 def test_help_example_fits_80_columns(run_cli) -> None:
     result = run_cli("estimate", "--help")
     examples = result.stdout[result.stdout.index("Examples:") :].splitlines()
-    ours = [line for line in examples if "--from-run" in line or "measured step" in line]
-    assert len(ours) == 2
-    assert_fits("\n".join(ours), 80, ["--from-run s3://my-bucket/run1 --steps 20000"])
+    ours = [
+        line
+        for line in examples
+        if "--from-run" in line or "measured step" in line or "steps per epoch" in line
+    ]
+    assert len(ours) == 4
+    assert_fits(
+        "\n".join(ours),
+        80,
+        [
+            "--from-run s3://my-bucket/run1 --steps 20000",
+            "--from-run s3://my-bucket/run1 --epochs 3",
+        ],
+    )

@@ -24,6 +24,7 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
+from costguard.checkpoint.pace import read_pace
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
 from costguard.cli.checkpoint import checkpoint_group
@@ -47,6 +48,8 @@ AFTER = (13, 12)
 TWICE_SIGTERM = (signal.SIGTERM, signal.SIGTERM)
 #: lightning_train.py's batches per epoch (not imported: that would load Lightning here).
 LIGHTNING_EPOCH = 24
+#: hf_train.py's optimizer steps per epoch: 48 samples in batches of 4.
+HF_EPOCH = 12
 
 
 class Run(Followed):
@@ -66,6 +69,18 @@ def kept(url: str) -> list[tuple[int, str]]:
     text = os.environ.get("COSTGUARD_STORAGE_OPTIONS")
     survey = Restorer(Store.open(url, json.loads(text) if text else None)).survey()
     return sorted((m.step, m.extra["folder"]["path"]) for m in survey.manifests if m.folder)
+
+
+def recorded_pace(url: str, *, total: int, per_epoch: int) -> None:
+    """The trainer's callback recorded the finishing run's pace in the store (through
+    ``costguard run``): its steps, its total, an epoch's steps and its saves apart."""
+    text = os.environ.get("COSTGUARD_STORAGE_OPTIONS")
+    pace = read_pace(Store.open(url, json.loads(text) if text else None))
+    assert pace is not None
+    assert (pace.steps_done, pace.total_steps, pace.steps_per_epoch) == (total, total, per_epoch)
+    assert pace.steps_measured > 0
+    assert pace.seconds_per_step > 0
+    assert pace.saves >= 1  # the trainer's saves are stalls counted apart
 
 
 def export_matches(url: str, tmp_path: Path, final: Path) -> None:
@@ -208,6 +223,7 @@ def test_lightning_survives_two_notices_on_new_machines(
     assert all(step % LIGHTNING_EPOCH for step in saved), saved
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     assert {path for _, path in kept(store.url)} == {"last.ckpt"}
+    recorded_pace(store.url, total=STEPS, per_epoch=LIGHTNING_EPOCH)
     export_matches(store.url, tmp_path, final)
 
 
@@ -253,6 +269,7 @@ def test_a_kill_during_a_trainer_save_never_restores_a_half_folder(
     expected = reference(shared_runs, "hf_train.py", hf_env, "--steps", "30")
     assert_bitwise_equal(torch.load(final, weights_only=True), expected)
     assert max(kept(url)) == (30, "checkpoint-30")
+    recorded_pace(url, total=30, per_epoch=HF_EPOCH)
 
 
 @pytest.mark.slow

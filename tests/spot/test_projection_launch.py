@@ -35,6 +35,14 @@ def launch(ckpt: Path, total: int, sleep: float, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def finished(
+    ckpt: Path, total: int, sleep: float, env: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """The launch run to its end."""
+    command = launch(ckpt, total, sleep, *extra)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
 @pytest.mark.slow
 def test_projection_at_a_quarter_is_within_15_percent_of_the_final_cost(
     tmp_path: Path, spot_env: Callable[..., dict[str, str]]
@@ -82,13 +90,8 @@ def test_stop_at_projection_saves_and_exits_75_before_the_limit_is_spent(
 ) -> None:
     # 10**6 steps of 10 ms are 2.8 h at $1.006/h: past $1.10 long before the end.
     ckpt = tmp_path / "ckpt"
-    result = subprocess.run(
-        launch(ckpt, 10**6, 0.01, "--max-total", "1.10", "--stop-at-projection"),
-        env=spot_env(),
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    stop = ("--max-total", "1.10", "--stop-at-projection")
+    result = finished(ckpt, 10**6, 0.01, spot_env(), *stop)
     assert result.returncode == 75, result.stderr[-3000:]
     doc = json.loads(result.stdout)
     assert doc["status"] == "stopped"
@@ -99,3 +102,22 @@ def test_stop_at_projection_saves_and_exits_75_before_the_limit_is_spent(
     assert latest.reason == "notice:costguard-stop"
     assert 0 < latest.step < 10**6
     assert "passes --max-total $1.10" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_pilot_under_launch_prints_the_estimate_of_the_whole_run(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    result = finished(ckpt, 1000, 0.01, spot_env(), "--pilot-steps", "30")
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)  # costguard pilot's answer, for the launched GPU
+    assert doc["query"]["gpus"] == ["A10G"]
+    source = doc["query"]["hours_from"]
+    assert (source["pilot"], source["steps"], source["measured_on"]) == (True, 1000, "A10G")
+    store = Store.open(str(ckpt))
+    pace = read_pace(store)
+    assert pace is not None
+    assert pace.steps_done == 30  # the script was stopped after its pilot steps
+    assert load_job(store).status == "succeeded"
+    assert f"pilot job {load_job(store).spec.job_id} succeeded after 30 steps" in result.stderr

@@ -100,6 +100,21 @@ class PaceMeter:
         self.steps += 1
         self.seconds += took
 
+    def pause(self, seconds: float) -> bool:
+        """Training stood still for ``seconds`` within the step now running (an evaluation
+        or a save a trainer reported): left out of that step's time. Whether it counts
+        (after the warm-up, within a measured step) for the record's stalls.
+
+        >>> meter = PaceMeter(warmup=0)
+        >>> meter.lap(0.0, 1); meter.resume(0.0)
+        >>> meter.pause(3.0), meter.lap(4.0, 2), meter.seconds
+        (True, None, 1.0)
+        """
+        if self._resumed_s is None:
+            return False
+        self._resumed_s += max(0.0, seconds)
+        return self.warmup_steps >= self.warmup
+
     def resume(self, now_s: float, *, setup: bool = False) -> None:
         """Training resumed at ``now_s`` (``step()`` returned); ``setup``: this call made the
         process's first save (its time is a one-time set-up, not a save's usual cost)."""
@@ -132,6 +147,12 @@ class Pace:
     setup_s: float = 0.0
     #: The whole run's steps, when the script or ``--total-steps`` said it.
     total_steps: int | None = None
+    #: Evaluations a trainer reported (its integration's callback) after the warm-up, and
+    #: the seconds training stood still for them (left out of the steps' time).
+    evaluations: int = 0
+    evaluation_s: float = 0.0
+    #: Steps in one epoch, when the trainer knows it (``estimate --from-run --epochs``).
+    steps_per_epoch: int | None = None
     #: The accelerator (``torch.cuda.get_device_name``), ``cpu`` when none was in use.
     device: str = "cpu"
     ranks: int = 1
@@ -149,15 +170,15 @@ class Pace:
     @property
     def wall_seconds_per_step(self) -> float:
         """Seconds a step takes on the wall clock: its pace, the slow steps among them
-        (evaluations) and the time inside ``step()`` (saves), the first save's set-up
-        apart (``nan`` with no step measured).
+        (evaluations), the time inside ``step()`` (saves) and the evaluations a trainer
+        reported, the first save's set-up apart (``nan`` with no step measured).
 
         >>> Pace(90, 90.0, 100, 2.0, 1.0, outlier_steps=10, outlier_s=50.0,
         ...      overhead_s=10.0).wall_seconds_per_step
         1.5
         """
         steps = self.steps_measured + self.outlier_steps
-        wall = self.seconds_measured + self.outlier_s + self.overhead_s
+        wall = self.seconds_measured + self.outlier_s + self.overhead_s + self.evaluation_s
         return wall / steps if self.steps_measured else math.nan
 
     def to_json(self) -> bytes:
@@ -199,10 +220,10 @@ def parse_pace(data: bytes) -> Pace | None:
     texts = ("device", "host", "job_id")
     if not (
         all(count(n) for n in ("steps_measured", "steps_done"))
-        and all(count(n) for n in ("warmup_steps", "outlier_steps", "saves", "ranks") if n in doc)
-        and all(count(n, optional=True) for n in ("total_steps", "attempt"))
+        and all(count(n) for n in _COUNTS if n in doc)
+        and all(count(n, optional=True) for n in ("total_steps", "attempt", "steps_per_epoch"))
         and all(seconds(n) for n in ("seconds_measured", "updated_unix", "started_unix"))
-        and all(seconds(n) for n in ("outlier_s", "overhead_s", "setup_s"))
+        and all(seconds(n) for n in _STALLS)
         and all(isinstance(doc.get(n, ""), str) for n in texts)
         and isinstance(doc.get("pilot", False), bool)
     ):
@@ -212,13 +233,17 @@ def parse_pace(data: bytes) -> Pace | None:
     for name in texts:
         if name in known:
             known[name] = known[name][:200]
-    for name in ("seconds_measured", "updated_unix", "started_unix", "outlier_s"):
+    for name in ("seconds_measured", "updated_unix", "started_unix", *_STALLS):
         if name in known:
             known[name] = float(known[name])
-    for name in ("overhead_s", "setup_s"):
-        if name in known:
-            known[name] = float(known[name])
+    if known.get("steps_per_epoch") == 0:
+        return None  # an epoch of no steps is no record's
     return Pace(**known)
+
+
+#: The record's counts besides the steps, and its stalls' seconds.
+_COUNTS = ("warmup_steps", "outlier_steps", "saves", "ranks", "evaluations")
+_STALLS = ("outlier_s", "overhead_s", "setup_s", "evaluation_s")
 
 
 class PaceError(CostguardError):
@@ -289,6 +314,8 @@ def describe(pace: Pace) -> str:
         left_out.append(
             f"{pace.outlier_steps} slow steps ({pace.outlier_s:.1f} s: evaluation or stalls)"
         )
+    if pace.evaluations:
+        left_out.append(f"{pace.evaluations} evaluations ({pace.evaluation_s:.1f} s)")
     if pace.saves or pace.overhead_s:
         left_out.append(
             f"{pace.overhead_s:.1f} s inside step() around {pace.saves} saves (and "

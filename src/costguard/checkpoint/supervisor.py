@@ -146,12 +146,16 @@ def exit_code(returncode: int) -> int:
 
 class Events:
     """What the script's Checkpointer reports (JSON lines in the events file), followed
-    while it runs: each restore and durable save becomes a line on stderr."""
+    while it runs: each restore and durable save becomes a line on stderr. A trainer's
+    pace (:mod:`costguard.integrations.pace`, marked ``record``) is written to ``store``'s
+    ``job/pace.json`` here, as the Checkpointer writes its own."""
 
-    def __init__(self, path: Path, *, quiet: bool, say: Say) -> None:
+    def __init__(self, path: Path, *, quiet: bool, say: Say, store: Any = None) -> None:
         self.path = path
         self.quiet = quiet
         self._say = say
+        self._store = store
+        self._pace_failed = False
         self.restored: dict[str, Any] | None = None
         #: The restore's refusal to start from step 0 (checkpoints exist, none usable).
         self.refused: dict[str, Any] | None = None
@@ -202,6 +206,8 @@ class Events:
         elif event.get("event") == "closed":
             self.closed[int(event.get("rank", 0))] = event
         elif event.get("event") == "pace":
+            if event.get("record") is True and self._store is not None:
+                self._record_pace(event)
             line = eta_line(event)
             if line and not self.quiet:
                 self._say(line)
@@ -215,6 +221,21 @@ class Events:
                     )
             else:
                 self._say(f"the save of step {event['step']} failed: {event.get('error')}")
+
+    def _record_pace(self, event: dict[str, Any]) -> None:
+        """Write a trainer's pace to ``job/pace.json``; a failure is said once."""
+        from costguard.checkpoint.pace import parse_pace, write_pace
+        from costguard.errors import CostguardError
+
+        pace = parse_pace(json.dumps(event).encode())
+        if pace is None:
+            return
+        try:
+            write_pace(self._store, pace)
+        except CostguardError as exc:
+            if not self._pace_failed:
+                self._pace_failed = True
+                self._say(f"could not record the pace: {exc.message}")
 
     def finished(self) -> bool:
         """Whether every rank closed its Checkpointer after committing the final step."""
@@ -280,7 +301,8 @@ class StopWatch:
 
 
 def eta_line(event: dict[str, Any]) -> str | None:
-    """The finish time a pace event gives, when the run's total steps are known.
+    """The finish time a pace event gives, when the run's total steps are known: its steps
+    left at the measured pace, with the saves' stalls and a trainer's evaluations.
 
     >>> eta_line({"steps_done": 500, "total_steps": 2000, "steps_measured": 400,
     ...           "seconds_measured": 200.0, "overhead_s": 0.0})
@@ -291,7 +313,8 @@ def eta_line(event: dict[str, Any]) -> str | None:
     try:
         done, total = int(event["steps_done"]), int(event["total_steps"])
         measured, seconds = int(event["steps_measured"]), float(event["seconds_measured"])
-        overhead = float(event.get("overhead_s") or 0.0) / seconds
+        stalls = float(event.get("overhead_s") or 0.0) + float(event.get("evaluation_s") or 0.0)
+        overhead = stalls / seconds
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return None
     if measured <= 0 or total <= 0:
@@ -400,7 +423,7 @@ def supervise(
     relay_dir = tempfile.mkdtemp(prefix="costguard-run-")
     notice_file = Path(relay_dir, "notices.jsonl")
     preempted_file = Path(relay_dir, "preempted.json")
-    events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet, say=say)
+    events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet, say=say, store=store)
     read_fd, write_fd = os.pipe()
     from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS
 

@@ -8,21 +8,25 @@ import urllib.request
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from costguard.alarms.burn import BurnReport, burn_report, price_running
 from costguard.cli import render
 from costguard.cli.fleets import fleet_options, fleets
-from costguard.cli.params import Url, Usd, table_or_json
+from costguard.cli.params import StoreUrl, Url, Usd, table_or_json
 from costguard.clouds import READ_TIMEOUT_S
 from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.pricing.tables import load_tables
 from costguard.reaper.fleet import PriceBook, across
-from costguard.reaper.policy import Instance
+from costguard.reaper.policy import Instance, tag_values
 from costguard.settings import Settings
+from costguard.tags import JOB_TAG
+
+if TYPE_CHECKING:
+    from costguard.spot.report import JobBurn
 
 EXIT_OVER_BUDGET = 1
 
@@ -36,6 +40,7 @@ Examples:
   costguard burn --provider gcp --project my-lab --budget 300
   costguard burn --provider azure --subscription SUB --budget 300
   costguard burn --budget 200 --webhook https://hooks.example.org/T0/B0
+  costguard burn --job s3://my-bucket/run1 --job s3://my-bucket/run2
 
 \b
 In cron every 10 minutes (infra/cron/costguard-burn, with how to install it):
@@ -49,6 +54,14 @@ In cron every 10 minutes (infra/cron/costguard-burn, with how to install it):
 )
 @fleet_options("Region (repeatable). Default: every region in the price tables (AWS); all.")
 @click.option("--webhook", type=Url(), help="POST a JSON alert to this URL when over budget.")
+@click.option(
+    "--job",
+    "jobs",
+    type=StoreUrl(),
+    multiple=True,
+    help="A job started by costguard launch, by its --checkpoint URL (repeatable): its "
+    "projected total and the spend still to come, as jobs status projects them.",
+)
 @click.option(
     "--plot",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -69,6 +82,10 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
     Burn rate = the list price of every running instance, per hour. The projection
     assumes they keep running to the end of the month. Exit 1 (and alert) when the
     projection passes the budget. Provider billing lags hours; this is live.
+
+    With --job, each job's projected total and the spend it still has to come (its steps
+    left at its measured pace, at its instance's price) are listed too; a job whose
+    store cannot be read is named, and the rest goes on.
     """
     webhook: str | None = options["webhook"]
     if webhook and not webhook.startswith(("https://", "http://")):
@@ -93,10 +110,11 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
         return prices.usd_per_hour(vm.provider, vm.region, vm.instance_type, spot=False)
 
     report = burn_report(price_running(seen, on_demand), datetime.now(UTC), budget)
+    jobs = _jobs(options["jobs"], report.now)
     if options["output_format"] == "json":
-        render.print_json(_document(report))
+        render.print_json(_document(report, jobs))
     else:
-        _print(report)
+        _print(report, jobs)
     if plot is not None:
         from costguard.plots import draw_burn
 
@@ -111,7 +129,7 @@ def burn_command(settings: Settings, /, **options: Any) -> None:
             if aws_alarms.publish_alert("costguard: projected spend over budget", message):
                 click.echo("Alert published to the costguard-budget-alerts topic.", err=True)
         if webhook:
-            _post(webhook, _document(report))
+            _post(webhook, _document(report, jobs))
             click.echo(f"Alert posted to {webhook.split('?')[0]}.", err=True)
     raise CostguardError(
         message,
@@ -131,7 +149,27 @@ def _alarm_budget(provider: str, options: dict[str, Any], settings: Settings) ->
     return next((s.amount_usd for s in statuses if s.name == "costguard-monthly"), None)
 
 
-def _document(report: BurnReport) -> dict[str, Any]:
+def _jobs(urls: tuple[str, ...], now: datetime) -> list[JobBurn]:
+    """The jobs named with --job, read a few at a time (each is two small reads)."""
+    if not urls:
+        return []
+    from costguard.spot.report import job_burn
+
+    return across(urls, lambda url: job_burn(url, now.timestamp()))
+
+
+def _job_of(instance: Instance) -> str | None:
+    """The costguard job that launched ``instance`` (its ``costguard:job`` tag), if any."""
+    return next(iter(tag_values(instance.tags, JOB_TAG)), None)
+
+
+def _jobs_remaining(jobs: list[JobBurn]) -> Decimal:
+    return sum((j.remaining_usd for j in jobs if j.remaining_usd is not None), Decimal(0))
+
+
+def _document(report: BurnReport, jobs: list[JobBurn]) -> dict[str, Any]:
+    from costguard.spot.report import job_burn_document
+
     return {
         "as_of": report.now.isoformat(timespec="seconds"),
         "regions": sorted({p.instance.region for p in report.instances}),
@@ -152,14 +190,19 @@ def _document(report: BurnReport) -> dict[str, Any]:
                 else None,
                 "usd_per_hour": p.usd_per_hour,
                 "note": p.note,
+                "job": _job_of(p.instance),
             }
             for p in report.instances
         ],
+        "jobs": [job_burn_document(j) for j in jobs],
+        "jobs_remaining_usd": _jobs_remaining(jobs),
         "assumptions": [
             "list prices from the price tables (no discounts, no taxes)",
             "only the instances listed: disks, storage, transfer and other services are not "
             "included - the provider budget covers the whole bill, hours later",
             "the projection assumes the instances keep running until the month ends (UTC)",
+            "a job's remaining spend: its steps left at its measured pace, at its running "
+            "attempt's price (relaunches after preemptions not included)",
         ],
     }
 
@@ -173,7 +216,7 @@ def _alert_text(report: BurnReport) -> str:
     )
 
 
-def _print(report: BurnReport) -> None:
+def _print(report: BurnReport, jobs: list[JobBurn]) -> None:
     if report.instances:
         columns = (
             render.Column("Region"),
@@ -205,8 +248,57 @@ def _print(report: BurnReport) -> None:
             f"Budget:               {format_usd(report.budget_usd)}"
             + ("  OVER" if report.over_budget else "")
         )
+    if jobs:
+        _print_jobs(jobs)
     notes = [p.instance.instance_id + ": " + p.note for p in report.instances if p.note]
+    given = {j.job.spec.job_id for j in jobs if j.job is not None}
+    for p in report.instances:
+        job = _job_of(p.instance)
+        if job is not None and job not in given:
+            notes.append(
+                f"{p.instance.instance_id}: costguard job {job}; burn --job URL (its "
+                "--checkpoint URL) adds its projection"
+            )
+    notes += [f"{j.url}: {j.error}" for j in jobs if j.error]
+    notes += [f"{j.job.spec.job_id}: {j.note}" for j in jobs if j.job is not None and j.note]
     render.print_notes(notes, heading="Notes:")
+
+
+def _print_jobs(jobs: list[JobBurn]) -> None:
+    """The jobs' table and what they still have to spend."""
+    from costguard.spot.projection import duration
+    from costguard.spot.report import usd
+
+    columns = (
+        render.Column("Job"),
+        render.Column("Status", drop=1),
+        render.Column("Steps", "right", drop=2),
+        render.Column("Finish in", "right", drop=3),
+        render.Column("Spent", "right"),
+        render.Column("Projected", "right"),
+        render.Column("Still to spend", "right"),
+    )
+    rows = []
+    for j in jobs:
+        p = j.projection
+        rows.append(
+            [
+                j.job.spec.job_id if j.job is not None else "?",
+                j.job.status if j.job is not None else "unreadable",
+                f"{p.steps_done}/{p.total_steps}" if p is not None else "?",
+                duration(p.left_s) if p is not None else "?",
+                usd(j.spent_usd) if j.spent_usd is not None else "?",
+                usd(p.projected_total_usd) if p and p.projected_total_usd is not None else "?",
+                usd(j.remaining_usd) if j.remaining_usd is not None else "?",
+            ]
+        )
+    render.print_table("Jobs (costguard launch)", columns, rows)
+    unknown = sum(1 for j in jobs if j.remaining_usd is None)
+    click.echo(
+        f"Jobs still to spend:  {format_usd(_jobs_remaining(jobs))} (to their last step"
+        + (f"; {unknown} job(s) without a projection" if unknown else "")
+        + ")"
+    )
 
 
 def _post(url: str, document: dict[str, Any]) -> None:

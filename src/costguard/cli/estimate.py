@@ -100,6 +100,8 @@ Examples:
       --provider slurm --su-per-gpu-hour 64   # a 10-task array, 4 GPUs each
   costguard estimate --from-run s3://my-bucket/run1 --steps 20000
       # hours from the run's measured step time (costguard run or pilot)
+  costguard estimate --from-run s3://my-bucket/run1 --epochs 3
+      # a trainer's run: its recorded steps per epoch
 """
 
 
@@ -131,6 +133,12 @@ Examples:
     "--steps",
     type=WholeNumber(1, 10**12),
     help="With --from-run: training steps to price [default: the run's --total-steps].",
+)
+@click.option(
+    "--epochs",
+    type=DecimalRange(0, minimum_open=True, maximum=10**6, unit="epochs"),
+    help="With --from-run: epochs to price, at the steps per epoch its trainer recorded "
+    "(the Hugging Face and Lightning callbacks record it).",
 )
 @speedup_option
 @click.option(
@@ -399,7 +407,7 @@ def check_hours(options: dict[str, Any]) -> None:
             raise InputError(
                 msg, hint="costguard estimate --gpu a10g --hours 8 (or --from-run URL --steps N)"
             )
-        for flag in ("steps", "speedup"):
+        for flag in ("steps", "epochs", "speedup"):
             if options[flag] is not None:
                 msg = f"--{flag} is for --from-run (a measured run), and it is not given"
                 raise InputError(msg, hint=f"add --from-run URL, or drop --{flag}")
@@ -407,6 +415,9 @@ def check_hours(options: dict[str, Any]) -> None:
     if options["hours"] is not None:
         msg = "--hours and --from-run both give the hours"
         raise InputError(msg, hint="drop --hours to price the measured ones")
+    if options["steps"] is not None and options["epochs"] is not None:
+        msg = "--steps and --epochs both give the run's length"
+        raise InputError(msg, hint="keep one of them")
     if len(split_names(options["gpus"])) > 1:
         msg = "--from-run prices one GPU: the one measured, or one --gpu with --speedup"
         raise InputError(msg, hint="run the estimate once per GPU")
@@ -419,7 +430,7 @@ def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
     """The hours of --steps steps at the pace the run at --from-run recorded."""
     from costguard.checkpoint.pace import read_pace
     from costguard.pricing.gpus import canonical_gpu
-    from costguard.pricing.measured import gpu_of_device, measure
+    from costguard.pricing.measured import gpu_of_device, measure, steps_for_epochs
     from costguard.spot.job import job_exists, load_job
     from costguard.spot.prepare import normal_url, open_store
 
@@ -449,10 +460,13 @@ def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
         raise InputError(
             msg, hint="name the GPU to price: --gpu a10g --speedup F (F: how many times as fast)"
         )
-    steps = options["steps"] or pace.total_steps
+    epochs = options["epochs"]
+    steps = steps_for_epochs(pace, epochs, url) if epochs else options["steps"] or pace.total_steps
     if steps is None:
         msg = "--from-run needs --steps: the run recorded no total steps"
-        raise InputError(msg, hint="add --steps N (the training steps to price)")
+        raise InputError(
+            msg, hint="add --steps N (the training steps to price), or --epochs E (a trainer's)"
+        )
     return measure(
         pace,
         run=url,
@@ -461,6 +475,7 @@ def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
         gpu=gpu,
         speedup=options["speedup"],
         max_hours=Decimal(MAX_HOURS),
+        epochs=epochs,
     )
 
 

@@ -50,6 +50,10 @@ Examples:
   costguard launch --gpu a10g --checkpoint s3://my-bucket/run1 \\
       --sync-dir out/ --option image=ami-0123456789abcdef0 \\
       --option instance_profile=costguard-instance -- python train_hf.py
+  # time 200 steps on the GPU itself, then price 20000 steps there:
+  costguard launch --gpu a10g --checkpoint s3://my-bucket/pilot \\
+      --pilot-steps 200 --total-steps 20000 \\
+      --option image=ami-0123456789abcdef0 -- python train.py
   costguard launch --attach s3://my-bucket/run1  # a new controller takes over
   costguard jobs status s3://my-bucket/run1 --format json
 
@@ -151,6 +155,12 @@ def _echo(message: str) -> None:
     type=WholeNumber(1, 10**12),
     help="The whole run's steps: with the measured pace, the job's finish time and "
     "projected total (jobs status; --max-total acts on it).",
+)
+@click.option(
+    "--pilot-steps",
+    type=WholeNumber(10, 10**7),
+    help="A pilot on the launched GPU: stop the script after this many steps, then print "
+    "costguard estimate --from-run's answer for --total-steps (as costguard pilot does here).",
 )
 @click.option(
     "--stop-at-projection",
@@ -268,11 +278,35 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         close = getattr(launcher, "close", None)
         if close is not None:
             close()
+    if final.spec.pilot_steps is not None and final.status == "succeeded":
+        _pilot_answer(final, options["output_format"])
+        return
     _report(final, offers, options["output_format"])
     if final.status == "stopped" and final.stop_requested:
         sys.exit(EXIT_SAVED)  # saved and stopped at the projection: resumable
     if final.status != "succeeded":
         sys.exit(1)
+
+
+def _pilot_answer(job: Job, output_format: str) -> None:
+    """What a pilot job measured, priced as ``costguard pilot`` prices it: the job's GPU,
+    the run's --total-steps (or the script's own total)."""
+    from costguard.cli.estimate import estimate_command
+    from costguard.spot.recovery import spent_usd
+    from costguard.spot.report import usd
+
+    spent = spent_usd(job.attempts, time.time())
+    _echo(
+        f"pilot job {job.spec.job_id} succeeded after {job.spec.pilot_steps} steps "
+        f"({usd(spent)}); costguard jobs status {job.spec.checkpoint_url} has its attempts"
+    )
+    click.get_current_context().invoke(
+        estimate_command,
+        from_run=job.spec.checkpoint_url,
+        steps=job.spec.total_steps,
+        gpus=(job.spec.gpu,),
+        output_format=output_format,
+    )
 
 
 def _following(launcher: Launcher, job: Job, *, quiet: bool) -> AbstractContextManager[object]:
@@ -332,6 +366,7 @@ def _request(options: Mapping[str, Any]) -> LaunchRequest:
         yes=options["yes"],
         total_steps=options["total_steps"],
         stop_at_projection=options["stop_at_projection"],
+        pilot_steps=options["pilot_steps"],
     )
 
 

@@ -13,18 +13,20 @@ from typing import Any
 import click
 
 from costguard.cli.estimate import speedup_option
-from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
+from costguard.cli.params import DecimalRange, Name, StoreUrl, WholeNumber, table_or_json
 
 EXAMPLES = """
 \b
 Examples:
   costguard pilot --steps 200 --total-steps 20000 -- python train.py
+  costguard pilot --steps 200 --epochs 3 -- python hf_train.py
   costguard pilot --steps 200 --gpu a10g --speedup 1 --format json \\
       -- python train.py          # measured off an A10G: the speed-up
 
 \b
 In train.py the loop calls Checkpointer.from_env(...).step(step, ...) after
-each step (as under costguard run); it is stopped after --steps steps.
+each step (as under costguard run), or a Hugging Face or Lightning trainer
+has costguard's PreemptionCallback; it is stopped after --steps steps.
 """
 
 
@@ -45,6 +47,12 @@ each step (as under costguard run); it is stopped after --steps steps.
     "--total-steps",
     type=WholeNumber(1, 10**12),
     help="The whole run's steps to price [default: the script's Checkpointer(total_steps=N)].",
+)
+@click.option(
+    "--epochs",
+    type=DecimalRange(0, minimum_open=True, maximum=10**6, unit="epochs"),
+    help="Or the whole run's epochs, at the steps per epoch the script's trainer recorded "
+    "(its Hugging Face or Lightning PreemptionCallback).",
 )
 @click.option(
     "--checkpoint",
@@ -83,6 +91,10 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
     def say(line: str) -> None:
         click.echo(f"costguard pilot: {redact(line)}", err=True)
 
+    if options["total_steps"] is not None and options["epochs"] is not None:
+        msg = "--total-steps and --epochs both give the run's length"
+        raise InputError(msg, hint="keep one of them")
+
     code = supervise(
         command,
         url=options["url"],
@@ -103,12 +115,14 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
         raise InputError(
             msg,
             hint="after each training step: ckpt.step(step, model=model, ...), with ckpt = "
-            "Checkpointer.from_env(...)",
+            "Checkpointer.from_env(...); or give a Hugging Face or Lightning trainer "
+            "costguard's PreemptionCallback",
         )
     ctx.invoke(
         estimate_command,
         from_run=options["url"],
         steps=options["total_steps"],
+        epochs=options["epochs"],
         gpus=(options["gpu"],) if options["gpu"] else (),
         speedup=options["speedup"],
         providers=options["providers"],

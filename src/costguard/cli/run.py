@@ -100,6 +100,12 @@ Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
     "gives its finish time and projected cost (costguard jobs status, estimate --from-run).",
 )
 @click.option(
+    "--pilot-steps",
+    type=WholeNumber(min=1),
+    help="Stop the script after this many steps, once their pace is recorded (exit 0): "
+    "a pilot, as costguard pilot and launch --pilot-steps run it.",
+)
+@click.option(
     "-q", "--quiet", is_flag=True, help="No line per save; only the start and the exit summary."
 )
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)

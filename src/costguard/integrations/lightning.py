@@ -9,7 +9,10 @@
 
 Run under ``costguard run --checkpoint URL --sync-dir out/``: the ``last.ckpt`` written
 on the notice is committed to the store before ``costguard run`` exits, and put back in
-``out/`` for ``ckpt_path="last"`` when the same command runs on a new machine.
+``out/`` for ``ckpt_path="last"`` when the same command runs on a new machine. The
+optimizer steps' pace, validation and saves apart, is recorded in the store's
+``job/pace.json`` (:mod:`costguard.integrations.pace`) for ``estimate --from-run`` and
+``jobs status``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from costguard.clouds import require
 from costguard.integrations.notices import Watch, shared
+from costguard.integrations.pace import TrainerPace
 
 _pl: Any = require("lightning.pytorch", "lightning")
 
@@ -31,13 +35,59 @@ class PreemptionCallback(_pl.Callback):
 
     def __init__(self) -> None:
         self._watch: Watch | None = None
+        self.pace = TrainerPace()
+        self._stepped = -1
+        #: When validation, or a checkpoint's save, started (the clock's time).
+        self._validating: float | None = None
+        self._saving: float | None = None
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._watch = shared()  # signal handlers go in now, in the main thread
 
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        accumulate = max(int(getattr(trainer, "accumulate_grad_batches", 1) or 1), 1)
+        batches = trainer.num_training_batches
+        total = trainer.max_steps if trainer.max_steps > 0 else trainer.estimated_stepping_batches
+        self.pace.begin(
+            rank0=bool(trainer.is_global_zero),
+            total_steps=total,
+            steps_per_epoch=batches // accumulate if batches != float("inf") else None,
+        )
+        self._stepped = trainer.global_step
+
+    def on_train_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._saved()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._saved()
+        self._validating = self.pace.now()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        if self._validating is not None and not trainer.sanity_checking:
+            self.pace.stalled("evaluation", since=self._validating)
+        self._validating = None
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: Any) -> None:
+        self._saving = self.pace.now()  # the file is written after this hook
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._saved()
+        self.pace.publish()
+
+    def _saved(self) -> None:
+        """A save that started since the last hook has ended: its stall is counted."""
+        if self._saving is not None:
+            self.pace.stalled("save", since=self._saving)
+            self._saving = None
+
     def on_train_batch_end(
         self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if trainer.global_step != self._stepped:  # an optimizer step, not an accumulation
+            self._stepped = trainer.global_step
+            self.pace.step_end(trainer.global_step)
         if self._watch is None or self._watch.pending() is None:
             return
         path = last_path(trainer)

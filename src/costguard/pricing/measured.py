@@ -43,6 +43,8 @@ class Measured:
     measured_on: str
     #: How many times as fast ``gpu`` is as what was measured: stated by the user.
     speedup: Decimal | None = None
+    #: ``--epochs``: the epochs asked for, ``steps`` being that many of the record's.
+    epochs: Decimal | None = None
 
     @property
     def scaled(self) -> bool:
@@ -72,6 +74,23 @@ def gpu_of_device(device: str, known: Iterable[str] = ()) -> str | None:
     return None
 
 
+def steps_for_epochs(pace: Pace, epochs: Decimal, run: str) -> int:
+    """The steps of ``epochs`` epochs, by the steps per epoch the trainer recorded
+    (rounded up: a started epoch's steps are run); :class:`InputError` when it recorded none.
+
+    >>> from costguard.checkpoint.pace import Pace
+    >>> steps_for_epochs(Pace(10, 5.0, 10, 2.0, 1.0, steps_per_epoch=1200), Decimal("2.5"), "r")
+    3000
+    """
+    if pace.steps_per_epoch is None:
+        msg = f"--from-run: {run} recorded no steps per epoch (its trainer did not say)"
+        raise InputError(
+            msg,
+            hint="pass --steps N instead (N: the epochs x the optimizer steps in one epoch)",
+        )
+    return int((epochs * pace.steps_per_epoch).to_integral_value(rounding=ROUND_CEILING))
+
+
 def measure(
     pace: Pace,
     *,
@@ -81,6 +100,7 @@ def measure(
     gpu: str,
     speedup: Decimal | None = None,
     max_hours: Decimal = Decimal(24 * 366 * 10),
+    epochs: Decimal | None = None,
 ) -> Measured:
     """The hours for ``steps`` steps on ``gpu``; :class:`InputError` when the pace is too
     thin, or ``gpu`` is not what was measured and no speed-up says how it compares."""
@@ -107,8 +127,8 @@ def measure(
     hours = max(hours.quantize(HOURS_PLACES, rounding=ROUND_CEILING), HOURS_PLACES)
     if hours > max_hours:
         msg = f"{steps} steps at the measured pace take {hours:.0f} h, more than ten years"
-        raise InputError(msg, hint="check --steps")
-    return Measured(hours, steps, run, pace, gpu, measured_on, speedup)
+        raise InputError(msg, hint="check --epochs" if epochs is not None else "check --steps")
+    return Measured(hours, steps, run, pace, gpu, measured_on, speedup, epochs)
 
 
 def hours_from(m: Measured) -> dict[str, Any]:
@@ -117,6 +137,8 @@ def hours_from(m: Measured) -> dict[str, Any]:
     return {
         "run": m.run,
         "steps": m.steps,
+        "epochs": m.epochs,
+        "steps_per_epoch": pace.steps_per_epoch,
         "measured_on": m.measured_on,
         "device": pace.device,
         "host": pace.host,
@@ -129,6 +151,8 @@ def hours_from(m: Measured) -> dict[str, Any]:
         "slow_steps_left_out": pace.outlier_steps,
         "saves": pace.saves,
         "seconds_inside_step_left_out": round(pace.overhead_s, 3),
+        "evaluations": pace.evaluations,
+        "evaluation_s_left_out": round(pace.evaluation_s, 3),
         "first_save_setup_s": round(pace.setup_s, 3),
         "pilot": pace.pilot,
         "recorded_unix": pace.updated_unix,
@@ -141,8 +165,12 @@ def hours_from(m: Measured) -> dict[str, Any]:
 def assumption_lines(m: Measured) -> list[str]:
     """The measurement as assumptions: what was measured, on what, what was left out."""
     pace = m.pace
+    steps = f"{m.steps} steps"
+    if m.epochs is not None:
+        unit = "epoch" if m.epochs == 1 else "epochs"
+        steps += f" ({m.epochs} {unit} x {pace.steps_per_epoch} steps)"
     lines = [
-        f"hours measured, not guessed: {m.steps} steps x {pace.seconds_per_step:.4f} s/step "
+        f"hours measured, not guessed: {steps} x {pace.seconds_per_step:.4f} s/step "
         f"= {m.hours} h, from {m.run} ({describe(pace)})",
         "the pace is training alone: warm-up, evaluation and the time inside step() (saves) "
         "are left out, and "

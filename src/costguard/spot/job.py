@@ -286,6 +286,8 @@ class JobSpec:
     total_steps: int | None = None
     #: ``--stop-at-projection``: save and stop once the projected total passes --max-total.
     stop_at_projection: bool = False
+    #: ``--pilot-steps``: a pilot: the script stops after so many steps, their pace recorded.
+    pilot_steps: int | None = None
 
     def limits(self) -> Limits:
         """The recovery limits these settings imply."""
@@ -311,6 +313,7 @@ class JobSpec:
             max_usd_per_hour=self.max_usd_per_hour,
             options=dict(self.options),
             sync_dir=self.sync_dir,
+            pilot_steps=self.pilot_steps,
         )
 
 
@@ -472,6 +475,7 @@ def spec_doc(spec: JobSpec) -> dict[str, Any]:
         "hours": None if spec.hours is None else str(spec.hours),
         "total_steps": spec.total_steps,
         "stop_at_projection": spec.stop_at_projection,
+        "pilot_steps": spec.pilot_steps,
         "options": dict(spec.options),
         "sync_dir": spec.sync_dir,
         "simulation": None
@@ -511,6 +515,7 @@ def _spec(doc: Mapping[str, Any]) -> JobSpec:
         hours=_opt_decimal(doc.get("hours")),
         total_steps=_opt_int(doc.get("total_steps")),
         stop_at_projection=bool(doc.get("stop_at_projection", False)),
+        pilot_steps=_opt_int(doc.get("pilot_steps")),
         options={str(k): str(v) for k, v in dict(doc.get("options") or {}).items()},
         sync_dir=str(doc["sync_dir"]) if doc.get("sync_dir") else None,  # absent before it
         simulation=None

@@ -69,6 +69,7 @@ class LaunchRequest:
     yes: bool = False
     total_steps: int | None = None
     stop_at_projection: bool = False
+    pilot_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,7 @@ def new_spec(
         simulation=simulation,
         total_steps=request.total_steps,
         stop_at_projection=request.stop_at_projection,
+        pilot_steps=request.pilot_steps,
     )
 
 

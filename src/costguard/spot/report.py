@@ -2,22 +2,25 @@
 
 The estimate before a launch (:func:`estimate_lines`), and the report after it: the JSON
 document (:func:`job_document`), the attempts table (:func:`attempt_rows`) and the summary
-lines (:func:`summary_lines`). The command renders them; only :func:`latest_checkpoint`
-reads the store.
+lines (:func:`summary_lines`); for ``costguard burn``, a job's spend still to come
+(:func:`job_burn`). The command renders them; only :func:`latest_checkpoint`,
+:func:`projection_of` and :func:`job_burn` read the store.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
 from costguard.money import format_usd
+from costguard.retry import RetryPolicy
 from costguard.shell import command
 from costguard.spot.controller import handle_label, summarise
-from costguard.spot.job import Job, JobSpec, attempt_doc, spec_doc
+from costguard.spot.job import RUNNING, Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
 from costguard.spot.projection import Projection, duration
 from costguard.spot.projection import document as projection_doc
@@ -182,6 +185,93 @@ def projection_of(job: Job, now_unix: float) -> Projection | None:
     except CostguardError:
         return None
     return of_job(job, pace, now_unix)
+
+
+@dataclass(frozen=True)
+class JobBurn:
+    """A job for ``costguard burn``: what it has spent and what its projection still
+    spends; ``error``: why its job record could not be read (``job`` is then ``None``),
+    ``note``: why it has no projection."""
+
+    url: str
+    job: Job | None = None
+    #: Its attempts' instance-hours at their prices so far (``None``: unread).
+    spent_usd: Decimal | None = None
+    projection: Projection | None = None
+    error: str = ""
+    note: str = ""
+
+    @property
+    def remaining_usd(self) -> Decimal | None:
+        """The spend still to come: nothing once the job has ended, the projected total
+        less the spend so far while it runs; ``None`` when unknown."""
+        if self.job is None:
+            return None
+        if self.job.status != RUNNING:
+            return Decimal(0)
+        p = self.projection
+        if p is None or p.projected_total_usd is None:
+            return None
+        return p.projected_total_usd - p.spent_usd
+
+
+#: ``burn --job``: a store that does not answer is named soon, not after a save's patience.
+BURN_RETRY = RetryPolicy(attempts=2, base_delay_s=0.2, max_delay_s=1.0)
+
+
+def job_burn(url: str, now_unix: float) -> JobBurn:
+    """The job at checkpoint ``url`` and its projection; a store or record that cannot be
+    read is said in the result, never raised (``burn`` goes on with the other jobs). Read
+    only: a missing local folder is not made, and a store is retried once."""
+    from costguard.checkpoint.pace import read_pace
+    from costguard.checkpoint.store import Store, storage_options_from_env
+    from costguard.spot.job import load_job
+    from costguard.spot.prepare import normal_url
+    from costguard.spot.projection import of_job
+    from costguard.spot.recovery import spent_usd
+
+    try:
+        options = storage_options_from_env()
+        store = Store.open(normal_url(url), options, retry=BURN_RETRY, create=False)
+        job = load_job(store)
+    except CostguardError as exc:
+        return JobBurn(url, error=str(exc))
+    spent = spent_usd(job.attempts, now_unix)
+    if job.status != RUNNING:
+        return JobBurn(url, job, spent, note=f"{job.status}: nothing more to spend")
+    try:
+        pace = read_pace(store)
+    except CostguardError as exc:
+        return JobBurn(url, job, spent, note=str(exc))
+    projection = of_job(job, pace, now_unix)
+    if pace is None:
+        note = "no pace recorded yet (the script's Checkpointer writes job/pace.json)"
+    elif projection is None:
+        note = "its total steps are unknown (launch --total-steps, Checkpointer(total_steps=N))"
+    elif projection.projected_total_usd is None:
+        note = "no attempt runs now: the rest is unpriced until one does"
+    else:
+        note = ""
+    return JobBurn(url, job, spent, projection, note=note)
+
+
+def job_burn_document(item: JobBurn) -> dict[str, Any]:
+    """A job in ``burn --format json``."""
+    job, p = item.job, item.projection
+    current = job.current if job is not None else None
+    return {
+        "url": item.url,
+        "job_id": job.spec.job_id if job is not None else None,
+        "status": job.status if job is not None else None,
+        "instance_id": current.handle.instance_id if current and current.handle else None,
+        "usd_per_hour": current.offer.usd_per_hour if current is not None else None,
+        "spent_usd": item.spent_usd,
+        "projected_total_usd": p.projected_total_usd if p is not None else None,
+        "remaining_usd": item.remaining_usd,
+        "projection": projection_doc(p) if p is not None else None,
+        "note": item.note or None,
+        "error": item.error or None,
+    }
 
 
 def job_status(url: str) -> dict[str, Any]:

@@ -72,6 +72,8 @@ class LaunchSpec:
     options: Mapping[str, str] = field(default_factory=dict)
     #: ``--sync-dir``: the folder the trainer writes its own checkpoints in, on the instance.
     sync_dir: str | None = None
+    #: ``--pilot-steps``: the script is stopped after so many steps, their pace recorded.
+    pilot_steps: int | None = None
 
     def run_options(self) -> list[str]:
         """The options of ``costguard run`` that every attempt of the job starts with.
@@ -90,6 +92,8 @@ class LaunchSpec:
             options += ["--total-steps", str(self.total_steps)]
         if self.sync_dir is not None:
             options += ["--sync-dir", self.sync_dir]
+        if self.pilot_steps is not None:
+            options += ["--pilot-steps", str(self.pilot_steps)]
         return options
 
     def tags(self, attempt: int) -> dict[str, str]:
