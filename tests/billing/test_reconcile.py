@@ -4,13 +4,17 @@ launcher's own save_job, the export tests/billing/data/focus_handmade.csv)."""
 
 from __future__ import annotations
 
+import csv
+import json
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from costguard.billing.exports import read_spend
 from costguard.billing.spend import report
@@ -82,7 +86,8 @@ def test_each_gap_between_the_bill_and_the_controllers_count_is_named(
         "storage": Decimal("0.08"),  # the EBS volume
         "credit": Decimal("-0.3017"),  # the refunded hour
         "missing days": -34 * price,  # 2026-11-08 00:00 to 2026-11-09 10:00
-        "untagged": Decimal("0.133"),  # the bucket (11-04) and Azure's untagged disk (11-07)
+        # the bucket (11-04) in the job's AWS account; not Azure's untagged disk (11-07)
+        "untagged": Decimal("0.023"),
     }
     assert Decimal(document["gap_usd"]) == Decimal("0.3817") - running
     assert sum(v for k, v in gaps.items() if k != "untagged") == Decimal(document["gap_usd"])
@@ -135,3 +140,201 @@ def test_what_each_charge_is_in_cur_and_gcp_exports(tmp_path: Path) -> None:
         "tax": Decimal("0.31"),
         "storage": Decimal("0.026"),  # the bucket; the balanced PD's credit cancels it
     }
+
+
+#: One job's instance-hours as a bill shows them, in account 111122223333: an attempt ran
+#: 2026-11-05 10:00 to 13:00 UTC; the instance was billed from 10:00 to 14:30 (left up 1.5
+#: hours after the attempt ended, billed by the second), and the spot price moved at 12:00.
+#: Account 444455556666, in the same export, has untagged charges the same day.
+JOB_ACCOUNT, OTHER_ACCOUNT = "111122223333", "444455556666"
+PRICE_MOVE = Decimal("0.0123")
+
+
+def job_rows(price: Decimal) -> list[dict[str, Any]]:
+    """The export's rows: start hour, hours billed, cost, account, job tag, description."""
+    moved = price + PRICE_MOVE
+
+    def hour(at: int, hours: str, usd: Decimal, kind: str = "compute") -> dict[str, Any]:
+        return {
+            "start": datetime(2026, 11, 5, at, tzinfo=UTC),
+            "hours": Decimal(hours),
+            "usd": usd,
+            "account": JOB_ACCOUNT,
+            "job": "bert-ft",
+            "kind": kind,
+        }
+
+    return [
+        hour(10, "1", price),
+        hour(11, "1", price),
+        hour(12, "1", moved),
+        hour(13, "1", moved),
+        hour(14, "0.5", moved / 2),
+        hour(10, "1", Decimal("0.02"), "storage"),
+        {**hour(11, "1", Decimal("0.09"), "network"), "job": None},  # its NAT gateway
+        {**hour(11, "1", Decimal("5.00"), "network"), "job": None, "account": OTHER_ACCOUNT},
+    ]
+
+
+_FOCUS_WORDS = {
+    "compute": ("Compute", "g4dn.xlarge spot instance hour", "Hours"),
+    "storage": ("Storage", "EBS gp3 volume", "GB-Months"),
+    "network": ("Networking", "NAT gateway hour", "Hours"),
+}
+
+
+def focus_export(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The rows as a FOCUS 1.0 CSV (AWS Data Exports' column names and units)."""
+    lines = []
+    for row in rows:
+        category, description, unit = _FOCUS_WORDS[row["kind"]]
+        end = row["start"] + timedelta(hours=1)
+        tags = {"costguard:job": row["job"]} if row["job"] else {}
+        lines.append(
+            {
+                "BilledCost": str(row["usd"]),
+                "EffectiveCost": str(row["usd"]),
+                "BillingCurrency": "USD",
+                "BillingPeriodStart": "2026-11-01T00:00:00Z",
+                "ChargePeriodStart": row["start"].strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "ChargePeriodEnd": end.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "ChargeCategory": "Usage",
+                "ServiceName": "Amazon Elastic Compute Cloud",
+                "ServiceCategory": category,
+                "ChargeDescription": description,
+                "SubAccountId": row["account"],
+                "PricingQuantity": str(row["hours"]),
+                "PricingUnit": unit,
+                "Tags": json.dumps(tags),
+            }
+        )
+    with path.open("w", newline="") as out:
+        writer = csv.DictWriter(out, list(lines[0]))
+        writer.writeheader()
+        writer.writerows(lines)
+    return path
+
+
+_CUR_WORDS = {
+    "compute": ("AmazonEC2", "USE1-SpotUsage:g4dn.xlarge", "Hrs"),
+    "storage": ("AmazonEC2", "USE1-EBS:VolumeUsage.gp3", "GB-Mo"),
+    "network": ("AmazonEC2", "USE1-NatGateway-Hours", "Hrs"),
+}
+
+
+def cur_export(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The rows as AWS CUR 2.0 Parquet (its data dictionary's columns and units)."""
+    stamp = pa.timestamp("ms", "UTC")
+    words = [_CUR_WORDS[row["kind"]] for row in rows]
+    table = pa.table(
+        {
+            "bill_billing_period_start_date": pa.array(
+                [datetime(2026, 11, 1, tzinfo=UTC)] * len(rows), stamp
+            ),
+            "line_item_usage_start_date": pa.array([r["start"] for r in rows], stamp),
+            "line_item_usage_end_date": pa.array(
+                [r["start"] + timedelta(hours=1) for r in rows], stamp
+            ),
+            "line_item_line_item_type": ["Usage"] * len(rows),
+            "line_item_product_code": [w[0] for w in words],
+            "line_item_usage_type": [w[1] for w in words],
+            "pricing_unit": [w[2] for w in words],
+            "line_item_usage_amount": pa.array([float(r["hours"]) for r in rows]),
+            "line_item_usage_account_id": [r["account"] for r in rows],
+            "line_item_unblended_cost": pa.array([float(r["usd"]) for r in rows]),
+            "line_item_currency_code": ["USD"] * len(rows),
+            "resource_tags": pa.array(
+                [[("user_costguard_job", r["job"])] if r["job"] else [] for r in rows],
+                pa.map_(pa.string(), pa.string()),
+            ),
+        }
+    )
+    pq.write_table(table, path)
+    return path
+
+
+_GCP_WORDS = {
+    "compute": ("Compute Engine", "N1 Predefined Instance Core running in Americas", "hour"),
+    "storage": ("Compute Engine", "Balanced PD Capacity", "gibibyte month"),
+    "network": ("Networking", "Cloud NAT Gateway uptime", "hour"),
+}
+
+
+def gcp_export(rows: list[dict[str, Any]], path: Path) -> Path:
+    """The rows as the GCP standard usage cost export in JSON lines (its schema's fields):
+    a VM's hour as two SKUs, its 4 cores (core-hours) and its memory (GiB-hours)."""
+
+    def line(row: dict[str, Any], sku: str, usd: Decimal, amount: Decimal, unit: str) -> str:
+        service, _, _ = _GCP_WORDS[row["kind"]]
+        end = row["start"] + timedelta(hours=1)
+        labels = [{"key": "costguard-job", "value": row["job"]}] if row["job"] else []
+        return json.dumps(
+            {
+                "service": {"description": service},
+                "sku": {"description": sku},
+                "usage_start_time": row["start"].strftime("%Y-%m-%d %H:%M:%S UTC"),
+                "usage_end_time": end.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                "project": {"id": f"lab-{row['account']}"},
+                "labels": labels,
+                "cost": float(usd),
+                "currency": "USD",
+                "usage": {"amount_in_pricing_units": float(amount), "pricing_unit": unit},
+                "credits": [],
+                "invoice": {"month": "202611"},
+                "cost_type": "regular",
+            }
+        )
+
+    lines = []
+    for row in rows:
+        _, sku, unit = _GCP_WORDS[row["kind"]]
+        if row["kind"] != "compute":
+            lines.append(line(row, sku, row["usd"], row["hours"], unit))
+            continue
+        cores = row["usd"] * Decimal("0.7")
+        lines.append(line(row, sku, cores, 4 * row["hours"], unit))
+        memory = sku.replace("Core", "Ram")
+        lines.append(line(row, memory, row["usd"] - cores, 15 * row["hours"], "gibibyte hour"))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("write", "suffix"),
+    [(focus_export, ".csv"), (cur_export, ".parquet"), (gcp_export, ".jsonl")],
+    ids=["focus", "cur2", "gcp"],
+)
+def test_idle_time_and_price_changes_are_named_apart(
+    run_cli: Callable[..., Any],
+    tmp_path: Path,
+    catalog: Catalog,
+    write: Callable[[list[dict[str, Any]], Path], Path],
+    suffix: str,
+) -> None:
+    """Idle time: the billed hours no attempt ran, at the price the estimate used; price
+    changes: the billed hours at the billed price less the estimate's. With the other
+    gaps they add up to the bill exactly, and the untagged charges are the job's
+    account's only."""
+    start = datetime(2026, 11, 5, 10, tzinfo=UTC).timestamp()
+    url, running = launched(tmp_path, catalog, "bert-ft", start=start, hours=3)
+    price = running / 3  # the offer's price: what the estimate used
+    export = write(job_rows(price), tmp_path / f"bill{suffix}")
+    document = spend(run_cli, str(export), "--job", url)
+    gaps = {g["kind"]: Decimal(g["usd"]) for g in document["gaps"]}
+    assert gaps == {
+        "idle time": Decimal("1.5") * price,  # 13:00 to 14:30, no attempt running
+        "price changes": Decimal("2.5") * PRICE_MOVE,  # 12:00 to 14:30 at the moved price
+        "storage": Decimal("0.02"),
+        "untagged": Decimal("0.09"),  # the job account's NAT gateway, not the other's 5.00
+    }
+    billed = Decimal(document["total_billed_usd"])
+    assert billed == 2 * price + Decimal("2.5") * (price + PRICE_MOVE) + Decimal("0.02")
+    named = sum(v for k, v in gaps.items() if k != "untagged")
+    assert Decimal(document["running_cost_usd"]) + named == billed
+    notes = {g["kind"]: g["note"] for g in document["gaps"]}
+    assert "4.5 instance-hours billed, 3 run by the job's attempts" in notes["idle time"]
+    assert f"the estimate's {price.normalize()}/h" in notes["price changes"]
+    assert (
+        f"in the job's account {'lab-' if write is gcp_export else ''}{JOB_ACCOUNT}"
+        in (notes["untagged"])
+    )

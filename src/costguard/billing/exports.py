@@ -31,8 +31,10 @@ from costguard.billing.spend import (
     FOCUS,
     GCP_EXPORT,
     GROUPING_TAGS,
+    ComputeCharge,
     ExportFormat,
     Tally,
+    charge_hours,
     charge_kind,
     detect,
     is_tag,
@@ -89,11 +91,32 @@ class Grouping:
         wanted = _columns_for(fmt, self.by, present)
         if self.job is not None:
             wanted += [c for c in _columns_for(fmt, "job", present) if c not in wanted]
+            around = [fmt.project]
+            if self.by == "charge":
+                around += [fmt.day_end, *_top(_quantity(fmt, present))]
+            wanted += [c for c in around if c in present and c not in wanted]
         return wanted
 
     def detect(self, columns: Sequence[str], source: str) -> ExportFormat:
         fmt = detect(columns, self.by, source)
         return fmt if self.job is None else detect(columns, "job", source)
+
+
+def _quantity(fmt: ExportFormat, present: Sequence[str]) -> tuple[str, str] | None:
+    """The first (quantity, unit) columns of ``fmt`` the file has."""
+    return next((q for q in fmt.quantities if set(_top(q)) <= set(present)), None)
+
+
+def _top(names: Sequence[str] | None) -> list[str]:
+    """The columns that hold ``names`` (``a.b``: field ``b`` of record ``a``)."""
+    return list(dict.fromkeys(name.split(".", 1)[0] for name in names or ()))
+
+
+def _field(table: Any, name: str) -> Any:
+    """Column ``name`` of ``table`` (``a.b``: field ``b`` of record ``a``), as text."""
+    pc = require("pyarrow.compute", EXTRA)
+    column, _, inner = name.partition(".")
+    return _text(pc.struct_field(table[column], inner) if inner else table[column])
 
 
 def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
@@ -271,6 +294,13 @@ def _gcp_schema(pa: Any) -> Any:
             ("cost", pa.decimal128(PRECISION, SCALE)),
             ("currency", pa.string()),
             ("usage_start_time", pa.string()),
+            ("usage_end_time", pa.string()),
+            (
+                "usage",
+                pa.struct(
+                    [("amount_in_pricing_units", pa.float64()), ("pricing_unit", pa.string())]
+                ),
+            ),
             ("invoice", pa.struct([("month", pa.string())])),
             ("labels", pa.list_(pair)),
             ("credits", pa.list_(pa.struct([("amount", pa.decimal128(PRECISION, SCALE))]))),
@@ -349,13 +379,16 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
             same[name] = values[0].as_py()
             del columns[name]
     if grouping.job is not None:
-        columns["job"] = key if by == "job" else _key(table, fmt, "job")
+        columns.update(_job_columns(table, fmt, grouping, key))
     parts = pa.table(columns)
     if fmt is GCP_EXPORT:
         parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
         _add_around_job(table, fmt, parts, tally)
         parts = parts.filter(_is(parts["job"], grouping.job))
+        tally.accounts.update(pc.unique(parts["account"]).to_pylist())
+        if by == "charge":
+            _add_compute(parts, fmt, same, tally)
     grouped = [name for name in ("key", "currency", "month") if name not in same]
     sums = parts.group_by(grouped).aggregate(
         [("billed", "sum"), ("effective", "sum"), ("charges", "sum")]
@@ -381,9 +414,29 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
             tally.span(_period(row["month"], fmt), first, last)
 
 
+def _job_columns(table: Any, fmt: ExportFormat, grouping: Grouping, key: Any) -> dict[str, Any]:
+    """The columns a job's reconciliation reads besides a report's: each charge's job and
+    account, and for its kinds of charges (``charge``) when its period ends and how long
+    it billed."""
+    pa = require("pyarrow", EXTRA)
+    present = table.column_names
+    nothing = pa.nulls(table.num_rows, pa.string())
+    columns = {
+        "job": key if grouping.by == "job" else _key(table, fmt, "job"),
+        "account": _key(table, fmt, "project") if fmt.project in present else nothing,
+    }
+    if grouping.by == "charge":
+        quantity = _quantity(fmt, present)
+        columns["end"] = table[fmt.day_end] if fmt.day_end in present else nothing
+        columns["quantity"] = _field(table, quantity[0]) if quantity else nothing
+        columns["unit"] = _field(table, quantity[1]) if quantity else nothing
+        columns["what"] = _kind_words(table, fmt)
+    return columns
+
+
 def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> None:
     """What a job's reconciliation needs besides its charges: the last day the batch
-    charges, and what it billed without a job tag, per day."""
+    charges, and what it billed without a job tag, per day and account."""
     pc = require("pyarrow.compute", EXTRA)
     last = pc.max(table[fmt.day]).as_py()
     if _day(last) is not None:
@@ -391,9 +444,44 @@ def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> 
     untagged = parts.filter(pc.is_null(parts["job"]))
     if untagged.num_rows:
         days = untagged.append_column("date", _date(untagged, "day"))
-        for row in days.group_by("date").aggregate([("billed", "sum")]).to_pylist():
-            day = _day(row["date"]) or ""
-            tally.untagged[day] = tally.untagged.get(day, Decimal(0)) + row["billed_sum"]
+        sums = days.group_by(["date", "account"]).aggregate([("billed", "sum")])
+        for row in sums.to_pylist():
+            where = (_day(row["date"]) or "", _as_text(row["account"]))
+            tally.untagged[where] = tally.untagged.get(where, Decimal(0)) + row["billed_sum"]
+
+
+def _add_compute(parts: Any, fmt: ExportFormat, same: dict[str, Any], tally: Tally) -> None:
+    """The job's compute charges of a batch (a few rows: one job's hours)."""
+    compute = parts.filter(_is(parts["key"], "compute"))
+    for row in compute.to_pylist():
+        start, end = _unix(row["day"]), _unix(row["end"])
+        if start is None:
+            continue
+        period = Decimal(str(end - start)) / 3600 if end is not None and end > start else None
+        charge = ComputeCharge(
+            month=_period(row.get("month", same.get("month")), fmt),
+            currency=row.get("currency", same.get("currency")) or "",
+            start=start,
+            period=period,
+            what=row["what"],
+            hours=charge_hours(row["quantity"], row["unit"]),
+            usd=row["billed"],
+        )
+        tally.compute.append(charge)
+
+
+def _unix(value: Any) -> float | None:
+    """A charge's timestamp as read (a timestamp, ISO text, BigQuery's ``... UTC``) as a
+    Unix time; a time without a zone is UTC."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        text = str(value).strip().removesuffix(" UTC").replace("Z", "+00:00")
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
 
 
 def _period(value: Any, fmt: ExportFormat) -> str:
@@ -605,6 +693,13 @@ def _key(table: Any, fmt: ExportFormat, by: str) -> Any:
 def _kinds(table: Any, fmt: ExportFormat) -> Any:
     """Each charge's :func:`~costguard.billing.spend.charge_kind`, decided once per
     distinct combination of the words the export has for it."""
+    encoded = _encoded(_kind_words(table, fmt))
+    found = [charge_kind(*text.split(_SEPARATOR)) for text in encoded.dictionary.to_pylist()]
+    return _relabel(encoded.indices, found)
+
+
+def _kind_words(table: Any, fmt: ExportFormat) -> Any:
+    """The words of each charge's kind columns, joined by :data:`_SEPARATOR`."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
     words = []
@@ -614,14 +709,11 @@ def _kinds(table: Any, fmt: ExportFormat) -> Any:
             if pa.types.is_struct(column.type):
                 column = pc.struct_field(column, "description")
             words.append(pc.fill_null(_text(column), ""))
-    joined = (
+    return (
         pc.binary_join_element_wise(*words, _SEPARATOR)
         if words
         else pa.repeat(pa.scalar(""), table.num_rows)
     )
-    encoded = _encoded(joined)
-    found = [charge_kind(*text.split(_SEPARATOR)) for text in encoded.dictionary.to_pylist()]
-    return _relabel(encoded.indices, found)
 
 
 def _encoded(column: Any) -> Any:

@@ -16,8 +16,10 @@ import click
 from costguard.billing.spend import (
     GROUPINGS,
     JobWindow,
+    Run,
     SpendReport,
     Tally,
+    billed_hours,
     document,
     exact,
     group_label,
@@ -202,10 +204,29 @@ def _print_reconciliation(
     now = time.time()
     summary = summarise(job, offers, now)
     window = job_window(job, now, kinds.covered_to, summary.spent_usd)
+    # Untagged charges count where the job's own charges are: its account, project or
+    # subscription, not every account the export holds.
     untagged = sum(
-        (usd for day, usd in kinds.untagged.items() if window.first_day <= day <= window.last_day),
+        (
+            usd
+            for (day, account), usd in kinds.untagged.items()
+            if window.first_day <= day <= window.last_day and account in kinds.accounts
+        ),
         Decimal(0),
     )
+    months = bill.period.split("/")
+    compute = [
+        c
+        for c in kinds.compute
+        if months[0] <= c.month <= months[-1] and c.currency == bill.currency
+    ]
+    runs = [
+        Run(
+            a.launched_unix, a.ended_unix if a.ended_unix is not None else now, a.offer.usd_per_hour
+        )
+        for a in job.attempts
+        if a.hours(now)
+    ]
     result = reconcile(
         bill,
         job.spec.job_id,
@@ -213,6 +234,8 @@ def _print_reconciliation(
         window=window,
         covered_to=kinds.covered_to,
         untagged_usd=untagged,
+        hours=billed_hours(compute, runs),
+        accounts=sorted(a for a in kinds.accounts if a is not None),
     )
     if output != "table":
         render.print_json(
@@ -247,16 +270,19 @@ def job_window(job: Job, now: float, covered_to: str | None, running_usd: Decima
     starts = [a.launched_unix for a in ran] or [job.spec.created_unix]
     ends = [a.ended_unix if a.ended_unix is not None else now for a in ran] or starts
     unexported = Decimal(0)
+    hours_run = sum((a.hours(now) for a in ran), Decimal(0))
     if covered_to is not None:
         cutoff = datetime.fromisoformat(covered_to).replace(tzinfo=UTC).timestamp() + 86400
         for attempt, end in zip(ran, ends, strict=True):
             before = replace(attempt, ended_unix=max(attempt.launched_unix, min(end, cutoff)))
             unexported += attempt.cost_usd(now) - before.cost_usd(now)
+            hours_run -= attempt.hours(now) - before.hours(now)
     return JobWindow(
         running_usd=running_usd,
         first_day=_utc_day(min(starts)),
         last_day=_utc_day(max(ends)),
         unexported_usd=unexported,
+        hours_run=hours_run,
     )
 
 
