@@ -121,12 +121,20 @@ def _field(table: Any, name: str) -> Any:
 
 def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
     """Each data file of ``sources``: ``(filesystem, path, name to show)``. A folder gives
-    the data files below it, a glob those matching; a missing file is refused."""
+    the data files below it, a glob those matching; a missing file is refused. Buckets
+    are opened as checkpoint stores are, with the fsspec options of
+    ``COSTGUARD_STORAGE_OPTIONS`` (an endpoint, a connection string, a token)."""
+    from costguard.checkpoint.backends import PROTOCOLS
+    from costguard.checkpoint.store import open_filesystem, storage_options_from_env
+
     fsspec = require("fsspec", EXTRA)
     for source in sources:
-        fs, path = fsspec.core.url_to_fs(source)
-        # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
         scheme = source.split("://", 1)[0] if "://" in source else "file"
+        if PROTOCOLS.get(scheme):
+            fs, path = open_filesystem(source, storage_options_from_env(), what="export URL")
+        else:
+            fs, path = fsspec.core.url_to_fs(source)
+        # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
         prefix = "" if scheme in ("file", "local") else f"{scheme}://"
         if any(ch in path for ch in "*?["):
             found = sorted(fs.glob(path))
@@ -169,7 +177,7 @@ def _unreadable(source: str, exc: BaseException) -> CostguardError:
     return CostguardError(
         f"could not read {source}: {exc}",
         hint="check the URL and the cloud credentials (AWS_PROFILE, gcloud auth, "
-        "AZURE_STORAGE_CONNECTION_STRING)",
+        "AZURE_STORAGE_CONNECTION_STRING, COSTGUARD_STORAGE_OPTIONS)",
     )
 
 
@@ -212,7 +220,7 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
     pa = require("pyarrow", EXTRA)
     pcsv = require("pyarrow.csv", EXTRA)
     with fs.open(path, "rb", compression="infer") as raw:
-        first = raw.readline(1 << 20).decode("utf-8-sig", errors="replace")
+        first = _first_line(raw, 1 << 20).decode("utf-8-sig", errors="replace")
     header = next(csv.reader(io.StringIO(first)), [])
     fmt = by.detect(header, shown)
     columns = by.columns(fmt, header)
@@ -228,6 +236,18 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
         )
         for batch in reader:
             _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
+
+
+def _first_line(raw: Any, limit: int) -> bytes:
+    """The first line of an open file, at most ``limit`` bytes: read in blocks (a bucket's
+    file objects take no size for ``readline``)."""
+    head = b""
+    while len(head) < limit and b"\n" not in head:
+        block = raw.read(min(64 * 1024, limit - len(head)))
+        if not block:
+            break
+        head += block
+    return head.split(b"\n", 1)[0][:limit]
 
 
 def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
@@ -316,7 +336,7 @@ def _read_jsonl(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> N
     pa = require("pyarrow", EXTRA)
     pjson = require("pyarrow.json", EXTRA)
     with fs.open(path, "rb", compression="infer") as raw:
-        first = raw.readline(1 << 24)
+        first = _first_line(raw, 1 << 24)
     try:
         keys = list(json.loads(first)) if first.strip() else []
     except ValueError:
