@@ -150,19 +150,28 @@ JOB_ACCOUNT, OTHER_ACCOUNT = "111122223333", "444455556666"
 PRICE_MOVE = Decimal("0.0123")
 
 
+def bill_row(
+    at: int, hours: str, usd: Decimal, job: str, kind: str = "compute", resource: str = ""
+) -> dict[str, Any]:
+    """One row of a bill: the hour it starts on 2026-11-05 (UTC), the hours billed, the
+    cost, the job tag, what it is, the instance (in the job's account)."""
+    return {
+        "start": datetime(2026, 11, 5, at, tzinfo=UTC),
+        "hours": Decimal(hours),
+        "usd": usd,
+        "account": JOB_ACCOUNT,
+        "job": job,
+        "kind": kind,
+        "resource": resource,
+    }
+
+
 def job_rows(price: Decimal) -> list[dict[str, Any]]:
-    """The export's rows: start hour, hours billed, cost, account, job tag, description."""
+    """The export's rows for bert-ft and around it."""
     moved = price + PRICE_MOVE
 
     def hour(at: int, hours: str, usd: Decimal, kind: str = "compute") -> dict[str, Any]:
-        return {
-            "start": datetime(2026, 11, 5, at, tzinfo=UTC),
-            "hours": Decimal(hours),
-            "usd": usd,
-            "account": JOB_ACCOUNT,
-            "job": "bert-ft",
-            "kind": kind,
-        }
+        return bill_row(at, hours, usd, "bert-ft", kind)
 
     return [
         hour(10, "1", price),
@@ -203,6 +212,7 @@ def focus_export(rows: list[dict[str, Any]], path: Path) -> Path:
                 "ServiceCategory": category,
                 "ChargeDescription": description,
                 "SubAccountId": row["account"],
+                "ResourceId": row["resource"],
                 "PricingQuantity": str(row["hours"]),
                 "PricingUnit": unit,
                 "Tags": json.dumps(tags),
@@ -241,6 +251,7 @@ def cur_export(rows: list[dict[str, Any]], path: Path) -> Path:
             "pricing_unit": [w[2] for w in words],
             "line_item_usage_amount": pa.array([float(r["hours"]) for r in rows]),
             "line_item_usage_account_id": [r["account"] for r in rows],
+            "line_item_resource_id": [r["resource"] for r in rows],
             "line_item_unblended_cost": pa.array([float(r["usd"]) for r in rows]),
             "line_item_currency_code": ["USD"] * len(rows),
             "resource_tags": pa.array(
@@ -338,3 +349,50 @@ def test_idle_time_and_price_changes_are_named_apart(
         f"in the job's account {'lab-' if write is gcp_export else ''}{JOB_ACCOUNT}"
         in (notes["untagged"])
     )
+
+
+@pytest.mark.parametrize(
+    ("write", "suffix"), [(focus_export, ".csv"), (cur_export, ".parquet")], ids=["focus", "cur2"]
+)
+def test_each_billed_hour_is_priced_at_the_attempt_running_then(
+    run_cli: Callable[..., Any],
+    tmp_path: Path,
+    catalog: Catalog,
+    write: Callable[[list[dict[str, Any]], Path], Path],
+    suffix: str,
+) -> None:
+    """Attempt 1 ran 10:00 to 11:30 on one instance at its offer's price, attempt 2 11:30
+    to 13:00 on another at a second offer's, both billed by the second: the hour both
+    instances share is 1 instance-hour, each part at its own attempt's price. A bill of
+    exactly those hours names no idle time and no price change; a cent more on attempt
+    2's last hour is a price change of a cent."""
+    store = Store.open(tmp_path / "ckpt")
+    first, second = find_offers(catalog, gpu="T4", provider="local")[:2]
+    day = datetime(2026, 11, 5, tzinfo=UTC).timestamp()
+    attempts = tuple(
+        Attempt(
+            n,
+            offer,
+            day + start * 3600,
+            handle=Handle("local", offer.region, f"local-{n}", extra={"pid": "1"}),
+            ended_unix=day + end * 3600,
+            outcome=AttemptOutcome.SUCCEEDED,
+            exit_code=0,
+        )
+        for n, offer, start, end in ((1, first, 10, 11.5), (2, second, 11.5, 13))
+    )
+    save_job(store, Job(spec(store.url, job_id="swap"), attempts=attempts, status="succeeded"))
+
+    p1, p2 = first.usd_per_hour, second.usd_per_hour
+    rows = [
+        bill_row(10, "1", p1, "swap", resource="i-1"),
+        bill_row(11, "0.5", p1 / 2, "swap", resource="i-1"),
+        bill_row(11, "0.5", p2 / 2, "swap", resource="i-2"),
+        bill_row(12, "1", p2, "swap", resource="i-2"),
+    ]
+    exact_bill = spend(run_cli, str(write(rows, tmp_path / f"a{suffix}")), "--job", store.url)
+    assert exact_bill["gaps"] == []
+    assert Decimal(exact_bill["running_cost_usd"]) == Decimal(exact_bill["total_billed_usd"])
+    rows[-1]["usd"] += Decimal("0.01")
+    dearer = spend(run_cli, str(write(rows, tmp_path / f"b{suffix}")), "--job", store.url)
+    assert [(g["kind"], g["usd"]) for g in dearer["gaps"]] == [("price changes", "0.01")]

@@ -93,7 +93,7 @@ class Grouping:
             wanted += [c for c in _columns_for(fmt, "job", present) if c not in wanted]
             around = [fmt.project]
             if self.by == "charge":
-                around += [fmt.day_end, *_top(_quantity(fmt, present))]
+                around += [fmt.day_end, *_top(_quantity(fmt, present)), *_top([fmt.resource])]
             wanted += [c for c in around if c in present and c not in wanted]
         return wanted
 
@@ -325,6 +325,7 @@ def _gcp_schema(pa: Any) -> Any:
             ("labels", pa.list_(pair)),
             ("credits", pa.list_(pa.struct([("amount", pa.decimal128(PRECISION, SCALE))]))),
             ("project", pa.struct([("id", pa.string())])),
+            ("resource", pa.struct([("name", pa.string())])),  # the detailed export's
             ("service", pa.struct([("description", pa.string())])),
             ("sku", pa.struct([("description", pa.string())])),
             ("cost_type", pa.string()),
@@ -451,6 +452,8 @@ def _job_columns(table: Any, fmt: ExportFormat, grouping: Grouping, key: Any) ->
         columns["quantity"] = _field(table, quantity[0]) if quantity else nothing
         columns["unit"] = _field(table, quantity[1]) if quantity else nothing
         columns["what"] = _kind_words(table, fmt)
+        has_resource = _top([fmt.resource])[0] in present
+        columns["resource"] = _field(table, fmt.resource) if has_resource else nothing
     return columns
 
 
@@ -486,6 +489,7 @@ def _add_compute(parts: Any, fmt: ExportFormat, same: dict[str, Any], tally: Tal
             what=row["what"],
             hours=charge_hours(row["quantity"], row["unit"]),
             usd=row["billed"],
+            resource=_trimmed(row["resource"]),
         )
         tally.compute.append(charge)
 
@@ -834,4 +838,6 @@ def _with_gcp_credits(table: Any, parts: Any) -> Any:
     credit_rows = {name: pc.take(parts[name], rows) for name in parts.column_names}
     none = pa.array([0] * len(rows), pa.int8())  # a credit is part of its charge, not one
     credit_rows.update(billed=amounts, effective=amounts, charges=none)
+    if "quantity" in credit_rows:  # its hours are its charge's
+        credit_rows["quantity"] = pa.nulls(len(rows), parts.schema.field("quantity").type)
     return pa.concat_tables([parts, pa.table(credit_rows, schema=parts.schema)])

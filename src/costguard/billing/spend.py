@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from costguard.errors import InputError
 from costguard.tags import JOB_TAG, OWNER_TAG
@@ -64,9 +65,11 @@ class ExportFormat:
     kinds: tuple[str, ...] = ()
     #: Where a charge's period ends, and the (quantity, unit) columns that say how long
     #: it was billed, tried in turn (``a.b``: field ``b`` of record ``a``), read for
-    #: ``--job`` when present: instance-hours, for idle time and price changes.
+    #: ``--job`` when present: instance-hours, for idle time and price changes; and
+    #: the resource a charge is for (an instance: its hours are counted apart).
     day_end: str = ""
     quantities: tuple[tuple[str, str], ...] = ()
+    resource: str = ""
 
     def needed(self, by: str) -> tuple[str, ...]:
         """The columns a report grouped ``by`` cannot do without.
@@ -93,6 +96,7 @@ FOCUS = ExportFormat(
     kinds=("ChargeCategory", "ChargeClass", "ServiceCategory", "ServiceName", "ChargeDescription"),
     day_end="ChargePeriodEnd",
     quantities=(("PricingQuantity", "PricingUnit"), ("ConsumedQuantity", "ConsumedUnit")),
+    resource="ResourceId",
 )
 #: Column names from the CUR 2.0 data dictionary (docs.aws.amazon.com/cur/latest/userguide/
 #: table-dictionary-cur2.html); the amortisation columns are those of its savings plan and
@@ -125,6 +129,7 @@ CUR2 = ExportFormat(
     ),
     day_end="line_item_usage_end_date",
     quantities=(("line_item_usage_amount", "pricing_unit"),),
+    resource="line_item_resource_id",
 )
 #: Field names from "Structure of Standard data export" (cloud.google.com/billing/docs/
 #: how-to/export-data-bigquery-tables/standard-usage).
@@ -141,6 +146,8 @@ GCP_EXPORT = ExportFormat(
     kinds=("cost_type", "service", "sku"),
     day_end="usage_end_time",
     quantities=(("usage.amount_in_pricing_units", "usage.pricing_unit"),),
+    # The detailed export's; the standard one names no resource.
+    resource="resource.name",
 )
 FORMATS = (FOCUS, CUR2, GCP_EXPORT)
 
@@ -272,7 +279,8 @@ def parse_month(text: str) -> str:
 class ComputeCharge:
     """One of a job's compute charges (``--job``): its billing month and currency, when
     its period starts (Unix time) and how long it is (hours; ``None``: not said), what
-    the export calls it, the hours of its quantity (:func:`charge_hours`) and its cost."""
+    the export calls it, the hours of its quantity (:func:`charge_hours`), its cost, and
+    the resource it is for (``None``: not said)."""
 
     month: str
     currency: str
@@ -281,6 +289,7 @@ class ComputeCharge:
     what: str
     hours: Decimal | None
     usd: Decimal
+    resource: str | None = None
 
 
 @dataclass
@@ -609,49 +618,80 @@ def billed_hours(charges: Sequence[ComputeCharge], runs: Sequence[Run]) -> Bille
     the attempt running then (or the nearest one: an instance up before or after its
     attempt). ``None`` where a period's hours are not known, or there is no attempt.
 
-    A charge may bill several units of the instance at once (GCP bills a VM's cores as
-    core-hours): its hours are divided by the most units of the same charge billed in
-    an hour of any period, and a period's instance-hours are the most of its charges'.
+    Each resource (instance) of a period counts apart: an instance's hours are the most
+    any of its charges bills, once divided by the units that charge bills at once (GCP
+    bills a VM's 4 cores as 4 core-hours an hour: the most it bills per hour of any
+    period); a period's hours are its instances' sum.
 
-    >>> runs = [Run(0, 7200, Decimal("0.5")), Run(7200, 10800, Decimal("0.4"))]
+    >>> runs = [Run(0, 5400, Decimal("0.5"))]  # 1.5 hours
     >>> def vm(start, cores, usd):  # a VM's 4 cores, its memory
-    ...     return [ComputeCharge("2026-11", "USD", start, Decimal(1), "core", cores, usd),
-    ...             ComputeCharge("2026-11", "USD", start, Decimal(1), "ram", None, usd)]
-    >>> b = billed_hours(vm(0, Decimal(4), Decimal("0.25")) + vm(7200, Decimal(4), Decimal("0.225"))
-    ...                  + vm(10800, Decimal(2), Decimal("0.11")), runs)
+    ...     return [ComputeCharge("2026-11", "USD", start, Decimal(1), "core", cores, usd, "vm"),
+    ...             ComputeCharge("2026-11", "USD", start, Decimal(1), "ram", None, usd, "vm")]
+    >>> b = billed_hours(vm(0, Decimal(4), Decimal("0.25")) + vm(3600, Decimal(2), Decimal("0.13")),
+    ...                  runs)
     >>> str(b.hours), str(b.billed_usd), str(b.priced_usd), [str(p) for p in b.prices]
-    ('2.5', '1.170', '1.10', ['0.5', '0.4'])
+    ('1.5', '0.76', '0.75', ['0.5'])
     """
     if not runs:
         return None
-    units: dict[str, Decimal] = {}
+    # Per (period, resource, charge): hours, period length, cost.
+    parts: dict[tuple[float, str | None, str], list[Any]] = {}
     for charge in charges:
-        if charge.hours is not None and charge.period:
-            rate = charge.hours / charge.period
-            units[charge.what] = max(units.get(charge.what, rate), rate)
-    periods: dict[float, list[Decimal]] = {}
-    for charge in charges:
-        hours = charge.hours
+        part = parts.setdefault(
+            (charge.start, charge.resource, charge.what), [None, charge.period, Decimal(0)]
+        )
+        if charge.hours is not None:
+            part[0] = (part[0] or Decimal(0)) + charge.hours
+        part[2] += charge.usd
+    units: dict[tuple[str | None, str], Decimal] = {}
+    for (_, resource, what), (hours, period, _) in parts.items():
+        if hours is not None and period:
+            units[resource, what] = max(units.get((resource, what), Decimal(1)), hours / period)
+    instances: dict[float, dict[str | None, Decimal]] = {}
+    billed_in: dict[float, Decimal] = {}
+    lengths: dict[float, Decimal] = {}
+    for (start, resource, what), (hours, period, usd) in parts.items():
+        billed_in[start] = billed_in.get(start, Decimal(0)) + usd
+        lengths[start] = max(lengths.get(start, Decimal(0)), period or Decimal(0))
+        per_instance = instances.setdefault(start, {})
         if hours is not None:
-            hours = hours / max(units.get(charge.what, Decimal(1)), Decimal(1))
-            hours = min(hours, charge.period) if charge.period else hours
-        period = periods.setdefault(charge.start, [Decimal(-1), Decimal(0)])
-        period[0] = max(period[0], hours) if hours is not None else period[0]
-        period[1] += charge.usd
+            hours /= units.get((resource, what), 1)
+            hours = min(hours, period) if period else hours
+            per_instance[resource] = max(per_instance.get(resource, hours), hours)
     total = billed = priced = Decimal(0)
     prices: dict[Decimal, None] = {}
-    for start, (hours, usd) in sorted(periods.items()):
-        if hours < 0:
+    for start, usd in sorted(billed_in.items()):
+        if not instances[start]:
             return None
-        run = min(
-            runs,
-            key=lambda r: (not r.start <= start < r.end, max(r.start - start, start - r.end, 0)),
-        )
+        hours = sum(instances[start].values(), Decimal(0))
         total += hours
         billed += usd
-        priced += hours * run.usd_per_hour
-        prices[run.usd_per_hour] = None
+        priced += _priced(start, lengths[start] or Decimal(1), hours, runs, prices)
     return BilledHours(total, billed, priced, tuple(prices))
+
+
+def _priced(
+    start: float, length: Decimal, hours: Decimal, runs: Sequence[Run], prices: dict[Decimal, None]
+) -> Decimal:
+    """What ``hours`` billed in the period from ``start`` (``length`` hours) cost at the
+    estimate's prices: the hours each attempt ran in it at its own price, hours beyond
+    them (the instance up, no attempt working) at the nearest attempt's, fewer hours at
+    the attempts' average (``prices``: each price used, added)."""
+    end = start + float(length) * 3600
+    ran = [
+        (Decimal(str(min(end, r.end) - max(start, r.start))) / 3600, r.usd_per_hour)
+        for r in runs
+        if min(end, r.end) > max(start, r.start)
+    ]
+    run_hours = sum((h for h, _ in ran), Decimal(0))
+    run_usd = sum((h * p for h, p in ran), Decimal(0))
+    prices.update(dict.fromkeys(p for _, p in ran))
+    if hours < run_hours:
+        return hours * run_usd / run_hours
+    nearest = min(runs, key=lambda r: max(r.start - start, start - r.end, 0))
+    if hours > run_hours:
+        prices[nearest.usd_per_hour] = None
+    return run_usd + (hours - run_hours) * nearest.usd_per_hour
 
 
 @dataclass(frozen=True)
