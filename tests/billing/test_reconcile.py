@@ -204,7 +204,7 @@ def focus_export(rows: list[dict[str, Any]], path: Path) -> Path:
                 "BilledCost": str(row["usd"]),
                 "EffectiveCost": str(row["usd"]),
                 "BillingCurrency": "USD",
-                "BillingPeriodStart": "2026-11-01T00:00:00Z",
+                "BillingPeriodStart": row["start"].strftime("%Y-%m-01T00:00:00Z"),
                 "ChargePeriodStart": row["start"].strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "ChargePeriodEnd": end.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "ChargeCategory": "Usage",
@@ -239,7 +239,7 @@ def cur_export(rows: list[dict[str, Any]], path: Path) -> Path:
     table = pa.table(
         {
             "bill_billing_period_start_date": pa.array(
-                [datetime(2026, 11, 1, tzinfo=UTC)] * len(rows), stamp
+                [r["start"].replace(day=1, hour=0) for r in rows], stamp
             ),
             "line_item_usage_start_date": pa.array([r["start"] for r in rows], stamp),
             "line_item_usage_end_date": pa.array(
@@ -291,7 +291,7 @@ def gcp_export(rows: list[dict[str, Any]], path: Path) -> Path:
                 "currency": "USD",
                 "usage": {"amount_in_pricing_units": float(amount), "pricing_unit": unit},
                 "credits": [],
-                "invoice": {"month": "202611"},
+                "invoice": {"month": row["start"].strftime("%Y%m")},
                 "cost_type": "regular",
             }
         )
@@ -396,3 +396,25 @@ def test_each_billed_hour_is_priced_at_the_attempt_running_then(
     rows[-1]["usd"] += Decimal("0.01")
     dearer = spend(run_cli, str(write(rows, tmp_path / f"b{suffix}")), "--job", store.url)
     assert [(g["kind"], g["usd"]) for g in dearer["gaps"]] == [("price changes", "0.01")]
+
+
+def test_the_hours_of_other_months_are_named_apart(
+    run_cli: Callable[..., Any], tmp_path: Path, catalog: Catalog
+) -> None:
+    """A job ran 2026-10-31 22:00 to 2026-11-01 02:00 UTC, billed hour by hour at its
+    price in October's bill and November's: November's report counts November's two
+    hours, the controller's October hours are a gap of their own (not idle time)."""
+    start = datetime(2026, 10, 31, 22, tzinfo=UTC).timestamp()
+    url, running = launched(tmp_path, catalog, "across", start=start, hours=4)
+    price = running / 4
+    rows = [bill_row(0, "1", price, "across") for _ in range(4)]
+    for row, hour in zip(rows, (-2, -1, 0, 1), strict=True):
+        row["start"] = datetime(2026, 11, 1, tzinfo=UTC) + timedelta(hours=hour)
+    export = str(focus_export(rows, tmp_path / "bill.csv"))
+    november = spend(run_cli, export, "--job", url, "--month", "2026-11")
+    assert Decimal(november["total_billed_usd"]) == 2 * price
+    gaps = [(g["kind"], Decimal(g["usd"])) for g in november["gaps"]]
+    assert gaps == [("other months", -2 * price)]
+    assert "hours outside 2026-11" in november["gaps"][0]["note"]
+    both = spend(run_cli, export, "--job", url)
+    assert both["gaps"] == []

@@ -713,8 +713,11 @@ class JobWindow:
     last_day: str
     #: The controller's cost of the hours after the export's last day (0: none).
     unexported_usd: Decimal = Decimal(0)
-    #: The instance-hours the attempts ran up to the export's last day.
+    #: The instance-hours the attempts ran in the months reported, up to the export's
+    #: last day.
     hours_run: Decimal = Decimal(0)
+    #: The controller's cost of the hours outside the billing months reported.
+    other_months_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -777,7 +780,8 @@ def reconcile(
     """
     billed = {g.key: g.billed_usd for g in kinds.groups}
     gaps = []
-    compute = billed.get("compute", Decimal(0)) - window.running_usd + window.unexported_usd
+    counted = window.running_usd - window.unexported_usd - window.other_months_usd
+    compute = billed.get("compute", Decimal(0)) - counted
     if hours is not None and hours.billed_usd == billed.get("compute", Decimal(0)):
         gaps.extend(_instance_gaps(hours, window))
     elif compute > 0:
@@ -797,7 +801,8 @@ def reconcile(
     for kind in CHARGE_KINDS[1:]:
         if billed.get(kind):
             gaps.append(Gap(kind, billed[kind], _NOTES[kind]))
-    if window.unexported_usd or (covered_to is not None and covered_to < window.last_day):
+    lagging = covered_to is not None and covered_to < window.last_day
+    if window.unexported_usd or (lagging and not window.other_months_usd):
         gaps.append(
             Gap(
                 "missing days",
@@ -805,6 +810,15 @@ def reconcile(
                 f"the export's charges end on {covered_to}, the job ran to "
                 f"{window.last_day}: the controller counted {exact(window.unexported_usd)} "
                 "after that (exports lag a day or two)",
+            )
+        )
+    if window.other_months_usd:
+        gaps.append(
+            Gap(
+                "other months",
+                -window.other_months_usd,
+                f"the controller counted {exact(window.other_months_usd)} for hours outside "
+                f"{kinds.period}, which this bill leaves out",
             )
         )
     if untagged_usd:
@@ -839,7 +853,7 @@ def reconcile(
 
 def _instance_gaps(hours: BilledHours, window: JobWindow) -> list[Gap]:
     """Idle time and price changes: the instances' part of the gap, split."""
-    counted = window.running_usd - window.unexported_usd
+    counted = window.running_usd - window.unexported_usd - window.other_months_usd
     idle_usd = hours.priced_usd - counted
     price_usd = hours.billed_usd - hours.priced_usd
     idle_hours = hours.hours - window.hours_run
