@@ -345,10 +345,12 @@ def test_idle_time_and_price_changes_are_named_apart(
     notes = {g["kind"]: g["note"] for g in document["gaps"]}
     assert "4.5 instance-hours billed, 3 run by the job's attempts" in notes["idle time"]
     assert f"the estimate's {price.normalize()}/h" in notes["price changes"]
-    assert (
-        f"in the job's account {'lab-' if write is gcp_export else ''}{JOB_ACCOUNT}"
-        in (notes["untagged"])
-    )
+    account = f"lab-{JOB_ACCOUNT}" if write is gcp_export else JOB_ACCOUNT  # a GCP project
+    assert f"in the job's account {account}" in notes["untagged"]
+    table = run_cli("jobs", "status", url, "--spend", str(export))
+    assert table.exit_code == 0, table.stderr
+    assert "idle time: $0.09, 4.5 instance-hours billed" in table.stdout
+    assert "price changes: $0.03, the 4.5 billed hours cost" in table.stdout
 
 
 @pytest.mark.parametrize(
