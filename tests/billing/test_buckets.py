@@ -23,6 +23,7 @@ from botocore.config import Config
 from costguard.checkpoint.store import storage_options_from_env
 from tests.billing.test_cur_gcp import cur2_table
 from tests.billing.test_focus import HANDMADE, groups, spend
+from tests.helpers.processes import free_port
 from tests.helpers.stores import Backend
 
 PREFIX = "exports/costguard-focus/data/BILLING_PERIOD=2026-11"
@@ -141,3 +142,18 @@ def test_spend_reads_buckets_with_the_storage_options_of_costguard_storage_optio
     document = spend(run_cli, f"{backend.url}/focus/", "--by", "owner", "--month", "2026-11")
     assert document["files"] == [url]
     assert groups(document)["ana"] == Decimal("2.3017")
+
+
+def test_a_bucket_that_does_not_answer_is_said_so(
+    aws_env: str, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endpoint in COSTGUARD_STORAGE_OPTIONS where nothing listens: a one-line error
+    naming the URL and where the endpoint came from, not a crash."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    closed = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("COSTGUARD_STORAGE_OPTIONS", json.dumps({"endpoint_url": closed}))
+    result = run_cli("spend", "s3://lab-bills/focus/")
+    assert result.exit_code == 1
+    assert "Error: could not read s3://lab-bills/focus/: " in result.stderr
+    assert "COSTGUARD_STORAGE_OPTIONS" in result.stderr
+    assert "unexpected" not in result.stderr

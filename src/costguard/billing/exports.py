@@ -136,12 +136,7 @@ def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
             fs, path = fsspec.core.url_to_fs(source)
         # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
         prefix = "" if scheme in ("file", "local") else f"{scheme}://"
-        if any(ch in path for ch in "*?["):
-            found = sorted(fs.glob(path))
-        elif _isdir(fs, path):
-            found = sorted(p for p in fs.find(path) if _is_data(p))
-        else:
-            found = [path] if _exists(fs, path, source) else []
+        found = _listed(fs, path, source)
         if not found:
             msg = f"no billing export files at {source}"
             raise InputError(
@@ -159,21 +154,26 @@ def _is_data(path: str) -> bool:
     return name.endswith(DATA_SUFFIXES) and "manifest" not in name
 
 
-def _isdir(fs: Any, path: str) -> bool:
+def _listed(fs: Any, path: str, source: str) -> list[str]:
+    """The files ``path`` names: a glob's matches, a folder's data files, the file."""
     try:
-        return bool(fs.isdir(path))
-    except OSError as exc:
-        raise _unreadable(path, exc) from None
-
-
-def _exists(fs: Any, path: str, source: str) -> bool:
-    try:
-        return bool(fs.exists(path))
-    except OSError as exc:
+        if any(ch in path for ch in "*?["):
+            return sorted(fs.glob(path))
+        if fs.isdir(path):
+            return sorted(p for p in fs.find(path) if _is_data(p))
+        return [path] if fs.exists(path) else []
+    except Exception as exc:
         raise _unreadable(source, exc) from None
 
 
-def _unreadable(source: str, exc: BaseException) -> CostguardError:
+def _unreadable(source: str, exc: Exception) -> CostguardError:
+    """Why a bucket could not be read: an endpoint that does not answer, credentials
+    missing or refused (what fsspec backends raise: OSError, and the SDKs' errors they
+    let through, botocore's among them). Anything else is re-raised."""
+    from costguard.checkpoint.backends import is_transient, no_credentials
+
+    if not isinstance(exc, OSError) and not is_transient(exc) and not no_credentials(exc):
+        raise exc
     return CostguardError(
         f"could not read {source}: {exc}",
         hint="check the URL and the cloud credentials (AWS_PROFILE, gcloud auth, "
