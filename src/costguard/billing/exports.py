@@ -270,10 +270,13 @@ def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) ->
     # Text read as dictionaries: the few distinct tags, currencies and services are
     # decoded once per column chunk, and rows are grouped by their integer indices.
     schema = footer.schema
+    # Periods written as text stay plain text: their least and greatest are taken.
     text = [
         leaf.path
         for leaf in (schema.column(i) for i in range(len(schema)))
-        if leaf.path.split(".", 1)[0] in columns and leaf.logical_type.type == "STRING"
+        if leaf.path.split(".", 1)[0] in columns
+        and leaf.logical_type.type == "STRING"
+        and leaf.path not in (fmt.day, fmt.day_end)
     ]
 
     def row_group(group: int) -> Tally:
