@@ -163,6 +163,7 @@ def bill_row(
         "job": job,
         "kind": kind,
         "resource": resource,
+        "currency": "USD",
     }
 
 
@@ -182,6 +183,7 @@ def job_rows(price: Decimal) -> list[dict[str, Any]]:
         hour(10, "1", Decimal("0.02"), "storage"),
         {**hour(11, "1", Decimal("0.09"), "network"), "job": None},  # its NAT gateway
         {**hour(11, "1", Decimal("5.00"), "network"), "job": None, "account": OTHER_ACCOUNT},
+        {**hour(11, "1", Decimal("7.00"), "network"), "job": None, "currency": "EUR"},
     ]
 
 
@@ -203,7 +205,7 @@ def focus_export(rows: list[dict[str, Any]], path: Path) -> Path:
             {
                 "BilledCost": str(row["usd"]),
                 "EffectiveCost": str(row["usd"]),
-                "BillingCurrency": "USD",
+                "BillingCurrency": row["currency"],
                 "BillingPeriodStart": row["start"].strftime("%Y-%m-01T00:00:00Z"),
                 "ChargePeriodStart": row["start"].strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "ChargePeriodEnd": end.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -253,7 +255,7 @@ def cur_export(rows: list[dict[str, Any]], path: Path) -> Path:
             "line_item_usage_account_id": [r["account"] for r in rows],
             "line_item_resource_id": [r["resource"] for r in rows],
             "line_item_unblended_cost": pa.array([float(r["usd"]) for r in rows]),
-            "line_item_currency_code": ["USD"] * len(rows),
+            "line_item_currency_code": [r["currency"] for r in rows],
             "resource_tags": pa.array(
                 [[("user_costguard_job", r["job"])] if r["job"] else [] for r in rows],
                 pa.map_(pa.string(), pa.string()),
@@ -288,7 +290,7 @@ def gcp_export(rows: list[dict[str, Any]], path: Path) -> Path:
                 "project": {"id": f"lab-{row['account']}"},
                 "labels": labels,
                 "cost": float(usd),
-                "currency": "USD",
+                "currency": row["currency"],
                 "usage": {"amount_in_pricing_units": float(amount), "pricing_unit": unit},
                 "credits": [],
                 "invoice": {"month": row["start"].strftime("%Y%m")},
@@ -336,7 +338,8 @@ def test_idle_time_and_price_changes_are_named_apart(
         "idle time": Decimal("1.5") * price,  # 13:00 to 14:30, no attempt running
         "price changes": Decimal("2.5") * PRICE_MOVE,  # 12:00 to 14:30 at the moved price
         "storage": Decimal("0.02"),
-        "untagged": Decimal("0.09"),  # the job account's NAT gateway, not the other's 5.00
+        # the job account's NAT gateway in dollars: not the other account's, not euros
+        "untagged": Decimal("0.09"),
     }
     billed = Decimal(document["total_billed_usd"])
     assert billed == 2 * price + Decimal("2.5") * (price + PRICE_MOVE) + Decimal("0.02")

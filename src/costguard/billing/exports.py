@@ -408,7 +408,7 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
     if fmt is GCP_EXPORT:
         parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
-        _add_around_job(table, fmt, parts, tally)
+        _add_around_job(table, fmt, parts, same, tally)
         parts = parts.filter(_is(parts["job"], grouping.job))
         tally.accounts.update(pc.unique(parts["account"]).to_pylist())
         if by == "charge":
@@ -460,9 +460,12 @@ def _job_columns(table: Any, fmt: ExportFormat, grouping: Grouping, key: Any) ->
     return columns
 
 
-def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> None:
+def _add_around_job(
+    table: Any, fmt: ExportFormat, parts: Any, same: dict[str, Any], tally: Tally
+) -> None:
     """What a job's reconciliation needs besides its charges: the last day the batch
-    charges, and what it billed without a job tag, per day and account."""
+    charges, and what it billed without a job tag, per day, account and currency
+    (``same``: the currency of every row, when there is one)."""
     pc = require("pyarrow.compute", EXTRA)
     last = pc.max(table[fmt.day]).as_py()
     if _day(last) is not None:
@@ -470,9 +473,10 @@ def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> 
     untagged = parts.filter(pc.is_null(parts["job"]))
     if untagged.num_rows:
         days = untagged.append_column("date", _date(untagged, "day"))
-        sums = days.group_by(["date", "account"]).aggregate([("billed", "sum")])
-        for row in sums.to_pylist():
-            where = (_day(row["date"]) or "", _as_text(row["account"]))
+        keys = ["date", "account"] + ([] if "currency" in same else ["currency"])
+        for row in days.group_by(keys).aggregate([("billed", "sum")]).to_pylist():
+            currency = row.get("currency", same.get("currency")) or ""
+            where = (_day(row["date"]) or "", _as_text(row["account"]), currency)
             tally.untagged[where] = tally.untagged.get(where, Decimal(0)) + row["billed_sum"]
 
 

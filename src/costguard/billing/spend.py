@@ -304,11 +304,11 @@ class Tally:
     days: dict[str, tuple[str, str]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
     #: Read for one job (``--job``): the last day the export has any charge for; what it
-    #: billed without a job tag, per day and account (AWS account, GCP project, Azure
-    #: subscription; ``None``: the export names none); the accounts of the job's own
-    #: charges; and its compute charges.
+    #: billed without a job tag, per day, account (AWS account, GCP project, Azure
+    #: subscription; ``None``: the export names none) and currency; the accounts of the
+    #: job's own charges; and its compute charges.
     covered_to: str | None = None
-    untagged: dict[tuple[str, str | None], Decimal] = field(default_factory=dict)
+    untagged: dict[tuple[str, str | None, str], Decimal] = field(default_factory=dict)
     accounts: set[str | None] = field(default_factory=set)
     compute: list[ComputeCharge] = field(default_factory=list)
 

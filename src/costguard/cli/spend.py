@@ -208,12 +208,14 @@ def _print_reconciliation(
     months = bill.period.split("/")
     window = job_window(job, now, kinds.covered_to, summary.spent_usd, _months(months))
     # Untagged charges count where the job's own charges are: its account, project or
-    # subscription, not every account the export holds.
+    # subscription, not every account the export holds; in the bill's currency.
     untagged = sum(
         (
             usd
-            for (day, account), usd in kinds.untagged.items()
-            if window.first_day <= day <= window.last_day and account in kinds.accounts
+            for (day, account, currency), usd in kinds.untagged.items()
+            if window.first_day <= day <= window.last_day
+            and account in kinds.accounts
+            and currency == bill.currency
         ),
         Decimal(0),
     )
