@@ -163,7 +163,7 @@ def test_charges_stamped_in_another_zone_count_on_their_utc_day(tmp_path: Path) 
 def test_periods_written_as_text_read_as_text(tmp_path: Path) -> None:
     """A Parquet export whose periods are ISO text (a writer that kept the CSV's strings)
     reads like one with timestamps: text is read as dictionaries, the days as text."""
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"cost": 1.25, "tags": {"costguard:job": "a"}, "day": NOVEMBER + timedelta(days=2)},
         {"cost": 0.5, "tags": {}, "day": NOVEMBER + timedelta(days=4)},
     ]
