@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import json
+import os
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -21,6 +23,7 @@ from botocore.config import Config
 from costguard.checkpoint.store import storage_options_from_env
 from tests.billing.test_cur_gcp import cur2_table
 from tests.billing.test_focus import HANDMADE, groups, spend
+from tests.helpers.processes import free_port
 from tests.helpers.stores import Backend
 
 PREFIX = "exports/costguard-focus/data/BILLING_PERIOD=2026-11"
@@ -108,3 +111,49 @@ def test_alarm_status_sets_an_exports_month_against_the_budget(
     refused = run_cli("alarm", "status", "--export", str(HANDMADE.with_name("nope.csv")))
     assert refused.exit_code == 2
     assert "Error: no billing export files at" in refused.stderr
+
+
+#: Where each backend's endpoint or credentials live in the environment, and the same as
+#: fsspec options (s3fs, adlfs, gcsfs keyword arguments).
+_ONLY_IN_OPTIONS = {
+    "s3": ("AWS_ENDPOINT_URL", "endpoint_url"),
+    "azure": ("AZURE_STORAGE_CONNECTION_STRING", "connection_string"),
+    "gcs": ("STORAGE_EMULATOR_HOST", "endpoint_url"),
+}
+
+
+@pytest.mark.parametrize("backend", ["s3", "azure", "gcs"], indirect=True)
+def test_spend_reads_buckets_with_the_storage_options_of_costguard_storage_options(
+    backend: Backend, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COSTGUARD_STORAGE_OPTIONS, the JSON fsspec options the checkpoint store takes, is
+    what spend reads a bucket with too: the endpoint (S3, GCS) or the connection string
+    (Azure) is given there alone, not in the variables the SDKs read."""
+    variable, option = _ONLY_IN_OPTIONS[backend.name]
+    options = {**(storage_options_from_env() or {}), option: os.environ[variable]}
+    if backend.name == "gcs":
+        options["token"] = "anon"
+    fsspec = importlib.import_module("fsspec")  # untyped; mypy need not know it
+    url = f"{backend.url}/focus/part-0.csv"
+    with fsspec.open(url, "wb", **options) as out:
+        out.write(HANDMADE.read_bytes())
+    monkeypatch.delenv(variable)
+    monkeypatch.setenv("COSTGUARD_STORAGE_OPTIONS", json.dumps(options))
+    document = spend(run_cli, f"{backend.url}/focus/", "--by", "owner", "--month", "2026-11")
+    assert document["files"] == [url]
+    assert groups(document)["ana"] == Decimal("2.3017")
+
+
+def test_a_bucket_that_does_not_answer_is_said_so(
+    aws_env: str, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endpoint in COSTGUARD_STORAGE_OPTIONS where nothing listens: a one-line error
+    naming the URL and where the endpoint came from, not a crash."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    closed = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("COSTGUARD_STORAGE_OPTIONS", json.dumps({"endpoint_url": closed}))
+    result = run_cli("spend", "s3://lab-bills/focus/")
+    assert result.exit_code == 1
+    assert "Error: could not read s3://lab-bills/focus/: " in result.stderr
+    assert "COSTGUARD_STORAGE_OPTIONS" in result.stderr
+    assert "unexpected" not in result.stderr

@@ -158,3 +158,19 @@ def test_charges_stamped_in_another_zone_count_on_their_utc_day(tmp_path: Path) 
         "2026-11-02": Decimal(2),
     }
     assert (days.first_day, days.last_day) == ("2026-11-02", "2026-12-01")
+
+
+def test_periods_written_as_text_read_as_text(tmp_path: Path) -> None:
+    """A Parquet export whose periods are ISO text (a writer that kept the CSV's strings)
+    reads like one with timestamps: text is read as dictionaries, the days as text."""
+    rows: list[dict[str, Any]] = [
+        {"cost": 1.25, "tags": {"costguard:job": "a"}, "day": NOVEMBER + timedelta(days=2)},
+        {"cost": 0.5, "tags": {}, "day": NOVEMBER + timedelta(days=4)},
+    ]
+    stamped = pq.read_table(focus(tmp_path / "stamped.parquet", rows))
+    column = stamped.schema.get_field_index("ChargePeriodStart")
+    texts = pa.array([r["day"].strftime("%Y-%m-%dT%H:%M:%SZ") for r in rows])
+    path = tmp_path / "text.parquet"
+    pq.write_table(stamped.set_column(column, "ChargePeriodStart", texts), path)
+    assert billed(path, "day") == {"2026-11-03": Decimal("1.25"), "2026-11-05": Decimal("0.5")}
+    assert billed(path, "service", job="a") == {"Amazon Elastic Compute Cloud": Decimal("1.25")}

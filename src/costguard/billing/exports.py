@@ -31,8 +31,10 @@ from costguard.billing.spend import (
     FOCUS,
     GCP_EXPORT,
     GROUPING_TAGS,
+    ComputeCharge,
     ExportFormat,
     Tally,
+    charge_hours,
     charge_kind,
     detect,
     is_tag,
@@ -89,6 +91,10 @@ class Grouping:
         wanted = _columns_for(fmt, self.by, present)
         if self.job is not None:
             wanted += [c for c in _columns_for(fmt, "job", present) if c not in wanted]
+            around = [fmt.project]
+            if self.by == "charge":
+                around += [fmt.day_end, *_top(_quantity(fmt, present)), *_top([fmt.resource])]
+            wanted += [c for c in around if c in present and c not in wanted]
         return wanted
 
     def detect(self, columns: Sequence[str], source: str) -> ExportFormat:
@@ -96,21 +102,41 @@ class Grouping:
         return fmt if self.job is None else detect(columns, "job", source)
 
 
+def _quantity(fmt: ExportFormat, present: Sequence[str]) -> tuple[str, str] | None:
+    """The first (quantity, unit) columns of ``fmt`` the file has."""
+    return next((q for q in fmt.quantities if set(_top(q)) <= set(present)), None)
+
+
+def _top(names: Sequence[str] | None) -> list[str]:
+    """The columns that hold ``names`` (``a.b``: field ``b`` of record ``a``)."""
+    return list(dict.fromkeys(name.split(".", 1)[0] for name in names or ()))
+
+
+def _field(table: Any, name: str) -> Any:
+    """Column ``name`` of ``table`` (``a.b``: field ``b`` of record ``a``), as text."""
+    pc = require("pyarrow.compute", EXTRA)
+    column, _, inner = name.partition(".")
+    return _text(pc.struct_field(table[column], inner) if inner else table[column])
+
+
 def expand(sources: Sequence[str]) -> Iterator[tuple[Any, str, str]]:
     """Each data file of ``sources``: ``(filesystem, path, name to show)``. A folder gives
-    the data files below it, a glob those matching; a missing file is refused."""
+    the data files below it, a glob those matching; a missing file is refused. Buckets
+    are opened as checkpoint stores are, with the fsspec options of
+    ``COSTGUARD_STORAGE_OPTIONS`` (an endpoint, a connection string, a token)."""
+    from costguard.checkpoint.backends import PROTOCOLS
+    from costguard.checkpoint.store import open_filesystem, storage_options_from_env
+
     fsspec = require("fsspec", EXTRA)
     for source in sources:
-        fs, path = fsspec.core.url_to_fs(source)
-        # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
         scheme = source.split("://", 1)[0] if "://" in source else "file"
-        prefix = "" if scheme in ("file", "local") else f"{scheme}://"
-        if any(ch in path for ch in "*?["):
-            found = sorted(fs.glob(path))
-        elif _isdir(fs, path):
-            found = sorted(p for p in fs.find(path) if _is_data(p))
+        if PROTOCOLS.get(scheme):
+            fs, path = open_filesystem(source, storage_options_from_env(), what="export URL")
         else:
-            found = [path] if _exists(fs, path, source) else []
+            fs, path = fsspec.core.url_to_fs(source)
+        # Names shown with the scheme the source was given with (az://, not adlfs' abfs://).
+        prefix = "" if scheme in ("file", "local") else f"{scheme}://"
+        found = _listed(fs, path, source)
         if not found:
             msg = f"no billing export files at {source}"
             raise InputError(
@@ -128,25 +154,30 @@ def _is_data(path: str) -> bool:
     return name.endswith(DATA_SUFFIXES) and "manifest" not in name
 
 
-def _isdir(fs: Any, path: str) -> bool:
+def _listed(fs: Any, path: str, source: str) -> list[str]:
+    """The files ``path`` names: a glob's matches, a folder's data files, the file."""
     try:
-        return bool(fs.isdir(path))
-    except OSError as exc:
-        raise _unreadable(path, exc) from None
-
-
-def _exists(fs: Any, path: str, source: str) -> bool:
-    try:
-        return bool(fs.exists(path))
-    except OSError as exc:
+        if any(ch in path for ch in "*?["):
+            return sorted(fs.glob(path))
+        if fs.isdir(path):
+            return sorted(p for p in fs.find(path) if _is_data(p))
+        return [path] if fs.exists(path) else []
+    except Exception as exc:
         raise _unreadable(source, exc) from None
 
 
-def _unreadable(source: str, exc: BaseException) -> CostguardError:
+def _unreadable(source: str, exc: Exception) -> CostguardError:
+    """Why a bucket could not be read: an endpoint that does not answer, credentials
+    missing or refused (what fsspec backends raise: OSError, and the SDKs' errors they
+    let through, botocore's among them). Anything else is re-raised."""
+    from costguard.checkpoint.backends import is_transient, no_credentials
+
+    if not isinstance(exc, OSError) and not is_transient(exc) and not no_credentials(exc):
+        raise exc
     return CostguardError(
         f"could not read {source}: {exc}",
         hint="check the URL and the cloud credentials (AWS_PROFILE, gcloud auth, "
-        "AZURE_STORAGE_CONNECTION_STRING)",
+        "AZURE_STORAGE_CONNECTION_STRING, COSTGUARD_STORAGE_OPTIONS)",
     )
 
 
@@ -189,7 +220,7 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
     pa = require("pyarrow", EXTRA)
     pcsv = require("pyarrow.csv", EXTRA)
     with fs.open(path, "rb", compression="infer") as raw:
-        first = raw.readline(1 << 20).decode("utf-8-sig", errors="replace")
+        first = _first_line(raw, 1 << 20).decode("utf-8-sig", errors="replace")
     header = next(csv.reader(io.StringIO(first)), [])
     fmt = by.detect(header, shown)
     columns = by.columns(fmt, header)
@@ -205,6 +236,18 @@ def _read_csv(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> Non
         )
         for batch in reader:
             _add_batch(pa.Table.from_batches([batch]), fmt, by, tally)
+
+
+def _first_line(raw: Any, limit: int) -> bytes:
+    """The first line of an open file, at most ``limit`` bytes: read in blocks (a bucket's
+    file objects take no size for ``readline``)."""
+    head = b""
+    while len(head) < limit and b"\n" not in head:
+        block = raw.read(min(64 * 1024, limit - len(head)))
+        if not block:
+            break
+        head += block
+    return head.split(b"\n", 1)[0][:limit]
 
 
 def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> None:
@@ -227,10 +270,13 @@ def _read_parquet(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) ->
     # Text read as dictionaries: the few distinct tags, currencies and services are
     # decoded once per column chunk, and rows are grouped by their integer indices.
     schema = footer.schema
+    # Periods written as text stay plain text: their least and greatest are taken.
     text = [
         leaf.path
         for leaf in (schema.column(i) for i in range(len(schema)))
-        if leaf.path.split(".", 1)[0] in columns and leaf.logical_type.type == "STRING"
+        if leaf.path.split(".", 1)[0] in columns
+        and leaf.logical_type.type == "STRING"
+        and leaf.path not in (fmt.day, fmt.day_end)
     ]
 
     def row_group(group: int) -> Tally:
@@ -271,10 +317,18 @@ def _gcp_schema(pa: Any) -> Any:
             ("cost", pa.decimal128(PRECISION, SCALE)),
             ("currency", pa.string()),
             ("usage_start_time", pa.string()),
+            ("usage_end_time", pa.string()),
+            (
+                "usage",
+                pa.struct(
+                    [("amount_in_pricing_units", pa.float64()), ("pricing_unit", pa.string())]
+                ),
+            ),
             ("invoice", pa.struct([("month", pa.string())])),
             ("labels", pa.list_(pair)),
             ("credits", pa.list_(pa.struct([("amount", pa.decimal128(PRECISION, SCALE))]))),
             ("project", pa.struct([("id", pa.string())])),
+            ("resource", pa.struct([("name", pa.string())])),  # the detailed export's
             ("service", pa.struct([("description", pa.string())])),
             ("sku", pa.struct([("description", pa.string())])),
             ("cost_type", pa.string()),
@@ -286,7 +340,7 @@ def _read_jsonl(fs: Any, path: str, shown: str, by: Grouping, tally: Tally) -> N
     pa = require("pyarrow", EXTRA)
     pjson = require("pyarrow.json", EXTRA)
     with fs.open(path, "rb", compression="infer") as raw:
-        first = raw.readline(1 << 24)
+        first = _first_line(raw, 1 << 24)
     try:
         keys = list(json.loads(first)) if first.strip() else []
     except ValueError:
@@ -349,13 +403,16 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
             same[name] = values[0].as_py()
             del columns[name]
     if grouping.job is not None:
-        columns["job"] = key if by == "job" else _key(table, fmt, "job")
+        columns.update(_job_columns(table, fmt, grouping, key))
     parts = pa.table(columns)
     if fmt is GCP_EXPORT:
         parts = _with_gcp_credits(table, parts)
     if grouping.job is not None:
-        _add_around_job(table, fmt, parts, tally)
+        _add_around_job(table, fmt, parts, same, tally)
         parts = parts.filter(_is(parts["job"], grouping.job))
+        tally.accounts.update(pc.unique(parts["account"]).to_pylist())
+        if by == "charge":
+            _add_compute(parts, fmt, same, tally)
     grouped = [name for name in ("key", "currency", "month") if name not in same]
     sums = parts.group_by(grouped).aggregate(
         [("billed", "sum"), ("effective", "sum"), ("charges", "sum")]
@@ -381,9 +438,34 @@ def _add_batch(table: Any, fmt: ExportFormat, grouping: Grouping, tally: Tally) 
             tally.span(_period(row["month"], fmt), first, last)
 
 
-def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> None:
+def _job_columns(table: Any, fmt: ExportFormat, grouping: Grouping, key: Any) -> dict[str, Any]:
+    """The columns a job's reconciliation reads besides a report's: each charge's job and
+    account, and for its kinds of charges (``charge``) when its period ends and how long
+    it billed."""
+    pa = require("pyarrow", EXTRA)
+    present = table.column_names
+    nothing = pa.nulls(table.num_rows, pa.string())
+    columns = {
+        "job": key if grouping.by == "job" else _key(table, fmt, "job"),
+        "account": _key(table, fmt, "project") if fmt.project in present else nothing,
+    }
+    if grouping.by == "charge":
+        quantity = _quantity(fmt, present)
+        columns["end"] = table[fmt.day_end] if fmt.day_end in present else nothing
+        columns["quantity"] = _field(table, quantity[0]) if quantity else nothing
+        columns["unit"] = _field(table, quantity[1]) if quantity else nothing
+        columns["what"] = _kind_words(table, fmt)
+        has_resource = _top([fmt.resource])[0] in present
+        columns["resource"] = _field(table, fmt.resource) if has_resource else nothing
+    return columns
+
+
+def _add_around_job(
+    table: Any, fmt: ExportFormat, parts: Any, same: dict[str, Any], tally: Tally
+) -> None:
     """What a job's reconciliation needs besides its charges: the last day the batch
-    charges, and what it billed without a job tag, per day."""
+    charges, and what it billed without a job tag, per day, account and currency
+    (``same``: the currency of every row, when there is one)."""
     pc = require("pyarrow.compute", EXTRA)
     last = pc.max(table[fmt.day]).as_py()
     if _day(last) is not None:
@@ -391,9 +473,46 @@ def _add_around_job(table: Any, fmt: ExportFormat, parts: Any, tally: Tally) -> 
     untagged = parts.filter(pc.is_null(parts["job"]))
     if untagged.num_rows:
         days = untagged.append_column("date", _date(untagged, "day"))
-        for row in days.group_by("date").aggregate([("billed", "sum")]).to_pylist():
-            day = _day(row["date"]) or ""
-            tally.untagged[day] = tally.untagged.get(day, Decimal(0)) + row["billed_sum"]
+        keys = ["date", "account"] + ([] if "currency" in same else ["currency"])
+        for row in days.group_by(keys).aggregate([("billed", "sum")]).to_pylist():
+            currency = row.get("currency", same.get("currency")) or ""
+            where = (_day(row["date"]) or "", _as_text(row["account"]), currency)
+            tally.untagged[where] = tally.untagged.get(where, Decimal(0)) + row["billed_sum"]
+
+
+def _add_compute(parts: Any, fmt: ExportFormat, same: dict[str, Any], tally: Tally) -> None:
+    """The job's compute charges of a batch (a few rows: one job's hours)."""
+    compute = parts.filter(_is(parts["key"], "compute"))
+    for row in compute.to_pylist():
+        start, end = _unix(row["day"]), _unix(row["end"])
+        if start is None:
+            continue
+        period = Decimal(str(end - start)) / 3600 if end is not None and end > start else None
+        charge = ComputeCharge(
+            month=_period(row.get("month", same.get("month")), fmt),
+            currency=row.get("currency", same.get("currency")) or "",
+            start=start,
+            period=period,
+            what=row["what"],
+            hours=charge_hours(row["quantity"], row["unit"]),
+            usd=row["billed"],
+            resource=_trimmed(row["resource"]),
+        )
+        tally.compute.append(charge)
+
+
+def _unix(value: Any) -> float | None:
+    """A charge's timestamp as read (a timestamp, ISO text, BigQuery's ``... UTC``) as a
+    Unix time; a time without a zone is UTC."""
+    if value is None:
+        return None
+    if not isinstance(value, datetime):
+        text = str(value).strip().removesuffix(" UTC").replace("Z", "+00:00")
+        try:
+            value = datetime.fromisoformat(text)
+        except ValueError:
+            return None
+    return (value if value.tzinfo is not None else value.replace(tzinfo=UTC)).timestamp()
 
 
 def _period(value: Any, fmt: ExportFormat) -> str:
@@ -605,6 +724,13 @@ def _key(table: Any, fmt: ExportFormat, by: str) -> Any:
 def _kinds(table: Any, fmt: ExportFormat) -> Any:
     """Each charge's :func:`~costguard.billing.spend.charge_kind`, decided once per
     distinct combination of the words the export has for it."""
+    encoded = _encoded(_kind_words(table, fmt))
+    found = [charge_kind(*text.split(_SEPARATOR)) for text in encoded.dictionary.to_pylist()]
+    return _relabel(encoded.indices, found)
+
+
+def _kind_words(table: Any, fmt: ExportFormat) -> Any:
+    """The words of each charge's kind columns, joined by :data:`_SEPARATOR`."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
     words = []
@@ -614,14 +740,11 @@ def _kinds(table: Any, fmt: ExportFormat) -> Any:
             if pa.types.is_struct(column.type):
                 column = pc.struct_field(column, "description")
             words.append(pc.fill_null(_text(column), ""))
-    joined = (
+    return (
         pc.binary_join_element_wise(*words, _SEPARATOR)
         if words
         else pa.repeat(pa.scalar(""), table.num_rows)
     )
-    encoded = _encoded(joined)
-    found = [charge_kind(*text.split(_SEPARATOR)) for text in encoded.dictionary.to_pylist()]
-    return _relabel(encoded.indices, found)
 
 
 def _encoded(column: Any) -> Any:
@@ -722,4 +845,6 @@ def _with_gcp_credits(table: Any, parts: Any) -> Any:
     credit_rows = {name: pc.take(parts[name], rows) for name in parts.column_names}
     none = pa.array([0] * len(rows), pa.int8())  # a credit is part of its charge, not one
     credit_rows.update(billed=amounts, effective=amounts, charges=none)
+    if "quantity" in credit_rows:  # its hours are its charge's
+        credit_rows["quantity"] = pa.nulls(len(rows), parts.schema.field("quantity").type)
     return pa.concat_tables([parts, pa.table(credit_rows, schema=parts.schema)])

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from costguard.errors import InputError
 from costguard.tags import JOB_TAG, OWNER_TAG
@@ -62,6 +63,13 @@ class ExportFormat:
     #: The columns that say what a charge is (:func:`charge_kind`), read when present
     #: for ``--job`` (records: their ``description``).
     kinds: tuple[str, ...] = ()
+    #: Where a charge's period ends, and the (quantity, unit) columns that say how long
+    #: it was billed, tried in turn (``a.b``: field ``b`` of record ``a``), read for
+    #: ``--job`` when present: instance-hours, for idle time and price changes; and
+    #: the resource a charge is for (an instance: its hours are counted apart).
+    day_end: str = ""
+    quantities: tuple[tuple[str, str], ...] = ()
+    resource: str = ""
 
     def needed(self, by: str) -> tuple[str, ...]:
         """The columns a report grouped ``by`` cannot do without.
@@ -86,6 +94,9 @@ FOCUS = ExportFormat(
     service="ServiceName",
     also=("EffectiveCost",),
     kinds=("ChargeCategory", "ChargeClass", "ServiceCategory", "ServiceName", "ChargeDescription"),
+    day_end="ChargePeriodEnd",
+    quantities=(("PricingQuantity", "PricingUnit"), ("ConsumedQuantity", "ConsumedUnit")),
+    resource="ResourceId",
 )
 #: Column names from the CUR 2.0 data dictionary (docs.aws.amazon.com/cur/latest/userguide/
 #: table-dictionary-cur2.html); the amortisation columns are those of its savings plan and
@@ -116,6 +127,9 @@ CUR2 = ExportFormat(
         "line_item_usage_type",
         "line_item_line_item_description",
     ),
+    day_end="line_item_usage_end_date",
+    quantities=(("line_item_usage_amount", "pricing_unit"),),
+    resource="line_item_resource_id",
 )
 #: Field names from "Structure of Standard data export" (cloud.google.com/billing/docs/
 #: how-to/export-data-bigquery-tables/standard-usage).
@@ -130,6 +144,10 @@ GCP_EXPORT = ExportFormat(
     service="service",
     also=("credits",),
     kinds=("cost_type", "service", "sku"),
+    day_end="usage_end_time",
+    quantities=(("usage.amount_in_pricing_units", "usage.pricing_unit"),),
+    # The detailed export's; the standard one names no resource.
+    resource="resource.name",
 )
 FORMATS = (FOCUS, CUR2, GCP_EXPORT)
 
@@ -257,6 +275,23 @@ def parse_month(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class ComputeCharge:
+    """One of a job's compute charges (``--job``): its billing month and currency, when
+    its period starts (Unix time) and how long it is (hours; ``None``: not said), what
+    the export calls it, the hours of its quantity (:func:`charge_hours`), its cost, and
+    the resource it is for (``None``: not said)."""
+
+    month: str
+    currency: str
+    start: float
+    period: Decimal | None
+    what: str
+    hours: Decimal | None
+    usd: Decimal
+    resource: str | None = None
+
+
 @dataclass
 class Tally:
     """Sums of billed and effective cost per (group key, currency, billing month), added
@@ -268,10 +303,14 @@ class Tally:
     counts: dict[tuple[str | None, str, str], int] = field(default_factory=dict)
     days: dict[str, tuple[str, str]] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
-    #: Read for one job (``--job``): the last day the export has any charge for, and
-    #: what it billed without a job tag, per day.
+    #: Read for one job (``--job``): the last day the export has any charge for; what it
+    #: billed without a job tag, per day, account (AWS account, GCP project, Azure
+    #: subscription; ``None``: the export names none) and currency; the accounts of the
+    #: job's own charges; and its compute charges.
     covered_to: str | None = None
-    untagged: dict[str, Decimal] = field(default_factory=dict)
+    untagged: dict[tuple[str, str | None, str], Decimal] = field(default_factory=dict)
+    accounts: set[str | None] = field(default_factory=set)
+    compute: list[ComputeCharge] = field(default_factory=list)
 
     def add(
         self,
@@ -303,8 +342,10 @@ class Tally:
             )
         for month, (first, last) in other.days.items():
             self.span(month, first, last)
-        for day, billed in other.untagged.items():
-            self.untagged[day] = self.untagged.get(day, Decimal(0)) + billed
+        for where, billed in other.untagged.items():
+            self.untagged[where] = self.untagged.get(where, Decimal(0)) + billed
+        self.accounts |= other.accounts
+        self.compute.extend(other.compute)
         if other.covered_to is not None:
             self.covered_to = max(self.covered_to or other.covered_to, other.covered_to)
 
@@ -522,6 +563,137 @@ def charge_kind(*fields: str | None) -> str:
     return "other"
 
 
+_HOURS_UNIT = re.compile(
+    r"\s*([0-9]+(?:\.[0-9]+)?)?\s*(hours?|hrs?|h|seconds?|secs?|s)\s*", re.IGNORECASE | re.ASCII
+)
+
+
+def charge_hours(quantity: str | None, unit: str | None) -> Decimal | None:
+    """The hours of one charge's quantity, in a unit of time (FOCUS ``Hours``, CUR
+    ``Hrs``, GCP ``hour``, Azure ``10 Hours``, ``seconds``); ``None``: no quantity, or
+    not one of time (``GB-Months``, ``vCPU-Hours``, GCP's ``gibibyte hour``).
+
+    >>> charge_hours("0.5", "Hours"), charge_hours("1", "10 Hours"), charge_hours("1800", "s")
+    (Decimal('0.5'), Decimal('10'), Decimal('0.5'))
+    >>> charge_hours("2", "vCPU-Hours"), charge_hours(None, "Hrs"), charge_hours("x", "Hrs")
+    (None, None, None)
+    """
+    matched = _HOURS_UNIT.fullmatch(unit or "")
+    if matched is None or quantity is None:
+        return None
+    try:
+        amount = Decimal(str(quantity).strip())
+    except ArithmeticError:
+        return None
+    if not amount.is_finite():
+        return None
+    hours = amount * Decimal(matched.group(1) or 1)
+    return hours / 3600 if matched.group(2).lower().startswith("s") else hours
+
+
+@dataclass(frozen=True)
+class Run:
+    """An attempt of a job: when it ran (Unix times) and the hourly price it was
+    counted at (the offer's, which the estimate used)."""
+
+    start: float
+    end: float
+    usd_per_hour: Decimal
+
+
+@dataclass(frozen=True)
+class BilledHours:
+    """A job's compute charges as instance-hours: the hours billed, their cost, and
+    what the same hours cost at the price of the attempt nearest each (the estimate's
+    prices, ``prices``)."""
+
+    hours: Decimal
+    billed_usd: Decimal
+    priced_usd: Decimal
+    prices: tuple[Decimal, ...]
+
+
+def billed_hours(charges: Sequence[ComputeCharge], runs: Sequence[Run]) -> BilledHours | None:
+    """The instance-hours of a job's compute charges, priced as its controller priced
+    the attempt running then (or the nearest one: an instance up before or after its
+    attempt). ``None`` where a period's hours are not known, or there is no attempt.
+
+    Each resource (instance) of a period counts apart: an instance's hours are the most
+    any of its charges bills, once divided by the units that charge bills at once (GCP
+    bills a VM's 4 cores as 4 core-hours an hour: the most it bills per hour of any
+    period); a period's hours are its instances' sum.
+
+    >>> runs = [Run(0, 5400, Decimal("0.5"))]  # 1.5 hours
+    >>> def vm(start, cores, usd):  # a VM's 4 cores, its memory
+    ...     return [ComputeCharge("2026-11", "USD", start, Decimal(1), "core", cores, usd, "vm"),
+    ...             ComputeCharge("2026-11", "USD", start, Decimal(1), "ram", None, usd, "vm")]
+    >>> b = billed_hours(vm(0, Decimal(4), Decimal("0.25")) + vm(3600, Decimal(2), Decimal("0.13")),
+    ...                  runs)
+    >>> str(b.hours), str(b.billed_usd), str(b.priced_usd), [str(p) for p in b.prices]
+    ('1.5', '0.76', '0.75', ['0.5'])
+    """
+    if not runs:
+        return None
+    # Per (period, resource, charge): hours, period length, cost.
+    parts: dict[tuple[float, str | None, str], list[Any]] = {}
+    for charge in charges:
+        part = parts.setdefault(
+            (charge.start, charge.resource, charge.what), [None, charge.period, Decimal(0)]
+        )
+        if charge.hours is not None:
+            part[0] = (part[0] or Decimal(0)) + charge.hours
+        part[2] += charge.usd
+    units: dict[tuple[str | None, str], Decimal] = {}
+    for (_, resource, what), (hours, period, _) in parts.items():
+        if hours is not None and period:
+            units[resource, what] = max(units.get((resource, what), Decimal(1)), hours / period)
+    instances: dict[float, dict[str | None, Decimal]] = {}
+    billed_in: dict[float, Decimal] = {}
+    lengths: dict[float, Decimal] = {}
+    for (start, resource, what), (hours, period, usd) in parts.items():
+        billed_in[start] = billed_in.get(start, Decimal(0)) + usd
+        lengths[start] = max(lengths.get(start, Decimal(0)), period or Decimal(0))
+        per_instance = instances.setdefault(start, {})
+        if hours is not None:
+            hours /= units.get((resource, what), 1)
+            hours = min(hours, period) if period else hours
+            per_instance[resource] = max(per_instance.get(resource, hours), hours)
+    total = billed = priced = Decimal(0)
+    prices: dict[Decimal, None] = {}
+    for start, usd in sorted(billed_in.items()):
+        if not instances[start]:
+            return None
+        hours = sum(instances[start].values(), Decimal(0))
+        total += hours
+        billed += usd
+        priced += _priced(start, lengths[start] or Decimal(1), hours, runs, prices)
+    return BilledHours(total, billed, priced, tuple(prices))
+
+
+def _priced(
+    start: float, length: Decimal, hours: Decimal, runs: Sequence[Run], prices: dict[Decimal, None]
+) -> Decimal:
+    """What ``hours`` billed in the period from ``start`` (``length`` hours) cost at the
+    estimate's prices: the hours each attempt ran in it at its own price, hours beyond
+    them (the instance up, no attempt working) at the nearest attempt's, fewer hours at
+    the attempts' average (``prices``: each price used, added)."""
+    end = start + float(length) * 3600
+    ran = [
+        (Decimal(str(min(end, r.end) - max(start, r.start))) / 3600, r.usd_per_hour)
+        for r in runs
+        if min(end, r.end) > max(start, r.start)
+    ]
+    run_hours = sum((h for h, _ in ran), Decimal(0))
+    run_usd = sum((h * p for h, p in ran), Decimal(0))
+    prices.update(dict.fromkeys(p for _, p in ran))
+    if hours < run_hours:
+        return hours * run_usd / run_hours
+    nearest = min(runs, key=lambda r: max(r.start - start, start - r.end, 0))
+    if hours > run_hours:
+        prices[nearest.usd_per_hour] = None
+    return run_usd + (hours - run_hours) * nearest.usd_per_hour
+
+
 @dataclass(frozen=True)
 class Gap:
     """One part of the difference between a job's bill and its controller's count."""
@@ -541,6 +713,11 @@ class JobWindow:
     last_day: str
     #: The controller's cost of the hours after the export's last day (0: none).
     unexported_usd: Decimal = Decimal(0)
+    #: The instance-hours the attempts ran in the months reported, up to the export's
+    #: last day.
+    hours_run: Decimal = Decimal(0)
+    #: The controller's cost of the hours outside the billing months reported.
+    other_months_usd: Decimal = Decimal(0)
 
 
 @dataclass(frozen=True)
@@ -575,12 +752,21 @@ def reconcile(
     window: JobWindow,
     covered_to: str | None,
     untagged_usd: Decimal,
+    hours: BilledHours | None = None,
+    accounts: Sequence[str] = (),
 ) -> Reconciliation:
     """Billed against running cost, the difference named part by part: ``kinds`` is the
     job's bill grouped by :func:`charge_kind`; ``covered_to`` the last day the export
     has charges for (any charge, not only the job's); ``untagged_usd`` what the export
-    billed without any job tag on the days the job ran. The gaps up to the missing days
-    add up to ``gap_usd``; the untagged and amortised lines are beside it.
+    billed without any job tag on the days the job ran, in the job's ``accounts``;
+    ``hours`` the job's compute charges as instance-hours (:func:`billed_hours`). The
+    gaps up to the missing days add up to ``gap_usd``; the untagged and amortised lines
+    are beside it.
+
+    The instances' part is named twice over when the export says how many hours it
+    billed: idle time, the billed hours no attempt ran at the estimate's price; price
+    changes, the billed hours at the billed price less the estimate's. Without hours it
+    is one gap.
 
     >>> bill = SpendReport("charge", (SpendGroup("compute", Decimal(3), Decimal(3)),
     ...     SpendGroup("storage", Decimal("0.5"), Decimal("0.5"))), Decimal("3.5"),
@@ -594,8 +780,11 @@ def reconcile(
     """
     billed = {g.key: g.billed_usd for g in kinds.groups}
     gaps = []
-    compute = billed.get("compute", Decimal(0)) - window.running_usd + window.unexported_usd
-    if compute > 0:
+    counted = window.running_usd - window.unexported_usd - window.other_months_usd
+    compute = billed.get("compute", Decimal(0)) - counted
+    if hours is not None and hours.billed_usd == billed.get("compute", Decimal(0)):
+        gaps.extend(_instance_gaps(hours, window))
+    elif compute > 0:
         note = (
             f"the instances billed {exact(compute)} more than the controller counted "
             "(instance-hours x launch price): instance time outside the attempts (boot, "
@@ -607,12 +796,13 @@ def reconcile(
             "lower price than the table's (the spot price moved, discounts), or hours "
             "not billed"
         )
-    if compute:
+    if compute and not gaps:
         gaps.append(Gap("idle time or price changes", compute, note))
     for kind in CHARGE_KINDS[1:]:
         if billed.get(kind):
             gaps.append(Gap(kind, billed[kind], _NOTES[kind]))
-    if window.unexported_usd or (covered_to is not None and covered_to < window.last_day):
+    lagging = covered_to is not None and covered_to < window.last_day
+    if window.unexported_usd or (lagging and not window.other_months_usd):
         gaps.append(
             Gap(
                 "missing days",
@@ -622,14 +812,23 @@ def reconcile(
                 "after that (exports lag a day or two)",
             )
         )
+    if window.other_months_usd:
+        gaps.append(
+            Gap(
+                "other months",
+                -window.other_months_usd,
+                f"the controller counted {exact(window.other_months_usd)} for hours outside "
+                f"{kinds.period}, which this bill leaves out",
+            )
+        )
     if untagged_usd:
         gaps.append(
             Gap(
                 "untagged",
                 untagged_usd,
                 f"billed without a costguard:job tag from {window.first_day} to "
-                f"{window.last_day}, not counted above: some may be the job's (data "
-                "transfer, NAT, snapshots its tags do not reach)",
+                f"{window.last_day}{_in_accounts(accounts)}, not counted above: some may "
+                "be the job's (data transfer, NAT, snapshots its tags do not reach)",
             )
         )
     if kinds.total_effective_usd != kinds.total_billed_usd:
@@ -650,3 +849,49 @@ def reconcile(
         gap_usd=kinds.total_billed_usd - window.running_usd,
         gaps=tuple(gaps),
     )
+
+
+def _instance_gaps(hours: BilledHours, window: JobWindow) -> list[Gap]:
+    """Idle time and price changes: the instances' part of the gap, split."""
+    counted = window.running_usd - window.unexported_usd - window.other_months_usd
+    idle_usd = hours.priced_usd - counted
+    price_usd = hours.billed_usd - hours.priced_usd
+    idle_hours = hours.hours - window.hours_run
+    prices = " and ".join(f"{exact(p)}/h" for p in hours.prices)
+    gaps = []
+    if idle_usd:
+        ran = (
+            f"{exact(hours.hours)} instance-hours billed, {exact(window.hours_run)} run by "
+            "the job's attempts: "
+        )
+        if idle_hours > 0:
+            note = (
+                f"{ran}{exact(idle_hours)} h the instance was up with no attempt working "
+                f"(boot, shutdown, an instance left running), at the estimate's {prices}"
+            )
+        else:
+            note = f"{ran}{exact(-idle_hours)} h the controller counted were not billed"
+        gaps.append(Gap("idle time", idle_usd, note))
+    if price_usd:
+        cost = f"{exact(hours.billed_usd)}"
+        if hours.hours:
+            average = (hours.billed_usd / hours.hours).quantize(Decimal("0.000001"))
+            cost = f"{exact(average)}/h on average"
+        note = (
+            f"the {exact(hours.hours)} billed hours cost {cost} against the estimate's "
+            f"{prices}: the spot price moved, a discount, or an out-of-date price table"
+        )
+        gaps.append(Gap("price changes", price_usd, note))
+    return gaps
+
+
+def _in_accounts(accounts: Sequence[str]) -> str:
+    """Where the untagged charges were counted, for their note.
+
+    >>> _in_accounts(["1111"]), _in_accounts(["p1", "p2"]), _in_accounts([])
+    (" in the job's account 1111", " in the job's accounts p1, p2", '')
+    """
+    if not accounts:
+        return ""
+    plural = "s" if len(accounts) > 1 else ""
+    return f" in the job's account{plural} {', '.join(accounts)}"

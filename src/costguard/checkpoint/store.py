@@ -94,6 +94,50 @@ def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, 
     return options
 
 
+def open_filesystem(
+    text: str, storage_options: Mapping[str, Any] | None, *, what: str = "checkpoint URL"
+) -> tuple[Any, str]:
+    """The fsspec filesystem of the URL or path ``text`` and the path in it, opened as
+    stores are: bounded timeouts, one retry layer, ``storage_options`` over the defaults
+    (``costguard spend`` reads buckets through it too, ``what`` naming the URL's use).
+
+    Raises :class:`InputError` for options the backend refuses and
+    :class:`~costguard.errors.MissingDependencyError` when the backend is not installed.
+    """
+    scheme = text.split("://", 1)[0] if "://" in text else "file"
+    backend = backends.PROTOCOLS[scheme]
+    if backend is not None:
+        require(backend, EXTRA)
+    if backend == "adlfs":
+        backends.check_azure_account(storage_options or {}, os.environ)
+        azure_clouds.quiet_identity()
+    fsspec_core = require("fsspec.core", EXTRA)
+    options = dict(backends.default_options(scheme))
+    options.update(storage_options or {})
+    try:
+        if scheme in ("gs", "gcs"):
+            # gcsfs's default class probes every bucket's layout over gRPC (zonal and
+            # HNS buckets) with a retrying 60 s timeout of its own, and probes again
+            # after each failure: minutes before an unreachable store is reported. A
+            # checkpoint needs plain object calls, which the core class makes.
+            fs = require("gcsfs.core", EXTRA).GCSFileSystem(**options)
+            root = fs._strip_protocol(text)
+        else:
+            fs, root = fsspec_core.url_to_fs(text, **options)
+    except (ValueError, TypeError, ImportError) as exc:
+        msg = f"cannot use the {what} {redact_url(text)[:200]!r}: {redact(str(exc))}"
+        raise InputError(msg, hint="check the URL and its storage options") from None
+    if scheme in ("s3", "s3a"):
+        # One retry layer, ours (jittered, bounded): s3fs's own 5 attempts per call
+        # multiplied with ours would stall a failing save for minutes.
+        fs.retries = 1
+    if scheme in ("az", "abfs", "abfss"):
+        backends.one_retry_layer_azure(fs)
+    if scheme in ("gs", "gcs"):
+        backends.one_retry_layer_gcs(fs)
+    return fs, root
+
+
 class Store(StoreCalls):
     """One checkpoint root in one fsspec filesystem. Paths are relative to the root."""
 
@@ -135,36 +179,8 @@ class Store(StoreCalls):
         if backends.PROTOCOLS[scheme] is not None and not text.split("://", 1)[1].split("/", 1)[0]:
             msg = f"the checkpoint URL {text[:200]!r} names no bucket or container"
             raise InputError(msg, hint=f"e.g. {scheme}://my-bucket/run1")
+        fs, root = open_filesystem(text, storage_options)
         backend = backends.PROTOCOLS[scheme]
-        if backend is not None:
-            require(backend, EXTRA)
-        if backend == "adlfs":
-            backends.check_azure_account(storage_options or {}, os.environ)
-            azure_clouds.quiet_identity()
-        fsspec_core = require("fsspec.core", EXTRA)
-        options = dict(backends.default_options(scheme))
-        options.update(storage_options or {})
-        try:
-            if scheme in ("gs", "gcs"):
-                # gcsfs's default class probes every bucket's layout over gRPC (zonal and
-                # HNS buckets) with a retrying 60 s timeout of its own, and probes again
-                # after each failure: minutes before an unreachable store is reported. A
-                # checkpoint needs plain object calls, which the core class makes.
-                fs = require("gcsfs.core", EXTRA).GCSFileSystem(**options)
-                root = fs._strip_protocol(text)
-            else:
-                fs, root = fsspec_core.url_to_fs(text, **options)
-        except (ValueError, TypeError, ImportError) as exc:
-            msg = f"cannot use the checkpoint URL {redact_url(text)[:200]!r}: {redact(str(exc))}"
-            raise InputError(msg, hint="check the URL and its storage options") from None
-        if scheme in ("s3", "s3a"):
-            # One retry layer, ours (jittered, bounded): s3fs's own 5 attempts per call
-            # multiplied with ours would stall a failing save for minutes.
-            fs.retries = 1
-        if scheme in ("az", "abfs", "abfss"):
-            backends.one_retry_layer_azure(fs)
-        if scheme in ("gs", "gcs"):
-            backends.one_retry_layer_gcs(fs)
         made: tuple[Path, ...] = ()
         if backend is None:
             if create:

@@ -3,6 +3,7 @@ clouds' billing exports."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -16,8 +17,10 @@ import click
 from costguard.billing.spend import (
     GROUPINGS,
     JobWindow,
+    Run,
     SpendReport,
     Tally,
+    billed_hours,
     document,
     exact,
     group_label,
@@ -34,6 +37,7 @@ from costguard.tags import JOB_TAG
 
 if TYPE_CHECKING:
     from costguard.spot.job import Job
+    from costguard.spot.recovery import Attempt
 
 
 class Month(Name):
@@ -201,11 +205,32 @@ def _print_reconciliation(
         offers = []
     now = time.time()
     summary = summarise(job, offers, now)
-    window = job_window(job, now, kinds.covered_to, summary.spent_usd)
+    months = bill.period.split("/")
+    window = job_window(job, now, kinds.covered_to, summary.spent_usd, _months(months))
+    # Untagged charges count where the job's own charges are: its account, project or
+    # subscription, not every account the export holds; in the bill's currency.
     untagged = sum(
-        (usd for day, usd in kinds.untagged.items() if window.first_day <= day <= window.last_day),
+        (
+            usd
+            for (day, account, currency), usd in kinds.untagged.items()
+            if window.first_day <= day <= window.last_day
+            and account in kinds.accounts
+            and currency == bill.currency
+        ),
         Decimal(0),
     )
+    compute = [
+        c
+        for c in kinds.compute
+        if months[0] <= c.month <= months[-1] and c.currency == bill.currency
+    ]
+    runs = [
+        Run(
+            a.launched_unix, a.ended_unix if a.ended_unix is not None else now, a.offer.usd_per_hour
+        )
+        for a in job.attempts
+        if a.hours(now)
+    ]
     result = reconcile(
         bill,
         job.spec.job_id,
@@ -213,6 +238,8 @@ def _print_reconciliation(
         window=window,
         covered_to=kinds.covered_to,
         untagged_usd=untagged,
+        hours=billed_hours(compute, runs),
+        accounts=sorted(a for a in kinds.accounts if a is not None),
     )
     if output != "table":
         render.print_json(
@@ -240,24 +267,58 @@ def _print_reconciliation(
     )
 
 
-def job_window(job: Job, now: float, covered_to: str | None, running_usd: Decimal) -> JobWindow:
-    """The days ``job`` ran (UTC) and what its controller counted after ``covered_to``
-    (the export's last day), from its attempts as ``costguard jobs status`` counts them."""
+def job_window(
+    job: Job,
+    now: float,
+    covered_to: str | None,
+    running_usd: Decimal,
+    period: tuple[float, float] | None = None,
+) -> JobWindow:
+    """The days ``job`` ran (UTC), what its controller counted after ``covered_to`` (the
+    export's last day) and outside ``period`` (the billing months reported, Unix times),
+    and the hours it ran in between, from its attempts as ``costguard jobs status``
+    counts them."""
     ran = [a for a in job.attempts if a.hours(now)]
     starts = [a.launched_unix for a in ran] or [job.spec.created_unix]
     ends = [a.ended_unix if a.ended_unix is not None else now for a in ran] or starts
-    unexported = Decimal(0)
+    low, high = period or (-math.inf, math.inf)
+    cutoff = math.inf
     if covered_to is not None:
         cutoff = datetime.fromisoformat(covered_to).replace(tzinfo=UTC).timestamp() + 86400
-        for attempt, end in zip(ran, ends, strict=True):
-            before = replace(attempt, ended_unix=max(attempt.launched_unix, min(end, cutoff)))
-            unexported += attempt.cost_usd(now) - before.cost_usd(now)
+    whole, _ = _counted(ran, ends, now, -math.inf, math.inf)
+    in_period, _ = _counted(ran, ends, now, low, high)
+    exported, hours_run = _counted(ran, ends, now, low, min(high, cutoff))
     return JobWindow(
         running_usd=running_usd,
         first_day=_utc_day(min(starts)),
         last_day=_utc_day(max(ends)),
-        unexported_usd=unexported,
+        unexported_usd=in_period - exported,
+        hours_run=hours_run,
+        other_months_usd=whole - in_period,
     )
+
+
+def _counted(
+    ran: Sequence[Attempt], ends: Sequence[float], now: float, low: float, high: float
+) -> tuple[Decimal, Decimal]:
+    """What the controller counted of the attempts ``ran`` (ending at ``ends``) between
+    ``low`` and ``high``: cost and instance-hours."""
+    usd = hours = Decimal(0)
+    for attempt, end in zip(ran, ends, strict=True):
+        first = max(attempt.launched_unix, low)
+        part = replace(attempt, launched_unix=first, ended_unix=max(first, min(end, high)))
+        usd += part.cost_usd(now)
+        hours += part.hours(now)
+    return usd, hours
+
+
+def _months(months: Sequence[str]) -> tuple[float, float]:
+    """From the first of ``months[0]`` to the first of the month after ``months[-1]``
+    (``YYYY-MM``), UTC, as Unix times."""
+    first = datetime.fromisoformat(f"{months[0]}-01").replace(tzinfo=UTC)
+    last = datetime.fromisoformat(f"{months[-1]}-01").replace(tzinfo=UTC)
+    after = last.replace(year=last.year + last.month // 12, month=last.month % 12 + 1)
+    return first.timestamp(), after.timestamp()
 
 
 def _utc_day(unix: float) -> str:
