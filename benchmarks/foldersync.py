@@ -10,6 +10,10 @@ committed, in one run.
    plus the sync of that folder up to its manifest (files, sha256, manifest; retention
    comes after the commit) / the same save plus one boto3 ``upload_file`` of each of its
    files (target <= 1.2).
+3. Restore on a new machine: a SIZE MB folder of sharded weights (as a big model's
+   Trainer writes it) put back from moto S3 with its files read one after another, then
+   ``RESTORE_READS`` at a time (the default), alternating, each verified; the serial time /
+   the parallel one.
 
 moto runs as a separate process on loopback (benchmarks/checkpoint.py's), at
 ``--moto-nice`` (default 19): in real use the store's own work is not done on the training
@@ -19,6 +23,7 @@ table: each ratio beside its baseline's and its target, with the machine's load 
 (a shared machine moves every figure).
 
     python benchmarks/foldersync.py [--size-mb 500] [--repeats 3] [--moto-nice 19]
+        [--parts 1,2,3]
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ import boto3
 import torch
 
 from checkpoint import start_moto  # benchmarks/checkpoint.py
-from costguard.checkpoint.foldersync import FolderSync
+from costguard.checkpoint.foldersync import RESTORE_READS, FolderSync
 from costguard.checkpoint.store import Store
 
 BUCKET = "bench-sync"
@@ -61,20 +66,25 @@ while time.time() < end:
 """.replace("{window}", str(WINDOW_S))
 
 
-def hf_folder(root: Path, step: int, size_mb: int) -> Path:
-    """A checkpoint folder as the Trainer leaves it: weights, optimizer, state file."""
+def hf_folder(root: Path, step: int, size_mb: int, shards: int = 1) -> Path:
+    """A checkpoint folder as the Trainer leaves it: weights (a third, in ``shards``
+    files), optimizer, state file."""
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    for name, share in (("model.safetensors", 1), ("optimizer.pt", 2)):
+    weights = [("model.safetensors", size_mb // 3)] if shards == 1 else [
+        (f"model-{i:05d}-of-{shards:05d}.safetensors", size_mb // 3 // shards)
+        for i in range(1, shards + 1)
+    ]  # fmt: skip
+    for name, megabytes in (*weights, ("optimizer.pt", size_mb * 2 // 3)):
         with (folder / name).open("wb") as file:
-            for _ in range(size_mb * share // 3):
+            for _ in range(megabytes):
                 file.write(os.urandom(2**20))
     (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
     return folder
 
 
 def steps_ratio(upload: Callable[[], object], what: str) -> float:
-    """Part 1: steps/s of the loop while ``upload()`` runs / steps/s before and after."""
+    """One loop: steps/s of the loop while ``upload()`` runs / steps/s before and after."""
     loop = subprocess.Popen(
         [sys.executable, "-c", LOOP, "120"], stdout=subprocess.PIPE, text=True, bufsize=1
     )
@@ -136,6 +146,32 @@ def notice_times(
     return ours, theirs
 
 
+def restore_times(
+    store: Store, folder: Path, size_mb: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Part 3: seconds to put a sharded folder back, files one at a time and
+    ``RESTORE_READS`` at a time, alternating (one pair a repeat)."""
+    source = folder / "three"
+    hf_folder(source, 30, size_mb, shards=4)
+    (kept,) = FolderSync(store, source, keep=1, say=print).sync(finished=True)
+    print(f"  {len(kept.objects)} files, {kept.size_bytes / 2**20:.0f} MB")
+    shutil.rmtree(source)
+    serial: list[float] = []
+    parallel: list[float] = []
+    for repeat in range(repeats):
+        for reads, times in ((1, serial), (RESTORE_READS, parallel)):
+            target = folder / f"restored-{repeat}-{reads}"
+            sync = FolderSync(store, target, keep=1, say=lambda line: None, restore_reads=reads)
+            started = time.perf_counter()
+            (restored,) = sync.prepare()
+            times.append(time.perf_counter() - started)
+            assert restored.name == kept.name
+            shutil.rmtree(target)
+        print(f"  repeat {repeat + 1}: one at a time {serial[-1]:.1f} s, "
+              f"{RESTORE_READS} at a time {parallel[-1]:.1f} s")  # fmt: skip
+    return serial, parallel
+
+
 def forget_raw(s3: Any) -> None:
     """Delete the baseline's objects (moto keeps every byte in memory)."""
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="raw/"):
@@ -148,6 +184,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--repeats", type=int, default=3, help="of each measurement")
     parser.add_argument("--moto-nice", type=int, default=19, help="moto's priority (0..19)")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run, e.g. 3")
     args = parser.parse_args()
     torch.set_num_threads(1)
     process, endpoint = start_moto()
@@ -163,14 +200,17 @@ def main() -> None:
     boto3.client("s3").create_bucket(Bucket=BUCKET)
     try:
         with tempfile.TemporaryDirectory() as folder:
-            run(Path(folder), args.size_mb, args.repeats, args.moto_nice)
+            parts = {int(p) for p in args.parts.split(",")}
+            run(Path(folder), args.size_mb, args.repeats, args.moto_nice, parts)
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
-def run(folder: Path, size_mb: int, repeats: int, moto_nice: int) -> None:
-    store = Store.open(f"s3://{BUCKET}/run")
+def steps_ratios(
+    store: Store, folder: Path, size_mb: int, repeats: int
+) -> tuple[list[float], list[float]]:
+    """Part 1, each repeat: the loop's ratio beside the sync, then beside upload_file."""
     s3 = boto3.client("s3")
     ours, theirs = [], []
     for repeat in range(repeats):
@@ -193,20 +233,44 @@ def run(folder: Path, size_mb: int, repeats: int, moto_nice: int) -> None:
         theirs.append(steps_ratio(uploaded, "upload_file of the same files"))
         forget_raw(s3)  # untimed: moto's memory stays flat
         shutil.rmtree(root)
-    print("part 2:")
-    synced_s, uploaded_s = notice_times(store, folder / "two", size_mb, repeats)
-    steps = statistics.median(ours)
-    pairs = [o / t for o, t in zip(synced_s, uploaded_s, strict=True)]
-    notice = statistics.median(pairs)
-    rows = [
-        ("", "costguard", "upload_file", "target", ""),
-        ("1. steps/s while uploading / without", f"{steps:.2f}",
-         f"{statistics.median(theirs):.2f}", ">= 0.90", "ok" if steps >= 0.9 else "MISSED"),
-        ("2. notice to committed, s", f"{statistics.median(synced_s):.1f}",
-         f"{statistics.median(uploaded_s):.1f}", "", ""),
-        ("   / save + upload_file, paired", f"{notice:.2f}", "", "<= 1.20",
-         "ok" if notice <= 1.2 else "MISSED"),
-    ]  # fmt: skip
+    return ours, theirs
+
+
+def run(folder: Path, size_mb: int, repeats: int, moto_nice: int, parts: set[int]) -> None:
+    store = Store.open(f"s3://{BUCKET}/run")
+    rows = [("", "costguard", "baseline", "target", "")]
+    details = []
+    if 1 in parts:
+        ours, theirs = steps_ratios(store, folder, size_mb, repeats)
+        steps = statistics.median(ours)
+        rows.append(("1. steps/s while uploading / without", f"{steps:.2f}",
+                     f"{statistics.median(theirs):.2f}", ">= 0.90",
+                     "ok" if steps >= 0.9 else "MISSED"))  # fmt: skip
+        details += [("part 1 per repeat, costguard", ours), ("part 1, upload_file", theirs)]
+    if 2 in parts:
+        print("part 2:")
+        synced_s, uploaded_s = notice_times(store, folder / "two", size_mb, repeats)
+        pairs = [o / t for o, t in zip(synced_s, uploaded_s, strict=True)]
+        notice = statistics.median(pairs)
+        rows += [
+            ("2. notice to committed, s", f"{statistics.median(synced_s):.1f}",
+             f"{statistics.median(uploaded_s):.1f}", "", ""),
+            ("   / save + upload_file, paired", f"{notice:.2f}", "", "<= 1.20",
+             "ok" if notice <= 1.2 else "MISSED"),
+        ]  # fmt: skip
+        details.append(("part 2 per repeat, the pair's ratio", pairs))
+    if 3 in parts:
+        print("part 3:")
+        restores = Store.open(f"s3://{BUCKET}/restore")  # its own newest checkpoint
+        serial, parallel = restore_times(restores, folder, size_mb, repeats)
+        speedups = [a / b for a, b in zip(serial, parallel, strict=True)]
+        rows += [
+            (f"3. restore, {RESTORE_READS} reads at once / 1, s",
+             f"{statistics.median(parallel):.1f}", f"{statistics.median(serial):.1f}", "", ""),
+            ("   one at a time / at once, paired", f"{statistics.median(speedups):.2f}",
+             "", "", ""),
+        ]  # fmt: skip
+        details.append(("part 3 per repeat, speed-up", speedups))
     load = os.getloadavg()[0]
     print(
         f"\n{size_mb} MB folder, medians of {repeats}; moto at nice {moto_nice}; "
@@ -214,9 +278,8 @@ def run(folder: Path, size_mb: int, repeats: int, moto_nice: int) -> None:
     )
     for name, *cells in rows:
         print(f"{name:<38}" + "".join(f"{cell:>13}" for cell in cells))
-    print("   part 1 per repeat, costguard: " + " ".join(f"{r:.3f}" for r in ours))
-    print("   part 1 per repeat, upload_file: " + " ".join(f"{r:.3f}" for r in theirs))
-    print("   part 2 per repeat, the pair's ratio: " + " ".join(f"{r:.3f}" for r in pairs))
+    for name, values in details:
+        print(f"   {name}: " + " ".join(f"{r:.3f}" for r in values))
 
 
 if __name__ == "__main__":

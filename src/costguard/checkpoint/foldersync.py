@@ -203,6 +203,8 @@ class FolderSync:
     say: Say
     settle_s: float = SETTLE_S
     poll_s: float = POLL_S
+    #: Files read at once on a restore (1: one after another).
+    restore_reads: int = RESTORE_READS
     #: Item path -> its files as they were when last committed or restored.
     kept: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
     #: Step of the newest committed checkpoint: older items are not uploaded again.
@@ -281,7 +283,7 @@ class FolderSync:
         )
 
     def _put_back(self, manifest: Manifest) -> None:
-        """Download and verify every file into a staging folder, ``RESTORE_READS`` at a
+        """Download and verify every file into a staging folder, ``restore_reads`` at a
         time, then rename the item into place: the trainer sees all of it or nothing."""
         files = _files_of(manifest)
         item = manifest.extra["folder"]["path"]
@@ -296,7 +298,7 @@ class FolderSync:
                 shutil.copyfile(local, target)
 
         try:
-            _each_at_once(fetch, manifest.objects, RESTORE_READS)
+            _each_at_once(fetch, manifest.objects, self.restore_reads)
             final = self.root / item
             final.parent.mkdir(parents=True, exist_ok=True)
             (staging / item).rename(final)
