@@ -6,12 +6,14 @@ refuses: half folders, rewritten files, manifests that name paths outside the fo
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import os
+import tempfile
 import threading
-from collections.abc import Iterator
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -73,7 +75,7 @@ def test_each_trainer_marks_a_finished_checkpoint_its_own_way(tmp_path: Path) ->
 
 
 def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
-    backend: Backend, tmp_path: Path
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_store(backend)
     out, lines = tmp_path / "out", list[str]()
@@ -90,6 +92,8 @@ def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
     uploaded = folder_files(half)
 
     new_machine = tmp_path / "new"
+    # No room in TMPDIR (a small /tmp): the files go straight into the sync dir's staging.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-tmp"))
     restored = syncer(store, new_machine, lines).prepare()
     assert [m.step for m in restored] == [20]
     assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-20"]
@@ -166,11 +170,10 @@ def test_a_restore_reads_several_files_at_once_and_no_more_than_its_bound(
     out = tmp_path / "out"
     uploaded = folder_files(accelerate_folder(out, 3, files=3 * RESTORE_READS))
     syncer(store, out, []).sync(finished=True)
-    original, changed = store.verified_file, threading.Condition()
+    original, changed = store.download, threading.Condition()
     reading, peak, waited_out = 0, 0, False
 
-    @contextlib.contextmanager
-    def counted(*args: Any, **kwargs: Any) -> Iterator[str]:
+    def counted(*args: Any, **kwargs: Any) -> None:
         nonlocal reading, peak, waited_out
         with changed:
             reading += 1
@@ -179,13 +182,12 @@ def test_a_restore_reads_several_files_at_once_and_no_more_than_its_bound(
             if not changed.wait_for(lambda: peak >= 2 or waited_out, timeout=10):
                 waited_out = True
         try:
-            with original(*args, **kwargs) as local:
-                yield local
+            original(*args, **kwargs)
         finally:
             with changed:
                 reading -= 1
 
-    store.verified_file = counted  # type: ignore[method-assign]
+    store.download = counted  # type: ignore[method-assign]
     new_machine = tmp_path / "new"
     assert [m.step for m in syncer(store, new_machine, []).prepare()] == [3]
     assert 2 <= peak <= RESTORE_READS, peak
@@ -229,16 +231,44 @@ def test_a_file_that_cannot_be_read_leaves_no_half_folder(tmp_path: Path) -> Non
     (nor any part of it), the previous one is."""
     lines: list[str] = []
     store, newest = two_checkpoints(tmp_path, lines)
-    failing, original = newest.object_path(newest.objects[-1]), store.verified_file
+    failing, original = newest.object_path(newest.objects[-1]), store.download
 
-    def flaky(path: str, *args: Any, **kwargs: Any) -> Any:
+    def flaky(path: str, *args: Any, **kwargs: Any) -> None:
         if path == failing:
             raise StoreError(f"reading {path}: connection reset")
-        return original(path, *args, **kwargs)
+        original(path, *args, **kwargs)
 
-    store.verified_file = flaky  # type: ignore[method-assign]
+    store.download = flaky  # type: ignore[method-assign]
     restores_the_previous_one(store, tmp_path, lines)
     assert any("could not restore" in line and "connection reset" in line for line in lines)
+
+
+def test_the_thread_sending_the_stores_requests_is_as_nice_as_the_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object store's requests go out on fsspec's IO thread, which ``costguard run``
+    starts at the trainer's priority when it probes the store: once the sync runs, that
+    thread is as nice as the sync's own (here a loop of the test's, as the store's)."""
+    loop = asyncio.new_event_loop()
+    io_thread = threading.Thread(target=loop.run_forever, name="io", daemon=True)
+    io_thread.start()
+    assert io_thread.native_id is not None
+    base = os.getpriority(os.PRIO_PROCESS, io_thread.native_id)
+    store = Store.open(str(tmp_path / "store"))
+    monkeypatch.setattr(store, "fs", SimpleNamespace(loop=loop))  # the sync reads no file
+    sync = syncer(store, tmp_path / "out", [])
+    sync.start()
+    try:
+        for _ in range(600):  # a safety net of 30 s; it takes one poll
+            if os.getpriority(os.PRIO_PROCESS, io_thread.native_id) > base:
+                break
+            time.sleep(0.05)
+        assert os.getpriority(os.PRIO_PROCESS, io_thread.native_id) == min(19, base + 10)
+    finally:
+        sync.finish()
+        loop.call_soon_threadsafe(loop.stop)
+        io_thread.join()
+        loop.close()
 
 
 def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:
