@@ -5,7 +5,9 @@ committed, in one run.
    beside ``costguard run``) while a SIZE MB Hugging Face checkpoint folder is uploaded to
    moto S3 by :class:`~costguard.checkpoint.foldersync.FolderSync` / steps/s in the same
    run while nothing is uploaded (target >= 0.9); beside it, the same ratio for boto3
-   ``upload_file`` of the same files (what any upload costs on this machine).
+   ``upload_file`` of the same files (what any upload costs on this machine). Beside
+   each, the CPU seconds the upload took (this process and moto): on a shared machine
+   the ratio moves with everyone's load, the CPU seconds much less.
 2. Notice to committed: the trainer's own save of a SIZE MB state into ``checkpoint-N/``
    plus the sync of that folder up to its manifest (files, sha256, manifest; retention
    comes after the commit) / the same save plus one boto3 ``upload_file`` of each of its
@@ -83,33 +85,45 @@ def hf_folder(root: Path, step: int, size_mb: int, shards: int = 1) -> Path:
     return folder
 
 
-def steps_ratio(upload: Callable[[], object], what: str) -> float:
-    """One loop: steps/s of the loop while ``upload()`` runs / steps/s before and after."""
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far, every thread (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def steps_ratio(upload: Callable[[], object], what: str, moto: int) -> tuple[float, float]:
+    """One loop: steps/s of the loop while ``upload()`` runs / steps/s before and after;
+    and the CPU seconds the upload took, here and in moto (process ``moto``): unlike the
+    ratio, what a shared machine's load does not move."""
     loop = subprocess.Popen(
         [sys.executable, "-c", LOOP, "120"], stdout=subprocess.PIPE, text=True, bufsize=1
     )
     assert loop.stdout is not None
     windows = [tuple(map(float, loop.stdout.readline().split())) for _ in range(12)]
-    started = time.time()
+    started, cpu = time.time(), cpu_seconds(os.getpid()) + cpu_seconds(moto)
     uploading = threading.Thread(target=upload)
     uploading.start()
     while uploading.is_alive():
         windows.append(tuple(map(float, loop.stdout.readline().split())))
-    ended = time.time()
+    ended, cpu = time.time(), cpu_seconds(os.getpid()) + cpu_seconds(moto) - cpu
     windows += [tuple(map(float, loop.stdout.readline().split())) for _ in range(12)]
     loop.kill()
     loop.wait()
     during = [w[2] / (w[1] - w[0]) for w in windows if w[0] >= started and w[1] <= ended]
     outside = [w[2] / (w[1] - w[0]) for w in windows if w[1] <= started or w[0] >= ended]
-    print(f"  {what} took {ended - started:.1f} s ({len(during)} windows of the loop in it)")
-    return statistics.mean(during) / statistics.mean(outside)
+    print(
+        f"  {what} took {ended - started:.1f} s, {cpu:.1f} CPU s with moto's "
+        f"({len(during)} windows of the loop in it)"
+    )
+    return statistics.mean(during) / statistics.mean(outside), cpu
 
 
 def notice_times(
-    store: Store, root: Path, size_mb: int, repeats: int
+    store: Store, root: Path, size_mb: int, repeats: int, moto: int
 ) -> tuple[list[float], list[float]]:
     """Part 2: trainer save + sync, and trainer save + upload_file of each file, in
-    seconds, one pair a repeat (the pair runs back to back: its ratio is the figure)."""
+    seconds, one pair a repeat (the pair runs back to back: its ratio is the figure);
+    each upload's CPU seconds (here and in moto, process ``moto``) printed beside."""
     dim = 1024
     layers = max(1, round(size_mb / (3 * dim * dim * 4 / 2**20)))
     model = torch.nn.Sequential(*[torch.nn.Linear(dim, dim, bias=False) for _ in range(layers)])
@@ -131,17 +145,20 @@ def notice_times(
         torch.save(optimizer.state_dict(), folder / "optimizer.pt")
         (folder / "trainer_state.json").write_text(f'{{"global_step": {step}}}')
         saved_s = time.perf_counter() - started
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds(os.getpid()) + cpu_seconds(moto)
         for file in sorted(folder.iterdir()):
             s3.upload_file(str(file), BUCKET, f"raw/{step}/{file.name}")
         theirs.append(saved_s + time.perf_counter() - started)
+        their_cpu = cpu_seconds(os.getpid()) + cpu_seconds(moto) - cpu
         forget_raw(s3)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), cpu_seconds(os.getpid()) + cpu_seconds(moto)
         (committed,) = sync.sync(finished=True)  # then retention, not part of the commit
         ours.append(saved_s + committed_at[-1] - started)
+        our_cpu = cpu_seconds(os.getpid()) + cpu_seconds(moto) - cpu  # retention's too
         print(
-            f"  step {step}: save {saved_s:.1f} s; save + sync {ours[-1]:.1f} s "
-            f"({committed.size_bytes / 2**20:.0f} MB); save + upload_file {theirs[-1]:.1f} s"
+            f"  step {step}: save {saved_s:.1f} s; save + sync {ours[-1]:.1f} s, "
+            f"{our_cpu:.1f} CPU s ({committed.size_bytes / 2**20:.0f} MB); "
+            f"save + upload_file {theirs[-1]:.1f} s, {their_cpu:.1f} CPU s"
         )
     return ours, theirs
 
@@ -201,16 +218,17 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as folder:
             parts = {int(p) for p in args.parts.split(",")}
-            run(Path(folder), args.size_mb, args.repeats, args.moto_nice, parts)
+            run(Path(folder), args.size_mb, args.repeats, (process.pid, args.moto_nice), parts)
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
 def steps_ratios(
-    store: Store, folder: Path, size_mb: int, repeats: int
-) -> tuple[list[float], list[float]]:
-    """Part 1, each repeat: the loop's ratio beside the sync, then beside upload_file."""
+    store: Store, folder: Path, size_mb: int, repeats: int, moto: int
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """Part 1, each repeat: the loop's ratio (and the CPU seconds) beside the sync, then
+    beside upload_file."""
     s3 = boto3.client("s3")
     ours, theirs = [], []
     for repeat in range(repeats):
@@ -229,27 +247,36 @@ def steps_ratios(
                 s3.upload_file(str(file), BUCKET, f"raw/{repeat}/{file.name}")
 
         print(f"part 1, repeat {repeat + 1} of {repeats}:")
-        ours.append(steps_ratio(synced, "the sync"))
-        theirs.append(steps_ratio(uploaded, "upload_file of the same files"))
+        ours.append(steps_ratio(synced, "the sync", moto))
+        theirs.append(steps_ratio(uploaded, "upload_file of the same files", moto))
         forget_raw(s3)  # untimed: moto's memory stays flat
         shutil.rmtree(root)
     return ours, theirs
 
 
-def run(folder: Path, size_mb: int, repeats: int, moto_nice: int, parts: set[int]) -> None:
+def run(folder: Path, size_mb: int, repeats: int, moto: tuple[int, int], parts: set[int]) -> None:
+    """The parts asked for, then the table; ``moto``: its process id and nice value."""
     store = Store.open(f"s3://{BUCKET}/run")
+    # As costguard run does before the script starts: this thread's first call starts
+    # fsspec's IO thread, at this thread's priority (not the sync thread's).
+    store.check_writable()
     rows = [("", "costguard", "baseline", "target", "")]
     details = []
     if 1 in parts:
-        ours, theirs = steps_ratios(store, folder, size_mb, repeats)
-        steps = statistics.median(ours)
-        rows.append(("1. steps/s while uploading / without", f"{steps:.2f}",
-                     f"{statistics.median(theirs):.2f}", ">= 0.90",
-                     "ok" if steps >= 0.9 else "MISSED"))  # fmt: skip
-        details += [("part 1 per repeat, costguard", ours), ("part 1, upload_file", theirs)]
+        ours, theirs = steps_ratios(store, folder, size_mb, repeats, moto[0])
+        steps = statistics.median(r for r, _ in ours)
+        rows += [
+            ("1. steps/s while uploading / without", f"{steps:.2f}",
+             f"{statistics.median(r for r, _ in theirs):.2f}", ">= 0.90",
+             "ok" if steps >= 0.9 else "MISSED"),
+            ("   CPU s of the upload, with moto's", f"{statistics.median(c for _, c in ours):.1f}",
+             f"{statistics.median(c for _, c in theirs):.1f}", "", ""),
+        ]  # fmt: skip
+        details += [("part 1 per repeat, costguard", [r for r, _ in ours]),
+                    ("part 1, upload_file", [r for r, _ in theirs])]  # fmt: skip
     if 2 in parts:
         print("part 2:")
-        synced_s, uploaded_s = notice_times(store, folder / "two", size_mb, repeats)
+        synced_s, uploaded_s = notice_times(store, folder / "two", size_mb, repeats, moto[0])
         pairs = [o / t for o, t in zip(synced_s, uploaded_s, strict=True)]
         notice = statistics.median(pairs)
         rows += [
@@ -273,7 +300,7 @@ def run(folder: Path, size_mb: int, repeats: int, moto_nice: int, parts: set[int
         details.append(("part 3 per repeat, speed-up", speedups))
     load = os.getloadavg()[0]
     print(
-        f"\n{size_mb} MB folder, medians of {repeats}; moto at nice {moto_nice}; "
+        f"\n{size_mb} MB folder, medians of {repeats}; moto at nice {moto[1]}; "
         f"{os.cpu_count()} CPUs, load average {load:.1f} during the run's last minute"
     )
     for name, *cells in rows:

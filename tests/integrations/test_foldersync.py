@@ -6,14 +6,11 @@ refuses: half folders, rewritten files, manifests that name paths outside the fo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import tempfile
 import threading
-import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -241,34 +238,6 @@ def test_a_file_that_cannot_be_read_leaves_no_half_folder(tmp_path: Path) -> Non
     store.download = flaky  # type: ignore[method-assign]
     restores_the_previous_one(store, tmp_path, lines)
     assert any("could not restore" in line and "connection reset" in line for line in lines)
-
-
-def test_the_thread_sending_the_stores_requests_is_as_nice_as_the_sync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An object store's requests go out on fsspec's IO thread, which ``costguard run``
-    starts at the trainer's priority when it probes the store: once the sync runs, that
-    thread is as nice as the sync's own (here a loop of the test's, as the store's)."""
-    loop = asyncio.new_event_loop()
-    io_thread = threading.Thread(target=loop.run_forever, name="io", daemon=True)
-    io_thread.start()
-    assert io_thread.native_id is not None
-    base = os.getpriority(os.PRIO_PROCESS, io_thread.native_id)
-    store = Store.open(str(tmp_path / "store"))
-    monkeypatch.setattr(store, "fs", SimpleNamespace(loop=loop))  # the sync reads no file
-    sync = syncer(store, tmp_path / "out", [])
-    sync.start()
-    try:
-        for _ in range(600):  # a safety net of 30 s; it takes one poll
-            if os.getpriority(os.PRIO_PROCESS, io_thread.native_id) > base:
-                break
-            time.sleep(0.05)
-        assert os.getpriority(os.PRIO_PROCESS, io_thread.native_id) == min(19, base + 10)
-    finally:
-        sync.finish()
-        loop.call_soon_threadsafe(loop.stop)
-        io_thread.join()
-        loop.close()
 
 
 def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:

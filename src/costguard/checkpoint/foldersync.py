@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import re
 import shutil
-import sys
 import threading
 import time
 import uuid
@@ -175,25 +173,6 @@ def folder_state(store: Store, manifest: Manifest) -> dict[str, Any]:
         return {"model": weights}
 
 
-def _as_nice_as_this_thread(loop: Any) -> None:
-    """Give the thread that runs ``loop`` at least this thread's nice value (Linux; best
-    effort). That is fsspec's one IO thread, where an object store's requests are sent:
-    started by whoever called the store first (``costguard run``'s main thread, probing
-    the store before the script starts), it would otherwise send every upload at the
-    trainer's priority, the threads an upload starts being nicer only on this side."""
-    if loop is None or not sys.platform.startswith("linux"):
-        return
-    target = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-    def lower() -> None:
-        tid = threading.get_native_id()
-        with contextlib.suppress(OSError):
-            if os.getpriority(os.PRIO_PROCESS, tid) < target:
-                os.setpriority(os.PRIO_PROCESS, tid, target)
-
-    loop.call_soon_threadsafe(lower)
-
-
 def _each_at_once(
     work: Callable[[ObjectEntry], None], objects: Iterable[ObjectEntry], most: int
 ) -> None:
@@ -334,10 +313,8 @@ class FolderSync:
         self._thread.start()
 
     def _loop(self) -> None:
-        # Nicer than the trainer (Linux; the threads an upload starts inherit it), and so
-        # is the thread that sends an object store's requests.
+        # Nicer than the trainer (Linux; the threads an upload starts inherit it).
         _lower_priority(DEFAULT_SAVE_NICENESS)
-        _as_nice_as_this_thread(getattr(self.store.fs, "loop", None))
         while not self._stop.wait(self.poll_s):
             self.sync(finished=False)
 
