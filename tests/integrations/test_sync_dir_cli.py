@@ -5,35 +5,12 @@ starts; ``costguard slurm script`` passes an absolute folder on to ``costguard r
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.helpers.training import child_env, costguard_command
-
-
-def test_run_refuses_a_sync_dir_that_is_a_file_before_the_script_starts(tmp_path: Path) -> None:
-    marker, taken = tmp_path / "started", tmp_path / "a-file"
-    taken.write_text("")
-    script = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-    flags = ["--checkpoint", str(tmp_path / "store"), "--sync-dir", str(taken)]
-    done = subprocess.run(
-        [*costguard_command(), "run", *flags, "--", *script],
-        env=child_env(tmp_path, COSTGUARD_CLOUD="none"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "Error:" in done.stderr
-    assert "--sync-dir" in done.stderr
-    assert "is a file" in done.stderr
-    assert not marker.exists()
-
 
 #: A valid invocation of each command taking --sync-dir, the value going in at ``{sync}``;
 #: ``{tmp}`` is the test's folder, where nothing may be written.
