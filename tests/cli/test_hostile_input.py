@@ -49,6 +49,9 @@ TEXTS = ["", "a\nb", "x\x00y", "x" * 100_000, "a\u2028b"]
 URLS = ["", "s3://", "gs:///path", "s3://b/p\n", "\uff53\uff13://bucket/x",
         "s3://\uff42ucket/x", "x" * 100_000, "s3://b\x1b/x", " s3://b/x"]  # fmt: skip
 CHOICES = ["", "json\n", "\uff4aSON", "x" * 100_000, "table\x00"]
+#: A trainer's output folder (--sync-dir) is none of these: a URL, a path leaving itself,
+#: blank, a file (the sandbox holds one).
+SYNC_DIRS = ["s3://bucket/out", "../out", "out/../../x", " ", "a-file"]
 
 #: A valid invocation of each command, into which the hostile value is inserted; the
 #: command part (after ``--``) stays last. Paths are relative to a fresh folder per case.
@@ -170,6 +173,8 @@ def hostile(param: click.Parameter) -> list[str]:
         return values
     if isinstance(kind, click.Choice):
         return CHOICES
+    if param.name == "sync_dir":
+        return [*TEXTS, *SYNC_DIRS]
     if isinstance(kind, Name):
         return NAMES
     if isinstance(kind, Text):
@@ -224,6 +229,7 @@ def sandbox(counter: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tu
     home = tmp_path / "home"
     home.mkdir()
     (tmp_path / "mirror").mkdir()
+    (tmp_path / "a-file").write_text("")
     for name in list(os.environ):
         if name.startswith(("COSTGUARD_", "AWS_", "AZURE_", "GOOGLE_")):
             monkeypatch.delenv(name)

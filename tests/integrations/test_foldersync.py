@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,11 @@ import pytest
 import torch
 
 from costguard.checkpoint.completion import items_in
-from costguard.checkpoint.foldersync import ASIDE, FolderSync
-from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION
+from costguard.checkpoint.foldersync import ASIDE, RESTORE_READS, FolderSync
+from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION, Manifest
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
+from costguard.errors import StoreError
 from tests.helpers.stores import Backend, open_store
 
 
@@ -69,7 +72,7 @@ def test_each_trainer_marks_a_finished_checkpoint_its_own_way(tmp_path: Path) ->
 
 
 def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
-    backend: Backend, tmp_path: Path
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = open_store(backend)
     out, lines = tmp_path / "out", list[str]()
@@ -86,6 +89,8 @@ def test_a_finished_folder_goes_up_and_comes_back_whole_on_every_store(
     uploaded = folder_files(half)
 
     new_machine = tmp_path / "new"
+    # No room in TMPDIR (a small /tmp): the files go straight into the sync dir's staging.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-tmp"))
     restored = syncer(store, new_machine, lines).prepare()
     assert [m.step for m in restored] == [20]
     assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-20"]
@@ -143,20 +148,96 @@ def test_a_manifest_naming_a_path_outside_the_folder_is_never_followed(tmp_path:
     assert list(new_machine.iterdir()) == []
 
 
-def test_a_corrupt_object_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+def accelerate_folder(root: Path, step: int, files: int) -> Path:
+    """A ``save_state`` folder of ``files`` files besides its mark."""
+    folder = root / f"checkpoint_{step}"
+    folder.mkdir(parents=True)
+    for index in range(files):
+        (folder / f"model_{index}.safetensors").write_bytes(os.urandom(2000 + index))
+    (folder / "random_states_0.pkl").write_bytes(os.urandom(100))
+    return folder
+
+
+def test_a_restore_reads_several_files_at_once_and_no_more_than_its_bound(
+    tmp_path: Path,
+) -> None:
+    """Each read waits (a safety net of 10 s, once) until another one has started: a
+    restore reading one file after another never has two at once."""
     store = Store.open(str(tmp_path / "store"))
-    out, lines = tmp_path / "out", list[str]()
+    out = tmp_path / "out"
+    uploaded = folder_files(accelerate_folder(out, 3, files=3 * RESTORE_READS))
+    syncer(store, out, []).sync(finished=True)
+    original, changed = store.download, threading.Condition()
+    reading, peak, waited_out = 0, 0, False
+
+    def counted(*args: Any, **kwargs: Any) -> None:
+        nonlocal reading, peak, waited_out
+        with changed:
+            reading += 1
+            peak = max(peak, reading)
+            changed.notify_all()
+            if not changed.wait_for(lambda: peak >= 2 or waited_out, timeout=10):
+                waited_out = True
+        try:
+            original(*args, **kwargs)
+        finally:
+            with changed:
+                reading -= 1
+
+    store.download = counted  # type: ignore[method-assign]
+    new_machine = tmp_path / "new"
+    assert [m.step for m in syncer(store, new_machine, []).prepare()] == [3]
+    assert 2 <= peak <= RESTORE_READS, peak
+    assert not waited_out
+    assert folder_files(new_machine / "checkpoint_3") == uploaded
+
+
+def two_checkpoints(tmp_path: Path, lines: list[str]) -> tuple[Store, Manifest]:
+    """checkpoint-10 and checkpoint-20 kept in a local store; the newest's manifest."""
+    store = Store.open(str(tmp_path / "store"))
+    out = tmp_path / "out"
     sync = syncer(store, out, lines)
     hf_folder(out, 10)
     sync.sync(finished=True)
     hf_folder(out, 20)
     (newest,) = sync.sync(finished=True)
-    victim = Path(store.full(newest.object_path(newest.objects[0])))
-    victim.write_bytes(b"\0" * victim.stat().st_size)  # same size, other bytes
+    return store, newest
+
+
+def restores_the_previous_one(store: Store, tmp_path: Path, lines: list[str]) -> None:
+    """A new machine gets checkpoint-10, whole, and nothing else (no staging, no half)."""
     new_machine = tmp_path / "new"
     assert [m.step for m in syncer(store, new_machine, lines).prepare()] == [10]
     assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-10"]
+
+
+@pytest.mark.parametrize("victim", [0, -1])
+def test_a_corrupt_object_falls_back_to_the_previous_checkpoint(
+    tmp_path: Path, victim: int
+) -> None:
+    lines: list[str] = []
+    store, newest = two_checkpoints(tmp_path, lines)
+    victim_path = Path(store.full(newest.object_path(newest.objects[victim])))
+    victim_path.write_bytes(b"\0" * victim_path.stat().st_size)  # same size, other bytes
+    restores_the_previous_one(store, tmp_path, lines)
     assert any("corrupt" in line for line in lines)
+
+
+def test_a_file_that_cannot_be_read_leaves_no_half_folder(tmp_path: Path) -> None:
+    """One read fails while the others of the folder go on: the folder is not put back
+    (nor any part of it), the previous one is."""
+    lines: list[str] = []
+    store, newest = two_checkpoints(tmp_path, lines)
+    failing, original = newest.object_path(newest.objects[-1]), store.download
+
+    def flaky(path: str, *args: Any, **kwargs: Any) -> None:
+        if path == failing:
+            raise StoreError(f"reading {path}: connection reset")
+        original(path, *args, **kwargs)
+
+    store.download = flaky  # type: ignore[method-assign]
+    restores_the_previous_one(store, tmp_path, lines)
+    assert any("could not restore" in line and "connection reset" in line for line in lines)
 
 
 def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:

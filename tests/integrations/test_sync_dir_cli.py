@@ -1,10 +1,10 @@
-"""``--sync-dir`` on the command line: ``costguard run`` refuses a file before the script
+"""``--sync-dir`` on the command line: every command that takes it (``run``, ``launch``,
+``slurm script``, ``slurm submit``) refuses the same bad folders with exit 2 before anything
 starts; ``costguard slurm script`` passes an absolute folder on to ``costguard run``."""
 
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,26 +12,55 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.training import child_env, costguard_command
+#: A valid invocation of each command taking --sync-dir, the value going in at ``{sync}``;
+#: ``{tmp}`` is the test's folder, where nothing may be written.
+SYNC_COMMANDS = {
+    "run": ["run", "--checkpoint", "{tmp}/ckpt", "--sync-dir", "{sync}", "--",
+            sys.executable, "-c", "open('{tmp}/started', 'w')"],
+    "launch": ["launch", "--provider", "local", "--gpu", "a10g", "--checkpoint", "{tmp}/ckpt",
+               "--sync-dir", "{sync}", "--yes", "--", "python", "train.py"],
+    "slurm script": ["slurm", "script", "--time", "1:00:00", "--checkpoint", "s3://b/run1",
+                     "--sync-dir", "{sync}", "--", "python", "train.py"],
+    "slurm submit": ["slurm", "submit", "--time", "1:00:00", "--checkpoint", "s3://b/run1",
+                     "--sync-dir", "{sync}", "--", "python", "train.py"],
+}  # fmt: skip
+#: Folders no command takes as --sync-dir, and what the refusal says.
+BAD_SYNC_DIRS = [
+    ("s3://bucket/out", "is a URL"),
+    ("gs://bucket/out/", "is a URL"),
+    ("../out", "leaves the folder it names"),
+    ("out/../../x", "leaves the folder it names"),
+    ("  ", "--sync-dir is empty"),
+    ("{tmp}/a-file", "is a file"),
+]
 
 
-def test_run_refuses_a_sync_dir_that_is_a_file_before_the_script_starts(tmp_path: Path) -> None:
-    marker, taken = tmp_path / "started", tmp_path / "a-file"
-    taken.write_text("")
-    script = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
-    flags = ["--checkpoint", str(tmp_path / "store"), "--sync-dir", str(taken)]
-    done = subprocess.run(
-        [*costguard_command(), "run", *flags, "--", *script],
-        env=child_env(tmp_path, COSTGUARD_CLOUD="none"),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2, done.stderr
-    assert "Error:" in done.stderr
-    assert "--sync-dir" in done.stderr
-    assert "is a file" in done.stderr
-    assert not marker.exists()
+@pytest.mark.parametrize(("sync_dir", "message"), BAD_SYNC_DIRS)
+@pytest.mark.parametrize("command", sorted(SYNC_COMMANDS))
+def test_every_command_refuses_the_same_bad_sync_dirs_before_anything_starts(
+    run_cli: Callable[..., Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+    sync_dir: str,
+    message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COSTGUARD_CLOUD", "none")
+    monkeypatch.setenv("COSTGUARD_LOCAL_DIR", str(tmp_path / "local-state"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch
+    (tmp_path / "a-file").write_text("")
+    args = [
+        a.format(tmp=tmp_path, sync=sync_dir.format(tmp=tmp_path)) for a in SYNC_COMMANDS[command]
+    ]
+    result = run_cli(*args)
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-2].startswith("Error: --sync-dir"), result.stderr
+    assert message in lines[-2]
+    assert lines[-1].startswith("Hint: ")
+    assert result.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no store, no script
 
 
 def test_slurm_script_passes_the_sync_dir_on_made_absolute(

@@ -13,6 +13,9 @@ writes last is there:
 
 An :class:`Item` also records each file's size and time, so the syncer can wait until
 nothing has changed for a while before it uploads.
+
+Which folder may be a sync dir at all is one rule for every command that takes
+``--sync-dir`` (``run``, ``launch``, ``slurm script``/``submit``): :func:`sync_dir_path`.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import re
 import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
+
+from costguard.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +44,44 @@ _LIGHTNING_STEP = re.compile(r"step=(\d+)")
 _DIGITS = re.compile(r"(\d+)")
 HF_MARK = "trainer_state.json"
 ACCELERATE_MARK = "random_states_0.pkl"
+
+
+def sync_dir_path(text: str, *, here: bool) -> str:
+    """``--sync-dir`` checked, or an :class:`~costguard.errors.InputError` (exit 2, before
+    any store or cloud is touched): not empty, not a URL (the store is ``--checkpoint``),
+    no ``..`` part (where it lands would depend on the folder the job starts in and on
+    links: the folder itself is named).
+
+    ``here``: the folder is on this machine (``costguard run``, ``slurm script`` on a
+    shared file system, ``launch --provider local``): an existing file is refused and the
+    path is made absolute, since the job may start in another folder. Otherwise (a cloud
+    instance's path) it is kept as given, relative to the instance's workdir.
+
+    >>> sync_dir_path(" out/ ", here=False)
+    'out/'
+    >>> sync_dir_path("s3://b/out", here=False)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --sync-dir 's3://b/out' is a URL, not the trainer's output folder
+    """
+    text = text.strip()
+    hint = "the folder the trainer writes its checkpoints in, e.g. --sync-dir out/"
+    if not text:
+        msg = "--sync-dir is empty"
+        raise InputError(msg, hint=hint)
+    if "://" in text:
+        msg = f"--sync-dir {text[:200]!r} is a URL, not the trainer's output folder"
+        raise InputError(msg, hint=f"the store goes in --checkpoint; {hint}")
+    if ".." in PurePosixPath(text).parts:
+        msg = f"--sync-dir {text[:200]!r} leaves the folder it names (a '..' part)"
+        raise InputError(msg, hint=f"a folder under the workdir or an absolute path; {hint}")
+    if not here:
+        return text
+    path = Path(text).expanduser()
+    if path.is_file():
+        msg = f"--sync-dir {text[:200]!r} is a file, not the trainer's output folder"
+        raise InputError(msg, hint=hint)
+    return str(path.resolve())
 
 
 @dataclass(frozen=True)

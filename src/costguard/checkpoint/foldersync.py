@@ -61,6 +61,11 @@ ASIDE = ".costguard-incomplete"
 STAGING_PREFIX = ".costguard-restore-"
 #: How long an item must stay unchanged, while the trainer runs, before it is uploaded.
 SETTLE_S = 2.0
+#: Files of one checkpoint read at once on a restore (each S3 object in
+#: ``store.READ_STREAMS`` ranged GETs itself): a big trainer folder holds several large
+#: files (weights, optimizer, shards), and one at a time leaves the network idle between
+#: them and while each is hashed.
+RESTORE_READS = 4
 POLL_S = 1.0
 _OBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 #: A Hugging Face or Accelerate folder's weights: one file, or the shards of one.
@@ -168,6 +173,25 @@ def folder_state(store: Store, manifest: Manifest) -> dict[str, Any]:
         return {"model": weights}
 
 
+def _each_at_once(
+    work: Callable[[ObjectEntry], None], objects: Iterable[ObjectEntry], most: int
+) -> None:
+    """``work(obj)`` for every object, at most ``most`` at a time; returns once none is
+    running. On a failure the ones not started are not started; what is raised is a
+    :class:`ManifestError` if any read proved an object bad (the caller marks the
+    checkpoint corrupt), else the first failure."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(most, thread_name_prefix="costguard-restore") as pool:
+        futures = [pool.submit(work, obj) for obj in objects]
+        wait(futures, return_when=FIRST_EXCEPTION)
+        for future in futures:
+            future.cancel()  # those not started; the pool's exit waits for the others
+    failures = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+    if failures:
+        raise next((e for e in failures if isinstance(e, ManifestError)), failures[0])
+
+
 @dataclass
 class FolderSync:
     """Uploads the trainer's finished checkpoints from ``root`` to ``store`` (a thread),
@@ -179,6 +203,8 @@ class FolderSync:
     say: Say
     settle_s: float = SETTLE_S
     poll_s: float = POLL_S
+    #: Files read at once on a restore (1: one after another).
+    restore_reads: int = RESTORE_READS
     #: Item path -> its files as they were when last committed or restored.
     kept: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
     #: Step of the newest committed checkpoint: older items are not uploaded again.
@@ -257,19 +283,20 @@ class FolderSync:
         )
 
     def _put_back(self, manifest: Manifest) -> None:
-        """Download and verify every file into a staging folder, then rename the item
-        into place: the trainer sees all of it or nothing."""
+        """Download and verify every file into a staging folder (straight there, no
+        temporary copy), ``restore_reads`` at a time, then rename the item into place:
+        the trainer sees all of it or nothing."""
         files = _files_of(manifest)
         item = manifest.extra["folder"]["path"]
         staging = Path(self.root, f"{STAGING_PREFIX}{uuid.uuid4().hex[:8]}")
+
+        def fetch(obj: ObjectEntry) -> None:
+            target = staging / files[obj.name]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.store.download(manifest.object_path(obj), target, obj.size_bytes, obj.sha256)
+
         try:
-            for obj in manifest.objects:
-                target = staging / files[obj.name]
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with self.store.verified_file(
-                    manifest.object_path(obj), obj.size_bytes, obj.sha256
-                ) as local:
-                    shutil.copyfile(local, target)
+            _each_at_once(fetch, manifest.objects, self.restore_reads)
             final = self.root / item
             final.parent.mkdir(parents=True, exist_ok=True)
             (staging / item).rename(final)

@@ -21,7 +21,7 @@ retry rule in :mod:`costguard.retry`.
 It is over 500 lines because it is the one place where bytes cross to a store: each
 operation needs its per-backend branch there (streamed and verified reads, chunked writes,
 deadlines, the error translation); everything above it speaks only
-``put``/``get``/``upload``/``verified_file``/``objects``/``delete``.
+``put``/``get``/``upload``/``verified_file``/``download``/``objects``/``delete``.
 
 >>> import tempfile
 >>> store = Store.open(tempfile.mkdtemp())
@@ -38,6 +38,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -374,6 +375,19 @@ class Store(StoreCalls):
             yield tmp
         finally:
             Path(tmp).unlink(missing_ok=True)
+
+    def download(self, path: str, target: str | os.PathLike[str], size: int, sha256: str) -> None:
+        """Object ``path`` into the local file ``target``, checked as by
+        :meth:`verified_file` (:class:`ManifestError` for a size or hash that does not
+        match). From a store elsewhere it streams straight into ``target`` and is hashed
+        as it is read back: no temporary copy is written and read again beside it. On an
+        error ``target`` may hold part of the object: the caller removes it."""
+        if self.is_local:
+            with self.verified_file(path, size, sha256) as local:
+                shutil.copyfile(local, target)
+            return
+        self._download(path, os.fspath(target), size, lambda done, total: None)
+        self._check_file(path, os.fspath(target), size, sha256)
 
     def _download(self, path: str, local: str, size: int, progress: Progress) -> None:
         """Stream object ``path`` into the file ``local``, with this store's retries.

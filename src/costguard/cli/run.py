@@ -116,16 +116,12 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     Before the script starts, the checkpoint location is checked (write, read back,
     delete a probe object), so a wrong URL or a missing bucket fails at once.
     """
-    from pathlib import Path
-
+    from costguard.checkpoint.completion import sync_dir_path
     from costguard.checkpoint.supervisor import supervise
-    from costguard.errors import InputError
     from costguard.secrets import redact
 
-    sync_dir = options.get("sync_dir")
-    if sync_dir is not None and Path(sync_dir).expanduser().is_file():
-        msg = f"--sync-dir {sync_dir[:200]!r} is a file, not the trainer's output folder"
-        raise InputError(msg, hint="give the folder the trainer writes its checkpoints in")
+    if options["sync_dir"] is not None:  # the rules of every --sync-dir, before the store
+        options["sync_dir"] = sync_dir_path(options["sync_dir"], here=True)
 
     def say(line: str) -> None:
         click.echo(f"costguard: {redact(line)}", err=True)

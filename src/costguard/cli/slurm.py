@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 import click
 
+from costguard.checkpoint.completion import sync_dir_path
 from costguard.cli.options import cadence_options
 from costguard.cli.params import Name, StoreUrl, Text, WholeNumber, option_group
 from costguard.errors import InputError
@@ -179,10 +180,9 @@ def build_job(options: dict[str, Any]) -> BatchJob:
     ):
         if options[name] is not None:
             run_options += [flag, str(options[name])]
-    sync_dir: str | None = options["sync_dir"]
-    if sync_dir is not None and sync_dir.strip():
+    if options["sync_dir"] is not None:
         # Like a local checkpoint folder: the job may start in another folder than this one.
-        run_options += ["--sync-dir", str(Path(sync_dir.strip()).expanduser().resolve())]
+        run_options += ["--sync-dir", sync_dir_path(options["sync_dir"], here=True)]
     command: Sequence[str] = options["command"]
     container: str | None = options["container"]
     if container is not None and container.strip() and "://" not in container:

@@ -16,9 +16,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from costguard.checkpoint.completion import sync_dir_path
 from costguard.errors import InputError
 from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.tables import load_tables
@@ -129,36 +130,19 @@ def check_request(request: LaunchRequest) -> None:
 def sync_dir_for(request: LaunchRequest) -> str | None:
     """The ``--sync-dir`` every attempt's ``costguard run`` gets, or an InputError.
 
-    On a cloud instance it is a path there, kept as given: a relative one is under the
-    job's workdir, where the boot script starts ``costguard run``. Simulated on this
-    machine (``local``), it is made absolute here, as ``slurm script`` does, since the
-    attempts may start in another folder (``--attach``), and a file is refused, as
-    ``costguard run --sync-dir`` refuses one.
+    The rules every ``--sync-dir`` follows
+    (:func:`~costguard.checkpoint.completion.sync_dir_path`). On a cloud instance it is a
+    path there, kept as given: a relative one is under the job's workdir, where the boot
+    script starts ``costguard run``. Simulated on this machine (``local``), it is made
+    absolute here, as ``slurm script`` does, since the attempts may start in another folder
+    (``--attach``), and a file is refused.
 
     >>> sync_dir_for(LaunchRequest("aws", "t4", ("x",), "s3://b/r", sync_dir="out/"))
     'out/'
     """
     if request.sync_dir is None:
         return None
-    text = request.sync_dir.strip()
-    hint = "the folder the trainer writes its checkpoints in, e.g. --sync-dir out/"
-    if not text:
-        msg = "--sync-dir is empty"
-        raise InputError(msg, hint=hint)
-    if "://" in text:
-        msg = f"--sync-dir {text[:200]!r} is a URL, not the trainer's output folder"
-        raise InputError(msg, hint=f"the store goes in --checkpoint; {hint}")
-    if ".." in PurePosixPath(text).parts:
-        # Where it lands would depend on the workdir and on links: say the folder itself.
-        msg = f"--sync-dir {text[:200]!r} leaves the folder it names (a '..' part)"
-        raise InputError(msg, hint=f"a folder under the workdir or an absolute path; {hint}")
-    if request.provider != "local":
-        return text
-    path = Path(text).expanduser()
-    if path.is_file():
-        msg = f"--sync-dir {text[:200]!r} is a file, not the trainer's output folder"
-        raise InputError(msg, hint=hint)
-    return str(path.resolve())
+    return sync_dir_path(request.sync_dir, here=request.provider == "local")
 
 
 def parse_option_pairs(pairs: Sequence[str]) -> dict[str, str]:
