@@ -6,9 +6,10 @@ mesh, gloo, torchrun) with the README's Checkpointer calls, under ``costguard ru
   scheduler, and every rank's RNG states and loader position.
 * The final checkpoint restored on 2 ranks and on 1: the same full state (DCP reshards);
   one saved on 2 ranks restored on 4 likewise.
-* kill -9 of one rank at a random moment of a run that saves at every step, then a
-  restore: every trial loads the newest complete, verified checkpoint, and every folder
-  with a manifest holds every object it lists, hashes equal. The suite runs
+* kill -9 of one rank at a random moment of a run that saves at every step (once rank 0
+  has taken 3 to 5 steps), then a restore: every trial loads the newest complete, verified
+  checkpoint, later than the last trial's, and every folder with a manifest holds every
+  object it lists, hashes equal. The suite runs
   ``COSTGUARD_SHARDED_CRASH_TRIALS`` trials (default 10), in batches of five on their own
   stores, so that pytest-xdist's workers share them.
 
@@ -43,6 +44,7 @@ from tests.helpers.training import (
     RANKS,
     READY,
     SCRIPTS,
+    STEP,
     RankedJob,
     SharedRuns,
     assert_bitwise_equal,
@@ -183,7 +185,9 @@ def assert_hashes_match(root: Path, name: str) -> None:
 
 
 def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) -> str:
-    """Run 4 ranks saving at every step; kill -9 one rank at a random moment; what of it."""
+    """Run 4 ranks saving at every step; kill -9 one rank at a random moment after rank 0
+    has taken 3 to 5 steps (so a save has committed: the moment is drawn by count, not by a
+    time that the machine's load decides); what of it."""
     command = [*RANKS, "4", str(SCRIPT), "--steps", "400", "--out", str(url / "x.pt")]
     command += ["--every-steps", "1"]
     with log.open("w") as err:
@@ -198,15 +202,22 @@ def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) ->
     assert proc.stdout is not None
     try:
         pids: dict[int, int] = {}
-        deadline = time.monotonic() + TIMEOUT_S
-        while len(pids) < 4 and time.monotonic() < deadline:
+        target, deadline = None, time.monotonic() + TIMEOUT_S
+        while time.monotonic() < deadline:
             line = proc.stdout.readline()
             if not line:
                 break
             pids.update({int(r): int(p) for r, p, _ in READY.findall(line)})
+            starts = [int(s) for r, _, s in READY.findall(line) if r == "0"]
+            if starts:  # rank 0's step after each save waits for the one before
+                target = starts[0] + rng.randint(3, 5)
+            steps = [int(n) for r, n in STEP.findall(line) if r == "0"]
+            if target is not None and steps and steps[0] >= target:
+                break
         assert len(pids) == 4, f"the ranks did not start: {log.read_text()[-4000:]}"
+        assert target is not None
         victim = rng.randrange(4)
-        time.sleep(rng.uniform(0.0, 3.0))  # saves take most of each step: most kills hit one
+        time.sleep(rng.uniform(0.0, 1.0))  # saves take most of each step: most kills hit one
         os.kill(pids[victim], signal.SIGKILL)
         proc.wait(timeout=60)  # ranks.py ends the other ranks when one dies
     finally:
@@ -239,4 +250,6 @@ def test_kill_9_of_one_rank_during_sharded_saves_never_breaks_a_restore(
         assert step == max(complete.values(), default=0), (seed, trial, what, complete)
         restored_steps.append(step)
     print(f"kill -9 trials: {batch}, restores that loaded the newest complete: {batch}")
-    assert restored_steps[-1] > 0, (seed, restored_steps)
+    # Each trial committed a save past the step it resumed at before its kill.
+    assert restored_steps == sorted(set(restored_steps)), (seed, restored_steps)
+    assert restored_steps[0] > 0, (seed, restored_steps)
