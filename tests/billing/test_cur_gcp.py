@@ -12,6 +12,8 @@
 - GCP standard usage cost export (tests/billing/data/gcp_billing_export.jsonl, its source
   in SOURCES.md), and the same rows saved as Parquet as BigQuery writes its types
   (FLOAT64 cost, TIMESTAMP usage_start_time, REPEATED RECORD labels and credits).
+- FOCUS as Parquet: AWS Data Exports' Tags map, and GCP's FOCUS view's Tags records
+  (data/SOURCES.md, "Tag spellings").
 """
 
 from __future__ import annotations
