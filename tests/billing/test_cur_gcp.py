@@ -12,6 +12,8 @@
 - GCP standard usage cost export (tests/billing/data/gcp_billing_export.jsonl, its source
   in SOURCES.md), and the same rows saved as Parquet as BigQuery writes its types
   (FLOAT64 cost, TIMESTAMP usage_start_time, REPEATED RECORD labels and credits).
+- FOCUS as Parquet: AWS Data Exports' Tags map, and GCP's FOCUS view's Tags records
+  (data/SOURCES.md, "Tag spellings").
 """
 
 from __future__ import annotations
@@ -230,10 +232,9 @@ def test_exports_of_several_clouds_add_up(run_cli: Callable[..., Any], cur2: Pat
     assert groups(document)["li"] == Decimal("0.468")
 
 
-def test_focus_as_parquet_with_a_tags_map(run_cli: Callable[..., Any], tmp_path: Path) -> None:
-    """AWS Data Exports' FOCUS 1.0 Parquet types (FOCUS 1.0 with AWS columns, the Data
-    Exports table dictionary): costs double, periods timestamp_milliseconds; Tags as a
-    map of the keys as written."""
+def focus_parquet(path: Path, tags: Callable[[dict[str, str]], list[Any]], kind: Any) -> Path:
+    """focus_handmade.csv as Parquet, each row's Tags object made ``tags(object)`` of
+    type ``kind``: costs double, periods timestamp_milliseconds."""
     csv_rows = pa.csv.read_csv(
         DATA / "focus_handmade.csv",
         convert_options=pa.csv.ConvertOptions(
@@ -242,19 +243,64 @@ def test_focus_as_parquet_with_a_tags_map(run_cli: Callable[..., Any], tmp_path:
             strings_can_be_null=True,
         ),
     )
-    tags = [list(json.loads(text).items()) if text else [] for text in csv_rows["Tags"].to_pylist()]
-    table = csv_rows.drop_columns(["Tags"]).append_column(
-        "Tags", pa.array(tags, pa.map_(pa.string(), pa.string()))
-    )
+    cells = [tags(json.loads(text) if text else {}) for text in csv_rows["Tags"].to_pylist()]
+    table = csv_rows.drop_columns(["Tags"]).append_column("Tags", pa.array(cells, kind))
     for name in ("BillingPeriodStart", "ChargePeriodStart"):
         index = table.schema.get_field_index(name)
         table = table.set_column(index, name, table[name].cast(pa.timestamp("ms", "UTC")))
-    path = tmp_path / "focus.parquet"
     pq.write_table(table, path)
+    return path
+
+
+def test_focus_as_parquet_with_a_tags_map(run_cli: Callable[..., Any], tmp_path: Path) -> None:
+    """AWS Data Exports' FOCUS 1.0 Parquet types (FOCUS 1.0 with AWS columns, the Data
+    Exports table dictionary); Tags as a map of the keys as written."""
+    kind = pa.map_(pa.string(), pa.string())
+    path = focus_parquet(tmp_path / "focus.parquet", lambda tags: list(tags.items()), kind)
     document = spend(run_cli, str(path), "--by", "job", "--month", "2026-11")
     assert document["total_billed_usd"] == "55.4147"
     assert groups(document)["llama-ft"] == Decimal("0.3817")
     assert groups(document, "effective_usd")["bert-sweep"] == Decimal("22.818")
+
+
+#: The Tags of GCP's FOCUS view of the detailed export (Google's FOCUS 1.0 BigQuery view
+#: template, query of 2024-03-19): one record per resource label (``x_type`` "label"),
+#: system label, project label (``x_inherited`` true) and Resource Manager tag.
+GCP_FOCUS_TAG = pa.struct(
+    [
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("x_type", pa.string()),
+        ("x_inherited", pa.bool_()),
+        ("x_namespace", pa.string()),
+    ]
+)
+
+
+def gcp_focus_tags(labels: dict[str, str]) -> list[dict[str, Any]]:
+    """A row's labels as the view lists them, then its project's labels: the project names
+    an owner and a job of its own, which no charge's resource carries."""
+    project = {"costguard-owner": "lab-admin", "costguard-job": "project-wide", "team": "ml"}
+    return [
+        {"key": key, "value": value, "x_type": kind, "x_inherited": kind != "label"}
+        | {"x_namespace": "n/a"}
+        for kind, pairs in (("label", labels), ("project_label", project))
+        for key, value in pairs.items()
+    ]
+
+
+def test_gcp_focus_views_inherited_project_labels_are_not_the_charges_tags(
+    run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """As in the native export, where only a resource's ``labels`` count: the project's
+    labels the view adds to every row (``x_inherited``) neither tag an untagged charge nor
+    override the resource's own ``costguard-owner``."""
+    path = focus_parquet(tmp_path / "gcp_focus.parquet", gcp_focus_tags, pa.list_(GCP_FOCUS_TAG))
+    for by in ("job", "owner"):
+        ours = groups(spend(run_cli, str(path), "--by", by, "--month", "2026-11"))
+        written = DATA / "focus_handmade.csv"  # the same rows without the project's labels
+        assert ours == groups(spend(run_cli, str(written), "--by", by, "--month", "2026-11"))
+        assert not {"lab-admin", "project-wide"} & set(ours)
 
 
 def test_tag_keys_in_any_case_and_punctuation_are_the_tag(

@@ -80,28 +80,63 @@ def test_the_real_sample_sums_exactly(run_cli: Callable[..., Any]) -> None:
     assert Decimal(document["total_billed_usd"]) == exact
 
 
+@pytest.mark.parametrize(
+    ("real", "spelled"),
+    [
+        # AWS (and Oracle) rows: user tag keys as written, no "user:" prefix
+        ("application", "costguard:job"),
+        # Azure rows: keys as written, case kept ...
+        ("CostAllocationTest", "costguard:job"),
+        # ... and whitespace too: the sample holds both "org" and " org"
+        (" org", " costguard:job"),
+    ],
+)
 def test_the_real_samples_tags_group_by_job_when_spelled_as_costguards(
-    run_cli: Callable[..., Any], tmp_path: Path
+    run_cli: Callable[..., Any], tmp_path: Path, real: str, spelled: str
 ) -> None:
-    """The sample's own tag key ``application`` renamed ``costguard:job``: the groups are
-    pandas' groups of that tag, and rows without it (289 AWS rows, most Azure ones) are
-    the untagged line."""
+    """One of the sample's own tag keys renamed to costguard's, in that cloud's real
+    spelling: the groups are pandas' groups of that tag, and rows without it are the
+    untagged line."""
     text = gzip.decompress(SAMPLE.read_bytes()).decode()
     renamed = tmp_path / "focus.csv"
-    renamed.write_text(text.replace('""application""', '""costguard:job""'))
+    renamed.write_text(text.replace(f'""{real}""', f'""{spelled}""'))
     document = spend(run_cli, str(renamed), "--by", "job", "--month", "2024-09")
     frame = sample_frame(renamed)
     frame = frame[frame["BillingPeriodStart"].str.startswith("2024-09")]
 
     def job(tags: str) -> str:
-        found = json.loads(tags).get("costguard:job") if tags not in ("", "NULL") else None
+        found = json.loads(tags).get(spelled) if tags not in ("", "NULL") else None
         return found.strip() if found and found.strip() else "\0"
 
     theirs = frame.groupby(frame["Tags"].map(job))["billed"].sum().to_dict()
     theirs = {None if k == "\0" else k: v for k, v in theirs.items()}
-    assert len(theirs) > 3
+    assert len(theirs) > 1
     assert_to_the_cent(groups(document), theirs)
     assert document["groups"][-1]["key"] is None  # the untagged line comes last
+
+
+def test_every_real_tag_key_of_the_sample_is_read_as_spelled() -> None:
+    """Each of the 31 keys the real sample's AWS, Azure and OCI rows spell (``ms:Department``,
+    ``Cost department``, ``aks-managed-poolName``, `` org``...), asked for as written, is
+    found on exactly the rows whose JSON holds it, with its value."""
+    from pyarrow import csv
+
+    from costguard.billing import exports
+    from costguard.billing.spend import tag_key
+
+    column = csv.read_csv(SAMPLE, convert_options=csv.ConvertOptions(include_columns=["Tags"]))
+    cells = [json.loads(c) if c != "NULL" else {} for c in column["Tags"].to_pylist()]
+    keys = {key for cell in cells for key in cell}
+    assert {"application", "business_unit", "ms:Department", " org"} <= keys
+    assert len(keys) == 31
+    for key in keys:
+        found = exports._tag_values(column["Tags"], key).to_pylist()
+        # "org" and " org" are one key to costguard; the sample gives both the same value
+        theirs = [
+            next((v.strip() for k, v in cell.items() if tag_key(k) == tag_key(key)), None)
+            for cell in cells
+        ]
+        assert found == [t or None for t in theirs], key
 
 
 def test_each_clouds_tag_spelling_credits_refunds_and_amortisation(

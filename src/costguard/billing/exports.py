@@ -795,7 +795,8 @@ def _is(labels: Any, value: str) -> Any:
 def _tag_values(column: Any, tag: str) -> Any:
     """The value of costguard's ``tag`` on each row, as a dictionary array, from a JSON
     text column (FOCUS CSV, Azure), a ``map<string, string>`` (CUR 2.0, FOCUS Parquet)
-    or a list of ``{key, value}`` records (GCP labels)."""
+    or a list of ``{key, value}`` records (GCP labels; GCP's FOCUS view adds the project's
+    labels with ``x_inherited`` true, which, as in the native export, tag no charge)."""
     pa = require("pyarrow", EXTRA)
     pc = require("pyarrow.compute", EXTRA)
     np = require("numpy", EXTRA)
@@ -813,6 +814,9 @@ def _tag_values(column: Any, tag: str) -> Any:
     elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
         pairs = pc.list_flatten(column)
         keys, values = pc.struct_field(pairs, "key"), pc.struct_field(pairs, "value")
+        if pairs.type.get_field_index("x_inherited") >= 0:
+            inherited = pc.fill_null(pc.struct_field(pairs, "x_inherited"), False)
+            keys = pc.if_else(inherited, pa.scalar(None, keys.type), keys)
     else:
         msg = f"a tags column of type {column.type} is not one costguard reads"
         raise InputError(msg, hint="tags come as JSON text, a map or a list of key/value records")
