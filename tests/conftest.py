@@ -23,11 +23,25 @@ from tests.helpers.training import SharedRuns
 pytest_plugins = ["tests.helpers.stores"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first, in their order: pytest-xdist's workers then start on them, and
-    the many short tests fill the end of the run instead of a long one being started last
-    while the other workers idle."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each pytest-xdist worker starts on its share of the slow tests.
+
+    worksteal hands the workers the collection in even contiguous blocks and an idle worker
+    takes tests from the end of a busy one's block, so each block is laid out here as its
+    round-robin share of the slow tests followed by short ones: the slow tests run at once,
+    side by side, and short ones fill the end of the run. Every worker computes the same
+    order (xdist checks it); without xdist, the slow tests simply come first.
+    """
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    short = [item for item in items if item.get_closest_marker("slow") is None]
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    ordered: list[pytest.Item] = []
+    for worker in range(workers):
+        size = (len(items) - len(ordered)) // (workers - worker)  # worksteal's own split
+        mine = slow[worker::workers]
+        ordered += mine + short[: max(0, size - len(mine))]
+        del short[: max(0, size - len(mine))]
+    items[:] = ordered + short
 
 
 @pytest.fixture(scope="session")
