@@ -6,23 +6,27 @@ refuses: half folders, rewritten files, manifests that name paths outside the fo
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
 from costguard.checkpoint.completion import items_in
 from costguard.checkpoint.foldersync import ASIDE, RESTORE_READS, FolderSync
 from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION, Manifest
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
 from costguard.errors import StoreError
-from tests.helpers.stores import Backend, open_store
+from tests.helpers.stores import Backend, make_s3_bucket, open_store
 
 
 def hf_folder(root: Path, step: int, *, finished: bool = True) -> Path:
@@ -275,3 +279,53 @@ def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path)
     new_machine = tmp_path / "new"
     assert [m.step for m in syncer(store, new_machine, lines).prepare()] == [10]
     assert sorted(p.name for p in new_machine.iterdir()) == ["checkpoint-10"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="threads' nice values: Linux")
+def test_the_sync_and_the_thread_that_sends_its_calls_are_nicer_than_the_trainer(
+    aws_env: str, tmp_path: Path
+) -> None:
+    """The parts are signed and sent on the store's event loop thread, which the first
+    use of the store started at the supervisor's priority (``prepare`` runs before the
+    script): a sync made nicer only in its own thread took the trainer's CPU
+    (benchmarks/foldersync.py, part 1)."""
+    make_s3_bucket(aws_env, "ckpt-bucket")
+    # A loop of the test's own, so the worker's fsspec loop keeps its priority.
+    loop = asyncio.new_event_loop()
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    store = Store.open("s3://ckpt-bucket/run1", {"loop": loop, "skip_instance_cache": True})
+    sync = FolderSync(store, tmp_path / "out", keep=2, say=print, poll_s=0.01)
+    sync.prepare()  # the store's first calls, at the supervisor's priority
+    loop_tid = asyncio.run_coroutine_threadsafe(thread_id(), loop).result(timeout=10)
+    before = os.getpriority(os.PRIO_PROCESS, loop_tid)
+    assert before == os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    sync.start()
+    try:
+        assert sync._thread is not None
+        sync_tid = sync._thread.native_id
+        assert sync_tid is not None
+        for _ in range(500):  # the sync thread lowers both as it starts; 5 s at most
+            if os.getpriority(os.PRIO_PROCESS, loop_tid) != before:
+                break
+            time.sleep(0.01)
+        expected = min(19, before + DEFAULT_SAVE_NICENESS)
+        assert os.getpriority(os.PRIO_PROCESS, sync_tid) == expected
+        assert os.getpriority(os.PRIO_PROCESS, loop_tid) == expected
+        # The supervisor's main thread (which waits on the script) keeps its priority.
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
+        # A second sync in the same process does not lower the loop again.
+        again = FolderSync(store, tmp_path / "out", keep=2, say=print, poll_s=0.01)
+        again.start()
+        again.finish()
+        assert os.getpriority(os.PRIO_PROCESS, loop_tid) == expected
+    finally:
+        sync.finish()
+        asyncio.run_coroutine_threadsafe(store.fs.s3.close(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(timeout=10)
+        loop.close()
+
+
+async def thread_id() -> int:
+    return threading.get_native_id()

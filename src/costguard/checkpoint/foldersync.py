@@ -27,6 +27,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -192,6 +193,28 @@ def _each_at_once(
         raise next((e for e in failures if isinstance(e, ManifestError)), failures[0])
 
 
+#: The event loops made nicer already (each once, however many syncs a process starts).
+_NICER_LOOPS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _nicer_io(store: Store, niceness: int) -> None:
+    """Make the thread of the event loop that carries ``store``'s calls ``niceness`` nicer,
+    once per loop (a local store has none).
+
+    fsspec runs that loop in a thread of its own, started by the first use of a store:
+    here :meth:`FolderSync.prepare`, on the supervisor's main thread, at its priority. An
+    upload's requests are signed (a sha256 of each part over plain http) and sent there,
+    so a sync made nicer in its own thread only still took CPU from the trainer. Every
+    call the supervisor makes once the script runs is background work, so the loop stays
+    nicer after the sync stops.
+    """
+    loop = getattr(store.fs, "loop", None)
+    if loop is None or loop in _NICER_LOOPS:
+        return
+    _NICER_LOOPS.add(loop)
+    loop.call_soon_threadsafe(_lower_priority, niceness)
+
+
 @dataclass
 class FolderSync:
     """Uploads the trainer's finished checkpoints from ``root`` to ``store`` (a thread),
@@ -313,8 +336,10 @@ class FolderSync:
         self._thread.start()
 
     def _loop(self) -> None:
-        # Nicer than the trainer (Linux; the threads an upload starts inherit it).
+        # Nicer than the trainer (Linux; the threads an upload starts inherit it), and
+        # so is the thread that sends the store's calls.
         _lower_priority(DEFAULT_SAVE_NICENESS)
+        _nicer_io(self.store, DEFAULT_SAVE_NICENESS)
         while not self._stop.wait(self.poll_s):
             self.sync(finished=False)
 
