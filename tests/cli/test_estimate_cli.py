@@ -142,7 +142,7 @@ def test_unverified_prices_are_flagged(run_cli) -> None:
         "--hours",
         "1",
         "--region",
-        "us-west1",  # the SkyPilot row, with no second source
+        "europe-west4",  # the SkyPilot row at half the others' price, no second source
         "--format",
         "json",
     ).json()

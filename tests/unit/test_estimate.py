@@ -186,8 +186,8 @@ def test_gpu_not_offered_in_data_region_is_said(catalog: Catalog) -> None:
 
 def test_unverified_price_carries_a_note(catalog: Catalog) -> None:
     result = estimate(
-        # us-west1: the SkyPilot row, with no second source
-        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, regions=("us-west1",)),
+        # europe-west4: the SkyPilot row at half the others' price, with no second source
+        EstimateRequest(gpu="H200", hours=D(1), gpus_per_instance=8, regions=("europe-west4",)),
         catalog,
     )
     assert result.options
