@@ -19,8 +19,9 @@ from costguard.pricing.tables import load_catalog
 from tests.helpers.processes import free_port
 from tests.helpers.training import SharedRuns
 
-#: The checkpoint stores, one fixture set for the checkpoint suite and the Store contract.
-pytest_plugins = ["tests.helpers.stores"]
+#: The checkpoint stores, one fixture set for the checkpoint suite and the Store contract;
+#: what doctest collection leaves unimported (for src/ too, hence a plugin).
+pytest_plugins = ["tests.helpers.stores", "tests.helpers.collection"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
