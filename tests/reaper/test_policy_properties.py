@@ -12,6 +12,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -473,3 +474,25 @@ def test_a_gpu_named_with_no_sample_at_all_keeps_the_instance() -> None:
     verdict = judge_idle(samples, IdlePolicy(), NOW)
     assert verdict.action is Action.KEEP, verdict
     assert verdict.code is Reason.NO_METRICS
+
+
+@pytest.mark.parametrize("instance_series", ["none", "forged"])
+def test_a_gpu_whose_own_series_went_silent_is_not_vouched_for_by_a_second_series(
+    instance_series: str,
+) -> None:
+    """Hypothesis found it: GPU 0's agent series held no sample in the lookback (the agent
+    died while the GPU worked), and a second series naming GPU 0, with other dimensions,
+    showed zeros. GPU 0 was counted as seen, so the zeros stopped the VM. Every series
+    that names a GPU must be seen in the window: one that went silent is a doubt."""
+    for per_gpu in ((("0", QUIET), ("0", ())), (("0", ()), ("0", QUIET))):
+        samples = InstanceSamples(
+            replace(ELIGIBLE, gpu_count=1),
+            gpu=QUIET if instance_series == "forged" else (),
+            cpu=QUIET,
+            network=QUIET,
+            gpu_missing=None,
+            per_gpu=per_gpu,
+        )
+        verdict = judge_idle(samples, IdlePolicy(), NOW)
+        assert (verdict.action, verdict.code) == (Action.KEEP, Reason.DOUBT), verdict
+        assert "0 of 1 GPUs" in verdict.reason, verdict.reason

@@ -552,8 +552,9 @@ def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) ->
     """Why the GPU series of an adapter that reads per-GPU series cannot be believed.
 
     Where there is any GPU data, every GPU of the instance must have a per-GPU series with
-    a sample in the window (GPUs are counted by name, so a second series for one GPU does
-    not stand in for another GPU). A GPU without one went silent (its last busy minutes would
+    a sample in the window, and so must every other series that names it (GPUs are counted
+    by name, so a second series for one GPU stands in neither for another GPU nor for the
+    same GPU's series that went silent). A GPU without one went silent (its last busy minutes would
     hide), and an instance-level series with no per-GPU series beside it is not what the
     agent publishes: anyone allowed to publish metrics can write it for any instance.
     This holds with ``gpu_missing_ok`` too: that flag is for an instance *without* GPU
@@ -562,7 +563,11 @@ def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) ->
     per_gpu = samples.per_gpu
     if per_gpu is None or not (samples.gpu or any(series for _, series in per_gpu)):
         return None
-    live = len({gpu for gpu, series in per_gpu if any(policy.overlaps(s, start) for s in series)})
+    # A GPU is seen when every series that names it has a sample in the window: a second
+    # series for a GPU whose own went silent (other dimensions: anyone may publish one)
+    # does not vouch for it.
+    silent = {gpu for gpu, series in per_gpu if not any(policy.overlaps(s, start) for s in series)}
+    live = len({gpu for gpu, _ in per_gpu} - silent)
     gpus = _gpus_known(samples.instance.gpu_count, [gpu for gpu, _ in per_gpu])
     if live >= gpus:
         return None
@@ -573,8 +578,9 @@ def _gpu_doubt(samples: InstanceSamples, policy: IdlePolicy, start: datetime) ->
             "first; in doubt, kept"
         )
     return (
-        f"{live} of {gpus} GPUs have a per-GPU series in the {policy.idle_minutes} min "
-        "window: a silent GPU is no evidence of an idle one; in doubt, kept"
+        f"{live} of {gpus} GPUs are seen in the {policy.idle_minutes} min window by every "
+        "per-GPU series that names them: a silent GPU is no evidence of an idle one; in "
+        "doubt, kept"
     )
 
 
