@@ -319,3 +319,58 @@ def test_azure_prices_do_not_depend_on_order(items) -> None:
         Market.SPOT: Decimal("0.07"),
     }
     assert result.prices[row_key(rows[1])] == {Market.ON_DEMAND: Decimal("0.66")}
+
+
+def test_gcp_gpu_skus_named_without_nvidia_are_read() -> None:
+    # GCP names its newer GPU SKUs without the vendor: "H200 141GB GPU running in ..."
+    # (SpareCores/sc-crawler tests/test_gcp.py @ 55aec325, "newer GPU SKUs drop the
+    # Nvidia/Tesla prefix"; SkyPilot's fetch_gcp.py @ 21fd5541 looks for "H200 141GB GPU").
+    assert gcp_component(sku("H200 141GB GPU running in Netherlands")) == (
+        "gpu:H200",
+        Market.ON_DEMAND,
+    )
+    spot = sku("H200 141GB GPU attached to Spot Preemptible VMs running in Belgium", "Preemptible")
+    assert gcp_component(spot) == ("gpu:H200", Market.SPOT)
+    assert gcp_may_price_vm(spot.description, spot.usage_type)
+    for skipped in (
+        sku("RTX 6000 96GB running in Belgium"),  # a GPU the tables do not carry
+        sku("Commitment v1: H200 141GB GPU running in Americas for 3 Years", "Commit3Yr"),
+        sku("H200 141GB GPU attached to DWS Defined Duration VMs running in Americas"),
+    ):
+        assert gcp_component(skipped) is None, skipped
+
+
+#: A4's SKUs as GCP names them: the whole VM (vCPUs, memory, one B200) is one "GPU slice";
+#: there is no "A4 Instance Core/Ram" SKU (gpuhunt src/gpuhunt/providers/gcp.py @ 35841515
+#: prices a4 as GPUs x slice; SkyPilot's fetch_gcp.py @ 21fd5541: "GCP does not have A4
+#: instance in SKUs API"). The spot SKU is tagged OnDemand ("This live SKU is categorized
+#: as OnDemand despite its description": SpareCores/sc-crawler tests/test_gcp.py @
+#: 55aec325); DWS Calendar Mode and commitments are other ways of buying. Test figures.
+A4_SKUS = (
+    GcpSku("A4 Nvidia B200 (1 gpu slice) running in Americas", "OnDemand",
+           ("us-central1", "us-east1"), "h", Decimal("16.11")),
+    GcpSku("Spot Preemptible A4 Nvidia B200 (1 gpu slice) running in Americas", "OnDemand",
+           ("us-central1", "us-east1"), "h", Decimal("4.9542")),
+    GcpSku("DWS Calendar Mode A4 Nvidia B200 (1 gpu slice) in Americas", "OnDemand",
+           ("us-central1", "us-east1"), "h", Decimal("11.277")),
+    GcpSku("Commitment v1: A4 Nvidia B200 (1 gpu slice) in Americas for 1 Year", "Commit1Yr",
+           ("us-central1", "us-east1"), "h", Decimal("10")),
+)  # fmt: skip
+
+
+def test_gcp_a4_is_priced_as_its_gpu_slices() -> None:
+    assert [gcp_may_price_vm(s.description, s.usage_type) for s in A4_SKUS] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    units = gcp_unit_prices(A4_SKUS)
+    a4 = row("gcp", "us-east1", "a4-highgpu-8g", "B200", 8, 224, 3968)
+    assert gcp_prices(units, [a4]).prices[row_key(a4)] == {
+        Market.ON_DEMAND: Decimal("128.88"),
+        Market.SPOT: Decimal("39.6336"),
+    }
+    # A slice prices its own machine series only: a B200 slice is not an attachable GPU.
+    a3 = row("gcp", "us-east1", "a3-highgpu-8g", "B200", 8, 208, 1872)
+    assert row_key(a3) not in gcp_prices(units, [a3]).prices
