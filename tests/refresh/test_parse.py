@@ -29,7 +29,7 @@ from costguard.pricing.refresh.parse import (
     gcp_unit_prices,
     row_key,
 )
-from tests.refresh.records import AWS_PRODUCTS, AZURE_ITEMS, GCP_SKUS
+from tests.refresh.records import AWS_PRODUCTS, AZURE_ITEMS, GCP_A4_SKUS, GCP_SKUS
 from tests.refresh.servers import aws_product, gcp_sku
 from tests.refresh.servers import azure_item as azure_record
 
@@ -340,32 +340,15 @@ def test_gcp_gpu_skus_named_without_nvidia_are_read() -> None:
         assert gcp_component(skipped) is None, skipped
 
 
-#: A4's SKUs as GCP names them: the whole VM (vCPUs, memory, one B200) is one "GPU slice";
-#: there is no "A4 Instance Core/Ram" SKU (gpuhunt src/gpuhunt/providers/gcp.py @ 35841515
-#: prices a4 as GPUs x slice; SkyPilot's fetch_gcp.py @ 21fd5541: "GCP does not have A4
-#: instance in SKUs API"). The spot SKU is tagged OnDemand ("This live SKU is categorized
-#: as OnDemand despite its description": SpareCores/sc-crawler tests/test_gcp.py @
-#: 55aec325); DWS Calendar Mode and commitments are other ways of buying. Test figures.
-A4_SKUS = (
-    GcpSku("A4 Nvidia B200 (1 gpu slice) running in Americas", "OnDemand",
-           ("us-central1", "us-east1"), "h", Decimal("16.11")),
-    GcpSku("Spot Preemptible A4 Nvidia B200 (1 gpu slice) running in Americas", "OnDemand",
-           ("us-central1", "us-east1"), "h", Decimal("4.9542")),
-    GcpSku("DWS Calendar Mode A4 Nvidia B200 (1 gpu slice) in Americas", "OnDemand",
-           ("us-central1", "us-east1"), "h", Decimal("11.277")),
-    GcpSku("Commitment v1: A4 Nvidia B200 (1 gpu slice) in Americas for 1 Year", "Commit1Yr",
-           ("us-central1", "us-east1"), "h", Decimal("10")),
-)  # fmt: skip
-
-
 def test_gcp_a4_is_priced_as_its_gpu_slices() -> None:
-    assert [gcp_may_price_vm(s.description, s.usage_type) for s in A4_SKUS] == [
+    skus = [s for s in map(gcp_sku_from_json, GCP_A4_SKUS) if s is not None]
+    assert [gcp_may_price_vm(s.description, s.usage_type) for s in skus] == [
         True,
         True,
         False,
         False,
     ]
-    units = gcp_unit_prices(A4_SKUS)
+    units = gcp_unit_prices(skus)
     a4 = row("gcp", "us-east1", "a4-highgpu-8g", "B200", 8, 224, 3968)
     assert gcp_prices(units, [a4]).prices[row_key(a4)] == {
         Market.ON_DEMAND: Decimal("128.88"),
