@@ -357,3 +357,20 @@ def test_gcp_a4_is_priced_as_its_gpu_slices() -> None:
     # A slice prices its own machine series only: a B200 slice is not an attachable GPU.
     a3 = row("gcp", "us-east1", "a3-highgpu-8g", "B200", 8, 208, 1872)
     assert row_key(a3) not in gcp_prices(units, [a3]).prices
+
+
+def test_gcp_a3_ultra_host_skus_are_read_with_or_without_the_space() -> None:
+    # "A3Ultra Instance Core" (SpareCores/sc-crawler tests/test_gcp.py @ 55aec325 files
+    # a3-ultragpu-8g under the family "a3ultra", the first word of its SKUs) and "A3 Ultra
+    # Instance Core" (as other billing data writes it): the same series. Test figures.
+    skus = [
+        GcpSku("A3Ultra Instance Core running in Americas", "OnDemand", ("us-east4",), "h",
+               Decimal("0.03")),
+        GcpSku("A3 Ultra Instance Ram running in Americas", "OnDemand", ("us-east4",),
+               "GiBy.h", Decimal("0.002")),
+        GcpSku("H200 141GB GPU running in Americas", "OnDemand", ("us-east4",), "h",
+               Decimal("9")),
+    ]  # fmt: skip
+    h200 = row("gcp", "us-east4", "a3-ultragpu-8g", "H200", 8, 224, 2952)
+    prices = gcp_prices(gcp_unit_prices(skus), [h200]).prices[row_key(h200)]
+    assert prices == {Market.ON_DEMAND: 224 * Decimal("0.03") + 2952 * Decimal("0.002") + 72}

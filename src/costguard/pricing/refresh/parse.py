@@ -489,8 +489,9 @@ GCP_COMPUTE_SERVICE = "services/6F81-5844-456A"
 #: The vCPU/RAM SKU series of each machine-type prefix (the longest prefix wins), as in
 #: "N1 Predefined Instance Core running in Americas". A3 Mega's host is "A3Plus
 #: Instance" in the real catalog (tests/refresh/recorded/gcp-skus-a3plus-2024-09.json).
-#: The A3 Ultra name follows the pattern but was not seen in a live catalog: rows whose
-#: SKUs are not found keep their old price and are flagged unverified.
+#: A3 Ultra's is written "A3Ultra Instance" and "A3 Ultra Instance": a SKU's series is
+#: compared without spaces or case. Rows whose SKUs are not found keep their old price
+#: and are flagged unverified.
 GCP_HOST_SERIES: dict[str, str] = {
     "a2-": "A2 Instance",
     "a3-highgpu-": "A3 Instance",
@@ -503,6 +504,9 @@ GCP_HOST_SERIES: dict[str, str] = {
     "n2-": "N2 Instance",
     "n4-": "N4 Instance",
     "t2d-": "T2D AMD Instance",
+}
+_GCP_SERIES_BY_KEY = {
+    series.replace(" ", "").lower(): series for series in GCP_HOST_SERIES.values()
 }
 #: GPU SKU models ("Nvidia Tesla T4 GPU running in ...", lower case) -> table names.
 GCP_GPUS: dict[str, str] = {
@@ -682,7 +686,11 @@ def gcp_component(sku: GcpSku) -> tuple[str, Market] | None:
         component = f"gpu:{name}" if name else None
     else:
         host = _GCP_HOST.match(sku.description)
-        component = f"{host['kind'].lower()}:{host['series']}" if host else None
+        if host:
+            series = _GCP_SERIES_BY_KEY.get(host["series"].replace(" ", "").lower())
+            component = f"{host['kind'].lower()}:{series or host['series']}"
+        else:
+            component = None
     if component is None or sku.usage_unit != _GCP_UNITS[component.split(":")[0]]:
         return None
     return component, market
