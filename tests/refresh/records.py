@@ -89,6 +89,24 @@ GCP_SKUS = [
     gcp_sku("N1 Predefined Instance Core running in EMEA", "0.9", regions=["europe-west4"]),
 ]
 
+#: A4's SKUs as GCP names them: the whole VM (vCPUs, memory, one B200) is one "GPU slice";
+#: there is no "A4 Instance Core/Ram" SKU (gpuhunt src/gpuhunt/providers/gcp.py @ 35841515
+#: prices a4 as GPUs x slice; SkyPilot's fetch_gcp.py @ 21fd5541: "GCP does not have A4
+#: instance in SKUs API"). The spot SKU is tagged OnDemand ("This live SKU is categorized
+#: as OnDemand despite its description": SpareCores/sc-crawler tests/test_gcp.py @
+#: 55aec325); DWS Calendar Mode and commitments are other ways of buying. Test figures.
+_AMERICAS_A4 = ("us-central1", "us-east1")
+GCP_A4_SKUS = [
+    gcp_sku("A4 Nvidia B200 (1 gpu slice) running in Americas", "16.11",
+            regions=_AMERICAS_A4, group="GPU"),
+    gcp_sku("Spot Preemptible A4 Nvidia B200 (1 gpu slice) running in Americas", "4.9542",
+            regions=_AMERICAS_A4, group="GPU"),
+    gcp_sku("DWS Calendar Mode A4 Nvidia B200 (1 gpu slice) in Americas", "11.277",
+            regions=_AMERICAS_A4, group="GPU"),
+    gcp_sku("Commitment v1: A4 Nvidia B200 (1 gpu slice) in Americas for 1 Year", "10",
+            regions=_AMERICAS_A4, usage_type="Commit1Yr", group="GPU"),
+]  # fmt: skip
+
 # --- Azure: eastus -----------------------------------------------------------------------
 NC4AS_T4_USD, NC4AS_T4_SPOT_USD = Decimal("0.6"), Decimal("0.07")
 AZURE_ITEMS = [

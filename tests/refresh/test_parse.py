@@ -29,7 +29,7 @@ from costguard.pricing.refresh.parse import (
     gcp_unit_prices,
     row_key,
 )
-from tests.refresh.records import AWS_PRODUCTS, AZURE_ITEMS, GCP_SKUS
+from tests.refresh.records import AWS_PRODUCTS, AZURE_ITEMS, GCP_A4_SKUS, GCP_SKUS
 from tests.refresh.servers import aws_product, gcp_sku
 from tests.refresh.servers import azure_item as azure_record
 
@@ -319,3 +319,58 @@ def test_azure_prices_do_not_depend_on_order(items) -> None:
         Market.SPOT: Decimal("0.07"),
     }
     assert result.prices[row_key(rows[1])] == {Market.ON_DEMAND: Decimal("0.66")}
+
+
+def test_gcp_gpu_skus_named_without_nvidia_are_read() -> None:
+    # GCP names its newer GPU SKUs without the vendor: "H200 141GB GPU running in ..."
+    # (SpareCores/sc-crawler tests/test_gcp.py @ 55aec325, "newer GPU SKUs drop the
+    # Nvidia/Tesla prefix"; SkyPilot's fetch_gcp.py @ 21fd5541 looks for "H200 141GB GPU").
+    assert gcp_component(sku("H200 141GB GPU running in Netherlands")) == (
+        "gpu:H200",
+        Market.ON_DEMAND,
+    )
+    spot = sku("H200 141GB GPU attached to Spot Preemptible VMs running in Belgium", "Preemptible")
+    assert gcp_component(spot) == ("gpu:H200", Market.SPOT)
+    assert gcp_may_price_vm(spot.description, spot.usage_type)
+    for skipped in (
+        sku("RTX 6000 96GB running in Belgium"),  # a GPU the tables do not carry
+        sku("Commitment v1: H200 141GB GPU running in Americas for 3 Years", "Commit3Yr"),
+        sku("H200 141GB GPU attached to DWS Defined Duration VMs running in Americas"),
+    ):
+        assert gcp_component(skipped) is None, skipped
+
+
+def test_gcp_a4_is_priced_as_its_gpu_slices() -> None:
+    skus = [s for s in map(gcp_sku_from_json, GCP_A4_SKUS) if s is not None]
+    assert [gcp_may_price_vm(s.description, s.usage_type) for s in skus] == [
+        True,
+        True,
+        False,
+        False,
+    ]
+    units = gcp_unit_prices(skus)
+    a4 = row("gcp", "us-east1", "a4-highgpu-8g", "B200", 8, 224, 3968)
+    assert gcp_prices(units, [a4]).prices[row_key(a4)] == {
+        Market.ON_DEMAND: Decimal("128.88"),
+        Market.SPOT: Decimal("39.6336"),
+    }
+    # A slice prices its own machine series only: a B200 slice is not an attachable GPU.
+    a3 = row("gcp", "us-east1", "a3-highgpu-8g", "B200", 8, 208, 1872)
+    assert row_key(a3) not in gcp_prices(units, [a3]).prices
+
+
+def test_gcp_a3_ultra_host_skus_are_read_with_or_without_the_space() -> None:
+    # "A3Ultra Instance Core" (SpareCores/sc-crawler tests/test_gcp.py @ 55aec325 files
+    # a3-ultragpu-8g under the family "a3ultra", the first word of its SKUs) and "A3 Ultra
+    # Instance Core" (as other billing data writes it): the same series. Test figures.
+    skus = [
+        GcpSku("A3Ultra Instance Core running in Americas", "OnDemand", ("us-east4",), "h",
+               Decimal("0.03")),
+        GcpSku("A3 Ultra Instance Ram running in Americas", "OnDemand", ("us-east4",),
+               "GiBy.h", Decimal("0.002")),
+        GcpSku("H200 141GB GPU running in Americas", "OnDemand", ("us-east4",), "h",
+               Decimal("9")),
+    ]  # fmt: skip
+    h200 = row("gcp", "us-east4", "a3-ultragpu-8g", "H200", 8, 224, 2952)
+    prices = gcp_prices(gcp_unit_prices(skus), [h200]).prices[row_key(h200)]
+    assert prices == {Market.ON_DEMAND: 224 * Decimal("0.03") + 2952 * Decimal("0.002") + 72}

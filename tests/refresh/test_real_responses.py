@@ -30,6 +30,7 @@ from costguard.pricing.refresh.parse import (
     row_key,
 )
 from costguard.pricing.tables import load_catalog
+from tests.refresh.records import GCP_A4_SKUS
 from tests.refresh.servers import aws_product
 from tests.refresh.servers import azure_item as azure_record
 
@@ -145,6 +146,20 @@ def test_a_zero_priced_gcp_sku_is_no_price_and_the_real_spot_price_stays() -> No
         "0.001271"
     ) + Decimal(1)
     assert new.spot_status is PriceStatus.LISTED
+    assert outcome is RowOutcome.UPDATED
+
+
+def test_a_refresh_reprices_the_bundled_a4_rows_from_their_gpu_slices() -> None:
+    # The slice SKUs as GCP names them (tests/refresh/records.py); before, the refresh
+    # looked for "A4 Instance Core/Ram" SKUs, which do not exist, and the rows kept the
+    # catalogue's figure, flagged.
+    row = bundled_row("gcp", "us-east1", "a4-highgpu-8g")
+    new, outcome = merge_row(row, gcp_fresh(GCP_A4_SKUS, [row]))
+    assert (new.ondemand_usd_per_hour, new.spot_usd_per_hour) == (
+        Decimal("128.88"),
+        Decimal("39.6336"),
+    )
+    assert (new.ondemand_status, new.spot_status) == (PriceStatus.LISTED, PriceStatus.LISTED)
     assert outcome is RowOutcome.UPDATED
 
 

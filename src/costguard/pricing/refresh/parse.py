@@ -489,14 +489,14 @@ GCP_COMPUTE_SERVICE = "services/6F81-5844-456A"
 #: The vCPU/RAM SKU series of each machine-type prefix (the longest prefix wins), as in
 #: "N1 Predefined Instance Core running in Americas". A3 Mega's host is "A3Plus
 #: Instance" in the real catalog (tests/refresh/recorded/gcp-skus-a3plus-2024-09.json).
-#: The A3 Ultra and A4 names follow the pattern but were not seen in a live catalog: rows
-#: whose SKUs are not found keep their old price and are flagged unverified.
+#: A3 Ultra's is written "A3Ultra Instance" and "A3 Ultra Instance": a SKU's series is
+#: compared without spaces or case. Rows whose SKUs are not found keep their old price
+#: and are flagged unverified.
 GCP_HOST_SERIES: dict[str, str] = {
     "a2-": "A2 Instance",
     "a3-highgpu-": "A3 Instance",
     "a3-megagpu-": "A3Plus Instance",
     "a3-ultragpu-": "A3 Ultra Instance",
-    "a4-": "A4 Instance",
     "c2-": "Compute optimized",
     "e2-": "E2 Instance",
     "g2-": "G2 Instance",
@@ -504,6 +504,9 @@ GCP_HOST_SERIES: dict[str, str] = {
     "n2-": "N2 Instance",
     "n4-": "N4 Instance",
     "t2d-": "T2D AMD Instance",
+}
+_GCP_SERIES_BY_KEY = {
+    series.replace(" ", "").lower(): series for series in GCP_HOST_SERIES.values()
 }
 #: GPU SKU models ("Nvidia Tesla T4 GPU running in ...", lower case) -> table names.
 GCP_GPUS: dict[str, str] = {
@@ -522,12 +525,26 @@ GCP_GPUS: dict[str, str] = {
     "h200 141gb": "H200",
     "b200": "B200",
 }
+#: Machine series GCP bills whole as GPU slices: "A4 Nvidia B200 (1 gpu slice) running in
+#: Americas" is one B200 with its share of the vCPUs and memory, and there is no "A4
+#: Instance Core/Ram" SKU (gpuhunt's providers/gcp.py @ 35841515 prices a4 as GPUs x
+#: slice; SkyPilot's fetch_gcp.py @ 21fd5541: "GCP does not have A4 instance in SKUs
+#: API"). The machine type's price is its GPU count x the slice.
+GCP_SLICE_SERIES: dict[str, str] = {"a4-": "A4"}
 _GCP_MARKETS = {"OnDemand": Market.ON_DEMAND, "Preemptible": Market.SPOT}
 _GCP_HOST = re.compile(
     r"^(?:Spot )?(?:Preemptible )?(?P<series>.+?) (?P<kind>Core|Ram) running in ", re.IGNORECASE
 )
+# Newer GPU SKUs drop the vendor: "H200 141GB GPU running in Netherlands".
 _GCP_GPU = re.compile(
-    r"^Nvidia (?P<model>.+?) GPU(?: attached to Spot Preemptible VMs)? running in ",
+    r"^(?:Nvidia )?(?P<model>.+?) GPU(?: attached to Spot Preemptible VMs)? running in ",
+    re.IGNORECASE,
+)
+# The spot slice SKU is tagged OnDemand in the live catalog: its name tells the market
+# (SpareCores/sc-crawler tests/test_gcp.py @ 55aec325).
+_GCP_SLICE = re.compile(
+    r"^(?P<spot>Spot Preemptible )?(?P<series>\S+) Nvidia (?P<model>\S+) \(1 gpu slice\) "
+    r"running in ",
     re.IGNORECASE,
 )
 # Committed-use, reservation, DWS/Flex and sole-tenant SKUs price other ways of buying
@@ -561,7 +578,7 @@ def _gcp_other(description: str) -> bool:
     return "dws" in lower and _GCP_DWS.search(lower) is not None
 
 
-_GCP_UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h"}
+_GCP_UNITS = {"core": "h", "ram": "GiBy.h", "gpu": "h", "slice": "h"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -643,7 +660,7 @@ def gcp_may_price_vm(description: str, usage_type: str) -> bool:
     return (
         usage_type in _GCP_MARKETS
         and " running in " in description.lower()
-        and (_GCP_HOST.match(description) is not None or _GCP_GPU.match(description) is not None)
+        and any(p.match(description) is not None for p in (_GCP_HOST, _GCP_GPU, _GCP_SLICE))
     )
 
 
@@ -659,12 +676,21 @@ def gcp_component(sku: GcpSku) -> tuple[str, Market] | None:
     if market is None or _gcp_other(sku.description):
         return None
     gpu = _GCP_GPU.match(sku.description)
-    if gpu:
+    piece = _GCP_SLICE.match(sku.description)
+    if piece:
+        name = GCP_GPUS.get(piece["model"].lower())
+        component = f"slice:{piece['series'].upper()}:{name}" if name else None
+        market = Market.SPOT if piece["spot"] else market
+    elif gpu:
         name = GCP_GPUS.get(gpu["model"].lower())
         component = f"gpu:{name}" if name else None
     else:
         host = _GCP_HOST.match(sku.description)
-        component = f"{host['kind'].lower()}:{host['series']}" if host else None
+        if host:
+            series = _GCP_SERIES_BY_KEY.get(host["series"].replace(" ", "").lower())
+            component = f"{host['kind'].lower()}:{series or host['series']}"
+        else:
+            component = None
     if component is None or sku.usage_unit != _GCP_UNITS[component.split(":")[0]]:
         return None
     return component, market
@@ -707,6 +733,18 @@ def gcp_series(instance_type: str) -> str | None:
     return GCP_HOST_SERIES[max(matches, key=len)] if matches else None
 
 
+def _slice_series(instance_type: str) -> str | None:
+    """The GPU-slice series of a machine type GCP bills whole as slices.
+
+    >>> _slice_series("a4-highgpu-8g"), _slice_series("a3-ultragpu-8g")
+    ('A4', None)
+    """
+    for prefix, series in GCP_SLICE_SERIES.items():
+        if instance_type.startswith(prefix):
+            return series
+    return None
+
+
 def gcp_prices(
     unit_prices: Mapping[tuple[str, str, Market], Decimal],
     rows: Iterable[InstancePrice],
@@ -714,8 +752,9 @@ def gcp_prices(
 ) -> RowPrices:
     """Sum a machine type's price the way GCP bills it, per row and market.
 
-    vCPUs x core + GiB x RAM of the row's series, + GPUs x the GPU SKU. A market is
-    priced only when every part is in the catalog. Rows of series this module does not
+    vCPUs x core + GiB x RAM of the row's series, + GPUs x the GPU SKU; GPUs x the slice
+    SKU for a series billed as GPU slices (A4). A market is priced only when every part is
+    in the catalog. Rows of series this module does not
     know (TPUs) or without a shape are not covered.
 
     >>> row = InstancePrice("gcp", "us-central1", "g2-standard-4", "L4", 1, Decimal(4),
@@ -729,14 +768,18 @@ def gcp_prices(
     known_gpus = set(GCP_GPUS.values())
 
     def row_price(row: InstancePrice) -> dict[Market, Decimal] | None:
-        series = gcp_series(row.instance_type)
-        if series is None or row.vcpus is None or row.memory_gib is None:
-            return None
         if row.accelerator is not None and row.accelerator not in known_gpus:
             return None
-        shape = [(f"core:{series}", row.vcpus), (f"ram:{series}", row.memory_gib)]
-        if row.accelerator is not None:
-            shape.append((f"gpu:{row.accelerator}", Decimal(row.accelerator_count)))
+        sliced = _slice_series(row.instance_type)
+        if sliced is not None and row.accelerator is not None:
+            shape = [(f"slice:{sliced}:{row.accelerator}", Decimal(row.accelerator_count))]
+        else:
+            series = gcp_series(row.instance_type)
+            if series is None or row.vcpus is None or row.memory_gib is None:
+                return None
+            shape = [(f"core:{series}", row.vcpus), (f"ram:{series}", row.memory_gib)]
+            if row.accelerator is not None:
+                shape.append((f"gpu:{row.accelerator}", Decimal(row.accelerator_count)))
         found: dict[Market, Decimal] = {}
         for market in Market:
             units = [unit_prices.get((part, row.region, market)) for part, _ in shape]
