@@ -187,7 +187,8 @@ def kill_at(pid: int, read_fd: int, point: KillPoint) -> str:
 
 def check(url: str) -> tuple[bool, str, int]:
     """Whether the store is sound after a kill: (ok, problem, latest step)."""
-    entries = inventory(Checkpointer(url, check=False).store)
+    ckpt = Checkpointer(url, check=False)
+    entries = inventory(ckpt.store)
     corrupt = [e.name for e in entries if e.status == "corrupt"]
     if MODE["lora"] and corrupt:
         return (False, f"corrupt checkpoints {corrupt}", 0)
@@ -195,11 +196,10 @@ def check(url: str) -> tuple[bool, str, int]:
     if not latest:
         complete = [e for e in entries if e.status == "complete"]
         return (not complete, "complete checkpoints but no latest", 0)
-    bad = [v for v in verify(Checkpointer(url, check=False).store, latest_only=True) if not v.ok]
+    bad = [v for v in verify(ckpt.store, latest_only=True) if not v.ok]
     if bad:
         return (False, f"latest does not verify: {bad}", latest[0].step)
     model, opt = model_and_optimizer()
-    ckpt = Checkpointer(url, check=False)
     start = ckpt.restore(model=model, optimizer=opt)
     if ckpt.restored is None or ckpt.restored.name != latest[0].name:
         return (False, f"restore used {ckpt.restored} instead of {latest[0].name}", start)

@@ -59,6 +59,32 @@ def test_every_command_says_which_credentials_are_missing(
     assert hint.startswith("Hint: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
 
 
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_a_profile_that_does_not_exist_is_missing_credentials(
+    args: tuple[str, ...],
+    no_aws_credentials: None,
+    run_cli: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_PROFILE", "nope")  # the config files are empty
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.stderr
+    error, hint = result.stderr.splitlines()  # no retries of what no retry can fix
+    assert error.startswith("Error: no AWS credentials while "), error
+    assert hint.startswith("Hint: set AWS_ACCESS_KEY_ID"), hint
+    assert "AWS_PROFILE for a profile in ~/.aws/config" in hint
+
+
+def test_aws_calls_report_a_missing_profile_as_missing_credentials() -> None:
+    from botocore.exceptions import ProfileNotFound
+
+    from costguard.clouds.aws import translate
+
+    error = translate(ProfileNotFound(profile="nope"), "creating the budget")
+    assert isinstance(error, MissingCredentialsError)
+    assert error.exit_code == 2
+
+
 def test_the_store_does_not_retry_missing_credentials(no_aws_credentials: None) -> None:
     store = Store.open(URL)
     waits: list[float] = []

@@ -124,6 +124,8 @@ def open_filesystem(
             fs = require("gcsfs.core", EXTRA).GCSFileSystem(**options)
             root = fs._strip_protocol(text)
         else:
+            if scheme in ("s3", "s3a"):
+                options = dict(backends.s3_session_options(options))
             fs, root = fsspec_core.url_to_fs(text, **options)
     except (ValueError, TypeError, ImportError) as exc:
         msg = f"cannot use the {what} {redact_url(text)[:200]!r}: {redact(str(exc))}"

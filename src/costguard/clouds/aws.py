@@ -101,7 +101,12 @@ def translate(exc: BaseException, action: str) -> CostguardError:
     ``action`` says what was being done, e.g. ``"creating the budget"``.
     """
     exceptions = require("botocore.exceptions", EXTRA)
-    if isinstance(exc, exceptions.NoCredentialsError | exceptions.PartialCredentialsError):
+    if isinstance(
+        exc,
+        exceptions.NoCredentialsError
+        | exceptions.PartialCredentialsError
+        | exceptions.ProfileNotFound,
+    ):
         return MissingCredentialsError(f"no AWS credentials while {action}", hint=CREDENTIALS_HINT)
     if isinstance(exc, exceptions.EndpointConnectionError | exceptions.ConnectTimeoutError):
         return CostguardError(
