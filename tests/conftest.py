@@ -138,6 +138,19 @@ def moto_server() -> Iterator[str]:
 
 
 @pytest.fixture
+def fresh_aws_models() -> Iterator[None]:
+    """botocore's models as a process that makes its first AWS session finds them: none
+    read (``costguard.clouds.aws.LOADERS``), restored after the test."""
+    from costguard.clouds import aws
+
+    saved = dict(aws.LOADERS)
+    aws.LOADERS.clear()
+    yield
+    aws.LOADERS.clear()
+    aws.LOADERS.update(saved)
+
+
+@pytest.fixture
 def aws_env(moto_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> str:
     """A clean moto account reached through the standard AWS_ENDPOINT_URL, and nothing else."""
     request = urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST")

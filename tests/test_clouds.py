@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,34 @@ def test_aws_client_reaches_moto_through_the_standard_endpoint(aws_env: str) -> 
     sts = aws.client("sts")
     assert sts.meta.endpoint_url == aws_env
     assert sts.get_caller_identity()["Account"]
+
+
+@pytest.mark.usefixtures("fresh_aws_models")
+def test_a_session_for_a_new_environment_reads_no_model_again(
+    aws_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from botocore.loaders import JSONFileLoader
+
+    read: list[str] = []
+    load_file = JSONFileLoader.load_file
+    caller = threading.current_thread()
+
+    def counted(self: JSONFileLoader, file_path: str) -> object:
+        if threading.current_thread() is caller:  # not moto's server threads: its own reads
+            read.append(file_path)
+        return load_file(self, file_path)
+
+    monkeypatch.setattr(JSONFileLoader, "load_file", counted)
+    first = aws.client("ec2", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDSECOND")  # a new session, its own keys
+    second = aws.client("ec2", "us-east-1")
+    assert second is not first
+    assert second._request_signer._credentials.access_key == "AKIDSECOND"
+    assert second.describe_instances()["Reservations"] == []
+    assert any("/ec2/" in path for path in read), read
+    assert sorted(read) == sorted(set(read)), read  # the EC2 model: about 0.3 s of CPU
+    paths = aws.session()._session.get_component("data_loader").search_paths
+    assert len(paths) == len(set(paths)), paths
 
 
 def test_aws_errors_are_translated(aws_env: str) -> None:

@@ -243,21 +243,18 @@ def default_options(scheme: str) -> Mapping[str, Any]:
     return common
 
 
-#: botocore's data loaders, per data path: they read the service models, endpoint rules
-#: and partitions from botocore's JSON files and keep them. Shared by every S3 store the
-#: process opens (a fork inherits them): reading the models costs a client about 0.15 s of
-#: CPU, so a process that opens several stores (a restore that checks, then saves) read
-#: them for each. The files do not change while the process runs.
-S3_LOADERS: dict[str | None, Any] = {}
 #: Options fsspec itself takes from any filesystem's arguments (its instance and listings
 #: caches), besides those of s3fs's own signature.
 _FSSPEC_OPTIONS = ("skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths")
 
 
 def s3_session_options(options: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``options`` with an aiobotocore session of the store's own for s3fs, whose data
-    loader is shared (:data:`S3_LOADERS`). The session itself is new: it reads the
-    credentials, the profile and the endpoint when the store opens, as s3fs's own would.
+    """``options`` with an aiobotocore session of the store's own for s3fs, which reads
+    botocore's service models through the process's data loader
+    (:func:`~costguard.clouds.aws.share_models`): a process that opens several stores (a
+    restore that checks, then saves) no longer reads them for each. The session itself is
+    new: it reads the credentials, the profile and the endpoint when the store opens, as
+    s3fs's own would.
 
     Options that bring a session, or arguments that s3fs hands to the session it makes
     other than ``profile``, are returned as they are.
@@ -269,18 +266,7 @@ def s3_session_options(options: Mapping[str, Any]) -> Mapping[str, Any]:
     session = importlib.import_module("aiobotocore.session").AioSession(
         profile=options.get("profile")
     )
-    try:
-        path = session.get_config_variable("data_path")
-    except importlib.import_module("botocore.exceptions").BotoCoreError:
-        # No such profile: s3fs's own session meets it on the first call, which the store
-        # reports as missing credentials.
-        return options
-    loader = S3_LOADERS.get(path)
-    if loader is None:
-        loader = S3_LOADERS.setdefault(
-            path, importlib.import_module("botocore.loaders").create_loader(path)
-        )
-    session.register_component("data_loader", loader)
+    aws_clouds.share_models(session)
     return {**{k: v for k, v in options.items() if k != "profile"}, "session": session}
 
 
