@@ -1,5 +1,5 @@
 """The wheel carries the price tables and the SLURM template: it works installed far from
-this repository (one wheel, built once for the module)."""
+this repository (one wheel, built once for the test run: pytest-xdist's workers share it)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,23 @@ from pathlib import Path
 import pytest
 
 from costguard.slurm.batch import TEMPLATE_NAME
+from tests.helpers.training import SharedRuns
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)],
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
-    (built,) = out.glob("costguard-*.whl")
+@pytest.fixture(scope="session")
+def wheel(shared_runs: SharedRuns) -> Path:
+    def build(out: Path) -> None:
+        pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet"]
+        subprocess.run(
+            [*pip, "-w", str(out), str(ROOT)],
+            check=True,
+            timeout=300,
+            capture_output=True,
+        )
+
+    (built,) = shared_runs.folder(["costguard wheel"], build).glob("costguard-*.whl")
     return built
 
 
