@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +19,31 @@ from costguard.cli import cli
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.tables import load_catalog
 from tests.helpers.processes import free_port
+from tests.helpers.startup.sitecustomize import collect_old_objects_rarely
 from tests.helpers.training import SharedRuns
 
 #: The checkpoint stores, one fixture set for the checkpoint suite and the Store contract;
 #: what doctest collection leaves unimported (for src/ too, hence a plugin).
 pytest_plugins = ["tests.helpers.stores", "tests.helpers.collection"]
+
+#: A ``sitecustomize`` for every Python process the tests start (its docstring says why).
+STARTUP = Path(__file__).parent / "helpers" / "startup"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The tests' Python processes collect their oldest objects rarely: this one, and
+    through ``PYTHONPATH`` the pytest-xdist workers (started after this) and every process
+    a test starts with this environment."""
+    collect_old_objects_rarely()
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(STARTUP) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, paths)])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, the SDKs, every test module) lives as long as the
+    process: the collector need never walk it again."""
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -23,7 +23,7 @@ from costguard.checkpoint import RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
 from tests.helpers.faults import Faults, fault_proxy
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
-from tests.helpers.training import REPO
+from tests.helpers.training import repository_path
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
 PART = 5 * 2**20  # S3's smallest part: small test objects still come in several parts
@@ -188,7 +188,7 @@ print("finished")
 @pytest.mark.slow
 def test_the_upload_of_a_writer_killed_mid_save_is_aborted(parts_proxy: Faults) -> None:
     parts_proxy.delay_s = 0.5  # a slow store: the kill lands while parts are on the wire
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": repository_path()}
     writer = subprocess.Popen([sys.executable, "-c", WRITER], env=env)
     try:
         deadline = time.monotonic() + 60

@@ -54,10 +54,17 @@ def costguard_command() -> list[str]:
     return [str(script)]
 
 
+def repository_path() -> str:
+    """``PYTHONPATH`` for a child that imports ``tests``: the repository, then this
+    environment's own entries."""
+    inherited = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    return os.pathsep.join([str(REPO), *filter(None, inherited)])
+
+
 def child_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     """The environment of a child process: this one's, less every cloud and costguard
-    setting, with no config file, the repository importable, one OpenMP thread, and
-    ``settings``."""
+    setting, with no config file, the repository importable (before this environment's
+    ``PYTHONPATH``), one OpenMP thread, and ``settings``."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -66,7 +73,7 @@ def child_env(tmp_path: Path, **settings: str) -> dict[str, str]:
     env.update(
         {
             "XDG_CONFIG_HOME": str(tmp_path / "no-config"),
-            "PYTHONPATH": str(REPO),
+            "PYTHONPATH": repository_path(),
             "OMP_NUM_THREADS": "1",
         }
     )

@@ -26,6 +26,7 @@ from tests.helpers.training import (
     assert_bitwise_equal,
     costguard_command,
     ranks_reference,
+    repository_path,
 )
 from tests.slurm.cluster import SlurmCluster
 from tests.slurm.test_slurm_jobs import FINISHED, Job, training_env
@@ -67,7 +68,7 @@ def test_multi_node_script_on_one_node_saves_on_the_warning_and_resumes_exactly(
     slurm_cluster: SlurmCluster, tmp_path: Path, shared_runs: SharedRuns
 ) -> None:
     env = training_env(slurm_cluster, tmp_path)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = repository_path()
     steps = 24
     reference_out = ranks_reference(shared_runs, DDP_SCRIPT, 2, env, "--steps", str(steps))
 
