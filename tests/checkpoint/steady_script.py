@@ -1,4 +1,7 @@
-"""A training loop whose step time is steady (a sleep), for the pilot's accuracy test.
+"""A training loop whose step time is steady, for the pilot's accuracy test: each step ends
+on its own tick, ``--sleep`` seconds after the one before, as a loop bound by a GPU keeps its
+pace whatever else the host runs. A step that a busy machine woke late is made up by the
+next, so neither the pilot nor the full run depends on the machine's load at the time.
 
 Run as a child of ``costguard run`` or ``costguard pilot``. It prints ``LOOP <seconds>``:
 the wall time of its steps (after the restore, before the final save), which a pilot's
@@ -23,7 +26,7 @@ def main() -> None:
     start = ckpt.restore(extra=extra)
     began = time.monotonic()
     for step in range(start, args.steps):
-        time.sleep(args.sleep)
+        time.sleep(max(0.0, began + (step - start + 1) * args.sleep - time.monotonic()))
         extra["done"] = step + 1
         ckpt.step(step, extra=extra)
     print(f"LOOP {time.monotonic() - began:.4f}", flush=True)

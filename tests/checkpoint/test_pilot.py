@@ -28,7 +28,10 @@ PAIRS = 3
 
 def pilot_and_full_run(run_cli, folder: Path) -> tuple[float, float]:
     """One pilot of 200 steps and the same script's 2,000-step run: (predicted, taken) s."""
-    steady = [sys.executable, str(STEADY), "--steps", "2000", "--sleep", "0.005"]
+    # Steps 10 ms apart: a busy machine wakes a sleeper a few ms late; steady_script.py
+    # makes that up at the next step as long as it is less than a step (at 5 ms apart, a
+    # full suite's load put a pilot 33% off the run).
+    steady = [sys.executable, str(STEADY), "--steps", "2000", "--sleep", "0.01"]
     pilot = run_cli(
         "pilot", "--steps", "200", "--total-steps", "2000", "--checkpoint", str(folder / "p"),
         "--gpu", "a10g", "--speedup", "1", "--format", "json", "--", *steady,
