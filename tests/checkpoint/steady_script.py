@@ -3,7 +3,8 @@ tests: each step ends on its own tick, ``--sleep`` seconds after the one before,
 bound by a GPU keeps its pace whatever else the host runs. A step that a busy machine woke
 a little late is made up by the next, so neither a pilot nor the run it predicts depends on
 the machine's load at the time. A stall of a step or more (a save, the first save's
-set-up) is not made up: the pace leaves it out, and the steps after it keep their length.
+set-up) is not made up: the pace counts it apart from the steps, and the steps after it
+keep their length.
 
 Run as a child of ``costguard run`` or ``costguard pilot``. It prints ``LOOP <seconds>``:
 the wall time of its steps (after the restore, before the final save), which a pilot's
