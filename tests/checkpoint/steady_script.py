@@ -33,8 +33,9 @@ def main() -> None:
         time.sleep(max(0.0, tick - time.monotonic()))
         extra["done"] = step + 1
         ckpt.step(step, extra=extra)
-        if time.monotonic() - tick >= args.sleep:  # a stall, not a late wake-up
-            tick = time.monotonic()
+        now = time.monotonic()
+        if now - tick >= args.sleep:  # a stall, not a late wake-up
+            tick = now
     print(f"LOOP {time.monotonic() - began:.4f}", flush=True)
     ckpt.close()
 

@@ -29,8 +29,8 @@ PAIRS = 3
 def pilot_and_full_run(run_cli, folder: Path) -> tuple[float, float]:
     """One pilot of 200 steps and the same script's 2,000-step run: (predicted, taken) s."""
     # Steps 10 ms apart: a busy machine wakes a sleeper a few ms late; steady_script.py
-    # makes that up at the next step as long as it is less than a step (at 5 ms apart, a
-    # full suite's load put a pilot 33% off the run).
+    # makes that up at the next step as long as it is less than a step (with plain 5 ms
+    # sleeps, a full suite's load put every pair's pilot 22-33% off its run).
     steady = [sys.executable, str(STEADY), "--steps", "2000", "--sleep", "0.01"]
     pilot = run_cli(
         "pilot", "--steps", "200", "--total-steps", "2000", "--checkpoint", str(folder / "p"),
