@@ -83,7 +83,11 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
     terminal: Callable[[int], None],
 ) -> None:
     env = spot_env()
-    steps = 16
+    # Each spot attempt gets its notice 2 s after its launch, and the watcher polls each
+    # second: it trains 3 s and a step at most, 4 steps of 1 s. Three such attempts cannot
+    # do 16, however fast the machine starts them: all three spot attempts are preempted.
+    # (With 0.05 s steps, a machine that starts torch in a second finished on the second.)
+    steps, step_s = 16, 1.0
     reference = train_reference(shared_runs, steps, env, TIMEOUT_S)
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
     result = subprocess.run(
@@ -94,7 +98,7 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
                 "--every-steps", "5", "--poll-seconds", "0.2", "--yes", "--format", "json",
                 "--",
             ),
-            *train_command(out, steps),
+            *train_command(out, steps, step_s),
         ],
         env=env,
         capture_output=True,
