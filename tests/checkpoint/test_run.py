@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from costguard.checkpoint.store import Store
 from costguard.cli.checkpoint import checkpoint_group
 from tests.helpers.metadata import AckState, MetadataState, azure_event
+from tests.helpers.processes import signal_side_thread
 from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import (
     TRAIN_SCRIPT,
@@ -251,6 +252,61 @@ def test_exit_code_and_signal_forwarding(
         timeout=TIMEOUT_S,
     ).returncode
     assert code == 137
+
+
+#: A script that exits 42 on SIGUSR1, 43 on SIGTERM, and 75 once `costguard run` has
+#: relayed a notice (to its relay file); otherwise it waits a minute and exits 0.
+SIGNALLED_SCRIPT = """\
+import os, signal, sys, time
+signal.signal(signal.SIGUSR1, lambda *a: sys.exit(42))
+signal.signal(signal.SIGTERM, lambda *a: sys.exit(43))
+notices = os.environ["COSTGUARD_NOTICE_FILE"]
+print("up", flush=True)
+for _ in range(1200):
+    if os.path.exists(notices) and os.path.getsize(notices):
+        sys.exit(75)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "sig", "code"),
+    [
+        ("forward", signal.SIGUSR1, 42),  # passed on to the script
+        ("forward", signal.SIGTERM, 43),
+        ("relay", signal.SIGTERM, 75),  # a notice to every process (torchrun's workers)
+        ("auto", signal.SIGINT, 75),  # Ctrl-C: a notice, in every mode
+    ],
+)
+def test_a_signal_that_lands_on_a_side_thread_is_acted_on_at_once(
+    tmp_path: Path,
+    train_env: Callable[..., dict[str, str]],
+    mode: str,
+    sig: signal.Signals,
+    code: int,
+) -> None:
+    """The kernel may hand a signal sent to `costguard run` to any of its threads. When it
+    was not the main one, the main thread, blocked waiting for the script, ran the handler
+    only after the script had ended: a SIGTERM to a torchrun job on a busy machine was
+    never relayed, and the ranks trained on to their last step (exit 0, not 75)."""
+    command = [*costguard_command(), "run", "--checkpoint", str(tmp_path / "ck")]
+    command += ["--signals", mode, "--", sys.executable, "-c", SIGNALLED_SCRIPT]
+    proc = subprocess.Popen(
+        command, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "up"
+        signal_side_thread(proc.pid, sig)
+        # The script would wait a minute: within 20 s, only the relayed signal ends it.
+        assert proc.wait(timeout=20) == code
+    finally:
+        if proc.poll() is None:  # the script too: it holds stdout, in its own group
+            for child in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split():
+                os.kill(int(child), signal.SIGKILL)
+            proc.kill()
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err, err
 
 
 def test_the_job_is_registered_for_the_agent_while_it_runs(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,8 @@ from costguard.secrets import mask_words
 #: Where the supervisor's lines go (``costguard run`` writes them to stderr).
 Say = Callable[[str], None]
 
+#: Without pidfds (not Linux): how often the wait for the script checks whether it ended.
+EXIT_POLL_S = 0.25
 #: Signals passed on to the child (SIGTERM from Kubernetes or shutdown, SIGUSR1 from SLURM).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 EXIT_PREEMPTED = 75  # the Checkpointer's code after an emergency save (EX_TEMPFAIL)
@@ -327,6 +330,44 @@ def eta_line(event: dict[str, Any]) -> str | None:
     )
 
 
+def wait_answering_signals(child: subprocess.Popen[Any]) -> int:
+    """``child.wait()``, running this process's signal handlers as soon as a signal comes.
+
+    CPython runs a handler in the main thread, between bytecodes. The kernel may hand a
+    signal sent to this process to any of its threads (the watchers', a store's I/O
+    thread); when that is not the main thread, a main thread blocked in ``waitpid`` is not
+    woken, and the handler (a notice to relay, a signal to pass on) would wait for the
+    child to end by itself. So the main thread waits on the child's pidfd and on
+    :func:`signal.set_wakeup_fd` together, and runs the handlers when either wakes it.
+    Without pidfds (not Linux, or a kernel older than 5.3) it checks the child every
+    :data:`EXIT_POLL_S`.
+    """
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_read, False)
+    os.set_blocking(wake_write, False)
+    previous = signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    try:
+        pidfd: int | None = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(wake_read, selectors.EVENT_READ)
+            if pidfd is not None:
+                selector.register(pidfd, selectors.EVENT_READ)
+            while child.poll() is None:
+                selector.select(None if pidfd is not None else EXIT_POLL_S)
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_read, 256):  # the handlers run as this loop goes on
+                        pass
+    finally:
+        signal.set_wakeup_fd(previous)
+        for fd in (wake_read, wake_write, pidfd):
+            if fd is not None:
+                os.close(fd)
+    return child.returncode
+
+
 def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
     """What the exit code means, the newest durable checkpoint and what to do next.
 
@@ -497,7 +538,7 @@ def supervise(
     if syncer is not None:
         syncer.start()
     try:
-        returncode = child.wait()
+        returncode = wait_answering_signals(child)
     finally:
         registration.close()
         if stop_watch is not None:
