@@ -298,7 +298,8 @@ def test_a_signal_that_lands_on_a_side_thread_is_acted_on_at_once(
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "up"
         signal_side_thread(proc.pid, sig)
-        # The script would wait a minute: within 20 s, only the relayed signal ends it.
+        # The script would wait a minute: within 20 s, only the signal, passed on or
+        # relayed as a notice, ends it.
         assert proc.wait(timeout=20) == code
     finally:
         if proc.poll() is None:  # the script too: it holds stdout, in its own group
