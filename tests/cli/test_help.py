@@ -139,3 +139,83 @@ def test_help_fits_the_terminal(
     assert "Example" in result.stdout or "costguard estimate --gpu" in result.stdout
     examples = [line.strip() for line in result.stdout.splitlines()]
     assert any(line.startswith("costguard ") for line in examples), "no example command"
+
+
+def _runs_a_command(path: tuple[str, ...]) -> bool:
+    """Whether ``costguard PATH`` ends in a COMMAND of its own to run (``-- python ...``)."""
+    command: click.Command | None = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.get_command(click.Context(command), name)
+    assert command is not None
+    return any(
+        isinstance(p, click.Argument) and p.nargs == -1 and p.type is click.UNPROCESSED
+        for p in command.params
+    )
+
+
+TRAILING = [path for path in PATHS if path and _runs_a_command(path)]
+
+
+def test_the_commands_that_run_a_command_are_found() -> None:
+    assert {("run",), ("launch",), ("pilot",), ("slurm", "script")} <= set(TRAILING)
+
+
+@pytest.mark.parametrize("path", TRAILING, ids=" ".join)
+@pytest.mark.parametrize("typo", ["--chekpoint", "--checkpont"])
+def test_an_option_typo_before_the_command_is_no_such_option(
+    run_cli: Callable[..., Any], path: tuple[str, ...], typo: str
+) -> None:
+    """Issue 49 item 12: a mistyped option before ``--`` is named with the close name,
+    never taken as the first word of the command to run (nor the rest of the line)."""
+    result = run_cli(*path, typo, "s3://my-bucket/run1", "--", "python", "train.py")
+    assert result.exit_code == 2, result.stdout + result.stderr
+    first_line = result.stderr.splitlines()[0]
+    assert first_line.startswith(f"Error: no such option '{typo}'; did you mean '--checkpoint'")
+
+
+@pytest.mark.parametrize(
+    ("typed", "intended"),
+    [
+        (("launch", "--arry", "0-3", "--", "python", "train.py"), None),
+        (("slurm", "script", "--arry", "0-3", "--", "python", "train.py"), "--array"),
+        (("launch", "--max-totl", "9", "--gpu", "a10g", "python", "train.py"), "--max-total"),
+        (("slurm", "submit", "--tme", "1:00:00", "--", "python", "train.py"), "--time"),
+        (("pilot", "--step", "100", "--", "python", "train.py"), "--steps"),
+    ],
+)
+def test_any_option_typo_before_the_command_is_named(
+    run_cli: Callable[..., Any], typed: tuple[str, ...], intended: str | None
+) -> None:
+    """Also where no name is close (``launch`` has no ``--array``): never the command."""
+    result = run_cli(*typed)
+    assert result.exit_code == 2, result.stdout + result.stderr
+    first_line = result.stderr.splitlines()[0]
+    typo = next(word for word in typed if word.startswith("--") and word in str(first_line))
+    assert first_line.startswith(f"Error: no such option '{typo}'"), first_line
+    if intended is not None:
+        assert f"'{intended}'" in first_line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("run", "--checkpoint", "{tmp}", "-q", "python", "-c", "print('ran', '--x')"),
+        ("run", "--checkpoint", "{tmp}", "-q", "--", "python", "-c", "print('ran', '--x')"),
+    ],
+    ids=["without --", "with --"],
+)
+def test_the_command_after_the_options_keeps_its_own_options(
+    run_cli: Callable[..., Any], tmp_path: Any, argv: tuple[str, ...]
+) -> None:
+    """The options end at ``--`` or at the first word that is not an option: the command's
+    own ``-c`` and ``--x`` are its, not costguard's."""
+    done = subprocess.run(
+        [sys.executable, "-m", "costguard", *(a.format(tmp=tmp_path / "ckpt") for a in argv)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ran --x" in done.stdout

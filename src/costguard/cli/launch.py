@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
-from costguard.cli.options import cadence_options
+from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import (
     DecimalRange,
     FiniteFloat,
@@ -81,7 +81,7 @@ def _echo(message: str) -> None:
 
 @click.command(
     "launch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     epilog=EXAMPLES,
     short_help="Run a job on a spot GPU and relaunch it after each preemption.",
 )

@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from costguard.cli.estimate import speedup_option
+from costguard.cli.options import TRAILING_COMMAND
 from costguard.cli.params import DecimalRange, Name, StoreUrl, WholeNumber, table_or_json
 
 EXAMPLES = """
@@ -32,7 +33,7 @@ has costguard's PreemptionCallback; it is stopped after --steps steps.
 
 @click.command(
     "pilot",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     epilog=EXAMPLES,
     short_help="Time a script's first steps here and price the whole run from them.",
 )

@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from costguard.cli.options import cadence_options
+from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import StoreUrl, Text, WholeNumber
 
 
 @click.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     epilog="""\b
 Examples:
   costguard run --checkpoint s3://my-bucket/run1 --every-steps 500 \\

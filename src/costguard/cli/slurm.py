@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from costguard.checkpoint.completion import sync_dir_path
-from costguard.cli.options import cadence_options
+from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import Name, StoreUrl, Text, WholeNumber, option_group
 from costguard.errors import InputError
 from costguard.secrets import find_secret
@@ -230,7 +230,7 @@ def slurm_group() -> None:
 
 @slurm_group.command(
     "script",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     short_help="Print the batch script (nothing is submitted).",
     epilog=f"""\b
 Examples:
@@ -255,7 +255,7 @@ def script_command(**options: Any) -> None:
 
 @slurm_group.command(
     "submit",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     short_help="Submit the batch script with sbatch.",
     epilog=f"""\b
 Examples:
