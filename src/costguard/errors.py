@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+#: The shell's code for a command ended by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 class CostguardError(Exception):

@@ -6,7 +6,9 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
 import shutil
 import sys
@@ -17,7 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from costguard import __version__
-from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
+from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings
 
@@ -153,17 +155,19 @@ class CostguardGroup(click.Group):
                 f"'{command} --help' shows the options and an example",
                 EXIT_BAD_INPUT,
             )
-        except click.Abort:
+        except click.Abort:  # Ctrl-C, as click reports it
             click.echo("Aborted.", err=True)
-            sys.exit(130)
+            raise Interrupted(EXIT_INTERRUPTED) from None
         except click.ClickException as exc:
             _fail(exc.format_message(), None, exc.exit_code)
         except CostguardError as exc:
             if _debug_requested(argv):
                 raise
             _fail(exc.message, exc.hint, exc.exit_code)
-        except (KeyboardInterrupt, BrokenPipeError):
-            sys.exit(130)
+        except KeyboardInterrupt:
+            raise Interrupted(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            sys.exit(EXIT_INTERRUPTED)
         except Exception as exc:
             if _debug_requested(argv):
                 raise
@@ -300,6 +304,22 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
     ctx.obj = Settings.load({"pricing_dir": pricing_dir, "debug": debug})
 
 
+class Interrupted(SystemExit):
+    """Exit after Ctrl-C (130), once the main thread has unwound (its clean-up done)."""
+
+
 def main() -> None:
-    """Console-script entry point."""
-    cli.main()
+    """Console-script entry point.
+
+    After Ctrl-C the process ends at once: worker threads still reading (price pages,
+    billing files) are not waited for (the interpreter would join them on its way out,
+    for as long as they take), and nothing they hold is half-written (they only read,
+    or write objects that nothing refers to until the main thread commits them).
+    """
+    try:
+        cli.main()
+    except Interrupted:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)
