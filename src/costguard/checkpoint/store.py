@@ -112,6 +112,8 @@ def open_filesystem(
     if backend == "adlfs":
         backends.check_azure_account(storage_options or {}, os.environ)
         azure_clouds.quiet_identity()
+    if backend == "gcsfs":
+        backends.check_google_credentials(storage_options or {}, os.environ)
     fsspec_core = require("fsspec.core", EXTRA)
     options = dict(backends.default_options(scheme))
     options.update(storage_options or {})
