@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -25,6 +27,15 @@ def command_paths(group: click.Group, prefix: tuple[str, ...] = ()) -> Iterator[
 
 
 PATHS = [(), *command_paths(cli)]
+
+
+def _command(path: tuple[str, ...]) -> click.Command:
+    command: click.Command | None = cli
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.get_command(click.Context(command), name)
+    assert command is not None
+    return command
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: " ".join(p) or "costguard")
@@ -107,7 +118,7 @@ def test_the_group_help_lists_every_command_without_importing_one() -> None:
         assert f"  {name}  " in help_text
         assert short_help.split()[0] in help_text
         assert module not in loaded
-    assert loaded == []
+    assert loaded == ["costguard.cli.helpformat"]  # the layout of --help, no command
 
 
 def test_a_command_loads_its_own_module_only() -> None:
@@ -139,18 +150,60 @@ def test_help_fits_the_terminal(
     assert "Example" in result.stdout or "costguard estimate --gpu" in result.stdout
     examples = [line.strip() for line in result.stdout.splitlines()]
     assert any(line.startswith("costguard ") for line in examples), "no example command"
+    lines = result.stdout.splitlines()
+    broken = [
+        f"{line.strip()}|{after.strip()}"
+        for line, after in itertools.pairwise(lines)
+        if re.search(r"[\w$/]-$", line) and re.match(r"\s*\w", after)
+    ]  # issue 49 item 6: `--idle-|minutes`, `us-|central1`, `$/GPU-|hour` (click broke them)
+    assert not broken, f"a line broken inside a hyphenated word: {broken}"
+
+
+GROUPS = [path for path in PATHS if isinstance(_command(path), click.Group)]
+
+
+@pytest.mark.parametrize("path", GROUPS, ids=lambda p: " ".join(p) or "costguard")
+def test_a_group_shows_each_commands_summary_whole(
+    run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, path: tuple[str, ...]
+) -> None:
+    """Issue 49 item 6: a group's command list cut summaries with "..." at 80 columns."""
+    monkeypatch.setenv("COLUMNS", "80")
+    listing = run_cli(*path, "--help").stdout.split("Commands:", 1)[1]
+    group = _command(path)
+    assert isinstance(group, click.Group)
+    for name in group.list_commands(click.Context(group)):
+        summary = " ".join(_command((*path, name)).get_short_help_str(10**6).split())
+        assert summary in " ".join(listing.split()), (name, summary)
+    assert "..." not in listing
+
+
+#: What a placeholder may be for an option that takes a name (a region, a project, ...).
+NAMED = re.compile(
+    r"--(\w+-)*(name|region|zone|project|subscription|resource-group|provider|gpu|gpu-type|"
+    r"instance-type|partition|account|billing-account|pubsub-topic|currency|part)"
+)
+
+
+@pytest.mark.parametrize("path", [p for p in PATHS if p], ids=" ".join)
+def test_a_placeholder_says_what_the_option_takes(path: tuple[str, ...]) -> None:
+    """Issue 49 item 6: ``--budget NAME``, ``--email NAME``, ``--time NAME``: NAME only where
+    a name is taken, never click's bare TEXT."""
+    command = _command(path)
+    ctx = click.Context(command)
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.is_flag:
+            continue
+        metavar = param.make_metavar(ctx)
+        assert metavar != "TEXT", param.opts
+        if metavar == "NAME":
+            assert NAMED.fullmatch(param.opts[-1]), f"{param.opts[-1]} NAME"
 
 
 def _runs_a_command(path: tuple[str, ...]) -> bool:
     """Whether ``costguard PATH`` ends in a COMMAND of its own to run (``-- python ...``)."""
-    command: click.Command | None = cli
-    for name in path:
-        assert isinstance(command, click.Group)
-        command = command.get_command(click.Context(command), name)
-    assert command is not None
     return any(
         isinstance(p, click.Argument) and p.nargs == -1 and p.type is click.UNPROCESSED
-        for p in command.params
+        for p in _command(path).params
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from costguard import __version__
+from costguard.cli.helpformat import HelpGroup, use_help_format
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings
@@ -95,10 +96,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class CostguardGroup(click.Group):
+class CostguardGroup(HelpGroup):
     """A click group that turns every failure into ``Error:``/``Hint:`` and an exit code.
 
-    Its subcommands come from :data:`COMMANDS`, each imported on first use.
+    Its subcommands come from :data:`COMMANDS`, each imported on first use; their
+    ``--help``, as its own, breaks lines between words only (:class:`HelpGroup`).
     """
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -108,7 +110,7 @@ class CostguardGroup(click.Group):
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module_name, attribute, _ = COMMANDS[cmd_name]
             command: click.Command = getattr(importlib.import_module(module_name), attribute)
-            self.add_command(command, cmd_name)
+            self.add_command(use_help_format(command), cmd_name)
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -119,8 +121,7 @@ class CostguardGroup(click.Group):
         listed.update(
             (name, command) for name, command in self.commands.items() if not command.hidden
         )
-        width = formatter.width - 6 - max(map(len, listed))
-        rows = [(name, listed[name].get_short_help_str(width)) for name in sorted(listed)]
+        rows = [(name, listed[name].get_short_help_str()) for name in sorted(listed)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 

@@ -14,6 +14,7 @@ from costguard.alarms.plan import ApiCall, Plan
 from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.billing.spend import SpendReport, exact, report
 from costguard.cli import echo_prose, render
+from costguard.cli.helpformat import HelpGroup
 from costguard.cli.params import Name, Url, option_group, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
@@ -63,16 +64,23 @@ def _provider_options(command: Any) -> Any:
 
 @click.group(
     "alarm",
+    cls=HelpGroup,
     invoke_without_command=True,
     epilog=EXAMPLES,
     short_help="Set a monthly budget with alerts (run it on day one).",
 )
-@click.option("--budget", type=Name(), help="Monthly budget in USD, e.g. 200.")
+@click.option("--budget", metavar="USD", type=Name(), help="Monthly budget in USD, e.g. 200.")
 @click.option(
-    "--email", "emails", type=Name(), multiple=True, help="Who gets the alerts (repeatable)."
+    "--email",
+    "emails",
+    metavar="ADDRESS",
+    type=Name(),
+    multiple=True,
+    help="Who gets the alerts (repeatable).",
 )
 @click.option(
     "--thresholds",
+    metavar="PERCENTS",
     type=Name(),
     default="50,80,100",
     show_default=True,
@@ -99,12 +107,14 @@ def _provider_options(command: Any) -> Any:
 )
 @click.option(
     "--hard-stop-role-arn",
+    metavar="ARN",
     type=Name(),
     help="AWS: the role AWS Budgets assumes to apply it (infra/aws/budgets-action-*).",
 )
 @click.option(
     "--hard-stop-target",
     "hard_stop_targets",
+    metavar="KIND/NAME",
     type=Name(),
     multiple=True,
     help="AWS: user/NAME, role/NAME or group/NAME denied launches (repeatable).",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
+from costguard.cli.helpformat import HelpGroup
 from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import (
     DecimalRange,
@@ -115,6 +116,7 @@ def _echo(message: str) -> None:
 )
 @click.option(
     "--sync-dir",
+    metavar="DIR",
     type=Text(),
     help="Keep the trainer's own checkpoints written in this folder on the instance (relative: "
     "under its workdir) in the store, and put the newest back before each attempt; see "
@@ -178,6 +180,7 @@ def _echo(message: str) -> None:
 @click.option(
     "--option",
     "option_pairs",
+    metavar="KEY=VALUE",
     type=Text(),
     multiple=True,
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
@@ -209,7 +212,10 @@ def _echo(message: str) -> None:
     help="local: a preemption notice this many seconds into each spot attempt.",
 )
 @click.option(
-    "--preempt-at", type=Text(), help="local: notices at these seconds after the start, e.g. 30,90."
+    "--preempt-at",
+    metavar="SECONDS",
+    type=Text(),
+    help="local: notices at these seconds after the start, e.g. 30,90.",
 )
 @click.option(
     "--seed",
@@ -491,7 +497,9 @@ def _report(job: Job, offers: Sequence[Offer], output_format: str) -> None:
         render.print_prose(line, first="", indent="  ")
 
 
-@click.group("jobs", epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch.")
+@click.group(
+    "jobs", cls=HelpGroup, epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch."
+)
 def jobs_group() -> None:
     """Inspect jobs started by `costguard launch` (their state lives with the checkpoints)."""
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from costguard.cli import render
+from costguard.cli.helpformat import HelpGroup
 from costguard.cli.params import Name, table_or_json
 from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
 
 
-@click.group("pricing", short_help="Inspect the price tables, or refresh them.")
+@click.group("pricing", cls=HelpGroup, short_help="Inspect the price tables, or refresh them.")
 def pricing_group() -> None:
     """Inspect the price tables costguard estimates from, or refresh them.
 

@@ -81,6 +81,7 @@ Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
 )
 @click.option(
     "--sync-dir",
+    metavar="DIR",
     type=Text(),
     default=None,
     help="Keep the trainer's own checkpoints written here (Hugging Face checkpoint-N/, "
