@@ -187,6 +187,7 @@ def _say_uncovered(catalog: Catalog, uncovered: Sequence[Region]) -> None:
 
 @pricing_group.command(
     "check",
+    short_help="Flag suspect prices in the tables: outliers, $0 parts, old rows.",
     epilog="""\b
 Examples:
   costguard pricing check
