@@ -4,6 +4,7 @@ line stands alone on its own), nothing lost; to a pipe, one line each."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,3 +92,13 @@ def test_the_alarms_done_line_fits_the_terminal(
             summary.append(line)
         assert all(len(line) <= columns for line in summary), summary
         assert "costguard-thesis" in " ".join(" ".join(summary).split())
+        # issue 49 item 6: the calls made, listed after "Done:", were 85-93 wide
+        wide = [line for line in lines if len(line) > columns]
+        assert not wide, wide
+    code, screen = on_terminal([COSTGUARD, "alarm", "delete", "--yes"], columns, env)
+    assert code == 0, screen
+    lines = screen.splitlines()
+    assert all(len(line) <= columns for line in lines), lines  # they were 109-135
+    params = [json.loads(line) for line in lines if line.strip().startswith("{")]
+    assert {"BudgetName": "costguard-thesis"}.items() <= params[0].items()  # JSON whole
+    assert len(params) == len([line for line in lines if "  # " in line or " # " in line])

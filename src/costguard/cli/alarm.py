@@ -226,7 +226,7 @@ def _report(
     else:
         echo_prose("Done: ", f"{summary}.")
         for call in calls:
-            click.echo(f"  {call}  # {call.reason}")
+            render.print_prose(f"{call}  # {call.reason}", first="  ", indent="      ")
     render.print_notes(plan.notes, heading="Notes:")
 
 
@@ -389,9 +389,14 @@ def delete_command(settings: Settings, names: Sequence[str], yes: bool, **option
         click.echo("Nothing to delete: no costguard budget found.")
         return
     click.echo("Deleted:" if yes else "Would delete (dry run; --yes deletes):")
+    terminal = render.console().is_terminal
     for call in plan.calls:
-        params = json.dumps(render.to_jsonable(dict(call.params)))
-        click.echo(f"  {call}  # {call.reason}: {params}")
+        params = render.to_jsonable(dict(call.params))
+        if terminal:  # the call and why, wrapped; its parameters whole on a line of their own
+            render.print_prose(f"{call}  # {call.reason}:", first="  ", indent="      ")
+            click.echo("      " + json.dumps(params, separators=(",", ":")))
+        else:
+            click.echo(f"  {call}  # {call.reason}: {json.dumps(params)}")
 
 
 def _scope(spec: AlarmSpec) -> Scope:
