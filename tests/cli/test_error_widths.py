@@ -102,3 +102,27 @@ def test_the_alarms_done_line_fits_the_terminal(
     params = [json.loads(line) for line in lines if line.strip().startswith("{")]
     assert {"BudgetName": "costguard-thesis"}.items() <= params[0].items()  # JSON whole
     assert len(params) == len([line for line in lines if "  # " in line or " # " in line])
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_a_failed_refresh_fits_the_terminal(
+    columns: int, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 49 item 6: a refresh without AWS credentials printed its Error and a
+    307-character Hint unwrapped (the terminal split `AWS_PR|OFILE`)."""
+    assert COSTGUARD
+    args = [COSTGUARD, "pricing", "refresh", "--provider", "aws", "--region", "us-east-1"]
+    env = {**clean_env, "COLUMNS": f"{columns}", "COSTGUARD_CACHE_DIR": str(tmp_path / "c")}
+    code, screen = on_terminal(args, columns, env)
+    piped = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert code == piped.returncode == 1, screen
+    hint = next(line for line in piped.stderr.splitlines() if line.startswith("Hint: "))
+    assert len(hint) > columns  # one line to a pipe; the terminal's is wrapped
+    lines = screen.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("Error: "))
+    told = lines[start:]
+    for line in told:
+        alone = re.fullmatch(r"\s*`[^`]*`\S*", line)
+        assert len(line) <= columns or alone, f"{len(line)} > {columns}: {line!r}"
+    for word in hint.split():  # each word whole on a line, nothing lost
+        assert any(word in line.split() for line in told), word

@@ -212,13 +212,13 @@ def _fail(message: str, hint: str | None, code: int) -> NoReturn:
     sys.exit(code)
 
 
-def echo_prose(label: str, text: str, *, err: bool = False) -> None:
+def echo_prose(label: str, text: str, *, err: bool = False, fg: str | None = None) -> None:
     """``label + text`` as :func:`wrap_words` lays it out at a terminal (stdout, or stderr
-    with ``err``); to a pipe, one line."""
+    with ``err``), in colour ``fg``; to a pipe, one line."""
     stream = sys.stderr if err else sys.stdout
     width = shutil.get_terminal_size().columns if stream.isatty() else None
     for line in wrap_words(label, text, width):
-        click.echo(line, err=err)
+        click.secho(line, err=err, fg=fg)
 
 
 #: A word, or a `command` in backticks with what sticks to it (kept whole when wrapped).
