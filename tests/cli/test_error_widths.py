@@ -126,3 +126,28 @@ def test_a_failed_refresh_fits_the_terminal(
         assert len(line) <= columns or alone, f"{len(line)} > {columns}: {line!r}"
     for word in hint.split():  # each word whole on a line, nothing lost
         assert any(word in line.split() for line in told), word
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_costguard_runs_own_lines_fit_the_terminal(
+    columns: int, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 49 item 6: `costguard run`'s own lines were 83-159 wide ("Ctrl-C again stops
+    it n|ow"); the script's own line is its own."""
+    assert COSTGUARD
+    store = tmp_path / "a-checkpoint-folder-with-a-long-name"
+    args = [COSTGUARD, "run", "--checkpoint", str(store), "--every-steps", "10",
+            "--", sys.executable, "-c", "print('the script ran')"]  # fmt: skip
+    code, screen = on_terminal(args, columns, {**clean_env, "COLUMNS": f"{columns}"})
+    assert code == 0, screen
+    ours = [line for line in screen.splitlines() if line != "the script ran"]
+    assert ours[0].startswith("costguard: ")
+    assert "the script ran" in screen.splitlines()
+    for line in ours:  # a path longer than the line stands alone, whole
+        alone = re.fullmatch(r"\s*\S+", line)
+        assert len(line) <= columns or alone, f"{len(line)} > {columns}: {line!r}"
+    piped = subprocess.run(args, capture_output=True, text=True, env=clean_env, timeout=120)
+    told = [line.removeprefix("costguard: ") for line in piped.stderr.splitlines()]
+    assert " ".join(" ".join(told).split()) in " ".join(" ".join(ours).split()).replace(
+        "costguard: ", ""
+    )

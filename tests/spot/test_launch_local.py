@@ -389,7 +389,8 @@ def test_a_local_launch_reads_well_on_an_80_column_terminal(
         *train_command(out, 4),
     ]  # fmt: skip
     screen = read_screen(argv, 80, env=env)
-    log = Path(env["COSTGUARD_LOCAL_DIR"]).glob("*/attempt-1.log")
+    log_path = next(Path(env["COSTGUARD_LOCAL_DIR"]).glob("*/attempt-1.log"))
+    log = iter([log_path])
     # The job's own lines are its own (torch's warnings run long), and a path is not cut:
     # every line costguard writes fits.
     ours = [line for line in screen.splitlines() if not line.startswith("  [1] ")]
@@ -397,12 +398,28 @@ def test_a_local_launch_reads_well_on_an_80_column_terminal(
         ours.index(f"  {next(log)}") == ours.index("costguard: attempt 1 writes its output to") + 1
     )
     # A command to paste (the weights' export) stands whole on its line, however long.
-    ours = [line for line in ours if "local-state" not in line and not COMMAND.fullmatch(line)]
+    # A path longer than the line, wrapped onto a line of its own, stands alone, whole.
+    ours = [
+        line
+        for line in ours
+        if "local-state" not in line
+        and not COMMAND.fullmatch(line)
+        and not re.fullmatch(r"\s+\S+", line)
+    ]
     attempts: list[dict[str, Any]] = read_job(ckpt)["attempts"]  # type: ignore[assignment]
     (attempt,) = attempts
     steps = f"{attempt['resumed_step'] or 0}->{attempt['last_step']}"
     assert_fits("\n".join(ours), 80, ["succeeded", "on-demand", "$1.006", steps, "$2.01"])
     assert "  [1] STEP 4" in screen
+    # issue 49 item 6: the lines the job's `costguard run` wrote are costguard's too: they
+    # were 83-159 wide after their "  [1] "; wrapped, their words all there
+    run_lines = [line for line in screen.splitlines() if line.startswith("  [1] costguard: ")]
+    assert run_lines
+    assert all(len(line) <= 80 for line in run_lines), run_lines
+    shown = " ".join(screen.split())
+    for line in log_path.read_text().splitlines():
+        if line.startswith("costguard: "):
+            assert " ".join(line.split()) in shown, line
 
 
 @pytest.mark.parametrize("job_id", ["..", "../other", "/etc", "a/b", "*", "run-1\n", "Run-1"])

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from costguard.cli import render, wrap_words
+
 _ATTEMPT = re.compile(r"attempt-([0-9]+)\.log")
 POLL_S = 0.2
 MAX_LINE = 4000  # a line longer than this is printed in pieces, never held back whole
@@ -80,7 +82,21 @@ class Follower:
                 lines.append(rest)
             elif rest:
                 self._partial[path] = rest
-            if not self.quiet:
+            if not self.quiet and lines:
+                con = render.console(stderr=True)
+                width = con.width if con.is_terminal else None
                 for line in lines:
                     text = line.decode("utf-8", errors="replace").rstrip("\r")
-                    self._echo(f"  [{number}] {text}")
+                    self._show(number, text, width)
+
+    def _show(self, number: int, text: str, width: int | None) -> None:
+        """A line of attempt ``number``'s log, after ``  [N] ``. The lines costguard's
+        own ``run`` wrote there (``costguard: ...``, one each: the log is no terminal) are
+        wrapped at a terminal's ``width`` under their text; the script's own are as it
+        wrote them."""
+        label = f"  [{number}] "
+        if not text.startswith("costguard: ") or width is None:
+            self._echo(label + text)
+            return
+        for line in wrap_words(label, text, max(40, width), " " * (len(label) + 2)):
+            self._echo(line)

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from costguard.cli import render
 from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import StoreUrl, Text, WholeNumber
 
@@ -124,8 +125,8 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     if options["sync_dir"] is not None:  # the rules of every --sync-dir, before the store
         options["sync_dir"] = sync_dir_path(options["sync_dir"], here=True)
 
-    def say(line: str) -> None:
-        click.echo(f"costguard: {redact(line)}", err=True)
+    def say(line: str) -> None:  # wrapped at a terminal; one line to a log or a pipe
+        render.print_prose(redact(line), first="costguard: ", indent="  ", err=True)
 
     code = supervise(command, say=say, **options)  # the options are its keywords, by name
     ctx.exit(code)
