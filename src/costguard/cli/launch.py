@@ -275,9 +275,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         _echo(report.interrupted_line(job.spec.checkpoint_url, released=released))
         raise
     finally:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
+        launcher.close()
     if final.spec.pilot_steps is not None and final.status == "succeeded":
         _pilot_answer(final, options["output_format"])
         return
@@ -315,10 +313,9 @@ def _following(launcher: Launcher, job: Job, *, quiet: bool) -> AbstractContextM
 
     from costguard.cli.follow import Follower
 
-    state_dir = getattr(launcher, "state_dir", None)
-    if job.spec.provider != "local" or state_dir is None:
+    if job.spec.provider != "local" or launcher.state_dir is None:
         return nullcontext()
-    return Follower(Path(state_dir) / job.spec.job_id, quiet=quiet)
+    return Follower(launcher.state_dir / job.spec.job_id, quiet=quiet)
 
 
 def _default_poll(provider: str) -> float:
@@ -403,9 +400,7 @@ def _prepare(
                 raise CostguardError(msg)
         job = commit(prepared)
     except BaseException:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
+        launcher.close()
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
