@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from costguard import contract
 from costguard.cli import render
 from costguard.cli.options import cadence_options
 from costguard.cli.params import (
@@ -72,7 +73,7 @@ Examples:
 LOCAL_POLL_S = 0.5
 #: Exit code when --stop-at-projection stopped the job after its save (EX_TEMPFAIL, as
 #: costguard run's after a notice): the work so far is in a committed checkpoint.
-EXIT_SAVED = 75
+EXIT_SAVED = contract.EXIT_SAVED
 
 
 def _echo(message: str) -> None:
