@@ -21,7 +21,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from costguard.errors import InputError, MissingDependencyError
+from costguard.clouds import require
+from costguard.errors import InputError
 from costguard.money import format_usd, usd_str
 from costguard.pricing.advice import describe, unverified_note
 from costguard.pricing.catalog import Catalog
@@ -86,7 +87,9 @@ class EstimateResult:
 
         ``DataFrame.attrs`` holds ``assumptions`` and ``pricing_as_of``.
         """
-        frame = _pandas().DataFrame.from_records(self.records(), columns=list(COLUMNS))
+        frame = require("pandas", "pandas").DataFrame.from_records(
+            self.records(), columns=list(COLUMNS)
+        )
         frame.attrs["assumptions"] = list(self.assumptions)
         frame.attrs["pricing_as_of"] = self.document()["pricing_as_of"]
         return frame
@@ -199,12 +202,3 @@ def estimate(
 
 def _names(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
-
-
-def _pandas() -> Any:
-    try:
-        import pandas  # the optional extra, imported only here
-    except ImportError:
-        module = "pandas"
-        raise MissingDependencyError(module, "pandas") from None
-    return pandas
