@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.cli.helpformat import HelpGroup, use_help_format
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, CostguardError
 from costguard.secrets import redact
