@@ -7,7 +7,10 @@ estimate --from-run`` is printed for ``--total-steps``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -99,6 +102,15 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
     if options["total_steps"] is not None and options["epochs"] is not None:
         msg = "--total-steps and --epochs both give the run's length"
         raise InputError(msg, hint="keep one of them")
+    if not nvidia_gpu_visible(os.environ) and None in (options["gpu"], options["speedup"]):
+        # Refused before the work: the pace would be the CPU's, which no table prices.
+        msg = "this machine shows no NVIDIA GPU: the pilot would be timed on its CPU"
+        raise InputError(
+            msg,
+            hint="name the GPU to price and how many times as fast it runs the steps (a "
+            "figure you state): --gpu a10g --speedup F; or time the pilot on the GPU itself: "
+            "`costguard launch --gpu a10g --pilot-steps 200 ...`",
+        )
 
     code = supervise(
         command,
@@ -134,3 +146,17 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
         spot=options["spot"],
     )
     show_quote(settings, question, options["output_format"].lower())
+
+
+def nvidia_gpu_visible(environ: Mapping[str, str], dev: Path = Path("/dev")) -> bool:
+    """Whether a script started here sees an NVIDIA GPU: a ``/dev/nvidiaN`` device, and
+    CUDA_VISIBLE_DEVICES not set to none (empty or -1).
+
+    >>> nvidia_gpu_visible({}, Path("/nonexistent"))
+    False
+    >>> nvidia_gpu_visible({"CUDA_VISIBLE_DEVICES": ""})
+    False
+    """
+    if environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return False
+    return any(re.fullmatch(r"nvidia\d+", path.name) for path in dev.glob("nvidia*"))
