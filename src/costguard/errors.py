@@ -157,3 +157,8 @@ def did_you_mean(name: str, known: Iterable[str]) -> str | None:
         return None
     names = [by_lower[m] for m in matches]
     return "did you mean " + " or ".join(names) + "?"
+
+
+class StalePricesWarning(UserWarning):
+    """The prices an answer used are older than their limit (``costguard pricing refresh``
+    updates them): the notebook API's form of the CLI's stale-price ``Warning:`` line."""
