@@ -272,3 +272,31 @@ def test_the_command_after_the_options_keeps_its_own_options(
     )
     assert done.returncode == 0, done.stderr
     assert "ran --x" in done.stdout
+
+
+@pytest.mark.parametrize("path", [("estimate",), ("pricing", "show"), ("launch",)], ids=" ".join)
+def test_costguards_own_option_after_the_command_says_where_it_goes(
+    run_cli: Callable[..., Any], path: tuple[str, ...]
+) -> None:
+    """Issue 49 item 9: `costguard estimate --pricing-dir DIR` said "did you mean
+    --provider"; it is costguard's own option, which goes before the command."""
+    result = run_cli(*path, "--pricing-dir", "/tmp", "--hours", "1")
+    assert result.exit_code == 2
+    error, hint = result.stderr.splitlines()
+    assert error == "Error: --pricing-dir is costguard's own option: it goes before the command"
+    assert hint == f"Hint: costguard --pricing-dir ... {' '.join(path)} ..."
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+def test_a_pricing_dir_that_does_not_exist_is_bad_input(
+    run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Issue 49 item 9: `costguard --pricing-dir /nonexistent estimate` exited 1."""
+    args = ["estimate", "--gpu", "a10g", "--hours", "1"]
+    if how == "flag":
+        result = run_cli("--pricing-dir", "/nonexistent-costguard-dir", *args)
+    else:
+        monkeypatch.setenv("COSTGUARD_PRICING_DIR", "/nonexistent-costguard-dir")
+        result = run_cli(*args)
+    assert result.exit_code == 2, result.stderr
+    assert "'/nonexistent-costguard-dir' does not exist" in result.stderr

@@ -103,6 +103,10 @@ class CostguardGroup(HelpGroup):
     ``--help``, as its own, breaks lines between words only (:class:`HelpGroup`).
     """
 
+    def _takes(self, name: str) -> bool:
+        """Whether ``name`` is one of this group's own options (``--pricing-dir``)."""
+        return any(name in param.opts for param in self.params if isinstance(param, click.Option))
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMANDS})
 
@@ -144,11 +148,14 @@ class CostguardGroup(HelpGroup):
             code = 0
         except click.NoSuchOption as exc:
             command = exc.ctx.command_path if exc.ctx else "costguard"
-            _fail(
-                _no_such_option(exc.option_name, exc.possibilities or ()),
-                f"'{command} --help' shows the options and an example",
-                EXIT_BAD_INPUT,
-            )
+            name = exc.option_name
+            message = _no_such_option(name, exc.possibilities or ())
+            hint = f"'{command} --help' shows the options and an example"
+            if exc.ctx is not None and exc.ctx.parent is not None and self._takes(name):
+                # costguard's own option (--pricing-dir, --debug) after the command's name
+                message = f"{name} is costguard's own option: it goes before the command"
+                hint = f"costguard {name} ... {command.split(' ', 1)[1]} ..."
+            _fail(message, hint, EXIT_BAD_INPUT)
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "costguard"
             _fail(
@@ -289,9 +296,10 @@ def _debug_requested(argv: Sequence[str]) -> bool:
 @click.version_option(__version__, "-V", "--version", prog_name="costguard")
 @click.option(
     "--pricing-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     envvar="COSTGUARD_PRICING_DIR",
-    help="Use price tables from this folder instead of the bundled ones.",
+    help="Use price tables from this folder instead of the bundled ones (before the "
+    "command: costguard --pricing-dir DIR estimate ...).",
 )
 @click.option("--debug", is_flag=True, default=None, help="Show tracebacks for unexpected errors.")
 @click.pass_context
