@@ -143,3 +143,23 @@ def test_a_long_restore_shows_progress_on_a_terminal_only(
         with Checkpointer(backend.url, check=False) as ckpt:
             assert ckpt.restore(model=model) == 7
         assert ("restoring step 7" in stream.getvalue()) == shown, stream.getvalue()
+
+
+def test_ls_of_a_missing_path_in_a_bucket_fails_as_a_missing_folder_does(
+    aws_env: str, tmp_path: Path
+) -> None:
+    """Issue 49 item 9: `checkpoint ls s3://bucket/nothere` exited 0 ("No checkpoints")
+    where a missing local folder exits 1."""
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="runs")
+    local = CliRunner().invoke(cli, ["checkpoint", "ls", str(tmp_path / "nothere")])
+    remote = CliRunner().invoke(cli, ["checkpoint", "ls", "s3://runs/nothere"])
+    assert local.exit_code == remote.exit_code == 1, remote.output
+    assert "Error: no checkpoint store at s3://runs/nothere" in remote.output
+    boto3.client("s3", region_name="us-east-1").put_object(
+        Bucket="runs", Key="there/job/job.json", Body=b"{}"
+    )
+    there = CliRunner().invoke(cli, ["checkpoint", "ls", "s3://runs/there"])
+    assert there.exit_code == 0, there.output
+    assert "No checkpoints at s3://runs/there" in there.output

@@ -522,16 +522,21 @@ class Store(StoreCalls):
                 return
 
     def check_exists(self) -> None:
-        """:class:`StoreError` unless the folder (local) or the bucket/container exists;
-        for commands that only read, and must not create what they look at."""
+        """:class:`StoreError` unless the folder (local), or the bucket/container and
+        something under the URL's prefix, exists; for commands that only read, and must not
+        create what they look at (a listing of an empty prefix is a missing store, as a
+        missing folder is)."""
         if self.is_local:
             found = Path(self.root).is_dir()
         else:
-            bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
+            where = self.fs._strip_protocol(self.root).rstrip("/")
+            bucket = where.split("/", 1)[0]
 
             def probe() -> bool:  # not fs.exists: it answers False for any error
                 try:
                     self.fs.info(bucket)
+                    if where != bucket:  # a prefix exists while something is stored under it
+                        self.fs.info(where)
                 except FileNotFoundError:
                     return False
                 return True
