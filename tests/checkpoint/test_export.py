@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -163,3 +166,22 @@ def test_ls_of_a_missing_path_in_a_bucket_fails_as_a_missing_folder_does(
     there = CliRunner().invoke(cli, ["checkpoint", "ls", "s3://runs/there"])
     assert there.exit_code == 0, there.output
     assert "No checkpoints at s3://runs/there" in there.output
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_an_export_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int, mode: int) -> None:
+    """Issue 49 item 9: exported .safetensors were created 0600 whatever the umask (the
+    temporary file's mode), unreadable by the group a shared folder is for."""
+    url = str(tmp_path / "ckpt")
+    trained(url, steps=3)
+    target = tmp_path / "model.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-m", "costguard", "checkpoint", "export", url, "--to", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.umask(umask),
+    )
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(target.stat().st_mode) == mode
