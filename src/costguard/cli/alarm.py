@@ -322,19 +322,22 @@ def status_command(settings: Settings, **options: Any) -> None:
     ]
     render.print_table(f"costguard budgets on {options['provider']}", columns, rows)
     if billed is not None:
-        click.echo(_export_line(billed, budget_usd))
+        render.print_prose(_export_line(billed, budget_usd))
     click.echo("Provider billing data lags hours; `costguard burn` shows the live rate.")
 
 
-def _billed(exports: tuple[str, ...]) -> SpendReport:
-    """The billed total of the exports' latest billing month (read before any cloud call)."""
+def _billed(exports: tuple[str, ...]) -> tuple[SpendReport, int]:
+    """The billed total of the exports' latest billing month, and how many charges the
+    exports hold in all (read before any cloud call)."""
     from costguard.billing.exports import read_spend  # pyarrow loads only now
 
     tally = read_spend(exports, "project")
-    return report(tally, "project", month=max(month for (_, _, month) in tally.sums))
+    latest = report(tally, "project", month=max(month for (_, _, month) in tally.sums))
+    return latest, sum(tally.counts.values())
 
 
-def _export_doc(billed: SpendReport, budget_usd: Decimal | None) -> dict[str, Any]:
+def _export_doc(read: tuple[SpendReport, int], budget_usd: Decimal | None) -> dict[str, Any]:
+    billed, charges = read
     return {
         "period": billed.period,
         "currency": billed.currency,
@@ -344,12 +347,21 @@ def _export_doc(billed: SpendReport, budget_usd: Decimal | None) -> dict[str, An
         if not budget_usd
         else round(100 * billed.total_billed_usd / budget_usd, 1),
         "charges_to": billed.last_day,
+        "charges": billed.rows,
+        "charges_in_export": charges,
     }
 
 
-def _export_line(billed: SpendReport, budget_usd: Decimal | None) -> str:
+def _export_line(read: tuple[SpendReport, int], budget_usd: Decimal | None) -> str:
+    """What the export's latest month billed, and what part of the export that month is:
+    a month holding 1 of its 1,000 charges is not the export's bill."""
+    billed, charges = read
     amount = format_usd(billed.total_billed_usd)
-    line = f"Billed in {billed.period} per the export (to {billed.last_day}): {amount}"
+    held = "all" if billed.rows == charges else f"{billed.rows:,}"
+    line = (
+        f"Billed in {billed.period}, the export's latest month ({held} of its {charges:,} "
+        f"charges, to {billed.last_day}): {amount}"
+    )
     if budget_usd:
         share = 100 * billed.total_billed_usd / budget_usd
         line += f", {share:.0f}% of the {format_usd(budget_usd)} budget"
