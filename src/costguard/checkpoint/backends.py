@@ -21,7 +21,7 @@ from costguard.clouds import require
 from costguard.errors import InputError, MissingCredentialsError
 from costguard.secrets import redact_url
 
-EXTRA = "train"
+EXTRA = "stores"  # the fsspec backends; torch is not needed to reach a store
 
 #: Which fsspec implementation serves each URL scheme, and the package that provides it.
 PROTOCOLS = {

@@ -58,7 +58,7 @@ from costguard.retry import RetryPolicy
 from costguard.secrets import redact, redact_url, url_has_credentials
 
 logger = logging.getLogger(__name__)
-EXTRA = "train"
+EXTRA = "stores"  # the fsspec backends; torch is not needed to reach a store
 T = TypeVar("T")
 #: ``progress(done, total)``: bytes of a long read, for a progress bar.
 Progress = Callable[[int, int], None]
