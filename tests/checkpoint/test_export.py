@@ -185,3 +185,25 @@ def test_an_export_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int, mod
     )
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(target.stat().st_mode) == mode
+
+
+def test_a_restores_progress_counts_the_objects_bytes_once(aws_env: str) -> None:
+    """Issue 49 item 9: a 302 MB restore from S3 showed a bar out of 604.2 MB (the
+    download and the hash of the downloaded file, counted as one)."""
+    import boto3
+
+    from costguard.checkpoint.export import open_store
+    from costguard.checkpoint.restoring import Restorer
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="runs")
+    trained("s3://runs/run1")
+    store = open_store("s3://runs/run1")
+    restorer = Restorer(store)
+    (manifest, *_) = restorer.survey().manifests[::-1]
+    heard: list[tuple[int, int]] = []
+    with restorer.payload_file(manifest, lambda done, total: heard.append((done, total))):
+        pass
+    (payload,) = [o for o in manifest.objects if not o.pool]
+    assert heard
+    assert {total for _, total in heard} == {payload.size_bytes}
+    assert heard[-1][0] == payload.size_bytes

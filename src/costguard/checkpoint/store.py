@@ -357,7 +357,8 @@ class Store(StoreCalls):
 
         A size or hash that does not match is :class:`ManifestError` (proof that the
         object is bad); a read that fails is :class:`StoreError` (the object may be fine).
-        ``progress(done, total)`` hears of the bytes read (downloaded, then hashed).
+        ``progress(done, total)`` hears of the bytes read (downloaded; for a local
+        store, hashed), ``total`` being the object's size.
         """
         report = progress or (lambda done, total: None)
         if self.is_local:
@@ -373,10 +374,10 @@ class Store(StoreCalls):
         fd, tmp = tempfile.mkstemp(prefix="costguard-restore-", suffix=".pt")
         os.close(fd)
         try:
-            self._download(path, tmp, size, lambda done, _: report(done, 2 * size))
-            self._check_file(
-                path, tmp, size, sha256, progress=lambda done, _: report(size + done, 2 * size)
-            )
+            # The bar counts the object's bytes as they arrive (the local re-read that
+            # hashes them is quick and not counted: a bar out of twice the size misled).
+            self._download(path, tmp, size, lambda done, _: report(done, size))
+            self._check_file(path, tmp, size, sha256)
             yield tmp
         finally:
             Path(tmp).unlink(missing_ok=True)
