@@ -100,3 +100,27 @@ def test_ctrl_c_stops_a_price_refresh(tmp_path: Path, slow_azure_prices: LocalSe
     written = list((tmp_path / "out").rglob("*")) if (tmp_path / "out").exists() else []
     assert written == [], f"half a refresh written: {written}"
     assert "Traceback" not in err
+
+
+def test_ctrl_c_during_an_export_leaves_no_part_of_it(tmp_path: Path) -> None:
+    """A checkpoint export (400 MB) stopped while it writes: it ends at once, and the
+    target is not there, nor its temporary file (the main thread unwinds before the exit)."""
+    import torch
+
+    from costguard.checkpoint import Checkpointer
+
+    store = tmp_path / "ckpt"
+    weights = torch.nn.Linear(10_000, 10_000)  # 400 MB of float32
+    with Checkpointer(str(store), every_steps=1) as ckpt:
+        ckpt.step(0, model=weights)
+    del weights
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "model.safetensors"
+    proc = start(["checkpoint", "export", str(store), "--to", str(target)], clean_env(tmp_path))
+    wait_for(lambda: any(out.iterdir()) or proc.poll() is not None, timeout_s=120)
+    assert proc.poll() is None, "the export ended before Ctrl-C: nothing was tested"
+    seconds, _, err = ctrl_c(proc)
+    assert proc.returncode == 130, err
+    assert seconds < ENDS_WITHIN_S, f"{seconds:.1f} s after Ctrl-C"
+    assert list(out.iterdir()) == [], "half an export left behind"
