@@ -35,11 +35,12 @@ from costguard.checkpoint.notices import ENDPOINT_ENV
 from costguard.errors import InputError
 from costguard.pricing.catalog import Market
 from costguard.spot.bootstrap import refuse_secrets
-from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
+from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID
 from costguard.spot.launcher.base import Handle, Launcher, LaunchSpec, Offer, State, Status
 from costguard.spot.simulator import (
     NOTICE_S,
     MetadataEmulator,
+    Simulation,
     notice_time,
     simulated_cloud,
     simulated_zones,
