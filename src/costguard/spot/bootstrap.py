@@ -239,6 +239,7 @@ def render(
     words = {
         "job_id": shlex.quote(spec.job_id),
         "attempt": shlex.quote(str(attempt)),
+        "job_key": "''",  # the job's key goes in after the search for secrets
         "cloud": shlex.quote(cloud),
         "workdir": shlex.quote(options.get("workdir", DEFAULT_WORKDIR)),
         "git_repo": shlex.quote(options.get("git_repo", "")),
@@ -255,6 +256,9 @@ def render(
     environ = os.environ if environ is None else environ
     refuse_secrets(
         spec.command, spec.options, spec.checkpoint_url, environ, text, sync_dir=spec.sync_dir
+    )
+    text = text.replace(
+        "export COSTGUARD_JOB_KEY=''", f"export COSTGUARD_JOB_KEY={shlex.quote(spec.job_key)}"
     )
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:

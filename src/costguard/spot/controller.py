@@ -29,6 +29,7 @@ from costguard.spot.job import (
     FINAL,
     RUNNING,
     Job,
+    clear_stop,
     latest_checkpoint_unix,
     latest_step,
     read_exit_record,
@@ -374,6 +375,7 @@ class Controller:
             token=launch_token(job.spec.job_id, decision.number),
         )
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
+        clear_stop(self.store)  # a request for an earlier attempt is not this one's
         try:
             handle = self.launcher.launch(decision.offer, job.spec.launch_spec(), decision.number)
         except CapacityError as exc:
@@ -435,6 +437,7 @@ class Controller:
             )
         job = replace(job, status=decision.status, reason=decision.reason)
         self._emit("done" if decision.status == "succeeded" else decision.status, decision.reason)
+        clear_stop(self.store)  # acted upon: no later run of the job reads it
         return self._save(job)
 
     # -- the projection ------------------------------------------------------------------
@@ -472,7 +475,7 @@ class Controller:
                 )
             return job
         reason = f"stopped at the projection: {text}"
-        request_stop(self.store, job.spec.job_id, reason, now)
+        request_stop(self.store, job.spec.job_id, job.current.number, reason, now)
         self._emit("projection", f"{text}: asking the script to save and stop")
         return self._save(replace(job, stop_requested=reason, stop_requested_unix=now))
 

@@ -77,6 +77,11 @@ class LaunchSpec:
     sync_dir: str | None = None
     #: ``--pilot-steps``: the script is stopped after so many steps, their pace recorded.
     pilot_steps: int | None = None
+    #: The job's environment as launch recorded it (no secrets; the local simulator's).
+    environment: Mapping[str, str] = field(default_factory=dict)
+    #: The job's key (hex), which proves its stop requests (``COSTGUARD_JOB_KEY``): a
+    #: secret, passed to the job's processes, never stored in the bucket.
+    job_key: str = field(default="", repr=False)
 
     def run_options(self) -> list[str]:
         """The options of ``costguard run`` that every attempt of the job starts with.
