@@ -435,7 +435,7 @@ class GcpLauncher(base.Launcher):
     # ----------------------------------------------------------------- launch
 
     def _zone(self, offer: Offer, spec: LaunchSpec) -> str:
-        zone = offer.zone or spec.options.get("zone", "") or f"{offer.region}-a"
+        zone = offer.zone or OPTIONS.value(spec.options, "zone") or f"{offer.region}-a"
         if zone.rsplit("-", 1)[0] != offer.region:
             msg = f"zone {zone!r} is not in region {offer.region!r}"
             raise InputError(msg, hint="leave the zone option out, or pick one of the region")
