@@ -20,6 +20,7 @@ from costguard import __version__
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings
+from costguard.text import visible
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -249,14 +250,14 @@ _MAX_RUN_CHARS = 200
 _KEPT_RUN_CHARS = 160
 _MAX_LINE_CHARS = 600
 _LONG_RUN = re.compile(rf"\S{{{_MAX_RUN_CHARS + 1},}}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def one_line(text: str) -> str:
     """``text`` made safe for one ``Error:``/``Hint:`` line: credentials masked
-    (:func:`costguard.secrets.redact`), control characters shown escaped (a newline in a
-    value cannot start a line of its own), runs longer than 200 characters and lines longer
-    than 600 cut, saying how long they were.
+    (:func:`costguard.secrets.redact`), control characters shown escaped
+    (:func:`costguard.text.visible`: a newline in a value cannot start a line of its
+    own), runs longer than 200 characters and lines longer than 600 cut, saying how long
+    they were.
 
     >>> one_line("bad value 'a\\nb'")
     "bad value 'a\\\\nb'"
@@ -264,7 +265,7 @@ def one_line(text: str) -> str:
     'xxxxxxxxxxxx...(1001 characters) is too long'
     """
     text = redact(text)
-    text = _CONTROL.sub(lambda found: ascii(found[0])[1:-1], text)
+    text = visible(text)
     text = _LONG_RUN.sub(
         lambda found: f"{found[0][:_KEPT_RUN_CHARS]}...({len(found[0])} characters)", text
     )

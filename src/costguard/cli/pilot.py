@@ -87,9 +87,10 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
     from costguard.errors import CostguardError, InputError
     from costguard.secrets import redact
     from costguard.spot.prepare import normal_url, open_store
+    from costguard.text import visible
 
     def say(line: str) -> None:
-        click.echo(f"costguard pilot: {redact(line)}", err=True)
+        click.echo(f"costguard pilot: {visible(redact(line))}", err=True)
 
     if options["total_steps"] is not None and options["epochs"] is not None:
         msg = "--total-steps and --epochs both give the run's length"

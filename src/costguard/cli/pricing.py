@@ -43,6 +43,7 @@ from costguard.pricing.catalog import (
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.pricing.tables import load_interruptions, load_tables
 from costguard.settings import Settings
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
@@ -536,9 +537,10 @@ def refresh_command(
             )
     for failure in report.failed:
         assert failure.error is not None
-        click.secho(f"Error: {failure.provider}: {failure.error.message}", err=True, fg="red")
+        message = visible(f"Error: {failure.provider}: {failure.error.message}")
+        click.secho(message, err=True, fg="red")
         if failure.error.hint:
-            click.echo(f"Hint: {failure.error.hint}", err=True)
+            click.echo(visible(f"Hint: {failure.error.hint}"), err=True)
     if report.failed:
         ctx.exit(EXIT_FAILURE)
 

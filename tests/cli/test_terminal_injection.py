@@ -1,0 +1,212 @@
+"""What a store, an export, a tag or a cloud API holds never reaches a terminal raw (issue 43).
+
+Each command that shows such a value is fed one that carries an OSC title sequence, a
+clear-screen CSI, a bell, a newline followed by a fake report line, a bidi override and
+rich markup (a closing tag that does not open, a hyperlink). In a pipe and as on a
+terminal (rich's ``FORCE_COLOR``, click's colour kept), each must show the value escaped,
+never raise, never make a link, and never let the fake line start a line of its own.
+``spend --format csv`` writes no cell a spreadsheet would run as a formula.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from costguard.checkpoint.manifest import Manifest, ObjectEntry, checkpoint_name
+from costguard.checkpoint.store import Store
+from costguard.cli import cli
+from costguard.pricing.catalog import Market
+from costguard.spot.job import Job, JobSpec, save_job
+from costguard.spot.launcher.base import Handle, Offer
+from costguard.spot.recovery import Attempt, AttemptOutcome
+
+#: What a forged record carries: every way to act on a terminal or a reader at once.
+FAKE_LINE = "succeeded: all steps done"
+HOSTILE = (
+    "x\x1b]0;owned\x07\x1b[2J\x9b31m[/bad][link=https://evil.example]click[/link]"
+    f"\u202eevil\n{FAKE_LINE}"
+)
+#: What must never appear in the output: the raw controls, a link, the fake line alone.
+RAW = ("\x1b]", "\x1b[2J", "\x07", "\x9b", "\u202e")
+
+
+def assert_clean(result: Result, *, must_show: bool = True) -> None:
+    """The command exited 0 or 2 with no unexpected error, and printed nothing raw."""
+    out = result.stdout + result.stderr
+    assert result.exit_code in (0, 2), (result.exit_code, out[-2000:])
+    assert "unexpected" not in out, out[-2000:]
+    assert "Traceback" not in out, out[-2000:]
+    assert "MarkupError" not in out
+    for raw in RAW:
+        assert raw not in out, (raw, out[-2000:])
+    assert "\x1b]8;" not in out, "a hyperlink was made"
+    lines = out.splitlines()
+    assert not any(line.strip().startswith(FAKE_LINE) for line in lines), out[-2000:]
+    if must_show and result.exit_code == 0:
+        # Shown, escaped, with its brackets as typed.
+        assert "\\x1b]0;owned\\x07" in out, out[-2000:]
+        assert "[/bad]" in out, out[-2000:]
+
+
+MODES = ["pipe", "terminal"]
+
+
+def invoke(args: list[str], mode: str, monkeypatch: pytest.MonkeyPatch) -> Result:
+    """``costguard args`` in a pipe, or as on a terminal: rich's console is asked to act as
+    one (``FORCE_COLOR``, as a terminal would make it) and click keeps every escape."""
+    if mode == "terminal":
+        monkeypatch.setenv("FORCE_COLOR", "1")
+    else:
+        monkeypatch.delenv("FORCE_COLOR", raising=False)
+        monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
+    return CliRunner().invoke(cli, args, color=mode == "terminal", catch_exceptions=False)
+
+
+# -- jobs status: region, status, reason, kept_stopped, instance, checkpoint reason -------
+
+
+def forged_job(store: Store, text: str = HOSTILE) -> Job:
+    """A job.json as anyone who can write the store may write it."""
+    now = time.time()
+    spec = JobSpec("cg-me-20261202-201512-a1b2c3", "local", "T4", 1, ("local",), True,
+                   store.url, ("true",), "me", now - 60, datetime.now(UTC))  # fmt: skip
+    offer = Offer("local", text, text, Market.SPOT, Decimal("0.5"), "T4", 1, zone=text)
+    handle = Handle("local", text, text)
+    attempt = Attempt(1, offer, now - 50, handle, now - 10, AttemptOutcome.SUCCEEDED, 0,
+                      detail=text)  # fmt: skip
+    job = Job(spec, (attempt,), status=text, reason=text, kept_stopped=(text, text))
+    return save_job(store, job)
+
+
+def forged_checkpoint(store: Store, step: int, reason: str = HOSTILE) -> Manifest:
+    """A complete checkpoint whose manifest carries ``reason``."""
+    name = checkpoint_name(step, f"{step:08x}")
+    data = b"payload"
+    store.put(f"{name}/state.pt", data)
+    manifest = Manifest(name, step, time.time(), (ObjectEntry("state.pt", len(data),
+                        hashlib.sha256(data).hexdigest()),), reason=reason)  # fmt: skip
+    store.put(manifest.manifest_path, manifest.to_json().encode())
+    return manifest
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_jobs_status_shows_a_forged_job_escaped(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store.open(str(tmp_path / "ckpt"))
+    forged_job(store)
+    forged_checkpoint(store, 10)
+    result = invoke(["jobs", "status", store.url], mode, monkeypatch)
+    assert_clean(result)
+
+
+def test_jobs_status_json_stays_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store.open(str(tmp_path / "ckpt"))
+    forged_job(store)
+    result = invoke(["jobs", "status", store.url, "--format", "json"], "terminal", monkeypatch)
+    if result.exit_code == 0:
+        assert json.loads(result.stdout)["reason"] == HOSTILE
+    assert_clean(result, must_show=False)
+
+
+# -- checkpoint ls / verify: the manifest's reason ----------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_checkpoint_ls_shows_a_manifest_reason_escaped(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store.open(str(tmp_path / "ckpt"))
+    forged_checkpoint(store, 10, reason=HOSTILE.replace(":", ""))
+    assert_clean(invoke(["checkpoint", "ls", store.url], mode, monkeypatch))
+
+
+def test_checkpoint_ls_json_stays_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = Store.open(str(tmp_path / "ckpt"))
+    forged_checkpoint(store, 10)
+    listed = invoke(["checkpoint", "ls", store.url, "--format", "json"], "terminal", monkeypatch)
+    assert_clean(listed, must_show=False)
+    assert json.loads(listed.stdout)["checkpoints"][0]["reason"] == HOSTILE[:200]
+
+
+# -- estimate --from-run: the device the pace names ---------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("gpu", [[], ["--gpu", "a10g", "--speedup", "1"]], ids=["own", "a10g"])
+def test_estimate_from_run_shows_the_pace_device_escaped(
+    mode: str, gpu: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from costguard.checkpoint.pace import Pace, write_pace
+
+    store = Store.open(str(tmp_path / "run1"))
+    write_pace(store, Pace(390, 195.0, 400, 2e9, 2e9 - 200, device=HOSTILE, host=HOSTILE))
+    args = ["estimate", "--from-run", store.url, "--steps", "1000", *gpu]
+    assert_clean(invoke(args, mode, monkeypatch))
+
+
+# -- spend: tag values and group keys, table and CSV --------------------------------------
+
+#: Group keys a labmate can put in a tag: terminal escapes, markup, spreadsheet formulas.
+FORMULAS = ["=cmd|' /C calc'!A0", "+1+1", "-2+3", "@SUM(1,1)", '=HYPERLINK("http://evil.example")',
+            "\t=1+1", "\r=1+1", " =1+1", "\uff1d1+1"]  # fmt: skip
+
+
+def hostile_export(path: Path, jobs: list[str]) -> Path:
+    """A FOCUS export with one charge per job tag in ``jobs``, and a credit (negative)."""
+    header = ("ProviderName,BillingAccountId,SubAccountId,ServiceName,ChargeCategory,ChargeClass,"
+              "ChargeDescription,CommitmentDiscountId,BillingCurrency,BillingPeriodStart,"
+              "BillingPeriodEnd,ChargePeriodStart,ChargePeriodEnd,BilledCost,EffectiveCost,"
+              "ListCost,Tags")  # fmt: skip
+    import csv
+
+    with path.open("w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerow(header.split(","))
+        for n, job in enumerate(jobs):
+            tags = json.dumps({"costguard:job": job, "costguard:owner": HOSTILE})
+            cost = "-4.21" if n == 0 else "1.50"
+            writer.writerow(["AWS", "999988887777", "111122223333", "EC2", "Usage", "", "hour",
+                             "", "USD", "2026-11-01T00:00:00Z", "2026-12-01T00:00:00Z",
+                             "2026-11-03T10:00:00Z", "2026-11-03T11:00:00Z", cost, cost, cost,
+                             tags])  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("by", ["job", "owner"])
+def test_spend_shows_tag_values_escaped(
+    mode: str, by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export = hostile_export(tmp_path / "focus.csv", [HOSTILE, *FORMULAS])
+    assert_clean(invoke(["spend", str(export), "--by", by], mode, monkeypatch))
+
+
+def test_spend_csv_neutralises_formulas_and_keeps_numbers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csv
+    import io
+
+    export = hostile_export(tmp_path / "focus.csv", [*FORMULAS, HOSTILE])
+    result = invoke(["spend", str(export), "--format", "csv"], "pipe", monkeypatch)
+    assert_clean(result, must_show=False)
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
+    assert len(rows) >= 6  # the export trims a key's blanks: "\t=1+1" is "=1+1" there
+    for row in rows:
+        for cell in (row["key"], row["billed_usd"], row["effective_usd"]):
+            if cell.lstrip(" ")[:1] in "=+-@\t\r\uff1d":
+                Decimal(cell)  # only a number may start so: a spreadsheet reads it as one
+    keys = {row["key"] for row in rows}
+    for neutral in ("'=cmd|' /C calc'!A0", "'@SUM(1,1)", "'+1+1", "'=1+1", "'-2+3", "'\uff1d1+1"):
+        assert neutral in keys
+    amounts = {row["key"]: Decimal(row["billed_usd"]) for row in rows}
+    assert amounts["'=cmd|' /C calc'!A0"] == Decimal("-4.21")  # a credit stays a number
