@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import sys
 import time
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -19,6 +21,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from costguard.checkpoint.manifest import Manifest, ObjectEntry, checkpoint_name
 from costguard.checkpoint.store import Store
@@ -203,10 +207,72 @@ def test_spend_csv_neutralises_formulas_and_keeps_numbers(
     assert len(rows) >= 6  # the export trims a key's blanks: "\t=1+1" is "=1+1" there
     for row in rows:
         for cell in (row["key"], row["billed_usd"], row["effective_usd"]):
-            if cell.lstrip(" ")[:1] in "=+-@\t\r\uff1d":
+            if cell.lstrip(" ")[:1] in set("=+-@\t\r\uff1d"):
                 Decimal(cell)  # only a number may start so: a spreadsheet reads it as one
     keys = {row["key"] for row in rows}
     for neutral in ("'=cmd|' /C calc'!A0", "'@SUM(1,1)", "'+1+1", "'=1+1", "'-2+3", "'\uff1d1+1"):
         assert neutral in keys
     amounts = {row["key"]: Decimal(row["billed_usd"]) for row in rows}
     assert amounts["'=cmd|' /C calc'!A0"] == Decimal("-4.21")  # a credit stays a number
+
+
+# -- every renderer, any string -----------------------------------------------------------
+
+#: What may reach a terminal raw: none of these, besides the CLI's own newlines and, on a
+#: terminal, rich's own style codes (SGR: ``ESC [ ... m``).
+UNSAFE = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
+SGR = re.compile("\x1b\\[[0-9;]*m")
+TRICKY = st.lists(
+    st.sampled_from(list("ab [/]=+-@:\\\"',;") + [chr(c) for c in range(32)] + ["\x7f", "\x9b",
+                    "\x85", "\u202e", "\u2066", "\u2028", "\ud800", "[link=http://e.x]", "[/]",
+                    "[bold]", "\x1b]8;;http://e.x\x1b\\", "\x1b[2J", "\uff1d"]),
+    max_size=20,
+).map("".join)  # fmt: skip
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(values=st.lists(st.one_of(TRICKY, st.text(max_size=40)), min_size=1, max_size=4),
+       mode=st.sampled_from(MODES))  # fmt: skip
+def test_no_string_survives_a_renderer_raw(values: list[str], mode: str) -> None:
+    from costguard.cli import render
+
+    columns = [render.Column("name"), render.Column("note", prose=True)]
+    rows = [[v, v] for v in values]
+    env = {"FORCE_COLOR": "1"} if mode == "terminal" else {"FORCE_COLOR": None}
+    runner = CliRunner(env=env)
+    with runner.isolation(color=mode == "terminal") as (out, err, *_):
+        render.print_table("title " + values[0], columns, rows)
+        render.print_prose(values[-1])
+        render.print_notes(values, heading="Notes:")
+        render.print_notes(values, err=True)
+        printed = out.getvalue().decode() + err.getvalue().decode()
+    text = SGR.sub("", printed)
+    assert not UNSAFE.search(text), repr(text)
+    assert "\x1b" not in text, repr(text)
+    if mode == "pipe":  # no value's newline starts a line: title, header, rows; a paragraph;
+        # a heading and a note per value; a note per value on stderr
+        assert len(text.splitlines()) == 2 + len(values) + 1 + 1 + 2 * len(values), repr(text)
+
+
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(st.lists(st.one_of(TRICKY, st.text(max_size=40), st.decimals(-(10**9), 10**9,
+                allow_infinity=False, places=4)), min_size=1, max_size=6))  # fmt: skip
+def test_no_csv_cell_is_a_formula_and_numbers_stay_numbers(values: list[object]) -> None:
+    import csv
+    import io
+
+    from costguard.cli import render
+
+    with CliRunner().isolation() as (out, *_):
+        render.print_csv(["key", "usd"], [{"key": v, "usd": v} for v in values])
+        sys.stdout.flush()
+        printed = out.getvalue().decode()
+    rows = list(csv.DictReader(io.StringIO(printed)))
+    assert len(rows) == len(values)
+    for value, row in zip(values, rows, strict=True):
+        for cell in row.values():
+            assert not UNSAFE.search(cell), repr(cell)
+            if cell.lstrip(" ")[:1] in set("=+-@\uff1d\uff0b\uff0d\uff20"):
+                Decimal(cell)  # only a number may start so
+        if isinstance(value, Decimal):
+            assert Decimal(row["usd"]) == value.normalize() or Decimal(row["usd"]) == value
