@@ -15,7 +15,7 @@ import json
 import re
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -276,3 +276,77 @@ def test_no_csv_cell_is_a_formula_and_numbers_stay_numbers(values: list[object])
                 Decimal(cell)  # only a number may start so
         if isinstance(value, Decimal):
             assert Decimal(row["usd"]) == value.normalize() or Decimal(row["usd"]) == value
+
+
+# -- reap and burn: an EC2 instance's Name and tags ----------------------------------------
+
+
+#: What EC2 carries (its XML has no C0 control but ESC's 8-bit twin CSI, U+009B): a CSI
+#: sequence, markup, a bidi override and a newline before a fake line.
+EC2_HOSTILE = f"x\x9b2J[/bad][link=https://evil.example]click[/link]\u202eevil\n{FAKE_LINE}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reap_and_burn_show_ec2_names_and_tags_escaped(
+    mode: str, aws_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    from tests.servers.aws import launch_instance
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    hours_ago = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=3)
+    launch_instance(ec2, EC2_HOSTILE, at=hours_ago, tags={"costguard:job": EC2_HOSTILE})
+    for command in ("reap", "burn"):
+        result = invoke([command, "--region", "us-east-1"], mode, monkeypatch)
+        assert_clean(result, must_show=False)
+        if command == "reap" and mode == "pipe":  # the Name whole, its controls escaped
+            assert "\\x9b2J[/bad][link=https://evil.example]" in result.stdout
+
+
+# -- alarm status: a budget as the cloud lists it ------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_alarm_status_shows_a_budget_name_escaped(
+    mode: str, aws_env: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import boto3
+
+    boto3.client("budgets", region_name="us-east-1").create_budget(
+        AccountId="123456789012",
+        Budget={
+            "BudgetName": f"costguard-{HOSTILE}",  # anyone with budgets:CreateBudget
+            "BudgetLimit": {"Amount": "5", "Unit": "USD"},
+            "TimeUnit": "MONTHLY",
+            "BudgetType": "COST",
+        },
+    )
+    assert_clean(invoke(["alarm", "status"], mode, monkeypatch))
+
+
+# -- run --sync-dir: the folder a manifest names, restored ---------------------------------
+
+
+def test_run_sync_dir_says_the_restored_path_escaped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION
+
+    store = Store.open(str(tmp_path / "ckpt"))
+    name = checkpoint_name(5, "00000005")
+    data = b"weights"
+    store.put(f"{name}/model.bin", data)
+    path = "checkpoint-5\x1b]0;owned\x07\u202e[/bad]"
+    extra = {"folder": {"path": path, "files": {"model.bin": f"{path}/model.bin"}, "kind": "hf"}}
+    manifest = Manifest(name, 5, time.time(), (ObjectEntry("model.bin", len(data),
+                        hashlib.sha256(data).hexdigest()),), format_version=FOLDER_FORMAT_VERSION,
+                        extra=extra)  # fmt: skip
+    store.put(manifest.manifest_path, manifest.to_json().encode())
+    out = tmp_path / "out"
+    args = ["run", "--checkpoint", store.url, "--sync-dir", str(out), "--", sys.executable,
+            "-c", "pass"]  # fmt: skip
+    result = invoke(args, "pipe", monkeypatch)
+    assert_clean(result, must_show=False)
+    if (out / path).exists():  # restored: it said so, escaped
+        assert "restored checkpoint-5\\x1b]0;owned\\x07\\u202e[/bad]" in result.stderr
