@@ -18,6 +18,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -28,7 +29,7 @@ from costguard.checkpoint.manifest import Manifest, ObjectEntry, checkpoint_name
 from costguard.checkpoint.store import Store
 from costguard.cli import cli
 from costguard.pricing.catalog import Market
-from costguard.spot.job import Job, JobSpec, save_job
+from costguard.spot.job import JOB_FILE, Job, JobSpec, save_job
 from costguard.spot.launcher.base import Handle, Offer
 from costguard.spot.recovery import Attempt, AttemptOutcome
 
@@ -77,17 +78,38 @@ def invoke(args: list[str], mode: str, monkeypatch: pytest.MonkeyPatch) -> Resul
 # -- jobs status: region, status, reason, kept_stopped, instance, checkpoint reason -------
 
 
-def forged_job(store: Store, text: str = HOSTILE) -> Job:
-    """A job.json as anyone who can write the store may write it."""
+#: Where a forged value goes: costguard's own writer would refuse to write it, so a record
+#: is written with this in its place and the stored JSON is then rewritten, as a forger would.
+MARK = "forged-value"
+
+
+def forge(store: Store, path: str, **top: Any) -> None:
+    """Rewrite the JSON record at ``path``: every string ``MARK`` becomes :data:`HOSTILE`,
+    and ``top``'s fields are set at its top level."""
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: swap(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [swap(v) for v in value]
+        return HOSTILE if value == MARK else value
+
+    doc = {**swap(json.loads(store.get(path))), **top}
+    store.put(path, json.dumps(doc).encode())
+
+
+def forged_job(store: Store) -> None:
+    """A job.json as anyone who can write the store may write it: its region, zone,
+    instance, status, reason and kept instances carry :data:`HOSTILE`."""
     now = time.time()
     spec = JobSpec("cg-me-20261202-201512-a1b2c3", "local", "T4", 1, ("local",), True,
                    store.url, ("true",), "me", now - 60, datetime.now(UTC))  # fmt: skip
-    offer = Offer("local", text, text, Market.SPOT, Decimal("0.5"), "T4", 1, zone=text)
-    handle = Handle("local", text, text)
+    offer = Offer("local", MARK, MARK, Market.SPOT, Decimal("0.5"), "T4", 1, zone=MARK)
+    handle = Handle("local", MARK, MARK)
     attempt = Attempt(1, offer, now - 50, handle, now - 10, AttemptOutcome.SUCCEEDED, 0,
-                      detail=text)  # fmt: skip
-    job = Job(spec, (attempt,), status=text, reason=text, kept_stopped=(text, text))
-    return save_job(store, job)
+                      detail=MARK)  # fmt: skip
+    save_job(store, Job(spec, (attempt,), status="succeeded", reason=MARK, kept_stopped=(MARK,)))
+    forge(store, JOB_FILE, status=HOSTILE)
 
 
 def forged_checkpoint(store: Store, step: int, reason: str = HOSTILE) -> Manifest:
@@ -149,10 +171,11 @@ def test_checkpoint_ls_json_stays_json(tmp_path: Path, monkeypatch: pytest.Monke
 def test_estimate_from_run_shows_the_pace_device_escaped(
     mode: str, gpu: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from costguard.checkpoint.pace import Pace, write_pace
+    from costguard.checkpoint.pace import PACE_FILE, Pace, write_pace
 
     store = Store.open(str(tmp_path / "run1"))
-    write_pace(store, Pace(390, 195.0, 400, 2e9, 2e9 - 200, device=HOSTILE, host=HOSTILE))
+    write_pace(store, Pace(390, 195.0, 400, 2e9, 2e9 - 200, device=MARK, host=MARK))
+    forge(store, PACE_FILE)
     args = ["estimate", "--from-run", store.url, "--steps", "1000", *gpu]
     assert_clean(invoke(args, mode, monkeypatch))
 
