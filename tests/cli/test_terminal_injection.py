@@ -373,3 +373,15 @@ def test_run_sync_dir_says_the_restored_path_escaped(
     assert_clean(result, must_show=False)
     if (out / path).exists():  # restored: it said so, escaped
         assert "restored checkpoint-5\\x1b]0;owned\\x07\\u202e[/bad]" in result.stderr
+
+
+def test_spend_json_stays_json_and_keeps_the_values_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    export = hostile_export(tmp_path / "focus.csv", [HOSTILE, *FORMULAS])
+    result = invoke(["spend", str(export), "--format", "json"], "terminal", monkeypatch)
+    assert_clean(result, must_show=False)
+    assert all(ord(c) < 128 for c in result.stdout)  # json.dump escapes the rest
+    keys = {group["key"] for group in json.loads(result.stdout)["groups"]}
+    assert HOSTILE in keys  # exact: escaping JSON is json.dump's, not ours
+    assert "=cmd|' /C calc'!A0" in keys
