@@ -239,7 +239,8 @@ def test_check_cli_flags_the_b200_row_put_back(run_cli, tmp_path: Path) -> None:
     text = csv_path.read_text(encoding="utf-8")
     line = next(x for x in text.splitlines() if x.startswith("gcp,us-east1,a4-highgpu-8g,"))
     fields = line.split(",")[:9]
-    csv_path.write_text(text.replace(line, ",".join([*fields, "listed", "listed", ""])))
+    dates = line.split(",")[-3:]  # as_of, spot_as_of, source
+    csv_path.write_text(text.replace(line, ",".join([*fields, "listed", "listed", "", *dates])))
     result = run_cli("pricing", "check", "--pricing-dir", str(tables), "--format", "json")
     assert result.exit_code == 1
     new = [f for f in result.json()["findings"] if not f["known"]]

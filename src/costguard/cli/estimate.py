@@ -38,12 +38,15 @@ from costguard.pricing.catalog import (
     Catalog,
     Market,
     PriceStatus,
-    prices_as_of,
+    as_of_text,
     staleness,
 )
 from costguard.pricing.document import (
     OPTION_FIELDS,
+    OTHER_DATE_MARK,
     SLURM_FIELDS,
+    dated_apart,
+    header_as_of,
     option_row,
     places,
     slurm_document,
@@ -672,7 +675,8 @@ def print_table(
     what = request.gpu or request.instance_type
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
     # The oldest of the prices shown: after a partial refresh, not the oldest region's.
-    as_of = prices_as_of(catalog, places(shown)).isoformat()
+    as_of = as_of_text(header_as_of(catalog, shown))
+    apart, apart_note = dated_apart(catalog, shown, header_as_of(catalog, shown))
     hours_how = ""
     if measured is not None:
         hours_how = " (measured, SCALED)" if measured.scaled else " (measured)"
@@ -703,6 +707,7 @@ def print_table(
             else:
                 mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
                 flagged = flagged or bool(mark)
+                mark += OTHER_DATE_MARK if option in apart else ""
                 rows.append(
                     [
                         where,
@@ -727,6 +732,8 @@ def print_table(
             "* unverified price (suspect in the source, or not read from one): "
             "`costguard pricing show gpu_instances --unverified` gives the reasons"
         )
+    if apart_note is not None:
+        notes.append(apart_note)
     if slurm is not None:
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))

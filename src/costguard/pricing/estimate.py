@@ -35,6 +35,7 @@ from costguard.pricing.catalog import (
     Region,
     StorageRate,
     TransferRate,
+    as_of_text,
     prices_as_of,
     refresh_hint,
 )
@@ -449,14 +450,20 @@ def _assumptions(
     request: EstimateRequest, catalog: Catalog, options: Sequence[CostOption]
 ) -> tuple[str, ...]:
     places = [
-        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
+        (
+            "gpu_instances" if o.accelerator else "cpu_instances",
+            o.provider,
+            o.region,
+            o.market,
+            o.instance_type,
+        )
         for o in options
     ]
-    as_of = prices_as_of(catalog, places)
+    as_of = as_of_text(prices_as_of(catalog, places))
     where = "" if catalog.origin == "bundled" else f" from {catalog.directory}"
     lines = [
-        f"Prices: {catalog.origin} tables{where} as of {as_of.isoformat()}; "
-        "list prices in USD, before taxes",
+        f"Prices: {catalog.origin} tables{where}, the oldest price shown as of {as_of} (each "
+        "row's date and source: `costguard pricing show`); list prices in USD, before taxes",
         f"Compute: price per hour x {request.hours} h x {request.count} instance(s)",
     ]
     if Market.SPOT in request.markets:
