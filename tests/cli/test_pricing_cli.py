@@ -53,7 +53,7 @@ def test_show_rows_with_filters(run_cli) -> None:
     assert doc["rows"]
     assert {r["accelerator"] for r in doc["rows"]} == {"A100-80GB"}
     assert {r["ondemand_status"] for r in doc["rows"]} == {"corrected"}
-    assert doc["as_of"] == "unknown"  # corrected on-demand of 2026-07-30, spot of no known date
+    assert doc["as_of"] == "2026-08-20"  # both prices from Cyclenerd's copy of that day
 
 
 def test_show_unverified_gives_reasons(run_cli) -> None:

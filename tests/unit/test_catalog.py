@@ -67,10 +67,11 @@ def test_azure_nd96isr_h100_has_eight_gpus(catalog: Catalog) -> None:
 @pytest.mark.parametrize(
     ("region", "instance_type", "price"),
     [
-        ("us-central1", "a3-highgpu-8g", "87.83"),
-        ("us-west1", "a3-highgpu-1g", "10.98"),
-        ("us-central1", "a2-ultragpu-1g", "5.03"),
-        ("europe-west4", "a2-ultragpu-8g", "44.29"),
+        # GCP's list prices (Cyclenerd pricing.yml @ dac31281, 2026-08-20), Local SSD out
+        ("us-central1", "a3-highgpu-8g", "87.83247"),
+        ("us-west1", "a3-highgpu-1g", "10.97906"),
+        ("us-central1", "a2-ultragpu-1g", "5.0277"),
+        ("europe-west4", "a2-ultragpu-8g", "44.2857"),
     ],
 )
 def test_suspect_gcp_rows_are_corrected(
@@ -83,8 +84,8 @@ def test_suspect_gcp_rows_are_corrected(
     ]
     assert row.ondemand_usd_per_hour == Decimal(price)
     assert row.ondemand_status is PriceStatus.CORRECTED
-    assert row.spot_status is PriceStatus.UNVERIFIED
-    assert "Cyclenerd" in row.note
+    assert row.spot_status is PriceStatus.LISTED  # read from the same dated copy
+    assert "Cyclenerd pricing.yml @ dac31281 (2026-08-20)" in row.note
 
 
 def test_unconfirmed_gcp_rows_are_marked_unverified(catalog: Catalog) -> None:

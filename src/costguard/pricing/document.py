@@ -97,8 +97,8 @@ def dated_apart(
     )
     note = (
         f"{OTHER_DATE_MARK} priced as of another date than the title's "
-        f"{as_of_text(header)}: {said} (`costguard pricing show gpu_instances` gives each "
-        "row's date and source)"
+        f"{as_of_text(header)}: {said}; `costguard pricing show gpu_instances` gives each "
+        "row's date and source"
     )
     return apart, note
 
