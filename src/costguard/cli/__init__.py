@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import click
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings

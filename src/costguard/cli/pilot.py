@@ -8,12 +8,15 @@ estimate --from-run`` is printed for ``--total-steps``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from costguard.cli.estimate import speedup_option
-from costguard.cli.params import DecimalRange, Name, StoreUrl, WholeNumber, table_or_json
+from costguard.cli.estimate import number, speedup_option, whole_number
+from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
+
+if TYPE_CHECKING:
+    from costguard.settings import Settings
 
 EXAMPLES = """
 \b
@@ -45,12 +48,12 @@ has costguard's PreemptionCallback; it is stopped after --steps steps.
 )
 @click.option(
     "--total-steps",
-    type=WholeNumber(1, 10**12),
+    type=whole_number("steps"),
     help="The whole run's steps to price [default: the script's Checkpointer(total_steps=N)].",
 )
 @click.option(
     "--epochs",
-    type=DecimalRange(0, minimum_open=True, maximum=10**6, unit="epochs"),
+    type=number("epochs"),
     help="Or the whole run's epochs, at the steps per epoch the script's trainer recorded "
     "(its Hugging Face or Lightning PreemptionCallback).",
 )
@@ -73,8 +76,8 @@ has costguard's PreemptionCallback; it is stopped after --steps steps.
 )
 @table_or_json("table for people, json for scripts.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-@click.pass_context
-def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -> None:
+@click.pass_obj
+def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any) -> None:
     """Run COMMAND (after --) for --steps steps, then price --total-steps at that pace.
 
     The pace is the training's alone: the first steps (warm-up), slow ones (evaluation)
@@ -83,8 +86,9 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
     """
     from costguard.checkpoint.pace import read_pace
     from costguard.checkpoint.supervisor import supervise
-    from costguard.cli.estimate import estimate_command
+    from costguard.cli.estimate import show_quote
     from costguard.errors import CostguardError, InputError
+    from costguard.pricing.question import Question
     from costguard.secrets import redact
     from costguard.spot.prepare import normal_url, open_store
 
@@ -118,8 +122,7 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
             "Checkpointer.from_env(...); or give a Hugging Face or Lightning trainer "
             "costguard's PreemptionCallback",
         )
-    ctx.invoke(
-        estimate_command,
+    question = Question(
         from_run=options["url"],
         steps=options["total_steps"],
         epochs=options["epochs"],
@@ -128,5 +131,5 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
         providers=options["providers"],
         regions=options["regions"],
         spot=options["spot"],
-        output_format=options["output_format"],
     )
+    show_quote(settings, question, options["output_format"].lower())

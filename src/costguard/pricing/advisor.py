@@ -30,6 +30,7 @@ from costguard.money import format_usd
 from costguard.pricing.catalog import Market
 from costguard.pricing.estimate import CostOption
 from costguard.pricing.interruptions import (
+    ADVISOR_WORD,
     COST_LINE,
     Checkpointing,
     Interruptions,
@@ -42,8 +43,6 @@ from costguard.pricing.interruptions import (
 #: The advisor's file, as AWS serves it and as a ``--from`` mirror holds it.
 ADVISOR_FILE = "spot-advisor-data.json"
 ADVISOR_URL = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
-#: ``--interruptions-per-day advisor``.
-ADVISOR_WORD = "advisor"
 #: The table's name in ``tables.toml`` and its columns.
 TABLE = "interruptions"
 COLUMNS = (

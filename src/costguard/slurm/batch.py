@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.errors import CostguardError, InputError
 from costguard.secrets import find_in_words, find_secret, redact_url, url_has_credentials
 

@@ -30,7 +30,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, pages
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.refresh import mirror as mirrors

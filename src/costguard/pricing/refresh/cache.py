@@ -44,7 +44,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.errors import CostguardError, InputError
 from costguard.files import fsync_dir
 from costguard.pricing.advisor import TABLE, InterruptionTable, render_csv
