@@ -35,7 +35,6 @@ from costguard.pricing.catalog import (
     Region,
     StorageRate,
     TransferRate,
-    as_of_text,
     prices_as_of,
     refresh_hint,
 )
@@ -459,11 +458,12 @@ def _assumptions(
         )
         for o in options
     ]
-    as_of = as_of_text(prices_as_of(catalog, places))
+    oldest = prices_as_of(catalog, places)
+    when = f"as of {oldest.isoformat()}" if oldest is not None else "of no known date"
     where = "" if catalog.origin == "bundled" else f" from {catalog.directory}"
     lines = [
-        f"Prices: {catalog.origin} tables{where}, the oldest price shown as of {as_of} (each "
-        "row's date and source: `costguard pricing show`); list prices in USD, before taxes",
+        f"Prices: {catalog.origin} tables{where}, the oldest price shown {when} (each row's "
+        "date and source: `costguard pricing show`); list prices in USD, before taxes",
         f"Compute: price per hour x {request.hours} h x {request.count} instance(s)",
     ]
     if Market.SPOT in request.markets:
