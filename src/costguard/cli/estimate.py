@@ -23,8 +23,8 @@ from costguard.cli.params import (
 from costguard.money import format_usd
 from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import budget_lines, cheapest_line, spot_size_notes
-from costguard.pricing.catalog import Catalog, Market, PriceStatus, prices_as_of
-from costguard.pricing.document import places
+from costguard.pricing.catalog import Catalog, Market, PriceStatus, as_of_text
+from costguard.pricing.document import OTHER_DATE_MARK, dated_apart, header_as_of
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate
 from costguard.pricing.question import NUMBERS, WHOLE_NUMBERS, Question
 from costguard.pricing.quote import Quote, quote
@@ -369,7 +369,10 @@ def print_table(
     what = request.gpu or request.instance_type
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
     # The oldest of the prices shown: after a partial refresh, not the oldest region's.
-    as_of = prices_as_of(catalog, places(shown)).isoformat()
+    # Titled by the date most prices shown carry; a row of another date is marked.
+    header = header_as_of(catalog, shown)
+    as_of = as_of_text(header)
+    apart, apart_note = dated_apart(catalog, shown, header)
     hours_how = ""
     if measured is not None:
         hours_how = " (measured, SCALED)" if measured.scaled else " (measured)"
@@ -400,6 +403,7 @@ def print_table(
             else:
                 mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
                 flagged = flagged or bool(mark)
+                mark += OTHER_DATE_MARK if option in apart else ""
                 rows.append(
                     [
                         where,
@@ -424,6 +428,8 @@ def print_table(
             "* unverified price (suspect in the source, or not read from one): "
             "`costguard pricing show gpu_instances --unverified` gives the reasons"
         )
+    if apart_note is not None:
+        notes.append(apart_note)
     if slurm is not None:
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))

@@ -33,6 +33,7 @@ from costguard.pricing.catalog import (
     Region,
     StorageRate,
     TransferRate,
+    as_of_text,
     check_provider,
     prices_as_of,
     refresh_hint,
@@ -113,7 +114,7 @@ def show_command(
         render.print_json(
             {
                 "table": table,
-                "as_of": as_of.isoformat(),
+                "as_of": as_of_text(as_of),
                 "source": info.source,
                 "origin": catalog.origin,
                 "rows": rows,
@@ -122,7 +123,7 @@ def show_command(
     elif output_format == "csv":
         render.print_csv(columns, rows)
     else:
-        _print_rows(f"{table} - as of {as_of.isoformat()} ({catalog.origin})", columns, rows)
+        _print_rows(f"{table} - as of {as_of_text(as_of)} ({catalog.origin})", columns, rows)
         render.print_prose(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
     if table in ("gpu_instances", "cpu_instances"):
@@ -151,8 +152,12 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
     ]
     rows = list(_gpu_rows(listed))
     # Dated by the oldest price listed, as estimate dates what it shows.
-    places = [("gpu_instances", i.provider, i.region, Market.ON_DEMAND) for i in listed]
-    as_of = prices_as_of(catalog, places).isoformat()
+    places = [
+        ("gpu_instances", i.provider, i.region, Market.ON_DEMAND, i.instance_type)
+        for i in listed
+        if i.ondemand_usd_per_hour is not None
+    ]
+    as_of = as_of_text(prices_as_of(catalog, places))
     output_format = output_format.lower()
     if output_format == "json":
         render.print_json({"as_of": as_of, "gpus": rows})
@@ -331,7 +336,7 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         render.print_prose(
             "Instance prices per cloud: "
             + "; ".join(
-                f"{p} newest {new} ({(today - new).days} days old), oldest region {old} "
+                f"{p} newest {new} ({(today - new).days} days old), oldest {old} "
                 f"({(today - old).days} days old)"
                 for p, (old, new) in dated.items()
             )

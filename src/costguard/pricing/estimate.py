@@ -449,14 +449,21 @@ def _assumptions(
     request: EstimateRequest, catalog: Catalog, options: Sequence[CostOption]
 ) -> tuple[str, ...]:
     places = [
-        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
+        (
+            "gpu_instances" if o.accelerator else "cpu_instances",
+            o.provider,
+            o.region,
+            o.market,
+            o.instance_type,
+        )
         for o in options
     ]
-    as_of = prices_as_of(catalog, places)
+    oldest = prices_as_of(catalog, places)
+    when = f"as of {oldest.isoformat()}" if oldest is not None else "of no known date"
     where = "" if catalog.origin == "bundled" else f" from {catalog.directory}"
     lines = [
-        f"Prices: {catalog.origin} tables{where} as of {as_of.isoformat()}; "
-        "list prices in USD, before taxes",
+        f"Prices: {catalog.origin} tables{where}, the oldest price shown {when} (each row's "
+        "date and source: `costguard pricing show`); list prices in USD, before taxes",
         f"Compute: price per hour x {request.hours} h x {request.count} instance(s)",
     ]
     if Market.SPOT in request.markets:
