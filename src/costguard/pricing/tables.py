@@ -7,8 +7,8 @@ same layout. ``costguard pricing refresh`` writes such a directory into the user
 :func:`load_tables` prices from the fresher of that cache and the bundled tables.
 
 Loading validates every row and fails with the file and line of a bad one; the lookups
-afterwards are pure. One idea, longer than most modules: where the tables are (bundled,
-a folder, the refresh cache and its versions) and what makes a row valid, read together.
+afterwards are pure. Where the tables are (bundled, a folder, the refresh cache and its
+versions) and what makes a row valid are both decided here.
 """
 
 from __future__ import annotations
