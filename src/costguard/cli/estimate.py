@@ -23,17 +23,17 @@ from costguard.cli.params import (
 from costguard.money import format_usd
 from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import budget_lines, cheapest_line, spot_size_notes
-from costguard.pricing.catalog import Catalog, Market, PriceStatus, prices_as_of
+from costguard.pricing.catalog import SLURM, Catalog, Market, PriceStatus, prices_as_of
 from costguard.pricing.document import places
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate
 from costguard.pricing.question import NUMBERS, WHOLE_NUMBERS, Question
 from costguard.pricing.quote import Quote, quote
-from costguard.pricing.slurm import SLURM, SlurmOption, format_su, slurm_comparison
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.pricing.advisor import AdvisorFigures
+    from costguard.pricing.slurm import SlurmOption
 
 
 def number(name: str, kind: type[DecimalRange] = DecimalRange) -> DecimalRange:
@@ -425,6 +425,8 @@ def print_table(
             "`costguard pricing show gpu_instances --unverified` gives the reasons"
         )
     if slurm is not None:
+        from costguard.pricing.slurm import slurm_comparison
+
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
@@ -462,6 +464,8 @@ def spot_cells(
 
 def print_slurm_table(slurm: SlurmOption) -> None:
     """The SLURM allocation: GPU-hours, service units, and dollars only when given."""
+    from costguard.pricing.slurm import format_su
+
     rate = slurm.rate
     title = (
         f"SLURM allocation: {slurm.gpus} x {slurm.accelerator} GPU(s), {slurm.hours} h "

@@ -14,21 +14,18 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import TYPE_CHECKING
 
 from costguard.errors import CostguardError, InputError, UnknownNameError
 from costguard.money import parse_decimal
 from costguard.pricing.advice import expand_regions, split_names
-from costguard.pricing.catalog import Catalog, Market, Region, check_provider
+from costguard.pricing.catalog import SLURM, Catalog, Market, Region, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
 from costguard.pricing.gpus import canonical_gpu
-from costguard.pricing.interruptions import (
-    ADVISOR_WORD,
-    DEFAULT_EVERY_MINUTES,
-    DEFAULT_RESTART_MINUTES,
-    DEFAULT_SAVE_SECONDS,
-    Checkpointing,
-)
-from costguard.pricing.slurm import SLURM, SlurmRate
+
+if TYPE_CHECKING:
+    from costguard.pricing.interruptions import Checkpointing
+    from costguard.pricing.slurm import SlurmRate
 
 #: The largest values a question may hold (ten years; a hundred thousand instances; an
 #: exabyte): beyond them a figure is a typo, not a plan.
@@ -169,7 +166,7 @@ def _check_figures(question: Question) -> None:
     """Every figure within its range (the CLI's options have checked theirs already)."""
     for name, bounds in NUMBERS.items():
         value = getattr(question, name)
-        if value is None or value == ADVISOR_WORD:
+        if value is None or _is_advisor(value):
             continue
         if not isinstance(value, Decimal) or not value.is_finite():
             msg = f"{name}: is not a finite number, not '{value}'"
@@ -185,6 +182,15 @@ def _check_figures(question: Question) -> None:
                 f"not {value!r}"
             )
             raise InputError(msg, hint=f"e.g. {name}=1")
+
+
+def _is_advisor(value: object) -> bool:
+    """Whether a figure is the word that asks for each row's advisor rate."""
+    if not isinstance(value, str):
+        return False
+    from costguard.pricing.interruptions import ADVISOR_WORD
+
+    return value == ADVISOR_WORD
 
 
 def _check_length(question: Question) -> None:
@@ -229,6 +235,8 @@ def slurm_rate(question: Question) -> SlurmRate | None:
             msg = f"{given[0]} is for SLURM allocations, and --provider slurm is not asked for"
             raise InputError(msg, hint=f"add --provider slurm, or drop {given[0]}")
         return None
+    from costguard.pricing.slurm import SlurmRate  # --provider slurm only
+
     if question.su_per_gpu_hour is None:
         msg = "--provider slurm needs --su-per-gpu-hour (allocations are counted in SUs)"
         raise InputError(
@@ -258,6 +266,13 @@ def checkpointing(question: Question) -> Checkpointing | None:
     if question.spot is False:
         msg = "--interruptions-per-day prices spot, and --on-demand asks for on-demand only"
         raise InputError(msg, hint="drop --on-demand to see spot next to on-demand")
+    from costguard.pricing.interruptions import (  # --interruptions-per-day only
+        DEFAULT_EVERY_MINUTES,
+        DEFAULT_RESTART_MINUTES,
+        DEFAULT_SAVE_SECONDS,
+        Checkpointing,
+    )
+
     return Checkpointing(
         every_minutes=_given(question.every_minutes, DEFAULT_EVERY_MINUTES),
         save_seconds=_given(question.save_seconds, DEFAULT_SAVE_SECONDS),

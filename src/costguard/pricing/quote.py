@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
-from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import cheapest_line, describe, split_names, unverified_fit
 from costguard.pricing.catalog import Catalog, Market, Staleness, staleness
 from costguard.pricing.document import (
@@ -48,17 +47,12 @@ from costguard.pricing.question import (
     combine,
     slurm_rate,
 )
-from costguard.pricing.slurm import (
-    SlurmOption,
-    SlurmRate,
-    format_su,
-    slurm_assumptions,
-    slurm_option,
-)
 
 if TYPE_CHECKING:
     from costguard.pricing.advisor import AdvisorFigures
+    from costguard.pricing.interruptions import Checkpointing, Interruptions
     from costguard.pricing.measured import Measured
+    from costguard.pricing.slurm import SlurmOption, SlurmRate
 
 
 @dataclass(frozen=True)
@@ -78,7 +72,7 @@ class Quote:
     catalog: Catalog
     rate: SlurmRate | None = None
     slurm: SlurmOption | None = None
-    spot: preemption.Interruptions | None = None
+    spot: Interruptions | None = None
     advisor: AdvisorFigures | None = None
     measured: Measured | None = None
     stale: Staleness | None = None
@@ -95,9 +89,15 @@ class Quote:
     def extra_assumptions(self, shown: Sequence[CostOption] | None = None) -> list[str]:
         """What the SLURM, preemption and measured figures assume, after the estimate's;
         the advisor's bands of the options ``shown`` (default: :attr:`shown`)."""
-        lines = [*(slurm_assumptions(self.slurm) if self.slurm is not None else ())]
+        lines: list[str] = []
+        if self.slurm is not None:
+            from costguard.pricing.slurm import slurm_assumptions
+
+            lines += slurm_assumptions(self.slurm)
         if self.spot is not None:
-            lines += preemption.assumption_lines(self.spot)
+            from costguard.pricing import interruptions
+
+            lines += interruptions.assumption_lines(self.spot)
         if self.advisor is not None:
             from costguard.pricing import advisor as bands
 
@@ -149,7 +149,9 @@ class Quote:
     def _preemption_summary(self) -> dict[str, object] | None:
         """The run's preemption figures in the JSON, when asked for."""
         if self.spot is not None:
-            return preemption.document(self.spot, self.shown)
+            from costguard.pricing.interruptions import document
+
+            return document(self.spot, self.shown)
         if self.advisor is not None:
             from costguard.pricing import advisor as bands
 
@@ -161,10 +163,12 @@ class Quote:
         its hours were scaled from another GPU's."""
         extra: dict[str, object] = {}
         if option.market is Market.SPOT and self.spot is not None:
+            from costguard.pricing.interruptions import effective_total_usd
+
             extra = {
                 "expected_preemptions": self.spot.expected_preemptions,
                 "effective_hours": self.spot.effective_hours,
-                "effective_total_usd": preemption.effective_total_usd(option, self.spot),
+                "effective_total_usd": effective_total_usd(option, self.spot),
             }
         elif option.market is Market.SPOT and self.advisor is not None:
             from costguard.pricing import advisor as bands
@@ -199,6 +203,8 @@ class Quote:
             )
         slurm = self.slurm
         if slurm is not None and slurm.within_budget is False:
+            from costguard.pricing.slurm import format_su
+
             msg = (
                 f"the SLURM run needs {format_su(slurm.service_units)} SU, more than the "
                 f"--su-budget of {format_su(slurm.rate.su_budget or Decimal(0))} SU"
@@ -235,10 +241,13 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours
     spot = advisor = None
-    if figures is not None and question.interruptions_per_day == preemption.ADVISOR_WORD:
-        advisor = _advisor(hours, figures, catalog, shown)
-    elif figures is not None:
-        spot = preemption.expected(hours, figures)
+    if figures is not None:
+        from costguard.pricing.interruptions import ADVISOR_WORD, expected
+
+        if question.interruptions_per_day == ADVISOR_WORD:
+            advisor = _advisor(hours, figures, catalog, shown)
+        else:
+            spot = expected(hours, figures)
     return Quote(
         question=question,
         estimates=tuple(estimates),
@@ -246,7 +255,7 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
         shown=shown,
         catalog=catalog,
         rate=rate,
-        slurm=slurm_option(combined.request, rate) if rate is not None else None,
+        slurm=_slurm(combined, rate),
         spot=spot,
         advisor=advisor,
         measured=measured,
@@ -254,9 +263,18 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     )
 
 
+def _slurm(estimate: Estimate, rate: SlurmRate | None) -> SlurmOption | None:
+    """The same GPUs and hours on the SLURM allocation, when one is asked about."""
+    if rate is None:
+        return None
+    from costguard.pricing.slurm import slurm_option
+
+    return slurm_option(estimate.request, rate)
+
+
 def _advisor(
     hours: Decimal,
-    figures: preemption.Checkpointing,
+    figures: Checkpointing,
     catalog: Catalog,
     shown: Sequence[CostOption],
 ) -> AdvisorFigures:

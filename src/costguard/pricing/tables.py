@@ -19,11 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from costguard.errors import CostguardError, UnknownNameError
 from costguard.money import parse_decimal
-from costguard.pricing.advisor import TABLE, InterruptionRow, parse_band
 from costguard.pricing.catalog import (
     INSTANCE_COLUMNS,
     INSTANCE_TABLES,
@@ -40,6 +39,9 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
 )
+
+if TYPE_CHECKING:
+    from costguard.pricing.advisor import InterruptionRow
 
 
 def bundled_tables_dir() -> Path:
@@ -106,6 +108,8 @@ def load_interruptions(directory: Path) -> tuple[TableInfo, tuple[InterruptionRo
     """The interruption table (``[interruptions]`` in ``tables.toml``: the AWS Spot
     Instance Advisor's bands) of ``directory`` with its entry, or the bundled one when
     that folder has none. Read by ``estimate --interruptions-per-day advisor`` only."""
+    from costguard.pricing.advisor import TABLE
+
     index_path = directory / "tables.toml"
     index = _read_index(index_path) if index_path.is_file() else {}
     if TABLE not in index:
@@ -548,6 +552,8 @@ def _gpu_part(row: Mapping[str, str]) -> GpuPart:
 
 
 def _interruption(row: Mapping[str, str]) -> InterruptionRow:
+    from costguard.pricing.advisor import InterruptionRow, parse_band
+
     try:
         band = parse_band(_field(row, "band"))
     except ValueError as exc:
