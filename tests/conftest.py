@@ -96,6 +96,8 @@ def _jobs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     /run/costguard/jobs: every test's, and every process it starts, get a temporary one."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("COSTGUARD_JOBS_DIR", str(tmp_path_factory.mktemp("jobs")))
+        # This user's job key (costguard/proof.py): the test run's own, never ~/.config's.
+        patch.setenv("COSTGUARD_JOB_KEY_FILE", str(tmp_path_factory.mktemp("key") / "job.key"))
         yield
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from costguard import contract
 from costguard.cli import render
 from costguard.cli.options import cadence_options
 from costguard.cli.params import (
@@ -72,7 +73,7 @@ Examples:
 LOCAL_POLL_S = 0.5
 #: Exit code when --stop-at-projection stopped the job after its save (EX_TEMPFAIL, as
 #: costguard run's after a notice): the work so far is in a committed checkpoint.
-EXIT_SAVED = 75
+EXIT_SAVED = contract.EXIT_SAVED
 
 
 def _echo(message: str) -> None:
@@ -275,9 +276,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         _echo(report.interrupted_line(job.spec.checkpoint_url, released=released))
         raise
     finally:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
+        launcher.close()
     if final.spec.pilot_steps is not None and final.status == "succeeded":
         _pilot_answer(settings, final, options["output_format"])
         return
@@ -313,10 +312,9 @@ def _following(launcher: Launcher, job: Job, *, quiet: bool) -> AbstractContextM
 
     from costguard.cli.follow import Follower
 
-    state_dir = getattr(launcher, "state_dir", None)
-    if job.spec.provider != "local" or state_dir is None:
+    if job.spec.provider != "local" or launcher.state_dir is None:
         return nullcontext()
-    return Follower(Path(state_dir) / job.spec.job_id, quiet=quiet)
+    return Follower(launcher.state_dir / job.spec.job_id, quiet=quiet)
 
 
 def _default_poll(provider: str) -> float:
@@ -401,9 +399,7 @@ def _prepare(
                 raise CostguardError(msg)
         job = commit(prepared)
     except BaseException:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
+        launcher.close()
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher

@@ -45,12 +45,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from costguard import contract
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.base import Handle, Offer, State
 
 SECONDS_PER_HOUR = Decimal(3600)
 #: The wrapper's exit code after a notice-triggered save ("run me again").
-EXIT_PREEMPTED = 75
+EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 
 
 class AttemptOutcome(enum.Enum):
