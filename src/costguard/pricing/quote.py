@@ -290,15 +290,15 @@ def _advisor(
 def _measured(question: Question, catalog: Catalog) -> Measured:
     """The hours of ``steps`` (or ``epochs``) at the pace the run at ``from_run``
     recorded, on its GPU or the one asked for."""
+    from costguard import contract
     from costguard.checkpoint.pace import read_pace
     from costguard.checkpoint.store import Store, storage_options_from_env
     from costguard.pricing.gpus import canonical_gpu
     from costguard.pricing.measured import gpu_of_device, measure, steps_for_epochs
-    from costguard.spot.job import job_exists, load_job
-    from costguard.spot.prepare import normal_url
 
     assert question.from_run is not None
-    url = normal_url(question.from_run)
+    url = question.from_run
+    url = url if "://" in url else str(Path(url).expanduser().resolve())  # as the job records it
     if "://" not in url and not Path(url).is_dir():
         msg = f"--from-run: no run at {url} (no such folder)"
         raise InputError(msg, hint="pass the --checkpoint URL the run wrote to")
@@ -312,9 +312,10 @@ def _measured(question: Question, catalog: Catalog) -> Measured:
             "costguard run whose Checkpointer has saved once)",
         )
     accelerators = catalog.accelerators
+    job = contract.read(store, contract.JOB_FILE, contract.JOB, contract.JOB_BYTES)
     measured_gpu = (
-        canonical_gpu(load_job(store).spec.gpu, accelerators)
-        if job_exists(store)
+        canonical_gpu(job["spec"]["gpu"], accelerators)
+        if job is not None  # launched: the GPU it asked for
         else gpu_of_device(pace.device, accelerators)
     )
     asked = split_names(question.gpus)
