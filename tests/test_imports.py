@@ -155,13 +155,18 @@ def test_the_version_is_read_from_its_own_module() -> None:
     assert fronts == []
 
 
-#: What a plain `costguard estimate` into a pipe (no --interruptions-per-day advisor, no
+#: What a plain `costguard estimate` into a pipe (no --interruptions-per-day, no
 #: --provider slurm) does not print with: each was loaded on every run (shutil, with its
 #: archive modules, for a terminal's width).
-NOT_FOR_A_PLAIN_ESTIMATE = ("costguard.pricing.advisor", "costguard.pricing.slurm", "shutil")
+NOT_FOR_A_PLAIN_ESTIMATE = (
+    "costguard.pricing.advisor",
+    "costguard.pricing.interruptions",
+    "costguard.pricing.slurm",
+    "shutil",
+)
 
 
-def test_a_plain_estimate_loads_no_advisor_or_slurm() -> None:
+def test_a_plain_estimate_loads_no_preemption_or_slurm_figures() -> None:
     body = (
         "import io, contextlib\n"
         "from costguard.cli import cli\n"

@@ -21,18 +21,26 @@ from costguard.cli.params import (
     table_or_json,
 )
 from costguard.money import format_usd
-from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import budget_lines, cheapest_line, spot_size_notes
 from costguard.pricing.catalog import SLURM, Catalog, Market, PriceStatus, prices_as_of
 from costguard.pricing.document import places
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate
-from costguard.pricing.question import NUMBERS, WHOLE_NUMBERS, Question
+from costguard.pricing.question import (
+    ADVISOR_WORD,
+    DEFAULT_EVERY_MINUTES,
+    DEFAULT_RESTART_MINUTES,
+    DEFAULT_SAVE_SECONDS,
+    NUMBERS,
+    WHOLE_NUMBERS,
+    Question,
+)
 from costguard.pricing.quote import Quote, quote
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.pricing.advisor import AdvisorFigures
+    from costguard.pricing.interruptions import Interruptions
     from costguard.pricing.slurm import SlurmOption
 
 
@@ -225,9 +233,7 @@ Examples:
 )
 @click.option(
     "--interruptions-per-day",
-    type=DecimalOrWord(
-        preemption.ADVISOR_WORD, 0, maximum=NUMBERS["interruptions_per_day"].maximum
-    ),
+    type=DecimalOrWord(ADVISOR_WORD, 0, maximum=NUMBERS["interruptions_per_day"].maximum),
     help="Spot preemptions a day you expect: spot rows then show the preemptions over the "
     "run and the effective cost (lost work and restarts paid too). 'advisor': each AWS "
     "row's own, from the AWS Spot Instance Advisor's band (GCP, Azure: none published).",
@@ -236,19 +242,19 @@ Examples:
     "--every-minutes",
     type=number("every_minutes"),
     help="With --interruptions-per-day: minutes of work between checkpoints "
-    f"[default: {preemption.DEFAULT_EVERY_MINUTES}].",
+    f"[default: {DEFAULT_EVERY_MINUTES}].",
 )
 @click.option(
     "--save-seconds",
     type=number("save_seconds"),
     help="With --interruptions-per-day: seconds one checkpoint save takes "
-    f"[default: {preemption.DEFAULT_SAVE_SECONDS}].",
+    f"[default: {DEFAULT_SAVE_SECONDS}].",
 )
 @click.option(
     "--restart-minutes",
     type=number("restart_minutes"),
     help="With --interruptions-per-day: minutes from a preemption to training again "
-    f"[default: {preemption.DEFAULT_RESTART_MINUTES}].",
+    f"[default: {DEFAULT_RESTART_MINUTES}].",
 )
 @click.option(
     "--top",
@@ -321,9 +327,9 @@ def print_tables(answer: Quote) -> None:
         print_table(answer, fresh, answer.shown_of(one), last=one is last)
     print_answers(answer.estimate, answer.catalog, answer.budget)
     if answer.spot is not None:
-        render.print_notes(
-            preemption.advice_lines(answer.spot, answer.shown), heading="Preemptions:"
-        )
+        from costguard.pricing.interruptions import advice_lines as spot_advice
+
+        render.print_notes(spot_advice(answer.spot, answer.shown), heading="Preemptions:")
     if answer.advisor is not None:
         from costguard.pricing.advisor import advice_lines
 
@@ -444,7 +450,7 @@ def print_table(
 
 def spot_cells(
     option: CostOption,
-    spot: preemption.Interruptions | None,
+    spot: Interruptions | None,
     advisor: AdvisorFigures | None = None,
 ) -> list[str]:
     """The preemption columns of a row: none without the figures, dashes on on-demand,
@@ -458,7 +464,9 @@ def spot_cells(
         if spot is None:
             return ["n/a", "n/a"]
     assert spot is not None
-    effective = preemption.effective_total_usd(option, spot)
+    from costguard.pricing.interruptions import effective_total_usd
+
+    effective = effective_total_usd(option, spot)
     return [f"{spot.expected_preemptions:.1f}", format_usd(effective)]
 
 

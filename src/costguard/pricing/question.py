@@ -1,11 +1,11 @@
 """A person's question about cost, as typed values, checked: what ``costguard estimate``,
-``costguard pilot``, ``launch --pilot-steps`` and :func:`costguard.estimate` ask.
+``costguard pilot``, ``launch --pilot-steps`` and :func:`costguard.estimate` ask. Pure.
 
 :class:`Question` refuses a bad question when it is made (figures out of range, flags
-that exclude each other); :func:`answer` prices it, one estimate per GPU asked for, with
-the data's region looked up from its URL when given, after every name is checked against
-the tables. :mod:`costguard.pricing.quote` adds the rest of the answer (budget, SLURM,
-preemptions, measured hours).
+that exclude each other); :func:`answer` prices it, one estimate per GPU asked for, after
+every name is checked against the tables. :mod:`costguard.pricing.quote` adds the rest of
+the answer (the data's region looked up from its URL, budget, SLURM, preemptions,
+measured hours).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from costguard.errors import CostguardError, InputError, UnknownNameError
 from costguard.money import parse_decimal
@@ -32,12 +32,19 @@ if TYPE_CHECKING:
 MAX_HOURS = 24 * 366 * 10
 MAX_COUNT = 100_000
 MAX_GB = 10**9
+#: ``--interruptions-per-day advisor``: each AWS row's rate from its Spot Instance
+#: Advisor band (:mod:`costguard.pricing.advisor`), not one rate for all.
+ADVISOR_WORD = "advisor"
+#: Stated defaults when the user gives a preemption rate but no checkpoint figures.
+DEFAULT_EVERY_MINUTES = Decimal(30)
+DEFAULT_SAVE_SECONDS = Decimal(60)
+DEFAULT_RESTART_MINUTES = Decimal(5)
 
 
-@dataclass(frozen=True)
-class Bounds:
+class Bounds(NamedTuple):
     """The range of one figure of a question: ``above`` refuses the minimum itself;
-    ``unit`` names what the bounds count, in the error."""
+    ``unit`` names what the bounds count, in the error. (A named tuple: two dozen of
+    them are made on every start-up.)"""
 
     minimum: int
     maximum: int
@@ -166,7 +173,7 @@ def _check_figures(question: Question) -> None:
     """Every figure within its range (the CLI's options have checked theirs already)."""
     for name, bounds in NUMBERS.items():
         value = getattr(question, name)
-        if value is None or _is_advisor(value):
+        if value is None or value == ADVISOR_WORD:
             continue
         if not isinstance(value, Decimal) or not value.is_finite():
             msg = f"{name}: is not a finite number, not '{value}'"
@@ -182,15 +189,6 @@ def _check_figures(question: Question) -> None:
                 f"not {value!r}"
             )
             raise InputError(msg, hint=f"e.g. {name}=1")
-
-
-def _is_advisor(value: object) -> bool:
-    """Whether a figure is the word that asks for each row's advisor rate."""
-    if not isinstance(value, str):
-        return False
-    from costguard.pricing.interruptions import ADVISOR_WORD
-
-    return value == ADVISOR_WORD
 
 
 def _check_length(question: Question) -> None:
@@ -266,12 +264,7 @@ def checkpointing(question: Question) -> Checkpointing | None:
     if question.spot is False:
         msg = "--interruptions-per-day prices spot, and --on-demand asks for on-demand only"
         raise InputError(msg, hint="drop --on-demand to see spot next to on-demand")
-    from costguard.pricing.interruptions import (  # --interruptions-per-day only
-        DEFAULT_EVERY_MINUTES,
-        DEFAULT_RESTART_MINUTES,
-        DEFAULT_SAVE_SECONDS,
-        Checkpointing,
-    )
+    from costguard.pricing.interruptions import Checkpointing  # --interruptions-per-day only
 
     return Checkpointing(
         every_minutes=_given(question.every_minutes, DEFAULT_EVERY_MINUTES),
@@ -370,14 +363,6 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     type. A GPU not offered where asked is left out when another is (the first such
     error is raised when none is)."""
     names: list[str | None] = [*split_names(question.gpus)] or [None]
-    located = None
-    if question.data_url and not question.data_region:
-        # Bad input is refused before the lookup goes out.
-        build_request(catalog, replace(question, data_gb=Decimal(0)), names[0])
-        from costguard.pricing.locate import locate  # --data only: URL rules, dataset table
-
-        located = locate(question.data_url)
-        question = replace(question, data_region=f"{located.provider}:{located.region}")
     results: list[Estimate] = []
     errors: list[InputError] = []
     for name in names:
@@ -390,12 +375,10 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
             errors.append(exc)
     if not results:
         raise errors[0]
-    extra = []
-    if located is not None:
-        extra.append(f"Data: {located.how}")
     if question.data_url and not question.data_gb:
-        extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
-    return [replace(r, notes=(*extra, *r.notes)) for r in results]
+        note = "Give --data-gb (how much of the data the run reads) to price moving it"
+        return [replace(r, notes=(note, *r.notes)) for r in results]
+    return results
 
 
 def combine(results: Sequence[Estimate]) -> Estimate:

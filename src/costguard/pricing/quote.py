@@ -40,9 +40,11 @@ from costguard.pricing.document import (
 )
 from costguard.pricing.estimate import CostOption, Estimate, limit_places
 from costguard.pricing.question import (
+    ADVISOR_WORD,
     MAX_HOURS,
     Question,
     answer,
+    build_request,
     checkpointing,
     combine,
     slurm_rate,
@@ -51,6 +53,7 @@ from costguard.pricing.question import (
 if TYPE_CHECKING:
     from costguard.pricing.advisor import AdvisorFigures
     from costguard.pricing.interruptions import Checkpointing, Interruptions
+    from costguard.pricing.locate import Located
     from costguard.pricing.measured import Measured
     from costguard.pricing.slurm import SlurmOption, SlurmRate
 
@@ -236,13 +239,18 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
             question, from_run=None, steps=None, epochs=None, speedup=None,
             hours=measured.hours, gpus=(measured.gpu,),
         )  # fmt: skip
+    located = None
+    if question.data_url and not question.data_region:
+        question, located = _locate_data(question, catalog)
     estimates = answer(question, catalog)
+    if located is not None:
+        estimates = [replace(e, notes=(f"Data: {located.how}", *e.notes)) for e in estimates]
     combined = combine(estimates)
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours
     spot = advisor = None
     if figures is not None:
-        from costguard.pricing.interruptions import ADVISOR_WORD, expected
+        from costguard.pricing.interruptions import expected
 
         if question.interruptions_per_day == ADVISOR_WORD:
             advisor = _advisor(hours, figures, catalog, shown)
@@ -261,6 +269,17 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
         measured=measured,
         stale=staleness(catalog, places(shown), today or datetime.now(UTC).date()),
     )
+
+
+def _locate_data(question: Question, catalog: Catalog) -> tuple[Question, Located]:
+    """The question with its data's region looked up from ``data_url``; a bad question is
+    refused before the lookup goes out."""
+    first = [*split_names(question.gpus), None][0]
+    build_request(catalog, replace(question, data_gb=Decimal(0)), first)
+    from costguard.pricing.locate import locate  # --data only: URL rules, dataset table
+
+    located = locate(question.data_url or "")
+    return replace(question, data_region=f"{located.provider}:{located.region}"), located
 
 
 def _slurm(estimate: Estimate, rate: SlurmRate | None) -> SlurmOption | None:
