@@ -222,13 +222,17 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     """Price ``question`` from ``catalog`` as ``costguard estimate`` does.
 
     Reads the recorded pace of ``question.from_run`` (a store), the advisor table for
-    ``interruptions_per_day="advisor"``, and looks up the region of ``data_url`` (see
-    :func:`~costguard.pricing.question.answer`); prices older than their limit at
-    ``today`` (default: the UTC date) are flagged in :attr:`Quote.stale`.
+    ``interruptions_per_day="advisor"``, and looks up the region of ``data_url``
+    (:mod:`costguard.pricing.locate`: S3 answers, or the table of well-known datasets),
+    then prices each GPU (:func:`~costguard.pricing.question.answer`); prices older than
+    their limit at ``today`` (default: the UTC date) are flagged in :attr:`Quote.stale`.
+    A budget the run does not fit is :meth:`Quote.budget_error`, for the caller to raise
+    after showing the figures.
 
     Raises:
         InputError: a name the tables do not know, a run with no recorded pace, a GPU
-            not offered where asked.
+            not offered where asked, a data URL whose region cannot be found.
+        StoreError: the run's store cannot be read now.
     """
     rate = slurm_rate(question)
     figures = checkpointing(question)
