@@ -69,7 +69,8 @@ class Bounds(NamedTuple):
         else:
             return
         msg = f"{name}: {problem}, not '{value}'"
-        raise InputError(msg, hint=f"{name} takes a number from {self.minimum} to {self.maximum}")
+        low = f"more than {self.minimum}" if self.above else f"from {self.minimum}"
+        raise InputError(msg, hint=f"{name} takes a number {low} up to {self.maximum}{unit}")
 
 
 #: The range of each decimal figure of a :class:`Question` (the CLI's options take theirs).
