@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -199,7 +198,7 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
     # At a terminal, wrapped to its width; to a pipe or a log, one line each (grep-able).
-    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    width = terminal_columns(sys.stderr)
     for line in wrap_words("Error: ", one_line(message), width):
         click.secho(line, err=True, fg="red")
     if hint:
@@ -208,11 +207,20 @@ def _fail(message: str, hint: str | None, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def terminal_columns(stream: Any) -> int | None:
+    """The width of the terminal ``stream`` is, or ``None`` for a pipe, a file or a log."""
+    if not stream.isatty():
+        return None
+    import shutil  # at a terminal only: with its archive modules, not worth it in a pipe
+
+    return shutil.get_terminal_size().columns
+
+
 def echo_prose(label: str, text: str, *, err: bool = False) -> None:
     """``label + text`` as :func:`wrap_words` lays it out at a terminal (stdout, or stderr
     with ``err``); to a pipe, one line."""
     stream = sys.stderr if err else sys.stdout
-    width = shutil.get_terminal_size().columns if stream.isatty() else None
+    width = terminal_columns(stream)
     for line in wrap_words(label, text, width):
         click.echo(line, err=err)
 

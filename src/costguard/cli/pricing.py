@@ -1,9 +1,8 @@
 """``costguard pricing``: look inside the price tables, and refresh them.
 
-One idea, longer than most modules: the one command group over the tables, whose four
-subcommands (``show``, ``gpus``, ``check``, ``refresh``) each parse, call one feature
-function (:mod:`costguard.pricing.tables`, :mod:`costguard.pricing.check`,
-:mod:`costguard.pricing.refresh`) and render; the length is their renderers side by side.
+Its four subcommands (``show``, ``gpus``, ``check``, ``refresh``) each parse, call one
+feature function (:mod:`costguard.pricing.tables`, :mod:`costguard.pricing.check`,
+:mod:`costguard.pricing.refresh`) and render the result.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ start a line of their own.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -110,6 +109,8 @@ def to_jsonable(value: Any) -> Any:
 
 def print_json(document: Mapping[str, Any]) -> None:
     """One JSON document on stdout."""
+    import json  # --format json only
+
     json.dump(to_jsonable(document), stdout(), indent=2)
     stdout().write("\n")
 

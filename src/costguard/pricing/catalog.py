@@ -18,6 +18,9 @@ from costguard.errors import UnknownNameError
 from costguard.shell import command
 
 PROVIDERS = ("aws", "gcp", "azure")
+#: The provider name that prices a SLURM allocation instead of a cloud
+#: (:mod:`costguard.pricing.slurm`).
+SLURM = "slurm"
 INSTANCE_TABLES = ("gpu_instances", "cpu_instances")
 REQUIRED_TABLES = (*INSTANCE_TABLES, "storage", "transfer", "regions")
 #: The columns of the instance tables, in their order in the files.

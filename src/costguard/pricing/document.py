@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costguard.pricing.advice import budget_verdict
 from costguard.pricing.catalog import (
+    SLURM,
     Catalog,
     Place,
     Staleness,
@@ -21,7 +22,9 @@ from costguard.pricing.catalog import (
     stale_summary,
 )
 from costguard.pricing.estimate import CostOption, Estimate, EstimateRequest
-from costguard.pricing.slurm import SLURM, SlurmOption, SlurmRate, slurm_comparison
+
+if TYPE_CHECKING:
+    from costguard.pricing.slurm import SlurmOption, SlurmRate
 
 #: The columns of one option, in order (CSV header, JSON keys).
 OPTION_FIELDS = (
@@ -219,6 +222,8 @@ def slurm_document(slurm: SlurmOption | None, cheapest: CostOption | None) -> di
     """The SLURM allocation in the JSON document: SUs, and dollars only when given."""
     if slurm is None:
         return None
+    from costguard.pricing.slurm import slurm_comparison
+
     return {
         "provider": SLURM,
         "accelerator": slurm.accelerator,

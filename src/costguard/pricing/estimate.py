@@ -5,9 +5,9 @@
 instance per provider, region and market, cheapest first, with the assumptions behind
 the figures.
 
-One idea, longer than most modules: one option's cost (compute, block and object
-storage, egress, moving the data) and the words that say what it assumed, together, so
-that no figure is shown without its assumption.
+Each option's cost (compute, block and object storage, egress, moving the data) is
+computed next to the words that say what it assumed, so that no figure is shown without
+its assumption.
 
 >>> from costguard.pricing.tables import load_catalog
 >>> result = estimate(EstimateRequest(gpu="A10G", hours=Decimal(8), count=4,

@@ -7,8 +7,8 @@ same layout. ``costguard pricing refresh`` writes such a directory into the user
 :func:`load_tables` prices from the fresher of that cache and the bundled tables.
 
 Loading validates every row and fails with the file and line of a bad one; the lookups
-afterwards are pure. One idea, longer than most modules: where the tables are (bundled,
-a folder, the refresh cache and its versions) and what makes a row valid, read together.
+afterwards are pure. Where the tables are (bundled, a folder, the refresh cache and its
+versions) and what makes a row valid are both decided here.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from costguard.errors import CostguardError, UnknownNameError
 from costguard.money import parse_decimal
-from costguard.pricing.advisor import TABLE, InterruptionRow, parse_band
 from costguard.pricing.catalog import (
     INSTANCE_COLUMNS,
     INSTANCE_TABLES,
@@ -42,6 +41,9 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
 )
+
+if TYPE_CHECKING:
+    from costguard.pricing.advisor import InterruptionRow
 
 
 def bundled_tables_dir() -> Path:
@@ -110,6 +112,8 @@ def load_interruptions(directory: Path) -> tuple[TableInfo, tuple[InterruptionRo
     """The interruption table (``[interruptions]`` in ``tables.toml``: the AWS Spot
     Instance Advisor's bands) of ``directory`` with its entry, or the bundled one when
     that folder has none. Read by ``estimate --interruptions-per-day advisor`` only."""
+    from costguard.pricing.advisor import TABLE
+
     index_path = directory / "tables.toml"
     index = _read_index(index_path) if index_path.is_file() else {}
     if TABLE not in index:
@@ -587,6 +591,8 @@ def _gpu_part(row: Mapping[str, str]) -> GpuPart:
 
 
 def _interruption(row: Mapping[str, str]) -> InterruptionRow:
+    from costguard.pricing.advisor import InterruptionRow, parse_band
+
     try:
         band = parse_band(_field(row, "band"))
     except ValueError as exc:
