@@ -27,7 +27,7 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     """
     from costguard.clouds import require
     from costguard.errors import InputError
-    from costguard.pricing.catalog import rows_as_of, table_rows
+    from costguard.pricing.catalog import as_of_text, rows_as_of, table_rows
     from costguard.pricing.tables import load_tables
     from costguard.settings import Settings
 
@@ -39,6 +39,6 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     rows = table_rows(catalog, name)
     frame = pandas.DataFrame.from_records(rows)
-    as_of = rows_as_of(catalog, name, rows).isoformat()
+    as_of = as_of_text(rows_as_of(catalog, name, rows))
     frame.attrs.update(as_of=as_of, source=catalog.tables[name].source, origin=catalog.origin)
     return frame

@@ -1,8 +1,8 @@
 """GCP: one Compute Engine VM per attempt, through ``instances.insert``.
 
-One idea, longer than most modules: the life of an attempt's VM on Compute Engine (its
-body, insert, read, delete, find), with the refusals the API answers spelled out next to
-the calls that meet them.
+It covers the life of an attempt's VM on Compute Engine (its body, insert, read,
+delete, find), with the refusals the API answers handled next to the calls that meet
+them.
 
 The VM is created with ``scheduling.provisioningModel=SPOT`` (unless on-demand), the
 termination action the user chose (``DELETE`` by default, or ``STOP``),
