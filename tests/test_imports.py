@@ -153,3 +153,25 @@ def test_the_version_is_read_from_its_own_module() -> None:
         and any(alias.name == "__version__" for alias in node.names)
     ]
     assert fronts == []
+
+
+#: What a plain `costguard estimate` into a pipe (no --interruptions-per-day, no
+#: --provider slurm) does not print with: each was loaded on every run (shutil, with its
+#: archive modules, for a terminal's width).
+NOT_FOR_A_PLAIN_ESTIMATE = (
+    "costguard.pricing.advisor",
+    "costguard.pricing.interruptions",
+    "costguard.pricing.slurm",
+    "shutil",
+)
+
+
+def test_a_plain_estimate_loads_no_preemption_or_slurm_figures() -> None:
+    body = (
+        "import io, contextlib\n"
+        "from costguard.cli import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['estimate', '--gpu', 'a10g', '--hours', '8'], standalone_mode=False)\n"
+        f"print(json.dumps(sorted(set({NOT_FOR_A_PLAIN_ESTIMATE!r}) & set(sys.modules))))\n"
+    )
+    assert json.loads(probe_lines(body)[-2]) == []

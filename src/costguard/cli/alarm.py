@@ -20,6 +20,7 @@ from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.providers import providers
 from costguard.settings import Settings
+from costguard.text import visible
 
 PROVIDERS = click.Choice(providers("alarm"), case_sensitive=False)
 
@@ -311,12 +312,12 @@ def status_command(settings: Settings, **options: Any) -> None:
     )
     rows = [
         [
-            s.name,
+            visible(s.name),
             format_usd(s.amount_usd),
             format_usd(s.actual_usd) if s.actual_usd is not None else "-",
             format_usd(s.forecast_usd) if s.forecast_usd is not None else "-",
-            "\n".join(s.alerts),
-            s.extra,
+            "\n".join(visible(a) for a in s.alerts),
+            visible(s.extra),
         ]
         for s in statuses
     ]
@@ -406,9 +407,9 @@ def delete_command(settings: Settings, names: Sequence[str], yes: bool, **option
         params = render.to_jsonable(dict(call.params))
         if terminal:  # the call and why, wrapped; its parameters whole on a line of their own
             render.print_prose(f"{call}  # {call.reason}:", first="  ", indent="      ")
-            click.echo("      " + json.dumps(params, separators=(",", ":")))
+            click.echo("      " + visible(json.dumps(params, separators=(",", ":"))))
         else:
-            click.echo(f"  {call}  # {call.reason}: {json.dumps(params)}")
+            click.echo(visible(f"  {call}  # {call.reason}: {json.dumps(params)}"))
 
 
 def _scope(spec: AlarmSpec) -> Scope:

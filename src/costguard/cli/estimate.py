@@ -21,19 +21,33 @@ from costguard.cli.params import (
     table_or_json,
 )
 from costguard.money import format_usd
-from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import budget_lines, cheapest_line, spot_size_notes
-from costguard.pricing.catalog import Catalog, Market, PriceStatus, prices_as_of
-from costguard.pricing.document import places
+from costguard.pricing.catalog import (
+    SLURM,
+    Catalog,
+    Market,
+    PriceStatus,
+    as_of_text,
+)
+from costguard.pricing.document import OTHER_DATE_MARK, dated_apart, header_as_of
 from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate
-from costguard.pricing.question import NUMBERS, WHOLE_NUMBERS, Question
+from costguard.pricing.question import (
+    ADVISOR_WORD,
+    DEFAULT_EVERY_MINUTES,
+    DEFAULT_RESTART_MINUTES,
+    DEFAULT_SAVE_SECONDS,
+    NUMBERS,
+    WHOLE_NUMBERS,
+    Question,
+)
 from costguard.pricing.quote import Quote, quote
-from costguard.pricing.slurm import SLURM, SlurmOption, format_su, slurm_comparison
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
     from costguard.pricing.advisor import AdvisorFigures
+    from costguard.pricing.interruptions import Interruptions
+    from costguard.pricing.slurm import SlurmOption
 
 
 def number(name: str, kind: type[DecimalRange] = DecimalRange) -> DecimalRange:
@@ -225,9 +239,7 @@ Examples:
 )
 @click.option(
     "--interruptions-per-day",
-    type=DecimalOrWord(
-        preemption.ADVISOR_WORD, 0, maximum=NUMBERS["interruptions_per_day"].maximum
-    ),
+    type=DecimalOrWord(ADVISOR_WORD, 0, maximum=NUMBERS["interruptions_per_day"].maximum),
     help="Spot preemptions a day you expect: spot rows then show the preemptions over the "
     "run and the effective cost (lost work and restarts paid too). 'advisor': each AWS "
     "row's own, from the AWS Spot Instance Advisor's band (GCP, Azure: none published).",
@@ -236,19 +248,19 @@ Examples:
     "--every-minutes",
     type=number("every_minutes"),
     help="With --interruptions-per-day: minutes of work between checkpoints "
-    f"[default: {preemption.DEFAULT_EVERY_MINUTES}].",
+    f"[default: {DEFAULT_EVERY_MINUTES}].",
 )
 @click.option(
     "--save-seconds",
     type=number("save_seconds"),
     help="With --interruptions-per-day: seconds one checkpoint save takes "
-    f"[default: {preemption.DEFAULT_SAVE_SECONDS}].",
+    f"[default: {DEFAULT_SAVE_SECONDS}].",
 )
 @click.option(
     "--restart-minutes",
     type=number("restart_minutes"),
     help="With --interruptions-per-day: minutes from a preemption to training again "
-    f"[default: {preemption.DEFAULT_RESTART_MINUTES}].",
+    f"[default: {DEFAULT_RESTART_MINUTES}].",
 )
 @click.option(
     "--top",
@@ -321,9 +333,9 @@ def print_tables(answer: Quote) -> None:
         print_table(answer, fresh, answer.shown_of(one), last=one is last)
     print_answers(answer.estimate, answer.shown, answer.catalog, answer.budget)
     if answer.spot is not None:
-        render.print_notes(
-            preemption.advice_lines(answer.spot, answer.shown), heading="Preemptions:"
-        )
+        from costguard.pricing.interruptions import advice_lines as spot_advice
+
+        render.print_notes(spot_advice(answer.spot, answer.shown), heading="Preemptions:")
     if answer.advisor is not None:
         from costguard.pricing.advisor import advice_lines
 
@@ -372,7 +384,10 @@ def print_table(
     what = request.gpu or request.instance_type
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
     # The oldest of the prices shown: after a partial refresh, not the oldest region's.
-    as_of = prices_as_of(catalog, places(shown)).isoformat()
+    # Titled by the date most prices shown carry; a row of another date is marked.
+    header = header_as_of(catalog, shown)
+    as_of = as_of_text(header)
+    apart, apart_note = dated_apart(catalog, shown, header)
     hours_how = ""
     if measured is not None:
         hours_how = " (measured, SCALED)" if measured.scaled else " (measured)"
@@ -403,6 +418,7 @@ def print_table(
             else:
                 mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
                 flagged = flagged or bool(mark)
+                mark += OTHER_DATE_MARK if option in apart else ""
                 rows.append(
                     [
                         where,
@@ -427,7 +443,11 @@ def print_table(
             "* unverified price (suspect in the source, or not read from one): "
             "`costguard pricing show gpu_instances --unverified` gives the reasons"
         )
+    if apart_note is not None:
+        notes.append(apart_note)
     if slurm is not None:
+        from costguard.pricing.slurm import slurm_comparison
+
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
@@ -445,7 +465,7 @@ def print_table(
 
 def spot_cells(
     option: CostOption,
-    spot: preemption.Interruptions | None,
+    spot: Interruptions | None,
     advisor: AdvisorFigures | None = None,
 ) -> list[str]:
     """The preemption columns of a row: none without the figures, dashes on on-demand,
@@ -459,12 +479,16 @@ def spot_cells(
         if spot is None:
             return ["n/a", "n/a"]
     assert spot is not None
-    effective = preemption.effective_total_usd(option, spot)
+    from costguard.pricing.interruptions import effective_total_usd
+
+    effective = effective_total_usd(option, spot)
     return [f"{spot.expected_preemptions:.1f}", format_usd(effective)]
 
 
 def print_slurm_table(slurm: SlurmOption) -> None:
     """The SLURM allocation: GPU-hours, service units, and dollars only when given."""
+    from costguard.pricing.slurm import format_su
+
     rate = slurm.rate
     title = (
         f"SLURM allocation: {slurm.gpus} x {slurm.accelerator} GPU(s), {slurm.hours} h "

@@ -30,6 +30,7 @@ from costguard.cli.params import (
 from costguard.errors import CostguardError, InputError
 from costguard.providers import providers
 from costguard.settings import Settings
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.checkpoint.pace import Pace
@@ -431,7 +432,7 @@ def _guard(
         backend = alarm_backend(provider, settings, Scope.of(provider_options))
         warning = require_alarm(provider, backend)
     if warning:
-        click.secho(f"Warning: {warning}", err=True, fg="yellow")
+        click.secho(f"Warning: {visible(warning)}", err=True, fg="yellow")
     else:
         _echo(f"launch guard: a costguard budget alarm exists on {provider}")
 

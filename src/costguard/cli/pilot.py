@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -88,16 +89,17 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
     and save stalls are left out, and the answer says so. Prices come from the tables,
     as for costguard estimate.
     """
-    from costguard.checkpoint.pace import read_pace
+    from costguard.checkpoint.pace import PACE_FILE, host_name, not_own_pilot, read_pace
     from costguard.checkpoint.supervisor import supervise
     from costguard.cli.estimate import show_quote
     from costguard.errors import CostguardError, InputError
     from costguard.pricing.question import Question
     from costguard.secrets import redact
     from costguard.spot.prepare import normal_url, open_store
+    from costguard.text import visible
 
     def say(line: str) -> None:
-        click.echo(f"costguard pilot: {redact(line)}", err=True)
+        click.echo(f"costguard pilot: {visible(redact(line))}", err=True)
 
     if options["total_steps"] is not None and options["epochs"] is not None:
         msg = "--total-steps and --epochs both give the run's length"
@@ -112,6 +114,7 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
             "`costguard launch --gpu a10g --pilot-steps 200 ...`",
         )
 
+    since = time.time()
     code = supervise(
         command,
         url=options["url"],
@@ -127,14 +130,29 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
     if code != 0:
         msg = f"the script exited with {code} before its pilot steps were measured"
         raise CostguardError(msg, hint="run it once with costguard run to see why")
-    if read_pace(open_store(normal_url(options["url"]))) is None:
+    store = open_store(normal_url(options["url"]))
+    pace = read_pace(store)
+    hint = (
+        "after each training step: ckpt.step(step, model=model, ...), with ckpt = "
+        "Checkpointer.from_env(...); or give a Hugging Face or Lightning trainer "
+        "costguard's PreemptionCallback"
+    )
+    if pace is None:
         msg = "the script recorded no pace: its loop never called Checkpointer.step()"
-        raise InputError(
-            msg,
-            hint="after each training step: ckpt.step(step, model=model, ...), with ckpt = "
-            "Checkpointer.from_env(...); or give a Hugging Face or Lightning trainer "
-            "costguard's PreemptionCallback",
+        raise InputError(msg, hint=hint)
+    problem = not_own_pilot(
+        pace,
+        since_unix=since,
+        now_unix=time.time(),
+        host=host_name(),
+        env=os.environ,
+    )
+    if problem is not None:
+        msg = (
+            f"{PACE_FILE} in {store.url} is not this pilot's, so it is not priced: {problem}; "
+            "the script recorded no pace of its own"
         )
+        raise InputError(msg, hint=hint)
     question = Question(
         from_run=options["url"],
         steps=options["total_steps"],

@@ -30,7 +30,7 @@ def table(name: str, *, pricing_dir: str | Path | None = None, exact: bool = Fal
     from costguard.clouds import require
     from costguard.errors import InputError
     from costguard.frames import numeric_columns
-    from costguard.pricing.catalog import rows_as_of, table_rows
+    from costguard.pricing.catalog import as_of_text, rows_as_of, table_rows
     from costguard.pricing.tables import load_tables
     from costguard.settings import Settings
 
@@ -42,6 +42,6 @@ def table(name: str, *, pricing_dir: str | Path | None = None, exact: bool = Fal
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     rows = table_rows(catalog, name)
     frame = numeric_columns(pandas.DataFrame.from_records(rows), exact=exact)
-    as_of = rows_as_of(catalog, name, rows).isoformat()
+    as_of = as_of_text(rows_as_of(catalog, name, rows))
     frame.attrs.update(as_of=as_of, source=catalog.tables[name].source, origin=catalog.origin)
     return frame

@@ -30,7 +30,6 @@ from costguard.money import format_usd
 from costguard.pricing.catalog import Market
 from costguard.pricing.estimate import CostOption
 from costguard.pricing.interruptions import (
-    ADVISOR_WORD,
     COST_LINE,
     Checkpointing,
     Interruptions,
@@ -39,6 +38,7 @@ from costguard.pricing.interruptions import (
     effective_total_usd,
     expected,
 )
+from costguard.pricing.question import ADVISOR_WORD
 
 #: The advisor's file, as AWS serves it and as a ``--from`` mirror holds it.
 ADVISOR_FILE = "spot-advisor-data.json"

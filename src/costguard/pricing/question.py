@@ -1,11 +1,11 @@
 """A person's question about cost, as typed values, checked: what ``costguard estimate``,
-``costguard pilot``, ``launch --pilot-steps`` and :func:`costguard.estimate` ask.
+``costguard pilot``, ``launch --pilot-steps`` and :func:`costguard.estimate` ask. Pure.
 
 :class:`Question` refuses a bad question when it is made (figures out of range, flags
-that exclude each other); :func:`answer` prices it, one estimate per GPU asked for, with
-the data's region looked up from its URL when given, after every name is checked against
-the tables. :mod:`costguard.pricing.quote` adds the rest of the answer (budget, SLURM,
-preemptions, measured hours).
+that exclude each other); :func:`answer` prices it, one estimate per GPU asked for, after
+every name is checked against the tables. :mod:`costguard.pricing.quote` adds the rest of
+the answer (the data's region looked up from its URL, budget, SLURM, preemptions,
+measured hours).
 """
 
 from __future__ import annotations
@@ -14,33 +14,37 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import TYPE_CHECKING, NamedTuple
 
 from costguard.errors import CostguardError, InputError, UnknownNameError
 from costguard.money import parse_decimal
 from costguard.pricing.advice import expand_regions, split_names
-from costguard.pricing.catalog import Catalog, Market, Region, check_provider
+from costguard.pricing.catalog import SLURM, Catalog, Market, Region, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
 from costguard.pricing.gpus import canonical_gpu, other_gpus_near
-from costguard.pricing.interruptions import (
-    ADVISOR_WORD,
-    DEFAULT_EVERY_MINUTES,
-    DEFAULT_RESTART_MINUTES,
-    DEFAULT_SAVE_SECONDS,
-    Checkpointing,
-)
-from costguard.pricing.slurm import SLURM, SlurmRate
+
+if TYPE_CHECKING:
+    from costguard.pricing.interruptions import Checkpointing
+    from costguard.pricing.slurm import SlurmRate
 
 #: The largest values a question may hold (ten years; a hundred thousand instances; an
 #: exabyte): beyond them a figure is a typo, not a plan.
 MAX_HOURS = 24 * 366 * 10
 MAX_COUNT = 100_000
 MAX_GB = 10**9
+#: ``--interruptions-per-day advisor``: each AWS row's rate from its Spot Instance
+#: Advisor band (:mod:`costguard.pricing.advisor`), not one rate for all.
+ADVISOR_WORD = "advisor"
+#: Stated defaults when the user gives a preemption rate but no checkpoint figures.
+DEFAULT_EVERY_MINUTES = Decimal(30)
+DEFAULT_SAVE_SECONDS = Decimal(60)
+DEFAULT_RESTART_MINUTES = Decimal(5)
 
 
-@dataclass(frozen=True)
-class Bounds:
+class Bounds(NamedTuple):
     """The range of one figure of a question: ``above`` refuses the minimum itself;
-    ``unit`` names what the bounds count, in the error."""
+    ``unit`` names what the bounds count, in the error. (A named tuple: two dozen of
+    them are made on every start-up.)"""
 
     minimum: int
     maximum: int
@@ -65,7 +69,8 @@ class Bounds:
         else:
             return
         msg = f"{name}: {problem}, not '{value}'"
-        raise InputError(msg, hint=f"{name} takes a number from {self.minimum} to {self.maximum}")
+        low = f"more than {self.minimum}" if self.above else f"from {self.minimum}"
+        raise InputError(msg, hint=f"{name} takes a number {low} up to {self.maximum}{unit}")
 
 
 #: The range of each decimal figure of a :class:`Question` (the CLI's options take theirs).
@@ -229,6 +234,8 @@ def slurm_rate(question: Question) -> SlurmRate | None:
             msg = f"{given[0]} is for SLURM allocations, and --provider slurm is not asked for"
             raise InputError(msg, hint=f"add --provider slurm, or drop {given[0]}")
         return None
+    from costguard.pricing.slurm import SlurmRate  # --provider slurm only
+
     if question.su_per_gpu_hour is None:
         msg = "--provider slurm needs --su-per-gpu-hour (allocations are counted in SUs)"
         raise InputError(
@@ -258,6 +265,8 @@ def checkpointing(question: Question) -> Checkpointing | None:
     if question.spot is False:
         msg = "--interruptions-per-day prices spot, and --on-demand asks for on-demand only"
         raise InputError(msg, hint="drop --on-demand to see spot next to on-demand")
+    from costguard.pricing.interruptions import Checkpointing  # --interruptions-per-day only
+
     return Checkpointing(
         every_minutes=_given(question.every_minutes, DEFAULT_EVERY_MINUTES),
         save_seconds=_given(question.save_seconds, DEFAULT_SAVE_SECONDS),
@@ -355,14 +364,6 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     type. A GPU not offered where asked is left out when another is (the first such
     error is raised when none is)."""
     names: list[str | None] = [*split_names(question.gpus)] or [None]
-    located = None
-    if question.data_url and not question.data_region:
-        # Bad input is refused before the lookup goes out.
-        build_request(catalog, replace(question, data_gb=Decimal(0)), names[0])
-        from costguard.pricing.locate import locate  # --data only: URL rules, dataset table
-
-        located = locate(question.data_url)
-        question = replace(question, data_region=f"{located.provider}:{located.region}")
     results: list[Estimate] = []
     errors: list[InputError] = []
     for name in names:
@@ -376,8 +377,6 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     if not results:
         raise errors[0]
     extra = []
-    if located is not None:
-        extra.append(f"Data: {located.how}")
     if question.data_url and not question.data_gb:
         extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
     return [

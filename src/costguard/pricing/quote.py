@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
-from costguard.pricing import interruptions as preemption
 from costguard.pricing.advice import cheapest_line, describe, split_names, unverified_fit
 from costguard.pricing.catalog import Catalog, Market, Staleness, staleness
 from costguard.pricing.document import (
@@ -41,24 +40,22 @@ from costguard.pricing.document import (
 )
 from costguard.pricing.estimate import CostOption, Estimate, limit_places
 from costguard.pricing.question import (
+    ADVISOR_WORD,
     MAX_HOURS,
     Question,
     answer,
+    build_request,
     checkpointing,
     combine,
     slurm_rate,
 )
-from costguard.pricing.slurm import (
-    SlurmOption,
-    SlurmRate,
-    format_su,
-    slurm_assumptions,
-    slurm_option,
-)
 
 if TYPE_CHECKING:
     from costguard.pricing.advisor import AdvisorFigures
+    from costguard.pricing.interruptions import Checkpointing, Interruptions
+    from costguard.pricing.locate import Located
     from costguard.pricing.measured import Measured
+    from costguard.pricing.slurm import SlurmOption, SlurmRate
 
 
 @dataclass(frozen=True)
@@ -78,7 +75,7 @@ class Quote:
     catalog: Catalog
     rate: SlurmRate | None = None
     slurm: SlurmOption | None = None
-    spot: preemption.Interruptions | None = None
+    spot: Interruptions | None = None
     advisor: AdvisorFigures | None = None
     measured: Measured | None = None
     stale: Staleness | None = None
@@ -95,9 +92,15 @@ class Quote:
     def extra_assumptions(self, shown: Sequence[CostOption] | None = None) -> list[str]:
         """What the SLURM, preemption and measured figures assume, after the estimate's;
         the advisor's bands of the options ``shown`` (default: :attr:`shown`)."""
-        lines = [*(slurm_assumptions(self.slurm) if self.slurm is not None else ())]
+        lines: list[str] = []
+        if self.slurm is not None:
+            from costguard.pricing.slurm import slurm_assumptions
+
+            lines += slurm_assumptions(self.slurm)
         if self.spot is not None:
-            lines += preemption.assumption_lines(self.spot)
+            from costguard.pricing import interruptions
+
+            lines += interruptions.assumption_lines(self.spot)
         if self.advisor is not None:
             from costguard.pricing import advisor as bands
 
@@ -149,7 +152,9 @@ class Quote:
     def _preemption_summary(self) -> dict[str, object] | None:
         """The run's preemption figures in the JSON, when asked for."""
         if self.spot is not None:
-            return preemption.document(self.spot, self.shown)
+            from costguard.pricing.interruptions import document
+
+            return document(self.spot, self.shown)
         if self.advisor is not None:
             from costguard.pricing import advisor as bands
 
@@ -161,10 +166,12 @@ class Quote:
         its hours were scaled from another GPU's."""
         extra: dict[str, object] = {}
         if option.market is Market.SPOT and self.spot is not None:
+            from costguard.pricing.interruptions import effective_total_usd
+
             extra = {
                 "expected_preemptions": self.spot.expected_preemptions,
                 "effective_hours": self.spot.effective_hours,
-                "effective_total_usd": preemption.effective_total_usd(option, self.spot),
+                "effective_total_usd": effective_total_usd(option, self.spot),
             }
         elif option.market is Market.SPOT and self.advisor is not None:
             from costguard.pricing import advisor as bands
@@ -199,6 +206,8 @@ class Quote:
             )
         slurm = self.slurm
         if slurm is not None and slurm.within_budget is False:
+            from costguard.pricing.slurm import format_su
+
             msg = (
                 f"the SLURM run needs {format_su(slurm.service_units)} SU, more than the "
                 f"--su-budget of {format_su(slurm.rate.su_budget or Decimal(0))} SU"
@@ -213,13 +222,17 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     """Price ``question`` from ``catalog`` as ``costguard estimate`` does.
 
     Reads the recorded pace of ``question.from_run`` (a store), the advisor table for
-    ``interruptions_per_day="advisor"``, and looks up the region of ``data_url`` (see
-    :func:`~costguard.pricing.question.answer`); prices older than their limit at
-    ``today`` (default: the UTC date) are flagged in :attr:`Quote.stale`.
+    ``interruptions_per_day="advisor"``, and looks up the region of ``data_url``
+    (:mod:`costguard.pricing.locate`: S3 answers, or the table of well-known datasets),
+    then prices each GPU (:func:`~costguard.pricing.question.answer`); prices older than
+    their limit at ``today`` (default: the UTC date) are flagged in :attr:`Quote.stale`.
+    A budget the run does not fit is :meth:`Quote.budget_error`, for the caller to raise
+    after showing the figures.
 
     Raises:
         InputError: a name the tables do not know, a run with no recorded pace, a GPU
-            not offered where asked.
+            not offered where asked, a data URL whose region cannot be found.
+        StoreError: the run's store cannot be read now.
     """
     rate = slurm_rate(question)
     figures = checkpointing(question)
@@ -230,15 +243,23 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
             question, from_run=None, steps=None, epochs=None, speedup=None,
             hours=measured.hours, gpus=(measured.gpu,),
         )  # fmt: skip
+    located = None
+    if question.data_url and not question.data_region:
+        question, located = _locate_data(question, catalog)
     estimates = answer(question, catalog)
+    if located is not None:
+        estimates = [replace(e, notes=(f"Data: {located.how}", *e.notes)) for e in estimates]
     combined = combine(estimates)
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours
     spot = advisor = None
-    if figures is not None and question.interruptions_per_day == preemption.ADVISOR_WORD:
-        advisor = _advisor(hours, figures, catalog, shown)
-    elif figures is not None:
-        spot = preemption.expected(hours, figures)
+    if figures is not None:
+        from costguard.pricing.interruptions import expected
+
+        if question.interruptions_per_day == ADVISOR_WORD:
+            advisor = _advisor(hours, figures, catalog, shown)
+        else:
+            spot = expected(hours, figures)
     return Quote(
         question=question,
         estimates=tuple(estimates),
@@ -246,7 +267,7 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
         shown=shown,
         catalog=catalog,
         rate=rate,
-        slurm=slurm_option(combined.request, rate) if rate is not None else None,
+        slurm=_slurm(combined, rate),
         spot=spot,
         advisor=advisor,
         measured=measured,
@@ -254,9 +275,29 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     )
 
 
+def _locate_data(question: Question, catalog: Catalog) -> tuple[Question, Located]:
+    """The question with its data's region looked up from ``data_url``; a bad question is
+    refused before the lookup goes out."""
+    first = [*split_names(question.gpus), None][0]
+    build_request(catalog, replace(question, data_gb=Decimal(0)), first)
+    from costguard.pricing.locate import locate  # --data only: URL rules, dataset table
+
+    located = locate(question.data_url or "")
+    return replace(question, data_region=f"{located.provider}:{located.region}"), located
+
+
+def _slurm(estimate: Estimate, rate: SlurmRate | None) -> SlurmOption | None:
+    """The same GPUs and hours on the SLURM allocation, when one is asked about."""
+    if rate is None:
+        return None
+    from costguard.pricing.slurm import slurm_option
+
+    return slurm_option(estimate.request, rate)
+
+
 def _advisor(
     hours: Decimal,
-    figures: preemption.Checkpointing,
+    figures: Checkpointing,
     catalog: Catalog,
     shown: Sequence[CostOption],
 ) -> AdvisorFigures:
@@ -272,15 +313,15 @@ def _advisor(
 def _measured(question: Question, catalog: Catalog) -> Measured:
     """The hours of ``steps`` (or ``epochs``) at the pace the run at ``from_run``
     recorded, on its GPU or the one asked for."""
+    from costguard import contract
     from costguard.checkpoint.pace import read_pace
     from costguard.checkpoint.store import Store, storage_options_from_env
     from costguard.pricing.gpus import canonical_gpu
     from costguard.pricing.measured import gpu_of_device, measure, steps_for_epochs
-    from costguard.spot.job import job_exists, load_job
-    from costguard.spot.prepare import normal_url
 
     assert question.from_run is not None
-    url = normal_url(question.from_run)
+    url = question.from_run
+    url = url if "://" in url else str(Path(url).expanduser().resolve())  # as the job records it
     if "://" not in url and not Path(url).is_dir():
         msg = f"--from-run: no run at {url} (no such folder)"
         raise InputError(msg, hint="pass the --checkpoint URL the run wrote to")
@@ -294,9 +335,10 @@ def _measured(question: Question, catalog: Catalog) -> Measured:
             "costguard run whose Checkpointer has saved once)",
         )
     accelerators = catalog.accelerators
+    job = contract.read(store, contract.JOB_FILE, contract.JOB, contract.JOB_BYTES)
     measured_gpu = (
-        canonical_gpu(load_job(store).spec.gpu, accelerators)
-        if job_exists(store)
+        canonical_gpu(job["spec"]["gpu"], accelerators)
+        if job is not None  # launched: the GPU it asked for
         else gpu_of_device(pace.device, accelerators)
     )
     asked = split_names(question.gpus)

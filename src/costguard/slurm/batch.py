@@ -1,7 +1,7 @@
 """The batch script for a preempt-safe SLURM job. Pure, apart from reading the template.
 
-One idea, longer than most modules: the script and every check on what reaches it, side
-by side, so that no value reaches the shell or an ``#SBATCH`` line unchecked.
+The script and every check on what reaches it are kept side by side, so that no value
+reaches the shell or an ``#SBATCH`` line unchecked.
 
 :func:`render` fills the template (``infra/slurm/costguard-job.sbatch``, shipped in the
 wheel as ``costguard/_slurm``) from a validated :class:`BatchJob`. Every value that

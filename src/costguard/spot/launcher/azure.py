@@ -1,8 +1,8 @@
 """Azure: one virtual machine per attempt, through ``virtualMachines.createOrUpdate``.
 
-One idea, longer than most modules: the life of an attempt's VM on ``Microsoft.Compute``
-(where it may go, its body, create, read, delete, find), with the refusals ARM answers
-spelled out next to the calls that meet them.
+It covers the life of an attempt's VM on ``Microsoft.Compute`` (where it may go, its
+body, create, read, delete, find), with the refusals ARM answers handled next to the
+calls that meet them.
 
 The VM is created in one PUT with everything it needs: ``priority=Spot``,
 ``evictionPolicy=Delete`` (or ``Deallocate`` if asked) and ``billingProfile.maxPrice``
