@@ -116,9 +116,10 @@ def test_a_pace_the_pilot_did_not_write_is_never_priced(run_cli, tmp_path: Path,
     # "I never train": 10,000 steps of 50 s each, priced as measured by the old pilot.
     fields = stale_paces()[kind]
     write_pace(Store.open(str(tmp_path / "p")), Pace(10_000, 500_000.0, 10_000, **fields))  # type: ignore[arg-type]
+    # --gpu and --speedup: a pilot on a machine with no GPU names the GPU to price
     result = run_cli(
         "pilot", "--steps", "20", "--total-steps", "10000", "--checkpoint", str(tmp_path / "p"),
-        "--", sys.executable, "-c", "pass",
+        "--gpu", "a10g", "--speedup", "1", "--", sys.executable, "-c", "pass",
     )  # fmt: skip
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "is not this pilot's, so it is not priced" in result.stderr
