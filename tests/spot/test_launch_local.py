@@ -443,3 +443,40 @@ def test_the_local_launcher_joins_no_unchecked_job_id_into_a_path(
         record_exit({ENV_JOB_ID: job_id, ENV_JOB_ATTEMPT: "1"}, str(tmp_path / "ckpt"), 0) is False
     )
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_controller_within_seconds(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """Issue 49 item 1: Ctrl-C, sent to the controller's process group as a terminal sends
+    it, ends `launch --provider local` at once (130); the job goes on for `--attach`."""
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    controller = subprocess.Popen(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--every-steps", "4", "--poll-seconds", "0.2", "--yes", "--quiet", "--",
+            ),
+            *train_command(out, 30, sleep=0.5),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: _running_handle(ckpt))
+        sent = time.monotonic()
+        os.killpg(controller.pid, signal.SIGINT)
+        _, stderr = controller.communicate(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 130, stderr
+    assert seconds < 5, f"{seconds:.1f} s after Ctrl-C"
+    attempt = ckpt / "job" / "attempt-1.exit.json"
+    _wait_for(lambda: attempt.exists() or None)  # the job ends by itself, unharmed
