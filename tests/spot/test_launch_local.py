@@ -480,3 +480,23 @@ def test_ctrl_c_ends_the_controller_within_seconds(
     assert seconds < 5, f"{seconds:.1f} s after Ctrl-C"
     attempt = ckpt / "job" / "attempt-1.exit.json"
     _wait_for(lambda: attempt.exists() or None)  # the job ends by itself, unharmed
+
+
+def test_a_logs_path_under_home_is_named_from_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49 item 6: the log path, on a line of its own, was split at 80 columns:
+    ~/.local/state/costguard/local/cg-alice-20261206-075900-abcd1234/attempt-1.log fits."""
+    from costguard.cli.follow import Follower
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / ".local" / "state" / "costguard" / "local" / "cg-alice-20261206-075900-ab12"
+    folder.mkdir(parents=True)
+    (folder / "attempt-1.log").write_text("step 1\n")
+    said: list[str] = []
+    Follower(folder, echo=said.append).drain(final=True)
+    (first, path), *_ = (line.split("\n") for line in said)
+    assert first == "costguard: attempt 1 writes its output to"
+    assert path == f"  ~/{(folder / 'attempt-1.log').relative_to(tmp_path)}"
+    assert len(path) <= 80
+    assert Path(path.strip().replace("~", str(tmp_path), 1)).read_text() == "step 1\n"

@@ -67,8 +67,9 @@ class Follower:
         for number, path in self._logs():
             if path not in self._offsets:
                 self._offsets[path] = 0
-                # The path on a line of its own: it stays whole, to copy.
-                self._echo(f"costguard: attempt {number} writes its output to\n  {path}")
+                # The path on a line of its own: it stays whole, to copy; under the home
+                # folder as ~/... (a shell expands it), which fits 80 columns.
+                self._echo(f"costguard: attempt {number} writes its output to\n  {_short(path)}")
             try:
                 with path.open("rb") as stream:
                     stream.seek(self._offsets[path])
@@ -100,3 +101,17 @@ class Follower:
             return
         for line in wrap_words(label, text, max(40, width), " " * (len(label) + 2)):
             self._echo(line)
+
+
+def _short(path: Path) -> str:
+    """``path`` with the home folder written ``~``, when it is under it.
+
+    >>> _short(Path.home() / ".local" / "state" / "a.log")
+    '~/.local/state/a.log'
+    >>> _short(Path("/tmp/a.log"))
+    '/tmp/a.log'
+    """
+    try:
+        return f"~/{path.relative_to(Path.home())}"
+    except (ValueError, RuntimeError):  # elsewhere, or no home folder known
+        return str(path)
