@@ -130,7 +130,7 @@ def test_every_real_tag_key_of_the_sample_is_read_as_spelled() -> None:
     assert {"application", "business_unit", "ms:Department", " org"} <= keys
     assert len(keys) == 31
     for key in keys:
-        found = exports._tag_values(column["Tags"], key).to_pylist()
+        found = exports._tag_values(column["Tags"], exports.TagMemo(key)).to_pylist()
         # "org" and " org" are one key to costguard; the sample gives both the same value
         theirs = [
             next((v.strip() for k, v in cell.items() if tag_key(k) == tag_key(key)), None)
@@ -226,13 +226,22 @@ def test_a_file_that_is_not_a_billing_export_is_refused_naming_the_columns(
     assert "Hint: costguard spend reads FOCUS 1.0 exports" in result.stderr
 
 
-def test_a_missing_file_and_an_empty_glob_are_refused(
+def test_a_missing_file_or_folder_an_empty_folder_and_an_empty_glob_are_refused(
     run_cli: Callable[..., Any], tmp_path: Path
 ) -> None:
-    for source in (tmp_path / "nope.csv", tmp_path / "*.parquet"):
+    """A path that is not there says so (issue 49: a missing folder said "no billing
+    export files"); an empty folder or glob says there are no export files in it."""
+    (tmp_path / "empty").mkdir()
+    for source, said in (
+        (tmp_path / "nope.csv", "nope.csv does not exist"),
+        (tmp_path / "cur2" / "data", "cur2/data does not exist"),
+        (tmp_path / "*.parquet", "no billing export files at"),
+        (tmp_path / "empty", "no billing export files at"),
+    ):
         result = run_cli("spend", str(source))
         assert result.exit_code == 2
-        assert "Error: no billing export files at" in result.stderr
+        assert f"Error: {tmp_path}" in result.stderr or "Error: no billing" in result.stderr
+        assert said in result.stderr, source
 
 
 def test_folders_and_globs_read_every_data_file_once(
