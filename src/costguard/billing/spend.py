@@ -22,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, Inexact, InvalidOperation
+from functools import lru_cache
 from typing import Any
 
 from costguard.errors import InputError
@@ -200,6 +201,7 @@ def detect(columns: Iterable[str], by: str, source: str) -> ExportFormat:
     raise InputError(message, hint=READ_HINT)
 
 
+@lru_cache(maxsize=1 << 12)  # an export spells a few keys on millions of rows
 def tag_key(key: str) -> str:
     """A tag key as every cloud's export spells it, reduced to one form.
 
