@@ -276,3 +276,27 @@ def test_a_gzipped_export_with_offsets_reads_as_the_plain_one(
     packed = tmp_path / "a.csv.gz"
     packed.write_bytes(gzip.compress(plain.read_bytes()))
     assert spend_json(run_cli, str(packed))["groups"] == spend_json(run_cli, str(plain))["groups"]
+
+
+def test_tags_decided_once_per_read_agree_with_a_memo_that_forgets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each distinct Tags text is decided once per read, across blocks (TagMemo); a memo
+    full to its bound forgets and learns again, and the sums stay the same."""
+    from costguard.billing import exports
+    from costguard.billing.exports import read_spend
+    from costguard.billing.spend import report
+
+    tags = '"{{""Name"": ""n{}"", ""costguard:job"": ""j{}""}}"'
+    rows = [f"1,1,USD,2026-11-01,2026-11-02,{tags.format(i % 50, i % 7)}" for i in range(4000)]
+    path = focus_csv(tmp_path / "tags.csv", rows)
+    monkeypatch.setattr(exports, "CSV_BLOCK_BYTES", 16 << 10)  # many blocks
+
+    def sums() -> dict[str | None, Decimal]:
+        spend = report(read_spend([str(path)], "job"), "job")
+        return {g.key: g.billed_usd for g in spend.groups}
+
+    remembered = sums()
+    assert remembered == {f"j{k}": Decimal(len(range(k, 4000, 7))) for k in range(7)}
+    monkeypatch.setattr(exports, "MEMO_TEXTS", 3)
+    assert sums() == remembered

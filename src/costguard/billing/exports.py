@@ -94,6 +94,8 @@ _SAMPLE_ROWS = 4096
 FLOAT_PLACES = 10
 _FLOAT_SCALE = 10.0**FLOAT_PLACES
 _FLOAT_UNITS_LIMIT = 10**15
+#: Distinct tags texts a :class:`TagMemo` keeps (about 100 MB of an export's longest).
+MEMO_TEXTS = 1 << 20
 #: Between the words of a charge's kind columns (a character no export writes).
 _SEPARATOR = "\x1f"
 
@@ -129,16 +131,24 @@ class TagMemo:
     def values(self, texts: Any) -> Any:
         """The tag's value in each tags text of ``texts`` (a dictionary array)."""
         encoded = _encoded(texts)
-        where = pc.index_in(encoded.dictionary, value_set=self._known)
+        with self._lock:  # arrays of one moment: another thread may learn meanwhile
+            known, ids, names = self._known, self._ids, self._names
+        where = pc.index_in(encoded.dictionary, value_set=known)
         if where.null_count:
-            self._learn(pc.filter(encoded.dictionary, where.is_null()).to_pylist())
-            where = pc.index_in(encoded.dictionary, value_set=self._known)
-        with self._lock:
-            ids, names = self._ids, self._names
+            known, ids, names = self._learn(encoded.dictionary, where)
+            where = pc.index_in(encoded.dictionary, value_set=known)
         return pa.DictionaryArray.from_arrays(pc.take(pc.take(ids, where), encoded.indices), names)
 
-    def _learn(self, texts: list[str]) -> None:
+    def _learn(self, dictionary: Any, where: Any) -> tuple[Any, Any, Any]:
+        """Learn the texts of ``dictionary`` not found (``where`` null); past
+        :data:`MEMO_TEXTS` texts, forget the others and learn all of ``dictionary``.
+        The arrays after, together."""
         with self._lock:
+            if len(self._texts) + where.null_count > MEMO_TEXTS:
+                self._texts, self._known_set, self._label_of_text = [], set(), []
+                texts = dictionary.to_pylist()
+            else:
+                texts = pc.filter(dictionary, where.is_null()).to_pylist()
             for text in texts:
                 if text in self._known_set:
                     continue
@@ -152,6 +162,7 @@ class TagMemo:
             self._known = pa.array(self._texts, pa.string())
             self._ids = pa.array(self._label_of_text, pa.int32())
             self._names = pa.array(list(self._labels), pa.string())
+            return self._known, self._ids, self._names
 
 
 @dataclass(frozen=True)
