@@ -429,9 +429,10 @@ def check_hours(options: dict[str, Any]) -> None:
 def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
     """The hours of --steps steps at the pace the run at --from-run recorded."""
     from costguard.checkpoint.pace import read_pace
+    from costguard.contract import warn
     from costguard.pricing.gpus import canonical_gpu
     from costguard.pricing.measured import gpu_of_device, measure, steps_for_epochs
-    from costguard.spot.job import job_exists, load_job
+    from costguard.spot.job import JobError, job_exists, load_job
     from costguard.spot.prepare import normal_url, open_store
 
     url = normal_url(options["from_run"])
@@ -448,11 +449,12 @@ def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
             "costguard run whose Checkpointer has saved once)",
         )
     accelerators = catalog.accelerators
-    measured_gpu = (
-        canonical_gpu(load_job(store).spec.gpu, accelerators)
-        if job_exists(store)
-        else gpu_of_device(pace.device, accelerators)
-    )
+    measured_gpu = gpu_of_device(pace.device, accelerators)
+    if job_exists(store):
+        try:
+            measured_gpu = canonical_gpu(load_job(store).spec.gpu, accelerators)
+        except JobError as exc:  # the pace is still the run's: priced from its device
+            warn(exc)
     asked = split_names(options["gpus"])
     gpu = canonical_gpu(asked[0], accelerators) if asked else measured_gpu
     if gpu is None:

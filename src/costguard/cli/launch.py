@@ -282,7 +282,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     if final.spec.pilot_steps is not None and final.status == "succeeded":
         _pilot_answer(final, options["output_format"])
         return
-    _report(final, offers, options["output_format"])
+    _report(final, offers, options["output_format"], store.url)
     if final.status == "stopped" and final.stop_requested:
         sys.exit(EXIT_SAVED)  # saved and stopped at the projection: resumable
     if final.status != "succeeded":
@@ -470,12 +470,14 @@ def _print_estimate(
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)
 
 
-def _report(job: Job, offers: Sequence[Offer], output_format: str) -> None:
+def _report(job: Job, offers: Sequence[Offer], output_format: str, url: str) -> None:
+    """The job's report; its checkpoints and pace read from ``url``, the store asked
+    about (never the URL its job.json names)."""
     from costguard.spot import report
 
     now = time.time()
-    checkpoint = report.latest_checkpoint(job.spec.checkpoint_url)
-    projection = report.projection_of(job, now)
+    checkpoint = report.latest_checkpoint(url)
+    projection = report.projection_of(job, url, now)
     if output_format == "json":
         render.print_json(report.job_document(job, offers, now, checkpoint, projection))
         return
@@ -534,12 +536,14 @@ def status_command(
     if exports and output_format == "json":
         msg = "jobs status --spend prints tables; its JSON is costguard spend's"
         raise InputError(msg, hint=f"costguard spend EXPORT --job {url} --format json")
-    job = load_job(open_store(normal_url(url)))
+    url = normal_url(url)
+    store = open_store(url)
+    job = load_job(store)
     try:
         offers = offers_for(settings, job.spec)
     except InputError:
         offers = []
-    _report(job, offers, output_format)
+    _report(job, offers, output_format, store.url)
     if exports:
         from costguard.cli.spend import job_spend
 
