@@ -190,6 +190,11 @@ def _echo(message: str) -> None:
     help="Supervise the job at this checkpoint URL again.",
 )
 @click.option("--force", is_flag=True, help="With --attach: even if its heartbeat is fresh.")
+@click.option(
+    "--accept-spec",
+    is_flag=True,
+    help="With --attach: run a job.json spec you did not launch (it is shown first).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--no-alarm-check", is_flag=True, help="Launch even without a budget alarm (warns).")
 @click.option(
@@ -256,6 +261,13 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
             check_not_supervised(job, time.time(), stale_s=max(90.0, 6 * poll))
         offers = offers_for(settings, job.spec)
         launcher = launcher_for(settings, job.spec, offers)
+        try:
+            job = _confirm_attach(settings, job, offers, launcher, options)
+        except BaseException:
+            close = getattr(launcher, "close", None)
+            if close is not None:
+                close()
+            raise
         _echo(f"attached to job {job.spec.job_id} ({len(job.attempts)} attempt(s) so far)")
     else:
         job, store, offers, launcher = _prepare(settings, _request(options))
@@ -267,6 +279,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         poll_s=poll_s,
         timeout_s=options["timeout_hours"] * 3600,
         on_event=lambda event: _echo(event.message),
+        owner=_owner(),
     )
     try:
         with _following(launcher, job, quiet=options["quiet"]):
@@ -337,6 +350,79 @@ def _attached(options: Mapping[str, Any]) -> tuple[Job, Store]:
     return load_job(store), store
 
 
+def _confirm_attach(
+    settings: Settings,
+    job: Job,
+    offers: Sequence[Offer],
+    launcher: Launcher,
+    options: Mapping[str, Any],
+) -> Job:
+    """What attaching would run, shown and asked for as a launch is: the command, where
+    it runs and at what price; launch's guards (the launcher's ``check``, its secret
+    search, the budget alarm). A spec this user did not launch (its signature by this
+    user's key does not hold: someone else wrote job.json) is refused unless
+    ``--accept-spec``; accepted, it is signed as this user's from then on."""
+    from dataclasses import replace
+
+    from costguard import proof
+    from costguard.spot.job import sign_spec, signed_by
+
+    key = proof.user_key(create=True)
+    assert key is not None  # made, or InputError
+    spec = job.spec
+    for line in _attach_plan(job, offers):
+        render.print_prose(line, first="", indent="  ", err=True)
+    if not signed_by(spec, key):
+        msg = (
+            f"job.json at {spec.checkpoint_url} holds a spec you did not launch (its "
+            "signature by your costguard key does not hold): someone else may have written it"
+        )
+        if not options["accept_spec"]:
+            raise InputError(
+                msg,
+                hint="check the command, instance and price above; --accept-spec runs it as it is",
+            )
+        click.secho(f"Warning: {msg}; accepted with --accept-spec", err=True, fg="yellow")
+    launcher.check(spec.launch_spec())
+    if spec.provider == "local":
+        _echo("launch guard: not needed for --provider local (nothing is billed)")
+    else:
+        _guard(settings, spec.provider, spec.options, options["no_alarm_check"])
+    if not options["yes"]:
+        _confirm("Attach and supervise?", "attach", "not attached")
+    return replace(job, spec=sign_spec(spec, key))
+
+
+def _attach_plan(job: Job, offers: Sequence[Offer]) -> list[str]:
+    """The plan of an attach, in lines: the job's command, where its attempt runs or the
+    next would, and the price."""
+    from costguard.shell import command
+
+    spec = job.spec
+    current = job.current
+    lines = [
+        f"Attach to job {spec.job_id} (owner {spec.owner or 'unknown'}, {spec.provider}, "
+        f"{spec.gpu_count} x {spec.gpu}):",
+        f"  command: {command(*spec.command)}",
+    ]
+    if current is not None:
+        where = current.handle.instance_id if current.handle else "not confirmed"
+        lines.append(
+            f"  attempt {current.number} runs: {current.offer.instance_type} "
+            f"{current.offer.market.value} in {current.offer.place} ({where}) at "
+            f"${current.offer.usd_per_hour}/h"
+        )
+    elif offers:
+        cheapest = min(offers, key=lambda o: o.usd_per_hour)
+        lines.append(
+            f"  next attempt from ${cheapest.usd_per_hour}/h ({cheapest.instance_type} "
+            f"{cheapest.market.value} in {cheapest.place})"
+        )
+    if spec.max_total_usd is not None:
+        lines.append(f"  --max-total ${spec.max_total_usd}")
+    return lines
+
+
 def _request(options: Mapping[str, Any]) -> LaunchRequest:
     from costguard.spot.prepare import LaunchRequest
 
@@ -396,12 +482,7 @@ def _prepare(
         else:
             _guard(settings, prepared.spec.provider, prepared.spec.options, request.no_alarm_check)
         if not request.yes:
-            if not sys.stdin.isatty():
-                msg = "confirmation needed, and there is no terminal to ask"
-                raise InputError(msg, hint="pass --yes to launch without asking")
-            if not click.confirm("Launch?", err=True):
-                msg = "not launched: declined at the confirmation"
-                raise CostguardError(msg)
+            _confirm("Launch?", "launch", "not launched")
         job = commit(prepared)
     except BaseException:
         close = getattr(launcher, "close", None)
@@ -410,6 +491,16 @@ def _prepare(
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
+
+
+def _confirm(question: str, verb: str, declined: str) -> None:
+    """Ask ``question`` on the terminal; refused without one (``--yes`` skips it)."""
+    if not sys.stdin.isatty():
+        msg = "confirmation needed, and there is no terminal to ask"
+        raise InputError(msg, hint=f"pass --yes to {verb} without asking")
+    if not click.confirm(question, err=True):
+        msg = f"{declined}: declined at the confirmation"
+        raise CostguardError(msg)
 
 
 def _owner() -> str:

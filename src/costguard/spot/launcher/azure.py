@@ -56,7 +56,7 @@ from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
-from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
@@ -620,6 +620,7 @@ class AzureLauncher:
                                 getattr(vm.priority, "value", vm.priority) or "Regular"
                             ),
                             "attempt": tags.get(ATTEMPT_TAG, ""),
+                            "owner": tags.get(OWNER_TAG, ""),
                         },
                     )
                 )
