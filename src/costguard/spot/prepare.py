@@ -288,7 +288,9 @@ def launcher_for(settings: Settings, spec: JobSpec, offers: Sequence[Offer]) -> 
         from costguard.spot.launcher.local import LocalLauncher, default_state_dir
 
         sim = spec.simulation
-        assert sim is not None, "a local job is always simulated (simulation_for)"
+        if sim is None:  # launch always writes one (simulation_for): not costguard's
+            msg = f"job {spec.job_id} is a local job without its simulation settings"
+            raise InputError(msg, hint="was job.json written by costguard launch?")
         return LocalLauncher(
             sim,
             job_started_unix=spec.created_unix,
