@@ -92,6 +92,17 @@ def store(tmp_path: Path) -> Store:
     return Store.open(str(tmp_path / "ckpt"))
 
 
+def reproducible(examples: int) -> Any:
+    """The same ``examples`` every run (derandomized), reported as found (no shrinking)."""
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+
+
 def check(result: Any, started: float, what: str) -> None:
     assert result.exit_code in (0, 2), (what, result.exit_code, result.stderr[-2000:])
     assert "unexpected" not in result.stderr, (what, result.stderr[-2000:])
@@ -99,13 +110,7 @@ def check(result: Any, started: float, what: str) -> None:
     assert time.monotonic() - started < 10, what
 
 
-@settings(
-    max_examples=25,
-    derandomize=True,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate],  # a failure is reported as found: no shrinking
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@reproducible(25)
 @given(job=record(JOB), pace=record(PACE), stop=record(STOP), exit_=record(EXIT))
 def test_every_reader_of_job_records_survives_hostile_records(
     run_cli: Callable[..., Any], aws_env: str, store: Store, job: bytes, pace: bytes,
@@ -128,13 +133,7 @@ def test_every_reader_of_job_records_survives_hostile_records(
         check(run_cli(*command), started, " ".join(command[:2]))
 
 
-@settings(
-    max_examples=4,
-    derandomize=True,
-    deadline=None,
-    phases=[Phase.explicit, Phase.generate],  # a failure is reported as found: no shrinking
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@reproducible(4)
 @given(stop=record(STOP), exit_=record(EXIT), pace=record(PACE))
 def test_costguard_run_under_launch_goes_on_past_hostile_records(
     tmp_path: Path, store: Store, stop: bytes, exit_: bytes, pace: bytes
