@@ -25,7 +25,7 @@ latest valid one.
 Under torch.distributed (torchrun) every rank makes a Checkpointer and calls the same
 methods; see :mod:`costguard.checkpoint.distributed` for how the ranks agree.
 
-One idea, longer than most modules: the one object a training loop talks to, deciding *when*: the
+The Checkpointer is the one object a training loop talks to, and it decides *when*: the
 schedule, notices and their deadlines, the ranks' agreement, the final save at close. *How*
 a save is written and retained is :mod:`~costguard.checkpoint.saving`; *which* checkpoint a
 restore uses, and what counts as corrupt or only unreadable, is

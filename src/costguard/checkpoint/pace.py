@@ -334,3 +334,39 @@ def describe(pace: Pace) -> str:
 def as_dict(pace: Pace) -> dict[str, Any]:
     """The record as a JSON-ready mapping."""
     return asdict(pace)
+
+
+#: How far the clock may step back between a pilot's start and its script's first step.
+CLOCK_SLACK_S = 1.0
+
+
+def not_own_pilot(
+    pace: Pace, *, since_unix: float, now_unix: float, host: str, env: Mapping[str, str]
+) -> str | None:
+    """Why ``pace`` is not the record of the pilot that began at ``since_unix`` on ``host``
+    with its script's environment ``env`` (its job and attempt, when it runs in one), or
+    ``None`` when it is: a pilot prices only what its own run measured, never a stale or
+    forged record.
+
+    >>> own = Pace(20, 2.0, 25, 105.0, 101.0, host="box", pilot=True)
+    >>> not_own_pilot(own, since_unix=100.0, now_unix=110.0, host="box", env={})
+    >>> not_own_pilot(own, since_unix=200.0, now_unix=210.0, host="box", env={})
+    'its measurement began at 101 (Unix time), before this pilot did (200)'
+    """
+    # What the pilot's own run recorded of them (:meth:`Pace.measured`).
+    job_id = env.get(contract.ENV_JOB_ID, "")[:48]
+    attempt = _attempt_number(env.get(contract.ENV_JOB_ATTEMPT, ""))
+    if not pace.pilot:
+        return "no pilot wrote it (it is a full run's pace)"
+    if pace.started_unix < since_unix - CLOCK_SLACK_S:
+        return (
+            f"its measurement began at {pace.started_unix:.0f} (Unix time), before this pilot "
+            f"did ({since_unix:.0f})"
+        )
+    if not pace.started_unix <= pace.updated_unix <= now_unix + CLOCK_SLACK_S:
+        return f"it is dated {pace.updated_unix:.0f} (Unix time), after this pilot ended"
+    if pace.host != host:
+        return f"it was measured on another machine ({pace.host!r}, this is {host!r})"
+    if (pace.job_id, pace.attempt) != (job_id, attempt):
+        return f"it belongs to job {pace.job_id!r} attempt {pace.attempt}, not to this pilot"
+    return None

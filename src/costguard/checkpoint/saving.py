@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from costguard import __version__, contract
+from costguard import contract
+from costguard._version import __version__
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.incremental import Pool, Snapshot
 from costguard.checkpoint.manifest import (

@@ -34,6 +34,7 @@ from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.settings import Settings
 from costguard.tags import JOB_TAG
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.spot.job import Job
@@ -256,7 +257,7 @@ def _print_reconciliation(
         )
         return
     _print(spend)
-    click.echo(f"Job {result.job_id}:")
+    click.echo(f"Job {visible(result.job_id)}:")
     if result.estimate_usd is not None:
         click.echo(f"  estimate before launch: {_money(result.estimate_usd, spend.currency)}")
     click.echo(f"  controller's running cost: {_money(result.running_usd, spend.currency)}")
@@ -328,7 +329,7 @@ def _utc_day(unix: float) -> str:
 def _money(amount: Decimal, currency: str) -> str:
     """An amount for people, a credit's minus sign first: ``-$20.75``, ``2.75 EUR``."""
     if currency != "USD":
-        return f"{amount:,.2f} {currency}"
+        return f"{amount:,.2f} {visible(currency)}"
     return f"-{format_usd(-amount)}" if amount < 0 else format_usd(amount)
 
 
@@ -340,7 +341,7 @@ def _print(spend: SpendReport) -> None:
     )
     rows = [
         [
-            group_label(g.key, spend.by),
+            visible(group_label(g.key, spend.by)),
             _money(g.billed_usd, spend.currency),
             _money(g.effective_usd, spend.currency),
         ]

@@ -1,7 +1,7 @@
 """Which GPU instances are idle, and what one reaper run may do about them. Pure: no I/O.
 
-One idea, longer than most modules: the idle rule and the run's limits, together, so every
-fail-safe choice (when in doubt, keep) can be read in one place.
+The idle rule and the run's limits are kept together, so every fail-safe choice (when
+in doubt, keep) can be read in one place.
 
 An idle GPU bills exactly like a busy one, but a wrong "idle" stops somebody's training
 run, so every rule here fails safe: when in doubt, keep the instance.

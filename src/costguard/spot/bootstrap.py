@@ -289,44 +289,6 @@ def _wheel_words(spec: LaunchSpec) -> dict[str, str]:
 # ----------------------------------------------------------------- options shared by adapters
 
 
-def option(spec: LaunchSpec, name: str, provider: str, hint: str, *, default: str = "") -> str:
-    """The required option ``name`` of ``spec`` (else ``default``, the launcher's own), or an
-    :class:`InputError` saying how to set it.
-
-    >>> from datetime import datetime, UTC
-    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC))
-    >>> option(spec, "image", "aws", "an AMI id")
-    Traceback (most recent call last):
-    ...
-    costguard.errors.InputError: launching on aws needs the image option
-    """
-    value = spec.options.get(name, "").strip() or default
-    if not value:
-        msg = f"launching on {provider} needs the {name} option"
-        raise InputError(msg, hint=hint)
-    return value
-
-
-def int_option(spec: LaunchSpec, name: str, default: int, low: int, high: int) -> int:
-    """An integer option within ``low..high``.
-
-    >>> from datetime import datetime, UTC
-    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC),
-    ...                   options={"disk_gb": "lots"})
-    >>> int_option(spec, "disk_gb", 100, 10, 65536)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    costguard.errors.InputError: the disk_gb option must be a whole number from 10 to 65536...
-    """
-    text = spec.options.get(name, "").strip()
-    if not text:
-        return default
-    if not text.isdigit() or not low <= int(text) <= high:
-        msg = f"the {name} option must be a whole number from {low} to {high}, not {text!r}"
-        raise InputError(msg, hint=f"e.g. {name}={default}")
-    return int(text)
-
-
 def max_price(spec: LaunchSpec) -> Decimal | None:
     """The spot price cap in USD/h: ``--max-price`` (``spec.max_usd_per_hour``) or the
     ``max_price`` option; both may be given only if they agree. ``None``: no cap.

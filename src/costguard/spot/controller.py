@@ -197,10 +197,9 @@ class Controller:
         unchanged when it finds none (reconcile then closes the attempt as never
         confirmed). GCP and Azure name the instance after the job and attempt, so the
         listing by label or tag already finds it."""
-        resume = getattr(self.launcher, "resume", None)
-        if resume is None or not current.token:
+        if not current.token:
             return job
-        handle = resume(
+        handle = self.launcher.resume(
             current.offer,
             job.spec.launch_spec(),
             current.number,
@@ -326,8 +325,7 @@ class Controller:
         the launcher can tell (``stopped``: it proves the instance is the job's), it is
         deleted once the store's latest checkpoint is complete (the work is there, not
         only on that disk), and otherwise kept and reported with what its disk costs."""
-        probe = getattr(self.launcher, "stopped", None)
-        found: Stopped | None = probe(handle, job.spec.job_id) if probe is not None else None
+        found: Stopped | None = self.launcher.stopped(handle, job.spec.job_id)
         if found is None:
             return job
         step = self._latest_step()
@@ -378,22 +376,20 @@ class Controller:
     def _zones_of(self, offer: Offer) -> tuple[str, ...]:
         """The launcher's zones for ``offer``'s region and type, asked once per controller.
 
-        A launcher that cannot say (no permission, an old adapter) leaves the offer
+        A launcher that cannot say (no permission; a provider without zones) leaves the offer
         regional: the provider places the instance, and recovery moves between regions.
         """
         key = (offer.region, offer.instance_type)
         if key not in self.zones:
-            lookup = getattr(self.launcher, "zones", None)
             found: tuple[str, ...] = ()
-            if lookup is not None:
-                try:
-                    found = tuple(dict.fromkeys(z for z in lookup(*key) if z))
-                except CostguardError as exc:
-                    self._emit(
-                        "zones",
-                        f"zones of {offer.region} unknown ({exc.message}): the provider "
-                        "picks the zone, and recovery moves between regions only",
-                    )
+            try:
+                found = tuple(dict.fromkeys(z for z in self.launcher.zones(*key) if z))
+            except CostguardError as exc:
+                self._emit(
+                    "zones",
+                    f"zones of {offer.region} unknown ({exc.message}): the provider "
+                    "picks the zone, and recovery moves between regions only",
+                )
             self.zones[key] = found
             if found:
                 self._emit(

@@ -1,7 +1,7 @@
 """The job's state in the checkpoint store, next to its checkpoints.
 
-One idea, longer than most modules: the job's record (its spec, its attempts, their exit
-records), written and read back in one place, so the file format has one owner.
+The job's record (its spec, its attempts, their exit records) is written and read back
+here only, so the file format has one owner.
 
 ``job/job.json`` holds what the user asked for (:class:`JobSpec`) and every attempt (where
 it ran, how it ended); the controller rewrites it (atomically: a local rename, or one PUT)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from costguard.checkpoint.completion import sync_dir_path
 from costguard.errors import InputError
+from costguard.pricing.catalog import as_of_text
 from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
@@ -374,7 +375,7 @@ def prepare(
             )
     first = first_launch(spec, offers)
     shown = [first.offer, *filter(None, [fallback_offer(offers)])]  # what the estimate prices
-    return Prepared(spec, store, offers, first, offers_as_of(catalog, shown).isoformat(), wheel)
+    return Prepared(spec, store, offers, first, as_of_text(offers_as_of(catalog, shown)), wheel)
 
 
 def check_launcher(prepared: Prepared, launcher: Launcher) -> Prepared:

@@ -28,9 +28,9 @@ from costguard.errors import CostguardError
 from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
-from costguard.pricing.refresh.parse import (
+from costguard.pricing.refresh.parse import Dated
+from costguard.pricing.refresh.parse_aws import (
     AWS_LINUX_ATTRIBUTES,
-    Dated,
     aws_offer_products,
     aws_ondemand,
     aws_prices,

@@ -39,7 +39,7 @@ from costguard.pricing.catalog import Market
 from costguard.secrets import secret_name_kind
 from costguard.spot.bootstrap import refuse_secrets
 from costguard.spot.job import Simulation
-from costguard.spot.launcher.base import Handle, LaunchSpec, Offer, State, Status
+from costguard.spot.launcher.base import Handle, Launcher, LaunchSpec, Offer, State, Status
 from costguard.spot.simulator import (
     NOTICE_S,
     MetadataEmulator,
@@ -138,10 +138,11 @@ def pid_alive(pid: int, start_ticks: str = "") -> bool:
     return True
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     """Runs attempts as local processes and preempts them on the simulator's schedule."""
 
     provider = PROVIDER
+    state_dir: Path
 
     def __init__(
         self,
@@ -181,7 +182,7 @@ class LocalLauncher:
     def _job_dir(self, job_id: str) -> Path:
         return self.state_dir / check_job_id(job_id, "the local launcher's job")
 
-    # -- Launcher protocol -------------------------------------------------------------
+    # -- Launcher -------------------------------------------------------------
 
     def check(self, spec: LaunchSpec) -> None:
         """The command is there, carries no credential (it goes into job.json and each
