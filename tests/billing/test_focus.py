@@ -122,7 +122,7 @@ def test_every_real_tag_key_of_the_sample_is_read_as_spelled() -> None:
     from pyarrow import csv
 
     from costguard.billing import exports
-    from costguard.billing.spend import tag_key
+    from costguard.tags import tag_key
 
     column = csv.read_csv(SAMPLE, convert_options=csv.ConvertOptions(include_columns=["Tags"]))
     cells = [json.loads(c) if c != "NULL" else {} for c in column["Tags"].to_pylist()]

@@ -169,3 +169,19 @@ def test_values_come_back_folded_with_their_defaults() -> None:
     }
     assert RULES.value({}, "disk_gb") == "100"
     assert RULES.value({"disk_gb": " 20 "}, "disk_gb") == "20"
+
+
+def test_an_option_is_read_as_it_was_checked() -> None:
+    """The validator strips and folds a value; the request uses that same value (a zone
+    given with blanks passed the check, then missed the region when read raw)."""
+    from costguard.settings import Settings
+    from costguard.spot.launcher.gcp import GcpLauncher
+    from tests.servers.gcp import LAUNCH_OPTIONS
+
+    options = {**LAUNCH_OPTIONS, "zone": " us-central1-b ", "termination_action": "stop"}
+    spec = LaunchSpec("run-1", "gs://b/run-1", ("python", "t.py"), "me",
+                      datetime(2026, 12, 2, tzinfo=UTC), options=options)  # fmt: skip
+    offer = Offer("gcp", "us-central1", "g2-standard-4", Market.SPOT, Decimal("1"), "L4", 1)
+    instance = GcpLauncher(Settings(), environ={}).request(offer, spec, 1)
+    assert instance.machine_type == "zones/us-central1-b/machineTypes/g2-standard-4"
+    assert instance.scheduling.instance_termination_action == "STOP"

@@ -22,7 +22,7 @@ from decimal import Decimal
 from typing import Any
 
 from costguard.errors import InputError
-from costguard.tags import JOB_TAG, OWNER_TAG
+from costguard.tags import JOB_TAG, OWNER_TAG, tag_key
 
 #: What ``--by`` may group by.
 GROUPINGS = ("job", "owner", "project", "day", "service")
@@ -191,26 +191,8 @@ def detect(columns: Iterable[str], by: str, source: str) -> ExportFormat:
     raise InputError(message, hint=READ_HINT)
 
 
-def tag_key(key: str) -> str:
-    """A tag key as every cloud's export spells it, reduced to one form.
-
-    AWS FOCUS and Azure keep the key as written (``costguard:job``); GCP labels take no
-    ``:`` (``costguard-job``, :func:`costguard.tags.gcp_label`); the CUR 2.0
-    ``resource_tags`` map prefixes user tags with ``user_`` and turns the other characters
-    into ``_``; CUR 2.0's ``tags`` column prefixes ``resourceTags/``.
-
-    >>> {tag_key(k) for k in ("costguard:job", "costguard-job", "user_costguard_job",
-    ...                       "resourceTags/user:costguard:job", "Costguard:Job ")}
-    {'costguard_job'}
-    """
-    text = re.sub(r"[^a-z0-9]+", "_", key.strip().lower()).strip("_")
-    for prefix in ("resourcetags_", "user_"):
-        text = text.removeprefix(prefix)
-    return text
-
-
 def is_tag(key: str, tag: str) -> bool:
-    """Whether an export's key ``key`` spells costguard's ``tag``.
+    """Whether an export's key ``key`` spells costguard's ``tag`` (:func:`tag_key`).
 
     >>> is_tag("user_costguard_owner", OWNER_TAG), is_tag("costguard-jobs", JOB_TAG)
     (True, False)

@@ -41,6 +41,10 @@ from costguard.money import usd_str
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
 from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
+
+# The simulation settings are the simulator's; job.json holds them, and its readers name
+# them here too.
+from costguard.spot.simulator import Simulation as Simulation
 from costguard.tags import ATTEMPT, is_job_id
 
 logger = logging.getLogger(__name__)
@@ -168,25 +172,6 @@ def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: An
         logger.warning("costguard: could not write the job's exit record: %s", exc.message)
         return False
     return True
-
-
-@dataclass(frozen=True)
-class Simulation:
-    """``--provider local``: when the simulator sends preemption notices.
-
-    ``every_s``: each spot attempt gets a notice that many seconds after it starts
-    (randomised around it, exponentially, with ``seed``). ``at_s``: notices at these
-    seconds after the job started, each once. ``notice_s``: the deadline after a notice,
-    after which the process is killed (SIGKILL); ``None``: the simulated cloud's own
-    (AWS 120 s, GCP and Azure 30 s).
-    """
-
-    every_s: float | None = None
-    at_s: tuple[float, ...] = ()
-    seed: int | None = None
-    notice_s: float | None = None
-    metadata_port: int = 0
-    state_dir: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,10 +26,11 @@ from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 from costguard.shell import command
-from costguard.spot.job import RUNNING, Job, JobSpec, Simulation, job_exists, load_job, save_job
+from costguard.spot.job import RUNNING, Job, JobSpec, job_exists, load_job, save_job
 from costguard.spot.launcher.base import Launcher, Offer
 from costguard.spot.offers import fallback_offer, offers_as_of, require_offers
 from costguard.spot.recovery import Launch, decide
+from costguard.spot.simulator import Simulation
 
 if TYPE_CHECKING:
     from costguard.checkpoint.store import Store

@@ -224,11 +224,6 @@ def _root_volume(spec: LaunchSpec, values: Mapping[str, str]) -> dict[str, Any]:
     return {"BlockDeviceMappings": [{"DeviceName": values["root_device"], "Ebs": volume}]}
 
 
-def _code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-
-
 class AwsLauncher(Launcher):
     """EC2 in the regions of the offers it is given. ``clients(region)`` builds the EC2
     client (default :func:`costguard.clouds.aws.client`); ``regions`` are where
@@ -338,7 +333,7 @@ class AwsLauncher(Launcher):
         try:
             answer = ec2.run_instances(**params)
         except aws_clouds.errors() as exc:
-            code = _code(exc)
+            code = aws_clouds.error_code(exc)
             if code in CAPACITY_CODES:
                 message = aws_clouds.translate(exc, f"launching {offer.instance_type}").message
                 raise CapacityError(message, place=offer.place, code=code) from None
@@ -489,7 +484,7 @@ class AwsLauncher(Launcher):
         try:
             answer = ec2.describe_instances(InstanceIds=[handle.instance_id])
         except aws_clouds.errors() as exc:
-            if _code(exc) in _NOT_FOUND:
+            if aws_clouds.error_code(exc) in _NOT_FOUND:
                 return None
             raise aws_clouds.translate(exc, f"describing {handle.instance_id}") from None
         found = [i for r in answer.get("Reservations", []) for i in r.get("Instances", [])]
@@ -513,7 +508,7 @@ class AwsLauncher(Launcher):
             try:
                 answer = ec2.terminate_instances(InstanceIds=[handle.instance_id])
             except aws_clouds.errors() as exc:
-                if _code(exc) not in _NOT_FOUND:
+                if aws_clouds.error_code(exc) not in _NOT_FOUND:
                     raise aws_clouds.translate(exc, f"terminating {handle.instance_id}") from None
                 if not self._fresh(handle):
                     return

@@ -57,7 +57,6 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
@@ -247,20 +246,6 @@ def quota_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def _time(text: str) -> datetime:
-    """An RFC 3339 timestamp as Compute Engine writes it (any offset, up to nanoseconds).
-
-    >>> _time("2026-12-01T04:00:00.123456789-08:00").isoformat()
-    '2026-12-01T12:00:00.123456+00:00'
-    """
-    parsed = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", text.strip()))
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
-
-
-def _last(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
-
-
 def _accelerators(compute: Any, offer: Offer, zone: str) -> list[Any]:
     """The GPUs attached to an N1 machine (the accelerator-optimised families have them
     built in: none attached)."""
@@ -410,7 +395,8 @@ class GcpLauncher(base.Launcher):
             raise gcp_clouds.translate(exc, f"reading the region {region}") from None
         if found.status and found.status != "UP":
             return []
-        up = sorted(_last(url) for url in found.zones if _ZONE.fullmatch(_last(url)))
+        names = (gcp_clouds.last_segment(url) for url in found.zones)
+        up = sorted(name for name in names if _ZONE.fullmatch(name))
         if not instance_type or not up:
             return up
         offered = self._offering(project, instance_type)
@@ -427,7 +413,7 @@ class GcpLauncher(base.Launcher):
         try:
             for scope, scoped in self.machine_types.aggregated_list(request=request):
                 if any(item.name == instance_type for item in scoped.machine_types):
-                    found.add(_last(scope))
+                    found.add(gcp_clouds.last_segment(scope))
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, f"listing the zones of {instance_type}") from None
         return found
@@ -449,7 +435,7 @@ class GcpLauncher(base.Launcher):
     # ----------------------------------------------------------------- launch
 
     def _zone(self, offer: Offer, spec: LaunchSpec) -> str:
-        zone = offer.zone or spec.options.get("zone", "") or f"{offer.region}-a"
+        zone = offer.zone or OPTIONS.value(spec.options, "zone") or f"{offer.region}-a"
         if zone.rsplit("-", 1)[0] != offer.region:
             msg = f"zone {zone!r} is not in region {offer.region!r}"
             raise InputError(msg, hint="leave the zone option out, or pick one of the region")
@@ -504,7 +490,7 @@ class GcpLauncher(base.Launcher):
         """``instances.insert``, waited for; a :class:`CapacityError` when the zone is full."""
         instance = self.request(offer, spec, attempt)
         project = self._project(spec)
-        zone = _last(instance.machine_type.rsplit("/machineTypes/", 1)[0])
+        zone = gcp_clouds.last_segment(instance.machine_type.rsplit("/machineTypes/", 1)[0])
         # A fresh request id per launch: Compute Engine answers a request id it has seen
         # with that request's (finished) operation and creates nothing (compute.proto,
         # request_id), so one derived from the name would "launch" nothing when a job id is
@@ -609,7 +595,9 @@ class GcpLauncher(base.Launcher):
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
         started = item.last_start_timestamp or item.creation_timestamp
-        return Status(handle, state, detail, launched_at=_time(started) if started else None)
+        return Status(
+            handle, state, detail, launched_at=gcp_clouds.timestamp(started) if started else None
+        )
 
     def stopped(self, handle: Handle, job_id: str) -> base.Stopped | None:
         """The attempt's VM when Compute Engine stopped it (status ``TERMINATED``: host
@@ -679,7 +667,7 @@ class GcpLauncher(base.Launcher):
         found = []
         try:
             for scope, scoped in self.instances.aggregated_list(request=request):
-                zone = _last(scope)
+                zone = gcp_clouds.last_segment(scope)
                 for item in scoped.instances:
                     if item.labels.get(key) == value and item.status in LIVE_STATES:
                         found.append(

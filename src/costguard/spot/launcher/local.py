@@ -38,11 +38,11 @@ from costguard.errors import InputError
 from costguard.pricing.catalog import Market
 from costguard.secrets import secret_name_kind
 from costguard.spot.bootstrap import refuse_secrets
-from costguard.spot.job import Simulation
 from costguard.spot.launcher.base import Handle, Launcher, LaunchSpec, Offer, State, Status
 from costguard.spot.simulator import (
     NOTICE_S,
     MetadataEmulator,
+    Simulation,
     notice_time,
     simulated_cloud,
     simulated_zones,

@@ -28,6 +28,9 @@ from typing import Literal
 
 from costguard.errors import InputError
 
+#: What is stripped from around a value: spaces and tabs, never a line break.
+BLANKS = " \t"
+
 
 @dataclass(frozen=True)
 class Option:
@@ -70,8 +73,10 @@ class Option:
         return [self.name]
 
     def folded(self, value: str) -> str:
-        """``value`` stripped and in the option's case."""
-        value = value.strip()
+        """``value`` without surrounding spaces or tabs, in the option's case. A line break
+        is kept, so the rule refuses it (``tests/test_regex_anchors.py``): a value is used
+        as it was checked, and one ending in a newline was never meant."""
+        value = value.strip(BLANKS)
         return value.upper() if self.case == "upper" else value.lower() if self.case else value
 
     def refusal(self, key: str, value: str) -> InputError | None:
@@ -82,7 +87,11 @@ class Option:
                 msg = f"the {key} option must be a whole number from {low} to {high}, not {value!r}"
                 return InputError(msg, hint=f"e.g. {key}={self.default or self.example}")
             return None
-        items = [v.strip() for v in value.split(",") if v.strip()] if self.listed else [value]
+        items = (
+            [v.strip(BLANKS) for v in value.split(",") if v.strip(BLANKS)]
+            if self.listed
+            else [value]
+        )
         for item in items:
             if (
                 (self.pattern is not None and not self.pattern.fullmatch(item))
