@@ -68,6 +68,7 @@ STATUS_EXAMPLES = """
 Examples:
   costguard jobs status s3://my-bucket/run1
   costguard jobs status ckpt/ --format json
+  costguard jobs stop s3://my-bucket/run1
 """
 
 #: A local attempt is polled often: the simulator acts when polled.
@@ -637,3 +638,26 @@ def status_command(
         from costguard.plots import draw_job
 
         click.echo(f"Picture: {draw_job(plot, job, offers, time.time()).path}", err=True)
+
+
+@jobs_group.command("stop", epilog=STATUS_EXAMPLES)
+@click.argument("url", type=StoreUrl())
+def stop_command(url: str) -> None:
+    """Ask the running attempt of the job at checkpoint URL to save and stop (exit 75).
+
+    The request is signed with your costguard key, for that attempt only: the job's
+    `costguard run` honours it, and its controller ends the job stopped (resumable with
+    `costguard launch --attach URL`) instead of relaunching it.
+    """
+    from costguard.spot.job import RUNNING, load_job, request_stop
+    from costguard.spot.prepare import normal_url, open_store
+
+    store = open_store(normal_url(url))
+    job = load_job(store)
+    current = job.current
+    if job.status != RUNNING or current is None:
+        msg = f"job {job.spec.job_id} has no running attempt ({job.status})"
+        raise InputError(msg, hint=f"`costguard jobs status {url}` shows where it stands")
+    reason = "stopped by costguard jobs stop"
+    request_stop(store, job.spec.job_id, current.number, reason, time.time())
+    _echo(f"asked attempt {current.number} of job {job.spec.job_id} to save and stop")

@@ -130,6 +130,8 @@ class Controller:
         #: Instances this controller launched itself (proven the job's without a listing,
         #: which may not show a new instance yet).
         self._launched: set[str] = set()
+        #: Warnings said already (a forged record is named once, not at every poll).
+        self._warned: set[str] = set()
         self.launcher = launcher
         self.offers = tuple(offers)
         self.poll_s = poll_s
@@ -269,6 +271,35 @@ class Controller:
         if state is State.PREEMPTED and closed.handle is not None:
             job = self._stopped_instance(job, closed.handle)
         return self._save(job)
+
+    def _stop_asked(self, job: Job) -> Job:
+        """A stop request ``costguard jobs stop`` wrote for the running attempt, signed with
+        the job's key (this user's): the job then ends ``stopped`` once the attempt has
+        saved, instead of being relaunched. Anything else in job/stop.json is left to the
+        attempt's own check (a warning there; the job goes on)."""
+        from costguard import contract, proof
+
+        current = job.current
+        if job.stop_requested or current is None:
+            return job
+        key = proof.user_key()
+        mine = None if key is None else proof.job_key(key, job.spec.job_id)
+        try:
+            reason = contract.stop_request(
+                self.store, job.spec.job_id, current.number, mine, self._warn_once
+            )
+        except CostguardError:
+            return job  # the store cannot be read now: asked again at the next poll
+        if reason is None:
+            return job
+        self._emit("stop", f"{reason}: the script saves and stops")
+        return self._save(replace(job, stop_requested=reason, stop_requested_unix=self._clock()))
+
+    def _warn_once(self, message: str) -> None:
+        """An event for a record left out, once per message (the loop polls it again)."""
+        if message not in self._warned:
+            self._warned.add(message)
+            self._emit("warning", message)
 
     # -- what is proven the job's -------------------------------------------------------
 
@@ -548,6 +579,7 @@ class Controller:
         last_write = time.monotonic()
         limits = job.spec.limits()
         while True:
+            job = self._stop_asked(job)
             job = self.reconcile(job)
             if job.stop_requested and (
                 job.current is None or self._clock() - job.stop_requested_unix > STOP_GRACE_S
