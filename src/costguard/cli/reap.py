@@ -115,6 +115,7 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
 @click.option(
     "--owner",
     type=Text(),
+    metavar="USER",
     help="Only instances tagged costguard:owner=OWNER (costguard launch tags its own); "
     "every other instance is kept.",
 )
