@@ -226,25 +226,28 @@ class Money:
 @dataclass(frozen=True)
 class Text:
     """A string of at most ``length`` characters without control characters (``lines``:
-    tabs and newlines allowed) matching ``pattern`` when given."""
+    tabs and newlines allowed) matching ``pattern`` when given (``what`` it then is)."""
 
     length: int = 200
     pattern: re.Pattern[str] | None = None
     lines: bool = False
     optional: bool = False
+    what: str = "in the expected form"
 
     def check(self, value: object, where: str, tidy: bool) -> str:
         if not isinstance(value, str):
-            _fail(where, "not a string")
+            _fail(where, "not a string" if self.pattern is None else f"not {self.what}")
+        if self.pattern is not None:
+            if len(value) > self.length or not self.pattern.fullmatch(value):
+                _fail(where, f"not {self.what}")
+            return value
         control = _CONTROL_BUT_SPACE if self.lines else _CONTROL
-        if tidy and self.pattern is None:
+        if tidy:
             value = control.sub("\N{REPLACEMENT CHARACTER}", value)[: self.length]
         if len(value) > self.length:
             _fail(where, f"longer than {self.length} characters")
         if control.search(value):
             _fail(where, "holds control characters")
-        if self.pattern is not None and not self.pattern.fullmatch(value):
-            _fail(where, "not in the expected form")
         return value
 
 
@@ -345,6 +348,8 @@ class Record:
                 if kind.optional:
                     out[name] = None
                     continue
+                if isinstance(kind, Text) and kind.pattern is not None:
+                    _fail(here, f"missing: not {kind.what}")
                 _fail(here, "missing")
             out[name] = kind.check(raw, here, tidy)
         return out
@@ -358,7 +363,7 @@ def _optional(kind: Any) -> Any:
 # -- the schemas ------------------------------------------------------------------------
 
 _NAME = Text(100, re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}", re.ASCII))
-_JOB_ID = Text(48, JOB_ID)
+_JOB_ID = Text(48, JOB_ID, what="a costguard job id")
 _UNIX = Num(0.0, UNIX_MAX)
 _STEPS = whole(0, STEPS_MAX)
 _SECONDS = Num(0.0, SECONDS_MAX)
@@ -452,7 +457,7 @@ SPEC = Record(
         "sync_dir": Text(4096, optional=True),
         "simulation": _optional(SIMULATION),
         #: What ``costguard launch`` set in the job's environment (no secrets).
-        "environment": Table(Text(100_000, lines=True), 256),
+        "environment": Table(Text(100_000, lines=True), 1024),
         #: The launching user's keyed digest of the spec (:mod:`costguard.spot.proof`).
         "proof": Text(128),
     },
@@ -601,6 +606,17 @@ def parse(data: bytes, schema: Record, name: str) -> dict[str, Any]:
     except (ValueError, RecursionError) as exc:
         msg = f"{name} is not a costguard record: not JSON ({type(exc).__name__})"
     raise RecordError(msg, hint="was it written by another costguard version, or by someone else?")
+
+
+def checked(doc: object, schema: Record, name: str) -> dict[str, Any]:
+    """Parsed JSON ``doc`` as the reader makes it (free text cleaned as the writer does);
+    :class:`RecordError` naming the first field out of ``schema``."""
+    try:
+        return schema.check(doc, "", tidy=True)
+    except _FieldError as exc:
+        where, why = exc.args
+        msg = f"{name} is not a costguard record: {where}: {why}"
+    raise RecordError(msg, hint="a costguard bug: please report it")
 
 
 def dump(doc: Mapping[str, Any], schema: Record, name: str) -> bytes:

@@ -143,6 +143,29 @@ def test_burn_table_fits_the_terminal(
     assert_fits(result.stdout, width, cells)
 
 
+def test_burn_names_a_forged_job_and_still_alerts(
+    run_cli: Callable[..., Any], fleet, webhook: JsonServer, tmp_path: Path
+) -> None:
+    """Issue 43 item 3: a job.json with a NaN price ended burn with "unexpected
+    InvalidOperation" before the over-budget webhook was called."""
+    good = running_job_store(tmp_path / "good", fleet["on_demand"][0])
+    forged = Store.open(tmp_path / "forged")
+    doc = json.loads(Store.open(good).get("job/job.json"))
+    doc["attempts"][0]["offer"]["usd_per_hour"] = float("nan")
+    forged.put("job/job.json", json.dumps(doc).encode())
+    result = run_cli("burn", "--budget", "1", "--region", "us-east-1", "--webhook", webhook.url,
+                     "--job", forged.url, "--job", good)  # fmt: skip
+    assert result.exit_code == 1, result.stderr  # over budget, not a crash
+    assert "unexpected" not in result.stderr
+    (posted,) = webhook.requests
+    bad, fine = posted.body["jobs"]
+    assert "is not a costguard record" in bad["error"]
+    assert bad["remaining_usd"] is None
+    assert fine["job_id"] == "cg-test-1"
+    assert Decimal(fine["spent_usd"]) > 0
+    assert "is not a costguard record" in result.stdout
+
+
 def test_burn_no_notify(run_cli: Callable[..., Any], fleet, webhook: JsonServer) -> None:
     result = run_cli(
         "burn", "--budget", "1", "--region", "us-east-1", "--no-notify", "--webhook", webhook.url

@@ -77,6 +77,7 @@ BASES: dict[str, tuple[list[str], list[str]]] = {
         ["--", "python", "-c", "pass"],
     ),
     "jobs status": (["ckpt"], []),
+    "jobs stop": (["ckpt"], []),
     "slurm script": (
         ["--time", "08:00:00", "--checkpoint", "s3://bucket/run1"],
         ["--", "python", "train.py"],

@@ -37,7 +37,7 @@ from costguard.reaper.policy import (
     format_timestamp,
     judge_idle,
 )
-from costguard.tags import MARK_TAG
+from costguard.tags import MARK_TAG, OWNER_TAG
 from tests.helpers.output import WIDTHS, assert_fits
 from tests.servers.aws import Metrics, every_five_minutes, launch_instance
 
@@ -282,6 +282,22 @@ def test_terminate_never_touches_protected_or_tagged(
     after = states(ec2)
     assert {n for n, s in after.items() if s != "running"} == {"idle", "idle-per-gpu"}
     assert after["idle"] in ("shutting-down", "terminated")
+
+
+def test_owner_scope_never_stops_another_owners_instance(
+    fleet: dict[str, str], reap: Callable[..., Any], ec2: Any
+) -> None:
+    """Issue 43 item 11: the reaper stopped another owner's idle instance."""
+    ec2.create_tags(Resources=[fleet["idle"]], Tags=[{"Key": OWNER_TAG, "Value": "bob"}])
+    ec2.create_tags(Resources=[fleet["idle-per-gpu"]],
+                    Tags=[{"Key": OWNER_TAG, "Value": "alice"}])  # fmt: skip
+    result = reap("--owner", "alice", "--execute", "--format", "json")
+    assert result.exit_code == 0, result.stderr
+    rows = by_name(result.json())
+    assert (rows["idle"]["action"], rows["idle"]["code"]) == ("keep", "other-owner")
+    assert "costguard:owner: bob" in rows["idle"]["reason"]
+    assert rows["idle-per-gpu"]["action"] == "stop"
+    assert {n for n, s in states(ec2).items() if s != "running"} == {"idle-per-gpu"}
 
 
 def test_two_phase_marks_first_and_acts_a_window_later(

@@ -90,7 +90,8 @@ def test_a_fresh_instance_ec2_does_not_show_yet_is_pending_not_missing(
     assert launcher.status(handle).state is State.RUNNING  # visible at the 7th request
     assert launcher.find("run-1") == [
         Handle("aws", "us-east-1", handle.instance_id, handle.zone,
-               {"market": "spot", "attempt": "1"})
+               {"market": "spot", "attempt": "1", "owner": "alice",
+                "client_token": "costguard-run-1-1"})
     ]  # fmt: skip
 
 

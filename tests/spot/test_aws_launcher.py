@@ -160,7 +160,9 @@ def test_find_sees_live_instances_of_the_job_only(launcher: AwsLauncher) -> None
     second = launcher.launch(offer(), spec(), attempt=2)
     # The attempt is read back from its tag; the launch time only the launch can know.
     launched = {k: v for k, v in second.extra.items() if k != "launched_unix"}
-    assert launcher.find("run-1") == [replace(second, extra=launched)]
+    # With what proves it the job's: its owner tag and the launch's client token.
+    proof = {"owner": "alice", "client_token": "costguard-run-1-2"}
+    assert launcher.find("run-1") == [replace(second, extra=launched | proof)]
     assert [h.instance_id for h in launcher.find("run-2")] == [other.instance_id]
 
 
@@ -295,7 +297,7 @@ def test_a_wildcard_job_id_in_job_json_terminates_nobody_elses_instance(
         store.put(JOB_FILE, json.dumps(doc).encode())
         result = run_cli("launch", "--attach", store.url, "--force")
         assert result.exit_code == 2, (forged, result.stdout, result.stderr)
-        assert "Error: the job id in job/job.json is not a costguard job id" in result.stderr
+        assert "is not a costguard record: spec.job_id: not a costguard job id" in result.stderr
         assert "Hint:" in result.stderr
         with pytest.raises(InputError, match="not a costguard job id"):
             launcher.find(forged)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -173,7 +174,7 @@ def test_terminate_is_idempotent_and_not_an_eviction(
 def test_find_sees_live_vms_of_the_job(server: ArmServer, launcher: AzureLauncher) -> None:
     first = launcher.launch(offer(), spec(), attempt=1)
     launcher.launch(offer(), spec("run-2"), attempt=1)
-    assert launcher.find("run-1") == [first]
+    assert launcher.find("run-1") == [replace(first, extra={**first.extra, "owner": "alice"})]
     server.vms[first.instance_id].power = "deallocated"
     assert launcher.find("run-1") == []
 
@@ -237,7 +238,7 @@ def test_find_never_asks_the_listing_for_instance_views(
     first = launcher.launch(offer(), spec(), attempt=1)
     launcher.launch(offer(), spec("run-2"), attempt=1)
     server.requests.clear()
-    assert launcher.find("run-1") == [first]
+    assert launcher.find("run-1") == [replace(first, extra={**first.extra, "owner": "alice"})]
     (listing,) = server.calls("GET", f"/resourceGroups/{GROUP}/providers/Microsoft.Compute/"
                                      "virtualMachines")[:1]  # fmt: skip
     assert "$expand" not in listing.query

@@ -5,6 +5,7 @@ speaking the documented Compute Engine shapes: ``instances.insert`` / ``get`` / 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -151,7 +152,9 @@ def test_a_stopped_spot_vm(server: ComputeServer, launcher: GcpLauncher) -> None
 def test_find_and_idempotent_terminate(server: ComputeServer, launcher: GcpLauncher) -> None:
     first = launcher.launch(offer(), spec(), attempt=1)
     launcher.launch(offer(), spec("run-2"), attempt=1)
-    assert launcher.find("run-1") == [first]
+    assert launcher.find("run-1") == [
+        replace(first, extra={**first.extra, "owner": "alice-uni-edu"})
+    ]
     (call,) = server.calls("GET", "/aggregated/instances")
     assert call.query["filter"] == ['labels.costguard-job = "run-1"']
     launcher.terminate(first)

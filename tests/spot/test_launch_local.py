@@ -247,7 +247,9 @@ def test_a_new_controller_attaches_without_launching_a_duplicate(
     assert "--force" in busy.stderr
 
     second = subprocess.run(
-        launch_argv("--attach", str(ckpt), "--force", "--poll-seconds", "0.2", "--format", "json"),
+        launch_argv(
+            "--attach", str(ckpt), "--force", "--yes", "--poll-seconds", "0.2", "--format", "json"
+        ),
         env=env,
         capture_output=True,
         text=True,
@@ -352,7 +354,7 @@ def test_ctrl_c_releases_the_job_for_attach(
     time.sleep(2)  # the controller comes back later than the job ended
     # The next step it gave works at once, without --force: it supervises to the end.
     attached = subprocess.run(
-        launch_argv("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json"),
+        launch_argv("--attach", str(ckpt), "--yes", "--poll-seconds", "0.2", "--format", "json"),
         env=env,
         capture_output=True,
         text=True,

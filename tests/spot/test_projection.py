@@ -5,10 +5,14 @@ Checkpointer writes it; the controller runs real local processes."""
 
 from __future__ import annotations
 
+import json
 import sys
+import threading
 import time
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,6 +186,51 @@ def test_stop_at_projection_has_the_script_stop_and_ends_the_job(
     assert load_job(store).stop_requested == final.reason
     assert "projection" in [e.kind for e in events]
     assert of_job(final, None, time.time()) is None
+
+
+def test_jobs_stop_has_the_script_save_and_the_job_end_stopped(
+    tmp_path: Path, launcher: LocalLauncher, run_cli: Callable[..., Any]
+) -> None:
+    """`costguard jobs stop URL`: a request signed with this user's key, for the running
+    attempt; the script exits 75 and the controller ends the job stopped, no relaunch."""
+    store = Store.open(tmp_path / "ckpt")
+    job_spec = spec(store.url, command=ON_NOTICE_75, spot=False, simulation=None)
+    ended: list[Job] = []
+    events: list[Event] = []
+    controller = Controller(store, launcher, [ON_DEMAND], poll_s=0.1, on_event=events.append)
+    job = save_job(store, Job(job_spec))
+    thread = threading.Thread(target=lambda: ended.append(controller.run(job)))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            current = load_job(store).current
+            if current is not None and current.handle is not None:
+                break
+            time.sleep(0.1)
+        # A forged request first: named once, and the attempt goes on.
+        forged = {"job_id": "cg-test-1", "attempt": 1, "reason": "x", "requested_unix": 1.0,
+                  "proof": "0" * 64}  # fmt: skip
+        store.put(STOP_FILE, json.dumps(forged).encode())
+        while time.monotonic() < deadline and not any(e.kind == "warning" for e in events):
+            time.sleep(0.1)
+        time.sleep(0.5)  # a few more polls of the forged request: still one warning
+        result = run_cli("jobs", "stop", store.url)
+        assert result.exit_code == 0, result.stderr
+        assert "asked attempt 1" in result.stderr
+    finally:
+        thread.join(timeout=120)
+    (final,) = ended
+    warnings = [e.message for e in events if e.kind == "warning"]
+    assert len(warnings) == 1
+    assert "not signed with this job's key" in warnings[0]
+    assert final.status == "stopped"
+    assert final.reason == "stopped by costguard jobs stop"
+    assert [(a.number, a.exit_code) for a in final.attempts] == [(1, 75)]  # saved, not relaunched
+    assert STOP_FILE not in store.listing()  # acted upon: cleared
+    refused = run_cli("jobs", "stop", store.url)
+    assert refused.exit_code == 2
+    assert "no running attempt" in refused.stderr
 
 
 def test_a_stop_request_for_another_job_or_attempt_is_not_ours(tmp_path: Path) -> None:

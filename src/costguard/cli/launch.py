@@ -69,6 +69,7 @@ STATUS_EXAMPLES = """
 Examples:
   costguard jobs status s3://my-bucket/run1
   costguard jobs status ckpt/ --format json
+  costguard jobs stop s3://my-bucket/run1
 """
 
 #: A local attempt is polled often: the simulator acts when polled.
@@ -194,6 +195,11 @@ def _echo(message: str) -> None:
     help="Supervise the job at this checkpoint URL again.",
 )
 @click.option("--force", is_flag=True, help="With --attach: even if its heartbeat is fresh.")
+@click.option(
+    "--accept-spec",
+    is_flag=True,
+    help="With --attach: run a job.json spec you did not launch (it is shown first).",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @click.option("--no-alarm-check", is_flag=True, help="Launch even without a budget alarm (warns).")
 @click.option(
@@ -263,6 +269,13 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
             check_not_supervised(job, time.time(), stale_s=max(90.0, 6 * poll))
         offers = offers_for(settings, job.spec)
         launcher = launcher_for(settings, job.spec, offers)
+        try:
+            job = _confirm_attach(settings, job, offers, launcher, options)
+        except BaseException:
+            close = getattr(launcher, "close", None)
+            if close is not None:
+                close()
+            raise
         _echo(f"attached to job {job.spec.job_id} ({len(job.attempts)} attempt(s) so far)")
     else:
         job, store, offers, launcher = _prepare(settings, _request(options))
@@ -274,6 +287,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         poll_s=poll_s,
         timeout_s=options["timeout_hours"] * 3600,
         on_event=lambda event: _echo(event.message),
+        owner=_owner(),
     )
     try:
         with _following(launcher, job, quiet=options["quiet"]):
@@ -287,7 +301,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     if final.spec.pilot_steps is not None and final.status == "succeeded":
         _pilot_answer(settings, final, options["output_format"])
         return
-    _report(final, offers, options["output_format"])
+    _report(final, offers, options["output_format"], store.url)
     if final.status == "stopped" and final.stop_requested:
         sys.exit(EXIT_SAVED)  # saved and stopped at the projection: resumable
     if final.status != "succeeded":
@@ -337,6 +351,79 @@ def _attached(options: Mapping[str, Any]) -> tuple[Job, Store]:
         raise InputError(msg, hint="`costguard launch --attach URL`")
     store = open_store(normal_url(options["attach_url"]))
     return load_job(store), store
+
+
+def _confirm_attach(
+    settings: Settings,
+    job: Job,
+    offers: Sequence[Offer],
+    launcher: Launcher,
+    options: Mapping[str, Any],
+) -> Job:
+    """What attaching would run, shown and asked for as a launch is: the command, where
+    it runs and at what price; launch's guards (the launcher's ``check``, its secret
+    search, the budget alarm). A spec this user did not launch (its signature by this
+    user's key does not hold: someone else wrote job.json) is refused unless
+    ``--accept-spec``; accepted, it is signed as this user's from then on."""
+    from dataclasses import replace
+
+    from costguard import proof
+    from costguard.spot.job import sign_spec, signed_by
+
+    key = proof.user_key(create=True)
+    assert key is not None  # made, or InputError
+    spec = job.spec
+    for line in _attach_plan(job, offers):
+        render.print_prose(line, first="", indent="  ", err=True)
+    if not signed_by(spec, key):
+        msg = (
+            f"job.json at {spec.checkpoint_url} holds a spec you did not launch (its "
+            "signature by your costguard key does not hold): someone else may have written it"
+        )
+        if not options["accept_spec"]:
+            raise InputError(
+                msg,
+                hint="check the command, instance and price above; --accept-spec runs it as it is",
+            )
+        click.secho(f"Warning: {msg}; accepted with --accept-spec", err=True, fg="yellow")
+    launcher.check(spec.launch_spec())
+    if spec.provider == "local":
+        _echo("launch guard: not needed for --provider local (nothing is billed)")
+    else:
+        _guard(settings, spec.provider, spec.options, options["no_alarm_check"])
+    if not options["yes"]:
+        _confirm("Attach and supervise?", "attach", "not attached")
+    return replace(job, spec=sign_spec(spec, key))
+
+
+def _attach_plan(job: Job, offers: Sequence[Offer]) -> list[str]:
+    """The plan of an attach, in lines: the job's command, where its attempt runs or the
+    next would, and the price."""
+    from costguard.shell import command
+
+    spec = job.spec
+    current = job.current
+    lines = [
+        f"Attach to job {spec.job_id} (owner {spec.owner or 'unknown'}, {spec.provider}, "
+        f"{spec.gpu_count} x {spec.gpu}):",
+        f"  command: {command(*spec.command)}",
+    ]
+    if current is not None:
+        where = current.handle.instance_id if current.handle else "not confirmed"
+        lines.append(
+            f"  attempt {current.number} runs: {current.offer.instance_type} "
+            f"{current.offer.market.value} in {current.offer.place} ({where}) at "
+            f"${current.offer.usd_per_hour}/h"
+        )
+    elif offers:
+        cheapest = min(offers, key=lambda o: o.usd_per_hour)
+        lines.append(
+            f"  next attempt from ${cheapest.usd_per_hour}/h ({cheapest.instance_type} "
+            f"{cheapest.market.value} in {cheapest.place})"
+        )
+    if spec.max_total_usd is not None:
+        lines.append(f"  --max-total ${spec.max_total_usd}")
+    return lines
 
 
 def _request(options: Mapping[str, Any]) -> LaunchRequest:
@@ -398,18 +485,23 @@ def _prepare(
         else:
             _guard(settings, prepared.spec.provider, prepared.spec.options, request.no_alarm_check)
         if not request.yes:
-            if not sys.stdin.isatty():
-                msg = "confirmation needed, and there is no terminal to ask"
-                raise InputError(msg, hint="pass --yes to launch without asking")
-            if not click.confirm("Launch?", err=True):
-                msg = "not launched: declined at the confirmation"
-                raise CostguardError(msg)
+            _confirm("Launch?", "launch", "not launched")
         job = commit(prepared)
     except BaseException:
         launcher.close()
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
+
+
+def _confirm(question: str, verb: str, declined: str) -> None:
+    """Ask ``question`` on the terminal; refused without one (``--yes`` skips it)."""
+    if not sys.stdin.isatty():
+        msg = "confirmation needed, and there is no terminal to ask"
+        raise InputError(msg, hint=f"pass --yes to {verb} without asking")
+    if not click.confirm(question, err=True):
+        msg = f"{declined}: declined at the confirmation"
+        raise CostguardError(msg)
 
 
 def _owner() -> str:
@@ -470,12 +562,14 @@ def _print_estimate(
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)
 
 
-def _report(job: Job, offers: Sequence[Offer], output_format: str) -> None:
+def _report(job: Job, offers: Sequence[Offer], output_format: str, url: str) -> None:
+    """The job's report; its checkpoints and pace read from ``url``, the store asked
+    about (never the URL its job.json names)."""
     from costguard.spot import report
 
     now = time.time()
-    checkpoint = report.latest_checkpoint(job.spec.checkpoint_url)
-    projection = report.projection_of(job, now)
+    checkpoint = report.latest_checkpoint(url)
+    projection = report.projection_of(job, url, now)
     if output_format == "json":
         render.print_json(report.job_document(job, offers, now, checkpoint, projection))
         return
@@ -536,12 +630,14 @@ def status_command(
     if exports and output_format == "json":
         msg = "jobs status --spend prints tables; its JSON is costguard spend's"
         raise InputError(msg, hint=f"costguard spend EXPORT --job {url} --format json")
-    job = load_job(open_store(normal_url(url)))
+    url = normal_url(url)
+    store = open_store(url)
+    job = load_job(store)
     try:
         offers = offers_for(settings, job.spec)
     except InputError:
         offers = []
-    _report(job, offers, output_format)
+    _report(job, offers, output_format, store.url)
     if exports:
         from costguard.cli.spend import job_spend
 
@@ -550,3 +646,26 @@ def status_command(
         from costguard.plots import draw_job
 
         click.echo(f"Picture: {draw_job(plot, job, offers, time.time()).path}", err=True)
+
+
+@jobs_group.command("stop", epilog=STATUS_EXAMPLES)
+@click.argument("url", type=StoreUrl())
+def stop_command(url: str) -> None:
+    """Ask the running attempt of the job at checkpoint URL to save and stop (exit 75).
+
+    The request is signed with your costguard key, for that attempt only: the job's
+    `costguard run` honours it, and its controller ends the job stopped (resumable with
+    `costguard launch --attach URL`) instead of relaunching it.
+    """
+    from costguard.spot.job import RUNNING, load_job, request_stop
+    from costguard.spot.prepare import normal_url, open_store
+
+    store = open_store(normal_url(url))
+    job = load_job(store)
+    current = job.current
+    if job.status != RUNNING or current is None:
+        msg = f"job {job.spec.job_id} has no running attempt ({job.status})"
+        raise InputError(msg, hint=f"`costguard jobs status {url}` shows where it stands")
+    reason = "stopped by costguard jobs stop"
+    request_stop(store, job.spec.job_id, current.number, reason, time.time())
+    _echo(f"asked attempt {current.number} of job {job.spec.job_id} to save and stop")

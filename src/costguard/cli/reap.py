@@ -37,6 +37,7 @@ Examples:
   costguard reap --idle-minutes 90 --execute  # stop GPUs idle for 90 min
   costguard reap --all-regions --action terminate --max-actions 3 --execute
   costguard reap --mark --execute             # tag now, act on a later run
+  costguard reap --owner alice --execute      # only alice's instances
   costguard reap --provider gcp --project my-lab --region us-central1
   costguard reap --provider azure --subscription SUB --resource-group ml \\
       --format json
@@ -111,6 +112,13 @@ _PAST = {Action.STOP: "stopped", Action.TERMINATE: "terminated"}
     is_flag=True,
     help="Two-phase: tag idle instances; act once they stay idle a whole window after.",
 )
+@click.option(
+    "--owner",
+    type=Text(),
+    metavar="USER",
+    help="Only instances tagged costguard:owner=OWNER (costguard launch tags its own); "
+    "every other instance is kept.",
+)
 @click.option("--execute", is_flag=True, help="Act. Without it nothing is changed.")
 @table_or_json(case_sensitive=False)
 @click.pass_context
@@ -161,6 +169,7 @@ def _policy(provider: str, options: dict[str, Any]) -> IdlePolicy:
         gpu_missing_ok=options["gpu_missing_ok"],
         protect_tags=tuple(parse_protect_tag(t) for t in options["protect_tags"]),
         two_phase=options["two_phase"],
+        owner=options["owner"],
     )
 
 

@@ -58,7 +58,7 @@ from enum import StrEnum
 from itertools import pairwise
 
 from costguard.errors import CostguardError, InputError
-from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG, tag_key
+from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG, OWNER_TAG, tag_key
 
 #: The only values of a protect tag that do *not* protect (compared case-insensitively,
 #: not stripped, exactly as the IAM conditions in ``infra/`` compare them). Any other value
@@ -105,6 +105,7 @@ class Reason(StrEnum):
     NOT_RUNNING = "not-running"
     NO_GPU = "no-gpu"
     PROTECT_TAG = "protect-tag"
+    OTHER_OWNER = "other-owner"
     PROTECTED = "termination-protected"
     PROTECTION_UNCHECKED = "protection-unchecked"
     EXPIRES_LATER = "expires-later"
@@ -227,6 +228,9 @@ class IdlePolicy:
     #: Extra protecting tags: (key, value) pairs; value ``None`` protects whatever the value.
     protect_tags: tuple[tuple[str, str | None], ...] = ()
     two_phase: bool = False
+    #: ``--owner``: only instances whose ``costguard:owner`` tag is this (every tag of that
+    #: key, and exactly one) are judged; any other is another owner's and kept.
+    owner: str | None = None
     sample_period_seconds: int = 300
     max_lag_seconds: int = 600
     gpu_max_lag_seconds: int = GPU_MAX_LAG_SECONDS
@@ -483,6 +487,13 @@ def static_verdict(instance: Instance, policy: IdlePolicy, now: datetime) -> Idl
         return _keep(Reason.NOT_RUNNING, f"not running{state}", instance)
     if instance.gpu_count <= 0:
         return _keep(Reason.NO_GPU, f"no GPU ({instance.instance_type})", instance)
+    if policy.owner is not None:
+        owners = tag_values(instance.tags, OWNER_TAG)
+        if owners != (policy.owner,):
+            said = ", ".join(owners) or "no owner tag"
+            return _keep(
+                Reason.OTHER_OWNER, f"not {policy.owner}'s ({OWNER_TAG}: {said})", instance
+            )
     tag = _protect_tag(instance, policy)
     if tag:
         return _keep(Reason.PROTECT_TAG, f"protected by tag {tag}", instance)

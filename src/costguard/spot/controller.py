@@ -121,8 +121,17 @@ class Controller:
         on_event: Callable[[Event], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        owner: str | None = None,
     ) -> None:
         self.store = store
+        #: The user this controller acts for: it terminates only instances the provider
+        #: tags with this owner (``None``: any owner, for library use within one account).
+        self.owner = owner
+        #: Instances this controller launched itself (proven the job's without a listing,
+        #: which may not show a new instance yet).
+        self._launched: set[str] = set()
+        #: Warnings said already (a forged record is named once, not at every poll).
+        self._warned: set[str] = set()
         self.launcher = launcher
         self.offers = tuple(offers)
         self.poll_s = poll_s
@@ -174,6 +183,7 @@ class Controller:
             strays.append(handle)
         if current is not None and current.handle is None and current.outcome is None:
             job = self._resume(job, current)
+        strays = [h for h in strays if self._owners(job, h)]
         for handle in strays:
             self.launcher.terminate(handle)
             self._emit("stray", f"terminated {handle.instance_id}: no attempt in job.json owns it")
@@ -227,7 +237,7 @@ class Controller:
             return job
         if state in (State.RUNNING, State.PENDING) and current.handle is not None:
             # The job ended but the instance lives on (a VM after its script): stop paying.
-            self.launcher.terminate(current.handle)
+            self._terminate(job, current.handle)
         last_step = record.last_step if record is not None else self._latest_step()
         lost_s, lost_steps = 0.0, None
         if outcome in INTERRUPTIONS:
@@ -261,6 +271,84 @@ class Controller:
         if state is State.PREEMPTED and closed.handle is not None:
             job = self._stopped_instance(job, closed.handle)
         return self._save(job)
+
+    def _stop_asked(self, job: Job) -> Job:
+        """A stop request ``costguard jobs stop`` wrote for the running attempt, signed with
+        the job's key (this user's): the job then ends ``stopped`` once the attempt has
+        saved, instead of being relaunched. Anything else in job/stop.json is left to the
+        attempt's own check (a warning there; the job goes on)."""
+        from costguard import contract, proof
+
+        current = job.current
+        if job.stop_requested or current is None:
+            return job
+        key = proof.user_key()
+        mine = None if key is None else proof.job_key(key, job.spec.job_id)
+        try:
+            reason = contract.stop_request(
+                self.store, job.spec.job_id, current.number, mine, self._warn_once
+            )
+        except CostguardError:
+            return job  # the store cannot be read now: asked again at the next poll
+        if reason is None:
+            return job
+        self._emit("stop", f"{reason}: the script saves and stops")
+        return self._save(replace(job, stop_requested=reason, stop_requested_unix=self._clock()))
+
+    def _warn_once(self, message: str) -> None:
+        """An event for a record left out, once per message (the loop polls it again)."""
+        if message not in self._warned:
+            self._warned.add(message)
+            self._emit("warning", message)
+
+    # -- what is proven the job's -------------------------------------------------------
+
+    def _owners(self, job: Job, found: Handle) -> bool:
+        """Whether an instance the provider lists as this job's (``find``: tagged with its
+        id) is also tagged with this controller's owner; one that is not is named and left
+        alone (a job id reused by someone else's job.json is not proof)."""
+        if self.owner is None or found.extra.get("owner") in (self.owner, _label(self.owner)):
+            return True
+        self._emit(
+            "refused",
+            f"not acting on {found.instance_id}: tagged as job {job.spec.job_id} of "
+            f"{found.extra.get('owner') or 'no owner'}, not of {self.owner}",
+        )
+        return False
+
+    def _terminate(self, job: Job, handle: Handle) -> bool:
+        """Terminate ``handle`` (an instance job.json names) only when it is proven the
+        job's: the provider lists it as tagged with the job's id (``find``) and this
+        controller's owner, and where the provider keeps the launch's client token (AWS),
+        it is the token recorded for the attempt that names it. Anything else (a forged
+        attempt naming someone else's instance) is named in an event and left alone."""
+        if handle.instance_id in self._launched:
+            self.launcher.terminate(handle)
+            return True
+        found = next(
+            (h for h in self.launcher.find(job.spec.job_id) if h.instance_id == handle.instance_id),
+            None,
+        )
+        if found is None:
+            self._emit(
+                "refused",
+                f"not terminating {handle.instance_id}: the provider does not list it as "
+                f"an instance of job {job.spec.job_id}",
+            )
+            return False
+        if not self._owners(job, found):
+            return False
+        token = found.extra.get("client_token", "")
+        recorded = {a.token for a in job.attempts if a.handle == handle and a.token}
+        if token and recorded and token not in recorded:
+            self._emit(
+                "refused",
+                f"not terminating {handle.instance_id}: it was not launched by this job's "
+                "attempt (its launch token differs)",
+            )
+            return False
+        self.launcher.terminate(found)
+        return True
 
     def _stopped_instance(self, job: Job, handle: Handle) -> Job:
         """An instance the provider stopped rather than deleted keeps billing its disks
@@ -399,6 +487,7 @@ class Controller:
                 job = job.with_attempt(refused)
                 return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
             handle = found
+        self._launched.add(handle.instance_id)
         launched = replace(attempt, handle=handle)
         price = f"${decision.offer.usd_per_hour}/h"
         if decision.offer.zone:
@@ -426,7 +515,7 @@ class Controller:
         current = job.current
         if current is not None:
             if current.handle is not None:
-                self.launcher.terminate(current.handle)
+                self._terminate(job, current.handle)
             job = job.with_attempt(
                 replace(
                     current,
@@ -490,6 +579,7 @@ class Controller:
         last_write = time.monotonic()
         limits = job.spec.limits()
         while True:
+            job = self._stop_asked(job)
             job = self.reconcile(job)
             if job.stop_requested and (
                 job.current is None or self._clock() - job.stop_requested_unix > STOP_GRACE_S
@@ -516,6 +606,13 @@ class Controller:
             assert isinstance(decision, Wait)
             job = self.watch_projection(job)
             self._sleep(self.poll_s)
+
+
+def _label(owner: str) -> str:
+    """The owner as a GCP label value holds it."""
+    from costguard.spot.launcher.gcp import label_value
+
+    return label_value(owner)
 
 
 def _disk_usd_per_month(handle: Handle, disk_gb: int) -> Decimal | None:

@@ -23,6 +23,7 @@ The checkpoint library ignores these files (they are not in a ``ckpt-*`` folder)
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -402,6 +403,23 @@ def _spec(doc: Mapping[str, Any]) -> JobSpec:
             "simulation": Simulation(**sim) if sim else None,
         }
     )
+
+
+def canonical_spec_doc(spec: JobSpec) -> dict[str, Any]:
+    """The spec as its record reads back (types and defaults as the reader makes them),
+    the text a signature covers."""
+    raw = json.loads(json.dumps(spec_doc(spec), default=str))
+    return spec_doc(_spec(contract.checked(raw, contract.SPEC, "the job's spec")))
+
+
+def sign_spec(spec: JobSpec, key: bytes) -> JobSpec:
+    """``spec`` signed with this user's ``key`` (:func:`costguard.proof.spec_proof`)."""
+    return replace(spec, proof=proof.spec_proof(key, canonical_spec_doc(spec)))
+
+
+def signed_by(spec: JobSpec, key: bytes | None) -> bool:
+    """Whether ``spec`` carries ``key``'s signature (the user launched it as it is)."""
+    return proof.spec_holds(key, canonical_spec_doc(spec))
 
 
 def job_doc(job: Job) -> dict[str, Any]:

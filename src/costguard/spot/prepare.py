@@ -290,7 +290,9 @@ def launcher_for(settings: Settings, spec: JobSpec, offers: Sequence[Offer]) -> 
         from costguard.spot.launcher.local import LocalLauncher, default_state_dir
 
         sim = spec.simulation
-        assert sim is not None, "a local job is always simulated (simulation_for)"
+        if sim is None:  # launch always writes one (simulation_for): not costguard's
+            msg = f"job {spec.job_id} is a local job without its simulation settings"
+            raise InputError(msg, hint="was job.json written by costguard launch?")
         return LocalLauncher(
             sim,
             job_started_unix=spec.created_unix,
@@ -311,7 +313,7 @@ def prepare(
     is a secret in the command or options (they reach the boot script and job.json).
     """
     from costguard.spot.bootstrap import refuse_secrets
-    from costguard.spot.launcher.local import default_state_dir
+    from costguard.spot.launcher.local import default_state_dir, recorded_environment
 
     check_request(request)
     request = replace(request, sync_dir=sync_dir_for(request))
@@ -358,6 +360,8 @@ def prepare(
         now=datetime.now(UTC),
         token=secrets.token_hex(3),
     )
+    if provider == "local":  # the simulated instance runs with it (an attach too)
+        spec = replace(spec, environment=recorded_environment(environ))
     offers = offers_in(catalog, spec)
 
     store = open_store(url)
@@ -395,4 +399,9 @@ def commit(prepared: Prepared) -> Job:
         from costguard.spot.wheel import upload
 
         upload(prepared.store, prepared.wheel)
-    return save_job(prepared.store, Job(prepared.spec))
+    from costguard.proof import user_key
+    from costguard.spot.job import sign_spec
+
+    key = user_key(create=True)
+    assert key is not None  # made, or InputError
+    return save_job(prepared.store, Job(sign_spec(prepared.spec, key)))

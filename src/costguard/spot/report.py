@@ -174,15 +174,17 @@ def latest_checkpoint(url: str) -> dict[str, Any] | None:
     return {"name": latest.name, "step": latest.step, "reason": latest.reason}
 
 
-def projection_of(job: Job, now_unix: float) -> Projection | None:
-    """The job's projection from the pace its script recorded (``None`` without one, or
-    when the store cannot be read now: the report goes on without it)."""
-    from costguard.checkpoint.pace import read_pace
+def projection_of(job: Job, url: str, now_unix: float) -> Projection | None:
+    """The job's projection from the pace its script recorded in the store at ``url``
+    (the one asked about, not the URL job.json names): ``None`` without one, when the
+    store cannot be read now (the report goes on without it), or when the record is not
+    costguard's (named in a warning)."""
+    from costguard.checkpoint.pace import read_pace_or_warn
     from costguard.spot.prepare import open_store
     from costguard.spot.projection import of_job
 
     try:
-        pace = read_pace(open_store(job.spec.checkpoint_url))
+        pace = read_pace_or_warn(open_store(url))
     except CostguardError:
         return None
     return of_job(job, pace, now_unix)
@@ -294,7 +296,7 @@ def job_status(url: str) -> dict[str, Any]:
     except InputError:
         offers = []
     now = time.time()
-    return job_document(job, offers, now, latest_checkpoint(url), projection_of(job, now))
+    return job_document(job, offers, now, latest_checkpoint(url), projection_of(job, url, now))
 
 
 def job_document(

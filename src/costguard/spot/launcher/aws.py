@@ -61,7 +61,7 @@ from costguard.spot.launcher.base import (
     launch_token,
 )
 from costguard.spot.launcher.options import Option, Options
-from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
 
 #: States of an instance that runs or is about to (``find`` reports only these).
 LIVE_STATES = ("pending", "running")
@@ -566,5 +566,13 @@ class AwsLauncher(Launcher):
                     tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
                     if tags.get(JOB_TAG) != job_id:  # the filter's value is a pattern
                         continue
-                    found.append(self._handle(where, instance, attempt=tags.get(ATTEMPT_TAG, "")))
+                    found.append(
+                        self._handle(
+                            where,
+                            instance,
+                            attempt=tags.get(ATTEMPT_TAG, ""),
+                            owner=tags.get(OWNER_TAG, ""),
+                            client_token=str(instance.get("ClientToken", "")),
+                        )
+                    )
         return found

@@ -68,7 +68,7 @@ from costguard.spot import bootstrap
 from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
 from costguard.spot.launcher.options import Option, Options
-from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, check_job_id, gcp_label
+from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, OWNER_TAG, check_job_id, gcp_label
 
 #: The most seconds one insert or delete operation is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
@@ -680,6 +680,7 @@ class GcpLauncher(base.Launcher):
                                     "project": self.project,
                                     "id": str(item.id),
                                     "attempt": item.labels.get(gcp_label(ATTEMPT_TAG), ""),
+                                    "owner": item.labels.get(gcp_label(OWNER_TAG), ""),
                                 },
                             )
                         )

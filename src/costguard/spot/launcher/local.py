@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -57,13 +58,27 @@ TERMINATE_GRACE_S = 10.0
 
 def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
     """What ``costguard launch`` records of the launching environment for a local job:
-    every variable but those named like a secret (kept out of the bucket) and costguard's
-    own job variables."""
-    return {
+    every variable but those named like a secret (kept out of the bucket), costguard's
+    own job variables, and those the job record cannot hold (control characters such as a
+    prompt's colours, a value longer than the record's limit), at most the record's
+    count."""
+    kept = {
         name: value
-        for name, value in env.items()
-        if secret_name_kind(name) is None and not name.startswith("COSTGUARD_JOB")
+        for name, value in sorted(env.items())
+        if secret_name_kind(name) is None
+        and not name.startswith("COSTGUARD_JOB")
+        and _RECORDABLE.fullmatch(name)
+        and len(value) <= ENV_VALUE_CHARS
+        and not _CONTROL.search(value)
     }
+    return dict(list(kept.items())[:ENV_VARIABLES])
+
+
+#: What a job record holds of an environment (``contract.SPEC``'s ``environment``).
+ENV_VARIABLES = 1024
+ENV_VALUE_CHARS = 100_000
+_RECORDABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,99}")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def job_environment(spec: LaunchSpec, env: Mapping[str, str]) -> dict[str, str]:
@@ -250,6 +265,7 @@ class LocalLauncher(Launcher):
             "cloud": cloud,
             "jobs_dir": str(jobs_dir),
             "log": str(log),
+            "owner": spec.owner,
         }
         registration = folder / f"attempt-{attempt}.json"
         tmp = registration.with_suffix(".tmp")
@@ -263,12 +279,33 @@ class LocalLauncher(Launcher):
         regions."""
         return simulated_zones(region)
 
+    def _registered(self, handle: Handle) -> dict[str, str] | None:
+        """The registration this launcher wrote when it started ``handle``'s process (in
+        this user's state folder, never the bucket): its pid and start time must match,
+        and a start time must have been recorded. ``None``: not proven ours, so never
+        signalled (a job.json may name any process)."""
+        pid, ticks = handle.extra.get("pid", ""), handle.extra.get("start_ticks", "")
+        if not ticks or not pid.isdigit():
+            return None
+        for registration in self.state_dir.glob("*/attempt-*.json"):
+            try:
+                extra = json.loads(registration.read_text())["extra"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if isinstance(extra, dict) and (extra.get("pid"), extra.get("start_ticks")) == (
+                pid,
+                ticks,
+            ):
+                return {str(k): str(v) for k, v in extra.items()}
+        return None
+
     def _alive(self, handle: Handle) -> bool:
         pid = int(handle.extra["pid"])
         child = self._children.get(pid)
         if child is not None:
             return child.poll() is None
-        return pid_alive(pid, handle.extra.get("start_ticks", ""))
+        registered = self._registered(handle)
+        return registered is not None and pid_alive(pid, registered["start_ticks"])
 
     def status(self, handle: Handle) -> Status:
         """Running, or preempted (after its notice), or terminated (it exited by itself).
@@ -317,10 +354,15 @@ class LocalLauncher(Launcher):
         return Status(handle, State.TERMINATED, "the process exited")
 
     def _pids(self, handle: Handle) -> list[int]:
-        """The wrapper and the training script it started (its pid file)."""
-        pids = [int(handle.extra["pid"])]
-        jobs_dir = Path(handle.extra.get("jobs_dir", ""))
-        if handle.extra.get("jobs_dir") and jobs_dir.is_dir():
+        """The wrapper and the training script it started (its pid file), as this
+        launcher registered them: nothing for a process it cannot prove it started."""
+        registered = self._registered(handle)
+        if registered is None:
+            return []
+        wrapper = int(registered["pid"])
+        pids = [wrapper] if pid_alive(wrapper, registered["start_ticks"]) else []
+        jobs_dir = Path(registered.get("jobs_dir", ""))
+        if registered.get("jobs_dir") and jobs_dir.is_dir():
             for pid_file in jobs_dir.glob("*.pid"):
                 with contextlib.suppress(ValueError, OSError):
                     pids.append(int(pid_file.read_text().strip()))
