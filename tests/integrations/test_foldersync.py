@@ -21,7 +21,7 @@ import torch
 
 from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
 from costguard.checkpoint.completion import items_in
-from costguard.checkpoint.foldersync import ASIDE, RESTORE_READS, FolderSync
+from costguard.checkpoint.foldersync import ASIDE, LEDGER, RESTORE_READS, FolderSync
 from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION, Manifest
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
@@ -29,10 +29,18 @@ from costguard.errors import StoreError
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
 
 
+def safetensors(payload: bytes) -> bytes:
+    """A whole safetensors file holding ``payload`` as one uint8 tensor."""
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [len(payload)], "data_offsets": [0, len(payload)]}}
+    )
+    return len(header).to_bytes(8, "little") + header.encode() + payload
+
+
 def hf_folder(root: Path, step: int, *, finished: bool = True) -> Path:
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(os.urandom(3000) + bytes([step]))
+    (folder / "model.safetensors").write_bytes(safetensors(os.urandom(3000) + bytes([step])))
     (folder / "optimizer.pt").write_bytes(os.urandom(5000))
     if finished:
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
@@ -54,7 +62,7 @@ def test_each_trainer_marks_a_finished_checkpoint_its_own_way(tmp_path: Path) ->
     hf_folder(tmp_path, 20, finished=False)
     accelerate = tmp_path / "checkpoints" / "checkpoint_3"
     accelerate.mkdir(parents=True)
-    (accelerate / "model.safetensors").write_bytes(b"x")
+    (accelerate / "model.safetensors").write_bytes(safetensors(b"x"))
     (accelerate / "random_states_0.pkl").write_bytes(b"y")
     torch.save(
         {"epoch": 2, "global_step": 37, "state_dict": {"w": torch.ones(3)}}, tmp_path / "last.ckpt"
@@ -130,7 +138,7 @@ def test_a_half_folder_in_out_is_moved_aside_and_the_store_one_restored(tmp_path
     hf_folder(out, 20, finished=False)  # a kill mid-save, on this machine
     restored = syncer(store, out, lines).prepare()
     assert [m.step for m in restored] == [10]
-    assert sorted(p.name for p in out.iterdir()) == [ASIDE, "checkpoint-10"]
+    assert sorted(p.name for p in out.iterdir()) == [ASIDE, LEDGER, "checkpoint-10"]
     assert [p.name.split(".")[0] for p in (out / ASIDE).iterdir()] == ["checkpoint-20"]
     assert any("half written" in line for line in lines)
 
@@ -157,7 +165,7 @@ def accelerate_folder(root: Path, step: int, files: int) -> Path:
     folder = root / f"checkpoint_{step}"
     folder.mkdir(parents=True)
     for index in range(files):
-        (folder / f"model_{index}.safetensors").write_bytes(os.urandom(2000 + index))
+        (folder / f"model_{index}.safetensors").write_bytes(safetensors(os.urandom(2000 + index)))
     (folder / "random_states_0.pkl").write_bytes(os.urandom(100))
     return folder
 
