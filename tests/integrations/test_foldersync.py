@@ -262,6 +262,22 @@ def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:
     assert sorted(m.step for m in Restorer(store).survey().manifests) == [20, 30]
 
 
+def killed_at_the_manifest(store: Store, sync: FolderSync) -> None:
+    """One look of ``sync`` whose process dies (kill -9) as the manifest is written: every
+    file of the folder in the store, no manifest."""
+    original = store.put
+
+    def dying(path: str, data: bytes | memoryview) -> None:
+        if path.endswith("/manifest.json"):
+            raise KeyboardInterrupt  # the process dies here
+        original(path, data)
+
+    store.put = dying  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        sync.sync(finished=True)
+    store.put = original  # type: ignore[method-assign]
+
+
 def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path) -> None:
     """What a kill -9 of costguard run leaves mid-upload: every file of checkpoint-20 in
     the store, no manifest. A new machine gets checkpoint-10."""
@@ -271,17 +287,7 @@ def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path)
     hf_folder(out, 10)
     sync.sync(finished=True)
     hf_folder(out, 20)
-    original = store.put
-
-    def killed_at_the_manifest(path: str, data: bytes | memoryview) -> None:
-        if path.endswith("/manifest.json"):
-            raise KeyboardInterrupt  # the process dies here
-        original(path, data)
-
-    store.put = killed_at_the_manifest  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        sync.sync(finished=True)
-    store.put = original  # type: ignore[method-assign]
+    killed_at_the_manifest(store, sync)
     uploaded = {p.split("/")[0] for p in store.listing()}
     assert len(uploaded) == 2  # both folders' files are there
     new_machine = tmp_path / "new"

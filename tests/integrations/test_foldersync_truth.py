@@ -28,7 +28,12 @@ from costguard.checkpoint.manifest import (
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
 from tests.helpers.stores import make_s3_bucket
-from tests.integrations.test_foldersync import folder_files, hf_folder, safetensors
+from tests.integrations.test_foldersync import (
+    folder_files,
+    hf_folder,
+    killed_at_the_manifest,
+    safetensors,
+)
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -218,17 +223,7 @@ def test_this_runs_own_save_not_uploaded_yet_goes_up_on_the_next_start(
     hf_folder(out, 10)
     sync.sync(finished=True)
     hf_folder(out, 20)
-    original = store.put
-
-    def lost(path: str, data: bytes | memoryview) -> None:
-        if path.endswith("/manifest.json"):
-            raise KeyboardInterrupt  # costguard run killed before the manifest
-        original(path, data)
-
-    store.put = lost  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        sync.sync(finished=True)
-    store.put = original  # type: ignore[method-assign]
+    killed_at_the_manifest(store, sync)  # costguard run killed before the manifest
     again = syncer(store, out, lines)
     again.prepare()
     assert not any("not this run's" in line for line in lines)
