@@ -46,7 +46,14 @@ from typing import Any
 
 from costguard import __version__
 from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
-from costguard.checkpoint.completion import MAX_DEPTH, Item, inside, item_at, items_in
+from costguard.checkpoint.completion import (
+    HF_MARK,
+    MAX_DEPTH,
+    Item,
+    inside,
+    item_at,
+    items_in,
+)
 from costguard.checkpoint.manifest import (
     FOLDER_FORMAT_VERSION,
     PARTIAL_GRACE_S,
@@ -74,6 +81,8 @@ FOREIGN = ".costguard-foreign"
 #: What this machine's costguard uploaded from the folder, and to which store.
 LEDGER = ".costguard-sync.json"
 MAX_LEDGER_BYTES = 4 * 2**20
+#: A ``trainer_state.json`` read for the run's progress (its log history grows with it).
+MAX_STATE_BYTES = 16 * 2**20
 #: Accelerate's files written after its mark: a save of this run lacking one an earlier
 #: save of this run had is not finished.
 _AFTER_MARK = re.compile(r"(custom_checkpoint|random_states)_[0-9]+\.pkl")
@@ -87,6 +96,9 @@ SETTLE_S = 2.0
 #: them and while each is hashed.
 RESTORE_READS = 4
 POLL_S = 1.0
+#: How often, while nothing appears in the folder, the workdir is looked at for
+#: checkpoints written elsewhere (a wrong ``--sync-dir``).
+ELSEWHERE_S = 30.0
 _OBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 #: A Hugging Face or Accelerate folder's weights: one file, or the shards of one.
 _WEIGHTS = re.compile(r"model(-[0-9]+-of-[0-9]+)?\.safetensors")
@@ -290,6 +302,12 @@ class FolderSync:
     foreign: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
     #: Whether any checkpoint appeared in the folder while the script ran.
     seen_any: bool = False
+    #: Where the script runs: checkpoints appearing under it, and none in ``root``, mean a
+    #: wrong ``--sync-dir`` (said once).
+    workdir: Path | None = None
+    _started_ns: int = 0
+    _looked_elsewhere: float = 0.0
+    _created: bool = False
     #: Item path -> (its files' signature, when first seen so), for the settle wait.
     _watching: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = field(
         default_factory=dict
@@ -322,6 +340,8 @@ class FolderSync:
         (every item of its step: Lightning's ``last.ckpt`` and its step file); name what is
         not this run's (and move aside what would take the resume over); the manifests
         restored."""
+        self._started_ns = time.time_ns()  # before the script starts
+        self._created = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         for item in items_in(self.root):
             self._say_links(item)
@@ -509,6 +529,7 @@ class FolderSync:
     # --- while the script runs ------------------------------------------------------
 
     def start(self) -> None:
+        self._looked_elsewhere = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="costguard-sync", daemon=True)
         self._thread.start()
 
@@ -519,6 +540,9 @@ class FolderSync:
         _nicer_io(self.store, DEFAULT_SAVE_NICENESS)
         while not self._stop.wait(self.poll_s):
             self.sync(finished=False)
+            if time.monotonic() - self._looked_elsewhere >= ELSEWHERE_S:
+                self._looked_elsewhere = time.monotonic()
+                self.look_elsewhere()
 
     def finish(self, *, clean: bool = True) -> None:
         """The script has exited: stop the thread, then upload what it finished last.
@@ -531,6 +555,32 @@ class FolderSync:
         if self._thread is not None:
             self._thread.join()
         self.sync(finished=True, killed_at=None if clean else time.time_ns())
+        self.look_elsewhere()
+        if self._created and not self.seen_any:
+            with contextlib.suppress(OSError):
+                self.root.rmdir()  # made by costguard, still empty: not left behind
+
+    def look_elsewhere(self) -> None:
+        """While nothing appeared in the folder: when checkpoints were written elsewhere
+        under the workdir since the script started, say so naming both (once)."""
+        if self.seen_any or self.workdir is None or "elsewhere" in self._said:
+            return
+        found = [
+            item
+            for item in items_in(self.workdir)
+            if not (self.workdir / item.path).is_relative_to(self.root)
+            and ASIDE not in item.path
+            and FOREIGN not in item.path
+            and max((t for _, _, t in item.files), default=0) >= self._started_ns
+        ]
+        if found:
+            where = (self.workdir / found[-1].path).parent
+            self._once(
+                "elsewhere",
+                f"warning: nothing appeared in --sync-dir {self.root} while the script ran, "
+                f"but {found[-1].path} did in {where}: nothing is kept; "
+                f"did you mean --sync-dir {where}?",
+            )
 
     def sync(self, *, finished: bool, killed_at: int | None = None) -> list[Manifest]:
         """One look: upload each finished item not uploaded yet, newest last."""
@@ -556,6 +606,30 @@ class FolderSync:
             if manifest is not None:
                 done.append(manifest)
         return done
+
+    def kind(self) -> str:
+        """Which trainer writes the folder (of this run's newest checkpoint), or ""."""
+        mine = [i for i in items_in(self.root) if self.foreign.get(i.path) != i.files]
+        return mine[-1].kind if mine else ""
+
+    def progress(self) -> tuple[int, int] | None:
+        """(``global_step``, ``max_steps``) from the ``trainer_state.json`` of this run's
+        newest Hugging Face checkpoint in the folder, or ``None``."""
+        for item in reversed(items_in(self.root)):
+            if item.kind != "transformers" or self.foreign.get(item.path) == item.files:
+                continue
+            state = self.root / item.path / HF_MARK
+            try:
+                if state.is_symlink() or state.stat().st_size > MAX_STATE_BYTES:
+                    return None
+                record = json.loads(state.read_bytes())
+                done, total = record["global_step"], record["max_steps"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            if isinstance(done, int) and isinstance(total, int):
+                return done, total
+            return None
+        return None
 
     def _proven_at_kill(self, item: Item, items: list[Item], killed_at: int) -> bool:
         if item.kind != "accelerate" or any(
