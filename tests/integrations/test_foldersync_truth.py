@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +285,60 @@ def test_a_restore_never_writes_through_a_link_and_a_clash_falls_back(
     assert any("cannot be put in the folder safely" in line for line in lines)
     assert any("is a link" in line for line in lines)
     assert (out / "other" / "checkpoint-5" / "trainer_state.json").is_file()
+
+
+def test_a_save_goes_up_on_the_file_systems_event_not_the_next_poll(
+    store: Store, tmp_path: Path
+) -> None:
+    """The look without events is an hour away: only the folder's events can bring the
+    save up while the script runs."""
+    out, lines = tmp_path / "out", list[str]()
+    sync = FolderSync(store, out, keep=3, say=lines.append, poll_s=3600.0)
+    sync.prepare()
+    sync.start()
+    try:
+        hf_folder(out, 10)
+        deadline = time.monotonic() + 60  # a safety net on a busy machine
+        while not kept(store) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert kept(store) == [(10, "checkpoint-10")], lines
+    finally:
+        sync.finish()
+
+
+def test_the_trainers_rotation_deleting_a_folder_mid_upload_takes_nothing_from_it(
+    store: Store, tmp_path: Path
+) -> None:
+    folder = hf_folder(tmp_path / "out", 10)
+    uploaded, lines = folder_files(folder), list[str]()
+    sync, original = syncer(store, folder.parent, lines), store.write_stream
+
+    def rotated(path: str, produce: Any, **kw: Any) -> tuple[int, str]:
+        if folder.exists():
+            shutil.rmtree(folder)  # save_total_limit removes it as the upload begins
+        return original(path, produce, **kw)
+
+    store.write_stream = rotated  # type: ignore[method-assign]
+    assert [m.step for m in sync.sync(finished=True)] == [10]
+    store.write_stream = original  # type: ignore[method-assign]
+    new_machine = tmp_path / "new"
+    assert [m.step for m in syncer(store, new_machine, lines).prepare()] == [10]
+    assert folder_files(new_machine / "checkpoint-10") == uploaded
+
+
+def test_lightnings_last_and_step_file_of_one_step_are_one_save_for_retention(
+    store: Store, tmp_path: Path
+) -> None:
+    out, lines = tmp_path / "out", list[str]()
+    sync = FolderSync(store, out, keep=2, say=lines.append, settle_s=0.0)
+    out.mkdir()
+    for step in (10, 20, 30):
+        torch.save({"global_step": step}, out / f"epoch=0-step={step}.ckpt")
+        torch.save({"global_step": step}, out / "last.ckpt")
+        sync.sync(finished=True)
+    assert kept(store) == [
+        (20, "epoch=0-step=20.ckpt"),
+        (20, "last.ckpt"),
+        (30, "epoch=0-step=30.ckpt"),
+        (30, "last.ckpt"),
+    ]

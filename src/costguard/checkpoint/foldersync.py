@@ -9,10 +9,22 @@ costguard checkpoint: its files, their sha256, and the manifest last (format
 verified one is put back where the trainer looks, so its own resume
 (``get_last_checkpoint``, ``ckpt_path="last"``, ``load_state``) finds it on a new machine.
 
-Finished means what each trainer writes last is there
+Finished means what each trainer writes last is there and every file is whole
 (:mod:`costguard.checkpoint.completion`, the rules per trainer), and nothing changing since:
 while the trainer runs, an item must also have kept the same sizes and times for
-``settle_s``; once it has exited, nothing is writing any more and the mark alone decides.
+``settle_s`` (a file a trainer writes after its mark, not begun yet); once it has exited,
+nothing is writing any more and the checks alone decide.
+
+The folder is watched by the file system's own events (watchdog: inotify on Linux), so a
+save is seen as it is written, not at the next poll; a look every ``poll_s`` remains for
+file systems whose events miss other machines' writes (NFS, Lustre). watchdog over
+watchfiles: it brings no other package (watchfiles brings anyio), and its callback on
+an event is what this thread needs (wake up and look), where watchfiles' generator would
+own the thread. An upload reads from descriptors opened before it starts, so the
+trainer's rotation deleting the folder meanwhile takes nothing from it.
+
+Retention counts steps: Lightning's ``last.ckpt`` and its step file of one step are one
+save, kept or dropped together.
 A folder left half written (a kill during the save) is never uploaded, and one found in
 ``out/`` before the script starts is moved aside (to ``.costguard-incomplete/``), not
 deleted, so the trainer's resume cannot pick it. A checkpoint put back from the store is
@@ -88,14 +100,21 @@ MAX_STATE_BYTES = 16 * 2**20
 _AFTER_MARK = re.compile(r"(custom_checkpoint|random_states)_[0-9]+\.pkl")
 #: Restored items are assembled here, then renamed into place.
 STAGING_PREFIX = ".costguard-restore-"
-#: How long an item must stay unchanged, while the trainer runs, before it is uploaded.
-SETTLE_S = 2.0
+#: How long an item must stay unchanged, while the trainer runs, before it is uploaded
+#: (a file written after the mark, such as Accelerate's registered objects, begins within
+#: it; the files are also checked whole, and checked unchanged once uploaded).
+SETTLE_S = 0.5
 #: Files of one checkpoint read at once on a restore (each S3 object in
 #: ``store.READ_STREAMS`` ranged GETs itself): a big trainer folder holds several large
 #: files (weights, optimizer, shards), and one at a time leaves the network idle between
 #: them and while each is hashed.
 RESTORE_READS = 4
+#: The look without an event (file systems whose events miss other machines' writes),
+#: and the wait after an event before looking (the rest of a save's files come with it).
 POLL_S = 1.0
+EVENT_WAIT_S = 0.05
+#: The watchdog events that are writes (opening or reading a folder is none).
+_WRITES = frozenset({"created", "modified", "moved", "deleted", "closed"})
 #: How often, while nothing appears in the folder, the workdir is looked at for
 #: checkpoints written elsewhere (a wrong ``--sync-dir``).
 ELSEWHERE_S = 30.0
@@ -318,7 +337,12 @@ class FolderSync:
     _said: set[str] = field(default_factory=set)
     _restorer: Restorer | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    #: Set by a file system event under the folder (or by :meth:`finish`).
+    _wake: threading.Event = field(default_factory=threading.Event)
+    #: Whether the last look found an item waiting to settle.
+    _settling: bool = False
     _thread: threading.Thread | None = None
+    _observer: Any = None
 
     def __post_init__(self) -> None:
         self._restorer = Restorer(self.store)
@@ -529,7 +553,10 @@ class FolderSync:
     # --- while the script runs ------------------------------------------------------
 
     def start(self) -> None:
+        """Watch the folder (before the script starts: no save is missed), then look at
+        it in a thread of its own."""
         self._looked_elsewhere = time.monotonic()
+        self._observer = self._observe()
         self._thread = threading.Thread(target=self._loop, name="costguard-sync", daemon=True)
         self._thread.start()
 
@@ -538,11 +565,45 @@ class FolderSync:
         # so is the thread that sends the store's calls.
         _lower_priority(DEFAULT_SAVE_NICENESS)
         _nicer_io(self.store, DEFAULT_SAVE_NICENESS)
-        while not self._stop.wait(self.poll_s):
+        wait_s = self.poll_s
+        while not self._stop.is_set():
+            if self._wake.wait(wait_s):
+                time.sleep(EVENT_WAIT_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self._settling = False
             self.sync(finished=False)
+            # An item waiting to settle is looked at again once it may have.
+            wait_s = min(self.poll_s, self.settle_s) if self._settling else self.poll_s
             if time.monotonic() - self._looked_elsewhere >= ELSEWHERE_S:
                 self._looked_elsewhere = time.monotonic()
                 self.look_elsewhere()
+
+    def _observe(self) -> Any:
+        """A started watchdog observer whose events under the folder wake the loop; ``None``
+        without watchdog, or where the system refuses a watch (the loop then looks every
+        ``poll_s``). Only writes wake it: the loop's own looks open folders too."""
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            return None
+        wake = self._wake
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:
+                if event.event_type in _WRITES:
+                    wake.set()
+
+        observer = Observer()
+        try:
+            observer.schedule(Handler(), str(self.root), recursive=True)
+            observer.start()
+        except OSError as exc:  # inotify's watch limit, a file system without events
+            logger.info("costguard: watching %s by polling only: %s", self.root, exc)
+            return None
+        return observer
 
     def finish(self, *, clean: bool = True) -> None:
         """The script has exited: stop the thread, then upload what it finished last.
@@ -552,8 +613,13 @@ class FolderSync:
         the last file it writes (Hugging Face); an Accelerate folder then is not kept,
         since its registered objects come after its mark."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._observer = None
         self.sync(finished=True, killed_at=None if clean else time.time_ns())
         self.look_elsewhere()
         if self._created and not self.seen_any:
@@ -668,8 +734,12 @@ class FolderSync:
         signature, since = self._watching.get(item.path, (None, now))
         if signature != item.files:
             self._watching[item.path] = (item.files, now)
+            self._settling = True
             return False
-        return now - since >= self.settle_s
+        if now - since < self.settle_s:
+            self._settling = True
+            return False
+        return True
 
     def _upload(self, item: Item) -> Manifest | None:
         """Upload ``item``'s files from descriptors opened first (the trainer's rotation
@@ -757,10 +827,14 @@ class FolderSync:
         assert self._restorer is not None
         try:
             survey = self._restorer.survey()
+            # A step's items are one save (last.ckpt and its step file): keep whole steps.
+            committed = [c for c in survey.listings if c.name in survey.committed]
+            steps = sorted({c.step for c in committed}, reverse=True)[: self.keep]
+            keep = max(1, sum(c.step in steps for c in committed))
             for deletion in plan_retention(
                 survey.listings,
                 survey.committed,
-                self.keep,
+                keep,
                 corrupt=survey.corrupt,
                 protect=(protect,),
                 count=True,
