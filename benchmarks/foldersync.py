@@ -208,7 +208,8 @@ def startup_times(folder: Path, repeats: int) -> tuple[list[float], list[float]]
     """Part 4: seconds from starting ``costguard run`` to the script's first line, and
     from starting the script alone to it; alternating, one pair a repeat."""
     costguard = Path(sys.executable).with_name("costguard")
-    ours, alone = [], []
+    ours: list[float] = []
+    alone: list[float] = []
     for repeat in range(repeats):
         for times, command in (
             (alone, [sys.executable, "-c", STARTED]),
