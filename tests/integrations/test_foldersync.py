@@ -21,7 +21,7 @@ import torch
 
 from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
 from costguard.checkpoint.completion import items_in
-from costguard.checkpoint.foldersync import ASIDE, LEDGER, RESTORE_READS, FolderSync
+from costguard.checkpoint.foldersync import ASIDE, RESTORE_READS, FolderSync
 from costguard.checkpoint.manifest import FOLDER_FORMAT_VERSION, Manifest
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
@@ -138,7 +138,7 @@ def test_a_half_folder_in_out_is_moved_aside_and_the_store_one_restored(tmp_path
     hf_folder(out, 20, finished=False)  # a kill mid-save, on this machine
     restored = syncer(store, out, lines).prepare()
     assert [m.step for m in restored] == [10]
-    assert sorted(p.name for p in out.iterdir()) == [ASIDE, LEDGER, "checkpoint-10"]
+    assert sorted(p.name for p in out.iterdir()) == [ASIDE, "checkpoint-10"]
     assert [p.name.split(".")[0] for p in (out / ASIDE).iterdir()] == ["checkpoint-20"]
     assert any("half written" in line for line in lines)
 

@@ -32,7 +32,7 @@ checked the same way before it is renamed into place: one that is not whole is s
 (said in one line) and the previous one put back.
 
 Only this run's checkpoints go up: what costguard put back, what it uploaded before on this
-machine (the ledger, ``.costguard-sync.json``, names the store) and what the trainer
+machine (its ledger, :func:`ledger_path`, names the store) and what the trainer
 writes from now on. Anything else found in ``out/`` is named; one newer than the store's
 newest would take the trainer's resume over, so it is moved aside (``.costguard-foreign/``,
 never deleted). A link is never followed out of the folder, and a restore writes nothing
@@ -90,8 +90,6 @@ logger = logging.getLogger(__name__)
 ASIDE = ".costguard-incomplete"
 #: Where a checkpoint that is not this run's, newer than its own, is moved (never deleted).
 FOREIGN = ".costguard-foreign"
-#: What this machine's costguard uploaded from the folder, and to which store.
-LEDGER = ".costguard-sync.json"
 MAX_LEDGER_BYTES = 4 * 2**20
 #: A ``trainer_state.json`` read for the run's progress (its log history grows with it).
 MAX_STATE_BYTES = 16 * 2**20
@@ -278,6 +276,21 @@ def _nicer_io(store: Store, niceness: int) -> None:
     loop.call_soon_threadsafe(_lower_priority, niceness)
 
 
+def ledger_path(root: Path, env: Mapping[str, str]) -> Path:
+    """Where this machine records what it uploaded from ``root``: under
+    ``$XDG_STATE_HOME/costguard/sync`` (``~/.local/state``), named by the folder's path.
+
+    >>> ledger_path(Path("/w/out"), {"XDG_STATE_HOME": "/s"}).parent
+    PosixPath('/s/costguard/sync')
+    """
+    import hashlib
+
+    base = Path(env["XDG_STATE_HOME"]) if env.get("XDG_STATE_HOME") else None
+    base = base or Path.home() / ".local" / "state"
+    name = hashlib.sha256(str(root).encode()).hexdigest()[:32]
+    return base / "costguard" / "sync" / f"{name}.json"
+
+
 class PlacementError(CostguardError):
     """A restored checkpoint could not be put in the folder without writing through a link
     or over something that is not a folder: that checkpoint is skipped."""
@@ -292,7 +305,9 @@ class Kept:
     path: str
 
     def describe(self) -> str:
-        """>>> Kept(30, "ckpt-000000000030-ab", "checkpoint-30").describe()
+        """The checkpoint as the exit line names it: its step, path and store name.
+
+        >>> Kept(30, "ckpt-000000000030-ab", "checkpoint-30").describe()
         'step 30 (checkpoint-30 as ckpt-000000000030-ab)'
         """
         return f"step {self.step} ({self.path} as {self.name})"
@@ -343,9 +358,14 @@ class FolderSync:
     _settling: bool = False
     _thread: threading.Thread | None = None
     _observer: Any = None
+    #: What this machine's costguard uploaded from the folder, and to which store (kept
+    #: out of the folder: Accelerate's automatic naming reads every name in it).
+    ledger: Path = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._restorer = Restorer(self.store)
+        if self.ledger is None:
+            self.ledger = ledger_path(self.root, os.environ)
 
     def _once(self, key: str, line: str) -> None:
         if key not in self._said:
@@ -464,7 +484,7 @@ class FolderSync:
     def _ledger(self) -> dict[str, Any]:
         """Item path -> files, of what this machine uploaded from the folder to this store
         (nothing if the ledger names another store or cannot be read)."""
-        path = self.root / LEDGER
+        path = self.ledger
         try:
             if path.is_symlink() or path.stat().st_size > MAX_LEDGER_BYTES:
                 return {}
@@ -482,9 +502,10 @@ class FolderSync:
         items = {**self._ledger(), item.path: item.files}
         items = {k: v for k, v in items.items() if (self.root / k).exists()}
         record = {"store": self.store.url, "items": items}
-        target = self.root / LEDGER
-        temporary = self.root / f"{LEDGER}.{uuid.uuid4().hex[:8]}"
+        target = self.ledger
+        temporary = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}")
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
             temporary.write_text(json.dumps(record))
             temporary.replace(target)
         except OSError:
