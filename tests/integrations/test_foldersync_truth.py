@@ -21,6 +21,7 @@ import torch
 
 from costguard.checkpoint.completion import items_in
 from costguard.checkpoint.foldersync import FOREIGN, FolderSync, object_names
+from costguard.checkpoint.inventory import verify
 from costguard.checkpoint.manifest import (
     FOLDER_FORMAT_VERSION,
     Manifest,
@@ -171,6 +172,11 @@ def test_a_store_checkpoint_that_is_not_whole_gives_way_to_the_previous_one(
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoint_10"]
     (said,) = [line for line in lines if "trying the previous one" in line]
     assert "custom_checkpoint_0.pkl" in said
+    # `costguard checkpoint verify` says the same (it said ok).
+    checked = {v.step: (v.ok, v.problem) for v in verify(store)}
+    assert checked[10] == (True, "")
+    assert checked[20][0] is False
+    assert "custom_checkpoint_0.pkl" in checked[20][1]
 
 
 def test_checkpoints_of_another_run_are_never_kept_nor_resumed_from(

@@ -341,11 +341,12 @@ def item_at(root: Path, path: str) -> Item | None:
 _WHOLE: dict[tuple[str, int, int], str] = {}
 
 
-def whole(path: Path) -> str:
+def whole(path: Path, name: str | None = None) -> str:
     """Why the file at ``path`` is not whole by its own format ("" when it is): a zip
     (``torch.save``) whose central directory cannot be read, a pickle without its STOP,
     a safetensors file shorter than its header declares, JSON that does not parse, an
-    empty file.
+    empty file. ``name``: the name its format is told by, when the file at ``path`` has
+    another (a copy read from a store).
 
     >>> import pickle, tempfile
     >>> folder = Path(tempfile.mkdtemp())
@@ -355,16 +356,15 @@ def whole(path: Path) -> str:
     ''
     """
     info = path.stat()
-    key = (str(path), info.st_size, info.st_mtime_ns)
+    key = (f"{path}\0{name}", info.st_size, info.st_mtime_ns)
     if key not in _WHOLE:
         if len(_WHOLE) > MAX_ENTRIES:
             _WHOLE.clear()
-        _WHOLE[key] = _why_not_whole(path, info.st_size)
+        _WHOLE[key] = _why_not_whole(path, info.st_size, name or path.name)
     return _WHOLE[key]
 
 
-def _why_not_whole(path: Path, size: int) -> str:
-    name = path.name
+def _why_not_whole(path: Path, size: int, name: str) -> str:
     if size == 0:
         return f"{name} is empty"
     try:
