@@ -44,7 +44,7 @@ from tests.refresh.servers import (
     gcp_sku,
 )
 
-from costguard.pricing.refresh.parse import GCP_GPUS, gcp_series
+from costguard.pricing.refresh.parse_gcp import GCP_GPUS, gcp_series
 from costguard.pricing.tables import load_catalog
 
 MIN_RECORDS_PER_S = 20_000

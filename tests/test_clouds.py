@@ -114,3 +114,32 @@ def test_aws_no_credentials_is_explained(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 def test_input_errors_exit_2() -> None:
     assert InputError("x").exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("response", "code"),
+    [
+        ({"Error": {"Code": "InsufficientInstanceCapacity"}}, "InsufficientInstanceCapacity"),
+        ({"Error": {"Code": 501}}, "501"),  # an S3-compatible store's bare status
+        ({"Error": {"Code": "X" * 500}}, "X" * aws.MAX_CODE_CHARS),  # the service's text, bounded
+        ({"Error": {"Message": "no code"}}, ""),
+        ({}, ""),
+    ],
+)
+def test_one_reader_of_aws_error_codes_for_every_caller(response: dict, code: str) -> None:
+    """The launcher (capacity, NotFound), the price refresh (region not enabled,
+    throttling) and :func:`aws.is_unsupported` read the code through it."""
+    from botocore.exceptions import ClientError
+
+    assert aws.error_code(ClientError(response, "RunInstances")) == code
+
+
+def test_gcp_timestamps_are_utc_whatever_offset_google_writes() -> None:
+    from datetime import UTC, datetime
+
+    from costguard.clouds import gcp
+
+    pacific = gcp.timestamp("2026-11-30T19:30:00.000000001-08:00")
+    assert pacific == datetime(2026, 12, 1, 3, 30, tzinfo=UTC)
+    assert pacific.tzinfo is UTC
+    assert gcp.last_segment("projects/p/zones/us-central1-a") == "us-central1-a"

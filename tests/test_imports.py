@@ -38,6 +38,18 @@ def loaded_heavy_modules(body: str) -> list[str]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def probe_lines(body: str) -> list[str]:
+    """What the probe prints after running ``body``, line by line (the heavy modules last)."""
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE.format(body=body, heavy=HEAVY)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return out.stdout.strip().splitlines()
+
+
 def test_probe_detects_a_heavy_import() -> None:
     # The probe must be able to fail: watch a stdlib module the body does import.
     code = PROBE.format(body="import sqlite3", heavy=("sqlite3",))
@@ -106,11 +118,60 @@ def test_a_piped_estimate_loads_only_what_it_prints_with() -> None:
         f"print(json.dumps(sorted(set({NOT_FOR_A_PIPED_ESTIMATE!r}) & set(sys.modules))))\n"
     )
     assert loaded_heavy_modules(body) == []
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE.format(body=body, heavy=HEAVY)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
+    assert json.loads(probe_lines(body)[-2]) == []
+
+
+def test_a_price_table_as_a_dataframe_loads_no_command_line() -> None:
+    # costguard.pricing.table() once borrowed the notebook's pandas import, and with it
+    # click and the CLI's parameter types.
+    body = (
+        "import costguard\n"
+        "costguard.pricing.table('regions')\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m == 'click'\n"
+        "                        or m.startswith(('costguard.cli', 'costguard.notebook')))))\n"
     )
-    assert json.loads(out.stdout.strip().splitlines()[-2]) == []
+    assert json.loads(probe_lines(body)[-2]) == []
+
+
+def test_the_version_is_read_from_its_own_module() -> None:
+    # fsspec's habit: a module that needs the version imports costguard._version, not
+    # the package front (the front imports it from there too).
+    import ast
+    from pathlib import Path
+
+    import costguard
+    from costguard._version import __version__
+
+    assert costguard.__version__ == __version__
+    source = Path(costguard.__file__).parent
+    fronts = [
+        str(path.relative_to(source))
+        for path in source.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "costguard"
+        and any(alias.name == "__version__" for alias in node.names)
+    ]
+    assert fronts == []
+
+
+#: What a plain `costguard estimate` into a pipe (no --interruptions-per-day, no
+#: --provider slurm) does not print with: each was loaded on every run (shutil, with its
+#: archive modules, for a terminal's width).
+NOT_FOR_A_PLAIN_ESTIMATE = (
+    "costguard.pricing.advisor",
+    "costguard.pricing.interruptions",
+    "costguard.pricing.slurm",
+    "shutil",
+)
+
+
+def test_a_plain_estimate_loads_no_preemption_or_slurm_figures() -> None:
+    body = (
+        "import io, contextlib\n"
+        "from costguard.cli import cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['estimate', '--gpu', 'a10g', '--hours', '8'], standalone_mode=False)\n"
+        f"print(json.dumps(sorted(set({NOT_FOR_A_PLAIN_ESTIMATE!r}) & set(sys.modules))))\n"
+    )
+    assert json.loads(probe_lines(body)[-2]) == []

@@ -9,6 +9,7 @@ is not a loop: the package is set up before its modules.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import costguard
@@ -28,8 +29,10 @@ def _modules() -> dict[str, Path]:
     return found
 
 
+@functools.cache
 def import_graph() -> dict[str, set[str]]:
-    """Each module of costguard and the modules of costguard it imports."""
+    """Each module of costguard and the modules of costguard it imports (read once per
+    session: callers do not change it)."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -108,3 +111,74 @@ def test_the_library_does_not_import_the_command_line() -> None:
         if not name.startswith(FRONT_ENDS)
     }
     assert {name: found for name, found in offenders.items() if found} == {}
+
+
+def _imports_of(package: str) -> dict[str, set[str]]:
+    """Each module of ``package`` (``costguard.spot``) and the modules *outside* it that it
+    imports."""
+    inside = (package, f"{package}.")
+    return {
+        name: {t for t in targets if not t.startswith(inside) and t != package}
+        for name, targets in import_graph().items()
+        if name.startswith(inside) or name == package
+    }
+
+
+def _reaching(package: str, *others: str) -> dict[str, list[str]]:
+    """The modules of ``package`` that import one of ``others``, with what they import."""
+    found = {
+        name: sorted(t for t in targets if t.startswith(others))
+        for name, targets in _imports_of(package).items()
+    }
+    return {name: targets for name, targets in found.items() if targets}
+
+
+#: The ground floor: what any layer may import.
+GROUND = {
+    "costguard", "costguard.errors", "costguard.settings", "costguard.retry", "costguard.files",
+    "costguard.money", "costguard.shell", "costguard.secrets", "costguard.tags",
+}  # fmt: skip
+#: Modules of checkpoint/ that still reach up into launch and the reaper: ``costguard run``'s
+#: supervisor (job id, stop request and exit record of spot/job.py, the projection's
+#: duration, the reaper agent's job registry), until it moves out (issue 44, item 2).
+CHECKPOINT_CLIMBS = {"costguard.checkpoint.supervisor"}
+
+
+def test_the_cloud_helpers_stand_on_the_ground() -> None:
+    """clouds/ (client factories, error and timestamp readers) serves every adapter, so it
+    imports none of them."""
+    above = {name: sorted(t - GROUND) for name, t in _imports_of("costguard.clouds").items()}
+    assert {name: targets for name, targets in above.items() if targets} == {}
+
+
+def test_the_reaper_knows_nothing_of_launch_checkpoints_or_billing() -> None:
+    assert (
+        _reaching(
+            "costguard.reaper",
+            "costguard.spot",
+            "costguard.checkpoint",
+            "costguard.billing",
+            "costguard.alarms",
+        )
+        == {}
+    )
+
+
+def test_launch_knows_nothing_of_the_reaper_alarms_or_billing() -> None:
+    assert (
+        _reaching("costguard.spot", "costguard.reaper", "costguard.alarms", "costguard.billing")
+        == {}
+    )
+
+
+def test_the_launcher_base_and_the_adapters_do_not_import_one_another() -> None:
+    adapters = tuple(f"costguard.spot.launcher.{c}" for c in ("aws", "gcp", "azure", "local"))
+    graph = import_graph()
+    for name in ("costguard.spot.launcher.base", "costguard.spot.launcher.options", *adapters):
+        assert not graph[name] & set(adapters), name
+
+
+def test_checkpoints_know_nothing_of_launch_the_reaper_or_the_cli_but_for_the_supervisor() -> None:
+    assert _reaching("costguard.checkpoint", "costguard.cli") == {}
+    climbing = _reaching("costguard.checkpoint", "costguard.spot", "costguard.reaper")
+    assert set(climbing) <= CHECKPOINT_CLIMBS, climbing

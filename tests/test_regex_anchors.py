@@ -22,7 +22,7 @@ import costguard
 from costguard.alarms.spec import alarm_spec
 from costguard.checkpoint.completion import folder_kind
 from costguard.errors import InputError
-from costguard.pricing.refresh.parse import aws_zone_region
+from costguard.pricing.refresh.parse_aws import aws_zone_region
 from costguard.reaper.gcp import check_locations
 from costguard.settings import Settings
 from costguard.spot.launcher.aws import AwsLauncher

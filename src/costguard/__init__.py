@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from costguard._version import __version__
 from costguard.secrets import install_log_redaction
-
-__version__ = "0.1.0"
 
 # Whatever handler prints a costguard log line, a credential in it is masked.
 install_log_redaction()

@@ -105,6 +105,10 @@ class StoreError(CostguardError):
     """A checkpoint store operation failed after its retries (the data may be fine)."""
 
 
+class TooLargeError(StoreError):
+    """An object longer than the most its reader accepts (``Store.get``)."""
+
+
 #: What each optional extra brings, in the words a person installing it would use.
 EXTRAS = {
     "aws": "the AWS SDK, boto3",

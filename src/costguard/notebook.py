@@ -21,17 +21,15 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import click
-
-from costguard.cli.params import DecimalRange
-from costguard.errors import InputError, MissingDependencyError
+from costguard.clouds import require
+from costguard.errors import InputError
 from costguard.money import format_usd, usd_str
 from costguard.pricing.advice import describe, unverified_note
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.document import OPTION_FIELDS, option_row, to_document
-from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate, limit_places
-from costguard.pricing.estimate import estimate as price
-from costguard.pricing.question import MAX_COUNT, MAX_GB, MAX_HOURS, Question, build_request
+from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate
+from costguard.pricing.question import Question, to_decimal
+from costguard.pricing.quote import quote
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
@@ -89,7 +87,9 @@ class EstimateResult:
 
         ``DataFrame.attrs`` holds ``assumptions`` and ``pricing_as_of``.
         """
-        frame = _pandas().DataFrame.from_records(self.records(), columns=list(COLUMNS))
+        frame = require("pandas", "pandas").DataFrame.from_records(
+            self.records(), columns=list(COLUMNS)
+        )
         frame.attrs["assumptions"] = list(self.assumptions)
         frame.attrs["pricing_as_of"] = self.document()["pricing_as_of"]
         return frame
@@ -177,30 +177,13 @@ def estimate(
     if hours is None:
         msg = "hours is required: how long the run takes"
         raise InputError(msg, hint=f"e.g. costguard.estimate(gpu={gpu or 'a10g'!r}, hours=8)")
-    numbers = {
-        "hours": (hours, DecimalRange(0, minimum_open=True, maximum=MAX_HOURS)),
-        "disk_gb": (disk_gb, DecimalRange(0, maximum=MAX_GB)),
-        "storage_gb": (storage_gb, DecimalRange(0, maximum=MAX_GB)),
-        "storage_months": (storage_months, DecimalRange(0, maximum=1200)),
-        "egress_gb": (egress_gb, DecimalRange(0, maximum=MAX_GB)),
-        "data_gb": (data_gb, DecimalRange(0, maximum=MAX_GB)),
-    }
-    options: dict[str, Any] = {}
-    for name, (value, kind) in numbers.items():
-        try:
-            options[name] = kind.convert(str(value), None, None)
-        except click.BadParameter as exc:
-            msg = f"{name}: {exc.message}"
-            raise InputError(msg, hint=f"{name} takes a finite number") from None
-    for name, value, most in (("count", count, MAX_COUNT),
-                              ("gpus_per_instance", gpus_per_instance, 64),
-                              ("top", top, 10_000)):  # fmt: skip
-        lowest = 0 if name == "top" else 1
-        if not isinstance(value, int) or not lowest <= value <= most:
-            msg = f"{name} must be a whole number from {lowest} to {most}, not {value!r}"
-            raise InputError(msg, hint=f"e.g. {name}=1")
     question = Question(
-        **options,
+        hours=to_decimal("hours", hours),
+        disk_gb=to_decimal("disk_gb", disk_gb),
+        storage_gb=to_decimal("storage_gb", storage_gb),
+        storage_months=to_decimal("storage_months", storage_months),
+        egress_gb=to_decimal("egress_gb", egress_gb),
+        data_gb=to_decimal("data_gb", data_gb),
         gpus=(gpu,) if gpu else (),
         count=count,
         gpus_per_instance=gpus_per_instance,
@@ -209,22 +192,13 @@ def estimate(
         instance_type=instance_type,
         spot=spot,
         data_region=data_region,
+        top=top,
     )
     settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    request = build_request(catalog, question, gpu)
-    result = price(request, catalog)
-    return EstimateResult(result, tuple(limit_places(result.options, top)), catalog, top)
+    answer = quote(question, catalog)
+    return EstimateResult(answer.estimate, answer.shown, catalog, top)
 
 
 def _names(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
-
-
-def _pandas() -> Any:
-    try:
-        import pandas  # the optional extra, imported only here
-    except ImportError:
-        module = "pandas"
-        raise MissingDependencyError(module, "pandas") from None
-    return pandas

@@ -33,7 +33,7 @@ class Adapter:
 
 #: feature -> provider -> adapter. The launcher classes are built with the keywords they
 #: accept (:func:`costguard.spot.launcher.cloud_launcher`); a fleet class lists its fleets
-#: with ``for_options``; an alarm backend class is built with ``from_options``; a price
+#: with ``for_options``; an alarm backend class is built with ``for_scope``; a price
 #: source is the ``fetch`` function of ``costguard pricing refresh`` (its SDK, when it needs
 #: one, is imported inside: a mirror needs none).
 ADAPTERS: dict[str, dict[str, Adapter]] = {

@@ -7,7 +7,9 @@ AWS and Azure spell them as below; GCP labels take no ``:`` and are lower case, 
 
 from __future__ import annotations
 
+import functools
 import re
+import unicodedata
 
 from costguard.errors import InputError
 
@@ -46,6 +48,41 @@ def from_gcp_label(label: str) -> str:
     ('costguard:keep', 'team')
     """
     return _PREFIX + label.removeprefix(_GCP_PREFIX) if label.startswith(_GCP_PREFIX) else label
+
+
+#: What billing exports put before a user's tag key: CUR 2.0's ``resource_tags`` map
+#: ``user_``, its ``tags`` column ``resourceTags/user:``, Cost Explorer ``user:``.
+_EXPORT_PREFIXES = ("resourcetags", "user")
+_SEPARATORS = re.compile(r"[\W_]+")
+
+
+@functools.lru_cache(maxsize=4096)
+def tag_key(key: str) -> str:
+    """A tag key reduced to the one form every spelling of it shares, for comparing keys
+    (the reaper's rules, spend's grouping, burn's job): NFKC (full-width and other
+    compatibility forms as their plain letters), case-folded, every run of characters
+    that are not letters or digits as one ``:``, none at either end, and the prefixes
+    billing exports add before costguard's own keys dropped.
+
+    A person may write ``COSTGUARD-KEEP``; GCP labels take no ``:`` (``costguard-job``);
+    CUR 2.0 writes ``user_costguard_job`` and ``resourceTags/user:costguard:job``.
+
+    >>> {tag_key(k) for k in ("costguard:keep", "COSTGUARD-KEEP", " Costguard_Keep ",
+    ...                       "costguard keep", "\uff43ostguard:keep", "user:costguard:keep")}
+    {'costguard:keep'}
+    >>> {tag_key(k) for k in ("costguard:job", "costguard-job", "user_costguard_job",
+    ...                       "resourceTags/user:costguard:job", "Costguard:Job ")}
+    {'costguard:job'}
+    >>> tag_key("costguard:jobs") == tag_key("costguard:job"), tag_key("user-Team")
+    (False, 'user:team')
+    """
+    words = [w for w in _SEPARATORS.split(unicodedata.normalize("NFKC", key).casefold()) if w]
+    start = 0
+    while start < len(words) and words[start] in _EXPORT_PREFIXES:
+        start += 1
+    if words[start : start + 1] == ["costguard"]:
+        words = words[start:]
+    return ":".join(words)
 
 
 #: Job ids: what costguard makes (``cg-alice-20261202-201512-a1b2c3``) and all that any boundary

@@ -8,6 +8,7 @@ were each tried. The time and memory of ``ls`` on 20,000 folders: benchmarks/ls.
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +49,11 @@ def counting_gets(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return paths
 
 
-def test_a_survey_reads_a_bounded_amount_of_manifest_text_newest_first(
+def test_a_survey_reads_a_bounded_number_of_manifests_newest_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     names = make_folders(tmp_path, 40)
-    size = len((tmp_path / names[-1] / MANIFEST_FILE).read_bytes())  # steps 30-39: as long
-    monkeypatch.setattr(restoring, "SURVEY_MANIFEST_BYTES", 10 * size)
+    monkeypatch.setattr(restoring, "SURVEY_MANIFESTS", 10)
     read = counting_gets(monkeypatch)
     entries = inventory(Store.open(tmp_path, create=False), verify_latest=False)
     assert len(read) == 10
@@ -64,6 +64,49 @@ def test_a_survey_reads_a_bounded_amount_of_manifest_text_newest_first(
     assert all(by_name[n].status == "complete" for n in names[-10:])
     assert all(by_name[n].status == "unreadable" for n in names[:-10])  # kept, not corrupt
     assert "not read" in by_name[names[0]].problem
+
+
+def forge_large_manifests(root: Path, steps: list[int]) -> None:
+    """Manifests of 4 MiB as anyone who can write the store may write them, at steps newer
+    than the valid checkpoints: 60,000 objects none of which is there, 4 MiB of blanks
+    around a manifest of nothing, 4 MiB of text that is no JSON."""
+    entry = {"name": "x", "size_bytes": 1, "sha256": "0" * 64}
+    for n, step in enumerate(steps):
+        name = checkpoint_name(step, f"{step:08x}")
+        folder = root / name
+        folder.mkdir(parents=True)
+        if n % 3 == 0:
+            objects = [{**entry, "name": f"o{i}"} for i in range(60_000)]
+            doc = json.loads(Manifest(name, step, 1.0 + step, ()).to_json())
+            doc = {**{k: v for k, v in doc.items() if k != "objects"}, "objects": objects}
+            text = json.dumps(doc, separators=(",", ":"))[: 4 * 2**20 - 1]
+            if len(text) == 4 * 2**20 - 1:  # cut to the limit: a list closed early
+                text = text[: text.rindex("},{") + 1] + "]}"
+        elif n % 3 == 1:
+            one = (ObjectEntry("state.pt", 1, "0" * 64),)
+            text = " " * (4 * 2**20 - 4096) + Manifest(name, step, 1.0, one).to_json()
+        else:
+            text = "{" * (4 * 2**20 - 1)
+        (folder / MANIFEST_FILE).write_text(text)
+        assert 4 * 2**20 - 8192 < len(text) <= 4 * 2**20
+
+
+def test_forged_large_manifests_do_not_hide_a_valid_checkpoint(tmp_path: Path) -> None:
+    """Issue 43 item 9: five forged 4 MiB manifests used up a survey's 16 MiB shared by
+    all, and valid checkpoints 40, 60 and 61 were never read (`costguard run` refused)."""
+    valid = make_folders(tmp_path / "all", 62)
+    for name in valid:
+        if int(name.split("-")[1]) not in (40, 60, 61):
+            (tmp_path / "all" / name / MANIFEST_FILE).unlink()  # no manifest: not a candidate
+    forge_large_manifests(tmp_path / "all", [100, 101, 102, 103, 104])
+    entries = inventory(Store.open(tmp_path / "all", create=False))
+    latest = [e for e in entries if e.latest]
+    assert [e.step for e in latest] == [61]
+    by_step = {e.step: e for e in entries}
+    assert {by_step[s].status for s in (40, 60, 61)} == {"complete"}
+    assert all(by_step[s].status in ("corrupt", "incomplete") for s in range(100, 105)), [
+        (by_step[s].status, by_step[s].problem) for s in range(100, 105)
+    ]
 
 
 def test_a_restorer_keeps_a_bounded_amount_of_manifests(

@@ -88,6 +88,44 @@ def test_a_script_without_a_pace_is_refused(
     assert "Hint: " in result.stderr
 
 
+def stale_paces() -> dict[str, dict[str, object]]:
+    """Paces a pilot whose script records none finds in its folder (issue 43 item 10): one
+    an earlier pilot left, a full run's, another machine's, another job's, one dated later."""
+    import socket
+    import time
+
+    now = time.time()
+    here = socket.gethostname()[:200]
+    pilot = {"pilot": True, "host": here, "started_unix": now - 3600, "updated_unix": now - 3000}
+    return {
+        "earlier pilot": pilot,
+        "full run": {**pilot, "pilot": False, "started_unix": now + 5, "updated_unix": now + 6},
+        "other machine": {**pilot, "host": "gpu-box-7", "started_unix": now + 5,
+                          "updated_unix": now + 6},
+        "other job": {**pilot, "job_id": "cg-bob-20261202-201512-a1b2c3", "started_unix": now + 5,
+                      "updated_unix": now + 6},
+        "dated later": {**pilot, "started_unix": now + 5, "updated_unix": now + 10**6},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", sorted(stale_paces()))
+def test_a_pace_the_pilot_did_not_write_is_never_priced(run_cli, tmp_path: Path, kind: str) -> None:
+    from costguard.checkpoint.pace import Pace, write_pace
+    from costguard.checkpoint.store import Store
+
+    # "I never train": 10,000 steps of 50 s each, priced as measured by the old pilot.
+    fields = stale_paces()[kind]
+    write_pace(Store.open(str(tmp_path / "p")), Pace(10_000, 500_000.0, 10_000, **fields))  # type: ignore[arg-type]
+    result = run_cli(
+        "pilot", "--steps", "20", "--total-steps", "10000", "--checkpoint", str(tmp_path / "p"),
+        "--", sys.executable, "-c", "pass",
+    )  # fmt: skip
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert "is not this pilot's, so it is not priced" in result.stderr
+    assert "measured" not in result.stdout
+    assert "Hint: " in result.stderr
+
+
 @pytest.mark.parametrize("args", [("--steps", "5"), ("--steps", "20")])
 def test_bad_pilot_input(run_cli, tmp_path: Path, args: tuple[str, ...]) -> None:
     command = () if args[1] == "20" else ("--", sys.executable, "-c", "pass")

@@ -8,25 +8,32 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from costguard.pricing.catalog import Market, prices_as_of
+from costguard.pricing.catalog import (
+    Market,
+    Place,
+    as_of_text,
+    prices_as_of,
+    rows_as_of,
+    table_rows,
+)
 from costguard.pricing.tables import load_catalog
 
 CATALOG = load_catalog()
-AS_OF = re.compile(r"as of (\d{4}-\d{2}-\d{2})")
+AS_OF = re.compile(r"as of (\d{4}-\d{2}-\d{2}|unknown)")
 
 
-def dates(text: str) -> set[date]:
-    return {date.fromisoformat(found) for found in AS_OF.findall(text)}
+def dates(text: str) -> set[str]:
+    return set(AS_OF.findall(text))
 
 
-def row_date(provider: str, region: str) -> date:
-    return prices_as_of(CATALOG, [("gpu_instances", provider, region, Market.SPOT)])
+def text_date(places: list[Place]) -> str:
+    """The date the CLI shows for prices at ``places``: the oldest of their own dates."""
+    return as_of_text(prices_as_of(CATALOG, places))
 
 
 def test_the_bundled_tables_date_their_parts_apart() -> None:
@@ -45,16 +52,25 @@ def test_launch_and_estimate_date_the_same_row_alike(
     assert "confirmation" in launch.stderr, launch.stderr
     picked = re.search(r"priced as (\S+) (spot|on-demand) in (\w+):(\S+)\)", launch.stderr)
     assert picked, launch.stderr
-    fallback = re.search(r"on-demand \S+ in (\w+):(\S+) at", launch.stderr)
-    places = [picked.group(3, 4), *([fallback.group(1, 2)] if fallback else [])]
-    expected = min(row_date(provider, region) for provider, region in places)
-    assert dates(launch.stderr) == {expected}
-    provider, region = picked.group(3, 4)
+    fallback = re.search(r"on-demand (\S+) in (\w+):(\S+) at", launch.stderr)
+    kind, market, provider, region = picked.group(1, 2, 3, 4)
+    places: list[Place] = [("gpu_instances", provider, region, Market(market), kind)]
+    if fallback:
+        fell, cloud, where = fallback.group(1, 2, 3)
+        places.append(("gpu_instances", cloud, where, Market.ON_DEMAND, fell))
+    assert dates(launch.stderr) == {text_date(places)}
     estimate = run_cli("estimate", "--gpu", gpu, "--hours", "1", "--provider", provider,
                        "--region", region, "--no-stale-warning")  # fmt: skip
     assert estimate.exit_code == 0, estimate.stderr
-    assert row_date(provider, region) in dates(estimate.stdout)
-    assert dates(estimate.stdout) == {row_date(provider, region)}
+    document = run_cli("estimate", "--gpu", gpu, "--hours", "1", "--provider", provider,
+                       "--region", region, "--format", "json").json()  # fmt: skip
+    # The table is titled by the date most prices shown carry, and marks the others.
+    own = {o["price_as_of"] for o in document["options"]}
+    assert dates(estimate.stdout) <= own
+    assert ("priced as of another date than the title's" in estimate.stdout) == (len(own) > 1)
+    shown = [("gpu_instances", o["provider"], o["region"], Market(o["market"]),
+              o["instance_type"]) for o in document["options"]]  # fmt: skip
+    assert document["pricing_as_of"] == text_date(shown)
 
 
 @pytest.mark.parametrize("providers", [(), ("aws",), ("gcp",), ("azure",)], ids=str)
@@ -64,11 +80,23 @@ def test_pricing_gpus_is_dated_by_the_rows_it_lists(
     listed = [
         i for i in CATALOG.instances if i.accelerator and (not providers or i.provider in providers)
     ]
-    expected = min(row_date(i.provider, i.region) for i in listed)
+    expected = text_date(
+        [
+            ("gpu_instances", i.provider, i.region, Market.ON_DEMAND, i.instance_type)
+            for i in listed
+            if i.ondemand_usd_per_hour is not None
+        ]
+    )
+    rows = [
+        r
+        for r in table_rows(CATALOG, "gpu_instances")
+        if not providers or r["provider"] in providers
+    ]
+    shown = as_of_text(rows_as_of(CATALOG, "gpu_instances", rows))
     flags = [word for p in providers for word in ("--provider", p)]
     table = run_cli("pricing", "gpus", *flags)
     assert table.exit_code == 0, table.stderr
     assert dates(table.stdout) == {expected}
     assert run_cli("pricing", "gpus", *flags, "--format", "json").json()["as_of"] == str(expected)
     show = run_cli("pricing", "show", "gpu_instances", *flags)
-    assert dates(show.stdout) == {expected}
+    assert dates(show.stdout) == {shown}

@@ -25,9 +25,10 @@ def test_table_shows_both_markets_and_assumptions(run_cli) -> None:
     assert "spot" in out
     assert "g5.xlarge" in out
     assert "$32.19" in out  # us-east-1 on-demand compute
-    # the title dates the prices shown by their oldest part: the AWS regions beyond the
-    # first six are as of the 2026-01-21 catalogue (pricing/tables.toml)
-    assert "as of 2026-01-21" in out
+    # the title dates the prices shown by the date most of them carry (AWS on-demand:
+    # vantage's data of 2026-08-26); the spot rows, of no known date, are marked
+    assert "as of 2026-08-26" in out
+    assert "^ priced as of another date than the title's 2026-08-26" in out
     assert "Not included: taxes" in out
     assert "total = compute + storage + egress" in out
     assert "100 GB per instance" in out  # the default disk is shown
@@ -38,7 +39,7 @@ def test_json_document_shape_and_issue_example(run_cli) -> None:
     assert result.exit_code == 0, result.stderr
     doc = result.json()
     assert set(doc) >= {"query", "pricing_as_of", "options", "assumptions"}
-    assert doc["pricing_as_of"] == "2026-01-21"  # the oldest part among all options
+    assert doc["pricing_as_of"] == "unknown"  # the oldest price shown: a spot one, undated
     assert doc["query"]["hours"] == "8"
     assert doc["query"]["count"] == 4
     options = doc["options"]
@@ -79,12 +80,9 @@ def test_csv_output_is_clean_with_assumptions_on_stderr(run_cli) -> None:
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert rows
     assert {r["market"] for r in rows} == {"on-demand"}
-    # each row is dated by its own part: the first six AWS regions 2026-11-30, the others
-    # 2026-01-21 (pricing/tables.toml)
+    # each row is dated by its own price: every AWS on-demand price is of 2026-08-26
     dated = {r["region"]: r["pricing_as_of"] for r in rows}
-    assert dated["us-east-1"] == "2026-11-30"
-    assert dated["ap-south-1"] == "2026-01-21"
-    assert set(dated.values()) == {"2026-11-30", "2026-01-21"}
+    assert set(dated.values()) == {"2026-08-26"}
     assert "Not included" in result.stderr
 
 

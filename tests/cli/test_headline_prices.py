@@ -25,8 +25,9 @@ def test_the_h100_headline_is_not_the_tenth_of_on_demand_placeholder(run_cli) ->
     said = answers(result.stdout)
     cheapest = said.split(";")[0]
     assert "ap-southeast-3" not in cheapest  # its $7.5955/h spot is the 1/10 placeholder
-    # The cheapest verified: GCP's Finland spot price (Billing Catalog, 2026-07-30).
-    assert cheapest.startswith("- Cheapest: gcp europe-north1 a3-highgpu-8g (H100) spot, $97.86")
+    # The cheapest verified: AWS us-east-2's spot price. (GCP's Finland spot price, $87.04
+    # for this job in the 2026-08-20 copy, is 0.19x the other regions': unverified.)
+    assert cheapest.startswith("- Cheapest: aws us-east-2 p5.48xlarge (H100) spot, $112.65")
     assert (
         "a cheaper unverified price exists: aws ap-southeast-3 p5.48xlarge (H100) spot, $76.09"
         in said
@@ -53,10 +54,10 @@ def test_the_h200_cheapest_on_demand_is_not_the_half_price_europe_west4_row(run_
 def test_a_budget_is_judged_on_the_cheapest_verified_price(run_cli) -> None:
     args = ("--gpu", "h100", "--gpus-per-instance", "8", "--hours", "10", "--budget", "90")
     result = run_cli("estimate", *args)
-    # $76.09 (the placeholder) would fit; the cheapest verified price ($97.86) does not.
+    # $76.09 (the placeholder) would fit; the cheapest verified price ($112.65) does not.
     assert result.exit_code != 0
     said = " ".join(result.stderr.split())
-    assert "the cheapest option (gcp europe-north1 a3-highgpu-8g (H100) spot, $97.86)" in said
+    assert "the cheapest option (aws us-east-2 p5.48xlarge (H100) spot, $112.65)" in said
     assert "a cheaper unverified price exists: aws ap-southeast-3" in said
     assert "fits: aws ap-southeast-3 p5.48xlarge (H100) spot (unverified price) $76.09" in (
         " ".join(result.stdout.split())

@@ -12,6 +12,7 @@ Moto notes (checked with real calls, see also shared TESTING.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -443,7 +444,10 @@ def test_gpu_facts_of_types_the_tables_lack_are_read_from_every_page(
     ec2_faults.page_size = 1
     ec2 = aws_clouds.client("ec2", "us-east-1", attempts=1)
     new_types = ("g7.4xlarge", "g7.2xlarge", "g4dn.metal")
-    book = PriceBook(load_catalog())
+    # Tables of the day before these families were priced (the bundled ones now list g7).
+    catalog = load_catalog()
+    older = [row for row in catalog.instances if row.instance_type not in new_types]
+    book = PriceBook(dataclasses.replace(catalog, instances=tuple(older)))
     assert all(book.gpus("aws", t) is None for t in new_types)  # not in the tables
     for n, instance_type in enumerate(new_types):
         launch_instance(ec2, f"box-{n}", instance_type, at=datetime.now(UTC))

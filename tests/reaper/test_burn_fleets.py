@@ -4,6 +4,7 @@ local REST servers (conftest): the real google and azure clients, prices from th
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -66,6 +67,28 @@ def test_burn_on_gcp(
     assert Decimal(doc["usd_per_hour"]) == expected
     assert Decimal(doc["spent_this_month_usd"]) > 0  # launched three hours ago
     assert "over the budget of $100.00" in result.stderr
+
+
+def test_burn_gives_gcp_launch_times_in_utc_as_on_the_other_clouds(
+    gcp_server: GcpServer, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compute Engine writes its timestamps in Pacific time (``-08:00``); burn's launch
+    times are UTC on every cloud, so its rows sort and read alike."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from costguard.clouds import gcp as gcp_clouds
+
+    monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
+    monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", gcp_server.url)
+    started = datetime(2026, 12, 1, 3, 30, tzinfo=UTC)
+    gcp_server.add(
+        GcpVm("l4", "us-central1-a", "g2-standard-4", "201", "nvidia-l4", 1, started=started)
+    )
+    result = run_cli("burn", "--provider", "gcp", "--project", GCP_PROJECT, "--format", "json")
+    (instance,) = result.json()["instances"]
+    assert instance["launched_at"] == "2026-12-01T03:30:00+00:00"
+    table = run_cli("burn", "--provider", "gcp", "--project", GCP_PROJECT)
+    assert "2026-12-01 03:30" in table.stdout
 
 
 def test_burn_on_azure(

@@ -265,10 +265,10 @@ def test_staleness_uses_the_part_of_each_place() -> None:
     old_ondemand = ("gpu_instances", "aws", "us-west-2", Market.ON_DEMAND)
     assert staleness(catalog, [fresh_spot, old_spot, old_ondemand], date(2026, 12, 6)) is None
     spot = staleness(catalog, [fresh_spot, old_spot, old_ondemand], date(2026, 12, 8))
-    assert spot == Staleness(date(2026, 11, 30), 8, spot_only=True)
+    assert spot == Staleness(1, 3, date(2026, 11, 30), date(2026, 11, 30), 0, spot_only=True)
     assert staleness(catalog, [fresh_spot, old_ondemand], date(2026, 12, 8)) is None
     month = staleness(catalog, [old_ondemand, old_spot], date(2027, 1, 5))
-    assert month == Staleness(date(2026, 11, 30), 36, spot_only=False)
+    assert month == Staleness(2, 2, date(2026, 11, 30), date(2026, 11, 30), 0, spot_only=False)
 
 
 def test_settings_cache_dir(tmp_path: Path) -> None:

@@ -221,9 +221,9 @@ def test_full_refresh_dates_the_parts_and_the_table() -> None:
     merged = merge_tables(CATALOG, [fresh], NOW)
     gpu = next(m for m in merged.meta if m.name == "gpu_instances")
     assert gpu.parts[("azure", "eastus")] == TablePart(date(2026, 12, 1), fresh.source)
-    # The oldest part: AWS and GCP were not refreshed (AWS regions beyond the first six
-    # from the 2026-01-21 catalogue, GCP regions from CoCalc's of 2026-02-24).
-    assert gpu.as_of == date(2026, 1, 21)
+    # The oldest part: AWS and GCP were not refreshed (GCP regions from CoCalc's
+    # catalogue of 2026-02-24).
+    assert gpu.as_of == date(2026, 2, 24)
     assert "SkyPilot catalog v8" in gpu.source
     assert "azure: Azure Retail Prices API" in gpu.source
     assert merged.stats["azure"].not_found == len(rows)

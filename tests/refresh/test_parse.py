@@ -13,21 +13,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from costguard.pricing.catalog import InstancePrice, Market, PriceStatus
-from costguard.pricing.refresh.parse import (
-    CurrencyError,
+from costguard.pricing.refresh.parse import CurrencyError, row_key
+from costguard.pricing.refresh.parse_aws import aws_ondemand, aws_prices, aws_spot
+from costguard.pricing.refresh.parse_azure import azure_item, azure_prices
+from costguard.pricing.refresh.parse_gcp import (
     GcpSku,
     _gcp_other,
-    aws_ondemand,
-    aws_prices,
-    aws_spot,
-    azure_item,
-    azure_prices,
     gcp_component,
     gcp_may_price_vm,
     gcp_prices,
     gcp_sku_from_json,
     gcp_unit_prices,
-    row_key,
 )
 from tests.refresh.records import AWS_PRODUCTS, AZURE_ITEMS, GCP_A4_SKUS, GCP_SKUS
 from tests.refresh.servers import aws_product, gcp_sku

@@ -180,18 +180,19 @@ def test_estimate_dates_prices_by_the_parts_it_used(
     assert fresh["pricing_as_of"] == today  # not the oldest region in the tables
     assert {o["pricing_as_of"] for o in fresh["options"]} == {today}
 
+    # us-west-2 was not refreshed: its rows keep their own dates (on-demand of vantage's
+    # 2026-08-26 data, spot of no known date), the oldest price shown.
+    west = {("us-west-2", "on-demand", "2026-08-26"), ("us-west-2", "spot", "unknown")}
+    east_dates = {("us-east-1", "on-demand", today), ("us-east-1", "spot", today)}
     mixed = run_cli(*query, *both, "--format", "json").json()
-    assert mixed["pricing_as_of"] == BUNDLED_AS_OF.isoformat()  # the oldest price shown
-    assert {(o["region"], o["pricing_as_of"]) for o in mixed["options"]} == {
-        ("us-east-1", today),
-        ("us-west-2", BUNDLED_AS_OF.isoformat()),
+    assert mixed["pricing_as_of"] == "unknown"
+    assert {(o["region"], o["market"], o["pricing_as_of"]) for o in mixed["options"]} == {
+        *east_dates,
+        *west,
     }
 
     rows = list(csv.DictReader(io.StringIO(run_cli(*query, *both, "--format", "csv").stdout)))
-    assert {(r["region"], r["pricing_as_of"]) for r in rows} == {
-        ("us-east-1", today),
-        ("us-west-2", BUNDLED_AS_OF.isoformat()),
-    }
+    assert {(r["region"], r["market"], r["pricing_as_of"]) for r in rows} == {*east_dates, *west}
     assert f"cache prices as of {today}" in run_cli(*query, *east).stdout
 
 

@@ -18,17 +18,10 @@ import pytest
 
 from costguard.pricing.catalog import Market, PriceStatus
 from costguard.pricing.refresh.merge import FreshPrices, RowOutcome, merge_row
-from costguard.pricing.refresh.parse import (
-    aws_offer_products,
-    aws_ondemand,
-    aws_spot,
-    azure_item,
-    azure_prices,
-    gcp_prices,
-    gcp_sku_from_json,
-    gcp_unit_prices,
-    row_key,
-)
+from costguard.pricing.refresh.parse import row_key
+from costguard.pricing.refresh.parse_aws import aws_offer_products, aws_ondemand, aws_spot
+from costguard.pricing.refresh.parse_azure import azure_item, azure_prices
+from costguard.pricing.refresh.parse_gcp import gcp_prices, gcp_sku_from_json, gcp_unit_prices
 from costguard.pricing.tables import load_catalog
 from tests.refresh.records import GCP_A4_SKUS
 from tests.refresh.servers import aws_product

@@ -6,6 +6,7 @@ and Azure Retail Prices servers (see conftest.py).
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -328,26 +329,46 @@ def test_crash_of_an_earlier_release_between_its_renames_is_repaired(
     )
 
 
+def _date_rows(folder: Path, region: str, as_of: str, spot_as_of: str = "") -> None:
+    """Give every GPU row of ``region`` in the tables in ``folder`` these price dates."""
+    path = folder / "gpu_instances.csv"
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    for row in rows:
+        if row["region"] == region:
+            row.update(as_of=as_of, spot_as_of=spot_as_of)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
     run_cli, tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # us-east-1: a region dated by the table's own as_of (no part of its own)
+    # us-east-1's rows dated in the future, then long ago (each row carries its date).
     shutil.copytree(bundled_tables_dir(), cache_dir)
     index = cache_dir / "tables.toml"
     index.write_text(index.read_text().replace('as_of = "2026-11-30"', 'as_of = "2099-01-01"'))
+    _date_rows(cache_dir, "us-east-1", "2099-01-01")
     fresh = run_cli(*A10G_HOUR)
     assert "Warning" not in fresh.stderr
     index.write_text(index.read_text().replace('as_of = "2099-01-01"', 'as_of = "2020-01-01"'))
-    # Older than the bundled tables now: the bundled ones are used, and they are not stale.
+    _date_rows(cache_dir, "us-east-1", "2020-01-01")
+    # Older than the bundled tables now: the bundled ones are used.
     assert run_cli(*A10G_HOUR, "--format", "json").json()["pricing_source"]["origin"] == "bundled"
     stale_dir = tmp_path / "old-tables"
     shutil.copytree(cache_dir, stale_dir)
     result = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR)
     warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning: ")]
     assert len(warnings) == 1
-    assert "as of 2020-01-01" in warnings[0]
+    assert "prices shown are old: from 2020-01-01" in warnings[0]
     assert "costguard pricing refresh" in warnings[0]
     doc = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--format", "json").json()
+    shown = len(doc["options"])
+    assert f"{shown} of {shown} prices shown are old" in doc["pricing_source"]["stale_warning"]
     assert "2020-01-01" in doc["pricing_source"]["stale_warning"]
     quiet = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--no-stale-warning")
     assert quiet.exit_code == 0
@@ -359,15 +380,15 @@ def test_stale_prices_warn_once_and_the_warning_can_be_turned_off(
 def test_spot_only_staleness_says_spot(run_cli, tmp_path: Path, cache_dir: Path) -> None:
     from datetime import UTC, datetime, timedelta
 
-    ten_days_ago = (datetime.now(UTC).date() - timedelta(days=10)).isoformat()
+    today = datetime.now(UTC).date()
+    ten_days_ago = (today - timedelta(days=10)).isoformat()
     stale_dir = tmp_path / "tables"
     shutil.copytree(bundled_tables_dir(), stale_dir)
-    index = stale_dir / "tables.toml"
-    index.write_text(index.read_text().replace('as_of = "2026-11-30"', f'as_of = "{ten_days_ago}"'))
+    _date_rows(stale_dir, "us-east-1", today.isoformat(), ten_days_ago)
     on_demand = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--on-demand")
     assert "Warning" not in on_demand.stderr
     spot = run_cli("--pricing-dir", str(stale_dir), *A10G_HOUR, "--spot")
-    assert "Warning: the spot prices used are 10 days old" in spot.stderr
+    assert f"spot prices shown are old: from {ten_days_ago} (10 days)" in spot.stderr
 
 
 def test_unreadable_cache_is_an_error_with_a_way_out(run_cli, cache_dir: Path) -> None:

@@ -41,6 +41,7 @@ def spec(command: tuple[str, ...] = NASTY, **options: str) -> LaunchSpec:
         every_steps=500,
         every_minutes=7.5,
         options=options,
+        job_key="ab" * 32,
     )
 
 
@@ -81,6 +82,7 @@ def test_the_command_and_the_job_identity_arrive_intact(tmp_path: Path) -> None:
     assert seen["env"] == {
         "COSTGUARD_JOB_ID": "run-1",
         "COSTGUARD_JOB_ATTEMPT": "3",
+        "COSTGUARD_JOB_KEY": "ab" * 32,  # the job's key: its stop requests' proof
         "COSTGUARD_CLOUD": "gcp",
     }
     assert not (tmp_path / "reboot").exists()
@@ -172,7 +174,7 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
     assert (where / bootstrap.TEMPLATE).is_file()
     placeholders = set(re.findall(r"\{\{ (\w+) \}\}", (where / bootstrap.TEMPLATE).read_text()))
     assert placeholders == {
-        "job_id", "attempt", "cloud", "workdir", "git_repo", "git_ref", "package",
+        "job_id", "attempt", "job_key", "cloud", "workdir", "git_repo", "git_ref", "package",
         "shutdown_minutes", "checkpoint_url", "run_options", "command", "wheel_url",
         "wheel_sha256", "wheel_file", "fetcher", "index_url",
     }  # fmt: skip

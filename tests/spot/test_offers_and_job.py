@@ -144,7 +144,7 @@ def test_job_json_round_trips_exactly(tmp_path: Path, catalog: Catalog) -> None:
 
 
 def test_a_foreign_job_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(JobError, match="not a costguard job"):
+    with pytest.raises(JobError, match="not a costguard record"):
         parse_job(b'{"version": 99}')
     store = Store.open(tmp_path / "empty")
     with pytest.raises(InputError, match="no costguard job"):

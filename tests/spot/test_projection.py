@@ -14,8 +14,10 @@ import pytest
 
 from costguard.checkpoint.pace import Pace, write_pace
 from costguard.checkpoint.store import Store
+from costguard.contract import stop_request
+from costguard.proof import job_key, user_key
 from costguard.spot.controller import Controller, Event
-from costguard.spot.job import STOP_FILE, Job, load_job, save_job, stop_requested
+from costguard.spot.job import STOP_FILE, Job, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher
 from costguard.spot.projection import of_job, project
 from costguard.spot.recovery import Attempt, spent_usd
@@ -156,7 +158,7 @@ def test_max_total_warns_once_when_the_projection_passes_it(
     assert [e.kind for e in events] == ["projection"]
     assert "passes --max-total $5" in events[0].message
     assert "--stop-at-projection" in events[0].message
-    assert stop_requested(store, job.spec.job_id) is None
+    assert STOP_FILE not in store.listing()
 
 
 def test_stop_at_projection_has_the_script_stop_and_ends_the_job(
@@ -175,23 +177,25 @@ def test_stop_at_projection_has_the_script_stop_and_ends_the_job(
     assert final.status == "stopped"
     assert final.reason.startswith("stopped at the projection: projected total $")
     assert [(a.number, a.exit_code) for a in final.attempts] == [(1, 75)]  # it saved, then exited
-    assert stop_requested(store, "cg-test-1") == final.reason
-    assert STOP_FILE in store.listing()
+    assert STOP_FILE not in store.listing()  # acted upon: cleared
     assert spent_usd(final.attempts, time.time()) < Decimal("0.05")  # far from the $5 cap
     assert load_job(store).stop_requested == final.reason
     assert "projection" in [e.kind for e in events]
     assert of_job(final, None, time.time()) is None
 
 
-def test_a_stop_request_for_another_job_is_not_ours(tmp_path: Path) -> None:
+def test_a_stop_request_for_another_job_or_attempt_is_not_ours(tmp_path: Path) -> None:
     from costguard.spot.job import request_stop
 
     store = Store.open(tmp_path / "ckpt")
-    request_stop(store, "cg-other-1", "why", 1.0)
-    assert stop_requested(store, "cg-test-1") is None
-    assert stop_requested(store, "cg-other-1") == "why"
+    request_stop(store, "cg-other-1", 2, "why", 1.0)
+    key = user_key()
+    assert key is not None
+    assert stop_request(store, "cg-test-1", 2, job_key(key, "cg-test-1")) is None
+    assert stop_request(store, "cg-other-1", 3, job_key(key, "cg-other-1")) is None
+    assert stop_request(store, "cg-other-1", 2, job_key(key, "cg-other-1")) == "why"
     store.put(STOP_FILE, b"not json")
-    assert stop_requested(store, "cg-other-1") is None
+    assert stop_request(store, "cg-other-1", 2, job_key(key, "cg-other-1")) is None
 
 
 @pytest.mark.parametrize("stop", [False, True])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from costguard.spot.launcher.base import Market, Offer, State
@@ -352,8 +352,25 @@ def zoned_histories(draw: st.DrawFn) -> tuple[tuple[Attempt, ...], tuple[Offer, 
     return tuple(attempts), offers
 
 
+#: The draw that once failed (issue 44, item 11): us-east-1a preempted twice, then
+#: us-west-2a lost, with a region backed off after 2 hits. The policy put the place hit
+#: least recently behind the region back-off and relaunched in us-west-2a, the zone lost a
+#: moment ago; recency now orders the places hit, the back-off only the places not hit.
+_EAST_A = offer("us-east-1", "0.40", zone="us-east-1a")
+_WEST_A = offer("us-west-2", "0.45", zone="us-west-2a")
+LOST_AFTER_A_HOT_REGION = (
+    (
+        Attempt(1, _EAST_A, 0.0, ended_unix=600.0, outcome=AttemptOutcome.PREEMPTED),
+        Attempt(2, _EAST_A, 600.0, ended_unix=1200.0, outcome=AttemptOutcome.PREEMPTED),
+        Attempt(3, _WEST_A, 1200.0, ended_unix=1800.0, outcome=AttemptOutcome.LOST),
+    ),
+    (_EAST_A, _WEST_A),
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(zoned_histories(), st.integers(0, 3))
+@example(LOST_AFTER_A_HOT_REGION, 2)
 def test_after_a_preemption_the_next_launch_is_in_another_zone_when_one_exists(
     history: tuple[tuple[Attempt, ...], tuple[Offer, ...]], region_hits: int
 ) -> None:

@@ -93,14 +93,15 @@ def test_check_cli_exits_1_on_a_new_suspect_row(run_cli, tmp_path: Path) -> None
     csv_path = tables / "gpu_instances.csv"
     text = csv_path.read_text(encoding="utf-8")
     line = next(x for x in text.splitlines() if x.startswith("gcp,us-east1,a2-highgpu-1g,"))
-    csv_path.write_text(text.replace(line, line.replace("3.67339", "1.9")), encoding="utf-8")
+    csv_path.write_text(text.replace(line, line.replace("3.67339", "2.2")), encoding="utf-8")
     result = run_cli("pricing", "check", "--pricing-dir", str(tables), "--format", "json")
     assert result.exit_code == 1
     document = result.json()
     new = [f for f in document["findings"] if not f["known"]]
     assert document["new"] == len(new) == 4
     assert {(f["region"], f["instance_type"]) for f in new} == {("us-east1", "a2-highgpu-1g")}
-    # $1.90 is below its A100 alone ($2.93): the host is missing too, and so from its spot.
+    # $2.20 (above its spot, $2.12) is below its A100 alone ($2.93): the host is missing too,
+    # and so from its spot.
     assert {(f["market"], f["check"]) for f in new} == {
         (str(Market.ON_DEMAND), "regional-outlier"),
         (str(Market.ON_DEMAND), "family-sum"),
@@ -239,7 +240,8 @@ def test_check_cli_flags_the_b200_row_put_back(run_cli, tmp_path: Path) -> None:
     text = csv_path.read_text(encoding="utf-8")
     line = next(x for x in text.splitlines() if x.startswith("gcp,us-east1,a4-highgpu-8g,"))
     fields = line.split(",")[:9]
-    csv_path.write_text(text.replace(line, ",".join([*fields, "listed", "listed", ""])))
+    dates = line.split(",")[-3:]  # as_of, spot_as_of, source
+    csv_path.write_text(text.replace(line, ",".join([*fields, "listed", "listed", "", *dates])))
     result = run_cli("pricing", "check", "--pricing-dir", str(tables), "--format", "json")
     assert result.exit_code == 1
     new = [f for f in result.json()["findings"] if not f["known"]]

@@ -114,7 +114,7 @@ def test_every_aws_gpu_is_priced_in_the_regions_aws_sells_it_in() -> None:
     assert {g: c for g, c in coverage.items() if c[0] < THRESHOLD * c[1]} == {}
     covered = sum(c[0] for c in coverage.values())
     listed = sum(c[1] for c in coverage.values())
-    assert (covered, listed) == (143, 143)  # every GPU in every region AWS lists it in
+    assert (covered, listed) == (222, 222)  # every GPU in every region AWS lists it in
     # Every type in every region too, and no on-demand price where AWS lists none (p5e is
     # sold as spot and capacity blocks only).
     assert {(r.instance_type, r.region) for r in rows if r.ondemand_usd_per_hour} == sold_types

@@ -1,9 +1,9 @@
 """The AWS budget alarm plan: AWS Budgets, the SNS topic, the billing alarm, the hard stop.
 
 Pure: :func:`plan_aws` diffs an :class:`~costguard.alarms.spec.AlarmSpec` against an
-:class:`ObservedAws` read by :mod:`costguard.alarms.aws`. Long because the AWS alarm is
-several resources (a budget, a topic and its policy, a CloudWatch billing alarm, and the
-optional hard-stop action with its IAM policy) that must agree; one idea: the AWS diff.
+:class:`ObservedAws` read by :mod:`costguard.alarms.aws`. The AWS alarm is several
+resources that must agree (a budget, a topic and its policy, a CloudWatch billing alarm,
+and the optional hard-stop action with its IAM policy), so the plan diffs each of them.
 """
 
 from __future__ import annotations

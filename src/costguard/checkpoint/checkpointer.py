@@ -25,7 +25,7 @@ latest valid one.
 Under torch.distributed (torchrun) every rank makes a Checkpointer and calls the same
 methods; see :mod:`costguard.checkpoint.distributed` for how the ranks agree.
 
-One idea, longer than most modules: the one object a training loop talks to, deciding *when*: the
+The Checkpointer is the one object a training loop talks to, and it decides *when*: the
 schedule, notices and their deadlines, the ranks' agreement, the final save at close. *How*
 a save is written and retained is :mod:`~costguard.checkpoint.saving`; *which* checkpoint a
 restore uses, and what counts as corrupt or only unreadable, is
@@ -45,6 +45,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any, Literal
 
+from costguard import contract
 from costguard.checkpoint import incremental as incremental_mod
 from costguard.checkpoint import sharded as sharded_mod
 from costguard.checkpoint import state as state_mod
@@ -80,8 +81,6 @@ from costguard.checkpoint.pace import (
     Pace,
     PaceMeter,
     as_dict,
-    device_name,
-    host_name,
     write_pace,
 )
 from costguard.checkpoint.restoring import (
@@ -107,7 +106,7 @@ from costguard.secrets import redact
 logger = logging.getLogger(__name__)
 
 #: Exit code after a notice-triggered save: EX_TEMPFAIL, "temporary failure, run me again".
-EXIT_PREEMPTED = 75
+EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 DEFAULT_URL = "checkpoints/"
 DEFAULT_KEEP_LAST = 3
 #: How much nicer (Linux) the background save thread is than training. It changes nothing
@@ -117,12 +116,12 @@ DEFAULT_KEEP_LAST = 3
 DEFAULT_SAVE_NICENESS = 10
 
 #: Environment variables ``costguard run`` sets for the script (see :meth:`from_env`).
-ENV_URL = "COSTGUARD_CHECKPOINT_URL"
-ENV_EVERY_STEPS = "COSTGUARD_CHECKPOINT_EVERY_STEPS"
-ENV_EVERY_MINUTES = "COSTGUARD_CHECKPOINT_EVERY_MINUTES"
-ENV_KEEP = "COSTGUARD_CHECKPOINT_KEEP"
+ENV_URL = contract.ENV_URL
+ENV_EVERY_STEPS = contract.ENV_EVERY_STEPS
+ENV_EVERY_MINUTES = contract.ENV_EVERY_MINUTES
+ENV_KEEP = contract.ENV_KEEP
 #: ``costguard run --start-fresh``: start from step 0 when no checkpoint can be used.
-ENV_START_FRESH = "COSTGUARD_CHECKPOINT_START_FRESH"
+ENV_START_FRESH = contract.ENV_START_FRESH
 #: Seconds an emergency save keeps in hand before the notice's deadline to say how it went.
 REPORT_MARGIN_S = 2.0
 __all__ = [
@@ -639,24 +638,16 @@ class Checkpointer:
         meter = self.pace_meter
         durable = [r for r in self._saver.results if r.ok]
         group = self._group
-        return Pace(
-            steps_measured=meter.steps,
-            seconds_measured=round(meter.seconds, 6),
+        return Pace.measured(
+            meter,
             steps_done=steps_done,
-            updated_unix=time.time(),
             started_unix=self._started_unix,
-            warmup_steps=meter.warmup_steps,
-            outlier_steps=meter.outlier_steps,
-            outlier_s=round(meter.outlier_s, 6),
+            env=os.environ,
             saves=len(durable),
             overhead_s=round(meter.overhead_s, 6),
             setup_s=round(meter.setup_s, 6),
             total_steps=self.total_steps,
-            device=device_name(),
             ranks=group.world_size if group is not None else 1,
-            host=host_name(),
-            job_id=os.environ.get("COSTGUARD_JOB_ID", "")[:200],
-            attempt=_attempt_number(os.environ.get("COSTGUARD_JOB_ATTEMPT", "")),
             pilot=self.pilot_steps is not None,
         )
 
@@ -1041,13 +1032,3 @@ class Checkpointer:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         # After an error in the loop the state may be half updated: no final save.
         self.close(final=exc_type is None)
-
-
-def _attempt_number(text: str) -> int | None:
-    """``COSTGUARD_JOB_ATTEMPT`` as a number, when it is one.
-
-    >>> _attempt_number("3"), _attempt_number(""), _attempt_number("x")
-    (3, None, None)
-    """
-    text = text.strip()
-    return int(text) if text.isdigit() and len(text) < 10 else None

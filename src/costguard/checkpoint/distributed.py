@@ -38,17 +38,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from costguard import contract
 from costguard.checkpoint.agreement import Decision, decide
 from costguard.checkpoint.notices import Notice, NoticeBoard
 
 logger = logging.getLogger(__name__)
 
 #: Set by ``costguard run``: a file of relayed notices (JSON lines) every rank polls.
-ENV_NOTICE_FILE = "COSTGUARD_NOTICE_FILE"
+ENV_NOTICE_FILE = contract.ENV_NOTICE_FILE
 #: Set by ``costguard run``: written after a notice-triggered save, read after the child exits.
-ENV_PREEMPTED_FILE = "COSTGUARD_PREEMPTED_FILE"
+ENV_PREEMPTED_FILE = contract.ENV_PREEMPTED_FILE
 #: Set by ``costguard run``: its pid; only its direct child may read the inherited pipe.
-ENV_RUN_PID = "COSTGUARD_RUN_PID"
+ENV_RUN_PID = contract.ENV_RUN_PID
 #: How often a rank looks at the notice file (a ``stat`` call: cheap).
 FILE_POLL_S = 0.2
 

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
 from costguard.checkpoint.completion import (
     HF_MARK,

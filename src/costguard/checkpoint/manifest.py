@@ -10,10 +10,9 @@ An incremental save also lists objects of the shared pool, ``blobs/<sha256>``, t
 several checkpoints refer to; :func:`plan_pool_deletions` decides which of them no kept
 checkpoint can need.
 
-One idea, longer than most modules: every rule decided from a listing and the manifests
-alone (what is complete, which is latest, what is proven garbage, which pool objects no
-kept checkpoint needs), pure and side by side, so the never-delete-on-doubt rules are read
-together.
+Every rule decided from a listing and the manifests alone lives here (what is complete,
+which is latest, what is proven garbage, which pool objects no kept checkpoint needs),
+pure, so the never-delete-on-doubt rules are read together.
 
 >>> m = Manifest(name=checkpoint_name(200, "0a1b2c3d"), step=200, created_unix=1.0,
 ...              objects=(ObjectEntry("state.pt", 10, "ab" * 32),))

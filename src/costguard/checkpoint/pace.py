@@ -31,20 +31,21 @@ import math
 import socket
 import statistics
 import sys
+import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from costguard.errors import CostguardError, StoreError
+from costguard import contract
+from costguard.tags import ATTEMPT
 
 logger = logging.getLogger(__name__)
 
-VERSION = 1
-PACE_FILE = "job/pace.json"
-#: ``costguard run --total-steps N``: the steps the whole run takes (for its finish time).
-ENV_TOTAL_STEPS = "COSTGUARD_TOTAL_STEPS"
-#: ``costguard pilot --steps N``: stop the script after N steps, once the pace is recorded.
-ENV_PILOT_STEPS = "COSTGUARD_PILOT_STEPS"
+VERSION = contract.VERSION
+PACE_FILE = contract.PACE_FILE
+ENV_TOTAL_STEPS = contract.ENV_TOTAL_STEPS
+ENV_PILOT_STEPS = contract.ENV_PILOT_STEPS
 #: Steps of each process left out at the start (compilation, autotuning, data loading).
 WARMUP_STEPS = 5
 #: A step that takes this many times the median of the recent ones is not a training
@@ -185,10 +186,48 @@ class Pace:
         """The record as UTF-8 JSON."""
         return json.dumps({"version": VERSION, **asdict(self)}, sort_keys=True).encode()
 
+    @classmethod
+    def measured(
+        cls,
+        meter: PaceMeter,
+        *,
+        steps_done: int,
+        started_unix: float,
+        env: Mapping[str, str],
+        **counts: Any,
+    ) -> Pace:
+        """The record of what ``meter`` measured so far, with this process's device, host,
+        job and attempt (``env``: as ``costguard launch`` set it); ``counts``: the saves,
+        stalls, evaluations and totals its caller knows (the Checkpointer, a trainer's)."""
+        return cls(
+            steps_measured=meter.steps,
+            seconds_measured=round(meter.seconds, 6),
+            steps_done=steps_done,
+            updated_unix=time.time(),
+            started_unix=started_unix,
+            warmup_steps=meter.warmup_steps,
+            outlier_steps=meter.outlier_steps,
+            outlier_s=round(meter.outlier_s, 6),
+            device=device_name(),
+            host=host_name(),
+            job_id=env.get(contract.ENV_JOB_ID, "")[:48],
+            attempt=_attempt_number(env.get(contract.ENV_JOB_ATTEMPT, "")),
+            **counts,
+        )
+
+
+def _attempt_number(text: str) -> int | None:
+    """The attempt number ``costguard launch`` set, ``None`` when there is none.
+
+    >>> _attempt_number("3"), _attempt_number(""), _attempt_number("0x1")
+    (3, None, None)
+    """
+    return int(text) if ATTEMPT.fullmatch(text.strip()) else None
+
 
 def parse_pace(data: bytes) -> Pace | None:
-    """The record in ``data``; ``None`` unless every field has its type and range (anyone
-    who can write the store can write the file).
+    """The record in ``data``; ``None`` unless every field has its type and range by the
+    contract's schema (anyone who can write the store can write the file).
 
     >>> parse_pace(Pace(10, 5.0, 12, 2.0, 1.0).to_json()).seconds_per_step
     0.5
@@ -196,57 +235,18 @@ def parse_pace(data: bytes) -> Pace | None:
     [None, None, None]
     """
     try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("version") != VERSION:
+        return _pace(contract.parse(data, contract.PACE, PACE_FILE))
+    except contract.RecordError:
         return None
 
-    def count(name: str, *, optional: bool = False) -> bool:
-        value = doc.get(name)
-        if optional and value is None:
-            return True
-        return type(value) is int and 0 <= value < 2**63
 
-    def seconds(name: str) -> bool:
-        value = doc.get(name, 0.0)
-        return (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and 0 <= value < 2**40
-        )
-
-    texts = ("device", "host", "job_id")
-    if not (
-        all(count(n) for n in ("steps_measured", "steps_done"))
-        and all(count(n) for n in _COUNTS if n in doc)
-        and all(count(n, optional=True) for n in ("total_steps", "attempt", "steps_per_epoch"))
-        and all(seconds(n) for n in ("seconds_measured", "updated_unix", "started_unix"))
-        and all(seconds(n) for n in _STALLS)
-        and all(isinstance(doc.get(n, ""), str) for n in texts)
-        and isinstance(doc.get("pilot", False), bool)
-    ):
-        return None
-    fields = Pace.__dataclass_fields__
-    known = {k: v for k, v in doc.items() if k in fields}
-    for name in texts:
-        if name in known:
-            known[name] = known[name][:200]
-    for name in ("seconds_measured", "updated_unix", "started_unix", *_STALLS):
-        if name in known:
-            known[name] = float(known[name])
-    if known.get("steps_per_epoch") == 0:
-        return None  # an epoch of no steps is no record's
-    return Pace(**known)
+def _pace(doc: dict[str, Any]) -> Pace:
+    """The pace in a record checked by :data:`contract.PACE`."""
+    del doc["version"]
+    return Pace(**doc)
 
 
-#: The record's counts besides the steps, and its stalls' seconds.
-_COUNTS = ("warmup_steps", "outlier_steps", "saves", "ranks", "evaluations")
-_STALLS = ("outlier_s", "overhead_s", "setup_s", "evaluation_s")
-
-
-class PaceError(CostguardError):
+class PaceError(contract.RecordError):
     """``job/pace.json`` is there and is not a costguard pace record."""
 
 
@@ -260,26 +260,28 @@ class _Store(Protocol):
 
 def write_pace(store: _Store, pace: Pace) -> None:
     """Store ``pace`` as ``job/pace.json`` (one atomic write)."""
-    store.put(PACE_FILE, pace.to_json())
+    contract.write(store, PACE_FILE, contract.PACE, {"version": VERSION, **asdict(pace)})
 
 
 def read_pace(store: _Store) -> Pace | None:
-    """The store's pace record, ``None`` when there is none; :class:`PaceError` when it is
-    not a costguard pace record (too long, not JSON, a field out of range)."""
-    from costguard.checkpoint.store import TooLargeError
-
+    """The store's pace record, ``None`` when there is none; :class:`PaceError` (naming
+    the field) when it is not a costguard pace record (too long, not JSON, a field out of
+    range)."""
     try:
-        pace = parse_pace(store.get(PACE_FILE, max_bytes=PACE_BYTES))
-    except TooLargeError:
-        pace = None
-    except StoreError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):
-            return None
-        raise
-    if pace is None:
-        msg = f"{PACE_FILE} in {store.url} is not a costguard pace record"
-        raise PaceError(msg, hint="was it written by another costguard version?")
-    return pace
+        doc = contract.read(store, PACE_FILE, contract.PACE, PACE_BYTES)
+    except contract.RecordError as exc:
+        raise PaceError(exc.message, hint=exc.hint) from None
+    return None if doc is None else _pace(doc)
+
+
+def read_pace_or_warn(store: _Store) -> Pace | None:
+    """:func:`read_pace`, a record that is not costguard's named in a warning and read as
+    none (the reports that go on without a pace)."""
+    try:
+        return read_pace(store)
+    except PaceError as exc:
+        contract.warn(exc)
+        return None
 
 
 def device_name() -> str:
@@ -332,3 +334,39 @@ def describe(pace: Pace) -> str:
 def as_dict(pace: Pace) -> dict[str, Any]:
     """The record as a JSON-ready mapping."""
     return asdict(pace)
+
+
+#: How far the clock may step back between a pilot's start and its script's first step.
+CLOCK_SLACK_S = 1.0
+
+
+def not_own_pilot(
+    pace: Pace, *, since_unix: float, now_unix: float, host: str, env: Mapping[str, str]
+) -> str | None:
+    """Why ``pace`` is not the record of the pilot that began at ``since_unix`` on ``host``
+    with its script's environment ``env`` (its job and attempt, when it runs in one), or
+    ``None`` when it is: a pilot prices only what its own run measured, never a stale or
+    forged record.
+
+    >>> own = Pace(20, 2.0, 25, 105.0, 101.0, host="box", pilot=True)
+    >>> not_own_pilot(own, since_unix=100.0, now_unix=110.0, host="box", env={})
+    >>> not_own_pilot(own, since_unix=200.0, now_unix=210.0, host="box", env={})
+    'its measurement began at 101 (Unix time), before this pilot did (200)'
+    """
+    # What the pilot's own run recorded of them (:meth:`Pace.measured`).
+    job_id = env.get(contract.ENV_JOB_ID, "")[:48]
+    attempt = _attempt_number(env.get(contract.ENV_JOB_ATTEMPT, ""))
+    if not pace.pilot:
+        return "no pilot wrote it (it is a full run's pace)"
+    if pace.started_unix < since_unix - CLOCK_SLACK_S:
+        return (
+            f"its measurement began at {pace.started_unix:.0f} (Unix time), before this pilot "
+            f"did ({since_unix:.0f})"
+        )
+    if not pace.started_unix <= pace.updated_unix <= now_unix + CLOCK_SLACK_S:
+        return f"it is dated {pace.updated_unix:.0f} (Unix time), after this pilot ended"
+    if pace.host != host:
+        return f"it was measured on another machine ({pace.host!r}, this is {host!r})"
+    if (pace.job_id, pace.attempt) != (job_id, attempt):
+        return f"it belongs to job {pace.job_id!r} attempt {pace.attempt}, not to this pilot"
+    return None

@@ -34,7 +34,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from costguard.checkpoint import incremental
@@ -60,9 +60,10 @@ logger = logging.getLogger(__name__)
 
 #: The one payload object of a replicated checkpoint.
 PAYLOAD = "state.pt"
-#: The most manifest text one survey reads (newest folders first): parsed, a manifest
-#: takes about 30 times its text in memory. Folders past it are reported unread and kept.
-SURVEY_MANIFEST_BYTES = 16 * 2**20
+#: The most manifests one survey reads (newest folders first), each read no further than
+#: ``MAX_MANIFEST_BYTES``: a budget per candidate, so that large forged manifests cannot
+#: use up what a valid older checkpoint needs. Folders past it are reported unread and kept.
+SURVEY_MANIFESTS = 64
 #: The most manifest text a Restorer keeps parsed between surveys (oldest dropped first).
 CACHED_MANIFEST_BYTES = 4 * 2**20
 #: A restore tries at most this many checkpoints that do not load before it gives up.
@@ -81,7 +82,8 @@ class Survey:
     corrupt: dict[str, str] = field(default_factory=dict)
     #: Folders that could not be judged now (name -> why): never deleted.
     doubtful: dict[str, str] = field(default_factory=dict)
-    #: Manifests that were read but whose objects are not all listed (corrupt).
+    #: Manifests that were read but whose objects are not all listed (corrupt), with only
+    #: their pool objects (what the pool's retention needs of them).
     incomplete: list[Manifest] = field(default_factory=list)
     #: Relative path -> when it was last written, for the objects whose store says.
     modified: dict[str, float] = field(default_factory=dict)
@@ -237,7 +239,7 @@ class Restorer:
         with self._lock:
             corrupt = {k: v for k, v in self.corrupt.items() if any(c.name == k for c in listings)}
         survey = Survey(sizes, listings, [], corrupt, modified=modified)
-        budget = SURVEY_MANIFEST_BYTES
+        examined = 0
         for listing in reversed(listings):  # newest first: the budget goes where resumes are
             if not listing.has_manifest or listing.name in survey.corrupt:
                 continue
@@ -247,10 +249,10 @@ class Restorer:
                     f"an earlier restore found it incomplete or corrupt ({CONDEMNED_FILE})"
                 )
                 continue
-            budget -= min(listing.objects[MANIFEST_FILE], MAX_MANIFEST_BYTES + 1)
-            if budget < 0:
+            examined += 1
+            if examined > SURVEY_MANIFESTS:
                 survey.doubtful[listing.name] = (
-                    f"not read: the manifests here hold over {SURVEY_MANIFEST_BYTES} bytes in all"
+                    f"not read: a survey reads the newest {SURVEY_MANIFESTS} manifests"
                 )
                 continue
             try:
@@ -270,7 +272,10 @@ class Restorer:
                 if not missing:
                     survey.manifests.append(manifest)
                 else:
-                    survey.incomplete.append(manifest)
+                    # Kept for what it may share from the pool, and no more: a forged
+                    # manifest listing a million objects is not held in memory.
+                    pooled = tuple(o for o in manifest.objects if o.pool)
+                    survey.incomplete.append(replace(manifest, objects=pooled))
                     survey.corrupt[listing.name] = missing[0] + (
                         f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                     )

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from costguard import __version__
+from costguard import contract
+from costguard._version import __version__
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.incremental import Pool, Snapshot
 from costguard.checkpoint.manifest import (
@@ -42,7 +43,7 @@ from costguard.secrets import redact
 logger = logging.getLogger(__name__)
 
 #: Set by ``costguard run``: a file of JSON lines, one per durable save, that it reports.
-ENV_EVENTS_FILE = "COSTGUARD_EVENTS_FILE"
+ENV_EVENTS_FILE = contract.ENV_EVENTS_FILE
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.dcp_storage import (
     METADATA,

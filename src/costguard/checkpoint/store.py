@@ -46,12 +46,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from costguard import contract
 from costguard.checkpoint import backends, uploads
 from costguard.checkpoint.calls import StoreCalls
 from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
-from costguard.errors import InputError, StoreError
+from costguard.errors import InputError, StoreError, TooLargeError
 from costguard.files import atomic_write
 from costguard.retry import RetryPolicy
 from costguard.secrets import redact, redact_url, url_has_credentials
@@ -67,7 +68,7 @@ Progress = Callable[[int, int], None]
 READ_CHUNK = 4 * 2**20
 READ_STREAMS = 4
 #: The environment variable that holds fsspec options for the store, as a JSON object.
-ENV_STORAGE_OPTIONS = "COSTGUARD_STORAGE_OPTIONS"
+ENV_STORAGE_OPTIONS = contract.ENV_STORAGE_OPTIONS
 
 
 def storage_options_from_env(env: Mapping[str, str] | None = None) -> dict[str, Any] | None:
@@ -574,10 +575,6 @@ class Store(StoreCalls):
 def _write_local(target: str, data: bytes | memoryview) -> None:
     Path(target).parent.mkdir(parents=True, exist_ok=True)
     atomic_write(target, data)
-
-
-class TooLargeError(StoreError):
-    """An object longer than the most its reader accepts (:meth:`Store.get`)."""
 
 
 def _local_objects(root: str) -> tuple[dict[str, int], dict[str, float]]:

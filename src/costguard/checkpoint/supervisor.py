@@ -32,7 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from costguard.errors import EXIT_BAD_INPUT, InputError
+from costguard import contract
+from costguard.errors import EXIT_BAD_INPUT, CostguardError, InputError
 from costguard.reaper.agent import jobs_dir, registered_job
 from costguard.secrets import mask_words
 
@@ -43,7 +44,7 @@ Say = Callable[[str], None]
 EXIT_POLL_S = 0.25
 #: Signals passed on to the child (SIGTERM from Kubernetes or shutdown, SIGUSR1 from SLURM).
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-EXIT_PREEMPTED = 75  # the Checkpointer's code after an emergency save (EX_TEMPFAIL)
+EXIT_PREEMPTED = contract.EXIT_PREEMPTED  # the Checkpointer's code after an emergency save
 #: Signals that are preemption notices to the Checkpointer (relayed to launchers' workers).
 NOTICE_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 #: Commands whose workers neither inherit the pipe nor share the process group.
@@ -78,34 +79,34 @@ def child_environment(
      ('COSTGUARD_CHECKPOINT_URL', '/c'), ('COSTGUARD_NOTICE_FD', '7')]
     >>> env = child_environment({}, url="/c", every_steps=None, every_minutes=None, keep=2,
     ...                         notice_fd=7, relay_dir="/r", run_pid=9)
-    >>> env["COSTGUARD_NOTICE_FILE"], env["COSTGUARD_PREEMPTED_FILE"], env["COSTGUARD_RUN_PID"]
+    >>> env[contract.ENV_NOTICE_FILE], env[contract.ENV_PREEMPTED_FILE], env[contract.ENV_RUN_PID]
     ('/r/notices.jsonl', '/r/preempted.json', '9')
-    >>> env["COSTGUARD_EVENTS_FILE"]
+    >>> env[contract.ENV_EVENTS_FILE]
     '/r/events.jsonl'
     """
     env = dict(base)
-    env["COSTGUARD_CHECKPOINT_URL"] = url
-    env["COSTGUARD_CHECKPOINT_KEEP"] = str(keep)
-    env["COSTGUARD_NOTICE_FD"] = str(notice_fd)
+    env[contract.ENV_URL] = url
+    env[contract.ENV_KEEP] = str(keep)
+    env[contract.ENV_NOTICE_FD] = str(notice_fd)
     for name in (
-        "COSTGUARD_NOTICE_FILE",
-        "COSTGUARD_PREEMPTED_FILE",
-        "COSTGUARD_RUN_PID",
-        "COSTGUARD_EVENTS_FILE",
-        "COSTGUARD_CHECKPOINT_START_FRESH",
+        contract.ENV_NOTICE_FILE,
+        contract.ENV_PREEMPTED_FILE,
+        contract.ENV_RUN_PID,
+        contract.ENV_EVENTS_FILE,
+        contract.ENV_START_FRESH,
     ):
         env.pop(name, None)  # an outer costguard run's settings are not ours
     if start_fresh:
-        env["COSTGUARD_CHECKPOINT_START_FRESH"] = "1"
+        env[contract.ENV_START_FRESH] = "1"
     if relay_dir is not None:
-        env["COSTGUARD_NOTICE_FILE"] = str(Path(relay_dir, "notices.jsonl"))
-        env["COSTGUARD_PREEMPTED_FILE"] = str(Path(relay_dir, "preempted.json"))
-        env["COSTGUARD_EVENTS_FILE"] = str(Path(relay_dir, "events.jsonl"))
+        env[contract.ENV_NOTICE_FILE] = str(Path(relay_dir, "notices.jsonl"))
+        env[contract.ENV_PREEMPTED_FILE] = str(Path(relay_dir, "preempted.json"))
+        env[contract.ENV_EVENTS_FILE] = str(Path(relay_dir, "events.jsonl"))
     if run_pid is not None:
-        env["COSTGUARD_RUN_PID"] = str(run_pid)
+        env[contract.ENV_RUN_PID] = str(run_pid)
     for name, value in (
-        ("COSTGUARD_CHECKPOINT_EVERY_STEPS", every_steps),
-        ("COSTGUARD_CHECKPOINT_EVERY_MINUTES", every_minutes),
+        (contract.ENV_EVERY_STEPS, every_steps),
+        (contract.ENV_EVERY_MINUTES, every_minutes),
     ):
         if value is None:
             env.pop(name, None)
@@ -274,11 +275,24 @@ class Events:
 
 class StopWatch:
     """Under ``costguard launch``: the controller's request to save and stop
-    (``--stop-at-projection``) becomes a notice to the script, as a preemption would."""
+    (``--stop-at-projection``) becomes a notice to the script, as a preemption would. Only
+    a request for this attempt signed with the job's key (``COSTGUARD_JOB_KEY``) counts:
+    anything else in ``job/stop.json`` is a warning, and the run goes on."""
 
-    def __init__(self, store: Any, job_id: str, on_stop: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        job_id: str,
+        attempt: int,
+        key: bytes | None,
+        on_stop: Callable[[Any], None],
+        say: Say,
+    ) -> None:
         self.store = store
+        self._say = say
         self.job_id = job_id
+        self.attempt = attempt
+        self._key = key
         self._on_stop = on_stop
         self._interval_s = STOP_POLL_LOCAL_S if store.is_local else STOP_POLL_S
         self._stop = threading.Event()
@@ -286,16 +300,17 @@ class StopWatch:
 
     @classmethod
     def under_launch(
-        cls, store: Any, env: dict[str, str], on_stop: Callable[[Any], None]
+        cls, store: Any, env: dict[str, str], on_stop: Callable[[Any], None], say: Say
     ) -> StopWatch | None:
         """A started watch when this run is an attempt of a ``costguard launch`` job."""
-        from costguard.spot.job import ENV_JOB_ID
-        from costguard.tags import is_job_id
+        from costguard.proof import key_from_env
+        from costguard.tags import ATTEMPT, is_job_id
 
-        job_id = env.get(ENV_JOB_ID, "")
-        if not job_id or not is_job_id(job_id):
+        job_id = env.get(contract.ENV_JOB_ID, "")
+        attempt = env.get(contract.ENV_JOB_ATTEMPT, "").strip()
+        if not is_job_id(job_id) or not ATTEMPT.fullmatch(attempt):
             return None
-        watch = cls(store, job_id, on_stop)
+        watch = cls(store, job_id, int(attempt), key_from_env(env), on_stop, say)
         watch._thread.start()
         return watch
 
@@ -305,13 +320,26 @@ class StopWatch:
 
     def _watch(self) -> None:
         from costguard.checkpoint.notices import Notice
-        from costguard.spot.job import stop_requested
 
+        warned: set[str] = set()
         while not self._stop.wait(self._interval_s):
-            reason = stop_requested(self.store, self.job_id)
+            reason = self._request(warned)
             if reason is not None:
                 self._on_stop(Notice("costguard", "stop", None, reason[:200]))
                 return
+
+    def _request(self, warned: set[str]) -> str | None:
+        """The request for this attempt, if one holds; each warning is said once."""
+
+        def once(message: str) -> None:
+            if message not in warned:
+                warned.add(message)
+                self._say(message)
+
+        try:
+            return contract.stop_request(self.store, self.job_id, self.attempt, self._key, once)
+        except CostguardError:
+            return None  # the store cannot be read now: asked again at the next poll
 
 
 def eta_line(event: dict[str, Any]) -> str | None:
@@ -519,7 +547,7 @@ def supervise(
 
     if "://" not in url:
         url = str(Path(url).expanduser().resolve())
-    notice_env = {**os.environ, "COSTGUARD_CLOUD": cloud}
+    notice_env = {**os.environ, contract.ENV_CLOUD: cloud}
     detect_cloud(notice_env)  # bad settings are input errors, before anything starts
     poll_interval_s(notice_env)
     storage_options = storage_options_from_env()
@@ -636,7 +664,7 @@ def supervise(
         previous[sig] = signal.signal(sig, forward)
     watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
     events.start()
-    stop_watch = StopWatch.under_launch(store, dict(os.environ), relay_notice)
+    stop_watch = StopWatch.under_launch(store, dict(os.environ), relay_notice, say)
     if syncer is not None:
         syncer.start()
     try:

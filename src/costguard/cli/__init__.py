@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,10 +15,11 @@ from typing import Any, NoReturn
 
 import click
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings
+from costguard.text import visible
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -198,7 +198,7 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
     # At a terminal, wrapped to its width; to a pipe or a log, one line each (grep-able).
-    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
+    width = terminal_columns(sys.stderr)
     for line in wrap_words("Error: ", one_line(message), width):
         click.secho(line, err=True, fg="red")
     if hint:
@@ -207,11 +207,20 @@ def _fail(message: str, hint: str | None, code: int) -> NoReturn:
     sys.exit(code)
 
 
+def terminal_columns(stream: Any) -> int | None:
+    """The width of the terminal ``stream`` is, or ``None`` for a pipe, a file or a log."""
+    if not stream.isatty():
+        return None
+    import shutil  # at a terminal only: with its archive modules, not worth it in a pipe
+
+    return shutil.get_terminal_size().columns
+
+
 def echo_prose(label: str, text: str, *, err: bool = False) -> None:
     """``label + text`` as :func:`wrap_words` lays it out at a terminal (stdout, or stderr
     with ``err``); to a pipe, one line."""
     stream = sys.stderr if err else sys.stdout
-    width = shutil.get_terminal_size().columns if stream.isatty() else None
+    width = terminal_columns(stream)
     for line in wrap_words(label, text, width):
         click.echo(line, err=err)
 
@@ -249,14 +258,14 @@ _MAX_RUN_CHARS = 200
 _KEPT_RUN_CHARS = 160
 _MAX_LINE_CHARS = 600
 _LONG_RUN = re.compile(rf"\S{{{_MAX_RUN_CHARS + 1},}}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def one_line(text: str) -> str:
     """``text`` made safe for one ``Error:``/``Hint:`` line: credentials masked
-    (:func:`costguard.secrets.redact`), control characters shown escaped (a newline in a
-    value cannot start a line of its own), runs longer than 200 characters and lines longer
-    than 600 cut, saying how long they were.
+    (:func:`costguard.secrets.redact`), control characters shown escaped
+    (:func:`costguard.text.visible`: a newline in a value cannot start a line of its
+    own), runs longer than 200 characters and lines longer than 600 cut, saying how long
+    they were.
 
     >>> one_line("bad value 'a\\nb'")
     "bad value 'a\\\\nb'"
@@ -264,7 +273,7 @@ def one_line(text: str) -> str:
     'xxxxxxxxxxxx...(1001 characters) is too long'
     """
     text = redact(text)
-    text = _CONTROL.sub(lambda found: ascii(found[0])[1:-1], text)
+    text = visible(text)
     text = _LONG_RUN.sub(
         lambda found: f"{found[0][:_KEPT_RUN_CHARS]}...({len(found[0])} characters)", text
     )

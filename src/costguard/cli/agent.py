@@ -18,6 +18,7 @@ from costguard.cli.options import idle_options
 from costguard.cli.params import Text, WholeNumber
 from costguard.errors import InputError
 from costguard.settings import Settings
+from costguard.text import visible
 
 EXAMPLES = """
 \b
@@ -116,7 +117,7 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
         verdict = tick.decision.reason
         if tick.decision.shutdown:
             verdict = ("shutting down: " if tick.acted else "would shut down (dry run): ") + verdict
-        click.echo(f"{tick.reading} -> {verdict}")
+        click.echo(visible(f"{tick.reading} -> {verdict}"))
 
     if not options["execute"] and not options["once"]:
         click.echo("dry run: logging decisions only; add --execute to shut down when idle")

@@ -19,6 +19,7 @@ from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.providers import providers
 from costguard.settings import Settings
+from costguard.text import visible
 
 PROVIDERS = click.Choice(providers("alarm"), case_sensitive=False)
 
@@ -216,7 +217,7 @@ def _report(
     else:
         echo_prose("Done: ", f"{summary}.")
         for call in calls:
-            click.echo(f"  {call}  # {call.reason}")
+            click.echo(visible(f"  {call}  # {call.reason}"))
     render.print_notes(plan.notes, heading="Notes:")
 
 
@@ -301,12 +302,12 @@ def status_command(settings: Settings, **options: Any) -> None:
     )
     rows = [
         [
-            s.name,
+            visible(s.name),
             format_usd(s.amount_usd),
             format_usd(s.actual_usd) if s.actual_usd is not None else "-",
             format_usd(s.forecast_usd) if s.forecast_usd is not None else "-",
-            "\n".join(s.alerts),
-            s.extra,
+            "\n".join(visible(a) for a in s.alerts),
+            visible(s.extra),
         ]
         for s in statuses
     ]
@@ -381,7 +382,7 @@ def delete_command(settings: Settings, names: Sequence[str], yes: bool, **option
     click.echo("Deleted:" if yes else "Would delete (dry run; --yes deletes):")
     for call in plan.calls:
         params = json.dumps(render.to_jsonable(dict(call.params)))
-        click.echo(f"  {call}  # {call.reason}: {params}")
+        click.echo(visible(f"  {call}  # {call.reason}: {params}"))
 
 
 def _scope(spec: AlarmSpec) -> Scope:

@@ -24,6 +24,7 @@ from costguard.reaper.fleet import PriceBook, across
 from costguard.reaper.policy import Instance, tag_values
 from costguard.settings import Settings
 from costguard.tags import JOB_TAG
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.spot.report import JobBurn
@@ -227,10 +228,10 @@ def _print(report: BurnReport, jobs: list[JobBurn]) -> None:
             render.Column("$/h", "right"),
         )
         rows = [
-            [
-                p.instance.region,
-                p.instance.instance_id,
-                p.instance.instance_type,
+            [  # from the cloud's API
+                visible(p.instance.region),
+                visible(p.instance.instance_id),
+                visible(p.instance.instance_type),
                 "spot" if p.instance.spot else "on-demand",
                 f"{p.instance.launched_at:%Y-%m-%d %H:%M}" if p.instance.launched_at else "?",
                 format_usd(p.usd_per_hour, rate=True) if p.usd_per_hour is not None else "?",
@@ -283,8 +284,8 @@ def _print_jobs(jobs: list[JobBurn]) -> None:
         p = j.projection
         rows.append(
             [
-                j.job.spec.job_id if j.job is not None else "?",
-                j.job.status if j.job is not None else "unreadable",
+                visible(j.job.spec.job_id) if j.job is not None else "?",
+                visible(j.job.status) if j.job is not None else "unreadable",
                 f"{p.steps_done}/{p.total_steps}" if p is not None else "?",
                 duration(p.left_s) if p is not None else "?",
                 usd(j.spent_usd) if j.spent_usd is not None else "?",

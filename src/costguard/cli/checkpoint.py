@@ -11,6 +11,7 @@ import click
 from costguard.cli import render
 from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
 from costguard.errors import EXIT_FAILURE
+from costguard.text import visible
 
 
 def _open(url: str) -> Any:
@@ -91,20 +92,20 @@ def ls_command(url: str, output_format: str) -> None:
         )
         return
     if not entries:
-        click.echo(f"No checkpoints at {store.url}.")
+        click.echo(f"No checkpoints at {visible(store.url)}.")
         return
     # 80 columns: the date without the year, the reason's kind (the JSON has it whole).
     click.echo(f"  {'CHECKPOINT':<27} {'STEP':>8} {'STATUS':<10} {'SIZE':>9} {'CREATED UTC':<11}")
     for e in entries:
         mark = "*" if e.latest else " "
-        reason = "" if e.reason == "schedule" else e.reason.split(":", 1)[0]
+        reason = "" if e.reason == "schedule" else visible(e.reason.split(":", 1)[0])
         line = (
             f"{mark} {e.name:<27} {e.step:>8} {e.status:<10} {_size(e.size_bytes):>9} "
             f"{_when(e.created_unix)[5:]:<11} {reason}"
         )
         click.echo(line.rstrip())
         if e.problem:
-            click.echo(f"    {e.problem[:200]}")
+            click.echo(f"    {visible(e.problem[:200])}")
     latest = next((e for e in entries if e.latest), None)
     if latest is None:
         click.echo("No checkpoint verifies: a resume would start from step 0.")
@@ -191,9 +192,9 @@ def verify_command(ctx: click.Context, url: str, latest: bool, output_format: st
         for r in results:
             click.echo(f"{'ok ' if r.ok else 'BAD'}  {r.name}  step {r.step}")
             if r.problem:
-                click.echo(f"     {r.problem[:200]}")
+                click.echo(f"     {visible(r.problem[:200])}")
         if not results:
-            click.echo(f"No checkpoint with a manifest at {store.url}.")
+            click.echo(f"No checkpoint with a manifest at {visible(store.url)}.")
     if not results or not all(r.ok for r in results):
         ctx.exit(EXIT_FAILURE)
 

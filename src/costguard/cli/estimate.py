@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from decimal import Decimal
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -22,62 +20,53 @@ from costguard.cli.params import (
     WholeNumber,
     table_or_json,
 )
-from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
-from costguard.pricing import advisor as bands
-from costguard.pricing import interruptions as preemption
-from costguard.pricing.advice import (
-    budget_lines,
-    cheapest_line,
-    describe,
-    split_names,
-    spot_size_notes,
-    unverified_fit,
-)
+from costguard.pricing.advice import budget_lines, cheapest_line, spot_size_notes
 from costguard.pricing.catalog import (
+    SLURM,
     Catalog,
     Market,
     PriceStatus,
-    prices_as_of,
-    staleness,
+    as_of_text,
 )
-from costguard.pricing.document import (
-    OPTION_FIELDS,
-    SLURM_FIELDS,
-    option_row,
-    places,
-    slurm_document,
-    slurm_query,
-    slurm_row,
-    stale_text,
-    to_document,
+from costguard.pricing.document import OTHER_DATE_MARK, dated_apart, header_as_of
+from costguard.pricing.estimate import DEFAULT_DISK_GB, CostOption, Estimate
+from costguard.pricing.question import (
+    ADVISOR_WORD,
+    DEFAULT_EVERY_MINUTES,
+    DEFAULT_RESTART_MINUTES,
+    DEFAULT_SAVE_SECONDS,
+    NUMBERS,
+    WHOLE_NUMBERS,
+    Question,
 )
-from costguard.pricing.estimate import (
-    DEFAULT_DISK_GB,
-    CostOption,
-    Estimate,
-    limit_places,
-)
-from costguard.pricing.question import MAX_COUNT, MAX_GB, MAX_HOURS, Question, answer, combine
-from costguard.pricing.slurm import (
-    SLURM,
-    SlurmOption,
-    SlurmRate,
-    format_su,
-    slurm_assumptions,
-    slurm_comparison,
-    slurm_option,
-)
-from costguard.pricing.tables import load_interruptions, load_tables
+from costguard.pricing.quote import Quote, quote
+from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
-    from costguard.pricing.measured import Measured
+    from costguard.pricing.advisor import AdvisorFigures
+    from costguard.pricing.interruptions import Interruptions
+    from costguard.pricing.slurm import SlurmOption
+
+
+def number(name: str, kind: type[DecimalRange] = DecimalRange) -> DecimalRange:
+    """The type of the option of the question's figure ``name``: its range, once."""
+    bounds = NUMBERS[name]
+    return kind(bounds.minimum, minimum_open=bounds.above, maximum=bounds.maximum,
+                unit=bounds.unit)  # fmt: skip
+
+
+def whole_number(name: str) -> WholeNumber:
+    """The type of the option of the question's whole number ``name``."""
+    bounds = WHOLE_NUMBERS[name]
+    return WholeNumber(bounds.minimum, bounds.maximum)
+
 
 #: ``--speedup``: estimate's and pilot's, one range and one meaning.
 speedup_option = click.option(
     "--speedup",
-    type=DecimalRange(0, minimum_open=True, maximum=1000),
+    type=number("speedup"),
     help="With another --gpu than the run measured: how many times as fast it runs the "
     "steps (a stated guess; the rows are flagged as scaled).",
 )
@@ -120,7 +109,7 @@ Examples:
 )
 @click.option(
     "--hours",
-    type=DecimalRange(0, minimum_open=True, maximum=MAX_HOURS, unit="hours (10 years)"),
+    type=number("hours"),
     help="Hours each instance runs (or --from-run: measured).",
 )
 @click.option(
@@ -131,12 +120,12 @@ Examples:
 )
 @click.option(
     "--steps",
-    type=WholeNumber(1, 10**12),
+    type=whole_number("steps"),
     help="With --from-run: training steps to price [default: the run's --total-steps].",
 )
 @click.option(
     "--epochs",
-    type=DecimalRange(0, minimum_open=True, maximum=10**6, unit="epochs"),
+    type=number("epochs"),
     help="With --from-run: epochs to price, at the steps per epoch its trainer recorded "
     "(the Hugging Face and Lightning callbacks record it).",
 )
@@ -145,7 +134,7 @@ Examples:
     "--count",
     default=1,
     show_default=True,
-    type=WholeNumber(1, MAX_COUNT),
+    type=whole_number("count"),
     help="Number of instances; with --provider slurm, nodes (slurm script --nodes) or "
     "the runs of a sweep (slurm script --array 0-9: --count 10), each --hours long.",
 )
@@ -153,7 +142,7 @@ Examples:
     "--gpus-per-instance",
     default=1,
     show_default=True,
-    type=WholeNumber(1, 64),
+    type=whole_number("gpus_per_instance"),
     help="Only instances with this many GPUs.",
 )
 @click.option(
@@ -185,27 +174,27 @@ Examples:
 )
 @click.option(
     "--disk-gb",
-    type=DecimalRange(0, maximum=MAX_GB),
+    type=number("disk_gb"),
     default=DEFAULT_DISK_GB,
     show_default=True,
     help="Block storage per instance, in GB.",
 )
 @click.option(
     "--storage-gb",
-    type=DecimalRange(0, maximum=MAX_GB),
+    type=number("storage_gb"),
     default=Decimal(0),
     help="Object storage (bucket) next to the compute, in GB.",
 )
 @click.option(
     "--storage-months",
-    type=DecimalRange(0, maximum=1200),
+    type=number("storage_months"),
     default=Decimal(1),
     show_default=True,
     help="How long the object storage is kept.",
 )
 @click.option(
     "--egress-gb",
-    type=DecimalRange(0, maximum=MAX_GB),
+    type=number("egress_gb"),
     default=Decimal(0),
     help="Data sent out to the internet, in GB (in total).",
 )
@@ -223,61 +212,61 @@ Examples:
 )
 @click.option(
     "--data-gb",
-    type=DecimalRange(0, maximum=MAX_GB),
+    type=number("data_gb"),
     default=Decimal(0),
     help="GB read from --data-region, in total over all instances.",
 )
 @click.option(
     "--budget",
-    type=Usd(0, minimum_open=True, maximum=10**9),
+    type=number("budget", Usd),
     help="USD: says for each option whether it fits and how many hours it buys; "
     "exit 1 if even the cheapest option costs more.",
 )
 @click.option(
     "--su-per-gpu-hour",
-    type=DecimalRange(0, minimum_open=True, maximum=10**9),
+    type=number("su_per_gpu_hour"),
     help="With --provider slurm: service units your cluster charges per GPU-hour.",
 )
 @click.option(
     "--su-budget",
-    type=DecimalRange(0, minimum_open=True, maximum=10**15),
+    type=number("su_budget"),
     help="With --provider slurm: SUs left in the allocation; exit 1 if the run needs more.",
 )
 @click.option(
     "--usd-per-su",
-    type=DecimalRange(0, maximum=10**6),
+    type=number("usd_per_su"),
     help="With --provider slurm: what one SU is worth in USD (else: not billed).",
 )
 @click.option(
     "--interruptions-per-day",
-    type=DecimalOrWord(bands.ADVISOR_WORD, 0, maximum=48),
+    type=DecimalOrWord(ADVISOR_WORD, 0, maximum=NUMBERS["interruptions_per_day"].maximum),
     help="Spot preemptions a day you expect: spot rows then show the preemptions over the "
     "run and the effective cost (lost work and restarts paid too). 'advisor': each AWS "
     "row's own, from the AWS Spot Instance Advisor's band (GCP, Azure: none published).",
 )
 @click.option(
     "--every-minutes",
-    type=DecimalRange(0, minimum_open=True, maximum=10_080),
+    type=number("every_minutes"),
     help="With --interruptions-per-day: minutes of work between checkpoints "
-    f"[default: {preemption.DEFAULT_EVERY_MINUTES}].",
+    f"[default: {DEFAULT_EVERY_MINUTES}].",
 )
 @click.option(
     "--save-seconds",
-    type=DecimalRange(0, maximum=86_400),
+    type=number("save_seconds"),
     help="With --interruptions-per-day: seconds one checkpoint save takes "
-    f"[default: {preemption.DEFAULT_SAVE_SECONDS}].",
+    f"[default: {DEFAULT_SAVE_SECONDS}].",
 )
 @click.option(
     "--restart-minutes",
-    type=DecimalRange(0, maximum=1_440),
+    type=number("restart_minutes"),
     help="With --interruptions-per-day: minutes from a preemption to training again "
-    f"[default: {preemption.DEFAULT_RESTART_MINUTES}].",
+    f"[default: {DEFAULT_RESTART_MINUTES}].",
 )
 @click.option(
     "--top",
     default=10,
     show_default=True,
-    type=WholeNumber(0, 10_000),
+    type=whole_number("top"),
     help="Show the N cheapest provider/regions (0: all).",
 )
 @table_or_json("table for people, json or csv for scripts.", case_sensitive=False, csv=True)
@@ -295,337 +284,62 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     by side for the cheapest instance in each provider and region, and every figure
     says what it assumes. Prices older than 30 days (spot: 7) draw a warning.
     """
-    rate = slurm_rate(options)
-    checkpointing = checkpointing_from(options)
-    check_hours(options)
-    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    measured = None
-    if options["from_run"] is not None:
-        measured = measured_from(options, catalog)
-        options = {**options, "hours": measured.hours, "gpus": (measured.gpu,)}
-    results = answer(question_from(options), catalog)
-    result = combine(results)
-    request = result.request
-    slurm = slurm_option(request, rate) if rate is not None else None
-    shown = limit_places(result.options, options["top"])
-    budget: Decimal | None = options["budget"]
-    stale = staleness(catalog, places(shown), datetime.now(UTC).date())
-    advisor = None
-    spot = None
-    if checkpointing is not None and options["interruptions_per_day"] == bands.ADVISOR_WORD:
-        advisor = advisor_from(request.hours, checkpointing, catalog, shown)
-    elif checkpointing is not None:
-        spot = preemption.expected(request.hours, checkpointing)
-    output_format = options["output_format"].lower()
-    if output_format == "json":
-        document = to_document(result, shown, catalog, budget, options["top"])
-        document["query"]["gpus"] = [r.request.gpu for r in results if r.request.gpu]
-        document["cheapest"] = cheapest_line(result.options)
-        document["pricing_source"]["stale_warning"] = stale_text(stale, catalog)
-        document["query"]["slurm"] = slurm_query(rate)
-        document["slurm"] = slurm_document(slurm, result.cheapest)
-        if slurm is not None:
-            document["assumptions"].extend(slurm_assumptions(slurm))
-        if spot is not None:
-            add_interruptions(document, spot, shown)
-        if advisor is not None:
-            add_advisor(document, advisor, shown)
-        if measured is not None:
-            add_measured(document, measured)
-        render.print_json(document)
-    elif output_format == "csv":
-        columns = (*OPTION_FIELDS, "pricing_as_of", *(SLURM_FIELDS if slurm else ()))
-        rows = [option_row(o, catalog) for o in shown]
-        if slurm is not None:
-            rows.append(slurm_row(slurm, request))
-        render.print_csv(columns, rows)
-        extra = [*(slurm_assumptions(slurm) if slurm else ())]
-        extra += preemption.assumption_lines(spot) if spot is not None else ()
-        extra += bands.assumption_lines(advisor, shown) if advisor is not None else ()
-        extra += measured_lines(measured) if measured is not None else ()
-        render.print_notes([*result.notes, *result.assumptions, *extra], err=True)
-    else:
-        said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
-        for one in results:  # one table per GPU asked for; the assumptions once, at the end
-            shown_one = limit_places(one.options, options["top"])
-            last = one is results[-1]
-            fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
-            said.update(one.notes)
-            print_table(
-                fresh,
-                shown_one,
-                catalog,
-                slurm if last else None,
-                assumptions=last,
-                spot=spot,
-                advisor=advisor,
-                measured=measured,
-            )
-        print_answers(result, catalog, budget)
-        if spot is not None:
-            render.print_notes(preemption.advice_lines(spot, shown), heading="Preemptions:")
-        if advisor is not None:
-            render.print_notes(bands.advice_lines(advisor, shown), heading="Preemptions:")
-    if stale is not None and settings.stale_warning and not options["no_stale_warning"]:
-        render.print_prose(
-            f"{stale_text(stale, catalog)}: `costguard pricing refresh` updates them "
-            "(--no-stale-warning hides this)",
-            first="Warning: ",
-            indent="  ",
-            err=True,
-        )
-    cheapest = result.cheapest
-    if budget is not None and cheapest is not None and cheapest.total_usd > budget:
-        msg = (
-            f"the cheapest option ({describe(cheapest)}, {format_usd(cheapest.total_usd)}) "
-            f"is over the budget of {format_usd(budget)}{unverified_fit(result, budget)}"
-        )
-        raise BudgetExceededError(
-            msg, hint="fewer hours or instances, spot, a smaller GPU, or a bigger budget"
-        )
-    if slurm is not None and slurm.within_budget is False:
-        msg = (
-            f"the SLURM run needs {format_su(slurm.service_units)} SU, more than the "
-            f"--su-budget of {format_su(slurm.rate.su_budget or Decimal(0))} SU"
-        )
-        raise BudgetExceededError(
-            msg, hint="fewer hours or GPUs, a supplement to the allocation, or the cloud"
-        )
+    show_quote(settings, question_from(options), options["output_format"].lower(),
+               stale_warning=not options["no_stale_warning"])  # fmt: skip
 
 
 def question_from(options: dict[str, Any]) -> Question:
     """The command's options as a :class:`~costguard.pricing.question.Question`."""
-    fields = {f.name for f in dataclasses.fields(Question)} - {"gpus"}
-    return Question(gpus=tuple(options["gpus"]), **{k: options[k] for k in fields})
+    return Question(**{f.name: options[f.name] for f in dataclasses.fields(Question)})
 
 
-def check_hours(options: dict[str, Any]) -> None:
-    """Exactly one of --hours and --from-run; --steps and --speedup only with --from-run."""
-    if options["from_run"] is None:
-        if options["hours"] is None:
-            msg = "the run's length is missing: give --hours, or --from-run with --steps"
-            raise InputError(
-                msg, hint="costguard estimate --gpu a10g --hours 8 (or --from-run URL --steps N)"
-            )
-        for flag in ("steps", "epochs", "speedup"):
-            if options[flag] is not None:
-                msg = f"--{flag} is for --from-run (a measured run), and it is not given"
-                raise InputError(msg, hint=f"add --from-run URL, or drop --{flag}")
-        return
-    if options["hours"] is not None:
-        msg = "--hours and --from-run both give the hours"
-        raise InputError(msg, hint="drop --hours to price the measured ones")
-    if options["steps"] is not None and options["epochs"] is not None:
-        msg = "--steps and --epochs both give the run's length"
-        raise InputError(msg, hint="keep one of them")
-    if len(split_names(options["gpus"])) > 1:
-        msg = "--from-run prices one GPU: the one measured, or one --gpu with --speedup"
-        raise InputError(msg, hint="run the estimate once per GPU")
-    if options["instance_type"] is not None:
-        msg = "--from-run prices the measured GPU; --instance-type is not taken with it"
-        raise InputError(msg, hint="use --gpu (and --speedup for another GPU than measured)")
-
-
-def measured_from(options: dict[str, Any], catalog: Catalog) -> Measured:
-    """The hours of --steps steps at the pace the run at --from-run recorded."""
-    from costguard.checkpoint.pace import read_pace
-    from costguard.pricing.gpus import canonical_gpu
-    from costguard.pricing.measured import gpu_of_device, measure, steps_for_epochs
-    from costguard.spot.job import job_exists, load_job
-    from costguard.spot.prepare import normal_url, open_store
-
-    url = normal_url(options["from_run"])
-    if "://" not in url and not Path(url).is_dir():
-        msg = f"--from-run: no run at {url} (no such folder)"
-        raise InputError(msg, hint="pass the --checkpoint URL the run wrote to")
-    store = open_store(url)
-    pace = read_pace(store)
-    if pace is None:
-        msg = f"--from-run: {url} holds no measured pace (no job/pace.json)"
-        raise InputError(
-            msg,
-            hint="measure one: costguard pilot --steps 200 -- python train.py (or any "
-            "costguard run whose Checkpointer has saved once)",
-        )
-    accelerators = catalog.accelerators
-    measured_gpu = (
-        canonical_gpu(load_job(store).spec.gpu, accelerators)
-        if job_exists(store)
-        else gpu_of_device(pace.device, accelerators)
-    )
-    asked = split_names(options["gpus"])
-    gpu = canonical_gpu(asked[0], accelerators) if asked else measured_gpu
-    if gpu is None:
-        msg = f"--from-run: {url} was measured on {pace.device}, which the tables do not price"
-        raise InputError(
-            msg, hint="name the GPU to price: --gpu a10g --speedup F (F: how many times as fast)"
-        )
-    epochs = options["epochs"]
-    steps = steps_for_epochs(pace, epochs, url) if epochs else options["steps"] or pace.total_steps
-    if steps is None:
-        msg = "--from-run needs --steps: the run recorded no total steps"
-        raise InputError(
-            msg, hint="add --steps N (the training steps to price), or --epochs E (a trainer's)"
-        )
-    return measure(
-        pace,
-        run=url,
-        steps=steps,
-        measured_gpu=measured_gpu,
-        gpu=gpu,
-        speedup=options["speedup"],
-        max_hours=Decimal(MAX_HOURS),
-        epochs=epochs,
-    )
-
-
-def add_measured(document: dict[str, Any], measured: Measured) -> None:
-    """The JSON's record of the measured hours: ``query.hours_from`` and the assumptions."""
-    from costguard.pricing.measured import hours_from
-
-    document["query"]["hours_from"] = hours_from(measured)
-    document["assumptions"].extend(measured_lines(measured))
-    if measured.scaled:
-        for row in document["options"]:
-            row["scaled"] = True
-
-
-def measured_lines(measured: Measured) -> list[str]:
-    """The measurement as assumption lines."""
-    from costguard.pricing.measured import assumption_lines
-
-    return assumption_lines(measured)
-
-
-def checkpointing_from(options: dict[str, Any]) -> preemption.Checkpointing | None:
-    """The spot preemption figures when --interruptions-per-day is given; exit 2 on
-    checkpoint figures without a rate, or on a rate for on-demand only."""
-    per_day: Decimal | str | None = options["interruptions_per_day"]
-    given = {
-        flag: options[name]
-        for flag, name in (
-            ("--every-minutes", "every_minutes"),
-            ("--save-seconds", "save_seconds"),
-            ("--restart-minutes", "restart_minutes"),
-        )
-        if options[name] is not None
-    }
-    if per_day is None:
-        if given:
-            flag = next(iter(given))
-            msg = f"{flag} prices spot preemptions, and --interruptions-per-day is not given"
-            raise InputError(msg, hint="add --interruptions-per-day N (e.g. 1), or drop " + flag)
-        return None
-    if options["spot"] is False:
-        msg = "--interruptions-per-day prices spot, and --on-demand asks for on-demand only"
-        raise InputError(msg, hint="drop --on-demand to see spot next to on-demand")
-    return preemption.Checkpointing(
-        every_minutes=fallback(options["every_minutes"], preemption.DEFAULT_EVERY_MINUTES),
-        save_seconds=fallback(options["save_seconds"], preemption.DEFAULT_SAVE_SECONDS),
-        restart_minutes=fallback(options["restart_minutes"], preemption.DEFAULT_RESTART_MINUTES),
-        # advisor: each row's own rate, set per row (advisor_from)
-        per_day=Decimal(0) if isinstance(per_day, str) else per_day,
-    )
-
-
-def fallback(value: Decimal | None, default: Decimal) -> Decimal:
-    """The value given, else the stated default."""
-    return default if value is None else value
-
-
-def add_interruptions(
-    document: dict[str, Any], spot: preemption.Interruptions, shown: Sequence[CostOption]
+def show_quote(
+    settings: Settings, question: Question, output_format: str, *, stale_warning: bool = True
 ) -> None:
-    """The JSON's spot preemption fields: the query's figures, each spot option's expected
-    preemptions and effective total, the run's summary and the assumptions."""
-
-    def fields(option: CostOption) -> dict[str, object]:
-        return {
-            "expected_preemptions": spot.expected_preemptions,
-            "effective_hours": spot.effective_hours,
-            "effective_total_usd": preemption.effective_total_usd(option, spot),
-        }
-
-    summary = preemption.document(spot, shown)
-    add_spot(document, summary, shown, fields, preemption.assumption_lines(spot))
-
-
-def add_advisor(
-    document: dict[str, Any], advisor: bands.AdvisorFigures, shown: Sequence[CostOption]
-) -> None:
-    """The JSON's spot preemption fields under ``--interruptions-per-day advisor``: each
-    spot option's band, rate and effective total (or why it has none)."""
-    add_spot(
-        document,
-        bands.document(advisor),
-        shown,
-        lambda option: bands.option_fields(advisor, option),
-        bands.assumption_lines(advisor, shown),
-    )
-
-
-def add_spot(
-    document: dict[str, Any],
-    summary: dict[str, object],
-    shown: Sequence[CostOption],
-    fields: Callable[[CostOption], dict[str, object]],
-    assumptions: Sequence[str],
-) -> None:
-    """The run's preemption summary, the query's figures of it, each spot option's
-    ``fields`` and the assumptions, into the JSON document."""
-    document["query"]["interruptions"] = {
-        k: summary[k]
-        for k in ("preemptions_per_day", "every_minutes", "save_seconds", "restart_minutes")
-    }
-    document["interruptions"] = summary
-    for row, option in zip(document["options"], shown, strict=True):
-        if option.market is Market.SPOT:
-            row.update(fields(option))
-    document["assumptions"].extend(assumptions)
-
-
-def advisor_from(
-    hours: Decimal,
-    checkpointing: preemption.Checkpointing,
-    catalog: Catalog,
-    shown: Sequence[CostOption],
-) -> bands.AdvisorFigures:
-    """Each shown spot row's preemptions at the rate of its AWS Spot Instance Advisor
-    band (the table is read only here, not on every estimate)."""
-    info, rows = load_interruptions(catalog.directory)
-    return bands.advisor_figures(
-        hours, checkpointing, rows, shown, as_of=info.as_of, source=info.source
-    )
-
-
-def slurm_rate(options: dict[str, Any]) -> SlurmRate | None:
-    """The SLURM rate when --provider slurm is asked for; exit 2 on a half-given one."""
-    wanted = any(p.strip().lower() == SLURM for p in options["providers"])
-    given = [
-        flag
-        for flag, name in (
-            ("--su-per-gpu-hour", "su_per_gpu_hour"),
-            ("--su-budget", "su_budget"),
-            ("--usd-per-su", "usd_per_su"),
+    """Price ``question`` (:func:`~costguard.pricing.quote.quote`) and print the answer as
+    ``costguard estimate`` prints it; raise its budget error after the figures."""
+    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    answer = quote(question, catalog)
+    if output_format == "json":
+        render.print_json(answer.document())
+    elif output_format == "csv":
+        render.print_csv(*answer.records())
+        result = answer.estimate
+        notes = [*result.notes, *result.assumptions, *answer.extra_assumptions()]
+        render.print_notes(notes, err=True)
+    else:
+        print_tables(answer)
+    stale = answer.stale_warning()
+    if stale is not None and settings.stale_warning and stale_warning:
+        render.print_prose(
+            f"{stale}: `costguard pricing refresh` updates them (--no-stale-warning hides this)",
+            first="Warning: ",
+            indent="  ",
+            err=True,
         )
-        if options[name] is not None
-    ]
-    if not wanted:
-        if given:
-            msg = f"{given[0]} is for SLURM allocations, and --provider slurm is not asked for"
-            raise InputError(msg, hint=f"add --provider slurm, or drop {given[0]}")
-        return None
-    if options["su_per_gpu_hour"] is None:
-        msg = "--provider slurm needs --su-per-gpu-hour (allocations are counted in SUs)"
-        raise InputError(
-            msg,
-            hint="your centre publishes it, e.g. --su-per-gpu-hour 64 (a GPU-hour costs 64 SU)",
-        )
-    return SlurmRate(
-        su_per_gpu_hour=options["su_per_gpu_hour"],
-        usd_per_su=options["usd_per_su"],
-        su_budget=options["su_budget"],
-    )
+    error = answer.budget_error()
+    if error is not None:
+        raise error
+
+
+def print_tables(answer: Quote) -> None:
+    """One table per GPU asked for, the assumptions once at the end, then the answers
+    and the preemption advice."""
+    said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
+    last = answer.estimates[-1]
+    for one in answer.estimates:
+        fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
+        said.update(one.notes)
+        print_table(answer, fresh, answer.shown_of(one), last=one is last)
+    print_answers(answer.estimate, answer.catalog, answer.budget)
+    if answer.spot is not None:
+        from costguard.pricing.interruptions import advice_lines as spot_advice
+
+        render.print_notes(spot_advice(answer.spot, answer.shown), heading="Preemptions:")
+    if answer.advisor is not None:
+        from costguard.pricing.advisor import advice_lines
+
+        render.print_notes(advice_lines(answer.advisor, answer.shown), heading="Preemptions:")
 
 
 def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) -> None:
@@ -642,15 +356,7 @@ def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) ->
 
 
 def print_table(
-    result: Estimate,
-    shown: Sequence[CostOption],
-    catalog: Catalog,
-    slurm: SlurmOption | None = None,
-    *,
-    assumptions: bool = True,
-    spot: preemption.Interruptions | None = None,
-    advisor: bands.AdvisorFigures | None = None,
-    measured: Measured | None = None,
+    answer: Quote, result: Estimate, shown: Sequence[CostOption], *, last: bool = True
 ) -> None:
     """Two rows per provider and region, on-demand above spot, cheapest place first.
 
@@ -658,10 +364,13 @@ def print_table(
     run and the total with their lost work and restarts (spot rows only).
 
     A narrow terminal loses the compute, storage and egress columns (the total keeps
-    them), never a price, a total, an instance or a region. A SLURM allocation gets its
-    own table right below, in service units, and a line that sets it against the
-    cheapest cloud option.
+    them), never a price, a total, an instance or a region. Under the ``last`` GPU's
+    table: a SLURM allocation gets its own table, and a line that sets it against the
+    cheapest cloud option; then the assumptions.
     """
+    catalog = answer.catalog
+    spot, advisor, measured = answer.spot, answer.advisor, answer.measured
+    slurm = answer.slurm if last else None
     request = result.request
     markets = request.markets
     by_place: dict[tuple[str, str], dict[Market, CostOption]] = {}
@@ -672,7 +381,10 @@ def print_table(
     what = request.gpu or request.instance_type
     per_instance = "" if request.instance_type else f" x {request.gpus_per_instance} per instance"
     # The oldest of the prices shown: after a partial refresh, not the oldest region's.
-    as_of = prices_as_of(catalog, places(shown)).isoformat()
+    # Titled by the date most prices shown carry; a row of another date is marked.
+    header = header_as_of(catalog, shown)
+    as_of = as_of_text(header)
+    apart, apart_note = dated_apart(catalog, shown, header)
     hours_how = ""
     if measured is not None:
         hours_how = " (measured, SCALED)" if measured.scaled else " (measured)"
@@ -703,6 +415,7 @@ def print_table(
             else:
                 mark = "*" if option.price_status is PriceStatus.UNVERIFIED else ""
                 flagged = flagged or bool(mark)
+                mark += OTHER_DATE_MARK if option in apart else ""
                 rows.append(
                     [
                         where,
@@ -727,26 +440,30 @@ def print_table(
             "* unverified price (suspect in the source, or not read from one): "
             "`costguard pricing show gpu_instances --unverified` gives the reasons"
         )
+    if apart_note is not None:
+        notes.append(apart_note)
     if slurm is not None:
+        from costguard.pricing.slurm import slurm_comparison
+
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
-    if not assumptions:
+    if not last:
         return
-    extra = [*(slurm_assumptions(slurm) if slurm is not None else ())]
-    extra += preemption.assumption_lines(spot) if spot is not None else ()
-    extra += bands.assumption_lines(advisor, shown) if advisor is not None else ()
-    extra += measured_lines(measured) if measured is not None else ()
     render.print_notes(
-        ["total = compute + storage + egress", *result.assumptions, *extra],
+        [
+            "total = compute + storage + egress",
+            *result.assumptions,
+            *answer.extra_assumptions(shown),
+        ],
         heading="Assumptions:",
     )
 
 
 def spot_cells(
     option: CostOption,
-    spot: preemption.Interruptions | None,
-    advisor: bands.AdvisorFigures | None = None,
+    spot: Interruptions | None,
+    advisor: AdvisorFigures | None = None,
 ) -> list[str]:
     """The preemption columns of a row: none without the figures, dashes on on-demand,
     ``n/a`` on a spot row the advisor has no band for (the assumptions say why)."""
@@ -759,12 +476,16 @@ def spot_cells(
         if spot is None:
             return ["n/a", "n/a"]
     assert spot is not None
-    effective = preemption.effective_total_usd(option, spot)
+    from costguard.pricing.interruptions import effective_total_usd
+
+    effective = effective_total_usd(option, spot)
     return [f"{spot.expected_preemptions:.1f}", format_usd(effective)]
 
 
 def print_slurm_table(slurm: SlurmOption) -> None:
     """The SLURM allocation: GPU-hours, service units, and dollars only when given."""
+    from costguard.pricing.slurm import format_su
+
     rate = slurm.rate
     title = (
         f"SLURM allocation: {slurm.gpus} x {slurm.accelerator} GPU(s), {slurm.hours} h "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from costguard import contract
 from costguard.cli import render
 from costguard.cli.options import cadence_options
 from costguard.cli.params import (
@@ -28,6 +29,7 @@ from costguard.cli.params import (
 from costguard.errors import CostguardError, InputError
 from costguard.providers import providers
 from costguard.settings import Settings
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.checkpoint.pace import Pace
@@ -72,7 +74,7 @@ Examples:
 LOCAL_POLL_S = 0.5
 #: Exit code when --stop-at-projection stopped the job after its save (EX_TEMPFAIL, as
 #: costguard run's after a notice): the work so far is in a committed checkpoint.
-EXIT_SAVED = 75
+EXIT_SAVED = contract.EXIT_SAVED
 
 
 def _echo(message: str) -> None:
@@ -275,11 +277,9 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         _echo(report.interrupted_line(job.spec.checkpoint_url, released=released))
         raise
     finally:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
+        launcher.close()
     if final.spec.pilot_steps is not None and final.status == "succeeded":
-        _pilot_answer(final, options["output_format"])
+        _pilot_answer(settings, final, options["output_format"])
         return
     _report(final, offers, options["output_format"])
     if final.status == "stopped" and final.stop_requested:
@@ -288,10 +288,11 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         sys.exit(1)
 
 
-def _pilot_answer(job: Job, output_format: str) -> None:
+def _pilot_answer(settings: Settings, job: Job, output_format: str) -> None:
     """What a pilot job measured, priced as ``costguard pilot`` prices it: the job's GPU,
     the run's --total-steps (or the script's own total)."""
-    from costguard.cli.estimate import estimate_command
+    from costguard.cli.estimate import show_quote
+    from costguard.pricing.question import Question
     from costguard.spot.recovery import spent_usd
     from costguard.spot.report import usd
 
@@ -300,13 +301,10 @@ def _pilot_answer(job: Job, output_format: str) -> None:
         f"pilot job {job.spec.job_id} succeeded after {job.spec.pilot_steps} steps "
         f"({usd(spent)}); costguard jobs status {job.spec.checkpoint_url} has its attempts"
     )
-    click.get_current_context().invoke(
-        estimate_command,
-        from_run=job.spec.checkpoint_url,
-        steps=job.spec.total_steps,
-        gpus=(job.spec.gpu,),
-        output_format=output_format,
+    question = Question(
+        from_run=job.spec.checkpoint_url, steps=job.spec.total_steps, gpus=(job.spec.gpu,)
     )
+    show_quote(settings, question, output_format.lower())
 
 
 def _following(launcher: Launcher, job: Job, *, quiet: bool) -> AbstractContextManager[object]:
@@ -315,10 +313,9 @@ def _following(launcher: Launcher, job: Job, *, quiet: bool) -> AbstractContextM
 
     from costguard.cli.follow import Follower
 
-    state_dir = getattr(launcher, "state_dir", None)
-    if job.spec.provider != "local" or state_dir is None:
+    if job.spec.provider != "local" or launcher.state_dir is None:
         return nullcontext()
-    return Follower(Path(state_dir) / job.spec.job_id, quiet=quiet)
+    return Follower(launcher.state_dir / job.spec.job_id, quiet=quiet)
 
 
 def _default_poll(provider: str) -> float:
@@ -403,9 +400,7 @@ def _prepare(
                 raise CostguardError(msg)
         job = commit(prepared)
     except BaseException:
-        close = getattr(launcher, "close", None)
-        if close is not None:
-            close()
+        launcher.close()
         prepared.store.remove_if_unused()  # declined or refused: no empty folder left
         raise
     return job, prepared.store, prepared.offers, launcher
@@ -431,7 +426,7 @@ def _guard(
         backend = alarm_backend(provider, settings, Scope.of(provider_options))
         warning = require_alarm(provider, backend)
     if warning:
-        click.secho(f"Warning: {warning}", err=True, fg="yellow")
+        click.secho(f"Warning: {visible(warning)}", err=True, fg="yellow")
     else:
         _echo(f"launch guard: a costguard budget alarm exists on {provider}")
 

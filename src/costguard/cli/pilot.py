@@ -7,13 +7,18 @@ estimate --from-run`` is printed for ``--total-steps``.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from costguard.cli.estimate import speedup_option
-from costguard.cli.params import DecimalRange, Name, StoreUrl, WholeNumber, table_or_json
+from costguard.cli.estimate import number, speedup_option, whole_number
+from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
+
+if TYPE_CHECKING:
+    from costguard.settings import Settings
 
 EXAMPLES = """
 \b
@@ -45,12 +50,12 @@ has costguard's PreemptionCallback; it is stopped after --steps steps.
 )
 @click.option(
     "--total-steps",
-    type=WholeNumber(1, 10**12),
+    type=whole_number("steps"),
     help="The whole run's steps to price [default: the script's Checkpointer(total_steps=N)].",
 )
 @click.option(
     "--epochs",
-    type=DecimalRange(0, minimum_open=True, maximum=10**6, unit="epochs"),
+    type=number("epochs"),
     help="Or the whole run's epochs, at the steps per epoch the script's trainer recorded "
     "(its Hugging Face or Lightning PreemptionCallback).",
 )
@@ -73,28 +78,31 @@ has costguard's PreemptionCallback; it is stopped after --steps steps.
 )
 @table_or_json("table for people, json for scripts.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED, required=True)
-@click.pass_context
-def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -> None:
+@click.pass_obj
+def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any) -> None:
     """Run COMMAND (after --) for --steps steps, then price --total-steps at that pace.
 
     The pace is the training's alone: the first steps (warm-up), slow ones (evaluation)
     and save stalls are left out, and the answer says so. Prices come from the tables,
     as for costguard estimate.
     """
-    from costguard.checkpoint.pace import read_pace
+    from costguard.checkpoint.pace import PACE_FILE, host_name, not_own_pilot, read_pace
     from costguard.checkpoint.supervisor import supervise
-    from costguard.cli.estimate import estimate_command
+    from costguard.cli.estimate import show_quote
     from costguard.errors import CostguardError, InputError
+    from costguard.pricing.question import Question
     from costguard.secrets import redact
     from costguard.spot.prepare import normal_url, open_store
+    from costguard.text import visible
 
     def say(line: str) -> None:
-        click.echo(f"costguard pilot: {redact(line)}", err=True)
+        click.echo(f"costguard pilot: {visible(redact(line))}", err=True)
 
     if options["total_steps"] is not None and options["epochs"] is not None:
         msg = "--total-steps and --epochs both give the run's length"
         raise InputError(msg, hint="keep one of them")
 
+    since = time.time()
     code = supervise(
         command,
         url=options["url"],
@@ -110,16 +118,30 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
     if code != 0:
         msg = f"the script exited with {code} before its pilot steps were measured"
         raise CostguardError(msg, hint="run it once with costguard run to see why")
-    if read_pace(open_store(normal_url(options["url"]))) is None:
+    store = open_store(normal_url(options["url"]))
+    pace = read_pace(store)
+    hint = (
+        "after each training step: ckpt.step(step, model=model, ...), with ckpt = "
+        "Checkpointer.from_env(...); or give a Hugging Face or Lightning trainer "
+        "costguard's PreemptionCallback"
+    )
+    if pace is None:
         msg = "the script recorded no pace: its loop never called Checkpointer.step()"
-        raise InputError(
-            msg,
-            hint="after each training step: ckpt.step(step, model=model, ...), with ckpt = "
-            "Checkpointer.from_env(...); or give a Hugging Face or Lightning trainer "
-            "costguard's PreemptionCallback",
+        raise InputError(msg, hint=hint)
+    problem = not_own_pilot(
+        pace,
+        since_unix=since,
+        now_unix=time.time(),
+        host=host_name(),
+        env=os.environ,
+    )
+    if problem is not None:
+        msg = (
+            f"{PACE_FILE} in {store.url} is not this pilot's, so it is not priced: {problem}; "
+            "the script recorded no pace of its own"
         )
-    ctx.invoke(
-        estimate_command,
+        raise InputError(msg, hint=hint)
+    question = Question(
         from_run=options["url"],
         steps=options["total_steps"],
         epochs=options["epochs"],
@@ -128,5 +150,5 @@ def pilot_command(ctx: click.Context, /, command: Sequence[str], **options: Any)
         providers=options["providers"],
         regions=options["regions"],
         spot=options["spot"],
-        output_format=options["output_format"],
     )
+    show_quote(settings, question, options["output_format"].lower())

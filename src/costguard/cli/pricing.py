@@ -1,9 +1,8 @@
 """``costguard pricing``: look inside the price tables, and refresh them.
 
-One idea, longer than most modules: the one command group over the tables, whose four
-subcommands (``show``, ``gpus``, ``check``, ``refresh``) each parse, call one feature
-function (:mod:`costguard.pricing.tables`, :mod:`costguard.pricing.check`,
-:mod:`costguard.pricing.refresh`) and render; the length is their renderers side by side.
+Its four subcommands (``show``, ``gpus``, ``check``, ``refresh``) each parse, call one
+feature function (:mod:`costguard.pricing.tables`, :mod:`costguard.pricing.check`,
+:mod:`costguard.pricing.refresh`) and render the result.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from costguard.pricing.catalog import (
     Region,
     StorageRate,
     TransferRate,
+    as_of_text,
     check_provider,
     prices_as_of,
     refresh_hint,
@@ -43,6 +43,7 @@ from costguard.pricing.catalog import (
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.pricing.tables import load_interruptions, load_tables
 from costguard.settings import Settings
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
@@ -112,7 +113,7 @@ def show_command(
         render.print_json(
             {
                 "table": table,
-                "as_of": as_of.isoformat(),
+                "as_of": as_of_text(as_of),
                 "source": info.source,
                 "origin": catalog.origin,
                 "rows": rows,
@@ -121,7 +122,7 @@ def show_command(
     elif output_format == "csv":
         render.print_csv(columns, rows)
     else:
-        _print_rows(f"{table} - as of {as_of.isoformat()} ({catalog.origin})", columns, rows)
+        _print_rows(f"{table} - as of {as_of_text(as_of)} ({catalog.origin})", columns, rows)
         render.print_prose(f"Source: {info.source}")
         click.echo(f"{len(rows)} row(s).")
     if table in ("gpu_instances", "cpu_instances"):
@@ -150,8 +151,12 @@ def gpus_command(settings: Settings, providers: Sequence[str], output_format: st
     ]
     rows = list(_gpu_rows(listed))
     # Dated by the oldest price listed, as estimate dates what it shows.
-    places = [("gpu_instances", i.provider, i.region, Market.ON_DEMAND) for i in listed]
-    as_of = prices_as_of(catalog, places).isoformat()
+    places = [
+        ("gpu_instances", i.provider, i.region, Market.ON_DEMAND, i.instance_type)
+        for i in listed
+        if i.ondemand_usd_per_hour is not None
+    ]
+    as_of = as_of_text(prices_as_of(catalog, places))
     output_format = output_format.lower()
     if output_format == "json":
         render.print_json({"as_of": as_of, "gpus": rows})
@@ -330,7 +335,7 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         render.print_prose(
             "Instance prices per cloud: "
             + "; ".join(
-                f"{p} newest {new} ({(today - new).days} days old), oldest region {old} "
+                f"{p} newest {new} ({(today - new).days} days old), oldest {old} "
                 f"({(today - old).days} days old)"
                 for p, (old, new) in dated.items()
             )
@@ -536,9 +541,10 @@ def refresh_command(
             )
     for failure in report.failed:
         assert failure.error is not None
-        click.secho(f"Error: {failure.provider}: {failure.error.message}", err=True, fg="red")
+        message = visible(f"Error: {failure.provider}: {failure.error.message}")
+        click.secho(message, err=True, fg="red")
         if failure.error.hint:
-            click.echo(f"Hint: {failure.error.hint}", err=True)
+            click.echo(visible(f"Hint: {failure.error.hint}"), err=True)
     if report.failed:
         ctx.exit(EXIT_FAILURE)
 

@@ -28,6 +28,7 @@ from costguard.reaper.policy import (
     parse_protect_tag,
 )
 from costguard.settings import Settings
+from costguard.text import visible
 
 EXAMPLES = """
 \b
@@ -273,14 +274,14 @@ def print_table(report: ReapReport) -> None:
         render.Column("Reason", prose=True),
     )
     rows = [
-        [
-            verdict.instance.instance_id,
-            verdict.instance.name,
-            verdict.instance.instance_type,
-            verdict.instance.zone or verdict.instance.region,
+        [  # names, types, places and reasons come from the cloud's API (tags included)
+            visible(verdict.instance.instance_id),
+            visible(verdict.instance.name),
+            visible(verdict.instance.instance_type),
+            visible(verdict.instance.zone or verdict.instance.region),
             _rate(verdict),
-            _status(verdict, report, done),
-            verdict.reason,
+            visible(_status(verdict, report, done)),
+            visible(verdict.reason),
         ]
         for verdict in plan.verdicts
     ]

@@ -1,9 +1,16 @@
-"""Output for people (rich tables) and scripts (JSON, CSV). No decisions here."""
+"""Output for people (rich tables) and scripts (JSON, CSV). No decisions here.
+
+Every text goes out through :mod:`costguard.text`: a control character is shown escaped
+in a paragraph, a note or a table (a table cell's own newlines kept), rich reads a cell
+as text and never as markup, and a CSV cell is never a formula. A value read from a
+store, an export, a tag or a cloud API is also passed through
+:func:`costguard.text.visible` where it is put into a cell, so that its newlines cannot
+start a line of their own.
+"""
 
 from __future__ import annotations
 
 import csv
-import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -17,6 +24,7 @@ from rich.cells import cell_len
 
 from costguard.cli import wrap_words
 from costguard.money import usd_str
+from costguard.text import csv_cell, visible, visible_lines
 
 #: Environment variables with which rich treats a stream that is not a tty as a terminal.
 _FORCED_TERMINAL = frozenset({"FORCE_COLOR", "TTY_COMPATIBLE"})
@@ -77,12 +85,13 @@ def progress(description: str, total: int) -> Iterator[Callable[[str], None]]:
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, console=con, transient=True) as bar:
         task = bar.add_task(description, total=total)
 
         def advance(label: str) -> None:
-            bar.update(task, advance=1, description=f"{description} ({label} done)")
+            done = visible_lines(f"{description} ({label} done)")
+            bar.update(task, advance=1, description=done)
 
         yield advance
 
@@ -100,21 +109,24 @@ def to_jsonable(value: Any) -> Any:
 
 def print_json(document: Mapping[str, Any]) -> None:
     """One JSON document on stdout."""
+    import json  # --format json only
+
     json.dump(to_jsonable(document), stdout(), indent=2)
     stdout().write("\n")
 
 
 def print_csv(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
-    """A CSV table on stdout: a header, then one line per row."""
+    """A CSV table on stdout: a header, then one line per row; no text cell is read as a
+    formula (:func:`costguard.text.csv_cell`), numbers stay numbers."""
     writer = csv.DictWriter(stdout(), list(columns), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
-        writer.writerow({k: "" if v is None else to_jsonable(v) for k, v in row.items()})
+        writer.writerow({k: "" if v is None else to_jsonable(csv_cell(v)) for k, v in row.items()})
 
 
 def print_notes(lines: Iterable[str], *, heading: str | None = None, err: bool = False) -> None:
     """Plain explanatory lines (assumptions, notes) under a table, or on stderr for CSV."""
-    lines = list(lines)
+    lines = [visible(line) for line in lines]
     if not lines:
         return
     if err:
@@ -176,7 +188,10 @@ def print_table(
     """
     con = con or console()
     cells = [
-        [_one_line(c) if not col.prose else c for c, col in zip(row, columns, strict=True)]
+        [
+            _one_line(visible_lines(c)) if not col.prose else visible_lines(c)
+            for c, col in zip(row, columns, strict=True)
+        ]
         for row in rows
     ]
     if not con.is_terminal:
@@ -208,14 +223,16 @@ def print_table(
 def print_prose(
     text: str, *, indent: str = "", first: str | None = None, con: Any = None, err: bool = False
 ) -> None:
-    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere; a
-    `command` in backticks is never broken (:func:`costguard.cli.wrap_words`).
+    """A paragraph: wrapped at word boundaries on a terminal, one line elsewhere (a newline
+    or another control character in ``text`` is shown escaped); a `command` in backticks
+    is never broken (:func:`costguard.cli.wrap_words`).
 
     ``first`` starts the first line (default: ``indent``), ``indent`` the lines it wraps
     onto; ``err``: on stderr, wrapped to stderr's terminal.
     """
     con = con or console(stderr=err)
     first = indent if first is None else first
+    text = visible(text)
     if con.is_terminal:
         body = text.lstrip()  # the text's own indent stays on its first line
         label = first + text[: len(text) - len(body)]
@@ -257,6 +274,7 @@ def _rich_table(
 ) -> Any:
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(
         box=box.SIMPLE_HEAD,
@@ -280,7 +298,7 @@ def _rich_table(
                 min_width=_natural(column, cells, i),
             )
     for row in cells:
-        table.add_row(*(row[i] for i in shown))
+        table.add_row(*(Text(row[i]) for i in shown))
     return table
 
 
@@ -319,7 +337,7 @@ def _print_plain(
         return "  ".join(parts).rstrip()
 
     if title:
-        click.echo(title)
+        click.echo(visible(title))
     click.echo(line(labels))
     for row in flat:
         click.echo(line(row))

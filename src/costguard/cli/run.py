@@ -119,12 +119,13 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     from costguard.checkpoint.completion import sync_dir_path
     from costguard.checkpoint.supervisor import supervise
     from costguard.secrets import redact
+    from costguard.text import visible
 
     if options["sync_dir"] is not None:  # the rules of every --sync-dir, before the store
         options["sync_dir"] = sync_dir_path(options["sync_dir"], here=True)
 
     def say(line: str) -> None:
-        click.echo(f"costguard: {redact(line)}", err=True)
+        click.echo(f"costguard: {visible(redact(line))}", err=True)
 
     code = supervise(command, say=say, **options)  # the options are its keywords, by name
     ctx.exit(code)

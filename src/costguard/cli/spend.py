@@ -16,6 +16,7 @@ import click
 
 from costguard.billing.spend import (
     GROUPINGS,
+    PLACES,
     JobWindow,
     Run,
     SpendReport,
@@ -29,11 +30,12 @@ from costguard.billing.spend import (
     report,
 )
 from costguard.cli import render
-from costguard.cli.params import Name, Url, Usd, table_or_json
+from costguard.cli.params import Name, StoreUrl, Usd, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.settings import Settings
 from costguard.tags import JOB_TAG
+from costguard.text import visible
 
 if TYPE_CHECKING:
     from costguard.spot.job import Job
@@ -66,7 +68,7 @@ Examples:
   costguard spend focus.csv.gz --month 2026-11 --plot nov.png --budget 200""",
     short_help="What was billed, per job, owner, project, day or service (billing exports).",
 )
-@click.argument("exports", nargs=-1, required=True, type=Url())
+@click.argument("exports", nargs=-1, required=True, type=StoreUrl())
 @click.option(
     "--by",
     type=click.Choice(GROUPINGS),
@@ -82,7 +84,7 @@ Examples:
 @click.option(
     "--job",
     "job_url",
-    type=Url(),
+    type=StoreUrl(),
     help="A job started by costguard launch (its checkpoint URL): its estimate and its "
     "controller's running cost next to what was billed under its tag, and what the "
     "difference is made of.",
@@ -256,7 +258,7 @@ def _print_reconciliation(
         )
         return
     _print(spend)
-    click.echo(f"Job {result.job_id}:")
+    click.echo(f"Job {visible(result.job_id)}:")
     if result.estimate_usd is not None:
         click.echo(f"  estimate before launch: {_money(result.estimate_usd, spend.currency)}")
     click.echo(f"  controller's running cost: {_money(result.running_usd, spend.currency)}")
@@ -328,7 +330,7 @@ def _utc_day(unix: float) -> str:
 def _money(amount: Decimal, currency: str) -> str:
     """An amount for people, a credit's minus sign first: ``-$20.75``, ``2.75 EUR``."""
     if currency != "USD":
-        return f"{amount:,.2f} {currency}"
+        return f"{amount:,.2f} {visible(currency)}"
     return f"-{format_usd(-amount)}" if amount < 0 else format_usd(amount)
 
 
@@ -340,7 +342,7 @@ def _print(spend: SpendReport) -> None:
     )
     rows = [
         [
-            group_label(g.key, spend.by),
+            visible(group_label(g.key, spend.by)),
             _money(g.billed_usd, spend.currency),
             _money(g.effective_usd, spend.currency),
         ]
@@ -360,6 +362,11 @@ def _print(spend: SpendReport) -> None:
         "Effective = amortised: commitments (savings plans, reservations) spread over the "
         "usage they cover; billed = what the invoice counts",
     ]
+    if spend.rounded:
+        notes.append(
+            f"{spend.rounded} amount(s) had more than {PLACES} decimal places (a double's "
+            f"digits): rounded half to even at the {PLACES}th"
+        )
     if spend.by in ("job", "owner"):
         notes.append(
             f"(untagged): charges without costguard's {spend.by} tag (support, tax, shared "

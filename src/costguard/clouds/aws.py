@@ -144,7 +144,7 @@ def translate(exc: BaseException, action: str) -> CostguardError:
         )
     if isinstance(exc, exceptions.ClientError):
         error = exc.response.get("Error", {})
-        code = str(error.get("Code", "Unknown"))
+        code = error_code(exc) or "Unknown"
         message = str(error.get("Message", "")).strip()
         text = f"AWS refused {action}: {code}" + (f" ({message})" if message else "")
         if code in ("AccessDenied", "AccessDeniedException", "UnauthorizedOperation"):
@@ -153,6 +153,30 @@ def translate(exc: BaseException, action: str) -> CostguardError:
             return InputError(text, hint="check the values you passed")
         return CostguardError(text)
     return CostguardError(f"AWS call failed while {action}: {exc}")
+
+
+#: The longest error code kept (the service's text: EC2's longest is under 60 characters).
+MAX_CODE_CHARS = 128
+
+
+def error_code(exc: BaseException) -> str:
+    """The AWS error code of a botocore ``ClientError`` (``InsufficientInstanceCapacity``,
+    ``InvalidInstanceID.NotFound``...), at most :data:`MAX_CODE_CHARS` characters; ``""``
+    for any other exception, or a reply without a code.
+
+    >>> from botocore.exceptions import ClientError
+    >>> error_code(ClientError({"Error": {"Code": "Throttling"}}, "DescribeInstances"))
+    'Throttling'
+    >>> error_code(ClientError({}, "DescribeInstances")), error_code(ValueError("x"))
+    ('', '')
+    """
+    response = getattr(exc, "response", None)
+    error = response.get("Error") if isinstance(response, dict) else None
+    code = error.get("Code") if isinstance(error, dict) else None
+    return "" if code is None else str(code)[:MAX_CODE_CHARS]
+
+
+_UNSUPPORTED_CODES = ("500", "501", "NotImplemented", "InternalFailure")
 
 
 def is_unsupported(exc: BaseException) -> bool:
@@ -165,8 +189,7 @@ def is_unsupported(exc: BaseException) -> bool:
     if not isinstance(response, dict):
         return False
     status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-    code = str(response.get("Error", {}).get("Code", ""))
-    return status in (500, 501) and code in ("500", "501", "NotImplemented", "InternalFailure")
+    return status in (500, 501) and error_code(exc) in _UNSUPPORTED_CODES
 
 
 def errors() -> tuple[type[BaseException], ...]:

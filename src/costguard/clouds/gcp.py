@@ -1,9 +1,12 @@
-"""Google Cloud client factories (REST or gRPC transport, optional endpoint override)."""
+"""Google Cloud client factories (REST or gRPC transport, optional endpoint override),
+and how Google's answers are read (timestamps, resource URLs) by every adapter."""
 
 from __future__ import annotations
 
 import ipaddress
+import re
 import urllib.parse
+from datetime import UTC, datetime
 from typing import Any
 
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, require
@@ -182,6 +185,28 @@ class RestSession:
             msg = f"Google Cloud rejected {action} (HTTP {response.status_code}): {response.text}"
             raise CostguardError(msg)
         return response.json() if response.content else {}
+
+
+def timestamp(text: str) -> datetime:
+    """An RFC 3339 timestamp as Google writes it (any offset, up to nanoseconds, which
+    Python reads only to microseconds), in UTC; one without an offset is taken as UTC.
+
+    >>> timestamp("2026-12-01T04:00:00.123456789-08:00").isoformat()
+    '2026-12-01T12:00:00.123456+00:00'
+    >>> timestamp("2026-12-01T04:00:00Z") == timestamp("2026-12-01T04:00:00")
+    True
+    """
+    parsed = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", text.strip()))
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+
+
+def last_segment(url: str) -> str:
+    """The name at the end of a resource URL or path (a zone, a machine type).
+
+    >>> last_segment("https://www.googleapis.com/compute/v1/projects/p/zones/us-central1-a/")
+    'us-central1-a'
+    """
+    return url.rstrip("/").rsplit("/", 1)[-1]
 
 
 def translate(exc: BaseException, action: str) -> CostguardError:

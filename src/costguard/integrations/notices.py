@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
+from costguard import contract
 from costguard.checkpoint.distributed import (
     ENV_NOTICE_FILE,
     ENV_PREEMPTED_FILE,
@@ -26,7 +27,7 @@ from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.notices import signals as notice_signals
 
 #: The exit code after a save on a notice: run the same command to resume (EX_TEMPFAIL).
-EXIT_PREEMPTED = 75
+EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 
 logger = logging.getLogger(__name__)
 

@@ -26,20 +26,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
+from costguard import contract
 from costguard.checkpoint.pace import (
     ENV_PILOT_STEPS,
     ENV_TOTAL_STEPS,
     PUBLISH_S,
     Pace,
     PaceMeter,
-    device_name,
-    host_name,
 )
 
 logger = logging.getLogger(__name__)
 
 #: Where ``costguard run`` reads what the script reports (as the Checkpointer's saver).
-ENV_EVENTS_FILE = "COSTGUARD_EVENTS_FILE"
+ENV_EVENTS_FILE = contract.ENV_EVENTS_FILE
 #: The field that asks ``costguard run`` to write a pace event to ``job/pace.json``.
 RECORD = "record"
 
@@ -56,6 +55,7 @@ class TrainerPace:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         env = os.environ if env is None else env
+        self._env = env
         self.events_file = env.get(ENV_EVENTS_FILE, "").strip() or None
         #: ``costguard run --total-steps``: wins over what the trainer says.
         self._env_total = _count_text(env.get(ENV_TOTAL_STEPS, ""))
@@ -131,25 +131,17 @@ class TrainerPace:
 
     def pace(self) -> Pace:
         """The record as measured so far."""
-        meter = self.meter
-        return Pace(
-            steps_measured=meter.steps,
-            seconds_measured=round(meter.seconds, 6),
+        return Pace.measured(
+            self.meter,
             steps_done=self.steps_done,
-            updated_unix=time.time(),
             started_unix=self._started_unix,
-            warmup_steps=meter.warmup_steps,
-            outlier_steps=meter.outlier_steps,
-            outlier_s=round(meter.outlier_s, 6),
+            env=self._env,
             saves=self.saves,
             overhead_s=round(self.save_s, 6),
             total_steps=self.total_steps,
             evaluations=self.evaluations,
             evaluation_s=round(self.evaluation_s, 6),
             steps_per_epoch=self.steps_per_epoch,
-            device=device_name(),
-            host=host_name(),
-            job_id=os.environ.get("COSTGUARD_JOB_ID", "")[:200],
             pilot=self.pilot_steps is not None,
         )
 

@@ -25,20 +25,20 @@ def table(name: str, *, pricing_dir: str | Path | None = None) -> Any:
     prices stay :class:`~decimal.Decimal`. ``DataFrame.attrs`` holds ``as_of``,
     ``source`` and ``origin``.
     """
+    from costguard.clouds import require
     from costguard.errors import InputError
-    from costguard.notebook import _pandas
-    from costguard.pricing.catalog import rows_as_of, table_rows
+    from costguard.pricing.catalog import as_of_text, rows_as_of, table_rows
     from costguard.pricing.tables import load_tables
     from costguard.settings import Settings
 
     if name not in TABLES:
         msg = f"unknown price table {name!r}"
         raise InputError(msg, hint=f"one of: {', '.join(TABLES)}")
-    pandas = _pandas()
+    pandas = require("pandas", "pandas")
     settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     rows = table_rows(catalog, name)
     frame = pandas.DataFrame.from_records(rows)
-    as_of = rows_as_of(catalog, name, rows).isoformat()
+    as_of = as_of_text(rows_as_of(catalog, name, rows))
     frame.attrs.update(as_of=as_of, source=catalog.tables[name].source, origin=catalog.origin)
     return frame

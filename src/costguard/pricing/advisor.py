@@ -38,12 +38,11 @@ from costguard.pricing.interruptions import (
     effective_total_usd,
     expected,
 )
+from costguard.pricing.question import ADVISOR_WORD
 
 #: The advisor's file, as AWS serves it and as a ``--from`` mirror holds it.
 ADVISOR_FILE = "spot-advisor-data.json"
 ADVISOR_URL = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
-#: ``--interruptions-per-day advisor``.
-ADVISOR_WORD = "advisor"
 #: The table's name in ``tables.toml`` and its columns.
 TABLE = "interruptions"
 COLUMNS = (

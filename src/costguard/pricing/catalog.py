@@ -18,6 +18,9 @@ from costguard.errors import UnknownNameError
 from costguard.shell import command
 
 PROVIDERS = ("aws", "gcp", "azure")
+#: The provider name that prices a SLURM allocation instead of a cloud
+#: (:mod:`costguard.pricing.slurm`).
+SLURM = "slurm"
 INSTANCE_TABLES = ("gpu_instances", "cpu_instances")
 REQUIRED_TABLES = (*INSTANCE_TABLES, "storage", "transfer", "regions")
 #: The columns of the instance tables, in their order in the files.
@@ -35,6 +38,14 @@ INSTANCE_COLUMNS = (
     "spot_status",
     "note",
 )
+#: Optional columns of the instance tables: the date of the row's on-demand price (or
+#: of the row, when it has no on-demand price), of its spot price when that differs,
+#: and the source of the row's figures (an id of the "Row sources" list in
+#: pricing/README.md). ``unknown`` is a date no source gives; a blank date is the date
+#: of the row's table part (``tables.toml``), as in tables written before these columns.
+ROW_DATE_COLUMNS = ("as_of", "spot_as_of", "source")
+#: How an unknown date is written and shown.
+UNKNOWN_DATE = "unknown"
 
 
 class Market(StrEnum):
@@ -76,6 +87,11 @@ class InstancePrice:
     ondemand_status: PriceStatus | None
     spot_status: PriceStatus | None
     note: str = ""
+    #: The price dates (``None``: unknown) and source of this row; the loader fills them
+    #: from the row's table part when the file leaves them blank.
+    as_of: date | None = None
+    spot_as_of: date | None = None
+    source: str = ""
 
     def usd_per_hour(self, market: Market) -> Decimal | None:
         """The hourly price in ``market``, or ``None`` when it is not offered there."""
@@ -86,6 +102,10 @@ class InstancePrice:
     def status(self, market: Market) -> PriceStatus | None:
         """How trustworthy the price in ``market`` is."""
         return self.spot_status if market is Market.SPOT else self.ondemand_status
+
+    def price_as_of(self, market: Market) -> date | None:
+        """The as-of date of the price in ``market`` (``None``: unknown)."""
+        return self.spot_as_of if market is Market.SPOT else self.as_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +236,14 @@ class Catalog:
         regions of ``regions.csv`` are known but not covered (see :func:`refresh_hint`)."""
         return frozenset((i.provider, i.region) for i in self.instances)
 
+    @cached_property
+    def _rows(self) -> dict[tuple[str, str, str], InstancePrice]:
+        return {(i.provider, i.region, i.instance_type): i for i in self.instances}
+
+    def row(self, provider: str, region: str, instance_type: str) -> InstancePrice | None:
+        """The instance row of ``instance_type`` in a region, if the tables have it."""
+        return self._rows.get((provider, region, instance_type))
+
     def uncovered(self, provider: str | None = None) -> list[Region]:
         """The known regions (of ``provider``) the instance tables have no prices for."""
         return [
@@ -317,10 +345,14 @@ def table_rows(catalog: Catalog, table: str) -> list[dict[str, Any]]:
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:
-    return {
+    plain = {
         k: (v.isoformat() if hasattr(v, "isoformat") else str(v) if hasattr(v, "value") else v)
         for k, v in record.items()
     }
+    for name in ("as_of", "spot_as_of"):  # an instance row's price dates
+        if name in plain and plain[name] is None:
+            plain[name] = UNKNOWN_DATE
+    return plain
 
 
 def check_provider(name: str) -> str:
@@ -335,19 +367,56 @@ def check_provider(name: str) -> str:
 STALE_AFTER_DAYS = 30
 SPOT_STALE_AFTER_DAYS = 7
 
+#: Where a figure shown was priced from: ``(table, provider, region, market)``, or with
+#: the instance type as a fifth item, which dates it by its own row (its price date)
+#: rather than by the table part of its region.
+Place = tuple[Any, ...]
+
+
+def price_date(catalog: Catalog, place: Place) -> date | None:
+    """The as-of date of the price at ``place`` (``None``: unknown): its row's own date
+    for that market when the place names an instance type the tables have, else the
+    date of the table part (provider and region) it is in. Pure."""
+    table, provider, region, market = place[:4]
+    if len(place) > 4:
+        row = catalog.row(provider, region, place[4])
+        if row is not None:
+            return row.price_as_of(Market(market))
+    return catalog.tables[table].part(provider, region).as_of
+
+
+def as_of_text(day: date | None) -> str:
+    """A price date as shown: ISO, or ``unknown``.
+
+    >>> as_of_text(None), as_of_text(date(2026, 8, 26))
+    ('unknown', '2026-08-26')
+    """
+    return UNKNOWN_DATE if day is None else day.isoformat()
+
 
 @dataclass(frozen=True, slots=True)
 class Staleness:
-    """The oldest prices an answer used, when they are past their threshold."""
+    """How many of the prices an answer shows are past their threshold, and from when.
 
-    as_of: date
-    age_days: int
+    ``oldest`` is the oldest known date among them (``None`` when all are unknown),
+    ``newest`` the newest; ``unknown`` of them have no known date (counted as old).
+    """
+
+    old: int
+    shown: int
+    oldest: date | None
+    newest: date | None
+    unknown: int
     spot_only: bool  # only spot prices are past theirs (on-demand ones are not)
+
+    def age_days(self, today: date) -> int | None:
+        """The age of the oldest known stale price on ``today``."""
+        return None if self.oldest is None else (today - self.oldest).days
 
 
 def staleness(
     catalog: Catalog,
-    places: Iterable[tuple[str, str, str, Market]],
+    places: Iterable[Place],
     today: date,
     *,
     max_age_days: int = STALE_AFTER_DAYS,
@@ -355,81 +424,121 @@ def staleness(
 ) -> Staleness | None:
     """Whether the prices used for ``places`` are too old; pure.
 
-    ``places`` are ``(table, provider, region, market)`` of the figures shown. A price
-    is stale when its rows are older than ``max_age_days``, or ``spot_max_age_days``
-    for a spot price. Returns the oldest stale as-of date, or ``None``.
+    ``places`` are the :data:`Place` of the figures shown. A price is stale when its date
+    is older than ``max_age_days``, or ``spot_max_age_days`` for a spot price, or unknown.
+    Returns how many are, of how many, and from when; ``None`` when none is.
 
     >>> from costguard.pricing.tables import load_catalog
     >>> catalog = load_catalog()
-    >>> place = ("gpu_instances", "aws", "us-east-1", Market.SPOT)
-    >>> staleness(catalog, [place], catalog.as_of) is None
+    >>> place = ("gpu_instances", "aws", "us-east-1", Market.ON_DEMAND, "g5.xlarge")
+    >>> staleness(catalog, [place], date(2026, 8, 26)) is None
     True
-    >>> staleness(catalog, [place], date(2027, 1, 1))
-    Staleness(as_of=datetime.date(2026, 11, 30), age_days=32, spot_only=False)
+    >>> stale = staleness(catalog, [place], date(2027, 1, 1))
+    >>> stale.old, stale.shown, stale.oldest, stale.unknown
+    (1, 1, datetime.date(2026, 8, 26), 0)
     """
-    stale: list[tuple[date, Market]] = []
-    for table, provider, region, market in places:
-        as_of = catalog.tables[table].part(provider, region).as_of
+    stale: list[tuple[date | None, Market]] = []
+    shown = 0
+    for place in places:
+        shown += 1
+        market = Market(place[3])
+        as_of = price_date(catalog, place)
         limit = spot_max_age_days if market is Market.SPOT else max_age_days
-        if (today - as_of).days > limit:
+        if as_of is None or (today - as_of).days > limit:
             stale.append((as_of, market))
     if not stale:
         return None
-    oldest = min(as_of for as_of, _ in stale)
+    known = [as_of for as_of, _ in stale if as_of is not None]
     spot_only = all(
-        market is Market.SPOT and (today - as_of).days <= max_age_days for as_of, market in stale
+        market is Market.SPOT and as_of is not None and (today - as_of).days <= max_age_days
+        for as_of, market in stale
     )
-    return Staleness(oldest, (today - oldest).days, spot_only)
+    return Staleness(
+        old=len(stale),
+        shown=shown,
+        oldest=min(known, default=None),
+        newest=max(known, default=None),
+        unknown=len(stale) - len(known),
+        spot_only=spot_only,
+    )
+
+
+def stale_summary(stale: Staleness, today: date) -> str:
+    """The staleness warning's words: how many of the prices shown are old, from when.
+
+    >>> s = Staleness(3, 10, date(2026, 2, 24), date(2026, 8, 20), 1, False)
+    >>> stale_summary(s, date(2026, 12, 6))
+    '3 of 10 prices shown are old: from 2026-02-24 (285 days) to 2026-08-20, 1 of unknown date'
+    """
+    what = "spot prices" if stale.spot_only else "prices"
+    parts: list[str] = []
+    if stale.oldest is not None and stale.newest is not None:
+        span = f"from {stale.oldest.isoformat()} ({stale.age_days(today)} days)"
+        if stale.newest != stale.oldest:
+            span += f" to {stale.newest.isoformat()}"
+        parts.append(span)
+    if stale.unknown:
+        parts.append(f"{stale.unknown} of unknown date")
+    return f"{stale.old} of {stale.shown} {what} shown are old: {', '.join(parts)}"
 
 
 def source_dates(catalog: Catalog) -> dict[str, tuple[date, date]]:
-    """The oldest and newest as-of dates of each provider's instance prices: those of
-    the table parts of the regions the instance tables cover for it. Pure.
+    """The oldest and newest known price dates of each provider's instance rows (a
+    provider whose every date is unknown is left out). Pure.
 
     >>> from costguard.pricing.tables import load_catalog
-    >>> source_dates(load_catalog())["aws"]
-    (datetime.date(2026, 1, 21), datetime.date(2026, 11, 30))
+    >>> source_dates(load_catalog())["aws"][1]
+    datetime.date(2026, 8, 26)
     """
     dates: dict[str, list[date]] = {}
-    for provider, region in catalog.covered:
-        for table in INSTANCE_TABLES:
-            if table in catalog.tables:
-                dates.setdefault(provider, []).append(
-                    catalog.tables[table].part(provider, region).as_of
-                )
+    for row in catalog.instances:
+        for market in Market:
+            day = row.price_as_of(market)
+            if row.usd_per_hour(market) is not None and day is not None:
+                dates.setdefault(row.provider, []).append(day)
     return {p: (min(dates[p]), max(dates[p])) for p in PROVIDERS if p in dates}
 
 
-def prices_as_of(catalog: Catalog, places: Iterable[tuple[str, str, str, Market]]) -> date:
-    """How old the prices used for ``places`` are: the oldest as-of date of their parts
-    (``(table, provider, region, market)``, as for :func:`staleness`); the instance
-    tables' oldest date (:attr:`Catalog.as_of`) when there are none. Pure.
+def prices_as_of(catalog: Catalog, places: Iterable[Place]) -> date | None:
+    """How old the prices used for ``places`` are: the oldest of their dates
+    (:func:`price_date`; ``None`` when one is unknown); the instance tables' oldest date
+    (:attr:`Catalog.as_of`) when there are none. Pure.
 
     After a refresh of some regions, a figure priced from a refreshed region is as old
     as that refresh, not as old as the oldest region in the tables.
 
     >>> from costguard.pricing.tables import load_catalog
     >>> catalog = load_catalog()
-    >>> prices_as_of(catalog, [("gpu_instances", "aws", "us-east-1", Market.SPOT)])
-    datetime.date(2026, 11, 30)
+    >>> place = ("gpu_instances", "aws", "us-east-1", Market.ON_DEMAND, "g5.xlarge")
+    >>> prices_as_of(catalog, [place])
+    datetime.date(2026, 8, 26)
     """
-    dates = [
-        catalog.tables[table].part(provider, region).as_of for table, provider, region, _ in places
-    ]
-    return min(dates, default=catalog.as_of)
+    dates = [price_date(catalog, place) for place in places]
+    if not dates:
+        return catalog.as_of
+    if any(day is None for day in dates):
+        return None
+    return min(day for day in dates if day is not None)
 
 
-def rows_as_of(catalog: Catalog, table: str, rows: Iterable[Mapping[str, Any]]) -> date:
+def rows_as_of(catalog: Catalog, table: str, rows: Iterable[Mapping[str, Any]]) -> date | None:
     """How old the :func:`table_rows` ``rows`` of ``table`` are: for an instance table the
-    oldest date of the parts they are in (:func:`prices_as_of`), else the table's. Pure.
+    oldest date of their prices (:func:`prices_as_of`), else the table's. Pure.
 
     >>> from costguard.pricing.tables import load_catalog
     >>> catalog = load_catalog()
-    >>> rows = [{"provider": "aws", "region": "us-east-1"}]
-    >>> rows_as_of(catalog, "gpu_instances", rows) == prices_as_of(
-    ...     catalog, [("gpu_instances", "aws", "us-east-1", Market.SPOT)])
-    True
+    >>> rows = [{"provider": "aws", "region": "us-east-1", "instance_type": "g5.xlarge",
+    ...          "ondemand_usd_per_hour": "1.006"}]
+    >>> rows_as_of(catalog, "gpu_instances", rows)
+    datetime.date(2026, 8, 26)
     """
     if table not in INSTANCE_TABLES:
         return catalog.tables[table].as_of
-    return prices_as_of(catalog, [(table, r["provider"], r["region"], Market.SPOT) for r in rows])
+    columns = ((Market.ON_DEMAND, "ondemand_usd_per_hour"), (Market.SPOT, "spot_usd_per_hour"))
+    places = [
+        (table, r["provider"], r["region"], market, r["instance_type"])
+        for r in rows
+        for market, column in columns
+        if r.get(column) is not None
+    ]
+    return prices_as_of(catalog, places)

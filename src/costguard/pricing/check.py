@@ -82,7 +82,7 @@ class Finding:
 
 def check_instances(
     rows: Iterable[InstancePrice],
-    dated: Callable[[InstancePrice], date] | None = None,
+    dated: Callable[[InstancePrice], date | None] | None = None,
     parts: Iterable[GpuPart] = (),
 ) -> list[Finding]:
     """Every finding over ``rows``, in table order. ``dated`` gives a row's own date (its
@@ -98,8 +98,9 @@ def check_instances(
     findings: list[Finding] = []
     for row in rows:
         findings.extend(_row_findings(row))
-        if dated is not None:
-            findings.extend(_older_than_source(row, dated(row)))
+        day = dated(row) if dated is not None else None
+        if day is not None:  # an unknown date is old already, whatever its note cites
+            findings.extend(_older_than_source(row, day))
     for market in Market:
         findings.extend(_outliers(rows, market))
     findings.extend(_family_sums(rows))
@@ -115,9 +116,8 @@ def check_catalog(catalog: Catalog, parts: Iterable[GpuPart] = ()) -> list[Findi
     """:func:`check_instances` over ``catalog``'s instance rows, each dated by the table
     part (provider and region) it is in, with the GPU ``parts``."""
 
-    def dated(row: InstancePrice) -> date:
-        table = "gpu_instances" if row.accelerator else "cpu_instances"
-        return catalog.tables[table].part(row.provider, row.region).as_of
+    def dated(row: InstancePrice) -> date | None:
+        return row.as_of  # the row's own date (None: unknown)
 
     return check_instances(catalog.instances, dated, parts)
 

@@ -6,13 +6,25 @@ question, the tables' dates and every assumption. Pure: no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from costguard.pricing.advice import budget_verdict
-from costguard.pricing.catalog import Catalog, Market, Staleness, prices_as_of
+from costguard.pricing.catalog import (
+    SLURM,
+    Catalog,
+    Place,
+    Staleness,
+    as_of_text,
+    price_date,
+    prices_as_of,
+    stale_summary,
+)
 from costguard.pricing.estimate import CostOption, Estimate, EstimateRequest
-from costguard.pricing.slurm import SLURM, SlurmOption, SlurmRate, slurm_comparison
+
+if TYPE_CHECKING:
+    from costguard.pricing.slurm import SlurmOption, SlurmRate
 
 #: The columns of one option, in order (CSV header, JSON keys).
 OPTION_FIELDS = (
@@ -38,23 +50,69 @@ OPTION_FIELDS = (
 SLURM_FIELDS = ("service_units", "su_per_gpu_hour", "usd_per_su", "gpu_hours")
 
 
-def places(options: Sequence[CostOption]) -> list[tuple[str, str, str, Market]]:
-    """The (table, provider, region, market) each option was priced from."""
+def places(options: Sequence[CostOption]) -> list[Place]:
+    """The (table, provider, region, market, instance type) each option was priced from."""
     return [
-        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
+        (
+            "gpu_instances" if o.accelerator else "cpu_instances",
+            o.provider,
+            o.region,
+            o.market,
+            o.instance_type,
+        )
         for o in options
     ]
 
 
-def stale_text(stale: Staleness | None, catalog: Catalog) -> str | None:
-    """The staleness warning, without its prefix and hint; ``None`` when fresh."""
+#: The mark of a table row priced as of another date than the table's title.
+OTHER_DATE_MARK = "^"
+
+
+def header_as_of(catalog: Catalog, shown: Sequence[CostOption]) -> date | None:
+    """The date a table of ``shown`` options is titled with: the date most of their
+    prices carry (the older on a tie; ``None``: unknown); rows of another date are
+    marked (:func:`dated_apart`). The JSON's ``pricing_as_of`` stays the oldest."""
+    counts: dict[date | None, int] = {}
+    for place in places(shown):
+        day = price_date(catalog, place)
+        counts[day] = counts.get(day, 0) + 1
+    if not counts:
+        return prices_as_of(catalog, [])
+    return max(counts, key=lambda d: (counts[d], d is not None, -(d.toordinal() if d else 0)))
+
+
+def dated_apart(
+    catalog: Catalog, shown: Sequence[CostOption], header: date | None
+) -> tuple[list[CostOption], str | None]:
+    """The options of ``shown`` priced as of another date than ``header``, and the note
+    that says so under the table (``None`` when there are none)."""
+    apart = [o for o in shown if price_date(catalog, places([o])[0]) != header]
+    if not apart:
+        return [], None
+    by_date: dict[str, list[str]] = {}
+    for option in apart:
+        day = as_of_text(price_date(catalog, places([option])[0]))
+        by_date.setdefault(day, []).append(f"{option.market}")
+    said = "; ".join(
+        f"{len(markets)} {' and '.join(sorted(set(markets)))} price(s) of "
+        + ("no known date" if day == "unknown" else day)
+        for day, markets in sorted(by_date.items())
+    )
+    note = (
+        f"{OTHER_DATE_MARK} priced as of another date than the title's "
+        f"{as_of_text(header)}: {said}; `costguard pricing show gpu_instances` gives each "
+        "row's date and source"
+    )
+    return apart, note
+
+
+def stale_text(stale: Staleness | None, catalog: Catalog, today: date | None = None) -> str | None:
+    """The staleness warning, without its prefix and hint; ``None`` when fresh: how many
+    of the prices shown are old and from when (:func:`stale_summary`)."""
     if stale is None:
         return None
-    what = "spot prices" if stale.spot_only else "prices"
-    return (
-        f"the {what} used are {stale.age_days} days old "
-        f"({catalog.origin} tables, as of {stale.as_of.isoformat()})"
-    )
+    today = today or datetime.now(UTC).date()
+    return f"{stale_summary(stale, today)} ({catalog.origin} tables)"
 
 
 def option_row(
@@ -65,15 +123,18 @@ def option_row(
 ) -> dict[str, Any]:
     """One option as a flat record (JSON object or CSV row).
 
-    ``pricing_as_of`` is the as-of date of the table part (provider and region) its
-    price came from, so a region refreshed today says today. With a ``budget``: whether
+    ``price_as_of`` (and, as before, ``pricing_as_of``) is the as-of date of its price
+    (its row's date for its market, ``unknown`` where no source gives one), so a region
+    refreshed today says today. With a ``budget``: whether
     the option fits it, and the hours it buys.
     """
     row: dict[str, Any] = {name: getattr(option, name) for name in OPTION_FIELDS}
     row["market"] = str(option.market)
     row["price_status"] = str(option.price_status) if option.price_status else None
     row["notes"] = list(option.notes)
-    row["pricing_as_of"] = prices_as_of(catalog, places([option])).isoformat()
+    as_of = as_of_text(price_date(catalog, places([option])[0]))
+    row["price_as_of"] = as_of
+    row["pricing_as_of"] = as_of
     if budget is not None and hours is not None:
         verdict = budget_verdict(option, budget, hours)
         row["within_budget"] = verdict.fits
@@ -117,7 +178,7 @@ def to_document(
             "budget_usd": budget,
             "top": top,
         },
-        "pricing_as_of": prices_as_of(catalog, places(shown)).isoformat(),
+        "pricing_as_of": as_of_text(prices_as_of(catalog, places(shown))),
         "pricing_source": {
             "origin": catalog.origin,
             "directory": str(catalog.directory),
@@ -161,6 +222,8 @@ def slurm_document(slurm: SlurmOption | None, cheapest: CostOption | None) -> di
     """The SLURM allocation in the JSON document: SUs, and dollars only when given."""
     if slurm is None:
         return None
+    from costguard.pricing.slurm import slurm_comparison
+
     return {
         "provider": SLURM,
         "accelerator": slurm.accelerator,

@@ -5,9 +5,9 @@
 instance per provider, region and market, cheapest first, with the assumptions behind
 the figures.
 
-One idea, longer than most modules: one option's cost (compute, block and object
-storage, egress, moving the data) and the words that say what it assumed, together, so
-that no figure is shown without its assumption.
+Each option's cost (compute, block and object storage, egress, moving the data) is
+computed next to the words that say what it assumed, so that no figure is shown without
+its assumption.
 
 >>> from costguard.pricing.tables import load_catalog
 >>> result = estimate(EstimateRequest(gpu="A10G", hours=Decimal(8), count=4,
@@ -449,14 +449,21 @@ def _assumptions(
     request: EstimateRequest, catalog: Catalog, options: Sequence[CostOption]
 ) -> tuple[str, ...]:
     places = [
-        ("gpu_instances" if o.accelerator else "cpu_instances", o.provider, o.region, o.market)
+        (
+            "gpu_instances" if o.accelerator else "cpu_instances",
+            o.provider,
+            o.region,
+            o.market,
+            o.instance_type,
+        )
         for o in options
     ]
-    as_of = prices_as_of(catalog, places)
+    oldest = prices_as_of(catalog, places)
+    when = f"as of {oldest.isoformat()}" if oldest is not None else "of no known date"
     where = "" if catalog.origin == "bundled" else f" from {catalog.directory}"
     lines = [
-        f"Prices: {catalog.origin} tables{where} as of {as_of.isoformat()}; "
-        "list prices in USD, before taxes",
+        f"Prices: {catalog.origin} tables{where}, the oldest price shown {when} (each row's "
+        "date and source: `costguard pricing show`); list prices in USD, before taxes",
         f"Compute: price per hour x {request.hours} h x {request.count} instance(s)",
     ]
     if Market.SPOT in request.markets:

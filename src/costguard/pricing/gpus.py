@@ -52,6 +52,26 @@ MODELS: tuple[GpuModel, ...] = (
     GpuModel("M60", "NVIDIA", 8, ("m60",)),
     GpuModel("Radeon Pro V520", "AMD", 8, ("v520", "radeon-pro-v520")),
     GpuModel("Radeon MI25", "AMD", 16, ("mi25", "radeon-mi25")),
+    GpuModel("MI300X", "AMD", 192, ("mi300x", "instinct-mi300x", "amd-mi300x")),
+    GpuModel("GB200", "NVIDIA", 186, ("gb200", "grace-blackwell")),
+    GpuModel(
+        "RTXPRO6000",
+        "NVIDIA",
+        96,
+        ("rtx-pro-6000", "rtxpro6000", "rtx-pro-6000-blackwell", "rtx-6000-pro"),
+    ),
+    GpuModel("RTXPRO4500", "NVIDIA", 32, ("rtx-pro-4500", "rtxpro4500", "rtx-pro-4500-blackwell")),
+    # Fractions of one GPU (AWS g6f/gr6f, Azure NVadsA10 v5): their own names, so that
+    # `--gpu l4` never prices a slice as a whole GPU.
+    GpuModel("L4-1/8", "NVIDIA", 3, ("l4-1/8", "l4-eighth"), similar=("L4",)),
+    GpuModel("L4-1/4", "NVIDIA", 6, ("l4-1/4", "l4-quarter"), similar=("L4",)),
+    GpuModel("L4-1/2", "NVIDIA", 12, ("l4-1/2", "l4-half"), similar=("L4",)),
+    GpuModel("A10-1/6", "NVIDIA", 4, ("a10-1/6",), similar=("A10",)),
+    GpuModel("A10-1/3", "NVIDIA", 8, ("a10-1/3",), similar=("A10",)),
+    GpuModel("A10-1/2", "NVIDIA", 12, ("a10-1/2", "a10-half"), similar=("A10",)),
+    # Accelerators that are not GPUs: `--gpu` prices them too, by these names.
+    GpuModel("INFERENTIA2", "AWS", 32, ("inferentia2", "inf2")),
+    GpuModel("TRAINIUM", "AWS", 32, ("trainium", "trainium1", "trn1")),
 )
 
 _BY_NAME = {m.name: m for m in MODELS}

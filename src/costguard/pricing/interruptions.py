@@ -35,11 +35,6 @@ from costguard.money import format_usd
 from costguard.pricing.catalog import Market
 from costguard.pricing.estimate import CostOption
 
-#: Stated defaults when the user gives a rate but no checkpoint figures.
-DEFAULT_EVERY_MINUTES = Decimal(30)
-DEFAULT_SAVE_SECONDS = Decimal(60)
-DEFAULT_RESTART_MINUTES = Decimal(5)
-
 RANGE_LOW = 0.05
 RANGE_HIGH = 0.95
 

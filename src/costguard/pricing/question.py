@@ -1,9 +1,11 @@
-"""A person's question about cost, as typed values, and the estimates that answer it:
-one per GPU asked for, with the data's region looked up from its URL when given.
+"""A person's question about cost, as typed values, checked: what ``costguard estimate``,
+``costguard pilot``, ``launch --pilot-steps`` and :func:`costguard.estimate` ask. Pure.
 
-The CLI (``costguard estimate``) and the notebook API (:func:`costguard.estimate`) build a
-:class:`Question` from their arguments and call :func:`answer` (or :func:`build_request`);
-every name is checked against the tables before any lookup goes out.
+:class:`Question` refuses a bad question when it is made (figures out of range, flags
+that exclude each other); :func:`answer` prices it, one estimate per GPU asked for, after
+every name is checked against the tables. :mod:`costguard.pricing.quote` adds the rest of
+the answer (the data's region looked up from its URL, budget, SLURM, preemptions,
+measured hours).
 """
 
 from __future__ import annotations
@@ -12,31 +14,122 @@ import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import TYPE_CHECKING, NamedTuple
 
 from costguard.errors import CostguardError, InputError, UnknownNameError
+from costguard.money import parse_decimal
 from costguard.pricing.advice import expand_regions, split_names
-from costguard.pricing.catalog import Catalog, Market, Region, check_provider
+from costguard.pricing.catalog import SLURM, Catalog, Market, Region, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
 from costguard.pricing.gpus import canonical_gpu
-from costguard.pricing.slurm import SLURM
+
+if TYPE_CHECKING:
+    from costguard.pricing.interruptions import Checkpointing
+    from costguard.pricing.slurm import SlurmRate
 
 #: The largest values a question may hold (ten years; a hundred thousand instances; an
 #: exabyte): beyond them a figure is a typo, not a plan.
 MAX_HOURS = 24 * 366 * 10
 MAX_COUNT = 100_000
 MAX_GB = 10**9
+#: ``--interruptions-per-day advisor``: each AWS row's rate from its Spot Instance
+#: Advisor band (:mod:`costguard.pricing.advisor`), not one rate for all.
+ADVISOR_WORD = "advisor"
+#: Stated defaults when the user gives a preemption rate but no checkpoint figures.
+DEFAULT_EVERY_MINUTES = Decimal(30)
+DEFAULT_SAVE_SECONDS = Decimal(60)
+DEFAULT_RESTART_MINUTES = Decimal(5)
+
+
+class Bounds(NamedTuple):
+    """The range of one figure of a question: ``above`` refuses the minimum itself;
+    ``unit`` names what the bounds count, in the error. (A named tuple: two dozen of
+    them are made on every start-up.)"""
+
+    minimum: int
+    maximum: int
+    above: bool = False
+    unit: str = ""
+
+    def check(self, name: str, value: Decimal | int) -> None:
+        """Raise an :class:`InputError` naming ``name`` when ``value`` is out of range.
+
+        >>> Bounds(0, 10, above=True).check("hours", Decimal(0))
+        Traceback (most recent call last):
+        ...
+        costguard.errors.InputError: hours: must be more than 0, not '0'
+        """
+        unit = f" {self.unit}" if self.unit else ""
+        if self.above and value <= self.minimum:
+            problem = f"must be more than {self.minimum}"
+        elif value < self.minimum:
+            problem = f"must be at least {self.minimum}"
+        elif value > self.maximum:
+            problem = f"must be at most {self.maximum}{unit}"
+        else:
+            return
+        msg = f"{name}: {problem}, not '{value}'"
+        low = f"more than {self.minimum}" if self.above else f"from {self.minimum}"
+        raise InputError(msg, hint=f"{name} takes a number {low} up to {self.maximum}{unit}")
+
+
+#: The range of each decimal figure of a :class:`Question` (the CLI's options take theirs).
+NUMBERS = {
+    "hours": Bounds(0, MAX_HOURS, above=True, unit="hours (10 years)"),
+    "epochs": Bounds(0, 10**6, above=True, unit="epochs"),
+    "speedup": Bounds(0, 1000, above=True),
+    "disk_gb": Bounds(0, MAX_GB),
+    "storage_gb": Bounds(0, MAX_GB),
+    "storage_months": Bounds(0, 1200),
+    "egress_gb": Bounds(0, MAX_GB),
+    "data_gb": Bounds(0, MAX_GB),
+    "budget": Bounds(0, 10**9, above=True),
+    "su_per_gpu_hour": Bounds(0, 10**9, above=True),
+    "su_budget": Bounds(0, 10**15, above=True),
+    "usd_per_su": Bounds(0, 10**6),
+    "interruptions_per_day": Bounds(0, 48),
+    "every_minutes": Bounds(0, 10_080, above=True),
+    "save_seconds": Bounds(0, 86_400),
+    "restart_minutes": Bounds(0, 1_440),
+}
+#: The range of each whole-number figure of a :class:`Question`.
+WHOLE_NUMBERS = {
+    "count": Bounds(1, MAX_COUNT),
+    "gpus_per_instance": Bounds(1, 64),
+    "steps": Bounds(1, 10**12),
+    "top": Bounds(0, 10_000),
+}
+
+
+def to_decimal(name: str, value: float | int | str | Decimal) -> Decimal:
+    """A figure given as a number or its text, as a ``Decimal``; an :class:`InputError`
+    naming ``name`` when it is no finite number.
+
+    >>> to_decimal("hours", 8.5)
+    Decimal('8.5')
+    """
+    try:
+        return parse_decimal(value)
+    except ValueError:
+        msg = f"{name}: is not a finite number, not '{value}'"
+        raise InputError(msg, hint=f"{name} takes a finite number") from None
 
 
 @dataclass(frozen=True)
 class Question:
-    """What a run needs, in the words of ``costguard estimate``'s options.
+    """What a run needs, in the words of ``costguard estimate``'s options; checked when
+    made (an :class:`InputError` with a hint on a bad one).
 
     ``gpus`` may name several models (``("l4,t4",)`` or ``("l4", "t4")``); ``providers``
     and ``regions`` are names as given (a region may be a group such as ``europe``);
-    ``spot`` is ``None`` for both markets side by side.
+    ``spot`` is ``None`` for both markets side by side. The run's length is ``hours``, or
+    the pace recorded at ``from_run`` times ``steps`` (or ``epochs``).
+
+    >>> Question(hours=Decimal(8), gpus=("a10g",), count=4).count
+    4
     """
 
-    hours: Decimal
+    hours: Decimal | None = None
     count: int = 1
     gpus: tuple[str, ...] = ()
     gpus_per_instance: int = 1
@@ -51,6 +144,141 @@ class Question:
     data_url: str | None = None
     data_region: str | None = None
     data_gb: Decimal = Decimal(0)
+    #: A run's store (``--from-run``): the hours are its recorded pace x ``steps``.
+    from_run: str | None = None
+    steps: int | None = None
+    epochs: Decimal | None = None
+    speedup: Decimal | None = None
+    #: USD: whether each option fits, and how many hours it buys.
+    budget: Decimal | None = None
+    #: How many of the cheapest provider/regions to show (0: all).
+    top: int = 10
+    #: ``--provider slurm``: the allocation's rate, budget and worth.
+    su_per_gpu_hour: Decimal | None = None
+    su_budget: Decimal | None = None
+    usd_per_su: Decimal | None = None
+    #: Spot preemptions a day (or :data:`ADVISOR_WORD`), and how the run checkpoints.
+    interruptions_per_day: Decimal | str | None = None
+    every_minutes: Decimal | None = None
+    save_seconds: Decimal | None = None
+    restart_minutes: Decimal | None = None
+
+    def __post_init__(self) -> None:
+        _check_figures(self)
+        slurm_rate(self)
+        checkpointing(self)
+        _check_length(self)
+
+
+def _check_figures(question: Question) -> None:
+    """Every figure within its range (the CLI's options have checked theirs already)."""
+    for name, bounds in NUMBERS.items():
+        value = getattr(question, name)
+        if value is None or value == ADVISOR_WORD:
+            continue
+        if not isinstance(value, Decimal) or not value.is_finite():
+            msg = f"{name}: is not a finite number, not '{value}'"
+            raise InputError(msg, hint=f"{name} takes a finite number")
+        bounds.check(name, value)
+    for name, bounds in WHOLE_NUMBERS.items():
+        value = getattr(question, name)
+        if value is None:
+            continue
+        if not isinstance(value, int) or not bounds.minimum <= value <= bounds.maximum:
+            msg = (
+                f"{name} must be a whole number from {bounds.minimum} to {bounds.maximum}, "
+                f"not {value!r}"
+            )
+            raise InputError(msg, hint=f"e.g. {name}=1")
+
+
+def _check_length(question: Question) -> None:
+    """Exactly one of --hours and --from-run; --steps and --speedup only with --from-run."""
+    if question.from_run is None:
+        if question.hours is None:
+            msg = "the run's length is missing: give --hours, or --from-run with --steps"
+            raise InputError(
+                msg, hint="costguard estimate --gpu a10g --hours 8 (or --from-run URL --steps N)"
+            )
+        for flag in ("steps", "epochs", "speedup"):
+            if getattr(question, flag) is not None:
+                msg = f"--{flag} is for --from-run (a measured run), and it is not given"
+                raise InputError(msg, hint=f"add --from-run URL, or drop --{flag}")
+        return
+    if question.hours is not None:
+        msg = "--hours and --from-run both give the hours"
+        raise InputError(msg, hint="drop --hours to price the measured ones")
+    if question.steps is not None and question.epochs is not None:
+        msg = "--steps and --epochs both give the run's length"
+        raise InputError(msg, hint="keep one of them")
+    if len(split_names(question.gpus)) > 1:
+        msg = "--from-run prices one GPU: the one measured, or one --gpu with --speedup"
+        raise InputError(msg, hint="run the estimate once per GPU")
+    if question.instance_type is not None:
+        msg = "--from-run prices the measured GPU; --instance-type is not taken with it"
+        raise InputError(msg, hint="use --gpu (and --speedup for another GPU than measured)")
+
+
+def _flags_given(question: Question, names: Sequence[str]) -> list[str]:
+    """The options (``--su-budget``) of the fields ``names`` that the question gives."""
+    return ["--" + name.replace("_", "-") for name in names if getattr(question, name) is not None]
+
+
+def slurm_rate(question: Question) -> SlurmRate | None:
+    """The SLURM rate when --provider slurm is asked for; an :class:`InputError` on a
+    half-given one."""
+    wanted = any(p.strip().lower() == SLURM for p in question.providers)
+    given = _flags_given(question, ("su_per_gpu_hour", "su_budget", "usd_per_su"))
+    if not wanted:
+        if given:
+            msg = f"{given[0]} is for SLURM allocations, and --provider slurm is not asked for"
+            raise InputError(msg, hint=f"add --provider slurm, or drop {given[0]}")
+        return None
+    from costguard.pricing.slurm import SlurmRate  # --provider slurm only
+
+    if question.su_per_gpu_hour is None:
+        msg = "--provider slurm needs --su-per-gpu-hour (allocations are counted in SUs)"
+        raise InputError(
+            msg,
+            hint="your centre publishes it, e.g. --su-per-gpu-hour 64 (a GPU-hour costs 64 SU)",
+        )
+    return SlurmRate(
+        su_per_gpu_hour=question.su_per_gpu_hour,
+        usd_per_su=question.usd_per_su,
+        su_budget=question.su_budget,
+    )
+
+
+def checkpointing(question: Question) -> Checkpointing | None:
+    """The spot preemption figures when --interruptions-per-day is given; an
+    :class:`InputError` on checkpoint figures without a rate, or on a rate for on-demand
+    only."""
+    per_day = question.interruptions_per_day
+    given = _flags_given(question, ("every_minutes", "save_seconds", "restart_minutes"))
+    if per_day is None:
+        if given:
+            msg = f"{given[0]} prices spot preemptions, and --interruptions-per-day is not given"
+            raise InputError(
+                msg, hint="add --interruptions-per-day N (e.g. 1), or drop " + given[0]
+            )
+        return None
+    if question.spot is False:
+        msg = "--interruptions-per-day prices spot, and --on-demand asks for on-demand only"
+        raise InputError(msg, hint="drop --on-demand to see spot next to on-demand")
+    from costguard.pricing.interruptions import Checkpointing  # --interruptions-per-day only
+
+    return Checkpointing(
+        every_minutes=_given(question.every_minutes, DEFAULT_EVERY_MINUTES),
+        save_seconds=_given(question.save_seconds, DEFAULT_SAVE_SECONDS),
+        restart_minutes=_given(question.restart_minutes, DEFAULT_RESTART_MINUTES),
+        # advisor: each row's own rate, set per row (pricing.advisor.advisor_figures)
+        per_day=Decimal(0) if isinstance(per_day, str) else per_day,
+    )
+
+
+def _given(value: Decimal | None, default: Decimal) -> Decimal:
+    """The value given, else the stated default."""
+    return default if value is None else value
 
 
 def build_request(catalog: Catalog, question: Question, gpu: str | None) -> EstimateRequest:
@@ -80,6 +308,9 @@ def build_request(catalog: Catalog, question: Question, gpu: str | None) -> Esti
         else ((Market.SPOT,) if spot else (Market.ON_DEMAND,))
     )
     data_region = question.data_region
+    if question.hours is None:  # a --from-run question: pricing.quote measures the hours
+        msg = "the run's hours are not measured yet"
+        raise InputError(msg, hint="price a --from-run question with costguard.pricing.quote")
     return EstimateRequest(
         hours=question.hours,
         count=question.count,
@@ -133,14 +364,6 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     type. A GPU not offered where asked is left out when another is (the first such
     error is raised when none is)."""
     names: list[str | None] = [*split_names(question.gpus)] or [None]
-    located = None
-    if question.data_url and not question.data_region:
-        # Bad input is refused before the lookup goes out.
-        build_request(catalog, replace(question, data_gb=Decimal(0)), names[0])
-        from costguard.pricing.locate import locate  # --data only: URL rules, dataset table
-
-        located = locate(question.data_url)
-        question = replace(question, data_region=f"{located.provider}:{located.region}")
     results: list[Estimate] = []
     errors: list[InputError] = []
     for name in names:
@@ -153,12 +376,10 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
             errors.append(exc)
     if not results:
         raise errors[0]
-    extra = []
-    if located is not None:
-        extra.append(f"Data: {located.how}")
     if question.data_url and not question.data_gb:
-        extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
-    return [replace(r, notes=(*extra, *r.notes)) for r in results]
+        note = "Give --data-gb (how much of the data the run reads) to price moving it"
+        return [replace(r, notes=(note, *r.notes)) for r in results]
+    return results
 
 
 def combine(results: Sequence[Estimate]) -> Estimate:

@@ -18,9 +18,6 @@ from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.pricing.estimate import CostOption, EstimateRequest
 
-#: The provider name that prices a SLURM allocation instead of a cloud.
-SLURM = "slurm"
-
 
 @dataclass(frozen=True)
 class SlurmRate:

@@ -7,8 +7,8 @@ same layout. ``costguard pricing refresh`` writes such a directory into the user
 :func:`load_tables` prices from the fresher of that cache and the bundled tables.
 
 Loading validates every row and fails with the file and line of a bad one; the lookups
-afterwards are pure. One idea, longer than most modules: where the tables are (bundled,
-a folder, the refresh cache and its versions) and what makes a row valid, read together.
+afterwards are pure. Where the tables are (bundled, a folder, the refresh cache and its
+versions) and what makes a row valid are both decided here.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from costguard.errors import CostguardError, UnknownNameError
 from costguard.money import parse_decimal
-from costguard.pricing.advisor import TABLE, InterruptionRow, parse_band
 from costguard.pricing.catalog import (
     INSTANCE_COLUMNS,
     INSTANCE_TABLES,
     PROVIDERS,
     REQUIRED_TABLES,
+    ROW_DATE_COLUMNS,
+    UNKNOWN_DATE,
     Catalog,
     GpuPart,
     InstancePrice,
@@ -40,6 +41,9 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
 )
+
+if TYPE_CHECKING:
+    from costguard.pricing.advisor import InterruptionRow
 
 
 def bundled_tables_dir() -> Path:
@@ -74,7 +78,9 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
     index = _read_index(index_path)
     tables = {name: _table_info(name, index, directory) for name in REQUIRED_TABLES}
     instances = tuple(
-        row for name in INSTANCE_TABLES for row in _load(tables[name].path, _instance)
+        row
+        for name in INSTANCE_TABLES
+        for row in _load(tables[name].path, _instance_parser(tables[name]))
     )
     return Catalog(
         instances=instances,
@@ -106,6 +112,8 @@ def load_interruptions(directory: Path) -> tuple[TableInfo, tuple[InterruptionRo
     """The interruption table (``[interruptions]`` in ``tables.toml``: the AWS Spot
     Instance Advisor's bands) of ``directory`` with its entry, or the bundled one when
     that folder has none. Read by ``estimate --interruptions-per-day advisor`` only."""
+    from costguard.pricing.advisor import TABLE
+
     index_path = directory / "tables.toml"
     index = _read_index(index_path) if index_path.is_file() else {}
     if TABLE not in index:
@@ -447,7 +455,28 @@ def _required_price(row: Mapping[str, str], name: str) -> Decimal:
     return value
 
 
-def _instance(header: Sequence[str]) -> Callable[[list[str]], InstancePrice]:
+def _instance_parser(
+    info: TableInfo,
+) -> Callable[[Sequence[str]], Callable[[list[str]], InstancePrice]]:
+    """The row parser of the instance table ``info``: a row that gives no date of its
+    own (a blank ``as_of``, or a file without the column) takes its table part's."""
+    return lambda header: _instance(header, info)
+
+
+def _row_date(text: str, name: str, default: date | None) -> date | None:
+    """A row's price date: ``default`` when blank, ``None`` for ``unknown``."""
+    if not text:
+        return default
+    if text == UNKNOWN_DATE:
+        return None
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        msg = f"{name} must be a YYYY-MM-DD date or {UNKNOWN_DATE!r}, not {text!r}"
+        raise _BadRowError(msg) from None
+
+
+def _instance(header: Sequence[str], info: TableInfo) -> Callable[[list[str]], InstancePrice]:
     """The parser of one instance row, its columns found once in ``header``."""
     missing = [name for name in INSTANCE_COLUMNS if name not in header]
     if missing:
@@ -467,6 +496,9 @@ def _instance(header: Sequence[str]) -> Callable[[list[str]], InstancePrice]:
         at["spot_status"],
         at["note"],
     )
+    as_of_at, spot_as_of_at, source_at = (
+        header.index(name) if name in header else None for name in ROW_DATE_COLUMNS
+    )
 
     def parse(values: list[str]) -> InstancePrice:
         ondemand = _price_text(values[ondemand_at].strip(), "ondemand_usd_per_hour", optional=True)
@@ -481,9 +513,17 @@ def _instance(header: Sequence[str]) -> Callable[[list[str]], InstancePrice]:
             msg = f"accelerator_count must be a whole number, not {count_text!r}"
             raise _BadRowError(msg) from None
         provider = values[provider_at].strip().lower()
+        region = values[region_at].strip()
+        part = info.part(provider, region)
+        as_of = _row_date(
+            values[as_of_at].strip() if as_of_at is not None else "", "as_of", part.as_of
+        )
+        spot_text = values[spot_as_of_at].strip() if spot_as_of_at is not None else ""
+        spot_as_of = _row_date(spot_text, "spot_as_of", as_of) if spot_text else as_of
+        source = values[source_at].strip() if source_at is not None else ""
         return InstancePrice(
             provider=provider if provider in PROVIDERS else check_provider(provider),
-            region=values[region_at].strip(),
+            region=region,
             instance_type=values[type_at].strip(),
             accelerator=values[accelerator_at].strip() or None,
             accelerator_count=count,
@@ -494,6 +534,9 @@ def _instance(header: Sequence[str]) -> Callable[[list[str]], InstancePrice]:
             ondemand_status=_status_text(values[ondemand_status_at].strip(), "ondemand_status"),
             spot_status=_status_text(values[spot_status_at].strip(), "spot_status"),
             note=values[note_at].strip(),
+            as_of=as_of,
+            spot_as_of=spot_as_of,
+            source=source or part.source,
         )
 
     return parse
@@ -548,6 +591,8 @@ def _gpu_part(row: Mapping[str, str]) -> GpuPart:
 
 
 def _interruption(row: Mapping[str, str]) -> InterruptionRow:
+    from costguard.pricing.advisor import InterruptionRow, parse_band
+
     try:
         band = parse_band(_field(row, "band"))
     except ValueError as exc:

@@ -43,13 +43,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Protocol
 
+from costguard import contract
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import metadata, require
 from costguard.errors import CostguardError
 from costguard.reaper.autostop import AgentDecision, AgentPolicy, Reading, decide_shutdown
 from costguard.settings import Settings
 
-JOBS_DIR_ENV = "COSTGUARD_JOBS_DIR"
+JOBS_DIR_ENV = contract.ENV_JOBS_DIR
 DEFAULT_JOBS_DIR = Path("/run/costguard/jobs")
 POWEROFF = ("systemctl", "poweroff")
 AZURE_IMDS = "http://169.254.169.254"

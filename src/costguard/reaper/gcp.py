@@ -92,17 +92,6 @@ def check_locations(regions: Sequence[str], zones: Sequence[str], known: Sequenc
             raise InputError(msg, hint=hint)
 
 
-def _last(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _time(text: str) -> datetime:
-    """RFC 3339 with up to nanoseconds (Python reads at most microseconds)."""
-    text = re.sub(r"(\.\d{6})\d+", r"\1", text.strip())
-    parsed = datetime.fromisoformat(text)
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -200,7 +189,7 @@ class GcpFleet:
             else:
                 pager = self.instances_client.aggregated_list(project=self.project)
                 for scope, scoped in pager:
-                    zone = _last(scope)
+                    zone = gcp_clouds.last_segment(scope)
                     if self._wanted(zone):
                         found += [(zone, item) for item in scoped.instances]
         except gcp_clouds.errors() as exc:
@@ -208,11 +197,11 @@ class GcpFleet:
         return [self._instance(zone, item) for zone, item in found if item.status in LIVE_STATES]
 
     def _instance(self, zone: str, item: Any) -> Instance:
-        machine_type = _last(item.machine_type)
+        machine_type = gcp_clouds.last_segment(item.machine_type)
         count = sum(a.accelerator_count for a in item.guest_accelerators)
         accelerator = None
         if item.guest_accelerators:
-            name = _last(item.guest_accelerators[0].accelerator_type)
+            name = gcp_clouds.last_segment(item.guest_accelerators[0].accelerator_type)
             accelerator = gcp_clouds.ACCELERATORS.get(name, name)
         elif machine_type.split("-")[0] in gcp_clouds.GPU_FAMILIES:
             known = self.prices.gpus(self.provider, machine_type)
@@ -230,7 +219,7 @@ class GcpFleet:
             instance_type=machine_type,
             running=item.status == "RUNNING",
             gpu_count=count,
-            launched_at=_time(started) if started else None,
+            launched_at=gcp_clouds.timestamp(started) if started else None,
             # Deletion protection does not block a stop, but it says "do not touch".
             protected=bool(item.deletion_protection),
             tags={from_gcp_label(k): v for k, v in labels.items()},
@@ -287,7 +276,7 @@ class GcpFleet:
                 number = value.get("doubleValue", value.get("int64Value"))
                 if instance_id and number is not None:
                     # An aligned point stands for the period that ends at its endTime.
-                    when = _time(point["interval"]["endTime"]) - period
+                    when = gcp_clouds.timestamp(point["interval"]["endTime"]) - period
                     points[instance_id][gpu].append((when, float(number)))
         return points
 

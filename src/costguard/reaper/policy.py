@@ -1,7 +1,7 @@
 """Which GPU instances are idle, and what one reaper run may do about them. Pure: no I/O.
 
-One idea, longer than most modules: the idle rule and the run's limits, together, so every
-fail-safe choice (when in doubt, keep) can be read in one place.
+The idle rule and the run's limits are kept together, so every fail-safe choice (when
+in doubt, keep) can be read in one place.
 
 An idle GPU bills exactly like a busy one, but a wrong "idle" stops somebody's training
 run, so every rule here fails safe: when in doubt, keep the instance.
@@ -19,9 +19,10 @@ or use no GPU signal at all (SkyPilot autostop) stop busy machines; this one doe
 
 Evidence rules (docs/reaper.md says why each exists):
 
-* Tags: every tag whose key is a spelling of the keep tag (:func:`tag_key`: any case,
-  ``:``/``-``/``_``/blanks) is asked, in any order; one whose value is not clearly false
-  keeps (:func:`protects`). Duplicated time tags are unreadable, so they keep too.
+* Tags: every tag whose key is a spelling of the keep tag (:func:`~costguard.tags.tag_key`:
+  any case or width, any punctuation between the words, a billing export's ``user:``) is
+  asked, in any order; one whose value is not clearly false keeps (:func:`protects`).
+  Duplicated time tags are unreadable, so they keep too.
 * Series: each series is a witness of its own (:meth:`InstanceSamples.witnesses`): the
   instance-level GPU series, each per-GPU series, CPU, network. Any busy or broken sample
   of any witness keeps; any witness that does not cover the window keeps. None is
@@ -49,8 +50,6 @@ of the window, and a burst in it keeps the instance.
 from __future__ import annotations
 
 import math
-import re
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -59,7 +58,7 @@ from enum import StrEnum
 from itertools import pairwise
 
 from costguard.errors import CostguardError, InputError
-from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG
+from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG, tag_key
 
 #: The only values of a protect tag that do *not* protect (compared case-insensitively,
 #: not stripped, exactly as the IAM conditions in ``infra/`` compare them). Any other value
@@ -429,19 +428,6 @@ def protects(value: str) -> bool:
     [True, True, True, True, False, False, False]
     """
     return value.lower() not in FALSE_VALUES
-
-
-def tag_key(name: str) -> str:
-    """A tag key as the rules compare it: NFKC, case-folded, outer blanks dropped, and any
-    run of blanks, ``-``, ``_``, ``.``, ``/`` or ``:`` as one ``:``. Every spelling of a
-    key a person or another tool may write is then the same key.
-
-    >>> {tag_key(k) for k in ("costguard:keep", "COSTGUARD-KEEP", " Costguard_Keep ",
-    ...                       "costguard keep", "\uff43ostguard:keep")}
-    {'costguard:keep'}
-    """
-    folded = unicodedata.normalize("NFKC", name).casefold().strip()
-    return re.sub(r"[\s\-_./:]+", ":", folded)
 
 
 def tag_values(tags: Mapping[str, str], key: str) -> tuple[str, ...]:

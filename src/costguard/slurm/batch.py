@@ -1,7 +1,7 @@
 """The batch script for a preempt-safe SLURM job. Pure, apart from reading the template.
 
-One idea, longer than most modules: the script and every check on what reaches it, side
-by side, so that no value reaches the shell or an ``#SBATCH`` line unchecked.
+The script and every check on what reaches it are kept side by side, so that no value
+reaches the shell or an ``#SBATCH`` line unchecked.
 
 :func:`render` fills the template (``infra/slurm/costguard-job.sbatch``, shipped in the
 wheel as ``costguard/_slurm``) from a validated :class:`BatchJob`. Every value that
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.errors import CostguardError, InputError
 from costguard.secrets import find_in_words, find_secret, redact_url, url_has_credentials
 

@@ -2,6 +2,6 @@
 
 ``recovery`` decides where to run next from the job's history (pure); ``launcher``
 holds one adapter per provider (``local``, ``aws``, ``gcp``, ``azure``) behind the
-:class:`~costguard.spot.launcher.base.Launcher` protocol; ``job`` keeps the job's
+:class:`~costguard.spot.launcher.base.Launcher` base; ``job`` keeps the job's
 state in the checkpoint store, so the controller itself is stateless.
 """

@@ -239,6 +239,7 @@ def render(
     words = {
         "job_id": shlex.quote(spec.job_id),
         "attempt": shlex.quote(str(attempt)),
+        "job_key": "''",  # the job's key goes in after the search for secrets
         "cloud": shlex.quote(cloud),
         "workdir": shlex.quote(options.get("workdir", DEFAULT_WORKDIR)),
         "git_repo": shlex.quote(options.get("git_repo", "")),
@@ -255,6 +256,9 @@ def render(
     environ = os.environ if environ is None else environ
     refuse_secrets(
         spec.command, spec.options, spec.checkpoint_url, environ, text, sync_dir=spec.sync_dir
+    )
+    text = text.replace(
+        "export COSTGUARD_JOB_KEY=''", f"export COSTGUARD_JOB_KEY={shlex.quote(spec.job_key)}"
     )
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:
@@ -283,44 +287,6 @@ def _wheel_words(spec: LaunchSpec) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------- options shared by adapters
-
-
-def option(spec: LaunchSpec, name: str, provider: str, hint: str, *, default: str = "") -> str:
-    """The required option ``name`` of ``spec`` (else ``default``, the launcher's own), or an
-    :class:`InputError` saying how to set it.
-
-    >>> from datetime import datetime, UTC
-    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC))
-    >>> option(spec, "image", "aws", "an AMI id")
-    Traceback (most recent call last):
-    ...
-    costguard.errors.InputError: launching on aws needs the image option
-    """
-    value = spec.options.get(name, "").strip() or default
-    if not value:
-        msg = f"launching on {provider} needs the {name} option"
-        raise InputError(msg, hint=hint)
-    return value
-
-
-def int_option(spec: LaunchSpec, name: str, default: int, low: int, high: int) -> int:
-    """An integer option within ``low..high``.
-
-    >>> from datetime import datetime, UTC
-    >>> spec = LaunchSpec("j", "s3://b/j", ("true",), "me", datetime.now(UTC),
-    ...                   options={"disk_gb": "lots"})
-    >>> int_option(spec, "disk_gb", 100, 10, 65536)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    costguard.errors.InputError: the disk_gb option must be a whole number from 10 to 65536...
-    """
-    text = spec.options.get(name, "").strip()
-    if not text:
-        return default
-    if not text.isdigit() or not low <= int(text) <= high:
-        msg = f"the {name} option must be a whole number from {low} to {high}, not {text!r}"
-        raise InputError(msg, hint=f"e.g. {name}={default}")
-    return int(text)
 
 
 def max_price(spec: LaunchSpec) -> Decimal | None:

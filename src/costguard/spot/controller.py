@@ -29,6 +29,7 @@ from costguard.spot.job import (
     FINAL,
     RUNNING,
     Job,
+    clear_stop,
     latest_checkpoint_unix,
     latest_step,
     read_exit_record,
@@ -188,10 +189,9 @@ class Controller:
         unchanged when it finds none (reconcile then closes the attempt as never
         confirmed). GCP and Azure name the instance after the job and attempt, so the
         listing by label or tag already finds it."""
-        resume = getattr(self.launcher, "resume", None)
-        if resume is None or not current.token:
+        if not current.token:
             return job
-        handle = resume(
+        handle = self.launcher.resume(
             current.offer,
             job.spec.launch_spec(),
             current.number,
@@ -268,8 +268,7 @@ class Controller:
         the launcher can tell (``stopped``: it proves the instance is the job's), it is
         deleted once the store's latest checkpoint is complete (the work is there, not
         only on that disk), and otherwise kept and reported with what its disk costs."""
-        probe = getattr(self.launcher, "stopped", None)
-        found: Stopped | None = probe(handle, job.spec.job_id) if probe is not None else None
+        found: Stopped | None = self.launcher.stopped(handle, job.spec.job_id)
         if found is None:
             return job
         step = self._latest_step()
@@ -320,22 +319,20 @@ class Controller:
     def _zones_of(self, offer: Offer) -> tuple[str, ...]:
         """The launcher's zones for ``offer``'s region and type, asked once per controller.
 
-        A launcher that cannot say (no permission, an old adapter) leaves the offer
+        A launcher that cannot say (no permission; a provider without zones) leaves the offer
         regional: the provider places the instance, and recovery moves between regions.
         """
         key = (offer.region, offer.instance_type)
         if key not in self.zones:
-            lookup = getattr(self.launcher, "zones", None)
             found: tuple[str, ...] = ()
-            if lookup is not None:
-                try:
-                    found = tuple(dict.fromkeys(z for z in lookup(*key) if z))
-                except CostguardError as exc:
-                    self._emit(
-                        "zones",
-                        f"zones of {offer.region} unknown ({exc.message}): the provider "
-                        "picks the zone, and recovery moves between regions only",
-                    )
+            try:
+                found = tuple(dict.fromkeys(z for z in self.launcher.zones(*key) if z))
+            except CostguardError as exc:
+                self._emit(
+                    "zones",
+                    f"zones of {offer.region} unknown ({exc.message}): the provider "
+                    "picks the zone, and recovery moves between regions only",
+                )
             self.zones[key] = found
             if found:
                 self._emit(
@@ -378,6 +375,7 @@ class Controller:
             token=launch_token(job.spec.job_id, decision.number),
         )
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
+        clear_stop(self.store)  # a request for an earlier attempt is not this one's
         try:
             handle = self.launcher.launch(decision.offer, job.spec.launch_spec(), decision.number)
         except CapacityError as exc:
@@ -439,6 +437,7 @@ class Controller:
             )
         job = replace(job, status=decision.status, reason=decision.reason)
         self._emit("done" if decision.status == "succeeded" else decision.status, decision.reason)
+        clear_stop(self.store)  # acted upon: no later run of the job reads it
         return self._save(job)
 
     # -- the projection ------------------------------------------------------------------
@@ -476,7 +475,7 @@ class Controller:
                 )
             return job
         reason = f"stopped at the projection: {text}"
-        request_stop(self.store, job.spec.job_id, reason, now)
+        request_stop(self.store, job.spec.job_id, job.current.number, reason, now)
         self._emit("projection", f"{text}: asking the script to save and stop")
         return self._save(replace(job, stop_requested=reason, stop_requested_unix=now))
 

@@ -1,7 +1,7 @@
 """The job's state in the checkpoint store, next to its checkpoints.
 
-One idea, longer than most modules: the job's record (its spec, its attempts, their exit
-records), written and read back in one place, so the file format has one owner.
+The job's record (its spec, its attempts, their exit records) is written and read back
+here only, so the file format has one owner.
 
 ``job/job.json`` holds what the user asked for (:class:`JobSpec`) and every attempt (where
 it ran, how it ended); the controller rewrites it (atomically: a local rename, or one PUT)
@@ -23,7 +23,6 @@ The checkpoint library ignores these files (they are not in a ``ckpt-*`` folder)
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -34,42 +33,33 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from costguard.checkpoint.store import Store, StoreError, TooLargeError
+from costguard import contract, proof
+from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
 from costguard.money import usd_str
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
 from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
-from costguard.tags import ATTEMPT, check_job_id, is_job_id
+
+# The simulation settings are the simulator's; job.json holds them, and its readers name
+# them here too.
+from costguard.spot.simulator import Simulation as Simulation
+from costguard.tags import ATTEMPT, is_job_id
 
 logger = logging.getLogger(__name__)
 
-VERSION = 1
-JOB_FILE = "job/job.json"
-#: The controller's request that the running attempt save and stop (--stop-at-projection).
-STOP_FILE = "job/stop.json"
-ENV_JOB_ID = "COSTGUARD_JOB_ID"
-ENV_JOB_ATTEMPT = "COSTGUARD_JOB_ATTEMPT"
+JOB_FILE = contract.JOB_FILE
+STOP_FILE = contract.STOP_FILE
+ENV_JOB_ID = contract.ENV_JOB_ID
+ENV_JOB_ATTEMPT = contract.ENV_JOB_ATTEMPT
+exit_record_path = contract.exit_record_path
 #: Job states; ``running`` is the only one a controller supervises.
 RUNNING = "running"
 FINAL = ("succeeded", "failed", "stopped")
 
 
-class JobError(CostguardError):
-    """``job.json`` is missing or cannot be read."""
-
-
-#: An exit record is a few hundred bytes; a longer one is not costguard's and is ignored.
-EXIT_RECORD_BYTES = 64 * 1024
-
-
-def exit_record_path(attempt: int) -> str:
-    """Where attempt ``attempt``'s exit record lives, relative to the store root.
-
-    >>> exit_record_path(3)
-    'job/attempt-3.exit.json'
-    """
-    return f"job/attempt-{attempt}.exit.json"
+class JobError(InputError):
+    """``job.json`` cannot be read as a costguard job (bad input: exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -84,76 +74,20 @@ class ExitRecord:
     #: The job it belongs to: a record left by an earlier job at the same URL is ignored.
     job_id: str = ""
 
-    def to_json(self) -> bytes:
-        """The record as UTF-8 JSON."""
-        return json.dumps(asdict(self), sort_keys=True).encode()
-
 
 def write_exit_record(store: Store, record: ExitRecord) -> None:
     """Store ``record`` (one atomic write)."""
-    store.put(exit_record_path(record.attempt), record.to_json())
+    contract.write(store, exit_record_path(record.attempt), contract.EXIT, asdict(record))
 
 
 def read_exit_record(store: Store, attempt: int, job_id: str = "") -> ExitRecord | None:
-    """Attempt ``attempt``'s exit record, ``None`` when there is none (yet), or when it
-    belongs to another job than ``job_id`` (an earlier job at the same URL)."""
-    try:
-        data = json.loads(store.get(exit_record_path(attempt), max_bytes=EXIT_RECORD_BYTES))
-    except TooLargeError:
-        data = None
-    except StoreError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):
-            return None
-        raise
-    except (ValueError, RecursionError):
-        data = None
-    record = _exit_record(data, attempt)
-    if record is None:
-        logger.warning("costguard: ignoring the unreadable exit record of attempt %d", attempt)
+    """Attempt ``attempt``'s exit record, ``None`` when there is none (yet), when it is not
+    costguard's (named in a warning), or when it belongs to another job than ``job_id`` (an
+    earlier job at the same URL) or another attempt."""
+    doc = contract.read_or_warn(store, exit_record_path(attempt), contract.EXIT)
+    if doc is None or doc["attempt"] != attempt or (job_id and doc["job_id"] != job_id):
         return None
-    if job_id and record.job_id != job_id:
-        return None
-    return record
-
-
-def _exit_record(data: object, attempt: int) -> ExitRecord | None:
-    """The exit record of attempt ``attempt`` in parsed JSON ``data``; ``None`` unless every
-    field has its type and range (anyone who can write the store can write the file).
-
-    >>> _exit_record({"attempt": 2, "exit_code": 0, "finished_unix": 1.0}, 2).exit_code
-    0
-    >>> [_exit_record(d, 2) for d in ([], {}, {"attempt": 2, "exit_code": "x"})]
-    [None, None, None]
-    """
-
-    def whole(value: object, low: int, high: int) -> bool:
-        return type(value) is int and low <= value <= high
-
-    if not isinstance(data, dict):
-        return None
-    step, finished = data.get("last_step"), data.get("finished_unix")
-    host, job_id = data.get("host", ""), data.get("job_id", "")
-    if not (
-        whole(data.get("attempt"), attempt, attempt)
-        and whole(data.get("exit_code"), -255, 255)
-        and (step is None or whole(step, 0, 2**63))
-        and isinstance(finished, int | float)
-        and not isinstance(finished, bool)
-        and isinstance(host, str)
-        and isinstance(job_id, str)
-    ):
-        return None
-    finished_unix = float(finished)
-    if not 0 <= finished_unix < 2**40:  # a unix time: finite, not negative
-        return None
-    return ExitRecord(
-        attempt=attempt,
-        exit_code=int(data["exit_code"]),
-        last_step=None if step is None else int(step),
-        finished_unix=finished_unix,
-        host=host[:200],
-        job_id=job_id,
-    )
+    return ExitRecord(**doc)
 
 
 def latest_step(store: Store) -> int | None:
@@ -177,25 +111,28 @@ def latest_checkpoint_unix(store: Store) -> float | None:
     return None
 
 
-def request_stop(store: Store, job_id: str, reason: str, now_unix: float) -> None:
-    """Ask the job's running ``costguard run`` to have its script save and stop (exit 75):
-    ``job/stop.json``, which it polls (:func:`stop_requested`)."""
-    doc = {"job_id": job_id, "reason": reason, "requested_unix": now_unix}
-    store.put(STOP_FILE, json.dumps(doc, sort_keys=True).encode())
+def request_stop(store: Store, job_id: str, attempt: int, reason: str, now_unix: float) -> None:
+    """Ask attempt ``attempt`` of the job (its ``costguard run``) to have its script save and
+    stop (exit 75): ``job/stop.json``, which it polls (:func:`contract.stop_request`), signed
+    with the job's key (derived from this user's: :mod:`costguard.proof`)."""
+    key = proof.user_key(create=True)
+    assert key is not None  # created, or InputError
+    doc = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "reason": reason,
+        "requested_unix": now_unix,
+        "proof": proof.stop_proof(proof.job_key(key, job_id), job_id, attempt, reason, now_unix),
+    }
+    contract.write(store, STOP_FILE, contract.STOP, doc)
 
 
-def stop_requested(store: Store, job_id: str) -> str | None:
-    """Why job ``job_id`` was asked to stop, ``None`` when it was not (a request for
-    another job at the same URL, or an unreadable one, is none)."""
+def clear_stop(store: Store) -> None:
+    """Remove the stop request once acted upon (or a forged one), if there is one."""
     try:
-        doc = json.loads(store.get(STOP_FILE, max_bytes=EXIT_RECORD_BYTES))
-    except StoreError:  # missing (the usual case), too large, unreadable now
-        return None
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("job_id") != job_id or not job_id:
-        return None
-    return str(doc.get("reason", ""))[:500] or "stop requested"
+        store.delete([STOP_FILE])
+    except CostguardError as exc:
+        logger.warning("costguard: could not remove %s: %s", STOP_FILE, exc.message)
 
 
 def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:
@@ -237,25 +174,6 @@ def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: An
 
 
 @dataclass(frozen=True)
-class Simulation:
-    """``--provider local``: when the simulator sends preemption notices.
-
-    ``every_s``: each spot attempt gets a notice that many seconds after it starts
-    (randomised around it, exponentially, with ``seed``). ``at_s``: notices at these
-    seconds after the job started, each once. ``notice_s``: the deadline after a notice,
-    after which the process is killed (SIGKILL); ``None``: the simulated cloud's own
-    (AWS 120 s, GCP and Azure 30 s).
-    """
-
-    every_s: float | None = None
-    at_s: tuple[float, ...] = ()
-    seed: int | None = None
-    notice_s: float | None = None
-    metadata_port: int = 0
-    state_dir: str = ""
-
-
-@dataclass(frozen=True)
 class JobSpec:
     """What the user asked for; the same for every attempt."""
 
@@ -288,6 +206,12 @@ class JobSpec:
     stop_at_projection: bool = False
     #: ``--pilot-steps``: a pilot: the script stops after so many steps, their pace recorded.
     pilot_steps: int | None = None
+    #: What ``costguard launch`` set in the job's environment (no secrets): an attach runs
+    #: the job with this, never the attaching shell's.
+    environment: Mapping[str, str] = field(default_factory=dict)
+    #: The launching user's keyed digest of the spec (:func:`costguard.proof.spec_proof`):
+    #: ``--attach`` runs only a spec it holds for.
+    proof: str = ""
 
     def limits(self) -> Limits:
         """The recovery limits these settings imply."""
@@ -314,7 +238,16 @@ class JobSpec:
             options=dict(self.options),
             sync_dir=self.sync_dir,
             pilot_steps=self.pilot_steps,
+            environment=dict(self.environment),
+            job_key=_job_key(self.job_id),
         )
+
+
+def _job_key(job_id: str) -> str:
+    """The key of job ``job_id`` (hex) derived from this user's (made if needed)."""
+    key = proof.user_key(create=True)
+    assert key is not None  # made, or InputError
+    return proof.job_key(key, job_id).hex()
 
 
 @dataclass(frozen=True)
@@ -370,17 +303,8 @@ def _offer_doc(offer: Offer) -> dict[str, Any]:
 
 
 def _offer(doc: Mapping[str, Any]) -> Offer:
-    return Offer(
-        provider=str(doc["provider"]),
-        region=str(doc["region"]),
-        zone=str(doc.get("zone", "")),
-        instance_type=str(doc["instance_type"]),
-        market=Market(doc["market"]),
-        usd_per_hour=Decimal(str(doc["usd_per_hour"])),
-        gpu=str(doc["gpu"]),
-        gpu_count=int(doc["gpu_count"]),
-        verified=bool(doc.get("verified", True)),  # job.json written before it had the key
-    )
+    """An offer from its record, checked by :data:`contract.OFFER`."""
+    return Offer(**{**doc, "market": Market(doc["market"])})
 
 
 def handle_doc(handle: Handle) -> dict[str, Any]:
@@ -392,16 +316,6 @@ def handle_doc(handle: Handle) -> dict[str, Any]:
         "instance_id": handle.instance_id,
         "extra": dict(handle.extra),
     }
-
-
-def _handle(doc: Mapping[str, Any]) -> Handle:
-    return Handle(
-        provider=str(doc["provider"]),
-        region=str(doc["region"]),
-        zone=str(doc.get("zone", "")),
-        instance_id=str(doc["instance_id"]),
-        extra={str(k): str(v) for k, v in dict(doc.get("extra") or {}).items()},
-    )
 
 
 def attempt_doc(attempt: Attempt) -> dict[str, Any]:
@@ -424,30 +338,15 @@ def attempt_doc(attempt: Attempt) -> dict[str, Any]:
 
 
 def _attempt(doc: Mapping[str, Any]) -> Attempt:
-    outcome = doc.get("outcome")
+    outcome, handle = doc["outcome"], doc["handle"]
     return Attempt(
-        number=int(doc["number"]),
-        offer=_offer(doc["offer"]),
-        launched_unix=float(doc["launched_unix"]),
-        handle=_handle(doc["handle"]) if doc.get("handle") else None,
-        ended_unix=float(doc["ended_unix"]) if doc.get("ended_unix") is not None else None,
-        outcome=AttemptOutcome(outcome) if outcome else None,
-        exit_code=int(doc["exit_code"]) if doc.get("exit_code") is not None else None,
-        detail=str(doc.get("detail", "")),
-        resumed_step=_opt_int(doc.get("resumed_step")),
-        last_step=_opt_int(doc.get("last_step")),
-        lost_s=float(doc.get("lost_s") or 0.0),
-        lost_steps=_opt_int(doc.get("lost_steps")),
-        token=str(doc.get("token") or ""),
+        **{
+            **doc,
+            "offer": _offer(doc["offer"]),
+            "handle": Handle(**handle) if handle else None,
+            "outcome": AttemptOutcome(outcome) if outcome else None,
+        }
     )
-
-
-def _opt_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def _opt_decimal(value: Any) -> Decimal | None:
-    return None if value is None else Decimal(str(value))
 
 
 def spec_doc(spec: JobSpec) -> dict[str, Any]:
@@ -478,6 +377,8 @@ def spec_doc(spec: JobSpec) -> dict[str, Any]:
         "pilot_steps": spec.pilot_steps,
         "options": dict(spec.options),
         "sync_dir": spec.sync_dir,
+        "environment": dict(spec.environment),
+        "proof": spec.proof,
         "simulation": None
         if sim is None
         else {
@@ -492,49 +393,21 @@ def spec_doc(spec: JobSpec) -> dict[str, Any]:
 
 
 def _spec(doc: Mapping[str, Any]) -> JobSpec:
-    sim = doc.get("simulation")
+    sim = doc["simulation"]
     return JobSpec(
-        job_id=check_job_id(doc["job_id"], JOB_FILE),
-        provider=str(doc["provider"]),
-        gpu=str(doc["gpu"]),
-        gpu_count=int(doc["gpu_count"]),
-        regions=tuple(str(r) for r in doc.get("regions") or ()),
-        spot=bool(doc["spot"]),
-        checkpoint_url=str(doc["checkpoint_url"]),
-        command=tuple(str(c) for c in doc["command"]),
-        owner=str(doc.get("owner", "")),
-        created_unix=float(doc["created_unix"]),
-        expires_at=datetime.fromisoformat(str(doc["expires_at"])),
-        max_usd_per_hour=_opt_decimal(doc.get("max_usd_per_hour")),
-        max_total_usd=_opt_decimal(doc.get("max_total_usd")),
-        max_preemptions=int(doc.get("max_preemptions", 3)),
-        max_failures=int(doc.get("max_failures", 0)),
-        every_steps=_opt_int(doc.get("every_steps")),
-        every_minutes=float(doc["every_minutes"]) if doc.get("every_minutes") else None,
-        idle_minutes=int(doc.get("idle_minutes", 30)),
-        hours=_opt_decimal(doc.get("hours")),
-        total_steps=_opt_int(doc.get("total_steps")),
-        stop_at_projection=bool(doc.get("stop_at_projection", False)),
-        pilot_steps=_opt_int(doc.get("pilot_steps")),
-        options={str(k): str(v) for k, v in dict(doc.get("options") or {}).items()},
-        sync_dir=str(doc["sync_dir"]) if doc.get("sync_dir") else None,  # absent before it
-        simulation=None
-        if not sim
-        else Simulation(
-            every_s=float(sim["every_s"]) if sim.get("every_s") is not None else None,
-            at_s=tuple(float(t) for t in sim.get("at_s") or ()),
-            seed=_opt_int(sim.get("seed")),
-            notice_s=float(sim["notice_s"]) if sim.get("notice_s") is not None else None,
-            metadata_port=int(sim.get("metadata_port", 0)),
-            state_dir=str(sim.get("state_dir", "")),
-        ),
+        **{
+            **doc,
+            "every_minutes": doc["every_minutes"] or None,
+            "sync_dir": doc["sync_dir"] or None,
+            "simulation": Simulation(**sim) if sim else None,
+        }
     )
 
 
 def job_doc(job: Job) -> dict[str, Any]:
     """The whole job as the JSON document stored in ``job/job.json``."""
     return {
-        "version": VERSION,
+        "version": contract.VERSION,
         "status": job.status,
         "reason": job.reason,
         "updated_unix": job.updated_unix,
@@ -549,29 +422,23 @@ def job_doc(job: Job) -> dict[str, Any]:
     }
 
 
+def job_from(doc: Mapping[str, Any]) -> Job:
+    """The job in a record checked by :data:`contract.JOB`."""
+    fields = {k: v for k, v in doc.items() if k not in ("version", "spec", "attempts")}
+    return Job(
+        spec=_spec(doc["spec"]),
+        attempts=tuple(_attempt(a) for a in doc["attempts"]),
+        **fields,
+    )
+
+
 def parse_job(data: bytes, url: str = "") -> Job:
-    """Read ``job.json``; :class:`JobError` when it is not a costguard job document."""
+    """Read ``job.json``; :class:`JobError` when it is not a costguard job document (the
+    contract's reader names the field)."""
     try:
-        doc = json.loads(data)
-        if not isinstance(doc, dict) or int(doc.get("version", 0)) != VERSION:
-            msg = f"unsupported job document version {doc.get('version')!r}"
-            raise ValueError(msg)
-        return Job(
-            spec=_spec(doc["spec"]),
-            attempts=tuple(_attempt(a) for a in doc.get("attempts") or ()),
-            status=str(doc.get("status", RUNNING)),
-            reason=str(doc.get("reason", "")),
-            updated_unix=float(doc.get("updated_unix", 0.0)),
-            controller=str(doc.get("controller", "")),
-            heartbeat_unix=float(doc.get("heartbeat_unix", 0.0)),
-            strays_terminated=tuple(str(s) for s in doc.get("strays_terminated") or ()),
-            kept_stopped=tuple(str(s) for s in doc.get("kept_stopped") or ()),
-            stop_requested=str(doc.get("stop_requested", "")),
-            stop_requested_unix=float(doc.get("stop_requested_unix", 0.0)),
-        )
-    except (ValueError, KeyError, TypeError) as exc:
-        msg = f"{JOB_FILE} in {url or 'the store'} is not a costguard job: {exc}"
-        raise JobError(msg, hint="was it written by another costguard version?") from None
+        return job_from(contract.parse(data, contract.JOB, f"{JOB_FILE} in {url or 'the store'}"))
+    except contract.RecordError as exc:
+        raise JobError(exc.message, hint=exc.hint) from None
 
 
 def save_job(store: Store, job: Job) -> Job:
@@ -583,7 +450,7 @@ def save_job(store: Store, job: Job) -> Job:
         heartbeat_unix=now,
         controller=_controller_id(),
     )
-    store.put(JOB_FILE, json.dumps(job_doc(stamped), indent=1, sort_keys=True).encode())
+    contract.write(store, JOB_FILE, contract.JOB, job_doc(stamped))
     return stamped
 
 
@@ -599,7 +466,7 @@ def release_job(store: Store) -> bool:
         if job.status != RUNNING or job.controller != _controller_id():
             return False
         released = replace(job, controller="", heartbeat_unix=0.0)
-        store.put(JOB_FILE, json.dumps(job_doc(released), indent=1, sort_keys=True).encode())
+        contract.write(store, JOB_FILE, contract.JOB, job_doc(released))
     except (OSError, CostguardError):
         return False
     return True
@@ -612,15 +479,13 @@ def _controller_id() -> str:
 def load_job(store: Store) -> Job:
     """Read the job in ``store``; :class:`InputError` when there is none."""
     try:
-        data = store.get(JOB_FILE)
-    except StoreError as exc:
-        if isinstance(exc.__cause__, FileNotFoundError):
-            msg = f"no costguard job at {store.url} (no {JOB_FILE})"
-            raise InputError(
-                msg, hint="pass the --checkpoint URL the job was launched with"
-            ) from None
-        raise
-    return parse_job(data, store.url)
+        doc = contract.read(store, JOB_FILE, contract.JOB, contract.JOB_BYTES)
+    except contract.RecordError as exc:
+        raise JobError(exc.message, hint=exc.hint) from None
+    if doc is None:
+        msg = f"no costguard job at {store.url} (no {JOB_FILE})"
+        raise InputError(msg, hint="pass the --checkpoint URL the job was launched with")
+    return job_from(doc)
 
 
 def job_exists(store: Store) -> bool:

@@ -96,7 +96,7 @@ def fallback_offer(offers: Sequence[Offer]) -> Offer | None:
     return next((o for o in offers if o.market is Market.ON_DEMAND), None)
 
 
-def offers_as_of(catalog: Catalog, offers: Sequence[Offer]) -> date:
+def offers_as_of(catalog: Catalog, offers: Sequence[Offer]) -> date | None:
     """How old the prices of ``offers`` are: the oldest as-of date of the table parts
     (provider and region) they were read from, as ``estimate`` dates what it shows; a
     local offer by its cloud's place (``aws:us-east-1``)."""
@@ -104,7 +104,13 @@ def offers_as_of(catalog: Catalog, offers: Sequence[Offer]) -> date:
     for offer in offers:
         cloud, _, region = offer.region.partition(":") if offer.provider == LOCAL else ("", "", "")
         places.append(
-            ("gpu_instances", cloud or offer.provider, region or offer.region, offer.market)
+            (
+                "gpu_instances",
+                cloud or offer.provider,
+                region or offer.region,
+                offer.market,
+                offer.instance_type,
+            )
         )
     return prices_as_of(catalog, places)
 

@@ -21,14 +21,16 @@ from typing import TYPE_CHECKING
 
 from costguard.checkpoint.completion import sync_dir_path
 from costguard.errors import InputError
+from costguard.pricing.catalog import as_of_text
 from costguard.pricing.gpus import canonical_gpu
 from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 from costguard.shell import command
-from costguard.spot.job import RUNNING, Job, JobSpec, Simulation, job_exists, load_job, save_job
+from costguard.spot.job import RUNNING, Job, JobSpec, job_exists, load_job, save_job
 from costguard.spot.launcher.base import Launcher, Offer
 from costguard.spot.offers import fallback_offer, offers_as_of, require_offers
 from costguard.spot.recovery import Launch, decide
+from costguard.spot.simulator import Simulation
 
 if TYPE_CHECKING:
     from costguard.checkpoint.store import Store
@@ -370,7 +372,7 @@ def prepare(
             )
     first = first_launch(spec, offers)
     shown = [first.offer, *filter(None, [fallback_offer(offers)])]  # what the estimate prices
-    return Prepared(spec, store, offers, first, offers_as_of(catalog, shown).isoformat(), wheel)
+    return Prepared(spec, store, offers, first, as_of_text(offers_as_of(catalog, shown)), wheel)
 
 
 def check_launcher(prepared: Prepared, launcher: Launcher) -> Prepared:

@@ -26,6 +26,8 @@ from costguard.spot.job import Job
 from costguard.spot.recovery import spent_usd
 
 USD_PLACES = Decimal("0.0001")
+#: A run with more than a century left is not projected (no finish date, no total).
+HORIZON_S = 100 * 365.25 * 86400
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,13 @@ def project(
     total_steps: int | None = None,
     wind_down_s: float = 0.0,
 ) -> Projection | None:
-    """The projection, or ``None`` when the run's total steps are unknown or no step was
-    measured. ``running_since_unix``: when the attempt now running started (``None``:
-    none runs); steps since the record are extrapolated only within it. The steps left
-    go at the wall-clock rate of the measured ones: their pace, the slow steps among them
-    (evaluations) and the time inside ``step()`` (saves); ``wind_down_s`` after the last
-    step (the final save, the exit) is added while steps are left."""
+    """The projection, or ``None`` when the run's total steps are unknown, no step was
+    measured, or more than :data:`HORIZON_S` are left. ``running_since_unix``: when the
+    attempt now running started (``None``: none runs); steps since the record are
+    extrapolated only within it. The steps left go at the wall-clock rate of the measured
+    ones: their pace, the slow steps among them (evaluations) and the time inside
+    ``step()`` (saves); ``wind_down_s`` after the last step (the final save, the exit) is
+    added while steps are left."""
     total = total_steps or pace.total_steps
     if total is None or pace.steps_measured == 0 or pace.seconds_measured <= 0:
         return None
@@ -83,6 +86,8 @@ def project(
     left_s = max(0, total - done) * wall_per_step
     if done < total:
         left_s += wind_down_s
+    if not left_s <= HORIZON_S:
+        return None
     projected = None
     if usd_per_hour is not None:
         rest = usd_per_hour * Decimal(str(left_s)) / 3600

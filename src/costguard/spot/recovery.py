@@ -14,6 +14,8 @@ The controller records each attempt (the offer it ran on, how it ended) and asks
    preemption the next attempt runs in another zone (or region) whenever one exists.
    A region hit ``region_backoff_hits`` times within ``backoff_s`` (in any of its zones)
    is backed off as a whole: its zones not hit yet come after those of other regions.
+   Among the places hit, only when they were hit counts: a lost or preempted attempt's
+   zone is never the next one while a place hit earlier is offered.
    Among the rest the cheapest wins (zones of one region share its price, so the move
    after a first preemption is usually to a sibling zone).
 5. Never launch when the money spent plus one more hour at the chosen price would pass
@@ -45,12 +47,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from costguard import contract
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.base import Handle, Offer, State
 
 SECONDS_PER_HOUR = Decimal(3600)
 #: The wrapper's exit code after a notice-triggered save ("run me again").
-EXIT_PREEMPTED = 75
+EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 
 
 class AttemptOutcome(enum.Enum):
@@ -218,10 +221,13 @@ def choose_offer(
 ) -> Offer | None:
     """The offer for the next attempt, or ``None`` when none is in the market wanted.
 
-    Places hit (interrupted or refused) within ``backoff_s`` go last, the most recently
-    hit last of all; before them, the places of regions backed off as a whole
-    (:func:`hot_regions`); the rest are taken verified prices first (an unverified price
-    may be a placeholder), then cheapest first (ties by place, for stability).
+    Places hit (interrupted or refused) within ``backoff_s`` go last, ordered by when
+    they were hit, the most recent last of all: spot capacity is reclaimed per pool (an
+    instance type in one zone), so the place that took an instance back a moment ago is
+    the one known to be short now, whatever its region's record. Before them, the places
+    not hit of regions backed off as a whole (:func:`hot_regions`); before those, the
+    rest, verified prices first (an unverified price may be a placeholder), then
+    cheapest first (ties by place, for stability).
     """
     market = market_for(attempts, offers, limits)
     pool = [o for o in offers if o.market is market]
@@ -233,11 +239,11 @@ def choose_offer(
         hit[attempt.offer.place] = max(hit.get(attempt.offer.place, when), when)
     hot = hot_regions(attempts, limits, now_unix)
 
-    def key(offer: Offer) -> tuple[bool, bool, float, bool, Decimal, str, str]:
+    def key(offer: Offer) -> tuple[bool, float, bool, bool, Decimal, str, str]:
         return (
             offer.place in hit,
-            offer.region_place in hot,
-            hit.get(offer.place, 0.0),
+            hit.get(offer.place, 0.0),  # among places hit, the least recent first
+            offer.region_place in hot,  # among the others, backed-off regions last
             not offer.verified,  # a verified price before a cheaper unverified one
             offer.usd_per_hour,
             offer.place,

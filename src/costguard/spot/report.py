@@ -24,6 +24,7 @@ from costguard.spot.job import RUNNING, Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
 from costguard.spot.projection import Projection, duration
 from costguard.spot.projection import document as projection_doc
+from costguard.text import visible
 
 #: What ``--max-price`` does on each provider, besides filtering the offers.
 MAX_PRICE_REACH = {
@@ -344,19 +345,18 @@ def attempt_rows(job: Job, now_unix: float) -> list[list[str]]:
     for a in job.attempts:
         steps = f"{a.resumed_step if a.resumed_step is not None else 0}"
         steps += f"->{a.last_step}" if a.last_step is not None else "->?"
-        rows.append(
-            [
-                str(a.number),
-                a.offer.place,
-                a.offer.market.value,
-                format_usd(a.offer.usd_per_hour, rate=True),
-                handle_label(a.handle),
-                a.outcome.value if a.outcome else "running",
-                "" if a.exit_code is None else str(a.exit_code),
-                steps,
-                usd(a.cost_usd(now_unix)),
-            ]
-        )
+        row = [
+            str(a.number),
+            a.offer.place,
+            a.offer.market.value,
+            format_usd(a.offer.usd_per_hour, rate=True),
+            handle_label(a.handle),
+            a.outcome.value if a.outcome else "running",
+            "" if a.exit_code is None else str(a.exit_code),
+            steps,
+            usd(a.cost_usd(now_unix)),
+        ]
+        rows.append([visible(cell) for cell in row])  # read from job.json
     return rows
 
 

@@ -31,13 +31,33 @@ import json
 import random
 import secrets
 import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from costguard.errors import InputError
-from costguard.spot.job import Simulation
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """``--provider local``: when the simulator sends preemption notices.
+
+    ``every_s``: each spot attempt gets a notice that many seconds after it starts
+    (randomised around it, exponentially, with ``seed``). ``at_s``: notices at these
+    seconds after the job started, each once. ``notice_s``: the deadline after a notice,
+    after which the process is killed (SIGKILL); ``None``: the simulated cloud's own
+    (AWS 120 s, GCP and Azure 30 s).
+    """
+
+    every_s: float | None = None
+    at_s: tuple[float, ...] = ()
+    seed: int | None = None
+    notice_s: float | None = None
+    metadata_port: int = 0
+    state_dir: str = ""
+
 
 #: The name the emulated Azure VM answers for ``compute/name``, and its events list.
 VM_NAME = "costguard-local"

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from costguard import contract
 from costguard.clouds import metadata
 from costguard.errors import InputError
 
@@ -36,11 +37,11 @@ logger = logging.getLogger(__name__)
 
 CLOUDS = ("aws", "gcp", "azure")
 #: Environment variables that configure notices (``costguard run`` sets the FD one).
-ENV_CLOUD = "COSTGUARD_CLOUD"
-ENV_NOTICE_FD = "COSTGUARD_NOTICE_FD"
-ENV_POLL_S = "COSTGUARD_NOTICE_POLL_S"
+ENV_CLOUD = contract.ENV_CLOUD
+ENV_NOTICE_FD = contract.ENV_NOTICE_FD
+ENV_POLL_S = contract.ENV_NOTICE_POLL_S
 ENDPOINT_ENV = {
-    "aws": "COSTGUARD_AWS_METADATA_URL",
+    "aws": contract.ENV_AWS_METADATA_URL,
     "gcp": "COSTGUARD_GCP_METADATA_URL",
     "azure": "COSTGUARD_AZURE_METADATA_URL",
 }

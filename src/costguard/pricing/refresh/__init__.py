@@ -7,7 +7,9 @@ official price APIs (or responses downloaded earlier), into the user cache.
   :mod:`~costguard.pricing.refresh.azure` talk to the APIs (or read a mirror:
   :mod:`~costguard.pricing.refresh.mirror`), retrying throttling with backoff
   (:mod:`costguard.retry`).
-* :mod:`~costguard.pricing.refresh.parse` (API records -> prices per table row) and
+* :mod:`~costguard.pricing.refresh.parse` (the rules every provider's records are read
+  by) with one module per provider, ``parse_<cloud>.py`` (API records -> prices per
+  table row), and
   :mod:`~costguard.pricing.refresh.merge` (fresh prices + tables in use -> new tables)
   decide, with no I/O.
 * :mod:`~costguard.pricing.refresh.cache` writes the tables atomically.

@@ -28,9 +28,9 @@ from costguard.errors import CostguardError
 from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
-from costguard.pricing.refresh.parse import (
+from costguard.pricing.refresh.parse import Dated
+from costguard.pricing.refresh.parse_aws import (
     AWS_LINUX_ATTRIBUTES,
-    Dated,
     aws_offer_products,
     aws_ondemand,
     aws_prices,
@@ -114,7 +114,7 @@ def fetch(
                 try:
                     spot.update(aws_spot(count(_live_spot(ec2, types, now, policy))))
                 except aws.errors() as exc:
-                    if _error_code(exc) not in _REGION_NOT_ENABLED:
+                    if aws.error_code(exc) not in _REGION_NOT_ENABLED:
                         raise
                     # An opt-in region this account has not enabled: its spot prices
                     # cannot be read (on-demand comes from the Price List all the same).
@@ -208,18 +208,12 @@ def _pages(
     return pages(fetch, max_pages=MAX_PAGES)
 
 
-def _error_code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
-
-
 def _transient(exc: Exception) -> Transient | None:
     """Throttling, 5xx and dropped connections are worth another try."""
     exceptions = require("botocore.exceptions", aws.EXTRA)
     if isinstance(exc, exceptions.ClientError):
-        error = exc.response.get("Error", {})
         metadata = exc.response.get("ResponseMetadata", {})
-        code = str(error.get("Code", ""))
+        code = aws.error_code(exc)
         status = metadata.get("HTTPStatusCode")
         if code in _THROTTLING or status in (429, 500, 502, 503, 504):
             retry_after = metadata.get("HTTPHeaders", {}).get("retry-after")

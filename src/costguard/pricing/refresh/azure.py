@@ -30,12 +30,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.clouds import CONNECT_TIMEOUT_S, READ_TIMEOUT_S, pages
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
-from costguard.pricing.refresh.parse import azure_prices
+from costguard.pricing.refresh.parse_azure import azure_prices
 from costguard.pricing.refresh.progress import RecordCounter
 from costguard.retry import (
     API_RETRY,

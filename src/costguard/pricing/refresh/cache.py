@@ -44,16 +44,18 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 
-from costguard import __version__
+from costguard._version import __version__
 from costguard.errors import CostguardError, InputError
 from costguard.files import fsync_dir
 from costguard.pricing.advisor import TABLE, InterruptionTable, render_csv
 from costguard.pricing.catalog import (
     INSTANCE_COLUMNS,
     INSTANCE_TABLES,
+    ROW_DATE_COLUMNS,
     Catalog,
     InstancePrice,
     TableInfo,
+    as_of_text,
 )
 from costguard.pricing.refresh.merge import MergedTables, TableMeta
 from costguard.pricing.tables import (
@@ -124,7 +126,7 @@ def render_instances(rows: Iterable[InstancePrice]) -> bytes:
     """An instance table as CSV, in the columns of ``pricing/gpu_instances.csv``."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(INSTANCE_COLUMNS)
+    writer.writerow((*INSTANCE_COLUMNS, *ROW_DATE_COLUMNS))
     for row in rows:
         writer.writerow(
             [
@@ -140,6 +142,9 @@ def render_instances(rows: Iterable[InstancePrice]) -> bytes:
                 row.ondemand_status or "",
                 row.spot_status or "",
                 row.note,
+                as_of_text(row.as_of),
+                "" if row.spot_as_of == row.as_of else as_of_text(row.spot_as_of),
+                row.source,
             ]
         )
     return out.getvalue().encode("utf-8")

@@ -5,7 +5,7 @@ in USD, page by page (``next_page_token``), each page retried on throttling and
 unavailability. The catalog has no server-side filter, so every Compute Engine SKU is
 read (tens of thousands): the client speaks gRPC, whose answers are parsed into protobuf
 in C (its REST transport parses JSON into protobuf in Python, ~4,000 SKUs/s), and each SKU
-is read field by field off the raw message. :mod:`costguard.pricing.refresh.parse` keeps
+is read field by field off the raw message. :mod:`costguard.pricing.refresh.parse_gcp` keeps
 the vCPU, RAM and GPU SKUs and sums them per machine type. ``Settings.gcp_endpoint``
 points the client elsewhere (a private endpoint over TLS, a local server on loopback:
 see :func:`costguard.clouds.gcp.grpc_target`); credentials are Application Default
@@ -26,10 +26,9 @@ from costguard.errors import CostguardError
 from costguard.pricing.catalog import Market
 from costguard.pricing.refresh import mirror as mirrors
 from costguard.pricing.refresh.merge import FreshPrices, Target
-from costguard.pricing.refresh.parse import (
+from costguard.pricing.refresh.parse import CurrencyError, Dated
+from costguard.pricing.refresh.parse_gcp import (
     GCP_COMPUTE_SERVICE,
-    CurrencyError,
-    Dated,
     GcpSku,
     gcp_currency,
     gcp_may_price_vm,

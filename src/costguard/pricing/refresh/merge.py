@@ -209,6 +209,7 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ro
         spot, spot_status = None, None
     if (kept_old or not found) and row.note:
         notes.append(row.note)  # it still explains the prices that were kept
+    read_on = fresh.as_of(row.region)  # a price read now is dated by its read
     merged = replace(
         row,
         ondemand_usd_per_hour=ondemand,
@@ -216,6 +217,9 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ro
         spot_usd_per_hour=spot,
         spot_status=spot_status if spot is not None else None,
         note="; ".join(notes),
+        as_of=read_on if Market.ON_DEMAND in found else row.as_of,
+        spot_as_of=read_on if Market.SPOT in found else row.spot_as_of,
+        source=fresh.source if found else row.source,
     )
     return merged, RowOutcome.UPDATED if found else RowOutcome.NOT_FOUND
 

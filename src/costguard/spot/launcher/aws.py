@@ -24,13 +24,13 @@ controller launch a second one), and :meth:`AwsLauncher.terminate` retries until
 answers with the instance's new state: a terminate is confirmed by ``shutting-down`` or
 ``terminated``, never by a NotFound.
 
-Options (``LaunchSpec.options``): ``image`` (AMI id, required), ``instance_profile``
-(name or ARN, required), ``subnet``, ``security_groups`` (comma-separated ids),
-``key_name``, ``disk_gb`` with ``root_device`` (default ``/dev/sda1``),
-``metadata_hop_limit`` (default 1; 2 for jobs in containers), ``max_price`` (spot cap,
-USD/h; default the on-demand price), plus those of :mod:`costguard.spot.bootstrap`.
-``--max-price`` reaches ``SpotOptions.MaxPrice`` the same way (the two must agree when
-both are given).
+Options (``LaunchSpec.options``, declared in :data:`OPTIONS`): ``image`` (AMI id,
+required), ``instance_profile`` (name or ARN, required), ``subnet``, ``security_groups``
+(comma-separated ids), ``key_name``, ``disk_gb`` with ``root_device`` (default
+``/dev/sda1``), ``metadata_hop_limit`` (default 1; 2 for jobs in containers),
+``max_price`` (spot cap, USD/h; default the on-demand price), plus those of
+:mod:`costguard.spot.bootstrap`. ``--max-price`` reaches ``SpotOptions.MaxPrice`` the same
+way (the two must agree when both are given).
 
 Zones: :meth:`AwsLauncher.zones` lists the region's available Availability Zones
 (``DescribeAvailabilityZones``, zone type ``availability-zone``: no Local or Wavelength
@@ -53,12 +53,14 @@ from costguard.spot import bootstrap
 from costguard.spot.launcher.base import (
     CapacityError,
     Handle,
+    Launcher,
     LaunchSpec,
     Offer,
     State,
     Status,
     launch_token,
 )
+from costguard.spot.launcher.options import Option, Options
 from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
 
 #: States of an instance that runs or is about to (``find`` reports only these).
@@ -95,13 +97,71 @@ TERMINATE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 TERMINATE_WAIT_S = 120.0
 #: The states that confirm a terminate.
 ENDING_STATES = ("shutting-down", "terminated")
-_AMI = re.compile(r"ami-[0-9a-f]{8,17}")
-_SUBNET = re.compile(r"subnet-[0-9a-f]{8,17}")
-_GROUP = re.compile(r"sg-[0-9a-f]{8,17}")
-_PROFILE = re.compile(
-    r"(arn:aws[a-z-]*:iam::\d{12}:instance-profile/)?[\w+=,.@/-]{1,128}", re.ASCII
+#: The options this launcher reads (the boot script's besides), in the order checked.
+OPTIONS = Options(
+    Option(
+        "image",
+        "an AMI id with the NVIDIA driver, e.g. a Deep Learning AMI: image=ami-0123456789abcdef0",
+        example="ami-0123456789abcdef0",
+        required=True,
+        pattern=re.compile(r"ami-[0-9a-f]{8,17}"),
+        invalid="the image option must be an AMI id like ami-0123456789abcdef0, not {value!r}",
+        hint="aws ec2 describe-images --owners amazon ...",
+    ),
+    Option(
+        "instance_profile",
+        "the instance reaches the checkpoint bucket with its role, never with keys: "
+        "see infra/aws/launcher-instance-role-*.json, then instance_profile=costguard-instance",
+        example="costguard-instance",
+        required=True,
+        pattern=re.compile(
+            r"(arn:aws[a-z-]*:iam::\d{12}:instance-profile/)?[\w+=,.@/-]{1,128}", re.ASCII
+        ),
+        invalid="the instance_profile option is not a profile name or ARN: {value!r}",
+        hint="e.g. instance_profile=costguard-instance",
+    ),
+    Option(
+        "subnet",
+        "the subnet to launch in (it pins the zone); default: the default VPC's",
+        example="subnet-0abc1234",
+        pattern=re.compile(r"subnet-[0-9a-f]{8,17}"),
+        invalid="the subnet option must be a subnet id like subnet-0abc1234, not {value!r}",
+        hint="or leave it out to use the default VPC",
+    ),
+    Option(
+        "security_groups",
+        "security group ids, comma-separated; default: the VPC's default group",
+        example="sg-0abc1234,sg-0def5678",
+        listed=True,
+        pattern=re.compile(r"sg-[0-9a-f]{8,17}"),
+        invalid="the security_groups option must list ids like sg-0abc1234, not {value!r}",
+        hint="security_groups=sg-0abc1234,sg-0def5678",
+    ),
+    Option("key_name", "an EC2 key pair for SSH (none by default)", example="my-key"),
+    Option(
+        "metadata_hop_limit",
+        "IMDSv2 hops (2 for jobs in containers)",
+        example="2",
+        default="1",
+        whole=(1, 64),
+    ),
+    Option(
+        "disk_gb",
+        "the root volume's size in GB",
+        example="200",
+        default="100",
+        whole=(8, 65536),
+    ),
+    Option(
+        "root_device",
+        "the AMI's root device name (its RootDeviceName)",
+        example="/dev/xvda",
+        default="/dev/sda1",
+        pattern=re.compile(r"/dev/[a-z0-9]+"),
+        invalid="the root_device option must look like /dev/sda1 or /dev/xvda, not {value!r}",
+        hint="aws ec2 describe-images --image-ids AMI: RootDeviceName",
+    ),
 )
-_DEVICE = re.compile(r"/dev/[a-z0-9]+")
 
 
 def classify(state: str, reason_code: str, spot: bool) -> State:
@@ -131,12 +191,40 @@ def _tags(pairs: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in pairs.items()]
 
 
-def _code(exc: BaseException) -> str:
-    response = getattr(exc, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
+def _profile(profile: str) -> dict[str, str]:
+    """``IamInstanceProfile`` by ARN or by name."""
+    return {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
 
 
-class AwsLauncher:
+def _placement(offer: Offer, values: Mapping[str, str]) -> dict[str, Any]:
+    """Where the instance goes: the offer's zone, the subnet, groups and key pair given."""
+    params: dict[str, Any] = {}
+    if offer.zone:
+        params["Placement"] = {"AvailabilityZone": offer.zone}
+    if values.get("subnet"):
+        params["SubnetId"] = values["subnet"]
+    groups = [g.strip() for g in values.get("security_groups", "").split(",") if g.strip()]
+    if groups:
+        params["SecurityGroupIds"] = groups
+    if values.get("key_name"):
+        params["KeyName"] = values["key_name"]
+    return params
+
+
+def _root_volume(spec: LaunchSpec, values: Mapping[str, str]) -> dict[str, Any]:
+    """A gp3 root volume of ``disk_gb``, deleted with the instance, when that was given
+    (else the AMI's own)."""
+    if not spec.options.get("disk_gb", "").strip():
+        return {}
+    volume = {
+        "VolumeSize": int(values["disk_gb"]),
+        "VolumeType": "gp3",
+        "DeleteOnTermination": True,
+    }
+    return {"BlockDeviceMappings": [{"DeviceName": values["root_device"], "Ebs": volume}]}
+
+
+class AwsLauncher(Launcher):
     """EC2 in the regions of the offers it is given. ``clients(region)`` builds the EC2
     client (default :func:`costguard.clouds.aws.client`); ``regions`` are where
     :meth:`find` looks (besides every region this launcher has launched into). Example::
@@ -146,6 +234,7 @@ class AwsLauncher:
     """
 
     provider = "aws"
+    OPTIONS = OPTIONS
 
     def __init__(
         self,
@@ -178,46 +267,9 @@ class AwsLauncher:
 
     def check(self, spec: LaunchSpec) -> None:
         """Validate every option offline (no AWS call) and render the boot script once."""
-        image = bootstrap.option(
-            spec,
-            "image",
-            self.provider,
-            "an AMI id with the NVIDIA driver, e.g. a Deep "
-            "Learning AMI: image=ami-0123456789abcdef0",
-        )
-        if not _AMI.fullmatch(image):
-            msg = f"the image option must be an AMI id like ami-0123456789abcdef0, not {image!r}"
-            raise InputError(msg, hint="aws ec2 describe-images --owners amazon ...")
-        profile = bootstrap.option(
-            spec,
-            "instance_profile",
-            self.provider,
-            "the instance reaches the checkpoint bucket with its role, never with keys: "
-            "see infra/aws/launcher-instance-role-*.json, then instance_profile=costguard-instance",
-        )
-        if not _PROFILE.fullmatch(profile):
-            msg = f"the instance_profile option is not a profile name or ARN: {profile!r}"
-            raise InputError(msg, hint="e.g. instance_profile=costguard-instance")
-        subnet = spec.options.get("subnet", "")
-        if subnet and not _SUBNET.fullmatch(subnet):
-            msg = f"the subnet option must be a subnet id like subnet-0abc1234, not {subnet!r}"
-            raise InputError(msg, hint="or leave it out to use the default VPC")
-        for group in self._groups(spec):
-            if not _GROUP.fullmatch(group):
-                msg = f"the security_groups option must list ids like sg-0abc1234, not {group!r}"
-                raise InputError(msg, hint="security_groups=sg-0abc1234,sg-0def5678")
-        bootstrap.int_option(spec, "metadata_hop_limit", 1, 1, 64)
-        bootstrap.int_option(spec, "disk_gb", 100, 8, 65536)
-        device = spec.options.get("root_device", "/dev/sda1")
-        if not _DEVICE.fullmatch(device):
-            msg = f"the root_device option must look like /dev/sda1 or /dev/xvda, not {device!r}"
-            raise InputError(msg, hint="aws ec2 describe-images --image-ids AMI: RootDeviceName")
+        super().check(spec)
         self._max_price(spec)
         bootstrap.render(spec, 1, self.provider, environ=self._environ)
-
-    @staticmethod
-    def _groups(spec: LaunchSpec) -> list[str]:
-        return [g.strip() for g in spec.options.get("security_groups", "").split(",") if g.strip()]
 
     @staticmethod
     def _max_price(spec: LaunchSpec) -> str | None:
@@ -233,10 +285,10 @@ class AwsLauncher:
         if offer.provider != self.provider:
             msg = f"an offer on {offer.provider} cannot be launched on AWS"
             raise InputError(msg, hint="pick an AWS offer")
+        values = OPTIONS.check(spec.options, self.provider)
         tags = {**spec.tags(attempt), "Name": f"costguard-{spec.job_id}-{attempt}"[:255]}
-        options = spec.options
-        params: dict[str, Any] = {
-            "ImageId": options["image"].strip(),
+        return {
+            "ImageId": values["image"],
             "InstanceType": offer.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
@@ -245,49 +297,32 @@ class AwsLauncher:
             "MetadataOptions": {
                 "HttpTokens": "required",
                 "HttpEndpoint": "enabled",
-                "HttpPutResponseHopLimit": bootstrap.int_option(
-                    spec, "metadata_hop_limit", 1, 1, 64
-                ),
+                "HttpPutResponseHopLimit": int(values["metadata_hop_limit"]),
             },
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": _tags(tags)},
                 {"ResourceType": "volume", "Tags": _tags(tags)},
             ],
             "InstanceInitiatedShutdownBehavior": "terminate",
+            "IamInstanceProfile": _profile(values["instance_profile"]),
+            **self._market(offer, spec),
+            **_placement(offer, values),
+            **_root_volume(spec, values),
         }
-        profile = options["instance_profile"].strip()
-        params["IamInstanceProfile"] = (
-            {"Arn": profile} if profile.startswith("arn:") else {"Name": profile}
-        )
-        if offer.market is Market.SPOT:
-            spot: dict[str, str] = {
-                "SpotInstanceType": "one-time",
-                "InstanceInterruptionBehavior": "terminate",
-            }
-            cap = self._max_price(spec)
-            if cap:
-                spot["MaxPrice"] = cap
-            params["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
-        if offer.zone:
-            params["Placement"] = {"AvailabilityZone": offer.zone}
-        if options.get("subnet"):
-            params["SubnetId"] = options["subnet"]
-        if self._groups(spec):
-            params["SecurityGroupIds"] = self._groups(spec)
-        if options.get("key_name"):
-            params["KeyName"] = options["key_name"]
-        if options.get("disk_gb"):
-            params["BlockDeviceMappings"] = [
-                {
-                    "DeviceName": options.get("root_device", "/dev/sda1"),
-                    "Ebs": {
-                        "VolumeSize": bootstrap.int_option(spec, "disk_gb", 100, 8, 65536),
-                        "VolumeType": "gp3",
-                        "DeleteOnTermination": True,
-                    },
-                }
-            ]
-        return params
+
+    def _market(self, offer: Offer, spec: LaunchSpec) -> dict[str, Any]:
+        """``InstanceMarketOptions`` of a spot offer: one-time, terminated on interruption,
+        capped at the max price when one is given; nothing for on-demand."""
+        if offer.market is not Market.SPOT:
+            return {}
+        spot: dict[str, str] = {
+            "SpotInstanceType": "one-time",
+            "InstanceInterruptionBehavior": "terminate",
+        }
+        cap = self._max_price(spec)
+        if cap:
+            spot["MaxPrice"] = cap
+        return {"InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": spot}}
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """One ``RunInstances`` call; a :class:`CapacityError` when the place is full."""
@@ -298,7 +333,7 @@ class AwsLauncher:
         try:
             answer = ec2.run_instances(**params)
         except aws_clouds.errors() as exc:
-            code = _code(exc)
+            code = aws_clouds.error_code(exc)
             if code in CAPACITY_CODES:
                 message = aws_clouds.translate(exc, f"launching {offer.instance_type}").message
                 raise CapacityError(message, place=offer.place, code=code) from None
@@ -449,7 +484,7 @@ class AwsLauncher:
         try:
             answer = ec2.describe_instances(InstanceIds=[handle.instance_id])
         except aws_clouds.errors() as exc:
-            if _code(exc) in _NOT_FOUND:
+            if aws_clouds.error_code(exc) in _NOT_FOUND:
                 return None
             raise aws_clouds.translate(exc, f"describing {handle.instance_id}") from None
         found = [i for r in answer.get("Reservations", []) for i in r.get("Instances", [])]
@@ -473,7 +508,7 @@ class AwsLauncher:
             try:
                 answer = ec2.terminate_instances(InstanceIds=[handle.instance_id])
             except aws_clouds.errors() as exc:
-                if _code(exc) not in _NOT_FOUND:
+                if aws_clouds.error_code(exc) not in _NOT_FOUND:
                     raise aws_clouds.translate(exc, f"terminating {handle.instance_id}") from None
                 if not self._fresh(handle):
                     return

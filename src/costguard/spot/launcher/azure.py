@@ -1,8 +1,8 @@
 """Azure: one virtual machine per attempt, through ``virtualMachines.createOrUpdate``.
 
-One idea, longer than most modules: the life of an attempt's VM on ``Microsoft.Compute``
-(where it may go, its body, create, read, delete, find), with the refusals ARM answers
-spelled out next to the calls that meet them.
+It covers the life of an attempt's VM on ``Microsoft.Compute`` (where it may go, its
+body, create, read, delete, find), with the refusals ARM answers handled next to the
+calls that meet them.
 
 The VM is created in one PUT with everything it needs: ``priority=Spot``,
 ``evictionPolicy=Delete`` (or ``Deallocate`` if asked) and ``billingProfile.maxPrice``
@@ -20,14 +20,14 @@ Spot VM this launcher did not delete that is gone, being deleted or deallocated 
 reported as :attr:`State.PREEMPTED` (the detail says it is inferred), and a regular VM in
 that state as :attr:`State.MISSING` / :attr:`State.STOPPED`.
 
-Options: ``subscription`` and ``resource_group`` (required unless the launcher has them),
-``image`` (``publisher:offer:sku:version`` or an image resource id), ``subnet`` (subnet
-resource id), ``subnet_<region>`` (the subnet for one region, e.g. ``subnet_westus``:
-subnets are regional, so a job that may move between regions names one per region),
-``identity`` (user-assigned identity resource id), ``ssh_public_key``,
-``admin_username`` (default ``azureuser``), ``disk_gb`` (default 100), ``disk_type``
-(default ``Premium_LRS``), ``eviction_policy``, ``max_price`` (USD/h; ``--max-price``
-reaches ``billingProfile.maxPrice`` the same way), plus those of
+Options (declared in :data:`OPTIONS`): ``subscription`` and ``resource_group`` (required
+unless the launcher has them), ``image`` (``publisher:offer:sku:version`` or an image
+resource id), ``subnet`` (subnet resource id), ``subnet_<region>`` (the subnet for one
+region, e.g. ``subnet_westus``: subnets are regional, so a job that may move between
+regions names one per region), ``identity`` (user-assigned identity resource id),
+``ssh_public_key``, ``admin_username`` (default ``azureuser``), ``disk_gb`` (default 100),
+``disk_type`` (default ``Premium_LRS``), ``eviction_policy``, ``max_price`` (USD/h;
+``--max-price`` reaches ``billingProfile.maxPrice`` the same way), plus those of
 :mod:`costguard.spot.bootstrap`.
 
 Zones: :meth:`AzureLauncher.zones` reads the VM size's zones in the region from the
@@ -47,6 +47,7 @@ from __future__ import annotations
 import base64
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
@@ -55,7 +56,9 @@ from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.settings import Settings
 from costguard.spot import bootstrap
+from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.spot.launcher.options import Option, Options
 from costguard.tags import ATTEMPT_TAG, JOB_TAG, check_job_id
 
 #: The most seconds one create or delete is waited for.
@@ -76,25 +79,11 @@ CAPACITY_CODES = (
     "OperationNotAllowed",
     "SpotMaxPriceTooLow",
 )
-_SUBSCRIPTION = re.compile(r"[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
-_GROUP = re.compile(r"[-\w._()]{1,90}")
-_SUBNET = re.compile(
-    r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.Network/"
-    r"virtualNetworks/[^/\s]+/subnets/[^/\s]+",
-    re.IGNORECASE,
-)
-_IDENTITY = re.compile(
-    r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.ManagedIdentity/"
-    r"userAssignedIdentities/[^/\s]+",
-    re.IGNORECASE,
-)
 _URN = re.compile(r"[^:\s]+:[^:\s]+:[^:\s]+:[^:\s]+")
 _IMAGE_ID = re.compile(
     r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.Compute/\S+",
     re.IGNORECASE,
 )
-_SSH_KEY = re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp[0-9]+) [A-Za-z0-9+/=]+( .*)?")
-_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 #: ``osProfile.adminUsername`` values ARM refuses (computeRPCommon.json, OSProfile:
 #: "Disallowed values"), compared case-insensitively.
 DISALLOWED_USERS = frozenset((
@@ -103,6 +92,107 @@ DISALLOWED_USERS = frozenset((
     "guest", "john", "owner", "root", "server", "sql", "support", "support_388945a0", "sys",
     "test2", "test3", "user4", "user5",
 ))  # fmt: skip
+_SUBNET_OPTION = Option(
+    "subnet",
+    "the subnet's resource id: az network vnet subnet show ... --query id "
+    "(or subnet_<region>=... for each region the job may run in)",
+    example=(
+        "/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/net/providers/"
+        "Microsoft.Network/virtualNetworks/vnet/subnets/jobs"
+    ),
+    pattern=re.compile(
+        r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/Microsoft\.Network/"
+        r"virtualNetworks/[^/\s]+/subnets/[^/\s]+",
+        re.IGNORECASE,
+    ),
+    invalid="the {name} option must be a subnet resource id",
+    hint="/subscriptions/…/virtualNetworks/VNET/subnets/SUBNET",
+)
+#: The options this launcher reads (the boot script's besides), in the order checked.
+#: ``subnet`` or a ``subnet_<region>`` is required besides (see :meth:`AzureLauncher.check`).
+OPTIONS = Options(
+    Option(
+        "subscription",
+        "subscription=$(az account show --query id -o tsv)",
+        example="00000000-0000-0000-0000-000000000000",
+        required=True,
+        pattern=re.compile(r"[0-9a-fA-F]{8}-([0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}"),
+        invalid="not an Azure subscription id: {value!r}",
+        hint="the GUID `az account show --query id` prints",
+    ),
+    Option(
+        "resource_group",
+        "e.g. resource_group=costguard-jobs (az group create)",
+        example="costguard-jobs",
+        required=True,
+        pattern=re.compile(r"[-\w._()]{1,90}"),
+        invalid="not a resource group name: {value!r}",
+        hint="letters, digits, -, _, ., ( and ), at most 90",
+    ),
+    Option(
+        "image",
+        "an image with the NVIDIA driver, e.g. image=microsoft-dsvm:ubuntu-hpc:2204:latest",
+        example="microsoft-dsvm:ubuntu-hpc:2204:latest",
+        required=True,
+        pattern=re.compile(f"{_URN.pattern}|{_IMAGE_ID.pattern}", re.IGNORECASE),
+        invalid="the image option must be publisher:offer:sku:version or an id, not {value!r}",
+        hint="az vm image list --publisher microsoft-dsvm --all",
+    ),
+    replace(
+        _SUBNET_OPTION,
+        name="subnet_*",
+        help="the subnet for one region (subnet_westus=...): subnets are regional",
+    ),
+    _SUBNET_OPTION,
+    Option(
+        "identity",
+        "the VM reaches the checkpoint container with a user-assigned managed identity, "
+        "never with keys: az identity create -g GROUP -n costguard-instance --query id",
+        example="/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/ml/"
+        "providers/Microsoft.ManagedIdentity/userAssignedIdentities/costguard-instance",
+        required=True,
+        pattern=re.compile(
+            r"/subscriptions/[^/\s]+/resourceGroups/[^/\s]+/providers/"
+            r"Microsoft\.ManagedIdentity/userAssignedIdentities/[^/\s]+",
+            re.IGNORECASE,
+        ),
+        invalid="the identity option must be a user-assigned identity resource id",
+        hint="…/providers/Microsoft.ManagedIdentity/userAssignedIdentities/NAME",
+    ),
+    Option(
+        "ssh_public_key",
+        'Azure wants one for a Linux VM: ssh_public_key="$(cat ~/.ssh/id_ed25519.pub)"',
+        example="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl",
+        required=True,
+        pattern=re.compile(r"(ssh-rsa|ssh-ed25519|ecdsa-sha2-nistp[0-9]+) [A-Za-z0-9+/=]+( .*)?"),
+        invalid="the ssh_public_key option is not an OpenSSH public key",
+        hint="the one line of ~/.ssh/id_ed25519.pub (never the key)",
+    ),
+    Option(
+        "admin_username",
+        "the VM's administrator (ARM refuses root, admin and others)",
+        example="ml",
+        default="azureuser",
+        # ARM's deny-list (OSProfile.adminUsername "Disallowed values"), not only root/admin.
+        pattern=re.compile(r"[a-z_][a-z0-9_-]{0,31}"),
+        refused=DISALLOWED_USERS,
+        invalid="the admin_username option cannot be {value!r}",
+        hint="e.g. admin_username=azureuser",
+    ),
+    Option(
+        "eviction_policy",
+        "what an eviction does to a Spot VM: Delete, or Deallocate (its disk bills on)",
+        example="Deallocate",
+        default="Delete",
+        choices=("Delete", "Deallocate"),
+        invalid="the eviction_policy option must be Delete or Deallocate, not {value!r}",
+        hint="Delete leaves nothing behind to pay for",
+    ),
+    Option("disk_gb", "the OS disk's size in GB", example="200", default="100", whole=(30, 4095)),
+    Option(
+        "disk_type", "the OS disk's storage type", example="StandardSSD_LRS", default="Premium_LRS"
+    ),
+)
 #: The ARM error code of a reference to a resource ARM cannot use from here: for the
 #: subnet, a subnet of another region (virtual networks are regional).
 INVALID_REFERENCE = "InvalidResourceReference"
@@ -168,7 +258,53 @@ def _error_code(exc: BaseException) -> str:
     return found[1] if found else code
 
 
-class AzureLauncher:
+def _storage_profile(values: Mapping[str, str]) -> dict[str, Any]:
+    """The image, and the OS disk deleted with the VM."""
+    return {
+        "imageReference": image_reference(values["image"]),
+        "osDisk": {
+            "createOption": "FromImage",
+            "deleteOption": "Delete",
+            "diskSizeGB": int(values["disk_gb"]),
+            "managedDisk": {"storageAccountType": values["disk_type"]},
+        },
+    }
+
+
+def _os_profile(name: str, values: Mapping[str, str], script: str) -> dict[str, Any]:
+    """The boot script as ``customData``; SSH by public key only, no password."""
+    user = values["admin_username"]
+    key = {"path": f"/home/{user}/.ssh/authorized_keys", "keyData": values["ssh_public_key"]}
+    return {
+        "computerName": name,
+        "adminUsername": user,
+        "customData": base64.b64encode(script.encode()).decode(),
+        "linuxConfiguration": {
+            "disablePasswordAuthentication": True,
+            "ssh": {"publicKeys": [key]},
+        },
+    }
+
+
+def _network_profile(name: str, subnet: str) -> dict[str, Any]:
+    """One NIC in ``subnet``, declared inline and deleted with the VM (no network SDK)."""
+    configuration = {"name": "ipconfig1", "properties": {"subnet": {"id": subnet}}}
+    return {
+        "networkApiVersion": NETWORK_API_VERSION,
+        "networkInterfaceConfigurations": [
+            {
+                "name": f"{name}-nic",
+                "properties": {
+                    "primary": True,
+                    "deleteOption": "Delete",
+                    "ipConfigurations": [configuration],
+                },
+            }
+        ],
+    }
+
+
+class AzureLauncher(base.Launcher):
     """Virtual machines in one subscription and resource group (the launcher's, or each
     spec's options). ``credential`` and ``client_options`` (azure-core pipeline options)
     go to :func:`costguard.clouds.azure.client`; ``compute`` is a ready client. Example::
@@ -177,6 +313,7 @@ class AzureLauncher:
     """
 
     provider = "azure"
+    OPTIONS = OPTIONS
 
     def __init__(
         self,
@@ -217,86 +354,24 @@ class AzureLauncher:
 
     # ------------------------------------------------------------------ check
 
+    def option_defaults(self) -> dict[str, str]:
+        """The subscription and resource group the launcher was built with, when the
+        job's options name none."""
+        return {"subscription": self.subscription_id, "resource_group": self.resource_group}
+
     def _where(self, spec: LaunchSpec) -> tuple[str, str]:
-        subscription = bootstrap.option(
-            spec,
-            "subscription",
-            self.provider,
-            "subscription=$(az account show --query id -o tsv)",
-            default=self.subscription_id,
-        )
-        if not _SUBSCRIPTION.fullmatch(subscription):
-            msg = f"not an Azure subscription id: {subscription!r}"
-            raise InputError(msg, hint="the GUID `az account show --query id` prints")
-        group = bootstrap.option(
-            spec,
-            "resource_group",
-            self.provider,
-            "e.g. resource_group=costguard-jobs (az group create)",
-            default=self.resource_group,
-        )
-        if not _GROUP.fullmatch(group):
-            msg = f"not a resource group name: {group!r}"
-            raise InputError(msg, hint="letters, digits, -, _, ., ( and ), at most 90")
-        return subscription, group
+        """The subscription and resource group the attempt's VM goes in."""
+        values = OPTIONS.check(spec.options, self.provider, self.option_defaults())
+        return values["subscription"], values["resource_group"]
 
     def check(self, spec: LaunchSpec) -> None:
         """Validate every option offline (no Azure call) and render the boot script once."""
-        self._where(spec)
-        image = bootstrap.option(
-            spec,
-            "image",
-            self.provider,
-            "an image with the NVIDIA driver, e.g. image=microsoft-dsvm:ubuntu-hpc:2204:latest",
-        )
-        if not (_URN.fullmatch(image) or _IMAGE_ID.fullmatch(image)):
-            msg = f"the image option must be publisher:offer:sku:version or an id, not {image!r}"
-            raise InputError(msg, hint="az vm image list --publisher microsoft-dsvm --all")
-        subnets = {k: v.strip() for k, v in spec.options.items() if k.startswith("subnet_")}
-        if not subnets:
-            bootstrap.option(
-                spec,
-                "subnet",
-                self.provider,
-                "the subnet's resource id: az network vnet subnet show ... --query id "
-                "(or subnet_<region>=... for each region the job may run in)",
-            )
-        for name, subnet in {**subnets, "subnet": spec.options.get("subnet", "").strip()}.items():
-            if subnet and not _SUBNET.fullmatch(subnet):
-                msg = f"the {name} option must be a subnet resource id"
-                raise InputError(msg, hint="/subscriptions/…/virtualNetworks/VNET/subnets/SUBNET")
-        identity = bootstrap.option(
-            spec,
-            "identity",
-            self.provider,
-            "the VM reaches the checkpoint container with a user-assigned managed identity, "
-            "never with keys: az identity create -g GROUP -n costguard-instance --query id",
-        )
-        if not _IDENTITY.fullmatch(identity):
-            msg = "the identity option must be a user-assigned identity resource id"
-            raise InputError(
-                msg, hint="…/providers/Microsoft.ManagedIdentity/userAssignedIdentities/NAME"
-            )
-        key = bootstrap.option(
-            spec,
-            "ssh_public_key",
-            self.provider,
-            'Azure wants one for a Linux VM: ssh_public_key="$(cat ~/.ssh/id_ed25519.pub)"',
-        )
-        if not _SSH_KEY.fullmatch(key):
-            msg = "the ssh_public_key option is not an OpenSSH public key"
-            raise InputError(msg, hint="the one line of ~/.ssh/id_ed25519.pub (never the key)")
-        user = spec.options.get("admin_username", "azureuser")
-        # ARM's deny-list (OSProfile.adminUsername "Disallowed values"), not only root/admin.
-        if not _USER.fullmatch(user) or user.lower() in DISALLOWED_USERS:
-            msg = f"the admin_username option cannot be {user!r}"
-            raise InputError(msg, hint="e.g. admin_username=azureuser")
-        policy = spec.options.get("eviction_policy", "Delete")
-        if policy not in ("Delete", "Deallocate"):
-            msg = f"the eviction_policy option must be Delete or Deallocate, not {policy!r}"
-            raise InputError(msg, hint="Delete leaves nothing behind to pay for")
+        super().check(spec)
+        if not any(k == "subnet" or k.startswith("subnet_") for k, v in spec.options.items()
+                   if v.strip()):  # fmt: skip
+            msg = f"launching on {self.provider} needs the subnet option"
+            raise InputError(msg, hint=OPTIONS["subnet"].help)
         self._max_price(spec)
-        bootstrap.int_option(spec, "disk_gb", 100, 30, 4095)
         bootstrap.render(spec, 1, self.provider, environ=self._environ)
 
     def _subnet(self, spec: LaunchSpec, region: str) -> str:
@@ -324,78 +399,43 @@ class AzureLauncher:
         if offer.provider != self.provider:
             msg = f"an offer on {offer.provider} cannot be launched on Azure"
             raise InputError(msg, hint="pick an Azure offer")
-        options = spec.options
+        values = OPTIONS.check(spec.options, self.provider, self.option_defaults())
         name = bootstrap.resource_name(spec.job_id, attempt, 64)
-        user = options.get("admin_username", "azureuser")
         subnet = self._subnet(spec, offer.region)
         if not subnet:
             msg = f"no subnet for {offer.region}: subnets are regional"
             raise InputError(msg, hint=f"add subnet_{offer.region}=<its subnet id> (or subnet=)")
         script = bootstrap.render(spec, attempt, self.provider, environ=self._environ)
-        properties: dict[str, Any] = {
-            "hardwareProfile": {"vmSize": offer.instance_type},
-            "storageProfile": {
-                "imageReference": image_reference(options["image"].strip()),
-                "osDisk": {
-                    "createOption": "FromImage",
-                    "deleteOption": "Delete",
-                    "diskSizeGB": bootstrap.int_option(spec, "disk_gb", 100, 30, 4095),
-                    "managedDisk": {"storageAccountType": options.get("disk_type", "Premium_LRS")},
-                },
-            },
-            "osProfile": {
-                "computerName": name,
-                "adminUsername": user,
-                "customData": base64.b64encode(script.encode()).decode(),
-                "linuxConfiguration": {
-                    "disablePasswordAuthentication": True,
-                    "ssh": {
-                        "publicKeys": [
-                            {
-                                "path": f"/home/{user}/.ssh/authorized_keys",
-                                "keyData": options["ssh_public_key"].strip(),
-                            }
-                        ]
-                    },
-                },
-            },
-            "networkProfile": {
-                "networkApiVersion": NETWORK_API_VERSION,
-                "networkInterfaceConfigurations": [
-                    {
-                        "name": f"{name}-nic",
-                        "properties": {
-                            "primary": True,
-                            "deleteOption": "Delete",
-                            "ipConfigurations": [
-                                {
-                                    "name": "ipconfig1",
-                                    "properties": {"subnet": {"id": subnet}},
-                                }
-                            ],
-                        },
-                    }
-                ],
-            },
-        }
-        if offer.market is Market.SPOT:
-            properties["priority"] = "Spot"
-            properties["evictionPolicy"] = options.get("eviction_policy", "Delete")
-            properties["billingProfile"] = {"maxPrice": self._max_price(spec)}
-        else:
-            properties["priority"] = "Regular"
         body: dict[str, Any] = {
             "location": offer.region,
             "tags": spec.tags(attempt),
             "identity": {
                 "type": "UserAssigned",
-                "userAssignedIdentities": {options["identity"].strip(): {}},
+                "userAssignedIdentities": {values["identity"]: {}},
             },
-            "properties": properties,
+            "properties": {
+                "hardwareProfile": {"vmSize": offer.instance_type},
+                "storageProfile": _storage_profile(values),
+                "osProfile": _os_profile(name, values, script),
+                "networkProfile": _network_profile(name, subnet),
+                **self._priority(offer, spec, values),
+            },
         }
         if offer.zone:
             body["zones"] = [offer.zone.rsplit("-", 1)[-1]]  # "eastus-1" or "1" -> "1"
         return body
+
+    def _priority(
+        self, offer: Offer, spec: LaunchSpec, values: Mapping[str, str]
+    ) -> dict[str, Any]:
+        """Spot (its eviction policy and price cap) or Regular."""
+        if offer.market is not Market.SPOT:
+            return {"priority": "Regular"}
+        return {
+            "priority": "Spot",
+            "evictionPolicy": values["eviction_policy"],
+            "billingProfile": {"maxPrice": self._max_price(spec)},
+        }
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """The PUT, polled until it succeeds; a :class:`CapacityError` when the place is

@@ -8,18 +8,21 @@ decisions: where to run, when to give up and when to fall back to on-demand belo
 
 from __future__ import annotations
 
+import abc
 import enum
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import Protocol
+from pathlib import Path
+from typing import ClassVar
 
 from costguard.errors import CostguardError
 
 # The one Market (spot or on-demand): an offer is bought the way its price was listed.
 from costguard.pricing.catalog import Market
+from costguard.spot.launcher.options import Options
 from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, IDLE_MINUTES_TAG, JOB_TAG, OWNER_TAG
 
 
@@ -74,6 +77,11 @@ class LaunchSpec:
     sync_dir: str | None = None
     #: ``--pilot-steps``: the script is stopped after so many steps, their pace recorded.
     pilot_steps: int | None = None
+    #: The job's environment as launch recorded it (no secrets; the local simulator's).
+    environment: Mapping[str, str] = field(default_factory=dict)
+    #: The job's key (hex), which proves its stop requests (``COSTGUARD_JOB_KEY``): a
+    #: secret, passed to the job's processes, never stored in the bucket.
+    job_key: str = field(default="", repr=False)
 
     def run_options(self) -> list[str]:
         """The options of ``costguard run`` that every attempt of the job starts with.
@@ -170,46 +178,85 @@ class Stopped:
     delete_command: str = ""
 
 
-class Launcher(Protocol):
-    """One provider. Every method makes bounded calls and raises ``CostguardError``.
+class Launcher(abc.ABC):
+    """One provider: the base every adapter extends. Every method makes bounded calls and
+    raises ``CostguardError``.
 
-    Two methods are optional (the controller looks for them): ``resume(offer, spec,
-    attempt, token, launched_unix) -> Handle | None``, the instance of a launch whose
-    answer was lost, found by its idempotency token (AWS); and ``stopped(handle, job_id)
-    -> Stopped | None``, an attempt's instance the provider stopped rather than deleted
-    (GCP host maintenance), when it is provably the job's.
+    Four methods each adapter must write (:meth:`launch`, :meth:`status`,
+    :meth:`terminate`, :meth:`find`); the abilities only some providers have come with a
+    default here, so the controller and the CLI call them on any launcher and never look
+    for them: :meth:`zones` (none: the provider places the instance), :meth:`resume`
+    (a lost launch found by its idempotency token: AWS), :meth:`stopped` (an instance the
+    provider stopped rather than deleted: GCP), :meth:`close` and :attr:`state_dir` (a
+    local launcher's processes and logs). Options are declared in :attr:`OPTIONS` and
+    checked by :meth:`check` through :meth:`Options.check
+    <costguard.spot.launcher.options.Options.check>`.
+
+    One attempt is one instance (one :class:`Handle`). A job of several tasks or a gang
+    of nodes launched all-or-none is meant to come as one more method beside
+    :meth:`launch`, with its default here (one :meth:`launch` per node), so that each
+    adapter opts in to what its provider does at once.
     """
 
-    provider: str
+    provider: ClassVar[str] = ""
+    #: The ``--option`` keys this provider reads (those of the boot script besides).
+    OPTIONS: ClassVar[Options] = Options()
+    #: Where attempts keep their output on this machine (``--provider local``), for the
+    #: CLI to follow; ``None``: on the provider's instances, nothing to follow here.
+    state_dir: Path | None = None
+
+    def option_defaults(self) -> Mapping[str, str]:
+        """The launcher's own values of required options (a project, a subscription it
+        was built with), used when the job's options leave them out."""
+        return {}
 
     def check(self, spec: LaunchSpec) -> None:
-        """Validate credentials/options before anything is created (``InputError`` if bad)."""
-        ...
+        """Validate credentials/options before anything is created (``InputError`` if bad);
+        by default every declared option of :attr:`OPTIONS`."""
+        self.OPTIONS.check(spec.options, self.provider, self.option_defaults())
 
+    @abc.abstractmethod
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """Create the instance (or process) running the job's attempt ``attempt``."""
-        ...
 
+    @abc.abstractmethod
     def status(self, handle: Handle) -> Status:
         """What became of it."""
-        ...
 
+    @abc.abstractmethod
     def terminate(self, handle: Handle) -> None:
         """Delete it; idempotent (an already-gone instance is fine)."""
-        ...
 
+    @abc.abstractmethod
     def find(self, job_id: str) -> Sequence[Handle]:
         """Live instances tagged with ``job_id`` (``--attach`` must not launch a duplicate)."""
-        ...
 
     def zones(self, region: str, instance_type: str = "") -> Sequence[str]:
         """The zones of ``region`` an attempt may be placed in (where ``instance_type`` is
-        offered, when the provider says), in a stable order; empty: the provider places it.
+        offered, when the provider says), in a stable order; empty (the default): the
+        provider places it.
 
         The price tables are per region, so every zone is priced at its region's price;
         the zones only give recovery somewhere to move within a region after a preemption.
         """
-        ...
+        return ()
+
+    def resume(
+        self, offer: Offer, spec: LaunchSpec, attempt: int, token: str, launched_unix: float
+    ) -> Handle | None:
+        """The instance of a launch whose answer was lost, found by its idempotency token
+        ``token`` (sent at ``launched_unix``); ``None`` (the default) when there is none or
+        the provider cannot tell, and the listing by tag (:meth:`find`) is what finds it."""
+        return None
+
+    def stopped(self, handle: Handle, job_id: str) -> Stopped | None:
+        """An attempt's instance the provider stopped rather than deleted (GCP host
+        maintenance), when it is provably the job's; ``None`` (the default) otherwise."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - an ability with a default, not abstract
+        """Release what the launcher holds on this machine (servers, processes); the
+        default holds nothing."""
 
 
 class CapacityError(CostguardError):

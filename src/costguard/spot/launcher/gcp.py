@@ -1,8 +1,8 @@
 """GCP: one Compute Engine VM per attempt, through ``instances.insert``.
 
-One idea, longer than most modules: the life of an attempt's VM on Compute Engine (its
-body, insert, read, delete, find), with the refusals the API answers spelled out next to
-the calls that meet them.
+It covers the life of an attempt's VM on Compute Engine (its body, insert, read,
+delete, find), with the refusals the API answers handled next to the calls that meet
+them.
 
 The VM is created with ``scheduling.provisioningModel=SPOT`` (unless on-demand), the
 termination action the user chose (``DELETE`` by default, or ``STOP``),
@@ -31,13 +31,13 @@ stopped (status ``TERMINATED``) is :attr:`State.PREEMPTED` when such an operatio
 for it - the provider took it, recovery relaunches - and :attr:`State.MISSING` /
 :attr:`State.STOPPED` (someone stopped it: the job ends) otherwise.
 
-Options: ``project`` (required unless the launcher was given one), ``image`` (required:
-``projects/P/global/images/family/F`` or an image URL), ``service_account`` (required),
-``scopes`` (comma-separated; default ``cloud-platform``), ``zone`` (when the offer has
-none; default ``<region>-a``), ``network`` or ``subnetwork``, ``external_ip`` (default
-``true``: the boot script downloads packages), ``disk_gb`` (default 100), ``disk_type``
-(default ``pd-balanced``), ``termination_action`` (``DELETE`` or ``STOP``), plus those of
-:mod:`costguard.spot.bootstrap`.
+Options (declared in :data:`OPTIONS`): ``project`` (required unless the launcher was given
+one), ``image`` (required: ``projects/P/global/images/family/F`` or an image URL),
+``service_account`` (required), ``scopes`` (comma-separated; default ``cloud-platform``),
+``zone`` (when the offer has none; default ``<region>-a``), ``network`` or ``subnetwork``,
+``external_ip`` (default ``true``: the boot script downloads packages), ``disk_gb``
+(default 100), ``disk_type`` (default ``pd-balanced``), ``termination_action`` (``DELETE``
+or ``STOP``), plus those of :mod:`costguard.spot.bootstrap`.
 
 Spot VMs on GCP take no price cap: Compute Engine has no maximum price for them (their
 price changes at most once a month), so ``--max-price`` only filters the offers, and a
@@ -57,7 +57,6 @@ import re
 import time
 import uuid
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
@@ -68,6 +67,7 @@ from costguard.settings import Settings
 from costguard.spot import bootstrap
 from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.spot.launcher.options import Option, Options
 from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, check_job_id, gcp_label
 
 #: The most seconds one insert or delete operation is waited for.
@@ -98,9 +98,86 @@ CAPACITY_CODES = (
     "UNSUPPORTED_OPERATION_IN_ZONE",
 )
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
-_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
-_ACCOUNT = re.compile(r"[^@\s]+@[a-z0-9.-]+\.iam\.gserviceaccount\.com|default")
+#: The options this launcher reads (the boot script's besides), in the order checked.
+OPTIONS = Options(
+    Option(
+        "project",
+        "e.g. project=my-lab (gcloud projects list)",
+        example="my-lab",
+        required=True,
+        pattern=re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]"),
+        invalid="not a GCP project id: {value!r}",
+        hint="the project ID (lower case), not its name or number",
+    ),
+    Option(
+        "image",
+        "an image with the NVIDIA driver, e.g. image="
+        "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11",
+        example="projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11",
+        required=True,
+    ),
+    Option(
+        "service_account",
+        "the VM reaches the checkpoint bucket as this account, never with keys: e.g. "
+        "service_account=costguard-instance@my-lab.iam.gserviceaccount.com "
+        "(see infra/gcp/launcher-role.yaml)",
+        example="costguard-instance@my-lab.iam.gserviceaccount.com",
+        required=True,
+        pattern=re.compile(r"[^@\s]+@[a-z0-9.-]+\.iam\.gserviceaccount\.com|default"),
+        invalid="not a service account email: {value!r}",
+        hint="NAME@PROJECT.iam.gserviceaccount.com",
+    ),
+    Option(
+        "zone",
+        "the zone (it pins the zone); default: the offer's, else <region>-a",
+        example="us-central1-a",
+        pattern=_ZONE,
+        invalid="not a GCP zone: {value!r}",
+        hint="a zone looks like us-central1-a",
+    ),
+    Option(
+        "termination_action",
+        "what a preemption does to the VM: DELETE, or STOP (its disk bills on)",
+        example="STOP",
+        default="DELETE",
+        case="upper",
+        choices=("DELETE", "STOP"),
+        invalid="the termination_action option must be DELETE or STOP, not {value!r}",
+        hint="DELETE leaves nothing behind to pay for",
+    ),
+    Option(
+        "external_ip",
+        "whether the VM gets a public address (the boot script downloads packages)",
+        example="false",
+        default="true",
+        case="lower",
+        choices=("true", "false"),
+        invalid="the external_ip option must be true or false",
+        hint="false needs Cloud NAT for the boot script's downloads",
+    ),
+    Option(
+        "disk_gb", "the boot disk's size in GB", example="200", default="100", whole=(10, 65536)
+    ),
+    Option("disk_type", "the boot disk's type", example="pd-ssd", default="pd-balanced"),
+    Option(
+        "network",
+        "the VPC network",
+        example="global/networks/default",
+        default="global/networks/default",
+    ),
+    Option(
+        "subnetwork",
+        "the subnetwork (instead of a network)",
+        example="regions/us-central1/subnetworks/jobs",
+    ),
+    Option(
+        "scopes",
+        "OAuth scopes of the VM's service account, comma-separated",
+        example=DEFAULT_SCOPES[0],
+        default=",".join(DEFAULT_SCOPES),
+    ),
+)
 
 
 def label_value(text: str) -> str:
@@ -169,21 +246,64 @@ def quota_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def _time(text: str) -> datetime:
-    """An RFC 3339 timestamp as Compute Engine writes it (any offset, up to nanoseconds).
+def _accelerators(compute: Any, offer: Offer, zone: str) -> list[Any]:
+    """The GPUs attached to an N1 machine (the accelerator-optimised families have them
+    built in: none attached)."""
+    family = offer.instance_type.split("-")[0]
+    if family in gcp_clouds.GPU_FAMILIES or not offer.gpu_count:
+        return []
+    accelerator = ACCELERATOR_TYPES.get(offer.gpu.upper())
+    if accelerator is None:
+        msg = f"no {offer.gpu} accelerator can be attached to {offer.instance_type}"
+        raise InputError(msg, hint=f"N1 machines take {', '.join(ACCELERATOR_TYPES)}")
+    return [
+        compute.AcceleratorConfig(
+            accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}",
+            accelerator_count=offer.gpu_count,
+        )
+    ]
 
-    >>> _time("2026-12-01T04:00:00.123456789-08:00").isoformat()
-    '2026-12-01T12:00:00.123456+00:00'
-    """
-    parsed = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", text.strip()))
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+
+def _scheduling(compute: Any, offer: Offer, values: Mapping[str, str]) -> Any:
+    """Spot (with the termination action chosen) or standard; never migrated or restarted:
+    GPUs cannot live-migrate, and a preempted Spot VM must not come back by itself."""
+    scheduling = compute.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False)
+    if offer.market is Market.SPOT:
+        scheduling.provisioning_model = "SPOT"
+        scheduling.instance_termination_action = values["termination_action"]
+    else:
+        scheduling.provisioning_model = "STANDARD"
+    return scheduling
 
 
-def _last(url: str) -> str:
-    return url.rstrip("/").rsplit("/", 1)[-1]
+def _network(compute: Any, values: Mapping[str, str]) -> Any:
+    """The VM's one interface: in the subnetwork, else the network; a public address
+    unless ``external_ip=false``."""
+    network = compute.NetworkInterface()
+    if values.get("subnetwork"):
+        network.subnetwork = values["subnetwork"]
+    else:
+        network.network = values["network"]
+    if values["external_ip"] == "true":
+        network.access_configs = [compute.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")]
+    return network
 
 
-class GcpLauncher:
+def _boot_disk(compute: Any, values: Mapping[str, str], zone: str, tags: dict[str, str]) -> Any:
+    """The boot disk from the image, deleted with the VM, labelled as the VM is."""
+    return compute.AttachedDisk(
+        boot=True,
+        auto_delete=True,
+        initialize_params=compute.AttachedDiskInitializeParams(
+            source_image=values["image"],
+            disk_size_gb=int(values["disk_gb"]),
+            disk_type=f"zones/{zone}/diskTypes/{values['disk_type']}",
+            labels=tags,
+        ),
+    )
+
+
+class GcpLauncher(base.Launcher):
     """Compute Engine in one project (``project``, or each spec's ``project`` option).
     Pass ``credentials`` (or ready clients) to bypass Application Default Credentials;
     ``settings.gcp_endpoint`` redirects every call. Example::
@@ -192,6 +312,7 @@ class GcpLauncher:
     """
 
     provider = "gcp"
+    OPTIONS = OPTIONS
 
     def __init__(
         self,
@@ -274,7 +395,8 @@ class GcpLauncher:
             raise gcp_clouds.translate(exc, f"reading the region {region}") from None
         if found.status and found.status != "UP":
             return []
-        up = sorted(_last(url) for url in found.zones if _ZONE.fullmatch(_last(url)))
+        names = (gcp_clouds.last_segment(url) for url in found.zones)
+        up = sorted(name for name in names if _ZONE.fullmatch(name))
         if not instance_type or not up:
             return up
         offered = self._offering(project, instance_type)
@@ -291,65 +413,29 @@ class GcpLauncher:
         try:
             for scope, scoped in self.machine_types.aggregated_list(request=request):
                 if any(item.name == instance_type for item in scoped.machine_types):
-                    found.add(_last(scope))
+                    found.add(gcp_clouds.last_segment(scope))
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, f"listing the zones of {instance_type}") from None
         return found
 
     # ------------------------------------------------------------------ check
 
+    def option_defaults(self) -> dict[str, str]:
+        """The project the launcher was built with, when the job's options name none."""
+        return {"project": self.project}
+
     def _project(self, spec: LaunchSpec) -> str:
-        project = bootstrap.option(
-            spec,
-            "project",
-            self.provider,
-            "e.g. project=my-lab (gcloud projects list)",
-            default=self.project,
-        )
-        if not _PROJECT.fullmatch(project):
-            msg = f"not a GCP project id: {project!r}"
-            raise InputError(msg, hint="the project ID (lower case), not its name or number")
-        return project
+        return OPTIONS.value(spec.options, "project", self.project)
 
     def check(self, spec: LaunchSpec) -> None:
         """Validate every option offline (no Google call) and render the boot script once."""
-        self._project(spec)
-        bootstrap.option(
-            spec,
-            "image",
-            self.provider,
-            "an image with the NVIDIA driver, e.g. image="
-            "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11",
-        )
-        account = bootstrap.option(
-            spec,
-            "service_account",
-            self.provider,
-            "the VM reaches the checkpoint bucket as this account, never with keys: e.g. "
-            "service_account=costguard-instance@my-lab.iam.gserviceaccount.com "
-            "(see infra/gcp/launcher-role.yaml)",
-        )
-        if not _ACCOUNT.fullmatch(account):
-            msg = f"not a service account email: {account!r}"
-            raise InputError(msg, hint="NAME@PROJECT.iam.gserviceaccount.com")
-        zone = spec.options.get("zone", "")
-        if zone and not _ZONE.fullmatch(zone):
-            msg = f"not a GCP zone: {zone!r}"
-            raise InputError(msg, hint="a zone looks like us-central1-a")
-        action = spec.options.get("termination_action", "DELETE").upper()
-        if action not in ("DELETE", "STOP"):
-            msg = f"the termination_action option must be DELETE or STOP, not {action!r}"
-            raise InputError(msg, hint="DELETE leaves nothing behind to pay for")
-        if spec.options.get("external_ip", "true").lower() not in ("true", "false"):
-            msg = "the external_ip option must be true or false"
-            raise InputError(msg, hint="false needs Cloud NAT for the boot script's downloads")
-        bootstrap.int_option(spec, "disk_gb", 100, 10, 65536)
+        super().check(spec)
         bootstrap.render(spec, 1, self.provider, environ=self._environ)
 
     # ----------------------------------------------------------------- launch
 
     def _zone(self, offer: Offer, spec: LaunchSpec) -> str:
-        zone = offer.zone or spec.options.get("zone", "") or f"{offer.region}-a"
+        zone = offer.zone or OPTIONS.value(spec.options, "zone") or f"{offer.region}-a"
         if zone.rsplit("-", 1)[0] != offer.region:
             msg = f"zone {zone!r} is not in region {offer.region!r}"
             raise InputError(msg, hint="leave the zone option out, or pick one of the region")
@@ -362,74 +448,24 @@ class GcpLauncher:
             msg = f"an offer on {offer.provider} cannot be launched on GCP"
             raise InputError(msg, hint="pick a GCP offer")
         compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
-        options = spec.options
+        values = OPTIONS.check(spec.options, self.provider, self.option_defaults())
         zone = self._zone(offer, spec)
-        family = offer.instance_type.split("-")[0]
-        if family == "tpu":
+        if offer.instance_type.split("-")[0] == "tpu":
             msg = f"{offer.instance_type} is a TPU, not a VM type"
             raise InputError(msg, hint="costguard launch runs GPU VMs: pick a GPU offer")
-        accelerators = []
-        if family not in gcp_clouds.GPU_FAMILIES and offer.gpu_count:
-            accelerator = ACCELERATOR_TYPES.get(offer.gpu.upper())
-            if accelerator is None:
-                msg = f"no {offer.gpu} accelerator can be attached to {offer.instance_type}"
-                raise InputError(msg, hint=f"N1 machines take {', '.join(ACCELERATOR_TYPES)}")
-            accelerators.append(
-                compute.AcceleratorConfig(
-                    accelerator_type=f"zones/{zone}/acceleratorTypes/{accelerator}",
-                    accelerator_count=offer.gpu_count,
-                )
-            )
-        # GPUs cannot live-migrate; a preempted Spot VM must not come back by itself.
-        scheduling = compute.Scheduling(on_host_maintenance="TERMINATE", automatic_restart=False)
-        if offer.market is Market.SPOT:
-            scheduling.provisioning_model = "SPOT"
-            scheduling.instance_termination_action = options.get(
-                "termination_action", "DELETE"
-            ).upper()
-        else:
-            scheduling.provisioning_model = "STANDARD"
-        network = compute.NetworkInterface()
-        if options.get("subnetwork"):
-            network.subnetwork = options["subnetwork"]
-        else:
-            network.network = options.get("network", "global/networks/default")
-        if options.get("external_ip", "true").lower() == "true":
-            network.access_configs = [
-                compute.AccessConfig(name="External NAT", type_="ONE_TO_ONE_NAT")
-            ]
-        disk = compute.AttachedDisk(
-            boot=True,
-            auto_delete=True,
-            initialize_params=compute.AttachedDiskInitializeParams(
-                source_image=options["image"].strip(),
-                disk_size_gb=bootstrap.int_option(spec, "disk_gb", 100, 10, 65536),
-                disk_type=f"zones/{zone}/diskTypes/{options.get('disk_type', 'pd-balanced')}",
-                labels=labels(spec, attempt),
-            ),
-        )
-        scopes = [s.strip() for s in options.get("scopes", "").split(",") if s.strip()]
+        script = bootstrap.render(spec, attempt, self.provider, environ=self._environ)
+        scopes = [s.strip() for s in values["scopes"].split(",") if s.strip()]
         return compute.Instance(
             name=bootstrap.resource_name(spec.job_id, attempt, 63),
             machine_type=f"zones/{zone}/machineTypes/{offer.instance_type}",
             labels=labels(spec, attempt),
-            scheduling=scheduling,
-            guest_accelerators=accelerators,
-            disks=[disk],
-            network_interfaces=[network],
-            metadata=compute.Metadata(
-                items=[
-                    compute.Items(
-                        key="startup-script",
-                        value=bootstrap.render(spec, attempt, self.provider, environ=self._environ),
-                    )
-                ]
-            ),
+            scheduling=_scheduling(compute, offer, values),
+            guest_accelerators=_accelerators(compute, offer, zone),
+            disks=[_boot_disk(compute, values, zone, labels(spec, attempt))],
+            network_interfaces=[_network(compute, values)],
+            metadata=compute.Metadata(items=[compute.Items(key="startup-script", value=script)]),
             service_accounts=[
-                compute.ServiceAccount(
-                    email=options["service_account"].strip(),
-                    scopes=scopes or list(DEFAULT_SCOPES),
-                )
+                compute.ServiceAccount(email=values["service_account"], scopes=scopes)
             ],
         )
 
@@ -454,7 +490,7 @@ class GcpLauncher:
         """``instances.insert``, waited for; a :class:`CapacityError` when the zone is full."""
         instance = self.request(offer, spec, attempt)
         project = self._project(spec)
-        zone = _last(instance.machine_type.rsplit("/machineTypes/", 1)[0])
+        zone = gcp_clouds.last_segment(instance.machine_type.rsplit("/machineTypes/", 1)[0])
         # A fresh request id per launch: Compute Engine answers a request id it has seen
         # with that request's (finished) operation and creates nothing (compute.proto,
         # request_id), so one derived from the name would "launch" nothing when a job id is
@@ -559,7 +595,9 @@ class GcpLauncher:
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
         started = item.last_start_timestamp or item.creation_timestamp
-        return Status(handle, state, detail, launched_at=_time(started) if started else None)
+        return Status(
+            handle, state, detail, launched_at=gcp_clouds.timestamp(started) if started else None
+        )
 
     def stopped(self, handle: Handle, job_id: str) -> base.Stopped | None:
         """The attempt's VM when Compute Engine stopped it (status ``TERMINATED``: host
@@ -629,7 +667,7 @@ class GcpLauncher:
         found = []
         try:
             for scope, scoped in self.instances.aggregated_list(request=request):
-                zone = _last(scope)
+                zone = gcp_clouds.last_segment(scope)
                 for item in scoped.instances:
                     if item.labels.get(key) == value and item.status in LIVE_STATES:
                         found.append(

@@ -31,15 +31,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from costguard import contract
 from costguard.checkpoint.notices import ENDPOINT_ENV
 from costguard.errors import InputError
 from costguard.pricing.catalog import Market
+from costguard.secrets import secret_name_kind
 from costguard.spot.bootstrap import refuse_secrets
-from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
-from costguard.spot.launcher.base import Handle, LaunchSpec, Offer, State, Status
+from costguard.spot.launcher.base import Handle, Launcher, LaunchSpec, Offer, State, Status
 from costguard.spot.simulator import (
     NOTICE_S,
     MetadataEmulator,
+    Simulation,
     notice_time,
     simulated_cloud,
     simulated_zones,
@@ -53,6 +55,28 @@ NOTICE_POLL_S = 0.25
 TERMINATE_GRACE_S = 10.0
 
 
+def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """What ``costguard launch`` records of the launching environment for a local job:
+    every variable but those named like a secret (kept out of the bucket) and costguard's
+    own job variables."""
+    return {
+        name: value
+        for name, value in env.items()
+        if secret_name_kind(name) is None and not name.startswith("COSTGUARD_JOB")
+    }
+
+
+def job_environment(spec: LaunchSpec, env: Mapping[str, str]) -> dict[str, str]:
+    """A local attempt's environment: what launch recorded (``spec.environment``), with
+    only the secret-named variables (the credentials to reach the store) taken from
+    ``env``, the launching or attaching process's; a job recorded before it had an
+    environment runs with ``env``."""
+    if not spec.environment:
+        return dict(env)
+    secrets = {name: value for name, value in env.items() if secret_name_kind(name)}
+    return {**spec.environment, **secrets}
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     """Where local attempts keep their logs and registrations.
 
@@ -61,8 +85,8 @@ def default_state_dir(env: Mapping[str, str]) -> Path:
     >>> default_state_dir({"XDG_STATE_HOME": "/s"})
     PosixPath('/s/costguard/local')
     """
-    if env.get("COSTGUARD_LOCAL_DIR"):
-        return Path(env["COSTGUARD_LOCAL_DIR"])
+    if env.get(contract.ENV_LOCAL_DIR):
+        return Path(env[contract.ENV_LOCAL_DIR])
     base = env.get("XDG_STATE_HOME") or str(Path("~/.local/state").expanduser())
     return Path(base) / "costguard" / "local"
 
@@ -99,10 +123,11 @@ def pid_alive(pid: int, start_ticks: str = "") -> bool:
     return True
 
 
-class LocalLauncher:
+class LocalLauncher(Launcher):
     """Runs attempts as local processes and preempts them on the simulator's schedule."""
 
     provider = PROVIDER
+    state_dir: Path
 
     def __init__(
         self,
@@ -142,7 +167,7 @@ class LocalLauncher:
     def _job_dir(self, job_id: str) -> Path:
         return self.state_dir / check_job_id(job_id, "the local launcher's job")
 
-    # -- Launcher protocol -------------------------------------------------------------
+    # -- Launcher -------------------------------------------------------------
 
     def check(self, spec: LaunchSpec) -> None:
         """The command is there, carries no credential (it goes into job.json and each
@@ -189,15 +214,16 @@ class LocalLauncher:
             )
         emulator = self.emulator
         emulator.clear()
-        env = dict(self.env)
+        env = job_environment(spec, self.env)
         env.update(
             {
-                "COSTGUARD_CLOUD": cloud,
+                contract.ENV_JOB_KEY: spec.job_key,
+                contract.ENV_CLOUD: cloud,
                 ENDPOINT_ENV[cloud]: emulator.url,
-                "COSTGUARD_NOTICE_POLL_S": str(NOTICE_POLL_S),
-                "COSTGUARD_JOBS_DIR": str(jobs_dir),
-                ENV_JOB_ID: spec.job_id,
-                ENV_JOB_ATTEMPT: str(attempt),
+                contract.ENV_NOTICE_POLL_S: str(NOTICE_POLL_S),
+                contract.ENV_JOBS_DIR: str(jobs_dir),
+                contract.ENV_JOB_ID: spec.job_id,
+                contract.ENV_JOB_ATTEMPT: str(attempt),
             }
         )
         with log.open("ab") as output:

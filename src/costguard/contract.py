@@ -1,0 +1,717 @@
+"""The job contract: what ``costguard launch``, ``costguard run``, the integrations and the
+reaper agree on, defined once.
+
+- the environment names the launcher and ``costguard run`` pass to a job's processes;
+- the exit codes (75: saved on a notice or a stop request, resumable);
+- where each record of a job lives in its checkpoint store, and each record's schema;
+- ONE bounded, validating reader (and the writer that keeps to the same schema) for every
+  record in a store: ``job/job.json``, the attempts in it, ``job/attempt-N.exit.json``,
+  ``job/pace.json``, ``job/stop.json``.
+
+Anyone who can write to the store (a labmate, a leaked key, every job's instance role) can
+write these files, so nothing read is trusted: at most :data:`RECORD_BYTES` are read (never
+the whole of a large object), JSON constants (``NaN``, ``Infinity``) and numbers of more
+than 20 digits are refused while parsing, and every field is checked against its schema:
+its type, a finite number within its range, a string of bounded length without control
+characters, a list or mapping of bounded length. A record that fails is one
+:class:`RecordError` naming the file and the field; callers that read many records
+(:func:`read_or_warn`) name it in a warning and leave it out, so no figure is ever
+computed from an invalid field and one bad record never stops the rest.
+
+It sits with ``errors.py`` and ``tags.py`` at the bottom floor (it imports nothing of
+costguard but those), so ``checkpoint/`` (``costguard run``, the ``Checkpointer``), ``spot/``
+(launch), ``reaper/``, ``integrations/`` and ``cli/`` all import it without climbing.
+
+>>> parse(b'{"job_id": "cg-a", "attempt": 2, "reason": "cap", "requested_unix": 5.0}',
+...       STOP, STOP_FILE)["reason"]
+'cap'
+>>> parse(b'{"job_id": "cg-a", "attempt": 2, "reason": "x", "requested_unix": NaN}',
+...       STOP, STOP_FILE)
+Traceback (most recent call last):
+...
+costguard.contract.RecordError: job/stop.json is not a costguard record: NaN is not a number
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any, NoReturn, Protocol
+
+from costguard.errors import CostguardError, InputError, StoreError, TooLargeError
+from costguard.tags import JOB_ID
+
+logger = logging.getLogger(__name__)
+
+# -- environment names ------------------------------------------------------------------
+
+#: The job an attempt belongs to, and the attempt's number (``costguard launch`` sets them
+#: on the instance; ``costguard run`` writes its exit record when both are there).
+ENV_JOB_ID = "COSTGUARD_JOB_ID"
+ENV_JOB_ATTEMPT = "COSTGUARD_JOB_ATTEMPT"
+#: ``costguard run --total-steps N``: the steps the whole run takes (for its finish time).
+ENV_TOTAL_STEPS = "COSTGUARD_TOTAL_STEPS"
+#: ``costguard pilot --steps N``: stop the script after N steps, once the pace is recorded.
+ENV_PILOT_STEPS = "COSTGUARD_PILOT_STEPS"
+#: Where ``costguard run`` reads what the script reports (the trainers' integrations).
+ENV_EVENTS_FILE = "COSTGUARD_EVENTS_FILE"
+#: ``costguard run --fresh``: the script starts from step 0 whatever the store holds.
+ENV_START_FRESH = "COSTGUARD_CHECKPOINT_START_FRESH"
+#: The cloud whose metadata service ``costguard run`` polls for notices.
+ENV_CLOUD = "COSTGUARD_CLOUD"
+#: The reaper agent's folder of registered jobs (``costguard agent``).
+ENV_JOBS_DIR = "COSTGUARD_JOBS_DIR"
+#: The simulator's seconds between two polls of its notice file.
+ENV_NOTICE_POLL_S = "COSTGUARD_NOTICE_POLL_S"
+#: The simulated metadata service's address (``--provider local``).
+ENV_AWS_METADATA_URL = "COSTGUARD_AWS_METADATA_URL"
+#: The local launcher's state folder (``--provider local``).
+ENV_LOCAL_DIR = "COSTGUARD_LOCAL_DIR"
+#: The job's key (hex), which proves its stop requests (:mod:`costguard.proof`): a secret,
+#: never recorded.
+ENV_JOB_KEY = "COSTGUARD_JOB_KEY"
+#: Where this user's key is, when not beside the config file.
+ENV_JOB_KEY_FILE = "COSTGUARD_JOB_KEY_FILE"
+#: What ``costguard run`` tells the script's Checkpointer: the store, how often to save,
+#: how many to keep, the store's options.
+ENV_URL = "COSTGUARD_CHECKPOINT_URL"
+ENV_EVERY_STEPS = "COSTGUARD_CHECKPOINT_EVERY_STEPS"
+ENV_EVERY_MINUTES = "COSTGUARD_CHECKPOINT_EVERY_MINUTES"
+ENV_KEEP = "COSTGUARD_CHECKPOINT_KEEP"
+ENV_STORAGE_OPTIONS = "COSTGUARD_STORAGE_OPTIONS"
+#: How ``costguard run`` passes notices on: a pipe, a file of notices, the file a rank
+#: marks when it saved on one, and ``costguard run``'s own process id.
+ENV_NOTICE_FD = "COSTGUARD_NOTICE_FD"
+ENV_NOTICE_FILE = "COSTGUARD_NOTICE_FILE"
+ENV_PREEMPTED_FILE = "COSTGUARD_PREEMPTED_FILE"
+ENV_RUN_PID = "COSTGUARD_RUN_PID"
+
+# -- exit codes -------------------------------------------------------------------------
+
+#: Saved on a notice (a preemption, a stop request) and exited: run the same command to
+#: resume (``EX_TEMPFAIL``). The Checkpointer, the integrations, ``costguard run`` and the
+#: controller all mean this one.
+EXIT_PREEMPTED = 75
+#: ``costguard launch``: the job saved and stopped at its projection (resumable): the same.
+EXIT_SAVED = EXIT_PREEMPTED
+
+# -- where the records live -------------------------------------------------------------
+
+JOB_FILE = "job/job.json"
+#: The request that the running attempt save and stop (``--stop-at-projection``,
+#: ``costguard jobs stop``).
+STOP_FILE = "job/stop.json"
+PACE_FILE = "job/pace.json"
+#: The one version of each record this costguard writes and reads.
+VERSION = 1
+
+#: The most bytes read of a record: ``job.json`` of 10,000 attempts is about 10 MiB; the
+#: others are a few hundred bytes.
+RECORD_BYTES = 64 * 1024
+JOB_BYTES = 16 * 1024 * 1024
+
+
+def exit_record_path(attempt: int) -> str:
+    """Where attempt ``attempt``'s exit record lives, relative to the store root.
+
+    >>> exit_record_path(3)
+    'job/attempt-3.exit.json'
+    """
+    return f"job/attempt-{attempt}.exit.json"
+
+
+# -- the schema language ----------------------------------------------------------------
+
+
+class RecordError(InputError):
+    """A record in a store is not one costguard wrote: too long, not JSON, or a field out
+    of its schema (bad input: exit 2)."""
+
+
+class _FieldError(Exception):
+    """A field out of its schema (where, why); turned into :class:`RecordError`."""
+
+
+def _fail(where: str, why: str) -> NoReturn:
+    raise _FieldError(where, why)
+
+
+#: Control characters (C0, DEL, C1): never in a record's strings (but ``\\t`` and ``\\n``
+#: in the free texts that allow them, a command's arguments).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_SPACE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+#: A unix time: not negative, before 2242 (2^33 s).
+UNIX_MAX = 2.0**33
+#: Steps of one run: a trillion is beyond any training run.
+STEPS_MAX = 10**12
+#: Seconds of one measurement or stall: ten years.
+SECONDS_MAX = 10.0 * 365 * 86400
+#: Dollars per hour of one instance, and of a whole job.
+USD_PER_HOUR_MAX = Decimal(100_000)
+USD_MAX = Decimal(10**9)
+
+
+class Field(Protocol):
+    """One field's schema: ``check`` returns the value as costguard uses it, or raises
+    :class:`_FieldError`; ``tidy`` (writing) shortens and cleans free text instead."""
+
+    @property
+    def optional(self) -> bool:
+        """Whether ``null`` (or no value) is allowed."""
+
+    def check(self, value: object, where: str, tidy: bool) -> Any: ...
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Num:
+    """A finite number in ``[low, high]``: a float, or with ``whole`` an int."""
+
+    low: float
+    high: float
+    optional: bool = False
+    whole: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> float:
+        if self.whole:
+            fits = type(value) is int
+            kind = "whole number"
+        else:
+            fits = _is_number(value) and math.isfinite(value)  # type: ignore[arg-type]
+            kind = "number"
+        if not fits or not self.low <= value <= self.high:  # type: ignore[operator]
+            _fail(where, f"not a {kind} in {self.low:g}..{self.high:g}")
+        return value if self.whole else float(value)  # type: ignore[arg-type, return-value]
+
+
+def whole(low: int, high: int, *, optional: bool = False) -> Num:
+    """A whole number in ``[low, high]``."""
+    return Num(low, high, optional=optional, whole=True)
+
+
+_DECIMAL = re.compile(r"[0-9]{1,12}(?:\.[0-9]{1,12})?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class Money:
+    """Dollars: a decimal string (or a finite number) in ``[0, high]``, as a Decimal."""
+
+    high: Decimal
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> Decimal:
+        if isinstance(value, Decimal):
+            value = str(value)
+        if _is_number(value) and math.isfinite(value):  # type: ignore[arg-type]
+            value = repr(value)
+        text = value if isinstance(value, str) else ""
+        try:
+            number = Decimal(text) if _DECIMAL.fullmatch(text) else None
+        except InvalidOperation:
+            number = None
+        if number is None or number > self.high:
+            _fail(where, f"not an amount in 0..{self.high}")
+        return number
+
+
+@dataclass(frozen=True)
+class Text:
+    """A string of at most ``length`` characters without control characters (``lines``:
+    tabs and newlines allowed) matching ``pattern`` when given."""
+
+    length: int = 200
+    pattern: re.Pattern[str] | None = None
+    lines: bool = False
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> str:
+        if not isinstance(value, str):
+            _fail(where, "not a string")
+        control = _CONTROL_BUT_SPACE if self.lines else _CONTROL
+        if tidy and self.pattern is None:
+            value = control.sub("\N{REPLACEMENT CHARACTER}", value)[: self.length]
+        if len(value) > self.length:
+            _fail(where, f"longer than {self.length} characters")
+        if control.search(value):
+            _fail(where, "holds control characters")
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            _fail(where, "not in the expected form")
+        return value
+
+
+@dataclass(frozen=True)
+class Flag:
+    """``true`` or ``false``."""
+
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> bool:
+        if not isinstance(value, bool):
+            _fail(where, "not true or false")
+        return value
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One of ``values``."""
+
+    values: tuple[object, ...]
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> Any:
+        if isinstance(value, bool) or value not in self.values:
+            _fail(where, f"not one of {', '.join(map(str, self.values))}")
+        return value
+
+
+@dataclass(frozen=True)
+class Time:
+    """An ISO 8601 time with its offset (``2026-12-02T20:15:12+00:00``)."""
+
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> datetime:
+        try:
+            moment = datetime.fromisoformat(Text(40).check(value, where, False))
+        except ValueError:
+            _fail(where, "not an ISO 8601 time")
+        if moment.tzinfo is None:
+            _fail(where, "a time without its offset")
+        return moment
+
+
+@dataclass(frozen=True)
+class Items:
+    """A list of at most ``most`` items, each ``of`` (at least ``least``), as a tuple."""
+
+    of: Field
+    most: int
+    least: int = 0
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> tuple[Any, ...]:
+        if not isinstance(value, list) or not self.least <= len(value) <= self.most:
+            _fail(where, f"not a list of {self.least}..{self.most} items")
+        return tuple(self.of.check(v, f"{where}[{i}]", tidy) for i, v in enumerate(value))
+
+
+@dataclass(frozen=True)
+class Table:
+    """A mapping of at most ``most`` string keys (each a short text) to ``of``."""
+
+    of: Field
+    most: int
+    key: Text = Text(100)
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> dict[str, Any]:
+        if not isinstance(value, dict) or len(value) > self.most:
+            _fail(where, f"not a mapping of at most {self.most} entries")
+        return {
+            self.key.check(k, f"{where} key", False): self.of.check(v, f"{where}.{k}", tidy)
+            for k, v in value.items()
+        }
+
+
+@dataclass(frozen=True)
+class Record:
+    """A JSON object: ``fields`` (absent or ``null`` allowed for an optional field, which
+    then reads as ``defaults``' value or ``None``); keys it does not name are left out."""
+
+    fields: Mapping[str, Field]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    optional: bool = False
+
+    def check(self, value: object, where: str, tidy: bool) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            _fail(where, "not an object")
+        out: dict[str, Any] = {}
+        for name, kind in self.fields.items():
+            here = f"{where}.{name}" if where else name
+            raw = value.get(name)
+            if raw is None:
+                if name in self.defaults:
+                    out[name] = self.defaults[name]
+                    continue
+                if kind.optional:
+                    out[name] = None
+                    continue
+                _fail(here, "missing")
+            out[name] = kind.check(raw, here, tidy)
+        return out
+
+
+def _optional(kind: Any) -> Any:
+    """``kind`` that also accepts ``null`` (or no value)."""
+    return type(kind)(**{**kind.__dict__, "optional": True})
+
+
+# -- the schemas ------------------------------------------------------------------------
+
+_NAME = Text(100, re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+-]{0,99}", re.ASCII))
+_JOB_ID = Text(48, JOB_ID)
+_UNIX = Num(0.0, UNIX_MAX)
+_STEPS = whole(0, STEPS_MAX)
+_SECONDS = Num(0.0, SECONDS_MAX)
+_VERSION = Choice((VERSION,))
+
+OFFER = Record(
+    {
+        "provider": _NAME,
+        "region": _NAME,
+        "zone": Text(100),
+        "instance_type": _NAME,
+        "market": Choice(("on-demand", "spot")),
+        "usd_per_hour": Money(USD_PER_HOUR_MAX),
+        "gpu": _NAME,
+        "gpu_count": whole(0, 1024),
+        "verified": Flag(),
+    },
+    defaults={"zone": "", "verified": True},  # job.json written before it had the key
+)
+
+HANDLE = Record(
+    {
+        "provider": _NAME,
+        "region": _NAME,
+        "zone": Text(100),
+        "instance_id": Text(300),
+        "extra": Table(Text(2000), 32),
+    },
+    defaults={"zone": "", "extra": {}},
+)
+
+ATTEMPT = Record(
+    {
+        "number": whole(1, 999_999),
+        "offer": OFFER,
+        "handle": _optional(HANDLE),
+        "launched_unix": _UNIX,
+        "ended_unix": _optional(_UNIX),
+        "outcome": Choice(
+            ("succeeded", "failed", "preempted", "lost", "stopped", "launch-failed"),
+            optional=True,
+        ),
+        "exit_code": whole(-255, 255, optional=True),
+        "detail": Text(2000, lines=True),
+        "resumed_step": _optional(_STEPS),
+        "last_step": _optional(_STEPS),
+        "lost_s": _SECONDS,
+        "lost_steps": _optional(_STEPS),
+        "token": Text(200),
+    },
+    defaults={"detail": "", "lost_s": 0.0, "token": ""},
+)
+
+SIMULATION = Record(
+    {
+        "every_s": _optional(_SECONDS),
+        "at_s": Items(_SECONDS, 1000),
+        "seed": whole(0, 2**63, optional=True),
+        "notice_s": _optional(_SECONDS),
+        "metadata_port": whole(0, 65535),
+        "state_dir": Text(4096),
+    },
+    defaults={"at_s": (), "metadata_port": 0, "state_dir": ""},
+)
+
+SPEC = Record(
+    {
+        "job_id": _JOB_ID,
+        "provider": _NAME,
+        "gpu": _NAME,
+        "gpu_count": whole(0, 1024),
+        "regions": Items(_NAME, 100),
+        "spot": Flag(),
+        "checkpoint_url": Text(2048),
+        "command": Items(Text(100_000, lines=True), 4096, least=1),
+        "owner": Text(200),
+        "created_unix": _UNIX,
+        "expires_at": Time(),
+        "max_usd_per_hour": Money(USD_PER_HOUR_MAX, optional=True),
+        "max_total_usd": Money(USD_MAX, optional=True),
+        "max_preemptions": whole(0, 100_000),
+        "max_failures": whole(0, 100_000),
+        "every_steps": whole(1, STEPS_MAX, optional=True),
+        "every_minutes": Num(0.0, 10.0**7, optional=True),
+        "idle_minutes": whole(0, 10**7),
+        "hours": Money(Decimal(10**7), optional=True),
+        "total_steps": whole(1, STEPS_MAX, optional=True),
+        "stop_at_projection": Flag(),
+        "pilot_steps": whole(1, STEPS_MAX, optional=True),
+        "options": Table(Text(4096), 64),
+        "sync_dir": Text(4096, optional=True),
+        "simulation": _optional(SIMULATION),
+        #: What ``costguard launch`` set in the job's environment (no secrets).
+        "environment": Table(Text(100_000, lines=True), 256),
+        #: The launching user's keyed digest of the spec (:mod:`costguard.spot.proof`).
+        "proof": Text(128),
+    },
+    defaults={
+        "regions": (),
+        "owner": "",
+        "max_preemptions": 3,
+        "max_failures": 0,
+        "idle_minutes": 30,
+        "stop_at_projection": False,
+        "options": {},
+        "environment": {},
+        "proof": "",
+    },
+)
+
+JOB = Record(
+    {
+        "version": _VERSION,
+        "status": Choice(("running", "succeeded", "failed", "stopped")),
+        "reason": Text(2000, lines=True),
+        "updated_unix": _UNIX,
+        "controller": Text(300),
+        "heartbeat_unix": _UNIX,
+        "strays_terminated": Items(Text(300), 10_000),
+        "kept_stopped": Items(Text(2000, lines=True), 10_000),
+        "stop_requested": Text(2000, lines=True),
+        "stop_requested_unix": _UNIX,
+        "spec": SPEC,
+        "attempts": Items(ATTEMPT, 10_000),
+    },
+    defaults={
+        "status": "running",
+        "reason": "",
+        "updated_unix": 0.0,
+        "controller": "",
+        "heartbeat_unix": 0.0,
+        "strays_terminated": (),
+        "kept_stopped": (),
+        "stop_requested": "",
+        "stop_requested_unix": 0.0,
+        "attempts": (),
+    },
+)
+
+EXIT = Record(
+    {
+        "attempt": whole(1, 999_999),
+        "exit_code": whole(-255, 255),
+        "last_step": _optional(_STEPS),
+        "finished_unix": _UNIX,
+        "host": Text(200),
+        "job_id": Text(48),
+    },
+    defaults={"host": "", "job_id": ""},
+)
+
+STOP = Record(
+    {
+        "job_id": _JOB_ID,
+        "attempt": whole(1, 999_999),
+        "reason": Text(500),
+        "requested_unix": _UNIX,
+        #: Who may stop the job proves it: a keyed digest (:mod:`costguard.spot.proof`).
+        "proof": Text(128),
+    },
+    defaults={"proof": ""},
+)
+
+PACE = Record(
+    {
+        "version": _VERSION,
+        "steps_measured": _STEPS,
+        "seconds_measured": _SECONDS,
+        "steps_done": _STEPS,
+        "updated_unix": _UNIX,
+        "started_unix": _UNIX,
+        "warmup_steps": _STEPS,
+        "outlier_steps": _STEPS,
+        "outlier_s": _SECONDS,
+        "saves": _STEPS,
+        "overhead_s": _SECONDS,
+        "setup_s": _SECONDS,
+        "total_steps": whole(1, STEPS_MAX, optional=True),
+        "evaluations": _STEPS,
+        "evaluation_s": _SECONDS,
+        "steps_per_epoch": whole(1, STEPS_MAX, optional=True),
+        "device": Text(200),
+        "ranks": whole(1, 1_000_000),
+        "host": Text(200),
+        "job_id": Text(48),
+        "attempt": whole(1, 999_999, optional=True),
+        "pilot": Flag(),
+    },
+    defaults={
+        "warmup_steps": 0,
+        "outlier_steps": 0,
+        "outlier_s": 0.0,
+        "saves": 0,
+        "overhead_s": 0.0,
+        "setup_s": 0.0,
+        "evaluations": 0,
+        "evaluation_s": 0.0,
+        "device": "cpu",
+        "ranks": 1,
+        "host": "",
+        "job_id": "",
+        "pilot": False,
+    },
+)
+
+
+# -- reading and writing ----------------------------------------------------------------
+
+
+def _no_constant(name: str) -> float:
+    _fail("", f"{name} is not a number")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > 20:
+        _fail("", "a number of more than 20 digits")
+    return int(text)
+
+
+def _bounded_float(text: str) -> float:
+    if len(text) > 40:
+        _fail("", "a number of more than 40 characters")
+    return float(text)  # 1e999 is inf: refused by the field's range
+
+
+def parse(data: bytes, schema: Record, name: str) -> dict[str, Any]:
+    """The record ``name`` in ``data``, checked against ``schema``; :class:`RecordError`
+    naming the first field out of it."""
+    try:
+        doc = json.loads(
+            data,
+            parse_constant=_no_constant,
+            parse_int=_bounded_int,
+            parse_float=_bounded_float,
+        )
+        return schema.check(doc, "", tidy=False)
+    except _FieldError as exc:
+        where, why = exc.args
+        msg = f"{name} is not a costguard record: {f'{where}: ' if where else ''}{why}"
+    except (ValueError, RecursionError) as exc:
+        msg = f"{name} is not a costguard record: not JSON ({type(exc).__name__})"
+    raise RecordError(msg, hint="was it written by another costguard version, or by someone else?")
+
+
+def dump(doc: Mapping[str, Any], schema: Record, name: str) -> bytes:
+    """``doc`` as the bytes of record ``name``, checked against ``schema`` first (free text
+    cleaned and shortened), so costguard never writes what its reader would refuse."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Decimal):
+            return str(value)
+        if isinstance(value, datetime):
+            return value.isoformat(timespec="seconds")
+        raise TypeError(type(value).__name__)
+
+    try:
+        cleaned = schema.check(json.loads(json.dumps(doc, default=plain)), "", tidy=True)
+    except _FieldError as exc:
+        where, why = exc.args
+        msg = f"not writing {name}: {where}: {why}"
+        raise RecordError(msg, hint="a costguard bug: please report it") from None
+    return json.dumps(cleaned, default=plain, indent=1, sort_keys=True).encode()
+
+
+class Store(Protocol):
+    """What the reader needs of a checkpoint store."""
+
+    url: str
+
+    def get(self, path: str, max_bytes: int | None = None) -> bytes: ...
+
+    def put(self, path: str, data: bytes) -> None: ...
+
+
+def read(
+    store: Store, path: str, schema: Record, max_bytes: int = RECORD_BYTES
+) -> dict[str, Any] | None:
+    """Record ``path`` of ``store``: ``None`` when there is none; :class:`RecordError` when
+    it is not one costguard wrote (more than ``max_bytes``, not JSON, out of ``schema``);
+    :class:`StoreError` when the store cannot be read now."""
+    name = f"{path} in {store.url}"
+    try:
+        data = store.get(path, max_bytes=max_bytes)
+    except TooLargeError:
+        msg = f"{name} is not a costguard record: more than {max_bytes:,} bytes"
+        raise RecordError(msg, hint="see what else writes to the store") from None
+    except StoreError as exc:
+        if isinstance(exc.__cause__, FileNotFoundError):
+            return None
+        raise
+    return parse(data, schema, name)
+
+
+def read_or_warn(
+    store: Store,
+    path: str,
+    schema: Record,
+    max_bytes: int = RECORD_BYTES,
+    say: Callable[[str], None] | None = None,
+) -> dict[str, Any] | None:
+    """:func:`read`, with a record that is not costguard's named in a warning (``say``, by
+    default the costguard logger) and read as none."""
+    try:
+        return read(store, path, schema, max_bytes)
+    except RecordError as exc:
+        warn(exc, say)
+        return None
+
+
+def write(store: Store, path: str, schema: Record, doc: Mapping[str, Any]) -> None:
+    """Store ``doc`` as record ``path`` (one atomic write), checked by ``schema`` first."""
+    store.put(path, dump(doc, schema, path))
+
+
+def warn(exc: CostguardError, say: Callable[[str], None] | None = None) -> None:
+    """Name a record left out: ``say`` it, by default on the costguard logger (stderr)."""
+    message = f"warning: {exc.message}; left out"
+    if say is None:
+        logger.warning("costguard: %s", message)
+    else:
+        say(message)
+
+
+def each_valid(items: Iterable[Any], check: Callable[[Any], Any]) -> list[Any]:
+    """``check(item)`` of every item whose check passes; one that raises a
+    :class:`CostguardError` is named in a warning and left out."""
+    kept = []
+    for item in items:
+        try:
+            kept.append(check(item))
+        except CostguardError as exc:
+            warn(exc)
+    return kept
+
+
+def stop_request(
+    store: Store,
+    job_id: str,
+    attempt: int,
+    key: bytes | None,
+    say: Callable[[str], None] | None = None,
+) -> str | None:
+    """Why attempt ``attempt`` of job ``job_id`` is asked to save and stop, ``None`` when
+    it is not. A request for another job or attempt is none; one that is not a costguard
+    record, or whose proof does not hold (not written with the job's key: anyone else who
+    can write the bucket), is named in a warning and is none: the job goes on."""
+    from costguard.proof import stop_holds
+
+    doc = read_or_warn(store, STOP_FILE, STOP, say=say)
+    if doc is None or doc["job_id"] != job_id or doc["attempt"] != attempt:
+        return None
+    if not stop_holds(key, job_id, attempt, doc["reason"], doc["requested_unix"], doc["proof"]):
+        message = f"{STOP_FILE} in {store.url} is not signed with this job's key"
+        warn(RecordError(message), say)
+        return None
+    return doc["reason"] or "stop requested"

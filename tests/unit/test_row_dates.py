@@ -1,0 +1,170 @@
+"""Every instance row carries its price's own date and source (issue 48): the bundled
+tables, the loader's rules for a blank or unknown date, what `estimate` and `pricing
+show` say about them, and the share of GPU rows priced before the newest dated copies."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costguard.errors import CostguardError
+from costguard.pricing.catalog import (
+    Market,
+    as_of_text,
+    price_date,
+    stale_summary,
+    staleness,
+)
+from costguard.pricing.refresh.cache import render_instances
+from costguard.pricing.tables import bundled_tables_dir, load_catalog
+
+CATALOG = load_catalog()
+#: The day the newest dated copies read (AWS 2026-08-26, Azure 2026-08-22) were made:
+#: a price dated before it is "old" for issue 48's measure, and so is an unknown date.
+CURRENT_FROM = date(2026, 8, 1)
+#: Issue 48's target is 5%, not reached: the GCP N1 rows (T4, P4, V100, P100 on N1 hosts)
+#: and TPU rows were not re-read from the 2026-08-20 copy, and no copy of the Azure US
+#: regions newer than 2026-05-20 was found: see pricing/README.md, "Row dates and sources".
+#: This is the share measured when those rows were re-dated; it may only fall.
+OLD_SHARE_NOW = 0.15
+
+
+def gpu_rows() -> list[Any]:
+    return [row for row in CATALOG.instances if row.accelerator]
+
+
+def test_every_bundled_gpu_row_names_its_date_and_source() -> None:
+    with (bundled_tables_dir() / "gpu_instances.csv").open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert rows
+    for row in rows:
+        assert row["as_of"], row  # a date or "unknown", never left to the region's part
+        assert row["source"], row
+
+
+def test_the_share_of_gpu_rows_priced_before_august_2026() -> None:
+    rows = gpu_rows()
+    old = [r for r in rows if r.as_of is None or r.as_of < CURRENT_FROM]
+    share = len(old) / len(rows)
+    by_provider = {
+        p: sum(1 for r in old if r.provider == p) / sum(1 for r in rows if r.provider == p)
+        for p in ("aws", "gcp", "azure")
+    }
+    each = ", ".join(f"{p} {s:.1%}" for p, s in by_provider.items())
+    print(f"GPU rows priced before {CURRENT_FROM} (unknown counted): {len(old)} of {len(rows)}, "
+          f"{share:.1%}; {each}")  # fmt: skip
+    assert by_provider["aws"] <= 0.05  # every AWS on-demand row re-dated to 2026-08-26
+    assert share <= OLD_SHARE_NOW
+
+
+def test_an_aws_row_is_dated_by_its_on_demand_copy_and_its_spot_is_unknown() -> None:
+    row = CATALOG.row("aws", "us-east-1", "g5.xlarge")
+    assert row is not None
+    assert row.price_as_of(Market.ON_DEMAND) == date(2026, 8, 26)
+    assert row.price_as_of(Market.SPOT) is None
+    assert "aws-vantage-2026-08-26" in row.source
+    place = ("gpu_instances", "aws", "us-east-1", Market.SPOT, "g5.xlarge")
+    assert price_date(CATALOG, place) is None
+
+
+def _copy(tmp_path: Path, edit: Callable[[list[dict[str, str]]], None]) -> Path:
+    folder = tmp_path / "tables"
+    shutil.copytree(bundled_tables_dir(), folder)
+    path = folder / "gpu_instances.csv"
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        header = list(reader.fieldnames or [])
+        rows = list(reader)
+    edit(rows)
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=header, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return folder
+
+
+def _first(rows: list[dict[str, str]], region: str) -> dict[str, str]:
+    return next(r for r in rows if r["region"] == region)
+
+
+def test_a_blank_date_is_its_parts_and_unknown_is_none(tmp_path: Path) -> None:
+    def edit(rows: list[dict[str, str]]) -> None:
+        _first(rows, "af-south-1").update(as_of="", spot_as_of="", source="")
+        _first(rows, "ap-east-1").update(as_of="unknown", spot_as_of="2026-09-01")
+
+    catalog = load_catalog(_copy(tmp_path, edit))
+    blank = next(r for r in catalog.instances if r.region == "af-south-1")
+    part = catalog.tables["gpu_instances"].part("aws", "af-south-1")
+    assert (blank.as_of, blank.spot_as_of, blank.source) == (part.as_of, part.as_of, part.source)
+    unknown = next(r for r in catalog.instances if r.region == "ap-east-1")
+    assert unknown.as_of is None
+    assert unknown.spot_as_of == date(2026, 9, 1)
+
+
+def test_a_malformed_row_date_fails_with_its_line(tmp_path: Path) -> None:
+    folder = _copy(tmp_path, lambda rows: rows[0].update(as_of="last week"))
+    with pytest.raises(CostguardError) as info:
+        load_catalog(folder)
+    assert "line 2" in info.value.message
+    assert "as_of" in info.value.message
+
+
+def test_a_refresh_writes_the_row_dates_it_read(tmp_path: Path) -> None:
+    """What `pricing refresh` writes keeps every row's dates and source (a region it
+    did not read keeps its rows' own, not the day of the refresh)."""
+    folder = _copy(tmp_path, lambda rows: None)
+    rows = [r for r in CATALOG.instances if r.accelerator]
+    (folder / "gpu_instances.csv").write_bytes(render_instances(rows))
+    again = load_catalog(folder)
+    assert [(r.as_of, r.spot_as_of, r.source) for r in again.instances if r.accelerator] == [
+        (r.as_of, r.spot_as_of, r.source) for r in rows
+    ]
+
+
+def test_the_stale_warning_counts_the_old_prices_shown() -> None:
+    places = [
+        ("gpu_instances", "aws", "us-east-1", Market.ON_DEMAND, "g5.xlarge"),  # 2026-08-26
+        ("gpu_instances", "aws", "us-east-1", Market.SPOT, "g5.xlarge"),  # unknown
+        ("gpu_instances", "azure", "westeurope", Market.ON_DEMAND, "Standard_NV36ads_A10_v5"),
+    ]
+    today = date(2026, 9, 10)
+    stale = staleness(CATALOG, places, today)
+    assert stale is not None
+    assert (stale.old, stale.shown, stale.unknown) == (1, 3, 1)
+    assert stale_summary(stale, today) == "1 of 3 prices shown are old: 1 of unknown date"
+    later = staleness(CATALOG, places, date(2026, 12, 6))
+    assert later is not None
+    assert (later.old, later.oldest, later.newest) == (3, date(2026, 8, 22), date(2026, 8, 26))
+    assert stale_summary(later, date(2026, 12, 6)).startswith(
+        "3 of 3 prices shown are old: from 2026-08-22 (106 days) to 2026-08-26"
+    )
+
+
+def test_estimate_json_gives_each_option_its_price_date(run_cli: Callable[..., Any]) -> None:
+    result = run_cli("estimate", "--gpu", "a10g", "--hours", "1", "--provider", "aws",
+                     "--region", "us-east-1", "--format", "json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    options = json.loads(result.stdout)["options"]
+    assert options
+    for option in options:
+        row = CATALOG.row("aws", "us-east-1", option["instance_type"])
+        assert row is not None
+        assert option["price_as_of"] == as_of_text(row.price_as_of(Market(option["market"])))
+    assert {o["price_as_of"] for o in options} >= {"2026-08-26"}
+
+
+def test_pricing_show_gives_each_row_its_date_and_source(run_cli: Callable[..., Any]) -> None:
+    result = run_cli("pricing", "show", "gpu_instances", "--provider", "azure",
+                     "--region", "westeurope", "--format", "json")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert rows
+    assert {r["as_of"] for r in rows} == {"2026-08-22"}
+    assert all(r["source"].startswith("azure-radar-2026-08-22") for r in rows)
