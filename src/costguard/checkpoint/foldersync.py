@@ -699,6 +699,18 @@ class FolderSync:
         mine = [i for i in items_in(self.root) if self.foreign.get(i.path) != i.files]
         return mine[-1].kind if mine else ""
 
+    def written_ns(self) -> int:
+        """When the trainer last wrote a checkpoint of this run in the folder (the newest
+        file time, ns since the epoch; 0 for none)."""
+        return max(
+            (
+                max((t for _, _, t in i.files), default=0)
+                for i in items_in(self.root)
+                if self.foreign.get(i.path) != i.files
+            ),
+            default=0,
+        )
+
     def progress(self) -> tuple[int, int] | None:
         """(``global_step``, ``max_steps``) from the ``trainer_state.json`` of this run's
         newest Hugging Face checkpoint in the folder, or ``None``."""

@@ -605,25 +605,28 @@ def supervise(
     registration = contextlib.ExitStack()
     registration.enter_context(_registered(child.pid))
 
-    #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1).
-    noticed: list[float] = []
+    #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
+    #: the clock's time and the wall clock's (a checkpoint's files carry that one).
+    noticed: list[tuple[float, int]] = []
     said_ignored: list[bool] = []
-
-    def saves_now() -> tuple[int, Any]:
-        return events.saves, syncer.newest if syncer is not None else None
-
-    saves_at_notice: list[tuple[int, Any]] = []
+    saves_at_notice: list[int] = []
 
     def passed_on() -> None:
-        """A notice reached the script: a second one while the script has not saved since
-        the first says it ignores them, with the fix."""
+        """A notice reached the script: a second one while the script has saved nothing
+        since the first (no Checkpointer save, no checkpoint written in the sync dir)
+        says it ignores them, with the fix."""
         now = time.monotonic()
-        if noticed and not said_ignored and saves_now() == saves_at_notice[0]:
-            said_ignored.append(True)
-            say(ignored_line(syncer.kind() if syncer is not None else "", now - noticed[0]))
+        if noticed and not said_ignored:
+            acted = events.saves > saves_at_notice[0] or (
+                syncer is not None and syncer.written_ns() > noticed[0][1]
+            )
+            if not acted:
+                said_ignored.append(True)
+                kind = syncer.kind() if syncer is not None else ""
+                say(ignored_line(kind, now - noticed[0][0]))
         if not noticed:
-            saves_at_notice.append(saves_now())
-        noticed.append(now)
+            saves_at_notice.append(events.saves)
+        noticed.append((now, time.time_ns()))
 
     def relay_notice(notice: Any) -> None:
         passed_on()
