@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -193,11 +192,6 @@ def test_every_kind_at_once_stays_under_200_mb(tmp_path: Path) -> None:
         assert peak_kib < 200 * 1024, f"{args[:2]} peaked at {peak_kib // 1024} MB"
 
 
-@pytest.mark.xfail(
-    reason="issue 43 item 8 (a clash falls back to the previous checkpoint) is fixed on "
-    "branch i45: remove this mark when it is merged",
-    strict=True,
-)
 def test_a_file_and_folder_clash_in_a_manifest_falls_back(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     write_store(root, [json.dumps(clash(20)).encode()])

@@ -90,9 +90,15 @@ def run_python(checkpoint: str | Path, code: str) -> list[str]:
 class Followed:
     """A child process whose stdout lines a test reads as they come, within a deadline."""
 
-    def __init__(self, command: list[str], env: dict[str, str], timeout_s: float) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        env: dict[str, str],
+        timeout_s: float,
+        cwd: Path | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
         )
         self.lines: list[str] = []
         self.err: str | None = None

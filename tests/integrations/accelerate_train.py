@@ -4,12 +4,17 @@
 
 Each step's batch is drawn from a generator seeded by the step, so a resume is exact.
 Prints ``READY <step>`` and ``STEP <n>``; writes the final weights to ``--final``.
+``--ema``: an EMA of the weights registered with ``register_for_checkpointing`` (saved
+after the mark, ``custom_checkpoint_0.pkl``); ``--die-in-custom N``: the process kills
+itself (SIGKILL) while that file of checkpoint_N is written.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -29,12 +34,45 @@ def newest(out: Path) -> tuple[int, Path | None]:
     return max(found, default=(0, None), key=lambda f: f[0])
 
 
+class Ema:
+    """An exponential moving average of the weights, saved by Accelerate after its mark."""
+
+    def __init__(self, model: torch.nn.Module, die_at: int) -> None:
+        self.model = model
+        self.shadow = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.step = 0
+        self.die_at = die_at
+
+    def update(self, step: int) -> None:
+        self.step = step
+        for key, value in self.model.state_dict().items():
+            self.shadow[key].mul_(0.9).add_(value.detach(), alpha=0.1)
+
+    def state_dict(self) -> dict[str, object]:
+        state: dict[str, object] = {"shadow": self.shadow, "step": self.step}
+        if self.step == self.die_at:
+            state["dies"] = Dying()  # pickled once torch.save has opened the file
+        return state
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.shadow, self.step = state["shadow"], int(state["step"])  # type: ignore[assignment,call-overload]
+
+
+class Dying:
+    def __reduce__(self) -> tuple[object, ...]:
+        print("DYING", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        return (Dying, ())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--final", required=True)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--ema", action="store_true")
+    parser.add_argument("--die-in-custom", type=int, default=0)
     options = parser.parse_args()
     out = Path(options.out)
     set_seed(0)
@@ -42,6 +80,9 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer = accelerator.prepare(model, optimizer)
+    ema = Ema(model, options.die_in_custom) if options.ema else None
+    if ema is not None:
+        accelerator.register_for_checkpointing(ema)
     notice()  # the first call turns SIGTERM into a notice
     start, folder = newest(out)
     if folder is not None:
@@ -54,6 +95,8 @@ def main() -> None:
         accelerator.backward(loss)
         optimizer.step()
         optimizer.zero_grad()
+        if ema is not None:
+            ema.update(step + 1)
         print(f"STEP {step + 1}", flush=True)
         time.sleep(options.sleep)
         if notice() or (step + 1) % 10 == 0:

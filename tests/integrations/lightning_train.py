@@ -94,12 +94,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--callback", action="store_true")
     parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--plain-loader", action="store_true")
     options = parser.parse_args()
     pl.seed_everything(0, verbose=False)
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(BATCH_SIZE * BATCHES_PER_EPOCH, 16, generator=generator)
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True).sin())
-    loader = EpochBatches(data)
+    loader: Any = EpochBatches(data)
+    if options.plain_loader:  # Lightning cannot resume it mid-epoch
+        loader = torch.utils.data.DataLoader(data, batch_size=BATCH_SIZE, shuffle=True)
     model = Model()
     checkpoints = ModelCheckpoint(
         dirpath=options.out, every_n_train_steps=10, save_top_k=0, save_last=True

@@ -29,10 +29,18 @@ from costguard.errors import StoreError
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
 
 
+def safetensors(payload: bytes) -> bytes:
+    """A whole safetensors file holding ``payload`` as one uint8 tensor."""
+    header = json.dumps(
+        {"w": {"dtype": "U8", "shape": [len(payload)], "data_offsets": [0, len(payload)]}}
+    )
+    return len(header).to_bytes(8, "little") + header.encode() + payload
+
+
 def hf_folder(root: Path, step: int, *, finished: bool = True) -> Path:
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    (folder / "model.safetensors").write_bytes(os.urandom(3000) + bytes([step]))
+    (folder / "model.safetensors").write_bytes(safetensors(os.urandom(3000) + bytes([step])))
     (folder / "optimizer.pt").write_bytes(os.urandom(5000))
     if finished:
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
@@ -54,7 +62,7 @@ def test_each_trainer_marks_a_finished_checkpoint_its_own_way(tmp_path: Path) ->
     hf_folder(tmp_path, 20, finished=False)
     accelerate = tmp_path / "checkpoints" / "checkpoint_3"
     accelerate.mkdir(parents=True)
-    (accelerate / "model.safetensors").write_bytes(b"x")
+    (accelerate / "model.safetensors").write_bytes(safetensors(b"x"))
     (accelerate / "random_states_0.pkl").write_bytes(b"y")
     torch.save(
         {"epoch": 2, "global_step": 37, "state_dict": {"w": torch.ones(3)}}, tmp_path / "last.ckpt"
@@ -157,7 +165,7 @@ def accelerate_folder(root: Path, step: int, files: int) -> Path:
     folder = root / f"checkpoint_{step}"
     folder.mkdir(parents=True)
     for index in range(files):
-        (folder / f"model_{index}.safetensors").write_bytes(os.urandom(2000 + index))
+        (folder / f"model_{index}.safetensors").write_bytes(safetensors(os.urandom(2000 + index)))
     (folder / "random_states_0.pkl").write_bytes(os.urandom(100))
     return folder
 
@@ -254,6 +262,22 @@ def test_retention_keeps_the_newest_two(tmp_path: Path) -> None:
     assert sorted(m.step for m in Restorer(store).survey().manifests) == [20, 30]
 
 
+def killed_at_the_manifest(store: Store, sync: FolderSync) -> None:
+    """One look of ``sync`` whose process dies (kill -9) as the manifest is written: every
+    file of the folder in the store, no manifest."""
+    original = store.put
+
+    def dying(path: str, data: bytes | memoryview) -> None:
+        if path.endswith("/manifest.json"):
+            raise KeyboardInterrupt  # the process dies here
+        original(path, data)
+
+    store.put = dying  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        sync.sync(finished=True)
+    store.put = original  # type: ignore[method-assign]
+
+
 def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path) -> None:
     """What a kill -9 of costguard run leaves mid-upload: every file of checkpoint-20 in
     the store, no manifest. A new machine gets checkpoint-10."""
@@ -263,17 +287,7 @@ def test_an_upload_cut_off_before_its_manifest_is_never_restored(tmp_path: Path)
     hf_folder(out, 10)
     sync.sync(finished=True)
     hf_folder(out, 20)
-    original = store.put
-
-    def killed_at_the_manifest(path: str, data: bytes | memoryview) -> None:
-        if path.endswith("/manifest.json"):
-            raise KeyboardInterrupt  # the process dies here
-        original(path, data)
-
-    store.put = killed_at_the_manifest  # type: ignore[method-assign]
-    with pytest.raises(KeyboardInterrupt):
-        sync.sync(finished=True)
-    store.put = original  # type: ignore[method-assign]
+    killed_at_the_manifest(store, sync)
     uploaded = {p.split("/")[0] for p in store.listing()}
     assert len(uploaded) == 2  # both folders' files are there
     new_machine = tmp_path / "new"

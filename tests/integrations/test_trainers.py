@@ -281,10 +281,60 @@ def test_without_the_callback_a_kill_loses_at_most_save_steps(
     run = Run("hf_train.py", url, out, hf_env, *args)
     run.read_until(lambda line: line == "STEP 23")
     run.proc.send_signal(signal.SIGTERM)  # forwarded: the Trainer dies of it
-    assert run.finish() == 128 + signal.SIGTERM
+    # Before max_steps (its trainer_state.json says): preempted, not failed; resumable.
+    assert run.finish() == 75, run.stderr()[-3000:]
     killed_at = max(run.steps())
+    saved = killed_at // 10 * 10
+    assert f"newest checkpoint: step {saved} (checkpoint-{saved} as ckpt-" in run.stderr()
     shutil.rmtree(out)
     again = Run("hf_train.py", url, out, hf_env, *args)
     start = hf_step(again.read_until(lambda line: line.startswith("READY")))
     assert 0 <= killed_at - start <= 10, (killed_at, start)
     assert again.finish() == 0, again.stderr()[-3000:]
+
+
+@pytest.mark.slow
+def test_an_accelerate_save_killed_in_its_registered_object_is_never_restored(
+    tmp_path: Path, train_env: dict[str, str]
+) -> None:
+    """Accelerate writes custom_checkpoint_0.pkl (an EMA given to register_for_checkpointing)
+    after random_states_0.pkl: killed in that write, the folder is never kept, and the
+    restart resumes from the save before (it had restored the cut one and crashed in
+    load_state, every time)."""
+    url, out, final = str(tmp_path / "store"), tmp_path / "out", tmp_path / "final.pt"
+    args = ("--final", str(final), "--steps", "30", "--ema")
+    dying = Run("accelerate_train.py", url, out, train_env, *args, "--die-in-custom", "20")
+    dying.read_until(lambda line: line == "DYING")
+    assert dying.finish() == 137
+    assert (out / "checkpoint_20" / "random_states_0.pkl").is_file()  # its mark is there
+    assert kept(url) == [(10, "checkpoint_10")]
+    again = Run("accelerate_train.py", url, out, train_env, *args)
+    assert again.read_until(lambda line: line.startswith("READY")) == "READY 10"
+    assert again.finish() == 0, again.stderr()[-3000:]
+    assert "custom_checkpoint_0.pkl" in again.stderr()  # why checkpoint_20 was set aside
+    assert max(kept(url)) == (30, "checkpoint_30")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("store_name", ["local", "s3"])
+def test_lightning_without_the_callback_stopped_by_a_notice_was_preempted(
+    store_name: str, tmp_path: Path, train_env: dict[str, str], request: pytest.FixtureRequest
+) -> None:
+    """Lightning turns SIGTERM into a graceful stop and exit 0: before max_steps that is a
+    preemption (75), and the exit line names the newest checkpoint in the store. A loader
+    Lightning cannot resume mid-epoch is named at the start (with the callback)."""
+    store = store_for(store_name, tmp_path, request)
+    env = {**train_env, **store.env}
+    out, final = tmp_path / "out", tmp_path / "final.pt"
+    args = ("--final", str(final), "--steps", "60", "--sleep", "0.05", "--plain-loader")
+    run = Run("lightning_train.py", store.url, out, env, *args)
+    run.read_until(functools.partial(at_step, step=13))
+    run.proc.send_signal(signal.SIGTERM)
+    assert run.finish() == 75, run.stderr()[-3000:]
+    assert "newest checkpoint: step 10 (last.ckpt as ckpt-000000000010-" in run.stderr()
+    assert "not resumable" not in run.stderr()  # no callback: Lightning says it, later
+    again = Run("lightning_train.py", store.url, out, env, *args, "--callback")
+    again.read_until(lambda line: line.startswith("STEP "))  # the callback's watch is in
+    again.proc.send_signal(signal.SIGTERM)
+    assert again.finish() == 75, again.stderr()[-3000:]
+    assert "DataLoader is not resumable mid-epoch" in again.stderr(), again.stderr()[-3000:]

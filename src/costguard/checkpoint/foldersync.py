@@ -9,19 +9,42 @@ costguard checkpoint: its files, their sha256, and the manifest last (format
 verified one is put back where the trainer looks, so its own resume
 (``get_last_checkpoint``, ``ckpt_path="last"``, ``load_state``) finds it on a new machine.
 
-Finished means what each trainer writes last is there
+Finished means what each trainer writes last is there and every file is whole
 (:mod:`costguard.checkpoint.completion`, the rules per trainer), and nothing changing since:
 while the trainer runs, an item must also have kept the same sizes and times for
-``settle_s``; once it has exited, nothing is writing any more and the mark alone decides.
+``settle_s`` (a file a trainer writes after its mark, not begun yet); once it has exited,
+nothing is writing any more and the checks alone decide.
+
+The folder is watched by the file system's own events (watchdog: inotify on Linux), so a
+save is seen as it is written, not at the next poll; a look every ``poll_s`` remains for
+file systems whose events miss other machines' writes (NFS, Lustre). watchdog over
+watchfiles: it brings no other package (watchfiles brings anyio), and its callback on
+an event is what this thread needs (wake up and look), where watchfiles' generator would
+own the thread. An upload reads from descriptors opened before it starts, so the
+trainer's rotation deleting the folder meanwhile takes nothing from it.
+
+Retention counts steps: Lightning's ``last.ckpt`` and its step file of one step are one
+save, kept or dropped together.
 A folder left half written (a kill during the save) is never uploaded, and one found in
 ``out/`` before the script starts is moved aside (to ``.costguard-incomplete/``), not
-deleted, so the trainer's resume cannot pick it.
+deleted, so the trainer's resume cannot pick it. A checkpoint put back from the store is
+checked the same way before it is renamed into place: one that is not whole is skipped
+(said in one line) and the previous one put back.
+
+Only this run's checkpoints go up: what costguard put back, what it uploaded before on this
+machine (its ledger, :func:`ledger_path`, names the store) and what the trainer
+writes from now on. Anything else found in ``out/`` is named; one newer than the store's
+newest would take the trainer's resume over, so it is moved aside (``.costguard-foreign/``,
+never deleted). A link is never followed out of the folder, and a restore writes nothing
+through one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
 import re
 import shutil
 import threading
@@ -35,7 +58,14 @@ from typing import Any
 
 from costguard._version import __version__
 from costguard.checkpoint.checkpointer import DEFAULT_SAVE_NICENESS
-from costguard.checkpoint.completion import MAX_DEPTH, Item, item_at, items_in, mark_of
+from costguard.checkpoint.completion import (
+    HF_MARK,
+    MAX_DEPTH,
+    Item,
+    inside,
+    item_at,
+    items_in,
+)
 from costguard.checkpoint.manifest import (
     FOLDER_FORMAT_VERSION,
     PARTIAL_GRACE_S,
@@ -58,16 +88,34 @@ logger = logging.getLogger(__name__)
 
 #: Where a half-written item found before the script starts is moved (never deleted).
 ASIDE = ".costguard-incomplete"
+#: Where a checkpoint that is not this run's, newer than its own, is moved (never deleted).
+FOREIGN = ".costguard-foreign"
+MAX_LEDGER_BYTES = 4 * 2**20
+#: A ``trainer_state.json`` read for the run's progress (its log history grows with it).
+MAX_STATE_BYTES = 16 * 2**20
+#: Accelerate's files written after its mark: a save of this run lacking one an earlier
+#: save of this run had is not finished.
+_AFTER_MARK = re.compile(r"(custom_checkpoint|random_states)_[0-9]+\.pkl")
 #: Restored items are assembled here, then renamed into place.
 STAGING_PREFIX = ".costguard-restore-"
-#: How long an item must stay unchanged, while the trainer runs, before it is uploaded.
-SETTLE_S = 2.0
+#: How long an item must stay unchanged, while the trainer runs, before it is uploaded
+#: (a file written after the mark, such as Accelerate's registered objects, begins within
+#: it; the files are also checked whole, and checked unchanged once uploaded).
+SETTLE_S = 0.5
 #: Files of one checkpoint read at once on a restore (each S3 object in
 #: ``store.READ_STREAMS`` ranged GETs itself): a big trainer folder holds several large
 #: files (weights, optimizer, shards), and one at a time leaves the network idle between
 #: them and while each is hashed.
 RESTORE_READS = 4
+#: The look without an event (file systems whose events miss other machines' writes),
+#: and the wait after an event before looking (the rest of a save's files come with it).
 POLL_S = 1.0
+EVENT_WAIT_S = 0.05
+#: The watchdog events that are writes (opening or reading a folder is none).
+_WRITES = frozenset({"created", "modified", "moved", "deleted", "closed"})
+#: How often, while nothing appears in the folder, the workdir is looked at for
+#: checkpoints written elsewhere (a wrong ``--sync-dir``).
+ELSEWHERE_S = 30.0
 _OBJECT_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 #: A Hugging Face or Accelerate folder's weights: one file, or the shards of one.
 _WEIGHTS = re.compile(r"model(-[0-9]+-of-[0-9]+)?\.safetensors")
@@ -131,9 +179,22 @@ def _files_of(manifest: Manifest) -> dict[str, str]:
         or not all(
             safe_relative(p) and (p == item or p.startswith(f"{item}/")) for p in files.values()
         )
+        or _clash(files.values())
     ):
         return {}
     return dict(files)
+
+
+def _clash(paths: Iterable[str]) -> bool:
+    """Whether two paths are the same or one is a folder of another (a file and a folder
+    of one name cannot both be placed).
+
+    >>> _clash(["a/b", "a/c"]), _clash(["a/b", "a/b.x", "a/b/c"]), _clash(["a", "a"])
+    (False, True, True)
+    """
+    files = list(paths)
+    folders = {p.rsplit("/", i)[0] for p in files for i in range(1, p.count("/") + 1)}
+    return len(set(files)) != len(files) or not folders.isdisjoint(files)
 
 
 def folder_state(store: Store, manifest: Manifest) -> dict[str, Any]:
@@ -215,6 +276,43 @@ def _nicer_io(store: Store, niceness: int) -> None:
     loop.call_soon_threadsafe(_lower_priority, niceness)
 
 
+def ledger_path(root: Path, env: Mapping[str, str]) -> Path:
+    """Where this machine records what it uploaded from ``root``: under
+    ``$XDG_STATE_HOME/costguard/sync`` (``~/.local/state``), named by the folder's path.
+
+    >>> ledger_path(Path("/w/out"), {"XDG_STATE_HOME": "/s"}).parent
+    PosixPath('/s/costguard/sync')
+    """
+    import hashlib
+
+    base = Path(env["XDG_STATE_HOME"]) if env.get("XDG_STATE_HOME") else None
+    base = base or Path.home() / ".local" / "state"
+    name = hashlib.sha256(str(root).encode()).hexdigest()[:32]
+    return base / "costguard" / "sync" / f"{name}.json"
+
+
+class PlacementError(CostguardError):
+    """A restored checkpoint could not be put in the folder without writing through a link
+    or over something that is not a folder: that checkpoint is skipped."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The newest checkpoint in the store this sync knows of (put back or uploaded)."""
+
+    step: int
+    name: str
+    path: str
+
+    def describe(self) -> str:
+        """The checkpoint as the exit line names it: its step, path and store name.
+
+        >>> Kept(30, "ckpt-000000000030-ab", "checkpoint-30").describe()
+        'step 30 (checkpoint-30 as ckpt-000000000030-ab)'
+        """
+        return f"step {self.step} ({self.path} as {self.name})"
+
+
 @dataclass
 class FolderSync:
     """Uploads the trainer's finished checkpoints from ``root`` to ``store`` (a thread),
@@ -232,31 +330,73 @@ class FolderSync:
     kept: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
     #: Step of the newest committed checkpoint: older items are not uploaded again.
     newest_step: int = -1
+    #: The newest checkpoint in the store (for the exit line), ``None`` before any.
+    newest: Kept | None = None
+    #: Item path -> its files when the script started, for items that are not this run's.
+    foreign: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
+    #: Whether any checkpoint appeared in the folder while the script ran.
+    seen_any: bool = False
+    #: Where the script runs: checkpoints appearing under it, and none in ``root``, mean a
+    #: wrong ``--sync-dir`` (said once).
+    workdir: Path | None = None
+    _started_ns: int = 0
+    _looked_elsewhere: float = 0.0
+    _created: bool = False
     #: Item path -> (its files' signature, when first seen so), for the settle wait.
     _watching: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = field(
         default_factory=dict
     )
+    #: Accelerate's files after its mark that this run's last save had.
+    _after_mark: frozenset[str] = frozenset()
+    #: What was said already (links left out, checkpoints held back), said once each.
+    _said: set[str] = field(default_factory=set)
     _restorer: Restorer | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
+    #: Set by a file system event under the folder (or by :meth:`finish`).
+    _wake: threading.Event = field(default_factory=threading.Event)
+    #: Whether the last look found an item waiting to settle.
+    _settling: bool = False
     _thread: threading.Thread | None = None
+    _observer: Any = None
+    #: What this machine's costguard uploaded from the folder, and to which store (kept
+    #: out of the folder: Accelerate's automatic naming reads every name in it).
+    ledger: Path = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._restorer = Restorer(self.store)
+        if self.ledger is None:
+            self.ledger = ledger_path(self.root, os.environ)
+
+    def _once(self, key: str, line: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            self.say(line)
+
+    def _say_links(self, item: Item) -> None:
+        for path, why in item.links:
+            line = f"warning: {path} is {why}; left out of {item.path} (kept without it)"
+            self._once(f"link:{path}", line)
 
     # --- before the script starts ---------------------------------------------------
 
     def prepare(self) -> list[Manifest]:
         """Move half-written items aside, then put the newest verified checkpoint back
-        (every item of its step: Lightning's ``last.ckpt`` and its step file); the
-        manifests restored."""
+        (every item of its step: Lightning's ``last.ckpt`` and its step file); name what is
+        not this run's (and move aside what would take the resume over); the manifests
+        restored."""
+        self._started_ns = time.time_ns()  # before the script starts
+        self._created = not self.root.exists()
         self.root.mkdir(parents=True, exist_ok=True)
         for item in items_in(self.root):
+            self._say_links(item)
             if not item.marked:
-                self._set_aside(item, why=f"left half written (no {mark_of(item)})")
+                self._set_aside(item, why=f"left half written ({item.problem})")
         assert self._restorer is not None
         survey = self._restorer.survey()
         manifests = folder_manifests(survey.manifests, survey.sizes)
+        self._name_unusable(survey.manifests, survey.sizes, manifests)
         local = {i.path: i for i in items_in(self.root)}
+        ours = self._ledger()
         for manifest in manifests:  # finished here and in the store already: not again
             same = local.get(manifest.extra["folder"]["path"])
             if same is not None and same.sizes == _sizes(manifest):
@@ -269,11 +409,14 @@ class FolderSync:
             if any(m.extra["folder"]["path"] == path for m in restored):
                 continue
             mine = local.get(path)
-            if mine is not None and (mine.step or 0) >= manifest.step:
+            if mine is not None and (
+                self.kept.get(path) == mine.files
+                or (ours.get(path) == mine.files and (mine.step or 0) >= manifest.step)
+            ):
                 restored.append(manifest)  # the trainer's own, finished: kept as it is
                 continue
-            if mine is not None:  # older than the store's (last.ckpt from another machine)
-                self._set_aside(mine, why="older than the store's")
+            if mine is not None:  # not the store's (last.ckpt from another machine or run)
+                self._set_aside(mine, why="not the store's copy of it")
             try:
                 self._put_back(manifest)
             except ManifestError as exc:
@@ -289,16 +432,88 @@ class FolderSync:
             restored.append(manifest)
         if manifests:
             self.newest_step = manifests[0].step
+            top = manifests[0]
+            self.newest = Kept(top.step, top.name, top.extra["folder"]["path"])
+        if restored:
+            top = restored[0]
+            self.newest = Kept(top.step, top.name, top.extra["folder"]["path"])
         for manifest in restored:
             self.say(
                 f"restored {manifest.extra['folder']['path']} (step {manifest.step}) "
                 f"into {self.root} from {manifest.name}"
             )
+        self._find_foreign(ours, has_history=bool(manifests))
         return restored
 
-    def _set_aside(self, item: Item, *, why: str) -> None:
-        """Move ``item`` out of the trainer's way, under ``ASIDE`` (never deleted)."""
-        target = self.root / ASIDE / f"{item.path.replace('/', '__')}.{time.time_ns()}"
+    def _name_unusable(
+        self, manifests: list[Manifest], sizes: Mapping[str, int], usable: list[Manifest]
+    ) -> None:
+        """Say which of the store's sync checkpoints, newer than the one to restore, has a
+        file list that cannot be placed safely (paths out of the folder, a file and a
+        folder of one name): it is skipped, the previous one restored."""
+        best = usable[0].step if usable else -1
+        for manifest in restore_order(manifests, sizes):
+            if manifest.folder and manifest.step > best and not _files_of(manifest):
+                self.say(
+                    f"{manifest.name} (step {manifest.step}) names files that cannot be put "
+                    "in the folder safely; skipped it, trying the previous one"
+                )
+
+    def _find_foreign(self, ours: Mapping[str, Any], *, has_history: bool) -> None:
+        """Name each checkpoint in the folder that is not this run's (neither put back nor
+        uploaded from here to this store): never uploaded. One newer than the store's
+        newest is moved aside, so the trainer resumes from the run's own."""
+        for item in items_in(self.root):
+            if self.kept.get(item.path) == item.files or ours.get(item.path) == item.files:
+                continue
+            newer = item.step is not None and item.step > self.newest_step
+            if has_history and newer:
+                self._set_aside(
+                    item,
+                    why=f"not this run's (step {item.step}, not in {self.store.url})",
+                    under=FOREIGN,
+                )
+                continue
+            self.foreign[item.path] = item.files
+            self.say(
+                f"{item.path} (step {item.step}) was in {self.root} before the script started "
+                f"and is not in {self.store.url}: not this run's, never uploaded"
+                + ("; the trainer may resume from it" if newer else "")
+            )
+
+    def _ledger(self) -> dict[str, Any]:
+        """Item path -> files, of what this machine uploaded from the folder to this store
+        (nothing if the ledger names another store or cannot be read)."""
+        path = self.ledger
+        try:
+            if path.is_symlink() or path.stat().st_size > MAX_LEDGER_BYTES:
+                return {}
+            record = json.loads(path.read_bytes())
+            if record.get("store") != self.store.url:
+                return {}
+            return {
+                str(k): tuple((str(f), int(n), int(t)) for f, n, t in v)
+                for k, v in record["items"].items()
+            }
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return {}
+
+    def _write_ledger(self, item: Item) -> None:
+        items = {**self._ledger(), item.path: item.files}
+        items = {k: v for k, v in items.items() if (self.root / k).exists()}
+        record = {"store": self.store.url, "items": items}
+        target = self.ledger
+        temporary = target.with_name(f"{target.name}.{uuid.uuid4().hex[:8]}")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(record))
+            temporary.replace(target)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+
+    def _set_aside(self, item: Item, *, why: str, under: str = ASIDE) -> None:
+        """Move ``item`` out of the trainer's way, under ``under`` (never deleted)."""
+        target = self.root / under / f"{item.path.replace('/', '__')}.{time.time_ns()}"
         target.parent.mkdir(parents=True, exist_ok=True)
         (self.root / item.path).rename(target)
         self.say(
@@ -307,8 +522,9 @@ class FolderSync:
 
     def _put_back(self, manifest: Manifest) -> None:
         """Download and verify every file into a staging folder (straight there, no
-        temporary copy), ``restore_reads`` at a time, then rename the item into place:
-        the trainer sees all of it or nothing."""
+        temporary copy), ``restore_reads`` at a time, check the item is whole, then rename
+        it into place: the trainer sees all of it or nothing, and nothing is written
+        through a link."""
         files = _files_of(manifest)
         item = manifest.extra["folder"]["path"]
         staging = Path(self.root, f"{STAGING_PREFIX}{uuid.uuid4().hex[:8]}")
@@ -320,18 +536,48 @@ class FolderSync:
 
         try:
             _each_at_once(fetch, manifest.objects, self.restore_reads)
-            final = self.root / item
-            final.parent.mkdir(parents=True, exist_ok=True)
-            (staging / item).rename(final)
+            staged = item_at(staging, item)
+            if staged is None or not staged.marked:
+                why = staged.problem if staged is not None else "nothing to put back"
+                msg = f"{item} is not a whole checkpoint: {why}"
+                raise ManifestError(msg[:300])
+            final = self._folder_for(item)
+            try:
+                (staging / item).rename(final)
+            except OSError as exc:
+                msg = f"cannot put {item} in place ({exc.strerror or exc})"
+                raise PlacementError(msg) from None
             restored = item_at(self.root, item)
             if restored is not None:
                 self.kept[item] = restored.files
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _folder_for(self, item: str) -> Path:
+        """Where ``item`` goes under the root, each folder above it made as a real folder:
+        a link or a file on the way is a :class:`PlacementError`."""
+        folder = self.root
+        for part in PurePosixPath(item).parts[:-1]:
+            folder = folder / part
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir()
+            if folder.is_symlink() or not folder.is_dir():
+                what = "a link" if folder.is_symlink() else "not a folder"
+                msg = f"{folder} is {what}: {item} is not put back through it"
+                raise PlacementError(msg)
+        final = folder / PurePosixPath(item).name
+        if final.is_symlink():
+            msg = f"{final} is a link: {item} is not put back over it"
+            raise PlacementError(msg)
+        return final
+
     # --- while the script runs ------------------------------------------------------
 
     def start(self) -> None:
+        """Watch the folder (before the script starts: no save is missed), then look at
+        it in a thread of its own."""
+        self._looked_elsewhere = time.monotonic()
+        self._observer = self._observe()
         self._thread = threading.Thread(target=self._loop, name="costguard-sync", daemon=True)
         self._thread.start()
 
@@ -340,22 +586,101 @@ class FolderSync:
         # so is the thread that sends the store's calls.
         _lower_priority(DEFAULT_SAVE_NICENESS)
         _nicer_io(self.store, DEFAULT_SAVE_NICENESS)
-        while not self._stop.wait(self.poll_s):
+        wait_s = self.poll_s
+        while not self._stop.is_set():
+            if self._wake.wait(wait_s):
+                time.sleep(EVENT_WAIT_S)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            self._settling = False
             self.sync(finished=False)
+            # An item waiting to settle is looked at again once it may have.
+            wait_s = min(self.poll_s, self.settle_s) if self._settling else self.poll_s
+            if time.monotonic() - self._looked_elsewhere >= ELSEWHERE_S:
+                self._looked_elsewhere = time.monotonic()
+                self.look_elsewhere()
 
-    def finish(self) -> None:
-        """The script has exited: stop the thread, then upload what it finished last."""
+    def _observe(self) -> Any:
+        """A started watchdog observer whose events under the folder wake the loop; ``None``
+        without watchdog, or where the system refuses a watch (the loop then looks every
+        ``poll_s``). Only writes wake it: the loop's own looks open folders too."""
+        try:
+            from watchdog.events import FileSystemEventHandler
+            from watchdog.observers import Observer
+        except ImportError:
+            return None
+        wake = self._wake
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:
+                if event.event_type in _WRITES:
+                    wake.set()
+
+        observer = Observer()
+        try:
+            observer.schedule(Handler(), str(self.root), recursive=True)
+            observer.start()
+        except OSError as exc:  # inotify's watch limit, a file system without events
+            logger.info("costguard: watching %s by polling only: %s", self.root, exc)
+            return None
+        return observer
+
+    def finish(self, *, clean: bool = True) -> None:
+        """The script has exited: stop the thread, then upload what it finished last.
+
+        ``clean``: it exited by itself (0 or 75). Killed (a signal, a failure), the save
+        it was writing in its last ``settle_s`` is proven only by a trainer whose mark is
+        the last file it writes (Hugging Face); an Accelerate folder then is not kept,
+        since its registered objects come after its mark."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
-        self.sync(finished=True)
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._observer = None
+        self.sync(finished=True, killed_at=None if clean else time.time_ns())
+        self.look_elsewhere()
+        if self._created and not self.seen_any:
+            with contextlib.suppress(OSError):
+                self.root.rmdir()  # made by costguard, still empty: not left behind
 
-    def sync(self, *, finished: bool) -> list[Manifest]:
+    def look_elsewhere(self) -> None:
+        """While nothing appeared in the folder: when checkpoints were written elsewhere
+        under the workdir since the script started, say so naming both (once)."""
+        if self.seen_any or self.workdir is None or "elsewhere" in self._said:
+            return
+        found = [
+            item
+            for item in items_in(self.workdir)
+            if not (self.workdir / item.path).is_relative_to(self.root)
+            and ASIDE not in item.path
+            and FOREIGN not in item.path
+            and max((t for _, _, t in item.files), default=0) >= self._started_ns
+        ]
+        if found:
+            where = (self.workdir / found[-1].path).parent
+            self._once(
+                "elsewhere",
+                f"warning: nothing appeared in --sync-dir {self.root} while the script ran, "
+                f"but {found[-1].path} did in {where}: nothing is kept; "
+                f"did you mean --sync-dir {where}?",
+            )
+
+    def sync(self, *, finished: bool, killed_at: int | None = None) -> list[Manifest]:
         """One look: upload each finished item not uploaded yet, newest last."""
         done = []
         now = time.monotonic()
-        for item in items_in(self.root):
+        items = items_in(self.root)
+        for item in items:
+            self._say_links(item)
+            if item.path not in self.foreign or self.foreign[item.path] != item.files:
+                self.seen_any = True
             if not self._ready(item, now, finished=finished):
+                continue
+            if killed_at is not None and not self._proven_at_kill(item, items, killed_at):
                 continue
             try:
                 manifest = self._upload(item)
@@ -369,43 +694,113 @@ class FolderSync:
                 done.append(manifest)
         return done
 
+    def kind(self) -> str:
+        """Which trainer writes the folder (of this run's newest checkpoint), or ""."""
+        mine = [i for i in items_in(self.root) if self.foreign.get(i.path) != i.files]
+        return mine[-1].kind if mine else ""
+
+    def written_ns(self) -> int:
+        """When the trainer last wrote a checkpoint of this run in the folder (the newest
+        file time, ns since the epoch; 0 for none)."""
+        return max(
+            (
+                max((t for _, _, t in i.files), default=0)
+                for i in items_in(self.root)
+                if self.foreign.get(i.path) != i.files
+            ),
+            default=0,
+        )
+
+    def progress(self) -> tuple[int, int] | None:
+        """(``global_step``, ``max_steps``) from the ``trainer_state.json`` of this run's
+        newest Hugging Face checkpoint in the folder, or ``None``."""
+        for item in reversed(items_in(self.root)):
+            if item.kind != "transformers" or self.foreign.get(item.path) == item.files:
+                continue
+            state = self.root / item.path / HF_MARK
+            try:
+                if state.is_symlink() or state.stat().st_size > MAX_STATE_BYTES:
+                    return None
+                record = json.loads(state.read_bytes())
+                done, total = record["global_step"], record["max_steps"]
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            if isinstance(done, int) and isinstance(total, int):
+                return done, total
+            return None
+        return None
+
+    def _proven_at_kill(self, item: Item, items: list[Item], killed_at: int) -> bool:
+        if item.kind != "accelerate" or any(
+            (i.step or -1) > (item.step or -1) for i in items if i.kind == item.kind
+        ):
+            return True
+        written = max((mtime for _, _, mtime in item.files), default=0)
+        if killed_at - written > self.settle_s * 1e9:
+            return True
+        self._once(
+            f"killed:{item.path}",
+            f"{item.path} (step {item.step}) was being written when the script was killed "
+            "(Accelerate writes registered objects after its mark); not kept",
+        )
+        return False
+
     def _ready(self, item: Item, now: float, *, finished: bool) -> bool:
         if not item.marked or item.step is None or item.step < self.newest_step:
             return False
         if self.kept.get(item.path) == item.files:
             return False
+        if self.foreign.get(item.path) == item.files:
+            return False  # not this run's: there before the script, unchanged since
+        if item.kind == "accelerate":
+            missing = self._after_mark - {PurePosixPath(p).name for p, _, _ in item.files}
+            if missing:
+                if finished:
+                    self._once(
+                        f"missing:{item.path}",
+                        f"{item.path} (step {item.step}) has no {sorted(missing)[0]}, which "
+                        "this run's earlier saves had (a save cut off); not kept",
+                    )
+                return False
         if finished:
             return True
         signature, since = self._watching.get(item.path, (None, now))
         if signature != item.files:
             self._watching[item.path] = (item.files, now)
+            self._settling = True
             return False
-        return now - since >= self.settle_s
+        if now - since < self.settle_s:
+            self._settling = True
+            return False
+        return True
 
     def _upload(self, item: Item) -> Manifest | None:
+        """Upload ``item``'s files from descriptors opened first (the trainer's rotation
+        may delete the folder meanwhile: the bytes stay), and commit it when none of them
+        was rewritten while it went up."""
         assert item.step is not None
         started = time.perf_counter()
+        self._write_ledger(item)
         name = checkpoint_name(item.step, uuid.uuid4().hex[:8])
         names = object_names(path for path, _, _ in item.files)
-        objects = []
-        for obj, path in names.items():
-            source = self.root / path
-
-            def produce(upload: Any, source: Path = source) -> None:
-                with source.open("rb") as file:
-                    shutil.copyfileobj(file, upload, 4 * 2**20)
-
-            try:
-                size, digest = self.store.write_stream(f"{name}/{obj}", produce)
-            except FileNotFoundError:  # the trainer's rotation removed it meanwhile
+        with contextlib.ExitStack() as stack:
+            held = self._hold(item, stack)
+            if held is None:
                 return None
-            objects.append(ObjectEntry(obj, size, digest))
-        again = item_at(self.root, item.path)
-        if again is None or again.files != item.files:
-            # Rewritten while it went up: not committed (its objects are a partial folder
-            # that retention removes); the next look uploads it again.
-            self._watching.pop(item.path, None)
-            return None
+            objects = []
+            for obj, path in names.items():
+
+                def produce(upload: Any, fd: int = held[path]) -> None:
+                    with os.fdopen(os.dup(fd), "rb") as file:
+                        shutil.copyfileobj(file, upload, 4 * 2**20)
+
+                size, digest = self.store.write_stream(f"{name}/{obj}", produce)
+                objects.append(ObjectEntry(obj, size, digest))
+            if not self._unchanged(item, held):
+                # Rewritten while it went up: not committed (its objects are a partial
+                # folder that retention removes); the next look uploads it again.
+                self._watching.pop(item.path, None)
+                return None
         manifest = Manifest(
             name=name,
             step=item.step,
@@ -420,6 +815,12 @@ class FolderSync:
         assert self._restorer is not None
         self._restorer.remember(manifest)
         self.kept[item.path] = item.files
+        if item.kind == "accelerate":
+            self._after_mark = frozenset(
+                n for p, _, _ in item.files if _AFTER_MARK.fullmatch(n := PurePosixPath(p).name)
+            )
+        if item.step >= self.newest_step:
+            self.newest = Kept(item.step, name, item.path)
         self.newest_step = max(self.newest_step, item.step)
         self.say(
             f"kept {item.path} (step {item.step}, {manifest.size_bytes:,} bytes, "
@@ -428,15 +829,45 @@ class FolderSync:
         self._retain(name)
         return manifest
 
+    def _hold(self, item: Item, stack: contextlib.ExitStack) -> dict[str, int] | None:
+        """A descriptor of each of ``item``'s files, opened without following a link out of
+        the folder, each still the file the look found; ``None`` if one is gone or changed."""
+        held = {}
+        for path, size, mtime in item.files:
+            real = inside(self.root, self.root / path)
+            try:
+                if real is None:
+                    return None
+                fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            except OSError:  # the trainer's rotation removed it meanwhile
+                return None
+            stack.callback(os.close, fd)
+            info = os.fstat(fd)
+            if (info.st_size, info.st_mtime_ns) != (size, mtime):
+                return None
+            held[path] = fd
+        return held
+
+    def _unchanged(self, item: Item, held: Mapping[str, int]) -> bool:
+        for path, size, mtime in item.files:
+            info = os.fstat(held[path])
+            if (info.st_size, info.st_mtime_ns) != (size, mtime):
+                return False
+        return True
+
     def _retain(self, protect: str) -> None:
         """Delete what retention proves unneeded (as every save does); best effort."""
         assert self._restorer is not None
         try:
             survey = self._restorer.survey()
+            # A step's items are one save (last.ckpt and its step file): keep whole steps.
+            committed = [c for c in survey.listings if c.name in survey.committed]
+            steps = sorted({c.step for c in committed}, reverse=True)[: self.keep]
+            keep = max(1, sum(c.step in steps for c in committed))
             for deletion in plan_retention(
                 survey.listings,
                 survey.committed,
-                self.keep,
+                keep,
                 corrupt=survey.corrupt,
                 protect=(protect,),
                 count=True,

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
+from costguard.checkpoint.completion import whole
 from costguard.checkpoint.manifest import Manifest, ManifestError, restore_order
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
@@ -36,12 +38,19 @@ class Entry:
 
 
 def check(store: Store, manifest: Manifest) -> tuple[str, str]:
-    """Read every object of ``manifest`` and check its size and sha256: ``("complete",
+    """Read every object of ``manifest`` and check its size and sha256 (and, for a
+    ``--sync-dir`` checkpoint, that each trainer file is whole by its format): ``("complete",
     "")``, or ``("corrupt" | "unreadable", why)``."""
+    files = manifest.extra.get("folder", {}).get("files", {}) if manifest.folder else {}
     try:
         for obj in manifest.objects:
-            with store.verified_file(manifest.object_path(obj), obj.size_bytes, obj.sha256):
-                pass
+            with store.verified_file(
+                manifest.object_path(obj), obj.size_bytes, obj.sha256
+            ) as local:
+                name = files.get(obj.name) if isinstance(files, dict) else None
+                problem = whole(Path(local), str(name).rsplit("/", 1)[-1]) if name else ""
+                if problem:  # a trainer's file cut short when it was kept (--sync-dir)
+                    return "corrupt", f"{name}: {problem}"
     except ManifestError as exc:
         return "corrupt", exc.message
     except CostguardError as exc:

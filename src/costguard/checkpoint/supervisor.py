@@ -26,6 +26,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
@@ -164,6 +165,10 @@ class Events:
         #: The restore's refusal to start from step 0 (checkpoints exist, none usable).
         self.refused: dict[str, Any] | None = None
         self.last_durable: dict[str, Any] | None = None
+        #: How many durable saves the script's Checkpointer reported.
+        self.saves = 0
+        #: The trainer's last pace event (its steps done and its total, when it knows it).
+        self.pace: dict[str, Any] | None = None
         #: rank -> its "closed" event: the loop ended and the final checkpoint is durable.
         self.closed: dict[int, dict[str, Any]] = {}
         self._offset = 0
@@ -210,6 +215,7 @@ class Events:
         elif event.get("event") == "closed":
             self.closed[int(event.get("rank", 0))] = event
         elif event.get("event") == "pace":
+            self.pace = event
             if event.get("record") is True and self._store is not None:
                 self._record_pace(event)
             line = eta_line(event)
@@ -218,6 +224,7 @@ class Events:
         elif event.get("event") == "save":
             if event.get("ok"):
                 self.last_durable = event
+                self.saves += 1
                 if not self.quiet:
                     self._say(
                         f"saved step {event['step']} ({event['reason']}, "
@@ -254,9 +261,13 @@ class Events:
             and all(e.get("committed") for e in self.closed.values())
         )
 
-    def newest(self) -> str:
-        """The newest durable checkpoint this run knows of, for the exit summary."""
+    def newest(self, synced: Any = None) -> str:
+        """The newest durable checkpoint this run knows of, for the exit summary: the
+        Checkpointer's, or ``synced`` (a :class:`~costguard.checkpoint.foldersync.Kept`,
+        the newest ``--sync-dir`` checkpoint in the store) when that is newer."""
         event = self.last_durable or self.restored
+        if synced is not None and (event is None or int(event["step"]) <= synced.step):
+            return str(synced.describe())
         if event is None:
             return "none yet (a new run starts from step 0)"
         return f"step {event['step']} ({event['name']})"
@@ -396,6 +407,49 @@ def wait_answering_signals(child: subprocess.Popen[Any]) -> int:
     return child.returncode
 
 
+#: The one-line fix for a script that does not act on a notice, by the trainer it runs.
+NOTICE_FIXES = {
+    "transformers": "Trainer(..., callbacks=[costguard.integrations.transformers"
+    ".PreemptionCallback()])",
+    "lightning": "Trainer(..., callbacks=[costguard.integrations.lightning.PreemptionCallback()])",
+    "accelerate": "if costguard.integrations.accelerate.notice(): "
+    "accelerator.save_state(...); sys.exit(75)",
+    "": "ckpt = costguard.Checkpointer.from_env(...); ckpt.step(...) at each step",
+}
+
+
+def ignored_line(kind: str, seconds: float) -> str:
+    """What a script that did not act on a notice is told, with the one-line fix.
+
+    >>> ignored_line("lightning", 12.3)[:64]
+    'the script has not acted on the notice passed on 12 s ago (no sa'
+    """
+    fix = NOTICE_FIXES.get(kind, NOTICE_FIXES[""])
+    return (
+        f"the script has not acted on the notice passed on {seconds:.0f} s ago (no save "
+        f"since): the work since its last save is at risk. The fix: {fix}"
+    )
+
+
+def trainer_end(events: Events, syncer: Any) -> tuple[bool | None, str]:
+    """Whether the trainer reached its end, from its own state (``None``: not known), and
+    the figures that say so: every rank's Checkpointer closed on its final step, the
+    steps done and total of a trainer's callback, the ``global_step`` and ``max_steps``
+    of a Hugging Face ``trainer_state.json`` the run wrote."""
+    if events.finished():
+        return True, "every rank closed with its final checkpoint"
+    progress: tuple[int, int] | None = None
+    pace = events.pace or {}
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        progress = (int(pace["steps_done"]), int(pace["total_steps"]))
+    if progress is None and syncer is not None:
+        progress = syncer.progress()
+    if progress is None or progress[1] <= 0:
+        return None, "its end not known"
+    done, total = progress
+    return done >= total, f"step {done} of {total}"
+
+
 def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
     """What the exit code means, the newest durable checkpoint and what to do next.
 
@@ -414,6 +468,25 @@ def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
         what = "the script failed"
         then = "Fix the failure, then run the same command to resume from it."
     return f"exit {code}: {what}; newest checkpoint: {newest}. {then}"
+
+
+def _after_notice(code: int, events: Events, syncer: Any, say: Say) -> int:
+    """The true exit of a script that ended (0, or by a signal) after costguard passed on a
+    notice: done (0) when the trainer's own state says it reached its end, else preempted
+    (75: resumable), whatever the script's own code said."""
+    end, figures = trainer_end(events, syncer)
+    if end:
+        if code != 0:
+            say(
+                f"the script's work was done ({figures}) when the notice's signal ended it "
+                f"(exit {code}); reporting 0"
+            )
+        return 0
+    say(
+        f"the script exited {code} after costguard passed on a notice, before the trainer "
+        f"reached its end ({figures}): preempted, reporting 75"
+    )
+    return EXIT_PREEMPTED
 
 
 @contextlib.contextmanager
@@ -485,7 +558,13 @@ def supervise(
     if sync_dir is not None:
         from costguard.checkpoint.foldersync import FolderSync
 
-        syncer = FolderSync(store, Path(sync_dir).expanduser().resolve(), keep=keep, say=say)
+        syncer = FolderSync(
+            store,
+            Path(sync_dir).expanduser().resolve(),
+            keep=keep,
+            say=say,
+            workdir=Path.cwd(),
+        )
         syncer.prepare()
 
     relay_signals = signal_mode == "relay" or (signal_mode == "auto" and is_launcher(command))
@@ -526,7 +605,31 @@ def supervise(
     registration = contextlib.ExitStack()
     registration.enter_context(_registered(child.pid))
 
+    #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
+    #: the clock's time and the wall clock's (a checkpoint's files carry that one).
+    noticed: list[tuple[float, int]] = []
+    said_ignored: list[bool] = []
+    saves_at_notice: list[int] = []
+
+    def passed_on() -> None:
+        """A notice reached the script: a second one while the script has saved nothing
+        since the first (no Checkpointer save, no checkpoint written in the sync dir)
+        says it ignores them, with the fix."""
+        now = time.monotonic()
+        if noticed and not said_ignored:
+            acted = events.saves > saves_at_notice[0] or (
+                syncer is not None and syncer.written_ns() > noticed[0][1]
+            )
+            if not acted:
+                said_ignored.append(True)
+                kind = syncer.kind() if syncer is not None else ""
+                say(ignored_line(kind, now - noticed[0][0]))
+        if not noticed:
+            saves_at_notice.append(events.saves)
+        noticed.append((now, time.time_ns()))
+
     def relay_notice(notice: Any) -> None:
+        passed_on()
         # The child may have exited or closed the pipe; the notice then has no reader.
         with contextlib.suppress(OSError):
             relay(write_fd, notice)
@@ -556,6 +659,8 @@ def supervise(
             return
         with contextlib.suppress(ProcessLookupError):
             child.send_signal(signum)
+            if signum in NOTICE_SIGNALS:
+                passed_on()
 
     previous: dict[int, Callable[..., Any] | int | None] = {}
     for sig in FORWARDED:
@@ -573,7 +678,7 @@ def supervise(
             stop_watch.stop()
         events.stop()
         if syncer is not None:
-            syncer.finish()
+            syncer.finish(clean=child.returncode in (0, EXIT_PREEMPTED))
         if watcher is not None:
             watcher.stop()
         for signum, handler in previous.items():
@@ -595,11 +700,14 @@ def supervise(
             "checkpoint committed (a crash while shutting down); reporting 0"
         )
         code = 0
+    if noticed and not interrupted and (code == 0 or code > 128):
+        code = _after_notice(code, events, syncer, say)
     refused = events.refused if code != 0 and not interrupted else None
     if refused is not None:
         code = EXIT_BAD_INPUT
     else:
-        say(summary(code, events.newest(), interrupted=bool(interrupted)))
+        synced = syncer.newest if syncer is not None else None
+        say(summary(code, events.newest(synced), interrupted=bool(interrupted)))
     # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
     from costguard.spot.job import record_exit
 

@@ -17,6 +17,7 @@ optimizer steps' pace, validation and saves apart, is recorded in the store's
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from costguard.integrations.notices import Watch, shared
 from costguard.integrations.pace import TrainerPace
 
 _pl: Any = require("lightning.pytorch", "lightning")
+logger = logging.getLogger(__name__)
 
 
 class PreemptionCallback(_pl.Callback):
@@ -54,6 +56,15 @@ class PreemptionCallback(_pl.Callback):
             steps_per_epoch=batches // accumulate if batches != float("inf") else None,
         )
         self._stepped = trainer.global_step
+        if trainer.is_global_zero and batches != float("inf"):
+            plain = not_resumable(getattr(trainer.fit_loop, "_combined_loader", None))
+            if plain:
+                logger.warning(
+                    "costguard: the training loader %s is not resumable mid-epoch (no "
+                    "state_dict/load_state_dict): a run resumed after a notice starts that "
+                    "epoch's data over, so it is not exact; give the loader those two methods",
+                    plain,
+                )
 
     def on_train_batch_start(
         self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int
@@ -94,6 +105,17 @@ class PreemptionCallback(_pl.Callback):
         trainer.save_checkpoint(str(path))
         if trainer.is_global_zero:
             self._watch.exit_preempted(trainer.global_step, checkpoint=str(path))
+
+
+def not_resumable(combined: Any) -> str:
+    """The type of the first training loader that Lightning cannot resume mid-epoch (no
+    ``state_dict`` and ``load_state_dict``: Lightning's own test), or ""."""
+    for loader in getattr(combined, "flattened", None) or ():
+        if not (callable(getattr(loader, "state_dict", None))) or not callable(
+            getattr(loader, "load_state_dict", None)
+        ):
+            return type(loader).__name__
+    return ""
 
 
 def last_path(trainer: Any) -> Path:
