@@ -708,26 +708,3 @@ def each_valid(items: Iterable[Any], check: Callable[[Any], Any]) -> list[Any]:
         except CostguardError as exc:
             warn(exc)
     return kept
-
-
-def stop_request(
-    store: Store,
-    job_id: str,
-    attempt: int,
-    key: bytes | None,
-    say: Callable[[str], None] | None = None,
-) -> str | None:
-    """Why attempt ``attempt`` of job ``job_id`` is asked to save and stop, ``None`` when
-    it is not. A request for another job or attempt is none; one that is not a costguard
-    record, or whose proof does not hold (not written with the job's key: anyone else who
-    can write the bucket), is named in a warning and is none: the job goes on."""
-    from costguard.proof import stop_holds
-
-    doc = read_or_warn(store, STOP_FILE, STOP, say=say)
-    if doc is None or doc["job_id"] != job_id or doc["attempt"] != attempt:
-        return None
-    if not stop_holds(key, job_id, attempt, doc["reason"], doc["requested_unix"], doc["proof"]):
-        message = f"{STOP_FILE} in {store.url} is not signed with this job's key"
-        warn(RecordError(message), say)
-        return None
-    return doc["reason"] or "stop requested"

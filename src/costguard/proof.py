@@ -30,7 +30,7 @@ import hmac
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +119,24 @@ def key_from_env(env: Mapping[str, str]) -> bytes | None:
     except ValueError:
         return None
     return key if len(key) == 32 else None
+
+
+def stop_request(
+    store: contract.Store,
+    job_id: str,
+    attempt: int,
+    key: bytes | None,
+    say: Callable[[str], None] | None = None,
+) -> str | None:
+    """Why attempt ``attempt`` of job ``job_id`` is asked to save and stop, ``None`` when
+    it is not. A request for another job or attempt is none; one that is not a costguard
+    record, or whose proof does not hold (not written with the job's key: anyone else who
+    can write the bucket), is named in a warning and is none: the job goes on."""
+    doc = contract.read_or_warn(store, contract.STOP_FILE, contract.STOP, say=say)
+    if doc is None or doc["job_id"] != job_id or doc["attempt"] != attempt:
+        return None
+    if not stop_holds(key, job_id, attempt, doc["reason"], doc["requested_unix"], doc["proof"]):
+        message = f"{contract.STOP_FILE} in {store.url} is not signed with this job's key"
+        contract.warn(contract.RecordError(message), say)
+        return None
+    return doc["reason"] or "stop requested"

@@ -18,8 +18,7 @@ import pytest
 
 from costguard.checkpoint.pace import Pace, write_pace
 from costguard.checkpoint.store import Store
-from costguard.contract import stop_request
-from costguard.proof import job_key, user_key
+from costguard.proof import job_key, stop_request, user_key
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import STOP_FILE, Job, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher

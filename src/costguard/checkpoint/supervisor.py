@@ -336,8 +336,10 @@ class StopWatch:
                 warned.add(message)
                 self._say(message)
 
+        from costguard.proof import stop_request
+
         try:
-            return contract.stop_request(self.store, self.job_id, self.attempt, self._key, once)
+            return stop_request(self.store, self.job_id, self.attempt, self._key, once)
         except CostguardError:
             return None  # the store cannot be read now: asked again at the next poll
 

@@ -277,7 +277,7 @@ class Controller:
         the job's key (this user's): the job then ends ``stopped`` once the attempt has
         saved, instead of being relaunched. Anything else in job/stop.json is left to the
         attempt's own check (a warning there; the job goes on)."""
-        from costguard import contract, proof
+        from costguard import proof
 
         current = job.current
         if job.stop_requested or current is None:
@@ -285,7 +285,7 @@ class Controller:
         key = proof.user_key()
         mine = None if key is None else proof.job_key(key, job.spec.job_id)
         try:
-            reason = contract.stop_request(
+            reason = proof.stop_request(
                 self.store, job.spec.job_id, current.number, mine, self._warn_once
             )
         except CostguardError:

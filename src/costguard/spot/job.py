@@ -114,7 +114,7 @@ def latest_checkpoint_unix(store: Store) -> float | None:
 
 def request_stop(store: Store, job_id: str, attempt: int, reason: str, now_unix: float) -> None:
     """Ask attempt ``attempt`` of the job (its ``costguard run``) to have its script save and
-    stop (exit 75): ``job/stop.json``, which it polls (:func:`contract.stop_request`), signed
+    stop (exit 75): ``job/stop.json``, which it polls (:func:`proof.stop_request`), signed
     with the job's key (derived from this user's: :mod:`costguard.proof`)."""
     key = proof.user_key(create=True)
     assert key is not None  # created, or InputError
