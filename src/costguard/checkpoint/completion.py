@@ -21,7 +21,6 @@ Which folder may be a sync dir at all is one rule for every command that takes
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pickletools
 import re
@@ -32,8 +31,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from costguard.errors import InputError
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Bounds on one look at the folder (a sync dir is a trainer's output, not a dataset).
 MAX_ENTRIES = 100_000

@@ -21,7 +21,6 @@ deleted, so the trainer's resume cannot pick it.
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import shutil
 import threading
@@ -52,9 +51,10 @@ from costguard.checkpoint.saving import _lower_priority
 from costguard.checkpoint.store import Store
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Where a half-written item found before the script starts is moved (never deleted).
 ASIDE = ".costguard-incomplete"
