@@ -98,14 +98,16 @@ def test_the_notebook_api_loads_pandas_only_for_a_dataframe() -> None:
 #: What `costguard estimate` into a pipe (a script, cron) has no use for, each a cost on
 #: every run (benchmarks/estimate.py): rich's console (plain output is echoed), difflib
 #: (close-name suggestions, on errors only), importlib.resources and the tempfile, shutil
-#: and archive modules it pulls in (the bundled tables are found by path), and the
-#: --data URL rules.
+#: and archive modules it pulls in (the bundled tables are found by path), the
+#: --data URL rules, and logging (the estimate logs nothing: the secret-masking log
+#: set-up comes with the first costguard logger).
 NOT_FOR_A_PIPED_ESTIMATE = (
     "rich.console",
     "difflib",
     "importlib.resources",
     "tempfile",
     "costguard.pricing.locate",
+    "logging",
 )
 
 

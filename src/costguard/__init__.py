@@ -12,10 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from costguard._version import __version__
-from costguard.secrets import install_log_redaction
-
-# Whatever handler prints a costguard log line, a credential in it is masked.
-install_log_redaction()
 
 __all__ = ["__version__", "estimate", "job_status", "pricing", "spend"]
 

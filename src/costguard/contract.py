@@ -35,7 +35,6 @@ costguard.contract.RecordError: job/stop.json is not a costguard record: NaN is 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -45,9 +44,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn, Protocol
 
 from costguard.errors import CostguardError, InputError, StoreError, TooLargeError
+from costguard.logs import get_logger
 from costguard.tags import JOB_ID
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 # -- environment names ------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ The one place that knows what a secret looks like:
   words themselves, never with a shell-quoted rendering of them (quoting rewrites a ``'``).
 * :func:`redact` masks both kinds of URL credential (:func:`redact_url`) and every shape
   in free text, so a line can be printed or logged whatever it quotes;
-  :func:`install_log_redaction` applies it to every ``costguard.*`` log record.
+  :func:`costguard.logs.install_log_redaction` applies it to every ``costguard.*`` log
+  record.
 
 A URL may carry a credential in two places: its userinfo (``s3://KEY:SECRET@bucket/p``,
 ``https://user:pass@host/x``) and its query string (Azure SAS ``?sv=...&sig=...``, S3 and
@@ -29,10 +30,8 @@ GCS signed URLs ``?X-Amz-Signature=...``, ``?X-Goog-Signature=...``).
 from __future__ import annotations
 
 import functools
-import logging
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
 MASK = "***"
@@ -371,28 +370,3 @@ def find_secret(
         if found:
             return place, found[1]
     return None
-
-
-class _RedactingFactory:
-    """A log record factory that masks secrets in the messages of ``costguard.*`` loggers."""
-
-    def __init__(self, inner: Callable[..., logging.LogRecord]) -> None:
-        self.inner = inner
-
-    def __call__(self, *args: Any, **kwargs: Any) -> logging.LogRecord:
-        record = self.inner(*args, **kwargs)
-        if record.name == "costguard" or record.name.startswith("costguard."):
-            try:
-                message = record.getMessage()
-            except (TypeError, ValueError):  # a bad format string: leave it to logging
-                return record
-            record.msg, record.args = redact(message), None
-        return record
-
-
-def install_log_redaction() -> None:
-    """Mask secrets (:func:`redact`) in every log record of a ``costguard.*`` logger, in
-    this process, whatever handler prints it. Idempotent."""
-    factory = logging.getLogRecordFactory()
-    if not isinstance(factory, _RedactingFactory):
-        logging.setLogRecordFactory(_RedactingFactory(factory))

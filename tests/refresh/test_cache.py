@@ -300,7 +300,7 @@ def tiny_version(number: int) -> dict[str, bytes]:
         "aws", "us-east-1", "g5.xlarge", "A10G", 1, Decimal(4), Decimal(16),
         Decimal(number + 1), None, PriceStatus.LISTED, None, tag,
     )  # fmt: skip
-    cpu = replace(row, instance_type="m5.large", accelerator=None, accelerator_count=0)
+    cpu = row._replace(instance_type="m5.large", accelerator=None, accelerator_count=0)
     files = {
         "gpu_instances.csv": cache.render_instances([row]),
         "cpu_instances.csv": cache.render_instances([cpu]),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -176,14 +175,14 @@ def test_azure_cloud_services_dedicated_host_and_basic_items_are_not_vm_prices()
 
 
 def _fields(row: Any) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in row.__slots__}
+    return row._asdict()
 
 
 def test_a_real_azure_page_names_the_nd96asr_v4_size_with_its_gpu() -> None:
     # The API's armSkuName is Standard_ND96asr_A100_v4; the VM size (and the table's
     # name) is Standard_ND96asr_v4.
     items = recorded("azure-westeurope-nd96-2026-07.json")["Items"]
-    row = replace(bundled_row("azure", "eastus", "Standard_ND96asr_v4"), region="westeurope")
+    row = bundled_row("azure", "eastus", "Standard_ND96asr_v4")._replace(region="westeurope")
     prices = azure_prices(items, [row])
     assert prices.prices[row_key(row)] == {Market.SPOT: Decimal("7.77854")}
 

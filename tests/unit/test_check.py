@@ -4,7 +4,6 @@ suspect row there carries a status and a note the estimate shows)."""
 from __future__ import annotations
 
 import shutil
-from dataclasses import replace
 from datetime import date
 from decimal import Decimal
 from pathlib import Path
@@ -50,8 +49,7 @@ def test_the_europe_west4_a100_case_is_found_when_it_is_listed() -> None:
         "a2-megagpu-16g": "35.50241",
     }
     rows = [
-        replace(
-            r,
+        r._replace(
             ondemand_usd_per_hour=Decimal(source[r.instance_type]),
             ondemand_status=PriceStatus.LISTED,
             note="",
@@ -71,12 +69,12 @@ def test_zero_prices_spot_at_on_demand_host_only_sums_and_gpu_counts() -> None:
     eight = row("us-central1", "a2-highgpu-8g")
     g5 = row("us-east-1", "g5.xlarge", "aws")
     broken = {
-        id(two): replace(two, ondemand_usd_per_hour=Decimal("1.47895")),  # host part only
-        id(eight): replace(eight, accelerator_count=4, vcpus=Decimal(48), memory_gib=Decimal(340)),
-        id(g5): replace(g5, spot_usd_per_hour=g5.ondemand_usd_per_hour),
+        id(two): two._replace(ondemand_usd_per_hour=Decimal("1.47895")),  # host part only
+        id(eight): eight._replace(accelerator_count=4, vcpus=Decimal(48), memory_gib=Decimal(340)),
+        id(g5): g5._replace(spot_usd_per_hour=g5.ondemand_usd_per_hour),
     }
     west = row("us-west1", "a2-highgpu-1g")
-    zero = replace(west, spot_usd_per_hour=Decimal(0))
+    zero = west._replace(spot_usd_per_hour=Decimal(0))
     rows = [broken.get(id(r), r) for r in CATALOG.instances if r != west]
     found = kinds([*rows, zero])
     assert ("us-central1", "a2-highgpu-2g", "family-sum") in found
@@ -117,8 +115,8 @@ def listed(rows: list[InstancePrice], wanted: dict[tuple[str, str, str], str | N
     for r in rows:
         key = (r.provider, r.region, r.instance_type)
         if key in wanted and wanted[key] in (None, r.accelerator):
-            r = replace(
-                r, ondemand_status=PriceStatus.LISTED, spot_status=PriceStatus.LISTED, note=""
+            r = r._replace(
+                ondemand_status=PriceStatus.LISTED, spot_status=PriceStatus.LISTED, note=""
             )
         out.append(r)
     return out
@@ -161,10 +159,10 @@ def test_outliers_per_gpu_both_directions_any_size_of_the_family() -> None:
     assert ondemand is not None
     assert spot is not None
     for moved, market in (
-        (replace(base, ondemand_usd_per_hour=ondemand / 2), Market.ON_DEMAND),
-        (replace(base, ondemand_usd_per_hour=ondemand * Decimal("2.5")), Market.ON_DEMAND),
-        (replace(base, spot_usd_per_hour=spot / 5), Market.SPOT),
-        (replace(base, spot_usd_per_hour=spot * 8, ondemand_usd_per_hour=spot * 16), Market.SPOT),
+        (base._replace(ondemand_usd_per_hour=ondemand / 2), Market.ON_DEMAND),
+        (base._replace(ondemand_usd_per_hour=ondemand * Decimal("2.5")), Market.ON_DEMAND),
+        (base._replace(spot_usd_per_hour=spot / 5), Market.SPOT),
+        (base._replace(spot_usd_per_hour=spot * 8, ondemand_usd_per_hour=spot * 16), Market.SPOT),
     ):
         rows = [moved if r is base else r for r in CATALOG.instances]
         outliers = {
@@ -178,9 +176,9 @@ def test_outliers_per_gpu_both_directions_any_size_of_the_family() -> None:
 def test_a_placeholder_ratio_in_any_row_and_a_row_older_than_its_cited_source() -> None:
     g6 = row("us-east-1", "g6.xlarge", "aws")
     assert g6.ondemand_usd_per_hour is not None
-    tenth = replace(g6, spot_usd_per_hour=g6.ondemand_usd_per_hour / 10)
+    tenth = g6._replace(spot_usd_per_hour=g6.ondemand_usd_per_hour / 10)
     assert {f.kind for f in check_instances([tenth])} == {"spot-placeholder"}
-    cited = replace(g6, note="on-demand read from the Price List of 2026-12-01")
+    cited = g6._replace(note="on-demand read from the Price List of 2026-12-01")
     old = {f.kind for f in check_instances([cited], lambda r: date(2026, 1, 21))}
     assert old == {"older-than-source"}
     assert check_instances([cited], lambda r: date(2026, 12, 1)) == []
@@ -228,7 +226,7 @@ def test_any_gpu_billed_apart_priced_without_its_host_is_found() -> None:
         assert not [f for f in check_instances([whole], parts=PARTS) if f.kind == "missing-host"]
         gpus = alone[(region, gpu)] * whole.accelerator_count
         for price in (gpus, gpus * Decimal("1.01"), gpus * Decimal("0.9")):
-            bare = replace(whole, ondemand_usd_per_hour=price, spot_usd_per_hour=None)
+            bare = whole._replace(ondemand_usd_per_hour=price, spot_usd_per_hour=None)
             found = {(f.market, f.kind) for f in check_instances([bare], parts=PARTS)}
             assert found == {(Market.ON_DEMAND, "missing-host")}, (size, price)
 

@@ -11,7 +11,6 @@ the other's internals).
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 
 from costguard.checkpoint import backends
 from costguard.errors import CostguardError, MissingCredentialsError, StoreError
+from costguard.logs import get_logger
 from costguard.retry import (
     OnRetry,
     RetryPolicy,
@@ -28,7 +28,7 @@ from costguard.retry import (
 )
 from costguard.secrets import redact, redact_url
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 T = TypeVar("T")
 #: A retry that would start less than this before the deadline is not started.
 DEADLINE_MARGIN_S = 1.0

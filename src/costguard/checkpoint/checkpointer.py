@@ -35,7 +35,6 @@ restore uses, and what counts as corrupt or only unreadable, is
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import os
 import secrets
@@ -101,9 +100,10 @@ from costguard.checkpoint.store import (
     storage_options_from_env,
 )
 from costguard.errors import CostguardError, InputError
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Exit code after a notice-triggered save: EX_TEMPFAIL, "temporary failure, run me again".
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED

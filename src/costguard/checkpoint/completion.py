@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import pickletools
 import re
@@ -46,8 +45,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from costguard.errors import InputError
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Bounds on one look at the folder (a sync dir is a trainer's output, not a dataset).
 MAX_ENTRIES = 100_000

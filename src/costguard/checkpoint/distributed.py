@@ -30,7 +30,6 @@ torch is imported only when a process group is already in use.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
@@ -41,8 +40,9 @@ from typing import Any
 from costguard import contract
 from costguard.checkpoint.agreement import Decision, decide
 from costguard.checkpoint.notices import Notice, NoticeBoard
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Set by ``costguard run``: a file of relayed notices (JSON lines) every rank polls.
 ENV_NOTICE_FILE = contract.ENV_NOTICE_FILE

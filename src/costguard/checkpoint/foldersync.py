@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import shutil
@@ -82,9 +81,10 @@ from costguard.checkpoint.saving import _lower_priority
 from costguard.checkpoint.store import Store
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Where a half-written item found before the script starts is moved (never deleted).
 ASIDE = ".costguard-incomplete"

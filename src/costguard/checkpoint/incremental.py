@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -62,8 +61,9 @@ from typing import Any
 from costguard.checkpoint.manifest import ObjectEntry, UnreadableError, pool_path
 from costguard.checkpoint.store import Store
 from costguard.clouds import require
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Tensors smaller than this stay in ``state.pt``: a pool object per bias vector would cost
 #: more in requests than it saves in bytes.

@@ -26,7 +26,6 @@ projected cost; ``costguard pilot`` stops a script after its first steps
 from __future__ import annotations
 
 import json
-import logging
 import math
 import socket
 import statistics
@@ -38,9 +37,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from costguard import contract
+from costguard.logs import get_logger
 from costguard.tags import ATTEMPT
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 VERSION = contract.VERSION
 PACE_FILE = contract.PACE_FILE

@@ -28,7 +28,6 @@ later run writes the missing pool object again.
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import threading
 import time
@@ -54,9 +53,10 @@ from costguard.checkpoint.manifest import (
 )
 from costguard.checkpoint.store import Progress, Store, TooLargeError
 from costguard.errors import EXIT_BAD_INPUT, CostguardError
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The one payload object of a replicated checkpoint.
 PAYLOAD = "state.pt"

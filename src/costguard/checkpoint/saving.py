@@ -11,7 +11,6 @@ run``), never raised into training, and never touches an earlier checkpoint.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import threading
@@ -38,9 +37,10 @@ from costguard.checkpoint.manifest import (
 from costguard.checkpoint.restoring import PAYLOAD, Restorer
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Set by ``costguard run``: a file of JSON lines, one per durable save, that it reports.
 ENV_EVENTS_FILE = contract.ENV_EVENTS_FILE

@@ -28,7 +28,6 @@ saved, the chunks loaded from pool objects count as unchanged.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,8 +42,9 @@ from costguard.checkpoint.incremental import (
 )
 from costguard.checkpoint.manifest import ObjectEntry, pool_path
 from costguard.checkpoint.store import Store
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: One chunk of a DCP state: its fully qualified name and where it starts (DCP's index).
 Chunk = tuple[str, tuple[int, ...]]

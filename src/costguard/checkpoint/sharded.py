@@ -45,7 +45,6 @@ torch is imported inside the functions: ``import costguard`` stays light.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -79,9 +78,10 @@ from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.state import TrainState
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Step, epoch, scheduler, scaler, ``extra`` and every rank's RNG and loader state.
 TRAIN = "train.pt"

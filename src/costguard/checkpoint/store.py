@@ -36,7 +36,6 @@ import contextlib
 import hashlib
 import io
 import json
-import logging
 import os
 import shutil
 import tempfile
@@ -54,10 +53,11 @@ from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
 from costguard.errors import InputError, StoreError, TooLargeError
 from costguard.files import atomic_write
+from costguard.logs import get_logger
 from costguard.retry import RetryPolicy
 from costguard.secrets import redact, redact_url, url_has_credentials
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 EXTRA = "stores"  # the fsspec backends; torch is not needed to reach a store
 T = TypeVar("T")
 #: ``progress(done, total)``: bytes of a long read, for a progress bar.

@@ -14,7 +14,6 @@ import concurrent.futures
 import contextlib
 import hashlib
 import io
-import logging
 import os
 import threading
 import time
@@ -29,9 +28,10 @@ from costguard.checkpoint.calls import StoreCalls
 from costguard.clouds import require
 from costguard.errors import StoreError
 from costguard.files import fsync_dir
+from costguard.logs import get_logger
 from costguard.secrets import redact
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 EXTRA = "stores"  # the fsspec backends; torch is not needed to reach a store
 T = TypeVar("T")
 

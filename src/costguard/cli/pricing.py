@@ -12,7 +12,6 @@ import gc
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import fields
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -346,14 +345,14 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
 
 
 def _columns(table: str) -> list[str]:
-    kind = {
-        "gpu_instances": InstancePrice,
-        "cpu_instances": InstancePrice,
-        "storage": StorageRate,
-        "transfer": TransferRate,
-        "regions": Region,
-    }[table]
-    return [f.name for f in fields(kind)]
+    kinds: dict[str, tuple[str, ...]] = {
+        "gpu_instances": InstancePrice._fields,
+        "cpu_instances": InstancePrice._fields,
+        "storage": StorageRate._fields,
+        "transfer": TransferRate._fields,
+        "regions": Region._fields,
+    }
+    return list(kinds[table])
 
 
 def _statuses(row: dict[str, Any]) -> set[str]:

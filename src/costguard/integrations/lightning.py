@@ -17,16 +17,16 @@ optimizer steps' pace, validation and saves apart, is recorded in the store's
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
 from costguard.clouds import require
 from costguard.integrations.notices import Watch, shared
 from costguard.integrations.pace import TrainerPace
+from costguard.logs import get_logger
 
 _pl: Any = require("lightning.pytorch", "lightning")
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class PreemptionCallback(_pl.Callback):

@@ -10,7 +10,6 @@ boundary. Without ``costguard run`` (no such variable) it does nothing at all.
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -25,11 +24,12 @@ from costguard.checkpoint.distributed import (
 )
 from costguard.checkpoint.notices import Notice, NoticeBoard
 from costguard.checkpoint.notices import signals as notice_signals
+from costguard.logs import get_logger
 
 #: The exit code after a save on a notice: run the same command to resume (EX_TEMPFAIL).
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class Watch:

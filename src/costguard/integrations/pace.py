@@ -18,7 +18,6 @@ run`` writes it to ``job/pace.json`` in the store (the script needs no access to
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import time
@@ -34,8 +33,9 @@ from costguard.checkpoint.pace import (
     Pace,
     PaceMeter,
 )
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Where ``costguard run`` reads what the script reports (as the Checkpointer's saver).
 ENV_EVENTS_FILE = contract.ENV_EVENTS_FILE

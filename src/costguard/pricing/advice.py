@@ -12,8 +12,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
+from typing import NamedTuple
 
 from costguard.money import format_usd
 from costguard.pricing.catalog import Catalog, Market, Region
@@ -73,8 +73,7 @@ def expand_regions(name: str, regions: Sequence[Region]) -> list[Region] | None:
     return [r for r in regions if r.continent == continent]
 
 
-@dataclass(frozen=True, slots=True)
-class BudgetVerdict:
+class BudgetVerdict(NamedTuple):
     """Whether an option fits a budget, and how many hours the budget buys."""
 
     fits: bool

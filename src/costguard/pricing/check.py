@@ -35,7 +35,7 @@ import functools
 import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import date
 from decimal import Decimal
 
@@ -151,8 +151,7 @@ def mark_suspects(
         markets = {f.market for f in findings}
         notes = [f"{f.market} unverified, pricing check: {f.message}" for f in findings]
         marked.append(
-            replace(
-                row,
+            row._replace(
                 ondemand_status=PriceStatus.UNVERIFIED
                 if Market.ON_DEMAND in markets
                 else row.ondemand_status,

@@ -24,6 +24,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import NamedTuple
 
 from costguard.errors import InputError
 from costguard.money import HOURS_PER_MONTH, format_usd, gb_to_gib
@@ -87,8 +88,7 @@ class EstimateRequest:
             raise InputError(msg, hint="e.g. --data-region us-east-1 --data-gb 500")
 
 
-@dataclass(frozen=True)
-class CostOption:
+class CostOption(NamedTuple):
     """The cost of running ``count`` instances of one type, in one region and market."""
 
     provider: str

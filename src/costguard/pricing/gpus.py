@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from costguard.errors import UnknownNameError
 
 
-@dataclass(frozen=True, slots=True)
-class GpuModel:
+class GpuModel(NamedTuple):
     """One accelerator model: its canonical name, what it is, and how people spell it."""
 
     name: str

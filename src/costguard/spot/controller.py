@@ -15,7 +15,6 @@ instance and stops), and every provider call bounded by its adapter.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -23,6 +22,7 @@ from decimal import Decimal
 
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
+from costguard.logs import get_logger
 from costguard.money import format_usd, gb_to_gib
 from costguard.pricing.catalog import Market
 from costguard.spot.job import (
@@ -62,7 +62,7 @@ from costguard.spot.recovery import (
     spent_usd,
 )
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: ``job.json`` is rewritten at least this often while an attempt runs (the heartbeat
 #: ``--attach`` reads to tell a live controller from a dead one).

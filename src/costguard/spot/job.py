@@ -24,7 +24,6 @@ The checkpoint library ignores these files (they are not in a ``ckpt-*`` folder)
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import time
@@ -37,6 +36,7 @@ from typing import Any
 from costguard import contract, proof
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
+from costguard.logs import get_logger
 from costguard.money import usd_str
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
@@ -47,7 +47,7 @@ from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
 from costguard.spot.simulator import Simulation as Simulation
 from costguard.tags import ATTEMPT, is_job_id
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 JOB_FILE = contract.JOB_FILE
 STOP_FILE = contract.STOP_FILE

@@ -21,7 +21,6 @@ no network call is made. Endpoints: ``COSTGUARD_AWS_METADATA_URL``,
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 import time
@@ -32,8 +31,9 @@ from pathlib import Path
 from costguard import contract
 from costguard.clouds import metadata
 from costguard.errors import InputError
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 CLOUDS = ("aws", "gcp", "azure")
 #: Environment variables that configure notices (``costguard run`` sets the FD one).

@@ -26,13 +26,13 @@ acknowledged.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from email.utils import parsedate_to_datetime
 
 from costguard.checkpoint.notices import Notice, fetch
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 API_VERSION = "2020-07-01"
 #: The instance metadata version that ``compute/name`` is read with.

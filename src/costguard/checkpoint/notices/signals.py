@@ -8,7 +8,6 @@ its next step boundary.
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from collections.abc import Callable, Iterable
@@ -16,8 +15,9 @@ from types import FrameType
 from typing import Any
 
 from costguard.checkpoint.notices import Notice, NoticeBoard
+from costguard.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 

@@ -210,8 +210,7 @@ def merge_row(row: InstancePrice, fresh: FreshPrices) -> tuple[InstancePrice, Ro
     if (kept_old or not found) and row.note:
         notes.append(row.note)  # it still explains the prices that were kept
     read_on = fresh.as_of(row.region)  # a price read now is dated by its read
-    merged = replace(
-        row,
+    merged = row._replace(
         ondemand_usd_per_hour=ondemand,
         ondemand_status=ondemand_status if ondemand is not None else None,
         spot_usd_per_hour=spot,
@@ -320,8 +319,7 @@ def new_rows(catalog: Catalog, provider: str, region: str) -> tuple[InstancePric
         if row.provider == provider:
             shapes.setdefault((row.instance_type, row.accelerator), row)
     return tuple(
-        replace(
-            row,
+        row._replace(
             region=region,
             ondemand_usd_per_hour=None,
             spot_usd_per_hour=None,
