@@ -44,10 +44,10 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, NoReturn, Protocol
 
 from costguard.errors import CostguardError, InputError, StoreError, TooLargeError
-from costguard.logs import get_logger
+from costguard.logs import get_warning_logger
 from costguard.tags import JOB_ID
 
-logger = get_logger(__name__)
+logger = get_warning_logger(__name__)
 
 # -- environment names ------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ that log nothing, such as ``costguard estimate``, do not load :mod:`logging`.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -49,3 +50,30 @@ def get_logger(name: str) -> logging.Logger:
     """
     install_log_redaction()
     return logging.getLogger(name)
+
+
+class _Stderr(logging.Handler):
+    """Each record's message alone on the standard error of the moment (a notebook's, a
+    test runner's capture), as Python's last-resort handler writes it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(record.getMessage() + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed: nowhere left to say it
+            pass
+
+
+def get_warning_logger(name: str) -> logging.Logger:
+    """The logger ``name``, masked as :func:`get_logger`'s, whose warnings are for the
+    user: each is written to stderr as it comes, whatever logging the program set up
+    (a record of a store left out, for example, must be named, never dropped).
+
+    >>> get_warning_logger("costguard.example.warnings").propagate
+    False
+    """
+    logger = get_logger(name)
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr(logging.WARNING))
+        logger.propagate = False
+    return logger

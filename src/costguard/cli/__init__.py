@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import os
 import re
 import sys
@@ -321,23 +320,6 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
       costguard estimate --gpu a10g --hours 8 --count 4
     """
     ctx.obj = Settings.load({"pricing_dir": pricing_dir, "debug": debug})
-    _say_records_left_out()
-
-
-class _Warnings(logging.Handler):
-    """The job contract's warnings (a record left out) on the command's stderr."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        click.echo(record.getMessage(), err=True)
-
-
-def _say_records_left_out() -> None:
-    """Show each record the contract left out (``costguard.contract``'s warnings) on
-    stderr, where the command's other warnings are, once per process."""
-    contract_logger = logging.getLogger("costguard.contract")
-    if not any(isinstance(h, _Warnings) for h in contract_logger.handlers):
-        contract_logger.addHandler(_Warnings(logging.WARNING))
-        contract_logger.propagate = False
 
 
 class Interrupted(SystemExit):
