@@ -185,6 +185,13 @@ def _echo(message: str) -> None:
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
 )
 @click.option(
+    "--array",
+    type=Text(),
+    help="Many tasks under one budget, in SLURM's syntax: 0-9%4 runs tasks 0..9, at most 4 "
+    "at once, each with COSTGUARD_ARRAY_TASK_ID and its own checkpoint prefix URL/task-<index> "
+    "(--provider local for now).",
+)
+@click.option(
     "--attach",
     "attach_url",
     type=StoreUrl(),
@@ -250,6 +257,8 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     from costguard.spot.job import release_job
     from costguard.spot.prepare import launcher_for, offers_for
 
+    if _array_launch(settings, options):
+        return
     if options["attach_url"]:
         job, store = _attached(options)
         if not options["force"]:
@@ -286,6 +295,23 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         sys.exit(EXIT_SAVED)  # saved and stopped at the projection: resumable
     if final.status != "succeeded":
         sys.exit(1)
+
+
+def _array_launch(settings: Settings, options: Mapping[str, Any]) -> bool:
+    """``--array``, or ``--attach`` of an array's URL: the sweep runs it (costguard.cli.
+    sweep); ``False`` for a single job."""
+    from costguard.cli import sweep
+
+    if options["array"] is not None:
+        sweep.check_array_options(options)  # before anything is read
+        sweep.launch_array(settings, options, _request(options), _owner())
+        return True
+    if options["attach_url"]:
+        found = sweep.array_at(options["attach_url"])
+        if found is not None:
+            sweep.attach_array(settings, options, *found)
+            return True
+    return False
 
 
 def _pilot_answer(settings: Settings, job: Job, output_format: str) -> None:
@@ -491,6 +517,23 @@ def jobs_group() -> None:
     """Inspect jobs started by `costguard launch` (their state lives with the checkpoints)."""
 
 
+def _array_status(url: str, output_format: str, extras: bool) -> bool:
+    """``jobs status`` of an array's URL: the roll-up of its tasks (costguard.cli.sweep);
+    ``False`` for a single job."""
+    from costguard.cli import sweep
+
+    found = sweep.array_at(url)
+    if found is None:
+        return False
+    if extras:
+        msg = "--plot and --spend show one job: of an array, pass a task's URL"
+        raise InputError(
+            msg, hint=f"e.g. costguard jobs status {url.rstrip('/')}/task-0 --plot x.png"
+        )
+    sweep.show_status(*found, output_format)
+    return True
+
+
 @jobs_group.command("status", epilog=STATUS_EXAMPLES)
 @click.argument("url", type=StoreUrl())
 @table_or_json("table for people, json for scripts.")
@@ -528,6 +571,8 @@ def status_command(
     if exports and output_format == "json":
         msg = "jobs status --spend prints tables; its JSON is costguard spend's"
         raise InputError(msg, hint=f"costguard spend EXPORT --job {url} --format json")
+    if _array_status(url, output_format, plot is not None or bool(exports)):
+        return
     job = load_job(open_store(normal_url(url)))
     try:
         offers = offers_for(settings, job.spec)
@@ -542,3 +587,12 @@ def status_command(
         from costguard.plots import draw_job
 
         click.echo(f"Picture: {draw_job(plot, job, offers, time.time()).path}", err=True)
+
+
+def _register_array_commands() -> None:
+    from costguard.cli.sweep import stop_command
+
+    jobs_group.add_command(stop_command)
+
+
+_register_array_commands()
