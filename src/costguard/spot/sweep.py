@@ -212,13 +212,16 @@ class Sweep:
 
     def _round(self, task: Task, views: Sequence[array.TaskView]) -> None:
         """One round of the controller's loop for ``task``, its recovery limit the array's
-        cap less what the other tasks spent."""
+        cap less what the other tasks spent (a relaunch follows a single job's rule: not
+        when one more hour at its price would pass that share)."""
         controller = self._controller(task)
+        # A pending task's first launch was decided by the array's rule (its estimate
+        # within the cap: :func:`array.to_start`); after that the task's own recovery rules
+        # hold it to its share, relaunches included.
+        share = array.remaining_usd(views, task.index, self.record.max_total_usd)
+        first = task.state == array.PENDING
         job = controller.reconcile(task.job)
-        limits = replace(
-            job.spec.limits(),
-            max_total_usd=array.remaining_usd(views, task.index, self.record.max_total_usd),
-        )
+        limits = replace(job.spec.limits(), max_total_usd=None if first else share)
         if job.stop_requested and (
             job.current is None or self._clock() - job.stop_requested_unix > STOP_GRACE_S
         ):
