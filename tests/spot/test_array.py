@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from costguard.errors import InputError
 from costguard.spot import array
 from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
 from tests.spot.test_launch_cli import assert_refused
+from tests.spot.test_simulator import wait_for
 
 #: Every child process is bounded by this (the machine may be shared and slow).
 TIMEOUT_S = 600
@@ -292,3 +294,70 @@ def test_max_total_stops_launching_and_says_what_was_done_and_not(
         "not started",
         "not started",
     ]
+
+
+@pytest.mark.slow
+def test_ctrl_c_detaches_attach_takes_the_array_over_and_jobs_stop_stops_it(
+    tmp_path: Path,
+    spot_env: Callable[..., dict[str, str]],
+    run_cli: Callable[..., Any],
+) -> None:
+    env = spot_env()
+    ckpt, outs = tmp_path / "sweep", tmp_path / "outs"
+    outs.mkdir()
+    task0 = ckpt / "task-0" / "job" / "job.json"
+
+    def running_attempt() -> bool:
+        job = json.loads(task0.read_text()) if task0.exists() else {"attempts": []}
+        return any(a.get("handle") for a in job["attempts"])
+
+    def supervise(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "costguard", "launch", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            # A foreground process: Ctrl-C's SIGINT is not ignored (tests/spot/test_launch_local)
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+
+    first = supervise(
+        *LOCAL_A10G, "--checkpoint", str(ckpt), "--array", "0-2%1", "--preempt-every", "600",
+        "--every-steps", "5", "--poll-seconds", "0.2", "--yes", "--",
+        *task_command(outs, 400, 0.25),
+    )  # fmt: skip
+    try:
+        wait_for(running_attempt)
+        first.send_signal(signal.SIGINT)
+        _, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, stderr[-3000:]
+    assert f"costguard launch --attach {ckpt}" in " ".join(stderr.split())
+    status = run_cli("jobs", "status", str(ckpt), "--format", "json")
+    doc = json.loads(status.stdout)
+    assert [t["status"] for t in doc["tasks"]] == ["running", "pending", "pending"]
+    second = supervise("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json")
+    try:
+        wait_for(lambda: "attached to array" in (second.stderr.readline() if second.stderr else ""))
+        # The same user (the same key) as the controller's: a child with its environment.
+        stop = subprocess.run(
+            [sys.executable, "-m", "costguard", "jobs", "stop", str(ckpt), "--yes"],
+            env=env, capture_output=True, text=True, timeout=TIMEOUT_S,
+        )  # fmt: skip
+        assert stop.returncode == 0, stop.stderr
+        stdout, stderr = second.communicate(timeout=120)
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.communicate(timeout=60)
+    assert second.returncode == 1, stderr[-3000:]
+    doc = json.loads(stdout)
+    assert [t["status"] for t in doc["tasks"]] == ["stopped", "not started", "not started"]
+    job = json.loads(task0.read_text())
+    # The task the first controller started, adopted (no second attempt), saved and stopped.
+    assert [a["exit_code"] for a in job["attempts"]] == [75], job["attempts"]
+    assert "costguard jobs stop" in job["reason"]
+    assert not (ckpt / "job" / "stop.json").exists()  # acted upon

@@ -249,15 +249,16 @@ class Sweep:
         now = self._clock()
         for task in self.tasks:
             current = task.job.current
-            if task.state == array.RUNNING and current is not None:
-                if not task.job.stop_requested:
-                    request_stop(task.store, task.job.spec.job_id, current.number, reason, now)
-                    task.job = save_job(
-                        task.store,
-                        replace(task.job, stop_requested=reason, stop_requested_unix=now),
-                    )
-            elif task.state in (array.PENDING, array.RUNNING):
+            if task.state == array.PENDING:
                 self._not_started(task, reason)
+            elif task.state == array.RUNNING and current is None:  # between two attempts
+                task.job = self._controller(task).finish(task.job, Finish("stopped", reason))
+                self._release(task)
+            elif current is not None and not task.job.stop_requested:
+                request_stop(task.store, task.job.spec.job_id, current.number, reason, now)
+                task.job = save_job(
+                    task.store, replace(task.job, stop_requested=reason, stop_requested_unix=now)
+                )
 
     def _not_started(self, task: Task, reason: str) -> None:
         task.job = save_job(
