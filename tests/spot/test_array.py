@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -18,12 +19,20 @@ import pytest
 import torch
 
 from costguard import contract
+from costguard.checkpoint.pace import Pace, write_pace
 from costguard.checkpoint.store import Store
 from costguard.errors import InputError
 from costguard.spot import array
+from costguard.spot.controller import Event
+from costguard.spot.job import Job, save_job
+from costguard.spot.launcher.local import LocalLauncher
+from costguard.spot.simulator import Simulation
+from costguard.spot.sweep import Sweep, Task, task_specs
 from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
 from tests.spot.test_launch_cli import assert_refused
-from tests.spot.test_simulator import wait_for
+from tests.spot.test_offers_and_job import spec
+from tests.spot.test_projection import ON_NOTICE_75
+from tests.spot.test_simulator import ON_DEMAND, wait_for
 
 #: Every child process is bounded by this (the machine may be shared and slow).
 TIMEOUT_S = 600
@@ -361,3 +370,42 @@ def test_ctrl_c_detaches_attach_takes_the_array_over_and_jobs_stop_stops_it(
     assert [a["exit_code"] for a in job["attempts"]] == [75], job["attempts"]
     assert "costguard jobs stop" in job["reason"]
     assert not (ckpt / "job" / "stop.json").exists()  # acted upon
+
+
+def test_stop_at_projection_saves_and_stops_every_running_task(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """Two of three tasks run (%2), each with a recorded pace 139 h from its end: the
+    array's projection passes --max-total at once, so both are asked to save and stop
+    (their scripts exit 75 on the notice) and the third never starts."""
+    url = str(tmp_path / "sweep")
+    record = array.ArrayRecord(
+        "cg-test-1", url, "0-2%2", (0, 1, 2), 2, time.time(), Decimal(5), stop_at_projection=True
+    )
+    template = spec(url, command=ON_NOTICE_75, spot=False, simulation=None, total_steps=10**6)
+    tasks = []
+    for index, task_spec in zip(record.indexes, task_specs(template, record), strict=True):
+        store = Store.open(task_spec.checkpoint_url)
+        write_pace(store, Pace(100, 50.0, 120, time.time(), time.time() - 60))
+        tasks.append(Task(index, store, save_job(store, Job(task_spec))))
+    launchers: list[LocalLauncher] = []
+
+    def make_launcher(_: object) -> LocalLauncher:
+        launchers.append(
+            LocalLauncher(Simulation(), job_started_unix=time.time(),
+                          state_dir=tmp_path / "state", env=spot_env())
+        )  # fmt: skip
+        return launchers[-1]
+
+    events: list[Event] = []
+    sweep = Sweep(record, Store.open(url), tasks, [ON_DEMAND], make_launcher,
+                  task_estimate_usd=Decimal("0.01"), poll_s=0.1,
+                  on_event=events.append)  # fmt: skip
+    jobs = sweep.run()
+    assert [j.status for j in jobs] == ["stopped"] * 3
+    assert [[a.exit_code for a in j.attempts] for j in jobs] == [[75], [75], []]
+    assert all(j.reason.startswith("stopped at the projection: ") for j in jobs[:2])
+    assert jobs[2].reason.startswith("not started: stopped at the projection")
+    assert sum(1 for e in events if e.kind == "projection") == 1
+    assert sweep.peak_running == 2
+    assert len(launchers) == 2  # the third task never had one

@@ -145,8 +145,10 @@ class Sweep:
             self._on_event(Event(kind, message))
 
     def _once(self, kind: str, message: str) -> None:
-        if message not in self._said:
-            self._said.add(message)
+        """Say ``message`` only the first time something of ``kind`` is said (the figures
+        in it change from poll to poll)."""
+        if kind not in self._said:
+            self._said.add(kind)
             self._emit(kind, message)
 
     def _controller(self, task: Task) -> Controller:
