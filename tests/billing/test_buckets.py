@@ -110,7 +110,7 @@ def test_alarm_status_sets_an_exports_month_against_the_budget(
     )
     refused = run_cli("alarm", "status", "--export", str(HANDMADE.with_name("nope.csv")))
     assert refused.exit_code == 2
-    assert "Error: no billing export files at" in refused.stderr
+    assert "nope.csv does not exist" in refused.stderr
 
 
 #: Where each backend's endpoint or credentials live in the environment, and the same as

@@ -6,10 +6,13 @@ The three export families costguard reads, each with the columns it needs
 Azure Cost Management's FOCUS export), AWS CUR 2.0 (``COST_AND_USAGE_REPORT``) and the GCP
 standard usage cost export to BigQuery, saved as JSONL or Parquet.
 
-Money is summed as exact decimals: a charge's ``billed`` is what the invoice counts
-(FOCUS ``BilledCost``; CUR ``line_item_unblended_cost``; GCP ``cost`` plus its
-``credits``), its ``effective`` the amortised figure (FOCUS ``EffectiveCost``; CUR the
-savings-plan and reservation effective costs; GCP the same as billed).
+Money is summed as exact decimals (:data:`EXACT`: no sum is ever rounded): a charge's
+``billed`` is what the invoice counts (FOCUS ``BilledCost``; CUR
+``line_item_unblended_cost``; GCP ``cost`` plus its ``credits``), its ``effective`` the
+amortised figure (FOCUS ``EffectiveCost``; CUR the savings-plan and reservation effective
+costs; GCP the same as billed). A charge's amount is kept to :data:`PLACES` decimal
+places; one with more (a double such as ``1.0000000000000002e-05``) is rounded half to
+even at the last of them, and the report counts how many were.
 """
 
 from __future__ import annotations
@@ -18,11 +21,17 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, Inexact, InvalidOperation
 from typing import Any
 
 from costguard.errors import InputError
 from costguard.tags import JOB_TAG, OWNER_TAG, tag_key
+
+#: The decimal places a charge's amount is kept to (more are rounded half to even).
+PLACES = 18
+#: Sums of money: exact at any size (a result that would need rounding raises ``Inexact``
+#: instead; Python's default context keeps 28 digits and rounds the rest away silently).
+EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN, traps=[Inexact, InvalidOperation])
 
 #: What ``--by`` may group by.
 GROUPINGS = ("job", "owner", "project", "day", "service")
@@ -293,6 +302,8 @@ class Tally:
     untagged: dict[tuple[str, str | None, str], Decimal] = field(default_factory=dict)
     accounts: set[str | None] = field(default_factory=set)
     compute: list[ComputeCharge] = field(default_factory=list)
+    #: Charges whose amount had more than :data:`PLACES` decimal places (rounded).
+    rounded: int = 0
 
     def add(
         self,
@@ -309,8 +320,8 @@ class Tally:
         to ``days[1]``)."""
         group = (key, currency, month)
         figures = self.sums.setdefault(group, [Decimal(0), Decimal(0)])
-        figures[0] += billed
-        figures[1] += effective
+        figures[0] = EXACT.add(figures[0], billed)
+        figures[1] = EXACT.add(figures[1], effective)
         self.counts[group] = self.counts.get(group, 0) + rows
         first, last = days
         if first and last:
@@ -325,7 +336,8 @@ class Tally:
         for month, (first, last) in other.days.items():
             self.span(month, first, last)
         for where, billed in other.untagged.items():
-            self.untagged[where] = self.untagged.get(where, Decimal(0)) + billed
+            self.untagged[where] = EXACT.add(self.untagged.get(where, Decimal(0)), billed)
+        self.rounded += other.rounded
         self.accounts |= other.accounts
         self.compute.extend(other.compute)
         if other.covered_to is not None:
@@ -358,6 +370,8 @@ class SpendReport:
     last_day: str | None
     rows: int
     files: tuple[str, ...]
+    #: Charges whose amount was rounded to :data:`PLACES` decimal places.
+    rounded: int = 0
 
 
 def report(
@@ -367,7 +381,8 @@ def report(
     ``currency`` (default: the only one there is).
 
     Refused (:class:`InputError`): a month the export does not cover, several currencies
-    without ``currency``, a currency the export does not have.
+    without ``currency``, a currency the export does not have, charges that name no
+    currency.
 
     >>> t = Tally()
     >>> t.add("j1", "USD", "2026-11", Decimal("1.10"), Decimal("1.00"))
@@ -392,6 +407,14 @@ def report(
     chosen = [month] if month else months
     in_period = {k: v for k, v in tally.sums.items() if k[2] in chosen}
     currencies = sorted({c for (_, c, _) in in_period})
+    if "" in currencies:
+        count = sum(n for (_, cur, m), n in tally.counts.items() if m in chosen and not cur)
+        msg = f"{count} charge(s) of the export name no currency: they add to no currency's sum"
+        raise InputError(
+            msg,
+            hint="every charge of a billing export names its currency (FOCUS BillingCurrency, "
+            "CUR line_item_currency_code, GCP currency): is the file the export's own?",
+        )
     if currency is None:
         if len(currencies) > 1:
             msg = f"the export mixes currencies ({', '.join(currencies)}): sums would be wrong"
@@ -404,8 +427,8 @@ def report(
     for (key, cur, _), (billed, effective) in in_period.items():
         if cur == currency:
             figures = per_key.setdefault(key, [Decimal(0), Decimal(0)])
-            figures[0] += billed
-            figures[1] += effective
+            figures[0] = EXACT.add(figures[0], billed)
+            figures[1] = EXACT.add(figures[1], effective)
     groups = sorted(
         (SpendGroup(key, billed, effective) for key, (billed, effective) in per_key.items()),
         key=lambda g: (g.key is None, -g.billed_usd, g.key or ""),
@@ -415,15 +438,24 @@ def report(
     return SpendReport(
         by=by,
         groups=tuple(groups),
-        total_billed_usd=sum((g.billed_usd for g in groups), Decimal(0)),
-        total_effective_usd=sum((g.effective_usd for g in groups), Decimal(0)),
+        total_billed_usd=_total(g.billed_usd for g in groups),
+        total_effective_usd=_total(g.effective_usd for g in groups),
         currency=currency,
         period=period,
         first_day=min((first for first, _ in spans), default=None),
         last_day=max((last for _, last in spans), default=None),
         rows=sum(n for (_, cur, m), n in tally.counts.items() if m in chosen and cur == currency),
         files=tuple(tally.files),
+        rounded=tally.rounded,
     )
+
+
+def _total(amounts: Iterable[Decimal]) -> Decimal:
+    """The exact sum of ``amounts``."""
+    total = Decimal(0)
+    for amount in amounts:
+        total = EXACT.add(total, amount)
+    return total
 
 
 def exact(amount: Decimal) -> str:
@@ -431,8 +463,10 @@ def exact(amount: Decimal) -> str:
 
     >>> exact(Decimal("0.00000080000")), exact(Decimal("-12.500")), exact(Decimal("0E-18"))
     ('0.0000008', '-12.5', '0')
+    >>> exact(Decimal("170999999999999999829.000000000000000001"))
+    '170999999999999999829.000000000000000001'
     """
-    text = f"{amount.normalize():f}"
+    text = f"{amount.normalize(EXACT):f}"
     return "0" if text in ("0", "-0") else text
 
 
@@ -456,6 +490,10 @@ def document(spend: SpendReport) -> dict[str, object]:
         "charges_to": spend.last_day,
         "rows": spend.rows,
         "files": list(spend.files),
+        # Only when some were: the document of an export of plain amounts is unchanged.
+        **(
+            {"rounded_amounts": spend.rounded, "rounded_to_places": PLACES} if spend.rounded else {}
+        ),
     }
 
 

@@ -16,6 +16,7 @@ import click
 
 from costguard.billing.spend import (
     GROUPINGS,
+    PLACES,
     JobWindow,
     Run,
     SpendReport,
@@ -29,7 +30,7 @@ from costguard.billing.spend import (
     report,
 )
 from costguard.cli import render
-from costguard.cli.params import Name, Url, Usd, table_or_json
+from costguard.cli.params import Name, StoreUrl, Usd, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.settings import Settings
@@ -67,7 +68,7 @@ Examples:
   costguard spend focus.csv.gz --month 2026-11 --plot nov.png --budget 200""",
     short_help="What was billed, per job, owner, project, day or service (billing exports).",
 )
-@click.argument("exports", nargs=-1, required=True, type=Url())
+@click.argument("exports", nargs=-1, required=True, type=StoreUrl())
 @click.option(
     "--by",
     type=click.Choice(GROUPINGS),
@@ -83,7 +84,7 @@ Examples:
 @click.option(
     "--job",
     "job_url",
-    type=Url(),
+    type=StoreUrl(),
     help="A job started by costguard launch (its checkpoint URL): its estimate and its "
     "controller's running cost next to what was billed under its tag, and what the "
     "difference is made of.",
@@ -361,6 +362,11 @@ def _print(spend: SpendReport) -> None:
         "Effective = amortised: commitments (savings plans, reservations) spread over the "
         "usage they cover; billed = what the invoice counts",
     ]
+    if spend.rounded:
+        notes.append(
+            f"{spend.rounded} amount(s) had more than {PLACES} decimal places (a double's "
+            f"digits): rounded half to even at the {PLACES}th"
+        )
     if spend.by in ("job", "owner"):
         notes.append(
             f"(untagged): charges without costguard's {spend.by} tag (support, tax, shared "
