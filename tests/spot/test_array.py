@@ -253,6 +253,13 @@ def test_sweep_of_four_preempted_tasks_two_at_a_time_matches_uninterrupted_runs(
     table = run_cli("jobs", "status", str(ckpt))
     assert table.exit_code == 0, table.stderr
     assert "done: 4 of 4 task(s) succeeded: 0, 1, 2, 3" in table.stdout
+    # One task's record overwritten by someone else: named, left out; the others shown.
+    (ckpt / "task-2" / "job" / "job.json").write_text('{"version": 1, "status": "NaN"}')
+    bad = run_cli("jobs", "status", str(ckpt), "--format", "json")
+    assert bad.exit_code == 0, bad.stderr
+    assert [t["index"] for t in json.loads(bad.stdout)["tasks"]] == [0, 1, 3]
+    assert "task-2/job/job.json" in bad.stderr
+    assert "left out" in bad.stderr
 
 
 @pytest.mark.slow

@@ -123,7 +123,7 @@ def attach_array(
     if options["command"]:
         msg = "--attach takes no command: the array's own is used"
         raise InputError(msg, hint="`costguard launch --attach URL`")
-    tasks = load_tasks(store, record)
+    tasks = load_tasks(record)
     poll = options["poll_seconds"] or 0.5
     if not options["force"]:
         for task in tasks:
@@ -321,10 +321,11 @@ def array_at(url: str) -> tuple[Store, ArrayRecord] | None:
 
 
 def show_status(store: Store, record: ArrayRecord, output_format: str) -> None:
-    """``costguard jobs status URL`` of an array: one row per task, and the totals."""
+    """``costguard jobs status URL`` of an array: one row per task, and the totals (a task
+    whose ``job.json`` is not costguard's is named in a warning and left out)."""
     from costguard.spot.sweep import load_tasks, rows
 
-    tasks = load_tasks(store, record)
+    tasks = load_tasks(record, skip_bad=True)
     _show(record, rows(((t.index, t.job) for t in tasks), time.time()), output_format)
 
 

@@ -364,16 +364,19 @@ class Sweep:
 # -- reading an array -----------------------------------------------------------------
 
 
-def load_tasks(store: Store, record: array.ArrayRecord) -> list[Task]:
-    """Every task's job (its ``job.json`` under its prefix); a task whose record is
-    missing or not costguard's is an error naming it (the sweep cannot supervise it)."""
+def load_tasks(record: array.ArrayRecord, *, skip_bad: bool = False) -> list[Task]:
+    """Every task's job (its ``job.json`` under its prefix). A task whose record is missing
+    or not costguard's is an error naming it (the sweep cannot supervise it), or with
+    ``skip_bad`` (a report) named in a warning and left out."""
     from costguard.spot.prepare import open_store
 
-    tasks = []
-    for index in record.indexes:
+    def load(index: int) -> Task:
         task_store = open_store(array.task_url(record.url, index))
-        tasks.append(Task(index, task_store, load_job(task_store)))
-    return tasks
+        return Task(index, task_store, load_job(task_store))
+
+    if skip_bad:
+        return contract.each_valid(record.indexes, load)
+    return [load(index) for index in record.indexes]
 
 
 @dataclass(frozen=True)
