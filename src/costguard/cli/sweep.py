@@ -302,7 +302,7 @@ def _show(record: ArrayRecord, task_rows: Sequence[Any], output_format: str) -> 
     render.print_table(
         f"array {record.array_id} ({record.array}): {usd(spent)} spent{cap}", columns, table
     )
-    for line in outcome_lines(task_rows):
+    for line in outcome_lines(record, task_rows):
         render.print_prose(line, first="", indent="  ")
 
 

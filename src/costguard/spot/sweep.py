@@ -455,14 +455,28 @@ def rollup_document(record: array.ArrayRecord, task_rows: Sequence[TaskRow]) -> 
         "stop_at_projection": record.stop_at_projection,
         "spent_usd": str(spent.quantize(USD_PLACES)),
         "counts": counts,
+        "unreadable": unreadable(record, task_rows),
         "tasks": [r.document() for r in task_rows],
     }
 
 
-def outcome_lines(task_rows: Sequence[TaskRow]) -> list[str]:
+def unreadable(record: array.ArrayRecord, task_rows: Sequence[TaskRow]) -> list[int]:
+    """The array's tasks that have no row: their ``job.json`` was not costguard's."""
+    shown = {r.index for r in task_rows}
+    return [i for i in record.indexes if i not in shown]
+
+
+def outcome_lines(record: array.ArrayRecord, task_rows: Sequence[TaskRow]) -> list[str]:
     """What was done and what was not, one line each, with the reasons of what was not."""
     done = [r.index for r in task_rows if r.status == "succeeded"]
-    lines = [f"done: {len(done)} of {len(task_rows)} task(s) succeeded" + _listed(done)]
+    total = len(record.indexes)
+    lines = [f"done: {len(done)} of {total} task(s) succeeded" + _listed(done)]
+    missing = unreadable(record, task_rows)
+    if missing:
+        lines.append(
+            f"not shown: {len(missing)} task(s) whose job.json is not costguard's"
+            + _listed(missing)
+        )
     for status in ("failed", "stopped", NOT_STARTED, array.RUNNING, array.PENDING):
         these = [r for r in task_rows if r.status == status]
         if these:
