@@ -262,7 +262,7 @@ def test_sweep_of_four_preempted_tasks_two_at_a_time_matches_uninterrupted_runs(
     assert bad.exit_code == 0, bad.stderr
     assert [t["index"] for t in json.loads(bad.stdout)["tasks"]] == [0, 1, 3]
     assert json.loads(bad.stdout)["unreadable"] == [2]
-    assert "task-2/job/job.json" in caplog.text
+    assert f"job/job.json in {ckpt}/task-2 is not a costguard record" in caplog.text
     assert "left out" in caplog.text
 
 
