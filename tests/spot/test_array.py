@@ -27,8 +27,9 @@ from costguard.spot import array
 from costguard.spot.controller import Event
 from costguard.spot.job import Job, save_job
 from costguard.spot.launcher.local import LocalLauncher
+from costguard.spot.recovery import Attempt
 from costguard.spot.simulator import Simulation
-from costguard.spot.sweep import Sweep, Task, task_specs
+from costguard.spot.sweep import Sweep, Task, rollup_document, rows, task_specs
 from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
 from tests.spot.test_launch_cli import assert_refused
 from tests.spot.test_offers_and_job import spec
@@ -420,3 +421,25 @@ def test_stop_at_projection_saves_and_stops_every_running_task(
     assert sum(1 for e in events if e.kind == "projection") == 1
     assert sweep.peak_running == 2
     assert len(launchers) == 2  # the third task never had one
+
+
+def test_the_rollup_projects_each_running_task_and_counts_by_status(tmp_path: Path) -> None:
+    url = str(tmp_path / "sweep")
+    record = array.ArrayRecord("cg-test-1", url, "0-1", (0, 1), 2, time.time())
+    template = spec(url, spot=False, simulation=None, total_steps=1000)
+    running, pending = task_specs(template, record)
+    now = time.time()
+    store = Store.open(running.checkpoint_url)
+    # 100 steps done in 50 s, 900 to go: 450 s more at $1.006/h.
+    write_pace(store, Pace(100, 50.0, 100, now, now - 60))
+    job = Job(running, attempts=(Attempt(1, ON_DEMAND, now - 60),))
+    task_rows = rows([(0, job), (1, Job(pending))], now)
+    assert [r.status for r in task_rows] == ["running", "pending"]
+    assert task_rows[0].left_s == pytest.approx(450, rel=0.2)
+    assert task_rows[0].projected_usd is not None
+    assert task_rows[0].projected_usd > task_rows[0].spent_usd > 0
+    assert (task_rows[1].projected_usd, task_rows[1].left_s) == (None, None)
+    doc = rollup_document(record, task_rows)
+    assert doc["counts"] == {"running": 1, "pending": 1}
+    assert [t["index"] for t in doc["tasks"]] == [0, 1]
+    assert doc["tasks"][0]["left_s"] == task_rows[0].left_s

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from costguard.spot.sweep import Task
 
 #: The roll-up table's columns.
-COLUMNS = ("task", "status", "attempts", "preempted", "step", "cost", "projected")
+COLUMNS = ("task", "status", "attempts", "preempted", "step", "left", "cost", "projected")
 STOP_EXAMPLES = """
 \b
 Examples:
@@ -277,6 +277,7 @@ def _supervise(
 
 
 def _show(record: ArrayRecord, task_rows: Sequence[Any], output_format: str) -> None:
+    from costguard.spot.projection import duration
     from costguard.spot.report import usd
     from costguard.spot.sweep import outcome_lines, rollup_document
 
@@ -285,6 +286,7 @@ def _show(record: ArrayRecord, task_rows: Sequence[Any], output_format: str) -> 
         return
     columns = [render.Column(name, "left" if name == "status" else "right") for name in COLUMNS]
     columns[-1] = render.Column("projected", "right", drop=1)
+    columns[5] = render.Column("left", "right", drop=2)
     table = [
         [
             str(r.index),
@@ -292,6 +294,7 @@ def _show(record: ArrayRecord, task_rows: Sequence[Any], output_format: str) -> 
             str(r.attempts),
             str(r.preemptions),
             "-" if r.step is None else str(r.step),
+            "-" if r.left_s is None else duration(r.left_s),
             usd(r.spent_usd),
             "-" if r.projected_usd is None else usd(r.projected_usd),
         ]

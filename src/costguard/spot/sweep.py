@@ -391,6 +391,8 @@ class TaskRow:
     step: int | None
     spent_usd: Decimal
     projected_usd: Decimal | None
+    #: Seconds to its last step at its measured pace (running, with --total-steps).
+    left_s: float | None
     reason: str
     job_id: str
     checkpoint_url: str
@@ -407,6 +409,7 @@ class TaskRow:
             "projected_usd": None
             if self.projected_usd is None
             else str(self.projected_usd.quantize(USD_PLACES)),
+            "left_s": self.left_s,
             "reason": self.reason,
             "job_id": self.job_id,
             "checkpoint_url": self.checkpoint_url,
@@ -432,6 +435,7 @@ def rows(jobs: Iterable[tuple[int, Job]], now: float) -> list[TaskRow]:
                 step=summary.last_step,
                 spent_usd=summary.spent_usd,
                 projected_usd=projection.projected_total_usd if projection else None,
+                left_s=projection.left_s if projection else None,
                 reason=job.reason,
                 job_id=job.spec.job_id,
                 checkpoint_url=job.spec.checkpoint_url,
