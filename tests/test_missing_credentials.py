@@ -28,6 +28,7 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         "MSI_ENDPOINT",
         "COSTGUARD_GCP_ENDPOINT",
         "COSTGUARD_AZURE_ENDPOINT",
+        "STORAGE_EMULATOR_HOST",
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -57,6 +58,48 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
         (
             ("burn", "--provider", "azure", "--subscription", "0000", "--budget", "10"),
             "Error: no Azure credentials while listing",
+        ),
+        (  # issue 49 item 2: these three said "unexpected ClientAuthenticationError" (exit 1)
+            (
+                "alarm",
+                "--provider",
+                "azure",
+                "--subscription",
+                "0000",
+                "--budget",
+                "10",
+                "--email",
+                "me@uni.edu",
+            ),
+            "Error: no Azure credentials while",
+        ),
+        (
+            ("alarm", "status", "--provider", "azure", "--subscription", "0000"),
+            "Error: no Azure credentials while",
+        ),
+        (
+            ("alarm", "delete", "--provider", "azure", "--subscription", "0000", "--yes"),
+            "Error: no Azure credentials while",
+        ),
+        (  # it retried a DNS name for 19 s and never named credentials
+            (
+                "launch",
+                "--provider",
+                "gcp",
+                "--gpu",
+                "l4",
+                "--region",
+                "us-central1",
+                "--option",
+                "project=my-lab",
+                "--checkpoint",
+                "gs://my-bucket/run1",
+                "--yes",
+                "--",
+                "python",
+                "train.py",
+            ),
+            "Error: no Google Cloud credentials found",
         ),
     ],
 )

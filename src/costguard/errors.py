@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
+#: The shell's code for a command ended by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 class CostguardError(Exception):
@@ -115,12 +117,22 @@ EXTRAS = {
     "gcp": "the Google Cloud client libraries",
     "azure": "the Azure SDK",
     "billing": "pyarrow, to read billing exports",
+    "stores": "the fsspec storage backends: s3fs, gcsfs, adlfs",
     "train": "torch and the fsspec storage backends",
     "pandas": "pandas",
     "plot": "matplotlib",
     "transformers": "Hugging Face transformers and accelerate",
     "lightning": "PyTorch Lightning",
 }
+
+
+#: The extras that bring torch, and the line that installs its CPU build first (a laptop,
+#: CI: no CUDA wheels), as the README's install section does.
+TORCH_EXTRAS = frozenset({"train", "transformers", "lightning", "all"})
+CPU_TORCH = (
+    "without a CUDA GPU, first: `pip install torch --index-url "
+    "https://download.pytorch.org/whl/cpu` (the CPU build)"
+)
 
 
 class MissingDependencyError(CostguardError):
@@ -132,10 +144,15 @@ class MissingDependencyError(CostguardError):
 
     def __init__(self, module: str, extra: str) -> None:
         what = EXTRAS.get(extra, module.split(".")[0])
+        hint = (
+            f'in the costguard checkout: pip install ".[{extra}]" (the name costguard on PyPI '
+            "is another project)"
+        )
+        if extra in TORCH_EXTRAS:  # from PyPI, torch on Linux is the CUDA build: gigabytes
+            hint = f"{CPU_TORCH}, then {hint[0].lower()}{hint[1:]}"
         super().__init__(
             f"this needs costguard's [{extra}] extra ({what}), which is not installed",
-            hint=f'in the costguard checkout: pip install ".[{extra}]" (the name costguard '
-            "on PyPI is another project)",
+            hint=hint,
         )
         self.module = module
         self.extra = extra
@@ -155,3 +172,8 @@ def did_you_mean(name: str, known: Iterable[str]) -> str | None:
         return None
     names = [by_lower[m] for m in matches]
     return "did you mean " + " or ".join(names) + "?"
+
+
+class StalePricesWarning(UserWarning):
+    """The prices an answer used are older than their limit (``costguard pricing refresh``
+    updates them): the notebook API's form of the CLI's stale-price ``Warning:`` line."""

@@ -1,7 +1,8 @@
 """Local files that are either the old version or the complete new one, even after a crash.
 
 A file is written under a temporary name beside its target, synced, renamed over the
-target (atomic on POSIX), and the rename is made durable by syncing the folder.
+target (atomic on POSIX), and the rename is made durable by syncing the folder. It gets the
+mode ``open()`` would give it (0666 less the umask), not the temporary file's 0600.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def atomic_write(
     path = Path(target)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
+        if hasattr(os, "fchmod"):  # mkstemp's 0600, made what open() would create
+            os.fchmod(descriptor, 0o666 & ~_umask())
         with os.fdopen(descriptor, "wb") as file:
             if callable(content):
                 content(file)
@@ -55,3 +58,15 @@ def atomic_write(
             Path(temporary).unlink()
         raise
     fsync_dir(path.parent)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can
+    only be read by setting it, which races with other threads creating files)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

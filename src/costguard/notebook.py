@@ -4,7 +4,8 @@ It builds the request, checks it and prices it exactly as ``costguard estimate``
 same functions), and returns an :class:`EstimateResult`: the estimate with the options
 shown, whose :meth:`~EstimateResult.document` is the ``--format json`` document,
 :meth:`~EstimateResult.to_pandas` a DataFrame (pandas is an optional extra, imported only
-there) and ``_repr_html_`` the table Jupyter shows. Money stays :class:`~decimal.Decimal`.
+there) and ``_repr_html_`` the table Jupyter shows. Money is :class:`~decimal.Decimal`,
+but in a DataFrame (:mod:`costguard.frames`); old prices give a :class:`StalePricesWarning`.
 
 >>> import costguard
 >>> result = costguard.estimate(gpu="a10g", hours=8, count=4)
@@ -15,6 +16,7 @@ there) and ``_repr_html_`` the table Jupyter shows. Money stays :class:`~decimal
 from __future__ import annotations
 
 import html
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -22,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from costguard.clouds import require
-from costguard.errors import InputError
+from costguard.errors import InputError, StalePricesWarning
+from costguard.frames import numeric_columns
 from costguard.money import format_usd, usd_str
 from costguard.pricing.advice import describe, unverified_note
 from costguard.pricing.catalog import Catalog
@@ -82,14 +85,18 @@ class EstimateResult:
             )
         return rows
 
-    def to_pandas(self) -> Any:
-        """The options as a ``pandas.DataFrame`` (money as Decimal; needs costguard[pandas]).
+    def to_pandas(self, *, exact: bool = False) -> Any:
+        """The options as a ``pandas.DataFrame`` (needs costguard[pandas]).
 
+        Money and the other figures are ``float64`` columns, which pandas plots and sums
+        (``df.plot.barh(x="region", y="total_usd")``); with ``exact=True`` the money
+        columns hold the Decimals of :meth:`records` instead, exact to the cent.
         ``DataFrame.attrs`` holds ``assumptions`` and ``pricing_as_of``.
         """
         frame = require("pandas", "pandas").DataFrame.from_records(
             self.records(), columns=list(COLUMNS)
         )
+        frame = numeric_columns(frame, exact=exact)
         frame.attrs["assumptions"] = list(self.assumptions)
         frame.attrs["pricing_as_of"] = self.document()["pricing_as_of"]
         return frame
@@ -197,7 +204,17 @@ def estimate(
     settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
     answer = quote(question, catalog)
+    stale = answer.stale_warning()
+    if stale is not None and settings.stale_warning:
+        warn_stale(stale)
     return EstimateResult(answer.estimate, answer.shown, catalog, top)
+
+
+def warn_stale(stale: str) -> None:
+    """The prices' age as a :class:`~costguard.errors.StalePricesWarning` (a notebook shows
+    it under the cell; COSTGUARD_STALE_WARNING=0 or ``warnings`` filters hide it)."""
+    message = f"{stale}: `costguard pricing refresh` updates them"
+    warnings.warn(message, StalePricesWarning, stacklevel=3)
 
 
 def _names(value: str | Sequence[str]) -> tuple[str, ...]:

@@ -102,12 +102,15 @@ def test_alarm_status_sets_an_exports_month_against_the_budget(
         "budget_usd": "200",
         "percent_of_budget": "27.7",
         "charges_to": "2026-11-07",
+        "charges": 14,
+        "charges_in_export": 15,
     }
     table = run_cli("alarm", "status", "--export", str(HANDMADE))
     assert table.exit_code == 0, table.stderr
-    assert "Billed in 2026-11 per the export (to 2026-11-07): $55.41, 28% of the $200.00" in (
-        table.stdout
-    )
+    assert (
+        "Billed in 2026-11, the export's latest month (14 of its 15 charges, to 2026-11-07): "
+        "$55.41, 28% of the $200.00"
+    ) in table.stdout
     refused = run_cli("alarm", "status", "--export", str(HANDMADE.with_name("nope.csv")))
     assert refused.exit_code == 2
     assert "nope.csv does not exist" in refused.stderr

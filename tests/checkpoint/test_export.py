@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -143,3 +146,64 @@ def test_a_long_restore_shows_progress_on_a_terminal_only(
         with Checkpointer(backend.url, check=False) as ckpt:
             assert ckpt.restore(model=model) == 7
         assert ("restoring step 7" in stream.getvalue()) == shown, stream.getvalue()
+
+
+def test_ls_of_a_missing_path_in_a_bucket_fails_as_a_missing_folder_does(
+    aws_env: str, tmp_path: Path
+) -> None:
+    """Issue 49 item 9: `checkpoint ls s3://bucket/nothere` exited 0 ("No checkpoints")
+    where a missing local folder exits 1."""
+    import boto3
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="runs")
+    local = CliRunner().invoke(cli, ["checkpoint", "ls", str(tmp_path / "nothere")])
+    remote = CliRunner().invoke(cli, ["checkpoint", "ls", "s3://runs/nothere"])
+    assert local.exit_code == remote.exit_code == 1, remote.output
+    assert "Error: no checkpoint store at s3://runs/nothere" in remote.output
+    boto3.client("s3", region_name="us-east-1").put_object(
+        Bucket="runs", Key="there/job/job.json", Body=b"{}"
+    )
+    there = CliRunner().invoke(cli, ["checkpoint", "ls", "s3://runs/there"])
+    assert there.exit_code == 0, there.output
+    assert "No checkpoints at s3://runs/there" in there.output
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_an_export_gets_the_mode_the_umask_gives(tmp_path: Path, umask: int, mode: int) -> None:
+    """Issue 49 item 9: exported .safetensors were created 0600 whatever the umask (the
+    temporary file's mode), unreadable by the group a shared folder is for."""
+    url = str(tmp_path / "ckpt")
+    trained(url, steps=3)
+    target = tmp_path / "model.safetensors"
+    done = subprocess.run(
+        [sys.executable, "-m", "costguard", "checkpoint", "export", url, "--to", str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        preexec_fn=lambda: os.umask(umask),
+    )
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(target.stat().st_mode) == mode
+
+
+def test_a_restores_progress_counts_the_objects_bytes_once(aws_env: str) -> None:
+    """Issue 49 item 9: a 302 MB restore from S3 showed a bar out of 604.2 MB (the
+    download and the hash of the downloaded file, counted as one)."""
+    import boto3
+
+    from costguard.checkpoint.export import open_store
+    from costguard.checkpoint.restoring import Restorer
+
+    boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="runs")
+    trained("s3://runs/run1")
+    store = open_store("s3://runs/run1")
+    restorer = Restorer(store)
+    (manifest, *_) = restorer.survey().manifests[::-1]
+    heard: list[tuple[int, int]] = []
+    with restorer.payload_file(manifest, lambda done, total: heard.append((done, total))):
+        pass
+    (payload,) = [o for o in manifest.objects if not o.pool]
+    assert heard
+    assert {total for _, total in heard} == {payload.size_bytes}
+    assert heard[-1][0] == payload.size_bytes

@@ -80,8 +80,8 @@ def test_a_script_without_a_pace_is_refused(
     run_cli, tmp_path: Path, script: str, code: int, said: str
 ) -> None:
     result = run_cli(
-        "pilot", "--steps", "20", "--checkpoint", str(tmp_path / "p"), "--", sys.executable,
-        "-c", script,
+        "pilot", "--steps", "20", "--checkpoint", str(tmp_path / "p"), "--gpu", "a10g",
+        "--speedup", "1", "--", sys.executable, "-c", script,
     )  # fmt: skip
     assert result.exit_code == code, result.stderr
     assert f"Error: {said}" in result.stderr
@@ -116,9 +116,10 @@ def test_a_pace_the_pilot_did_not_write_is_never_priced(run_cli, tmp_path: Path,
     # "I never train": 10,000 steps of 50 s each, priced as measured by the old pilot.
     fields = stale_paces()[kind]
     write_pace(Store.open(str(tmp_path / "p")), Pace(10_000, 500_000.0, 10_000, **fields))  # type: ignore[arg-type]
+    # --gpu and --speedup: a pilot on a machine with no GPU names the GPU to price
     result = run_cli(
         "pilot", "--steps", "20", "--total-steps", "10000", "--checkpoint", str(tmp_path / "p"),
-        "--", sys.executable, "-c", "pass",
+        "--gpu", "a10g", "--speedup", "1", "--", sys.executable, "-c", "pass",
     )  # fmt: skip
     assert result.exit_code == 2, (result.stdout, result.stderr)
     assert "is not this pilot's, so it is not priced" in result.stderr
@@ -144,3 +145,33 @@ def test_total_steps_and_epochs_are_one_or_the_other(run_cli, tmp_path: Path) ->
     assert "--total-steps and --epochs both give the run's length" in result.stderr
     assert "Hint: " in result.stderr
     assert not marker.exists()  # refused before the script ran
+
+
+def test_a_pilot_that_would_be_timed_on_a_cpu_is_refused_before_it_runs(
+    run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49 item 3: the README's pilot on a CPU-only laptop ran the whole pilot, then
+    said the CPU "the tables do not price" (exit 2). Now it is refused first: the script
+    does not run and nothing is written; with --gpu and --speedup it is priced."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, whatever this machine has
+    marker = tmp_path / "ran"
+    command = ("--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()")
+    for chosen in ((), ("--gpu", "a10g"), ("--speedup", "3")):
+        result = run_cli("pilot", "--steps", "200", "--total-steps", "20000", *chosen, *command)
+        assert result.exit_code == 2, result.stderr
+        error, hint = result.stderr.splitlines()
+        assert (
+            error == "Error: this machine shows no NVIDIA GPU: the pilot would be timed on its CPU"
+        )
+        assert "--gpu a10g --speedup F" in hint
+        assert not marker.exists()
+        assert list(tmp_path.iterdir()) == []  # no costguard-pilot/ either
+    steady = [sys.executable, str(STEADY), "--steps", "40", "--sleep", "0.001"]
+    priced = run_cli(
+        "pilot", "--steps", "20", "--total-steps", "2000", "--gpu", "a10g", "--speedup", "8",
+        "--format", "json", "--", *steady,
+    )  # fmt: skip
+    assert priced.exit_code == 0, priced.stderr
+    assert priced.json()["query"]["hours_from"]["scaled"] is True
+    assert (tmp_path / "costguard-pilot").is_dir()  # what README's --from-run reads

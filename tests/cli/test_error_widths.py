@@ -4,6 +4,7 @@ line stands alone on its own), nothing lost; to a pipe, one line each."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -91,3 +92,62 @@ def test_the_alarms_done_line_fits_the_terminal(
             summary.append(line)
         assert all(len(line) <= columns for line in summary), summary
         assert "costguard-thesis" in " ".join(" ".join(summary).split())
+        # issue 49 item 6: the calls made, listed after "Done:", were 85-93 wide
+        wide = [line for line in lines if len(line) > columns]
+        assert not wide, wide
+    code, screen = on_terminal([COSTGUARD, "alarm", "delete", "--yes"], columns, env)
+    assert code == 0, screen
+    lines = screen.splitlines()
+    assert all(len(line) <= columns for line in lines), lines  # they were 109-135
+    params = [json.loads(line) for line in lines if line.strip().startswith("{")]
+    assert {"BudgetName": "costguard-thesis"}.items() <= params[0].items()  # JSON whole
+    assert len(params) == len([line for line in lines if "  # " in line or " # " in line])
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_a_failed_refresh_fits_the_terminal(
+    columns: int, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 49 item 6: a refresh without AWS credentials printed its Error and a
+    307-character Hint unwrapped (the terminal split `AWS_PR|OFILE`)."""
+    assert COSTGUARD
+    args = [COSTGUARD, "pricing", "refresh", "--provider", "aws", "--region", "us-east-1"]
+    env = {**clean_env, "COLUMNS": f"{columns}", "COSTGUARD_CACHE_DIR": str(tmp_path / "c")}
+    code, screen = on_terminal(args, columns, env)
+    piped = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert code == piped.returncode == 1, screen
+    hint = next(line for line in piped.stderr.splitlines() if line.startswith("Hint: "))
+    assert len(hint) > columns  # one line to a pipe; the terminal's is wrapped
+    lines = screen.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("Error: "))
+    told = lines[start:]
+    for line in told:
+        alone = re.fullmatch(r"\s*`[^`]*`\S*", line)
+        assert len(line) <= columns or alone, f"{len(line)} > {columns}: {line!r}"
+    for word in hint.split():  # each word whole on a line, nothing lost
+        assert any(word in line.split() for line in told), word
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_costguard_runs_own_lines_fit_the_terminal(
+    columns: int, clean_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 49 item 6: `costguard run`'s own lines were 83-159 wide ("Ctrl-C again stops
+    it n|ow"); the script's own line is its own."""
+    assert COSTGUARD
+    store = tmp_path / "a-checkpoint-folder-with-a-long-name"
+    args = [COSTGUARD, "run", "--checkpoint", str(store), "--every-steps", "10",
+            "--", sys.executable, "-c", "print('the script ran')"]  # fmt: skip
+    code, screen = on_terminal(args, columns, {**clean_env, "COLUMNS": f"{columns}"})
+    assert code == 0, screen
+    ours = [line for line in screen.splitlines() if line != "the script ran"]
+    assert ours[0].startswith("costguard: ")
+    assert "the script ran" in screen.splitlines()
+    for line in ours:  # a path longer than the line stands alone, whole
+        alone = re.fullmatch(r"\s*\S+", line)
+        assert len(line) <= columns or alone, f"{len(line)} > {columns}: {line!r}"
+    piped = subprocess.run(args, capture_output=True, text=True, env=clean_env, timeout=120)
+    told = [line.removeprefix("costguard: ") for line in piped.stderr.splitlines()]
+    assert " ".join(" ".join(told).split()) in " ".join(" ".join(ours).split()).replace(
+        "costguard: ", ""
+    )

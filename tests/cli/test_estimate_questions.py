@@ -3,6 +3,7 @@ budget, which is cheapest, why spot is a bigger instance, and flags that do not 
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 from costguard.pricing.catalog import Market
@@ -104,3 +105,40 @@ def test_on_demand_only_drops_the_spot_assumption(run_cli) -> None:
     both = run_cli("estimate", "--gpu", "a10g", "--hours", "1")
     assert "Spot prices move" in both.stdout
     assert Market.SPOT  # both markets by default
+
+
+def test_the_bigger_spot_note_is_said_once_for_the_places_shown(run_cli) -> None:
+    """Issue 49 item 5: the quickstart repeated the note four times, once for eu-central-1,
+    a region its table did not show."""
+    result = run_cli("estimate", "--gpu", "a10g", "--hours", "8", "--count", "4")
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert text.count("spot prices are set per size by spare capacity") == 1
+    table = result.stdout.split("Assumptions:", 1)[0]
+    shown = {line.split()[1] for line in table.splitlines() if line.startswith("aws ")}
+    note = text.split("Answers:", 1)[1].split("spot prices are set per size", 1)[0]
+    named = set(re.findall(r"\b[a-z]{2}-[a-z]+-\d\b", note))
+    assert named, note
+    assert named <= shown, named - shown
+    everywhere = run_cli("estimate", "--gpu", "a10g", "--hours", "8", "--count", "4", "--top", "0")
+    assert "eu-central-1" in everywhere.stdout.split("Answers:", 1)[1]
+
+
+def test_a_gpu_one_letter_short_of_another_names_it_with_the_command(run_cli) -> None:
+    """Issue 49 item 4: `--gpu a10` priced Azure's A10 only (from $3.20/h), never saying
+    that AWS's A10G, which most people typing `a10` mean, is another GPU."""
+    result = run_cli("estimate", "--gpu", "a10", "--hours", "8", "--count", "2")
+    assert result.exit_code == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    (command,) = re.findall(r"`(costguard estimate --gpu a10g [^`]*)`", text)
+    assert command == "costguard estimate --gpu a10g --hours 8 --count 2"
+    assert "A10G (aws) is another GPU" in text
+    named = run_cli(*command.split()[1:], "--format", "json").json()
+    assert {o["accelerator"] for o in named["options"]} == {"A10G"}
+    document = run_cli("estimate", "--gpu", "a10", "--hours", "8", "--format", "json").json()
+    assert any("A10G" in note for note in document["notes"])
+    # Not where the provider was chosen, nor where the shorter name's GPU is everywhere
+    azure = run_cli("estimate", "--gpu", "a10", "--hours", "8", "--provider", "azure")
+    assert "A10G" not in azure.stdout
+    t4 = run_cli("estimate", "--gpu", "t4", "--hours", "8")
+    assert "T4g" not in t4.stdout

@@ -71,3 +71,46 @@ def test_a_readme_example_runs_and_fits_80_columns(command: str, tmp_path: Path)
     assert code == 0, screen
     if "--format json" not in command:  # a document for scripts, each value on one line
         assert_commands_whole(screen.splitlines(), WIDTH)
+
+
+#: A train.py as the README's: a Checkpointer loop (tests/checkpoint/steady_script.py),
+#: 400 steps of 5 ms.
+STEADY = Path(__file__).parents[1] / "checkpoint" / "steady_script.py"
+TRAIN_PY = f"""import runpy, sys
+sys.argv = ["train.py", "--steps", "400", "--sleep", "0.005"]
+open("ran", "a").close()
+runpy.run_path({str(STEADY)!r}, run_name="__main__")
+"""
+
+
+def test_the_readmes_pilot_and_its_from_run_on_a_laptop(tmp_path: Path) -> None:
+    """Issue 49 item 3, as a laptop user pastes the README's pilot lines in order: the one
+    for a GPU machine is refused before the script runs (it ran the whole pilot, then
+    refused the CPU); the laptop's prices the run; `--from-run` reads the folder the pilot
+    wrote (the README said pilot/, the pilot writes costguard-pilot/)."""
+    lines = [c for c in readme_commands() if c.startswith("costguard pilot ")]
+    lines += [c for c in readme_commands() if re.search(r"--from-run (?!s3://)", c)]
+    assert len(lines) == 3, lines
+    (tmp_path / "train.py").write_text(TRAIN_PY)
+    env = {k: v for k, v in os.environ.items() if k in ("HOME", "LANG", "LC_ALL", "USER")}
+    env.update(
+        PATH=f"{BIN}{os.pathsep}/usr/bin{os.pathsep}/bin",
+        COLUMNS=str(WIDTH),
+        XDG_CONFIG_HOME=str(tmp_path / "config"),
+        COSTGUARD_CACHE_DIR=str(tmp_path / "cache"),
+        CUDA_VISIBLE_DEVICES="",  # a CPU-only laptop, whatever this machine has
+        PYTHONPATH=os.pathsep.join(sys.path),
+    )
+    python = shlex.quote(sys.executable)
+    for command in lines:
+        pasted = re.sub(r"-- python ", f"-- {python} ", command)
+        code, screen = on_terminal(
+            ["/bin/bash", "-c", f"cd {shlex.quote(str(tmp_path))} && {pasted}"], WIDTH, env
+        )
+        if command.startswith("costguard pilot ") and "--speedup" not in command:
+            assert code == 2, screen
+            assert "Error: this machine shows no NVIDIA GPU" in screen
+            assert not (tmp_path / "ran").exists()  # refused before the script ran
+        else:
+            assert code == 0, screen
+            assert "SCALED" in screen

@@ -389,7 +389,8 @@ def test_a_local_launch_reads_well_on_an_80_column_terminal(
         *train_command(out, 4),
     ]  # fmt: skip
     screen = read_screen(argv, 80, env=env)
-    log = Path(env["COSTGUARD_LOCAL_DIR"]).glob("*/attempt-1.log")
+    log_path = next(Path(env["COSTGUARD_LOCAL_DIR"]).glob("*/attempt-1.log"))
+    log = iter([log_path])
     # The job's own lines are its own (torch's warnings run long), and a path is not cut:
     # every line costguard writes fits.
     ours = [line for line in screen.splitlines() if not line.startswith("  [1] ")]
@@ -397,12 +398,28 @@ def test_a_local_launch_reads_well_on_an_80_column_terminal(
         ours.index(f"  {next(log)}") == ours.index("costguard: attempt 1 writes its output to") + 1
     )
     # A command to paste (the weights' export) stands whole on its line, however long.
-    ours = [line for line in ours if "local-state" not in line and not COMMAND.fullmatch(line)]
+    # A path longer than the line, wrapped onto a line of its own, stands alone, whole.
+    ours = [
+        line
+        for line in ours
+        if "local-state" not in line
+        and not COMMAND.fullmatch(line)
+        and not re.fullmatch(r"\s+\S+", line)
+    ]
     attempts: list[dict[str, Any]] = read_job(ckpt)["attempts"]  # type: ignore[assignment]
     (attempt,) = attempts
     steps = f"{attempt['resumed_step'] or 0}->{attempt['last_step']}"
     assert_fits("\n".join(ours), 80, ["succeeded", "on-demand", "$1.006", steps, "$2.01"])
     assert "  [1] STEP 4" in screen
+    # issue 49 item 6: the lines the job's `costguard run` wrote are costguard's too: they
+    # were 83-159 wide after their "  [1] "; wrapped, their words all there
+    run_lines = [line for line in screen.splitlines() if line.startswith("  [1] costguard: ")]
+    assert run_lines
+    assert all(len(line) <= 80 for line in run_lines), run_lines
+    shown = " ".join(screen.split())
+    for line in log_path.read_text().splitlines():
+        if line.startswith("costguard: "):
+            assert " ".join(line.split()) in shown, line
 
 
 @pytest.mark.parametrize("job_id", ["..", "../other", "/etc", "a/b", "*", "run-1\n", "Run-1"])
@@ -426,3 +443,60 @@ def test_the_local_launcher_joins_no_unchecked_job_id_into_a_path(
         record_exit({ENV_JOB_ID: job_id, ENV_JOB_ATTEMPT: "1"}, str(tmp_path / "ckpt"), 0) is False
     )
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_the_controller_within_seconds(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """Issue 49 item 1: Ctrl-C, sent to the controller's process group as a terminal sends
+    it, ends `launch --provider local` at once (130); the job goes on for `--attach`."""
+    env = spot_env()
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    controller = subprocess.Popen(
+        [
+            *launch_argv(
+                "--provider", "local", "--gpu", "t4", "--checkpoint", str(ckpt),
+                "--every-steps", "4", "--poll-seconds", "0.2", "--yes", "--quiet", "--",
+            ),
+            *train_command(out, 30, sleep=0.5),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: _running_handle(ckpt))
+        sent = time.monotonic()
+        os.killpg(controller.pid, signal.SIGINT)
+        _, stderr = controller.communicate(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+    assert controller.returncode == 130, stderr
+    assert seconds < 5, f"{seconds:.1f} s after Ctrl-C"
+    attempt = ckpt / "job" / "attempt-1.exit.json"
+    _wait_for(lambda: attempt.exists() or None)  # the job ends by itself, unharmed
+
+
+def test_a_logs_path_under_home_is_named_from_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 49 item 6: the log path, on a line of its own, was split at 80 columns:
+    ~/.local/state/costguard/local/cg-alice-20261206-075900-abcd1234/attempt-1.log fits."""
+    from costguard.cli.follow import Follower
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    folder = tmp_path / ".local" / "state" / "costguard" / "local" / "cg-alice-20261206-075900-ab12"
+    folder.mkdir(parents=True)
+    (folder / "attempt-1.log").write_text("step 1\n")
+    said: list[str] = []
+    Follower(folder, echo=said.append).drain(final=True)
+    (first, path), *_ = (line.split("\n") for line in said)
+    assert first == "costguard: attempt 1 writes its output to"
+    assert path == f"  ~/{(folder / 'attempt-1.log').relative_to(tmp_path)}"
+    assert len(path) <= 80
+    assert Path(path.strip().replace("~", str(tmp_path), 1)).read_text() == "step 1\n"

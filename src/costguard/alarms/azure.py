@@ -85,16 +85,19 @@ class AzureAlarms:
             self._client = azure.client(*CONSUMPTION, self.subscription, self._settings)
         return self._client
 
-    def _call(self, operation: str, action: str, **params: Any) -> Any:
+    def _call(self, operation: str, action: str, *, paged: bool = False, **params: Any) -> Any:
+        """``budgets.OPERATION(**params)``; ``paged``: read every page here, where Azure's
+        errors (a missing credential among them) are translated: a pager asks as it is read."""
         try:
-            return getattr(self.client.budgets, operation)(**params)
+            result = getattr(self.client.budgets, operation)(**params)
+            return list(result) if paged else result
         except azure.errors() as exc:
             raise azure.translate(exc, action) from None
 
     def _ours(self) -> list[Any]:
         return [
             b
-            for b in self._call("list", "listing budgets", scope=self.scope)
+            for b in self._call("list", "listing budgets", paged=True, scope=self.scope)
             if b.name.startswith(NAME_PREFIX)
         ]
 

@@ -109,9 +109,14 @@ class GcpAlarms:
         name = str(found.get("name", "")) if found else ""
         return [name] if re.fullmatch(r"projects/\d+", name) else None
 
-    def _call(self, client: Any, operation: str, action: str, **params: Any) -> Any:
+    def _call(
+        self, client: Any, operation: str, action: str, *, paged: bool = False, **params: Any
+    ) -> Any:
+        """``client.OPERATION(**params)``; ``paged``: read every page here, where Google's
+        errors are translated (a pager asks for its next pages as it is read)."""
         try:
-            return getattr(client, operation)(**params)
+            result = getattr(client, operation)(**params)
+            return list(result) if paged else result
         except gcp.errors() as exc:
             raise gcp.translate(exc, action) from None
 
@@ -119,7 +124,7 @@ class GcpAlarms:
 
     def _ours(self) -> list[Any]:
         budgets = self._call(
-            self.budgets_client, "list_budgets", "listing budgets", parent=self.parent
+            self.budgets_client, "list_budgets", "listing budgets", paged=True, parent=self.parent
         )
         return [b for b in budgets if b.display_name.startswith(NAME_PREFIX)]
 

@@ -58,7 +58,7 @@ from costguard.retry import RetryPolicy
 from costguard.secrets import redact, redact_url, url_has_credentials
 
 logger = logging.getLogger(__name__)
-EXTRA = "train"
+EXTRA = "stores"  # the fsspec backends; torch is not needed to reach a store
 T = TypeVar("T")
 #: ``progress(done, total)``: bytes of a long read, for a progress bar.
 Progress = Callable[[int, int], None]
@@ -113,6 +113,8 @@ def open_filesystem(
     if backend == "adlfs":
         backends.check_azure_account(storage_options or {}, os.environ)
         azure_clouds.quiet_identity()
+    if backend == "gcsfs":
+        backends.check_google_credentials(storage_options or {}, os.environ)
     fsspec_core = require("fsspec.core", EXTRA)
     options = dict(backends.default_options(scheme))
     options.update(storage_options or {})
@@ -355,7 +357,8 @@ class Store(StoreCalls):
 
         A size or hash that does not match is :class:`ManifestError` (proof that the
         object is bad); a read that fails is :class:`StoreError` (the object may be fine).
-        ``progress(done, total)`` hears of the bytes read (downloaded, then hashed).
+        ``progress(done, total)`` hears of the bytes read (downloaded; for a local
+        store, hashed), ``total`` being the object's size.
         """
         report = progress or (lambda done, total: None)
         if self.is_local:
@@ -371,10 +374,10 @@ class Store(StoreCalls):
         fd, tmp = tempfile.mkstemp(prefix="costguard-restore-", suffix=".pt")
         os.close(fd)
         try:
-            self._download(path, tmp, size, lambda done, _: report(done, 2 * size))
-            self._check_file(
-                path, tmp, size, sha256, progress=lambda done, _: report(size + done, 2 * size)
-            )
+            # The bar counts the object's bytes as they arrive (the local re-read that
+            # hashes them is quick and not counted: a bar out of twice the size misled).
+            self._download(path, tmp, size, lambda done, _: report(done, size))
+            self._check_file(path, tmp, size, sha256)
             yield tmp
         finally:
             Path(tmp).unlink(missing_ok=True)
@@ -520,16 +523,21 @@ class Store(StoreCalls):
                 return
 
     def check_exists(self) -> None:
-        """:class:`StoreError` unless the folder (local) or the bucket/container exists;
-        for commands that only read, and must not create what they look at."""
+        """:class:`StoreError` unless the folder (local), or the bucket/container and
+        something under the URL's prefix, exists; for commands that only read, and must not
+        create what they look at (a listing of an empty prefix is a missing store, as a
+        missing folder is)."""
         if self.is_local:
             found = Path(self.root).is_dir()
         else:
-            bucket = self.fs._strip_protocol(self.root).split("/", 1)[0]
+            where = self.fs._strip_protocol(self.root).rstrip("/")
+            bucket = where.split("/", 1)[0]
 
             def probe() -> bool:  # not fs.exists: it answers False for any error
                 try:
                     self.fs.info(bucket)
+                    if where != bucket:  # a prefix exists while something is stored under it
+                        self.fs.info(where)
                 except FileNotFoundError:
                     return False
                 return True

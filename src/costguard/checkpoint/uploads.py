@@ -32,7 +32,7 @@ from costguard.files import fsync_dir
 from costguard.secrets import redact
 
 logger = logging.getLogger(__name__)
-EXTRA = "train"
+EXTRA = "stores"  # the fsspec backends; torch is not needed to reach a store
 T = TypeVar("T")
 
 #: S3 multipart: objects larger than one part go up in parts of at least this size, this

@@ -6,7 +6,9 @@ lines with the error's exit code (2 for bad input); a traceback only with ``--de
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -16,7 +18,8 @@ from typing import Any, NoReturn
 import click
 
 from costguard._version import __version__
-from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, CostguardError
+from costguard.cli.helpformat import HelpGroup, use_help_format
+from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, CostguardError
 from costguard.secrets import redact
 from costguard.settings import Settings
 from costguard.text import visible
@@ -93,11 +96,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
-class CostguardGroup(click.Group):
+class CostguardGroup(HelpGroup):
     """A click group that turns every failure into ``Error:``/``Hint:`` and an exit code.
 
-    Its subcommands come from :data:`COMMANDS`, each imported on first use.
+    Its subcommands come from :data:`COMMANDS`, each imported on first use; their
+    ``--help``, as its own, breaks lines between words only (:class:`HelpGroup`).
     """
+
+    def _takes(self, name: str) -> bool:
+        """Whether ``name`` is one of this group's own options (``--pricing-dir``)."""
+        return any(name in param.opts for param in self.params if isinstance(param, click.Option))
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *COMMANDS})
@@ -106,7 +114,7 @@ class CostguardGroup(click.Group):
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module_name, attribute, _ = COMMANDS[cmd_name]
             command: click.Command = getattr(importlib.import_module(module_name), attribute)
-            self.add_command(command, cmd_name)
+            self.add_command(use_help_format(command), cmd_name)
         return self.commands.get(cmd_name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -117,8 +125,7 @@ class CostguardGroup(click.Group):
         listed.update(
             (name, command) for name, command in self.commands.items() if not command.hidden
         )
-        width = formatter.width - 6 - max(map(len, listed))
-        rows = [(name, listed[name].get_short_help_str(width)) for name in sorted(listed)]
+        rows = [(name, listed[name].get_short_help_str()) for name in sorted(listed)]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
@@ -141,11 +148,14 @@ class CostguardGroup(click.Group):
             code = 0
         except click.NoSuchOption as exc:
             command = exc.ctx.command_path if exc.ctx else "costguard"
-            _fail(
-                _no_such_option(exc.option_name, exc.possibilities or ()),
-                f"'{command} --help' shows the options and an example",
-                EXIT_BAD_INPUT,
-            )
+            name = exc.option_name
+            message = _no_such_option(name, exc.possibilities or ())
+            hint = f"'{command} --help' shows the options and an example"
+            if exc.ctx is not None and exc.ctx.parent is not None and self._takes(name):
+                # costguard's own option (--pricing-dir, --debug) after the command's name
+                message = f"{name} is costguard's own option: it goes before the command"
+                hint = f"costguard {name} ... {command.split(' ', 1)[1]} ..."
+            _fail(message, hint, EXIT_BAD_INPUT)
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "costguard"
             _fail(
@@ -153,17 +163,19 @@ class CostguardGroup(click.Group):
                 f"'{command} --help' shows the options and an example",
                 EXIT_BAD_INPUT,
             )
-        except click.Abort:
+        except click.Abort:  # Ctrl-C, as click reports it
             click.echo("Aborted.", err=True)
-            sys.exit(130)
+            raise Interrupted(EXIT_INTERRUPTED) from None
         except click.ClickException as exc:
             _fail(exc.format_message(), None, exc.exit_code)
         except CostguardError as exc:
             if _debug_requested(argv):
                 raise
             _fail(exc.message, exc.hint, exc.exit_code)
-        except (KeyboardInterrupt, BrokenPipeError):
-            sys.exit(130)
+        except KeyboardInterrupt:
+            raise Interrupted(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            sys.exit(EXIT_INTERRUPTED)
         except Exception as exc:
             if _debug_requested(argv):
                 raise
@@ -216,13 +228,13 @@ def terminal_columns(stream: Any) -> int | None:
     return shutil.get_terminal_size().columns
 
 
-def echo_prose(label: str, text: str, *, err: bool = False) -> None:
+def echo_prose(label: str, text: str, *, err: bool = False, fg: str | None = None) -> None:
     """``label + text`` as :func:`wrap_words` lays it out at a terminal (stdout, or stderr
-    with ``err``); to a pipe, one line."""
+    with ``err``), in colour ``fg``; to a pipe, one line."""
     stream = sys.stderr if err else sys.stdout
     width = terminal_columns(stream)
     for line in wrap_words(label, text, width):
-        click.echo(line, err=err)
+        click.secho(line, err=err, fg=fg)
 
 
 #: A word, or a `command` in backticks with what sticks to it (kept whole when wrapped).
@@ -293,9 +305,10 @@ def _debug_requested(argv: Sequence[str]) -> bool:
 @click.version_option(__version__, "-V", "--version", prog_name="costguard")
 @click.option(
     "--pricing-dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
     envvar="COSTGUARD_PRICING_DIR",
-    help="Use price tables from this folder instead of the bundled ones.",
+    help="Use price tables from this folder instead of the bundled ones (before the "
+    "command: costguard --pricing-dir DIR estimate ...).",
 )
 @click.option("--debug", is_flag=True, default=None, help="Show tracebacks for unexpected errors.")
 @click.pass_context
@@ -309,6 +322,22 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
     ctx.obj = Settings.load({"pricing_dir": pricing_dir, "debug": debug})
 
 
+class Interrupted(SystemExit):
+    """Exit after Ctrl-C (130), once the main thread has unwound (its clean-up done)."""
+
+
 def main() -> None:
-    """Console-script entry point."""
-    cli.main()
+    """Console-script entry point.
+
+    After Ctrl-C the process ends at once: worker threads still reading (price pages,
+    billing files) are not waited for (the interpreter would join them on its way out,
+    for as long as they take), and nothing they hold is half-written (they only read,
+    or write objects that nothing refers to until the main thread commits them).
+    """
+    try:
+        cli.main()
+    except Interrupted:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        os._exit(EXIT_INTERRUPTED)

@@ -65,6 +65,7 @@ Busy: GPU, CPU or network at or above the thresholds, a job started with `costgu
 )
 @click.option(
     "--shutdown-command",
+    metavar="COMMAND",
     type=Text(),
     default="systemctl poweroff",
     show_default=True,

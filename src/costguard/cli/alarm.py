@@ -14,6 +14,7 @@ from costguard.alarms.plan import ApiCall, Plan
 from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.billing.spend import SpendReport, exact, report
 from costguard.cli import echo_prose, render
+from costguard.cli.helpformat import HelpGroup
 from costguard.cli.params import Name, Url, option_group, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
@@ -64,16 +65,23 @@ def _provider_options(command: Any) -> Any:
 
 @click.group(
     "alarm",
+    cls=HelpGroup,
     invoke_without_command=True,
     epilog=EXAMPLES,
     short_help="Set a monthly budget with alerts (run it on day one).",
 )
-@click.option("--budget", type=Name(), help="Monthly budget in USD, e.g. 200.")
+@click.option("--budget", metavar="USD", type=Name(), help="Monthly budget in USD, e.g. 200.")
 @click.option(
-    "--email", "emails", type=Name(), multiple=True, help="Who gets the alerts (repeatable)."
+    "--email",
+    "emails",
+    metavar="ADDRESS",
+    type=Name(),
+    multiple=True,
+    help="Who gets the alerts (repeatable).",
 )
 @click.option(
     "--thresholds",
+    metavar="PERCENTS",
     type=Name(),
     default="50,80,100",
     show_default=True,
@@ -100,12 +108,14 @@ def _provider_options(command: Any) -> Any:
 )
 @click.option(
     "--hard-stop-role-arn",
+    metavar="ARN",
     type=Name(),
     help="AWS: the role AWS Budgets assumes to apply it (infra/aws/budgets-action-*).",
 )
 @click.option(
     "--hard-stop-target",
     "hard_stop_targets",
+    metavar="KIND/NAME",
     type=Name(),
     multiple=True,
     help="AWS: user/NAME, role/NAME or group/NAME denied launches (repeatable).",
@@ -217,7 +227,7 @@ def _report(
     else:
         echo_prose("Done: ", f"{summary}.")
         for call in calls:
-            click.echo(visible(f"  {call}  # {call.reason}"))
+            render.print_prose(f"{call}  # {call.reason}", first="  ", indent="      ")
     render.print_notes(plan.notes, heading="Notes:")
 
 
@@ -313,19 +323,22 @@ def status_command(settings: Settings, **options: Any) -> None:
     ]
     render.print_table(f"costguard budgets on {options['provider']}", columns, rows)
     if billed is not None:
-        click.echo(_export_line(billed, budget_usd))
+        render.print_prose(_export_line(billed, budget_usd))
     click.echo("Provider billing data lags hours; `costguard burn` shows the live rate.")
 
 
-def _billed(exports: tuple[str, ...]) -> SpendReport:
-    """The billed total of the exports' latest billing month (read before any cloud call)."""
+def _billed(exports: tuple[str, ...]) -> tuple[SpendReport, int]:
+    """The billed total of the exports' latest billing month, and how many charges the
+    exports hold in all (read before any cloud call)."""
     from costguard.billing.exports import read_spend  # pyarrow loads only now
 
     tally = read_spend(exports, "project")
-    return report(tally, "project", month=max(month for (_, _, month) in tally.sums))
+    latest = report(tally, "project", month=max(month for (_, _, month) in tally.sums))
+    return latest, sum(tally.counts.values())
 
 
-def _export_doc(billed: SpendReport, budget_usd: Decimal | None) -> dict[str, Any]:
+def _export_doc(read: tuple[SpendReport, int], budget_usd: Decimal | None) -> dict[str, Any]:
+    billed, charges = read
     return {
         "period": billed.period,
         "currency": billed.currency,
@@ -335,12 +348,21 @@ def _export_doc(billed: SpendReport, budget_usd: Decimal | None) -> dict[str, An
         if not budget_usd
         else round(100 * billed.total_billed_usd / budget_usd, 1),
         "charges_to": billed.last_day,
+        "charges": billed.rows,
+        "charges_in_export": charges,
     }
 
 
-def _export_line(billed: SpendReport, budget_usd: Decimal | None) -> str:
+def _export_line(read: tuple[SpendReport, int], budget_usd: Decimal | None) -> str:
+    """What the export's latest month billed, and what part of the export that month is:
+    a month holding 1 of its 1,000 charges is not the export's bill."""
+    billed, charges = read
     amount = format_usd(billed.total_billed_usd)
-    line = f"Billed in {billed.period} per the export (to {billed.last_day}): {amount}"
+    held = "all" if billed.rows == charges else f"{billed.rows:,}"
+    line = (
+        f"Billed in {billed.period}, the export's latest month ({held} of its {charges:,} "
+        f"charges, to {billed.last_day}): {amount}"
+    )
     if budget_usd:
         share = 100 * billed.total_billed_usd / budget_usd
         line += f", {share:.0f}% of the {format_usd(budget_usd)} budget"
@@ -380,9 +402,14 @@ def delete_command(settings: Settings, names: Sequence[str], yes: bool, **option
         click.echo("Nothing to delete: no costguard budget found.")
         return
     click.echo("Deleted:" if yes else "Would delete (dry run; --yes deletes):")
+    terminal = render.console().is_terminal
     for call in plan.calls:
-        params = json.dumps(render.to_jsonable(dict(call.params)))
-        click.echo(visible(f"  {call}  # {call.reason}: {params}"))
+        params = render.to_jsonable(dict(call.params))
+        if terminal:  # the call and why, wrapped; its parameters whole on a line of their own
+            render.print_prose(f"{call}  # {call.reason}:", first="  ", indent="      ")
+            click.echo("      " + visible(json.dumps(params, separators=(",", ":"))))
+        else:
+            click.echo(visible(f"  {call}  # {call.reason}: {json.dumps(params)}"))
 
 
 def _scope(spec: AlarmSpec) -> Scope:

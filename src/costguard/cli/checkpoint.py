@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from costguard.cli import render
+from costguard.cli.helpformat import HelpGroup
 from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
 from costguard.errors import EXIT_FAILURE
 from costguard.text import visible
@@ -35,6 +36,7 @@ def _size(n: int) -> str:
 
 @click.group(
     "checkpoint",
+    cls=HelpGroup,
     short_help="List, verify and export checkpoints in a store.",
     epilog="""\b
 Examples:

@@ -331,7 +331,7 @@ def print_tables(answer: Quote) -> None:
         fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
         said.update(one.notes)
         print_table(answer, fresh, answer.shown_of(one), last=one is last)
-    print_answers(answer.estimate, answer.catalog, answer.budget)
+    print_answers(answer.estimate, answer.shown, answer.catalog, answer.budget)
     if answer.spot is not None:
         from costguard.pricing.interruptions import advice_lines as spot_advice
 
@@ -342,11 +342,14 @@ def print_tables(answer: Quote) -> None:
         render.print_notes(advice_lines(answer.advisor, answer.shown), heading="Preemptions:")
 
 
-def print_answers(result: Estimate, catalog: Catalog, budget: Decimal | None) -> None:
-    """The lines under the table(s): the cheapest option, why a spot pick is bigger, and
-    with --budget, whether each option fits and how many hours the budget buys."""
+def print_answers(
+    result: Estimate, shown: Sequence[CostOption], catalog: Catalog, budget: Decimal | None
+) -> None:
+    """The lines under the table(s): the cheapest option, why a spot pick is bigger (where
+    the tables show one), and with --budget, whether each option fits and how many hours
+    the budget buys."""
     lines = [line for line in (cheapest_line(result.options),) if line]
-    lines += spot_size_notes(result.options, catalog)
+    lines += spot_size_notes(shown, catalog)
     render.print_notes(lines, heading="Answers:")
     if budget is not None:
         render.print_notes(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import click
 
+from costguard.cli import render, wrap_words
+
 _ATTEMPT = re.compile(r"attempt-([0-9]+)\.log")
 POLL_S = 0.2
 MAX_LINE = 4000  # a line longer than this is printed in pieces, never held back whole
@@ -65,8 +67,9 @@ class Follower:
         for number, path in self._logs():
             if path not in self._offsets:
                 self._offsets[path] = 0
-                # The path on a line of its own: it stays whole, to copy.
-                self._echo(f"costguard: attempt {number} writes its output to\n  {path}")
+                # The path on a line of its own: it stays whole, to copy; under the home
+                # folder as ~/... (a shell expands it), which fits 80 columns.
+                self._echo(f"costguard: attempt {number} writes its output to\n  {_short(path)}")
             try:
                 with path.open("rb") as stream:
                     stream.seek(self._offsets[path])
@@ -80,7 +83,35 @@ class Follower:
                 lines.append(rest)
             elif rest:
                 self._partial[path] = rest
-            if not self.quiet:
+            if not self.quiet and lines:
+                con = render.console(stderr=True)
+                width = con.width if con.is_terminal else None
                 for line in lines:
                     text = line.decode("utf-8", errors="replace").rstrip("\r")
-                    self._echo(f"  [{number}] {text}")
+                    self._show(number, text, width)
+
+    def _show(self, number: int, text: str, width: int | None) -> None:
+        """A line of attempt ``number``'s log, after ``  [N] ``. The lines costguard's
+        own ``run`` wrote there (``costguard: ...``, one each: the log is no terminal) are
+        wrapped at a terminal's ``width`` under their text; the script's own are as it
+        wrote them."""
+        label = f"  [{number}] "
+        if not text.startswith("costguard: ") or width is None:
+            self._echo(label + text)
+            return
+        for line in wrap_words(label, text, max(40, width), " " * (len(label) + 2)):
+            self._echo(line)
+
+
+def _short(path: Path) -> str:
+    """``path`` with the home folder written ``~``, when it is under it.
+
+    >>> _short(Path.home() / ".local" / "state" / "a.log")
+    '~/.local/state/a.log'
+    >>> _short(Path("/tmp/a.log"))
+    '/tmp/a.log'
+    """
+    try:
+        return f"~/{path.relative_to(Path.home())}"
+    except (ValueError, RuntimeError):  # elsewhere, or no home folder known
+        return str(path)

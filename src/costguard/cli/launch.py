@@ -15,7 +15,8 @@ import click
 
 from costguard import contract
 from costguard.cli import render
-from costguard.cli.options import cadence_options
+from costguard.cli.helpformat import HelpGroup
+from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import (
     DecimalRange,
     FiniteFloat,
@@ -83,7 +84,7 @@ def _echo(message: str) -> None:
 
 @click.command(
     "launch",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     epilog=EXAMPLES,
     short_help="Run a job on a spot GPU and relaunch it after each preemption.",
 )
@@ -117,6 +118,7 @@ def _echo(message: str) -> None:
 )
 @click.option(
     "--sync-dir",
+    metavar="DIR",
     type=Text(),
     help="Keep the trainer's own checkpoints written in this folder on the instance (relative: "
     "under its workdir) in the store, and put the newest back before each attempt; see "
@@ -180,6 +182,7 @@ def _echo(message: str) -> None:
 @click.option(
     "--option",
     "option_pairs",
+    metavar="KEY=VALUE",
     type=Text(),
     multiple=True,
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
@@ -218,7 +221,10 @@ def _echo(message: str) -> None:
     help="local: a preemption notice this many seconds into each spot attempt.",
 )
 @click.option(
-    "--preempt-at", type=Text(), help="local: notices at these seconds after the start, e.g. 30,90."
+    "--preempt-at",
+    metavar="SECONDS",
+    type=Text(),
+    help="local: notices at these seconds after the start, e.g. 30,90.",
 )
 @click.option(
     "--seed",
@@ -511,7 +517,9 @@ def _report(job: Job, offers: Sequence[Offer], output_format: str) -> None:
         render.print_prose(line, first="", indent="  ")
 
 
-@click.group("jobs", epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch.")
+@click.group(
+    "jobs", cls=HelpGroup, epilog=STATUS_EXAMPLES, short_help="Jobs started by costguard launch."
+)
 def jobs_group() -> None:
     """Inspect jobs started by `costguard launch` (their state lives with the checkpoints)."""
 

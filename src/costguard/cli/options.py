@@ -5,6 +5,9 @@
 * :func:`idle_options`: ``--idle-minutes`` and the busy thresholds (``reap``, ``agent``):
   the same idle rule, judged from the cloud's metrics or on the instance.
 
+* :data:`TRAILING_COMMAND`: the parsing of a command that runs a COMMAND of its own
+  (``run``, ``launch``, ``pilot``, ``slurm script|submit``).
+
 Each command keeps its own help sentences; the types, ranges and defaults live here.
 """
 
@@ -19,6 +22,12 @@ from costguard.cli.params import DecimalRange, F, FiniteFloat, WholeNumber, opti
 from costguard.reaper.policy import MAX_IDLE_MINUTES
 
 _PERCENT = DecimalRange(0, maximum=100)
+
+#: ``context_settings`` of a command ending in a COMMAND to run: the options stop at ``--``
+#: or at the first word that is not an option (``costguard run python train.py --lr 3``),
+#: and an unknown option before that is click's "No such option ... Did you mean", never
+#: the first word of the command.
+TRAILING_COMMAND: dict[str, bool] = {"allow_interspersed_args": False}
 
 
 def cadence_options(verb: str) -> Callable[[F], F]:

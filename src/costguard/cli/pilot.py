@@ -8,13 +8,16 @@ estimate --from-run`` is printed for ``--total-steps``.
 from __future__ import annotations
 
 import os
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from costguard.cli.estimate import number, speedup_option, whole_number
+from costguard.cli.options import TRAILING_COMMAND
 from costguard.cli.params import Name, StoreUrl, WholeNumber, table_or_json
 
 if TYPE_CHECKING:
@@ -37,7 +40,7 @@ has costguard's PreemptionCallback; it is stopped after --steps steps.
 
 @click.command(
     "pilot",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     epilog=EXAMPLES,
     short_help="Time a script's first steps here and price the whole run from them.",
 )
@@ -101,6 +104,15 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
     if options["total_steps"] is not None and options["epochs"] is not None:
         msg = "--total-steps and --epochs both give the run's length"
         raise InputError(msg, hint="keep one of them")
+    if not nvidia_gpu_visible(os.environ) and None in (options["gpu"], options["speedup"]):
+        # Refused before the work: the pace would be the CPU's, which no table prices.
+        msg = "this machine shows no NVIDIA GPU: the pilot would be timed on its CPU"
+        raise InputError(
+            msg,
+            hint="name the GPU to price and how many times as fast it runs the steps (a "
+            "figure you state): --gpu a10g --speedup F; or time the pilot on the GPU itself: "
+            "`costguard launch --gpu a10g --pilot-steps 200 ...`",
+        )
 
     since = time.time()
     code = supervise(
@@ -152,3 +164,17 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
         spot=options["spot"],
     )
     show_quote(settings, question, options["output_format"].lower())
+
+
+def nvidia_gpu_visible(environ: Mapping[str, str], dev: Path = Path("/dev")) -> bool:
+    """Whether a script started here sees an NVIDIA GPU: a ``/dev/nvidiaN`` device, and
+    CUDA_VISIBLE_DEVICES not set to none (empty or -1).
+
+    >>> nvidia_gpu_visible({}, Path("/nonexistent"))
+    False
+    >>> nvidia_gpu_visible({"CUDA_VISIBLE_DEVICES": ""})
+    False
+    """
+    if environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return False
+    return any(re.fullmatch(r"nvidia\d+", path.name) for path in dev.glob("nvidia*"))

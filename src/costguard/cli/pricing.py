@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from costguard.cli import render
+from costguard.cli import echo_prose, render
+from costguard.cli.helpformat import HelpGroup
 from costguard.cli.params import Name, table_or_json
 from costguard.errors import EXIT_FAILURE
 from costguard.money import format_usd
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
     from costguard.pricing.refresh.runner import Progress, RefreshPlan, RefreshReport
 
 
-@click.group("pricing", short_help="Inspect the price tables, or refresh them.")
+@click.group("pricing", cls=HelpGroup, short_help="Inspect the price tables, or refresh them.")
 def pricing_group() -> None:
     """Inspect the price tables costguard estimates from, or refresh them.
 
@@ -191,6 +192,7 @@ def _say_uncovered(catalog: Catalog, uncovered: Sequence[Region]) -> None:
 
 @pricing_group.command(
     "check",
+    short_help="Flag suspect prices in the tables: outliers, $0 parts, old rows.",
     epilog="""\b
 Examples:
   costguard pricing check
@@ -520,31 +522,38 @@ def refresh_command(
     else:
         _print_refresh(report)
     if settings.pricing_dir is not None and report.written and output is None:
-        click.echo(
-            f"Note: --pricing-dir/COSTGUARD_PRICING_DIR is set, so estimates keep using "
+        echo_prose(
+            "Note: ",
+            f"--pricing-dir/COSTGUARD_PRICING_DIR is set, so estimates keep using "
             f"{settings.pricing_dir}, not the refreshed cache.",
             err=True,
         )
     for done in report.providers:
         if done.ok and done.missing:
-            click.echo(
-                f"Warning: {done.provider}: no prices came back for {', '.join(done.missing)}: "
+            echo_prose(
+                "Warning: ",
+                f"{done.provider}: no prices came back for {', '.join(done.missing)}: "
                 "kept as they were, with their date",
                 err=True,
             )
         if done.ok and done.partial:
-            click.echo(
-                f"Warning: {done.provider}: the answer for {', '.join(done.partial)} is "
+            echo_prose(
+                "Warning: ",
+                f"{done.provider}: the answer for {', '.join(done.partial)} is "
                 "incomplete (a page names a next page that is not there): the rows it prices "
                 "are updated, no other row is marked not listed, the region keeps its date",
                 err=True,
             )
     for failure in report.failed:
         assert failure.error is not None
-        message = visible(f"Error: {failure.provider}: {failure.error.message}")
-        click.secho(message, err=True, fg="red")
+        echo_prose(
+            "Error: ",
+            visible(f"{failure.provider}: {failure.error.message}"),
+            err=True,
+            fg="red",
+        )
         if failure.error.hint:
-            click.echo(visible(f"Hint: {failure.error.hint}"), err=True)
+            echo_prose("Hint: ", visible(failure.error.hint), err=True)
     if report.failed:
         ctx.exit(EXIT_FAILURE)
 

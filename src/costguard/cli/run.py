@@ -10,13 +10,14 @@ from typing import Any
 
 import click
 
-from costguard.cli.options import cadence_options
+from costguard.cli import render
+from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import StoreUrl, Text, WholeNumber
 
 
 @click.command(
     "run",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     epilog="""\b
 Examples:
   costguard run --checkpoint s3://my-bucket/run1 --every-steps 500 \\
@@ -81,6 +82,7 @@ Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
 )
 @click.option(
     "--sync-dir",
+    metavar="DIR",
     type=Text(),
     default=None,
     help="Keep the trainer's own checkpoints written here (Hugging Face checkpoint-N/, "
@@ -119,13 +121,12 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     from costguard.checkpoint.completion import sync_dir_path
     from costguard.checkpoint.supervisor import supervise
     from costguard.secrets import redact
-    from costguard.text import visible
 
     if options["sync_dir"] is not None:  # the rules of every --sync-dir, before the store
         options["sync_dir"] = sync_dir_path(options["sync_dir"], here=True)
 
-    def say(line: str) -> None:
-        click.echo(f"costguard: {visible(redact(line))}", err=True)
+    def say(line: str) -> None:  # wrapped at a terminal; one line to a log or a pipe
+        render.print_prose(redact(line), first="costguard: ", indent="  ", err=True)
 
     code = supervise(command, say=say, **options)  # the options are its keywords, by name
     ctx.exit(code)

@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 import click
 
 from costguard.checkpoint.completion import sync_dir_path
-from costguard.cli.options import cadence_options
+from costguard.cli.helpformat import HelpGroup
+from costguard.cli.options import TRAILING_COMMAND, cadence_options
 from costguard.cli.params import Name, StoreUrl, Text, WholeNumber, option_group
 from costguard.errors import InputError
 from costguard.secrets import find_secret
@@ -49,6 +50,7 @@ def job_options(func: F) -> F:
         click.option(
             "--time",
             "time_limit",
+            metavar="TIME",
             type=Name(),
             required=True,
             help="SLURM time limit: HH:MM:SS, D-HH:MM:SS, MM...",
@@ -81,6 +83,7 @@ def job_options(func: F) -> F:
         click.option(
             "--torchrun",
             "torchrun_command",
+            metavar="COMMAND",
             type=Text(),
             default="torchrun",
             show_default=True,
@@ -88,18 +91,21 @@ def job_options(func: F) -> F:
         ),
         click.option(
             "--array",
+            metavar="RANGE",
             type=Name(),
             help="A job array, e.g. 0-9 or 0-99%8: each task checkpoints to "
             "<checkpoint>/task-<index>; only a warned task requeues.",
         ),
         click.option(
             "--container",
+            metavar="IMAGE",
             type=Text(),
             help="Run the command inside this Apptainer image (apptainer exec --nv, the "
             "checkpoint folder bound in), e.g. image.sif.",
         ),
         click.option(
             "--index-url",
+            metavar="URL",
             type=Text(),
             help="The site's package mirror (PIP_INDEX_URL and UV_DEFAULT_INDEX in the job), "
             "so nothing needs the public index.",
@@ -108,7 +114,10 @@ def job_options(func: F) -> F:
             "--gpu-type", type=Name(), help="GPU type in the GRES request, e.g. a100 (gpu:a100:N)."
         ),
         click.option(
-            "--mem", type=Name(), help="Memory per node, e.g. 64G (plain numbers are MB)."
+            "--mem",
+            metavar="SIZE",
+            type=Name(),
+            help="Memory per node, e.g. 64G (plain numbers are MB).",
         ),
         click.option("--cpus-per-task", type=WholeNumber(1, 4096), help="CPUs for the job."),
         click.option("--partition", type=Name(), help="SLURM partition(s), comma-separated."),
@@ -144,6 +153,7 @@ def job_options(func: F) -> F:
         click.option("--keep", type=WholeNumber(min=1), help="Keep the newest N checkpoints."),
         click.option(
             "--sync-dir",
+            metavar="DIR",
             type=Text(),
             help="Keep the trainer's own checkpoints written here (Hugging Face, Accelerate, "
             "Lightning) in the store; see costguard run --help.",
@@ -151,6 +161,7 @@ def job_options(func: F) -> F:
         click.option(
             "--costguard",
             "costguard_command",
+            metavar="COMMAND",
             type=Text(),
             default="costguard",
             show_default=True,
@@ -215,6 +226,7 @@ def build_job(options: dict[str, Any]) -> BatchJob:
 
 @click.group(
     "slurm",
+    cls=HelpGroup,
     short_help="Preempt-safe SLURM batch jobs that save and requeue themselves.",
     epilog="""\b
 Examples:
@@ -230,7 +242,7 @@ def slurm_group() -> None:
 
 @slurm_group.command(
     "script",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     short_help="Print the batch script (nothing is submitted).",
     epilog=f"""\b
 Examples:
@@ -255,7 +267,7 @@ def script_command(**options: Any) -> None:
 
 @slurm_group.command(
     "submit",
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    context_settings=TRAILING_COMMAND,
     short_help="Submit the batch script with sbatch.",
     epilog=f"""\b
 Examples:

@@ -172,30 +172,39 @@ def describe(option: CostOption) -> str:
 
 
 def spot_size_notes(options: Sequence[CostOption], catalog: Catalog) -> list[str]:
-    """A note for each place where the spot pick is a bigger instance than the
-    on-demand pick, and why."""
-    shapes = {
-        (i.provider, i.region, i.instance_type): (i.vcpus, i.memory_gib) for i in catalog.instances
-    }
+    """One note naming the places among ``options`` (those shown) where the spot pick is a
+    bigger instance than the on-demand pick, and why, said once; none when there is none.
+
+    Places with the same two sizes share a clause: ``aws us-east-2, us-west-2: the spot
+    pick g5.2xlarge (8 vCPUs) is bigger than the on-demand g5.xlarge (4 vCPUs)``.
+    """
+    shapes = {(i.provider, i.region, i.instance_type): i.vcpus for i in catalog.instances}
     picks: dict[tuple[str, str], dict[Market, CostOption]] = {}
     for option in options:
         picks.setdefault((option.provider, option.region), {})[option.market] = option
-    notes = []
+    places: dict[tuple[str, str, Decimal, str, Decimal], list[tuple[str, str]]] = {}
     for (provider, region), by_market in picks.items():
         steady, spot = by_market.get(Market.ON_DEMAND), by_market.get(Market.SPOT)
         if steady is None or spot is None or steady.instance_type == spot.instance_type:
             continue
-        big = shapes.get((provider, region, spot.instance_type), (None, None))[0]
-        small = shapes.get((provider, region, steady.instance_type), (None, None))[0]
+        big = shapes.get((provider, region, spot.instance_type))
+        small = shapes.get((provider, region, steady.instance_type))
         if big is None or small is None or big <= small:
             continue
-        notes.append(
-            f"{provider} {region}: the spot pick {spot.instance_type} ({big} vCPUs) is bigger "
-            f"than the on-demand {steady.instance_type} ({small} vCPUs): spot prices are set "
-            "per size by spare capacity, and there the bigger size is cheaper on spot; "
-            "same GPUs, more CPU and memory"
-        )
-    return notes
+        key = (provider, spot.instance_type, big, steady.instance_type, small)
+        places.setdefault(key, []).append((provider, region))
+    clauses = [
+        f"{provider} {', '.join(region for _, region in where)}: the spot pick {spot} "
+        f"({big} vCPUs) is bigger than the on-demand {steady} ({small} vCPUs)"
+        for (provider, spot, big, steady, small), where in places.items()
+    ]
+    if not clauses:
+        return []
+    why = (
+        "spot prices are set per size by spare capacity, and there the bigger size is "
+        "cheaper on spot; same GPUs, more CPU and memory"
+    )
+    return [f"{'; '.join(clauses)}: {why}"]
 
 
 def _name(option: CostOption) -> str:

@@ -11,7 +11,7 @@ a did-you-mean hint.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from costguard.errors import UnknownNameError
@@ -119,3 +119,24 @@ def canonical_gpu(name: str, known: Iterable[str] = ()) -> str:
 def gpu_model(name: str) -> GpuModel | None:
     """The registry entry for a canonical name, or ``None`` for names only the tables know."""
     return _BY_NAME.get(name)
+
+
+def other_gpus_near(gpu: str, providers: Mapping[str, frozenset[str]]) -> list[str]:
+    """GPUs whose name is ``gpu``'s with one more letter (A10 -> A10G, T4 -> T4g), offered
+    by a provider that does not offer ``gpu``: what someone typing ``gpu`` may have meant,
+    and would not see priced. ``providers`` maps each GPU in the tables to its providers.
+
+    >>> offered = {"A10": frozenset({"azure"}), "A10G": frozenset({"aws"}),
+    ...            "T4": frozenset({"aws", "gcp"}), "T4g": frozenset({"aws"})}
+    >>> other_gpus_near("A10", offered), other_gpus_near("T4", offered)
+    (['A10G'], [])
+    """
+    own = providers.get(gpu, frozenset())
+    return sorted(
+        name
+        for name, where in providers.items()
+        if len(name) == len(gpu) + 1
+        and name.lower().startswith(gpu.lower())
+        and name[-1].isalpha()
+        and where - own
+    )

@@ -21,7 +21,7 @@ from costguard.money import parse_decimal
 from costguard.pricing.advice import expand_regions, split_names
 from costguard.pricing.catalog import SLURM, Catalog, Market, Region, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
-from costguard.pricing.gpus import canonical_gpu
+from costguard.pricing.gpus import canonical_gpu, other_gpus_near
 
 if TYPE_CHECKING:
     from costguard.pricing.interruptions import Checkpointing
@@ -376,10 +376,38 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
             errors.append(exc)
     if not results:
         raise errors[0]
+    extra = []
     if question.data_url and not question.data_gb:
-        note = "Give --data-gb (how much of the data the run reads) to price moving it"
-        return [replace(r, notes=(note, *r.notes)) for r in results]
-    return results
+        extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
+    return [
+        replace(r, notes=(*extra, *_near_gpu_notes(question, r, catalog), *r.notes))
+        for r in results
+    ]
+
+
+def _near_gpu_notes(question: Question, result: Estimate, catalog: Catalog) -> list[str]:
+    """A note naming another GPU, one letter longer, that a provider asked for offers and
+    this GPU's do not (``--gpu a10``: Azure's A10 only; AWS's A10G is another GPU), with
+    the command that prices it."""
+    gpu = result.request.gpu
+    if gpu is None:
+        return []
+    offered: dict[str, set[str]] = {}
+    for row in catalog.instances:
+        if row.accelerator and (not question.providers or row.provider in question.providers):
+            offered.setdefault(row.accelerator, set()).add(row.provider)
+    providers = {name: frozenset(where) for name, where in offered.items()}
+    notes = []
+    for other in other_gpus_near(gpu, providers):
+        command = f"costguard estimate --gpu {other.lower()} --hours {question.hours}"
+        if question.count != 1:
+            command += f" --count {question.count}"
+        notes.append(
+            f"{gpu} is offered by {', '.join(sorted(providers.get(gpu, ())))} only; "
+            f"{other} ({', '.join(sorted(providers[other]))}) is another GPU: `{command}` "
+            "prices it"
+        )
+    return notes
 
 
 def combine(results: Sequence[Estimate]) -> Estimate:

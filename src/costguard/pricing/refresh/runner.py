@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,6 +32,7 @@ from costguard.pricing.tables import load_gpu_parts, load_tables
 from costguard.providers import adapter_class
 from costguard.retry import RetryPolicy
 from costguard.settings import Settings
+from costguard.workers import worker_pool
 
 #: Called with (provider, records read so far) as a refresh goes.
 Progress = Callable[[str, int], object]
@@ -198,7 +198,7 @@ def refresh_tables(
     ``catalog`` when the output has none yet; so two refreshes at once both count.
     """
     now = now or datetime.now(UTC)
-    with ThreadPoolExecutor(max_workers=len(plan.targets) or 1) as pool:
+    with worker_pool(len(plan.targets), "costguard-refresh") as pool:  # Ctrl-C: not waited for
         futures = [
             pool.submit(_fetch_one, target, plan, settings, now, retry, progress)
             for target in plan.targets

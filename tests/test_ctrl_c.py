@@ -1,0 +1,126 @@
+"""Ctrl-C ends a command within a second, with nothing half-written (issue 49 item 1).
+
+Each test starts the real console command as a terminal's foreground process group,
+waits until it is busy (reading a slow price API, ...), sends SIGINT to the group as a
+terminal's Ctrl-C does, and measures how long the process takes to end. The bound is
+generous (a loaded machine) but real: the old refresh went on for 21.5 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+
+from tests.refresh.records import AZURE_ITEMS
+from tests.refresh.servers import LocalServer, Reply, Request, azure_prices_handler
+
+#: Seconds from Ctrl-C to the end of the process, allowed on a busy test machine.
+ENDS_WITHIN_S = 5.0
+
+
+def start(argv: list[str], env: Mapping[str, str]) -> subprocess.Popen[str]:
+    """``costguard ARGV`` as a terminal's foreground job: a process group of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "costguard", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+    )
+
+
+def ctrl_c(proc: subprocess.Popen[str]) -> tuple[float, str, str]:
+    """SIGINT to the process group; the seconds until it ended, and what it printed."""
+    sent = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return time.monotonic() - sent, out, err
+
+
+def wait_for(condition: object, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "the command never got busy"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def slow_azure_prices() -> Iterator[LocalServer]:
+    """The Azure Retail Prices API answering each page after 0.3 s, and never the last
+    page (a NextPageLink on every one): a refresh of it ends only when stopped."""
+    pages = azure_prices_handler(AZURE_ITEMS, page_size=1)
+
+    def handle(server: LocalServer, request: Request) -> Reply:
+        time.sleep(0.3)
+        reply = pages(server, request)
+        if isinstance(reply.body, dict) and reply.status == 200:
+            skip = int(request.query.get("$skip") or 0) + 1
+            query = urlencode({**request.query, "$skip": skip})
+            reply.body["NextPageLink"] = f"{server.url}/api/retail/prices?{query}"
+        return reply
+
+    server = LocalServer(handle)
+    yield server
+    server.close()
+
+
+def clean_env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
+    env.update(COSTGUARD_CACHE_DIR=str(tmp_path / "cache"), XDG_CONFIG_HOME=str(tmp_path / "none"))
+    return env
+
+
+def test_ctrl_c_stops_a_price_refresh(tmp_path: Path, slow_azure_prices: LocalServer) -> None:
+    env = clean_env(tmp_path)
+    env["COSTGUARD_AZURE_PRICES_ENDPOINT"] = slow_azure_prices.url
+    regions = ["eastus", "westus2", "westeurope", "northeurope", "southcentralus"]
+    argv = ["pricing", "refresh", "--provider", "azure", "--output", str(tmp_path / "out")]
+    proc = start(argv + [w for r in regions for w in ("--region", r)], env)
+    wait_for(lambda: len(slow_azure_prices.requests) >= 10)
+    seconds, _, err = ctrl_c(proc)
+    assert proc.returncode == 130, err
+    assert seconds < ENDS_WITHIN_S, f"{seconds:.1f} s after Ctrl-C"
+    asked = len(slow_azure_prices.requests)
+    time.sleep(1)
+    assert len(slow_azure_prices.requests) == asked, "still reading prices after the exit"
+    written = list((tmp_path / "out").rglob("*")) if (tmp_path / "out").exists() else []
+    assert written == [], f"half a refresh written: {written}"
+    assert "Traceback" not in err
+
+
+def test_ctrl_c_during_an_export_leaves_no_part_of_it(tmp_path: Path) -> None:
+    """A checkpoint export (400 MB) stopped while it writes: it ends at once, and the
+    target is not there, nor its temporary file (the main thread unwinds before the exit)."""
+    import torch
+
+    from costguard.checkpoint import Checkpointer
+
+    store = tmp_path / "ckpt"
+    weights = torch.nn.Linear(10_000, 10_000)  # 400 MB of float32
+    with Checkpointer(str(store), every_steps=1) as ckpt:
+        ckpt.step(0, model=weights)
+    del weights
+    out = tmp_path / "out"
+    out.mkdir()
+    target = out / "model.safetensors"
+    proc = start(["checkpoint", "export", str(store), "--to", str(target)], clean_env(tmp_path))
+    wait_for(lambda: any(out.iterdir()) or proc.poll() is not None, timeout_s=120)
+    assert proc.poll() is None, "the export ended before Ctrl-C: nothing was tested"
+    seconds, _, err = ctrl_c(proc)
+    assert proc.returncode == 130, err
+    assert seconds < ENDS_WITHIN_S, f"{seconds:.1f} s after Ctrl-C"
+    assert list(out.iterdir()) == [], "half an export left behind"
