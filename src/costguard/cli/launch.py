@@ -190,6 +190,7 @@ def _echo(message: str) -> None:
 @click.option(
     "--array",
     type=Text(),
+    metavar="INDEXES",
     help="Many tasks under one budget, in SLURM's syntax: 0-9%4 runs tasks 0..9, at most 4 "
     "at once, each with COSTGUARD_ARRAY_TASK_ID and its own checkpoint prefix URL/task-<index> "
     "(--provider local for now).",
