@@ -91,6 +91,8 @@ ENV_NOTICE_FD = "COSTGUARD_NOTICE_FD"
 ENV_NOTICE_FILE = "COSTGUARD_NOTICE_FILE"
 ENV_PREEMPTED_FILE = "COSTGUARD_PREEMPTED_FILE"
 ENV_RUN_PID = "COSTGUARD_RUN_PID"
+#: ``costguard launch --array``: the task's index, as ``SLURM_ARRAY_TASK_ID`` on a cluster.
+ENV_ARRAY_TASK_ID = "COSTGUARD_ARRAY_TASK_ID"
 
 # -- exit codes -------------------------------------------------------------------------
 
@@ -108,6 +110,16 @@ JOB_FILE = "job/job.json"
 #: ``costguard jobs stop``).
 STOP_FILE = "job/stop.json"
 PACE_FILE = "job/pace.json"
+#: ``costguard launch --array``: the array's record at its URL (each task's ``job.json`` is
+#: under its own prefix, ``URL/task-<index>``), and the request that the whole array stop.
+ARRAY_FILE = "job/array.json"
+ARRAY_STOP_FILE = "job/array-stop.json"
+#: The most tasks of one array: SLURM's default MaxArraySize (1001: indexes 0-1000) less
+#: one, so a sweep that runs as a SLURM array by default runs here, while every task's
+#: ``job.json`` is still read once a poll by one controller (and listed by ``jobs status``).
+MAX_ARRAY_TASKS = 1000
+#: The largest task index: SLURM's largest MaxArraySize (slurm.conf(5)).
+MAX_ARRAY_INDEX = 4_000_000
 #: The one version of each record this costguard writes and reads.
 VERSION = 1
 
@@ -525,6 +537,23 @@ STOP = Record(
         "proof": Text(128),
     },
     defaults={"proof": ""},
+)
+
+ARRAY_TASK = Record({"index": whole(0, MAX_ARRAY_INDEX), "prefix": Text(2048)})
+
+ARRAY = Record(
+    {
+        "version": _VERSION,
+        "array_id": _JOB_ID,
+        #: The ``--array`` text as given (SLURM's syntax), and its ``%limit`` resolved.
+        "array": Text(200),
+        "concurrency": whole(1, MAX_ARRAY_TASKS),
+        "max_total_usd": Money(USD_MAX, optional=True),
+        "stop_at_projection": Flag(),
+        "created_unix": _UNIX,
+        "tasks": Items(ARRAY_TASK, MAX_ARRAY_TASKS, least=1),
+    },
+    defaults={"stop_at_projection": False},
 )
 
 PACE = Record(

@@ -71,6 +71,12 @@ Examples:
   costguard jobs status ckpt/ --format json
   costguard jobs stop s3://my-bucket/run1
 """
+STOP_EXAMPLES = """
+\b
+Examples:
+  costguard jobs stop s3://my-bucket/run1
+  costguard jobs stop sweep/ --yes
+"""
 
 #: A local attempt is polled often: the simulator acts when polled.
 LOCAL_POLL_S = 0.5
@@ -189,6 +195,14 @@ def _echo(message: str) -> None:
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
 )
 @click.option(
+    "--array",
+    type=Text(),
+    metavar="INDEXES",
+    help="Many tasks under one budget, in SLURM's syntax: 0-9%4 runs tasks 0..9, at most 4 "
+    "at once, each with COSTGUARD_ARRAY_TASK_ID and its own checkpoint prefix URL/task-<index> "
+    "(--provider local for now).",
+)
+@click.option(
     "--attach",
     "attach_url",
     type=StoreUrl(),
@@ -262,6 +276,8 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
     from costguard.spot.job import release_job
     from costguard.spot.prepare import launcher_for, offers_for
 
+    if _array_launch(settings, options):
+        return
     if options["attach_url"]:
         job, store = _attached(options)
         if not options["force"]:
@@ -306,6 +322,22 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         sys.exit(EXIT_SAVED)  # saved and stopped at the projection: resumable
     if final.status != "succeeded":
         sys.exit(1)
+
+
+def _array_launch(settings: Settings, options: Mapping[str, Any]) -> bool:
+    """``--array``, or ``--attach`` of an array's URL: the sweep runs it (costguard.cli.
+    sweep); ``False`` for a single job."""
+    from costguard.cli import sweep
+
+    if options["array"] is not None:  # its options are checked first, before any read
+        sweep.launch_array(settings, options, _request(options), _owner())
+        return True
+    if options["attach_url"]:
+        found = sweep.array_at(options["attach_url"])
+        if found is not None:
+            sweep.attach_array(settings, options, *found)
+            return True
+    return False
 
 
 def _pilot_answer(settings: Settings, job: Job, output_format: str) -> None:
@@ -593,6 +625,23 @@ def jobs_group() -> None:
     """Inspect jobs started by `costguard launch` (their state lives with the checkpoints)."""
 
 
+def _array_status(url: str, output_format: str, extras: bool) -> bool:
+    """``jobs status`` of an array's URL: the roll-up of its tasks (costguard.cli.sweep);
+    ``False`` for a single job."""
+    from costguard.cli import sweep
+
+    found = sweep.array_at(url)
+    if found is None:
+        return False
+    if extras:
+        msg = "--plot and --spend show one job: of an array, pass a task's URL"
+        raise InputError(
+            msg, hint=f"e.g. costguard jobs status {url.rstrip('/')}/task-0 --plot x.png"
+        )
+    sweep.show_status(*found, output_format)
+    return True
+
+
 @jobs_group.command("status", epilog=STATUS_EXAMPLES)
 @click.argument("url", type=StoreUrl())
 @table_or_json("table for people, json for scripts.")
@@ -630,6 +679,8 @@ def status_command(
     if exports and output_format == "json":
         msg = "jobs status --spend prints tables; its JSON is costguard spend's"
         raise InputError(msg, hint=f"costguard spend EXPORT --job {url} --format json")
+    if _array_status(url, output_format, plot is not None or bool(exports)):
+        return
     url = normal_url(url)
     store = open_store(url)
     job = load_job(store)
@@ -648,18 +699,23 @@ def status_command(
         click.echo(f"Picture: {draw_job(plot, job, offers, time.time()).path}", err=True)
 
 
-@jobs_group.command("stop", epilog=STATUS_EXAMPLES)
+@jobs_group.command("stop", epilog=STOP_EXAMPLES)
 @click.argument("url", type=StoreUrl())
-def stop_command(url: str) -> None:
+@click.option("--yes", "-y", is_flag=True, help="Stop an array without asking.")
+def stop_command(url: str, yes: bool) -> None:
     """Ask the running attempt of the job at checkpoint URL to save and stop (exit 75).
 
     The request is signed with your costguard key, for that attempt only: the job's
     `costguard run` honours it, and its controller ends the job stopped (resumable with
-    `costguard launch --attach URL`) instead of relaunching it.
+    `costguard launch --attach URL`) instead of relaunching it. At an array's URL,
+    every task: the running ones save and stop, the pending ones never start.
     """
+    from costguard.cli.sweep import stop_array
     from costguard.spot.job import RUNNING, load_job, request_stop
     from costguard.spot.prepare import normal_url, open_store
 
+    if stop_array(url, yes):
+        return
     store = open_store(normal_url(url))
     job = load_job(store)
     current = job.current

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from costguard import contract
 from costguard._version import __version__
 from costguard.errors import CostguardError, InputError
 from costguard.secrets import find_in_words, find_secret, redact_url, url_has_credentials
@@ -55,7 +56,7 @@ _MEM = re.compile(r"([0-9]+)([KMGT]?)", re.IGNORECASE | re.ASCII)
 _ARRAY = re.compile(r"[0-9]+(-[0-9]+(:[0-9]+)?)?(,[0-9]+(-[0-9]+(:[0-9]+)?)?)*(%[0-9]+)?", re.ASCII)
 _ARRAY_HINT = "SLURM's forms: 0-9, 1,3,5, 0-99:10, 0-99%8 (at most 8 at once)"
 #: SLURM's largest MaxArraySize is 4000001, so an index is at most 4000000 (slurm.conf(5)).
-MAX_ARRAY_INDEX = 4_000_000
+MAX_ARRAY_INDEX = contract.MAX_ARRAY_INDEX
 #: The rendezvous port when none is given: 29500 (torchrun's default) plus the job id
 #: modulo 10000, so two jobs sharing a first node rarely meet at the same port.
 DEFAULT_RDZV_PORT = "$((29500 + SLURM_JOB_ID % 10000))"

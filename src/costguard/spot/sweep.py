@@ -1,0 +1,504 @@
+"""``costguard launch --array``: one controller supervising every task of an array.
+
+Each task is a job of its own (``job/job.json`` under ``URL/task-<index>``), with its own
+launcher, relaunches after its preemptions and ``--max-failures``: the sweep runs one
+round of :class:`~costguard.spot.controller.Controller`'s loop (reconcile, decide, act)
+for each running task at each poll, so a task recovers exactly as a single job does.
+Around them it decides (:mod:`costguard.spot.array`, pure) which pending task starts
+next (at most the concurrency at once) and keeps one budget: ``--max-total`` counts what
+every task spent plus the projection of the running ones; no task starts past it, each
+task's own recovery limit is the cap less what the others spent (so the running ones stop
+within a poll of the cap), and with ``--stop-at-projection`` the running tasks are asked
+to save and stop once the projection passes it. A stop request at the array's URL
+(``costguard jobs stop``) stops every task the same way.
+
+Like the controller it is stateless: the array's record and every task's ``job.json``
+are all it needs, so ``costguard launch --attach URL`` takes a sweep over.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
+
+from costguard import contract, proof
+from costguard.errors import CostguardError
+from costguard.spot import array
+from costguard.spot.controller import HEARTBEAT_S, STOP_GRACE_S, Controller, Event, summarise
+from costguard.spot.job import FINAL, Job, clear_stop, load_job, request_stop, save_job
+from costguard.spot.projection import USD_PLACES
+from costguard.spot.recovery import Finish, Launch, spent_usd
+
+if TYPE_CHECKING:
+    from costguard.checkpoint.store import Store
+    from costguard.spot.job import JobSpec
+    from costguard.spot.launcher.base import Launcher, Offer
+
+logger = logging.getLogger(__name__)
+
+#: A task stopped before its first attempt says so in its reason, and the roll-up shows it
+#: as ``not started``.
+NOT_STARTED = "not started"
+
+
+def task_state(job: Job) -> str:
+    """``pending`` (no attempt yet, not stopped), ``running``, or the job's final status."""
+    if job.status in FINAL:
+        return job.status
+    return array.RUNNING if job.attempts else array.PENDING
+
+
+def rollup_status(job: Job) -> str:
+    """The status the roll-up prints: :func:`task_state`, or ``not started`` for a task
+    stopped before its first attempt."""
+    if job.status == "stopped" and not job.attempts:
+        return NOT_STARTED
+    return task_state(job)
+
+
+def task_specs(template: JobSpec, record: array.ArrayRecord) -> list[JobSpec]:
+    """Each task's spec: the template's, with the task's job id and checkpoint prefix, no
+    cap of its own (the array's is kept by the sweep) and, simulated, its own schedule of
+    preemptions (the seed plus its index) and its own metadata port (chosen at its start).
+    ``COSTGUARD_ARRAY_TASK_ID`` is in its recorded environment when the template has one;
+    otherwise the launcher's environment carries it (the CLI's ``make_launcher``).
+    """
+    specs = []
+    for index in record.indexes:
+        sim = template.simulation
+        if sim is not None:
+            seed = None if sim.seed is None else sim.seed + index
+            sim = replace(sim, seed=seed, metadata_port=0)
+        environment = dict(template.environment)
+        if environment:  # a recorded environment is the whole of it: the index goes in
+            environment[contract.ENV_ARRAY_TASK_ID] = str(index)
+        specs.append(
+            replace(
+                template,
+                job_id=array.task_job_id(record.array_id, index),
+                checkpoint_url=array.task_url(record.url, index),
+                max_total_usd=None,
+                stop_at_projection=False,
+                simulation=sim,
+                environment=environment,
+            )
+        )
+    return specs
+
+
+@dataclass
+class Task:
+    """One task under the sweep: its store and job, and while it runs its launcher."""
+
+    index: int
+    store: Store
+    job: Job
+    launcher: Launcher | None = None
+    controller: Controller | None = None
+    last_write: float = field(default_factory=time.monotonic)
+
+    @property
+    def state(self) -> str:
+        return task_state(self.job)
+
+
+class Sweep:
+    """Supervises every task of an array until each is over."""
+
+    def __init__(
+        self,
+        record: array.ArrayRecord,
+        store: Store,
+        tasks: Sequence[Task],
+        offers: Sequence[Offer],
+        make_launcher: Callable[[JobSpec], Launcher],
+        *,
+        task_estimate_usd: Decimal,
+        poll_s: float = 10.0,
+        timeout_s: float = 7 * 24 * 3600.0,
+        on_event: Callable[[Event], None] | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.record = record
+        self.store = store
+        self.tasks = list(tasks)
+        self.offers = tuple(offers)
+        self.make_launcher = make_launcher
+        self.task_estimate_usd = task_estimate_usd
+        self.poll_s = poll_s
+        self.timeout_s = timeout_s
+        self._on_event = on_event
+        self._clock = clock
+        self._sleep = sleep
+        #: The most tasks seen running at once (the report, and the tests, read it).
+        self.peak_running = 0
+        self._said: set[str] = set()
+
+    def _emit(self, kind: str, message: str) -> None:
+        logger.info("costguard launch --array: %s: %s", kind, message)
+        if self._on_event is not None:
+            self._on_event(Event(kind, message))
+
+    def _once(self, kind: str, message: str) -> None:
+        """Say ``message`` only the first time something of ``kind`` is said (the figures
+        in it change from poll to poll)."""
+        if kind not in self._said:
+            self._said.add(kind)
+            self._emit(kind, message)
+
+    def _controller(self, task: Task) -> Controller:
+        """The task's controller, its launcher made on first need (a simulated task binds
+        its metadata port then, recorded in its spec for ``--attach``)."""
+        if task.controller is not None:
+            return task.controller
+        from costguard.spot.launcher.local import LocalLauncher
+
+        launcher = self.make_launcher(task.job.spec)
+        task.launcher = launcher
+        sim = task.job.spec.simulation
+        if (
+            isinstance(launcher, LocalLauncher)
+            and sim is not None
+            and sim.metadata_port != launcher.emulator.port
+        ):
+            port = launcher.emulator.port
+            spec = replace(task.job.spec, simulation=replace(sim, metadata_port=port))
+            task.job = save_job(task.store, replace(task.job, spec=spec))
+
+        def say(event: Event, index: int = task.index) -> None:
+            self._emit(event.kind, f"task {index}: {event.message}")
+
+        task.controller = Controller(
+            task.store,
+            launcher,
+            self.offers,
+            poll_s=self.poll_s,
+            timeout_s=self.timeout_s,
+            on_event=say,
+            clock=self._clock,
+            sleep=self._sleep,
+        )
+        return task.controller
+
+    def _release(self, task: Task) -> None:
+        if task.launcher is not None:
+            task.launcher.close()
+        task.launcher = task.controller = None
+
+    def views(self, now: float) -> list[array.TaskView]:
+        """What the decisions read of every task now (a running task's projection from its
+        recorded pace, when it has one)."""
+        from costguard.checkpoint.pace import read_pace_or_warn
+        from costguard.spot.projection import of_job
+
+        views = []
+        for task in self.tasks:
+            projected = None
+            if task.state == array.RUNNING and task.job.spec.total_steps is not None:
+                try:
+                    found = of_job(task.job, read_pace_or_warn(task.store), now)
+                except CostguardError:
+                    found = None
+                projected = found.projected_total_usd if found is not None else None
+            views.append(
+                array.TaskView(task.index, task.state, spent_usd(task.job.attempts, now), projected)
+            )
+        return views
+
+    # -- one task's round -----------------------------------------------------------------
+
+    def _round(self, task: Task, views: Sequence[array.TaskView]) -> None:
+        """One round of the controller's loop for ``task``, its recovery limit the array's
+        cap less what the other tasks spent (a relaunch follows a single job's rule: not
+        when one more hour at its price would pass that share)."""
+        controller = self._controller(task)
+        # A pending task's first launch was decided by the array's rule (its estimate
+        # within the cap: :func:`array.to_start`); after that the task's own recovery rules
+        # hold it to its share, relaunches included.
+        share = array.remaining_usd(views, task.index, self.record.max_total_usd)
+        first = task.state == array.PENDING
+        job = controller.reconcile(task.job)
+        limits = replace(job.spec.limits(), max_total_usd=None if first else share)
+        if job.stop_requested and (
+            job.current is None or self._clock() - job.stop_requested_unix > STOP_GRACE_S
+        ):
+            job = controller.finish(job, Finish("stopped", job.stop_requested))
+        else:
+            decision = controller.decide(job, limits)
+            if isinstance(decision, Finish):
+                if decision.status == "stopped" and self.record.max_total_usd is not None:
+                    decision = Finish("stopped", f"the array's --max-total: {decision.reason}")
+                job = controller.finish(job, decision)
+            elif isinstance(decision, Launch):
+                job = controller.launch(job, decision)
+                task.last_write = time.monotonic()
+            elif time.monotonic() - task.last_write > HEARTBEAT_S:
+                job = save_job(task.store, job)
+                task.last_write = time.monotonic()
+        task.job = job
+        if task.state in FINAL:
+            self._release(task)
+
+    # -- the array's decisions ------------------------------------------------------------
+
+    def _stop_all(self, reason: str) -> None:
+        """Ask every running task to save and stop, and stop the pending ones unstarted."""
+        now = self._clock()
+        for task in self.tasks:
+            current = task.job.current
+            if task.state == array.PENDING:
+                self._not_started(task, reason)
+            elif task.state == array.RUNNING and current is None:  # between two attempts
+                task.job = self._controller(task).finish(task.job, Finish("stopped", reason))
+                self._release(task)
+            elif current is not None and not task.job.stop_requested:
+                request_stop(task.store, task.job.spec.job_id, current.number, reason, now)
+                task.job = save_job(
+                    task.store, replace(task.job, stop_requested=reason, stop_requested_unix=now)
+                )
+
+    def _not_started(self, task: Task, reason: str) -> None:
+        task.job = save_job(
+            task.store, replace(task.job, status="stopped", reason=f"{NOT_STARTED}: {reason}")
+        )
+        self._release(task)
+
+    def _stop_requested(self) -> str | None:
+        """The reason of a stop request for the whole array (``costguard jobs stop``), signed
+        with the array's key; ``None`` when there is none."""
+        key = proof.user_key()
+        job_key = proof.job_key(key, self.record.array_id) if key is not None else None
+        return proof.stop_request(self.store, self.record.array_id, 1, job_key)
+
+    def _watch_budget(self, views: Sequence[array.TaskView]) -> None:
+        """With ``--max-total``: say once when the projection passes it; with
+        ``--stop-at-projection`` stop every task (saved) then."""
+        cap = self.record.max_total_usd
+        if cap is None:
+            return
+        committed = array.committed_usd(views)
+        if committed <= cap or not any(v.state == array.RUNNING for v in views):
+            return
+        text = (
+            f"the array's projected total ${committed:.2f} (spent, and projected for the "
+            f"running tasks) passes --max-total ${cap}"
+        )
+        if self.record.stop_at_projection:
+            self._once("projection", f"{text}: asking every running task to save and stop")
+            self._stop_all(f"stopped at the projection: {text}")
+        else:
+            self._once(
+                "projection",
+                f"{text}; tasks stop when the money is spent (--stop-at-projection saves "
+                "and stops them now)",
+            )
+
+    def _start_next(self, views: Sequence[array.TaskView]) -> None:
+        starts = array.to_start(
+            views, self.record.concurrency, self.record.max_total_usd, self.task_estimate_usd
+        )
+        by_index = {t.index: t for t in self.tasks}
+        for index in starts.indexes:
+            self._round(by_index[index], views)
+        if starts.held:
+            if any(t.state == array.RUNNING for t in self.tasks):
+                self._once("held", f"not starting more tasks: {starts.held}")
+            else:  # nothing runs that could free the budget: they will not start
+                for task in self.tasks:
+                    if task.state == array.PENDING:
+                        self._not_started(task, starts.held)
+                self._emit("stopped", f"tasks left unstarted: {starts.held}")
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def run(self) -> list[Job]:
+        """Supervise every task until each is over; returns their final jobs."""
+        for task in self.tasks:
+            if task.state == array.RUNNING:
+                task.job = self._controller(task).adopt(task.job)
+        started = time.monotonic()
+        try:
+            while True:
+                views = self.views(self._clock())
+                for task in self.tasks:
+                    if task.state == array.RUNNING:
+                        self._round(task, views)
+                reason = self._stop_requested()
+                if reason is not None:
+                    self._once("stop", f"stop requested for the whole array: {reason}")
+                    self._stop_all(reason)
+                views = self.views(self._clock())
+                self._watch_budget(views)
+                self._start_next(views)
+                running = sum(1 for t in self.tasks if t.state == array.RUNNING)
+                self.peak_running = max(self.peak_running, running)
+                if all(t.state in FINAL for t in self.tasks):
+                    break
+                if time.monotonic() - started > self.timeout_s:
+                    self._timeout()
+                    break
+                self._sleep(self.poll_s)
+        finally:
+            for task in self.tasks:
+                self._release(task)
+        if reason is not None:
+            clear_stop(self.store)  # acted upon: a later attach must not read it again
+        return [t.job for t in self.tasks]
+
+    def _timeout(self) -> None:
+        why = f"the controller's timeout of {self.timeout_s:.0f} s"
+        for task in self.tasks:
+            if task.state == array.RUNNING:
+                controller = self._controller(task)
+                task.job = controller.finish(task.job, Finish("stopped", why))
+                self._release(task)
+            elif task.state == array.PENDING:
+                self._not_started(task, why)
+
+
+# -- reading an array -----------------------------------------------------------------
+
+
+def load_tasks(record: array.ArrayRecord, *, skip_bad: bool = False) -> list[Task]:
+    """Every task's job (its ``job.json`` under its prefix). A task whose record is missing
+    or not costguard's is an error naming it (the sweep cannot supervise it), or with
+    ``skip_bad`` (a report) named in a warning and left out."""
+    from costguard.spot.prepare import open_store
+
+    def load(index: int) -> Task:
+        task_store = open_store(array.task_url(record.url, index))
+        return Task(index, task_store, load_job(task_store))
+
+    if skip_bad:
+        return contract.each_valid(record.indexes, load)
+    return [load(index) for index in record.indexes]
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One task in the roll-up (``jobs status``, the launch's final report)."""
+
+    index: int
+    status: str
+    attempts: int
+    preemptions: int
+    failures: int
+    step: int | None
+    spent_usd: Decimal
+    projected_usd: Decimal | None
+    #: Seconds to its last step at its measured pace (running, with --total-steps).
+    left_s: float | None
+    reason: str
+    job_id: str
+    checkpoint_url: str
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "status": self.status,
+            "attempts": self.attempts,
+            "preemptions": self.preemptions,
+            "failures": self.failures,
+            "step": self.step,
+            "cost_usd": str(self.spent_usd.quantize(USD_PLACES)),
+            "projected_usd": None
+            if self.projected_usd is None
+            else str(self.projected_usd.quantize(USD_PLACES)),
+            "left_s": self.left_s,
+            "reason": self.reason,
+            "job_id": self.job_id,
+            "checkpoint_url": self.checkpoint_url,
+        }
+
+
+def rows(url: str, jobs: Iterable[tuple[int, Job]], now: float) -> list[TaskRow]:
+    """The roll-up's rows, one per task of the array at ``url`` (the projection read from
+    each running task's pace, at the task's own prefix)."""
+    from costguard.spot.report import projection_of
+
+    out = []
+    for index, job in jobs:
+        summary = summarise(job, (), now)
+        projection = (
+            projection_of(job, array.task_url(url, index), now)
+            if task_state(job) == array.RUNNING
+            else None
+        )
+        out.append(
+            TaskRow(
+                index=index,
+                status=rollup_status(job),
+                attempts=summary.attempts,
+                preemptions=summary.preemptions,
+                failures=summary.failures,
+                step=summary.last_step,
+                spent_usd=summary.spent_usd,
+                projected_usd=projection.projected_total_usd if projection else None,
+                left_s=projection.left_s if projection else None,
+                reason=job.reason,
+                job_id=job.spec.job_id,
+                checkpoint_url=job.spec.checkpoint_url,
+            )
+        )
+    return out
+
+
+def rollup_document(record: array.ArrayRecord, task_rows: Sequence[TaskRow]) -> dict[str, Any]:
+    """``jobs status URL --format json`` of an array: ``{"tasks": [...], ...}``."""
+    counts: dict[str, int] = {}
+    for row in task_rows:
+        counts[row.status] = counts.get(row.status, 0) + 1
+    spent = sum((r.spent_usd for r in task_rows), Decimal(0))
+    return {
+        "array_id": record.array_id,
+        "url": record.url,
+        "array": record.array,
+        "concurrency": record.concurrency,
+        "max_total_usd": None if record.max_total_usd is None else str(record.max_total_usd),
+        "stop_at_projection": record.stop_at_projection,
+        "spent_usd": str(spent.quantize(USD_PLACES)),
+        "counts": counts,
+        "unreadable": unreadable(record, task_rows),
+        "tasks": [r.document() for r in task_rows],
+    }
+
+
+def unreadable(record: array.ArrayRecord, task_rows: Sequence[TaskRow]) -> list[int]:
+    """The array's tasks that have no row: their ``job.json`` was not costguard's."""
+    shown = {r.index for r in task_rows}
+    return [i for i in record.indexes if i not in shown]
+
+
+def outcome_lines(record: array.ArrayRecord, task_rows: Sequence[TaskRow]) -> list[str]:
+    """What was done and what was not, one line each, with the reasons of what was not."""
+    done = [r.index for r in task_rows if r.status == "succeeded"]
+    total = len(record.indexes)
+    lines = [f"done: {len(done)} of {total} task(s) succeeded" + _listed(done)]
+    missing = unreadable(record, task_rows)
+    if missing:
+        lines.append(
+            f"not shown: {len(missing)} task(s) whose job.json is not costguard's"
+            + _listed(missing)
+        )
+    for status in ("failed", "stopped", NOT_STARTED, array.RUNNING, array.PENDING):
+        these = [r for r in task_rows if r.status == status]
+        if these:
+            reasons = dict.fromkeys(r.reason for r in these if r.reason)
+            lines.append(
+                f"not done: {len(these)} task(s) {status}"
+                + _listed([r.index for r in these])
+                + (f" ({'; '.join(reasons)})" if reasons else "")
+            )
+    return lines
+
+
+def _listed(indexes: Sequence[int]) -> str:
+    if not indexes:
+        return ""
+    shown = ", ".join(str(i) for i in indexes[:20])
+    return f": {shown}" + (f" and {len(indexes) - 20} more" if len(indexes) > 20 else "")
