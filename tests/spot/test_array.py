@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -360,7 +361,7 @@ def test_ctrl_c_detaches_attach_takes_the_array_over_and_jobs_stop_stops_it(
     status = run_cli("jobs", "status", str(ckpt), "--format", "json")
     doc = json.loads(status.stdout)
     assert [t["status"] for t in doc["tasks"]] == ["running", "pending", "pending"]
-    second = supervise("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json")
+    second = supervise("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json", "--yes")
     try:
         wait_for(lambda: "attached to array" in (second.stderr.readline() if second.stderr else ""))
         # The same user (the same key) as the controller's: a child with its environment.
@@ -443,3 +444,31 @@ def test_the_rollup_projects_each_running_task_and_counts_by_status(tmp_path: Pa
     assert doc["counts"] == {"running": 1, "pending": 1}
     assert [t["index"] for t in doc["tasks"]] == [0, 1]
     assert doc["tasks"][0]["left_s"] == task_rows[0].left_s
+
+
+def test_attach_runs_no_task_spec_this_user_did_not_launch(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    # Issue 43 for arrays: whoever can write the bucket rewrites task 1's job.json (a
+    # command of theirs, no signature by this user's key); attach shows it and refuses it.
+    url = tmp_path / "sweep"
+    record = array.ArrayRecord("cg-test-1", str(url), "0-1", (0, 1), 1, time.time())
+    template = spec(str(url), simulation=Simulation(seed=1))
+    pwned = tmp_path / "pwned"
+    for task_spec in task_specs(template, record):
+        if task_spec.checkpoint_url.endswith("task-1"):
+            task_spec = replace(task_spec, command=("sh", "-c", f"touch {pwned}"))
+        save_job(Store.open(task_spec.checkpoint_url), Job(task_spec))
+    array.write_record(Store.open(str(url)), record)
+    result = subprocess.run(
+        [sys.executable, "-m", "costguard", "launch", "--attach", str(url), "--yes"],
+        env=spot_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+    assert result.returncode == 2, result.stderr
+    error = " ".join(result.stderr.split())
+    assert "task(s) 0, 1 hold a spec you did not launch" in error, result.stderr
+    assert "Traceback" not in result.stderr
+    assert not pwned.exists()

@@ -124,9 +124,54 @@ def attach_array(
                 check_not_supervised(task.job, time.time(), stale_s=max(90.0, 6 * poll))
     template = tasks[0].job.spec
     offers = offers_for(settings, template)
+    tasks = _proven(tasks, offers, options)
     estimate = _task_estimate(template, min(offers, key=lambda o: o.usd_per_hour))
     _echo(f"attached to array {record.array_id} ({len(tasks)} tasks)")
     _supervise(settings, options, record, store, tasks, offers, estimate)
+
+
+def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, Any]) -> list[Task]:
+    """The tasks an attach may run, as an attach of one job proves its spec: each task's
+    spec signed by this user's key (launch signed it; anyone else who can write the
+    bucket cannot), else shown and refused unless ``--accept-spec`` (then signed as this
+    user's); arrays run on ``--provider local`` only; the plan shown and, without
+    ``--yes``, asked for."""
+    from costguard import proof
+    from costguard.spot.job import save_job, sign_spec, signed_by
+
+    key = proof.user_key(create=True)
+    assert key is not None  # made, or InputError
+    template = tasks[0].job.spec
+    cheapest = min(offers, key=lambda o: o.usd_per_hour)
+    _echo(
+        f"attach to array of {len(tasks)} task(s), owner {template.owner or 'unknown'}, "
+        f"{template.provider}, {template.gpu_count} x {template.gpu}, from "
+        f"${cheapest.usd_per_hour}/h a task; command: {command(*template.command)}"
+    )
+    unproven = [t for t in tasks if not signed_by(t.job.spec, key)]
+    if any(t.job.spec.provider != "local" for t in tasks):
+        msg = "an array's task names a cloud provider; arrays run on --provider local for now"
+        raise InputError(msg, hint="check who wrote the array's job.json files")
+    if unproven:
+        names = ", ".join(str(t.index) for t in unproven[:10])
+        msg = (
+            f"task(s) {names} hold a spec you did not launch (its signature by your "
+            "costguard key does not hold): someone else may have written it"
+        )
+        if not options["accept_spec"]:
+            hint = "check the command above; --accept-spec runs the tasks as they are"
+            raise InputError(msg, hint=hint)
+        click.secho(f"Warning: {msg}; accepted with --accept-spec", err=True, fg="yellow")
+    if not options["yes"]:
+        if not sys.stdin.isatty():
+            msg = "confirmation needed, and there is no terminal to ask"
+            raise InputError(msg, hint="pass --yes to attach without asking")
+        if not click.confirm("Attach and supervise?", err=True):
+            msg = "not attached: declined at the confirmation"
+            raise CostguardError(msg)
+    for task in unproven:
+        task.job = save_job(task.store, replace(task.job, spec=sign_spec(task.job.spec, key)))
+    return tasks
 
 
 def _task_estimate(spec: JobSpec, offer: Offer) -> Decimal:
@@ -202,15 +247,18 @@ def _confirm(yes: bool, tasks: int) -> None:
 
 def _commit(prepared: Prepared, record: ArrayRecord) -> list[Task]:
     """Write every task's ``job.json`` (no attempt yet: pending), then the array's record."""
+    from costguard import proof
     from costguard.spot import array
-    from costguard.spot.job import Job, save_job
+    from costguard.spot.job import Job, save_job, sign_spec
     from costguard.spot.prepare import open_store
     from costguard.spot.sweep import Task, task_specs
 
+    key = proof.user_key(create=True)
+    assert key is not None  # made, or InputError
     tasks = []
     for index, spec in zip(record.indexes, task_specs(prepared.spec, record), strict=True):
         store = open_store(spec.checkpoint_url)
-        tasks.append(Task(index, store, save_job(store, Job(spec))))
+        tasks.append(Task(index, store, save_job(store, Job(sign_spec(spec, key)))))
     array.write_record(prepared.store, record)
     return tasks
 

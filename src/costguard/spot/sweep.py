@@ -29,7 +29,7 @@ from costguard import contract, proof
 from costguard.errors import CostguardError
 from costguard.spot import array
 from costguard.spot.controller import HEARTBEAT_S, STOP_GRACE_S, Controller, Event, summarise
-from costguard.spot.job import FINAL, Job, clear_stop, load_job, request_stop, save_job
+from costguard.spot.job import FINAL, Job, clear_stop, load_job, request_stop, save_job, sign_spec
 from costguard.spot.projection import USD_PLACES
 from costguard.spot.recovery import Finish, Launch, spent_usd
 
@@ -168,7 +168,10 @@ class Sweep:
         ):
             port = launcher.emulator.port
             spec = replace(task.job.spec, simulation=replace(sim, metadata_port=port))
-            task.job = save_job(task.store, replace(task.job, spec=spec))
+            key = proof.user_key()  # still this user's spec: signed again, as launch signs
+            task.job = save_job(
+                task.store, replace(task.job, spec=spec if key is None else sign_spec(spec, key))
+            )
 
         def say(event: Event, index: int = task.index) -> None:
             self._emit(event.kind, f"task {index}: {event.message}")
