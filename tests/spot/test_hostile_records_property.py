@@ -49,10 +49,15 @@ def paths(doc: object, prefix: str = "") -> list[str]:
 
 
 def set_path(doc: Any, path: str, value: object) -> None:
+    """``value`` at ``path``, unless an earlier change replaced a field on the way (a
+    list made ``{}``): that path is gone, and nothing is set."""
     *parents, last = path.split(".")
     for key in parents:
-        doc = doc[int(key)] if isinstance(doc, list) else doc[key]
-    if isinstance(doc, list):
+        try:
+            doc = doc[int(key)] if isinstance(doc, list) else doc[key]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(doc, list) and int(last) < len(doc):
         doc[int(last)] = value
     elif isinstance(doc, dict):
         doc[last] = value
@@ -127,6 +132,22 @@ def test_every_reader_of_job_records_survives_hostile_records(
         ("burn", "--job", store.url, "--region", "us-east-1", "--budget", "1000000"),
         ("estimate", "--from-run", store.url, "--gpu", "a10g", "--speedup", "1"),
         ("spend", str(HANDMADE), "--job", store.url),
+        # A pilot whose script records no pace: only the forged one is there to read.
+        (
+            "pilot",
+            "--steps",
+            "10",
+            "--checkpoint",
+            store.url,
+            "--gpu",
+            "a10g",
+            "--speedup",
+            "1",
+            "--",
+            sys.executable,
+            "-c",
+            "pass",
+        ),
     ]
     for command in commands:
         started = time.monotonic()
