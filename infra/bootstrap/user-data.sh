@@ -17,7 +17,7 @@ echo "costguard bootstrap: starting at $(date -u +%FT%TZ)"
 export HOME="${HOME:-/root}"
 export COSTGUARD_JOB_ID={{ job_id }}
 export COSTGUARD_JOB_ATTEMPT={{ attempt }}
-export COSTGUARD_JOB_KEY={{ job_key }}
+export COSTGUARD_STOP_CHECK={{ stop_check }}
 export COSTGUARD_CLOUD={{ cloud }}
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 INDEX_URL={{ index_url }}

@@ -73,9 +73,9 @@ ENV_NOTICE_POLL_S = "COSTGUARD_NOTICE_POLL_S"
 ENV_AWS_METADATA_URL = "COSTGUARD_AWS_METADATA_URL"
 #: The local launcher's state folder (``--provider local``).
 ENV_LOCAL_DIR = "COSTGUARD_LOCAL_DIR"
-#: The job's key (hex), which proves its stop requests (:mod:`costguard.proof`): a secret,
-#: never recorded.
-ENV_JOB_KEY = "COSTGUARD_JOB_KEY"
+#: The attempt's stop check (hex): what proves its stop requests (:mod:`costguard.proof`);
+#: no secret, so an instance's user-data may carry it.
+ENV_STOP_CHECK = "COSTGUARD_STOP_CHECK"
 #: Where this user's key is, when not beside the config file.
 ENV_JOB_KEY_FILE = "COSTGUARD_JOB_KEY_FILE"
 #: What ``costguard run`` tells the script's Checkpointer: the store, how often to save,

@@ -8,19 +8,22 @@ launch) and signs with it:
 
 - the job's spec (:func:`spec_proof`): ``launch --attach`` runs a job only when its spec
   carries this user's digest of it, so a forged command, instance or price is refused;
-- each stop request (:func:`stop_proof`), with a per-job key (:func:`job_key`) that
-  ``costguard launch`` gives the job's processes in ``COSTGUARD_JOB_KEY`` (never stored in
-  the bucket, never recorded): ``costguard run`` honours a request only when its digest
-  holds, for its own attempt.
+- each stop request (:func:`stop_proof`): a secret of the job's key (:func:`job_key`)
+  for one attempt, which only the request reveals. The attempt is given its SHA-256
+  (:func:`stop_check`, ``COSTGUARD_STOP_CHECK``), which is no secret: it may stand in
+  an instance's user-data, where anyone who can describe the instance reads it, and
+  it makes no request. ``costguard run`` honours a request only when its proof hashes
+  to that check: for its own job and attempt.
 
-HMAC-SHA256 (RFC 2104): without the key no one can make a digest that holds.
+HMAC-SHA256 (RFC 2104) and SHA-256: without the key no one can make a digest that holds,
+nor a proof that hashes to a check.
 
->>> key = bytes(32)
->>> proof = stop_proof(job_key(key, "cg-a"), "cg-a", 2, "cap", 5.0)
->>> stop_holds(job_key(key, "cg-a"), "cg-a", 2, "cap", 5.0, proof)
+>>> key = job_key(bytes(32), "cg-a")
+>>> check = stop_check(key, "cg-a", 2)
+>>> stop_holds(check, stop_proof(key, "cg-a", 2))
 True
->>> stop_holds(job_key(key, "cg-a"), "cg-a", 3, "cap", 5.0, proof)
-False
+>>> stop_holds(check, stop_proof(key, "cg-a", 3)), stop_holds(check, check)
+(False, False)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -38,8 +42,10 @@ from costguard import contract
 from costguard.errors import InputError
 from costguard.settings import config_path
 
-#: The environment variable that carries a job's key to its processes (a secret).
-ENV_JOB_KEY = contract.ENV_JOB_KEY
+#: The environment variable that gives an attempt its stop check (no secret).
+ENV_STOP_CHECK = contract.ENV_STOP_CHECK
+#: A stop proof or check: a SHA-256-sized digest in lower-case hex.
+STOP_CHECK = re.compile(r"[0-9a-f]{64}")
 KEY_FILE = "job.key"
 
 
@@ -97,45 +103,48 @@ def spec_holds(key: bytes | None, spec_doc: Mapping[str, Any]) -> bool:
     return key is not None and hmac.compare_digest(proof, spec_proof(key, spec_doc))
 
 
-def stop_proof(key: bytes, job_id: str, attempt: int, reason: str, unix: float) -> str:
-    """The digest of a stop request for attempt ``attempt`` of job ``job_id``."""
-    return _digest(key, "stop", job_id, attempt, reason, repr(float(unix)))
+def stop_proof(key: bytes, job_id: str, attempt: int) -> str:
+    """What a stop request for attempt ``attempt`` of job ``job_id`` carries: a digest
+    only the job's ``key`` makes, revealed by the request alone."""
+    return _digest(key, "stop", job_id, attempt)
 
 
-def stop_holds(
-    key: bytes | None, job_id: str, attempt: int, reason: str, unix: float, proof: str
-) -> bool:
-    """Whether a stop request carries the digest only the job's key makes."""
-    if key is None:
+def stop_check(key: bytes, job_id: str, attempt: int) -> str:
+    """What attempt ``attempt`` is given to check its stop requests by: the SHA-256 of
+    their proof (hex). Public: it proves a request, it cannot make one."""
+    return hashlib.sha256(bytes.fromhex(stop_proof(key, job_id, attempt))).hexdigest()
+
+
+def stop_holds(check: str | None, proof: str) -> bool:
+    """Whether a stop request's ``proof`` hashes to the attempt's ``check``."""
+    if not check or not STOP_CHECK.fullmatch(check) or not STOP_CHECK.fullmatch(proof):
         return False
-    return hmac.compare_digest(proof, stop_proof(key, job_id, attempt, reason, unix))
+    return hmac.compare_digest(hashlib.sha256(bytes.fromhex(proof)).hexdigest(), check)
 
 
-def key_from_env(env: Mapping[str, str]) -> bytes | None:
-    """The job's key as ``costguard launch`` passed it (hex), ``None`` if absent or bad."""
-    text = env.get(ENV_JOB_KEY, "")
-    try:
-        key = bytes.fromhex(text)
-    except ValueError:
-        return None
-    return key if len(key) == 32 else None
+def check_from_env(env: Mapping[str, str]) -> str | None:
+    """The attempt's stop check as ``costguard launch`` passed it, ``None`` if absent or
+    not one."""
+    text = env.get(ENV_STOP_CHECK, "").strip()
+    return text if STOP_CHECK.fullmatch(text) else None
 
 
 def stop_request(
     store: contract.Store,
     job_id: str,
     attempt: int,
-    key: bytes | None,
+    check: str | None,
     say: Callable[[str], None] | None = None,
 ) -> str | None:
     """Why attempt ``attempt`` of job ``job_id`` is asked to save and stop, ``None`` when
-    it is not. A request for another job or attempt is none; one that is not a costguard
-    record, or whose proof does not hold (not written with the job's key: anyone else who
-    can write the bucket), is named in a warning and is none: the job goes on."""
+    it is not (``check``: the attempt's :func:`stop_check`). A request for another job
+    or attempt is none; one that is not a costguard record, or whose proof does not hold
+    (not made with the job's key: anyone else who can write the bucket), is named in a
+    warning and is none: the job goes on."""
     doc = contract.read_or_warn(store, contract.STOP_FILE, contract.STOP, say=say)
     if doc is None or doc["job_id"] != job_id or doc["attempt"] != attempt:
         return None
-    if not stop_holds(key, job_id, attempt, doc["reason"], doc["requested_unix"], doc["proof"]):
+    if not stop_holds(check, doc["proof"]):
         message = f"{contract.STOP_FILE} in {store.url} is not signed with this job's key"
         contract.warn(contract.RecordError(message), say)
         return None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from costguard import proof
 from costguard.errors import InputError
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import LaunchSpec
@@ -82,7 +83,9 @@ def test_the_command_and_the_job_identity_arrive_intact(tmp_path: Path) -> None:
     assert seen["env"] == {
         "COSTGUARD_JOB_ID": "run-1",
         "COSTGUARD_JOB_ATTEMPT": "3",
-        "COSTGUARD_JOB_KEY": "ab" * 32,  # the job's key: its stop requests' proof
+        # The attempt's stop check (a hash of the proof only the job's key makes), never
+        # the key: an instance's user-data is read by whoever may describe it.
+        "COSTGUARD_STOP_CHECK": proof.stop_check(bytes.fromhex("ab" * 32), "run-1", 3),
         "COSTGUARD_CLOUD": "gcp",
     }
     assert not (tmp_path / "reboot").exists()
@@ -122,6 +125,17 @@ def test_credentials_in_the_environment_never_reach_the_script() -> None:
     for value in environ.values():
         assert value not in text
     assert "STORAGE_OPTIONS" not in text
+
+
+def test_the_jobs_key_never_reaches_the_script() -> None:
+    """The user-data is read by anyone allowed to describe the instance: it carries the
+    attempt's stop check, from which no stop request can be made, never the job's key (a
+    key there let such a reader stop the job at will)."""
+    text = bootstrap.render(spec(), 3, "aws", environ={})
+    assert "ab" * 32 not in text
+    check = proof.stop_check(bytes.fromhex("ab" * 32), "run-1", 3)
+    assert f"export COSTGUARD_STOP_CHECK={check}" in text
+    assert not proof.stop_holds(check, check)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +188,7 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
     assert (where / bootstrap.TEMPLATE).is_file()
     placeholders = set(re.findall(r"\{\{ (\w+) \}\}", (where / bootstrap.TEMPLATE).read_text()))
     assert placeholders == {
-        "job_id", "attempt", "job_key", "cloud", "workdir", "git_repo", "git_ref", "package",
+        "job_id", "attempt", "stop_check", "cloud", "workdir", "git_repo", "git_ref", "package",
         "shutdown_minutes", "checkpoint_url", "run_options", "command", "wheel_url",
         "wheel_sha256", "wheel_file", "fetcher", "index_url",
     }  # fmt: skip

@@ -20,7 +20,7 @@ import pytest
 
 from costguard.checkpoint.store import Store
 from costguard.checkpoint.supervisor import StopWatch
-from costguard.proof import job_key, user_key
+from costguard.proof import job_key, stop_check, user_key
 from costguard.spot.job import (
     STOP_FILE,
     ExitRecord,
@@ -223,11 +223,10 @@ def test_only_a_stop_request_signed_for_this_attempt_stops_it(tmp_path: Path) ->
     key = user_key(create=True)
     assert key is not None
     said: list[str] = []
-    watch = StopWatch(
-        store, "cg-me-1", 2, job_key(key, "cg-me-1"), lambda notice: None, said.append
-    )
+    check = stop_check(job_key(key, "cg-me-1"), "cg-me-1", 2)
+    watch = StopWatch(store, "cg-me-1", 2, check, lambda notice: None, said.append)
     forged = {"job_id": "cg-me-1", "attempt": 2, "reason": "x", "requested_unix": 1.0}
-    for proof in ("", "0" * 64, "deadbeef"):
+    for proof in ("", "0" * 64, "deadbeef", check):  # the check itself is no proof
         store.put(STOP_FILE, json.dumps({**forged, "proof": proof}).encode())
         assert watch._request(set()) is None
     assert any("not signed with this job's key" in s for s in said)

@@ -18,7 +18,7 @@ import pytest
 
 from costguard.checkpoint.pace import Pace, write_pace
 from costguard.checkpoint.store import Store
-from costguard.proof import job_key, stop_request, user_key
+from costguard.proof import job_key, stop_check, stop_request, user_key
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import STOP_FILE, Job, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher
@@ -239,11 +239,29 @@ def test_a_stop_request_for_another_job_or_attempt_is_not_ours(tmp_path: Path) -
     request_stop(store, "cg-other-1", 2, "why", 1.0)
     key = user_key()
     assert key is not None
-    assert stop_request(store, "cg-test-1", 2, job_key(key, "cg-test-1")) is None
-    assert stop_request(store, "cg-other-1", 3, job_key(key, "cg-other-1")) is None
-    assert stop_request(store, "cg-other-1", 2, job_key(key, "cg-other-1")) == "why"
+    assert (
+        stop_request(store, "cg-test-1", 2, stop_check(job_key(key, "cg-test-1"), "cg-test-1", 2))
+        is None
+    )
+    assert (
+        stop_request(
+            store, "cg-other-1", 3, stop_check(job_key(key, "cg-other-1"), "cg-other-1", 3)
+        )
+        is None
+    )
+    assert (
+        stop_request(
+            store, "cg-other-1", 2, stop_check(job_key(key, "cg-other-1"), "cg-other-1", 2)
+        )
+        == "why"
+    )
     store.put(STOP_FILE, b"not json")
-    assert stop_request(store, "cg-other-1", 2, job_key(key, "cg-other-1")) is None
+    assert (
+        stop_request(
+            store, "cg-other-1", 2, stop_check(job_key(key, "cg-other-1"), "cg-other-1", 2)
+        )
+        is None
+    )
 
 
 @pytest.mark.parametrize("stop", [False, True])

@@ -276,15 +276,15 @@ class Events:
 class StopWatch:
     """Under ``costguard launch``: the controller's request to save and stop
     (``--stop-at-projection``) becomes a notice to the script, as a preemption would. Only
-    a request for this attempt signed with the job's key (``COSTGUARD_JOB_KEY``) counts:
-    anything else in ``job/stop.json`` is a warning, and the run goes on."""
+    a request for this attempt whose proof hashes to its check (``COSTGUARD_STOP_CHECK``)
+    counts: anything else in ``job/stop.json`` is a warning, and the run goes on."""
 
     def __init__(
         self,
         store: Any,
         job_id: str,
         attempt: int,
-        key: bytes | None,
+        check: str | None,
         on_stop: Callable[[Any], None],
         say: Say,
     ) -> None:
@@ -292,7 +292,7 @@ class StopWatch:
         self._say = say
         self.job_id = job_id
         self.attempt = attempt
-        self._key = key
+        self._check = check
         self._on_stop = on_stop
         self._interval_s = STOP_POLL_LOCAL_S if store.is_local else STOP_POLL_S
         self._stop = threading.Event()
@@ -303,14 +303,14 @@ class StopWatch:
         cls, store: Any, env: dict[str, str], on_stop: Callable[[Any], None], say: Say
     ) -> StopWatch | None:
         """A started watch when this run is an attempt of a ``costguard launch`` job."""
-        from costguard.proof import key_from_env
+        from costguard.proof import check_from_env
         from costguard.tags import ATTEMPT, is_job_id
 
         job_id = env.get(contract.ENV_JOB_ID, "")
         attempt = env.get(contract.ENV_JOB_ATTEMPT, "").strip()
         if not is_job_id(job_id) or not ATTEMPT.fullmatch(attempt):
             return None
-        watch = cls(store, job_id, int(attempt), key_from_env(env), on_stop, say)
+        watch = cls(store, job_id, int(attempt), check_from_env(env), on_stop, say)
         watch._thread.start()
         return watch
 
@@ -339,7 +339,7 @@ class StopWatch:
         from costguard.proof import stop_request
 
         try:
-            return stop_request(self.store, self.job_id, self.attempt, self._key, once)
+            return stop_request(self.store, self.job_id, self.attempt, self._check, once)
         except CostguardError:
             return None  # the store cannot be read now: asked again at the next poll
 

@@ -239,7 +239,7 @@ def render(
     words = {
         "job_id": shlex.quote(spec.job_id),
         "attempt": shlex.quote(str(attempt)),
-        "job_key": "''",  # the job's key goes in after the search for secrets
+        "stop_check": "''",  # after the search for secrets (a digest looks like one)
         "cloud": shlex.quote(cloud),
         "workdir": shlex.quote(options.get("workdir", DEFAULT_WORKDIR)),
         "git_repo": shlex.quote(options.get("git_repo", "")),
@@ -258,7 +258,8 @@ def render(
         spec.command, spec.options, spec.checkpoint_url, environ, text, sync_dir=spec.sync_dir
     )
     text = text.replace(
-        "export COSTGUARD_JOB_KEY=''", f"export COSTGUARD_JOB_KEY={shlex.quote(spec.job_key)}"
+        "export COSTGUARD_STOP_CHECK=''",
+        f"export COSTGUARD_STOP_CHECK={shlex.quote(spec.stop_check(attempt))}",
     )
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:

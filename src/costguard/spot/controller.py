@@ -283,11 +283,14 @@ class Controller:
         if job.stop_requested or current is None:
             return job
         key = proof.user_key()
-        mine = None if key is None else proof.job_key(key, job.spec.job_id)
+        job_id = job.spec.job_id
+        check = (
+            None
+            if key is None
+            else proof.stop_check(proof.job_key(key, job_id), job_id, current.number)
+        )
         try:
-            reason = proof.stop_request(
-                self.store, job.spec.job_id, current.number, mine, self._warn_once
-            )
+            reason = proof.stop_request(self.store, job_id, current.number, check, self._warn_once)
         except CostguardError:
             return job  # the store cannot be read now: asked again at the next poll
         if reason is None:

@@ -123,7 +123,7 @@ def request_stop(store: Store, job_id: str, attempt: int, reason: str, now_unix:
         "attempt": attempt,
         "reason": reason,
         "requested_unix": now_unix,
-        "proof": proof.stop_proof(proof.job_key(key, job_id), job_id, attempt, reason, now_unix),
+        "proof": proof.stop_proof(proof.job_key(key, job_id), job_id, attempt),
     }
     contract.write(store, STOP_FILE, contract.STOP, doc)
 

@@ -275,8 +275,9 @@ class Sweep:
         """The reason of a stop request for the whole array (``costguard jobs stop``), signed
         with the array's key; ``None`` when there is none."""
         key = proof.user_key()
-        job_key = proof.job_key(key, self.record.array_id) if key is not None else None
-        return proof.stop_request(self.store, self.record.array_id, 1, job_key)
+        array_id = self.record.array_id
+        check = None if key is None else proof.stop_check(proof.job_key(key, array_id), array_id, 1)
+        return proof.stop_request(self.store, array_id, 1, check)
 
     def _watch_budget(self, views: Sequence[array.TaskView]) -> None:
         """With ``--max-total``: say once when the projection passes it; with

@@ -79,9 +79,16 @@ class LaunchSpec:
     pilot_steps: int | None = None
     #: The job's environment as launch recorded it (no secrets; the local simulator's).
     environment: Mapping[str, str] = field(default_factory=dict)
-    #: The job's key (hex), which proves its stop requests (``COSTGUARD_JOB_KEY``): a
-    #: secret, passed to the job's processes, never stored in the bucket.
+    #: The job's key (hex), which makes its stop requests: a secret, kept by the
+    #: controller; the attempts get only their :meth:`stop_check`.
     job_key: str = field(default="", repr=False)
+
+    def stop_check(self, attempt: int) -> str:
+        """What attempt ``attempt`` checks its stop requests by (``COSTGUARD_STOP_CHECK``;
+        no secret: :func:`costguard.proof.stop_check`); empty without a job key."""
+        from costguard.proof import stop_check
+
+        return stop_check(bytes.fromhex(self.job_key), self.job_id, attempt) if self.job_key else ""
 
     def run_options(self) -> list[str]:
         """The options of ``costguard run`` that every attempt of the job starts with.

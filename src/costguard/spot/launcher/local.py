@@ -232,7 +232,7 @@ class LocalLauncher(Launcher):
         env = job_environment(spec, self.env)
         env.update(
             {
-                contract.ENV_JOB_KEY: spec.job_key,
+                contract.ENV_STOP_CHECK: spec.stop_check(attempt),
                 contract.ENV_CLOUD: cloud,
                 ENDPOINT_ENV[cloud]: emulator.url,
                 contract.ENV_NOTICE_POLL_S: str(NOTICE_POLL_S),
