@@ -288,9 +288,7 @@ def launch_command(settings: Settings, /, **options: Any) -> None:
         try:
             job = _confirm_attach(settings, job, offers, launcher, options)
         except BaseException:
-            close = getattr(launcher, "close", None)
-            if close is not None:
-                close()
+            launcher.close()  # every launcher has it (a no-op by default)
             raise
         _echo(f"attached to job {job.spec.job_id} ({len(job.attempts)} attempt(s) so far)")
     else:
