@@ -470,5 +470,6 @@ def test_attach_runs_no_task_spec_this_user_did_not_launch(
     assert result.returncode == 2, result.stderr
     error = " ".join(result.stderr.split())
     assert "task(s) 0, 1 hold a spec you did not launch" in error, result.stderr
+    assert f"task 1's command: `sh -c 'touch {pwned}'`" in error, result.stderr
     assert "Traceback" not in result.stderr
     assert not pwned.exists()

@@ -149,6 +149,9 @@ def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, An
         f"${cheapest.usd_per_hour}/h a task; command: {command(*template.command)}"
     )
     unproven = [t for t in tasks if not signed_by(t.job.spec, key)]
+    for task in unproven:
+        if task.job.spec.command != template.command:  # each one that runs otherwise
+            _echo(f"task {task.index}'s command: {command(*task.job.spec.command)}")
     if any(t.job.spec.provider != "local" for t in tasks):
         msg = "an array's task names a cloud provider; arrays run on --provider local for now"
         raise InputError(msg, hint="check who wrote the array's job.json files")
@@ -159,7 +162,7 @@ def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, An
             "costguard key does not hold): someone else may have written it"
         )
         if not options["accept_spec"]:
-            hint = "check the command above; --accept-spec runs the tasks as they are"
+            hint = "check the commands above; --accept-spec runs the tasks as they are"
             raise InputError(msg, hint=hint)
         click.secho(f"Warning: {msg}; accepted with --accept-spec", err=True, fg="yellow")
     if not options["yes"]:
