@@ -18,7 +18,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import ClassVar
 
-from costguard.errors import CostguardError
+from costguard.errors import CostguardError, InputError
 
 # The one Market (spot or on-demand): an offer is bought the way its price was listed.
 from costguard.pricing.catalog import Market
@@ -82,6 +82,12 @@ class LaunchSpec:
     #: The job's key (hex), which makes its stop requests: a secret, kept by the
     #: controller; the attempts get only their :meth:`stop_check`.
     job_key: str = field(default="", repr=False)
+    #: ``--nodes``: instances started together, all or none, one ``torchrun`` each, that
+    #: the controller treats as one attempt (1: a single instance).
+    nodes: int = 1
+    #: ``--procs-per-node``: the processes each node's ``torchrun`` starts (``None``: one
+    #: per GPU of the offer).
+    procs_per_node: int | None = None
 
     def stop_check(self, attempt: int) -> str:
         """What attempt ``attempt`` checks its stop requests by (``COSTGUARD_STOP_CHECK``;
@@ -199,10 +205,9 @@ class Launcher(abc.ABC):
     checked by :meth:`check` through :meth:`Options.check
     <costguard.spot.launcher.options.Options.check>`.
 
-    One attempt is one instance (one :class:`Handle`). A job of several tasks or a gang
-    of nodes launched all-or-none is meant to come as one more method beside
-    :meth:`launch`, with its default here (one :meth:`launch` per node), so that each
-    adapter opts in to what its provider does at once.
+    One attempt is one instance (one :class:`Handle`), or, for a gang of ``spec.nodes``
+    nodes, the handles :meth:`launch_gang` returns, in node-rank order: the controller
+    reads each one's :meth:`status` and ends the attempt on any node's end.
     """
 
     provider: ClassVar[str] = ""
@@ -237,6 +242,21 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def find(self, job_id: str) -> Sequence[Handle]:
         """Live instances tagged with ``job_id`` (``--attach`` must not launch a duplicate)."""
+
+    def launch_gang(self, offer: Offer, spec: LaunchSpec, attempt: int) -> tuple[Handle, ...]:
+        """Create the ``spec.nodes`` instances of attempt ``attempt`` together, all or
+        none, in one zone, each told its node rank and the rendezvous at node 0; their
+        handles in node-rank order.
+
+        All or none: when the provider cannot give every node, none is left running or
+        billed (a :class:`CapacityError`, so recovery tries another place). The default
+        launches a single instance and refuses a gang: each adapter opts in to what its
+        provider does at once (a fleet, a bulk insert).
+        """
+        if spec.nodes == 1:
+            return (self.launch(offer, spec, attempt),)
+        msg = f"--nodes {spec.nodes}: the {self.provider} launcher starts one instance per attempt"
+        raise InputError(msg, hint="drop --nodes, or use costguard slurm script --nodes")
 
     def zones(self, region: str, instance_type: str = "") -> Sequence[str]:
         """The zones of ``region`` an attempt may be placed in (where ``instance_type`` is
