@@ -27,6 +27,12 @@ JOB_TAG = "costguard:job"
 OWNER_TAG = "costguard:owner"
 ATTEMPT_TAG = "costguard:attempt"
 IDLE_MINUTES_TAG = "costguard:idle-minutes"
+#: On each node of a gang (``--nodes``), written by the controller once every node is up
+#: (all or none): the node's rank, and where the nodes meet (node 0's private address and
+#: the rendezvous port). The node reads them from its own metadata service, never from the
+#: checkpoint store, whose writers could otherwise send it elsewhere.
+NODE_RANK_TAG = "costguard:node-rank"
+RENDEZVOUS_TAG = "costguard:rendezvous"
 
 _PREFIX = "costguard:"
 _GCP_PREFIX = "costguard-"

@@ -213,6 +213,23 @@ class Ec2Faults:
     #: How many repeated tokens were answered from the first request / refused.
     replayed: int = 0
     mismatched: int = 0
+    #: How many instances the place has room for when a ``CreateFleet`` asks (None: as
+    #: many as asked). A fleet whose ``MinTargetCapacity`` is more than the room launches
+    #: nothing and says so in its ``errorSet`` ("If this minimum capacity isn't reached,
+    #: no instances are launched"); one without a minimum launches what fits.
+    fleet_room: int | None = None
+    #: The next this many fleets launch one instance fewer than asked whatever their
+    #: minimum says (capacity gone between EC2's check and the launch), with an error.
+    short_fleets: int = 0
+    #: The parameters of every ``CreateFleet`` that reached the layer.
+    fleets: list[dict[str, str]] = field(default_factory=list)
+    #: Cluster placement groups (moto has none): (region, name) -> strategy and tags, and
+    #: the groups' instances: (region, name) -> instance ids launched into it.
+    placement_groups: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: Launch template id -> the security groups and placement group its fleets use, and
+    #: the instances launched in each security group (for ``DependencyViolation``).
+    template_groups: dict[str, list[str]] = field(default_factory=dict)
+    in_group: dict[str, list[str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def hide(self, ids: list[str]) -> bool:
@@ -320,10 +337,17 @@ class Ec2FaultLayer:
         ids = _ids(form)
         if action in ("DescribeInstances", "TerminateInstances") and ids and faults.hide(ids):
             return _not_found(ids)
-        token = form.get("ClientToken", [""])[0] if action == "RunInstances" else ""
+        launching = action in ("RunInstances", "CreateFleet")
+        token = form.get("ClientToken", [""])[0] if launching else ""
         key = (_region(headers), token)
         if token and key in faults.tokens:
             return self._repeat(key, _parameters(form))
+        if action in _PLACEMENT_ACTIONS:
+            return self._placement(action, key[0], form)
+        if action == "DeleteSecurityGroup" and self._in_use(form.get("GroupId", [""])[0]):
+            return _error("DependencyViolation", "resource sg has a dependent object")
+        if action == "CreateFleet":
+            return self._fleet(target, headers, form, key)
         if action == "DescribeInstances":
             tokens, rest = _token_filter(form)
             if tokens:
@@ -353,6 +377,16 @@ class Ec2FaultLayer:
         elif action == "TerminateInstances":
             with faults.lock:
                 faults.stale.update(dict.fromkeys(ids, faults.stale_calls))
+        elif action == "CreateLaunchTemplate":
+            made = re.search(rb"<launchTemplateId>(lt-[0-9a-f]+)<", data)
+            groups = [
+                v[0]
+                for k, v in form.items()
+                if re.fullmatch(r"LaunchTemplateData\.SecurityGroupId\.\d+", k)
+            ]
+            if made:
+                with faults.lock:
+                    faults.template_groups[made.group(1).decode()] = groups
         elif action == "DescribeInstances":
             data = self._describe(data, by_id=bool(ids))
         elif action == "DescribeInstanceTypes" and faults.page_size:
@@ -432,3 +466,179 @@ class Ec2FaultLayer:
         if end < len(items):
             ET.SubElement(root, _tag("nextToken")).text = str(end)
         return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+    # -- CreateFleet (instant): moto launches every instance asked for, whatever the
+    # minimum; the layer decides how many there is room for first.
+
+    def _fleet(
+        self,
+        target: str,
+        headers: Mapping[str, str],
+        form: dict[str, list[str]],
+        key: tuple[str, str],
+    ) -> Reply:
+        faults = self.faults
+        parameters = _parameters(form)
+        asked = int(form["TargetCapacitySpecification.TotalTargetCapacity"][0])
+        minimum = max(
+            int(form.get(f"{kind}.MinTargetCapacity", ["0"])[0])
+            for kind in ("SpotOptions", "OnDemandOptions")
+        )
+        with faults.lock:
+            faults.fleets.append({k: v[0] for k, v in form.items()})
+            room = asked if faults.fleet_room is None else min(asked, faults.fleet_room)
+            short = faults.short_fleets > 0
+            if short:
+                faults.short_fleets -= 1
+                room = min(room, asked - 1)
+        if not short and (room < minimum or room == 0):
+            answer = _fleet_answer(
+                b"",
+                "InsufficientInstanceCapacity",
+                "There is no Spot capacity available that matches your request.",
+            )
+            if key[1]:
+                with faults.lock:
+                    faults.tokens[key] = (parameters, answer)
+            return answer
+        if room < asked:
+            for name in ("TotalTargetCapacity", "SpotTargetCapacity", "OnDemandTargetCapacity"):
+                if f"TargetCapacitySpecification.{name}" in form:
+                    form[f"TargetCapacitySpecification.{name}"] = [str(room)]
+        sent = urlencode([(k, v[0]) for k, v in form.items()]).encode()
+        status, passed, data = self._forward(target, headers, sent)
+        if status != 200:
+            return status, passed, data
+        if room < asked:
+            data = _fleet_answer(
+                data,
+                "InsufficientInstanceCapacity",
+                f"Only {room} of {asked} instances could be launched.",
+            )[2]
+        launched = [i.decode() for i in re.findall(rb"<(?:\w+:)?item>(i-[0-9a-f]+)</", data)]
+        template = form.get("LaunchTemplateConfigs.1.LaunchTemplateSpecification.LaunchTemplateId")
+        placement = form.get("LaunchTemplateConfigs.1.Overrides.1.Placement.GroupName")
+        with faults.lock:
+            for instance_id in launched:
+                faults.launched.append(instance_id)
+                faults.hidden[instance_id] = faults.hidden_calls
+            for group in faults.template_groups.get(template[0] if template else "", []):
+                faults.in_group.setdefault(group, []).extend(launched)
+            if placement:
+                faults.in_group.setdefault(f"pg:{key[0]}:{placement[0]}", []).extend(launched)
+            answer = (status, passed, data)
+            if key[1]:
+                faults.tokens[key] = (parameters, answer)
+        return answer
+
+    def _in_use(self, group: str) -> bool:
+        """Whether an instance launched into ``group`` is not terminated yet (moto's own
+        state of it, in this process)."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.ec2.models import ec2_backends
+
+        with self.faults.lock:
+            ids = list(self.faults.in_group.get(group, []))
+        for backend in ec2_backends[DEFAULT_ACCOUNT_ID].values():
+            for instance_id in ids:
+                try:
+                    instance = backend.get_instance(instance_id)
+                except Exception:  # moto's NotFound: an instance of another region
+                    continue
+                if instance.state != "terminated":
+                    return True
+        return False
+
+    # -- placement groups, as the EC2 API reference words them (moto has none)
+
+    def _placement(self, action: str, region: str, form: dict[str, list[str]]) -> Reply:
+        groups = self.faults.placement_groups
+        if action == "CreatePlacementGroup":
+            name = form["GroupName"][0]
+            if (region, name) in groups:
+                return _error(
+                    "InvalidPlacementGroup.Duplicate",
+                    f"The placement group '{name}' already exists.",
+                )
+            tags = {
+                form[k][0]: form.get(k[: -len("Key")] + "Value", [""])[0]
+                for k in form
+                if re.fullmatch(r"TagSpecification\.1\.Tag\.\d+\.Key", k)
+            }
+            groups[(region, name)] = {"strategy": form.get("Strategy", [""])[0], "tags": tags}
+            body = f"<placementGroup>{_group_xml(name, groups[(region, name)])}</placementGroup>"
+            return _ok("CreatePlacementGroupResponse", body)
+        if action == "DeletePlacementGroup":
+            name = form["GroupName"][0]
+            if (region, name) not in groups:
+                return _error(
+                    "InvalidPlacementGroup.Unknown", f"The placement group '{name}' is unknown."
+                )
+            if self._in_use(f"pg:{region}:{name}"):
+                return _error(
+                    "InvalidPlacementGroup.InUse", f"The placement group '{name}' is in use."
+                )
+            del groups[(region, name)]
+            return _ok("DeletePlacementGroupResponse", "<return>true</return>")
+        names = [v[0] for k, v in form.items() if re.fullmatch(r"GroupName\.\d+", k)]
+        wanted: dict[str, str] = {}
+        for key, values in form.items():
+            found = re.fullmatch(r"Filter\.(\d+)\.Name", key)
+            if found and values[0].startswith("tag:"):
+                wanted[values[0][4:]] = form.get(f"Filter.{found[1]}.Value.1", [""])[0]
+        items = "".join(
+            f"<item>{_group_xml(name, group)}</item>"
+            for (where, name), group in sorted(groups.items())
+            if where == region
+            and (not names or name in names)
+            and all(group["tags"].get(k) == v for k, v in wanted.items())
+        )
+        missing = [n for n in names if (region, n) not in groups]
+        if missing:
+            return _error(
+                "InvalidPlacementGroup.Unknown", f"The placement group '{missing[0]}' is unknown."
+            )
+        return _ok(
+            "DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>"
+        )
+
+
+_PLACEMENT_ACTIONS = ("CreatePlacementGroup", "DeletePlacementGroup", "DescribePlacementGroups")
+_XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+
+
+def _ok(name: str, body: str) -> Reply:
+    text = (
+        f"<?xml version='1.0' encoding='UTF-8'?><{name} xmlns=\"{_XMLNS}\">"
+        f"<requestId>costguard-fault-layer</requestId>{body}</{name}>"
+    )
+    return 200, [("Content-Type", "text/xml")], text.encode()
+
+
+def _group_xml(name: str, group: Mapping[str, Any]) -> str:
+    tags = "".join(
+        f"<item><key>{k}</key><value>{v}</value></item>" for k, v in group["tags"].items()
+    )
+    return (
+        f"<groupName>{name}</groupName><strategy>{group['strategy']}</strategy>"
+        f"<state>available</state><groupId>pg-{abs(hash(name)) % 16**17:017x}</groupId>"
+        f"<tagSet>{tags}</tagSet>"
+    )
+
+
+def _fleet_answer(data: bytes, code: str, message: str) -> Reply:
+    """A ``CreateFleet`` answer with an ``errorSet`` item (``data``: moto's answer to add
+    it to; empty: a fleet that launched nothing)."""
+    if not data:
+        body = "<fleetId>fleet-00000000-0000-0000-0000-000000000000</fleetId><fleetInstanceSet/>"
+        data = _ok("CreateFleetResponse", body)[2]
+    root = ET.fromstring(data)
+    _tag = _tagger(root)
+    errors = root.find(_tag("errorSet"))
+    if errors is None:
+        errors = ET.SubElement(root, _tag("errorSet"))
+    item = ET.SubElement(errors, _tag("item"))
+    ET.SubElement(item, _tag("errorCode")).text = code
+    ET.SubElement(item, _tag("errorMessage")).text = message
+    body = ET.tostring(root, encoding="utf-8", xml_declaration=True)
+    return 200, [("Content-Type", "text/xml")], body

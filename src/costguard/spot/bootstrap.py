@@ -61,6 +61,14 @@ FETCHERS = {
     "s3": "s3fs>=2026.9", "s3a": "s3fs>=2026.9", "gs": "gcsfs>=2026.9", "gcs": "gcsfs>=2026.9",
     "az": "adlfs>=2026.8", "abfs": "adlfs>=2026.8", "abfss": "adlfs>=2026.8",
 }  # fmt: skip
+#: Where a gang's nodes meet: torchrun's c10d store on node 0, at torchrun's own default
+#: port (each node is a whole instance, so no other job shares it).
+RDZV_PORT = 29500
+#: The ports the collectives use between a gang's nodes: gloo and NCCL listen on port 0,
+#: so the kernel picks one from Linux's default ephemeral range
+#: (``net.ipv4.ip_local_port_range``). With :data:`RDZV_PORT`, all a gang's firewall opens,
+#: and only between its own nodes.
+COLLECTIVE_PORTS = (32768, 60999)
 _WHEEL_NAME = re.compile(r"costguard-[0-9A-Za-z.+!_]+-py3-none-any\.whl", re.ASCII)
 _SHA256 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 

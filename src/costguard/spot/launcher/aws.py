@@ -41,6 +41,9 @@ one), so with it the launcher names none and recovery moves between regions only
 
 from __future__ import annotations
 
+import base64
+import functools
+import ipaddress
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,7 +64,14 @@ from costguard.spot.launcher.base import (
     launch_token,
 )
 from costguard.spot.launcher.options import Option, Options
-from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
+from costguard.tags import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    NODE_RANK_TAG,
+    OWNER_TAG,
+    RENDEZVOUS_TAG,
+    check_job_id,
+)
 
 #: States of an instance that runs or is about to (``find`` reports only these).
 LIVE_STATES = ("pending", "running")
@@ -80,6 +90,7 @@ CAPACITY_CODES = (
     "InstanceLimitExceeded",
     "VcpuLimitExceeded",
     "Unsupported",
+    "UnfulfillableCapacity",
 )
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
 #: How long after ``RunInstances`` a NotFound means "not visible yet" rather than "gone"
@@ -95,6 +106,16 @@ TERMINATE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 #: ``AwsLauncher(terminate_wait_s=...)``): then it says so instead of blocking a command
 #: for the whole :data:`VISIBLE_WITHIN_S`.
 TERMINATE_WAIT_S = 120.0
+#: The longest :meth:`AwsLauncher.release` waits for a group the job's last instances
+#: still use (EC2 ends a terminated instance in a minute or two).
+RELEASE_WAIT_S = 300.0
+#: Error codes of a group that is still in use, and of one already gone.
+_IN_USE = ("DependencyViolation", "InvalidPlacementGroup.InUse")
+_GONE = (
+    "InvalidGroup.NotFound",
+    "InvalidPlacementGroup.Unknown",
+    "InvalidLaunchTemplateId.NotFound",
+)
 #: The states that confirm a terminate.
 ENDING_STATES = ("shutting-down", "terminated")
 #: The options this launcher reads (the boot script's besides), in the order checked.
@@ -151,6 +172,16 @@ OPTIONS = Options(
         example="200",
         default="100",
         whole=(8, 65536),
+    ),
+    Option(
+        "placement",
+        "a gang's (--nodes) placement: cluster puts its nodes in one cluster placement "
+        "group (low latency between them; capacity is scarcer)",
+        example="cluster",
+        choices=("cluster",),
+        case="lower",
+        invalid="the placement option must be cluster, not {value!r}",
+        hint="placement=cluster, or leave it out",
     ),
     Option(
         "root_device",
@@ -222,6 +253,63 @@ def _root_volume(spec: LaunchSpec, values: Mapping[str, str]) -> dict[str, Any]:
         "DeleteOnTermination": True,
     }
     return {"BlockDeviceMappings": [{"DeviceName": values["root_device"], "Ebs": volume}]}
+
+
+class _NotYetError(Exception):
+    """EC2 does not show every instance of a fresh gang whole yet (a describe retries)."""
+
+
+def _job_tags(spec: LaunchSpec) -> dict[str, str]:
+    """The tags of what a gang's job holds besides its instances (group, template)."""
+    return {JOB_TAG: spec.job_id, OWNER_TAG: spec.owner}
+
+
+def job_resource_name(job_id: str) -> str:
+    """The name of the job's security group and placement group.
+
+    >>> job_resource_name("cg-alice-20261206-0955-ab12")
+    'costguard-cg-alice-20261206-0955-ab12'
+    """
+    return f"costguard-{check_job_id(job_id, 'the job to launch')}"
+
+
+def private_address(value: object) -> str:
+    """``value`` if it is a private IPv4 address (where a gang's nodes meet), else a
+    :class:`CostguardError`.
+
+    >>> private_address("10.0.3.7")
+    '10.0.3.7'
+    >>> private_address("8.8.8.8")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.CostguardError: node 0's address '8.8.8.8' is not a private IPv4 address
+    """
+    try:
+        address = ipaddress.IPv4Address(str(value))
+    except ValueError:
+        address = None
+    if address is None or not address.is_private or address.is_loopback:
+        msg = f"node 0's address {str(value)[:60]!r} is not a private IPv4 address"
+        raise CostguardError(msg, hint="this launch was ended; launch again")
+    return str(address)
+
+
+def _short_fleet(
+    offer: Offer, spec: LaunchSpec, given: int, errors: Sequence[Mapping[str, Any]]
+) -> CostguardError:
+    """The refusal of a fleet that gave ``given`` of ``spec.nodes`` instances: a
+    :class:`CapacityError` when EC2 had no room (its error codes, or none), else the
+    error EC2 named."""
+    codes = [str(e.get("ErrorCode", "")) for e in errors if e.get("ErrorCode")]
+    words = next((str(e.get("ErrorMessage", "")) for e in errors if e.get("ErrorMessage")), "")
+    msg = f"EC2 gave {given} of the {spec.nodes} {offer.instance_type} instances of the gang"
+    msg += f" in {offer.place}" + (f": {words[:200]}" if words else "")
+    if given:
+        msg += f" (the {given} given are terminated: all or none)"
+    code = codes[0] if codes else "InsufficientInstanceCapacity"
+    if code in CAPACITY_CODES:
+        return CapacityError(msg, place=offer.place, code=code)
+    return CostguardError(msg, hint=f"EC2's code: {code}")
 
 
 class AwsLauncher(Launcher):
@@ -417,6 +505,458 @@ class AwsLauncher(Launcher):
         except ValueError:  # a handle found by tag, or from before this field: visible once
             return False
         return self._clock() - launched < VISIBLE_WITHIN_S
+
+    # ------------------------------------------------------------------- gang
+
+    def launch_gang(self, offer: Offer, spec: LaunchSpec, attempt: int) -> tuple[Handle, ...]:
+        """The ``spec.nodes`` instances of attempt ``attempt``, all or none, in one zone:
+        one ``CreateFleet`` of type ``instant`` (:meth:`fleet_request`) whose minimum
+        target capacity is the whole gang, so EC2 launches every node or none.
+
+        Before it: the job's security group (its nodes reach each other on the
+        rendezvous and collective ports, nothing else reaches them), a launch template
+        per attempt and, with ``placement=cluster``, the job's cluster placement group,
+        each tagged with the job and made once (found again by name and tags). After
+        it: each node's rank and the rendezvous (node 0's private address) as tags of
+        its instance, which the node reads from IMDSv2 (``InstanceMetadataTags``).
+
+        A fleet that gives fewer than ``spec.nodes`` instances (whatever its minimum
+        said), or anything failing after the fleet, terminates every instance it gave
+        before raising: a :class:`CapacityError` when EC2 had no room, so recovery tries
+        another place. The handles come in node-rank order (instance ids sorted, so a
+        fleet answered again for its client token ranks its nodes the same way).
+        """
+        if spec.nodes == 1:
+            return (self.launch(offer, spec, attempt),)
+        self.check(spec)
+        if offer.provider != self.provider:
+            msg = f"an offer on {offer.provider} cannot be launched on AWS"
+            raise InputError(msg, hint="pick an AWS offer")
+        values = OPTIONS.check(spec.options, self.provider)
+        ec2 = self._ec2(offer.region)
+        group = self._gang_group(ec2, spec, values)
+        template = self._gang_template(ec2, offer, spec, attempt, group)
+        placement = self._cluster_group(ec2, spec) if values.get("placement") == "cluster" else ""
+        params = self.fleet_request(offer, spec, attempt, template, placement)
+        action = f"launching {spec.nodes} x {offer.instance_type} together"
+        try:
+            answer = ec2.create_fleet(**params)
+        except aws_clouds.errors() as exc:
+            code = aws_clouds.error_code(exc)
+            if code in CAPACITY_CODES:
+                message = aws_clouds.translate(exc, action).message
+                raise CapacityError(message, place=offer.place, code=code) from None
+            raise aws_clouds.translate(exc, action) from None
+        launched_unix = self._clock()
+        ids = sorted(
+            {
+                str(i)
+                for item in answer.get("Instances") or []
+                for i in item.get("InstanceIds") or []
+            }
+        )
+        handles = [
+            self._handle(
+                offer.region,
+                {"InstanceId": i},
+                market=offer.market.value,
+                attempt=str(attempt),
+                launched_unix=f"{launched_unix:.3f}",
+                node=str(rank),
+                nodes=str(spec.nodes),
+            )
+            for rank, i in enumerate(ids)
+        ]
+        try:
+            if len(ids) != spec.nodes:
+                raise _short_fleet(offer, spec, len(ids), answer.get("Errors") or [])
+            return self._tag_gang(ec2, offer, handles)
+        except BaseException as exc:
+            left = self._end_gang(handles)
+            if left:
+                raise left from exc
+            raise
+
+    def fleet_request(
+        self, offer: Offer, spec: LaunchSpec, attempt: int, template: str, placement: str = ""
+    ) -> dict[str, Any]:
+        """The ``CreateFleet`` parameters of a gang (no call made): type ``instant``, the
+        total and the minimum target capacity both ``spec.nodes`` with one instance type
+        in one Availability Zone (EC2's all-or-nothing request), spot or on-demand as the
+        offer is listed, the launch template ``template``, the cluster placement group
+        ``placement`` if any, and the attempt's client token."""
+        values = OPTIONS.check(spec.options, self.provider)
+        spot = offer.market is Market.SPOT
+        market = "spot" if spot else "on-demand"
+        override: dict[str, Any] = {"InstanceType": offer.instance_type}
+        if offer.zone:
+            override["AvailabilityZone"] = offer.zone
+        if values.get("subnet"):
+            override["SubnetId"] = values["subnet"]
+        if placement:
+            override["Placement"] = {"GroupName": placement}
+        cap = self._max_price(spec)
+        if spot and cap:
+            override["MaxPrice"] = cap
+        together = {
+            "SingleInstanceType": True,
+            "SingleAvailabilityZone": True,
+            "MinTargetCapacity": spec.nodes,
+        }
+        options: dict[str, Any] = (
+            {
+                "SpotOptions": {
+                    **together,
+                    "AllocationStrategy": "price-capacity-optimized",
+                    "InstanceInterruptionBehavior": "terminate",
+                }
+            }
+            if spot
+            else {"OnDemandOptions": {**together, "AllocationStrategy": "lowest-price"}}
+        )
+        return {
+            "Type": "instant",
+            "ClientToken": launch_token(spec.job_id, attempt),
+            "LaunchTemplateConfigs": [
+                {
+                    "LaunchTemplateSpecification": {"LaunchTemplateId": template, "Version": "1"},
+                    "Overrides": [override],
+                }
+            ],
+            "TargetCapacitySpecification": {
+                "TotalTargetCapacity": spec.nodes,
+                "DefaultTargetCapacityType": market,
+                ("SpotTargetCapacity" if spot else "OnDemandTargetCapacity"): spec.nodes,
+            },
+            # The instances' tags in the request too (an instant fleet may tag them), so
+            # ``aws:RequestTag`` conditions on ``CreateFleet`` see them.
+            "TagSpecifications": [
+                {"ResourceType": kind, "Tags": _tags(spec.tags(attempt))}
+                for kind in ("fleet", "instance")
+            ],
+            **options,
+        }
+
+    def template_data(
+        self, offer: Offer, spec: LaunchSpec, attempt: int, group: str
+    ) -> dict[str, Any]:
+        """The launch template of a gang's attempt: what :meth:`request` gives one
+        instance, less what the fleet decides (count, market, zone, subnet, type, token),
+        with the user-data base64-encoded, the job's security group ``group`` added and
+        the instance's tags readable from IMDSv2 (``InstanceMetadataTags``)."""
+        data = self.request(offer, spec, attempt)
+        for key in (
+            "MinCount",
+            "MaxCount",
+            "ClientToken",
+            "InstanceMarketOptions",
+            "Placement",
+            "SubnetId",
+            "InstanceType",
+        ):
+            data.pop(key, None)
+        data["UserData"] = base64.b64encode(data["UserData"].encode()).decode()
+        data["MetadataOptions"] = {**data["MetadataOptions"], "InstanceMetadataTags": "enabled"}
+        data["SecurityGroupIds"] = [group, *data.get("SecurityGroupIds", [])]
+        return data
+
+    def _owned(self, tags: Sequence[Mapping[str, Any]], spec: LaunchSpec) -> bool:
+        """Whether ``tags`` (EC2's ``Key``/``Value`` list) name this job and its owner."""
+        found = {str(t.get("Key")): str(t.get("Value")) for t in tags}
+        return found.get(JOB_TAG) == spec.job_id and found.get(OWNER_TAG) == spec.owner
+
+    def _vpc(self, ec2: Any, values: Mapping[str, str]) -> str:
+        """The VPC the gang launches in: the ``subnet`` option's, else the default VPC."""
+        try:
+            if values.get("subnet"):
+                subnets = ec2.describe_subnets(SubnetIds=[values["subnet"]])["Subnets"]
+                return str(subnets[0]["VpcId"])
+            vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, "finding the gang's VPC") from None
+        if not vpcs:
+            msg = "the region has no default VPC for the gang's nodes"
+            raise InputError(msg, hint="give a subnet: --option subnet=subnet-0abc1234")
+        return str(vpcs[0]["VpcId"])
+
+    def _gang_group(self, ec2: Any, spec: LaunchSpec, values: Mapping[str, str]) -> str:
+        """The job's security group in the gang's VPC (made once): TCP on the rendezvous
+        port and the collective ports (:data:`bootstrap.COLLECTIVE_PORTS`) from the
+        group itself, that is from the job's own nodes; nothing else inbound."""
+        vpc = self._vpc(ec2, values)
+        name = job_resource_name(spec.job_id)
+        region = ec2.meta.region_name
+        try:
+            found = ec2.describe_security_groups(
+                Filters=[
+                    {"Name": "group-name", "Values": [name]},
+                    {"Name": "vpc-id", "Values": [vpc]},
+                ]
+            )["SecurityGroups"]
+            if found:
+                if not self._owned(found[0].get("Tags", []), spec):
+                    msg = f"the security group {name} in {region} exists and is not tagged as "
+                    msg += "this job's: costguard leaves it alone"
+                    raise CostguardError(
+                        msg, hint="delete it if it is a leftover, then launch again"
+                    )
+                group = str(found[0]["GroupId"])
+            else:
+                group = str(
+                    ec2.create_security_group(
+                        GroupName=name,
+                        Description=f"costguard job {spec.job_id}: its nodes reach each other",
+                        VpcId=vpc,
+                        TagSpecifications=[
+                            {"ResourceType": "security-group", "Tags": _tags(_job_tags(spec))}
+                        ],
+                    )["GroupId"]
+                )
+            low, high = bootstrap.COLLECTIVE_PORTS
+            ports = ((bootstrap.RDZV_PORT, bootstrap.RDZV_PORT), (low, high))
+            for first, last in ports:
+                rule = {
+                    "IpProtocol": "tcp",
+                    "FromPort": first,
+                    "ToPort": last,
+                    "UserIdGroupPairs": [{"GroupId": group}],
+                }
+                try:
+                    ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=[rule])
+                except aws_clouds.errors() as exc:
+                    if aws_clouds.error_code(exc) != "InvalidPermission.Duplicate":
+                        raise
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, f"making the security group {name}") from None
+        return group
+
+    def _gang_template(
+        self, ec2: Any, offer: Offer, spec: LaunchSpec, attempt: int, group: str
+    ) -> str:
+        """The id of the attempt's launch template (named by its client token; made once)."""
+        name = launch_token(spec.job_id, attempt)
+        made, found = self._once(
+            spec,
+            f"the launch template {name}",
+            functools.partial(
+                ec2.create_launch_template,
+                LaunchTemplateName=name,
+                ClientToken=name,
+                LaunchTemplateData=self.template_data(offer, spec, attempt, group),
+                TagSpecifications=[
+                    {"ResourceType": "launch-template", "Tags": _tags(_job_tags(spec))}
+                ],
+            ),
+            "InvalidLaunchTemplateName.AlreadyExistsException",
+            lambda: ec2.describe_launch_templates(LaunchTemplateNames=[name])["LaunchTemplates"],
+        )
+        template: Mapping[str, Any] = made["LaunchTemplate"] if made else found or {}
+        return str(template["LaunchTemplateId"])
+
+    def _cluster_group(self, ec2: Any, spec: LaunchSpec) -> str:
+        """The job's cluster placement group (made once), by name."""
+        name = job_resource_name(spec.job_id)
+        tags = {
+            "TagSpecifications": [
+                {"ResourceType": "placement-group", "Tags": _tags(_job_tags(spec))}
+            ]
+        }
+        _, found = self._once(
+            spec,
+            f"the placement group {name}",
+            lambda: ec2.create_placement_group(GroupName=name, Strategy="cluster", **tags),
+            "InvalidPlacementGroup.Duplicate",
+            lambda: ec2.describe_placement_groups(GroupNames=[name])["PlacementGroups"],
+        )
+        if found and found.get("Strategy") != "cluster":
+            msg = f"the placement group {name} is not a cluster group: costguard leaves it alone"
+            raise CostguardError(msg, hint="delete it if it is a leftover, then launch again")
+        return name
+
+    def _once(
+        self,
+        spec: LaunchSpec,
+        what: str,
+        create: Callable[[], Any],
+        duplicate: str,
+        find: Callable[[], Sequence[Mapping[str, Any]]],
+    ) -> tuple[Any, Mapping[str, Any] | None]:
+        """``(create()'s answer, None)``; or, when EC2 answers ``duplicate`` (an earlier
+        try made it), ``(None, what find() lists)``, provided that carries the job's tags
+        (anything else of the same name is left alone, and nothing is launched)."""
+        try:
+            try:
+                return create(), None
+            except aws_clouds.errors() as exc:
+                if aws_clouds.error_code(exc) != duplicate:
+                    raise
+            found = list(find())
+        except aws_clouds.errors() as exc:
+            raise aws_clouds.translate(exc, f"making {what}") from None
+        if len(found) != 1 or not self._owned(found[0].get("Tags", []), spec):
+            msg = f"{what} exists and is not tagged as this job's: costguard leaves it alone"
+            raise CostguardError(
+                msg, hint="delete or rename it if it is a leftover, then launch again"
+            )
+        return None, found[0]
+
+    def _tag_gang(self, ec2: Any, offer: Offer, handles: Sequence[Handle]) -> tuple[Handle, ...]:
+        """Every node of a whole gang described (its zone, node 0's private address), then
+        told its rank and the rendezvous in tags; the handles with their zones."""
+        ids = [h.instance_id for h in handles]
+        found = self._visible(ec2, ids)
+        zones = sorted(
+            {str(found[i].get("Placement", {}).get("AvailabilityZone", "")) for i in ids}
+        )
+        if len(zones) != 1:
+            msg = f"EC2 placed the gang's nodes in {', '.join(zones)}, not in one zone"
+            raise CostguardError(msg, hint="this launch was ended; launch again")
+        address = private_address(found[ids[0]].get("PrivateIpAddress"))
+        rendezvous = f"{address}:{bootstrap.RDZV_PORT}"
+        for rank, instance_id in enumerate(ids):
+            tags = {NODE_RANK_TAG: str(rank), RENDEZVOUS_TAG: rendezvous}
+            self._retry_visible(
+                functools.partial(ec2.create_tags, Resources=[instance_id], Tags=_tags(tags)),
+                f"telling {instance_id} its node rank",
+            )
+        return tuple(
+            Handle(
+                provider=h.provider,
+                region=h.region,
+                instance_id=h.instance_id,
+                zone=zones[0],
+                extra={
+                    **h.extra,
+                    "market": "spot"
+                    if found[h.instance_id].get("InstanceLifecycle") == "spot"
+                    else "on-demand",
+                },
+            )
+            for h in handles
+        )
+
+    def _visible(self, ec2: Any, ids: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        """The instances ``ids`` as ``DescribeInstances`` shows them, each with its private
+        address, described again with backoff while EC2 does not show them all yet."""
+
+        def describe() -> dict[str, Mapping[str, Any]]:
+            answer = ec2.describe_instances(InstanceIds=list(ids))
+            found = {
+                str(i["InstanceId"]): i
+                for r in answer.get("Reservations", [])
+                for i in r.get("Instances", [])
+            }
+            if not all(found.get(i, {}).get("PrivateIpAddress") for i in ids):
+                raise _NotYetError
+            return found
+
+        result: dict[str, Mapping[str, Any]] = self._retry_visible(
+            describe, "describing the gang's instances"
+        )
+        return result
+
+    def _retry_visible(self, call: Callable[[], Any], action: str) -> Any:
+        """``call()``, again with backoff while EC2 answers that a fresh instance does not
+        exist (or is not shown whole) yet, for at most :attr:`terminate_wait_s`."""
+        delays = iter(TERMINATE_BACKOFF_S)
+        deadline = self._clock() + self.terminate_wait_s
+        while True:
+            try:
+                return call()
+            except _NotYetError:
+                pass
+            except aws_clouds.errors() as exc:
+                if aws_clouds.error_code(exc) not in _NOT_FOUND:
+                    raise aws_clouds.translate(exc, action) from None
+            delay = next(delays, TERMINATE_BACKOFF_S[-1])
+            if self._clock() + delay > deadline:
+                msg = (
+                    f"{action}: EC2 did not show the new instances in {self.terminate_wait_s:.0f} s"
+                )
+                raise CostguardError(msg, hint="this launch was ended; launch again")
+            self._sleep(delay)
+
+    def _end_gang(self, handles: Sequence[Handle]) -> CostguardError | None:
+        """Terminate every instance of a gang that cannot run whole; the error naming
+        those whose end EC2 did not confirm (``None`` when all are ending)."""
+        left = []
+        for handle in handles:
+            try:
+                self.terminate(handle)
+            except CostguardError:
+                left.append(handle.instance_id)
+        if not left:
+            return None
+        msg = (
+            f"the gang could not start whole, and EC2 did not confirm terminating "
+            f"{', '.join(left)}: they may still run"
+        )
+        region = handles[0].region
+        return CostguardError(
+            msg,
+            hint=f"aws ec2 terminate-instances --region {region} --instance-ids {' '.join(left)}",
+        )
+
+    def release(self, spec: LaunchSpec) -> None:
+        """Delete the job's launch templates, security group and placement group in every
+        region this launcher knows (those tagged with the job and its owner only), once
+        its instances are gone: a group still in use (``DependencyViolation``,
+        ``InvalidPlacementGroup.InUse``, while EC2 ends the last instances) is deleted
+        again with backoff for at most :data:`RELEASE_WAIT_S`, then a
+        :class:`CostguardError` names what is left and the command that deletes it."""
+        check_job_id(spec.job_id, "the job to release")
+        filters = [{"Name": f"tag:{JOB_TAG}", "Values": [spec.job_id]}]
+        for region in list(self.regions):
+            ec2 = self._ec2(region)
+            action = f"releasing what {spec.job_id} held in {region}"
+            try:
+                templates = ec2.describe_launch_templates(Filters=filters)["LaunchTemplates"]
+                groups = ec2.describe_security_groups(Filters=filters)["SecurityGroups"]
+                placements = ec2.describe_placement_groups(Filters=filters)["PlacementGroups"]
+                for template in templates:
+                    if self._owned(template.get("Tags", []), spec):
+                        ec2.delete_launch_template(LaunchTemplateId=template["LaunchTemplateId"])
+            except aws_clouds.errors() as exc:
+                raise aws_clouds.translate(exc, action) from None
+            for group in groups:
+                if self._owned(group.get("Tags", []), spec):
+                    self._delete_in_use(
+                        functools.partial(ec2.delete_security_group, GroupId=group["GroupId"]),
+                        f"aws ec2 delete-security-group --region {region} --group-id "
+                        f"{group['GroupId']}",
+                    )
+            for placement in placements:
+                if self._owned(placement.get("Tags", []), spec):
+                    self._delete_in_use(
+                        functools.partial(
+                            ec2.delete_placement_group, GroupName=placement["GroupName"]
+                        ),
+                        f"aws ec2 delete-placement-group --region {region} --group-name "
+                        f"{placement['GroupName']}",
+                    )
+
+    def _delete_in_use(self, delete: Callable[[], Any], command: str) -> None:
+        """``delete()``, again with backoff while EC2 says the thing is still in use."""
+        delays = iter(TERMINATE_BACKOFF_S)
+        deadline = self._clock() + RELEASE_WAIT_S
+        while True:
+            try:
+                delete()
+                return
+            except aws_clouds.errors() as exc:
+                code = aws_clouds.error_code(exc)
+                if code in _GONE:
+                    return
+                if code not in _IN_USE:
+                    raise aws_clouds.translate(exc, command) from None
+            delay = next(delays, TERMINATE_BACKOFF_S[-1])
+            if self._clock() + delay > deadline:
+                msg = (
+                    f"still in use after {RELEASE_WAIT_S:.0f} s: "
+                    "the job's instances are not all gone"
+                )
+                raise CostguardError(msg, hint=f"once they are: {command}")
+            self._sleep(delay)
 
     # ------------------------------------------------------------------ zones
 

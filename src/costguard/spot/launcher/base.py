@@ -200,7 +200,8 @@ class Launcher(abc.ABC):
     default here, so the controller and the CLI call them on any launcher and never look
     for them: :meth:`zones` (none: the provider places the instance), :meth:`resume`
     (a lost launch found by its idempotency token: AWS), :meth:`stopped` (an instance the
-    provider stopped rather than deleted: GCP), :meth:`close` and :attr:`state_dir` (a
+    provider stopped rather than deleted: GCP), :meth:`release` (what a gang's job holds
+    besides its instances), :meth:`close` and :attr:`state_dir` (a
     local launcher's processes and logs). Options are declared in :attr:`OPTIONS` and
     checked by :meth:`check` through :meth:`Options.check
     <costguard.spot.launcher.options.Options.check>`.
@@ -280,6 +281,14 @@ class Launcher(abc.ABC):
         """An attempt's instance the provider stopped rather than deleted (GCP host
         maintenance), when it is provably the job's; ``None`` (the default) otherwise."""
         return None
+
+    def release(self, spec: LaunchSpec) -> None:  # noqa: B027 - an ability with a default
+        """Delete what the launcher made for the job ``spec`` besides its instances (a
+        gang's security group or firewall rule, placement group, launch templates), once
+        the job is over and its last attempt's instances are terminated; idempotent, and
+        only what is tagged with the job and its owner. Bounded: what is still in use after
+        a while is named, with the command that deletes it, in a :class:`CostguardError`.
+        The default made nothing."""
 
     def close(self) -> None:  # noqa: B027 - an ability with a default, not abstract
         """Release what the launcher holds on this machine (servers, processes); the
