@@ -109,8 +109,22 @@ else
     RUN=()
 fi
 
+NODES={{ nodes }}
+LAUNCHER=()
+if [ "$NODES" -gt 1 ]; then
+    # One node of a gang (--nodes): its rank and node 0's private address come from this
+    # instance's own metadata, written by the controller once every node is up, never
+    # from the checkpoint store (whose writers could send the collectives elsewhere).
+    gang=$(${RUN[@]+"${RUN[@]}"} python -m costguard.spot.node --cloud {{ cloud }} --nodes "$NODES") \
+        || fail "this node was not told its rank and rendezvous"
+    read -r NODE_RANK RDZV_ENDPOINT <<<"$gang"
+    LAUNCHER=({{ torchrun }} --node-rank "$NODE_RANK" --rdzv-endpoint "$RDZV_ENDPOINT"
+        --rdzv-id "$COSTGUARD_JOB_ID-$COSTGUARD_JOB_ATTEMPT")
+    echo "costguard bootstrap: node $NODE_RANK of $NODES, meeting at $RDZV_ENDPOINT"
+fi
+
 echo "costguard bootstrap: running attempt $COSTGUARD_JOB_ATTEMPT of job $COSTGUARD_JOB_ID"
-${RUN[@]+"${RUN[@]}"} costguard run --checkpoint {{ checkpoint_url }} --cloud {{ cloud }} {{ run_options }} -- {{ command }}
+${RUN[@]+"${RUN[@]}"} costguard run --checkpoint {{ checkpoint_url }} --cloud {{ cloud }} {{ run_options }} -- ${LAUNCHER[@]+"${LAUNCHER[@]}"} {{ command }}
 status=$?
 echo "costguard bootstrap: the job exited with $status at $(date -u +%FT%TZ)"
 

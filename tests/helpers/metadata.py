@@ -36,6 +36,16 @@ class MetadataState:
     azure_events: list[dict[str, Any]] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
+    #: A gang node's own tags / metadata (what the controller wrote after the launch):
+    #: AWS instance tags (IMDSv2 ``tags/instance/<key>``), GCP metadata attributes, Azure
+    #: tags (``compute/tagsList``); and the instance's private address on each service.
+    aws_tags: dict[str, str] = field(default_factory=dict)
+    gcp_attributes: dict[str, str] = field(default_factory=dict)
+    azure_tags: dict[str, str] = field(default_factory=dict)
+    private_address: str = "10.0.0.9"
+    #: The tags / attributes answer as absent for this many more reads (the controller
+    #: has not written them yet).
+    hidden_reads: int = 0
 
 
 class MetadataHandler(BaseHTTPRequestHandler):
@@ -72,12 +82,41 @@ class MetadataHandler(BaseHTTPRequestHandler):
             if self.headers.get("X-aws-ec2-metadata-token") not in s.tokens:
                 self._send(401, "")
                 return
-            if self.path.endswith("spot/instance-action") and s.aws_action:
+            if self.path.startswith("/latest/meta-data/tags/instance/"):
+                key = self.path.removeprefix("/latest/meta-data/tags/instance/")
+                value = None if self._hidden() else s.aws_tags.get(key)
+                self._send(*((200, value) if value is not None else (404, "Not Found")))
+            elif self.path == "/latest/meta-data/local-ipv4":
+                self._send(200, s.private_address)
+            elif self.path.endswith("spot/instance-action") and s.aws_action:
                 self._send(200, json.dumps(s.aws_action), "application/json")
             elif self.path.endswith("events/recommendations/rebalance") and s.aws_rebalance:
                 self._send(200, json.dumps(s.aws_rebalance), "application/json")
             else:
                 self._send(404, "Not Found")
+        elif self.path.startswith("/computeMetadata/v1/instance/") and (
+            "/attributes/" in self.path or self.path.endswith("/network-interfaces/0/ip")
+        ):
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._send(403, "Missing Metadata-Flavor")
+            elif self.path.endswith("/network-interfaces/0/ip"):
+                self._send(200, s.private_address)
+            else:
+                key = self.path.rsplit("/attributes/", 1)[1]
+                value = None if self._hidden() else s.gcp_attributes.get(key)
+                self._send(*((200, value) if value is not None else (404, "Not Found")))
+        elif self.path.startswith(
+            ("/metadata/instance/compute/tagsList", "/metadata/instance/network/interface/")
+        ):
+            # IMDS: the Metadata header and an api-version are required.
+            if self.headers.get("Metadata") != "true" or "api-version=" not in self.path:
+                self._send(400, "Bad request")
+            elif self.path.startswith("/metadata/instance/network/"):
+                self._send(200, s.private_address)
+            else:
+                tags = {} if self._hidden() else s.azure_tags
+                listed = [{"name": k, "value": v} for k, v in tags.items()]
+                self._send(200, json.dumps(listed), "application/json")
         elif self.path.startswith("/computeMetadata/v1/instance/preempted"):
             if self.headers.get("Metadata-Flavor") != "Google":
                 self._send(403, "Missing Metadata-Flavor")
@@ -103,6 +142,13 @@ class MetadataHandler(BaseHTTPRequestHandler):
                 self._send(200, json.dumps(doc), "application/json")
         else:
             self._send(404, "Not Found")
+
+    def _hidden(self) -> bool:
+        """Whether this read of a node's tags finds them not written yet (and count it)."""
+        if self.state.hidden_reads > 0:
+            self.state.hidden_reads -= 1
+            return True
+        return False
 
 
 def azure_event(

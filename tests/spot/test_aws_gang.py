@@ -20,6 +20,7 @@ from costguard.spot.launcher import aws
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import CapacityError, LaunchSpec, Market, Offer
 from costguard.tags import JOB_TAG, NODE_RANK_TAG, OWNER_TAG, RENDEZVOUS_TAG
+from tests.helpers.clock import Clock
 from tests.servers.aws import Ec2Faults
 
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -40,19 +41,6 @@ def gang(nodes: int = 2, job_id: str = "cg-alice-gang-1", **options: str) -> Lau
 
 def offer(market: Market = Market.SPOT, zone: str = "us-east-1b") -> Offer:
     return Offer("aws", "us-east-1", "g5.12xlarge", market, Decimal("2.10"), "A10G", 4, zone)
-
-
-class Clock:
-    """A clock the launcher's waits advance (no test waits for real seconds)."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -60,7 +60,7 @@ def test_the_command_and_the_job_identity_arrive_intact(tmp_path: Path) -> None:
     text = bootstrap.render(spec(), 3, "gcp", environ={})
     exports = [line for line in text.splitlines() if line.startswith("export COSTGUARD_")]
     # The run "line" spans lines where an argument holds a newline: cut it from the text.
-    run_line = text[text.index("${RUN[@]+") : text.index("\nstatus=$?")]
+    run_line = text[text.index('${RUN[@]+"${RUN[@]}"} costguard run') : text.index("\nstatus=$?")]
     stub = tmp_path / "costguard"
     stub.write_text(
         f"#!{sys.executable}\n"
@@ -190,7 +190,7 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
     assert placeholders == {
         "job_id", "attempt", "stop_check", "cloud", "workdir", "git_repo", "git_ref", "package",
         "shutdown_minutes", "checkpoint_url", "run_options", "command", "wheel_url",
-        "wheel_sha256", "wheel_file", "fetcher", "index_url",
+        "wheel_sha256", "wheel_file", "fetcher", "index_url", "nodes", "torchrun",
     }  # fmt: skip
 
 

@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 
 from costguard.errors import CostguardError, InputError
 from costguard.secrets import find_in_words, find_secret
+from costguard.slurm.batch import torchrun_words
 from costguard.spot.launcher.base import LaunchSpec
 from costguard.spot.wheel import STORE_DIR
 
@@ -259,6 +260,10 @@ def render(
         "checkpoint_url": shlex.quote(spec.checkpoint_url),
         "run_options": shlex.join(spec.run_options()),
         "command": shlex.join(spec.command),
+        # A gang's nodes: torchrun's words (the node's rank and the rendezvous are read
+        # on the instance, from its own metadata: costguard.spot.node).
+        "nodes": shlex.quote(str(spec.nodes)),
+        "torchrun": shlex.join(torchrun_words(spec.nodes, spec.procs_per_node or "gpu")),
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
     environ = os.environ if environ is None else environ

@@ -108,7 +108,9 @@ class AwsMetadata:
             raise OSError(msg)
         return body.strip()
 
-    def _get(self, path: str) -> tuple[int, str]:
+    def get(self, path: str) -> tuple[int, str]:
+        """``(status, body)`` of ``/latest/meta-data/<path>``, with a token (a new one
+        on 401); also how a gang's node reads its instance tags (:mod:`costguard.spot.node`)."""
         for _ in range(2):
             if self._token is None:
                 self._token = self._get_token()
@@ -125,12 +127,12 @@ class AwsMetadata:
     def poll(self) -> list[Notice]:
         """The notices the metadata service announces right now."""
         notices = []
-        action = parse_instance_action(*self._get("spot/instance-action"))
+        action = parse_instance_action(*self.get("spot/instance-action"))
         if action is None:
-            action = parse_termination_time(*self._get("spot/termination-time"))
+            action = parse_termination_time(*self.get("spot/termination-time"))
         if action is not None:
             notices.append(action)
-        rebalance = parse_rebalance(*self._get("events/recommendations/rebalance"))
+        rebalance = parse_rebalance(*self.get("events/recommendations/rebalance"))
         if rebalance is not None:
             notices.append(rebalance)
         return notices

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import ipaddress
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -52,7 +51,7 @@ from typing import Any
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
-from costguard.spot import bootstrap
+from costguard.spot import bootstrap, node
 from costguard.spot.launcher.base import (
     CapacityError,
     Handle,
@@ -284,14 +283,11 @@ def private_address(value: object) -> str:
     ...
     costguard.errors.CostguardError: node 0's address '8.8.8.8' is not a private IPv4 address
     """
-    try:
-        address = ipaddress.IPv4Address(str(value))
-    except ValueError:
-        address = None
-    if address is None or not address.is_private or address.is_loopback:
+    address = node.private_ipv4(value)
+    if address is None:
         msg = f"node 0's address {str(value)[:60]!r} is not a private IPv4 address"
         raise CostguardError(msg, hint="this launch was ended; launch again")
-    return str(address)
+    return address
 
 
 def _short_fleet(
