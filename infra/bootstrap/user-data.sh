@@ -110,7 +110,6 @@ else
 fi
 
 NODES={{ nodes }}
-LAUNCHER=()
 if [ "$NODES" -gt 1 ]; then
     # One node of a gang (--nodes): its rank and node 0's private address come from this
     # instance's own metadata, written by the controller once every node is up, never
@@ -124,7 +123,7 @@ if [ "$NODES" -gt 1 ]; then
 fi
 
 echo "costguard bootstrap: running attempt $COSTGUARD_JOB_ATTEMPT of job $COSTGUARD_JOB_ID"
-${RUN[@]+"${RUN[@]}"} costguard run --checkpoint {{ checkpoint_url }} --cloud {{ cloud }} {{ run_options }} -- ${LAUNCHER[@]+"${LAUNCHER[@]}"} {{ command }}
+${RUN[@]+"${RUN[@]}"} costguard run --checkpoint {{ checkpoint_url }} --cloud {{ cloud }} {{ run_options }} -- {{ launcher }}{{ command }}
 status=$?
 echo "costguard bootstrap: the job exited with $status at $(date -u +%FT%TZ)"
 

@@ -86,6 +86,10 @@ class ComputeVm:
     zone: str
     id: str
     status: str = "PROVISIONING"
+    #: Its interface's private address (``networkInterfaces[0].networkIP``).
+    address: str = ""
+    #: The metadata's fingerprint (rule set_metadata_fingerprint).
+    fingerprint: str = "fp-0"
 
 
 #: The system events that take a VM away, as ``zoneOperations.list`` shows them.
@@ -132,6 +136,15 @@ class ComputeServer(LocalServer):
         #: (zone, machine or accelerator type name) the zone does not offer (rule
         #: zone_without_the_type); every other pair is offered.
         self.lacking: set[tuple[str, str]] = set()
+        #: zone -> how many more VMs it has room for (absent: as many as asked); a bulk
+        #: insert whose minCount does not fit makes none (rule bulk_insert_min_count).
+        self.room: dict[str, int] = {}
+        #: A fault, not the documented service: the next bulk insert makes one VM fewer
+        #: than its minCount and reports success (the launcher must not trust it).
+        self.broken_min_count = False
+        #: Firewall rules by name (global), and the private addresses handed out.
+        self.firewalls: dict[str, dict[str, Any]] = {}
+        self.addresses = itertools.count(2)
         self.requests.clear()
 
     def _operation(self, kind: str, zone: str, vm: ComputeVm, **extra: Any) -> dict[str, Any]:
@@ -178,10 +191,133 @@ class ComputeServer(LocalServer):
             if request_id:
                 self.request_ids[request_id] = failed["name"]
             return 200, failed, {}
-        self.vms[name] = vm
+        self._add(vm)
         operation = self._operation("insert", vm.zone, vm)
         if request_id:
             self.request_ids[request_id] = operation["name"]
+        return 200, operation, {}
+
+    def _add(self, vm: ComputeVm) -> None:
+        vm.address = f"10.128.0.{next(self.addresses)}"
+        self.vms[vm.body["name"]] = vm
+
+    def bulk_insert(self, request: Request, match: re.Match[str]) -> Reply:
+        """``instances.bulkInsert`` in one zone, the VMs named by ``perInstanceProperties``:
+        all of them or none when ``minCount`` does not fit (rule bulk_insert_min_count), as
+        many as fit between ``minCount`` and ``count`` otherwise."""
+        body = request.body
+        zone = match["zone"]
+        request_id = request.query.get("requestId", [""])[0]
+        if request_id in self.request_ids:
+            return 200, self.operations[self.request_ids[request_id]], {}
+        if self.quota_exceeded:
+            refusal = RULES["quota_exceeded_is_immediate_403"]
+            return refusal["status"], {"error": refusal["body"]}, {}
+        count, least = int(body["count"]), int(body.get("minCount", body["count"]))
+        names = list(body.get("perInstanceProperties", {}))
+        properties = body["instanceProperties"]
+        if not 1 <= least <= count or len(names) != count:
+            return (*google_error(400, "Invalid value for field 'resource.minCount'"), {})
+        for name in names:
+            refused = check_instance({"name": name, "labels": properties.get("labels", {}),
+                                      "disks": properties.get("disks", [])})  # fmt: skip
+            if refused is not None:
+                return (*refused, {})
+        taken = [n for n in names if n in self.vms]
+        if taken:
+            error = {"code": 409, "message": f"The resource '{taken[0]}' already exists",
+                     "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip
+            return 409, {"error": error}, {}
+        fits = count if zone not in self.room else min(count, self.room[zone])
+        if zone in self.full_zones:
+            fits = 0
+        if self.broken_min_count:
+            self.broken_min_count = False
+            fits = least - 1
+        elif fits < least:
+            fits = 0
+        first = None
+        for name in names[:fits]:
+            vm = ComputeVm(self._body(properties, name, zone), zone, str(next(self.ids)))
+            self._add(vm)
+            first = first or vm
+        if zone in self.room:
+            self.room[zone] -= fits
+        anchor = first or ComputeVm({"name": names[0]}, zone, "0")
+        extra: dict[str, Any] = {"operationType": "bulkInsert"}
+        if fits == 0:
+            error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": "none"}]}
+            extra.update(status="DONE", progress=100, httpErrorStatusCode=503,
+                         httpErrorMessage="UNAVAILABLE", error=error)  # fmt: skip
+        operation = self._operation("bulkInsert", zone, anchor, **extra)
+        if request_id:
+            self.request_ids[request_id] = operation["name"]
+        return 200, operation, {}
+
+    @staticmethod
+    def _body(properties: dict[str, Any], name: str, zone: str) -> dict[str, Any]:
+        """An instance's body from a bulk insert's ``instanceProperties`` (types by name)."""
+        base = f"zones/{zone}"
+        body = {**properties, "name": name,
+                "machineType": f"{base}/machineTypes/{properties['machineType']}"}  # fmt: skip
+        body["guestAccelerators"] = [
+            {**a, "acceleratorType": f"{base}/acceleratorTypes/{a['acceleratorType']}"}
+            for a in properties.get("guestAccelerators", [])
+        ]
+        return body
+
+    def set_metadata(self, request: Request, match: re.Match[str]) -> Reply:
+        """``instances.setMetadata``: the whole metadata replaced, with the current
+        fingerprint only (rule set_metadata_fingerprint)."""
+        reply = self.get(request, match)
+        if reply[0] != 200:
+            return reply
+        vm = self.vms[match["name"]]
+        if request.body.get("fingerprint") != vm.fingerprint:
+            rule = RULES["set_metadata_fingerprint"]
+            return (*google_error(rule["status"], rule["message"]), {})
+        vm.body["metadata"] = {"items": request.body.get("items", [])}
+        vm.fingerprint = f"fp-{next(self.ids)}"
+        return 200, self._operation("setMetadata", vm.zone, vm), {}
+
+    def insert_firewall(self, request: Request, match: re.Match[str]) -> Reply:
+        body = request.body
+        name = body.get("name", "")
+        if not re.fullmatch(RULES["instance_name"]["pattern"], name):
+            return (*google_error(400, "Invalid value for field 'resource.name'"), {})
+        if name in self.firewalls:
+            error = {"code": 409, "message": f"The resource '{name}' already exists",
+                     "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip
+            return 409, {"error": error}, {}
+        self.firewalls[name] = {**body, "kind": "compute#firewall", "id": str(next(self.ids))}
+        return 200, self._global_operation("insert", name), {}
+
+    def firewall(self, request: Request, match: re.Match[str]) -> Reply:
+        found = self.firewalls.get(match["name"])
+        if found is None:
+            error = {"code": 404, "message": f"The resource '{match['name']}' was not found",
+                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
+            return 404, {"error": error}, {}
+        if request.method == "DELETE":
+            del self.firewalls[match["name"]]
+            return 200, self._global_operation("delete", match["name"]), {}
+        return 200, found, {}
+
+    def _global_operation(self, kind: str, firewall: str) -> dict[str, Any]:
+        number = next(self.ids)
+        name = f"operation-{number}-{kind}"
+        operation = {
+            "kind": "compute#operation", "id": str(number), "name": name,
+            "operationType": kind, "status": "RUNNING", "progress": 0,
+            "targetLink": f"{COMPUTE}/projects/{PROJECT}/global/firewalls/{firewall}",
+            "selfLink": f"{COMPUTE}/projects/{PROJECT}/global/operations/{name}",
+        }  # fmt: skip
+        self.operations[name] = operation
+        return operation
+
+    def get_global_operation(self, request: Request, match: re.Match[str]) -> Reply:
+        operation = self.operations[match["operation"]]
+        operation.update(status="DONE", progress=100)
         return 200, operation, {}
 
     def _lacks(self, body: dict[str, Any], zone: str) -> tuple[int, dict[str, Any]] | None:
@@ -250,9 +386,13 @@ class ComputeServer(LocalServer):
              "diskSizeGb": str(disk.get("initializeParams", {}).get("diskSizeGb", "10"))}
             for disk in vm.body.get("disks", [])
         ]  # fmt: skip
+        interfaces = [dict(i) for i in vm.body.get("networkInterfaces", [{}])]
+        interfaces[0]["networkIP"] = vm.address
         return {
             **vm.body,
             "disks": disks,
+            "networkInterfaces": interfaces,
+            "metadata": {**vm.body.get("metadata", {}), "fingerprint": vm.fingerprint},
             "kind": "compute#instance",
             "id": vm.id,
             "status": vm.status,
@@ -332,6 +472,12 @@ class ComputeServer(LocalServer):
         return [
             ("GET", project + r"/regions/(?P<region>[a-z0-9-]+)", self.region),
             ("POST", zone + "/instances", self.insert),
+            ("POST", zone + "/instances/bulkInsert", self.bulk_insert),
+            ("POST", zone + "/instances/(?P<name>[^/]+)/setMetadata", self.set_metadata),
+            ("POST", project + "/global/firewalls", self.insert_firewall),
+            ("GET", project + "/global/firewalls/(?P<name>[^/]+)", self.firewall),
+            ("DELETE", project + "/global/firewalls/(?P<name>[^/]+)", self.firewall),
+            ("GET", project + "/global/operations/(?P<operation>[^/]+)", self.get_global_operation),
             ("GET", zone + "/instances/(?P<name>[^/]+)", self.get),
             ("DELETE", zone + "/instances/(?P<name>[^/]+)", self.delete),
             ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),

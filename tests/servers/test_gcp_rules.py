@@ -157,6 +157,55 @@ def test_a_quota_refusal_is_an_immediate_403(compute_server: ComputeServer, inst
     assert compute_server.vms == {}
 
 
+def bulk_insert(instances: Any, names: list[str], least: int) -> Any:
+    from google.cloud import compute_v1
+
+    resource = compute_v1.BulkInsertInstanceResource(
+        count=len(names),
+        min_count=least,
+        instance_properties=compute_v1.InstanceProperties(machine_type="n1-standard-4"),
+        per_instance_properties={
+            n: compute_v1.BulkInsertInstanceResourcePerInstanceProperties(name=n) for n in names
+        },
+    )
+    request = compute_v1.BulkInsertInstanceRequest(
+        project=GCP_PROJECT, zone="us-central1-a", bulk_insert_instance_resource_resource=resource
+    )
+    return instances.bulk_insert_unary(request=request)
+
+
+def test_a_bulk_insert_whose_min_count_does_not_fit_creates_nothing(
+    compute_server: ComputeServer, instances: Any
+) -> None:
+    assert RULES["bulk_insert_min_count"]["quote"].startswith("The minimum number")
+    compute_server.room["us-central1-a"] = 2
+    failed = bulk_insert(instances, ["vm-a", "vm-b", "vm-c"], least=3)
+    assert [e.code for e in failed.error.errors] == ["ZONE_RESOURCE_POOL_EXHAUSTED"]
+    assert compute_server.vms == {}
+    done = bulk_insert(instances, ["vm-a", "vm-b", "vm-c"], least=2)  # as many as fit
+    assert not done.error.errors
+    assert len(compute_server.vms) == 2
+
+
+def test_set_metadata_needs_the_current_fingerprint(
+    compute_server: ComputeServer, instances: Any
+) -> None:
+    from google.api_core.exceptions import PreconditionFailed
+    from google.cloud import compute_v1
+
+    insert(instances, "vm-a", str(uuid.uuid4()))
+    current = instances.get(project=GCP_PROJECT, zone="us-central1-a", instance="vm-a")
+    items = [compute_v1.Items(key="k", value="v")]
+    stale = compute_v1.Metadata(fingerprint="not-the-current-one", items=items)
+    with pytest.raises(PreconditionFailed):
+        instances.set_metadata_unary(project=GCP_PROJECT, zone="us-central1-a", instance="vm-a",
+                                     metadata_resource=stale)  # fmt: skip
+    fresh = compute_v1.Metadata(fingerprint=current.metadata.fingerprint, items=items)
+    instances.set_metadata_unary(project=GCP_PROJECT, zone="us-central1-a", instance="vm-a",
+                                 metadata_resource=fresh)  # fmt: skip
+    assert compute_server.vms["vm-a"].body["metadata"]["items"] == [{"key": "k", "value": "v"}]
+
+
 def test_a_zone_without_the_type_refuses_at_once_and_lists_it_not(
     compute_server: ComputeServer, instances: Any
 ) -> None:

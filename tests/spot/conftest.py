@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,3 +37,20 @@ def aws_launch_options(aws_env: str) -> dict[str, str]:
     """A clean moto account with the launcher's instance profile; the options that launch
     into it (:func:`tests.servers.aws.launch_account`)."""
     return launch_account()
+
+
+@pytest.fixture
+def gcp_launcher(compute_server: Any) -> Any:
+    """A GCP launcher with the real client, reaching the Compute fake (``compute_server``)."""
+    from google.auth.credentials import AnonymousCredentials
+
+    from costguard.settings import Settings
+    from costguard.spot.launcher.gcp import GcpLauncher
+    from tests.servers.gcp import PROJECT
+
+    return GcpLauncher(
+        Settings(gcp_endpoint=compute_server.url),
+        project=PROJECT,
+        credentials=AnonymousCredentials(),
+        poll_interval_s=0.01,
+    )

@@ -36,15 +36,8 @@ def server(compute_server: ComputeServer) -> ComputeServer:
 
 
 @pytest.fixture
-def launcher(server: ComputeServer) -> GcpLauncher:
-    from google.auth.credentials import AnonymousCredentials
-
-    return GcpLauncher(
-        Settings(gcp_endpoint=server.url),
-        project=PROJECT,
-        credentials=AnonymousCredentials(),
-        poll_interval_s=0.01,
-    )
+def launcher(gcp_launcher: GcpLauncher) -> GcpLauncher:
+    return gcp_launcher
 
 
 def spec(job_id: str = "Run-1", **options: str) -> LaunchSpec:

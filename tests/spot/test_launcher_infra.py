@@ -94,9 +94,9 @@ def test_aws_policy_covers_every_call_of_a_job(aws_env: str) -> None:
     }
     for operation in operations:
         assert allows(f"ec2:{operation}"), operation
-    # Tags given at launch need CreateTags, allowed only as part of RunInstances.
-    (create_tags,) = allows("ec2:CreateTags")
-    assert create_tags["Condition"] == {"StringEquals": {"ec2:CreateAction": "RunInstances"}}
+    # Tags given at launch need CreateTags, allowed only as part of the creating call.
+    (create_tags,) = [s for s in allows("ec2:CreateTags") if "ec2:CreateAction" in str(s)]
+    assert "RunInstances" in create_tags["Condition"]["StringEquals"]["ec2:CreateAction"]
 
     # RunInstances on the instance and its volumes is allowed only with the job tag, and
     # denied without IMDSv2: the launcher's own request meets both conditions.
@@ -189,12 +189,16 @@ def test_gcp_changes_only_vms_named_by_costguard() -> None:
                 "compute.instances.setMetadata", "compute.instances.setLabels"}  # fmt: skip
     assert changing <= set(scoped)
     assert not changing & set(project_wide)
+    # A gang's firewall rule needs compute.networks.updatePolicy on its network (not
+    # nameable by the condition), which changes nothing without firewalls.create/delete.
     assert all(p.endswith((".get", ".list", ".use", ".useExternalIp", ".useReadOnly"))
-               for p in project_wide)  # fmt: skip
+               for p in project_wide if p != "compute.networks.updatePolicy")  # fmt: skip
+    assert {"compute.firewalls.create", "compute.firewalls.delete"} <= set(scoped)
     condition = (INFRA / "gcp" / "launcher-instances-condition.yaml").read_text()
-    prefixes = re.findall(r'extract\("/(instances|disks)/\{name\}"\)\.startsWith\("([^"]+)"\)',
-                          condition)  # fmt: skip
-    assert {kind for kind, _ in prefixes} == {"instances", "disks"}
+    prefixes = re.findall(
+        r'extract\("/(instances|disks|firewalls)/\{name\}"\)\.startsWith\("([^"]+)"\)', condition
+    )
+    assert {kind for kind, _ in prefixes} == {"instances", "disks", "firewalls"}
     # Bound per owner (issue 28: a bare "costguard-" let any launcher user delete another's
     # VMs): alice's binding reaches the VMs of alice's jobs, never bob's or alice2's.
     from costguard.spot.prepare import owner_word
@@ -236,6 +240,12 @@ def gcp_permission(method: str, path: str) -> str:
     """The permission a Compute Engine REST call needs (its documented IAM permission)."""
     if method == "GET" and "/regions/" in path and "/zones/" not in path:
         return "compute.regions.get"
+    if "/global/operations/" in path:
+        return "compute.globalOperations.get"
+    if "/global/firewalls" in path:
+        return f"compute.firewalls.{ {'POST': 'create', 'GET': 'get', 'DELETE': 'delete'}[method] }"
+    if path.endswith("/setMetadata"):
+        return "compute.instances.setMetadata"
     if path.endswith("/aggregated/instances") or (method == "GET" and path.endswith("/instances")):
         return "compute.instances.list"
     if "/operations" in path:
@@ -245,14 +255,13 @@ def gcp_permission(method: str, path: str) -> str:
     return f"compute.instances.{verbs[method]}"
 
 
-def test_gcp_role_covers_every_call_of_a_job() -> None:
+def gcp_calls(run: Any) -> list[tuple[str, str, Any]]:
+    """The Compute Engine calls ``run(launcher)`` makes, against a fresh fake."""
     from google.auth.credentials import AnonymousCredentials
 
     from costguard.settings import Settings
     from costguard.spot.launcher.gcp import GcpLauncher
     from tests.servers.gcp import ComputeServer
-    from tests.spot.test_gcp_launcher import offer
-    from tests.spot.test_gcp_launcher import spec as gcp_spec
 
     server = ComputeServer()
     try:
@@ -263,6 +272,17 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
             credentials=AnonymousCredentials(),
             poll_interval_s=0.01,
         )
+        run(launcher, server)
+        return [(r.method, r.path, r.body) for r in server.requests]
+    finally:
+        server.stop()
+
+
+def test_gcp_role_covers_every_call_of_a_job() -> None:
+    from tests.spot.test_gcp_launcher import offer
+    from tests.spot.test_gcp_launcher import spec as gcp_spec
+
+    def job(launcher: Any, server: Any) -> None:
         assert launcher.zones("us-central1")
         handle = launcher.launch(offer(), gcp_spec(), attempt=1)
         launcher.status(handle)
@@ -270,9 +290,8 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
         server.preempt(handle.instance_id)
         launcher.status(handle)
         launcher.terminate(handle)
-        calls = [(r.method, r.path, r.body) for r in server.requests]
-    finally:
-        server.stop()
+
+    calls = gcp_calls(job)
     permissions = set(gcp_permissions())
     needed = {gcp_permission(method, path) for method, path, _ in calls}
     assert needed == {
@@ -300,6 +319,33 @@ def test_gcp_role_covers_every_call_of_a_job() -> None:
     if nic.get("accessConfigs"):
         assert "compute.networks.useExternalIp" in permissions
         assert "compute.subnetworks.useExternalIp" in permissions
+
+
+def test_gcp_role_covers_every_call_of_a_gang() -> None:
+    from tests.spot.test_gcp_gang import gang, offer
+
+    def job(launcher: Any, server: Any) -> None:
+        for handle in launcher.launch_gang(offer(), gang(), attempt=1):
+            launcher.terminate(handle)
+        launcher.release(gang())
+
+    calls = gcp_calls(job)
+    permissions = set(gcp_permissions())
+    needed = {gcp_permission(method, path) for method, path, _ in calls}
+    assert needed == {
+        "compute.instances.create", "compute.instances.get", "compute.instances.delete",
+        "compute.instances.setMetadata", "compute.zoneOperations.get",
+        "compute.firewalls.create", "compute.firewalls.get", "compute.firewalls.delete",
+        "compute.globalOperations.get",
+    }  # fmt: skip
+    assert needed <= permissions
+    # A rule on a network needs its updatePolicy; VMs created with network tags, setTags.
+    (rule,) = [b for m, p, b in calls if m == "POST" and p.endswith("/global/firewalls")]
+    assert rule["network"]
+    assert "compute.networks.updatePolicy" in permissions
+    (bulk,) = [b for m, p, b in calls if p.endswith("/instances/bulkInsert")]
+    assert bulk["instanceProperties"]["tags"]["items"]
+    assert "compute.instances.setTags" in permissions
 
 
 def azure_action(method: str, path: str) -> str:
@@ -420,3 +466,50 @@ def test_aws_policy_launches_and_terminates_only_as_its_owner() -> None:
         assert not launcher_allows("ec2:RunInstances", resource, forged)
     readme = (INFRA / "README.md").read_text()
     assert "costguard-owner" in readme
+
+
+def test_aws_policy_covers_every_call_of_a_gang_and_only_its_owners(ec2_faults: Any) -> None:
+    """A gang's fleet, security group, launch template, placement group and node tags:
+    every call allowed, and each only on what carries the caller's owner tag."""
+    from tests.servers.aws import launch_account
+    from tests.spot.test_aws_gang import gang
+    from tests.spot.test_aws_gang import offer as gang_offer
+
+    launch_account()
+    recorder = Recorder()
+    launcher = AwsLauncher(regions=["us-east-1"], clients=recorder.client)
+    spec = gang(placement="cluster")
+    for handle in launcher.launch_gang(gang_offer(), spec, attempt=1):
+        launcher.terminate(handle)
+    launcher.release(spec)
+    operations = {name for name, _ in recorder.calls}
+    assert {"CreateFleet", "CreateLaunchTemplate", "CreateSecurityGroup", "CreatePlacementGroup",
+            "AuthorizeSecurityGroupIngress", "CreateTags", "DeleteSecurityGroup",
+            "DeleteLaunchTemplate", "DeletePlacementGroup"} <= operations  # fmt: skip
+    for operation in operations:
+        assert allows(f"ec2:{operation}"), operation
+    arn = "arn:aws:ec2:us-east-1:111122223333"
+    mine = {f"aws:ResourceTag/{k}": v for k, v in spec.tags(1).items()}
+    theirs = {**mine, f"aws:ResourceTag/{OWNER_TAG}": "bob"}
+    told = {"aws:TagKeys": ["costguard:node-rank", "costguard:rendezvous"]}
+    instance = f"{arn}:instance/i-0123456789abcdef0"
+    assert launcher_allows("ec2:CreateTags", instance, {**ALICE, **mine, **told})
+    assert not launcher_allows("ec2:CreateTags", instance, {**ALICE, **theirs, **told})
+    keep = {"aws:TagKeys": ["costguard:keep"]}  # never another tag after the launch
+    assert not launcher_allows("ec2:CreateTags", instance, {**ALICE, **mine, **keep})
+    for action, resource in (
+        ("ec2:DeleteSecurityGroup", f"{arn}:security-group/sg-0123456789abcdef0"),
+        ("ec2:AuthorizeSecurityGroupIngress", f"{arn}:security-group/sg-0123456789abcdef0"),
+        ("ec2:DeleteLaunchTemplate", f"{arn}:launch-template/lt-0123456789abcdef0"),
+        ("ec2:DeletePlacementGroup", f"{arn}:placement-group/costguard-cg-alice-gang-1"),
+    ):
+        assert launcher_allows(action, resource, {**ALICE, **mine}), action
+        assert not launcher_allows(action, resource, {**ALICE, **theirs}), action
+    request = {f"aws:RequestTag/{k}": v for k, v in spec.tags(1).items()}
+    forged = {**request, f"aws:RequestTag/{OWNER_TAG}": "bob"}
+    for resource in (f"{arn}:fleet/fleet-0123", instance):
+        assert launcher_allows("ec2:CreateFleet", resource, {**ALICE, **request})
+        assert not launcher_allows("ec2:CreateFleet", resource, {**ALICE, **forged})
+    group = f"{arn}:security-group/sg-0123456789abcdef0"
+    assert launcher_allows("ec2:CreateSecurityGroup", group, {**ALICE, **request})
+    assert not launcher_allows("ec2:CreateSecurityGroup", group, {**ALICE, **forged})

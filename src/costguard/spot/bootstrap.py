@@ -264,6 +264,7 @@ def render(
         # on the instance, from its own metadata: costguard.spot.node).
         "nodes": shlex.quote(str(spec.nodes)),
         "torchrun": shlex.join(torchrun_words(spec.nodes, spec.procs_per_node or "gpu")),
+        "launcher": '"${LAUNCHER[@]}" ' if spec.nodes > 1 else "",
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
     environ = os.environ if environ is None else environ

@@ -64,11 +64,20 @@ from costguard.clouds import gcp as gcp_clouds
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.settings import Settings
-from costguard.spot import bootstrap
+from costguard.spot import bootstrap, node
 from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
 from costguard.spot.launcher.options import Option, Options
-from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, OWNER_TAG, check_job_id, gcp_label
+from costguard.tags import (
+    ATTEMPT_TAG,
+    EXPIRES_TAG,
+    JOB_TAG,
+    NODE_RANK_TAG,
+    OWNER_TAG,
+    RENDEZVOUS_TAG,
+    check_job_id,
+    gcp_label,
+)
 
 #: The most seconds one insert or delete operation is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
@@ -303,6 +312,99 @@ def _boot_disk(compute: Any, values: Mapping[str, str], zone: str, tags: dict[st
     )
 
 
+def network_tag(job_id: str) -> str:
+    """The network tag of a gang's VMs, and the name of the job's firewall rule.
+
+    >>> network_tag("cg-alice-20261206-0955-ab12")
+    'costguard-cg-alice-20261206-0955-ab12'
+    """
+    return f"costguard-{label_value(check_job_id(job_id, 'the job to launch'))}"[:63].rstrip("-")
+
+
+def gang_name(job_id: str, attempt: int, rank: int) -> str:
+    """The name of node ``rank``'s VM in attempt ``attempt`` of a gang.
+
+    >>> gang_name("Run-1", 2, 0)
+    'costguard-run-1-2-n0'
+    """
+    suffix = f"-n{rank}"
+    return bootstrap.resource_name(job_id, attempt, 63 - len(suffix)) + suffix
+
+
+def gang_firewall(compute: Any, tag: str, network: str) -> Any:
+    """The job's firewall rule: ingress TCP on the rendezvous and collective ports, from
+    and to the VMs with the job's network tag ``tag`` only."""
+    low, high = bootstrap.COLLECTIVE_PORTS
+    return compute.Firewall(
+        name=tag,
+        network=network,
+        direction="INGRESS",
+        description="costguard: a gang's nodes reach each other, nothing else reaches them",
+        source_tags=[tag],
+        target_tags=[tag],
+        allowed=[
+            compute.Allowed(I_p_protocol="tcp", ports=[str(bootstrap.RDZV_PORT), f"{low}-{high}"])
+        ],
+    )
+
+
+def _is_gang_firewall(found: Any, tag: str) -> bool:
+    """Whether the rule ``found`` opens only what a gang's rule does (its own tag)."""
+    return (
+        list(found.source_tags) == [tag]
+        and list(found.target_tags) == [tag]
+        and not list(found.source_ranges)
+        and str(found.direction) in ("INGRESS", "Direction.INGRESS")
+    )
+
+
+def _properties(compute: Any, instance: Any, tag: str) -> Any:
+    """A bulk insert's ``instanceProperties`` from one VM's body: the same VM, its machine,
+    accelerator and disk types by name (no zone), and the gang's network tag."""
+    disks = []
+    for disk in instance.disks:
+        params = disk.initialize_params
+        disks.append(
+            compute.AttachedDisk(
+                boot=disk.boot,
+                auto_delete=disk.auto_delete,
+                initialize_params=compute.AttachedDiskInitializeParams(
+                    source_image=params.source_image,
+                    disk_size_gb=params.disk_size_gb,
+                    disk_type=gcp_clouds.last_segment(params.disk_type),
+                    labels=dict(params.labels),
+                ),
+            )
+        )
+    return compute.InstanceProperties(
+        machine_type=gcp_clouds.last_segment(instance.machine_type),
+        labels=dict(instance.labels),
+        scheduling=instance.scheduling,
+        guest_accelerators=[
+            compute.AcceleratorConfig(
+                accelerator_type=gcp_clouds.last_segment(a.accelerator_type),
+                accelerator_count=a.accelerator_count,
+            )
+            for a in instance.guest_accelerators
+        ],
+        disks=disks,
+        network_interfaces=list(instance.network_interfaces),
+        metadata=instance.metadata,
+        service_accounts=list(instance.service_accounts),
+        tags=compute.Tags(items=[tag]),
+    )
+
+
+def _refused(operation: Any, action: str) -> None:
+    """A finished operation's ``error.errors`` as a :class:`CostguardError` naming them
+    (nothing when there are none)."""
+    errors = list(operation.error.errors)
+    if errors:
+        detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
+        msg = f"Google Cloud refused {action}: {detail}"
+        raise CostguardError(msg)
+
+
 class GcpLauncher(base.Launcher):
     """Compute Engine in one project (``project``, or each spec's ``project`` option).
     Pass ``credentials`` (or ready clients) to bypass Application Default Credentials;
@@ -337,6 +439,7 @@ class GcpLauncher(base.Launcher):
         self._credentials = credentials
         self._instances = instances_client
         self._operations = operations_client
+        self._gang_clients: dict[str, Any] = {}
         self._environ = environ
 
     def _client(self, name: str) -> Any:
@@ -355,6 +458,20 @@ class GcpLauncher(base.Launcher):
         if self._operations is None:
             self._operations = self._client("ZoneOperationsClient")
         return self._operations
+
+    @property
+    def global_operations(self) -> Any:
+        return self._gang_client("GlobalOperationsClient")
+
+    @property
+    def firewalls(self) -> Any:
+        return self._gang_client("FirewallsClient")
+
+    def _gang_client(self, name: str) -> Any:
+        """A client only gangs use (their firewall rule), built on first use."""
+        if name not in self._gang_clients:
+            self._gang_clients[name] = self._client(name)
+        return self._gang_clients[name]
 
     @property
     def regions(self) -> Any:
@@ -470,7 +587,8 @@ class GcpLauncher(base.Launcher):
         )
 
     def _wait(self, operation: Any, project: str, zone: str, action: str) -> Any:
-        """Poll a zone operation until it is DONE, for at most :data:`OPERATION_TIMEOUT_S`.
+        """Poll a zone operation (a global one when ``zone`` is empty: a firewall rule's)
+        until it is DONE, for at most :data:`OPERATION_TIMEOUT_S`.
 
         Polled with our own ``ZoneOperationsClient``: the one inside ``InstancesClient``
         ignores the endpoint override and would poll the public API.
@@ -483,7 +601,12 @@ class GcpLauncher(base.Launcher):
                 raise CostguardError(msg, hint="costguard jobs status shows what came of it")
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
-            operation = self.operations.get(project=project, zone=zone, operation=operation.name)
+            if zone:
+                operation = self.operations.get(
+                    project=project, zone=zone, operation=operation.name
+                )
+            else:
+                operation = self.global_operations.get(project=project, operation=operation.name)
         return operation
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
@@ -510,37 +633,10 @@ class GcpLauncher(base.Launcher):
             target_id = str(operation.target_id or "")
         except core.Conflict:
             operation = None  # this attempt's VM exists already: a retried launch, use it
-        except core.BadRequest as exc:
-            message = str(getattr(exc, "message", "") or exc)
-            if not _NOT_IN_ZONE.search(message):
-                raise gcp_clouds.translate(exc, action) from None
-            text = f"Google Cloud has no {offer.instance_type} ({offer.gpu}) in {zone}: {message}"
-            raise CapacityError(
-                text,
-                place=f"{self.provider}/{offer.region}/{zone}",
-                code="RESOURCE_NOT_FOUND_IN_ZONE",
-            ) from None
-        except core.Forbidden as exc:
-            quota = quota_refusal(exc)
-            if quota is None:
-                raise gcp_clouds.translate(exc, action) from None
-            text = f"Google Cloud has no quota for {offer.instance_type} in {zone}: {quota}"
-            raise CapacityError(
-                text, place=f"{self.provider}/{offer.region}/{zone}", code="QUOTA_EXCEEDED"
-            ) from None
         except gcp_clouds.errors() as exc:
-            raise gcp_clouds.translate(exc, action) from None
-        errors = list(operation.error.errors) if operation is not None else []
-        if errors:
-            codes = [e.code for e in errors]
-            full = [c for c in codes if c in CAPACITY_CODES]
-            if full:
-                text = f"Google Cloud has no room for {offer.instance_type} in {zone}: {full[0]}"
-                place = f"{self.provider}/{offer.region}/{zone}"
-                raise CapacityError(text, place=place, code=full[0])
-            detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
-            msg = f"Google Cloud refused {action}: {detail}"
-            raise CostguardError(msg)
+            raise self._refusal(exc, offer, zone, action) from None
+        if operation is not None:
+            self._raise_errors(list(operation.error.errors), offer, zone, action)
         return Handle(
             provider=self.provider,
             region=offer.region,
@@ -548,6 +644,247 @@ class GcpLauncher(base.Launcher):
             zone=zone,
             extra={"project": project, "id": target_id, "attempt": str(attempt)},
         )
+
+    def _refusal(self, exc: BaseException, offer: Offer, zone: str, action: str) -> CostguardError:
+        """An insert's immediate refusal: a :class:`CapacityError` when the zone lacks the
+        type (400 ``invalid``, "does not exist in zone") or the quota is spent (403), else
+        the refusal translated."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        place = f"{self.provider}/{offer.region}/{zone}"
+        if isinstance(exc, core.BadRequest):
+            message = str(getattr(exc, "message", "") or exc)
+            if _NOT_IN_ZONE.search(message):
+                text = f"Google Cloud has no {offer.instance_type} ({offer.gpu}) in {zone}: "
+                return CapacityError(text + message, place=place, code="RESOURCE_NOT_FOUND_IN_ZONE")
+        if isinstance(exc, core.Forbidden):
+            quota = quota_refusal(exc)
+            if quota is not None:
+                text = f"Google Cloud has no quota for {offer.instance_type} in {zone}: {quota}"
+                return CapacityError(text, place=place, code="QUOTA_EXCEEDED")
+        return gcp_clouds.translate(exc, action)
+
+    def _raise_errors(self, errors: list[Any], offer: Offer, zone: str, action: str) -> None:
+        """A finished insert's ``error.errors``: a :class:`CapacityError` for a full zone
+        or a spent quota, else a :class:`CostguardError` naming them; nothing if none."""
+        if not errors:
+            return
+        full = [e.code for e in errors if e.code in CAPACITY_CODES]
+        if full:
+            text = f"Google Cloud has no room for {offer.instance_type} in {zone}: {full[0]}"
+            raise CapacityError(text, place=f"{self.provider}/{offer.region}/{zone}", code=full[0])
+        detail = "; ".join(f"{e.code}: {e.message}" for e in errors)
+        msg = f"Google Cloud refused {action}: {detail}"
+        raise CostguardError(msg)
+
+    # ------------------------------------------------------------------- gang
+
+    def launch_gang(self, offer: Offer, spec: LaunchSpec, attempt: int) -> tuple[Handle, ...]:
+        """The ``spec.nodes`` VMs of attempt ``attempt``, all or none, in one zone: one
+        zonal ``instances.bulkInsert`` with ``count`` and ``minCount`` both ``spec.nodes``
+        ("If min_count instances cannot be created, then no instances will be created"),
+        each VM named for its rank (``<attempt's name>-n<rank>``) and carrying the job's
+        network tag, which the job's firewall rule opens the rendezvous and collective
+        ports to, from that tag only. Then each VM is told its rank and node 0's
+        private address in its own metadata (``instances.setMetadata``), which the node
+        reads from the metadata server. A bulk insert that leaves fewer VMs than the gang,
+        or anything failing after it, deletes those it made before raising (a
+        :class:`CapacityError` when the zone had no room). The handles come in rank order.
+        """
+        if spec.nodes == 1:
+            return (self.launch(offer, spec, attempt),)
+        instance = self.request(offer, spec, attempt)
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        project = self._project(spec)
+        zone = self._zone(offer, spec)
+        values = OPTIONS.check(spec.options, self.provider, self.option_defaults())
+        tag = network_tag(spec.job_id)
+        self._gang_firewall(project, values["network"], tag)
+        names = [gang_name(spec.job_id, attempt, rank) for rank in range(spec.nodes)]
+        resource = compute.BulkInsertInstanceResource(
+            count=spec.nodes,
+            min_count=spec.nodes,
+            instance_properties=_properties(compute, instance, tag),
+            per_instance_properties={
+                name: compute.BulkInsertInstanceResourcePerInstanceProperties(name=name)
+                for name in names
+            },
+        )
+        action = f"creating {spec.nodes} x {offer.instance_type} in {zone}"
+        handles = [
+            Handle(
+                self.provider,
+                offer.region,
+                name,
+                zone,
+                {
+                    "project": project,
+                    "attempt": str(attempt),
+                    "node": str(rank),
+                    "nodes": str(spec.nodes),
+                },
+            )
+            for rank, name in enumerate(names)
+        ]
+        try:
+            try:
+                operation = self._wait(
+                    self.instances.bulk_insert_unary(
+                        request=compute.BulkInsertInstanceRequest(
+                            project=project,
+                            zone=zone,
+                            bulk_insert_instance_resource_resource=resource,
+                            request_id=str(uuid.uuid4()),
+                        )
+                    ),
+                    project,
+                    zone,
+                    action,
+                )
+            except core.Conflict:
+                operation = None  # this attempt's VMs exist already: a retried launch
+            except gcp_clouds.errors() as exc:
+                raise self._refusal(exc, offer, zone, action) from None
+            if operation is not None:
+                self._raise_errors(list(operation.error.errors), offer, zone, action)
+            return self._tell_gang(offer, handles, spec)
+        except BaseException:
+            self._end_gang(handles, spec)
+            raise
+
+    def _end_gang(self, handles: list[Handle], spec: LaunchSpec) -> None:
+        """Delete the VMs of a gang that cannot run whole: those that exist and carry the
+        job's label and the attempt's (a VM of the same name that is not the job's is
+        left alone)."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        for handle in handles:
+            where = {"project": handle.extra["project"], "zone": handle.zone}
+            try:
+                item = self.instances.get(**where, instance=handle.instance_id)
+            except core.NotFound:
+                continue
+            except gcp_clouds.errors() as exc:
+                raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
+            if item.labels.get(gcp_label(JOB_TAG)) == label_value(spec.job_id) and item.labels.get(
+                gcp_label(ATTEMPT_TAG)
+            ) == handle.extra.get("attempt"):
+                self.terminate(handle)
+
+    def _tell_gang(
+        self, offer: Offer, handles: list[Handle], spec: LaunchSpec
+    ) -> tuple[Handle, ...]:
+        """Every VM of the gang read (a :class:`CapacityError` if any is missing: the bulk
+        insert left fewer than its minimum) and proven this job's by its label, then told
+        its rank and the rendezvous in its metadata; the handles with the VMs' ids."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        project, zone = handles[0].extra["project"], handles[0].zone
+        found = {}
+        for handle in handles:
+            try:
+                found[handle.instance_id] = self.instances.get(
+                    project=project, zone=zone, instance=handle.instance_id
+                )
+            except core.NotFound:
+                continue
+            except gcp_clouds.errors() as exc:
+                raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
+        if len(found) != len(handles):
+            msg = (
+                f"Google Cloud made {len(found)} of the {len(handles)} VMs of the gang in "
+                f"{zone} (the {len(found)} made are deleted: all or none)"
+            )
+            raise CapacityError(msg, place=f"{offer.region_place}/{zone}", code="MIN_COUNT")
+        job_label = label_value(spec.job_id)
+        if any(item.labels.get(gcp_label(JOB_TAG)) != job_label for item in found.values()):
+            msg = f"a VM named like this job's gang in {zone} is not labelled as the job's"
+            raise CostguardError(msg, hint="delete it if it is a leftover, then launch again")
+        first = found[handles[0].instance_id]
+        address = node.private_ipv4(first.network_interfaces[0].network_i_p)
+        if address is None:
+            msg = f"node 0 ({handles[0].instance_id}) has no private IPv4 address"
+            raise CostguardError(msg, hint="this launch was ended; launch again")
+        rendezvous = f"{address}:{bootstrap.RDZV_PORT}"
+        for rank, handle in enumerate(handles):
+            item = found[handle.instance_id]
+            told = {gcp_label(NODE_RANK_TAG): str(rank), gcp_label(RENDEZVOUS_TAG): rendezvous}
+            self._set_metadata(project, zone, item, told)
+        return tuple(
+            Handle(
+                h.provider,
+                h.region,
+                h.instance_id,
+                h.zone,
+                {**h.extra, "id": str(found[h.instance_id].id)},
+            )
+            for h in handles
+        )
+
+    def _set_metadata(self, project: str, zone: str, item: Any, told: Mapping[str, str]) -> None:
+        """``instances.setMetadata`` of ``item`` with ``told`` added (its other items kept,
+        its fingerprint sent, so a concurrent change is refused rather than lost)."""
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        kept = [i for i in item.metadata.items if i.key not in told]
+        metadata = compute.Metadata(
+            fingerprint=item.metadata.fingerprint,
+            items=[*kept, *(compute.Items(key=k, value=v) for k, v in told.items())],
+        )
+        action = f"telling {item.name} its node rank"
+        try:
+            operation = self.instances.set_metadata_unary(
+                project=project, zone=zone, instance=item.name, metadata_resource=metadata
+            )
+            operation = self._wait(operation, project, zone, action)
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
+        _refused(operation, action)
+
+    def _gang_firewall(self, project: str, network: str, tag: str) -> None:
+        """The job's firewall rule (made once): TCP on the rendezvous port and the
+        collective ports into VMs with the job's network tag, from VMs with that tag only."""
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        rule = gang_firewall(compute, tag, network)
+        action = f"making the firewall rule {tag}"
+        try:
+            operation = self._wait(
+                self.firewalls.insert_unary(project=project, firewall_resource=rule),
+                project,
+                "",
+                action,
+            )
+        except core.Conflict:
+            try:
+                found = self.firewalls.get(project=project, firewall=tag)
+            except gcp_clouds.errors() as exc:
+                raise gcp_clouds.translate(exc, action) from None
+            if not _is_gang_firewall(found, tag):
+                msg = f"the firewall rule {tag} exists and is not this job's: costguard leaves it"
+                raise CostguardError(
+                    msg, hint="delete it if it is a leftover, then launch again"
+                ) from None
+            return
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
+        _refused(operation, action)
+
+    def release(self, spec: LaunchSpec) -> None:
+        """Delete the job's firewall rule, when it is the one a gang of the job made (its
+        source and target tags the job's network tag, nothing else); gone is fine."""
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        project = self._project(spec)
+        tag = network_tag(spec.job_id)
+        action = f"deleting the firewall rule {tag}"
+        try:
+            found = self.firewalls.get(project=project, firewall=tag)
+            if not _is_gang_firewall(found, tag):
+                return
+            self._wait(
+                self.firewalls.delete_unary(project=project, firewall=tag), project, "", action
+            )
+        except core.NotFound:
+            return
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
 
     # ----------------------------------------------------------------- status
 
