@@ -126,6 +126,14 @@ class ArmVm:
     name: str
     provisioning: str = "Creating"
     power: str = "starting"
+    #: Its NIC's private address.
+    address: str = ""
+
+
+def _nic_id(group: str, name: str) -> str:
+    """The id of a NIC a VM declares inline (``networkInterfaceConfigurations``)."""
+    return (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/"
+            f"Microsoft.Network/networkInterfaces/{name}")  # fmt: skip
 
 
 class ArmServer(LocalServer):
@@ -157,6 +165,11 @@ class ArmServer(LocalServer):
             ("westus", "Standard_NC4as_T4_v3"): ([], []),  # a region without zones
         }
         self.ids = itertools.count(1)
+        #: size -> how many more VMs of it Azure has room for (absent: any number); a
+        #: create beyond fails as a full size does (a gang's partial failure).
+        self.room: dict[str, int] = {}
+        #: Proximity placement groups by (group, name).
+        self.placement_groups: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests.clear()
 
     def resource(self, vm: ArmVm) -> dict[str, Any]:
@@ -164,6 +177,13 @@ class ArmServer(LocalServer):
         properties["osProfile"] = {
             k: v for k, v in properties["osProfile"].items() if k != "customData"
         }  # ARM never returns customData
+        properties["networkProfile"] = {
+            **properties["networkProfile"],
+            "networkInterfaces": [
+                {"id": _nic_id(vm.group, c["name"]), "properties": {"primary": True}}
+                for c in properties["networkProfile"]["networkInterfaceConfigurations"]
+            ],
+        }
         properties.update(
             provisioningState=vm.provisioning,
             timeCreated="2026-12-01T03:00:00.1234567+00:00",
@@ -210,8 +230,17 @@ class ArmServer(LocalServer):
                 subnet = ip["properties"]["subnet"]["id"]
                 if self.subnets.get(subnet.lower()) != body["location"]:
                     return arm_error("subnet_in_vm_region", subnet=subnet, nic=nic["name"])
+        placement = body["properties"].get("proximityPlacementGroup", {}).get("id", "")
+        if placement and not any(
+            g.get("id", "").lower() == placement.lower() for g in self.placement_groups.values()
+        ):
+            message = f"Proximity placement group '{placement}' was not found."
+            error = {"code": "InvalidParameter", "message": message}
+            return 400, {"error": error}, {}
         if vm is None:
-            vm = self.vms[name] = ArmVm(body, match["group"], name)
+            vm = self.vms[name] = ArmVm(
+                body, match["group"], name, address=f"10.1.0.{next(self.ids)}"
+            )
         else:  # PUT again: an update of the same VM
             vm.body = body
         return 201, self.resource(vm), self._async("create", vm, body["location"])
@@ -223,6 +252,11 @@ class ArmServer(LocalServer):
         if operation["polls"] == 1:
             return 200, {"name": match["id"], "status": "InProgress"}, {}
         size = vm.body["properties"]["hardwareProfile"]["vmSize"]
+        if operation["kind"] == "create" and size in self.room:
+            if self.room[size] <= 0:
+                self.full_sizes.add(size)
+            else:
+                self.room[size] -= 1
         if operation["kind"] == "create" and size in self.full_sizes:
             self.vms.pop(vm.name, None)
             error = {
@@ -295,6 +329,65 @@ class ArmServer(LocalServer):
             value.append(sku)
         return 200, {"value": value}, {}
 
+    def update(self, request: Request, match: re.Match[str]) -> Reply:
+        """``virtualMachines.update`` (PATCH): the tags given replace the VM's tags."""
+        vm = self.vms.get(match["name"])
+        if vm is None:
+            return self.get(request, match)
+        if "tags" in request.body:
+            vm.body["tags"] = dict(request.body["tags"])
+        return 200, self.resource(vm), {}
+
+    def nic(self, request: Request, match: re.Match[str]) -> Reply:
+        """``networkInterfaces.get`` of a NIC a VM declared inline: its private address."""
+        for vm in self.vms.values():
+            configurations = vm.body["properties"]["networkProfile"][
+                "networkInterfaceConfigurations"
+            ]
+            if vm.group == match["group"] and any(
+                c["name"] == match["nic"] for c in configurations
+            ):
+                address = {"privateIPAddress": vm.address, "privateIPAllocationMethod": "Dynamic"}
+                ip = {"name": "ipconfig1", "properties": address}
+                body = {"id": _nic_id(vm.group, match["nic"]), "name": match["nic"],
+                        "properties": {"ipConfigurations": [ip]}}  # fmt: skip
+                return 200, body, {}
+        error = {
+            "code": "ResourceNotFound",
+            "message": f"The Resource '{match['nic']}' was not found.",
+        }
+        return 404, {"error": error}, {}
+
+    def placement_group(self, request: Request, match: re.Match[str]) -> Reply:
+        """Proximity placement groups: PUT (synchronous), GET, DELETE, and the group's list."""
+        key = (match["group"], match["ppg"]) if match.groupdict().get("ppg") else None
+        if key is None:
+            listed = [
+                g for (group, _), g in self.placement_groups.items() if group == match["group"]
+            ]
+            return 200, {"value": listed}, {}
+        if request.method == "PUT":
+            self.placement_groups[key] = {
+                "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{key[0]}/providers/"
+                f"Microsoft.Compute/proximityPlacementGroups/{key[1]}",
+                "name": key[1], "type": "Microsoft.Compute/proximityPlacementGroups",
+                **{k: v for k, v in request.body.items() if k != "properties"},
+                "properties": dict(request.body.get("properties", {})),
+            }  # fmt: skip
+            return 200, self.placement_groups[key], {}
+        if key not in self.placement_groups:
+            if request.method == "DELETE":
+                return 204, None, {}
+            error = {
+                "code": "ResourceNotFound",
+                "message": f"The Resource '{key[1]}' was not found.",
+            }
+            return 404, {"error": error}, {}
+        if request.method == "DELETE":
+            del self.placement_groups[key]
+            return 200, None, {}
+        return 200, self.placement_groups[key], {}
+
     def evict(self, name: str) -> None:
         """What Azure does to an evicted Spot VM: delete it, or deallocate it."""
         vm = self.vms[name]
@@ -310,7 +403,14 @@ class ArmServer(LocalServer):
         return [
             ("GET", subscription + r"/providers/Microsoft\.Compute/skus", self.list_skus),
             ("PUT", vm, self.put),
+            ("PATCH", vm, self.update),
             ("GET", vm, self.get),
+            ("GET", group + r"/providers/Microsoft\.Network/networkInterfaces/(?P<nic>[^/]+)",
+             self.nic),
+            *[(method, group + r"/providers/Microsoft\.Compute/proximityPlacementGroups"
+               r"/(?P<ppg>[^/]+)", self.placement_group) for method in ("PUT", "GET", "DELETE")],
+            ("GET", group + r"/providers/Microsoft\.Compute/proximityPlacementGroups",
+             self.placement_group),
             ("DELETE", vm, self.delete),
             ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
             ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"

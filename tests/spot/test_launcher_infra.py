@@ -354,8 +354,47 @@ def azure_action(method: str, path: str) -> str:
         return "Microsoft.Compute/locations/operations/read"
     if path.endswith("/providers/Microsoft.Compute/skus"):
         return "Microsoft.Compute/skus/read"
-    verbs = {"PUT": "write", "GET": "read", "DELETE": "delete"}
+    verbs = {"PUT": "write", "PATCH": "write", "GET": "read", "DELETE": "delete"}
+    if "/Microsoft.Network/networkInterfaces/" in path:
+        return f"Microsoft.Network/networkInterfaces/{verbs[method]}"
+    if "/proximityPlacementGroups" in path:
+        return f"Microsoft.Compute/proximityPlacementGroups/{verbs[method]}"
     return f"Microsoft.Compute/virtualMachines/{verbs[method]}"
+
+
+def test_azure_role_covers_every_call_of_a_gang() -> None:
+    from costguard.settings import Settings
+    from costguard.spot.launcher.azure import AzureLauncher
+    from tests.servers.azure import GROUP, SUBSCRIPTION, ArmServer
+    from tests.servers.http import FakeTokenCredential, azure_client_options
+    from tests.spot.test_azure_gang import gang, offer
+
+    server = ArmServer()
+    try:
+        server.reset()
+        launcher = AzureLauncher(
+            Settings(azure_endpoint=server.url),
+            subscription_id=SUBSCRIPTION,
+            resource_group=GROUP,
+            credential=FakeTokenCredential(),
+            client_options=azure_client_options(),
+        )
+        for handle in launcher.launch_gang(offer(), gang(), attempt=1):
+            launcher.terminate(handle)
+        launcher.release(gang())
+        calls = [(r.method, r.path) for r in server.requests]
+    finally:
+        server.stop()
+    role = json.loads((INFRA / "azure" / "launcher-role.json").read_text())
+    needed = {azure_action(method, path) for method, path in calls}
+    assert {
+        "Microsoft.Compute/proximityPlacementGroups/write",
+        "Microsoft.Compute/proximityPlacementGroups/read",
+        "Microsoft.Compute/proximityPlacementGroups/delete",
+        "Microsoft.Network/networkInterfaces/read",
+        "Microsoft.Compute/virtualMachines/write",
+    } <= needed
+    assert needed <= set(role["Actions"])
 
 
 def test_azure_role_covers_every_call_of_a_job() -> None:

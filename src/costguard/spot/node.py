@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from costguard.checkpoint import notices
 from costguard.checkpoint.notices.aws import AwsMetadata
 from costguard.errors import CostguardError
+from costguard.spot.bootstrap import RDZV_PORT
 from costguard.tags import NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
 
 #: How long a node waits for the controller to tell it its rank (it does so seconds
@@ -63,6 +64,17 @@ def private_ipv4(text: object) -> str | None:
     except ValueError:
         return None
     return str(address) if any(address in net for net in PRIVATE_NETWORKS) else None
+
+
+def told(rank: int, address: str) -> dict[str, str]:
+    """What the controller writes on node ``rank`` once its whole gang is up, where only
+    the cloud's API writes (tags, metadata): its rank, and the rendezvous at node 0's
+    private ``address``; what :func:`wait` reads back on the node.
+
+    >>> told(1, "10.0.0.5")
+    {'costguard:node-rank': '1', 'costguard:rendezvous': '10.0.0.5:29500'}
+    """
+    return {NODE_RANK_TAG: str(rank), RENDEZVOUS_TAG: f"{address}:{RDZV_PORT}"}
 
 
 @dataclass(frozen=True)

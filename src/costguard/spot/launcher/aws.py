@@ -66,9 +66,7 @@ from costguard.spot.launcher.options import Option, Options
 from costguard.tags import (
     ATTEMPT_TAG,
     JOB_TAG,
-    NODE_RANK_TAG,
     OWNER_TAG,
-    RENDEZVOUS_TAG,
     check_job_id,
 )
 
@@ -808,9 +806,8 @@ class AwsLauncher(Launcher):
             msg = f"EC2 placed the gang's nodes in {', '.join(zones)}, not in one zone"
             raise CostguardError(msg, hint="this launch was ended; launch again")
         address = private_address(found[ids[0]].get("PrivateIpAddress"))
-        rendezvous = f"{address}:{bootstrap.RDZV_PORT}"
         for rank, instance_id in enumerate(ids):
-            tags = {NODE_RANK_TAG: str(rank), RENDEZVOUS_TAG: rendezvous}
+            tags = node.told(rank, address)
             self._retry_visible(
                 functools.partial(ec2.create_tags, Resources=[instance_id], Tags=_tags(tags)),
                 f"telling {instance_id} its node rank",

@@ -45,6 +45,7 @@ script of a retry need not be byte-identical.
 from __future__ import annotations
 
 import base64
+import copy
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -55,11 +56,16 @@ from costguard.clouds import azure as azure_clouds
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
 from costguard.settings import Settings
-from costguard.spot import bootstrap
+from costguard.spot import bootstrap, node
 from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
 from costguard.spot.launcher.options import Option, Options
-from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
+from costguard.tags import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    OWNER_TAG,
+    check_job_id,
+)
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
@@ -304,6 +310,38 @@ def _network_profile(name: str, subnet: str) -> dict[str, Any]:
     }
 
 
+def gang_name(job_id: str, attempt: int, rank: int) -> str:
+    """The name of node ``rank``'s VM in attempt ``attempt`` of a gang (64 characters at
+    most: a Linux computer name).
+
+    >>> gang_name("run-1", 2, 1)
+    'costguard-run-1-2-n1'
+    """
+    suffix = f"-n{rank}"
+    return bootstrap.resource_name(job_id, attempt, 64 - len(suffix)) + suffix
+
+
+def placement_group_name(job_id: str, region: str) -> str:
+    """The job's proximity placement group in ``region`` (one per region: a group lives in
+    one).
+
+    >>> placement_group_name("cg-alice-1", "eastus")
+    'costguard-cg-alice-1-eastus'
+    """
+    return f"costguard-{check_job_id(job_id, 'the job to launch')}-{region}"
+
+
+def _node_body(template: dict[str, Any], name: str, placement: str) -> dict[str, Any]:
+    """One gang VM's body: ``template`` (the attempt's) under the node's own name (its
+    computer name and NIC), in the proximity placement group ``placement``."""
+    body = copy.deepcopy(template)
+    properties = body["properties"]
+    properties["osProfile"]["computerName"] = name
+    properties["networkProfile"]["networkInterfaceConfigurations"][0]["name"] = f"{name}-nic"
+    properties["proximityPlacementGroup"] = {"id": placement}
+    return body
+
+
 class AzureLauncher(base.Launcher):
     """Virtual machines in one subscription and resource group (the launcher's, or each
     spec's options). ``credential`` and ``client_options`` (azure-core pipeline options)
@@ -502,6 +540,201 @@ class AzureLauncher(base.Launcher):
                 "attempt": str(attempt),
             },
         )
+
+    # ------------------------------------------------------------------- gang
+
+    def launch_gang(self, offer: Offer, spec: LaunchSpec, attempt: int) -> tuple[Handle, ...]:
+        """The ``spec.nodes`` VMs of attempt ``attempt``, all or none: in the offer's zone
+        (when it names one) and in the job's proximity placement group of the region, so
+        they share a datacenter; each created as :meth:`launch` creates one (its own NIC
+        and OS disk, deleted with it), named for its rank (``<attempt's name>-n<rank>``),
+        all PUT before any is waited for. Then each is told its rank and node 0's private
+        address (read from node 0's NIC) in its tags, which the VM reads from IMDS
+        (``compute/tagsList``). If any VM fails, every VM of the gang that exists (tagged
+        with the job and the attempt) is deleted, its NIC and disk with it, before the
+        error is raised: a :class:`CapacityError` when Azure had no room."""
+        if spec.nodes == 1:
+            return (self.launch(offer, spec, attempt),)
+        template = self.request(offer, spec, attempt)
+        subscription, group = self._where(spec)
+        if self._restricted(subscription, offer.region, offer.instance_type):
+            text = f"{offer.instance_type} is not offered to this subscription in {offer.region}"
+            raise CapacityError(text, place=offer.place, code="NotAvailableForSubscription")
+        compute = self._compute(subscription)
+        placement = self._placement_group(compute, group, offer.region, spec)
+        extra = {"subscription": subscription, "resource_group": group,
+                 "priority": template["properties"]["priority"], "attempt": str(attempt),
+                 "nodes": str(spec.nodes)}  # fmt: skip
+        handles = [
+            Handle(
+                self.provider,
+                offer.region,
+                gang_name(spec.job_id, attempt, rank),
+                offer.zone,
+                {**extra, "node": str(rank)},
+            )
+            for rank in range(spec.nodes)
+        ]
+        made = self._existing(compute, group, handles, spec)
+        try:
+            pollers = [
+                self._begin(
+                    compute,
+                    group,
+                    h.instance_id,
+                    _node_body(template, h.instance_id, placement),
+                    offer,
+                )
+                for h in handles
+                if h.instance_id not in made
+            ]
+            failures = [
+                self._finish(p, offer) if not isinstance(p, CostguardError) else p for p in pollers
+            ]
+            refused = [f for f in failures if f is not None]
+            if refused:
+                capacity = [f for f in refused if isinstance(f, CapacityError)]
+                raise (capacity or refused)[0]
+            self._tell_gang(compute, group, handles)
+            return tuple(handles)
+        except BaseException:
+            self._end_gang(compute, group, handles, spec)
+            raise
+
+    def _existing(
+        self, compute: Any, group: str, handles: list[Handle], spec: LaunchSpec
+    ) -> set[str]:
+        """The gang's VMs that exist already (a retried launch adopts them: ``customData``
+        cannot change after creation); a :class:`CostguardError` before anything is made
+        when one of those names is a VM that is not this attempt's."""
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        found = set()
+        for handle in handles:
+            try:
+                vm = compute.virtual_machines.get(group, handle.instance_id)
+            except core.ResourceNotFoundError:
+                continue
+            except azure_clouds.errors() as exc:
+                raise azure_clouds.translate(exc, f"reading {handle.instance_id}") from None
+            tags = {k.lower(): v for k, v in (vm.tags or {}).items()}
+            if tags.get(JOB_TAG) != spec.job_id or tags.get(ATTEMPT_TAG) != handle.extra["attempt"]:
+                msg = f"a VM named {handle.instance_id} exists and is not this attempt's"
+                raise CostguardError(msg, hint="delete it if it is a leftover, then launch again")
+            found.add(handle.instance_id)
+        return found
+
+    def _begin(
+        self, compute: Any, group: str, name: str, body: dict[str, Any], offer: Offer
+    ) -> Any:
+        """One VM's create started: its poller, or the error of an immediate refusal."""
+        try:
+            return compute.virtual_machines.begin_create_or_update(group, name, body)
+        except azure_clouds.errors() as exc:
+            return self._refused(exc, offer)
+
+    def _finish(self, poller: Any, offer: Offer) -> CostguardError | None:
+        """The error of one VM's create (``None`` when it succeeded), waited for."""
+        try:
+            poller.result(timeout=OPERATION_TIMEOUT_S)
+        except azure_clouds.errors() as exc:
+            return self._refused(exc, offer)
+        if not poller.done():
+            msg = f"creating a VM of the gang did not finish within {OPERATION_TIMEOUT_S} s"
+            return CostguardError(msg, hint="costguard jobs status shows what came of it")
+        return None
+
+    @staticmethod
+    def _refused(exc: BaseException, offer: Offer) -> CostguardError:
+        """A gang VM's refusal: a :class:`CapacityError` when Azure had no room."""
+        code = _error_code(exc)
+        if code in CAPACITY_CODES:
+            text = f"Azure has no room for the gang's {offer.instance_type} in {offer.place}"
+            return CapacityError(f"{text}: {code}", place=offer.place, code=code)
+        return azure_clouds.translate(exc, f"creating a VM of the gang in {offer.region}")
+
+    def _tell_gang(self, compute: Any, group: str, handles: list[Handle]) -> None:
+        """Node 0's private address from its NIC, then each VM's tags with its rank and
+        the rendezvous added (a PATCH of the whole tag set)."""
+        first = compute.virtual_machines.get(group, handles[0].instance_id)
+        address = node.private_ipv4(self._private_address(compute, first))
+        if address is None:
+            msg = f"node 0 ({handles[0].instance_id}) has no private IPv4 address"
+            raise CostguardError(msg, hint="this launch was ended; launch again")
+        for rank, handle in enumerate(handles):
+            vm = compute.virtual_machines.get(group, handle.instance_id)
+            tags = {**(vm.tags or {}), **node.told(rank, address)}
+            poller = compute.virtual_machines.begin_update(
+                group, handle.instance_id, {"tags": tags}
+            )
+            poller.result(timeout=OPERATION_TIMEOUT_S)
+
+    def _private_address(self, compute: Any, vm: Any) -> str:
+        """The private address of ``vm``'s primary NIC (a Microsoft.Network read through
+        the compute client's pipeline: no network SDK)."""
+        rest = require("azure.core.rest", azure_clouds.EXTRA)
+        interfaces = list(vm.network_profile.network_interfaces or [])
+        if not interfaces:
+            return ""
+        url = f"{interfaces[0].id}?api-version={NETWORK_API_VERSION}"
+        answer = compute.send_request(rest.HttpRequest("GET", url))
+        answer.raise_for_status()
+        configurations = answer.json().get("properties", {}).get("ipConfigurations", [])
+        found = configurations[0].get("properties", {}) if configurations else {}
+        return str(found.get("privateIPAddress", ""))
+
+    def _end_gang(self, compute: Any, group: str, handles: list[Handle], spec: LaunchSpec) -> None:
+        """Delete the VMs of a gang that cannot run whole: those that exist and carry the
+        job's and the attempt's tags (a VM of the same name that is not the job's is left
+        alone); their NICs and OS disks go with them (``deleteOption=Delete``)."""
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        for handle in handles:
+            try:
+                vm = compute.virtual_machines.get(group, handle.instance_id)
+            except core.ResourceNotFoundError:
+                continue
+            tags = {k.lower(): v for k, v in (vm.tags or {}).items()}
+            if (
+                tags.get(JOB_TAG) == spec.job_id
+                and tags.get(ATTEMPT_TAG) == handle.extra["attempt"]
+            ):
+                self.terminate(handle)
+
+    def _placement_group(self, compute: Any, group: str, region: str, spec: LaunchSpec) -> str:
+        """The id of the job's proximity placement group in ``region`` (made once, tagged
+        with the job and its owner; one of that name that is not the job's is refused)."""
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        name = placement_group_name(spec.job_id, region)
+        action = f"making the proximity placement group {name}"
+        try:
+            try:
+                found = compute.proximity_placement_groups.get(group, name)
+            except core.ResourceNotFoundError:
+                body = {"location": region, "tags": {JOB_TAG: spec.job_id, OWNER_TAG: spec.owner},
+                        "properties": {"proximityPlacementGroupType": "Standard"}}  # fmt: skip
+                return str(
+                    compute.proximity_placement_groups.create_or_update(group, name, body).id
+                )
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, action) from None
+        tags = {k.lower(): v for k, v in (found.tags or {}).items()}
+        if tags.get(JOB_TAG) != spec.job_id or tags.get(OWNER_TAG) != spec.owner:
+            msg = f"the proximity placement group {name} is not this job's: costguard leaves it"
+            raise CostguardError(msg, hint="delete it if it is a leftover, then launch again")
+        return str(found.id)
+
+    def release(self, spec: LaunchSpec) -> None:
+        """Delete the job's proximity placement groups (those of its resource group tagged
+        with the job and its owner), once its VMs are gone."""
+        subscription, group = self._where(spec)
+        compute = self._compute(subscription)
+        action = f"releasing the placement groups of {spec.job_id}"
+        try:
+            for found in compute.proximity_placement_groups.list_by_resource_group(group):
+                tags = {k.lower(): v for k, v in (found.tags or {}).items()}
+                if tags.get(JOB_TAG) == spec.job_id and tags.get(OWNER_TAG) == spec.owner:
+                    compute.proximity_placement_groups.delete(group, found.name)
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, action) from None
 
     # ------------------------------------------------------------------ zones
 

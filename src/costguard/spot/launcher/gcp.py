@@ -72,9 +72,7 @@ from costguard.tags import (
     ATTEMPT_TAG,
     EXPIRES_TAG,
     JOB_TAG,
-    NODE_RANK_TAG,
     OWNER_TAG,
-    RENDEZVOUS_TAG,
     check_job_id,
     gcp_label,
 )
@@ -803,10 +801,9 @@ class GcpLauncher(base.Launcher):
         if address is None:
             msg = f"node 0 ({handles[0].instance_id}) has no private IPv4 address"
             raise CostguardError(msg, hint="this launch was ended; launch again")
-        rendezvous = f"{address}:{bootstrap.RDZV_PORT}"
         for rank, handle in enumerate(handles):
             item = found[handle.instance_id]
-            told = {gcp_label(NODE_RANK_TAG): str(rank), gcp_label(RENDEZVOUS_TAG): rendezvous}
+            told = {gcp_label(k): v for k, v in node.told(rank, address).items()}
             self._set_metadata(project, zone, item, told)
         return tuple(
             Handle(

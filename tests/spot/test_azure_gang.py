@@ -1,0 +1,128 @@
+"""A gang (``--nodes``) on Azure: N VMs in one zone and the job's proximity placement
+group, each told its rank and node 0's private address in its tags; if any VM fails, the
+ones that were made are deleted (their NIC and disk with them). Against the ARM fake of
+tests/servers/azure.py with the real azure-mgmt-compute client."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from costguard.errors import CostguardError
+from costguard.spot import bootstrap
+from costguard.spot.launcher.azure import AzureLauncher
+from costguard.spot.launcher.base import CapacityError, LaunchSpec, Market, Offer
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, NODE_RANK_TAG, OWNER_TAG, RENDEZVOUS_TAG
+from tests.servers.azure import GROUP, LAUNCH_OPTIONS, ArmServer, ArmVm
+from tests.spot.test_azure_launcher import make
+
+SIZE = "Standard_NC4as_T4_v3"
+PLACEMENT = "costguard-cg-alice-gang-1-eastus"
+
+
+@pytest.fixture
+def launcher(arm_server: ArmServer) -> AzureLauncher:
+    from tests.servers.azure import SUBSCRIPTION
+
+    return make(arm_server, subscription_id=SUBSCRIPTION, resource_group=GROUP)
+
+
+def gang(nodes: int = 2) -> LaunchSpec:
+    return LaunchSpec(
+        job_id="cg-alice-gang-1",
+        checkpoint_url="az://ckpt/costguard/alice/cg-alice-gang-1",
+        command=("train.py",),
+        owner="alice",
+        expires_at=datetime(2026, 12, 2, 12, 0, tzinfo=UTC),
+        options=dict(LAUNCH_OPTIONS),
+        nodes=nodes,
+        procs_per_node=1,
+    )
+
+
+def offer(zone: str = "eastus-2") -> Offer:
+    return Offer("azure", "eastus", SIZE, Market.SPOT, Decimal("0.15"), "T4", 1, zone)
+
+
+def test_two_nodes_are_two_vms_in_one_zone_and_placement_group_told_their_ranks(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    handles = launcher.launch_gang(offer(), gang(), attempt=1)
+
+    names = ["costguard-cg-alice-gang-1-1-n0", "costguard-cg-alice-gang-1-1-n1"]
+    assert [h.instance_id for h in handles] == names
+    assert sorted(arm_server.vms) == names
+    group = arm_server.placement_groups[(GROUP, PLACEMENT)]
+    assert group["tags"] == {JOB_TAG: "cg-alice-gang-1", OWNER_TAG: "alice"}
+    first = arm_server.vms[names[0]].address
+    for rank, name in enumerate(names):
+        body = arm_server.vms[name].body
+        assert body["zones"] == ["2"]
+        assert body["properties"]["proximityPlacementGroup"]["id"] == group["id"]
+        assert body["properties"]["osProfile"]["computerName"] == name
+        nic = body["properties"]["networkProfile"]["networkInterfaceConfigurations"][0]
+        assert nic["name"] == f"{name}-nic"
+        assert nic["properties"]["deleteOption"] == "Delete"
+        assert body["properties"]["storageProfile"]["osDisk"]["deleteOption"] == "Delete"
+        assert body["tags"][NODE_RANK_TAG] == str(rank)
+        assert body["tags"][RENDEZVOUS_TAG] == f"{first}:{bootstrap.RDZV_PORT}"
+        assert body["tags"][JOB_TAG] == "cg-alice-gang-1"  # the job's tags are kept
+        assert body["tags"][ATTEMPT_TAG] == "1"
+
+
+def test_when_one_vm_fails_the_ones_made_are_deleted(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    arm_server.room[SIZE] = 2  # two of the three fit
+    with pytest.raises(CapacityError) as caught:
+        launcher.launch_gang(offer(), gang(nodes=3), attempt=1)
+    assert caught.value.code == "SkuNotAvailable"
+    assert caught.value.place == "azure/eastus/eastus-2"
+    assert arm_server.vms == {}  # deleted, and with them their NICs and OS disks
+    deleted = {c.path.rsplit("/", 1)[1] for c in arm_server.calls("DELETE", "/virtualMachines/")}
+    assert len(deleted) >= 2
+
+
+def test_no_room_at_all_leaves_nothing(arm_server: ArmServer, launcher: AzureLauncher) -> None:
+    arm_server.full_sizes.add(SIZE)
+    with pytest.raises(CapacityError):
+        launcher.launch_gang(offer(), gang(), attempt=1)
+    assert arm_server.vms == {}
+
+
+def test_a_vm_of_a_gang_name_that_is_not_the_jobs_is_left_alone(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    name = "costguard-cg-alice-gang-1-1-n1"
+    properties = {"hardwareProfile": {"vmSize": SIZE}, "osProfile": {"computerName": name},
+                  "networkProfile": {"networkInterfaceConfigurations": []}}  # fmt: skip
+    stranger = ArmVm({"location": "eastus", "tags": {}, "properties": properties}, GROUP, name)
+    arm_server.vms[name] = stranger
+    with pytest.raises(CostguardError, match="is not this attempt's"):
+        launcher.launch_gang(offer(), gang(), attempt=1)
+    assert list(arm_server.vms) == [name]
+    assert not arm_server.calls("PUT", "/virtualMachines/")  # refused before any VM
+
+
+def test_release_deletes_the_jobs_placement_group_only(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    for handle in launcher.launch_gang(offer(), gang(), attempt=1):
+        launcher.terminate(handle)
+    other = "costguard-someone-else-eastus"
+    arm_server.placement_groups[(GROUP, other)] = {"name": other, "tags": {}}
+    launcher.release(gang())
+    assert list(arm_server.placement_groups) == [(GROUP, other)]
+
+
+def test_a_repeated_launch_of_the_attempt_adopts_its_vms(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    first = launcher.launch_gang(offer(), gang(), attempt=1)
+    puts = len(arm_server.calls("PUT", "/virtualMachines/"))
+    again = launcher.launch_gang(offer(), gang(), attempt=1)
+    assert [h.instance_id for h in again] == [h.instance_id for h in first]
+    assert len(arm_server.calls("PUT", "/virtualMachines/")) == puts  # none PUT again
+    assert len(arm_server.vms) == 2
