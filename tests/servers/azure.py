@@ -130,6 +130,19 @@ class ArmVm:
     address: str = ""
 
 
+def _network_references(body: dict[str, Any]) -> list[str]:
+    """The network security groups and application security groups a VM's inline NICs
+    name (they must exist: ARM refuses a reference to a missing resource)."""
+    found = []
+    for nic in body["properties"]["networkProfile"]["networkInterfaceConfigurations"]:
+        group = nic["properties"].get("networkSecurityGroup")
+        if group:
+            found.append(group["id"])
+        for ip in nic["properties"]["ipConfigurations"]:
+            found += [a["id"] for a in ip["properties"].get("applicationSecurityGroups", [])]
+    return found
+
+
 def _nic_id(group: str, name: str) -> str:
     """The id of a NIC a VM declares inline (``networkInterfaceConfigurations``)."""
     return (f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/"
@@ -170,6 +183,8 @@ class ArmServer(LocalServer):
         self.room: dict[str, int] = {}
         #: Proximity placement groups by (group, name).
         self.placement_groups: dict[tuple[str, str], dict[str, Any]] = {}
+        #: Network security groups and application security groups: (kind, group, name).
+        self.network: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.requests.clear()
 
     def resource(self, vm: ArmVm) -> dict[str, Any]:
@@ -236,6 +251,11 @@ class ArmServer(LocalServer):
         ):
             message = f"Proximity placement group '{placement}' was not found."
             error = {"code": "InvalidParameter", "message": message}
+            return 400, {"error": error}, {}
+        missing = [ref for ref in _network_references(body) if not self._known(ref)]
+        if missing:
+            message = f"Resource {missing[0]} referenced by resource {name} was not found."
+            error = {"code": "InvalidResourceReference", "message": message}
             return 400, {"error": error}, {}
         if vm is None:
             vm = self.vms[name] = ArmVm(
@@ -358,6 +378,38 @@ class ArmServer(LocalServer):
         }
         return 404, {"error": error}, {}
 
+    def _known(self, resource_id: str) -> bool:
+        return any(r.get("id", "").lower() == resource_id.lower() for r in self.network.values())
+
+    def network_resource(self, request: Request, match: re.Match[str]) -> Reply:
+        """``networkSecurityGroups`` and ``applicationSecurityGroups`` (Microsoft.Network):
+        PUT (done at once), GET, DELETE, and the resource group's list."""
+        kind, group = match["kind"], match["group"]
+        name = match.groupdict().get("name")
+        if name is None:
+            listed = [r for (k, g, _), r in self.network.items() if (k, g) == (kind, group)]
+            return 200, {"value": listed}, {}
+        key = (kind, group, name)
+        if request.method == "PUT":
+            self.network[key] = {
+                "id": f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{group}/providers/"
+                f"Microsoft.Network/{kind}/{name}",
+                "name": name, "type": f"Microsoft.Network/{kind}",
+                **{k: v for k, v in request.body.items() if k != "properties"},
+                "properties": {**request.body.get("properties", {}),
+                               "provisioningState": "Succeeded"},
+            }  # fmt: skip
+            return 201, self.network[key], {}
+        if key not in self.network:
+            if request.method == "DELETE":
+                return 204, None, {}
+            error = {"code": "ResourceNotFound", "message": f"The Resource '{name}' was not found."}
+            return 404, {"error": error}, {}
+        if request.method == "DELETE":
+            del self.network[key]
+            return 200, None, {}
+        return 200, self.network[key], {}
+
     def placement_group(self, request: Request, match: re.Match[str]) -> Reply:
         """Proximity placement groups: PUT (synchronous), GET, DELETE, and the group's list."""
         key = (match["group"], match["ppg"]) if match.groupdict().get("ppg") else None
@@ -411,6 +463,11 @@ class ArmServer(LocalServer):
                r"/(?P<ppg>[^/]+)", self.placement_group) for method in ("PUT", "GET", "DELETE")],
             ("GET", group + r"/providers/Microsoft\.Compute/proximityPlacementGroups",
              self.placement_group),
+            *[(method, group + r"/providers/Microsoft\.Network/(?P<kind>networkSecurityGroups|"
+               r"applicationSecurityGroups)/(?P<name>[^/]+)", self.network_resource)
+              for method in ("PUT", "GET", "DELETE")],
+            ("GET", group + r"/providers/Microsoft\.Network/(?P<kind>networkSecurityGroups|"
+             r"applicationSecurityGroups)", self.network_resource),
             ("DELETE", vm, self.delete),
             ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
             ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"

@@ -72,6 +72,32 @@ def test_two_nodes_are_two_vms_in_one_zone_and_placement_group_told_their_ranks(
         assert body["tags"][ATTEMPT_TAG] == "1"
 
 
+def test_the_nodes_nics_admit_the_ports_from_the_jobs_nodes_only(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    launcher.launch_gang(offer(), gang(), attempt=1)
+    security = arm_server.network[("networkSecurityGroups", GROUP, PLACEMENT)]
+    nodes = arm_server.network[("applicationSecurityGroups", GROUP, PLACEMENT)]
+    for item in (security, nodes):
+        assert item["tags"] == {JOB_TAG: "cg-alice-gang-1", OWNER_TAG: "alice"}
+    allow, deny = sorted(security["properties"]["securityRules"],
+                         key=lambda r: r["properties"]["priority"])  # fmt: skip
+    low, high = bootstrap.COLLECTIVE_PORTS
+    assert allow["properties"]["access"] == "Allow"
+    assert allow["properties"]["protocol"] == "Tcp"
+    assert allow["properties"]["destinationPortRanges"] == [str(bootstrap.RDZV_PORT),
+                                                            f"{low}-{high}"]  # fmt: skip
+    assert allow["properties"]["sourceApplicationSecurityGroups"] == [{"id": nodes["id"]}]
+    assert "sourceAddressPrefix" not in allow["properties"]
+    assert deny["properties"]["access"] == "Deny"
+    assert deny["properties"]["sourceAddressPrefix"] == "VirtualNetwork"
+    for vm in arm_server.vms.values():
+        (nic,) = vm.body["properties"]["networkProfile"]["networkInterfaceConfigurations"]
+        assert nic["properties"]["networkSecurityGroup"] == {"id": security["id"]}
+        (ip,) = nic["properties"]["ipConfigurations"]
+        assert ip["properties"]["applicationSecurityGroups"] == [{"id": nodes["id"]}]
+
+
 def test_when_one_vm_fails_the_ones_made_are_deleted(
     arm_server: ArmServer, launcher: AzureLauncher
 ) -> None:
@@ -115,6 +141,7 @@ def test_release_deletes_the_jobs_placement_group_only(
     arm_server.placement_groups[(GROUP, other)] = {"name": other, "tags": {}}
     launcher.release(gang())
     assert list(arm_server.placement_groups) == [(GROUP, other)]
+    assert arm_server.network == {}
 
 
 def test_a_repeated_launch_of_the_attempt_adopts_its_vms(

@@ -355,8 +355,9 @@ def azure_action(method: str, path: str) -> str:
     if path.endswith("/providers/Microsoft.Compute/skus"):
         return "Microsoft.Compute/skus/read"
     verbs = {"PUT": "write", "PATCH": "write", "GET": "read", "DELETE": "delete"}
-    if "/Microsoft.Network/networkInterfaces/" in path:
-        return f"Microsoft.Network/networkInterfaces/{verbs[method]}"
+    network = re.search(r"/Microsoft\.Network/(\w+)", path)
+    if network:
+        return f"Microsoft.Network/{network[1]}/{verbs[method]}"
     if "/proximityPlacementGroups" in path:
         return f"Microsoft.Compute/proximityPlacementGroups/{verbs[method]}"
     return f"Microsoft.Compute/virtualMachines/{verbs[method]}"
@@ -392,9 +393,17 @@ def test_azure_role_covers_every_call_of_a_gang() -> None:
         "Microsoft.Compute/proximityPlacementGroups/read",
         "Microsoft.Compute/proximityPlacementGroups/delete",
         "Microsoft.Network/networkInterfaces/read",
+        "Microsoft.Network/networkSecurityGroups/write",
+        "Microsoft.Network/applicationSecurityGroups/write",
+        "Microsoft.Network/networkSecurityGroups/delete",
         "Microsoft.Compute/virtualMachines/write",
     } <= needed
     assert needed <= set(role["Actions"])
+    # The NICs declared inline join the job's groups (what the PUT body references).
+    assert {
+        "Microsoft.Network/networkSecurityGroups/join/action",
+        "Microsoft.Network/applicationSecurityGroups/joinIpConfiguration/action",
+    } <= set(role["Actions"])
 
 
 def test_azure_role_covers_every_call_of_a_job() -> None:

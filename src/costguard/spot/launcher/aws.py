@@ -28,9 +28,18 @@ Options (``LaunchSpec.options``, declared in :data:`OPTIONS`): ``image`` (AMI id
 required), ``instance_profile`` (name or ARN, required), ``subnet``, ``security_groups``
 (comma-separated ids), ``key_name``, ``disk_gb`` with ``root_device`` (default
 ``/dev/sda1``), ``metadata_hop_limit`` (default 1; 2 for jobs in containers),
-``max_price`` (spot cap, USD/h; default the on-demand price), plus those of
+``max_price`` (spot cap, USD/h; default the on-demand price), ``placement`` (``cluster``:
+a gang's placement group), plus those of
 :mod:`costguard.spot.bootstrap`. ``--max-price`` reaches ``SpotOptions.MaxPrice`` the same
 way (the two must agree when both are given).
+
+A gang (``--nodes N``, :meth:`AwsLauncher.launch_gang`) is one ``CreateFleet`` of type
+``instant`` whose total and minimum target capacity are both N, in one Availability Zone
+(EC2's all-or-nothing request), from a launch template per attempt, in the job's security
+group (the rendezvous and collective ports from itself only) and, with
+``placement=cluster``, the job's cluster placement group; each node is then told its rank
+and node 0's private address in its own tags, read from IMDSv2. :meth:`AwsLauncher.release`
+deletes the job's group, templates and placement group once its instances are gone.
 
 Zones: :meth:`AwsLauncher.zones` lists the region's available Availability Zones
 (``DescribeAvailabilityZones``, zone type ``availability-zone``: no Local or Wavelength

@@ -37,6 +37,13 @@ Availability Zones) gets none, and Azure places it regionally. A ``Location`` re
 (the size is not offered to the subscription in the region at all) makes a launch there a
 :class:`CapacityError` before any PUT, so recovery moves on.
 
+A gang (``--nodes N``, :meth:`AzureLauncher.launch_gang`) is N VMs PUT together in one
+zone and the job's proximity placement group, their NICs in the job's network security
+group (the rendezvous and collective ports from the job's application security group only);
+if one fails, those made are deleted (NICs and disks with them). Node 0's private address
+is read from its NIC and each VM is told its rank in its tags (IMDS ``tagsList``).
+:meth:`AzureLauncher.release` deletes the groups.
+
 A retried attempt whose VM exists already is adopted, not PUT again: ``customData`` and
 ``adminUsername`` cannot change after creation (``PropertyChangeNotAllowed``), and the boot
 script of a retry need not be byte-identical.
@@ -48,7 +55,7 @@ import base64
 import copy
 import re
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
@@ -331,15 +338,57 @@ def placement_group_name(job_id: str, region: str) -> str:
     return f"costguard-{check_job_id(job_id, 'the job to launch')}-{region}"
 
 
-def _node_body(template: dict[str, Any], name: str, placement: str) -> dict[str, Any]:
+def _node_body(template: dict[str, Any], name: str, gang: GangNetwork) -> dict[str, Any]:
     """One gang VM's body: ``template`` (the attempt's) under the node's own name (its
-    computer name and NIC), in the proximity placement group ``placement``."""
+    computer name and NIC), in the gang's proximity placement group, its NIC in the job's
+    network security group and application security group."""
     body = copy.deepcopy(template)
     properties = body["properties"]
     properties["osProfile"]["computerName"] = name
-    properties["networkProfile"]["networkInterfaceConfigurations"][0]["name"] = f"{name}-nic"
-    properties["proximityPlacementGroup"] = {"id": placement}
+    nic = properties["networkProfile"]["networkInterfaceConfigurations"][0]
+    nic["name"] = f"{name}-nic"
+    nic["properties"]["networkSecurityGroup"] = {"id": gang.security_group}
+    for configuration in nic["properties"]["ipConfigurations"]:
+        configuration["properties"]["applicationSecurityGroups"] = [{"id": gang.nodes}]
+    properties["proximityPlacementGroup"] = {"id": gang.placement}
     return body
+
+
+@dataclass(frozen=True)
+class GangNetwork:
+    """What a gang's VMs share in a region: the proximity placement group, the application
+    security group that names the job's NICs, and the network security group that admits
+    the rendezvous and collective ports from that group only."""
+
+    placement: str
+    nodes: str
+    security_group: str
+
+
+def gang_rules(nodes: str) -> list[dict[str, Any]]:
+    """The job's network security rules: TCP on the rendezvous and collective ports from
+    the job's NICs (application security group ``nodes``) to them; everything else from the
+    virtual network denied (Azure's default rules admit the whole network)."""
+    low, high = bootstrap.COLLECTIVE_PORTS
+    group = [{"id": nodes}]
+    return [
+        {"name": "costguard-gang-in", "properties": {
+            "priority": 100, "direction": "Inbound", "access": "Allow", "protocol": "Tcp",
+            "sourcePortRange": "*", "destinationPortRanges": [str(bootstrap.RDZV_PORT),
+                                                              f"{low}-{high}"],
+            "sourceApplicationSecurityGroups": group,
+            "destinationApplicationSecurityGroups": group}},
+        {"name": "costguard-no-other-network-in", "properties": {
+            "priority": 4000, "direction": "Inbound", "access": "Deny", "protocol": "*",
+            "sourcePortRange": "*", "destinationPortRange": "*",
+            "sourceAddressPrefix": "VirtualNetwork", "destinationAddressPrefix": "*"}},
+    ]  # fmt: skip
+
+
+def _network_path(subscription: str, group: str, kind: str, name: str = "") -> str:
+    """The ARM path of a ``Microsoft.Network`` resource of ``kind`` (or of their list)."""
+    path = f"/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network"
+    return f"{path}/{kind}/{name}" if name else f"{path}/{kind}"
 
 
 class AzureLauncher(base.Launcher):
@@ -561,7 +610,17 @@ class AzureLauncher(base.Launcher):
             text = f"{offer.instance_type} is not offered to this subscription in {offer.region}"
             raise CapacityError(text, place=offer.place, code="NotAvailableForSubscription")
         compute = self._compute(subscription)
-        placement = self._placement_group(compute, group, offer.region, spec)
+        nodes = self._network_resource(
+            subscription, group, "applicationSecurityGroups", offer.region, spec, {}
+        )
+        rules = {"securityRules": gang_rules(nodes)}
+        gang = GangNetwork(
+            placement=self._placement_group(compute, group, offer.region, spec),
+            nodes=nodes,
+            security_group=self._network_resource(
+                subscription, group, "networkSecurityGroups", offer.region, spec, rules
+            ),
+        )
         extra = {"subscription": subscription, "resource_group": group,
                  "priority": template["properties"]["priority"], "attempt": str(attempt),
                  "nodes": str(spec.nodes)}  # fmt: skip
@@ -582,7 +641,7 @@ class AzureLauncher(base.Launcher):
                     compute,
                     group,
                     h.instance_id,
-                    _node_body(template, h.instance_id, placement),
+                    _node_body(template, h.instance_id, gang),
                     offer,
                 )
                 for h in handles
@@ -722,16 +781,70 @@ class AzureLauncher(base.Launcher):
             raise CostguardError(msg, hint="delete it if it is a leftover, then launch again")
         return str(found.id)
 
+    def _network_resource(
+        self,
+        subscription: str,
+        group: str,
+        kind: str,
+        region: str,
+        spec: LaunchSpec,
+        properties: dict[str, Any],
+    ) -> str:
+        """The id of the job's ``Microsoft.Network/<kind>`` resource in ``region`` (made
+        once, tagged with the job and its owner; one of that name that is not the job's is
+        refused), through the compute client's pipeline (no network SDK)."""
+        name = placement_group_name(spec.job_id, region)
+        path = _network_path(subscription, group, kind, name)
+        found = self._arm("GET", path)
+        if found is None:
+            body = {"location": region, "tags": {JOB_TAG: spec.job_id, OWNER_TAG: spec.owner},
+                    "properties": properties}  # fmt: skip
+            found = self._arm("PUT", path, body) or {}
+        tags = {str(k).lower(): v for k, v in (found.get("tags") or {}).items()}
+        if tags.get(JOB_TAG) != spec.job_id or tags.get(OWNER_TAG) != spec.owner:
+            msg = f"the {kind[:-1]} {name} is not this job's: costguard leaves it"
+            raise CostguardError(msg, hint="delete it if it is a leftover, then launch again")
+        return str(found.get("id", path))
+
+    def _arm(self, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
+        """One Resource Manager request of the network API (its JSON answer; ``None`` for
+        a 404, or for a delete's empty answer), through the compute client's pipeline."""
+        rest = require("azure.core.rest", azure_clouds.EXTRA)
+        compute = self._compute(path.split("/")[2])
+        url = f"{path}?api-version={NETWORK_API_VERSION}"
+        try:
+            answer = compute.send_request(rest.HttpRequest(method, url, json=body))
+            if answer.status_code == 404:
+                return None
+            answer.raise_for_status()
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, f"{method} {path.rsplit('/', 2)[-2]}") from None
+        return answer.json() if answer.content else None
+
     def release(self, spec: LaunchSpec) -> None:
-        """Delete the job's proximity placement groups (those of its resource group tagged
-        with the job and its owner), once its VMs are gone."""
+        """Delete what the job's gangs made in its resource group, once their VMs (and the
+        NICs deleted with them) are gone: the network security groups, the application
+        security groups and the proximity placement groups tagged with the job and its
+        owner."""
         subscription, group = self._where(spec)
         compute = self._compute(subscription)
         action = f"releasing the placement groups of {spec.job_id}"
+
+        def owned(tags: Mapping[str, str] | None) -> bool:
+            found = {str(k).lower(): v for k, v in (tags or {}).items()}
+            return found.get(JOB_TAG) == spec.job_id and found.get(OWNER_TAG) == spec.owner
+
+        base_path = (
+            f"/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network"
+        )
+        for kind in ("networkSecurityGroups", "applicationSecurityGroups"):
+            listed = (self._arm("GET", f"{base_path}/{kind}") or {}).get("value", [])
+            for item in listed:
+                if owned(item.get("tags")):
+                    self._arm("DELETE", f"{base_path}/{kind}/{item['name']}")
         try:
             for found in compute.proximity_placement_groups.list_by_resource_group(group):
-                tags = {k.lower(): v for k, v in (found.tags or {}).items()}
-                if tags.get(JOB_TAG) == spec.job_id and tags.get(OWNER_TAG) == spec.owner:
+                if owned(found.tags):
                     compute.proximity_placement_groups.delete(group, found.name)
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, action) from None

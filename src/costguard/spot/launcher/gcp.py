@@ -39,6 +39,12 @@ one), ``image`` (required: ``projects/P/global/images/family/F`` or an image URL
 (default 100), ``disk_type`` (default ``pd-balanced``), ``termination_action`` (``DELETE``
 or ``STOP``), plus those of :mod:`costguard.spot.bootstrap`.
 
+A gang (``--nodes N``, :meth:`GcpLauncher.launch_gang`) is one zonal
+``instances.bulkInsert`` whose ``count`` and ``minCount`` are both N, the VMs carrying the
+job's network tag, which the job's firewall rule opens the rendezvous and collective ports
+to from that tag only; each VM is then told its rank and node 0's private address in its
+metadata. :meth:`GcpLauncher.release` deletes the rule.
+
 Spot VMs on GCP take no price cap: Compute Engine has no maximum price for them (their
 price changes at most once a month), so ``--max-price`` only filters the offers, and a
 ``max_price`` option is ignored here.
