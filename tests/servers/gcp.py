@@ -142,8 +142,10 @@ class ComputeServer(LocalServer):
         #: A fault, not the documented service: the next bulk insert makes one VM fewer
         #: than its minCount and reports success (the launcher must not trust it).
         self.broken_min_count = False
-        #: Firewall rules by name (global), and the private addresses handed out.
+        #: Firewall rules by name (global), resource policies by (region, name), and the
+        #: private addresses handed out.
         self.firewalls: dict[str, dict[str, Any]] = {}
+        self.policies: dict[tuple[str, str], dict[str, Any]] = {}
         self.addresses = itertools.count(2)
         self.requests.clear()
 
@@ -223,6 +225,11 @@ class ComputeServer(LocalServer):
                                       "disks": properties.get("disks", [])})  # fmt: skip
             if refused is not None:
                 return (*refused, {})
+        region = zone.rsplit("-", 1)[0]
+        for policy in properties.get("resourcePolicies", []):
+            if (region, policy) not in self.policies:
+                message = f"The resource policy '{policy}' was not found in region {region}."
+                return (*google_error(400, message), {})
         taken = [n for n in names if n in self.vms]
         if taken:
             error = {"code": 409, "message": f"The resource '{taken[0]}' already exists",
@@ -303,17 +310,51 @@ class ComputeServer(LocalServer):
             return 200, self._global_operation("delete", match["name"]), {}
         return 200, found, {}
 
-    def _global_operation(self, kind: str, firewall: str) -> dict[str, Any]:
+    def _global_operation(self, kind: str, firewall: str, where: str = "global") -> dict[str, Any]:
+        """An operation on a global (a firewall rule's) or regional (``where``:
+        ``regions/R``, a resource policy's) resource, DONE at the first poll."""
         number = next(self.ids)
         name = f"operation-{number}-{kind}"
+        target = "firewalls" if where == "global" else "resourcePolicies"
         operation = {
             "kind": "compute#operation", "id": str(number), "name": name,
             "operationType": kind, "status": "RUNNING", "progress": 0,
-            "targetLink": f"{COMPUTE}/projects/{PROJECT}/global/firewalls/{firewall}",
-            "selfLink": f"{COMPUTE}/projects/{PROJECT}/global/operations/{name}",
+            "targetLink": f"{COMPUTE}/projects/{PROJECT}/{where}/{target}/{firewall}",
+            "selfLink": f"{COMPUTE}/projects/{PROJECT}/{where}/operations/{name}",
         }  # fmt: skip
         self.operations[name] = operation
         return operation
+
+    def policy(self, request: Request, match: re.Match[str]) -> Reply:
+        """``resourcePolicies``: insert, get, delete (regional), and the aggregated list by
+        ``name = "X"``."""
+        region = match.groupdict().get("region")
+        if region is None:
+            wanted = re.fullmatch(r'name = "([^"]+)"', request.query.get("filter", [""])[0])
+            assert wanted, request.query
+            items: dict[str, Any] = {}
+            for (where, name), body in self.policies.items():
+                if name == wanted[1]:
+                    items.setdefault(f"regions/{where}", {"resourcePolicies": []})
+                    items[f"regions/{where}"]["resourcePolicies"].append(body)
+            return 200, {"kind": "compute#resourcePolicyAggregatedList", "items": items}, {}
+        if request.method == "POST":
+            name = request.body.get("name", "")
+            if (region, name) in self.policies:
+                error = {"code": 409, "message": f"The resource '{name}' already exists",
+                         "errors": [{"reason": "alreadyExists", "message": "exists"}]}  # fmt: skip
+                return 409, {"error": error}, {}
+            self.policies[(region, name)] = {**request.body, "region": region, "status": "READY"}
+            return 200, self._global_operation("insert", name, f"regions/{region}"), {}
+        key = (region, match["name"])
+        if key not in self.policies:
+            error = {"code": 404, "message": f"The resource '{key[1]}' was not found",
+                     "errors": [{"reason": "notFound", "message": "not found"}]}  # fmt: skip
+            return 404, {"error": error}, {}
+        if request.method == "DELETE":
+            del self.policies[key]
+            return 200, self._global_operation("delete", key[1], f"regions/{region}"), {}
+        return 200, self.policies[key], {}
 
     def get_global_operation(self, request: Request, match: re.Match[str]) -> Reply:
         operation = self.operations[match["operation"]]
@@ -478,6 +519,24 @@ class ComputeServer(LocalServer):
             ("GET", project + "/global/firewalls/(?P<name>[^/]+)", self.firewall),
             ("DELETE", project + "/global/firewalls/(?P<name>[^/]+)", self.firewall),
             ("GET", project + "/global/operations/(?P<operation>[^/]+)", self.get_global_operation),
+            (
+                "GET",
+                project + r"/regions/[a-z0-9-]+/operations/(?P<operation>[^/]+)",
+                self.get_global_operation,
+            ),
+            ("POST", project + r"/regions/(?P<region>[a-z0-9-]+)/resourcePolicies", self.policy),
+            (
+                "GET",
+                project + r"/regions/(?P<region>[a-z0-9-]+)/resourcePolicies/(?P<name>[^/]+)",
+                self.policy,
+            ),
+            (
+                "DELETE",
+                project + r"/regions/(?P<region>[a-z0-9-]+)/resourcePolicies/"
+                r"(?P<name>[^/]+)",
+                self.policy,
+            ),
+            ("GET", project + "/aggregated/resourcePolicies", self.policy),
             ("GET", zone + "/instances/(?P<name>[^/]+)", self.get),
             ("DELETE", zone + "/instances/(?P<name>[^/]+)", self.delete),
             ("GET", zone + "/operations/(?P<operation>[^/]+)", self.get_operation),

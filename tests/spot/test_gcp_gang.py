@@ -26,14 +26,14 @@ def launcher(gcp_launcher: GcpLauncher) -> GcpLauncher:
     return gcp_launcher
 
 
-def gang(nodes: int = 2) -> LaunchSpec:
+def gang(nodes: int = 2, **options: str) -> LaunchSpec:
     return LaunchSpec(
         job_id="cg-alice-gang-1",
         checkpoint_url="gs://ckpt/costguard/alice/cg-alice-gang-1",
         command=("train.py", "--lr", "3e-4"),
         owner="alice",
         expires_at=datetime(2026, 12, 2, 12, 0, tzinfo=UTC),
-        options=dict(LAUNCH_OPTIONS),
+        options={**LAUNCH_OPTIONS, **options},
         nodes=nodes,
         procs_per_node=1,
     )
@@ -144,3 +144,19 @@ def test_release_deletes_the_jobs_firewall_rule_only(
     with pytest.raises(CostguardError, match="is not this job's"):
         launcher.launch_gang(offer(), gang(), attempt=2)
     assert len(compute_server.calls("POST", "/instances/bulkInsert")) == 1  # the first only
+
+
+def test_compact_placement_puts_the_gang_under_the_jobs_policy_until_release(
+    compute_server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    handles = launcher.launch_gang(offer(), gang(placement="compact"), attempt=1)
+    policy = compute_server.policies[("us-central1", TAG)]
+    assert policy["groupPlacementPolicy"]["collocation"] == "COLLOCATED"
+    (call,) = compute_server.calls("POST", "/instances/bulkInsert")
+    assert call.body["instanceProperties"]["resourcePolicies"] == [TAG]
+    again = launcher.launch_gang(offer(), gang(placement="compact"), attempt=2)  # reused
+    for handle in (*handles, *again):
+        launcher.terminate(handle)
+    launcher.release(gang(placement="compact"))
+    assert compute_server.policies == {}
+    assert compute_server.firewalls == {}

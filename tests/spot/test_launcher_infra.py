@@ -196,9 +196,10 @@ def test_gcp_changes_only_vms_named_by_costguard() -> None:
     assert {"compute.firewalls.create", "compute.firewalls.delete"} <= set(scoped)
     condition = (INFRA / "gcp" / "launcher-instances-condition.yaml").read_text()
     prefixes = re.findall(
-        r'extract\("/(instances|disks|firewalls)/\{name\}"\)\.startsWith\("([^"]+)"\)', condition
+        r'extract\("/(instances|disks|firewalls|resourcePolicies)/\{name\}"\)\.startsWith\("([^"]+)"\)',
+        condition,
     )
-    assert {kind for kind, _ in prefixes} == {"instances", "disks", "firewalls"}
+    assert {kind for kind, _ in prefixes} == {"instances", "disks", "firewalls", "resourcePolicies"}
     # Bound per owner (issue 28: a bare "costguard-" let any launcher user delete another's
     # VMs): alice's binding reaches the VMs of alice's jobs, never bob's or alice2's.
     from costguard.spot.prepare import owner_word
@@ -238,21 +239,27 @@ def test_azure_role_is_compute_network_and_identity_only() -> None:
 
 def gcp_permission(method: str, path: str) -> str:
     """The permission a Compute Engine REST call needs (its documented IAM permission)."""
-    if method == "GET" and "/regions/" in path and "/zones/" not in path:
-        return "compute.regions.get"
+    verb = {"POST": "create", "GET": "get", "DELETE": "delete"}[method]
     if "/global/operations/" in path:
         return "compute.globalOperations.get"
+    if "/regions/" in path and "/operations/" in path:
+        return "compute.regionOperations.get"
+    if path.endswith("/aggregated/resourcePolicies"):
+        return "compute.resourcePolicies.list"
+    if "/resourcePolicies" in path:
+        return f"compute.resourcePolicies.{verb}"
     if "/global/firewalls" in path:
-        return f"compute.firewalls.{ {'POST': 'create', 'GET': 'get', 'DELETE': 'delete'}[method] }"
+        return f"compute.firewalls.{verb}"
     if path.endswith("/setMetadata"):
         return "compute.instances.setMetadata"
+    if method == "GET" and "/regions/" in path and "/zones/" not in path:
+        return "compute.regions.get"
     if path.endswith("/aggregated/instances") or (method == "GET" and path.endswith("/instances")):
         return "compute.instances.list"
     if "/operations" in path:
         return "compute.zoneOperations.get" if "/operations/" in path else (
             "compute.zoneOperations.list")  # fmt: skip
-    verbs = {"POST": "create", "GET": "get", "DELETE": "delete"}
-    return f"compute.instances.{verbs[method]}"
+    return f"compute.instances.{verb}"
 
 
 def gcp_calls(run: Any) -> list[tuple[str, str, Any]]:
@@ -325,7 +332,7 @@ def test_gcp_role_covers_every_call_of_a_gang() -> None:
     from tests.spot.test_gcp_gang import gang, offer
 
     def job(launcher: Any, server: Any) -> None:
-        for handle in launcher.launch_gang(offer(), gang(), attempt=1):
+        for handle in launcher.launch_gang(offer(), gang(placement="compact"), attempt=1):
             launcher.terminate(handle)
         launcher.release(gang())
 
@@ -336,9 +343,13 @@ def test_gcp_role_covers_every_call_of_a_gang() -> None:
         "compute.instances.create", "compute.instances.get", "compute.instances.delete",
         "compute.instances.setMetadata", "compute.zoneOperations.get",
         "compute.firewalls.create", "compute.firewalls.get", "compute.firewalls.delete",
-        "compute.globalOperations.get",
+        "compute.globalOperations.get", "compute.resourcePolicies.create",
+        "compute.resourcePolicies.list", "compute.resourcePolicies.delete",
+        "compute.regionOperations.get",
     }  # fmt: skip
     assert needed <= permissions
+    # VMs created under a placement policy use it.
+    assert "compute.resourcePolicies.use" in permissions
     # A rule on a network needs its updatePolicy; VMs created with network tags, setTags.
     (rule,) = [b for m, p, b in calls if m == "POST" and p.endswith("/global/firewalls")]
     assert rule["network"]

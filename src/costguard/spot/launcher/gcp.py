@@ -190,6 +190,16 @@ OPTIONS = Options(
         example=DEFAULT_SCOPES[0],
         default=",".join(DEFAULT_SCOPES),
     ),
+    Option(
+        "placement",
+        "a gang's (--nodes) placement: compact puts its VMs close together (the job's "
+        "compact placement policy; capacity is scarcer)",
+        example="compact",
+        choices=("compact",),
+        case="lower",
+        invalid="the placement option must be compact, not {value!r}",
+        hint="placement=compact, or leave it out",
+    ),
 )
 
 
@@ -362,9 +372,16 @@ def _is_gang_firewall(found: Any, tag: str) -> bool:
     )
 
 
-def _properties(compute: Any, instance: Any, tag: str) -> Any:
+def _is_compact(policy: Any) -> bool:
+    """Whether the resource policy ``policy`` is a compact placement (collocated) one."""
+    collocation = policy.group_placement_policy.collocation
+    return str(getattr(collocation, "name", collocation)) == "COLLOCATED"
+
+
+def _properties(compute: Any, instance: Any, tag: str, policy: str = "") -> Any:
     """A bulk insert's ``instanceProperties`` from one VM's body: the same VM, its machine,
-    accelerator and disk types by name (no zone), and the gang's network tag."""
+    accelerator and disk types by name (no zone), the gang's network tag and, when given,
+    its compact placement policy (by name, as ``instanceProperties`` takes it)."""
     disks = []
     for disk in instance.disks:
         params = disk.initialize_params
@@ -396,6 +413,7 @@ def _properties(compute: Any, instance: Any, tag: str) -> Any:
         metadata=instance.metadata,
         service_accounts=list(instance.service_accounts),
         tags=compute.Tags(items=[tag]),
+        resource_policies=[policy] if policy else [],
     )
 
 
@@ -590,9 +608,12 @@ class GcpLauncher(base.Launcher):
             ],
         )
 
-    def _wait(self, operation: Any, project: str, zone: str, action: str) -> Any:
-        """Poll a zone operation (a global one when ``zone`` is empty: a firewall rule's)
-        until it is DONE, for at most :data:`OPERATION_TIMEOUT_S`.
+    def _wait(
+        self, operation: Any, project: str, zone: str, action: str, *, region: str = ""
+    ) -> Any:
+        """Poll a zone operation (a regional one when ``region`` is given: a placement
+        policy's; a global one when ``zone`` is empty too: a firewall rule's) until it is
+        DONE, for at most :data:`OPERATION_TIMEOUT_S`.
 
         Polled with our own ``ZoneOperationsClient``: the one inside ``InstancesClient``
         ignores the endpoint override and would poll the public API.
@@ -608,6 +629,10 @@ class GcpLauncher(base.Launcher):
             if zone:
                 operation = self.operations.get(
                     project=project, zone=zone, operation=operation.name
+                )
+            elif region:
+                operation = self._gang_client("RegionOperationsClient").get(
+                    project=project, region=region, operation=operation.name
                 )
             else:
                 operation = self.global_operations.get(project=project, operation=operation.name)
@@ -704,11 +729,16 @@ class GcpLauncher(base.Launcher):
         values = OPTIONS.check(spec.options, self.provider, self.option_defaults())
         tag = network_tag(spec.job_id)
         self._gang_firewall(project, values["network"], tag)
+        policy = (
+            self._compact_policy(project, offer.region, tag)
+            if values.get("placement") == "compact"
+            else ""
+        )
         names = [gang_name(spec.job_id, attempt, rank) for rank in range(spec.nodes)]
         resource = compute.BulkInsertInstanceResource(
             count=spec.nodes,
             min_count=spec.nodes,
-            instance_properties=_properties(compute, instance, tag),
+            instance_properties=_properties(compute, instance, tag, policy),
             per_instance_properties={
                 name: compute.BulkInsertInstanceResourcePerInstanceProperties(name=name)
                 for name in names
@@ -870,22 +900,71 @@ class GcpLauncher(base.Launcher):
             raise gcp_clouds.translate(exc, action) from None
         _refused(operation, action)
 
+    def _compact_policy(self, project: str, region: str, name: str) -> str:
+        """The job's compact placement policy in ``region`` (made once; one of that name
+        that is not a compact placement policy is refused), by name."""
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        policies = self._gang_client("ResourcePoliciesClient")
+        action = f"making the placement policy {name} in {region}"
+        policy = compute.ResourcePolicy(
+            name=name,
+            description="costguard: a gang's VMs close together",
+            group_placement_policy=compute.ResourcePolicyGroupPlacementPolicy(
+                collocation="COLLOCATED"
+            ),
+        )
+        try:
+            operation = policies.insert_unary(
+                project=project, region=region, resource_policy_resource=policy
+            )
+            _refused(self._wait(operation, project, "", action, region=region), action)
+        except core.Conflict:
+            try:
+                found = policies.get(project=project, region=region, resource_policy=name)
+            except gcp_clouds.errors() as exc:
+                raise gcp_clouds.translate(exc, action) from None
+            if not _is_compact(found):
+                msg = f"the resource policy {name} in {region} is not a compact placement"
+                raise CostguardError(msg, hint="delete it if it is a leftover") from None
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
+        return name
+
     def release(self, spec: LaunchSpec) -> None:
         """Delete the job's firewall rule, when it is the one a gang of the job made (its
-        source and target tags the job's network tag, nothing else); gone is fine."""
+        source and target tags the job's network tag, nothing else), and its compact
+        placement policies (found by name in every region, compact ones only); gone is
+        fine."""
         core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
         project = self._project(spec)
         tag = network_tag(spec.job_id)
         action = f"deleting the firewall rule {tag}"
         try:
             found = self.firewalls.get(project=project, firewall=tag)
-            if not _is_gang_firewall(found, tag):
-                return
-            self._wait(
-                self.firewalls.delete_unary(project=project, firewall=tag), project, "", action
-            )
+            if _is_gang_firewall(found, tag):
+                self._wait(
+                    self.firewalls.delete_unary(project=project, firewall=tag), project, "", action
+                )
         except core.NotFound:
-            return
+            pass
+        except gcp_clouds.errors() as exc:
+            raise gcp_clouds.translate(exc, action) from None
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        policies = self._gang_client("ResourcePoliciesClient")
+        listing = compute.AggregatedListResourcePoliciesRequest(
+            project=project, filter=f'name = "{tag}"'
+        )
+        action = f"deleting the placement policies {tag}"
+        try:
+            for scope, scoped in policies.aggregated_list(request=listing):
+                region = gcp_clouds.last_segment(scope)
+                for policy in scoped.resource_policies:
+                    if policy.name == tag and _is_compact(policy):
+                        operation = policies.delete_unary(
+                            project=project, region=region, resource_policy=tag
+                        )
+                        self._wait(operation, project, "", action, region=region)
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, action) from None
 
