@@ -71,7 +71,7 @@ from costguard.spot.launcher.base import (
     Status,
     launch_token,
 )
-from costguard.spot.launcher.options import Option, Options
+from costguard.spot.launcher.options import Option, Options, placement_option
 from costguard.tags import (
     ATTEMPT_TAG,
     JOB_TAG,
@@ -179,16 +179,7 @@ OPTIONS = Options(
         default="100",
         whole=(8, 65536),
     ),
-    Option(
-        "placement",
-        "a gang's (--nodes) placement: cluster puts its nodes in one cluster placement "
-        "group (low latency between them; capacity is scarcer)",
-        example="cluster",
-        choices=("cluster",),
-        case="lower",
-        invalid="the placement option must be cluster, not {value!r}",
-        hint="placement=cluster, or leave it out",
-    ),
+    placement_option("cluster", "in the job's cluster placement group"),
     Option(
         "root_device",
         "the AMI's root device name (its RootDeviceName)",

@@ -73,7 +73,7 @@ from costguard.settings import Settings
 from costguard.spot import bootstrap, node
 from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
-from costguard.spot.launcher.options import Option, Options
+from costguard.spot.launcher.options import Option, Options, placement_option
 from costguard.tags import (
     ATTEMPT_TAG,
     EXPIRES_TAG,
@@ -190,16 +190,7 @@ OPTIONS = Options(
         example=DEFAULT_SCOPES[0],
         default=",".join(DEFAULT_SCOPES),
     ),
-    Option(
-        "placement",
-        "a gang's (--nodes) placement: compact puts its VMs close together (the job's "
-        "compact placement policy; capacity is scarcer)",
-        example="compact",
-        choices=("compact",),
-        case="lower",
-        invalid="the placement option must be compact, not {value!r}",
-        hint="placement=compact, or leave it out",
-    ),
+    placement_option("compact", "under the job's compact placement policy"),
 )
 
 

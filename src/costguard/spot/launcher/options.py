@@ -146,3 +146,22 @@ class Options:
                     raise refusal
                 values[key] = value
         return values
+
+
+def placement_option(strategy: str, where: str) -> Option:
+    """The ``placement`` option of a launcher whose gangs (``--nodes``) may be placed close
+    together: ``strategy`` (its only value) puts the nodes ``where``.
+
+    >>> placement_option("cluster", "in one cluster placement group").refusal("placement", "spread")
+    InputError("the placement option must be cluster, not 'spread'")
+    """
+    return Option(
+        "placement",
+        f"a gang's (--nodes) placement: {strategy} puts its nodes {where} "
+        "(lower latency between them; capacity is scarcer)",
+        example=strategy,
+        choices=(strategy,),
+        case="lower",
+        invalid=f"the placement option must be {strategy}, not {{value!r}}",
+        hint=f"placement={strategy}, or leave it out",
+    )
