@@ -61,7 +61,7 @@ def test_every_aws_on_demand_row_is_priced_from_august_2026() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 48's target is not reached: 162 of 1,643 GPU rows (9.9%) have no dated copy "
+    reason="issue 48's target is not reached: 162 of 1,694 GPU rows (9.6%) have no dated copy "
     "reachable (GCP N1 + T4/P4/V100/P100 125, TPU 16, H200 2; Azure US 17; AWS p5e 2): "
     "pricing/README.md, 'Row dates and sources'",
 )
@@ -96,6 +96,39 @@ def test_a3_edge_is_priced_as_its_dated_copy_lists_it() -> None:
             assert gap <= Decimal("0.00002"), row.region
             compared += 1
     assert compared == 13
+
+
+G4_SLICES = {"g4-standard-6": ("RTXPRO6000-1/8", 8), "g4-standard-12": ("RTXPRO6000-1/4", 4),
+             "g4-standard-24": ("RTXPRO6000-1/2", 2)}  # fmt: skip
+
+
+def test_g4_slices_are_priced_wherever_the_whole_gpu_is() -> None:
+    whole = {r.region: r for r in gpu_rows() if r.instance_type == "g4-standard-48"}
+    assert len(whole) == 17
+    for instance_type, (accelerator, parts) in G4_SLICES.items():
+        for region, full in whole.items():
+            row = CATALOG.row("gcp", region, instance_type)
+            assert row is not None, (region, instance_type)
+            assert (row.accelerator, row.accelerator_count) == (accelerator, 1)
+            assert row.as_of == date(2026, 8, 20)
+            assert row.source == "gcp-cyclenerd-2026-08-20"
+            assert row.ondemand_usd_per_hour is not None
+            assert full.ondemand_usd_per_hour is not None
+            # 1/parts of the machine with one GPU (its memory a little less than 1/parts)
+            share = row.ondemand_usd_per_hour * parts / full.ondemand_usd_per_hour
+            assert Decimal("0.98") < share < Decimal("1.0001"), (region, instance_type, share)
+
+
+def test_a_whole_gpu_is_never_priced_by_a_slice(run_cli: Callable[..., Any]) -> None:
+    def instance_types(gpu: str) -> set[str]:
+        result = run_cli("estimate", "--gpu", gpu, "--hours", "1", "--provider", "gcp",
+                         "--region", "us-central1", "--format", "json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        return {o["instance_type"] for o in json.loads(result.stdout)["options"]}
+
+    assert instance_types("rtx-pro-6000") == {"g4-standard-48"}
+    assert instance_types("rtx-pro-6000-1/8") == {"g4-standard-6"}
+    assert instance_types("rtx-pro-6000-1/2") == {"g4-standard-24"}
 
 
 def test_an_aws_row_is_dated_by_its_on_demand_copy_and_its_spot_is_unknown() -> None:
