@@ -117,6 +117,8 @@ if [ "$NODES" -gt 1 ]; then
     gang=$(${RUN[@]+"${RUN[@]}"} python -m costguard.spot.node --cloud {{ cloud }} --nodes "$NODES") \
         || fail "this node was not told its rank and rendezvous"
     read -r NODE_RANK RDZV_ENDPOINT <<<"$gang"
+    # costguard run writes this node's own exit record (job/attempt-N.node-R.exit.json).
+    export COSTGUARD_NODE_RANK="$NODE_RANK"
     LAUNCHER=({{ torchrun }} --node-rank "$NODE_RANK" --rdzv-endpoint "$RDZV_ENDPOINT"
         --rdzv-id "$COSTGUARD_JOB_ID-$COSTGUARD_JOB_ATTEMPT")
     echo "costguard bootstrap: node $NODE_RANK of $NODES, meeting at $RDZV_ENDPOINT"

@@ -128,7 +128,10 @@ def run_gang_part(
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(sys.executable)
     stub = bin_dir / "costguard"
-    stub.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    stub.write_text(
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "print(json.dumps([os.environ.get('COSTGUARD_NODE_RANK'), *sys.argv[1:]]))\n"
+    )
     stub.chmod(0o755)
     script = "\n".join(['fail() { echo "failed: $*"; exit 1; }', "RUN=()", *exports, part])
     full_env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path),
@@ -145,7 +148,8 @@ def test_the_boot_script_starts_torchrun_with_what_the_node_was_told(
     text = bootstrap.render(gang_spec(procs), 3, "aws", environ={})
     done = run_gang_part(text, tmp_path, env_for("aws", url))
     assert done.returncode == 0, done.stderr
-    argv = json.loads(done.stdout.splitlines()[-1])
+    node_rank, *argv = json.loads(done.stdout.splitlines()[-1])
+    assert node_rank == "1"  # costguard run writes this node's own exit record
     assert argv == [
         "run", "--checkpoint", "s3://ckpt/costguard/run-1", "--cloud", "aws", "--",
         "torchrun", "--nnodes", "2", "--nproc-per-node", per_node, "--rdzv-backend", "c10d",
@@ -174,6 +178,7 @@ def test_a_single_node_job_starts_no_torchrun_and_asks_no_metadata(
     text = bootstrap.render(single, 1, "aws", environ={})
     done = run_gang_part(text, tmp_path, env_for("aws", url))
     assert done.returncode == 0, done.stderr
-    argv = json.loads(done.stdout.splitlines()[-1])
+    node_rank, *argv = json.loads(done.stdout.splitlines()[-1])
+    assert node_rank is None
     assert argv[argv.index("--") + 1 :] == ["train.py", "--note", "it's $HOME"]
     assert state.requests == []
