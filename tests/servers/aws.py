@@ -176,8 +176,8 @@ class Ec2Faults:
     """What the fault layer in front of moto does to EC2 (query protocol) requests.
 
     ``hidden_calls``: a freshly launched instance stays invisible for this many requests
-    that name it, counted per instance (``DescribeInstances`` by id and
-    ``TerminateInstances`` answer ``InvalidInstanceID.NotFound`` without reaching moto;
+    that name it, counted per instance (``DescribeInstances`` by id, ``TerminateInstances``
+    and ``CreateTags`` answer ``InvalidInstanceID.NotFound`` without reaching moto;
     filtered ``DescribeInstances`` leave it out), as EC2's eventual consistency does right
     after ``RunInstances`` ("a NotFound does not mean the instance does not exist").
     ``stale_calls``: after a ``TerminateInstances``, this many ``DescribeInstances`` by id
@@ -337,6 +337,10 @@ class Ec2FaultLayer:
         ids = _ids(form)
         if action in ("DescribeInstances", "TerminateInstances") and ids and faults.hide(ids):
             return _not_found(ids)
+        tagged = [v[0] for k, v in form.items()
+                  if re.fullmatch(r"ResourceId\.\d+", k) and v[0].startswith("i-")]  # fmt: skip
+        if action == "CreateTags" and tagged and faults.hide(tagged):
+            return _not_found(tagged)
         launching = action in ("RunInstances", "CreateFleet")
         token = form.get("ClientToken", [""])[0] if launching else ""
         key = (_region(headers), token)

@@ -255,3 +255,15 @@ def test_a_group_of_the_jobs_name_that_is_not_the_jobs_is_refused_before_any_lau
     with pytest.raises(CostguardError, match=r"is not tagged as this job.s"):
         launcher.launch_gang(offer(), gang(), attempt=1)
     assert "CreateFleet" not in ec2_faults.actions
+
+
+def test_nodes_ec2_does_not_show_yet_are_described_and_tagged_again(
+    launcher: AwsLauncher, ec2_faults: Ec2Faults
+) -> None:
+    ec2_faults.hidden_calls = 2  # each new instance: NotFound for its first two requests
+    handles = launcher.launch_gang(offer(), gang(), attempt=1)
+    assert ec2_faults.not_found >= 2
+    described = {i["InstanceId"]: i for i in instances_of("cg-alice-gang-1")}
+    assert sorted(described) == [h.instance_id for h in handles]
+    for rank, handle in enumerate(handles):
+        assert tags_of(described[handle.instance_id])[NODE_RANK_TAG] == str(rank)
