@@ -267,3 +267,10 @@ def test_nodes_ec2_does_not_show_yet_are_described_and_tagged_again(
     assert sorted(described) == [h.instance_id for h in handles]
     for rank, handle in enumerate(handles):
         assert tags_of(described[handle.instance_id])[NODE_RANK_TAG] == str(rank)
+
+
+def test_find_names_each_nodes_rank(launcher: AwsLauncher) -> None:
+    """What the controller adopts a gang by after it died before writing the handles."""
+    handles = launcher.launch_gang(offer(), gang(nodes=3), attempt=1)
+    found = {h.instance_id: h.extra.get("node") for h in launcher.find("cg-alice-gang-1")}
+    assert found == {h.instance_id: str(rank) for rank, h in enumerate(handles)}

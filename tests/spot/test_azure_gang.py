@@ -153,3 +153,9 @@ def test_a_repeated_launch_of_the_attempt_adopts_its_vms(
     assert [h.instance_id for h in again] == [h.instance_id for h in first]
     assert len(arm_server.calls("PUT", "/virtualMachines/")) == puts  # none PUT again
     assert len(arm_server.vms) == 2
+
+
+def test_find_names_each_nodes_rank(arm_server: ArmServer, launcher: AzureLauncher) -> None:
+    handles = launcher.launch_gang(offer(), gang(nodes=3), attempt=1)
+    found = {h.instance_id: h.extra.get("node") for h in launcher.find("cg-alice-gang-1")}
+    assert found == {h.instance_id: str(rank) for rank, h in enumerate(handles)}

@@ -160,3 +160,9 @@ def test_compact_placement_puts_the_gang_under_the_jobs_policy_until_release(
     launcher.release(gang(placement="compact"))
     assert compute_server.policies == {}
     assert compute_server.firewalls == {}
+
+
+def test_find_names_each_nodes_rank(launcher: GcpLauncher) -> None:
+    handles = launcher.launch_gang(offer(), gang(nodes=3), attempt=1)
+    found = {h.instance_id: h.extra.get("node") for h in launcher.find("cg-alice-gang-1")}
+    assert found == {h.instance_id: str(rank) for rank, h in enumerate(handles)}

@@ -77,6 +77,18 @@ def told(rank: int, address: str) -> dict[str, str]:
     return {NODE_RANK_TAG: str(rank), RENDEZVOUS_TAG: f"{address}:{RDZV_PORT}"}
 
 
+def noted(told_values: Mapping[str, str], key: str = NODE_RANK_TAG) -> dict[str, str]:
+    """A found instance's node rank for its handle (``{"node": R}``), from the values the
+    controller told it (its tags; ``key``: the spelling there), when it holds one that is
+    a small whole number; ``{}`` otherwise (a single instance, or a node not told yet).
+
+    >>> noted({"costguard:node-rank": "1"}), noted({"costguard:node-rank": "-1"}), noted({})
+    ({'node': '1'}, {}, {})
+    """
+    text = str(told_values.get(key, ""))
+    return {"node": text} if text.isascii() and text.isdigit() and len(text) <= 6 else {}
+
+
 @dataclass(frozen=True)
 class Rendezvous:
     """A node's place in its gang."""

@@ -1106,6 +1106,7 @@ class AwsLauncher(Launcher):
                             attempt=tags.get(ATTEMPT_TAG, ""),
                             owner=tags.get(OWNER_TAG, ""),
                             client_token=str(instance.get("ClientToken", "")),
+                            **node.noted(tags),
                         )
                     )
         return found

@@ -1007,6 +1007,7 @@ class AzureLauncher(base.Launcher):
                             ),
                             "attempt": tags.get(ATTEMPT_TAG, ""),
                             "owner": tags.get(OWNER_TAG, ""),
+                            **node.noted(tags),
                         },
                     )
                 )

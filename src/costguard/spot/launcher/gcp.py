@@ -78,6 +78,7 @@ from costguard.tags import (
     ATTEMPT_TAG,
     EXPIRES_TAG,
     JOB_TAG,
+    NODE_RANK_TAG,
     OWNER_TAG,
     check_job_id,
     gcp_label,
@@ -1091,6 +1092,10 @@ class GcpLauncher(base.Launcher):
                                     "id": str(item.id),
                                     "attempt": item.labels.get(gcp_label(ATTEMPT_TAG), ""),
                                     "owner": item.labels.get(gcp_label(OWNER_TAG), ""),
+                                    **node.noted(
+                                        {i.key: i.value for i in item.metadata.items},
+                                        gcp_label(NODE_RANK_TAG),
+                                    ),
                                 },
                             )
                         )
