@@ -510,7 +510,14 @@ def launch_lines(job: BatchJob) -> str:
         lines.append(f'"${{costguard_run[@]}}" --{inner} "${{command[@]}}" &')
         return "\n".join(lines)
     port = str(job.rdzv_port) if job.rdzv_port is not None else DEFAULT_RDZV_PORT
-    torchrun = torchrun_words(job.nodes, job.procs_per_node, job.torchrun)
+    torchrun = [
+        *job.torchrun,
+        "--nnodes",
+        str(job.nodes),
+        "--nproc-per-node",
+        str(job.procs_per_node),
+    ]
+    torchrun += ["--rdzv-backend", "c10d"]
     lines += [
         "# One torchrun per node (srun: one task per node), each under its own costguard run;",
         "# they meet at the first node of the allocation (c10d rendezvous). A notice on any",
@@ -523,28 +530,6 @@ def launch_lines(job: BatchJob) -> str:
         f'    "${{costguard_run[@]}}" --{inner} "${{torchrun[@]}}" "${{command[@]}}" &',
     ]
     return "\n".join(lines)
-
-
-def torchrun_words(
-    nodes: int, procs_per_node: int | str, torchrun: Sequence[str] = ("torchrun",)
-) -> list[str]:
-    """The words that start one node's ``torchrun`` in a job of ``nodes`` nodes meeting by
-    c10d rendezvous; the caller adds where they meet (``--rdzv-endpoint``, ``--rdzv-id``)
-    and, where it knows it, the node's rank. Shared by ``slurm script --nodes`` and the
-    boot script of a cloud gang (:mod:`costguard.spot.bootstrap`).
-
-    >>> torchrun_words(2, 4)
-    ['torchrun', '--nnodes', '2', '--nproc-per-node', '4', '--rdzv-backend', 'c10d']
-    """
-    return [
-        *torchrun,
-        "--nnodes",
-        str(nodes),
-        "--nproc-per-node",
-        str(procs_per_node),
-        "--rdzv-backend",
-        "c10d",
-    ]
 
 
 def template_path() -> Path:
