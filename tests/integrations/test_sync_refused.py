@@ -6,7 +6,8 @@ checkpoint before it and runs the script once more; when the trainer then goes o
 store records the refusal (kept, never deleted) so no later run on any machine puts it
 back. A script that fails again from the one before is told the failure is not the
 checkpoint's, and nothing is recorded; with nothing before it, it says so and never
-starts from step 0 as if fine. On a local and an S3 (moto) store."""
+starts from step 0 as if fine; a trainer that quietly starts over below what was put back
+is told so. On a local and an S3 (moto) store."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ out = pathlib.Path("out")
 found = sorted((int(m[1]), p) for p in out.glob("checkpoint-*")
                if (m := re.fullmatch(r"checkpoint-([0-9]+)", p.name)))
 step = 0
-if found:
+if found and not os.environ.get("FRESH"):
     step, folder = found[-1]
     data = (folder / "model.safetensors").read_bytes()
     header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
@@ -73,7 +74,9 @@ def fill(url: str, tmp_path: Path, steps: list[int], bad: int | None) -> None:
     (tmp_path / "weights").write_bytes(safetensors(b"w" * 3001))
 
 
-def run(here: Path, url: str, *, fail: bool = False) -> subprocess.CompletedProcess[str]:
+def run(
+    here: Path, url: str, *, fail: bool = False, fresh: bool = False
+) -> subprocess.CompletedProcess[str]:
     """``costguard run --sync-dir out`` of the trainer in ``here`` (a machine of its own:
     its state folder there)."""
     env = child_env(
@@ -82,6 +85,7 @@ def run(here: Path, url: str, *, fail: bool = False) -> subprocess.CompletedProc
         XDG_STATE_HOME=str(here / "state"),
         **{k: v for k, v in os.environ.items() if k.startswith("AWS_")},
         **({"FAIL": "1"} if fail else {}),
+        **({"FRESH": "1"} if fresh else {}),
     )
     return subprocess.run(
         [*costguard_command(), "run", "--checkpoint", url, "--sync-dir", "out", "--",
@@ -137,3 +141,18 @@ def test_with_nothing_before_it_the_run_never_starts_from_step_0(tmp_path: Path,
         result.stderr
     )
     assert "RESUMED FROM" not in result.stdout
+
+
+def test_a_trainer_that_starts_over_below_what_was_put_back_is_told(
+    tmp_path: Path, url: str
+) -> None:
+    """A script whose resume quietly starts from step 0 (a loader refusing, caught, or no
+    resume at all): its checkpoint-5 was never kept, and nothing was said."""
+    fill(url, tmp_path, [10, 20], bad=None)
+    result = run(tmp_path, url, fresh=True)
+    assert result.returncode == 0, result.stderr
+    assert "RESUMED FROM 0" in result.stdout
+    assert (
+        "warning: the trainer wrote checkpoint-5 (step 5) although checkpoint-20 (step 20) "
+        "was put back: it did not resume from it"
+    ) in result.stderr

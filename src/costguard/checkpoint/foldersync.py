@@ -783,6 +783,7 @@ class FolderSync:
             self._say_links(item)
             if item.path not in self.foreign or self.foreign[item.path] != item.files:
                 self.seen_any = True
+            self._say_behind(item)
             if not self._ready(item, now, finished=finished):
                 continue
             if killed_at is not None and not self._proven_at_kill(item, items, killed_at):
@@ -798,6 +799,29 @@ class FolderSync:
             if manifest is not None:
                 done.append(manifest)
         return done
+
+    def _say_behind(self, item: Item) -> None:
+        """A checkpoint the trainer wrote in this run at a step below the one put back: it
+        did not resume from it (its loader refused it and the script started over, or the
+        script does not resume), which is said once, never passed over in silence."""
+        if (
+            self.newest is None
+            or not item.marked
+            or item.step is None
+            or item.step >= self.newest.step
+            or self.foreign.get(item.path) == item.files
+            or self.kept.get(item.path) == item.files
+            or max((t for _, _, t in item.files), default=0) < self._started_ns
+        ):
+            return
+        self._once(
+            "behind",
+            f"warning: the trainer wrote {item.path} (step {item.step}) although "
+            f"{self.newest.path} (step {self.newest.step}) was put back: it did not resume "
+            "from it (its loader refused it, or the script does not resume: "
+            "resume_from_checkpoint, ckpt_path='last', load_state); checkpoints below step "
+            f"{self.newest.step} are not kept",
+        )
 
     def kind(self) -> str:
         """Which trainer writes the folder (of this run's newest checkpoint), or ""."""
