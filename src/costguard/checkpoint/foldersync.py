@@ -38,7 +38,10 @@ again.
 
 Only this run's checkpoints go up: what costguard put back, what it uploaded before on this
 machine (its ledger, :func:`ledger_path`, names the store) and what the trainer
-writes from now on. Anything else found in ``out/`` is named; one newer than the store's
+writes from now on. Another run's Hugging Face checkpoints that an earlier costguard
+uploaded are told apart in the store by their trainer's history (``log_history``), which
+does not continue the run's first checkpoint's: named, never put back, neither counted
+nor deleted by retention. Anything else found in ``out/`` is named; one newer than the store's
 newest would take the trainer's resume over, so it is moved aside (``.costguard-foreign/``,
 never deleted). A link is never followed out of the folder, and a restore writes nothing
 through one.
@@ -47,6 +50,7 @@ through one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -195,6 +199,19 @@ def _files_of(manifest: Manifest) -> dict[str, str]:
     return dict(files)
 
 
+def _before(history: list[Any], step: int) -> list[Any]:
+    """The entries of a trainer's ``log_history`` logged at or before ``step``.
+
+    >>> _before([{"step": 5, "loss": 1.0}, {"step": 10, "loss": 0.5}, "x"], 5)
+    [{'step': 5, 'loss': 1.0}]
+    """
+    return [
+        e
+        for e in history
+        if isinstance(e, dict) and isinstance(e.get("step"), int) and e["step"] <= step
+    ]
+
+
 def _clash(paths: Iterable[str]) -> bool:
     """Whether two paths are the same or one is a folder of another (a file and a folder
     of one name cannot both be placed).
@@ -293,8 +310,6 @@ def ledger_path(root: Path, env: Mapping[str, str]) -> Path:
     >>> ledger_path(Path("/w/out"), {"XDG_STATE_HOME": "/s"}).parent
     PosixPath('/s/costguard/sync')
     """
-    import hashlib
-
     base = Path(env["XDG_STATE_HOME"]) if env.get("XDG_STATE_HOME") else None
     base = base or Path.home() / ".local" / "state"
     name = hashlib.sha256(str(root).encode()).hexdigest()[:32]
@@ -348,6 +363,10 @@ class FolderSync:
     seen_any: bool = False
     #: Store names of checkpoints the trainer refused in this run: not put back again.
     refused: set[str] = field(default_factory=set)
+    #: Store names of checkpoints an earlier costguard uploaded from another run's folder
+    #: (their trainer's history does not continue the run's): never put back, never
+    #: counted by retention, never deleted.
+    not_this_runs: set[str] = field(default_factory=set)
     #: Where the script runs: checkpoints appearing under it, and none in ``root``, mean a
     #: wrong ``--sync-dir`` (said once).
     workdir: Path | None = None
@@ -410,6 +429,7 @@ class FolderSync:
         manifests = folder_manifests(survey.manifests, survey.sizes)
         self._name_unusable(survey.manifests, survey.sizes, manifests)
         manifests = self._not_refused(manifests, survey.sizes)
+        manifests = self._this_runs(manifests)
         local = {i.path: i for i in items_in(self.root)}
         ours = self._ledger()
         for manifest in manifests:  # finished here and in the store already: not again
@@ -477,6 +497,58 @@ class FolderSync:
                 continue
             usable.append(manifest)
         return usable
+
+    def _this_runs(self, manifests: list[Manifest]) -> list[Manifest]:
+        """``manifests`` less the Hugging Face checkpoints that are not this run's: ones
+        an earlier costguard uploaded from another run's folder (before
+        ``.costguard-foreign/``). A run's checkpoints each carry its trainer's history
+        (``trainer_state.json``'s ``log_history``), each one's continuing the one before;
+        the run is the store's first committed checkpoint's. Each other one is named; a
+        history that cannot be read is no proof, and the checkpoint stays a candidate."""
+        hf = [m for m in manifests if m.extra["folder"].get("kind") == "transformers"]
+        if len(hf) < 2:
+            return manifests
+        origin = min(hf, key=lambda m: (m.created_unix, m.step))
+        first = self._history(origin)
+        if first is None:
+            return manifests
+        for manifest in hf:
+            if manifest is origin or manifest.step <= origin.step:
+                continue
+            history = self._history(manifest)
+            if history is None or _before(history, origin.step) == _before(first, origin.step):
+                continue
+            self.not_this_runs.add(manifest.name)
+            self._once(
+                f"other run:{manifest.name}",
+                f"{manifest.name} ({manifest.extra['folder']['path']}, step {manifest.step}) "
+                f"is not this run's: its trainer's history does not continue {origin.name} "
+                f"(step {origin.step}), the run's first (an earlier costguard uploaded it from "
+                "another run's folder); kept in the store, never put back",
+            )
+        return [m for m in manifests if m.name not in self.not_this_runs]
+
+    def _history(self, manifest: Manifest) -> list[Any] | None:
+        """The ``log_history`` of a Hugging Face checkpoint's ``trainer_state.json`` in the
+        store (verified against its manifest), or ``None`` when it cannot be read."""
+        files = _files_of(manifest)
+        for obj in manifest.objects:
+            if PurePosixPath(files.get(obj.name, "")).name != HF_MARK:
+                continue
+            if obj.size_bytes > MAX_STATE_BYTES:
+                return None
+            try:
+                data = self.store.get(manifest.object_path(obj), max_bytes=MAX_STATE_BYTES)
+            except CostguardError:
+                return None
+            if hashlib.sha256(data).hexdigest() != obj.sha256:
+                return None
+            try:
+                history = json.loads(data).get("log_history")
+            except (ValueError, AttributeError, RecursionError):
+                return None
+            return history if isinstance(history, list) else None
+        return None
 
     def wrote_since(self, started_ns: int) -> bool:
         """Whether the trainer has written a checkpoint of this run in the folder since
@@ -990,12 +1062,14 @@ class FolderSync:
         try:
             survey = self._restorer.survey()
             # A step's items are one save (last.ckpt and its step file): keep whole steps.
-            committed = [c for c in survey.listings if c.name in survey.committed]
+            # Another run's checkpoints are neither counted nor deleted: kept as they are.
+            ours = survey.committed - self.not_this_runs
+            committed = [c for c in survey.listings if c.name in ours]
             steps = sorted({c.step for c in committed}, reverse=True)[: self.keep]
             keep = max(1, sum(c.step in steps for c in committed))
             for deletion in plan_retention(
                 survey.listings,
-                survey.committed,
+                ours,
                 keep,
                 corrupt=survey.corrupt,
                 protect=(protect,),
