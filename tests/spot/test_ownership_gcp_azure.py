@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -49,71 +49,44 @@ def bobs(launcher: Launcher, offer: Offer, spec: JobSpec) -> Handle:
     return launcher.launch(offer, replace(spec, job_id="cg-bob-1", owner="bob").launch_spec(), 1)
 
 
-# -- GCP -------------------------------------------------------------------------------
+@dataclass
+class Cloud:
+    """A provider's loopback server, a launcher of its own (bob's), what a job launches
+    there, and the calls that create and delete a VM."""
+
+    provider: str
+    server: Any
+    launcher: Launcher
+    offer: Offer
+    options: dict[str, str]
+    create: tuple[str, str]
+    delete: tuple[str, str]
 
 
-@pytest.fixture
-def gcp(
-    compute_server: Any, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Any, Launcher, Offer, dict[str, str]]:
+def gcp(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cloud:
     from google.auth.credentials import AnonymousCredentials
 
     from costguard.clouds import gcp as gcp_clouds
     from costguard.spot.launcher.gcp import GcpLauncher
     from tests.servers.gcp import LAUNCH_OPTIONS, PROJECT
 
+    server = request.getfixturevalue("compute_server")
     monkeypatch.setattr(gcp_clouds, "default_credentials", AnonymousCredentials)
-    monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", compute_server.url)
-    launcher = GcpLauncher(Settings(gcp_endpoint=compute_server.url), project=PROJECT,
+    monkeypatch.setenv("COSTGUARD_GCP_ENDPOINT", server.url)
+    launcher = GcpLauncher(Settings(gcp_endpoint=server.url), project=PROJECT,
                            credentials=AnonymousCredentials(), poll_interval_s=0.01)  # fmt: skip
     offer = Offer("gcp", "us-central1", "n1-highmem-8", Market.SPOT, Decimal("0.5"), "T4", 2,
                   "us-central1-b")  # fmt: skip
-    return compute_server, launcher, offer, dict(LAUNCH_OPTIONS)
+    return Cloud("gcp", server, launcher, offer, dict(LAUNCH_OPTIONS),
+                 ("POST", "/instances"), ("DELETE", "/instances"))  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["gcs"], indirect=True)
-def test_gcp_attach_never_deletes_a_vm_the_job_did_not_launch(
-    backend: Backend, gcp: tuple[Any, Launcher, Offer, dict[str, str]],
-    run_cli: Callable[..., Any],
-) -> None:  # fmt: skip
-    server, launcher, offer, options = gcp
-    store = open_store(backend)
-    spec = job_spec(store, "gcp", offer, options)
-    theirs = bobs(launcher, offer, spec)
-    forged_attempt(store, spec, offer, theirs)
-    result = attach(run_cli, store.url, "--yes")
-    assert "unexpected" not in result.stderr, result.stderr
-    assert f"not terminating {theirs.instance_id}" in result.stderr, result.stderr
-    assert theirs.instance_id in server.vms
-    assert not server.calls("DELETE", "/instances")
-
-
-@pytest.mark.parametrize("backend", ["gcs"], indirect=True)
-def test_gcp_attach_refuses_an_unsigned_command_before_any_cloud_call(
-    backend: Backend, gcp: tuple[Any, Launcher, Offer, dict[str, str]],
-    run_cli: Callable[..., Any],
-) -> None:  # fmt: skip
-    server, _, offer, options = gcp
-    store = open_store(backend)
-    save_job(store, Job(replace(job_spec(store, "gcp", offer, options), command=EVIL)))
-    result = attach(run_cli, store.url, "--yes")
-    assert result.exit_code == 2, result.stderr
-    assert "spec you did not launch" in result.stderr
-    assert "curl evil.example" in result.stderr
-    assert not server.calls("POST", "/instances")
-
-
-# -- Azure -----------------------------------------------------------------------------
-
-
-@pytest.fixture
-def azure(
-    arm_server: Any, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Any, Launcher, Offer, dict[str, str]]:
+def azure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cloud:
     from costguard.spot.launcher import azure as azure_launcher
     from tests.servers.azure import LAUNCH_OPTIONS
     from tests.servers.http import FakeTokenCredential, azure_client_options
 
+    server = request.getfixturevalue("arm_server")
     built = azure_launcher.AzureLauncher
 
     class Authed(built):  # type: ignore[misc,valid-type]
@@ -128,42 +101,51 @@ def azure(
                              client_options=azure_client_options())  # fmt: skip
 
     monkeypatch.setattr(azure_launcher, "AzureLauncher", Authed)
-    monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", arm_server.url)
+    monkeypatch.setenv("COSTGUARD_AZURE_ENDPOINT", server.url)
     options = dict(LAUNCH_OPTIONS)
-    launcher = Authed(Settings(azure_endpoint=arm_server.url),
+    launcher = Authed(Settings(azure_endpoint=server.url),
                       subscription_id=options["subscription"],
                       resource_group=options["resource_group"])  # fmt: skip
     offer = Offer("azure", "eastus", "Standard_NC4as_T4_v3", Market.SPOT, Decimal("0.15"), "T4", 1)
-    return arm_server, launcher, offer, options
+    return Cloud("azure", server, launcher, offer, options,
+                 ("PUT", "/virtualMachines/"), ("DELETE", "/virtualMachines/"))  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["azure"], indirect=True)
-def test_azure_attach_never_deletes_a_vm_the_job_did_not_launch(
-    backend: Backend, azure: tuple[Any, Launcher, Offer, dict[str, str]],
-    run_cli: Callable[..., Any],
-) -> None:  # fmt: skip
-    server, launcher, offer, options = azure
+@pytest.fixture
+def cloud(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Cloud:
+    return {"gcp": gcp, "azure": azure}[request.param](request, monkeypatch)
+
+
+#: Each cloud with its own store.
+CLOUDS = pytest.mark.parametrize(
+    ("cloud", "backend"), [("gcp", "gcs"), ("azure", "azure")], indirect=True
+)
+
+
+@CLOUDS
+def test_attach_never_deletes_a_vm_the_job_did_not_launch(
+    backend: Backend, cloud: Cloud, run_cli: Callable[..., Any]
+) -> None:
     store = open_store(backend)
-    spec = job_spec(store, "azure", offer, options)
-    theirs = bobs(launcher, offer, spec)
-    forged_attempt(store, spec, offer, theirs)
+    spec = job_spec(store, cloud.provider, cloud.offer, cloud.options)
+    theirs = bobs(cloud.launcher, cloud.offer, spec)
+    forged_attempt(store, spec, cloud.offer, theirs)
     result = attach(run_cli, store.url, "--yes")
     assert "unexpected" not in result.stderr, result.stderr
     assert f"not terminating {theirs.instance_id}" in result.stderr, result.stderr
-    assert theirs.instance_id in server.vms
-    assert not server.calls("DELETE", "/virtualMachines/")
+    assert theirs.instance_id in cloud.server.vms
+    assert not cloud.server.calls(*cloud.delete)
 
 
-@pytest.mark.parametrize("backend", ["azure"], indirect=True)
-def test_azure_attach_refuses_an_unsigned_command_before_any_cloud_call(
-    backend: Backend, azure: tuple[Any, Launcher, Offer, dict[str, str]],
-    run_cli: Callable[..., Any],
-) -> None:  # fmt: skip
-    server, _, offer, options = azure
+@CLOUDS
+def test_attach_refuses_an_unsigned_command_before_any_cloud_call(
+    backend: Backend, cloud: Cloud, run_cli: Callable[..., Any]
+) -> None:
     store = open_store(backend)
-    save_job(store, Job(replace(job_spec(store, "azure", offer, options), command=EVIL)))
+    spec = job_spec(store, cloud.provider, cloud.offer, cloud.options)
+    save_job(store, Job(replace(spec, command=EVIL)))
     result = attach(run_cli, store.url, "--yes")
     assert result.exit_code == 2, result.stderr
     assert "spec you did not launch" in result.stderr
     assert "curl evil.example" in result.stderr
-    assert not server.calls("PUT", "/virtualMachines/")
+    assert not cloud.server.calls(*cloud.create)
