@@ -28,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costguard.checkpoint import Checkpointer
+from costguard.checkpoint.incremental import REFS_KEY
 from costguard.checkpoint.manifest import MANIFEST_FILE, checkpoint_name
 from costguard.errors import CostguardError
 from tests.checkpoint.test_hostile_manifests import hostile
@@ -70,7 +71,7 @@ PAYLOADS: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "optimizer is odd": lambda s: saved(
         {**s, "model": forged_weights(s), "optimizer": {"state": 5}}
     ),
-    "pool refs odd": lambda s: saved({**s, "__costguard_pool__": [{"sha256": 5}]}),
+    "pool refs odd": lambda s: saved({**s, REFS_KEY: [{"sha256": 5}]}),
     "runs code": lambda s: pickle.dumps(RunsCode()),
     "not a zip": lambda s: b"\x80\x04not a torch file",
 }
@@ -175,13 +176,12 @@ ckpt.close(final=False)
 
 def test_costguard_run_resumes_past_every_forgery_at_once(tmp_path: Path) -> None:
     """``costguard run``: the script's Checkpointer resumes from the genuine step 10
-    past one forged checkpoint of each kind (all newer), no traceback, no code run."""
+    past one forged checkpoint of each kind (all newer), no traceback, no code run: a
+    restore tried the newest 8 that did not load, then refused, saying none could be used."""
     root = tmp_path / "ckpt"
     weights = genuine(root)
-    # 7 forgeries: a restore tries at most 8 checkpoints that do not load (MAX_RESTORE_TRIES)
-    kinds = ["rng torch wrong", "ranks is text", "a list", "runs code", "model is text",
-             "optimizer is odd"]  # fmt: skip
-    fill(root, [(kind, True) for kind in kinds] + [("other shapes", False)], [])
+    # One of each kind, 16 in all: more than a restore once tried (8) before it refused.
+    fill(root, [(kind, True) for kind in sorted(PAYLOADS)] + [("other shapes", False)], [])
     done = subprocess.run(
         [sys.executable, "-m", "costguard", "run", "--checkpoint", str(root), "--",
          sys.executable, "-c", SCRIPT],
@@ -193,4 +193,4 @@ def test_costguard_run_resumes_past_every_forgery_at_once(tmp_path: Path) -> Non
     assert "PWNED" not in out
     assert "STEP 10" in done.stdout, out[-3000:]
     assert f"SUM {float(weights['weight'].sum())}" in done.stdout
-    assert "ckpt-000000000026-0000001a" in done.stderr  # the newest forgery, named
+    assert "ckpt-000000000035-00000023" in done.stderr  # the newest forgery, named

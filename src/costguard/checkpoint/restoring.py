@@ -66,8 +66,12 @@ PAYLOAD = "state.pt"
 SURVEY_MANIFESTS = 64
 #: The most manifest text a Restorer keeps parsed between surveys (oldest dropped first).
 CACHED_MANIFEST_BYTES = 4 * 2**20
-#: A restore tries at most this many checkpoints that do not load before it gives up.
+#: An export tries at most this many checkpoints that do not load before it gives up.
 MAX_RESTORE_TRIES = 8
+#: A restore tries every checkpoint its survey read (at most ``SURVEY_MANIFESTS``): a
+#: forger's newer checkpoints that verify but do not load cost a few reads each, and
+#: cannot hide a valid older one behind a smaller budget.
+RESTORE_TRIES = SURVEY_MANIFESTS
 
 
 @dataclass
@@ -386,7 +390,7 @@ class Restorer:
         skipped = survey.skipped()
         chosen: tuple[Manifest, Any] | None = None
         for tries, manifest in enumerate(restore_order(survey.manifests, survey.sizes)):
-            if tries == MAX_RESTORE_TRIES:
+            if tries == RESTORE_TRIES:
                 logger.warning(
                     "costguard: %d checkpoints in a row did not load; older ones are not tried",
                     tries,
