@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from costguard.checkpoint.foldersync import REFUSED, REFUSED_FILE
 from costguard.checkpoint.store import Store
+from costguard.cli.checkpoint import checkpoint_group
 from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import child_env, costguard_command
 from tests.integrations.test_foldersync import hf_folder, safetensors
@@ -113,6 +115,8 @@ def test_a_checkpoint_the_loader_refuses_gives_way_to_the_one_before(
         "checkpoint-30"
     ]
     assert [s for s, _ in kept(store)] == [20, 25, 30]  # 30 kept, never deleted
+    for args in (["ls", url], ["verify", url]):  # the record is no damage to a checkpoint
+        assert CliRunner().invoke(checkpoint_group, args).exit_code == 0, args
     # A new machine (out/ gone): the refused one is named and never put back again.
     shutil.rmtree(tmp_path / "out")
     again = run(tmp_path, url)
