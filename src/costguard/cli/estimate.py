@@ -45,6 +45,7 @@ from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.pricing.advisor import AdvisorFigures
     from costguard.pricing.interruptions import Interruptions
     from costguard.pricing.slurm import SlurmOption
@@ -294,12 +295,18 @@ def question_from(options: dict[str, Any]) -> Question:
 
 
 def show_quote(
-    settings: Settings, question: Question, output_format: str, *, stale_warning: bool = True
+    settings: Settings,
+    question: Question,
+    output_format: str,
+    *,
+    stale_warning: bool = True,
+    pace: Pace | None = None,
 ) -> None:
-    """Price ``question`` (:func:`~costguard.pricing.quote.quote`) and print the answer as
-    ``costguard estimate`` prints it; raise its budget error after the figures."""
+    """Price ``question`` (:func:`~costguard.pricing.quote.quote`, at ``pace`` when the
+    caller has read and checked the run's record) and print the answer as ``costguard
+    estimate`` prints it; raise its budget error after the figures."""
     catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
-    answer = quote(question, catalog)
+    answer = quote(question, catalog, pace=pace)
     if output_format == "json":
         render.print_json(answer.document())
     elif output_format == "csv":

@@ -51,6 +51,7 @@ from costguard.pricing.question import (
 )
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.pricing.advisor import AdvisorFigures
     from costguard.pricing.interruptions import Checkpointing, Interruptions
     from costguard.pricing.locate import Located
@@ -218,10 +219,13 @@ class Quote:
         return None
 
 
-def quote(question: Question, catalog: Catalog, *, today: date | None = None) -> Quote:
+def quote(
+    question: Question, catalog: Catalog, *, today: date | None = None, pace: Pace | None = None
+) -> Quote:
     """Price ``question`` from ``catalog`` as ``costguard estimate`` does.
 
-    Reads the recorded pace of ``question.from_run`` (a store), the advisor table for
+    Reads the recorded pace of ``question.from_run`` (a store; ``pace``: the record the
+    caller read there and checked, used as it is and not read again), the advisor table for
     ``interruptions_per_day="advisor"``, and looks up the region of ``data_url``
     (:mod:`costguard.pricing.locate`: S3 answers, or the table of well-known datasets),
     then prices each GPU (:func:`~costguard.pricing.question.answer`); prices older than
@@ -238,7 +242,7 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     figures = checkpointing(question)
     measured = None
     if question.from_run is not None:
-        measured = _measured(question, catalog)
+        measured = _measured(question, catalog, pace)
         question = replace(
             question, from_run=None, steps=None, epochs=None, speedup=None,
             hours=measured.hours, gpus=(measured.gpu,),
@@ -310,9 +314,10 @@ def _advisor(
     return advisor_figures(hours, figures, rows, shown, as_of=info.as_of, source=info.source)
 
 
-def _measured(question: Question, catalog: Catalog) -> Measured:
+def _measured(question: Question, catalog: Catalog, checked: Pace | None) -> Measured:
     """The hours of ``steps`` (or ``epochs``) at the pace the run at ``from_run``
-    recorded, on its GPU or the one asked for."""
+    recorded (``checked``, when the caller read it already: a second read could find
+    another record), on its GPU or the one asked for."""
     from costguard import contract
     from costguard.checkpoint.pace import read_pace
     from costguard.checkpoint.store import Store, storage_options_from_env
@@ -326,7 +331,7 @@ def _measured(question: Question, catalog: Catalog) -> Measured:
         msg = f"--from-run: no run at {url} (no such folder)"
         raise InputError(msg, hint="pass the --checkpoint URL the run wrote to")
     store = Store.open(url, storage_options_from_env())
-    pace = read_pace(store)
+    pace = checked if checked is not None else read_pace(store)
     if pace is None:
         msg = f"--from-run: {url} holds no measured pace (no job/pace.json)"
         raise InputError(
