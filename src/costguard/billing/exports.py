@@ -27,7 +27,7 @@ import re
 import sys
 import threading
 from collections.abc import Generator, Iterator, Sequence
-from contextlib import closing, nullcontext
+from contextlib import closing, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -66,7 +66,7 @@ np = require("numpy", EXTRA)
 #: Rows per Parquet batch and bytes per CSV block: what one batch holds in memory;
 #: Parquet batches read ahead of the one being summed. With row groups read in parallel
 #: (4 at a time, 512 Ki rows a batch) a 10-million-row file peaked at 2.7x DuckDB's
-#: memory; 64 Ki rows, one read ahead: 1.2x, for 1.3x its CPU (benchmarks/spend.py).
+#: memory; 64 Ki rows, one read ahead: 1.14x, for 1.37x its CPU (benchmarks/spend.py).
 PARQUET_BATCH_ROWS = 64 * 1024
 PARQUET_AHEAD = 1
 CSV_BLOCK_BYTES = 4 * 1024 * 1024
@@ -114,12 +114,16 @@ class _NoPandas(importlib.abc.MetaPathFinder):
 
 def for_a_command() -> None:
     """Set pyarrow up for a command's own process, which hands it no DataFrame and takes
-    none back (never a notebook's): on the first conversion of Python values, and as its
-    dataset module loads (``group_by``'s), pyarrow imports pandas to ask whether they are
-    pandas objects (50 MiB and a quarter second for ``costguard spend``); here it is
-    told once that there is none (``Table.to_pandas`` would import it still). And the
-    system allocator: after a 10-million-row Parquet file it holds 15 to 45 MiB less
-    than pyarrow's mimalloc (benchmarks/spend.py)."""
+    none back (never a notebook's):
+
+    - on its first conversion of Python values, and as its dataset module loads
+      (``group_by``'s), pyarrow imports pandas to ask whether they are pandas objects
+      (50 MiB and a quarter second for ``costguard spend``): it is told once that there
+      is none (``Table.to_pandas`` would still import it);
+    - jemalloc where pyarrow has it: a 10-million-row Parquet export then peaks at 191
+      MiB where pyarrow's mimalloc held 246 (CSV.gz: 316 and 310; the system allocator
+      held 198 and 407).
+    """
     if "pandas" not in sys.modules:
         finder = _NoPandas()
         sys.meta_path.insert(0, finder)
@@ -128,7 +132,8 @@ def for_a_command() -> None:
             require("pyarrow.acero", EXTRA)
         finally:
             sys.meta_path.remove(finder)
-    pa.set_memory_pool(pa.system_memory_pool())
+    with suppress(NotImplementedError):  # a pyarrow built without jemalloc
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
 def read_spend(sources: Sequence[str], by: str, *, job: str | None = None) -> Tally:
