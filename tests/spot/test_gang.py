@@ -27,6 +27,7 @@ import torch
 from costguard import contract
 from costguard.checkpoint.notices.aws import AwsMetadata
 from costguard.checkpoint.store import Store
+from costguard.errors import InputError
 from costguard.spot import controller as controller_module
 from costguard.spot.controller import Controller, Event, summarise
 from costguard.spot.job import (
@@ -41,8 +42,9 @@ from costguard.spot.job import (
     spec_doc,
     write_exit_record,
 )
-from costguard.spot.launcher.base import Handle, LaunchSpec, Offer
+from costguard.spot.launcher.base import Handle, Launcher, LaunchSpec, Offer
 from costguard.spot.launcher.local import LocalLauncher, _Node, pid_alive
+from costguard.spot.prepare import Prepared, check_launcher
 from costguard.spot.recovery import Attempt, AttemptOutcome, Finish, Launch, Limits, decide
 from costguard.spot.simulator import MetadataEmulator
 from tests.checkpoint.test_distributed import DDP_SCRIPT
@@ -480,3 +482,24 @@ def test_the_plan_prices_every_node_and_the_gangs_preemptions(
     # A node's notice every 12 h (2 a day): the gang's 3 x 2 = 6 a day.
     assert "about 3 x a node's rate: 6 a day (--preempt-every 43200 s per node)" in text
     assert "over 10 h: about 2.8 expected" in text
+
+
+class OneAtATime(LocalLauncher):
+    """A launcher that has not opted in to gangs: the base's ``launch_gang``."""
+
+    launch_gang = Launcher.launch_gang
+
+
+def test_a_launcher_without_gangs_refuses_nodes_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "ckpt")
+    job_spec = spec(store.url, nodes=2, sync_dir=None, simulation=Simulation())
+    prepared = Prepared(job_spec, store, [SPOT], Launch(SPOT, 1, "first"), "today")
+    launcher = OneAtATime(Simulation(), job_started_unix=0.0, state_dir=tmp_path / "state")
+    with pytest.raises(InputError, match="starts one instance per attempt") as refused:
+        check_launcher(prepared, launcher)
+    assert refused.value.hint
+    assert not (tmp_path / "ckpt" / "job").exists()
+    assert check_launcher(prepared, PlainGang(Simulation(), job_started_unix=0.0,
+                          state_dir=tmp_path / "state")).spec.nodes == 2  # fmt: skip

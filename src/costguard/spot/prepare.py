@@ -417,11 +417,16 @@ def prepare(
 
 
 def check_launcher(prepared: Prepared, launcher: Launcher) -> Prepared:
-    """The launcher's own checks on the spec; a local simulator's port goes into the spec
-    (the attempts read their notices there)."""
+    """The launcher's own checks on the spec (a gang only where the launcher starts one);
+    a local simulator's port goes into the spec (the attempts read their notices there)."""
     from costguard.spot.launcher.local import LocalLauncher
 
-    launcher.check(prepared.spec.launch_spec())
+    spec = prepared.spec
+    if spec.nodes > 1 and type(launcher).launch_gang is Launcher.launch_gang:
+        # The base starts one instance: refused now, before job.json and any launch.
+        msg = f"--nodes {spec.nodes}: the {spec.provider} launcher starts one instance per attempt"
+        raise InputError(msg, hint="drop --nodes, or use costguard slurm script --nodes")
+    launcher.check(spec.launch_spec())
     simulation = prepared.spec.simulation
     if not isinstance(launcher, LocalLauncher) or simulation is None:
         return prepared
