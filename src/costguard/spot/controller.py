@@ -196,7 +196,7 @@ class Controller:
                 and current.handle is None
                 and handle.extra.get("attempt", str(current.number)) == str(current.number)
             ):
-                if current.node_count > 1:
+                if job.spec.nodes > 1:
                     nodes.append(handle)  # a gang's nodes: adopted together below
                     continue
                 current = replace(current, handle=handle)
@@ -215,7 +215,7 @@ class Controller:
             current is not None
             and current.handle is None
             and current.outcome is None
-            and current.node_count == 1
+            and job.spec.nodes == 1
         ):
             job = self._resume(job, current)
         strays = [h for h in strays if self._owners(job, h)]
@@ -260,7 +260,8 @@ class Controller:
         if current is None:
             return job
         now = self._clock()
-        nodes = [self._node(job, current, rank) for rank in range(current.node_count)]
+        # The signed spec says how many nodes there are (job.json's attempts are not signed).
+        nodes = [self._node(job, current, rank) for rank in range(job.spec.nodes)]
         first_end = now
         if any(n.outcome is not None for n in nodes):
             first_end = self._gang_ended.setdefault(current.number, now)
@@ -282,7 +283,7 @@ class Controller:
                 # node after another's end): stop paying; never a partial gang left.
                 self._terminate(job, other.handle)
         detail = node.detail
-        if current.node_count > 1:
+        if job.spec.nodes > 1:
             detail = f"node {decisive}: {detail or outcome.value}"
         # The newest checkpoint any node's record names (a gang's nodes name the same one).
         steps = [n.record.last_step for n in nodes if n.record and n.record.last_step is not None]
@@ -327,7 +328,7 @@ class Controller:
     def _node(self, job: Job, attempt: Attempt, rank: int) -> _NodeEnd:
         """What the provider and the exit record say of node ``rank`` of ``attempt`` (its
         one instance when it is no gang); a node with no handle is missing."""
-        gang = attempt.node_count > 1
+        gang = job.spec.nodes > 1
         handles = attempt.instances
         handle = handles[rank] if rank < len(handles) else None
         if handle is None:
