@@ -503,3 +503,26 @@ def test_a_launcher_without_gangs_refuses_nodes_before_anything_is_written(
     assert not (tmp_path / "ckpt" / "job").exists()
     assert check_launcher(prepared, PlainGang(Simulation(), job_started_unix=0.0,
                           state_dir=tmp_path / "state")).spec.nodes == 2  # fmt: skip
+
+
+def test_a_gangs_nodes_speak_each_under_its_attempt_and_node(tmp_path: Path) -> None:
+    """The output a local launch streams: each node's log named and its lines prefixed
+    ``[attempt.node]`` (a gang's logs were not followed at all)."""
+    from costguard.cli.follow import Follower
+
+    (tmp_path / "attempt-2.node-0.log").write_text("STEP 0 1\n")
+    (tmp_path / "attempt-2.node-1.log").write_text("STEP 2 1\n")
+    (tmp_path / "attempt-1.log").write_text("READY\n")
+    said: list[str] = []
+    Follower(tmp_path, echo=said.append).drain(final=True)
+    names = [line.split("\n")[0] for line in said if line.startswith("costguard:")]
+    assert names == [
+        "costguard: attempt 1 writes its output to",
+        "costguard: attempt 2 node 0 writes its output to",
+        "costguard: attempt 2 node 1 writes its output to",
+    ]
+    assert [line for line in said if not line.startswith("costguard:")] == [
+        "  [1] READY",
+        "  [2.0] STEP 0 1",
+        "  [2.1] STEP 2 1",
+    ]
