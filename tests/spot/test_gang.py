@@ -526,3 +526,18 @@ def test_a_gangs_nodes_speak_each_under_its_attempt_and_node(tmp_path: Path) -> 
         "  [2.0] STEP 0 1",
         "  [2.1] STEP 2 1",
     ]
+
+
+def test_an_attach_shows_the_gang_it_would_supervise(
+    tmp_path: Path, run_cli: Callable[..., Any]
+) -> None:
+    store = Store.open(tmp_path / "ckpt")
+    nodes = tuple(Handle("local", "aws:us-east-1", f"local-{n}") for n in (1, 2))
+    running = Attempt(1, ON_DEMAND, time.time(), handle=nodes[0], node_count=2, nodes=nodes)
+    job = _gang_job(store, simulation=Simulation(state_dir=str(tmp_path / "state")))
+    save_job(store, replace(job, attempts=(running,)))
+    run = run_cli("launch", "--attach", store.url, "--force")
+    assert run.exit_code == 2  # not this user's signed spec: refused after the plan
+    text = " ".join(run.stderr.split())
+    assert "2 nodes of 1 x T4" in text
+    assert "(local-1 local-2) at $2.012/h" in text

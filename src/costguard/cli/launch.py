@@ -447,20 +447,22 @@ def _attach_plan(job: Job, offers: Sequence[Offer]) -> list[str]:
     """The plan of an attach, in lines: the job's command, where its attempt runs or the
     next would, and the price."""
     from costguard.shell import command
+    from costguard.spot.controller import instances_label
 
     spec = job.spec
     current = job.current
+    gang = f"{spec.nodes} nodes of " if spec.nodes > 1 else ""
     lines = [
         f"Attach to job {spec.job_id} (owner {spec.owner or 'unknown'}, {spec.provider}, "
-        f"{spec.gpu_count} x {spec.gpu}):",
+        f"{gang}{spec.gpu_count} x {spec.gpu}):",
         f"  command: {command(*spec.command)}",
     ]
     if current is not None:
-        where = current.handle.instance_id if current.handle else "not confirmed"
+        where = instances_label(current) if current.handle else "not confirmed"
         lines.append(
             f"  attempt {current.number} runs: {current.offer.instance_type} "
             f"{current.offer.market.value} in {current.offer.place} ({where}) at "
-            f"${current.offer.usd_per_hour}/h"
+            f"${current.usd_per_hour}/h"
         )
     elif offers:
         cheapest = min(offers, key=lambda o: o.usd_per_hour)
