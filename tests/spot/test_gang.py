@@ -479,6 +479,7 @@ def test_the_plan_prices_every_node_and_the_gangs_preemptions(
     assert Decimal(total) == Decimal(price) * 3
     assert f"estimate: ${Decimal(total) * 10:.2f} for 10 h" in text
     assert "torchrun --nnodes 3 --nproc-per-node 2" in text
+    assert "on-demand 3 x g5.xlarge" in text
     # A node's notice every 12 h (2 a day): the gang's 3 x 2 = 6 a day.
     assert "about 3 x a node's rate: 6 a day (--preempt-every 43200 s per node)" in text
     assert "over 10 h: about 2.8 expected" in text

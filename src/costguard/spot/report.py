@@ -17,6 +17,7 @@ from typing import Any
 from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
 from costguard.money import format_usd
+from costguard.pricing.catalog import Market
 from costguard.retry import RetryPolicy
 from costguard.shell import command
 from costguard.spot.controller import Summary, instances_label, summarise
@@ -115,9 +116,11 @@ def estimate_lines(
             + MAX_PRICE_REACH.get(spec.provider, "filters the offers")
         )
     if spec.spot and fallback is not None:
+        each = f"{nodes} x " if nodes > 1 else ""
         lines.append(
-            f"  after {spec.max_preemptions} preemption(s): on-demand {fallback.instance_type} "
-            f"in {fallback.region} at {format_usd(fallback.usd_per_hour, rate=True)}/h"
+            f"  after {spec.max_preemptions} preemption(s): on-demand {each}"
+            f"{fallback.instance_type} in {fallback.region} at "
+            f"{format_usd(fallback.usd_per_hour, rate=True)}/h"
         )
     if spec.sync_dir is not None:
         where = "this machine" if spec.provider == "local" else "the instance (under its workdir"
@@ -159,8 +162,17 @@ def gang_plan(spec: JobSpec, offer: Offer) -> list[str]:
     from costguard.pricing.interruptions import Checkpointing, expected, gang_per_day
 
     nodes = spec.nodes
-    if nodes <= 1 or offer.market.value != "spot":
+    if nodes <= 1:
         return []
+    procs = spec.procs_per_node or max(1, offer.gpu_count)
+    lines = [
+        f"  gang: {nodes} instances started together, all or none, in one zone; each runs "
+        f"torchrun --nnodes {nodes} --nproc-per-node {procs} (c10d rendezvous at node 0) "
+        "under costguard run; a notice to any node saves every node at the same step, and "
+        "the whole gang is relaunched"
+    ]
+    if offer.market is not Market.SPOT:
+        return lines
     sim = spec.simulation
     if sim is not None and sim.every_s:
         node_rate = Decimal(86400) / Decimal(repr(sim.every_s))
@@ -170,15 +182,10 @@ def gang_plan(spec: JobSpec, offer: Offer) -> list[str]:
         basis = f"assumed {node_rate} a day per node; costguard estimate --interruptions-per-day"
         basis += " prices another rate"
     rate = gang_per_day(node_rate, nodes)
-    procs = spec.procs_per_node or max(1, offer.gpu_count)
-    lines = [
-        f"  gang: {nodes} instances started together, all or none, in one zone; each runs "
-        f"torchrun --nnodes {nodes} --nproc-per-node {procs} (c10d rendezvous at node 0) "
-        "under costguard run; a notice to any node saves every node at the same step, and "
-        "the whole gang is relaunched",
+    lines.append(
         f"  gang preemptions: any node's stops all {nodes}, so about {nodes} x a node's "
-        f"rate: {rate.normalize():f} a day ({basis})",
-    ]
+        f"rate: {rate.normalize():f} a day ({basis})"
+    )
     if spec.hours:
         every = Decimal(repr(spec.every_minutes)) if spec.every_minutes else Decimal(30)
         try:
