@@ -10,8 +10,6 @@ an attach, a limit), and the records, the plan and the flags.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ from costguard import contract
 from costguard.checkpoint.notices.aws import AwsMetadata
 from costguard.checkpoint.store import Store
 from costguard.errors import InputError
+from costguard.reaper.agent import active_jobs
 from costguard.spot import controller as controller_module
 from costguard.spot.controller import Controller, Event, summarise
 from costguard.spot.job import (
@@ -177,6 +176,13 @@ def _pid(handle: Handle) -> int:
     return int(handle.extra["pid"])
 
 
+def _registered(handle: Handle) -> list[int]:
+    """The jobs `costguard agent` on that node would see running (its jobs folder; a
+    zombie is no job: this container's PID 1 does not reap the orphans a killed
+    `costguard run` leaves, as a VM's init does)."""
+    return active_jobs(Path(handle.extra["jobs_dir"]), alive=pid_alive)
+
+
 def _wait_dead(handle: Handle, timeout_s: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -222,7 +228,12 @@ def test_a_node_lost_without_notice_ends_every_node_and_the_gang_is_relaunched_w
     first = job.attempts[0]
     assert (first.node_count, len(first.nodes)) == (2, 2)
     assert controller.reconcile(job).current == first  # both run: the attempt runs
-    os.killpg(_pid(first.nodes[1]), signal.SIGKILL)  # node 1 vanishes, no notice, no record
+    # The agent on each node sees the gang's job registered there (busy) while it runs.
+    deadline = time.monotonic() + 60
+    while not all(_registered(h) for h in first.nodes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_registered(h) for h in first.nodes)
+    gang._kill(first.nodes[1])  # node 1 vanishes (SIGKILL to all of it): no notice, no record
     assert _wait_dead(first.nodes[1])
     job = controller.reconcile(job)
     ended = job.attempts[0]
@@ -231,6 +242,7 @@ def test_a_node_lost_without_notice_ends_every_node_and_the_gang_is_relaunched_w
     # Node 0 is no partial gang left running: terminated with the attempt.
     assert not pid_alive(_pid(first.nodes[0]), first.nodes[0].extra["start_ticks"])
     assert gang.find(JOB) == []
+    assert not any(_registered(h) for h in first.nodes)
     # The next attempt is the whole gang again, in another place.
     decision = controller.decide(job, job.spec.limits())
     assert isinstance(decision, Launch)
@@ -326,7 +338,7 @@ def test_an_attach_adopts_the_whole_gang_and_a_missing_node_ends_it(
     job = save_job(
         store, replace(job, attempts=(Attempt(1, ON_DEMAND, time.time(), node_count=2),))
     )
-    os.killpg(_pid(handles[0]), signal.SIGKILL)
+    gang._kill(handles[0])  # node 0 vanishes
     assert _wait_dead(handles[0])
     controller = _controller(store, gang)
     adopted = controller.adopt(job)
