@@ -402,6 +402,10 @@ def test_records_of_one_instance_read_as_before_and_a_gangs_round_trip(tmp_path:
         attempts=(Attempt(1, SPOT, 5.0, handle=handle, node_count=2, nodes=nodes),),
     )
     assert parse_job(json.dumps(job_doc(gang), default=str).encode()) == gang
+    # An unsigned attempt record cannot bill more nodes than the signed spec has.
+    forged = job_doc(Job(single, attempts=(Attempt(1, SPOT, 5.0, handle=handle),)))
+    forged["attempts"][0]["node_count"] = 1024
+    assert parse_job(json.dumps(forged, default=str).encode()).attempts[0].node_count == 1
 
 
 def test_each_node_has_its_own_exit_record_and_one_claiming_another_node_is_ignored(

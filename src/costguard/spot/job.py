@@ -472,9 +472,12 @@ def job_doc(job: Job) -> dict[str, Any]:
 def job_from(doc: Mapping[str, Any]) -> Job:
     """The job in a record checked by :data:`contract.JOB`."""
     fields = {k: v for k, v in doc.items() if k not in ("version", "spec", "attempts")}
+    spec = _spec(doc["spec"])
+    # An attempt bills at most the signed spec's nodes, whatever its unsigned record says.
+    attempts = (_attempt(a) for a in doc["attempts"])
     return Job(
-        spec=_spec(doc["spec"]),
-        attempts=tuple(_attempt(a) for a in doc["attempts"]),
+        spec=spec,
+        attempts=tuple(replace(a, node_count=min(a.node_count, spec.nodes)) for a in attempts),
         **fields,
     )
 
