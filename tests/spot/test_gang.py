@@ -72,7 +72,7 @@ def test_a_two_node_gang_preempted_twice_ends_bitwise_equal_to_an_uninterrupted_
     and seeds by global rank, so the 4-rank reference forked from one interpreter is the
     uninterrupted run."""
     env = spot_env()
-    steps = 30
+    steps = 20
     args = ("--steps", str(steps), "--one-tensor")
     reference = ranks_reference(
         shared_runs, DDP_SCRIPT, 4, {**env, "COSTGUARD_CLOUD": "none"}, *args
@@ -82,10 +82,10 @@ def test_a_two_node_gang_preempted_twice_ends_bitwise_equal_to_an_uninterrupted_
         sys.executable, "-m", "costguard", "launch", "--provider", "local", "--gpu", "a10g",
         "--checkpoint", str(ckpt), "--nodes", "2", "--procs-per-node", "2",
         # A node's notice 4 s into an attempt, the gang's 2 s: however fast the machine,
-        # before 30 steps of 0.2 s, so both spot attempts are preempted.
+        # before 20 steps of 0.1 s, so both spot attempts are preempted.
         "--preempt-every", "4", "--max-preemptions", "2", "--notice-seconds", "120",
         "--every-steps", "5", "--poll-seconds", "0.2", "--yes", "--format", "json",
-        "--", str(DDP_SCRIPT), *args, "--out", str(out), "--sleep", "0.2",
+        "--", str(DDP_SCRIPT), *args, "--out", str(out), "--sleep", "0.1",
     ]  # fmt: skip
     result = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-4000:]
