@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from costguard import contract
 from costguard.checkpoint.notices.aws import AwsMetadata
@@ -44,7 +46,15 @@ from costguard.spot.job import (
 from costguard.spot.launcher.base import Handle, Launcher, LaunchSpec, Offer
 from costguard.spot.launcher.local import LocalLauncher, _Node, pid_alive
 from costguard.spot.prepare import Prepared, check_launcher
-from costguard.spot.recovery import Attempt, AttemptOutcome, Finish, Launch, Limits, decide
+from costguard.spot.recovery import (
+    Attempt,
+    AttemptOutcome,
+    Finish,
+    Launch,
+    Limits,
+    decide,
+    gang_outcome,
+)
 from costguard.spot.simulator import MetadataEmulator
 from tests.checkpoint.test_distributed import DDP_SCRIPT
 from tests.helpers.training import SharedRuns, assert_bitwise_equal, ranks_reference
@@ -558,3 +568,29 @@ def test_an_attach_shows_the_gang_it_would_supervise(
     text = " ".join(run.stderr.split())
     assert "2 nodes of 1 x T4" in text
     assert "(local-1 local-2) at $2.012/h" in text
+
+
+_ENDS = st.sampled_from(
+    [(None, None), (AttemptOutcome.SUCCEEDED, 0), (AttemptOutcome.PREEMPTED, 75),
+     (AttemptOutcome.PREEMPTED, None), (AttemptOutcome.LOST, None), (AttemptOutcome.FAILED, 1),
+     (AttemptOutcome.STOPPED, None)]
+)  # fmt: skip
+
+
+@given(nodes=st.lists(_ENDS, min_size=1, max_size=6), settled=st.booleans())
+def test_any_nodes_unclean_end_ends_the_gang_and_success_needs_every_node(
+    nodes: list[tuple[AttemptOutcome | None, int | None]], settled: bool
+) -> None:
+    decisive = gang_outcome(nodes, settled=settled)
+    ended = [(o, c) for o, c in nodes if o is not None]
+    unclean = any(c not in (0, 75) for _, c in ended)
+    if not ended or (not unclean and not settled and len(ended) < len(nodes)):
+        assert decisive is None
+        return
+    assert decisive is not None
+    outcome = nodes[decisive][0]
+    assert outcome is not None
+    if outcome is AttemptOutcome.SUCCEEDED:
+        assert all(o in (None, AttemptOutcome.SUCCEEDED) for o, _ in nodes)
+    if any(o is AttemptOutcome.PREEMPTED for o, _ in ended):
+        assert outcome is AttemptOutcome.PREEMPTED  # an interruption explains the rest
