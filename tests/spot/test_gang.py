@@ -57,7 +57,7 @@ from costguard.spot.recovery import (
 )
 from costguard.spot.simulator import MetadataEmulator
 from tests.checkpoint.test_distributed import DDP_SCRIPT
-from tests.helpers.training import SharedRuns, assert_bitwise_equal, ranks_reference
+from tests.helpers.training import STEP, SharedRuns, assert_bitwise_equal, ranks_reference
 from tests.spot.test_controller import launcher as local_launcher  # noqa: F401 - the fixture
 from tests.spot.test_offers_and_job import spec
 from tests.spot.test_simulator import ON_DEMAND, SPOT, STUBBORN
@@ -149,6 +149,86 @@ def test_a_two_node_gang_preempted_twice_ends_bitwise_equal_to_an_uninterrupted_
     state = Path(env["COSTGUARD_LOCAL_DIR"])
     launcher = LocalLauncher(Simulation(), job_started_unix=0.0, state_dir=state)
     assert launcher.find(doc["job_id"]) == []
+
+
+@pytest.mark.slow
+def test_a_node_lost_without_notice_has_the_gang_resume_from_its_last_checkpoint(
+    tmp_path: Path, shared_runs: SharedRuns, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """2 nodes of 1 process on spot: node 1 vanishes mid-run without a notice (SIGKILL to
+    all of it). Node 0's gloo fails at once on its lost peer, and the attempt is the
+    loss, not a failure; node 0 is terminated, the whole gang relaunched, and it resumes
+    from the last complete checkpoint to the uninterrupted run's exact state."""
+    env = spot_env()
+    args = ("--steps", "20", "--one-tensor")
+    reference = ranks_reference(
+        shared_runs, DDP_SCRIPT, 2, {**env, "COSTGUARD_CLOUD": "none"}, *args
+    )
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out.pt"
+    argv = [
+        sys.executable, "-m", "costguard", "launch", "--provider", "local", "--gpu", "a10g",
+        # Spot, its one notice hours away: the node is lost without any.
+        "--preempt-at", "10000", "--checkpoint", str(ckpt), "--nodes", "2", "--every-steps", "5",
+        "--poll-seconds", "0.2", "--yes", "--format", "json",
+        "--", str(DDP_SCRIPT), *args, "--out", str(out), "--sleep", "0.3",
+    ]  # fmt: skip
+    launch = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    state = Path(env["COSTGUARD_LOCAL_DIR"])
+    watcher = LocalLauncher(Simulation(), job_started_unix=0.0, state_dir=state)
+    deadline = time.monotonic() + TIMEOUT_S
+    node1 = None
+    while node1 is None and time.monotonic() < deadline:
+        logs = " ".join(p.read_text(errors="replace") for p in state.glob("*/attempt-1.node-*.log"))
+        if any(int(step) >= 7 for _, step in STEP.findall(logs)):  # past the checkpoint of 5
+            jobs = [d.name for d in state.iterdir() if d.is_dir()]
+            node1 = next(h for h in watcher.find(jobs[0]) if h.extra.get("node") == "1")
+        time.sleep(0.1)
+    assert node1 is not None
+    assert _node_processes(ckpt, 1)  # costguard run, torchrun and its worker
+    watcher._kill(node1)
+    # All of node 1 is gone at once, torchrun's worker too (torchrun starts it in a
+    # session of its own: a kill of the groups alone left it training on, orphaned).
+    gone = time.monotonic() + 5  # a SIGKILL is delivered at the process's next turn
+    while _node_processes(ckpt, 1) and time.monotonic() < gone:
+        time.sleep(0.05)
+    assert [_cmdline(pid) for pid in _node_processes(ckpt, 1)] == []
+    stdout, stderr = launch.communicate(timeout=TIMEOUT_S)
+    assert launch.returncode == 0, stderr[-4000:]
+    doc = json.loads(stdout)
+    first, second = doc["attempts"]
+    assert (first["outcome"], second["outcome"]) == ("lost", "succeeded")
+    assert first["detail"].startswith("node 1:")
+    assert (doc["summary"]["preemptions"], doc["summary"]["relaunches"]) == (1, 1)
+    # The last scheduled checkpoint: a lost node's worker took part in no save after it.
+    assert second["resumed_step"] in (5, 10, 15)
+    assert second["resumed_step"] == first["last_step"]
+    assert watcher.find(doc["job_id"]) == []
+    final = torch.load(out, weights_only=True)
+    assert_bitwise_equal(final, torch.load(reference, weights_only=True))
+
+
+def _node_processes(ckpt: Path, rank: int) -> list[int]:
+    """This user's live processes of node ``rank`` of the job checkpointing to ``ckpt``
+    (their environment says so)."""
+    marks = (f"COSTGUARD_NODE_RANK={rank}".encode(), f"COSTGUARD_CHECKPOINT_URL={ckpt}".encode())
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0") if entry.name.isdigit() else []
+        except OSError:
+            continue
+        if all(mark in environ for mark in marks):
+            found.append(int(entry.name))
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:300]
+    except OSError:
+        return f"{pid} (gone)"
 
 
 # -- the controller's rules, with real local processes ------------------------------------

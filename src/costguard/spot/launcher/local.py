@@ -147,6 +147,32 @@ def process_start_ticks(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
+def descendants(roots: Sequence[int]) -> list[int]:
+    """Every process under ``roots`` (their children, theirs, ...), from each process's
+    parent in Linux ``/proc``; none where ``/proc`` cannot be read."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in Path("/proc").iterdir() if e.name.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
+
+
 def pid_alive(pid: int, start_ticks: str = "") -> bool:
     """Whether ``pid`` runs and is the process that was started (same start time)."""
     try:
@@ -456,9 +482,17 @@ class LocalLauncher(Launcher):
     def _signal(self, handle: Handle, signum: int) -> None:
         # Each is a process-group leader: the wrapper (new session) and the script
         # (costguard run starts it in its own group); a group takes its children along.
-        for pid in self._pids(handle):
+        # A kill takes every process under them too, found before any is signalled:
+        # torchrun starts each worker in a session of its own, which no group reaches,
+        # and a reclaimed VM leaves none of them running.
+        leaders = self._pids(handle)
+        under = descendants(leaders) if signum == signal.SIGKILL else []
+        for pid in leaders:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signum)
+        for pid in under:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
     def _kill(self, handle: Handle) -> None:
         self._signal(handle, signal.SIGKILL)
