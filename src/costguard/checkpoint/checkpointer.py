@@ -813,7 +813,7 @@ class Checkpointer:
         name = checkpoint_name(steps_done, secrets.token_hex(4))
         future = self._saver.submit(snapshot, name, steps_done, parts.epoch, reason, stall_s)
         if block:
-            future.result()
+            self._saver.result(future)
         return future
 
     def _save_sharded(

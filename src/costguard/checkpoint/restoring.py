@@ -413,16 +413,23 @@ class Restorer:
         return chosen, skipped
 
 
-#: Reads shorter than this show no progress bar: they are over before one would help.
+#: Reads and writes shorter than this show no progress bar: they are over before one
+#: would help.
 PROGRESS_MIN_BYTES = 64 * 2**20
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is an interactive terminal (not a log file, a pipe, a batch job's
+    output or a notebook's)."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
 
 
 @contextmanager
 def terminal_progress(description: str, size: int) -> Iterator[Progress | None]:
-    """A progress bar on stderr for a long read, only when stderr is a terminal (never in
-    a log file, a pipe or a batch job's output)."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    if size < PROGRESS_MIN_BYTES or not (isatty and isatty()):
+    """A progress bar on stderr for a long read or write, only when stderr is a terminal
+    (:func:`stderr_is_terminal`) and ``size`` is at least :data:`PROGRESS_MIN_BYTES`."""
+    if size < PROGRESS_MIN_BYTES or not stderr_is_terminal():
         yield None
         return
     from rich.console import Console

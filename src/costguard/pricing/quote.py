@@ -66,7 +66,8 @@ class Quote:
     ``estimates`` has one estimate per GPU asked for; ``estimate`` is them combined,
     cheapest first; ``shown`` its ``top`` cheapest places. ``spot`` holds the preemption
     figures at one stated rate, ``advisor`` those at each AWS row's band; ``measured`` the
-    hours read from ``--from-run`` (``question`` then holds them as its hours).
+    hours read from ``--from-run`` (``question`` then holds them as its hours); ``today``
+    the date the prices' age (``stale``) is counted at.
     """
 
     question: Question
@@ -80,6 +81,7 @@ class Quote:
     advisor: AdvisorFigures | None = None
     measured: Measured | None = None
     stale: Staleness | None = None
+    today: date | None = None
 
     @property
     def budget(self) -> Decimal | None:
@@ -89,6 +91,14 @@ class Quote:
     def shown_of(self, one: Estimate) -> tuple[CostOption, ...]:
         """The options of one GPU's estimate that its table shows (``top`` places)."""
         return tuple(limit_places(one.options, self.question.top))
+
+    def showing(self, top: int) -> Quote:
+        """The same answer with its tables showing the ``top`` cheapest places (0: all)."""
+        shown = tuple(limit_places(self.estimate.options, top))
+        stale = self.stale
+        if self.today is not None:
+            stale = staleness(self.catalog, places(shown), self.today)
+        return replace(self, question=replace(self.question, top=top), shown=shown, stale=stale)
 
     def extra_assumptions(self, shown: Sequence[CostOption] | None = None) -> list[str]:
         """What the SLURM, preemption and measured figures assume, after the estimate's;
@@ -256,6 +266,7 @@ def quote(
     combined = combine(estimates)
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours
+    today = today or datetime.now(UTC).date()
     spot = advisor = None
     if figures is not None:
         from costguard.pricing.interruptions import expected
@@ -275,7 +286,8 @@ def quote(
         spot=spot,
         advisor=advisor,
         measured=measured,
-        stale=staleness(catalog, places(shown), today or datetime.now(UTC).date()),
+        stale=staleness(catalog, places(shown), today),
+        today=today,
     )
 
 
