@@ -30,14 +30,16 @@ MAX_PROCS_PER_NODE = 1024
 def torchrun_args(
     torchrun: Sequence[str],
     nodes: int,
-    procs_per_node: int,
+    procs_per_node: int | str,
     *,
     node_rank: int | None = None,
     endpoint: str | None = None,
     rdzv_id: str | None = None,
 ) -> list[str]:
     """The words that start one node's ``torchrun`` (``torchrun``: how to start it, e.g.
-    ``pixi run torchrun``), before the script and its arguments. ``node_rank``,
+    ``pixi run torchrun``), before the script and its arguments; ``procs_per_node`` may
+    be torchrun's own ``gpu`` (one per GPU the node has: a cloud gang's boot script when
+    ``--procs-per-node`` is not given). ``node_rank``,
     ``endpoint`` (the rendezvous ``host:port``) and ``rdzv_id`` are left out when the
     caller adds them itself (a batch script's shell knows them only at run time)."""
     words = [*torchrun, "--nnodes", str(nodes), "--nproc-per-node", str(procs_per_node)]

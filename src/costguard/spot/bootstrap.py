@@ -40,6 +40,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from costguard.errors import CostguardError, InputError
+from costguard.gang import torchrun_args
 from costguard.secrets import find_in_words, find_secret
 from costguard.spot.launcher.base import LaunchSpec
 from costguard.spot.wheel import STORE_DIR
@@ -262,7 +263,10 @@ def render(
         # A gang's nodes: torchrun's words (the node's rank and the rendezvous are read
         # on the instance, from its own metadata: costguard.spot.node).
         "nodes": shlex.quote(str(spec.nodes)),
-        "torchrun": shlex.join(torchrun_words(spec.nodes, spec.procs_per_node)),
+        # torchrun's own "gpu": one process per GPU when --procs-per-node is not given.
+        "torchrun": shlex.join(
+            torchrun_args(["torchrun"], spec.nodes, spec.procs_per_node or "gpu")
+        ),
         "launcher": '"${LAUNCHER[@]}" ' if spec.nodes > 1 else "",
     }
     text = fill((template_dir() / TEMPLATE).read_text(encoding="utf-8"), words)
@@ -298,26 +302,6 @@ def _wheel_words(spec: LaunchSpec) -> dict[str, str]:
         "wheel_file": shlex.quote(f"{WHEEL_DIR}/{name}"),
         "fetcher": shlex.quote(fetcher),
     }
-
-
-def torchrun_words(nodes: int, procs_per_node: int | None) -> list[str]:
-    """How a gang's node starts ``torchrun`` (the words of ``slurm script --nodes``; its
-    rank and the rendezvous are added on the instance): ``procs_per_node`` processes, or
-    one per GPU (``gpu``, torchrun's own count) when ``None``.
-
-    >>> torchrun_words(2, None)
-    ['torchrun', '--nnodes', '2', '--nproc-per-node', 'gpu', '--rdzv-backend', 'c10d']
-    """
-    per_node = "gpu" if procs_per_node is None else str(procs_per_node)
-    return [
-        "torchrun",
-        "--nnodes",
-        str(nodes),
-        "--nproc-per-node",
-        per_node,
-        "--rdzv-backend",
-        "c10d",
-    ]
 
 
 # ----------------------------------------------------------------- options shared by adapters
