@@ -72,12 +72,7 @@ from costguard.spot.launcher.base import (
     launch_token,
 )
 from costguard.spot.launcher.options import Option, Options, placement_option
-from costguard.tags import (
-    ATTEMPT_TAG,
-    JOB_TAG,
-    OWNER_TAG,
-    check_job_id,
-)
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
 
 #: States of an instance that runs or is about to (``find`` reports only these).
 LIVE_STATES = ("pending", "running")

@@ -67,12 +67,7 @@ from costguard.spot import bootstrap, node
 from costguard.spot.launcher import base
 from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
 from costguard.spot.launcher.options import Option, Options
-from costguard.tags import (
-    ATTEMPT_TAG,
-    JOB_TAG,
-    OWNER_TAG,
-    check_job_id,
-)
+from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
