@@ -109,8 +109,6 @@ def test_bad_arrays_are_refused_before_anything_exists(
     ("extra", "message"),
     [
         (("--attach", "ATTACH"), "--array and --attach exclude each other"),
-        (("--provider", "aws"), "--array runs on --provider local for now, not on aws"),
-        (("--provider", "gcp"), "--array runs on --provider local for now, not on gcp"),
         (("--stop-at-projection",), "--stop-at-projection needs --max-total"),
         (("--pilot-steps", "100"), "--pilot-steps prices one job, not an array"),
     ],

@@ -43,6 +43,7 @@ from costguard.spot.launcher.base import (
     Offer,
     State,
     Stopped,
+    ThrottledError,
     launch_token,
 )
 from costguard.spot.offers import expand_zones
@@ -468,7 +469,13 @@ class Controller:
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
         clear_stop(self.store)  # a request for an earlier attempt is not this one's
         try:
-            handle = self.launcher.launch(decision.offer, job.spec.launch_spec(), decision.number)
+            handle = self._launch_paced(decision, job)
+        except ThrottledError as exc:
+            # The provider's request rate, not the place nor the job: no attempt is
+            # counted (no capacity verdict, no failure), and a later round asks again.
+            self._emit("throttled", f"{decision.offer.place}: {exc.message}; asking again later")
+            kept = tuple(a for a in job.attempts if a.number != attempt.number)
+            return self._save(replace(job, attempts=kept))
         except CapacityError as exc:
             refused = replace(
                 attempt,
@@ -502,6 +509,26 @@ class Controller:
             f"{price} as {handle.instance_id} ({decision.reason})",
         )
         return self._save(job.with_attempt(launched))
+
+    def _launch_paced(self, decision: Launch, job: Job) -> Handle:
+        """The launch, sent again after the provider's throttling answers as
+        :mod:`costguard.retry`'s one rule paces them (:data:`~costguard.retry.API_RETRY`:
+        exponential backoff with full jitter, the provider's ``Retry-After`` honoured); the
+        last :class:`ThrottledError` raised when they go on."""
+        from costguard.retry import API_RETRY, Transient, call_with_retry
+
+        def throttled(exc: Exception) -> Transient | None:
+            if isinstance(exc, ThrottledError):
+                return Transient(exc.code, exc.retry_after_s)
+            return None
+
+        spec = job.spec.launch_spec()
+        return call_with_retry(
+            lambda: self.launcher.launch(decision.offer, spec, decision.number),
+            throttled,
+            API_RETRY,
+            sleep=self._sleep,
+        )
 
     def _launched_anyway(self, job: Job, attempt: Attempt) -> Handle | None:
         """The instance of a launch that raised: what failed may be the answer, not the
@@ -591,18 +618,19 @@ class Controller:
             decision = self.decide(job, limits)
             if isinstance(decision, Finish):
                 return self.finish(job, decision)
+            timeout = Finish("stopped", f"the controller's timeout of {self.timeout_s:.0f} s")
             if isinstance(decision, Launch):
                 job = self.launch(job, decision)
                 last_write = time.monotonic()
                 if job.status in FINAL:
                     return job
-                if job.attempts[-1].outcome is AttemptOutcome.LAUNCH_FAILED:
-                    self._sleep(self.poll_s)  # a refused launch: do not hammer the provider
+                if job.current is None:  # refused or throttled: do not hammer the provider
+                    if time.monotonic() - started > self.timeout_s:
+                        return self.finish(job, timeout)
+                    self._sleep(self.poll_s)
                 continue
             if time.monotonic() - started > self.timeout_s:
-                return self.finish(
-                    job, Finish("stopped", f"the controller's timeout of {self.timeout_s:.0f} s")
-                )
+                return self.finish(job, timeout)
             if time.monotonic() - last_write > HEARTBEAT_S:
                 job = self._save(job)
                 last_write = time.monotonic()

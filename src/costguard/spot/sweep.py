@@ -65,7 +65,9 @@ def task_specs(template: JobSpec, record: array.ArrayRecord) -> list[JobSpec]:
     cap of its own (the array's is kept by the sweep) and, simulated, its own schedule of
     preemptions (the seed plus its index) and its own metadata port (chosen at its start).
     ``COSTGUARD_ARRAY_TASK_ID`` is in its recorded environment when the template has one;
-    otherwise the launcher's environment carries it (the CLI's ``make_launcher``).
+    otherwise the launcher's environment carries it (the CLI's ``make_launcher``), and on
+    a cloud the boot script exports it (the task's :meth:`~JobSpec.launch_spec` reads its
+    index from its job id and prefix).
     """
     specs = []
     for index in record.indexes:
@@ -123,6 +125,8 @@ class Sweep:
         on_event: Callable[[Event], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        launch_interval_s: float = 0.0,
+        owner: str | None = None,
     ) -> None:
         self.record = record
         self.store = store
@@ -138,6 +142,13 @@ class Sweep:
         #: The most tasks seen running at once (the report, and the tests, read it).
         self.peak_running = 0
         self._said: set[str] = set()
+        #: The least time between two launches of the array's tasks, first launches and
+        #: relaunches alike (:data:`costguard.spot.array.LAUNCH_INTERVAL_S`), and when the
+        #: last one was sent (this sweep's clock).
+        self.launch_interval_s = launch_interval_s
+        self._last_launch: float | None = None
+        #: The user the tasks' controllers act for (``Controller(owner=...)``).
+        self.owner = owner
 
     def _emit(self, kind: str, message: str) -> None:
         logger.info("costguard launch --array: %s: %s", kind, message)
@@ -185,6 +196,7 @@ class Sweep:
             on_event=say,
             clock=self._clock,
             sleep=self._sleep,
+            owner=self.owner,
         )
         return task.controller
 
@@ -238,6 +250,7 @@ class Sweep:
                     decision = Finish("stopped", f"the array's --max-total: {decision.reason}")
                 job = controller.finish(job, decision)
             elif isinstance(decision, Launch):
+                self._pace()
                 job = controller.launch(job, decision)
                 task.last_write = time.monotonic()
             elif time.monotonic() - task.last_write > HEARTBEAT_S:
@@ -246,6 +259,17 @@ class Sweep:
         task.job = job
         if task.state in FINAL:
             self._release(task)
+
+    def _pace(self) -> None:
+        """Wait until the launch interval has passed since the array's last launch (the
+        provider's request limits: a sweep of many tasks must not send its launches at
+        once; each launch's own throttling answers are the controller's to back off)."""
+        now = self._clock()
+        wait = array.launch_wait_s(self._last_launch, now, self.launch_interval_s)
+        if wait > 0:
+            self._sleep(wait)
+            now += wait
+        self._last_launch = now
 
     # -- the array's decisions ------------------------------------------------------------
 
@@ -308,7 +332,14 @@ class Sweep:
         )
         by_index = {t.index: t for t in self.tasks}
         for index in starts.indexes:
-            self._round(by_index[index], views)
+            task = by_index[index]
+            self._round(task, views)
+            if task.state == array.PENDING:
+                # Its launch was throttled (no attempt counted): the provider asked for
+                # fewer requests, so the others wait for the next poll too.
+                text = f"task {index}'s launch was throttled: the others wait a poll"
+                self._once("throttled", text)
+                break
         if starts.held:
             if any(t.state == array.RUNNING for t in self.tasks):
                 self._once("held", f"not starting more tasks: {starts.held}")
