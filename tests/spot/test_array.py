@@ -184,9 +184,22 @@ def test_the_array_record_round_trips_and_a_forged_one_is_refused(tmp_path: Path
         store.put(contract.ARRAY_FILE, json.dumps({**doc, field: value}).encode())
         with pytest.raises(contract.RecordError, match=re.escape(message)):
             array.read_record(store)
-    store.put(contract.ARRAY_FILE, b"{" * 100_000)
+    store.put(contract.ARRAY_FILE, b"{" * (contract.ARRAY_BYTES + 1))
     with pytest.raises(contract.RecordError, match="more than"):
         array.read_record(store)
+
+
+def test_the_record_of_an_array_of_the_most_tasks_reads_back(tmp_path: Path) -> None:
+    # 1,000 tasks under a 60-character URL: about 90 KB of record, which the 64 KiB bound
+    # of a small record refused ("not a costguard record": jobs status of the array failed).
+    url = str(tmp_path / ("sweep-" + "x" * 40))
+    spec_ = array.parse(f"0-{contract.MAX_ARRAY_TASKS - 1}%10")
+    record = array.ArrayRecord("cg-me-20261206-000000-abc123", url, spec_.text, spec_.indexes,
+                               spec_.concurrency, time.time())  # fmt: skip
+    store = Store.open(url)
+    array.write_record(store, record)
+    assert len((tmp_path / url / contract.ARRAY_FILE).read_bytes()) > contract.RECORD_BYTES
+    assert array.read_record(store) == record
 
 
 def test_starts_keep_the_concurrency_and_the_cap() -> None:

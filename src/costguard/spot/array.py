@@ -82,13 +82,22 @@ def parse(text: str) -> ArraySpec:
     return ArraySpec(value, indexes, concurrency)
 
 
+def task_name(index: int) -> str:
+    """Task ``index``'s folder under the array's URL.
+
+    >>> task_name(3)
+    'task-3'
+    """
+    return f"task-{index}"
+
+
 def task_url(url: str, index: int) -> str:
     """Task ``index``'s checkpoint prefix under the array's URL.
 
     >>> task_url("s3://b/sweep/", 3), task_url("/data/sweep", 0)
     ('s3://b/sweep/task-3', '/data/sweep/task-0')
     """
-    return f"{url.rstrip('/')}/task-{index}"
+    return f"{url.rstrip('/')}/{task_name(index)}"
 
 
 def task_job_id(array_id: str, index: int) -> str:
@@ -188,7 +197,7 @@ def write_record(store: contract.Store, record: ArrayRecord) -> None:
 def read_record(store: contract.Store) -> ArrayRecord | None:
     """The array's record at ``store``, ``None`` when it holds none; a
     :class:`~costguard.contract.RecordError` when it is not one costguard wrote."""
-    doc = contract.read(store, contract.ARRAY_FILE, contract.ARRAY)
+    doc = contract.read(store, contract.ARRAY_FILE, contract.ARRAY, contract.ARRAY_BYTES)
     return None if doc is None else record_from(doc, store.url)
 
 
