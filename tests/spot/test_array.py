@@ -484,3 +484,41 @@ def test_attach_runs_no_task_spec_this_user_did_not_launch(
     assert f"task 1's command: `sh -c 'touch {pwned}'`" in error, result.stderr
     assert "Traceback" not in result.stderr
     assert not pwned.exists()
+
+
+def test_the_notebook_gives_an_arrays_tasks_as_a_dataframe(
+    tmp_path: Path, run_cli: Callable[..., Any]
+) -> None:
+    """`costguard.job_status(url)` of an array: one row per task with the roll-up's
+    figures (what `jobs status --format json` lists), money a float column pandas sums,
+    or the exact Decimals; the array's figures in attrs."""
+    import costguard
+
+    url = str(tmp_path / "sweep")
+    record = array.ArrayRecord("cg-test-1", url, "0-2", (0, 1, 2), 3, time.time())
+    template = spec(url, spot=False, simulation=None, total_steps=1000)
+    done, running, pending = task_specs(template, record)
+    now = time.time()
+    store = Store.open(running.checkpoint_url)
+    write_pace(store, Pace(100, 50.0, 100, now, now - 60))
+    ended = replace(Attempt(1, ON_DEMAND, now - 7200), ended_unix=now - 3600)
+    save_job(Store.open(done.checkpoint_url), Job(done, (ended,), status="succeeded"))
+    save_job(store, Job(running, attempts=(Attempt(1, ON_DEMAND, now - 60),)))
+    save_job(Store.open(pending.checkpoint_url), Job(pending))
+    array.write_record(Store.open(url), record)
+
+    frame = costguard.job_status(url)
+    cli = run_cli("jobs", "status", url, "--format", "json").json()
+    assert frame["index"].tolist() == [t["index"] for t in cli["tasks"]] == [0, 1, 2]
+    assert frame["status"].tolist() == [t["status"] for t in cli["tasks"]]
+    assert frame["status"].tolist() == ["succeeded", "running", "pending"]
+    assert str(frame["cost_usd"].dtype) == "float64"
+    assert frame["cost_usd"].sum() == pytest.approx(float(Decimal(cli["spent_usd"])), abs=0.01)
+    assert frame["cost_usd"][0] == pytest.approx(1.006, abs=0.001)  # an hour on demand
+    assert frame["projected_usd"][1] > frame["cost_usd"][1] > 0
+    exact = costguard.job_status(url, exact=True)
+    assert isinstance(exact["cost_usd"][0], Decimal)
+    assert frame.attrs["array_id"] == "cg-test-1"
+    assert frame.attrs["counts"] == {"succeeded": 1, "running": 1, "pending": 1}
+    # A single job's URL still gives its dict.
+    assert costguard.job_status(running.checkpoint_url)["job_id"] == running.job_id
