@@ -73,6 +73,7 @@ def template(url: str, command: tuple[str, ...], created: float) -> Any:
 def cpu(tasks: int, window_s: float) -> None:
     from costguard.checkpoint.store import Store
     from costguard.pricing.catalog import Market
+    from costguard.spot import array
     from costguard.spot.job import Job, save_job
     from costguard.spot.launcher.base import Offer
     from costguard.spot.launcher.local import LocalLauncher
@@ -99,8 +100,10 @@ def cpu(tasks: int, window_s: float) -> None:
         state = Path(tmp) / "state"
         env = {**os.environ, "COSTGUARD_LOCAL_DIR": str(state)}
 
-        def make_launcher(_: object) -> LocalLauncher:
-            return LocalLauncher(Simulation(), job_started_unix=now, state_dir=state, env=env)
+        def make_launcher(_: object) -> LocalLauncher:  # as launch --array makes them
+            launcher = LocalLauncher(Simulation(), job_started_unix=now, state_dir=state, env=env)
+            launcher.notice_poll_max_s = array.TASK_NOTICE_POLL_MAX_S
+            return launcher
 
         marks: dict[str, tuple[float, float]] = {}
 

@@ -293,8 +293,7 @@ def _supervise(
     estimate: Decimal,
 ) -> None:
     from costguard.cli.launch import _owner as owner_name
-    from costguard.spot import report
-    from costguard.spot.array import LAUNCH_INTERVAL_S
+    from costguard.spot import array, report
     from costguard.spot.job import release_job
     from costguard.spot.launcher.base import Launcher
     from costguard.spot.launcher.local import LocalLauncher
@@ -312,6 +311,7 @@ def _supervise(
         launcher = launcher_for(settings, spec, offers)
         if isinstance(launcher, LocalLauncher):  # its processes get the launcher's env
             launcher.env[contract.ENV_ARRAY_TASK_ID] = str(index_of[spec.job_id])
+            launcher.notice_poll_max_s = array.TASK_NOTICE_POLL_MAX_S
         return launcher
 
     sweep = Sweep(
@@ -324,7 +324,7 @@ def _supervise(
         poll_s=options["poll_seconds"] or _default_poll(provider),
         timeout_s=options["timeout_hours"] * 3600,
         on_event=lambda event: _echo(event.message),
-        launch_interval_s=LAUNCH_INTERVAL_S.get(provider, max(LAUNCH_INTERVAL_S.values())),
+        launch_interval_s=array.LAUNCH_INTERVAL_S.get(provider, 0.5),
         owner=None if provider == "local" else owner_name(),
     )
     sim = tasks[0].job.spec.simulation

@@ -209,6 +209,12 @@ def read_record(store: contract.Store) -> ArrayRecord | None:
 LAUNCH_INTERVAL_S = {"aws": 0.5, "gcp": 0.5, "azure": 0.5, "local": 0.0}
 
 
+#: The longest a simulated task waits between two polls of its notices (the controller's
+#: process answers every task's polls: 100 tasks polling 4 times a second took a quarter
+#: of a core), within 1/24 of its warning.
+TASK_NOTICE_POLL_MAX_S = 5.0
+
+
 def launch_wait_s(last_unix: float | None, now_unix: float, interval_s: float) -> float:
     """How long to wait before the next launch: until ``interval_s`` has passed since the
     last one (``None``: none yet).

@@ -206,15 +206,16 @@ class Sweep:
         task.launcher = task.controller = None
 
     def views(self, now: float) -> list[array.TaskView]:
-        """What the decisions read of every task now (a running task's projection from its
-        recorded pace, when it has one)."""
+        """What the decisions read of every task now (with ``--max-total``, a running task's
+        projection from its recorded pace, when it has one: only the cap reads it)."""
         from costguard.checkpoint.pace import read_pace_or_warn
         from costguard.spot.projection import of_job
 
+        capped = self.record.max_total_usd is not None
         views = []
         for task in self.tasks:
             projected = None
-            if task.state == array.RUNNING and task.job.spec.total_steps is not None:
+            if capped and task.state == array.RUNNING and task.job.spec.total_steps is not None:
                 try:
                     found = of_job(task.job, read_pace_or_warn(task.store), now)
                 except CostguardError:
@@ -446,6 +447,20 @@ def load_tasks(
         else:
             raise found
     return tasks
+
+
+def as_one_job(record: array.ArrayRecord, tasks: Sequence[Task]) -> Job:
+    """The array as one job, for what sums a job's attempts (``costguard spend --job``'s
+    reconciliation): every task's attempts, renumbered in launch order, under the
+    array's id and its first task's spec, with ``--hours`` counted once per task (its
+    estimate prices every task)."""
+    first = tasks[0].job.spec
+    attempts = sorted((a for t in tasks for a in t.job.attempts), key=lambda a: a.launched_unix)
+    hours = None if first.hours is None else first.hours * len(tasks)
+    spec = replace(first, job_id=record.array_id, checkpoint_url=record.url, hours=hours)
+    numbered = tuple(replace(a, number=n) for n, a in enumerate(attempts, start=1))
+    finished = all(t.job.status in FINAL for t in tasks)
+    return Job(spec, numbered, status="succeeded" if finished else "running")
 
 
 @dataclass(frozen=True)
