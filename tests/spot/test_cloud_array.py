@@ -14,9 +14,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ from costguard.spot import array
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.aws import AwsLauncher
-from costguard.spot.launcher.base import Offer
+from costguard.spot.launcher.base import Launcher, Offer
 from costguard.spot.recovery import AttemptOutcome
 from costguard.spot.sweep import Sweep, Task, task_specs
 from costguard.tags import ARRAY_TAG, ARRAY_TASK_TAG, ATTEMPT_TAG, JOB_TAG
@@ -210,18 +211,29 @@ class Sweeping:
     events: list[Event]
 
 
-def _sweeping(count: int, options: dict[str, str], *, interval_s: float) -> Sweeping:
+def _sweeping(
+    count: int,
+    options: dict[str, str],
+    *,
+    interval_s: float,
+    template: JobSpec | None = None,
+    launcher: Launcher | None = None,
+    offers: tuple[Offer, ...] = (SPOT,),
+    concurrency: int | None = None,
+) -> Sweeping:
+    template = template or _template(options)
     record = array.ArrayRecord(
-        "cg-me-20261206-000000-abc123", URL, f"0-{count - 1}", tuple(range(count)), count, 1_000.0
-    )
+        template.job_id, template.checkpoint_url, f"0-{count - 1}", tuple(range(count)),
+        concurrency or count, 1_000.0,
+    )  # fmt: skip
     tasks = []
-    for index, spec in zip(record.indexes, task_specs(_template(options), record), strict=True):
+    for index, spec in zip(record.indexes, task_specs(template, record), strict=True):
         store = Store.open(spec.checkpoint_url)
         tasks.append(Task(index, store, save_job(store, Job(spec))))
     now = [1_000.0]
     waits: list[float] = []
     events: list[Event] = []
-    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
+    launcher = launcher or AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
 
     def sleep(seconds: float) -> None:
         assert len(waits) < MAX_ROUNDS, events
@@ -233,7 +245,7 @@ def _sweeping(count: int, options: dict[str, str], *, interval_s: float) -> Swee
                 record = ExitRecord(current.number, 0, None, now[0], job_id=task.job.spec.job_id)
                 write_exit_record(task.store, record)
 
-    sweep = Sweep(record, Store.open(URL), tasks, [SPOT], lambda spec: launcher,
+    sweep = Sweep(record, Store.open(record.url), tasks, offers, lambda spec: launcher,
                   task_estimate_usd=Decimal("0.45"), poll_s=1.0, on_event=events.append,
                   clock=lambda: now[0], sleep=sleep, launch_interval_s=interval_s)  # fmt: skip
     return Sweeping(sweep, waits, events)
@@ -326,3 +338,94 @@ def test_a_full_zone_fails_no_task_of_the_array(
         assert (refused.outcome, refused.offer.zone) == (AttemptOutcome.LAUNCH_FAILED, full)
         assert ran.outcome is AttemptOutcome.SUCCEEDED
         assert ran.offer.zone != full
+
+
+# -- GCP and Azure: their loopback servers, through the real SDK clients ---------------
+
+#: A cloud's launcher on its server, the array's template and offer, and what the server
+#: was asked to create (each VM's labels or tags and its boot script).
+Made = tuple[Launcher, JobSpec, Offer, Callable[[], list[tuple[dict[str, str], str]]]]
+
+
+def _gcp_array(request: pytest.FixtureRequest) -> Made:
+    from google.auth.credentials import AnonymousCredentials
+
+    from costguard.settings import Settings
+    from costguard.spot.launcher.gcp import GcpLauncher
+    from tests.servers.gcp import LAUNCH_OPTIONS, PROJECT, ComputeServer
+
+    server: ComputeServer = request.getfixturevalue("compute_server")
+    server.rate_limit_inserts = 2
+    launcher = GcpLauncher(Settings(gcp_endpoint=server.url), project=PROJECT,
+                           credentials=AnonymousCredentials(), poll_interval_s=0.01)  # fmt: skip
+    offer = Offer("gcp", "us-central1", "n1-highmem-8", Market.SPOT, Decimal("0.5"), "T4", 2)
+
+    def created() -> list[tuple[dict[str, str], str]]:
+        assert server.rate_limited == 2
+        bodies = [c.body for c in server.calls("POST", "/instances")][2:]  # past the refused
+        return [(b["labels"], b["metadata"]["items"][0]["value"]) for b in bodies]
+
+    return launcher, _cloud_template("gcp", "T4", 2, "us-central1", LAUNCH_OPTIONS), offer, created
+
+
+def _azure_array(request: pytest.FixtureRequest) -> Made:
+    from costguard.settings import Settings
+    from costguard.spot.launcher.azure import AzureLauncher
+    from tests.servers.azure import GROUP, LAUNCH_OPTIONS, SUBSCRIPTION, ArmServer
+    from tests.servers.http import FakeTokenCredential, azure_client_options
+
+    server: ArmServer = request.getfixturevalue("arm_server")
+    server.throttle_puts = 2
+    # Without the SDK's own retries (ten, on a 429): the throttling is costguard's to retry.
+    options = {**azure_client_options(), "retry_total": 0}
+    launcher = AzureLauncher(Settings(azure_endpoint=server.url), credential=FakeTokenCredential(),
+                             client_options=options, subscription_id=SUBSCRIPTION,
+                             resource_group=GROUP)  # fmt: skip
+    offer = Offer("azure", "eastus", "Standard_NC4as_T4_v3", Market.SPOT, Decimal("0.15"), "T4", 1)
+
+    def created() -> list[tuple[dict[str, str], str]]:
+        assert server.throttled == 2
+        bodies = [c.body for c in server.calls("PUT", "/virtualMachines/")][2:]
+        return [(b["tags"], base64.b64decode(b["properties"]["osProfile"]["customData"]).decode())
+                for b in bodies]  # fmt: skip
+
+    template = _cloud_template("azure", "T4", 1, "eastus", LAUNCH_OPTIONS)
+    return launcher, replace(template, max_usd_per_hour=Decimal("0.2")), offer, created
+
+
+def _cloud_template(
+    provider: str, gpu: str, count: int, region: str, options: dict[str, str]
+) -> JobSpec:
+    return replace(_template(options), provider=provider, gpu=gpu, gpu_count=count,
+                   regions=(region,))  # fmt: skip
+
+
+@pytest.mark.parametrize("cloud", ["gcp", "azure"])
+def test_gcp_and_azure_arrays_run_each_task_on_its_own_labelled_vm_through_throttling(
+    cloud: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Three tasks, two at a time, through the GCP and Azure launchers and their servers:
+    the first two creates are refused for the request rate (GCP 403 rateLimitExceeded,
+    Azure 429 with Retry-After), backed off and sent again, and no attempt is counted for
+    them; each task then runs on a VM of its own labelled (tagged) with the array and its
+    index, whose boot script exports COSTGUARD_ARRAY_TASK_ID and runs on its prefix."""
+    launcher, template, offer, created = (_gcp_array if cloud == "gcp" else _azure_array)(request)
+    template = replace(template, checkpoint_url=f"file://{tmp_path}/sweep")
+    sweeping = _sweeping(3, dict(template.options), interval_s=0.0, template=template,
+                         launcher=launcher, offers=(offer,), concurrency=2)  # fmt: skip
+    jobs = sweeping.sweep.run()
+    assert [j.status for j in jobs] == ["succeeded"] * 3, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 1, 1]
+    assert sweeping.sweep.peak_running == 2
+    assert [e.kind for e in sweeping.events].count("throttled") >= 2
+    if cloud == "azure":  # Resource Manager's Retry-After was honoured
+        assert 2.0 in sweeping.waits
+    key = (lambda tag: tag.replace(":", "-")) if cloud == "gcp" else (lambda tag: tag)
+    seen = {}
+    for tags, script in created():
+        index = int(tags[key(ARRAY_TASK_TAG)])
+        assert tags[key(ARRAY_TAG)] == template.job_id
+        assert f"\nARRAY_TASK={index}\n" in script
+        assert f"costguard run --checkpoint file://{tmp_path}/sweep/task-{index} " in script
+        seen[index] = tags[key(JOB_TAG)]
+    assert seen == {i: array.task_job_id(template.job_id, i) for i in range(3)}

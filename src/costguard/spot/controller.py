@@ -522,12 +522,19 @@ class Controller:
                 return Transient(exc.code, exc.retry_after_s)
             return None
 
+        def say(exc: Exception, retry: int, retries: int, wait_s: float) -> None:
+            text = exc.message if isinstance(exc, CostguardError) else str(exc)
+            self._emit(
+                "throttled", f"{text}; launching again in {wait_s:.1f} s ({retry}/{retries})"
+            )
+
         spec = job.spec.launch_spec()
         return call_with_retry(
             lambda: self.launcher.launch(decision.offer, spec, decision.number),
             throttled,
             API_RETRY,
             sleep=self._sleep,
+            on_retry=say,
         )
 
     def _launched_anyway(self, job: Job, attempt: Attempt) -> Handle | None:
