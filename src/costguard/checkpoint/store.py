@@ -213,7 +213,8 @@ class Store(StoreCalls):
         if not name or name in (".", "..") or "/" in name or "\\" in name:
             msg = f"{name!r} is not a folder name under {self.url}"
             raise InputError(msg, hint="one name, e.g. task-3")
-        return type(self)(self.fs, self.full(name), f"{self.url}/{name}", retry=self.retry)
+        url = f"{self.url.rstrip('/')}/{name}"
+        return type(self)(self.fs, self.full(name), url, retry=self.retry)
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write one whole object; a reader sees the old object, or the complete new one."""

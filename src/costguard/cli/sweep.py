@@ -266,7 +266,6 @@ def _commit(prepared: Prepared, record: ArrayRecord) -> list[Task]:
     from costguard import proof
     from costguard.spot import array
     from costguard.spot.job import Job, save_job, sign_spec
-    from costguard.spot.prepare import open_store
     from costguard.spot.sweep import Task, task_specs
 
     if prepared.wheel is not None:
@@ -277,7 +276,7 @@ def _commit(prepared: Prepared, record: ArrayRecord) -> list[Task]:
     assert key is not None  # made, or InputError
     tasks = []
     for index, spec in zip(record.indexes, task_specs(prepared.spec, record), strict=True):
-        store = open_store(spec.checkpoint_url)
+        store = prepared.store.child(array.task_name(index))  # one session for every task
         tasks.append(Task(index, store, save_job(store, Job(sign_spec(spec, key)))))
     array.write_record(prepared.store, record)
     return tasks
