@@ -429,3 +429,54 @@ def test_gcp_and_azure_arrays_run_each_task_on_its_own_labelled_vm_through_throt
         assert f"costguard run --checkpoint file://{tmp_path}/sweep/task-{index} " in script
         seen[index] = tags[key(JOB_TAG)]
     assert seen == {i: array.task_job_id(template.job_id, i) for i in range(3)}
+
+
+def test_attach_takes_a_cloud_array_over_and_adopts_its_running_instance(
+    bucket: None,
+    ec2_faults: Ec2Faults,
+    aws_launch_options: dict[str, str],
+    run_cli: Callable[..., Any],
+    playing: Callable[[Instances], None],
+) -> None:
+    """A cloud array whose controller died: task 0's instance runs (its attempt in its
+    job.json), tasks 1 and 2 wait. `launch --attach URL` takes the
+    array over: it adopts task 0's instance (no second one), starts the others, and every
+    task ends succeeded."""
+    from costguard import proof
+    from costguard.spot.job import sign_spec
+    from costguard.spot.launcher.base import launch_token
+    from costguard.spot.recovery import Attempt
+
+    key = proof.user_key(create=True)
+    assert key is not None
+    template = replace(_template(aws_launch_options), owner=owner())
+    record = array.ArrayRecord(template.job_id, URL, "0-2%2", (0, 1, 2), 2, time.time())
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
+    base = Store.open(URL)
+    for index, spec in zip(record.indexes, task_specs(template, record), strict=True):
+        job = Job(sign_spec(spec, key))
+        if index == 0:
+            offer = replace(SPOT, zone="us-east-1a")
+            handle = launcher.launch(offer, spec.launch_spec(), 1)
+            job = job.with_attempt(Attempt(1, offer, time.time(), handle=handle,
+                                           token=launch_token(spec.job_id, 1)))  # fmt: skip
+        save_job(base.child(array.task_name(index)), job)
+    array.write_record(base, record)
+    world = Instances(plan={})
+    playing(world)
+    # Its heartbeat is this process's, just written: --force, as after a controller's death.
+    result = run_cli("launch", "--attach", URL, "--yes", "--no-alarm-check", "--force",
+                     "--poll-seconds", "0.05", "--timeout-hours", "0.05")  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert "attached to array" in result.stderr
+    jobs = [load_job(base.child(array.task_name(i))) for i in range(3)]
+    assert [j.status for j in jobs] == ["succeeded"] * 3
+    assert [len(j.attempts) for j in jobs] == [1, 1, 1]
+    assert len(instances()) == 3  # task 0's was adopted, not launched again
+
+
+def owner() -> str:
+    """The user the CLI acts for (its controller terminates only instances tagged so)."""
+    import getpass
+
+    return getpass.getuser()
