@@ -127,12 +127,28 @@ def playing() -> Iterator[Callable[[Instances], None]]:
     assert not failures, failures
 
 
-def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
+@dataclass
+class MotoArray:
+    """An account to launch an array into (moto behind the EC2 fault layer, the bucket)
+    and the player of its instances."""
+
+    options: dict[str, str]
+    faults: Ec2Faults
+    play: Callable[[Instances], None]
+
+
+@pytest.fixture
+def moto_array(
     bucket: None,
     ec2_faults: Ec2Faults,
     aws_launch_options: dict[str, str],
-    run_cli: Callable[..., Any],
     playing: Callable[[Instances], None],
+) -> MotoArray:
+    return MotoArray(aws_launch_options, ec2_faults, playing)
+
+
+def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
+    moto_array: MotoArray, run_cli: Callable[..., Any]
 ) -> None:
     """`launch --array 0-3%2 --provider aws --max-failures 1` on moto: task 1 is reclaimed
     once and relaunched, task 2 fails once and is retried, task 3 fails twice and is marked
@@ -141,8 +157,8 @@ def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
     and running `costguard run` on the task's own prefix, the one costguard wheel fetched
     from the array's URL."""
     world = Instances(plan={1: ["preempt"], 2: [1], 3: [1, 1]})
-    playing(world)
-    options = [x for k, v in aws_launch_options.items() for x in ("--option", f"{k}={v}")]
+    moto_array.play(world)
+    options = [x for k, v in moto_array.options.items() for x in ("--option", f"{k}={v}")]
     result = run_cli(
         "launch", "--provider", "aws", "--gpu", "a10g", "--region", "us-east-1",
         "--checkpoint", URL, *options, "--array", "0-3%2", "--max-failures", "1",
@@ -432,11 +448,7 @@ def test_gcp_and_azure_arrays_run_each_task_on_its_own_labelled_vm_through_throt
 
 
 def test_attach_takes_a_cloud_array_over_and_adopts_its_running_instance(
-    bucket: None,
-    ec2_faults: Ec2Faults,
-    aws_launch_options: dict[str, str],
-    run_cli: Callable[..., Any],
-    playing: Callable[[Instances], None],
+    moto_array: MotoArray, run_cli: Callable[..., Any]
 ) -> None:
     """A cloud array whose controller died: task 0's instance runs (its attempt in its
     job.json), tasks 1 and 2 wait. `launch --attach URL` takes the
@@ -449,7 +461,7 @@ def test_attach_takes_a_cloud_array_over_and_adopts_its_running_instance(
 
     key = proof.user_key(create=True)
     assert key is not None
-    template = replace(_template(aws_launch_options), owner=owner())
+    template = replace(_template(moto_array.options), owner=owner())
     record = array.ArrayRecord(template.job_id, URL, "0-2%2", (0, 1, 2), 2, time.time())
     launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
     base = Store.open(URL)
@@ -463,7 +475,7 @@ def test_attach_takes_a_cloud_array_over_and_adopts_its_running_instance(
         save_job(base.child(array.task_name(index)), job)
     array.write_record(base, record)
     world = Instances(plan={})
-    playing(world)
+    moto_array.play(world)
     # Its heartbeat is this process's, just written: --force, as after a controller's death.
     result = run_cli("launch", "--attach", URL, "--yes", "--no-alarm-check", "--force",
                      "--poll-seconds", "0.05", "--timeout-hours", "0.05")  # fmt: skip
