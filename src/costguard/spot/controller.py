@@ -469,7 +469,7 @@ class Controller:
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
         clear_stop(self.store)  # a request for an earlier attempt is not this one's
         try:
-            handle = self._launch_paced(decision, job)
+            handle = self._launch_through_throttling(decision, job)
         except ThrottledError as exc:
             # The provider's request rate, not the place nor the job: no attempt is
             # counted (no capacity verdict, no failure), and a later round asks again.
@@ -510,7 +510,7 @@ class Controller:
         )
         return self._save(job.with_attempt(launched))
 
-    def _launch_paced(self, decision: Launch, job: Job) -> Handle:
+    def _launch_through_throttling(self, decision: Launch, job: Job) -> Handle:
         """The launch, sent again after the provider's throttling answers as
         :mod:`costguard.retry`'s one rule paces them (:data:`~costguard.retry.API_RETRY`:
         exponential backoff with full jitter, the provider's ``Retry-After`` honoured); the
