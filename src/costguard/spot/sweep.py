@@ -206,16 +206,18 @@ class Sweep:
         task.launcher = task.controller = None
 
     def views(self, now: float) -> list[array.TaskView]:
-        """What the decisions read of every task now (with ``--max-total``, a running task's
-        projection from its recorded pace, when it has one: only the cap reads it)."""
+        """What the decisions read of every task now: its state, and with ``--max-total``
+        (only the cap reads them) what it spent and, running, its projection from its
+        recorded pace, when it has one."""
         from costguard.checkpoint.pace import read_pace_or_warn
         from costguard.spot.projection import of_job
 
-        capped = self.record.max_total_usd is not None
+        if self.record.max_total_usd is None:
+            return [array.TaskView(task.index, task.state) for task in self.tasks]
         views = []
         for task in self.tasks:
             projected = None
-            if capped and task.state == array.RUNNING and task.job.spec.total_steps is not None:
+            if task.state == array.RUNNING and task.job.spec.total_steps is not None:
                 try:
                     found = of_job(task.job, read_pace_or_warn(task.store), now)
                 except CostguardError:
