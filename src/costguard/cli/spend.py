@@ -197,16 +197,20 @@ def _job(url: str) -> tuple[Job, tuple[str, ...]]:
     """The job at ``url`` and the job ids its charges are tagged with; an array's (``launch
     --array``): its tasks as one job (:func:`~costguard.spot.sweep.as_one_job`) and every
     task's id."""
-    from costguard.cli.sweep import array_at
-    from costguard.spot.job import load_job
+    from costguard.contract import RecordError
+    from costguard.spot.array import read_record
+    from costguard.spot.job import JobError, load_job
     from costguard.spot.prepare import normal_url, open_store
     from costguard.spot.sweep import as_one_job, load_tasks
 
-    found = array_at(url)
-    if found is None:
-        job = load_job(open_store(normal_url(url)))
+    store = open_store(normal_url(url))
+    try:
+        record = read_record(store)
+    except RecordError as exc:
+        raise JobError(exc.message, hint=exc.hint) from None
+    if record is None:
+        job = load_job(store)
         return job, (job.spec.job_id,)
-    _, record = found
     tasks = load_tasks(record)
     return as_one_job(record, tasks), tuple(t.job.spec.job_id for t in tasks)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -55,8 +55,19 @@ def check_array_options(options: Mapping[str, Any]) -> ArraySpec:
     return spec
 
 
+@dataclass(frozen=True)
+class Launching:
+    """What ``costguard launch`` (:mod:`costguard.cli.launch`, which owns them) lends an
+    array's launch or attach: the user it acts for, its launch guard (``guard(settings,
+    provider, options, no_alarm_check)``) and its poll without ``--poll-seconds``."""
+
+    owner: str
+    guard: Callable[[Settings, str, Mapping[str, str], bool], None]
+    default_poll: Callable[[str], float]
+
+
 def launch_array(
-    settings: Settings, options: Mapping[str, Any], request: LaunchRequest, owner: str
+    settings: Settings, options: Mapping[str, Any], request: LaunchRequest, launching: Launching
 ) -> None:
     """Check, price, confirm, write the array and supervise every task."""
     from costguard.spot import array
@@ -66,7 +77,7 @@ def launch_array(
     cap, stop_at_projection = request.max_total_usd, request.stop_at_projection
     # The array keeps the one budget; each task's own job has none.
     request = replace(request, max_total_usd=None, stop_at_projection=False)
-    prepared = prepare(settings, request, owner=owner, environ=os.environ)
+    prepared = prepare(settings, request, owner=launching.owner, environ=os.environ)
     try:
         if array.read_record(prepared.store) is not None:
             url = prepared.spec.checkpoint_url
@@ -80,7 +91,7 @@ def launch_array(
             launcher.close()
         estimate = _task_estimate(prepared.spec, prepared.first.offer)
         _print_plan(prepared, spec, cap, stop_at_projection, estimate)
-        _guard(settings, prepared.spec, request.no_alarm_check)
+        _guard(settings, prepared.spec, request.no_alarm_check, launching)
         _confirm(request.yes, len(spec.indexes))
     except BaseException:
         prepared.store.remove_if_unused()
@@ -96,11 +107,16 @@ def launch_array(
         stop_at_projection=stop_at_projection,
     )
     tasks = _commit(prepared, record)
-    _supervise(settings, options, record, prepared.store, tasks, prepared.offers, estimate)
+    _supervise(settings, options, launching, record, prepared.store, tasks, prepared.offers,
+               estimate)  # fmt: skip
 
 
 def attach_array(
-    settings: Settings, options: Mapping[str, Any], store: Store, record: ArrayRecord
+    settings: Settings,
+    options: Mapping[str, Any],
+    launching: Launching,
+    store: Store,
+    record: ArrayRecord,
 ) -> None:
     """``costguard launch --attach URL`` of an array: supervise its tasks again."""
     from costguard.spot.controller import check_not_supervised
@@ -111,7 +127,7 @@ def attach_array(
         msg = "--attach takes no command: the array's own is used"
         raise InputError(msg, hint="`costguard launch --attach URL`")
     tasks = load_tasks(record)
-    poll = options["poll_seconds"] or _default_poll(tasks[0].job.spec.provider)
+    poll = options["poll_seconds"] or launching.default_poll(tasks[0].job.spec.provider)
     if not options["force"]:
         for task in tasks:
             if task_state(task.job) == "running":
@@ -119,10 +135,10 @@ def attach_array(
     template = tasks[0].job.spec
     offers = offers_for(settings, template)
     tasks = _proven(tasks, offers, options)
-    _guard(settings, template, options["no_alarm_check"])
+    _guard(settings, template, options["no_alarm_check"], launching)
     estimate = _task_estimate(template, min(offers, key=lambda o: o.usd_per_hour))
     _echo(f"attached to array {record.array_id} ({len(tasks)} tasks)")
-    _supervise(settings, options, record, store, tasks, offers, estimate)
+    _supervise(settings, options, launching, record, store, tasks, offers, estimate)
 
 
 def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, Any]) -> list[Task]:
@@ -231,22 +247,13 @@ def _print_plan(
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)
 
 
-def _guard(settings: Settings, spec: JobSpec, no_alarm_check: bool) -> None:
+def _guard(settings: Settings, spec: JobSpec, no_alarm_check: bool, launching: Launching) -> None:
     """The launch guard of a single job's launch: a budget alarm on the cloud (none:
     refused unless ``--no-alarm-check``)."""
-    from costguard.cli.launch import _guard as launch_guard
-
     if spec.provider == "local":
         _echo("launch guard: not needed for --provider local (nothing is billed)")
     else:
-        launch_guard(settings, spec.provider, spec.options, no_alarm_check)
-
-
-def _default_poll(provider: str) -> float:
-    """The controller's poll without ``--poll-seconds``, as for a single job."""
-    from costguard.cli.launch import _default_poll as default_poll
-
-    return default_poll(provider)
+        launching.guard(settings, spec.provider, spec.options, no_alarm_check)
 
 
 def _confirm(yes: bool, tasks: int) -> None:
@@ -285,13 +292,13 @@ def _commit(prepared: Prepared, record: ArrayRecord) -> list[Task]:
 def _supervise(
     settings: Settings,
     options: Mapping[str, Any],
+    launching: Launching,
     record: ArrayRecord,
     store: Store,
     tasks: list[Task],
     offers: Sequence[Offer],
     estimate: Decimal,
 ) -> None:
-    from costguard.cli.launch import _owner as owner_name
     from costguard.spot import array, report
     from costguard.spot.job import release_job
     from costguard.spot.launcher.base import Launcher
@@ -320,11 +327,11 @@ def _supervise(
         offers,
         make_launcher,
         task_estimate_usd=estimate,
-        poll_s=options["poll_seconds"] or _default_poll(provider),
+        poll_s=options["poll_seconds"] or launching.default_poll(provider),
         timeout_s=options["timeout_hours"] * 3600,
         on_event=lambda event: _echo(event.message),
         launch_interval_s=array.LAUNCH_INTERVAL_S.get(provider, 0.5),
-        owner=None if provider == "local" else owner_name(),
+        owner=None if provider == "local" else launching.owner,
     )
     sim = tasks[0].job.spec.simulation
     if sim is not None and sim.state_dir:
