@@ -207,8 +207,13 @@ class Store(StoreCalls):
         a thousand). ``name`` is one folder name, never ``..``.
 
         >>> import tempfile
-        >>> Store.open(tempfile.mkdtemp()).child("task-3").url.endswith("/task-3")
+        >>> store = Store.open(tempfile.mkdtemp())
+        >>> store.child("task-3").url.endswith("/task-3")
         True
+        >>> store.child("../elsewhere")
+        Traceback (most recent call last):
+        ...
+        costguard.errors.InputError: '../elsewhere' is not a folder name under ...
         """
         if not name or name in (".", "..") or "/" in name or "\\" in name:
             msg = f"{name!r} is not a folder name under {self.url}"
