@@ -111,8 +111,9 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
     in place. Charges without costguard's tag are one line of their own. Exact sums, in
     the export's currency.
     """
-    from costguard.billing.exports import read_spend  # pyarrow loads only now
+    from costguard.billing.exports import for_a_command, read_spend  # pyarrow loads only now
 
+    for_a_command()
     plot: Path | None = options["plot"]
     if plot is not None:
         from costguard.plots import check_target
