@@ -522,3 +522,26 @@ def test_the_notebook_gives_an_arrays_tasks_as_a_dataframe(
     assert frame.attrs["counts"] == {"succeeded": 1, "running": 1, "pending": 1}
     # A single job's URL still gives its dict.
     assert costguard.job_status(running.checkpoint_url)["job_id"] == running.job_id
+
+
+def test_max_failures_retries_a_failing_task_and_fails_it_alone(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """`--max-failures 1` on a local array of three: task 1's command fails every time,
+    so it runs twice (one retry) and is marked failed, while tasks 0 and 2 succeed at
+    their first attempt; the launch exits 1 and says so."""
+    ckpt = tmp_path / "sweep"
+    result = launch(
+        spot_env(), *LOCAL_A10G, "--checkpoint", str(ckpt), "--array", "0-2%2",
+        "--max-failures", "1", "--preempt-every", "600", "--poll-seconds", "0.2", "--yes",
+        "--", "sh", "-c", 'test "$COSTGUARD_ARRAY_TASK_ID" != 1',
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-4000:]
+    jobs = task_jobs(ckpt, range(3))
+    assert [j["status"] for j in jobs] == ["succeeded", "failed", "succeeded"]
+    assert [[a["outcome"] for a in j["attempts"]] for j in jobs] == [
+        ["succeeded"], ["failed", "failed"], ["succeeded"],
+    ]  # fmt: skip
+    out = " ".join(result.stdout.split())
+    assert "done: 2 of 3 task(s) succeeded: 0, 2" in out
+    assert "not done: 1 task(s) failed: 1" in out
