@@ -93,6 +93,9 @@ ENV_PREEMPTED_FILE = "COSTGUARD_PREEMPTED_FILE"
 ENV_RUN_PID = "COSTGUARD_RUN_PID"
 #: ``costguard launch --array``: the task's index, as ``SLURM_ARRAY_TASK_ID`` on a cluster.
 ENV_ARRAY_TASK_ID = "COSTGUARD_ARRAY_TASK_ID"
+#: ``costguard launch --nodes N``: the node's rank in its gang (0..N-1); ``costguard run``
+#: then writes the node's own exit record (:func:`exit_record_path`).
+ENV_NODE_RANK = "COSTGUARD_NODE_RANK"
 
 # -- exit codes -------------------------------------------------------------------------
 
@@ -133,13 +136,16 @@ JOB_BYTES = 16 * 1024 * 1024
 ARRAY_BYTES = 4 * 1024 * 1024
 
 
-def exit_record_path(attempt: int) -> str:
-    """Where attempt ``attempt``'s exit record lives, relative to the store root.
+def exit_record_path(attempt: int, node: int | None = None) -> str:
+    """Where attempt ``attempt``'s exit record lives, relative to the store root; each
+    node of a gang (``launch --nodes``) writes its own.
 
-    >>> exit_record_path(3)
-    'job/attempt-3.exit.json'
+    >>> exit_record_path(3), exit_record_path(3, node=1)
+    ('job/attempt-3.exit.json', 'job/attempt-3.node-1.exit.json')
     """
-    return f"job/attempt-{attempt}.exit.json"
+    if node is None:
+        return f"job/attempt-{attempt}.exit.json"
+    return f"job/attempt-{attempt}.node-{node}.exit.json"
 
 
 # -- the schema language ----------------------------------------------------------------
@@ -384,6 +390,9 @@ _UNIX = Num(0.0, UNIX_MAX)
 _STEPS = whole(0, STEPS_MAX)
 _SECONDS = Num(0.0, SECONDS_MAX)
 _VERSION = Choice((VERSION,))
+#: The most nodes of one gang (:data:`costguard.gang.MAX_NODES`, which this floor cannot
+#: import: the same figure).
+MAX_NODES = 1024
 
 OFFER = Record(
     {
@@ -429,8 +438,13 @@ ATTEMPT = Record(
         "lost_s": _SECONDS,
         "lost_steps": _optional(_STEPS),
         "token": Text(200),
+        #: A gang's nodes (``launch --nodes``): how many it bills, and their handles in
+        #: node-rank order once launched (``handle`` is node 0's); a record of one
+        #: instance, or one written before gangs, holds none.
+        "node_count": whole(1, MAX_NODES),
+        "nodes": Items(HANDLE, MAX_NODES),
     },
-    defaults={"detail": "", "lost_s": 0.0, "token": ""},
+    defaults={"detail": "", "lost_s": 0.0, "token": "", "node_count": 1, "nodes": ()},
 )
 
 SIMULATION = Record(
@@ -476,8 +490,12 @@ SPEC = Record(
         "environment": Table(Text(100_000, lines=True), 1024),
         #: The launching user's keyed digest of the spec (:mod:`costguard.spot.proof`).
         "proof": Text(128),
+        #: ``--nodes`` and ``--procs-per-node`` (absent: one instance).
+        "nodes": whole(1, MAX_NODES),
+        "procs_per_node": whole(1, 1024, optional=True),
     },
     defaults={
+        "nodes": 1,
         "regions": (),
         "owner": "",
         "max_preemptions": 3,
@@ -527,6 +545,8 @@ EXIT = Record(
         "finished_unix": _UNIX,
         "host": Text(200),
         "job_id": Text(48),
+        #: The node of a gang that wrote it (``None``: the attempt's one instance).
+        "node": whole(0, MAX_NODES - 1, optional=True),
     },
     defaults={"host": "", "job_id": ""},
 )
