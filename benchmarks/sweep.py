@@ -102,7 +102,7 @@ def cpu(tasks: int, window_s: float) -> None:
 
         def make_launcher(_: object) -> LocalLauncher:  # as launch --array makes them
             launcher = LocalLauncher(Simulation(), job_started_unix=now, state_dir=state, env=env)
-            launcher.notice_poll_max_s = array.TASK_NOTICE_POLL_MAX_S
+            launcher.notice_poll_max_s = array.notice_poll_max_s(record.concurrency)
             return launcher
 
         marks: dict[str, tuple[float, float]] = {}

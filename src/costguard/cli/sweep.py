@@ -317,7 +317,7 @@ def _supervise(
         launcher = launcher_for(settings, spec, offers)
         if isinstance(launcher, LocalLauncher):  # its processes get the launcher's env
             launcher.env[contract.ENV_ARRAY_TASK_ID] = str(index_of[spec.job_id])
-            launcher.notice_poll_max_s = array.TASK_NOTICE_POLL_MAX_S
+            launcher.notice_poll_max_s = array.notice_poll_max_s(record.concurrency)
         return launcher
 
     sweep = Sweep(

@@ -209,10 +209,21 @@ def read_record(store: contract.Store) -> ArrayRecord | None:
 LAUNCH_INTERVAL_S = {"aws": 0.5, "gcp": 0.5, "azure": 0.5, "local": 0.0}
 
 
-#: The longest a simulated task waits between two polls of its notices (the controller's
-#: process answers every task's polls: 100 tasks polling 4 times a second took a quarter
-#: of a core), within 1/24 of its warning.
-TASK_NOTICE_POLL_MAX_S = 5.0
+#: How many polls of their notices an array's simulated tasks send in all, a second: the
+#: controller's process answers every one (100 tasks polling 4 times a second took a
+#: quarter of a core).
+TASK_NOTICE_POLLS_PER_S = 20.0
+
+
+def notice_poll_max_s(concurrency: int) -> float:
+    """The longest a simulated task waits between two polls of its notices when
+    ``concurrency`` tasks run at once (the launcher keeps it within 1/24 of the warning,
+    and polls at least every 0.25 s whatever this says).
+
+    >>> notice_poll_max_s(2), notice_poll_max_s(100)
+    (0.1, 5.0)
+    """
+    return concurrency / TASK_NOTICE_POLLS_PER_S
 
 
 def launch_wait_s(last_unix: float | None, now_unix: float, interval_s: float) -> float:

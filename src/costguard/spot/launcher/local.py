@@ -217,10 +217,11 @@ class LocalLauncher(Launcher):
         self.python = python
         self._clock = clock
         self._emulator: MetadataEmulator | None = None
-        #: The longest an attempt waits between two polls of its notices: a single job's
-        #: poll every :data:`NOTICE_POLL_S`; an array's many tasks, each answered by this
-        #: process, up to this long, within 1/:data:`NOTICE_POLLS_PER_WARNING` of their
-        #: warning (5 s of AWS's 2 minutes, AWS's own advice).
+        #: The longest an attempt waits between two polls of its notices: a single job
+        #: polls every :data:`NOTICE_POLL_S`; an array's tasks, all answered by this
+        #: process, as long as the array sets (:func:`costguard.spot.array.
+        #: notice_poll_max_s`), within 1/:data:`NOTICE_POLLS_PER_WARNING` of their warning
+        #: (5 s of AWS's 2 minutes is AWS's own advice).
         self.notice_poll_max_s = NOTICE_POLL_S
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._announced: set[str] = set()
