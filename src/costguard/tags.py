@@ -33,6 +33,11 @@ IDLE_MINUTES_TAG = "costguard:idle-minutes"
 #: checkpoint store, whose writers could otherwise send it elsewhere.
 NODE_RANK_TAG = "costguard:node-rank"
 RENDEZVOUS_TAG = "costguard:rendezvous"
+#: On the instances of an array's tasks (``costguard launch --array``): the array's job id
+#: and the task's index, so ``costguard reap``, billing exports and people can tell which
+#: sweep and which task an instance runs (each task's own job id is in ``costguard:job``).
+ARRAY_TAG = "costguard:array"
+ARRAY_TASK_TAG = "costguard:array-task"
 
 _PREFIX = "costguard:"
 _GCP_PREFIX = "costguard-"
