@@ -16,7 +16,7 @@ from costguard.spot.controller import Controller
 from costguard.spot.job import Job
 from costguard.spot.launcher.aws import LIVE_STATES, AwsLauncher
 from costguard.spot.launcher.base import Market, Offer
-from costguard.spot.recovery import AttemptOutcome, Launch
+from costguard.spot.recovery import AttemptOutcome, Finish, Launch
 from costguard.tags import JOB_TAG
 from tests.contract.test_launcher import _job
 from tests.servers.aws import Ec2Faults
@@ -81,3 +81,20 @@ def test_after_a_capacity_fault_no_instance_of_the_job_is_left(
     assert instances() == []
     assert instances(("pending", "running", "stopping", "stopped")) == []
     assert len(ec2_faults.launched) == (0 if fault == "no room for the gang" else 1)
+
+
+def test_a_finished_gang_leaves_no_group_template_or_placement_of_the_job(
+    controller: Controller, aws_launch_options: dict[str, str], ec2_faults: Ec2Faults
+) -> None:
+    job = gang_job({**aws_launch_options, "placement": "cluster"})
+    job = controller.launch(job, Launch(OFFER, 1, "cheapest"))
+    assert len(instances()) == 2
+    ec2 = aws_clouds.client("ec2", "us-east-1", attempts=1)
+    by_job = [{"Name": f"tag:{JOB_TAG}", "Values": ["run-1"]}]
+    assert ec2.describe_security_groups(Filters=by_job)["SecurityGroups"]
+    job = controller.finish(job, Finish("stopped", "--max-total reached"))
+    assert job.status == "stopped"
+    assert instances() == []
+    assert ec2.describe_security_groups(Filters=by_job)["SecurityGroups"] == []
+    assert ec2.describe_launch_templates(Filters=by_job)["LaunchTemplates"] == []
+    assert ec2_faults.placement_groups == {}

@@ -707,9 +707,23 @@ class Controller:
                 )
             )
         job = replace(job, status=decision.status, reason=decision.reason)
+        self._release(job)
         self._emit("done" if decision.status == "succeeded" else decision.status, decision.reason)
         clear_stop(self.store)  # acted upon: no later run of the job reads it
         return self._save(job)
+
+    def _release(self, job: Job) -> None:
+        """Delete what the launcher made for a gang besides its nodes (its security group or
+        firewall rule, placement group, launch templates) once the job is over; what is
+        left (still in use after the launcher's bounded wait) is said, never fatal: the
+        job's state must still be written."""
+        if job.spec.nodes <= 1:
+            return
+        try:
+            self.launcher.release(job.spec.launch_spec())
+        except CostguardError as exc:
+            hint = f" ({exc.hint})" if exc.hint else ""
+            self._emit("cleanup", f"not released: {exc}{hint}")
 
     # -- the projection ------------------------------------------------------------------
 
