@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 import torch
 
+from costguard.checkpoint.supervisor import record_exit
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
-from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation, record_exit
+from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
 from costguard.spot.launcher.base import LaunchSpec, Market, Offer
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.cli.test_widths import read_screen
