@@ -18,7 +18,6 @@ The config file is TOML, at ``$COSTGUARD_CONFIG`` or
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -59,6 +58,17 @@ class Settings:
         'prices'
         """
         return self.cache_dir or Path("~/.cache/costguard/pricing").expanduser()
+
+    @property
+    def parsed_tables(self) -> Path:
+        """Where the price tables, once parsed and checked, are kept for the next run
+        (:mod:`costguard.pricing.parsed`): beside the refreshed tables.
+
+        >>> Settings(cache_dir=Path("/tmp/prices")).parsed_tables
+        PosixPath('/tmp/prices.parsed')
+        """
+        cache = self.pricing_cache_dir
+        return cache.with_name(f"{cache.name}.parsed")
 
     @classmethod
     def load(
@@ -118,6 +128,8 @@ def config_path(env: Mapping[str, str]) -> Path:
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
+    import tomllib  # only where there is a config file
+
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, OSError) as exc:

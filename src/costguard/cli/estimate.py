@@ -298,7 +298,9 @@ def show_quote(
 ) -> None:
     """Price ``question`` (:func:`~costguard.pricing.quote.quote`) and print the answer as
     ``costguard estimate`` prints it; raise its budget error after the figures."""
-    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    catalog = load_tables(
+        settings.pricing_dir, settings.pricing_cache_dir, parsed=settings.parsed_tables
+    )
     answer = quote(question, catalog)
     if output_format == "json":
         render.print_json(answer.document())
