@@ -26,7 +26,7 @@ class WaitTimeoutError(AssertionError):
 
 
 def wait_for(
-    condition: Callable[[], T],
+    condition: Callable[[], T | None],
     what: str,
     *,
     timeout_s: float = TIMEOUT_S,
