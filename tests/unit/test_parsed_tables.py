@@ -44,6 +44,12 @@ def _entry(tables: Path) -> Any:
     return json.loads((tables.parent / "cache" / "pricing.parsed").read_bytes())
 
 
+def _values(entry: Any, column: int) -> list[Any]:
+    """Every row's value of one instance column, as the entry keeps it."""
+    distinct, indices = entry["instances"][column]
+    return [distinct[index] for index in indices]
+
+
 def _rewrite(tables: Path, entry: Any) -> None:
     (tables.parent / "cache" / "pricing.parsed").write_text(json.dumps(entry))
 
@@ -106,20 +112,24 @@ def test_a_cache_file_with_a_value_no_table_would_pass_is_not_used(
 ) -> None:
     truth = _load(tables)
     entry = _entry(tables)
-    ondemand, spot = entry["instances"][7], entry["instances"][8]
+    ondemand, spot = _values(entry, 7), _values(entry, 8)
     row = next(n for n, prices in enumerate(zip(ondemand, spot, strict=True)) if all(prices))
-    entry["instances"][column][row] = value
+    distinct, indices = entry["instances"][column]
+    distinct[indices[row]] = value
     _rewrite(tables, entry)
     assert parsed.read(tables.parent / "cache" / "pricing.parsed", tables) is None
     _same(_load(tables), truth)  # parsed again from the tables, and the entry rewritten
-    assert _entry(tables)["instances"][column][row] != value
+    assert _values(_entry(tables), column)[row] != value
 
 
 @pytest.mark.parametrize(
     "damage",
     [
         lambda entry: entry.update(instances=entry["instances"][:-1]),  # a column short
-        lambda entry: entry["instances"][2].pop(),  # a row short in one column
+        lambda entry: entry["instances"][2][1].pop(),  # a row short in one column
+        lambda entry: entry["instances"][2][1].__setitem__(0, 10**6),  # no such value
+        lambda entry: entry["instances"][2][1].__setitem__(0, -1),  # counted from the end
+        lambda entry: entry["storage"][6][0].append(None),  # no price where one is needed
         lambda entry: entry["tables"][0].__setitem__(1, "../elsewhere.csv"),
         lambda entry: entry["files"][0].__setitem__(0, "/dev/zero"),
         lambda entry: entry.update(magic="something else"),

@@ -17,6 +17,7 @@ from decimal import Decimal
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from costguard.errors import UnknownNameError
@@ -184,8 +185,7 @@ class TablePart(NamedTuple):
     source: str
 
 
-@dataclass(frozen=True, slots=True)
-class TableInfo:
+class TableInfo(NamedTuple):
     """Where one table came from and how old it is.
 
     A table rebuilt by ``costguard pricing refresh`` also says when, and has a part per
@@ -198,7 +198,7 @@ class TableInfo:
     as_of: date
     source: str
     refreshed_at: datetime | None = None
-    parts: Mapping[tuple[str, str], TablePart] = field(default_factory=dict)
+    parts: Mapping[tuple[str, str], TablePart] = MappingProxyType({})
 
     def part(self, provider: str, region: str) -> TablePart:
         """The date and source of this table's rows for one provider and region."""

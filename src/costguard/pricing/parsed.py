@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal, InvalidOperation
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,7 @@ def write(cache: Path, directory: Path, files: Iterable[Path], parts: Parts) -> 
         return
 
 
-# -- columns: each field of a row kind as one list of plain values ---------------------
+# -- columns: each field of a row kind as its distinct plain values and an index per row
 
 #: How each field is kept: text, a whole number, a price (a decimal's text), a status's
 #: value, a date's ordinal; ``?`` where the field may be ``None``.
@@ -141,7 +142,15 @@ def _plain(value: Any) -> Any:
 
 
 def _columns(rows: Sequence[tuple[Any, ...]], kinds: Sequence[str]) -> Columns:
-    return [[_plain(row[at]) for row in rows] for at in range(len(kinds))]
+    """Each column as ``[distinct values, the index of each row's value]``: the tables
+    repeat most values (a source, a status, a date) row after row."""
+    columns = []
+    for at in range(len(kinds)):
+        plain = [_plain(row[at]) for row in rows]
+        distinct = list(dict.fromkeys(plain))
+        index = {value: number for number, value in enumerate(distinct)}
+        columns.append([distinct, [index[value] for value in plain]])
+    return columns
 
 
 def _table_entry(info: catalog.TableInfo, directory: Path) -> list[Any]:
@@ -152,48 +161,47 @@ def _table_entry(info: catalog.TableInfo, directory: Path) -> list[Any]:
     return [info.name, info.path.name, info.as_of.toordinal(), info.source, refreshed, parts]
 
 
-def _text(values: list[Any]) -> list[Any]:
+# Each value kind's reader takes a column's distinct values and gives each its value, or
+# raises: every value is checked as a table's row would be.
+
+
+def _texts(values: list[Any]) -> list[Any]:
     if not set(map(type, values)) <= {str}:
         raise _UnusableError
     return values
 
 
-# Each value kind's reader takes the distinct values of a column and gives each its value,
-# or raises: the tables repeat most values (a vCPU count, a status, a date) many times.
-
-
-def _prices(texts: set[Any]) -> dict[Any, Any]:
-    prices = {text: Decimal(text) for text in _text(list(texts))}
-    for price in prices.values():
+def _prices(texts: list[Any]) -> list[Any]:
+    prices = [Decimal(text) for text in _texts(texts)]
+    for price in prices:
         if not price.is_finite() or price < 0:
             raise _UnusableError
     return prices
 
 
-def _counts(numbers: set[Any]) -> dict[Any, Any]:
+def _counts(numbers: list[Any]) -> list[Any]:
     if not set(map(type, numbers)) <= {int} or min(numbers, default=0) < 0:
         raise _UnusableError
-    return {number: number for number in numbers}
+    return numbers
 
 
-def _statuses(texts: set[Any]) -> dict[Any, Any]:
+def _statuses(texts: list[Any]) -> list[Any]:
     known = {status.value: status for status in catalog.PriceStatus}
-    return {text: known[text] for text in texts}
+    return [known[text] for text in _texts(texts)]
 
 
-def _dates(ordinals: set[Any]) -> dict[Any, Any]:
-    if not set(map(type, ordinals)) <= {int}:
+def _dates(ordinals: list[Any]) -> list[Any]:
+    return [date.fromordinal(ordinal) for ordinal in _counts(ordinals)]
+
+
+def _providers(texts: list[Any]) -> list[Any]:
+    if not set(_texts(texts)) <= set(catalog.PROVIDERS):
         raise _UnusableError
-    return {ordinal: date.fromordinal(ordinal) for ordinal in ordinals}
+    return texts
 
 
-def _providers(texts: set[Any]) -> dict[Any, Any]:
-    if not texts <= set(catalog.PROVIDERS):
-        raise _UnusableError
-    return {text: text for text in texts}
-
-
-_KINDS: dict[str, Callable[[set[Any]], dict[Any, Any]]] = {
+_KINDS: dict[str, Callable[[list[Any]], list[Any]]] = {
+    "text": _texts,
     "count": _counts,
     "price": _prices,
     "status": _statuses,
@@ -202,31 +210,38 @@ _KINDS: dict[str, Callable[[set[Any]], dict[Any, Any]]] = {
 }
 
 
-def _column(values: Any, kind: str) -> list[Any]:
-    """The values of one column, each read and checked as ``kind`` says."""
+def _read(values: Any, kind: str) -> list[Any]:
+    """A column's distinct values, each read and checked as ``kind`` says."""
     if not isinstance(values, list):
         raise _UnusableError
     optional, kind = kind.endswith("?"), kind.rstrip("?")
-    if kind == "text":
-        if not set(map(type, values)) <= ({str, type(None)} if optional else {str}):
-            raise _UnusableError
-        return values
-    distinct = set(values)
-    if optional:
-        distinct.discard(None)
-    read = _KINDS[kind](distinct)
-    if optional:
-        read[None] = None
-    return list(map(read.__getitem__, values))
+    present = [value for value in values if value is not None]
+    if len(present) != len(values) and not optional:
+        raise _UnusableError
+    read = iter(_KINDS[kind](present))
+    return [None if value is None else next(read) for value in values]
 
 
-def _rows(columns: Any, kinds: Sequence[str], make: Callable[..., Any]) -> tuple[Any, ...]:
+def _column(column: Any, kind: str) -> list[Any]:
+    """Every row's value of one column (see :func:`_columns`)."""
+    if not isinstance(column, list) or len(column) != 2:
+        raise _UnusableError
+    distinct, indices = column
+    values = _read(distinct, kind)
+    if not isinstance(indices, list) or min(indices, default=0) < 0:
+        raise _UnusableError
+    # Past the end: IndexError; not a whole number: TypeError (bool is one, and harmless).
+    return list(map(values.__getitem__, indices))
+
+
+def _rows(columns: Any, kinds: Sequence[str], make: type[tuple[Any, ...]]) -> tuple[Any, ...]:
     if not isinstance(columns, list) or len(columns) != len(kinds):
         raise _UnusableError
     values = [_column(column, kind) for column, kind in zip(columns, kinds, strict=True)]
     if len(set(map(len, values))) > 1:
         raise _UnusableError
-    return tuple(map(make, *values))
+    # The named tuples made as tuples are (their __new__ is Python code, run per row).
+    return tuple(map(tuple.__new__, repeat(make), zip(*values, strict=True)))
 
 
 def _decode(entry: dict[str, Any], directory: Path) -> Parts:
@@ -250,20 +265,20 @@ def _decode(entry: dict[str, Any], directory: Path) -> Parts:
 def _table_info(directory: Path) -> Callable[[list[Any]], catalog.TableInfo]:
     def make(fields: list[Any]) -> catalog.TableInfo:
         name, file, as_of, source, refreshed, parts = fields
-        _text([name, source])
+        _texts([name, source])
         if not _plain_name(file):
             raise _UnusableError
         if refreshed is not None:
-            refreshed = datetime.fromisoformat(_text([refreshed])[0])
+            refreshed = datetime.fromisoformat(_texts([refreshed])[0])
         columns = [list(column) for column in zip(*parts, strict=True)] or [[], [], [], []]
         providers, regions, days, sources = (
-            _column(column, kind)
+            _read(column, kind)
             for column, kind in zip(columns, ("provider", "text", "date", "text"), strict=True)
         )
         return catalog.TableInfo(
             name,
             directory / file,
-            _column([as_of], "date")[0],
+            _dates([as_of])[0],
             source,
             refreshed_at=refreshed,
             parts={
