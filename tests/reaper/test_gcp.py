@@ -82,7 +82,7 @@ def test_dry_run_judges_with_four_monitoring_calls(fleet: GcpServer) -> None:
     by_name = {v.instance.name: v for v in report.plan.verdicts}
     assert by_name["busy-a100"].instance.accelerator == "A100"  # from the A2 family
     assert by_name["idle-l4"].instance.usd_per_hour == Decimal("0.70683")
-    assert by_name["spot-t4"].instance.usd_per_hour == Decimal("0.47932")  # spot, 2 x T4 row
+    assert by_name["spot-t4"].instance.usd_per_hour == Decimal("0.54196")  # spot, 2 x T4 row
     assert "Ops Agent" in by_name["no-agent"].reason
     # CPU arrives as a fraction of 1 and is shown in percent.
     assert by_name["idle-l4"].peaks[Signal.CPU] == pytest.approx(1.0)
@@ -107,7 +107,7 @@ def test_execute_stops_then_rerun_changes_nothing(fleet: GcpServer) -> None:
     stopped = {c.path.split("/")[-2] for c in fleet.calls("POST", "/stop")}
     assert stopped == {"idle-l4", "spot-t4"}  # not "elsewhere": other region
     assert fleet.vms["idle-l4"].status == "TERMINATED"
-    assert report.usd_per_hour_saved == Decimal("0.70683") + Decimal("0.47932")
+    assert report.usd_per_hour_saved == Decimal("0.70683") + Decimal("0.54196")
     fleet.requests.clear()
     again = reap([make_fleet(fleet, regions=["us-central1"])], policy(), ReapLimits(), NOW,
                  execute=True)  # fmt: skip

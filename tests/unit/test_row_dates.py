@@ -9,6 +9,7 @@ import json
 import shutil
 from collections.abc import Callable
 from datetime import date
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,12 @@ CATALOG = load_catalog()
 #: The day the newest dated copies read (AWS 2026-08-26, Azure 2026-08-22) were made:
 #: a price dated before it is "old" for issue 48's measure, and so is an unknown date.
 CURRENT_FROM = date(2026, 8, 1)
-#: Issue 48's target is 5%, not reached: no dated copy reachable prices the GCP N1 rows
-#: (T4, P4, V100, P100 on N1 hosts), TPU and 2 H200 rows, nor 17 Azure US rows: see
-#: pricing/README.md, "Row dates and sources". These are the counts measured when the Azure
-#: US rows were re-dated to anycloud @ 0498db74 (2026-08-01 or later) and 9 GCP A3 Mega, A3
-#: Ultra and A4 rows to anycloud @ 0337606d (2026-08-13 or later): 162 of 1,628 (10.0%),
-#: Azure 17 (the US rows that copy does not repeat). They may only fall.
-OLD_ROWS_NOW = 162
-AZURE_OLD_ROWS_NOW = 17
+#: Issue 48's target: at most 5% of the bundled GPU rows priced before CURRENT_FROM.
+TARGET_OLD_SHARE = 0.05
+#: How many GPU rows are old today (2026-12-06): the count may fall, never grow, so that a
+#: row added or re-read from an old or undated copy fails here even while the share test
+#: above is an expected failure. Lower it when rows are re-dated.
+OLD_ROWS_TODAY = 162
 
 
 def gpu_rows() -> list[Any]:
@@ -52,9 +51,27 @@ def test_every_bundled_gpu_row_names_its_date_and_source() -> None:
         assert row["source"], row
 
 
-def test_the_share_of_gpu_rows_priced_before_august_2026() -> None:
+def old_gpu_rows() -> list[Any]:
+    """GPU rows priced before CURRENT_FROM, an unknown date counted as old."""
+    return [r for r in gpu_rows() if r.as_of is None or r.as_of < CURRENT_FROM]
+
+
+def test_every_aws_on_demand_row_is_priced_from_august_2026() -> None:
+    old_aws = [r for r in old_gpu_rows() if r.provider == "aws"]
+    aws = [r for r in gpu_rows() if r.provider == "aws"]
+    # every AWS on-demand row re-dated to 2026-08-26; p5e.48xlarge (spot only) stays unknown
+    assert len(old_aws) / len(aws) <= TARGET_OLD_SHARE, old_aws
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 48's target is not reached: 162 of 1,694 GPU rows (9.6%) have no copy of "
+    "August 2026 or later reachable (GCP N1 + T4/P4/V100/P100 125 and TPU v5e 10, of 2026-07-02; "
+    "TPU v2/v3 6, H200 2; Azure US 17; AWS p5e 2): pricing/README.md, 'Row dates and sources'",
+)
+def test_at_most_five_percent_of_gpu_rows_are_priced_before_august_2026() -> None:
     rows = gpu_rows()
-    old = [r for r in rows if r.as_of is None or r.as_of < CURRENT_FROM]
+    old = old_gpu_rows()
     share = len(old) / len(rows)
     by_provider = {
         p: sum(1 for r in old if r.provider == p) / sum(1 for r in rows if r.provider == p)
@@ -63,9 +80,117 @@ def test_the_share_of_gpu_rows_priced_before_august_2026() -> None:
     each = ", ".join(f"{p} {s:.1%}" for p, s in by_provider.items())
     print(f"GPU rows priced before {CURRENT_FROM} (unknown counted): {len(old)} of {len(rows)}, "
           f"{share:.1%}; {each}")  # fmt: skip
-    assert by_provider["aws"] <= 0.05  # every AWS on-demand row re-dated to 2026-08-26
-    assert sum(1 for r in old if r.provider == "azure") <= AZURE_OLD_ROWS_NOW
-    assert len(old) <= OLD_ROWS_NOW
+    assert share <= TARGET_OLD_SHARE, f"{len(old)} of {len(rows)} ({share:.1%}); {each}"
+
+
+def test_the_old_rows_never_grow_beyond_todays_count() -> None:
+    old = old_gpu_rows()
+    each = sorted({(r.provider, r.source) for r in old})
+    assert len(old) <= OLD_ROWS_TODAY, f"{len(old)} old GPU rows, at most {OLD_ROWS_TODAY}: {each}"
+
+
+def test_a3_edge_is_priced_as_its_dated_copy_lists_it() -> None:
+    edge = [r for r in gpu_rows() if r.provider == "gcp" and r.instance_type == "a3-edgegpu-8g"]
+    # anycloud-sh/catalog gcp/vms.csv @ 0337606d lists a3-edgegpu-8g in these 15 regions
+    assert len({r.region for r in edge}) == 15, sorted(r.region for r in edge)
+    compared = 0
+    for row in edge:
+        assert (row.accelerator, row.accelerator_count) == ("H100", 8)
+        assert row.as_of == date(2026, 8, 13)
+        assert row.source == "gcp-anycloud-0337606d"
+        high = CATALOG.row("gcp", row.region, "a3-highgpu-8g")
+        if high is not None:  # the same SKUs: A3 vCPUs and memory and 8 H100, no Local SSD
+            assert row.ondemand_usd_per_hour is not None
+            assert high.ondemand_usd_per_hour is not None
+            gap = abs(row.ondemand_usd_per_hour - high.ondemand_usd_per_hour)
+            assert gap <= Decimal("0.00002"), row.region
+            compared += 1
+    assert compared == 13
+
+
+#: Rows of SkyPilot's catalog v9 `gcp/vms.csv` @ 2c3d7ea7 (GPU and TPU rows: region, GPU,
+#: count, on-demand, spot) and the n1 host of Cyclenerd's `pricing.yml` @ 10e6ce4 (`hour`,
+#: `hour_spot`; the copy's own n1 rows carry the same figures), as read on 2026-12-06.
+JULY_GPU_ROWS = {
+    ("us-central1", "T4", 1): ("0.35", "0.1915"),
+    ("us-central1", "T4", 2): ("0.7", "0.383"),
+    ("us-central1", "T4", 4): ("1.4", "0.766"),
+    ("southamerica-east1", "T4", 1): ("0.48", "0.2394"),
+    ("europe-west4", "V100", 1): ("2.604", "0.722"),
+    ("asia-east1", "P100", 2): ("3.2", "0.288"),
+}
+JULY_N1_HOSTS = {
+    ("us-central1", "n1-highmem-4"): ("0.236606", "0.079478"),
+    ("us-central1", "n1-highmem-8"): ("0.473212", "0.158956"),
+    ("us-central1", "n1-standard-64"): ("3.039984", "1.0212"),
+    ("southamerica-east1", "n1-highmem-4"): ("0.37557", "0.07148"),
+    ("europe-west4", "n1-highmem-8"): ("0.520944", "0.275248"),
+    ("asia-east1", "n1-highmem-16"): ("1.095856", "0.22568"),
+}
+JULY_TPU_ROWS = {("us-central1", "tpu-v5litepod-4"): ("4.8", "1.19084"),
+                 ("asia-east1", "tpu-v5litepod-1"): ("1.38948", "0.47652")}  # fmt: skip
+
+
+def test_n1_gpu_and_tpu_rows_are_the_july_copy_host_plus_gpu() -> None:
+    n1 = [r for r in gpu_rows() if r.provider == "gcp" and r.instance_type.startswith("n1-")]
+    assert len(n1) == 125
+    v5e = [r for r in gpu_rows() if r.instance_type.startswith("tpu-v5litepod")]
+    for row in n1 + v5e:  # none of unknown date or of CoCalc's February copy left
+        assert row.as_of == date(2026, 7, 2), row
+        assert row.source == "gcp-skypilot-v9-2026-07-02", row
+    cent = Decimal("0.00001")
+    checked = 0
+    for row in n1:
+        gpu = JULY_GPU_ROWS.get((row.region, row.accelerator, row.accelerator_count))
+        host = JULY_N1_HOSTS.get((row.region, row.instance_type))
+        if gpu is None or host is None:
+            continue
+        # on-demand: the figure the row had, where the copy's sum is within rounding of it
+        ondemand = Decimal(host[0]) + Decimal(gpu[0])
+        assert row.ondemand_usd_per_hour is not None
+        assert abs(row.ondemand_usd_per_hour - ondemand) <= Decimal("0.00002"), row.region
+        spot = (Decimal(host[1]) + Decimal(gpu[1])).quantize(cent, ROUND_HALF_UP)
+        assert row.spot_usd_per_hour == spot, (row.region, row.instance_type)
+        checked += 1
+    assert checked == 6
+    for (region, tpu), (tpu_ondemand, tpu_spot) in JULY_TPU_ROWS.items():
+        found = CATALOG.row("gcp", region, tpu)
+        assert found is not None
+        assert found.usd_per_hour(Market.ON_DEMAND) == Decimal(tpu_ondemand)
+        assert found.usd_per_hour(Market.SPOT) == Decimal(tpu_spot)
+
+
+G4_SLICES = {"g4-standard-6": ("RTXPRO6000-1/8", 8), "g4-standard-12": ("RTXPRO6000-1/4", 4),
+             "g4-standard-24": ("RTXPRO6000-1/2", 2)}  # fmt: skip
+
+
+def test_g4_slices_are_priced_wherever_the_whole_gpu_is() -> None:
+    whole = {r.region: r for r in gpu_rows() if r.instance_type == "g4-standard-48"}
+    assert len(whole) == 17
+    for instance_type, (accelerator, parts) in G4_SLICES.items():
+        for region, full in whole.items():
+            row = CATALOG.row("gcp", region, instance_type)
+            assert row is not None, (region, instance_type)
+            assert (row.accelerator, row.accelerator_count) == (accelerator, 1)
+            assert row.as_of == date(2026, 8, 20)
+            assert row.source == "gcp-cyclenerd-2026-08-20"
+            assert row.ondemand_usd_per_hour is not None
+            assert full.ondemand_usd_per_hour is not None
+            # 1/parts of the machine with one GPU (its memory a little less than 1/parts)
+            share = row.ondemand_usd_per_hour * parts / full.ondemand_usd_per_hour
+            assert Decimal("0.98") < share < Decimal("1.0001"), (region, instance_type, share)
+
+
+def test_a_whole_gpu_is_never_priced_by_a_slice(run_cli: Callable[..., Any]) -> None:
+    def instance_types(gpu: str) -> set[str]:
+        result = run_cli("estimate", "--gpu", gpu, "--hours", "1", "--provider", "gcp",
+                         "--region", "us-central1", "--format", "json")  # fmt: skip
+        assert result.exit_code == 0, result.stderr
+        return {o["instance_type"] for o in json.loads(result.stdout)["options"]}
+
+    assert instance_types("rtx-pro-6000") == {"g4-standard-48"}
+    assert instance_types("rtx-pro-6000-1/8") == {"g4-standard-6"}
+    assert instance_types("rtx-pro-6000-1/2") == {"g4-standard-24"}
 
 
 def test_an_aws_row_is_dated_by_its_on_demand_copy_and_its_spot_is_unknown() -> None:

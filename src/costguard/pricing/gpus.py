@@ -60,14 +60,17 @@ MODELS: tuple[GpuModel, ...] = (
         ("rtx-pro-6000", "rtxpro6000", "rtx-pro-6000-blackwell", "rtx-6000-pro"),
     ),
     GpuModel("RTXPRO4500", "NVIDIA", 32, ("rtx-pro-4500", "rtxpro4500", "rtx-pro-4500-blackwell")),
-    # Fractions of one GPU (AWS g6f/gr6f, Azure NVadsA10 v5): their own names, so that
-    # `--gpu l4` never prices a slice as a whole GPU.
+    # Fractions of one GPU (AWS g6f/gr6f, Azure NVadsA10 v5, GCP g4-standard-6/12/24): their
+    # own names, so that `--gpu l4` never prices a slice as a whole GPU.
     GpuModel("L4-1/8", "NVIDIA", 3, ("l4-1/8", "l4-eighth"), similar=("L4",)),
     GpuModel("L4-1/4", "NVIDIA", 6, ("l4-1/4", "l4-quarter"), similar=("L4",)),
     GpuModel("L4-1/2", "NVIDIA", 12, ("l4-1/2", "l4-half"), similar=("L4",)),
     GpuModel("A10-1/6", "NVIDIA", 4, ("a10-1/6",), similar=("A10",)),
     GpuModel("A10-1/3", "NVIDIA", 8, ("a10-1/3",), similar=("A10",)),
     GpuModel("A10-1/2", "NVIDIA", 12, ("a10-1/2", "a10-half"), similar=("A10",)),
+    GpuModel("RTXPRO6000-1/8", "NVIDIA", 12, ("rtx-pro-6000-1/8",), similar=("RTXPRO6000",)),
+    GpuModel("RTXPRO6000-1/4", "NVIDIA", 24, ("rtx-pro-6000-1/4",), similar=("RTXPRO6000",)),
+    GpuModel("RTXPRO6000-1/2", "NVIDIA", 48, ("rtx-pro-6000-1/2",), similar=("RTXPRO6000",)),
     # Accelerators that are not GPUs: `--gpu` prices them too, by these names.
     GpuModel("INFERENTIA2", "AWS", 32, ("inferentia2", "inf2")),
     GpuModel("TRAINIUM", "AWS", 32, ("trainium", "trainium1", "trn1")),
