@@ -58,12 +58,11 @@ def _stamp(path: Path) -> Stamp:
 
 
 def _code() -> list[Stamp]:
-    """The parsing code an entry was made by: its files' stamps."""
-    from costguard.pricing import tables
-
-    return [_stamp(Path(module.__file__ or "")) for module in (catalog, tables)] + [
-        _stamp(Path(__file__))
-    ]
+    """The parsing code an entry was made by: the stamps of ``catalog.py``, ``tables.py``
+    (its neighbour: read, not imported, as ``tables.py`` imports this module) and this
+    module."""
+    here = Path(__file__)
+    return [_stamp(here.with_name(name)) for name in ("catalog.py", "tables.py", here.name)]
 
 
 def read(cache: Path, directory: Path) -> Parts | None:
