@@ -330,7 +330,7 @@ def print_tables(answer: Quote) -> None:
     said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
     last = answer.estimates[-1]
     for one in answer.estimates:
-        fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
+        fresh = one._replace(notes=tuple(n for n in one.notes if n not in said))
         said.update(one.notes)
         print_table(answer, fresh, answer.shown_of(one), last=one is last)
     print_answers(answer.estimate, answer.shown, answer.catalog, answer.budget)

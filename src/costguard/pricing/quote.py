@@ -17,11 +17,11 @@ age and the budget's verdict. :meth:`Quote.document` is the ``--format json`` do
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
@@ -58,8 +58,7 @@ if TYPE_CHECKING:
     from costguard.pricing.slurm import SlurmOption, SlurmRate
 
 
-@dataclass(frozen=True)
-class Quote:
+class Quote(NamedTuple):
     """A priced :class:`Question`: what ``costguard estimate`` prints, as values.
 
     ``estimates`` has one estimate per GPU asked for; ``estimate`` is them combined,
@@ -248,7 +247,7 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
         question, located = _locate_data(question, catalog)
     estimates = answer(question, catalog)
     if located is not None:
-        estimates = [replace(e, notes=(f"Data: {located.how}", *e.notes)) for e in estimates]
+        estimates = [e._replace(notes=(f"Data: {located.how}", *e.notes)) for e in estimates]
     combined = combine(estimates)
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours
