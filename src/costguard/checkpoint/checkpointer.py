@@ -437,16 +437,15 @@ class Checkpointer:
         if self._is_sharded(train):  # before training starts
             self._restore_sharded(train)
             return self._restored()
-        group = self._coordination()
+        group = self._agreeing()
         chosen: tuple[Manifest, Any] | None = None
         refusal: NoUsableCheckpointError | None = None
-        if group is None or group.rank == 0:
+        if group.rank == 0:
             chosen, skipped = self._restorer.choose()
             picked = chosen[0] if chosen is not None else None
             refusal = fallback(skipped, picked, self.store.url, start_fresh=self.start_fresh)
         self._refuse(group, refusal)
-        if group is not None:
-            chosen = self._load_chosen(group, chosen)
+        chosen = self._load_chosen(group, chosen)
         if chosen is not None:
             manifest, data = chosen
             try:
@@ -467,12 +466,10 @@ class Checkpointer:
             self.restored = manifest
         return self._restored()
 
-    def _refuse(self, group: Group | None, refusal: NoUsableCheckpointError | None) -> None:
+    def _refuse(self, group: Group | Alone, refusal: NoUsableCheckpointError | None) -> None:
         """Raise rank 0's refusal to start from step 0 on every rank (collective), after
         telling ``costguard run`` (which then exits 2 with its message and hint)."""
-        said = (refusal.message, refusal.hint) if refusal is not None else None
-        if group is not None:
-            said = group.broadcast(said)
+        said = group.broadcast((refusal.message, refusal.hint) if refusal is not None else None)
         if said is None:
             return
         if self.rank == 0:
@@ -532,7 +529,7 @@ class Checkpointer:
         self._refuse(group, refusal)
 
     def _load_chosen(
-        self, group: Group, chosen: tuple[Manifest, Any] | None
+        self, group: Group | Alone, chosen: tuple[Manifest, Any] | None
     ) -> tuple[Manifest, Any] | None:
         """Rank 0's choice on every rank (collective): one answer to "which is latest"."""
         name = group.broadcast(chosen[0].name if chosen is not None else None)
@@ -612,8 +609,9 @@ class Checkpointer:
             self.pace_records.publish(steps_done, ranks=self._ranks, block=block)
 
     def _agreeing(self) -> Group | Alone:
-        """Who this process decides with: its process group, or a world of one."""
-        return self._coordination() or Alone(self.rank)
+        """Who this process decides with: its process group, or a world of one (whose
+        rank 0 it is; ``rank`` still says whether it writes)."""
+        return self._coordination() or Alone()
 
     def _step(self, step: int, parts: TrainState) -> bool:
         """:meth:`step` after the pace is measured: save when due, act on notices; under a

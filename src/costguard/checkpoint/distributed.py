@@ -136,10 +136,8 @@ class Alone:
     (['mine'], 3, 1)
     """
 
+    rank = 0
     world_size = 1
-
-    def __init__(self, rank: int = 0) -> None:
-        self.rank = rank
 
     def decide(self, local: Decision) -> Decision:
         """This process's own decision, to be taken again at the next step."""
@@ -152,6 +150,10 @@ class Alone:
     def broadcast(self, value: Any) -> Any:
         """This process's own ``value``."""
         return value
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true here."""
+        return bool(flag)
 
 
 def pipe_is_ours(env: Mapping[str, str]) -> bool:
