@@ -916,26 +916,27 @@ class Checkpointer:
         result = self.flush(timeout_s)
         if final and self._last_step is not None:
             step, parts = self._last_step
-            group = self._coordination()
-            # Under a group every rank must decide alike: by the saves they all started.
-            saved = self._last_steps_done if group is not None else self._saver.saved_steps_done
+            group = self._agreeing()
+            # Under a group every rank must decide alike: by the saves they all started;
+            # alone, by the last durable one (a failed save is tried again here).
+            together = group.world_size > 1
+            saved = self._last_steps_done if together else self._saver.saved_steps_done
             if step + 1 > (saved or 0):
                 self._save(step, "final", parts, hurry=True)
                 result = self.flush(timeout_s)
             durable = self.last_durable
             committed = durable is not None and durable.step == step + 1
             self.publish_pace(step + 1, block=True)
-            if group is not None:
-                # Rank 0 knows; every rank waits for its word, so no rank's close() returns
-                # before the final checkpoint is durable.
-                committed = bool(group.broadcast(committed))
+            # Rank 0 knows; every rank waits for its word, so no rank's close() returns
+            # before the final checkpoint is durable.
+            committed = bool(group.broadcast(committed))
             # Tell costguard run this rank is done: a crash after this (a process-group
             # teardown that aborts) does not undo a finished job.
             self._saver.note(
                 {
                     "event": "closed",
                     "rank": self.rank,
-                    "world": group.world_size if group is not None else 1,
+                    "world": group.world_size,
                     "step": step + 1,
                     "committed": committed,
                 }
