@@ -148,17 +148,19 @@ def run_cli(
 
 
 @pytest.fixture
-def terminal(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
-    """Make the CLI believe stdout is a terminal of the given width (rich's own Console)."""
+def terminal(monkeypatch: pytest.MonkeyPatch) -> Callable[..., None]:
+    """Make the CLI believe stdout is a terminal of the given width (rich's own Console)
+    and height (default: taller than any output, so that nothing is left out to fit it)."""
     from rich.console import Console
 
     from costguard.cli import render
 
-    def at_width(width: int) -> None:
+    def at_width(width: int, height: int = 10_000) -> None:
         def console(*, stderr: bool = False) -> Console:
             return Console(
                 file=sys.stderr if stderr else sys.stdout,
                 width=width,
+                height=height,
                 force_terminal=True,
                 color_system=None,
                 highlight=False,

@@ -8,6 +8,7 @@ generous (a loaded machine) but real: the old refresh went on for 21.5 s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,6 +20,8 @@ from urllib.parse import urlencode
 
 import pytest
 
+from tests.billing.test_focus import HANDMADE
+from tests.helpers.faults import Faults, fault_proxy
 from tests.helpers.waiting import wait_for
 from tests.refresh.records import AZURE_ITEMS
 from tests.refresh.servers import LocalServer, Reply, Request, azure_prices_handler
@@ -138,3 +141,79 @@ def test_ctrl_c_during_an_export_leaves_no_part_of_it(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert seconds < ENDS_WITHIN_S, f"{seconds:.1f} s after Ctrl-C"
     assert list(out.iterdir()) == [], "half an export left behind"
+
+
+@pytest.fixture(scope="module")
+def slow_exports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The hand-made FOCUS export's rows over and over (200,000), each with a tags text of
+    its own, as CSV.gz and Parquet: spend reads them for many seconds (each distinct
+    text is parsed once), where writing them takes one."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    folder = tmp_path_factory.mktemp("exports")
+    sample = pcsv.read_csv(HANDMADE)
+    numbers = pa.array(range(200_000))
+    table = sample.take(pc.bit_wise_and(numbers, 7))  # the sample's first eight rows
+    tags = pc.binary_join_element_wise(
+        '{"costguard:job": "job-', pc.cast(numbers, pa.string()), '"}', ""
+    )
+    table = table.set_column(table.schema.get_field_index("Tags"), "Tags", tags)
+    pq.write_table(table, folder / "export.parquet", row_group_size=20_000)
+    with pa.CompressedOutputStream(str(folder / "export.csv.gz"), "gzip") as out:
+        pcsv.write_csv(table, out)
+    return {"csv.gz": folder / "export.csv.gz", "parquet": folder / "export.parquet"}
+
+
+def has_open(pid: int, path: Path) -> bool:
+    """Whether process ``pid`` holds ``path`` open (it is reading it)."""
+    fds = Path(f"/proc/{pid}/fd")
+    with contextlib.suppress(OSError):
+        return any(os.path.realpath(fd) == str(path.resolve()) for fd in fds.iterdir())
+    return False
+
+
+def assert_stopped_cleanly(proc: subprocess.Popen[str], plot: Path) -> None:
+    """Ctrl-C to ``proc`` (busy): it ends within the bound, 130, with one line and nothing
+    else, and no picture (--plot) written."""
+    seconds, out, err = ctrl_c(proc)
+    assert proc.returncode == 130, err
+    assert seconds < ENDS_WITHIN_S, f"{seconds:.1f} s after Ctrl-C"
+    assert err == "Aborted.\n"  # one line: click's own answer wrote an empty one first
+    assert out == ""  # no half a table
+    assert not plot.exists()
+
+
+@pytest.mark.parametrize("kind", ["csv.gz", "parquet"])
+def test_ctrl_c_stops_spend_reading_an_export(
+    tmp_path: Path, slow_exports: dict[str, Path], kind: str
+) -> None:
+    """Issue 49: Ctrl-C while spend reads a billing export (a real process, SIGINT to its
+    group as a terminal sends it, the file open and being read)."""
+    path, plot = slow_exports[kind], tmp_path / "spend.png"
+    proc = start(["spend", str(path), "--by", "job", "--plot", str(plot)], clean_env(tmp_path))
+    wait_for(lambda: has_open(proc.pid, path) or proc.poll() is not None, "spend reading the file")
+    time.sleep(0.5)  # into the file
+    assert proc.poll() is None, "spend ended before Ctrl-C: nothing was tested"
+    assert_stopped_cleanly(proc, plot)
+
+
+def test_ctrl_c_stops_spend_waiting_on_a_bucket(aws_env: str, tmp_path: Path) -> None:
+    """Issue 49: Ctrl-C while spend waits for an export's bytes from S3 (moto behind a
+    proxy that holds the object's GET): the wait on the network ends too."""
+    import boto3
+
+    s3 = boto3.client("s3")
+    s3.create_bucket(Bucket="lab-bills")
+    s3.put_object(Bucket="lab-bills", Key="focus/export.csv", Body=HANDMADE.read_bytes())
+    faults = Faults(eligible=lambda method, path: method == "GET" and "export.csv" in path)
+    faults.delay_s = 60
+    with fault_proxy(aws_env, faults) as proxy:
+        env = {**clean_env(tmp_path), "AWS_ENDPOINT_URL": proxy}
+        plot = tmp_path / "spend.png"
+        proc = start(["spend", "s3://lab-bills/focus/", "--plot", str(plot)], env)
+        wait_for(lambda: faults.inflight > 0 or proc.poll() is not None, "spend's GET held")
+        assert proc.poll() is None, "spend ended before Ctrl-C: nothing was tested"
+        assert_stopped_cleanly(proc, plot)

@@ -99,6 +99,9 @@ ENV_PREEMPTED_FILE = "COSTGUARD_PREEMPTED_FILE"
 ENV_RUN_PID = "COSTGUARD_RUN_PID"
 #: ``costguard launch --array``: the task's index, as ``SLURM_ARRAY_TASK_ID`` on a cluster.
 ENV_ARRAY_TASK_ID = "COSTGUARD_ARRAY_TASK_ID"
+#: ``costguard launch --nodes N``: the node's rank in its gang (0..N-1); ``costguard run``
+#: then writes the node's own exit record (:func:`exit_record_path`).
+ENV_NODE_RANK = "COSTGUARD_NODE_RANK"
 
 # -- exit codes -------------------------------------------------------------------------
 
@@ -135,31 +138,46 @@ RECORD_BYTES = 64 * 1024
 JOB_BYTES = 16 * 1024 * 1024
 
 
-def exit_record_path(attempt: int) -> str:
-    """Where attempt ``attempt``'s exit record lives, relative to the store root.
+def exit_record_path(attempt: int, node: int | None = None) -> str:
+    """Where attempt ``attempt``'s exit record lives, relative to the store root; each
+    node of a gang (``launch --nodes``) writes its own.
 
-    >>> exit_record_path(3)
-    'job/attempt-3.exit.json'
+    >>> exit_record_path(3), exit_record_path(3, node=1)
+    ('job/attempt-3.exit.json', 'job/attempt-3.node-1.exit.json')
     """
-    return f"job/attempt-{attempt}.exit.json"
+    if node is None:
+        return f"job/attempt-{attempt}.exit.json"
+    return f"job/attempt-{attempt}.node-{node}.exit.json"
 
 
-def launched_attempt(env: Mapping[str, str]) -> tuple[str, int] | None:
-    """The job id and attempt number ``costguard launch`` gave this process: ``None`` when
-    it runs outside a launched job, or (named in a warning) when the id is not a costguard
-    job id, so no record is written under a name the launcher never gave.
+def launched_attempt(env: Mapping[str, str]) -> tuple[str, int, int | None] | None:
+    """The job id, attempt number and node (of a gang; ``None``: the attempt's one
+    instance) that ``costguard launch`` gave this process: ``None`` when it runs outside
+    a launched job, or (named in a warning) when the id is not a costguard job id or the
+    node no node rank, so no record is written under a name the launcher never gave.
 
     >>> launched_attempt({ENV_JOB_ID: "cg-a-1", ENV_JOB_ATTEMPT: " 2 "}), launched_attempt({})
-    (('cg-a-1', 2), None)
+    (('cg-a-1', 2, None), None)
+    >>> launched_attempt({ENV_JOB_ID: "cg-a-1", ENV_JOB_ATTEMPT: "2", ENV_NODE_RANK: "3"})
+    ('cg-a-1', 2, 3)
     """
     job_id = env.get(ENV_JOB_ID, "")  # as the launcher set it: not stripped, checked
     attempt_text = env.get(ENV_JOB_ATTEMPT, "").strip()
+    node_text = env.get(ENV_NODE_RANK, "").strip()
     if not job_id or not ATTEMPT_NUMBER.fullmatch(attempt_text):
+        return None
+    node = int(node_text) if _NODE_RANK.fullmatch(node_text) else None
+    if node_text and (node is None or node >= MAX_NODES):
+        logger.warning("costguard: %s is not a node rank; no record written", ENV_NODE_RANK)
         return None
     if not is_job_id(job_id):
         logger.warning("costguard: %s is not a costguard job id; no record written", ENV_JOB_ID)
         return None
-    return job_id, int(attempt_text)
+    return job_id, int(attempt_text), node
+
+
+#: A node rank as the launcher writes it (ASCII digits: ``int()`` takes others too).
+_NODE_RANK = re.compile(r"[0-9]{1,4}", re.ASCII)
 
 
 # -- the jobs folder --------------------------------------------------------------------
@@ -453,6 +471,9 @@ _UNIX = Num(0.0, UNIX_MAX)
 _STEPS = whole(0, STEPS_MAX)
 _SECONDS = Num(0.0, SECONDS_MAX)
 _VERSION = Choice((VERSION,))
+#: The most nodes of one gang (:data:`costguard.gang.MAX_NODES`, which this floor cannot
+#: import: the same figure).
+MAX_NODES = 1024
 
 OFFER = Record(
     {
@@ -498,8 +519,13 @@ ATTEMPT = Record(
         "lost_s": _SECONDS,
         "lost_steps": _optional(_STEPS),
         "token": Text(200),
+        #: A gang's nodes (``launch --nodes``): how many it bills, and their handles in
+        #: node-rank order once launched (``handle`` is node 0's); a record of one
+        #: instance, or one written before gangs, holds none.
+        "node_count": whole(1, MAX_NODES),
+        "nodes": Items(HANDLE, MAX_NODES),
     },
-    defaults={"detail": "", "lost_s": 0.0, "token": ""},
+    defaults={"detail": "", "lost_s": 0.0, "token": "", "node_count": 1, "nodes": ()},
 )
 
 SIMULATION = Record(
@@ -545,8 +571,12 @@ SPEC = Record(
         "environment": Table(Text(100_000, lines=True), 1024),
         #: The launching user's keyed digest of the spec (:mod:`costguard.spot.proof`).
         "proof": Text(128),
+        #: ``--nodes`` and ``--procs-per-node`` (absent: one instance).
+        "nodes": whole(1, MAX_NODES),
+        "procs_per_node": whole(1, 1024, optional=True),
     },
     defaults={
+        "nodes": 1,
         "regions": (),
         "owner": "",
         "max_preemptions": 3,
@@ -596,6 +626,8 @@ EXIT = Record(
         "finished_unix": _UNIX,
         "host": Text(200),
         "job_id": Text(48),
+        #: The node of a gang that wrote it (``None``: the attempt's one instance).
+        "node": whole(0, MAX_NODES - 1, optional=True),
     },
     defaults={"host": "", "job_id": ""},
 )

@@ -65,11 +65,11 @@ def job_series(
         end = (attempt.ended_unix if attempt.ended_unix is not None else now) - started_unix
         hours = attempt.hours(now)
         xs += [start, end]
-        ys += [float(cost), float(cost + hours * attempt.offer.usd_per_hour)]
+        ys += [float(cost), float(cost + hours * attempt.usd_per_hour)]
         od += [float(on_demand)]
-        cost += hours * attempt.offer.usd_per_hour
+        cost += hours * attempt.usd_per_hour
         if on_demand_usd_per_hour is not None:
-            on_demand += hours * on_demand_usd_per_hour
+            on_demand += hours * attempt.node_count * on_demand_usd_per_hour
         od += [float(on_demand)]
         if attempt.outcome in INTERRUPTIONS:
             marks_x.append(end)

@@ -1,12 +1,17 @@
 """How costguard reads FOCUS Parquet fast (benchmarks/spend.py) without giving up an exact
 cent: float costs converted as integers only where that is exact, text read as
-dictionaries (and again as plain text where a writer gave the dictionary up), row groups
-summed in parallel, timestamps in any zone counted in UTC. Each file is built here in the
+dictionaries (and again as plain text where a writer gave the dictionary up), the next
+batch read while one is summed, in memory that does not grow with the file, timestamps in
+any zone counted in UTC. Each file is built here in the
 FOCUS 1.0 Parquet types of AWS Data Exports (costs double, periods timestamps, Tags a map),
 and each total is checked against the Decimal of each float's shortest text."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -109,7 +114,7 @@ def test_tags_read_as_dictionaries_across_row_groups_and_a_dictionary_given_up(
     assert sums[None] == Decimal("2.5")
 
 
-def test_row_groups_read_in_parallel_add_up_as_read_one_by_one(
+def test_batches_read_ahead_add_up_as_read_one_by_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     rows: list[dict[str, Any]] = [
@@ -126,7 +131,7 @@ def test_row_groups_read_in_parallel_add_up_as_read_one_by_one(
     monkeypatch.setattr(exports, "PARQUET_BATCH_ROWS", 40)
     parallel = [report(read_spend([str(path)], by), by) for by in ("job", "owner", "day")]
     job = report(read_spend([str(path)], "day", job="j3"), "day")
-    monkeypatch.setattr(exports, "PARQUET_WORKERS", 1)
+    monkeypatch.setattr(exports, "PARQUET_AHEAD", 5)
     assert parallel == [report(read_spend([str(path)], by), by) for by in ("job", "owner", "day")]
     assert job == report(read_spend([str(path)], "day", job="j3"), "day")
     assert {g.key: g.billed_usd for g in parallel[0].groups} == shortest(rows)
@@ -174,3 +179,108 @@ def test_periods_written_as_text_read_as_text(tmp_path: Path) -> None:
     pq.write_table(stamped.set_column(column, "ChargePeriodStart", texts), path)
     assert billed(path, "day") == {"2026-11-03": Decimal("1.25"), "2026-11-05": Decimal("0.5")}
     assert billed(path, "service", job="a") == {"Amazon Elastic Compute Cloud": Decimal("1.25")}
+
+
+def test_an_error_in_the_batch_read_ahead_is_raised_and_the_reading_stops() -> None:
+    """The thread reading ahead gives its error to the reader; a reader that leaves early
+    (an error of its own, Ctrl-C) stops it, and the batches' file is closed."""
+    closed = []
+
+    def batches(fail_at: int | None) -> Any:
+        try:
+            for n in range(1000):
+                if n == fail_at:
+                    msg = "a corrupt page"
+                    raise OSError(msg)
+                yield n
+        finally:
+            closed.append(fail_at)
+
+    with pytest.raises(OSError, match="a corrupt page"):
+        list(exports._read_ahead(batches(3), 1))
+    read = exports._read_ahead(batches(None), 1)
+    assert [next(read), next(read)] == [0, 1]
+    read.close()  # the reader left: the thread stops at its next batch
+    deadline = time.monotonic() + 10
+    while len(closed) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert closed == [3, None]
+    assert not [t for t in threading.enumerate() if t.name == "costguard-read-ahead"]
+
+
+PEAK = """
+import sys
+import pyarrow as pa
+from costguard.billing import exports
+exports.for_a_command()
+tally = exports.read_spend([sys.argv[1]], "job")
+print(sum(tally.counts.values()), pa.default_memory_pool().max_memory(), "pandas" in sys.modules)
+"""
+
+
+def many_rows(path: Path, rows: int) -> Path:
+    """``rows`` FOCUS charges of 2,000 resources in row groups of 500,000 (as AWS Data
+    Exports write them), float costs of 10 places, a Name tag each and a job tag."""
+    import numpy as np
+
+    random = np.random.default_rng(49)
+    tags = pa.array(
+        [[("Name", f"node-{r:04d}"), ("costguard:job", f"job-{r % 40:02d}")] for r in range(2000)],
+        TAGS,
+    )
+    with pq.ParquetWriter(path, focus_schema()) as writer:
+        for first in range(0, rows, 500_000):
+            n = min(500_000, rows - first)
+            cost = pa.array(random.integers(0, 10**10, n) / 10**10)
+            writer.write_table(
+                pa.table(
+                    {
+                        "BilledCost": cost,
+                        "EffectiveCost": cost,
+                        "BillingCurrency": pa.array(["USD"] * n),
+                        "BillingPeriodStart": pa.array([NOVEMBER] * n, pa.timestamp("ms", "UTC")),
+                        "ChargePeriodStart": pa.array([NOVEMBER] * n, pa.timestamp("ms", "UTC")),
+                        "ServiceName": pa.array(["Amazon Elastic Compute Cloud"] * n),
+                        "SubAccountId": pa.array(["111122223333"] * n),
+                        "Tags": tags.take(pa.array(random.integers(0, 2000, n))),
+                    },
+                    schema=focus_schema(),
+                )
+            )
+    return path
+
+
+def focus_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            ("BilledCost", pa.float64()),
+            ("EffectiveCost", pa.float64()),
+            ("BillingCurrency", pa.string()),
+            ("BillingPeriodStart", pa.timestamp("ms", "UTC")),
+            ("ChargePeriodStart", pa.timestamp("ms", "UTC")),
+            ("ServiceName", pa.string()),
+            ("SubAccountId", pa.string()),
+            ("Tags", TAGS),
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_a_parquet_export_is_read_in_memory_that_does_not_grow_with_it(tmp_path: Path) -> None:
+    """Issue 49: a 10-million-row Parquet export peaked at 2.6-2.7x DuckDB's memory (row
+    groups of 512 Ki-row batches read four at a time). pyarrow's peak stays that of a
+    couple of small batches, whatever the file's size (1 and 2 million rows), and far
+    under one row group's; and the command's process never loads pandas (50 MiB)."""
+    peaks = []
+    for rows in (1_000_000, 2_000_000):
+        path = many_rows(tmp_path / f"focus-{rows}.parquet", rows)
+        out = subprocess.run(
+            [sys.executable, "-c", PEAK, str(path)],
+            capture_output=True, text=True, check=True, timeout=600,
+        )  # fmt: skip
+        count, peak, pandas = out.stdout.split()
+        assert int(count) == rows
+        assert pandas == "False"
+        peaks.append(int(peak))
+    assert peaks[1] < peaks[0] * 1.25, peaks
+    assert peaks[1] < 48 * 2**20, peaks  # one row group's columns decoded: about 90 MiB

@@ -423,3 +423,30 @@ def test_the_hours_of_other_months_are_named_apart(
     assert "hours outside 2026-11" in november["gaps"][0]["note"]
     both = spend(run_cli, export, "--job", url)
     assert both["gaps"] == []
+
+
+def test_a_gangs_bill_is_every_nodes_and_so_is_its_running_cost(
+    run_cli: Callable[..., Any], tmp_path: Path, catalog: Catalog
+) -> None:
+    """`launch --nodes 2`: one attempt of 2 hours on two instances runs 4 instance-hours;
+    the running cost and the hours run count both nodes, so a bill of those 4 hours and
+    one more on node a (left up an hour) names that one hour as idle time, no more."""
+    store = Store.open(tmp_path / "ckpt")
+    offer = find_offers(catalog, gpu="T4", provider="local")[0]
+    start = datetime(2026, 11, 5, 10, tzinfo=UTC).timestamp()
+    nodes = tuple(Handle("local", offer.region, f"local-{n}", extra={"pid": "1"}) for n in (1, 2))
+    attempt = Attempt(1, offer, start, handle=nodes[0], ended_unix=start + 2 * 3600,
+                      outcome=AttemptOutcome.SUCCEEDED, exit_code=0, node_count=2,
+                      nodes=nodes)  # fmt: skip
+    gang = spec(store.url, job_id="gang-ft", nodes=2, sync_dir=None)
+    save_job(store, Job(gang, attempts=(attempt,), status="succeeded"))
+    price = offer.usd_per_hour
+    rows = [bill_row(at, "1", price, "gang-ft", resource=node) for at in (10, 11) for node in "ab"]
+    rows.append(bill_row(12, "1", price, "gang-ft", resource="a"))
+    document = spend(run_cli, str(focus_export(rows, tmp_path / "bill.csv")), "--job", store.url)
+    assert Decimal(document["total_billed_usd"]) == 5 * price
+    assert Decimal(document["running_cost_usd"]) == 4 * price
+    gaps = {g["kind"]: (Decimal(g["usd"]), g["note"]) for g in document["gaps"]}
+    assert list(gaps) == ["idle time"]
+    assert gaps["idle time"][0] == price
+    assert "5 instance-hours billed, 4 run by the job's attempts: 1 h" in gaps["idle time"][1]

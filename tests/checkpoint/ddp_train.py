@@ -6,6 +6,12 @@ rank 0 writes the final weights, optimizer and scheduler state to ``--out`` and 
 rank writes its final RNG states next to it. The ranks seed dropout and Python/NumPy
 noise differently and read different shards, so a resume that gave a rank another rank's
 RNG or loader state would change the final weights.
+
+``--one-tensor``: a model whose weights are one tensor (a gang's test,
+tests/spot/test_gang.py). DDP then reduces one bucket of one layout in every run, so a
+resumed 4-rank run sums in the same order as an uninterrupted one and ends bitwise equal
+(with several tensors, DDP's bucket rebuild after a restart changes 4-rank gloo sums by
+float rounding: tests/checkpoint/test_multinode.py).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ def main() -> None:
     parser.add_argument(
         "--abort-after-close", type=int, default=-1, help="this rank aborts after close()"
     )
+    parser.add_argument("--one-tensor", action="store_true", help="the weights in one tensor")
     args = parser.parse_args()
 
     dist.init_process_group("gloo")
@@ -41,9 +48,12 @@ def main() -> None:
         shuffle=True,
         seed=5 + rank,
     )
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
-    )
+    if args.one_tensor:
+        model = torch.nn.Sequential(torch.nn.Dropout(0.2), torch.nn.Linear(8, 1, bias=False))
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1)
+        )
     ddp = DistributedDataParallel(model)  # rank 0's initial weights on every rank
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)

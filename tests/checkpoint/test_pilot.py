@@ -3,6 +3,7 @@ whole run; and the pilot's accuracy against the same script's full run, on this 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -175,3 +176,43 @@ def test_a_pilot_that_would_be_timed_on_a_cpu_is_refused_before_it_runs(
     assert priced.exit_code == 0, priced.stderr
     assert priced.json()["query"]["hours_from"]["scaled"] is True
     assert (tmp_path / "costguard-pilot").is_dir()  # what README's --from-run reads
+
+
+def test_the_pilot_prices_the_pace_it_checked_not_a_later_read(
+    run_cli, aws_env: str, flaky_s3
+) -> None:
+    """Issue 43: the pilot read ``job/pace.json`` to check it was its own, then the quote
+    read it again: whoever writes the bucket between the two reads had their record priced.
+    Here that writer (on moto, behind a proxy that tells it when) rewrites the record as
+    soon as the first read after the script's last write has been answered: the same
+    record, at 1,000 times the seconds."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=aws_env)
+    reads = {"since_write": 0}
+
+    def race(method: str, path: str, body: bytes) -> bytes:
+        if not path.split("?")[0].endswith("/flaky/p/job/pace.json"):
+            return body
+        if method == "PUT":
+            reads["since_write"] = 0
+        elif method == "GET" and body.startswith(b"{"):
+            reads["since_write"] += 1
+            if reads["since_write"] == 1:
+                doc = json.loads(body)
+                doc["seconds_measured"] *= 1000
+                s3.put_object(Bucket="flaky", Key="p/job/pace.json", Body=json.dumps(doc))
+        return body
+
+    flaky_s3.eligible = lambda method, path: False  # no faults: the race alone
+    flaky_s3.rewrite = race
+    steady = [sys.executable, str(STEADY), "--steps", "40", "--sleep", "0.005"]
+    result = run_cli(
+        "pilot", "--steps", "20", "--total-steps", "2000", "--checkpoint", "s3://flaky/p",
+        "--gpu", "a10g", "--speedup", "1", "--format", "json", "--", *steady,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.stderr
+    assert reads["since_write"] >= 1
+    source = result.json()["query"]["hours_from"]
+    # The script's own steps took 5 ms; the forged record says 5 s.
+    assert source["seconds_per_step"] < 0.5, source

@@ -21,6 +21,7 @@ import pytest
 from costguard.checkpoint import RetryPolicy, uploads
 from costguard.checkpoint.store import Store, StoreError
 from tests.helpers.faults import Faults, fault_proxy
+from tests.helpers.output import on_terminal
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
 from tests.helpers.training import repository_path
 from tests.helpers.waiting import wait_for
@@ -314,3 +315,49 @@ def test_torch_save_into_parts_that_keep_failing_reports_the_store_error(
         store.write_stream("ckpt/state.pt", lambda file: torch.save(state, cast("IO[bytes]", file)))
     assert incomplete_uploads() == []
     assert store.listing() == {}
+
+
+# -- a long save shows its progress on a terminal ---------------------------------------
+
+SAVER = """
+import torch
+from costguard.checkpoint import Checkpointer
+model = torch.nn.Linear(4200, 4200)  # 70.6 MB of float32: over the 64 MiB of a bar
+with Checkpointer("s3://parts/run", every_steps=1) as ckpt:
+    ckpt.step(0, model=model)  # saved in the background; the exit waits for it
+print("saved")
+"""
+
+
+@pytest.mark.slow
+def test_a_long_save_to_s3_shows_its_progress_on_a_terminal_only(
+    parts_proxy: Faults, tmp_path: Any
+) -> None:
+    """Issue 49 item 9: a 302 MB save to S3 was silent for 15 s. On a terminal (a real
+    pseudo-terminal) a line says which step is saving and the bytes S3 holds out of
+    about its size; on stderr that is a file (a cron log, a batch job's output) or a
+    pipe, nothing but what the script prints."""
+    parts_proxy.delay_s = 3.0  # each part: the save takes seconds
+    script = tmp_path / "train.py"
+    script.write_text(SAVER)
+    env = {**os.environ, "PYTHONPATH": repository_path(), "COLUMNS": "100"}
+    code, screen = on_terminal([sys.executable, str(script)], 100, env)
+    assert code == 0, screen
+    assert "costguard: saving step 1" in screen, screen
+    shown = [tuple(map(float, m)) for m in re.findall(r"(\d+\.\d)/(\d+\.\d) MB", screen)]
+    weights = 4200 * 4201 * 4 / 1e6  # out of about the state's size
+    assert all(weights <= total <= weights * 1.01 for _, total in shown), shown
+    assert any(0 < stored < total for stored, total in shown), shown  # as parts went up
+    assert shown[-1][0] >= weights, shown
+    assert screen.rstrip().endswith("saved"), screen
+    seen = len(parts_proxy.seen)
+    assert seen >= 5, seen
+    log = tmp_path / "cron.log"
+    with log.open("w") as stderr:
+        done = subprocess.run(
+            [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, stderr=stderr,
+            text=True, timeout=300, check=True,
+        )  # fmt: skip
+    assert len(parts_proxy.seen) >= 2 * seen - 1  # as slow, silently
+    assert done.stdout == "saved\n"
+    assert "saving step" not in log.read_text()

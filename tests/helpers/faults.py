@@ -52,6 +52,9 @@ class Faults:
     inflight: int = 0
     max_inflight: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: What a writer racing the reader makes of a forwarded answer: (method, path, body)
+    #: -> the body sent back (``None``: the store's own).
+    rewrite: Callable[[str, str, bytes], bytes] | None = None
 
     def decide(self, method: str, path: str, headers: dict[str, str]) -> str:
         """``fail``, ``stall``, ``delay`` or ``pass`` for one request."""
@@ -123,6 +126,8 @@ def make_handler(upstream: str, faults: Faults) -> type[BaseHTTPRequestHandler]:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     response = conn.getresponse()
                     data = response.read()
+                    if faults.rewrite is not None:
+                        data = faults.rewrite(self.command, self.path, data)
                 finally:
                     if action == "delay":
                         with faults.lock:

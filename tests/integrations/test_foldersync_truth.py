@@ -71,7 +71,9 @@ def accelerate_save(root: Path, step: int, *, custom: int = 1) -> Path:
     return folder
 
 
-def commit_as_before(store: Store, step: int, path: str, files: dict[str, bytes]) -> str:
+def commit_as_before(
+    store: Store, step: int, path: str, files: dict[str, bytes], kind: str = "accelerate"
+) -> str:
     """A sync checkpoint committed as an earlier costguard did (no check of its files)."""
     name = checkpoint_name(step, os.urandom(4).hex())
     names = object_names(files)
@@ -90,8 +92,8 @@ def commit_as_before(store: Store, step: int, path: str, files: dict[str, bytes]
         objects=tuple(objects),
         library_version="0",
         format_version=FOLDER_FORMAT_VERSION,
-        reason="sync:accelerate",
-        extra={"folder": {"path": path, "kind": "accelerate", "files": names}},
+        reason=f"sync:{kind}",
+        extra={"folder": {"path": path, "kind": kind, "files": names}},
     )
     store.put(manifest.manifest_path, manifest.to_json().encode())
     return name
@@ -205,6 +207,45 @@ def test_checkpoints_of_another_run_are_never_kept_nor_resumed_from(
     hf_folder(out, 50)  # what the trainer writes next
     assert [m.step for m in again.sync(finished=True)] == [50]
     assert [s for s, _ in kept(store)] == [30, 40, 50]
+
+
+def hf_logged(root: Path, step: int, losses: dict[int, float]) -> dict[str, bytes]:
+    """A Hugging Face checkpoint whose trainer_state.json logs ``losses`` up to ``step``;
+    its files by path under the sync dir."""
+    folder = hf_folder(root, step)
+    history = [{"step": s, "loss": loss} for s, loss in sorted(losses.items()) if s <= step]
+    state = {"global_step": step, "max_steps": 100, "log_history": history}
+    (folder / "trainer_state.json").write_text(json.dumps(state))
+    return {f"checkpoint-{step}/{k}": v for k, v in folder_files(folder).items()}
+
+
+def test_another_runs_checkpoints_an_earlier_costguard_uploaded_are_told_apart(
+    store: Store, tmp_path: Path
+) -> None:
+    """Before ``.costguard-foreign/``, costguard uploaded another run's checkpoint-45 and
+    -90 found in out/: a new machine put back 90 and the trainer resumed another run's
+    model. Their trainer history does not continue the run's: named, never put back, and
+    neither counted nor deleted by retention."""
+    ours = {s: 1.0 / s for s in range(5, 101, 5)}
+    theirs = {s: 2.0 + 1.0 / s for s in range(5, 101, 5)}
+    for step in (10, 30, 40):
+        commit_as_before(store, step, f"checkpoint-{step}",
+                         hf_logged(tmp_path / "a", step, ours), "transformers")  # fmt: skip
+    for step in (45, 90):
+        commit_as_before(store, step, f"checkpoint-{step}",
+                         hf_logged(tmp_path / "b", step, theirs), "transformers")  # fmt: skip
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    restored = sync.prepare()
+    assert [m.step for m in restored] == [40]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["checkpoint-40"]
+    named = [line for line in lines if "is not this run's: its trainer's history" in line]
+    assert len(named) == 2, lines
+    assert "checkpoint-90, step 90" in " ".join(named)
+    # The trainer goes on from 40: its 50 is kept, and retention (keep 3) counts the run's.
+    hf_logged(out, 50, ours)
+    assert [m.step for m in sync.sync(finished=True)] == [50]
+    assert [s for s, _ in kept(store)] == [30, 40, 45, 50, 90]
 
 
 def test_with_an_empty_store_what_was_there_before_is_named_and_never_uploaded(

@@ -198,6 +198,13 @@ def by_name(document: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in document["instances"]}
 
 
+def reaped(reap: Callable[..., Any]) -> dict[str, dict[str, Any]]:
+    """``reap --execute`` of every instance idle for 30 minutes: its rows by name."""
+    result = reap("--format", "json", "--idle-minutes", "30", "--execute")
+    assert result.exit_code == 0, result.stderr
+    return by_name(json.loads(result.stdout))
+
+
 def test_dry_runs_and_refusals_judge_every_instance_and_change_nothing(
     fleet: dict[str, str], calls: Calls, reap: Callable[..., Any], ec2: Any
 ) -> None:
@@ -511,9 +518,7 @@ def test_forged_disagreeing_or_silent_gpu_series_and_a_second_keep_tag_keep_the_
     metrics.seed(ids["keep-twice"])
     metrics.send(cloudwatch)
 
-    result = reap("--format", "json", "--idle-minutes", "30", "--execute")
-    assert result.exit_code == 0, result.stderr
-    rows = by_name(json.loads(result.stdout))
+    rows = reaped(reap)
     codes = {name: (rows[name]["action"], rows[name]["code"]) for name in ids}
     assert codes == {
         "idle": ("stop", "idle"),
@@ -525,3 +530,35 @@ def test_forged_disagreeing_or_silent_gpu_series_and_a_second_keep_tag_keep_the_
     assert re.search(r"busy: gpu 97% at .* \(GPU \d;", rows["forged-busy"]["reason"])
     assert "3 of 4 GPUs" in rows["silent-gpu"]["reason"]
     assert {n for n, s in states(ec2).items() if s != "running"} == {"idle"}
+
+
+def test_a_gang_is_idle_only_when_every_node_is(
+    ec2: Any, cloudwatch: Any, reap: Callable[..., Any]
+) -> None:
+    """`launch --nodes`: the nodes of one attempt carry its job and attempt tags. One busy
+    node keeps its idle sibling (a node stopped alone would only stall the others); a gang
+    whose nodes are all idle is stopped whole; another attempt's node is no sibling."""
+    metrics = Metrics(NOW)
+    ids = {}
+    for name, job, attempt, gpu in (
+        ("busy-0", "cg-a", "1", 95.0), ("idle-1", "cg-a", "1", 1.0),
+        ("quiet-0", "cg-b", "2", 1.0), ("quiet-1", "cg-b", "2", 1.0),
+        ("old-attempt", "cg-a", "0", 1.0),
+    ):  # fmt: skip
+        tags = {"costguard:job": job, "costguard:attempt": attempt}
+        ids[name] = launch(ec2, name, tags=tags)
+        metrics.seed(ids[name], gpu=gpu)
+    metrics.send(cloudwatch)
+    rows = reaped(reap)
+    codes = {name: (rows[name]["action"], rows[name]["code"]) for name in ids}
+    assert codes == {
+        "busy-0": ("keep", "busy"),
+        "idle-1": ("keep", "gang-not-idle"),
+        "quiet-0": ("stop", "idle"),
+        "quiet-1": ("stop", "idle"),
+        "old-attempt": ("stop", "idle"),
+    }
+    assert ids["busy-0"] in rows["idle-1"]["reason"]
+    assert {n for n, s in states(ec2).items() if s != "running"} == {
+        "quiet-0", "quiet-1", "old-attempt"
+    }  # fmt: skip

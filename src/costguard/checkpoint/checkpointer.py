@@ -76,6 +76,7 @@ from costguard.checkpoint.notices import signals as signals_mod
 from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS, Pace, PaceRecorder
 from costguard.checkpoint.restoring import (
     PAYLOAD,
+    MisfitError,
     NoUsableCheckpointError,
     Restorer,
     fallback,
@@ -149,6 +150,14 @@ class PilotDone(SystemExit):
 
 class RestoreError(CostguardError):
     """A checkpoint was read and verified but does not fit the objects given to restore."""
+
+
+#: How a checkpoint the objects cannot take is described (:meth:`Checkpointer._apply`).
+MISFIT = "does not fit the objects given to restore"
+FIT_HINT = (
+    "restore into the same model, optimizer and number of ranks it was saved from; to start "
+    "over from step 0 on purpose: costguard run --start-fresh, or Checkpointer(start_fresh=True)"
+)
 
 
 class Checkpointer:
@@ -417,11 +426,13 @@ class Checkpointer:
         """Load the newest valid checkpoint into the objects given; the step to start from.
 
         Returns 0 (and changes nothing) when there is no checkpoint. Each candidate is
-        verified (sizes and sha256); on a mismatch, a missing object or a corrupt manifest
-        a warning names it, says why and how many steps it costs, and the previous
-        checkpoint is tried. When checkpoints exist and none can be used, raises
-        :class:`NoUsableCheckpointError` (unless ``start_fresh``). ``extra`` is updated in
-        place. Afterwards, partial folders left by a killed writer are deleted.
+        verified (sizes and sha256); on a mismatch, a missing object, a corrupt manifest or
+        a state the objects given cannot take (whatever is in it: a store may hold a
+        forger's) a warning names it, says why and how many steps it costs, and the
+        previous checkpoint is tried. When checkpoints exist and none can be used, raises
+        :class:`NoUsableCheckpointError` (:class:`RestoreError` when none fits the objects)
+        unless ``start_fresh``. ``extra`` is updated in place. Afterwards, partial folders
+        left by a killed writer are deleted.
 
         Under a process group rank 0 chooses, every rank loads the checkpoint it chose (and
         verifies it), and each rank gets its own RNG and ``loader`` state back.
@@ -439,26 +450,25 @@ class Checkpointer:
             return self._restored()
         group = self._agreeing()
         chosen: tuple[Manifest, Any] | None = None
-        refusal: NoUsableCheckpointError | None = None
+        refusal: NoUsableCheckpointError | RestoreError | None = None
         if group.rank == 0:
-            chosen, skipped = self._restorer.choose()
+            chosen, skipped = self._restorer.choose(
+                fits=lambda manifest, data: self._apply(manifest, data, train)
+            )
             picked = chosen[0] if chosen is not None else None
             refusal = fallback(skipped, picked, self.store.url, start_fresh=self.start_fresh)
+            misfits = [s for s in skipped if s.why.startswith(MISFIT)]
+            if refusal is not None and misfits:
+                # None verifies and fits: say so as the error of a restore into other
+                # objects than the checkpoints were saved from.
+                newest = max(misfits, key=lambda s: (s.step, s.name))
+                msg = f"checkpoint {newest.name} in {self.store.url} {newest.why}"
+                refusal = RestoreError(msg, hint=FIT_HINT)
         self._refuse(group, refusal)
-        chosen = self._load_chosen(group, chosen)
+        chosen = self._load_chosen(group, chosen, train)
         if chosen is not None:
-            manifest, data = chosen
-            try:
-                state_mod.apply(state_mod.for_rank(data, self.rank), train)
-            except (KeyError, RuntimeError, ValueError) as exc:
-                msg = f"checkpoint {manifest.name} in {self.store.url} does not fit: {exc}"
-                raise RestoreError(
-                    msg,
-                    hint="restore into the same model, optimizer and number of ranks it was "
-                    "saved from",
-                ) from exc
-            finally:
-                del data, chosen  # the mapped payload: only the live objects keep its bytes
+            manifest = chosen[0]
+            del chosen  # the mapped payload: only the live objects keep its bytes
             if model is not None and self.rank == 0:
                 # The frozen tensors just loaded are the pool's bytes: unchanged for the
                 # first save after the resume too.
@@ -466,14 +476,35 @@ class Checkpointer:
             self.restored = manifest
         return self._restored()
 
-    def _refuse(self, group: Group | Alone, refusal: NoUsableCheckpointError | None) -> None:
+    def _apply(self, manifest: Manifest, data: Any, train: TrainState) -> None:
+        """Load a checkpoint's state into the live objects, or :class:`MisfitError`: a
+        state they cannot take (read from the store: anything may be there), whatever
+        torch or the objects raise about it."""
+        try:
+            if not isinstance(data, Mapping):
+                msg = f"holds a {type(data).__name__}, not a training state"
+                raise TypeError(msg)
+            state_mod.apply(state_mod.for_rank(data, self.rank), train)
+        except Exception as exc:
+            why = f"{MISFIT}: {type(exc).__name__}: {redact(str(exc))}"[:300]
+            logger.debug("costguard: %s %s", manifest.name, why)
+            raise MisfitError(why) from exc
+
+    def _refuse(
+        self, group: Group | Alone, refusal: NoUsableCheckpointError | RestoreError | None
+    ) -> None:
         """Raise rank 0's refusal to start from step 0 on every rank (collective), after
         telling ``costguard run`` (which then exits 2 with its message and hint)."""
-        said = group.broadcast((refusal.message, refusal.hint) if refusal is not None else None)
+        said = None
+        if refusal is not None:
+            said = (refusal.message, refusal.hint, isinstance(refusal, RestoreError))
+        said = group.broadcast(said)
         if said is None:
             return
         if self.rank == 0:
             self._saver.note({"event": "restore", "refused": said[0], "hint": said[1]})
+        if said[2]:
+            raise RestoreError(said[0], hint=said[1])
         raise NoUsableCheckpointError(said[0], hint=said[1])
 
     def _restored(self) -> int:
@@ -529,15 +560,17 @@ class Checkpointer:
         self._refuse(group, refusal)
 
     def _load_chosen(
-        self, group: Group | Alone, chosen: tuple[Manifest, Any] | None
+        self, group: Group | Alone, chosen: tuple[Manifest, Any] | None, train: TrainState
     ) -> tuple[Manifest, Any] | None:
-        """Rank 0's choice on every rank (collective): one answer to "which is latest"."""
+        """Rank 0's choice on every rank (collective): one answer to "which is latest",
+        loaded into this rank's objects (rank 0's are, by its choice)."""
         name = group.broadcast(chosen[0].name if chosen is not None else None)
         error = ""
         if name is not None and group.rank != 0:
             try:
                 manifest = parse_manifest(self.store.get(f"{name}/{MANIFEST_FILE}"), name)
-                chosen = manifest, self._restorer.load(manifest)
+                self._apply(manifest, self._restorer.load(manifest), train)
+                chosen = manifest, None
             except (CostguardError, ValueError) as exc:
                 error = redact(str(exc)) or type(exc).__name__
         if group.any(bool(error)):
@@ -725,7 +758,7 @@ class Checkpointer:
         name = checkpoint_name(steps_done, secrets.token_hex(4))
         future = self._saver.submit(snapshot, name, steps_done, parts.epoch, reason, stall_s)
         if block:
-            future.result()
+            self._saver.result(future)
         return future
 
     def _save_sharded(

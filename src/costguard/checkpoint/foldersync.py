@@ -29,11 +29,19 @@ A folder left half written (a kill during the save) is never uploaded, and one f
 ``out/`` before the script starts is moved aside (to ``.costguard-incomplete/``), not
 deleted, so the trainer's resume cannot pick it. A checkpoint put back from the store is
 checked the same way before it is renamed into place: one that is not whole is skipped
-(said in one line) and the previous one put back.
+(said in one line) and the previous one put back. One whole by every rule that the
+trainer's own loader refuses shows when the script fails before writing anything right
+after it was put back (:meth:`FolderSync.fall_back`): it is moved aside
+(``.costguard-refused/``), the previous one put back and the script run once more; when the
+trainer then goes on, the store records it (:data:`REFUSED_FILE`) and it is not put back
+again.
 
 Only this run's checkpoints go up: what costguard put back, what it uploaded before on this
 machine (its ledger, :func:`ledger_path`, names the store) and what the trainer
-writes from now on. Anything else found in ``out/`` is named; one newer than the store's
+writes from now on. Another run's Hugging Face checkpoints that an earlier costguard
+uploaded are told apart in the store by their trainer's history (``log_history``), which
+does not continue the run's first checkpoint's: named, never put back, neither counted
+nor deleted by retention. Anything else found in ``out/`` is named; one newer than the store's
 newest would take the trainer's resume over, so it is moved aside (``.costguard-foreign/``,
 never deleted). A link is never followed out of the folder, and a restore writes nothing
 through one.
@@ -42,6 +50,7 @@ through one.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -90,6 +99,11 @@ logger = get_logger(__name__)
 ASIDE = ".costguard-incomplete"
 #: Where a checkpoint that is not this run's, newer than its own, is moved (never deleted).
 FOREIGN = ".costguard-foreign"
+#: Where a checkpoint put back that the trainer's loader refused is moved (never deleted).
+REFUSED = ".costguard-refused"
+#: The record, in a checkpoint's folder in the store, that the trainer refused it: a
+#: restore puts back the one before it (the checkpoint itself is kept).
+REFUSED_FILE = "costguard-refused.json"
 MAX_LEDGER_BYTES = 4 * 2**20
 #: A ``trainer_state.json`` read for the run's progress (its log history grows with it).
 MAX_STATE_BYTES = 16 * 2**20
@@ -183,6 +197,19 @@ def _files_of(manifest: Manifest) -> dict[str, str]:
     ):
         return {}
     return dict(files)
+
+
+def _before(history: list[Any], step: int) -> list[Any]:
+    """The entries of a trainer's ``log_history`` logged at or before ``step``.
+
+    >>> _before([{"step": 5, "loss": 1.0}, {"step": 10, "loss": 0.5}, "x"], 5)
+    [{'step': 5, 'loss': 1.0}]
+    """
+    return [
+        e
+        for e in history
+        if isinstance(e, dict) and isinstance(e.get("step"), int) and e["step"] <= step
+    ]
 
 
 def _clash(paths: Iterable[str]) -> bool:
@@ -283,8 +310,6 @@ def ledger_path(root: Path, env: Mapping[str, str]) -> Path:
     >>> ledger_path(Path("/w/out"), {"XDG_STATE_HOME": "/s"}).parent
     PosixPath('/s/costguard/sync')
     """
-    import hashlib
-
     base = Path(env["XDG_STATE_HOME"]) if env.get("XDG_STATE_HOME") else None
     base = base or Path.home() / ".local" / "state"
     name = hashlib.sha256(str(root).encode()).hexdigest()[:32]
@@ -336,6 +361,12 @@ class FolderSync:
     foreign: dict[str, tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
     #: Whether any checkpoint appeared in the folder while the script ran.
     seen_any: bool = False
+    #: Store names of checkpoints the trainer refused in this run: not put back again.
+    refused: set[str] = field(default_factory=set)
+    #: Store names of checkpoints an earlier costguard uploaded from another run's folder
+    #: (their trainer's history does not continue the run's): never put back, never
+    #: counted by retention, never deleted.
+    not_this_runs: set[str] = field(default_factory=set)
     #: Where the script runs: checkpoints appearing under it, and none in ``root``, mean a
     #: wrong ``--sync-dir`` (said once).
     workdir: Path | None = None
@@ -351,6 +382,8 @@ class FolderSync:
     #: What was said already (links left out, checkpoints held back), said once each.
     _said: set[str] = field(default_factory=set)
     _restorer: Restorer | None = None
+    #: Items costguard put back in place (not the trainer's writes).
+    _put_back_paths: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
     #: Set by a file system event under the folder (or by :meth:`finish`).
     _wake: threading.Event = field(default_factory=threading.Event)
@@ -395,6 +428,8 @@ class FolderSync:
         survey = self._restorer.survey()
         manifests = folder_manifests(survey.manifests, survey.sizes)
         self._name_unusable(survey.manifests, survey.sizes, manifests)
+        manifests = self._not_refused(manifests, survey.sizes)
+        manifests = self._this_runs(manifests)
         local = {i.path: i for i in items_in(self.root)}
         ours = self._ledger()
         for manifest in manifests:  # finished here and in the store already: not again
@@ -444,6 +479,146 @@ class FolderSync:
             )
         self._find_foreign(ours, has_history=bool(manifests))
         return restored
+
+    def _not_refused(self, manifests: list[Manifest], sizes: Mapping[str, int]) -> list[Manifest]:
+        """``manifests`` less those the trainer refused (in this run, or recorded in the
+        store by an earlier one), each named once."""
+        usable = []
+        for manifest in manifests:
+            recorded = f"{manifest.name}/{REFUSED_FILE}" in sizes
+            if manifest.name in self.refused or recorded:
+                self._once(
+                    f"refused:{manifest.name}",
+                    f"{manifest.name} ({manifest.extra['folder']['path']}, step {manifest.step}) "
+                    "was refused by the trainer's loader"
+                    + (f" in an earlier run ({REFUSED_FILE}); " if recorded else "; ")
+                    + "putting back the one before it",
+                )
+                continue
+            usable.append(manifest)
+        return usable
+
+    def _this_runs(self, manifests: list[Manifest]) -> list[Manifest]:
+        """``manifests`` less the Hugging Face checkpoints that are not this run's: ones
+        an earlier costguard uploaded from another run's folder (before
+        ``.costguard-foreign/``). A run's checkpoints each carry its trainer's history
+        (``trainer_state.json``'s ``log_history``), each one's continuing the one before;
+        the run is the store's first committed checkpoint's. Each other one is named; a
+        history that cannot be read is no proof, and the checkpoint stays a candidate."""
+        hf = [m for m in manifests if m.extra["folder"].get("kind") == "transformers"]
+        if len(hf) < 2:
+            return manifests
+        origin = min(hf, key=lambda m: (m.created_unix, m.step))
+        first = self._history(origin)
+        if first is None:
+            return manifests
+        for manifest in hf:
+            if manifest is origin or manifest.step <= origin.step:
+                continue
+            history = self._history(manifest)
+            if history is None or _before(history, origin.step) == _before(first, origin.step):
+                continue
+            self.not_this_runs.add(manifest.name)
+            self._once(
+                f"other run:{manifest.name}",
+                f"{manifest.name} ({manifest.extra['folder']['path']}, step {manifest.step}) "
+                f"is not this run's: its trainer's history does not continue {origin.name} "
+                f"(step {origin.step}), the run's first (an earlier costguard uploaded it from "
+                "another run's folder); kept in the store, never put back",
+            )
+        return [m for m in manifests if m.name not in self.not_this_runs]
+
+    def _history(self, manifest: Manifest) -> list[Any] | None:
+        """The ``log_history`` of a Hugging Face checkpoint's ``trainer_state.json`` in the
+        store (verified against its manifest), or ``None`` when it cannot be read."""
+        files = _files_of(manifest)
+        for obj in manifest.objects:
+            if PurePosixPath(files.get(obj.name, "")).name != HF_MARK:
+                continue
+            if obj.size_bytes > MAX_STATE_BYTES:
+                return None
+            try:
+                data = self.store.get(manifest.object_path(obj), max_bytes=MAX_STATE_BYTES)
+            except CostguardError:
+                return None
+            if hashlib.sha256(data).hexdigest() != obj.sha256:
+                return None
+            try:
+                history = json.loads(data).get("log_history")
+            except (ValueError, AttributeError, RecursionError):
+                return None
+            return history if isinstance(history, list) else None
+        return None
+
+    def wrote_since(self, started_ns: int) -> bool:
+        """Whether the trainer has written a checkpoint of this run in the folder since
+        ``started_ns`` (a file of it as new; what costguard put back is not the trainer's)."""
+        for item in items_in(self.root):
+            if self.foreign.get(item.path) == item.files:
+                continue
+            if max((t for _, _, t in item.files), default=0) >= started_ns and not (
+                self.kept.get(item.path) == item.files and item.path in self._put_back_paths
+            ):
+                return True
+        return False
+
+    def fall_back(self, restored: list[Manifest], code: int) -> list[Manifest]:
+        """The script failed (``code``) before writing a checkpoint, right after
+        ``restored`` was put back: its loader may refuse them (corrupt, partial, of another
+        model). Move them aside (never deleted) and put back the complete checkpoint before
+        them; what was put back (empty: there is none, which is said)."""
+        top = restored[0]
+        self.say(
+            f"the script failed (exit {code}) before writing a checkpoint, right after "
+            f"costguard put back {top.extra['folder']['path']} (step {top.step}, {top.name}): "
+            "the trainer's loader may refuse it (corrupt, partial or of another model)"
+        )
+        for manifest in restored:
+            self.refused.add(manifest.name)
+            path = manifest.extra["folder"]["path"]
+            local = item_at(self.root, path)
+            self.kept.pop(path, None)
+            if local is not None:
+                self._set_aside(local, why="refused by the trainer's loader", under=REFUSED)
+        again = self.prepare()
+        if again:
+            self.say(
+                f"running the script again from {again[0].extra['folder']['path']} "
+                f"(step {again[0].step}, {again[0].name})"
+            )
+        else:
+            self.say(
+                "no complete checkpoint before it to fall back to; not starting from step 0 "
+                f"as if it were fine: fix or remove {top.name} (costguard checkpoint verify "
+                f"{self.store.url})"
+            )
+        return again
+
+    def judge_refused(
+        self, refused: list[Manifest], restored: list[Manifest], *, proven: bool
+    ) -> None:
+        """After the second try: when the trainer went on from the checkpoint before
+        (``proven``: it wrote one since), record in the store that it refused
+        ``refused`` (a later run, on any machine, puts back the one before them); else
+        say the failure was not theirs."""
+        top = refused[0]
+        if not proven:
+            before = f"from {restored[0].name}" if restored else ""
+            self.say(
+                f"the script failed again {before}: the failure is not {top.name}'s; it stays "
+                "the newest checkpoint in the store"
+            )
+            return
+        record = json.dumps({"refused_unix": time.time(), "by": "the trainer's loader"})
+        for manifest in refused:
+            try:
+                self.store.put(f"{manifest.name}/{REFUSED_FILE}", record.encode())
+            except CostguardError as exc:
+                self.say(f"could not record {manifest.name} as refused: {redact(exc.message)}")
+        self.say(
+            f"the trainer went on from {restored[0].name} (step {restored[0].step}): "
+            f"{top.name} (step {top.step}) is recorded as refused and kept, not put back again"
+        )
 
     def _name_unusable(
         self, manifests: list[Manifest], sizes: Mapping[str, int], usable: list[Manifest]
@@ -550,6 +725,7 @@ class FolderSync:
             restored = item_at(self.root, item)
             if restored is not None:
                 self.kept[item] = restored.files
+                self._put_back_paths.add(item)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -577,6 +753,7 @@ class FolderSync:
         """Watch the folder (before the script starts: no save is missed), then look at
         it in a thread of its own."""
         self._looked_elsewhere = time.monotonic()
+        self._stop.clear()  # a script run again (:meth:`fall_back`) is watched again
         self._observer = self._observe()
         self._thread = threading.Thread(target=self._loop, name="costguard-sync", daemon=True)
         self._thread.start()
@@ -678,6 +855,7 @@ class FolderSync:
             self._say_links(item)
             if item.path not in self.foreign or self.foreign[item.path] != item.files:
                 self.seen_any = True
+            self._say_behind(item)
             if not self._ready(item, now, finished=finished):
                 continue
             if killed_at is not None and not self._proven_at_kill(item, items, killed_at):
@@ -693,6 +871,29 @@ class FolderSync:
             if manifest is not None:
                 done.append(manifest)
         return done
+
+    def _say_behind(self, item: Item) -> None:
+        """A checkpoint the trainer wrote in this run at a step below the one put back: it
+        did not resume from it (its loader refused it and the script started over, or the
+        script does not resume), which is said once, never passed over in silence."""
+        if (
+            self.newest is None
+            or not item.marked
+            or item.step is None
+            or item.step >= self.newest.step
+            or self.foreign.get(item.path) == item.files
+            or self.kept.get(item.path) == item.files
+            or max((t for _, _, t in item.files), default=0) < self._started_ns
+        ):
+            return
+        self._once(
+            "behind",
+            f"warning: the trainer wrote {item.path} (step {item.step}) although "
+            f"{self.newest.path} (step {self.newest.step}) was put back: it did not resume "
+            "from it (its loader refused it, or the script does not resume: "
+            "resume_from_checkpoint, ckpt_path='last', load_state); checkpoints below step "
+            f"{self.newest.step} are not kept",
+        )
 
     def kind(self) -> str:
         """Which trainer writes the folder (of this run's newest checkpoint), or ""."""
@@ -861,12 +1062,14 @@ class FolderSync:
         try:
             survey = self._restorer.survey()
             # A step's items are one save (last.ckpt and its step file): keep whole steps.
-            committed = [c for c in survey.listings if c.name in survey.committed]
+            # Another run's checkpoints are neither counted nor deleted: kept as they are.
+            ours = survey.committed - self.not_this_runs
+            committed = [c for c in survey.listings if c.name in ours]
             steps = sorted({c.step for c in committed}, reverse=True)[: self.keep]
             keep = max(1, sum(c.step in steps for c in committed))
             for deletion in plan_retention(
                 survey.listings,
-                survey.committed,
+                ours,
                 keep,
                 corrupt=survey.corrupt,
                 protect=(protect,),

@@ -31,7 +31,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -66,8 +66,12 @@ PAYLOAD = "state.pt"
 SURVEY_MANIFESTS = 64
 #: The most manifest text a Restorer keeps parsed between surveys (oldest dropped first).
 CACHED_MANIFEST_BYTES = 4 * 2**20
-#: A restore tries at most this many checkpoints that do not load before it gives up.
+#: An export tries at most this many checkpoints that do not load before it gives up.
 MAX_RESTORE_TRIES = 8
+#: A restore tries every checkpoint its survey read (at most ``SURVEY_MANIFESTS``): a
+#: forger's newer checkpoints that verify but do not load cost a few reads each, and
+#: cannot hide a valid older one behind a smaller budget.
+RESTORE_TRIES = SURVEY_MANIFESTS
 
 
 @dataclass
@@ -119,6 +123,12 @@ class Skipped:
     step: int
     why: str
     kept: bool
+
+
+class MisfitError(UnreadableError):
+    """A checkpoint that verifies and loads, but whose state the objects given to restore
+    cannot take (another model's, or not a state at all): skipped and kept, never proof
+    of corruption."""
 
 
 class NoUsableCheckpointError(CostguardError):
@@ -364,28 +374,38 @@ class Restorer:
                 msg = f"{PAYLOAD} cannot be loaded: {type(exc).__name__}: {str(exc)[:200]}"
                 raise UnreadableError(msg) from exc
 
-    def choose(self) -> tuple[tuple[Manifest, Any] | None, list[Skipped]]:
-        """The newest checkpoint that verifies and loads, with its state (or ``None``), and
-        every checkpoint that could not be used (see :func:`fallback`).
+    def choose(
+        self, fits: Callable[[Manifest, Any], None] | None = None
+    ) -> tuple[tuple[Manifest, Any] | None, list[Skipped]]:
+        """The newest checkpoint that verifies, loads and (``fits``) is taken by the live
+        objects, with its state (or ``None``), and every checkpoint that could not be used
+        (see :func:`fallback`).
 
         A corrupt one is recorded (:meth:`condemn`) and the previous one tried; one that
-        could not be read now is skipped and kept.
+        could not be read now, or that ``fits`` refuses (:class:`MisfitError`: a state
+        these objects cannot take, as anyone who can write the store may leave), is
+        skipped and kept.
         """
         survey = self.survey()
         skipped = survey.skipped()
         chosen: tuple[Manifest, Any] | None = None
         for tries, manifest in enumerate(restore_order(survey.manifests, survey.sizes)):
-            if tries == MAX_RESTORE_TRIES:
+            if tries == RESTORE_TRIES:
                 logger.warning(
                     "costguard: %d checkpoints in a row did not load; older ones are not tried",
                     tries,
                 )
                 break
             try:
-                chosen = manifest, self.load(manifest)
+                state = self.load(manifest)
+                if fits is not None:
+                    fits(manifest, state)
+                chosen = manifest, state
                 break
             except ManifestError as exc:
                 skipped.append(Skipped(manifest.name, manifest.step, exc.message, kept=False))
+            except UnreadableError as exc:
+                skipped.append(Skipped(manifest.name, manifest.step, exc.message, kept=True))
             except Exception as exc:
                 why = f"{type(exc).__name__}: {redact(str(exc))[:300]}"
                 skipped.append(Skipped(manifest.name, manifest.step, why, kept=True))
@@ -393,16 +413,23 @@ class Restorer:
         return chosen, skipped
 
 
-#: Reads shorter than this show no progress bar: they are over before one would help.
+#: Reads and writes shorter than this show no progress bar: they are over before one
+#: would help.
 PROGRESS_MIN_BYTES = 64 * 2**20
+
+
+def stderr_is_terminal() -> bool:
+    """Whether stderr is an interactive terminal (not a log file, a pipe, a batch job's
+    output or a notebook's)."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
 
 
 @contextmanager
 def terminal_progress(description: str, size: int) -> Iterator[Progress | None]:
-    """A progress bar on stderr for a long read, only when stderr is a terminal (never in
-    a log file, a pipe or a batch job's output)."""
-    isatty = getattr(sys.stderr, "isatty", None)
-    if size < PROGRESS_MIN_BYTES or not (isatty and isatty()):
+    """A progress bar on stderr for a long read or write, only when stderr is a terminal
+    (:func:`stderr_is_terminal`) and ``size`` is at least :data:`PROGRESS_MIN_BYTES`."""
+    if size < PROGRESS_MIN_BYTES or not stderr_is_terminal():
         yield None
         return
     from rich.console import Console

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,14 @@ from costguard.checkpoint.manifest import (
     plan_retention,
     pool_object,
 )
-from costguard.checkpoint.restoring import PAYLOAD, Restorer
-from costguard.checkpoint.store import Store
+from costguard.checkpoint.restoring import (
+    PAYLOAD,
+    Restorer,
+    stderr_is_terminal,
+    terminal_progress,
+)
+from costguard.checkpoint.store import Progress, Store
+from costguard.checkpoint.uploads import Upload
 from costguard.errors import CostguardError
 from costguard.logs import get_logger
 from costguard.secrets import redact
@@ -64,6 +71,21 @@ class SaveResult:
     #: Bytes written to the store by this save (less than ``size_bytes`` when it refers
     #: to pool objects an earlier save stored: an incremental save).
     uploaded_bytes: int = 0
+
+
+#: How often a thread waiting for a save redraws its progress line.
+PROGRESS_TICK_S = 0.2
+
+
+@dataclass
+class Writing:
+    """The payload being written, as a thread that waits for it shows it: the save's
+    step, about the bytes it writes, and its upload once it has started (its bytes
+    stored so far)."""
+
+    step: int
+    expected: int
+    upload: Upload | None = None
 
 
 class Saver:
@@ -100,6 +122,8 @@ class Saver:
         self.results: list[SaveResult] = []
         #: Steps done in the newest durable save of this process.
         self.saved_steps_done: int | None = None
+        #: The payload being written now, if any (:meth:`result` shows its progress).
+        self.writing: Writing | None = None
 
     @property
     def durable_saves(self) -> int:
@@ -114,7 +138,37 @@ class Saver:
     def wait(self) -> None:
         """Wait for the save in flight (if any)."""
         if self._inflight is not None:
-            self._inflight.result()
+            self.result(self._inflight)
+
+    def result(self, future: Future[Any], timeout_s: float | None = None) -> Any:
+        """``future.result(timeout_s)``, for a thread that waits for a save: on a terminal,
+        with a progress line on stderr while a big payload's upload runs (the bytes the
+        store holds, out of about its size: :func:`terminal_progress`), so that the wait
+        for a long save to S3 is not silent. Never in a log, a pipe or a notebook."""
+        if not stderr_is_terminal():
+            return future.result(timeout=timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with ExitStack() as shown:
+            bar: Progress | None = None
+            drawn: Writing | None = None
+            while True:
+                tick = PROGRESS_TICK_S
+                if deadline is not None:
+                    tick = max(0.0, min(tick, deadline - time.monotonic()))
+                try:
+                    return future.result(timeout=tick)
+                except FutureTimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
+                writing = self.writing
+                if writing is None or writing.upload is None:
+                    continue
+                if drawn is None:
+                    drawn = writing
+                    description = f"saving step {writing.step}"
+                    bar = shown.enter_context(terminal_progress(description, writing.expected))
+                if bar is not None and writing is drawn:
+                    bar(writing.upload.stored, writing.expected)
 
     def snapshot(
         self, state: Any, trainable: set[int] | None = None, *, hurry: bool = False
@@ -218,9 +272,13 @@ class Saver:
         try:
             snapshot.released.clear()
             pooled = self.pool.store_objects(snapshot)
-            size, digest = self._write_payload(
-                snapshot.state, f"{name}/{PAYLOAD}", hash_aside=snapshot.hurry
-            )
+            self.writing = Writing(steps_done, state_mod.saved_bytes(snapshot.state))
+            try:
+                size, digest = self._write_payload(
+                    snapshot.state, f"{name}/{PAYLOAD}", hash_aside=snapshot.hurry
+                )
+            finally:
+                self.writing = None
             uploaded = size + snapshot.uploaded_bytes
             snapshot.state = None  # the CPU buffers stay with the copier for the next save
             manifest = Manifest(
@@ -289,9 +347,13 @@ class Saver:
         the bulk copies, and uploaded a block at a time with the store's retries.
         """
         if self.store.is_s3 or self.store.is_local:
-            return self.store.write_stream(
-                path, lambda file: state_mod.torch_save(snapshot, file), hash_aside=hash_aside
-            )
+
+            def produce(file: Upload) -> None:
+                if self.writing is not None:
+                    self.writing.upload = file
+                state_mod.torch_save(snapshot, file)
+
+            return self.store.write_stream(path, produce, hash_aside=hash_aside)
         data = state_mod.serialise(snapshot)
         return len(data), self.store.put_hashed(path, data)
 
@@ -371,9 +433,10 @@ class Saver:
         if inflight is None:
             return self.results[-1] if self.results else None
         try:
-            return inflight.result(timeout=timeout_s)
+            result: SaveResult = self.result(inflight, timeout_s)
         except FutureTimeoutError:
             return None
+        return result
 
     def shutdown(self, *, wait: bool) -> None:
         """Release the thread (after the save in flight, with ``wait``)."""

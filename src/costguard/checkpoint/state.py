@@ -315,14 +315,16 @@ class _Sink(io.RawIOBase):
         return memoryview(self._buffer)[: self._size]
 
 
-def _tensor_bytes(value: Any) -> int:
+def saved_bytes(value: Any) -> int:
+    """About the bytes ``torch.save`` writes for ``value`` (a little more: each tensor's
+    whole storage and its record, 64 bytes for anything else)."""
     torch = _torch()
     if isinstance(value, torch.Tensor):
         return int(value.untyped_storage().nbytes()) + 4096
     if isinstance(value, Mapping):
-        return sum(_tensor_bytes(v) for v in value.values())
+        return sum(saved_bytes(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return sum(_tensor_bytes(v) for v in value)
+        return sum(saved_bytes(v) for v in value)
     return 64
 
 
@@ -357,7 +359,7 @@ def serialise(state: Any) -> memoryview:
     :class:`_Sink`), so training in the main thread keeps its pace.
     """
     torch = _torch()
-    sink = _Sink(_tensor_bytes(state) + (1 << 20))
+    sink = _Sink(saved_bytes(state) + (1 << 20))
     with _without_zip_crc32():
         torch.save(state, sink)
     return sink.view()

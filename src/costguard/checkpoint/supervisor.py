@@ -569,143 +569,168 @@ def supervise(
             say=say,
             workdir=Path.cwd(),
         )
-        syncer.prepare()
 
-    relay_signals = signal_mode == "relay" or (signal_mode == "auto" and is_launcher(command))
-    relay_dir = tempfile.mkdtemp(prefix="costguard-run-")
-    notice_file = Path(relay_dir, "notices.jsonl")
-    preempted_file = Path(relay_dir, "preempted.json")
-    events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet, say=say, store=store)
-    read_fd, write_fd = os.pipe()
-    from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS
+    def attempt() -> tuple[int, Events, bool, bool]:
+        """Run the script once: its code as reported, its events, whether a second
+        Ctrl-C stopped it, whether a notice was passed on to it."""
+        relay_signals = signal_mode == "relay" or (signal_mode == "auto" and is_launcher(command))
+        relay_dir = tempfile.mkdtemp(prefix="costguard-run-")
+        notice_file = Path(relay_dir, "notices.jsonl")
+        preempted_file = Path(relay_dir, "preempted.json")
+        events = Events(Path(relay_dir, "events.jsonl"), quiet=quiet, say=say, store=store)
+        read_fd, write_fd = os.pipe()
+        from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS
 
-    base = dict(os.environ)
-    for name, value in ((ENV_TOTAL_STEPS, total_steps), (ENV_PILOT_STEPS, pilot_steps)):
-        base.pop(name, None)  # an outer costguard run's are not ours
-        if value is not None:
-            base[name] = str(value)
-    env = child_environment(
-        base,
-        url=url,
-        every_steps=every_steps,
-        every_minutes=every_minutes,
-        keep=keep,
-        notice_fd=read_fd,
-        relay_dir=relay_dir,
-        run_pid=os.getpid(),
-        start_fresh=start_fresh,
-    )
-    try:
-        # Its own process group: a terminal's Ctrl-C reaches the child once, through us.
-        child = subprocess.Popen(list(command), env=env, pass_fds=(read_fd,), process_group=0)
-    except OSError as exc:
-        os.close(read_fd)
-        os.close(write_fd)
-        shutil.rmtree(relay_dir, ignore_errors=True)
-        msg = f"cannot start {command[0]!r}: {exc.strerror or exc}"
-        raise InputError(msg, hint="check the command after --") from None
-    os.close(read_fd)
-    # Registered for costguard agent at once: the script may look for its job first thing.
-    registration = contextlib.ExitStack()
-    registration.enter_context(_registered(child.pid))
-
-    #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
-    #: the clock's time and the wall clock's (a checkpoint's files carry that one).
-    noticed: list[tuple[float, int]] = []
-    said_ignored: list[bool] = []
-    saves_at_notice: list[int] = []
-
-    def passed_on() -> None:
-        """A notice reached the script: a second one while the script has saved nothing
-        since the first (no Checkpointer save, no checkpoint written in the sync dir)
-        says it ignores them, with the fix."""
-        now = time.monotonic()
-        if noticed and not said_ignored:
-            acted = events.saves > saves_at_notice[0] or (
-                syncer is not None and syncer.written_ns() > noticed[0][1]
-            )
-            if not acted:
-                said_ignored.append(True)
-                kind = syncer.kind() if syncer is not None else ""
-                say(ignored_line(kind, now - noticed[0][0]))
-        if not noticed:
-            saves_at_notice.append(events.saves)
-        noticed.append((now, time.time_ns()))
-
-    def relay_notice(notice: Any) -> None:
-        passed_on()
-        # The child may have exited or closed the pipe; the notice then has no reader.
-        with contextlib.suppress(OSError):
-            relay(write_fd, notice)
-        with contextlib.suppress(OSError):
-            append_notice(notice_file, notice)
-
-    relayed: set[int] = set()
-    interrupted: list[bool] = []
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT:
-            # Ctrl-C: the first asks the script to save and stop (exit 75); the second
-            # stops everything at once. The script never sees a KeyboardInterrupt.
-            if signum not in relayed:
-                relayed.add(signum)
-                say("Ctrl-C: asking the script to save and stop (Ctrl-C again stops it now)")
-                relay_notice(Notice("signal", "signal", None, "SIGINT"))
-            else:
-                interrupted.append(True)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(child.pid, signal.SIGKILL)
-            return
-        if relay_signals and signum in NOTICE_SIGNALS and signum not in relayed:
-            relayed.add(signum)
-            name = signal.Signals(signum).name
-            relay_notice(Notice("signal", "signal", None, name))
-            return
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-            if signum in NOTICE_SIGNALS:
-                passed_on()
-
-    previous: dict[int, Callable[..., Any] | int | None] = {}
-    for sig in FORWARDED:
-        previous[sig] = signal.signal(sig, forward)
-    watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
-    events.start()
-    stop_watch = StopWatch.under_launch(store, dict(os.environ), relay_notice, say)
-    if syncer is not None:
-        syncer.start()
-    try:
-        returncode = wait_answering_signals(child)
-    finally:
-        registration.close()
-        if stop_watch is not None:
-            stop_watch.stop()
-        events.stop()
-        if syncer is not None:
-            syncer.finish(clean=child.returncode in (0, EXIT_PREEMPTED))
-        if watcher is not None:
-            watcher.stop()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        os.close(write_fd)
-        preempted = preempted_file.exists()
-        shutil.rmtree(relay_dir, ignore_errors=True)
-    code = exit_code(returncode)
-    if interrupted:
-        code = 130  # the shell's code for Ctrl-C: what the ranks did before it is moot
-    elif code not in (0, EXIT_PREEMPTED) and preempted:
-        # torchrun reports its workers' 75 as a failure of its own (exit 1).
-        say(f"the command exited with {code} after its ranks saved on a notice; reporting 75")
-        code = EXIT_PREEMPTED
-    if code not in (0, EXIT_PREEMPTED) and not interrupted and events.finished():
-        # Done means done: gloo's teardown sometimes aborts a rank after the work is over.
-        say(
-            f"the command exited with {code} after every rank had closed with its final "
-            "checkpoint committed (a crash while shutting down); reporting 0"
+        base = dict(os.environ)
+        for name, value in ((ENV_TOTAL_STEPS, total_steps), (ENV_PILOT_STEPS, pilot_steps)):
+            base.pop(name, None)  # an outer costguard run's are not ours
+            if value is not None:
+                base[name] = str(value)
+        env = child_environment(
+            base,
+            url=url,
+            every_steps=every_steps,
+            every_minutes=every_minutes,
+            keep=keep,
+            notice_fd=read_fd,
+            relay_dir=relay_dir,
+            run_pid=os.getpid(),
+            start_fresh=start_fresh,
         )
-        code = 0
-    if noticed and not interrupted and (code == 0 or code > 128):
-        code = _after_notice(code, events, syncer, say)
+        try:
+            # Its own process group: a terminal's Ctrl-C reaches the child once, through us.
+            child = subprocess.Popen(list(command), env=env, pass_fds=(read_fd,), process_group=0)
+        except OSError as exc:
+            os.close(read_fd)
+            os.close(write_fd)
+            shutil.rmtree(relay_dir, ignore_errors=True)
+            msg = f"cannot start {command[0]!r}: {exc.strerror or exc}"
+            raise InputError(msg, hint="check the command after --") from None
+        os.close(read_fd)
+        # Registered for costguard agent at once: the script may look for its job first thing.
+        registration = contextlib.ExitStack()
+        registration.enter_context(_registered(child.pid))
+
+        #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
+        #: the clock's time and the wall clock's (a checkpoint's files carry that one).
+        noticed: list[tuple[float, int]] = []
+        said_ignored: list[bool] = []
+        saves_at_notice: list[int] = []
+
+        def passed_on() -> None:
+            """A notice reached the script: a second one while the script has saved nothing
+            since the first (no Checkpointer save, no checkpoint written in the sync dir)
+            says it ignores them, with the fix."""
+            now = time.monotonic()
+            if noticed and not said_ignored:
+                acted = events.saves > saves_at_notice[0] or (
+                    syncer is not None and syncer.written_ns() > noticed[0][1]
+                )
+                if not acted:
+                    said_ignored.append(True)
+                    kind = syncer.kind() if syncer is not None else ""
+                    say(ignored_line(kind, now - noticed[0][0]))
+            if not noticed:
+                saves_at_notice.append(events.saves)
+            noticed.append((now, time.time_ns()))
+
+        def relay_notice(notice: Any) -> None:
+            passed_on()
+            # The child may have exited or closed the pipe; the notice then has no reader.
+            with contextlib.suppress(OSError):
+                relay(write_fd, notice)
+            with contextlib.suppress(OSError):
+                append_notice(notice_file, notice)
+
+        relayed: set[int] = set()
+        interrupted: list[bool] = []
+
+        def forward(signum: int, frame: FrameType | None) -> None:
+            if signum == signal.SIGINT:
+                # Ctrl-C: the first asks the script to save and stop (exit 75); the second
+                # stops everything at once. The script never sees a KeyboardInterrupt.
+                if signum not in relayed:
+                    relayed.add(signum)
+                    say("Ctrl-C: asking the script to save and stop (Ctrl-C again stops it now)")
+                    relay_notice(Notice("signal", "signal", None, "SIGINT"))
+                else:
+                    interrupted.append(True)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                return
+            if relay_signals and signum in NOTICE_SIGNALS and signum not in relayed:
+                relayed.add(signum)
+                name = signal.Signals(signum).name
+                relay_notice(Notice("signal", "signal", None, name))
+                return
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signum)
+                if signum in NOTICE_SIGNALS:
+                    passed_on()
+
+        previous: dict[int, Callable[..., Any] | int | None] = {}
+        for sig in FORWARDED:
+            previous[sig] = signal.signal(sig, forward)
+        watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
+        events.start()
+        stop_watch = StopWatch.under_launch(store, dict(os.environ), relay_notice, say)
+        if syncer is not None:
+            syncer.start()
+        try:
+            returncode = wait_answering_signals(child)
+        finally:
+            registration.close()
+            if stop_watch is not None:
+                stop_watch.stop()
+            events.stop()
+            if syncer is not None:
+                syncer.finish(clean=child.returncode in (0, EXIT_PREEMPTED))
+            if watcher is not None:
+                watcher.stop()
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            os.close(write_fd)
+            preempted = preempted_file.exists()
+            shutil.rmtree(relay_dir, ignore_errors=True)
+        code = exit_code(returncode)
+        if interrupted:
+            code = 130  # the shell's code for Ctrl-C: what the ranks did before it is moot
+        elif code not in (0, EXIT_PREEMPTED) and preempted:
+            # torchrun reports its workers' 75 as a failure of its own (exit 1).
+            say(f"the command exited with {code} after its ranks saved on a notice; reporting 75")
+            code = EXIT_PREEMPTED
+        if code not in (0, EXIT_PREEMPTED) and not interrupted and events.finished():
+            # Done means done: gloo's teardown sometimes aborts a rank after the work is over.
+            say(
+                f"the command exited with {code} after every rank had closed with its final "
+                "checkpoint committed (a crash while shutting down); reporting 0"
+            )
+            code = 0
+        if noticed and not interrupted and (code == 0 or code > 128):
+            code = _after_notice(code, events, syncer, say)
+        return code, events, bool(interrupted), bool(noticed)
+
+    restored = syncer.prepare() if syncer is not None else []
+    refused_by_trainer: list[Any] = []
+    while True:
+        script_started_ns = time.time_ns()
+        code, events, interrupted, noticed = attempt()
+        if syncer is None or not restored or refused_by_trainer:
+            if refused_by_trainer and syncer is not None:
+                syncer.judge_refused(
+                    refused_by_trainer, restored, proven=syncer.wrote_since(script_started_ns)
+                )
+            break
+        if code in (0, EXIT_PREEMPTED) or interrupted or noticed:
+            break
+        if syncer.wrote_since(script_started_ns):
+            break
+        # It failed before writing a checkpoint of its own, right after costguard put one
+        # back: the trainer's loader may refuse it. Run it once more from the one before.
+        refused_by_trainer = restored
+        restored = syncer.fall_back(restored, code)
+        if not restored:
+            break
     refused = events.refused if code != 0 and not interrupted else None
     if refused is not None:
         code = EXIT_BAD_INPUT
@@ -722,9 +747,10 @@ def supervise(
 
 
 def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:
-    """Write this attempt's exit record (``job/attempt-N.exit.json``: its exit code and
-    latest checkpoint step) when it runs under ``costguard launch``, so the controller
-    tells "done" from "failed" from "preempted".
+    """Write this attempt's exit record (``job/attempt-N.exit.json``, a gang's node its own
+    ``job/attempt-N.node-K.exit.json``: the exit code and latest checkpoint step) when it
+    runs under ``costguard launch``, so the controller tells "done" from "failed" from
+    "preempted".
 
     Never raises: a record that cannot be written is logged, and the controller then
     treats the attempt as lost.
@@ -737,7 +763,7 @@ def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: An
     launched = contract.launched_attempt(env)
     if launched is None:
         return False
-    job_id, attempt = launched
+    job_id, attempt, node = launched
     try:
         store = Store.open(url, storage_options)
         try:
@@ -751,8 +777,9 @@ def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: An
             "finished_unix": time.time(),
             "host": socket.gethostname(),
             "job_id": job_id,
+            "node": node,
         }
-        contract.write(store, contract.exit_record_path(attempt), contract.EXIT, record)
+        contract.write(store, contract.exit_record_path(attempt, node), contract.EXIT, record)
     except CostguardError as exc:
         logger.warning("costguard: could not write the job's exit record: %s", exc.message)
         return False

@@ -121,6 +121,11 @@ class Upload:
     def _write(self, data: Any, *, held: bool) -> int:
         return self.buffer.write(data)
 
+    @property
+    def stored(self) -> int:
+        """Bytes in the store so far (here: in the buffer, or the local file)."""
+        return self.size
+
     def writable(self) -> bool:
         """A file-like object for ``torch.save``."""
         return True
@@ -260,6 +265,12 @@ class S3Upload(Upload):
         self._sent: list[concurrent.futures.Future[dict[str, Any]]] = []
         self._hasher = concurrent.futures.ThreadPoolExecutor(1, "costguard-sha256")
         self._hashed: list[concurrent.futures.Future[str]] = []
+        self._stored = 0
+
+    @property
+    def stored(self) -> int:
+        """Bytes S3 has accepted so far (the parts sent; the writes run ahead of them)."""
+        return self._stored
 
     def _write(self, data: Any, *, held: bool) -> int:
         view = memoryview(data).cast("B")
@@ -383,6 +394,8 @@ class S3Upload(Upload):
         answer = await self.store.with_retries_async(
             f"uploading part {number} of {self.path}", call
         )
+        with self._lock:
+            self._stored += len(body)
         return {"PartNumber": number, "ETag": answer["ETag"], "ChecksumCRC32": crc32}
 
     def finish(self) -> None:
@@ -394,6 +407,7 @@ class S3Upload(Upload):
             self.store.call(
                 f"writing {self.path}", lambda: self.store.fs.pipe_file(self.target, body)
             )
+            self._stored = len(body)
         else:
             if self._fill:
                 self._send_part()

@@ -128,6 +128,17 @@ class CostguardGroup(HelpGroup):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command. Ctrl-C ends it with one line, ``Aborted.`` (click's own answer
+        wrote an empty line before it, also into a log; only a terminal, where ``^C`` was
+        echoed, needs the line ended first)."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            end = "\n" if _is_terminal(sys.stderr) else ""
+            click.echo(f"{end}Aborted.", err=True)
+            raise Interrupted(EXIT_INTERRUPTED) from None
+
     def main(
         self,
         args: Sequence[str] | None = None,
@@ -320,6 +331,11 @@ def cli(ctx: click.Context, pricing_dir: Path | None, debug: bool | None) -> Non
       costguard estimate --gpu a10g --hours 8 --count 4
     """
     ctx.obj = Settings.load({"pricing_dir": pricing_dir, "debug": debug})
+
+
+def _is_terminal(stream: Any) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 class Interrupted(SystemExit):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.core import ParameterSource
 
 from costguard.cli import render
 from costguard.cli.params import (
@@ -45,6 +47,7 @@ from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.pricing.advisor import AdvisorFigures
     from costguard.pricing.interruptions import Interruptions
     from costguard.pricing.slurm import SlurmOption
@@ -265,9 +268,15 @@ Examples:
 @click.option(
     "--top",
     default=10,
-    show_default=True,
     type=whole_number("top"),
-    help="Show the N cheapest provider/regions (0: all).",
+    help="Show the N cheapest provider/regions (0: all) [default: 10, or as many as fit "
+    "the terminal's height].",
+)
+@click.option(
+    "--full",
+    is_flag=True,
+    help="On a terminal too, every place --top asks for, every assumption and every "
+    "answer, past the terminal's height (a terminal otherwise gets what fits it).",
 )
 @table_or_json("table for people, json or csv for scripts.", case_sensitive=False, csv=True)
 @click.option(
@@ -282,10 +291,16 @@ def estimate_command(settings: Settings, /, **options: Any) -> None:
     Works offline, from the fresher of the tables bundled with costguard and those
     `costguard pricing refresh` wrote, and says which. On-demand and spot are shown side
     by side for the cheapest instance in each provider and region, and every figure
-    says what it assumes. Prices older than 30 days (spot: 7) draw a warning.
+    says what it assumes. Prices older than 30 days (spot: 7) draw a warning. On a
+    terminal the answer fits its height: the assumptions are counted, not listed, and
+    fewer places are shown where that makes it fit; --full shows everything.
     """
+    top_given = (
+        click.get_current_context().get_parameter_source("top") is not ParameterSource.DEFAULT
+    )
+    fit = None if options["full"] else Fit(places=not top_given)
     show_quote(settings, question_from(options), options["output_format"].lower(),
-               stale_warning=not options["no_stale_warning"])  # fmt: skip
+               stale_warning=not options["no_stale_warning"], fit=fit)  # fmt: skip
 
 
 def question_from(options: dict[str, Any]) -> Question:
@@ -293,15 +308,45 @@ def question_from(options: dict[str, Any]) -> Question:
     return Question(**{f.name: options[f.name] for f in dataclasses.fields(Question)})
 
 
+@dataclass(frozen=True)
+class Fit:
+    """Fit a terminal's height: the assumptions counted, not listed, and (with ``places``)
+    fewer places shown, down to :data:`FEWEST_PLACES`, where that makes the answer fit."""
+
+    places: bool = True
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the tables show: the ``top`` cheapest places (0: all), and the assumptions and
+    the answers past the cheapest listed (``full``) or counted on one line."""
+
+    top: int
+    full: bool = True
+
+
+#: The fewest places a table is cut to, to fit a terminal's height.
+FEWEST_PLACES = 1
+
+
 def show_quote(
-    settings: Settings, question: Question, output_format: str, *, stale_warning: bool = True
+    settings: Settings,
+    question: Question,
+    output_format: str,
+    *,
+    stale_warning: bool = True,
+    pace: Pace | None = None,
+    fit: Fit | None = None,
 ) -> None:
-    """Price ``question`` (:func:`~costguard.pricing.quote.quote`) and print the answer as
-    ``costguard estimate`` prints it; raise its budget error after the figures."""
+    """Price ``question`` (:func:`~costguard.pricing.quote.quote`, at ``pace`` when the
+    caller has read and checked the run's record) and print the answer as ``costguard
+    estimate`` prints it; raise its budget error after the figures. With ``fit``, a table
+    on a terminal fits its height (:func:`fitting_layout`)."""
     catalog = load_tables(
         settings.pricing_dir, settings.pricing_cache_dir, parsed=settings.parsed_tables
     )
-    answer = quote(question, catalog)
+    answer = quote(question, catalog, pace=pace)
+    warn = stale_warning and settings.stale_warning
     if output_format == "json":
         render.print_json(answer.document())
     elif output_format == "csv":
@@ -310,30 +355,74 @@ def show_quote(
         notes = [*result.notes, *result.assumptions, *answer.extra_assumptions()]
         render.print_notes(notes, err=True)
     else:
-        print_tables(answer)
-    stale = answer.stale_warning()
-    if stale is not None and settings.stale_warning and stale_warning:
-        render.print_prose(
-            f"{stale}: `costguard pricing refresh` updates them (--no-stale-warning hides this)",
-            first="Warning: ",
-            indent="  ",
-            err=True,
-        )
+        layout = None if fit is None else fitting_layout(answer, fit, warn=warn)
+        if layout is not None:
+            answer = answer.showing(layout.top)
+        print_tables(answer, layout)
+    for line in warning_lines(answer, render.console(stderr=True)) if warn else []:
+        click.echo(line, err=True)
     error = answer.budget_error()
     if error is not None:
         raise error
 
 
-def print_tables(answer: Quote) -> None:
+def warning_lines(answer: Quote, con: Any) -> list[str]:
+    """The lines of the warning that the prices shown are old, on ``con`` (stderr's)."""
+    stale = answer.stale_warning()
+    if stale is None:
+        return []
+    warning = f"{stale}: `costguard pricing refresh` updates them (--no-stale-warning hides this)"
+    return render.prose_lines(warning, first="Warning: ", indent="  ", con=con)
+
+
+def fitting_layout(answer: Quote, fit: Fit, *, warn: bool) -> Layout | None:
+    """The layout in which the answer, and the stale-price warning after it (``warn``; on
+    stderr, where that is the same screen), fit the terminal stdout is with a line to
+    spare for the prompt: everything if it fits; else the assumptions and the answers
+    past the cheapest counted, and (``fit.places``) as many places as fit, at least
+    :data:`FEWEST_PLACES` (where even that does not fit, the places asked for). ``None``
+    (everything) where stdout is no terminal."""
+    height = render.terminal_height()
+    if height is None:
+        return None
+    stderr = render.console(stderr=True)
+    top = answer.question.top
+    candidates = [Layout(top), Layout(top, full=False)]
+    if fit.places:
+        places = len({(o.provider, o.region) for o in answer.estimate.options})
+        most = min(top or places, places)
+        candidates += [Layout(n, full=False) for n in range(most - 1, FEWEST_PLACES - 1, -1)]
+    for layout in candidates:
+        shown = answer.showing(layout.top)
+        lines = render.lines_printed(lambda: print_tables(shown, layout))  # noqa: B023
+        if warn and stderr.is_terminal:
+            lines += len(warning_lines(shown, stderr))
+        if lines < height:
+            return layout
+    return candidates[1]  # fewer places would not make it fit: the places asked for
+
+
+def print_tables(answer: Quote, layout: Layout | None = None) -> None:
     """One table per GPU asked for, the assumptions once at the end, then the answers
-    and the preemption advice."""
+    and the preemption advice; in ``layout`` (default: all of it; the places shown are
+    the answer's, :meth:`Quote.showing` ``layout.top``)."""
+    layout = layout or Layout(answer.question.top)
     said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
     last = answer.estimates[-1]
     for one in answer.estimates:
         fresh = one._replace(notes=tuple(n for n in one.notes if n not in said))
         said.update(one.notes)
         print_table(answer, fresh, answer.shown_of(one), last=one is last)
-    print_answers(answer.estimate, answer.shown, answer.catalog, answer.budget)
+    assumptions = [
+        "total = compute + storage + egress",
+        *last.assumptions,
+        *answer.extra_assumptions(answer.shown_of(last)),
+    ]
+    if layout.full:
+        render.print_notes(assumptions, heading="Assumptions:")
+    left_out = print_answers(
+        answer.estimate, answer.shown, answer.catalog, answer.budget, full=layout.full
+    )
     if answer.spot is not None:
         from costguard.pricing.interruptions import advice_lines as spot_advice
 
@@ -342,22 +431,33 @@ def print_tables(answer: Quote) -> None:
         from costguard.pricing.advisor import advice_lines
 
         render.print_notes(advice_lines(answer.advisor, answer.shown), heading="Preemptions:")
+    if not layout.full:
+        more = f" and {left_out} more answer{'s' * (left_out > 1)}" if left_out else ""
+        render.print_prose(
+            f"({len(assumptions)} assumptions{more} not shown to fit: --full shows them)"
+        )
 
 
 def print_answers(
-    result: Estimate, shown: Sequence[CostOption], catalog: Catalog, budget: Decimal | None
-) -> None:
+    result: Estimate,
+    shown: Sequence[CostOption],
+    catalog: Catalog,
+    budget: Decimal | None,
+    *,
+    full: bool = True,
+) -> int:
     """The lines under the table(s): the cheapest option, why a spot pick is bigger (where
-    the tables show one), and with --budget, whether each option fits and how many hours
-    the budget buys."""
+    the tables show one; not ``full``: counted, not said), and with --budget, whether each
+    option fits and how many hours the budget buys. Returns how many were not said."""
     lines = [line for line in (cheapest_line(result.options),) if line]
-    lines += spot_size_notes(shown, catalog)
-    render.print_notes(lines, heading="Answers:")
+    sizes = spot_size_notes(shown, catalog)
+    render.print_notes(lines + sizes if full else lines, heading="Answers:")
     if budget is not None:
         render.print_notes(
             budget_lines(result.options, budget, result.request.hours),
             heading=f"Budget {format_usd(budget)}:",
         )
+    return 0 if full else len(sizes)
 
 
 def print_table(
@@ -371,7 +471,7 @@ def print_table(
     A narrow terminal loses the compute, storage and egress columns (the total keeps
     them), never a price, a total, an instance or a region. Under the ``last`` GPU's
     table: a SLURM allocation gets its own table, and a line that sets it against the
-    cheapest cloud option; then the assumptions.
+    cheapest cloud option.
     """
     catalog = answer.catalog
     spot, advisor, measured = answer.spot, answer.advisor, answer.measured
@@ -453,16 +553,6 @@ def print_table(
         print_slurm_table(slurm)
         notes.append(slurm_comparison(slurm, result.cheapest))
     render.print_notes(notes, heading="Notes:")
-    if not last:
-        return
-    render.print_notes(
-        [
-            "total = compute + storage + egress",
-            *result.assumptions,
-            *answer.extra_assumptions(shown),
-        ],
-        heading="Assumptions:",
-    )
 
 
 def spot_cells(

@@ -1,8 +1,9 @@
 """The job's own output while ``costguard launch --provider local`` supervises it.
 
-A local attempt writes its output to ``<state dir>/<job id>/attempt-N.log``. The follower
-names each log as it appears and, unless ``--quiet``, prints its lines as they come,
-prefixed with the attempt number, on stderr (stdout stays the report, e.g. JSON). It reads
+A local attempt writes its output to ``<state dir>/<job id>/attempt-N.log`` (each node of a
+gang to ``attempt-N.node-R.log``). The follower names each log as it appears and, unless
+``--quiet``, prints its lines as they come, prefixed with the attempt number (``[N]``; a
+gang's node ``[N.R]``), on stderr (stdout stays the report, e.g. JSON). It reads
 from a thread that polls the folder; the last lines are read when it stops.
 """
 
@@ -17,7 +18,7 @@ import click
 
 from costguard.cli import render, wrap_words
 
-_ATTEMPT = re.compile(r"attempt-([0-9]+)\.log")
+_ATTEMPT = re.compile(r"attempt-([0-9]+)(?:\.node-([0-9]+))?\.log")
 POLL_S = 0.2
 MAX_LINE = 4000  # a line longer than this is printed in pieces, never held back whole
 
@@ -55,21 +56,28 @@ class Follower:
         while not self._stop.wait(self.poll_s):
             self.drain()
 
-    def _logs(self) -> list[tuple[int, Path]]:
+    def _logs(self) -> list[tuple[tuple[int, int], str, Path]]:
+        """Each log: its (attempt, node) order, what it is called, its path."""
         try:
             found = [(m, p) for p in self.folder.iterdir() if (m := _ATTEMPT.fullmatch(p.name))]
         except OSError:
             return []
-        return sorted((int(m.group(1)), p) for m, p in found)
+        logs = []
+        for match, path in found:
+            attempt, node = int(match.group(1)), match.group(2)
+            name = str(attempt) if node is None else f"{attempt}.{int(node)}"
+            logs.append(((attempt, -1 if node is None else int(node)), name, path))
+        return sorted(logs)
 
     def drain(self, *, final: bool = False) -> None:
         """Print what was written since the last call (all of it when ``final``)."""
-        for number, path in self._logs():
+        for _, number, path in self._logs():
             if path not in self._offsets:
                 self._offsets[path] = 0
                 # The path on a line of its own: it stays whole, to copy; under the home
                 # folder as ~/... (a shell expands it), which fits 80 columns.
-                self._echo(f"costguard: attempt {number} writes its output to\n  {_short(path)}")
+                who = number.replace(".", " node ", 1)
+                self._echo(f"costguard: attempt {who} writes its output to\n  {_short(path)}")
             try:
                 with path.open("rb") as stream:
                     stream.seek(self._offsets[path])
@@ -90,8 +98,9 @@ class Follower:
                     text = line.decode("utf-8", errors="replace").rstrip("\r")
                     self._show(number, text, width)
 
-    def _show(self, number: int, text: str, width: int | None) -> None:
-        """A line of attempt ``number``'s log, after ``  [N] ``. The lines costguard's
+    def _show(self, number: str, text: str, width: int | None) -> None:
+        """A line of attempt ``number``'s log (``N``, or ``N.R`` for node R), after
+        ``  [N] ``. The lines costguard's
         own ``run`` wrote there (``costguard: ...``, one each: the log is no terminal) are
         wrapped at a terminal's ``width`` under their text; the script's own are as it
         wrote them."""

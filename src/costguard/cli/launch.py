@@ -28,6 +28,7 @@ from costguard.cli.params import (
     table_or_json,
 )
 from costguard.errors import CostguardError, InputError
+from costguard.gang import MAX_NODES
 from costguard.providers import providers
 from costguard.settings import Settings
 from costguard.text import visible
@@ -57,6 +58,9 @@ Examples:
   costguard launch --gpu a10g --checkpoint s3://my-bucket/pilot \\
       --pilot-steps 200 --total-steps 20000 \\
       --option image=ami-0123456789abcdef0 -- python train.py
+  # two nodes of 2 processes each, on this machine (one is preempted):
+  costguard launch --provider local --gpu t4 --checkpoint ckpt/ --nodes 2 \\
+      --procs-per-node 2 --preempt-at 60 --yes -- train.py --epochs 3
   costguard launch --attach s3://my-bucket/run1  # a new controller takes over
   costguard jobs status s3://my-bucket/run1 --format json
 
@@ -193,6 +197,19 @@ def _echo(message: str) -> None:
     type=Text(),
     multiple=True,
     help="Provider setting KEY=VALUE (image, instance_profile, subnet, project, ...).",
+)
+@click.option(
+    "--nodes",
+    type=WholeNumber(1, MAX_NODES),
+    help="A multi-node gang: this many instances started together (all or none), each "
+    "running one torchrun (c10d rendezvous at node 0) under costguard run; a notice to any "
+    "node saves all of them, and the whole gang is relaunched. COMMAND is what torchrun "
+    "runs (train.py ARGS), as with costguard slurm script --nodes.",
+)
+@click.option(
+    "--procs-per-node",
+    type=WholeNumber(1, 1024),
+    help="With --nodes: processes each node's torchrun starts (default: one per GPU).",
 )
 @click.option(
     "--array",
@@ -430,20 +447,22 @@ def _attach_plan(job: Job, offers: Sequence[Offer]) -> list[str]:
     """The plan of an attach, in lines: the job's command, where its attempt runs or the
     next would, and the price."""
     from costguard.shell import command
+    from costguard.spot.controller import instances_label
 
     spec = job.spec
     current = job.current
+    gang = f"{spec.nodes} nodes of " if spec.nodes > 1 else ""
     lines = [
         f"Attach to job {spec.job_id} (owner {spec.owner or 'unknown'}, {spec.provider}, "
-        f"{spec.gpu_count} x {spec.gpu}):",
+        f"{gang}{spec.gpu_count} x {spec.gpu}):",
         f"  command: {command(*spec.command)}",
     ]
     if current is not None:
-        where = current.handle.instance_id if current.handle else "not confirmed"
+        where = instances_label(current) if current.handle else "not confirmed"
         lines.append(
             f"  attempt {current.number} runs: {current.offer.instance_type} "
             f"{current.offer.market.value} in {current.offer.place} ({where}) at "
-            f"${current.offer.usd_per_hour}/h"
+            f"${current.usd_per_hour}/h"
         )
     elif offers:
         cheapest = min(offers, key=lambda o: o.usd_per_hour)
@@ -487,6 +506,9 @@ def _request(options: Mapping[str, Any]) -> LaunchRequest:
         total_steps=options["total_steps"],
         stop_at_projection=options["stop_at_projection"],
         pilot_steps=options["pilot_steps"],
+        nodes=options["nodes"] or 1,
+        procs_per_node=options["procs_per_node"],
+        array=options["array"],
     )
 
 

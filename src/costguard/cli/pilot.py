@@ -163,7 +163,9 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
         regions=options["regions"],
         spot=options["spot"],
     )
-    show_quote(settings, question, options["output_format"].lower())
+    # Priced at the record just checked: the store is not read again, so a record written
+    # there since (by anyone who can write the bucket) is never what the quote shows.
+    show_quote(settings, question, options["output_format"].lower(), pace=pace)
 
 
 def nvidia_gpu_visible(environ: Mapping[str, str], dev: Path = Path("/dev")) -> bool:

@@ -10,10 +10,11 @@ start a line of their own.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from decimal import Decimal
 from typing import IO, Any, Literal, NamedTuple
 
@@ -228,17 +229,40 @@ def print_prose(
     ``first`` starts the first line (default: ``indent``), ``indent`` the lines it wraps
     onto; ``err``: on stderr, wrapped to stderr's terminal.
     """
-    con = con or console(stderr=err)
+    for line in prose_lines(text, indent=indent, first=first, con=con or console(stderr=err)):
+        click.echo(line, err=err)
+
+
+def prose_lines(text: str, *, indent: str = "", first: str | None = None, con: Any) -> list[str]:
+    """The lines :func:`print_prose` prints ``text`` as on ``con``."""
     first = indent if first is None else first
     text = visible(text)
-    if con.is_terminal:
-        body = text.lstrip()  # the text's own indent stays on its first line
-        label = first + text[: len(text) - len(body)]
-        lines = [line.rstrip() for line in wrap_words(label, body, max(20, con.width), indent)]
-    else:
-        lines = [first + text]
-    for line in lines:
-        click.echo(line, err=err)
+    if not con.is_terminal:
+        return [first + text]
+    body = text.lstrip()  # the text's own indent stays on its first line
+    label = first + text[: len(text) - len(body)]
+    return [line.rstrip() for line in wrap_words(label, body, max(20, con.width), indent)]
+
+
+def terminal_height() -> int | None:
+    """The height of the terminal stdout is, in lines; ``None`` when it is no terminal."""
+    con = console()
+    return con.height if con.is_terminal else None
+
+
+class _Screen(io.StringIO):
+    """A buffer that answers as the terminal stdout is (the width comes from the console)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def lines_printed(draw: Callable[[], None]) -> int:
+    """How many lines ``draw`` prints on stdout's terminal, drawn into a buffer instead."""
+    screen = _Screen()
+    with redirect_stdout(screen):
+        draw()
+    return len(screen.getvalue().splitlines())
 
 
 def _one_line(cell: str) -> str:

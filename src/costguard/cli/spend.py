@@ -111,8 +111,9 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
     in place. Charges without costguard's tag are one line of their own. Exact sums, in
     the export's currency.
     """
-    from costguard.billing.exports import read_spend  # pyarrow loads only now
+    from costguard.billing.exports import for_a_command, read_spend  # pyarrow loads only now
 
+    for_a_command()
     plot: Path | None = options["plot"]
     if plot is not None:
         from costguard.plots import check_target
@@ -226,12 +227,14 @@ def _print_reconciliation(
         for c in kinds.compute
         if months[0] <= c.month <= months[-1] and c.currency == bill.currency
     ]
+    # One run per instance: a gang's attempt bills each of its nodes at the offer's price.
     runs = [
         Run(
             a.launched_unix, a.ended_unix if a.ended_unix is not None else now, a.offer.usd_per_hour
         )
         for a in job.attempts
         if a.hours(now)
+        for _ in range(a.node_count)
     ]
     result = reconcile(
         bill,
@@ -310,7 +313,7 @@ def _counted(
         first = max(attempt.launched_unix, low)
         part = replace(attempt, launched_unix=first, ended_unix=max(first, min(end, high)))
         usd += part.cost_usd(now)
-        hours += part.hours(now)
+        hours += part.hours(now) * part.node_count  # a gang's attempt: each node's hours
     return usd, hours
 
 

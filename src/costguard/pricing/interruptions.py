@@ -111,6 +111,17 @@ class Interruptions:
         )
 
 
+def gang_per_day(node_per_day: Decimal, nodes: int) -> Decimal:
+    """The preemptions a day of a gang of ``nodes`` nodes, each preempted ``node_per_day``
+    times a day independently: any node's preemption stops them all (``launch --nodes``),
+    and independent Poisson processes add up, so ``nodes`` times a node's rate.
+
+    >>> gang_per_day(Decimal("0.5"), 4)
+    Decimal('2.0')
+    """
+    return node_per_day * nodes
+
+
 def young_daly_hours(save_hours: Decimal, preemptions_per_hour: Decimal) -> Decimal | None:
     """The checkpoint interval that minimises expected overhead: ``sqrt(2 s MTBF)``.
 

@@ -51,6 +51,7 @@ from costguard.pricing.question import (
 )
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.pricing.advisor import AdvisorFigures
     from costguard.pricing.interruptions import Checkpointing, Interruptions
     from costguard.pricing.locate import Located
@@ -64,7 +65,8 @@ class Quote(NamedTuple):
     ``estimates`` has one estimate per GPU asked for; ``estimate`` is them combined,
     cheapest first; ``shown`` its ``top`` cheapest places. ``spot`` holds the preemption
     figures at one stated rate, ``advisor`` those at each AWS row's band; ``measured`` the
-    hours read from ``--from-run`` (``question`` then holds them as its hours).
+    hours read from ``--from-run`` (``question`` then holds them as its hours); ``today``
+    the date the prices' age (``stale``) is counted at.
     """
 
     question: Question
@@ -78,6 +80,7 @@ class Quote(NamedTuple):
     advisor: AdvisorFigures | None = None
     measured: Measured | None = None
     stale: Staleness | None = None
+    today: date | None = None
 
     @property
     def budget(self) -> Decimal | None:
@@ -87,6 +90,14 @@ class Quote(NamedTuple):
     def shown_of(self, one: Estimate) -> tuple[CostOption, ...]:
         """The options of one GPU's estimate that its table shows (``top`` places)."""
         return tuple(limit_places(one.options, self.question.top))
+
+    def showing(self, top: int) -> Quote:
+        """The same answer with its tables showing the ``top`` cheapest places (0: all)."""
+        shown = tuple(limit_places(self.estimate.options, top))
+        stale = self.stale
+        if self.today is not None:
+            stale = staleness(self.catalog, places(shown), self.today)
+        return self._replace(question=replace(self.question, top=top), shown=shown, stale=stale)
 
     def extra_assumptions(self, shown: Sequence[CostOption] | None = None) -> list[str]:
         """What the SLURM, preemption and measured figures assume, after the estimate's;
@@ -217,10 +228,13 @@ class Quote(NamedTuple):
         return None
 
 
-def quote(question: Question, catalog: Catalog, *, today: date | None = None) -> Quote:
+def quote(
+    question: Question, catalog: Catalog, *, today: date | None = None, pace: Pace | None = None
+) -> Quote:
     """Price ``question`` from ``catalog`` as ``costguard estimate`` does.
 
-    Reads the recorded pace of ``question.from_run`` (a store), the advisor table for
+    Reads the recorded pace of ``question.from_run`` (a store; ``pace``: the record the
+    caller read there and checked, used as it is and not read again), the advisor table for
     ``interruptions_per_day="advisor"``, and looks up the region of ``data_url``
     (:mod:`costguard.pricing.locate`: S3 answers, or the table of well-known datasets),
     then prices each GPU (:func:`~costguard.pricing.question.answer`); prices older than
@@ -237,7 +251,7 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     figures = checkpointing(question)
     measured = None
     if question.from_run is not None:
-        measured = _measured(question, catalog)
+        measured = _measured(question, catalog, pace)
         question = replace(
             question, from_run=None, steps=None, epochs=None, speedup=None,
             hours=measured.hours, gpus=(measured.gpu,),
@@ -251,6 +265,7 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
     combined = combine(estimates)
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours
+    today = today or datetime.now(UTC).date()
     spot = advisor = None
     if figures is not None:
         from costguard.pricing.interruptions import expected
@@ -270,7 +285,8 @@ def quote(question: Question, catalog: Catalog, *, today: date | None = None) ->
         spot=spot,
         advisor=advisor,
         measured=measured,
-        stale=staleness(catalog, places(shown), today or datetime.now(UTC).date()),
+        stale=staleness(catalog, places(shown), today),
+        today=today,
     )
 
 
@@ -309,9 +325,10 @@ def _advisor(
     return advisor_figures(hours, figures, rows, shown, as_of=info.as_of, source=info.source)
 
 
-def _measured(question: Question, catalog: Catalog) -> Measured:
+def _measured(question: Question, catalog: Catalog, checked: Pace | None) -> Measured:
     """The hours of ``steps`` (or ``epochs``) at the pace the run at ``from_run``
-    recorded, on its GPU or the one asked for."""
+    recorded (``checked``, when the caller read it already: a second read could find
+    another record), on its GPU or the one asked for."""
     from costguard import contract
     from costguard.checkpoint.pace import read_pace
     from costguard.checkpoint.store import Store, storage_options_from_env
@@ -325,7 +342,7 @@ def _measured(question: Question, catalog: Catalog) -> Measured:
         msg = f"--from-run: no run at {url} (no such folder)"
         raise InputError(msg, hint="pass the --checkpoint URL the run wrote to")
     store = Store.open(url, storage_options_from_env())
-    pace = read_pace(store)
+    pace = checked if checked is not None else read_pace(store)
     if pace is None:
         msg = f"--from-run: {url} holds no measured pace (no job/pace.json)"
         raise InputError(

@@ -24,6 +24,7 @@ from costguard.reaper.policy import (
     ReapLimits,
     ReapPlan,
     Reason,
+    gang_verdicts,
     judge_idle,
     plan_reap,
     static_verdict,
@@ -295,7 +296,7 @@ def reap(
         for verdict in fleet_verdicts:
             owners[_key(verdict.instance)] = fleet
             verdicts.append(verdict)
-    plan = plan_reap(verdicts, limits)
+    plan = plan_reap(gang_verdicts(verdicts), limits)
     outcomes: list[ActionOutcome] = []
     if execute and plan.breach is None:
         for fleet in fleets:

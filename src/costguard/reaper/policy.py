@@ -58,7 +58,7 @@ from enum import StrEnum
 from itertools import pairwise
 
 from costguard.errors import CostguardError, InputError
-from costguard.tags import EXPIRES_TAG, KEEP_TAG, MARK_TAG, OWNER_TAG, tag_key
+from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, JOB_TAG, KEEP_TAG, MARK_TAG, OWNER_TAG, tag_key
 
 #: The only values of a protect tag that do *not* protect (compared case-insensitively,
 #: not stripped, exactly as the IAM conditions in ``infra/`` compare them). Any other value
@@ -119,6 +119,7 @@ class Reason(StrEnum):
     MARKED = "marked"
     NO_LONGER_IDLE = "no-longer-idle"
     DOUBT = "metrics-doubt"
+    GANG = "gang-not-idle"
 
 
 @dataclass(frozen=True, slots=True)
@@ -854,6 +855,43 @@ class ReapPlan:
     def unpriced(self) -> tuple[IdleVerdict, ...]:
         """Selected instances without a price in the tables (left out of the total)."""
         return tuple(v for v in self.selected if v.instance.usd_per_hour is None)
+
+
+def gang_verdicts(verdicts: Sequence[IdleVerdict]) -> list[IdleVerdict]:
+    """A gang (``costguard launch --nodes``: running instances tagged with one job and one
+    attempt) is one job, idle only when all its nodes are: a node asked to be stopped or
+    terminated is kept while another node of its gang runs and is kept (busy, young,
+    protected...). Tags only ever keep an instance here, never select one.
+
+    >>> from datetime import datetime, timezone
+    >>> t = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    >>> tags = {JOB_TAG: "cg-a", ATTEMPT_TAG: "2"}
+    >>> a, b = (Instance("aws", "r", i, "g5.xlarge", True, 1, t, tags=tags) for i in "ab")
+    >>> out = gang_verdicts([IdleVerdict(Action.STOP, "idle", Reason.IDLE, a),
+    ...                      IdleVerdict(Action.KEEP, "busy", Reason.BUSY, b)])
+    >>> [(v.action.value, v.code.value) for v in out]
+    [('keep', 'gang-not-idle'), ('keep', 'busy')]
+    """
+
+    def gang(verdict: IdleVerdict) -> tuple[str, str, str] | None:
+        job = _tag(verdict.instance.tags, JOB_TAG)
+        attempt = _tag(verdict.instance.tags, ATTEMPT_TAG)
+        return (verdict.instance.provider, job, attempt or "") if job else None
+
+    busy: dict[tuple[str, str, str], str] = {}
+    for verdict in verdicts:
+        key = gang(verdict)
+        if key and verdict.action is Action.KEEP and verdict.instance.running:
+            busy.setdefault(key, verdict.instance.instance_id)
+    out = []
+    for verdict in verdicts:
+        key = gang(verdict)
+        other = busy.get(key) if key else None
+        if key and other and verdict.action in DESTRUCTIVE:
+            reason = f"a node of its gang (job {key[1]}), {other}, is not idle"
+            verdict = _keep(Reason.GANG, reason, verdict.instance)
+        out.append(verdict)
+    return out
 
 
 def plan_reap(verdicts: Sequence[IdleVerdict], limits: ReapLimits) -> ReapPlan:

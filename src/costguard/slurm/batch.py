@@ -35,6 +35,7 @@ from pathlib import Path
 from costguard import contract
 from costguard._version import __version__
 from costguard.errors import CostguardError, InputError
+from costguard.gang import check_node_command, torchrun_args
 from costguard.secrets import find_in_words, find_secret, redact_url, url_has_credentials
 
 #: How long before the time limit SLURM sends USR1, unless told: room for an emergency
@@ -322,12 +323,8 @@ class BatchJob:
             )
         }
         _refuse_secrets(command, checkpoint, shipped, run_options, environ)
-        if nodes is not None and re.fullmatch(r"(python[0-9.]*|torchrun)", Path(command[0]).name):
-            msg = f"with --nodes, COMMAND is what torchrun runs, not {command[0]!r}"
-            raise InputError(
-                msg,
-                hint="e.g. -- train.py --lr 3e-4, or -- -m pkg.train (the script starts torchrun)",
-            )
+        if nodes is not None:
+            check_node_command(command)
         image = None
         if container is not None:
             image = _plain_text("--container", container, "an Apptainer image, e.g. image.sif")
@@ -510,14 +507,7 @@ def launch_lines(job: BatchJob) -> str:
         lines.append(f'"${{costguard_run[@]}}" --{inner} "${{command[@]}}" &')
         return "\n".join(lines)
     port = str(job.rdzv_port) if job.rdzv_port is not None else DEFAULT_RDZV_PORT
-    torchrun = [
-        *job.torchrun,
-        "--nnodes",
-        str(job.nodes),
-        "--nproc-per-node",
-        str(job.procs_per_node),
-    ]
-    torchrun += ["--rdzv-backend", "c10d"]
+    torchrun = torchrun_args(job.torchrun, job.nodes, job.procs_per_node)
     lines += [
         "# One torchrun per node (srun: one task per node), each under its own costguard run;",
         "# they meet at the first node of the allocation (c10d rendezvous). A notice on any",

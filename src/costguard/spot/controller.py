@@ -28,6 +28,7 @@ from costguard.pricing.catalog import Market
 from costguard.spot.job import (
     FINAL,
     RUNNING,
+    ExitRecord,
     Job,
     clear_stop,
     latest_checkpoint_unix,
@@ -58,6 +59,7 @@ from costguard.spot.recovery import (
     Wait,
     classify,
     decide,
+    gang_outcome,
     interruptions,
     spent_usd,
 )
@@ -70,6 +72,21 @@ HEARTBEAT_S = 30.0
 #: After asking the script to save and stop (--stop-at-projection), how long it may take
 #: before its instance is terminated anyway.
 STOP_GRACE_S = 600.0
+#: After a gang's node exited 0 or 75 by itself, how long the other nodes may take to do
+#: the same (they finish or save the same step) before they are terminated.
+GANG_SETTLE_S = 30.0
+
+
+@dataclass(frozen=True)
+class _NodeEnd:
+    """One node of the current attempt as the controller sees it at a poll."""
+
+    handle: Handle | None
+    state: State
+    detail: str
+    record: ExitRecord | None
+    code: int | None
+    outcome: AttemptOutcome | None
 
 
 class ControllerBusyError(InputError):
@@ -143,6 +160,9 @@ class Controller:
         self.zones: dict[tuple[str, str], tuple[str, ...]] = {}
         #: Whether the projection's passing --max-total was said already.
         self._warned_projection = False
+        #: Attempt number -> when its first node was seen ended (a gang's others get
+        #: :data:`GANG_SETTLE_S` to end by themselves after a clean exit).
+        self._gang_ended: dict[int, float] = {}
 
     def _emit(self, kind: str, message: str) -> None:
         logger.info("costguard launch: %s: %s", kind, message)
@@ -165,9 +185,9 @@ class Controller:
         would supervise them).
         """
         live = list(self.launcher.find(job.spec.job_id))
-        known = {a.handle.instance_id for a in job.attempts if a.handle is not None}
+        known = {h.instance_id for a in job.attempts for h in a.instances}
         current = job.current
-        strays = []
+        strays, nodes = [], []
         for handle in live:
             if handle.instance_id in known:
                 continue
@@ -176,12 +196,27 @@ class Controller:
                 and current.handle is None
                 and handle.extra.get("attempt", str(current.number)) == str(current.number)
             ):
+                if job.spec.nodes > 1:
+                    nodes.append(handle)  # a gang's nodes: adopted together below
+                    continue
                 current = replace(current, handle=handle)
                 job = job.with_attempt(current)
                 self._emit("adopt", f"attempt {current.number} runs as {handle.instance_id}")
                 continue
             strays.append(handle)
-        if current is not None and current.handle is None and current.outcome is None:
+        if current is not None and nodes:
+            # In node-rank order; a node not found is missing, and reconcile ends the gang.
+            nodes.sort(key=lambda h: _node_rank(h))
+            current = replace(current, handle=nodes[0], nodes=tuple(nodes))
+            job = job.with_attempt(current)
+            ids = ", ".join(h.instance_id for h in nodes)
+            self._emit("adopt", f"attempt {current.number} runs as {ids}")
+        if (
+            current is not None
+            and current.handle is None
+            and current.outcome is None
+            and job.spec.nodes == 1
+        ):
             job = self._resume(job, current)
         strays = [h for h in strays if self._owners(job, h)]
         for handle in strays:
@@ -225,20 +260,37 @@ class Controller:
         if current is None:
             return job
         now = self._clock()
-        if current.handle is None:
-            state, detail = State.MISSING, "the launch was never confirmed"
-        else:
-            status = self.launcher.status(current.handle)
-            state, detail = status.state, status.detail
-        record = read_exit_record(self.store, current.number, job.spec.job_id)
-        code = record.exit_code if record is not None else None
-        outcome = classify(state, code, current.offer.market)
-        if outcome is None:
+        # The signed spec says how many nodes there are (job.json's attempts are not signed).
+        nodes = [self._node(job, current, rank) for rank in range(job.spec.nodes)]
+        first_end = now
+        if any(n.outcome is not None for n in nodes):
+            first_end = self._gang_ended.setdefault(current.number, now)
+        decisive = gang_outcome(
+            [(n.outcome, n.code) for n in nodes], settled=now - first_end >= GANG_SETTLE_S
+        )
+        if decisive is None:
             return job
-        if state in (State.RUNNING, State.PENDING) and current.handle is not None:
-            # The job ended but the instance lives on (a VM after its script): stop paying.
-            self._terminate(job, current.handle)
-        last_step = record.last_step if record is not None else self._latest_step()
+        self._gang_ended.pop(current.number, None)
+        # Of nodes that ended alike, the one the provider says it took back speaks.
+        alike = [n for n in nodes if n.outcome is nodes[decisive].outcome]
+        node = next((n for n in alike if n.state is State.PREEMPTED), nodes[decisive])
+        decisive = nodes.index(node)
+        code, record, outcome = node.code, node.record, node.outcome
+        assert outcome is not None  # the decisive node has ended
+        for other in nodes:
+            if other.state in (State.RUNNING, State.PENDING) and other.handle is not None:
+                # The job ended but an instance lives on (a VM after its script, a gang's
+                # node after another's end): stop paying; never a partial gang left.
+                self._terminate(job, other.handle)
+        detail = node.detail
+        if job.spec.nodes > 1:
+            detail = f"node {decisive}: {detail or outcome.value}"
+        # The newest checkpoint any node's record names (a gang's nodes name the same one).
+        steps = [n.record.last_step for n in nodes if n.record and n.record.last_step is not None]
+        if steps:
+            last_step: int | None = max(steps)
+        else:
+            last_step = record.last_step if record is not None else self._latest_step()
         lost_s, lost_steps = 0.0, None
         if outcome in INTERRUPTIONS:
             if code == EXIT_PREEMPTED:
@@ -268,9 +320,28 @@ class Controller:
             text += f"; latest checkpoint: step {last_step}"
         self._emit(outcome.value, text)
         job = job.with_attempt(closed)
-        if state is State.PREEMPTED and closed.handle is not None:
-            job = self._stopped_instance(job, closed.handle)
+        for other in nodes:
+            if other.state is State.PREEMPTED and other.handle is not None:
+                job = self._stopped_instance(job, other.handle)
         return self._save(job)
+
+    def _node(self, job: Job, attempt: Attempt, rank: int) -> _NodeEnd:
+        """What the provider and the exit record say of node ``rank`` of ``attempt`` (its
+        one instance when it is no gang); a node with no handle is missing."""
+        gang = job.spec.nodes > 1
+        handles = attempt.instances
+        handle = handles[rank] if rank < len(handles) else None
+        if handle is None:
+            state, detail = State.MISSING, "the launch was never confirmed"
+        else:
+            status = self.launcher.status(handle)
+            state, detail = status.state, status.detail
+        record = read_exit_record(
+            self.store, attempt.number, job.spec.job_id, node=rank if gang else None
+        )
+        code = record.exit_code if record is not None else None
+        outcome = classify(state, code, attempt.offer.market)
+        return _NodeEnd(handle, state, detail, record, code, outcome)
 
     def _stop_asked(self, job: Job) -> Job:
         """A stop request ``costguard jobs stop`` wrote for the running attempt, signed with
@@ -342,7 +413,7 @@ class Controller:
         if not self._owners(job, found):
             return False
         token = found.extra.get("client_token", "")
-        recorded = {a.token for a in job.attempts if a.handle == handle and a.token}
+        recorded = {a.token for a in job.attempts if handle in a.instances and a.token}
         if token and recorded and token not in recorded:
             self._emit(
                 "refused",
@@ -458,17 +529,21 @@ class Controller:
     def launch(self, job: Job, decision: Launch) -> Job:
         """Record the attempt, create the instance, record its handle."""
         now = self._clock()
+        spec = job.spec.launch_spec()
         attempt = Attempt(
             decision.number,
             decision.offer,
             launched_unix=now,
             resumed_step=self._latest_step(),
             token=launch_token(job.spec.job_id, decision.number),
+            node_count=spec.nodes,
         )
         job = self._save(job.with_attempt(attempt))  # intent first: --attach can adopt it
         clear_stop(self.store)  # a request for an earlier attempt is not this one's
+        if spec.nodes > 1:
+            return self._launch_gang(job, decision, attempt)
         try:
-            handle = self.launcher.launch(decision.offer, job.spec.launch_spec(), decision.number)
+            handle = self.launcher.launch(decision.offer, spec, decision.number)
         except CapacityError as exc:
             refused = replace(
                 attempt,
@@ -503,6 +578,69 @@ class Controller:
         )
         return self._save(job.with_attempt(launched))
 
+    def _launch_gang(self, job: Job, decision: Launch, attempt: Attempt) -> Job:
+        """Start the attempt's gang, all or none (:meth:`Launcher.launch_gang`). A launcher
+        that gives fewer nodes than asked, or fails after starting some, leaves no node
+        running: every instance the provider lists for the attempt is terminated, and the
+        attempt is a refused launch, so recovery tries again (elsewhere)."""
+        spec = job.spec.launch_spec()
+        try:
+            handles = tuple(self.launcher.launch_gang(decision.offer, spec, decision.number))
+        except CostguardError as exc:
+            self._end_partial_gang(job, attempt, ())
+            capacity = isinstance(exc, CapacityError)
+            detail = f"{exc.code}: {exc.message}" if isinstance(exc, CapacityError) else exc.message
+            refused = replace(
+                attempt,
+                ended_unix=self._clock(),
+                outcome=AttemptOutcome.LAUNCH_FAILED if capacity else AttemptOutcome.FAILED,
+                detail=detail,
+            )
+            if capacity:
+                self._emit("refused", f"{decision.offer.place}: {exc.message}")
+                return self._save(job.with_attempt(refused))
+            job = job.with_attempt(refused)
+            return self.finish(job, Finish("failed", f"launch failed: {exc.message}"))
+        self._launched.update(h.instance_id for h in handles)
+        if len(handles) != spec.nodes:
+            self._end_partial_gang(job, attempt, handles)
+            text = f"the launcher started {len(handles)} of {spec.nodes} nodes: none kept"
+            self._emit("refused", f"{decision.offer.place}: {text}")
+            refused = replace(
+                attempt,
+                ended_unix=self._clock(),
+                outcome=AttemptOutcome.LAUNCH_FAILED,
+                detail=text,
+            )
+            return self._save(job.with_attempt(refused))
+        launched = replace(attempt, handle=handles[0], nodes=handles)
+        ids = ", ".join(h.instance_id for h in handles)
+        self._emit(
+            "launch",
+            f"attempt {decision.number}: {spec.nodes} x {decision.offer.instance_type} "
+            f"{decision.offer.market.value} in {decision.offer.place} at "
+            f"{spec.nodes} x ${decision.offer.usd_per_hour}/h as {ids} ({decision.reason})",
+        )
+        return self._save(job.with_attempt(launched))
+
+    def _end_partial_gang(self, job: Job, attempt: Attempt, handles: Sequence[Handle]) -> None:
+        """Terminate every node of a gang that did not start whole: those the launcher
+        returned, and those the provider lists for the attempt (proven the job's), so no
+        node is left running or billed."""
+        ended = set()
+        for handle in handles:
+            self.launcher.terminate(handle)
+            ended.add(handle.instance_id)
+        with contextlib.suppress(CostguardError):
+            for found in self.launcher.find(job.spec.job_id):
+                if found.instance_id in ended or found.extra.get("attempt") != str(attempt.number):
+                    continue
+                if self._owners(job, found):
+                    self.launcher.terminate(found)
+                    ended.add(found.instance_id)
+        if ended:
+            self._emit("cleanup", f"terminated {', '.join(sorted(ended))}: the gang was not whole")
+
     def _launched_anyway(self, job: Job, attempt: Attempt) -> Handle | None:
         """The instance of a launch that raised: what failed may be the answer, not the
         launch (a timeout or a 503 after the provider acted), so the attempt is asked for
@@ -517,8 +655,8 @@ class Controller:
         """Terminate what still runs and write the final state."""
         current = job.current
         if current is not None:
-            if current.handle is not None:
-                self._terminate(job, current.handle)
+            for handle in current.instances:
+                self._terminate(job, handle)
             job = job.with_attempt(
                 replace(
                     current,
@@ -612,6 +750,12 @@ class Controller:
             self._sleep(self.poll_s)
 
 
+def _node_rank(handle: Handle) -> int:
+    """The node rank a launcher noted in a gang node's handle (``extra["node"]``)."""
+    text = handle.extra.get("node", "")
+    return int(text) if text.isdigit() and len(text) <= 6 else 0
+
+
 def _label(owner: str) -> str:
     """The owner as a GCP label value holds it."""
     from costguard.spot.launcher.gcp import label_value
@@ -653,6 +797,13 @@ class Summary:
     estimate_usd: Decimal | None
     on_demand_usd: Decimal | None
     spot_usd_per_hour: Decimal | None
+    #: ``--nodes``: the instances of each attempt (a gang's, relaunched whole).
+    nodes: int = 1
+
+    @property
+    def relaunches(self) -> int:
+        """Attempts launched after the first (each a whole gang's, for ``--nodes``)."""
+        return max(0, self.attempts - 1)
 
     @property
     def overhead_s(self) -> float:
@@ -663,8 +814,9 @@ class Summary:
 def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
     """The figures ``costguard launch`` and ``costguard jobs status`` print. Pure.
 
-    ``estimate_usd``: the first offer's price times ``--hours`` (when given);
-    ``on_demand_usd``: the same instance-hours at the cheapest on-demand offer.
+    ``estimate_usd``: the first offer's price times ``--hours`` (when given), times the
+    gang's nodes; ``on_demand_usd``: the same instance-hours at the cheapest on-demand
+    offer.
     """
     attempts = job.attempts
     ends = [a.ended_unix if a.ended_unix is not None else now_unix for a in attempts]
@@ -674,7 +826,8 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
         for a, end in zip(attempts, ends, strict=True)
         if a.outcome is not AttemptOutcome.LAUNCH_FAILED
     )
-    hours = sum((a.hours(now_unix) for a in attempts), Decimal(0))
+    # Instance-hours: a gang's attempt bills each of its nodes.
+    hours = sum((a.hours(now_unix) * a.node_count for a in attempts), Decimal(0))
     interrupted = [a for a in attempts if a.outcome in INTERRUPTIONS]
     lost_steps: int | None = 0
     for attempt in interrupted:
@@ -685,7 +838,8 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
     on_demand = [o.usd_per_hour for o in offers if o.market is Market.ON_DEMAND]
     spot = [o.usd_per_hour for o in offers if o.market is Market.SPOT]
     first = attempts[0].offer.usd_per_hour if attempts else None
-    estimate = first * job.spec.hours if first is not None and job.spec.hours else None
+    hours_asked = job.spec.hours
+    estimate = first * hours_asked * job.spec.nodes if first is not None and hours_asked else None
     steps = [a.last_step for a in attempts if a.last_step is not None]
     return Summary(
         status=job.status,
@@ -702,6 +856,7 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
         estimate_usd=estimate,
         on_demand_usd=min(on_demand) * hours if on_demand else None,
         spot_usd_per_hour=min(spot) if spot else None,
+        nodes=job.spec.nodes,
     )
 
 
@@ -714,6 +869,20 @@ def handle_label(handle: Handle | None) -> str:
     if handle is None:
         return "-"
     return handle.instance_id
+
+
+def instances_label(attempt: Attempt) -> str:
+    """An attempt's instances for a table cell: a gang's nodes in rank order.
+
+    >>> from costguard.spot.recovery import Offer, Market
+    >>> o = Offer("aws", "r", "t", Market.SPOT, Decimal(1), "A10G", 1)
+    >>> nodes = (Handle("aws", "r", "i-1"), Handle("aws", "r", "i-2"))
+    >>> instances_label(Attempt(1, o, 0.0, handle=nodes[0], node_count=2, nodes=nodes))
+    'i-1 i-2'
+    """
+    if attempt.node_count > 1 and attempt.nodes:
+        return " ".join(handle_label(h) for h in attempt.nodes)
+    return handle_label(attempt.handle)
 
 
 def terminate_quietly(launcher: Launcher, handle: Handle) -> None:

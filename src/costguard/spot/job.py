@@ -53,6 +53,7 @@ JOB_FILE = contract.JOB_FILE
 STOP_FILE = contract.STOP_FILE
 ENV_JOB_ID = contract.ENV_JOB_ID
 ENV_JOB_ATTEMPT = contract.ENV_JOB_ATTEMPT
+ENV_NODE_RANK = contract.ENV_NODE_RANK
 exit_record_path = contract.exit_record_path
 #: Job states; ``running`` is the only one a controller supervises.
 RUNNING = "running"
@@ -74,19 +75,27 @@ class ExitRecord:
     host: str = ""
     #: The job it belongs to: a record left by an earlier job at the same URL is ignored.
     job_id: str = ""
+    #: The node of a gang that wrote it (``None``: the attempt's one instance).
+    node: int | None = None
 
 
 def write_exit_record(store: Store, record: ExitRecord) -> None:
     """Store ``record`` (one atomic write)."""
-    contract.write(store, exit_record_path(record.attempt), contract.EXIT, asdict(record))
+    path = exit_record_path(record.attempt, record.node)
+    contract.write(store, path, contract.EXIT, asdict(record))
 
 
-def read_exit_record(store: Store, attempt: int, job_id: str = "") -> ExitRecord | None:
-    """Attempt ``attempt``'s exit record, ``None`` when there is none (yet), when it is not
-    costguard's (named in a warning), or when it belongs to another job than ``job_id`` (an
-    earlier job at the same URL) or another attempt."""
-    doc = contract.read_or_warn(store, exit_record_path(attempt), contract.EXIT)
+def read_exit_record(
+    store: Store, attempt: int, job_id: str = "", node: int | None = None
+) -> ExitRecord | None:
+    """Attempt ``attempt``'s exit record (of its gang's node ``node``), ``None`` when there
+    is none (yet), when it is not costguard's (named in a warning), or when it belongs to
+    another job than ``job_id`` (an earlier job at the same URL), another attempt or
+    another node."""
+    doc = contract.read_or_warn(store, exit_record_path(attempt, node), contract.EXIT)
     if doc is None or doc["attempt"] != attempt or (job_id and doc["job_id"] != job_id):
+        return None
+    if doc["node"] != node:
         return None
     return ExitRecord(**doc)
 
@@ -166,6 +175,10 @@ class JobSpec:
     #: The launching user's keyed digest of the spec (:func:`costguard.proof.spec_proof`):
     #: ``--attach`` runs only a spec it holds for.
     proof: str = ""
+    #: ``--nodes``: instances started together, all or none, as one attempt (1: one).
+    nodes: int = 1
+    #: ``--procs-per-node``: processes each node's torchrun starts (``None``: one per GPU).
+    procs_per_node: int | None = None
 
     def limits(self) -> Limits:
         """The recovery limits these settings imply."""
@@ -174,6 +187,7 @@ class JobSpec:
             max_preemptions=self.max_preemptions,
             max_total_usd=self.max_total_usd,
             max_failures=self.max_failures,
+            nodes=self.nodes,
         )
 
     def launch_spec(self) -> LaunchSpec:
@@ -194,6 +208,8 @@ class JobSpec:
             pilot_steps=self.pilot_steps,
             environment=dict(self.environment),
             job_key=_job_key(self.job_id),
+            nodes=self.nodes,
+            procs_per_node=self.procs_per_node,
         )
 
 
@@ -288,6 +304,8 @@ def attempt_doc(attempt: Attempt) -> dict[str, Any]:
         "lost_s": attempt.lost_s,
         "lost_steps": attempt.lost_steps,
         "token": attempt.token,
+        "node_count": attempt.node_count,
+        "nodes": [handle_doc(h) for h in attempt.nodes],
     }
 
 
@@ -299,6 +317,7 @@ def _attempt(doc: Mapping[str, Any]) -> Attempt:
             "offer": _offer(doc["offer"]),
             "handle": Handle(**handle) if handle else None,
             "outcome": AttemptOutcome(outcome) if outcome else None,
+            "nodes": tuple(Handle(**node) for node in doc["nodes"]),
         }
     )
 
@@ -306,7 +325,11 @@ def _attempt(doc: Mapping[str, Any]) -> Attempt:
 def spec_doc(spec: JobSpec) -> dict[str, Any]:
     """The spec as JSON (money as exact decimal strings)."""
     sim = spec.simulation
+    # A gang's settings only where there is a gang: a one-instance spec reads (and is
+    # signed) as it was before gangs, so its signature still holds.
+    gang = {"nodes": spec.nodes, "procs_per_node": spec.procs_per_node}
     return {
+        **(gang if spec.nodes > 1 or spec.procs_per_node is not None else {}),
         "job_id": spec.job_id,
         "provider": spec.provider,
         "gpu": spec.gpu,
@@ -396,9 +419,12 @@ def job_doc(job: Job) -> dict[str, Any]:
 def job_from(doc: Mapping[str, Any]) -> Job:
     """The job in a record checked by :data:`contract.JOB`."""
     fields = {k: v for k, v in doc.items() if k not in ("version", "spec", "attempts")}
+    spec = _spec(doc["spec"])
+    # An attempt bills at most the signed spec's nodes, whatever its unsigned record says.
+    attempts = (_attempt(a) for a in doc["attempts"])
     return Job(
-        spec=_spec(doc["spec"]),
-        attempts=tuple(_attempt(a) for a in doc["attempts"]),
+        spec=spec,
+        attempts=tuple(replace(a, node_count=min(a.node_count, spec.nodes)) for a in attempts),
         **fields,
     )
 

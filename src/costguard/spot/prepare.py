@@ -73,6 +73,12 @@ class LaunchRequest:
     total_steps: int | None = None
     stop_at_projection: bool = False
     pilot_steps: int | None = None
+    #: ``--nodes``: a gang of instances, started, saved and relaunched together.
+    nodes: int = 1
+    #: ``--procs-per-node``: the processes each node's torchrun starts.
+    procs_per_node: int | None = None
+    #: ``--array``, which a gang does not go with.
+    array: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,35 @@ def check_request(request: LaunchRequest) -> None:
     if request.provider != "local" and local_only:
         msg = f"{', '.join(local_only)} only apply to --provider local"
         raise InputError(msg, hint="the cloud sends its own preemption notices")
+    check_gang(request)
+
+
+def check_gang(request: LaunchRequest) -> None:
+    """``--nodes`` and ``--procs-per-node``: a gang's own rules (an InputError).
+
+    >>> check_gang(LaunchRequest("local", "t4", ("train.py",), "c", nodes=2, procs_per_node=2))
+    >>> check_gang(LaunchRequest("local", "t4", ("train.py",), "c", procs_per_node=2))
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: --procs-per-node is for a gang, and --nodes is not 2 or more
+    """
+    from costguard.gang import check_node_command
+
+    if request.nodes < 2:
+        if request.procs_per_node is not None:
+            msg = "--procs-per-node is for a gang, and --nodes is not 2 or more"
+            raise InputError(msg, hint="add --nodes N (2 or more), or drop --procs-per-node")
+        return
+    if request.array is not None:
+        msg = "--nodes and --array do not go together: each array task is one instance"
+        raise InputError(msg, hint="launch the gang alone, or drop --nodes from the array")
+    if request.sync_dir is not None:
+        msg = "--sync-dir is for one instance: a gang's nodes would each sync the folder"
+        raise InputError(msg, hint="save through the Checkpointer (costguard run's URL)")
+    if request.pilot_steps is not None:
+        msg = "--pilot-steps times one instance: a gang's pace is its slowest node's"
+        raise InputError(msg, hint="pilot on one node first, then launch --nodes")
+    check_node_command(request.command)
 
 
 def sync_dir_for(request: LaunchRequest) -> str | None:
@@ -247,6 +282,8 @@ def new_spec(
         total_steps=request.total_steps,
         stop_at_projection=request.stop_at_projection,
         pilot_steps=request.pilot_steps,
+        nodes=request.nodes,
+        procs_per_node=request.procs_per_node,
     )
 
 
@@ -380,11 +417,16 @@ def prepare(
 
 
 def check_launcher(prepared: Prepared, launcher: Launcher) -> Prepared:
-    """The launcher's own checks on the spec; a local simulator's port goes into the spec
-    (the attempts read their notices there)."""
+    """The launcher's own checks on the spec (a gang only where the launcher starts one);
+    a local simulator's port goes into the spec (the attempts read their notices there)."""
     from costguard.spot.launcher.local import LocalLauncher
 
-    launcher.check(prepared.spec.launch_spec())
+    spec = prepared.spec
+    if spec.nodes > 1 and type(launcher).launch_gang is Launcher.launch_gang:
+        # The base starts one instance: refused now, before job.json and any launch.
+        msg = f"--nodes {spec.nodes}: the {spec.provider} launcher starts one instance per attempt"
+        raise InputError(msg, hint="drop --nodes, or use costguard slurm script --nodes")
+    launcher.check(spec.launch_spec())
     simulation = prepared.spec.simulation
     if not isinstance(launcher, LocalLauncher) or simulation is None:
         return prepared

@@ -125,7 +125,7 @@ def of_job(job: Job, pace: Pace | None, now_unix: float) -> Projection | None:
     return project(
         pace,
         spent_usd=spent_usd(job.attempts, now_unix),
-        usd_per_hour=current.offer.usd_per_hour if current is not None else None,
+        usd_per_hour=current.usd_per_hour if current is not None else None,
         now_unix=now_unix,
         running_since_unix=current.launched_unix if current is not None else None,
         total_steps=job.spec.total_steps,

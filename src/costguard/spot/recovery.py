@@ -96,6 +96,22 @@ class Attempt:
     #: The idempotency token its launch request carried (written before the call, so a
     #: controller that died before it learnt the instance can find it by the token).
     token: str = ""
+    #: A gang (``launch --nodes``): the instances it bills, and every node's handle in
+    #: node-rank order once launched (``handle`` is node 0's); empty for one instance.
+    node_count: int = 1
+    nodes: tuple[Handle, ...] = ()
+
+    @property
+    def instances(self) -> tuple[Handle, ...]:
+        """Every instance of the attempt known so far: the gang's nodes, or its one."""
+        if self.nodes:
+            return self.nodes
+        return (self.handle,) if self.handle is not None else ()
+
+    @property
+    def usd_per_hour(self) -> Decimal:
+        """What the attempt bills an hour: the offer's price times its nodes."""
+        return self.offer.usd_per_hour * self.node_count
 
     @property
     def running(self) -> bool:
@@ -116,8 +132,13 @@ class Attempt:
         return Decimal(repr(seconds)) / SECONDS_PER_HOUR
 
     def cost_usd(self, now_unix: float) -> Decimal:
-        """Instance-hours times the offer's hourly price."""
-        return self.hours(now_unix) * self.offer.usd_per_hour
+        """Hours times the offer's hourly price, times the gang's nodes.
+
+        >>> o = Offer("aws", "r", "t", Market.SPOT, Decimal("1"), "A10G", 1)
+        >>> Attempt(1, o, 0.0, ended_unix=3600.0, node_count=2).cost_usd(9e9)
+        Decimal('2.0')
+        """
+        return self.hours(now_unix) * self.usd_per_hour
 
 
 @dataclass(frozen=True)
@@ -134,6 +155,8 @@ class Limits:
     #: Interruptions (or refusals) in one region within ``backoff_s`` after which the
     #: whole region is backed off, not only the zones hit; 0: zones only.
     region_backoff_hits: int = 2
+    #: ``--nodes``: an attempt bills this many instances of the offer.
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -189,6 +212,51 @@ def classify(state: State, exit_code: int | None, market: Market) -> AttemptOutc
     if state is State.STOPPED:
         return AttemptOutcome.STOPPED
     return AttemptOutcome.LOST
+
+
+#: What a node's own end says of the rest of its gang, most telling first: a node the
+#: provider took back (or that vanished) explains the others' collective errors, so an
+#: interruption wins over a failure, and the gang succeeded only when every node did.
+GANG_PRECEDENCE = (
+    AttemptOutcome.PREEMPTED,
+    AttemptOutcome.LOST,
+    AttemptOutcome.FAILED,
+    AttemptOutcome.STOPPED,
+    AttemptOutcome.SUCCEEDED,
+)
+
+
+def gang_outcome(
+    nodes: Sequence[tuple[AttemptOutcome | None, int | None]], *, settled: bool
+) -> int | None:
+    """Which node's end is the gang's (its index in ``nodes``), or ``None`` while the gang
+    runs. ``nodes``: each node's outcome (:func:`classify`; ``None``: it runs) and exit code.
+
+    Any node's end ends the attempt (one node cannot go on alone: its collectives wait for
+    the others), except that nodes which exited 0 or 75 by themselves (a finished run, a
+    save on a notice every node honours) give the others time to do the same, until
+    ``settled``. The node whose outcome comes first in :data:`GANG_PRECEDENCE` speaks for
+    the gang.
+
+    >>> P, S = AttemptOutcome.PREEMPTED, AttemptOutcome.SUCCEEDED
+    >>> gang_outcome([(None, None), (None, None)], settled=False) is None
+    True
+    >>> gang_outcome([(None, None), (P, 75)], settled=False) is None  # node 0 saves too
+    True
+    >>> gang_outcome([(None, None), (P, None)], settled=False)  # node 1 killed: all end
+    1
+    >>> gang_outcome([(AttemptOutcome.FAILED, 1), (P, None)], settled=False)
+    1
+    >>> gang_outcome([(S, 0), (None, None)], settled=True)
+    0
+    """
+    ended = [(i, outcome, code) for i, (outcome, code) in enumerate(nodes) if outcome is not None]
+    if not ended:
+        return None
+    clean = all(code in (0, EXIT_PREEMPTED) for _, _, code in ended)
+    if len(ended) < len(nodes) and clean and not settled:
+        return None
+    return min(ended, key=lambda e: GANG_PRECEDENCE.index(e[1]))[0]
 
 
 def spent_usd(attempts: Iterable[Attempt], now_unix: float) -> Decimal:
@@ -321,10 +389,12 @@ def decide(
     offer = choose_offer(attempts, offers, limits, now_unix)
     if offer is None:
         return Finish("failed", "no offer fits the GPU, region, market and price cap")
-    if limits.max_total_usd is not None and spent + offer.usd_per_hour > limits.max_total_usd:
+    hourly = offer.usd_per_hour * limits.nodes
+    if limits.max_total_usd is not None and spent + hourly > limits.max_total_usd:
+        nodes = f" ({limits.nodes} nodes)" if limits.nodes > 1 else ""
         return Finish(
             "stopped",
-            f"max-total: spent ${spent:.2f}, one more hour at ${offer.usd_per_hour}/h would "
+            f"max-total: spent ${spent:.2f}, one more hour at ${hourly}/h{nodes} would "
             f"pass ${limits.max_total_usd}",
         )
     number = (last.number + 1) if last is not None else 1

@@ -17,9 +17,10 @@ from typing import Any
 from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
 from costguard.money import duration, format_usd
+from costguard.pricing.catalog import Market
 from costguard.retry import RetryPolicy
 from costguard.shell import command
-from costguard.spot.controller import handle_label, summarise
+from costguard.spot.controller import Summary, instances_label, summarise
 from costguard.spot.job import RUNNING, Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
 from costguard.spot.projection import Projection
@@ -62,11 +63,16 @@ def estimate_lines(
     it passes ``--max-total``."""
     simulated = " (simulated on this machine; priced as" if spec.provider == "local" else ""
     where = f"{offer.instance_type} {offer.market.value} in {offer.region}"
+    nodes = spec.nodes
+    gang = f"{nodes} nodes of " if nodes > 1 else ""
+    hourly = offer.usd_per_hour * nodes
+    price = format_usd(offer.usd_per_hour, rate=True)
+    if nodes > 1:
+        price = f"{nodes} x {price}/h = {format_usd(hourly, rate=True)}"
     lines = [
-        f"job {spec.job_id}: {spec.gpu_count} x {spec.gpu} on {spec.provider}{simulated}"
+        f"job {spec.job_id}: {gang}{spec.gpu_count} x {spec.gpu} on {spec.provider}{simulated}"
         + (f" {where})" if simulated else f": {where}"),
-        f"  price: {format_usd(offer.usd_per_hour, rate=True)}/h "
-        f"(list price, prices as of {as_of}; excludes disk, egress and taxes)",
+        f"  price: {price}/h (list price, prices as of {as_of}; excludes disk, egress and taxes)",
     ]
     if not offer.verified:
         lines.append(
@@ -86,14 +92,15 @@ def estimate_lines(
         )
     if spec.hours:
         lines.append(
-            f"  estimate: {format_usd(offer.usd_per_hour * spec.hours)} for {spec.hours} h "
+            f"  estimate: {format_usd(hourly * spec.hours)} for {spec.hours} h "
             "if nothing is preempted"
         )
+    lines += gang_plan(spec, offer)
     cap = spec.max_total_usd
     lines += launch_projection(spec, offer, pace)
     if cap is not None:
         lines.append(
-            f"  cap: --max-total {format_usd(cap)} (about {cap / offer.usd_per_hour:.1f} h "
+            f"  cap: --max-total {format_usd(cap)} (about {cap / hourly:.1f} h "
             "at this price); the job stops before passing it"
         )
     else:
@@ -109,9 +116,11 @@ def estimate_lines(
             + MAX_PRICE_REACH.get(spec.provider, "filters the offers")
         )
     if spec.spot and fallback is not None:
+        each = f"{nodes} x " if nodes > 1 else ""
         lines.append(
-            f"  after {spec.max_preemptions} preemption(s): on-demand {fallback.instance_type} "
-            f"in {fallback.region} at {format_usd(fallback.usd_per_hour, rate=True)}/h"
+            f"  after {spec.max_preemptions} preemption(s): on-demand {each}"
+            f"{fallback.instance_type} in {fallback.region} at "
+            f"{format_usd(fallback.usd_per_hour, rate=True)}/h"
         )
     if spec.sync_dir is not None:
         where = "this machine" if spec.provider == "local" else "the instance (under its workdir"
@@ -127,12 +136,69 @@ def estimate_lines(
             when = "notices at " + ", ".join(f"{t:g}" for t in sim.at_s) + " s"
         else:
             kind = f"random (seed {sim.seed}), mean " if sim.seed is not None else ""
-            when = f"a notice {kind}{sim.every_s:g} s into each spot attempt"
+            every = (sim.every_s or 0.0) / spec.nodes
+            when = f"a notice {kind}{every:g} s into each spot attempt"
+            if spec.nodes > 1:
+                when += f" (to one node: each node's {sim.every_s:g} s, the first of {spec.nodes})"
         grace = f"{sim.notice_s:g} s" if sim.notice_s else "the cloud's notice time"
         lines.append(
             f"  simulator: {when}, in {offer.region.split(':')[0]}'s metadata format; "
             f"killed {grace} after the notice if still running"
         )
+    return lines
+
+
+#: A node's preemptions a day that the plan of a cloud gang assumes (the price tables
+#: hold no rate; ``costguard estimate --interruptions-per-day`` prices another).
+NODE_PREEMPTIONS_PER_DAY = Decimal(1)
+
+
+def gang_plan(spec: JobSpec, offer: Offer) -> list[str]:
+    """What a gang (``--nodes``) adds to the plan: how it starts, saves and relaunches,
+    and its preemptions, about ``nodes`` times a node's (any node's stops them all;
+    :func:`costguard.pricing.interruptions.gang_per_day`); with ``--hours``, the number
+    expected in that time. A node's rate is the simulator's (``--preempt-every``, each
+    node's) or :data:`NODE_PREEMPTIONS_PER_DAY`, said as an assumption."""
+    from costguard.pricing.interruptions import Checkpointing, expected, gang_per_day
+
+    nodes = spec.nodes
+    if nodes <= 1:
+        return []
+    procs = spec.procs_per_node or max(1, offer.gpu_count)
+    lines = [
+        f"  gang: {nodes} instances started together, all or none, in one zone; each runs "
+        f"torchrun --nnodes {nodes} --nproc-per-node {procs} (c10d rendezvous at node 0) "
+        "under costguard run; a notice to any node saves every node at the same step, and "
+        "the whole gang is relaunched"
+    ]
+    if offer.market is not Market.SPOT:
+        return lines
+    sim = spec.simulation
+    if sim is not None and sim.every_s:
+        node_rate = Decimal(86400) / Decimal(repr(sim.every_s))
+        basis = f"--preempt-every {sim.every_s:g} s per node"
+    else:
+        node_rate = NODE_PREEMPTIONS_PER_DAY
+        basis = f"assumed {node_rate} a day per node; costguard estimate --interruptions-per-day"
+        basis += " prices another rate"
+    rate = gang_per_day(node_rate, nodes)
+    lines.append(
+        f"  gang preemptions: any node's stops all {nodes}, so about {nodes} x a node's "
+        f"rate: {rate.normalize():f} a day ({basis})"
+    )
+    if spec.hours:
+        every = Decimal(repr(spec.every_minutes)) if spec.every_minutes else Decimal(30)
+        try:
+            figures = expected(spec.hours, Checkpointing(every, Decimal(60), Decimal(5), rate))
+        except CostguardError as exc:
+            lines.append(f"    over {spec.hours} h: {exc.message}")
+        else:
+            lines.append(
+                f"    over {spec.hours} h: about {figures.expected_preemptions:.1f} expected "
+                f"(a checkpoint every {every:g} min, 60 s saves, 5 min restarts), "
+                f"{figures.effective_hours:.2f} h with reruns = "
+                f"{format_usd(figures.effective_hours * offer.usd_per_hour * nodes)}"
+            )
     return lines
 
 
@@ -267,7 +333,7 @@ def job_burn_document(item: JobBurn) -> dict[str, Any]:
         "job_id": job.spec.job_id if job is not None else None,
         "status": job.status if job is not None else None,
         "instance_id": current.handle.instance_id if current and current.handle else None,
-        "usd_per_hour": current.offer.usd_per_hour if current is not None else None,
+        "usd_per_hour": current.usd_per_hour if current is not None else None,
         "spent_usd": item.spent_usd,
         "projected_total_usd": p.projected_total_usd if p is not None else None,
         "remaining_usd": item.remaining_usd,
@@ -322,6 +388,8 @@ def job_document(
             "attempts": summary.attempts,
             "preemptions": summary.preemptions,
             "failures": summary.failures,
+            "nodes": summary.nodes,
+            "relaunches": summary.relaunches,
             "last_step": summary.last_step,
             "lost_steps": summary.lost_steps,
             "lost_s": round(summary.lost_s, 2),
@@ -351,8 +419,8 @@ def attempt_rows(job: Job, now_unix: float) -> list[list[str]]:
             str(a.number),
             a.offer.place,
             a.offer.market.value,
-            format_usd(a.offer.usd_per_hour, rate=True),
-            handle_label(a.handle),
+            format_usd(a.usd_per_hour, rate=True),
+            instances_label(a),
             a.outcome.value if a.outcome else "running",
             "" if a.exit_code is None else str(a.exit_code),
             steps,
@@ -378,6 +446,7 @@ def summary_lines(
         f"{job.status}: {job.reason}" if job.reason else job.status,
         f"attempts {summary.attempts}, preemptions {summary.preemptions}, "
         f"failures {summary.failures}, lost steps {lost} ({summary.lost_s:.1f} s of work)",
+        *gang_lines(summary),
         f"time: {summary.wall_s:.1f} s wall, {summary.running_s:.1f} s running, "
         f"overhead {summary.overhead_s:.1f} s (relaunch gaps + lost work)",
         ("what it would have cost: " if simulated else "real cost: ")
@@ -398,6 +467,18 @@ def summary_lines(
         export = ("costguard", "checkpoint", "export", job.spec.checkpoint_url)
         lines.append(f"  the weights: {command(*export, '--to', 'model.safetensors')}")
     return lines
+
+
+def gang_lines(summary: Summary) -> list[str]:
+    """What a gang's report adds: its nodes, and that each preemption of one node ended
+    and relaunched all of them (none for one instance)."""
+    if summary.nodes <= 1:
+        return []
+    return [
+        f"gang of {summary.nodes} nodes (instances in node-rank order, $/h for all of them): "
+        f"{summary.preemptions} preemption(s) of a node, {summary.relaunches} relaunch(es) "
+        "of the whole gang"
+    ]
 
 
 def interrupted_line(url: str, *, released: bool) -> str:

@@ -14,7 +14,9 @@ the cloud being simulated (the offer's region says which: ``aws:us-east-1``):
 
 ``costguard run`` polls it through ``COSTGUARD_<CLOUD>_METADATA_URL`` with the same
 watcher it uses on that cloud, so a local run exercises exactly the code path a spot
-instance does; only the cloud is replaced. The local launcher kills the process
+instance does; only the cloud is replaced. Each node of a gang (``launch --nodes``) has
+its own instance metadata under ``/node-<rank>`` (node 0's is the root), so a notice
+reaches the one node the provider takes back. The local launcher kills the process
 (SIGKILL) at the notice's deadline if it is still running, like the provider would.
 
 >>> sim = Simulation(every_s=60.0)
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import secrets
 import threading
 from dataclasses import dataclass
@@ -61,6 +64,8 @@ class Simulation:
 
 #: The name the emulated Azure VM answers for ``compute/name``, and its events list.
 VM_NAME = "costguard-local"
+#: A request for a gang's node: ``/node-<rank>`` and the path asked for.
+_NODE_PATH = re.compile(r"/node-([0-9]{1,4})(/.*)", re.ASCII)
 
 #: How long each cloud gives between its notice and the end (reference/preemption_notices).
 NOTICE_S = {"aws": 120.0, "gcp": 30.0, "azure": 30.0}
@@ -183,9 +188,8 @@ class MetadataEmulator:
 
     def __init__(self, port: int = 0) -> None:
         self._lock = threading.Lock()
-        self._action: dict[str, str] | None = None
-        self._deadline_unix = 0.0
-        self._event_id = ""
+        #: node rank -> (the notice's action, its deadline, its Azure event id).
+        self._notices: dict[int, tuple[dict[str, str], float, str]] = {}
         self._tokens: set[str] = set()
         self.requests = 0
         #: Azure event ids acknowledged with StartRequests.
@@ -204,8 +208,18 @@ class MetadataEmulator:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _node(self) -> int:
+                """The node asked about: ``/node-<rank>/...`` (the rest is the path
+                asked for), else node 0."""
+                match = _NODE_PATH.fullmatch(self.path)
+                if match is None:
+                    return 0
+                self.path = match.group(2)
+                return int(match.group(1))
+
             def do_PUT(self) -> None:
                 emulator.requests += 1
+                self._node()
                 ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds", "")
                 if self.path != "/latest/api/token" or not ttl.isdigit():
                     self._send(400, "Bad Request")
@@ -217,6 +231,7 @@ class MetadataEmulator:
 
             def do_POST(self) -> None:
                 emulator.requests += 1
+                self._node()
                 length = min(int(self.headers.get("Content-Length") or 0), 65536)
                 body = self.rfile.read(length)
                 if not self.path.startswith("/metadata/scheduledevents"):
@@ -237,10 +252,10 @@ class MetadataEmulator:
 
             def do_GET(self) -> None:
                 emulator.requests += 1
+                node = self._node()
                 with emulator._lock:
                     known = self.headers.get("X-aws-ec2-metadata-token") in emulator._tokens
-                    action = emulator._action
-                    deadline, event_id = emulator._deadline_unix, emulator._event_id
+                    action, deadline, event_id = emulator._notices.get(node, (None, 0.0, ""))
                 if self.path.startswith("/computeMetadata/v1/instance/preempted"):
                     if self.headers.get("Metadata-Flavor") != "Google":
                         self._send(403, "Missing Metadata-Flavor:Google header.")
@@ -311,23 +326,33 @@ class MetadataEmulator:
         """The base URL to put in ``COSTGUARD_AWS_METADATA_URL``."""
         return f"http://127.0.0.1:{self.port}"
 
-    def announce(self, deadline_unix: float, action: str = "terminate") -> None:
-        """From now on, answer that the instance goes away at ``deadline_unix``."""
+    def announce(self, deadline_unix: float, action: str = "terminate", node: int = 0) -> None:
+        """From now on, answer that the instance (of a gang: node ``node``) goes away at
+        ``deadline_unix``."""
         with self._lock:
-            self._action = {"action": action, "time": iso_z(deadline_unix)}
-            self._deadline_unix = deadline_unix
-            self._event_id = secrets.token_hex(8)
+            notice = {"action": action, "time": iso_z(deadline_unix)}
+            self._notices[node] = (notice, deadline_unix, secrets.token_hex(8))
 
     @property
     def announced(self) -> bool:
-        """Whether a notice is being served."""
+        """Whether a notice is being served (to any node)."""
         with self._lock:
-            return self._action is not None
+            return bool(self._notices)
+
+    def node_url(self, node: int) -> str:
+        """The metadata URL of a gang's node ``node`` (node 0's is :attr:`url`).
+
+        >>> emulator = MetadataEmulator()
+        >>> emulator.node_url(0) == emulator.url, emulator.node_url(2).endswith("/node-2")
+        (True, True)
+        >>> emulator.close()
+        """
+        return self.url if node == 0 else f"{self.url}/node-{node}"
 
     def clear(self) -> None:
-        """No notice (a new attempt starts on a fresh "instance")."""
+        """No notice (a new attempt starts on fresh "instances")."""
         with self._lock:
-            self._action = None
+            self._notices.clear()
             self._tokens.clear()
 
     def close(self) -> None:

@@ -16,6 +16,14 @@ Every attempt is registered in ``<state dir>/<job id>/attempt-N.json`` (pid and 
 start time), the local equivalent of the ``costguard:job`` tag: :meth:`LocalLauncher.find`
 reads them, so ``costguard launch --attach`` supervises a running attempt instead of
 starting a second one.
+
+A gang (``--nodes N``, :meth:`LocalLauncher.launch_gang`) is N such process groups, each
+``costguard run`` around one node's ``torchrun`` (:func:`costguard.gang.torchrun_args`,
+as ``slurm script --nodes`` starts them), meeting at a c10d rendezvous on 127.0.0.1, each
+with its own simulated instance metadata (``/node-<rank>``, registration
+``attempt-N.node-R.json``): an attempt's notice goes to one node, the one
+``(attempt - 1) % N``, and every node saves the same step because the ranks agree on
+notices.
 """
 
 from __future__ import annotations
@@ -25,16 +33,19 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
 from costguard import contract
 from costguard.checkpoint.notices import ENDPOINT_ENV
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
+from costguard.gang import torchrun_args
 from costguard.pricing.catalog import Market
 from costguard.secrets import secret_name_kind
 from costguard.spot.bootstrap import refuse_secrets
@@ -92,6 +103,22 @@ def job_environment(spec: LaunchSpec, env: Mapping[str, str]) -> dict[str, str]:
     return {**spec.environment, **secrets}
 
 
+@dataclass(frozen=True)
+class _Node:
+    """Which node of a gang a process group is (``rank`` ``None``: the attempt's one
+    instance) and the ``torchrun`` words its ``costguard run`` starts the command with."""
+
+    rank: int | None = None
+    torchrun: tuple[str, ...] = ()
+
+
+def _free_port() -> int:
+    """A loopback port free now, for a gang's rendezvous (node 0's torchrun binds it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
 def default_state_dir(env: Mapping[str, str]) -> Path:
     """Where local attempts keep their logs and registrations.
 
@@ -118,6 +145,32 @@ def process_start_ticks(pid: int) -> str:
     # The command name (field 2) may hold spaces; fields after its closing parenthesis.
     fields = text[text.rfind(")") + 2 :].split()
     return fields[19] if len(fields) > 19 else ""
+
+
+def descendants(roots: Sequence[int]) -> list[int]:
+    """Every process under ``roots`` (their children, theirs, ...), from each process's
+    parent in Linux ``/proc``; none where ``/proc`` cannot be read."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in Path("/proc").iterdir() if e.name.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: list[int] = []
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
 
 
 def pid_alive(pid: int, start_ticks: str = "") -> bool:
@@ -204,47 +257,102 @@ class LocalLauncher(Launcher):
             raise InputError(msg, hint="set COSTGUARD_LOCAL_DIR to a writable folder") from None
         self.emulator  # noqa: B018 - bind the port now: a busy one is an input error
 
-    def command(self, spec: LaunchSpec, cloud: str = "aws") -> list[str]:
-        """``costguard run`` around the user's command, with the job's checkpoint settings."""
+    def command(self, spec: LaunchSpec, cloud: str = "aws", node: Sequence[str] = ()) -> list[str]:
+        """``costguard run`` around the user's command (a gang's: after its node's
+        ``torchrun`` words, ``node``), with the job's checkpoint settings."""
         argv = [self.python, "-m", "costguard", "run", "--checkpoint", spec.checkpoint_url]
-        return [*argv, "--cloud", cloud, *spec.run_options(), "--", *spec.command]
+        return [*argv, "--cloud", cloud, *spec.run_options(), "--", *node, *spec.command]
+
+    def torchrun(self) -> list[str]:
+        """How a node starts ``torchrun``: the one beside this Python, else its module."""
+        beside = Path(self.python).with_name("torchrun")
+        return [str(beside)] if beside.is_file() else [self.python, "-m", "torch.distributed.run"]
 
     def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
         """Start attempt ``attempt`` as a new process group, and schedule its notice."""
+        self.emulator.clear()
+        return self._start(offer, spec, attempt, _Node(), self._notice(offer, attempt))
+
+    def launch_gang(self, offer: Offer, spec: LaunchSpec, attempt: int) -> tuple[Handle, ...]:
+        """Start the ``spec.nodes`` nodes of attempt ``attempt``, each ``costguard run``
+        around its ``torchrun`` (rendezvous on a free loopback port), all or none: a node
+        that cannot start takes the started ones down with it. The attempt's notice goes
+        to node ``(attempt - 1) % nodes`` only."""
+        if spec.nodes == 1:
+            return (self.launch(offer, spec, attempt),)
+        self.emulator.clear()
+        endpoint = f"127.0.0.1:{_free_port()}"
+        notice = self._notice(offer, attempt, spec.nodes)
+        noticed = (attempt - 1) % spec.nodes
+        handles: list[Handle] = []
+        try:
+            for rank in range(spec.nodes):
+                words = torchrun_args(
+                    self.torchrun(),
+                    spec.nodes,
+                    spec.procs_per_node or max(1, offer.gpu_count),
+                    node_rank=rank,
+                    endpoint=endpoint,
+                    rdzv_id=f"{spec.job_id}-{attempt}",
+                )
+                node = _Node(rank, tuple(words))
+                handles.append(
+                    self._start(offer, spec, attempt, node, notice if rank == noticed else None)
+                )
+        except CostguardError:
+            for handle in handles:
+                self.terminate(handle)
+            raise
+        return tuple(handles)
+
+    def _notice(self, offer: Offer, attempt: int, nodes: int = 1) -> float | None:
+        """When attempt ``attempt`` gets its notice (never on-demand). ``--preempt-every``
+        is each node's: a gang of ``nodes`` is preempted ``nodes`` times as often (the
+        first of its nodes' notices); ``--preempt-at`` lists the gang's notices."""
+        if offer.market is not Market.SPOT:
+            return None
+        simulation = self.simulation
+        if simulation.every_s is not None and nodes > 1:
+            simulation = replace(simulation, every_s=simulation.every_s / nodes)
+        return notice_time(
+            simulation,
+            attempt=attempt,
+            launched_unix=self._clock(),
+            job_started_unix=self.job_started_unix,
+        )
+
+    def _start(
+        self, offer: Offer, spec: LaunchSpec, attempt: int, node: _Node, notice: float | None
+    ) -> Handle:
+        """Start one process group: the attempt's one instance, or a node of its gang."""
         folder = self._job_dir(spec.job_id)
         folder.mkdir(parents=True, exist_ok=True)
-        jobs_dir = folder / f"attempt-{attempt}.jobs"
+        name = f"attempt-{attempt}" + ("" if node.rank is None else f".node-{node.rank}")
+        jobs_dir = folder / f"{name}.jobs"
         jobs_dir.mkdir(exist_ok=True)
-        log = folder / f"attempt-{attempt}.log"
+        log = folder / f"{name}.log"
         now = self._clock()
         cloud = simulated_cloud(offer.region)
         notice_s = self.simulation.notice_s or NOTICE_S[cloud]
-        notice = None
-        if offer.market is Market.SPOT:
-            notice = notice_time(
-                self.simulation,
-                attempt=attempt,
-                launched_unix=now,
-                job_started_unix=self.job_started_unix,
-            )
         emulator = self.emulator
-        emulator.clear()
         env = job_environment(spec, self.env)
         env.update(
             {
                 contract.ENV_STOP_CHECK: spec.stop_check(attempt),
                 contract.ENV_CLOUD: cloud,
-                ENDPOINT_ENV[cloud]: emulator.url,
+                ENDPOINT_ENV[cloud]: emulator.node_url(node.rank or 0),
                 contract.ENV_NOTICE_POLL_S: str(NOTICE_POLL_S),
                 contract.ENV_JOBS_DIR: str(jobs_dir),
                 contract.ENV_JOB_ID: spec.job_id,
                 contract.ENV_JOB_ATTEMPT: str(attempt),
             }
         )
+        if node.rank is not None:
+            env[contract.ENV_NODE_RANK] = str(node.rank)
         with log.open("ab") as output:
             try:
                 child = subprocess.Popen(
-                    self.command(spec, cloud),
+                    self.command(spec, cloud, node.torchrun),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
@@ -267,7 +375,9 @@ class LocalLauncher(Launcher):
             "log": str(log),
             "owner": spec.owner,
         }
-        registration = folder / f"attempt-{attempt}.json"
+        if node.rank is not None:
+            extra["node"] = str(node.rank)
+        registration = folder / f"{name}.json"
         tmp = registration.with_suffix(".tmp")
         tmp.write_text(json.dumps({"region": offer.region, "zone": offer.zone, "extra": extra}))
         tmp.replace(registration)
@@ -324,7 +434,8 @@ class LocalLauncher(Launcher):
         due = notice is not None and now >= notice
         if alive and due and deadline is not None:
             if handle.instance_id not in self._announced:
-                self.emulator.announce(deadline)
+                node = handle.extra.get("node", "0")
+                self.emulator.announce(deadline, node=int(node) if node.isdigit() else 0)
                 self._announced.add(handle.instance_id)
             if now >= deadline:
                 self._kill(handle)
@@ -371,9 +482,17 @@ class LocalLauncher(Launcher):
     def _signal(self, handle: Handle, signum: int) -> None:
         # Each is a process-group leader: the wrapper (new session) and the script
         # (costguard run starts it in its own group); a group takes its children along.
-        for pid in self._pids(handle):
+        # A kill takes every process under them too, found before any is signalled:
+        # torchrun starts each worker in a session of its own, which no group reaches,
+        # and a reclaimed VM leaves none of them running.
+        leaders = self._pids(handle)
+        under = descendants(leaders) if signum == signal.SIGKILL else []
+        for pid in leaders:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signum)
+        for pid in under:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
 
     def _kill(self, handle: Handle) -> None:
         self._signal(handle, signal.SIGKILL)
