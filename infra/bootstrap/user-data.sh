@@ -19,6 +19,11 @@ export COSTGUARD_JOB_ID={{ job_id }}
 export COSTGUARD_JOB_ATTEMPT={{ attempt }}
 export COSTGUARD_STOP_CHECK={{ stop_check }}
 export COSTGUARD_CLOUD={{ cloud }}
+ARRAY_TASK={{ array_task }}
+if [ -n "$ARRAY_TASK" ]; then
+    # A task of costguard launch --array: its index, as SLURM_ARRAY_TASK_ID on a cluster.
+    export COSTGUARD_ARRAY_TASK_ID="$ARRAY_TASK"
+fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 INDEX_URL={{ index_url }}
 if [ -n "$INDEX_URL" ]; then

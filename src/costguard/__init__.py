@@ -23,14 +23,15 @@ def __getattr__(name: str) -> Any:
     (:mod:`costguard.notebook`); ``costguard.pricing.table("gpu_instances")`` a table as a
     DataFrame; ``costguard.spend("export.csv.gz", by="job")`` what a billing export billed,
     as a DataFrame; ``costguard.job_status("s3://my-bucket/run1")`` a launched job's
-    attempts, cost so far, finish time and projected total.
+    attempts, cost so far, finish time and projected total (an array's: a DataFrame of
+    its tasks).
     """
     if name == "estimate":
         from costguard.notebook import estimate
 
         return estimate
     if name == "job_status":
-        from costguard.spot.report import job_status
+        from costguard.notebook import job_status
 
         return job_status
     if name == "spend":

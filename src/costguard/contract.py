@@ -136,6 +136,10 @@ VERSION = 1
 #: others are a few hundred bytes.
 RECORD_BYTES = 64 * 1024
 JOB_BYTES = 16 * 1024 * 1024
+#: An array's record: :data:`MAX_ARRAY_TASKS` tasks, each with its prefix (at most 2,048
+#: characters, as ``ARRAY_TASK`` bounds it) and index: about 2 MiB at most (1,000 tasks of
+#: a 50-character URL are about 70 KiB, past :data:`RECORD_BYTES`).
+ARRAY_BYTES = 4 * 1024 * 1024
 
 
 def exit_record_path(attempt: int, node: int | None = None) -> str:

@@ -221,3 +221,48 @@ def warn_stale(stale: str) -> None:
 
 def _names(value: str | Sequence[str]) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
+
+
+#: The columns of an array's DataFrame (:func:`job_status`), one row per task.
+TASK_COLUMNS = ("index", "status", "attempts", "preemptions", "failures", "step", "left_s",
+                "cost_usd", "projected_usd", "reason", "job_id", "checkpoint_url")  # fmt: skip
+
+
+def job_status(url: str, *, exact: bool = False) -> Any:
+    """The launched job at checkpoint ``url`` as ``costguard jobs status --format json``
+    reports it: a dict (:func:`costguard.spot.report.job_status`); for an array
+    (``costguard launch --array``), a ``pandas.DataFrame`` of its tasks, one row each with
+    the roll-up's figures (:data:`TASK_COLUMNS`; money as ``float64``, or the exact
+    Decimals with ``exact=True``), the array's own in ``DataFrame.attrs`` (``array_id``,
+    ``array``, ``concurrency``, ``max_total_usd``, ``spent_usd``, ``counts``,
+    ``unreadable``: the tasks whose record is not costguard's, left out).
+
+    ``costguard.job_status("s3://my-bucket/sweep")["status"].value_counts()``
+    """
+    import time
+
+    from costguard.spot import array
+    from costguard.spot.prepare import normal_url, open_store
+    from costguard.spot.report import job_status as single_job_status
+    from costguard.spot.sweep import load_tasks, rollup_document, rows
+
+    url = normal_url(url)
+    record = array.read_record(open_store(url))
+    if record is None:
+        return single_job_status(url)
+    tasks = load_tasks(record, skip_bad=True)
+    task_rows = rows(record.url, ((t.index, t.job) for t in tasks), time.time())
+    records = [
+        {
+            "index": r.index, "status": r.status, "attempts": r.attempts,
+            "preemptions": r.preemptions, "failures": r.failures, "step": r.step,
+            "left_s": r.left_s, "cost_usd": r.spent_usd, "projected_usd": r.projected_usd,
+            "reason": r.reason, "job_id": r.job_id, "checkpoint_url": r.checkpoint_url,
+        }
+        for r in task_rows
+    ]  # fmt: skip
+    frame = require("pandas", "pandas").DataFrame.from_records(records, columns=list(TASK_COLUMNS))
+    frame = numeric_columns(frame, exact=exact)
+    document = rollup_document(record, task_rows)
+    frame.attrs.update({key: value for key, value in document.items() if key != "tasks"})
+    return frame

@@ -27,6 +27,11 @@ JOB_TAG = "costguard:job"
 OWNER_TAG = "costguard:owner"
 ATTEMPT_TAG = "costguard:attempt"
 IDLE_MINUTES_TAG = "costguard:idle-minutes"
+#: On the instances of an array's tasks (``costguard launch --array``): the array's job id
+#: and the task's index, so ``costguard reap``, billing exports and people can tell which
+#: sweep and which task an instance runs (each task's own job id is in ``costguard:job``).
+ARRAY_TAG = "costguard:array"
+ARRAY_TASK_TAG = "costguard:array-task"
 
 _PREFIX = "costguard:"
 _GCP_PREFIX = "costguard-"

@@ -425,6 +425,54 @@ def test_the_hours_of_other_months_are_named_apart(
     assert both["gaps"] == []
 
 
+def test_spend_job_of_an_array_sums_every_task(
+    run_cli: Callable[..., Any], tmp_path: Path, catalog: Catalog
+) -> None:
+    """`spend --job URL` at an array's URL: the charges tagged with any of its tasks' job
+    ids (not another array's), next to the running cost of every task's attempts."""
+    from costguard.spot import array
+    from costguard.spot.sweep import task_specs
+
+    array_id = "cg-ana-20261103-100000-abc123"
+    url = str(tmp_path / "sweep")
+    record = array.ArrayRecord(array_id, url, "0-1", (0, 1), 2, 1000.0)
+    offer = find_offers(catalog, gpu="T4", provider="local")[0]
+    start = datetime(2026, 11, 3, 10, tzinfo=UTC).timestamp()
+    running = Decimal(0)
+    for index, task in zip(record.indexes, task_specs(spec(url, job_id=array_id), record),
+                           strict=True):  # fmt: skip
+        attempt = Attempt(
+            1, offer, start + index * 3600,
+            handle=Handle("local", offer.region, f"local-{index}", extra={"pid": "1"}),
+            ended_unix=start + (index + 1) * 3600, outcome=AttemptOutcome.SUCCEEDED, exit_code=0,
+        )  # fmt: skip
+        save_job(Store.open(task.checkpoint_url), Job(task, (attempt,), status="succeeded"))
+        running += offer.usd_per_hour
+    array.write_record(Store.open(url), record)
+    # The handmade export's llama-ft charges, as the array's two tasks' (its first spot
+    # hour task 0's, the rest task 1's), and another array's task's charge beside them.
+    with HANDMADE.open(newline="") as source:
+        rows = list(csv.DictReader(source))
+    first = True
+    for row in rows:
+        if '"llama-ft"' in row["Tags"]:
+            number = 0 if first else 1
+            first = False
+            row["Tags"] = row["Tags"].replace('"llama-ft"', f'"{array_id}-t{number}"')
+    other = {**rows[0], "BilledCost": "5", "EffectiveCost": "5",
+             "Tags": '{"costguard:job": "cg-ana-20261103-100000-fff999-t0"}'}  # fmt: skip
+    export = tmp_path / "export.csv"
+    with export.open("w", newline="") as target:
+        writer = csv.DictWriter(target, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows([*rows, other])
+    document = spend(run_cli, str(export), "--job", url, "--month", "2026-11")
+    assert document["job_id"] == array_id
+    assert groups(document) == {"Amazon Elastic Compute Cloud": Decimal("0.3817")}
+    assert document["running_cost_usd"] == str(running.normalize())
+    assert Decimal(document["gap_usd"]) == Decimal("0.3817") - running
+
+
 def test_a_gangs_bill_is_every_nodes_and_so_is_its_running_cost(
     run_cli: Callable[..., Any], tmp_path: Path, catalog: Catalog
 ) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -200,6 +201,15 @@ class Ec2Faults:
     #: launched, the client gets an HTTP 503 (a timeout or a dropped connection after EC2
     #: acted looks the same to it).
     lost_answers: int = 0
+    #: The next this many ``RunInstances`` answer ``RequestLimitExceeded`` (EC2's API
+    #: throttling: HTTP 503, launching nothing), counted in ``throttled``; the time of every
+    #: ``RunInstances`` that reached the layer is kept in ``run_times`` (monotonic).
+    throttle_runs: int = 0
+    throttled: int = 0
+    run_times: list[float] = field(default_factory=list)
+    #: Availability Zones with no capacity: a ``RunInstances`` placed in one answers
+    #: ``InsufficientInstanceCapacity``.
+    full_zones: set[str] = field(default_factory=set)
     #: instance id -> requests naming it still to answer NotFound / stale.
     hidden: dict[str, int] = field(default_factory=dict)
     stale: dict[str, int] = field(default_factory=dict)
@@ -320,6 +330,10 @@ class Ec2FaultLayer:
         ids = _ids(form)
         if action in ("DescribeInstances", "TerminateInstances") and ids and faults.hide(ids):
             return _not_found(ids)
+        if action == "RunInstances":
+            refusal = self._refuse_run(form)
+            if refusal is not None:
+                return refusal
         token = form.get("ClientToken", [""])[0] if action == "RunInstances" else ""
         key = (_region(headers), token)
         if token and key in faults.tokens:
@@ -358,6 +372,23 @@ class Ec2FaultLayer:
         elif action == "DescribeInstanceTypes" and faults.page_size:
             data = self._page(data, form.get("NextToken", [""])[0])
         return status, passed, data
+
+    def _refuse_run(self, form: Mapping[str, list[str]]) -> Reply | None:
+        """A ``RunInstances`` refused as EC2 refuses it when throttled or full, or None."""
+        with self.faults.lock:
+            self.faults.run_times.append(time.monotonic())
+            if self.faults.throttle_runs > 0:
+                self.faults.throttle_runs -= 1
+                self.faults.throttled += 1
+                _, headers, body = _error("RequestLimitExceeded", "Request limit exceeded.")
+                return 503, headers, body
+        zone = form.get("Placement.AvailabilityZone", [""])[0]
+        if zone in self.faults.full_zones:
+            return _error(
+                "InsufficientInstanceCapacity",
+                f"We currently do not have sufficient capacity in the Availability Zone {zone}.",
+            )
+        return None
 
     def _repeat(self, key: tuple[str, str], parameters: list[tuple[str, str]]) -> Reply:
         """A ``RunInstances`` with a token seen before: the first answer, or the mismatch."""

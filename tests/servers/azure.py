@@ -149,6 +149,11 @@ class ArmServer(LocalServer):
         self.location_restricted: set[tuple[str, str]] = set()
         self.operations: dict[str, dict[str, Any]] = {}
         self.full_sizes: set[str] = set()
+        #: The next this many VM PUTs are refused for the subscription's request rate, as
+        #: Resource Manager throttles: HTTP 429 ``TooManyRequests`` with ``Retry-After``
+        #: (request-limits-and-throttling); counted in ``throttled``.
+        self.throttle_puts = 0
+        self.throttled = 0
         #: (location, size) -> (zones, zones restricted for the subscription), as the
         #: Resource SKUs API lists them.
         self.skus: dict[tuple[str, str], tuple[list[str], list[str]]] = {
@@ -199,6 +204,11 @@ class ArmServer(LocalServer):
 
     def put(self, request: Request, match: re.Match[str]) -> Reply:
         assert request.query.get("api-version"), request.query
+        if self.throttle_puts > 0:
+            self.throttle_puts -= 1
+            self.throttled += 1
+            error = {"code": "TooManyRequests", "message": "The request is being throttled."}
+            return 429, {"error": error}, {"Retry-After": "2"}
         body = request.body
         name = match["name"]
         vm = self.vms.get(name)

@@ -129,6 +129,11 @@ class ComputeServer(LocalServer):
         #: When set, every insert is refused at once with HTTP 403, as a quota check does
         #: (rule quota_exceeded_is_immediate_403).
         self.quota_exceeded = False
+        #: The next this many inserts are refused at once for the project's request rate
+        #: (HTTP 403, reason ``rateLimitExceeded``, as Compute Engine's API rate limits
+        #: answer), counted in ``rate_limited``.
+        self.rate_limit_inserts = 0
+        self.rate_limited = 0
         #: (zone, machine or accelerator type name) the zone does not offer (rule
         #: zone_without_the_type); every other pair is offered.
         self.lacking: set[tuple[str, str]] = set()
@@ -159,6 +164,13 @@ class ComputeServer(LocalServer):
         request_id = request.query.get("requestId", [""])[0]
         if request_id in self.request_ids:  # the first request's operation; nothing created
             return 200, self.operations[self.request_ids[request_id]], {}
+        if self.rate_limit_inserts > 0:
+            self.rate_limit_inserts -= 1
+            self.rate_limited += 1
+            error = {"code": 403, "message": "Rate Limit Exceeded",
+                     "errors": [{"message": "Rate Limit Exceeded", "domain": "usageLimits",
+                                 "reason": "rateLimitExceeded"}]}  # fmt: skip
+            return 403, {"error": error}, {}
         if self.quota_exceeded:
             refusal = RULES["quota_exceeded_is_immediate_403"]
             return refusal["status"], {"error": refusal["body"]}, {}

@@ -110,8 +110,6 @@ def test_bad_arrays_are_refused_before_anything_exists(
     ("extra", "message"),
     [
         (("--attach", "ATTACH"), "--array and --attach exclude each other"),
-        (("--provider", "aws"), "--array runs on --provider local for now, not on aws"),
-        (("--provider", "gcp"), "--array runs on --provider local for now, not on gcp"),
         (("--stop-at-projection",), "--stop-at-projection needs --max-total"),
         (("--pilot-steps", "100"), "--pilot-steps prices one job, not an array"),
     ],
@@ -187,9 +185,22 @@ def test_the_array_record_round_trips_and_a_forged_one_is_refused(tmp_path: Path
         store.put(contract.ARRAY_FILE, json.dumps({**doc, field: value}).encode())
         with pytest.raises(contract.RecordError, match=re.escape(message)):
             array.read_record(store)
-    store.put(contract.ARRAY_FILE, b"{" * 100_000)
+    store.put(contract.ARRAY_FILE, b"{" * (contract.ARRAY_BYTES + 1))
     with pytest.raises(contract.RecordError, match="more than"):
         array.read_record(store)
+
+
+def test_the_record_of_an_array_of_the_most_tasks_reads_back(tmp_path: Path) -> None:
+    # 1,000 tasks under a 60-character URL: about 90 KB of record, which the 64 KiB bound
+    # of a small record refused ("not a costguard record": jobs status of the array failed).
+    url = str(tmp_path / ("sweep-" + "x" * 40))
+    spec_ = array.parse(f"0-{contract.MAX_ARRAY_TASKS - 1}%10")
+    record = array.ArrayRecord("cg-me-20261206-000000-abc123", url, spec_.text, spec_.indexes,
+                               spec_.concurrency, time.time())  # fmt: skip
+    store = Store.open(url)
+    array.write_record(store, record)
+    assert len((tmp_path / url / contract.ARRAY_FILE).read_bytes()) > contract.RECORD_BYTES
+    assert array.read_record(store) == record
 
 
 def test_starts_keep_the_concurrency_and_the_cap() -> None:
@@ -478,3 +489,64 @@ def test_attach_runs_no_task_spec_this_user_did_not_launch(
     assert f"task 1's command: `sh -c 'touch {pwned}'`" in error, result.stderr
     assert "Traceback" not in result.stderr
     assert not pwned.exists()
+
+
+def test_the_notebook_gives_an_arrays_tasks_as_a_dataframe(
+    tmp_path: Path, run_cli: Callable[..., Any]
+) -> None:
+    """`costguard.job_status(url)` of an array: one row per task with the roll-up's
+    figures (what `jobs status --format json` lists), money a float column pandas sums,
+    or the exact Decimals; the array's figures in attrs."""
+    import costguard
+
+    url = str(tmp_path / "sweep")
+    record = array.ArrayRecord("cg-test-1", url, "0-2", (0, 1, 2), 3, time.time())
+    template = spec(url, spot=False, simulation=None, total_steps=1000)
+    done, running, pending = task_specs(template, record)
+    now = time.time()
+    store = Store.open(running.checkpoint_url)
+    write_pace(store, Pace(100, 50.0, 100, now, now - 60))
+    ended = replace(Attempt(1, ON_DEMAND, now - 7200), ended_unix=now - 3600)
+    save_job(Store.open(done.checkpoint_url), Job(done, (ended,), status="succeeded"))
+    save_job(store, Job(running, attempts=(Attempt(1, ON_DEMAND, now - 60),)))
+    save_job(Store.open(pending.checkpoint_url), Job(pending))
+    array.write_record(Store.open(url), record)
+
+    frame = costguard.job_status(url)
+    cli = run_cli("jobs", "status", url, "--format", "json").json()
+    assert frame["index"].tolist() == [t["index"] for t in cli["tasks"]] == [0, 1, 2]
+    assert frame["status"].tolist() == [t["status"] for t in cli["tasks"]]
+    assert frame["status"].tolist() == ["succeeded", "running", "pending"]
+    assert str(frame["cost_usd"].dtype) == "float64"
+    assert frame["cost_usd"].sum() == pytest.approx(float(Decimal(cli["spent_usd"])), abs=0.01)
+    assert frame["cost_usd"][0] == pytest.approx(1.006, abs=0.001)  # an hour on demand
+    assert frame["projected_usd"][1] > frame["cost_usd"][1] > 0
+    exact = costguard.job_status(url, exact=True)
+    assert isinstance(exact["cost_usd"][0], Decimal)
+    assert frame.attrs["array_id"] == "cg-test-1"
+    assert frame.attrs["counts"] == {"succeeded": 1, "running": 1, "pending": 1}
+    # A single job's URL still gives its dict.
+    assert costguard.job_status(running.checkpoint_url)["job_id"] == running.job_id
+
+
+def test_max_failures_retries_a_failing_task_and_fails_it_alone(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """`--max-failures 1` on a local array of three: task 1's command fails every time,
+    so it runs twice (one retry) and is marked failed, while tasks 0 and 2 succeed at
+    their first attempt; the launch exits 1 and says so."""
+    ckpt = tmp_path / "sweep"
+    result = launch(
+        spot_env(), *LOCAL_A10G, "--checkpoint", str(ckpt), "--array", "0-2%2",
+        "--max-failures", "1", "--preempt-every", "600", "--poll-seconds", "0.2", "--yes",
+        "--", "sh", "-c", 'test "$COSTGUARD_ARRAY_TASK_ID" != 1',
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-4000:]
+    jobs = task_jobs(ckpt, range(3))
+    assert [j["status"] for j in jobs] == ["succeeded", "failed", "succeeded"]
+    assert [[a["outcome"] for a in j["attempts"]] for j in jobs] == [
+        ["succeeded"], ["failed", "failed"], ["succeeded"],
+    ]  # fmt: skip
+    out = " ".join(result.stdout.split())
+    assert "done: 2 of 3 task(s) succeeded: 0, 2" in out
+    assert "not done: 1 task(s) failed: 1" in out

@@ -190,7 +190,7 @@ def test_template_ships_with_the_package_or_the_checkout() -> None:
     assert placeholders == {
         "job_id", "attempt", "stop_check", "cloud", "workdir", "git_repo", "git_ref", "package",
         "shutdown_minutes", "checkpoint_url", "run_options", "command", "wheel_url",
-        "wheel_sha256", "wheel_file", "fetcher", "index_url",
+        "wheel_sha256", "wheel_file", "fetcher", "index_url", "array_task",
     }  # fmt: skip
 
 

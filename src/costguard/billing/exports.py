@@ -136,9 +136,12 @@ def for_a_command() -> None:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
 
 
-def read_spend(sources: Sequence[str], by: str, *, job: str | None = None) -> Tally:
+def read_spend(
+    sources: Sequence[str], by: str, *, job: str | tuple[str, ...] | None = None
+) -> Tally:
     """Sum every charge of the exports ``sources`` per ``by`` group, currency and month;
-    with ``job``, only the charges tagged with that ``costguard:job``."""
+    with ``job``, only the charges tagged with that ``costguard:job`` (a tuple: with any
+    of them, an array's tasks)."""
     tally = Tally()
     grouping = Grouping(by, job)
     for fs, path, shown in expand(sources):
@@ -207,7 +210,7 @@ class Grouping:
     it learnt of the export's tags as it read (:class:`TagMemo`)."""
 
     by: str
-    job: str | None = None
+    job: str | tuple[str, ...] | None = None
     memos: dict[str, TagMemo] = field(default_factory=dict, compare=False)
 
     def memo(self, tag: str) -> TagMemo:
@@ -1069,12 +1072,14 @@ def _relabel(indices: Any, labels: Sequence[str | None]) -> Any:
     )
 
 
-def _rows_reading(labels: Any, value: str) -> Any:
-    """Which rows of a dictionary array read ``value`` (never a missing one)."""
+def _rows_reading(labels: Any, value: str | tuple[str, ...]) -> Any:
+    """Which rows of a dictionary array read ``value`` (a tuple: any of its values; never
+    a missing one)."""
     labels = labels.combine_chunks() if isinstance(labels, pa.ChunkedArray) else labels
-    known = labels.dictionary.to_pylist()
-    index = known.index(value) if value in known else -1
-    return pc.fill_null(pc.equal(labels.indices, index), False)
+    wanted = {value} if isinstance(value, str) else set(value)
+    indexes = [at for at, known in enumerate(labels.dictionary.to_pylist()) if known in wanted]
+    chosen = pc.is_in(labels.indices, value_set=pa.array(indexes, labels.indices.type))
+    return pc.fill_null(chosen, False)
 
 
 def _tag_values(column: Any, memo: TagMemo) -> Any:

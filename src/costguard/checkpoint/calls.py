@@ -142,9 +142,11 @@ class StoreCalls:
             return MissingCredentialsError(
                 f"no {cloud} credentials while {action} on {self.url}", hint=hint
             )
-        detail = redact(str(exc))[:300]
         if isinstance(exc, FileNotFoundError):
-            return StoreError(f"{action} on {self.url}: not found ({detail})")
+            # The action names the object: nothing of the exception's text to redact (a
+            # missing exit record is every running job's answer at every poll).
+            return StoreError(f"{action} on {self.url}: not found")
+        detail = redact(str(exc))[:300]
         if isinstance(exc, PermissionError):
             return StoreError(f"{action} on {self.url}: permission denied ({detail})")
         return StoreError(f"{action} on {self.url} failed: {type(exc).__name__}: {detail}")

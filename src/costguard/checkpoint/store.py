@@ -201,6 +201,26 @@ class Store(StoreCalls):
         store.made_dirs = made
         return store
 
+    def child(self, name: str) -> Store:
+        """The store at ``name`` under this one, through this one's filesystem (its
+        session and connections: an array's thousand task prefixes are one client's, not
+        a thousand). ``name`` is one folder name, never ``..``.
+
+        >>> import tempfile
+        >>> store = Store.open(tempfile.mkdtemp())
+        >>> store.child("task-3").url.endswith("/task-3")
+        True
+        >>> store.child("../elsewhere")
+        Traceback (most recent call last):
+        ...
+        costguard.errors.InputError: '../elsewhere' is not a folder name under ...
+        """
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            msg = f"{name!r} is not a folder name under {self.url}"
+            raise InputError(msg, hint="one name, e.g. task-3")
+        url = f"{self.url.rstrip('/')}/{name}"
+        return type(self)(self.fs, self.full(name), url, retry=self.retry)
+
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write one whole object; a reader sees the old object, or the complete new one."""
         self._put(path, data, None)

@@ -344,13 +344,14 @@ def _array_launch(settings: Settings, options: Mapping[str, Any]) -> bool:
     sweep); ``False`` for a single job."""
     from costguard.cli import sweep
 
+    launching = sweep.Launching(_owner(), _guard, _default_poll)
     if options["array"] is not None:  # its options are checked first, before any read
-        sweep.launch_array(settings, options, _request(options), _owner())
+        sweep.launch_array(settings, options, _request(options), launching)
         return True
     if options["attach_url"]:
         found = sweep.array_at(options["attach_url"])
         if found is not None:
-            sweep.attach_array(settings, options, *found)
+            sweep.attach_array(settings, options, launching, *found)
             return True
     return False
 

@@ -87,7 +87,7 @@ Examples:
     type=StoreUrl(),
     help="A job started by costguard launch (its checkpoint URL): its estimate and its "
     "controller's running cost next to what was billed under its tag, and what the "
-    "difference is made of.",
+    "difference is made of. An array's URL (launch --array) sums every task.",
 )
 @click.option(
     "--plot",
@@ -122,12 +122,12 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
     elif options["budget"] is not None:
         msg = "--budget is the line --plot draws"
         raise InputError(msg, hint="add --plot spend.png, or drop --budget")
-    job = _job(options["job_url"]) if options["job_url"] else None
+    job, tagged = _job(options["job_url"]) if options["job_url"] else (None, None)
     by = options["by"] or ("service" if job else "job")
     month, currency = options["month"], options["currency"]
     output = options["output_format"]
     if job is not None:
-        spend = job_spend(settings, job, options["exports"], by, month, currency, output)
+        spend = job_spend(settings, job, options["exports"], by, month, currency, output, tagged)
     else:
         spend = report(read_spend(options["exports"], by), by, month=month, currency=currency)
         _print_spend(spend, output)
@@ -136,7 +136,7 @@ def spend_command(settings: Settings, /, **options: Any) -> None:
 
         days = spend
         if by != "day":
-            tally = read_spend(options["exports"], "day", job=job.spec.job_id if job else None)
+            tally = read_spend(options["exports"], "day", job=tagged)
             days = report(tally, "day", month=options["month"], currency=spend.currency)
         click.echo(f"Picture: {draw_spend(plot, days, options['budget']).path}", err=True)
 
@@ -168,32 +168,52 @@ def job_spend(
     month: str | None,
     currency: str | None,
     output: str,
+    tagged: tuple[str, ...] | None = None,
 ) -> SpendReport:
     """Print what ``exports`` billed under ``job``'s tag (grouped ``by``) next to its
     estimate and running cost, the difference named (``costguard spend --job``, ``jobs
-    status --spend``); the report printed."""
+    status --spend``); the report printed. ``tagged``: the job ids its charges carry
+    (an array's tasks'), by default its own."""
     from costguard.billing.exports import read_spend
 
-    tally = read_spend(exports, by, job=job.spec.job_id)
+    tagged = tagged or (job.spec.job_id,)
+    tally = read_spend(exports, by, job=tagged)
     if not tally.sums:
-        msg = f"the export has no charges tagged {JOB_TAG}={job.spec.job_id}"
+        msg = f"the export has no charges tagged {JOB_TAG}={tagged[0]}"
+        if len(tagged) > 1:
+            msg += f" or any other task of array {job.spec.job_id}"
         raise InputError(
             msg,
             hint="on AWS the tag counts once activated as a cost allocation tag; the export "
             "must cover the days the job ran",
         )
     spend = report(tally, by, month=month, currency=currency)
-    kinds = read_spend(exports, "charge", job=job.spec.job_id)
+    kinds = read_spend(exports, "charge", job=tagged)
     bill = report(kinds, "charge", month=month, currency=spend.currency)
     _print_reconciliation(job, spend, bill, kinds, settings, output)
     return spend
 
 
-def _job(url: str) -> Job:
-    from costguard.spot.job import load_job
+def _job(url: str) -> tuple[Job, tuple[str, ...]]:
+    """The job at ``url`` and the job ids its charges are tagged with; an array's (``launch
+    --array``): its tasks as one job (:func:`~costguard.spot.sweep.as_one_job`) and every
+    task's id."""
+    from costguard.contract import RecordError
+    from costguard.spot.array import read_record
+    from costguard.spot.job import JobError, load_job
     from costguard.spot.prepare import normal_url, open_store
+    from costguard.spot.sweep import as_one_job, load_tasks
 
-    return load_job(open_store(normal_url(url)))
+    store = open_store(normal_url(url))
+    try:
+        record = read_record(store)
+    except RecordError as exc:
+        raise JobError(exc.message, hint=exc.hint) from None
+    if record is None:
+        job = load_job(store)
+        return job, (job.spec.job_id,)
+    tasks = load_tasks(record)
+    return as_one_job(record, tasks), tuple(t.job.spec.job_id for t in tasks)
 
 
 def _print_reconciliation(

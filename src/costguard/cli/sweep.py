@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -46,13 +46,6 @@ def check_array_options(options: Mapping[str, Any]) -> ArraySpec:
         raise InputError(
             msg, hint="`costguard launch --attach URL` takes over a whole array (its record)"
         )
-    if options["provider"] != "local":
-        msg = f"--array runs on --provider local for now, not on {options['provider']}"
-        raise InputError(
-            msg,
-            hint="cloud arrays are not built yet: try the sweep with --provider local, or "
-            "launch each task with its own costguard launch",
-        )
     if options["pilot_steps"] is not None:
         msg = "--pilot-steps prices one job, not an array"
         raise InputError(msg, hint="pilot one task without --array first")
@@ -62,8 +55,19 @@ def check_array_options(options: Mapping[str, Any]) -> ArraySpec:
     return spec
 
 
+@dataclass(frozen=True)
+class Launching:
+    """What ``costguard launch`` (:mod:`costguard.cli.launch`, which owns them) lends an
+    array's launch or attach: the user it acts for, its launch guard (``guard(settings,
+    provider, options, no_alarm_check)``) and its poll without ``--poll-seconds``."""
+
+    owner: str
+    guard: Callable[[Settings, str, Mapping[str, str], bool], None]
+    default_poll: Callable[[str], float]
+
+
 def launch_array(
-    settings: Settings, options: Mapping[str, Any], request: LaunchRequest, owner: str
+    settings: Settings, options: Mapping[str, Any], request: LaunchRequest, launching: Launching
 ) -> None:
     """Check, price, confirm, write the array and supervise every task."""
     from costguard.spot import array
@@ -73,7 +77,7 @@ def launch_array(
     cap, stop_at_projection = request.max_total_usd, request.stop_at_projection
     # The array keeps the one budget; each task's own job has none.
     request = replace(request, max_total_usd=None, stop_at_projection=False)
-    prepared = prepare(settings, request, owner=owner, environ=os.environ)
+    prepared = prepare(settings, request, owner=launching.owner, environ=os.environ)
     try:
         if array.read_record(prepared.store) is not None:
             url = prepared.spec.checkpoint_url
@@ -87,6 +91,7 @@ def launch_array(
             launcher.close()
         estimate = _task_estimate(prepared.spec, prepared.first.offer)
         _print_plan(prepared, spec, cap, stop_at_projection, estimate)
+        _guard(settings, prepared.spec, request.no_alarm_check, launching)
         _confirm(request.yes, len(spec.indexes))
     except BaseException:
         prepared.store.remove_if_unused()
@@ -102,11 +107,16 @@ def launch_array(
         stop_at_projection=stop_at_projection,
     )
     tasks = _commit(prepared, record)
-    _supervise(settings, options, record, prepared.store, tasks, prepared.offers, estimate)
+    _supervise(settings, options, launching, record, prepared.store, tasks, prepared.offers,
+               estimate)  # fmt: skip
 
 
 def attach_array(
-    settings: Settings, options: Mapping[str, Any], store: Store, record: ArrayRecord
+    settings: Settings,
+    options: Mapping[str, Any],
+    launching: Launching,
+    store: Store,
+    record: ArrayRecord,
 ) -> None:
     """``costguard launch --attach URL`` of an array: supervise its tasks again."""
     from costguard.spot.controller import check_not_supervised
@@ -117,7 +127,7 @@ def attach_array(
         msg = "--attach takes no command: the array's own is used"
         raise InputError(msg, hint="`costguard launch --attach URL`")
     tasks = load_tasks(record)
-    poll = options["poll_seconds"] or 0.5
+    poll = options["poll_seconds"] or launching.default_poll(tasks[0].job.spec.provider)
     if not options["force"]:
         for task in tasks:
             if task_state(task.job) == "running":
@@ -125,16 +135,17 @@ def attach_array(
     template = tasks[0].job.spec
     offers = offers_for(settings, template)
     tasks = _proven(tasks, offers, options)
+    _guard(settings, template, options["no_alarm_check"], launching)
     estimate = _task_estimate(template, min(offers, key=lambda o: o.usd_per_hour))
     _echo(f"attached to array {record.array_id} ({len(tasks)} tasks)")
-    _supervise(settings, options, record, store, tasks, offers, estimate)
+    _supervise(settings, options, launching, record, store, tasks, offers, estimate)
 
 
 def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, Any]) -> list[Task]:
     """The tasks an attach may run, as an attach of one job proves its spec: each task's
     spec signed by this user's key (launch signed it; anyone else who can write the
     bucket cannot), else shown and refused unless ``--accept-spec`` (then signed as this
-    user's); arrays run on ``--provider local`` only; the plan shown and, without
+    user's); every task on the first one's provider; the plan shown and, without
     ``--yes``, asked for."""
     from costguard import proof
     from costguard.spot.job import save_job, sign_spec, signed_by
@@ -152,8 +163,8 @@ def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, An
     for task in unproven:
         if task.job.spec.command != template.command:  # each one that runs otherwise
             _echo(f"task {task.index}'s command: {command(*task.job.spec.command)}")
-    if any(t.job.spec.provider != "local" for t in tasks):
-        msg = "an array's task names a cloud provider; arrays run on --provider local for now"
+    if any(t.job.spec.provider != template.provider for t in tasks):
+        msg = f"an array's task names another provider than {template.provider}"
         raise InputError(msg, hint="check who wrote the array's job.json files")
     if unproven:
         names = ", ".join(str(t.index) for t in unproven[:10])
@@ -234,7 +245,15 @@ def _print_plan(
         body = line.removeprefix("  ")
         indent = "  " if body != line else ""
         render.print_prose(body, first=indent, indent=indent + "  ", err=True)
-    _echo("launch guard: not needed for --provider local (nothing is billed)")
+
+
+def _guard(settings: Settings, spec: JobSpec, no_alarm_check: bool, launching: Launching) -> None:
+    """The launch guard of a single job's launch: a budget alarm on the cloud (none:
+    refused unless ``--no-alarm-check``)."""
+    if spec.provider == "local":
+        _echo("launch guard: not needed for --provider local (nothing is billed)")
+    else:
+        launching.guard(settings, spec.provider, spec.options, no_alarm_check)
 
 
 def _confirm(yes: bool, tasks: int) -> None:
@@ -249,18 +268,22 @@ def _confirm(yes: bool, tasks: int) -> None:
 
 
 def _commit(prepared: Prepared, record: ArrayRecord) -> list[Task]:
-    """Write every task's ``job.json`` (no attempt yet: pending), then the array's record."""
+    """Write the costguard wheel every task's instances install (once, at the array's
+    URL), every task's ``job.json`` (no attempt yet: pending), then the array's record."""
     from costguard import proof
     from costguard.spot import array
     from costguard.spot.job import Job, save_job, sign_spec
-    from costguard.spot.prepare import open_store
     from costguard.spot.sweep import Task, task_specs
 
+    if prepared.wheel is not None:
+        from costguard.spot.wheel import upload
+
+        upload(prepared.store, prepared.wheel)
     key = proof.user_key(create=True)
     assert key is not None  # made, or InputError
     tasks = []
     for index, spec in zip(record.indexes, task_specs(prepared.spec, record), strict=True):
-        store = open_store(spec.checkpoint_url)
+        store = prepared.store.child(array.task_name(index))  # one session for every task
         tasks.append(Task(index, store, save_job(store, Job(sign_spec(spec, key)))))
     array.write_record(prepared.store, record)
     return tasks
@@ -269,13 +292,14 @@ def _commit(prepared: Prepared, record: ArrayRecord) -> list[Task]:
 def _supervise(
     settings: Settings,
     options: Mapping[str, Any],
+    launching: Launching,
     record: ArrayRecord,
     store: Store,
     tasks: list[Task],
     offers: Sequence[Offer],
     estimate: Decimal,
 ) -> None:
-    from costguard.spot import report
+    from costguard.spot import array, report
     from costguard.spot.job import release_job
     from costguard.spot.launcher.base import Launcher
     from costguard.spot.launcher.local import LocalLauncher
@@ -283,11 +307,17 @@ def _supervise(
     from costguard.spot.sweep import Sweep, rows
 
     index_of = {task.job.spec.job_id: task.index for task in tasks}
+    provider = tasks[0].job.spec.provider
+    # A cloud's adapter holds nothing per job: one serves every task (its clients shared).
+    shared = None if provider == "local" else launcher_for(settings, tasks[0].job.spec, offers)
 
     def make_launcher(spec: JobSpec) -> Launcher:
+        if shared is not None:
+            return shared
         launcher = launcher_for(settings, spec, offers)
         if isinstance(launcher, LocalLauncher):  # its processes get the launcher's env
             launcher.env[contract.ENV_ARRAY_TASK_ID] = str(index_of[spec.job_id])
+            launcher.notice_poll_max_s = array.notice_poll_max_s(record.concurrency)
         return launcher
 
     sweep = Sweep(
@@ -297,9 +327,11 @@ def _supervise(
         offers,
         make_launcher,
         task_estimate_usd=estimate,
-        poll_s=options["poll_seconds"] or 0.5,
+        poll_s=options["poll_seconds"] or launching.default_poll(provider),
         timeout_s=options["timeout_hours"] * 3600,
         on_event=lambda event: _echo(event.message),
+        launch_interval_s=array.LAUNCH_INTERVAL_S.get(provider, 0.5),
+        owner=None if provider == "local" else launching.owner,
     )
     sim = tasks[0].job.spec.simulation
     if sim is not None and sim.state_dir:

@@ -17,6 +17,7 @@ The loop that acts on these decisions is :mod:`costguard.spot.sweep`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -81,13 +82,22 @@ def parse(text: str) -> ArraySpec:
     return ArraySpec(value, indexes, concurrency)
 
 
+def task_name(index: int) -> str:
+    """Task ``index``'s folder under the array's URL.
+
+    >>> task_name(3)
+    'task-3'
+    """
+    return f"task-{index}"
+
+
 def task_url(url: str, index: int) -> str:
     """Task ``index``'s checkpoint prefix under the array's URL.
 
     >>> task_url("s3://b/sweep/", 3), task_url("/data/sweep", 0)
     ('s3://b/sweep/task-3', '/data/sweep/task-0')
     """
-    return f"{url.rstrip('/')}/task-{index}"
+    return f"{url.rstrip('/')}/{task_name(index)}"
 
 
 def task_job_id(array_id: str, index: int) -> str:
@@ -98,6 +108,29 @@ def task_job_id(array_id: str, index: int) -> str:
     'cg-me-20260101-000000-abc123-t7'
     """
     return f"{array_id}-t{index}"
+
+
+_TASK_JOB_ID = re.compile(r"(.+)-t(0|[1-9][0-9]{0,6})", re.ASCII)
+
+
+def task_of(job_id: str, checkpoint_url: str) -> tuple[str, int, str] | None:
+    """The array's id, the task's index and the array's URL of a task's job, read from
+    its id (:func:`task_job_id`) and its prefix (:func:`task_url`), which must agree;
+    ``None`` for a single job.
+
+    >>> task_of("cg-me-20260101-000000-abc123-t7", "s3://b/sweep/task-7")
+    ('cg-me-20260101-000000-abc123', 7, 's3://b/sweep')
+    >>> task_of("cg-me-20260101-000000-abc123", "s3://b/run"), task_of("x-t7", "s3://b/task-8")
+    (None, None)
+    """
+    found = _TASK_JOB_ID.fullmatch(job_id)
+    if found is None:
+        return None
+    index = int(found[2])
+    suffix = f"/task-{index}"
+    if not checkpoint_url.endswith(suffix) or len(checkpoint_url) == len(suffix):
+        return None
+    return found[1], index, checkpoint_url.removesuffix(suffix)
 
 
 @dataclass(frozen=True)
@@ -164,11 +197,47 @@ def write_record(store: contract.Store, record: ArrayRecord) -> None:
 def read_record(store: contract.Store) -> ArrayRecord | None:
     """The array's record at ``store``, ``None`` when it holds none; a
     :class:`~costguard.contract.RecordError` when it is not one costguard wrote."""
-    doc = contract.read(store, contract.ARRAY_FILE, contract.ARRAY)
+    doc = contract.read(store, contract.ARRAY_FILE, contract.ARRAY, contract.ARRAY_BYTES)
     return None if doc is None else record_from(doc, store.url)
 
 
 # -- the sweep's decisions -------------------------------------------------------------
+
+#: The least seconds between two launches of an array's tasks, per provider: two a second,
+#: the rate at which EC2 refills an account's RunInstances request tokens (and below
+#: Compute Engine's and Azure Resource Manager's write limits); none on this machine.
+LAUNCH_INTERVAL_S = {"aws": 0.5, "gcp": 0.5, "azure": 0.5, "local": 0.0}
+
+
+#: How many polls of their notices an array's simulated tasks send in all, a second: the
+#: controller's process answers every one (100 tasks polling 4 times a second took a
+#: quarter of a core).
+TASK_NOTICE_POLLS_PER_S = 20.0
+
+
+def notice_poll_max_s(concurrency: int) -> float:
+    """The longest a simulated task waits between two polls of its notices when
+    ``concurrency`` tasks run at once (the launcher keeps it within 1/24 of the warning,
+    and polls at least every 0.25 s whatever this says).
+
+    >>> notice_poll_max_s(2), notice_poll_max_s(100)
+    (0.1, 5.0)
+    """
+    return concurrency / TASK_NOTICE_POLLS_PER_S
+
+
+def launch_wait_s(last_unix: float | None, now_unix: float, interval_s: float) -> float:
+    """How long to wait before the next launch: until ``interval_s`` has passed since the
+    last one (``None``: none yet).
+
+    >>> launch_wait_s(None, 10.0, 0.5), launch_wait_s(10.0, 10.25, 0.5)
+    (0.0, 0.25)
+    >>> launch_wait_s(9.0, 10.0, 0.5)
+    0.0
+    """
+    if last_unix is None:
+        return 0.0
+    return max(0.0, last_unix + interval_s - now_unix)
 
 
 @dataclass(frozen=True)

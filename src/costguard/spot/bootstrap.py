@@ -8,7 +8,8 @@ the wheel ``costguard launch`` put next to the job in the checkpoint store, fetc
 the instance's own identity and installed only if its sha256 matches
 (:mod:`costguard.spot.wheel`), never the bare name ``costguard`` from the public index,
 which is someone else's project - then runs ``costguard run --checkpoint URL [--sync-dir DIR] --
-<command>`` with ``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` exported.
+<command>`` with ``COSTGUARD_JOB_ID`` and ``COSTGUARD_JOB_ATTEMPT`` exported (and a task of
+an array's ``COSTGUARD_ARRAY_TASK_ID``).
 
 Every value that reaches the script is one shell word quoted by :mod:`shlex`, so a command
 like ``python train.py --note "it's $HOME"`` arrives byte for byte. No secret ever goes
@@ -241,6 +242,7 @@ def render(
         "attempt": shlex.quote(str(attempt)),
         "stop_check": "''",  # after the search for secrets (a digest looks like one)
         "cloud": shlex.quote(cloud),
+        "array_task": shlex.quote("" if spec.array_task is None else str(spec.array_task)),
         "workdir": shlex.quote(options.get("workdir", DEFAULT_WORKDIR)),
         "git_repo": shlex.quote(options.get("git_repo", "")),
         "git_ref": shlex.quote(options.get("git_ref", "")),
@@ -279,8 +281,10 @@ def _wheel_words(spec: LaunchSpec) -> dict[str, str]:
     if fetcher is None:
         msg = f"the instance cannot fetch the costguard wheel from {scheme}:// storage"
         raise InputError(msg, hint="use s3://, gs:// or az:// (or --option package=...)")
+    # One wheel for a whole array, next to the array's record, not one per task.
+    home = spec.array_url or spec.checkpoint_url
     return {
-        "wheel_url": shlex.quote(f"{spec.checkpoint_url.rstrip('/')}/{STORE_DIR}/{name}"),
+        "wheel_url": shlex.quote(f"{home.rstrip('/')}/{STORE_DIR}/{name}"),
         "wheel_sha256": shlex.quote(spec.options["wheel_sha256"]),
         "wheel_file": shlex.quote(f"{WHEEL_DIR}/{name}"),
         "fetcher": shlex.quote(fetcher),

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
+from typing import TypeVar
 
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
@@ -44,6 +45,7 @@ from costguard.spot.launcher.base import (
     Offer,
     State,
     Stopped,
+    ThrottledError,
     launch_token,
 )
 from costguard.spot.offers import expand_zones
@@ -65,6 +67,7 @@ from costguard.spot.recovery import (
 )
 
 logger = get_logger(__name__)
+_T = TypeVar("_T")
 
 #: ``job.json`` is rewritten at least this often while an attempt runs (the heartbeat
 #: ``--attach`` reads to tell a live controller from a dead one).
@@ -543,7 +546,11 @@ class Controller:
         if spec.nodes > 1:
             return self._launch_gang(job, decision, attempt)
         try:
-            handle = self.launcher.launch(decision.offer, spec, decision.number)
+            handle = self._through_throttling(
+                lambda: self.launcher.launch(decision.offer, spec, decision.number)
+            )
+        except ThrottledError as exc:
+            return self._throttled(job, decision, attempt, exc)
         except CapacityError as exc:
             refused = replace(
                 attempt,
@@ -578,6 +585,33 @@ class Controller:
         )
         return self._save(job.with_attempt(launched))
 
+    def _through_throttling(self, launch: Callable[[], _T]) -> _T:
+        """``launch()``, sent again after the provider's throttling answers as
+        :mod:`costguard.retry`'s one rule paces them (:data:`~costguard.retry.API_RETRY`:
+        exponential backoff with full jitter, the provider's ``Retry-After`` honoured); the
+        last :class:`ThrottledError` raised when they go on."""
+        from costguard.retry import API_RETRY, Transient, call_with_retry
+
+        def throttled(exc: Exception) -> Transient | None:
+            if isinstance(exc, ThrottledError):
+                return Transient(exc.code, exc.retry_after_s)
+            return None
+
+        def say(exc: Exception, retry: int, retries: int, wait_s: float) -> None:
+            text = exc.message if isinstance(exc, CostguardError) else str(exc)
+            self._emit(
+                "throttled", f"{text}; launching again in {wait_s:.1f} s ({retry}/{retries})"
+            )
+
+        return call_with_retry(launch, throttled, API_RETRY, sleep=self._sleep, on_retry=say)
+
+    def _throttled(self, job: Job, decision: Launch, attempt: Attempt, exc: ThrottledError) -> Job:
+        """The provider's request rate, not the place nor the job: the attempt is not
+        counted (no capacity verdict, no failure), and a later round asks again."""
+        self._emit("throttled", f"{decision.offer.place}: {exc.message}; asking again later")
+        kept = tuple(a for a in job.attempts if a.number != attempt.number)
+        return self._save(replace(job, attempts=kept))
+
     def _launch_gang(self, job: Job, decision: Launch, attempt: Attempt) -> Job:
         """Start the attempt's gang, all or none (:meth:`Launcher.launch_gang`). A launcher
         that gives fewer nodes than asked, or fails after starting some, leaves no node
@@ -585,7 +619,14 @@ class Controller:
         attempt is a refused launch, so recovery tries again (elsewhere)."""
         spec = job.spec.launch_spec()
         try:
-            handles = tuple(self.launcher.launch_gang(decision.offer, spec, decision.number))
+            handles = tuple(
+                self._through_throttling(
+                    lambda: self.launcher.launch_gang(decision.offer, spec, decision.number)
+                )
+            )
+        except ThrottledError as exc:
+            self._end_partial_gang(job, attempt, ())
+            return self._throttled(job, decision, attempt, exc)
         except CostguardError as exc:
             self._end_partial_gang(job, attempt, ())
             capacity = isinstance(exc, CapacityError)
@@ -730,18 +771,19 @@ class Controller:
             decision = self.decide(job, limits)
             if isinstance(decision, Finish):
                 return self.finish(job, decision)
+            timeout = Finish("stopped", f"the controller's timeout of {self.timeout_s:.0f} s")
             if isinstance(decision, Launch):
                 job = self.launch(job, decision)
                 last_write = time.monotonic()
                 if job.status in FINAL:
                     return job
-                if job.attempts[-1].outcome is AttemptOutcome.LAUNCH_FAILED:
-                    self._sleep(self.poll_s)  # a refused launch: do not hammer the provider
+                if job.current is None:  # refused or throttled: do not hammer the provider
+                    if time.monotonic() - started > self.timeout_s:
+                        return self.finish(job, timeout)
+                    self._sleep(self.poll_s)
                 continue
             if time.monotonic() - started > self.timeout_s:
-                return self.finish(
-                    job, Finish("stopped", f"the controller's timeout of {self.timeout_s:.0f} s")
-                )
+                return self.finish(job, timeout)
             if time.monotonic() - last_write > HEARTBEAT_S:
                 job = self._save(job)
                 last_write = time.monotonic()

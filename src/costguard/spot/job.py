@@ -191,7 +191,12 @@ class JobSpec:
         )
 
     def launch_spec(self) -> LaunchSpec:
-        """What every adapter gets with each launch."""
+        """What every adapter gets with each launch (a task of an array: its array's id,
+        its index and the array's URL, read from its job id and prefix)."""
+        from costguard.spot.array import task_of
+
+        task = task_of(self.job_id, self.checkpoint_url)
+        array_id, array_task, array_url = task if task is not None else ("", None, "")
         return LaunchSpec(
             job_id=self.job_id,
             checkpoint_url=self.checkpoint_url,
@@ -208,6 +213,9 @@ class JobSpec:
             pilot_steps=self.pilot_steps,
             environment=dict(self.environment),
             job_key=_job_key(self.job_id),
+            array_id=array_id,
+            array_task=array_task,
+            array_url=array_url,
             nodes=self.nodes,
             procs_per_node=self.procs_per_node,
         )

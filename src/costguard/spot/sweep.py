@@ -65,7 +65,9 @@ def task_specs(template: JobSpec, record: array.ArrayRecord) -> list[JobSpec]:
     cap of its own (the array's is kept by the sweep) and, simulated, its own schedule of
     preemptions (the seed plus its index) and its own metadata port (chosen at its start).
     ``COSTGUARD_ARRAY_TASK_ID`` is in its recorded environment when the template has one;
-    otherwise the launcher's environment carries it (the CLI's ``make_launcher``).
+    otherwise the launcher's environment carries it (the CLI's ``make_launcher``), and on
+    a cloud the boot script exports it (the task's :meth:`~JobSpec.launch_spec` reads its
+    index from its job id and prefix).
     """
     specs = []
     for index in record.indexes:
@@ -123,6 +125,8 @@ class Sweep:
         on_event: Callable[[Event], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        launch_interval_s: float = 0.0,
+        owner: str | None = None,
     ) -> None:
         self.record = record
         self.store = store
@@ -138,6 +142,13 @@ class Sweep:
         #: The most tasks seen running at once (the report, and the tests, read it).
         self.peak_running = 0
         self._said: set[str] = set()
+        #: The least time between two launches of the array's tasks, first launches and
+        #: relaunches alike (:data:`costguard.spot.array.LAUNCH_INTERVAL_S`), and when the
+        #: last one was sent (this sweep's clock).
+        self.launch_interval_s = launch_interval_s
+        self._last_launch: float | None = None
+        #: The user the tasks' controllers act for (``Controller(owner=...)``).
+        self.owner = owner
 
     def _emit(self, kind: str, message: str) -> None:
         logger.info("costguard launch --array: %s: %s", kind, message)
@@ -185,6 +196,7 @@ class Sweep:
             on_event=say,
             clock=self._clock,
             sleep=self._sleep,
+            owner=self.owner,
         )
         return task.controller
 
@@ -194,11 +206,14 @@ class Sweep:
         task.launcher = task.controller = None
 
     def views(self, now: float) -> list[array.TaskView]:
-        """What the decisions read of every task now (a running task's projection from its
-        recorded pace, when it has one)."""
+        """What the decisions read of every task now: its state, and with ``--max-total``
+        (only the cap reads them) what it spent and, running, its projection from its
+        recorded pace, when it has one."""
         from costguard.checkpoint.pace import read_pace_or_warn
         from costguard.spot.projection import of_job
 
+        if self.record.max_total_usd is None:
+            return [array.TaskView(task.index, task.state) for task in self.tasks]
         views = []
         for task in self.tasks:
             projected = None
@@ -238,6 +253,7 @@ class Sweep:
                     decision = Finish("stopped", f"the array's --max-total: {decision.reason}")
                 job = controller.finish(job, decision)
             elif isinstance(decision, Launch):
+                self._pace()
                 job = controller.launch(job, decision)
                 task.last_write = time.monotonic()
             elif time.monotonic() - task.last_write > HEARTBEAT_S:
@@ -246,6 +262,17 @@ class Sweep:
         task.job = job
         if task.state in FINAL:
             self._release(task)
+
+    def _pace(self) -> None:
+        """Wait until the launch interval has passed since the array's last launch (the
+        provider's request limits: a sweep of many tasks must not send its launches at
+        once; each launch's own throttling answers are the controller's to back off)."""
+        now = self._clock()
+        wait = array.launch_wait_s(self._last_launch, now, self.launch_interval_s)
+        if wait > 0:
+            self._sleep(wait)
+            now += wait
+        self._last_launch = now
 
     # -- the array's decisions ------------------------------------------------------------
 
@@ -308,7 +335,14 @@ class Sweep:
         )
         by_index = {t.index: t for t in self.tasks}
         for index in starts.indexes:
-            self._round(by_index[index], views)
+            task = by_index[index]
+            self._round(task, views)
+            if task.state == array.PENDING:
+                # Its launch was throttled (no attempt counted): the provider asked for
+                # fewer requests, so the others wait for the next poll too.
+                text = f"task {index}'s launch was throttled: the others wait a poll"
+                self._once("throttled", text)
+                break
         if starts.held:
             if any(t.state == array.RUNNING for t in self.tasks):
                 self._once("held", f"not starting more tasks: {starts.held}")
@@ -368,19 +402,67 @@ class Sweep:
 # -- reading an array -----------------------------------------------------------------
 
 
-def load_tasks(record: array.ArrayRecord, *, skip_bad: bool = False) -> list[Task]:
-    """Every task's job (its ``job.json`` under its prefix). A task whose record is missing
-    or not costguard's is an error naming it (the sweep cannot supervise it), or with
-    ``skip_bad`` (a report) named in a warning and left out."""
+#: How many of an array's task records are read at once (``jobs status`` of 1,000 tasks
+#: on S3 is 1,000 GETs of job.json and one of each running task's pace: in series, a round
+#: trip each), within the 10 connections s3fs's client keeps to a host.
+READ_WORKERS = 8
+
+
+def _each(items: Sequence[int], read: Callable[[int], Any], workers: int) -> list[Any]:
+    """``read(item)`` of every item, ``workers`` at a time, in the items' order: a
+    :class:`CostguardError` is given back in its item's place, for the caller to judge."""
+    from costguard.workers import worker_pool
+
+    def guarded(item: int) -> Any:
+        try:
+            return read(item)
+        except CostguardError as exc:
+            return exc
+
+    if workers <= 1 or len(items) <= 1:
+        return [guarded(item) for item in items]
+    with worker_pool(min(workers, len(items)), "costguard-array") as pool:
+        return list(pool.map(guarded, items))
+
+
+def load_tasks(
+    record: array.ArrayRecord, *, skip_bad: bool = False, workers: int = READ_WORKERS
+) -> list[Task]:
+    """Every task's job (its ``job.json`` under its prefix), ``workers`` read at once. A
+    task whose record is missing or not costguard's is an error naming it (the sweep
+    cannot supervise it), or with ``skip_bad`` (a report) named in a warning and left
+    out."""
     from costguard.spot.prepare import open_store
 
+    base = open_store(record.url)  # one filesystem, its connections, for every task
+
     def load(index: int) -> Task:
-        task_store = open_store(array.task_url(record.url, index))
+        task_store = base.child(array.task_name(index))
         return Task(index, task_store, load_job(task_store))
 
-    if skip_bad:
-        return contract.each_valid(record.indexes, load)
-    return [load(index) for index in record.indexes]
+    tasks = []
+    for found in _each(record.indexes, load, workers):
+        if not isinstance(found, CostguardError):
+            tasks.append(found)
+        elif skip_bad:
+            contract.warn(found)
+        else:
+            raise found
+    return tasks
+
+
+def as_one_job(record: array.ArrayRecord, tasks: Sequence[Task]) -> Job:
+    """The array as one job, for what sums a job's attempts (``costguard spend --job``'s
+    reconciliation): every task's attempts, renumbered in launch order, under the
+    array's id and its first task's spec, with ``--hours`` counted once per task (its
+    estimate prices every task)."""
+    first = tasks[0].job.spec
+    attempts = sorted((a for t in tasks for a in t.job.attempts), key=lambda a: a.launched_unix)
+    hours = None if first.hours is None else first.hours * len(tasks)
+    spec = replace(first, job_id=record.array_id, checkpoint_url=record.url, hours=hours)
+    numbered = tuple(replace(a, number=n) for n, a in enumerate(attempts, start=1))
+    finished = all(t.job.status in FINAL for t in tasks)
+    return Job(spec, numbered, status="succeeded" if finished else "running")
 
 
 @dataclass(frozen=True)
@@ -420,19 +502,31 @@ class TaskRow:
         }
 
 
-def rows(url: str, jobs: Iterable[tuple[int, Job]], now: float) -> list[TaskRow]:
+def rows(
+    url: str, jobs: Iterable[tuple[int, Job]], now: float, *, workers: int = READ_WORKERS
+) -> list[TaskRow]:
     """The roll-up's rows, one per task of the array at ``url`` (the projection read from
-    each running task's pace, at the task's own prefix)."""
-    from costguard.spot.report import projection_of
+    each running task's pace, at the task's own prefix, ``workers`` at once)."""
+    from costguard.checkpoint.pace import read_pace_or_warn
+    from costguard.spot.prepare import open_store
+    from costguard.spot.projection import of_job
 
+    listed = list(jobs)
+    running = [i for i, (_, job) in enumerate(listed) if task_state(job) == array.RUNNING]
+    base = open_store(url) if running else None
+
+    def project(at: int) -> Any:
+        assert base is not None
+        index, job = listed[at]
+        return of_job(job, read_pace_or_warn(base.child(array.task_name(index))), now)
+
+    projections = dict(zip(running, _each(running, project, workers), strict=True))
     out = []
-    for index, job in jobs:
+    for at, (index, job) in enumerate(listed):
         summary = summarise(job, (), now)
-        projection = (
-            projection_of(job, array.task_url(url, index), now)
-            if task_state(job) == array.RUNNING
-            else None
-        )
+        projection = projections.get(at)
+        if isinstance(projection, CostguardError):  # its pace unreadable: no projection
+            projection = None
         out.append(
             TaskRow(
                 index=index,

@@ -58,6 +58,7 @@ from costguard.spot.launcher.base import (
     Offer,
     State,
     Status,
+    ThrottledError,
     launch_token,
 )
 from costguard.spot.launcher.options import Option, Options
@@ -81,6 +82,10 @@ CAPACITY_CODES = (
     "VcpuLimitExceeded",
     "Unsupported",
 )
+#: Error codes of a request EC2 refused for the account's request rate (its API
+#: throttling): the launch is asked again later (:class:`ThrottledError`), no place is
+#: backed off from.
+THROTTLE_CODES = ("RequestLimitExceeded", "Throttling", "ThrottlingException")
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
 #: How long after ``RunInstances`` a NotFound means "not visible yet" rather than "gone"
 #: (EC2 keeps a terminated instance visible for about an hour, so a NotFound later is
@@ -337,6 +342,9 @@ class AwsLauncher(Launcher):
             if code in CAPACITY_CODES:
                 message = aws_clouds.translate(exc, f"launching {offer.instance_type}").message
                 raise CapacityError(message, place=offer.place, code=code) from None
+            if code in THROTTLE_CODES:
+                msg = f"EC2 throttled launching {offer.instance_type} in {offer.region} ({code})"
+                raise ThrottledError(msg, code=code) from None
             if code == "IdempotentParameterMismatch":
                 token = params["ClientToken"]
                 msg = (

@@ -54,10 +54,19 @@ from costguard.clouds import READ_TIMEOUT_S, require
 from costguard.clouds import azure as azure_clouds
 from costguard.errors import CostguardError, InputError
 from costguard.pricing.catalog import Market
+from costguard.retry import parse_retry_after
 from costguard.settings import Settings
 from costguard.spot import bootstrap
 from costguard.spot.launcher import base
-from costguard.spot.launcher.base import CapacityError, Handle, LaunchSpec, Offer, State, Status
+from costguard.spot.launcher.base import (
+    CapacityError,
+    Handle,
+    LaunchSpec,
+    Offer,
+    State,
+    Status,
+    ThrottledError,
+)
 from costguard.spot.launcher.options import Option, Options
 from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
 
@@ -256,6 +265,26 @@ def _error_code(exc: BaseException) -> str:
         return code
     found = _CODE.search(str(getattr(exc, "message", "") or exc))
     return found[1] if found else code
+
+
+#: ARM's answers to a subscription's request rate (HTTP 429), not to capacity or quota.
+THROTTLE_CODES = ("TooManyRequests", "SubscriptionRequestsThrottled", "OperationNotAllowed429")
+
+
+def throttled(exc: BaseException, action: str) -> ThrottledError | None:
+    """A request Azure Resource Manager refused for the request rate (HTTP 429, its
+    ``Retry-After`` kept) as a :class:`ThrottledError` (asked again later), else None."""
+    status = getattr(exc, "status_code", None)
+    code = str(getattr(getattr(exc, "error", None), "code", "") or "")
+    if status != 429 and code not in THROTTLE_CODES:
+        return None
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or {}
+    wait = parse_retry_after(headers.get("Retry-After"))
+    message = str(getattr(exc, "message", "") or exc)
+    return ThrottledError(
+        f"Azure throttled {action}: {message}", code=code or "429", retry_after_s=wait
+    )
 
 
 def _storage_profile(values: Mapping[str, str]) -> dict[str, Any]:
@@ -467,6 +496,9 @@ class AzureLauncher(base.Launcher):
                 msg = f"{action} did not finish within {OPERATION_TIMEOUT_S} s"
                 raise CostguardError(msg, hint="costguard jobs status shows what came of it")
         except azure_clouds.errors() as exc:
+            limited = throttled(exc, action)
+            if limited is not None:
+                raise limited from None
             code = _error_code(exc)
             if code in CAPACITY_CODES:
                 text = f"Azure has no room for {offer.instance_type} in {offer.place}: {code}"

@@ -23,7 +23,15 @@ from costguard.errors import CostguardError, InputError
 # The one Market (spot or on-demand): an offer is bought the way its price was listed.
 from costguard.pricing.catalog import Market
 from costguard.spot.launcher.options import Options
-from costguard.tags import ATTEMPT_TAG, EXPIRES_TAG, IDLE_MINUTES_TAG, JOB_TAG, OWNER_TAG
+from costguard.tags import (
+    ARRAY_TAG,
+    ARRAY_TASK_TAG,
+    ATTEMPT_TAG,
+    EXPIRES_TAG,
+    IDLE_MINUTES_TAG,
+    JOB_TAG,
+    OWNER_TAG,
+)
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,13 @@ class LaunchSpec:
     #: ``--procs-per-node``: the processes each node's ``torchrun`` starts (``None``: one
     #: per GPU of the offer).
     procs_per_node: int | None = None
+    #: ``--array``: the array's job id, this task's index (the ``costguard:array`` and
+    #: ``costguard:array-task`` tags; ``COSTGUARD_ARRAY_TASK_ID`` on the instance) and the
+    #: array's URL (where the costguard wheel its instances install is kept); empty and
+    #: ``None`` for a single job.
+    array_id: str = ""
+    array_task: int | None = None
+    array_url: str = ""
 
     def stop_check(self, attempt: int) -> str:
         """What attempt ``attempt`` checks its stop requests by (``COSTGUARD_STOP_CHECK``;
@@ -118,14 +133,18 @@ class LaunchSpec:
         return options
 
     def tags(self, attempt: int) -> dict[str, str]:
-        """The tags every instance of this job carries (provider spelling applied later)."""
-        return {
+        """The tags every instance of this job carries (provider spelling applied later),
+        with the array's id and the task's index for a task of an array."""
+        tags = {
             JOB_TAG: self.job_id,
             OWNER_TAG: self.owner,
             ATTEMPT_TAG: str(attempt),
             EXPIRES_TAG: self.expires_at.isoformat(timespec="seconds"),
             IDLE_MINUTES_TAG: str(self.idle_minutes),
         }
+        if self.array_task is not None:
+            tags |= {ARRAY_TAG: self.array_id, ARRAY_TASK_TAG: str(self.array_task)}
+        return tags
 
 
 class State(enum.Enum):
@@ -299,3 +318,23 @@ class CapacityError(CostguardError):
         super().__init__(message, hint=hint or "costguard tries another place next")
         self.place = place
         self.code = code
+
+
+class ThrottledError(CostguardError):
+    """The provider refused a call for its request rate (AWS ``RequestLimitExceeded``, an
+    HTTP 429, GCP ``rateLimitExceeded``), not for the place or the job: the call is worth
+    sending again later, as :mod:`costguard.retry` paces it (``retry_after_s``: the wait
+    the provider asked for, when it said). Raised by :meth:`Launcher.launch`; never a
+    capacity verdict on the place (recovery does not back off from it)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        retry_after_s: float | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint or "costguard waits and asks again")
+        self.code = code
+        self.retry_after_s = retry_after_s

@@ -246,6 +246,35 @@ def quota_refusal(exc: BaseException) -> str | None:
     return None
 
 
+#: The reasons of a refusal for the project's request rate (Compute Engine's API rate
+#: limits: HTTP 403 or 429), not for quota or capacity.
+RATE_LIMIT_REASONS = ("rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED")
+
+
+def throttled(exc: BaseException, action: str) -> base.ThrottledError | None:
+    """An insert refused for the request rate (an HTTP 429, or a 403 whose reason is
+    ``rateLimitExceeded``) as a :class:`ThrottledError` (asked again later), else None.
+
+    >>> from google.api_core.exceptions import Forbidden, TooManyRequests
+    >>> throttled(TooManyRequests("Too many requests"), "creating vm-1").code
+    '429'
+    >>> rate = Forbidden("Rate Limit Exceeded", errors=[{"reason": "rateLimitExceeded"}])
+    >>> throttled(rate, "creating vm-1").code, throttled(Forbidden("no permission"), "x")
+    ('rateLimitExceeded', None)
+    """
+    code = str(getattr(exc, "code", "") or "")
+    reasons = [
+        str(e.get("reason", "")) for e in getattr(exc, "errors", None) or [] if isinstance(e, dict)
+    ]
+    limited = [r for r in reasons if r in RATE_LIMIT_REASONS]
+    if code != "429" and not limited:
+        return None
+    message = str(getattr(exc, "message", "") or exc)
+    return base.ThrottledError(
+        f"Google Cloud throttled {action}: {message}", code=limited[0] if limited else code
+    )
+
+
 def _accelerators(compute: Any, offer: Offer, zone: str) -> list[Any]:
     """The GPUs attached to an N1 machine (the accelerator-optimised families have them
     built in: none attached)."""
@@ -520,7 +549,10 @@ class GcpLauncher(base.Launcher):
                 place=f"{self.provider}/{offer.region}/{zone}",
                 code="RESOURCE_NOT_FOUND_IN_ZONE",
             ) from None
-        except core.Forbidden as exc:
+        except (core.Forbidden, core.TooManyRequests) as exc:
+            limited = throttled(exc, action)
+            if limited is not None:
+                raise limited from None
             quota = quota_refusal(exc)
             if quota is None:
                 raise gcp_clouds.translate(exc, action) from None

@@ -61,8 +61,11 @@ from costguard.spot.simulator import (
 from costguard.tags import check_job_id
 
 PROVIDER = "local"
-#: How often ``costguard run`` polls the simulated metadata service.
+#: How often ``costguard run`` polls the simulated metadata service (at the most: see
+#: :attr:`LocalLauncher.notice_poll_max_s`).
 NOTICE_POLL_S = 0.25
+#: The share of its notice's warning an attempt may take to hear of it, polling.
+NOTICE_POLLS_PER_WARNING = 24
 #: How long :meth:`LocalLauncher.terminate` waits after SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 10.0
 
@@ -214,6 +217,12 @@ class LocalLauncher(Launcher):
         self.python = python
         self._clock = clock
         self._emulator: MetadataEmulator | None = None
+        #: The longest an attempt waits between two polls of its notices: a single job
+        #: polls every :data:`NOTICE_POLL_S`; an array's tasks, all answered by this
+        #: process, as long as the array sets (:func:`costguard.spot.array.
+        #: notice_poll_max_s`), within 1/:data:`NOTICE_POLLS_PER_WARNING` of their warning
+        #: (5 s of AWS's 2 minutes is AWS's own advice).
+        self.notice_poll_max_s = NOTICE_POLL_S
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._announced: set[str] = set()
 
@@ -341,7 +350,7 @@ class LocalLauncher(Launcher):
                 contract.ENV_STOP_CHECK: spec.stop_check(attempt),
                 contract.ENV_CLOUD: cloud,
                 ENDPOINT_ENV[cloud]: emulator.node_url(node.rank or 0),
-                contract.ENV_NOTICE_POLL_S: str(NOTICE_POLL_S),
+                contract.ENV_NOTICE_POLL_S: str(self._notice_poll_s(notice_s)),
                 contract.ENV_JOBS_DIR: str(jobs_dir),
                 contract.ENV_JOB_ID: spec.job_id,
                 contract.ENV_JOB_ATTEMPT: str(attempt),
@@ -382,6 +391,12 @@ class LocalLauncher(Launcher):
         tmp.write_text(json.dumps({"region": offer.region, "zone": offer.zone, "extra": extra}))
         tmp.replace(registration)
         return Handle(PROVIDER, offer.region, f"local-{child.pid}", zone=offer.zone, extra=extra)
+
+    def _notice_poll_s(self, notice_s: float) -> float:
+        """Seconds between an attempt's polls of its notices, for a warning of
+        ``notice_s``."""
+        share = notice_s / NOTICE_POLLS_PER_WARNING
+        return max(NOTICE_POLL_S, min(self.notice_poll_max_s, share))
 
     def zones(self, region: str, instance_type: str = "") -> Sequence[str]:
         """Three simulated zones per region, named as the simulated cloud names them, so

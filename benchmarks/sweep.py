@@ -1,0 +1,275 @@
+"""`costguard launch --array`: the controller's CPU while it supervises many local tasks,
+and `costguard jobs status` of a big array on S3, each measured side by side in one run.
+
+``cpu``: ``--tasks`` local tasks (each ``costguard run`` around a command that waits, on
+the simulator's on-demand offer: no preemption, the steady state) all running at once
+under one :class:`~costguard.spot.sweep.Sweep` in this process, at the CLI's default poll
+(0.5 s). Once every task runs, the process's CPU time (user + system, every thread: the
+sweep and the tasks' metadata emulators, not the tasks themselves) is read over
+``--window`` seconds and divided by the wall time: the share of one core the controller
+takes. Target (issue 46): <= 5% of one core for 100 tasks.
+
+``status``: an array of ``--tasks`` tasks on a moto S3 server (started here, loopback):
+a third succeeded, a third running with a recorded pace, a third pending. ``costguard jobs
+status URL --format json`` runs in a fresh process, as a user runs it; beside it, in this
+process, the roll-up's reads one task at a time (what status did before: a round trip
+each) and ``READ_WORKERS`` at a time (moto answers from one Python process in its own
+process here: it gains little from parallel calls, which S3's per-call latency does).
+Target (issue 46): <= 2 s for 1,000 tasks.
+
+    python benchmarks/sweep.py cpu [--tasks 100] [--window 20]
+    python benchmarks/sweep.py status [--tasks 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+CPU_TARGET = 0.05
+STATUS_TARGET_S = 2.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def record_of(url: str, count: int, created: float) -> Any:
+    from costguard.spot import array
+
+    return array.ArrayRecord(
+        "cg-bench-20261206-000000-abc123", url, f"0-{count - 1}", tuple(range(count)), count,
+        created,
+    )  # fmt: skip
+
+
+def template(url: str, command: tuple[str, ...], created: float) -> Any:
+    from datetime import UTC, datetime, timedelta
+
+    from costguard.spot.job import JobSpec
+
+    return JobSpec(
+        job_id="cg-bench-20261206-000000-abc123", provider="local", gpu="A10G", gpu_count=1,
+        regions=("aws:us-east-1",), spot=False, checkpoint_url=url, command=command,
+        owner="bench", created_unix=created,
+        expires_at=datetime.now(UTC) + timedelta(hours=2), total_steps=1000,
+    )  # fmt: skip
+
+
+# -- cpu --------------------------------------------------------------------------------
+
+
+def cpu(tasks: int, window_s: float) -> None:
+    from costguard.checkpoint.store import Store
+    from costguard.pricing.catalog import Market
+    from costguard.spot import array
+    from costguard.spot.job import Job, save_job
+    from costguard.spot.launcher.base import Offer
+    from costguard.spot.launcher.local import LocalLauncher
+    from costguard.spot.simulator import Simulation
+    from costguard.spot.sweep import Sweep, Task, task_specs
+
+    offer = Offer(
+        "local", "aws:us-east-1", "g5.xlarge", Market.ON_DEMAND, Decimal("1.006"), "A10G", 1
+    )
+    with tempfile.TemporaryDirectory(prefix="costguard-sweep-") as tmp:
+        url = str(Path(tmp) / "sweep")
+        now = time.time()
+        # Each task waits for the benchmark's word (a file) to exit 0: they all run
+        # however long the machine takes to start them, then end together.
+        over = Path(tmp) / "over"
+        wait = f"import os, time\nwhile not os.path.exists({str(over)!r}): time.sleep(1)"
+        command = (sys.executable, "-c", wait)
+        record = record_of(url, tasks, now)
+        made = []
+        for index, spec in zip(record.indexes, task_specs(template(url, command, now), record),
+                               strict=True):  # fmt: skip
+            store = Store.open(spec.checkpoint_url)
+            made.append(Task(index, store, save_job(store, Job(spec))))
+        state = Path(tmp) / "state"
+        env = {**os.environ, "COSTGUARD_LOCAL_DIR": str(state)}
+
+        def make_launcher(_: object) -> LocalLauncher:  # as launch --array makes them
+            launcher = LocalLauncher(Simulation(), job_started_unix=now, state_dir=state, env=env)
+            launcher.notice_poll_max_s = array.notice_poll_max_s(record.concurrency)
+            return launcher
+
+        marks: dict[str, tuple[float, float]] = {}
+
+        def sleep(seconds: float) -> None:
+            time.sleep(seconds)
+            running = sum(1 for t in sweep.tasks if t.job.current is not None)
+            if running == tasks and "start" not in marks:
+                marks["start"] = (time.process_time(), time.monotonic())
+            elif (
+                "start" in marks
+                and "end" not in marks
+                and time.monotonic() - marks["start"][1] >= window_s
+            ):
+                marks["end"] = (time.process_time(), time.monotonic())
+                over.touch()
+
+        sweep = Sweep(record, Store.open(url), made, [offer], make_launcher,
+                      task_estimate_usd=Decimal(1), poll_s=0.5, sleep=sleep)  # fmt: skip
+        started = time.monotonic()
+        sweep.run()
+        took = time.monotonic() - started
+    if "end" not in marks:
+        sys.exit(f"the {tasks} tasks never all ran for {window_s:.0f} s at once")
+    (cpu0, wall0), (cpu1, wall1) = marks["start"], marks["end"]
+    share = (cpu1 - cpu0) / (wall1 - wall0)
+    print(f"controller of {tasks} local tasks, all running, poll 0.5 s:")
+    print(f"  cpu {cpu1 - cpu0:.2f} s in {wall1 - wall0:.1f} s wall = {share:.1%} of one core "
+          f"(the whole run took {took:.0f} s)")  # fmt: skip
+    print(
+        f"  target: <= {CPU_TARGET:.0%} of one core: {'met' if share <= CPU_TARGET else 'NOT met'}"
+    )
+
+
+# -- status -----------------------------------------------------------------------------
+
+
+def seed(url: str, count: int) -> Any:
+    """The array's record and its tasks: succeeded, running (with a pace), pending."""
+    from costguard.checkpoint.pace import Pace, write_pace
+    from costguard.checkpoint.store import Store
+    from costguard.pricing.catalog import Market
+    from costguard.spot import array
+    from costguard.spot.job import Job, save_job
+    from costguard.spot.launcher.base import Handle, Offer
+    from costguard.spot.recovery import Attempt, AttemptOutcome
+    from costguard.spot.sweep import task_specs
+
+    now = time.time()
+    record = record_of(url, count, now - 3600)
+    offer = Offer("local", "aws:us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.45"), "A10G", 1)
+    specs = task_specs(template(url, ("python", "train.py"), now - 3600), record)
+
+    base = Store.open(url)
+
+    def write(index: int) -> None:
+        spec = specs[index]
+        store = base.child(array.task_name(index))
+        handle = Handle("local", "aws:us-east-1", f"local-{index}")
+        if index % 3 == 0:
+            attempt = Attempt(
+                1, offer, now - 3000, handle=handle, ended_unix=now - 600,
+                outcome=AttemptOutcome.SUCCEEDED, exit_code=0, last_step=1000,
+            )  # fmt: skip
+            save_job(store, Job(spec, (attempt,), status="succeeded", reason="exit 0"))
+        elif index % 3 == 1:
+            write_pace(store, Pace(400, 800.0, 400, now - 60, now - 900))
+            save_job(store, Job(spec, (Attempt(1, offer, now - 900, handle=handle),)))
+        else:
+            save_job(store, Job(spec))
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(write, range(count)))
+    array.write_record(base, record)
+    return record
+
+
+def start_moto() -> tuple[subprocess.Popen[bytes], str]:
+    """A moto server in a process of its own (in this one it would share the GIL with the
+    reads it answers), once it answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(300):  # a minute at most
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return process, url
+        time.sleep(0.2)
+    process.kill()
+    sys.exit("moto server did not start")
+
+
+def status(count: int) -> None:
+    server, endpoint = start_moto()
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    os.environ.update(env)
+    url = "s3://bench/sweep"
+    try:
+        import boto3
+
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
+        started = time.perf_counter()
+        record = seed(url, count)
+        print(f"seeded {count} tasks in {time.perf_counter() - started:.1f} s")
+        one, many = read_rollup(record, 1), read_rollup(record, None)
+        cli_s = cli_status(url, env)
+    finally:
+        server.kill()
+        server.wait()
+    from costguard.spot.sweep import READ_WORKERS
+
+    print(f"jobs status of a {count}-task array on moto S3 ({count + count // 3 + 1} GETs):")
+    print(f"  roll-up reads, one task at a time: {one:.2f} s; {READ_WORKERS} at a time: "
+          f"{many:.2f} s ({one / many:.2f}x)")  # fmt: skip
+    verdict = "met" if cli_s <= STATUS_TARGET_S else "NOT met"
+    print(f"  costguard jobs status --format json, a fresh process: {cli_s:.2f} s "
+          f"(target <= {STATUS_TARGET_S:.0f} s: {verdict})")  # fmt: skip
+
+
+def cli_status(url: str, env: dict[str, str]) -> float:
+    """Seconds ``costguard jobs status URL --format json`` takes in a fresh process."""
+    import json
+
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "costguard", "jobs", "status", url, "--format", "json"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    took = time.perf_counter() - start
+    if done.returncode != 0 or not json.loads(done.stdout)["tasks"]:
+        sys.exit(f"jobs status failed: {done.stderr[-2000:]}")
+    return took
+
+
+def read_rollup(record: Any, workers: int | None) -> float:
+    """Seconds to read the roll-up's records (every job.json, each running task's pace)."""
+    from costguard.spot.sweep import READ_WORKERS, load_tasks, rows
+
+    count = workers or READ_WORKERS
+    start = time.perf_counter()
+    tasks = load_tasks(record, skip_bad=True, workers=count)
+    rows(record.url, ((t.index, t.job) for t in tasks), time.time(), workers=count)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    one = sub.add_parser("cpu")
+    one.add_argument("--tasks", type=int, default=100)
+    one.add_argument("--window", type=float, default=20.0)
+    two = sub.add_parser("status")
+    two.add_argument("--tasks", type=int, default=1000)
+    args = parser.parse_args()
+    if args.what == "cpu":
+        cpu(args.tasks, args.window)
+    else:
+        status(args.tasks)
+
+
+if __name__ == "__main__":
+    main()
