@@ -9,6 +9,10 @@ spread says the figure is noise. CPU time (user + system, of the command's proce
 printed beside wall time: it does not count the time a busy machine kept the command
 waiting, so it is the steadier figure there.
 
+The first run (a warm-up, not counted) parses the price tables and keeps them, checked,
+in the user's cache (``~/.cache/costguard/pricing.parsed``), as any user's first estimate
+does; the counted runs read them from there, as every later estimate does.
+
 costguard's modules are byte-compiled first, as ``pip install`` compiles a wheel's: in an
 editable install with ``PYTHONDONTWRITEBYTECODE`` set (as on CI machines) every run would
 otherwise compile every module from source again, which no installed costguard does,

@@ -123,7 +123,9 @@ def _jobs_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @pytest.fixture
-def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
+def run_cli(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Run]:
     """Invoke ``costguard ARGS`` in-process; no config file or COSTGUARD_* leaks in."""
     for name in (
         "COSTGUARD_PRICING_DIR",
@@ -133,8 +135,10 @@ def run_cli(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Run]:
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("XDG_CONFIG_HOME", "/nonexistent-costguard-test")
-    # A developer's own refreshed price cache must not leak into the tests.
-    monkeypatch.setenv("COSTGUARD_CACHE_DIR", "/nonexistent-costguard-test/cache")
+    # A developer's own refreshed price cache must not leak into the tests: an empty one,
+    # beside which the parsed tables are kept (pricing/parsed.py) for the session.
+    empty = tmp_path_factory.getbasetemp() / "no-refresh" / "pricing"
+    monkeypatch.setenv("COSTGUARD_CACHE_DIR", str(empty))
 
     def invoke(*args: str) -> Run:
         result = CliRunner().invoke(cli, list(args), catch_exceptions=False)

@@ -22,6 +22,7 @@ import pytest
 
 from tests.billing.test_focus import HANDMADE
 from tests.helpers.faults import Faults, fault_proxy
+from tests.helpers.waiting import wait_for
 from tests.refresh.records import AZURE_ITEMS
 from tests.refresh.servers import LocalServer, Reply, Request, azure_prices_handler
 
@@ -52,13 +53,6 @@ def ctrl_c(proc: subprocess.Popen[str]) -> tuple[float, str, str]:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
     return time.monotonic() - sent, out, err
-
-
-def wait_for(condition: object, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "the command never got busy"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -107,7 +101,7 @@ def test_ctrl_c_stops_a_price_refresh(tmp_path: Path, slow_azure_prices: LocalSe
     regions = ["eastus", "westus2", "westeurope", "northeurope", "southcentralus"]
     argv = ["pricing", "refresh", "--provider", "azure", "--output", str(tmp_path / "out")]
     proc = start(argv + [w for r in regions for w in ("--region", r)], env)
-    wait_for(lambda: len(slow_azure_prices.requests) >= 10)
+    wait_for(lambda: len(slow_azure_prices.requests) >= 10, "the refresh busy with pages")
     seconds, _, err = ctrl_c(proc)
     assert proc.returncode == 130, err
     assert seconds < ENDS_WITHIN_S, f"{seconds:.1f} s after Ctrl-C"
@@ -137,7 +131,11 @@ def test_ctrl_c_during_an_export_leaves_no_part_of_it(tmp_path: Path) -> None:
     out.mkdir()
     target = out / "model.safetensors"
     proc = start(["checkpoint", "export", str(store), "--to", str(target)], clean_env(tmp_path))
-    wait_for(lambda: any(out.iterdir()) or proc.poll() is not None, timeout_s=120)
+    wait_for(
+        lambda: any(out.iterdir()) or proc.poll() is not None,
+        "the command busy writing (or ended)",
+        timeout_s=120,
+    )
     assert proc.poll() is None, "the export ended before Ctrl-C: nothing was tested"
     seconds, _, err = ctrl_c(proc)
     assert proc.returncode == 130, err
@@ -196,7 +194,7 @@ def test_ctrl_c_stops_spend_reading_an_export(
     group as a terminal sends it, the file open and being read)."""
     path, plot = slow_exports[kind], tmp_path / "spend.png"
     proc = start(["spend", str(path), "--by", "job", "--plot", str(plot)], clean_env(tmp_path))
-    wait_for(lambda: has_open(proc.pid, path) or proc.poll() is not None)
+    wait_for(lambda: has_open(proc.pid, path) or proc.poll() is not None, "spend reading the file")
     time.sleep(0.5)  # into the file
     assert proc.poll() is None, "spend ended before Ctrl-C: nothing was tested"
     assert_stopped_cleanly(proc, plot)
@@ -216,6 +214,6 @@ def test_ctrl_c_stops_spend_waiting_on_a_bucket(aws_env: str, tmp_path: Path) ->
         env = {**clean_env(tmp_path), "AWS_ENDPOINT_URL": proxy}
         plot = tmp_path / "spend.png"
         proc = start(["spend", "s3://lab-bills/focus/", "--plot", str(plot)], env)
-        wait_for(lambda: faults.inflight > 0 or proc.poll() is not None)
+        wait_for(lambda: faults.inflight > 0 or proc.poll() is not None, "spend's GET held")
         assert proc.poll() is None, "spend ended before Ctrl-C: nothing was tested"
         assert_stopped_cleanly(proc, plot)

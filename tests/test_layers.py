@@ -138,10 +138,6 @@ GROUND = {
     "costguard", "costguard.errors", "costguard.settings", "costguard.retry", "costguard.files",
     "costguard.money", "costguard.shell", "costguard.secrets", "costguard.tags",
 }  # fmt: skip
-#: Modules of checkpoint/ that still reach up into launch and the reaper: ``costguard run``'s
-#: supervisor (job id, stop request and exit record of spot/job.py, the projection's
-#: duration, the reaper agent's job registry), until it moves out (issue 44, item 2).
-CHECKPOINT_CLIMBS = {"costguard.checkpoint.supervisor"}
 
 
 def test_the_cloud_helpers_stand_on_the_ground() -> None:
@@ -178,7 +174,10 @@ def test_the_launcher_base_and_the_adapters_do_not_import_one_another() -> None:
         assert not graph[name] & set(adapters), name
 
 
-def test_checkpoints_know_nothing_of_launch_the_reaper_or_the_cli_but_for_the_supervisor() -> None:
-    assert _reaching("costguard.checkpoint", "costguard.cli") == {}
-    climbing = _reaching("costguard.checkpoint", "costguard.spot", "costguard.reaper")
-    assert set(climbing) <= CHECKPOINT_CLIMBS, climbing
+def test_checkpoints_know_nothing_of_launch_the_reaper_or_the_cli() -> None:
+    """Every module of checkpoint/, ``costguard run``'s supervisor too: what it shares with
+    launch and the agent (the job's exit record, the jobs folder) is the job contract's."""
+    assert (
+        _reaching("costguard.checkpoint", "costguard.cli", "costguard.spot", "costguard.reaper")
+        == {}
+    )

@@ -6,7 +6,9 @@ reaper agree on, defined once.
 - where each record of a job lives in its checkpoint store, and each record's schema;
 - ONE bounded, validating reader (and the writer that keeps to the same schema) for every
   record in a store: ``job/job.json``, the attempts in it, ``job/attempt-N.exit.json``,
-  ``job/pace.json``, ``job/stop.json``.
+  ``job/pace.json``, ``job/stop.json``;
+- the jobs folder, where ``costguard run`` registers a running job for ``costguard agent``
+  (the writer side: :func:`registered_job`; the agent reads it).
 
 Anyone who can write to the store (a labmate, a leaked key, every job's instance role) can
 write these files, so nothing read is trusted: at most :data:`RECORD_BYTES` are read (never
@@ -36,16 +38,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
 from costguard.errors import CostguardError, InputError, StoreError, TooLargeError
 from costguard.logs import get_warning_logger
-from costguard.tags import JOB_ID
+from costguard.tags import ATTEMPT as ATTEMPT_NUMBER
+from costguard.tags import JOB_ID, is_job_id
 
 logger = get_warning_logger(__name__)
 
@@ -146,6 +152,85 @@ def exit_record_path(attempt: int, node: int | None = None) -> str:
     if node is None:
         return f"job/attempt-{attempt}.exit.json"
     return f"job/attempt-{attempt}.node-{node}.exit.json"
+
+
+def launched_attempt(env: Mapping[str, str]) -> tuple[str, int, int | None] | None:
+    """The job id, attempt number and node (of a gang; ``None``: the attempt's one
+    instance) that ``costguard launch`` gave this process: ``None`` when it runs outside
+    a launched job, or (named in a warning) when the id is not a costguard job id or the
+    node no node rank, so no record is written under a name the launcher never gave.
+
+    >>> launched_attempt({ENV_JOB_ID: "cg-a-1", ENV_JOB_ATTEMPT: " 2 "}), launched_attempt({})
+    (('cg-a-1', 2, None), None)
+    >>> launched_attempt({ENV_JOB_ID: "cg-a-1", ENV_JOB_ATTEMPT: "2", ENV_NODE_RANK: "3"})
+    ('cg-a-1', 2, 3)
+    """
+    job_id = env.get(ENV_JOB_ID, "")  # as the launcher set it: not stripped, checked
+    attempt_text = env.get(ENV_JOB_ATTEMPT, "").strip()
+    node_text = env.get(ENV_NODE_RANK, "").strip()
+    if not job_id or not ATTEMPT_NUMBER.fullmatch(attempt_text):
+        return None
+    node = int(node_text) if _NODE_RANK.fullmatch(node_text) else None
+    if node_text and (node is None or node >= MAX_NODES):
+        logger.warning("costguard: %s is not a node rank; no record written", ENV_NODE_RANK)
+        return None
+    if not is_job_id(job_id):
+        logger.warning("costguard: %s is not a costguard job id; no record written", ENV_JOB_ID)
+        return None
+    return job_id, int(attempt_text), node
+
+
+#: A node rank as the launcher writes it (ASCII digits: ``int()`` takes others too).
+_NODE_RANK = re.compile(r"[0-9]{1,4}", re.ASCII)
+
+
+# -- the jobs folder --------------------------------------------------------------------
+
+#: Where ``costguard run`` registers its jobs when ``$COSTGUARD_JOBS_DIR`` says nothing
+#: (the agent's systemd unit creates it, writable by root only).
+DEFAULT_JOBS_DIR = Path("/run/costguard/jobs")
+
+
+def jobs_dir(env: Mapping[str, str]) -> Path:
+    """Where ``costguard run`` registers its jobs: ``$COSTGUARD_JOBS_DIR`` or the default.
+
+    >>> jobs_dir({}), jobs_dir({"COSTGUARD_JOBS_DIR": "/tmp/j"})
+    (PosixPath('/run/costguard/jobs'), PosixPath('/tmp/j'))
+    """
+    return Path(env.get(ENV_JOBS_DIR) or DEFAULT_JOBS_DIR)
+
+
+def job_file(directory: Path, pid: int) -> Path:
+    """The file that says process ``pid`` is a running job: ``<pid>.pid``, whose text is
+    that same process id.
+
+    >>> job_file(Path("/run/costguard/jobs"), 4242)
+    PosixPath('/run/costguard/jobs/4242.pid')
+    """
+    return directory / f"{pid}.pid"
+
+
+@contextmanager
+def registered_job(directory: Path, pid: int | None = None) -> Iterator[Path]:
+    """Register a running job for the agent (the writer side of the jobs folder): its
+    file is written atomically (a temporary file, renamed) and removed on exit::
+
+        with registered_job(jobs_dir(os.environ), child.pid):
+            child.wait()
+    """
+    import tempfile
+
+    pid = os.getpid() if pid is None else pid
+    directory.mkdir(parents=True, exist_ok=True)
+    target = job_file(directory, pid)
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".job-", suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        stream.write(f"{pid}\n")
+    Path(temporary).replace(target)
+    try:
+        yield target
+    finally:
+        target.unlink(missing_ok=True)
 
 
 # -- the schema language ----------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Money and units: ``Decimal`` everywhere, rounded only for display.
+"""Money and units: ``Decimal`` everywhere, rounded only for display; a time in words.
 
 Prices in the tables are exact decimals as the providers list them. Computed amounts
 keep full precision until they are shown; :func:`usd_str` gives the exact figure for
@@ -89,3 +89,19 @@ def format_usd(amount: Decimal, *, rate: bool = False) -> str:
             text = f"{shown.quantize(CENT):f}"
         return f"${text}"
     return f"${amount.quantize(CENT, rounding=ROUND_HALF_EVEN):,}"
+
+
+def duration(seconds: float) -> str:
+    """A time left in words.
+
+    >>> duration(42), duration(4000), duration(200000)
+    ('42 s', '1 h 6 min', '2 d 7 h')
+    """
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"

@@ -202,7 +202,9 @@ def estimate(
         top=top,
     )
     settings = Settings.load({"pricing_dir": Path(pricing_dir) if pricing_dir else None})
-    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    catalog = load_tables(
+        settings.pricing_dir, settings.pricing_cache_dir, parsed=settings.parsed_tables
+    )
     answer = quote(question, catalog)
     stale = answer.stale_warning()
     if stale is not None and settings.stale_warning:

@@ -18,11 +18,9 @@ The config file is TOML, at ``$COSTGUARD_CONFIG`` or
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from costguard.errors import InputError
 
@@ -31,9 +29,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything a command may need to know about its environment."""
+class Settings(NamedTuple):
+    """Everything a command may need to know about its environment (a named tuple: it is
+    defined on every command's start, where a frozen dataclass costs a millisecond)."""
 
     #: A directory of price tables to use instead of the bundled ones.
     pricing_dir: Path | None = None
@@ -60,6 +58,17 @@ class Settings:
         """
         return self.cache_dir or Path("~/.cache/costguard/pricing").expanduser()
 
+    @property
+    def parsed_tables(self) -> Path:
+        """Where the price tables, once parsed and checked, are kept for the next run
+        (:mod:`costguard.pricing.parsed`): beside the refreshed tables.
+
+        >>> Settings(cache_dir=Path("/tmp/prices")).parsed_tables
+        PosixPath('/tmp/prices.parsed')
+        """
+        cache = self.pricing_cache_dir
+        return cache.with_name(f"{cache.name}.parsed")
+
     @classmethod
     def load(
         cls,
@@ -73,16 +82,16 @@ class Settings:
         if env.get("XDG_CACHE_HOME"):
             values["cache_dir"] = Path(env["XDG_CACHE_HOME"]) / "costguard" / "pricing"
         values.update(_read_config(config_path(env)))
-        for f in fields(cls):
-            text = env.get(ENV_PREFIX + f.name.upper())
+        for name in cls._fields:
+            text = env.get(ENV_PREFIX + name.upper())
             if text is not None:
-                values[f.name] = text
+                values[name] = text
         values.update({k: v for k, v in (flags or {}).items() if v is not None})
         return cls._coerce(values)
 
     @classmethod
     def _coerce(cls, values: Mapping[str, Any]) -> Settings:
-        known = {f.name for f in fields(cls)}
+        known = set(cls._fields)
         unknown = sorted(set(values) - known)
         if unknown:
             msg = f"unknown setting(s): {', '.join(unknown)}"
@@ -118,6 +127,8 @@ def config_path(env: Mapping[str, str]) -> Path:
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
+    import tomllib  # only where there is a config file
+
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, OSError) as exc:

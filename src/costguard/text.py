@@ -30,9 +30,7 @@ from decimal import Decimal
 #: C0, DEL and C1 controls; the Arabic letter mark, left-to-right and right-to-left
 #: marks; line and paragraph separators and the bidi embeddings and overrides
 #: (U+2028-U+202E); the bidi isolates (U+2066-U+2069); lone surrogates (unencodable).
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
-)
+#: (A newline apart: :func:`visible` escapes it after, so one pattern is compiled, not two.)
 _UNSAFE_BUT_NEWLINE = re.compile(
     "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
 )
@@ -58,7 +56,7 @@ def visible(value: object) -> str:
     >>> visible("[link=https://evil.example]x[/link]")
     '[link=https://evil.example]x[/link]'
     """
-    return _UNSAFE.sub(_escaped, str(value))
+    return _UNSAFE_BUT_NEWLINE.sub(_escaped, str(value)).replace("\n", "\\n")
 
 
 def visible_lines(text: str) -> str:

@@ -46,6 +46,7 @@ from tests.helpers.training import (
     ranks_reference,
     reached,
 )
+from tests.helpers.waiting import wait_for
 
 DDP_SCRIPT = SCRIPTS / "ddp_train.py"
 DECISION_SCRIPT = SCRIPTS / "ddp_decision.py"
@@ -132,10 +133,8 @@ def test_the_notice_file_reaches_a_listener_whole_lines_only(tmp_path: Path) -> 
         time.sleep(0.05)
         assert board.urgent() is None
         append_notice(tmp_path / "later.jsonl", Notice("signal", "signal", None, "SIGTERM"))
-        deadline = time.monotonic() + 10
-        while board.urgent() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert board.urgent() == Notice("signal", "signal", None, "SIGTERM")
+        notice = wait_for(board.urgent, "the appended notice", timeout_s=10, poll_s=0.02)
+        assert notice == Notice("signal", "signal", None, "SIGTERM")
     finally:
         listener.stop()
         listener.join(5)

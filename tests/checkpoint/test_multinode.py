@@ -37,6 +37,7 @@ from tests.helpers.training import (
     newest_manifest,
     ranks_reference,
 )
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -127,10 +128,16 @@ def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
     seed = random.randrange(10**6)
     target = random.Random(seed).randint(3, 8)
     nodes = two_nodes(procs, url, out, env)
-    deadline = time.monotonic() + TIMEOUT_S
-    while min(n.last_step() for n in nodes) < target and time.monotonic() < deadline:
+
+    def running() -> None:
         assert all(n.proc.poll() is None for n in nodes), [n.lines[-4:] for n in nodes]
-        time.sleep(0.05)
+
+    wait_for(
+        lambda: min(n.last_step() for n in nodes) >= target,
+        f"both nodes at step {target}",
+        timeout_s=TIMEOUT_S,
+        alive=running,
+    )
     nodes[1].proc.send_signal(signal.SIGTERM)  # one node's costguard run only
     codes = [n.finish() for n in nodes]
     assert codes == [75, 75], (seed, codes, [n.err[-2000:] for n in nodes])

@@ -27,16 +27,11 @@ from costguard.checkpoint.notices.signals import install
 from costguard.errors import InputError
 from tests.helpers.metadata import MetadataState
 from tests.helpers.processes import free_port
+from tests.helpers.waiting import wait_for
 
 
-def wait_for_notice(board: NoticeBoard, timeout_s: float = 10) -> Notice:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        notice = board.urgent()
-        if notice is not None:
-            return notice
-        time.sleep(0.02)
-    raise AssertionError("no notice arrived")
+def wait_for_notice(board: NoticeBoard) -> Notice:
+    return wait_for(board.urgent, "a notice on the board", timeout_s=10, poll_s=0.02)
 
 
 def test_aws_imdsv2_notice_with_its_deadline(metadata_server: tuple[str, MetadataState]) -> None:
@@ -114,9 +109,7 @@ def test_watcher_posts_once_and_survives_a_dead_endpoint() -> None:
     dead = AwsMetadata(f"http://127.0.0.1:{free_port()}")
     watcher = Watcher("aws", dead.poll, board, interval_s=0.05)
     watcher.start()
-    deadline = time.monotonic() + 10
-    while watcher.polls < 3 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: watcher.polls >= 3, "three polls of a dead endpoint", timeout_s=10)
     watcher.stop()
     watcher.join(5)
     assert watcher.polls >= 3
@@ -126,7 +119,8 @@ def test_watcher_posts_once_and_survives_a_dead_endpoint() -> None:
     w2 = Watcher("x", lambda: [same], board2, interval_s=0.01)
     w2.start()
     wait_for_notice(board2)
-    time.sleep(0.1)
+    seen = w2.polls  # the same notice polled three more times: still posted once
+    wait_for(lambda: w2.polls >= seen + 3, "three more polls of the same notice", timeout_s=10)
     w2.stop()
     w2.join(5)
     assert board2.all() == [same]

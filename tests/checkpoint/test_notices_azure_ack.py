@@ -18,6 +18,7 @@ from costguard.checkpoint.notices import (
 from costguard.checkpoint.notices.azure import AzureScheduledEvents, event_id
 from tests.helpers.metadata import AckState, azure_event
 from tests.helpers.processes import free_port
+from tests.helpers.waiting import wait_for
 
 PREEMPT = {
     "EventId": "602d9444-d2cd-49c7-8624-8643e7171297",
@@ -38,14 +39,9 @@ def watched_notice(base: str) -> Notice:
     watcher = Watcher("azure", cloud_poller("azure", base), board, interval_s=0.05)
     watcher.start()
     try:
-        deadline = time.monotonic() + 10
-        while board.urgent() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        return wait_for(board.urgent, "the watcher's Preempt notice", timeout_s=10, poll_s=0.02)
     finally:
         watcher.stop()
-    notice = board.urgent()
-    assert notice is not None, "the watcher saw no Preempt event"
-    return notice
 
 
 def test_a_preempt_is_acknowledged_with_its_event_id(

@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Iterator
 from datetime import datetime
@@ -25,6 +24,7 @@ from tests.helpers.faults import Faults, fault_proxy
 from tests.helpers.output import on_terminal
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
 from tests.helpers.training import repository_path
+from tests.helpers.waiting import wait_for
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
 PART = 5 * 2**20  # S3's smallest part: small test objects still come in several parts
@@ -192,11 +192,11 @@ def test_the_upload_of_a_writer_killed_mid_save_is_aborted(parts_proxy: Faults) 
     env = {**os.environ, "PYTHONPATH": repository_path()}
     writer = subprocess.Popen([sys.executable, "-c", WRITER], env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not parts_proxy.seen and time.monotonic() < deadline:
+
+        def writing() -> None:
             assert writer.poll() is None, "the writer ended before its upload began"
-            time.sleep(0.05)
-        assert parts_proxy.seen, "no part arrived within a minute"
+
+        wait_for(lambda: parts_proxy.seen, "a part of the upload", alive=writing)
         os.kill(writer.pid, signal.SIGKILL)
         writer.wait(timeout=10)
     finally:
@@ -247,10 +247,7 @@ def test_parts_go_up_while_the_stream_is_still_written(parts_proxy: Faults) -> N
     data = payload(5 * PART)
     with store.upload("ckpt/state.pt") as upload:
         upload.write(data[: 2 * PART + 1])  # two full parts: they leave now
-        deadline = time.monotonic() + 30
-        while not parts_proxy.seen and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert parts_proxy.seen, "no part went up while the producer was still writing"
+        wait_for(lambda: parts_proxy.seen, "a part going up while the stream is written")
         upload.write(data[2 * PART + 1 :])
     assert store.get("ckpt/state.pt") == data
     assert len(parts_proxy.seen) == 5

@@ -237,10 +237,10 @@ def test_help_has_an_example(run_cli) -> None:
     assert "costguard estimate --gpu a10g --hours 8 --count 4" in result.stdout
 
 
-def clean_env() -> dict[str, str]:
+def clean_env(folder: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COSTGUARD_")}
     env["XDG_CONFIG_HOME"] = "/nonexistent-costguard-test"
-    env["COSTGUARD_CACHE_DIR"] = "/nonexistent-costguard-test/cache"
+    env["COSTGUARD_CACHE_DIR"] = str(folder / "cache")
     return env
 
 
@@ -253,7 +253,7 @@ def test_python_dash_m_and_console_script(tmp_path) -> None:
             text=True,
             timeout=60,
             cwd=tmp_path,
-            env=clean_env(),
+            env=clean_env(tmp_path),
             check=False,
         )
         assert done.returncode == 0, done.stderr
@@ -267,7 +267,7 @@ def test_real_process_bad_input_has_no_traceback(tmp_path) -> None:
         text=True,
         timeout=60,
         cwd=tmp_path,
-        env=clean_env(),
+        env=clean_env(tmp_path),
         check=False,
     )
     assert done.returncode == 2

@@ -23,6 +23,7 @@ import pytest
 
 from costguard.checkpoint.store import Store
 from tests.helpers.processes import free_port, stop_process
+from tests.helpers.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 AZURITE = Path(os.environ.get("COSTGUARD_AZURITE_DIR", REPO / ".ci-work" / "node"))
@@ -32,19 +33,17 @@ AZURITE_KEY = (
 )
 
 
-def wait_for(url: str, timeout_s: float = 30.0) -> None:
+def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
     """Poll until something answers HTTP at ``url`` (any status), or fail."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def answers() -> bool:
         try:
             with urllib.request.urlopen(url, timeout=2):
-                return
+                return True
         except urllib.error.HTTPError:
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+            return True  # an answer all the same
+
+    wait_for(answers, f"a server at {url}", timeout_s=timeout_s, poll_s=0.2, ignoring=(OSError,))
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +73,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list")
+        wait_for_http(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list")
         yield (
             "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
             f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
@@ -105,7 +104,7 @@ def gcs_emulator() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for(f"http://127.0.0.1:{port}/storage/v1/b")
+        wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b")
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)

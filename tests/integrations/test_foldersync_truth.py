@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from costguard.checkpoint.manifest import (
 from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
 from tests.helpers.stores import make_s3_bucket
+from tests.helpers.waiting import wait_for
 from tests.integrations.test_foldersync import (
     folder_files,
     hf_folder,
@@ -345,9 +345,7 @@ def test_a_save_goes_up_on_the_file_systems_event_not_the_next_poll(
     sync.start()
     try:
         hf_folder(out, 10)
-        deadline = time.monotonic() + 60  # a safety net on a busy machine
-        while not kept(store) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(lambda: kept(store), "the save in the store", poll_s=0.1)
         assert kept(store) == [(10, "checkpoint-10")], lines
     finally:
         sync.finish()

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from costguard.cli.agent import agent_command
+from costguard.contract import job_file, registered_job
 from costguard.errors import CostguardError
 from costguard.reaper.agent import (
     AgentPolicy,
@@ -26,9 +27,7 @@ from costguard.reaper.agent import (
     active_jobs,
     count_ssh_sessions,
     decide_shutdown,
-    job_file,
     parse_nvidia_smi,
-    registered_job,
     run_agent,
 )
 from costguard.settings import Settings

@@ -258,7 +258,7 @@ def test_a_broken_cache_says_how_to_recover(tmp_path: Path) -> None:
 
 def test_staleness_uses_the_part_of_each_place() -> None:
     part = TablePart(date(2026, 12, 1), "API")
-    gpu = replace(CATALOG.tables["gpu_instances"], parts={("aws", "us-east-1"): part})
+    gpu = CATALOG.tables["gpu_instances"]._replace(parts={("aws", "us-east-1"): part})
     catalog = replace(CATALOG, tables={**CATALOG.tables, "gpu_instances": gpu})
     fresh_spot = ("gpu_instances", "aws", "us-east-1", Market.SPOT)
     old_spot = ("gpu_instances", "aws", "us-west-2", Market.SPOT)

@@ -32,10 +32,11 @@ from costguard.spot.recovery import Attempt
 from costguard.spot.simulator import Simulation
 from costguard.spot.sweep import Sweep, Task, rollup_document, rows, task_specs
 from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
+from tests.helpers.waiting import wait_for
 from tests.spot.test_launch_cli import assert_refused
 from tests.spot.test_offers_and_job import spec
 from tests.spot.test_projection import ON_NOTICE_75
-from tests.spot.test_simulator import ON_DEMAND, wait_for
+from tests.spot.test_simulator import ON_DEMAND
 
 #: Every child process is bounded by this (the machine may be shared and slow).
 TIMEOUT_S = 600
@@ -361,7 +362,7 @@ def test_ctrl_c_detaches_attach_takes_the_array_over_and_jobs_stop_stops_it(
         *task_command(outs, 400, 0.25),
     )  # fmt: skip
     try:
-        wait_for(running_attempt)
+        wait_for(running_attempt, "a running attempt", timeout_s=120)
         first.send_signal(signal.SIGINT)
         _, stderr = first.communicate(timeout=60)
     finally:
@@ -374,7 +375,11 @@ def test_ctrl_c_detaches_attach_takes_the_array_over_and_jobs_stop_stops_it(
     assert [t["status"] for t in doc["tasks"]] == ["running", "pending", "pending"]
     second = supervise("--attach", str(ckpt), "--poll-seconds", "0.2", "--format", "json", "--yes")
     try:
-        wait_for(lambda: "attached to array" in (second.stderr.readline() if second.stderr else ""))
+        wait_for(
+            lambda: "attached to array" in (second.stderr.readline() if second.stderr else ""),
+            "the attached controller's line",
+            timeout_s=120,
+        )
         # The same user (the same key) as the controller's: a child with its environment.
         stop = subprocess.run(
             [sys.executable, "-m", "costguard", "jobs", "stop", str(ckpt), "--yes"],

@@ -20,15 +20,17 @@ from typing import Any
 import pytest
 import torch
 
+from costguard.checkpoint.supervisor import record_exit
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
-from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation, record_exit
+from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
 from costguard.spot.launcher.base import LaunchSpec, Market, Offer
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from tests.cli.test_widths import read_screen
 from tests.helpers.output import WIDTHS, assert_commands_whole, assert_fits, read_png
 from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
+from tests.helpers.waiting import wait_for
 from tests.test_plots import blobs, rgb
 
 #: Every child process is bounded by this (the machine may be shared and slow).
@@ -188,16 +190,6 @@ def test_three_preemptions_resume_exactly_and_lose_no_step(
     assert len(blobs(png, rgb(PREEMPTION_COLOR))) == 3 + 1
 
 
-def _wait_for(predicate: Callable[[], Any], timeout_s: float = 300) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("timed out")
-
-
 def _running_handle(ckpt: Path) -> Any:
     try:
         doc = read_job(ckpt)
@@ -231,7 +223,9 @@ def test_a_new_controller_attaches_without_launching_a_duplicate(
         start_new_session=True,
     )  # fmt: skip
     try:
-        handle = _wait_for(lambda: _running_handle(ckpt))
+        handle = wait_for(
+            lambda: _running_handle(ckpt), "a running attempt", timeout_s=300, poll_s=0.2
+        )
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the controller dies; its attempt does not
         first.wait(timeout=30)
@@ -336,7 +330,7 @@ def test_ctrl_c_releases_the_job_for_attach(
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     try:
-        _wait_for(lambda: _running_handle(ckpt))
+        wait_for(lambda: _running_handle(ckpt), "a running attempt", timeout_s=300, poll_s=0.2)
         controller.send_signal(signal.SIGINT)  # what Ctrl-C sends to the foreground process
         _, stderr = controller.communicate(timeout=60)
     finally:
@@ -347,7 +341,12 @@ def test_ctrl_c_releases_the_job_for_attach(
     assert "--force" not in stderr
     assert read_job(ckpt)["heartbeat_unix"] == 0.0
     exit_record = ckpt / "job" / "attempt-1.exit.json"
-    finished = _wait_for(lambda: exit_record.exists() and json.loads(exit_record.read_text()))
+    finished = wait_for(
+        lambda: exit_record.exists() and json.loads(exit_record.read_text()),
+        "the attempt's exit record",
+        timeout_s=300,
+        poll_s=0.2,
+    )
     spec: dict[str, Any] = read_job(ckpt)["spec"]  # type: ignore[assignment]
     job_started = spec["created_unix"]
     assert finished["finished_unix"] > job_started + 5  # the notice was due, and not served
@@ -470,7 +469,7 @@ def test_ctrl_c_ends_the_controller_within_seconds(
         start_new_session=True,  # its own group, as a terminal's foreground job
     )  # fmt: skip
     try:
-        _wait_for(lambda: _running_handle(ckpt))
+        wait_for(lambda: _running_handle(ckpt), "a running attempt", timeout_s=300, poll_s=0.2)
         sent = time.monotonic()
         os.killpg(controller.pid, signal.SIGINT)
         _, stderr = controller.communicate(timeout=60)
@@ -481,7 +480,7 @@ def test_ctrl_c_ends_the_controller_within_seconds(
     assert controller.returncode == 130, stderr
     assert seconds < 5, f"{seconds:.1f} s after Ctrl-C"
     attempt = ckpt / "job" / "attempt-1.exit.json"
-    _wait_for(lambda: attempt.exists() or None)  # the job ends by itself, unharmed
+    wait_for(attempt.exists, "the job's end", timeout_s=300, poll_s=0.2)  # by itself, unharmed
 
 
 def test_a_logs_path_under_home_is_named_from_home(

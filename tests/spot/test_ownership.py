@@ -36,6 +36,7 @@ from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import Handle, Market, Offer
 from costguard.spot.launcher.local import LocalLauncher, recorded_environment
 from costguard.spot.recovery import Attempt, AttemptOutcome
+from tests.helpers.waiting import wait_for
 from tests.spot.test_aws_launcher import describe, ec2, offer
 from tests.spot.test_aws_launcher import launcher as aws_launcher  # noqa: F401 - the fixture
 from tests.spot.test_aws_launcher import spec as launch_spec
@@ -207,9 +208,7 @@ def test_an_attached_local_job_runs_with_the_environment_launch_recorded(
     )
     try:
         handle = attacher.launch(A10G_LOCAL, job_spec.launch_spec(), 1)
-        deadline = time.monotonic() + 60
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_for(out.exists, "the launched script's output", poll_s=0.1)
         assert out.read_text().strip() == "launch"
         attacher.terminate(handle)
     finally:

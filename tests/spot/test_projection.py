@@ -24,6 +24,7 @@ from costguard.spot.job import STOP_FILE, Job, load_job, save_job
 from costguard.spot.launcher.local import LocalLauncher
 from costguard.spot.projection import of_job, project
 from costguard.spot.recovery import Attempt, spent_usd
+from tests.helpers.waiting import wait_for
 from tests.spot import test_controller
 from tests.spot.test_offers_and_job import spec
 from tests.spot.test_simulator import ON_DEMAND
@@ -201,18 +202,17 @@ def test_jobs_stop_has_the_script_save_and_the_job_end_stopped(
     thread = threading.Thread(target=lambda: ended.append(controller.run(job)))
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def launched() -> bool:
             current = load_job(store).current
-            if current is not None and current.handle is not None:
-                break
-            time.sleep(0.1)
+            return current is not None and current.handle is not None
+
+        wait_for(launched, "the attempt launched", poll_s=0.1)
         # A forged request first: named once, and the attempt goes on.
         forged = {"job_id": "cg-test-1", "attempt": 1, "reason": "x", "requested_unix": 1.0,
                   "proof": "0" * 64}  # fmt: skip
         store.put(STOP_FILE, json.dumps(forged).encode())
-        while time.monotonic() < deadline and not any(e.kind == "warning" for e in events):
-            time.sleep(0.1)
+        wait_for(lambda: any(e.kind == "warning" for e in events), "the forged request named")
         time.sleep(0.5)  # a few more polls of the forged request: still one warning
         result = run_cli("jobs", "stop", store.url)
         assert result.exit_code == 0, result.stderr

@@ -21,6 +21,7 @@ from costguard.spot.job import Simulation
 from costguard.spot.launcher.base import LaunchSpec, Market, Offer, State
 from costguard.spot.launcher.local import LocalLauncher, pid_alive
 from costguard.spot.simulator import MetadataEmulator, notice_time
+from tests.helpers.waiting import wait_for
 
 SPOT = Offer("local", "aws:us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.4"), "A10G", 1)
 ON_DEMAND = Offer(
@@ -106,13 +107,6 @@ def launch_spec(url: Path, command: tuple[str, ...] = STUBBORN) -> LaunchSpec:
     )
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 @pytest.fixture
 def local_env(spot_env: Callable[..., dict[str, str]]) -> dict[str, str]:
     return spot_env()
@@ -132,7 +126,7 @@ def test_a_process_that_ignores_its_notice_is_killed_at_the_deadline(
         launcher.check(spec)
         handle = launcher.launch(SPOT, spec, attempt=1)
         jobs_dir = Path(handle.extra["jobs_dir"])
-        wait_for(lambda: any(jobs_dir.glob("*.pid")))  # costguard run started the script
+        wait_for(lambda: any(jobs_dir.glob("*.pid")), "costguard run starting the script")
         script_pid = int(next(jobs_dir.glob("*.pid")).read_text())
         wrapper_pid = int(handle.extra["pid"])
         # The simulated provider acts when polled: the notice first, the kill later.
@@ -142,13 +136,17 @@ def test_a_process_that_ignores_its_notice_is_killed_at_the_deadline(
             seen.append((launcher.status(handle).state, launcher.emulator.announced))
             return seen[-1][0] is not State.RUNNING
 
-        wait_for(polled_until_gone)
+        wait_for(polled_until_gone, "the attempt's end", timeout_s=120)
         assert (State.RUNNING, True) in seen  # notice served while it still ran
         status = launcher.status(handle)
         assert status.state is State.PREEMPTED, status
         # Both the wrapper and the script it started are gone: a real SIGKILL (a killed
         # process on a loaded machine may take a moment to be scheduled out of existence).
-        wait_for(lambda: not pid_alive(wrapper_pid) and not pid_alive(script_pid), timeout_s=10)
+        wait_for(
+            lambda: not pid_alive(wrapper_pid) and not pid_alive(script_pid),
+            "the wrapper and the script gone",
+            timeout_s=10,
+        )
         log = Path(handle.extra["log"]).read_text()
         assert "aws terminate notice" in log  # costguard run's watcher saw it
         assert launcher.find("cg-sim-1") == []
@@ -175,7 +173,7 @@ def test_an_on_demand_attempt_is_never_interrupted_and_find_survives_a_restart(
         (found,) = second.find("cg-sim-1")
         assert found.instance_id == handle.instance_id
         second.terminate(found)
-        wait_for(lambda: not pid_alive(int(handle.extra["pid"])), 30)
+        wait_for(lambda: not pid_alive(int(handle.extra["pid"])), "its end", timeout_s=30)
         assert second.status(handle).state is State.TERMINATED
         assert second.find("cg-sim-1") == []
     finally:

@@ -41,7 +41,6 @@ import secrets
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeoutError
 from typing import Any, Literal
 
 from costguard import contract
@@ -52,6 +51,7 @@ from costguard.checkpoint.agreement import Decision, earliest, propose_sync
 from costguard.checkpoint.distributed import (
     ENV_NOTICE_FILE,
     ENV_PREEMPTED_FILE,
+    Alone,
     Group,
     NoticeFileListener,
     mark_preempted,
@@ -73,15 +73,7 @@ from costguard.checkpoint.notices import (
     start_cloud_watcher,
 )
 from costguard.checkpoint.notices import signals as signals_mod
-from costguard.checkpoint.pace import (
-    ENV_PILOT_STEPS,
-    ENV_TOTAL_STEPS,
-    PUBLISH_S,
-    Pace,
-    PaceMeter,
-    as_dict,
-    write_pace,
-)
+from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS, Pace, PaceRecorder
 from costguard.checkpoint.restoring import (
     PAYLOAD,
     MisfitError,
@@ -296,16 +288,10 @@ class Checkpointer:
         self._save_group: Group | None = None
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
-        self.total_steps = total_steps
-        self.pilot_steps = pilot_steps
-        #: The training's pace between step() calls (see :mod:`~costguard.checkpoint.pace`).
-        self.pace_meter = PaceMeter()
-        #: The latest pace record queued on the background thread (:meth:`flush` waits).
-        self._pace_written: Future[None] | None = None
-        self._started_unix = time.time()
-        self._published_s = clock()
-        #: The save (its steps done) after which the pace was last published.
-        self._published_saved = 0
+        #: The training's pace between step() calls, and its records (rank 0's).
+        self.pace_records = PaceRecorder(
+            self.store, self._saver, clock=clock, total_steps=total_steps, pilot_steps=pilot_steps
+        )
         #: Whether this process has started a save from step(): the first is a set-up.
         self._saved_once = False
 
@@ -462,10 +448,10 @@ class Checkpointer:
         if self._is_sharded(train):  # before training starts
             self._restore_sharded(train)
             return self._restored()
-        group = self._coordination()
+        group = self._agreeing()
         chosen: tuple[Manifest, Any] | None = None
         refusal: NoUsableCheckpointError | RestoreError | None = None
-        if group is None or group.rank == 0:
+        if group.rank == 0:
             chosen, skipped = self._restorer.choose(
                 fits=lambda manifest, data: self._apply(manifest, data, train)
             )
@@ -479,8 +465,7 @@ class Checkpointer:
                 msg = f"checkpoint {newest.name} in {self.store.url} {newest.why}"
                 refusal = RestoreError(msg, hint=FIT_HINT)
         self._refuse(group, refusal)
-        if group is not None:
-            chosen = self._load_chosen(group, chosen, train)
+        chosen = self._load_chosen(group, chosen, train)
         if chosen is not None:
             manifest = chosen[0]
             del chosen  # the mapped payload: only the live objects keep its bytes
@@ -506,15 +491,14 @@ class Checkpointer:
             raise MisfitError(why) from exc
 
     def _refuse(
-        self, group: Group | None, refusal: NoUsableCheckpointError | RestoreError | None
+        self, group: Group | Alone, refusal: NoUsableCheckpointError | RestoreError | None
     ) -> None:
         """Raise rank 0's refusal to start from step 0 on every rank (collective), after
         telling ``costguard run`` (which then exits 2 with its message and hint)."""
         said = None
         if refusal is not None:
             said = (refusal.message, refusal.hint, isinstance(refusal, RestoreError))
-        if group is not None:
-            said = group.broadcast(said)
+        said = group.broadcast(said)
         if said is None:
             return
         if self.rank == 0:
@@ -576,7 +560,7 @@ class Checkpointer:
         self._refuse(group, refusal)
 
     def _load_chosen(
-        self, group: Group, chosen: tuple[Manifest, Any] | None, train: TrainState
+        self, group: Group | Alone, chosen: tuple[Manifest, Any] | None, train: TrainState
     ) -> tuple[Manifest, Any] | None:
         """Rank 0's choice on every rank (collective): one answer to "which is latest",
         loaded into this rank's objects (rank 0's are, by its choice)."""
@@ -620,91 +604,52 @@ class Checkpointer:
         parts = TrainState(model, optimizer, scheduler, scaler, loader, extra, epoch)
         self._last_step = (step, parts)
         saved = self._last_steps_done
-        self.pace_meter.lap(self._clock(), step + 1)
+        meter = self.pace_records.meter
+        meter.lap(self._clock(), step + 1)
         try:
             stop = self._step(step, parts)
         finally:
             first_save = self._last_steps_done != saved and not self._saved_once
             self._saved_once = self._saved_once or self._last_steps_done != saved
-            self.pace_meter.resume(self._clock(), setup=first_save)
+            meter.resume(self._clock(), setup=first_save)
         if not self._closed:
             self._after_step(step)
         return stop
 
-    def _step(self, step: int, parts: TrainState) -> bool:
-        """:meth:`step` after the pace is measured: save when due, act on notices."""
-        group = self._coordination()
-        if group is not None:
-            return self._step_together(group, step, parts)
-        urgent = self.board.urgent()
-        if urgent is not None:
-            return self._emergency(step, urgent, parts)
-        advisory = self.board.take_advisory()
-        if advisory:
-            self.save(step, reason=f"notice:{advisory[0].source}-{advisory[0].kind}", parts=parts)
-        elif self.schedule.due(
-            steps_done=step + 1,
-            now_s=self._clock(),
-            last_steps_done=self._last_steps_done,
-            last_save_s=self._last_save_s,
-        ):
-            self.save(step, reason="schedule", parts=parts)
-        return False
-
     def _after_step(self, step: int) -> None:
-        """Record the pace when a save was made, every :data:`PUBLISH_S`, and at the end
-        of a pilot (which then stops the script)."""
-        pilot_done = self.pilot_steps is not None and self.pace_meter.laps >= self.pilot_steps
-        saved = self._last_steps_done  # moves when a save starts
-        now = self._clock()
-        if pilot_done:
+        """Record the pace (rank 0; see :class:`~costguard.checkpoint.pace.PaceRecorder`);
+        at the end of a pilot, stop the script once it is recorded."""
+        if self.pace_records.pilot_done:
             self.publish_pace(step + 1, block=True)
             self.close(final=False)
-            raise PilotDone(self.pace_meter.laps)
-        if saved != self._published_saved or now - self._published_s >= PUBLISH_S:
-            self._published_saved, self._published_s = saved, now
-            self.publish_pace(step + 1)
+            raise PilotDone(self.pace_records.meter.laps)
+        if self.rank == 0:
+            self.pace_records.after_step(step + 1, self._last_steps_done, ranks=self._ranks)
+
+    @property
+    def _ranks(self) -> int:
+        return self._group.world_size if self._group is not None else 1
 
     def pace(self, steps_done: int) -> Pace:
         """The pace measured so far, as :meth:`publish_pace` records it."""
-        meter = self.pace_meter
-        durable = [r for r in self._saver.results if r.ok]
-        group = self._group
-        return Pace.measured(
-            meter,
-            steps_done=steps_done,
-            started_unix=self._started_unix,
-            env=os.environ,
-            saves=len(durable),
-            overhead_s=round(meter.overhead_s, 6),
-            setup_s=round(meter.setup_s, 6),
-            total_steps=self.total_steps,
-            ranks=group.world_size if group is not None else 1,
-            pilot=self.pilot_steps is not None,
-        )
+        return self.pace_records.pace(steps_done, ranks=self._ranks)
 
     def publish_pace(self, steps_done: int, *, block: bool = False) -> None:
         """Write the pace to ``job/pace.json`` (rank 0) on the background thread, after
         what is queued there (so an older record never lands last); with ``block``, wait
         for it. Never raises: a record that cannot be written is logged."""
-        if self.rank != 0:
-            return
+        if self.rank == 0:
+            self.pace_records.publish(steps_done, ranks=self._ranks, block=block)
 
-        def write() -> None:
-            # Taken here, after the saves queued before: their outcomes are counted.
-            pace = self.pace(steps_done)
-            self._saver.note({"event": "pace", **as_dict(pace)})  # costguard run: the ETA
-            try:
-                write_pace(self.store, pace)
-            except CostguardError as exc:
-                logger.warning("costguard: could not record the pace: %s", exc.message)
+    def _agreeing(self) -> Group | Alone:
+        """Who this process decides with: its process group, or a world of one (whose
+        rank 0 it is; ``rank`` still says whether it writes)."""
+        return self._coordination() or Alone()
 
-        written = self._pace_written = self._saver.background(write)
-        if block:
-            written.result()
-
-    def _step_together(self, group: Group, step: int, parts: TrainState) -> bool:
-        """:meth:`step` under a process group: every rank decides the same thing."""
+    def _step(self, step: int, parts: TrainState) -> bool:
+        """:meth:`step` after the pace is measured: save when due, act on notices; under a
+        process group every rank decides the same thing (alone, at every step)."""
+        group = self._agreeing()
         steps_done = step + 1
         self._steps_since_sync += 1
         self._until_sync -= 1
@@ -735,7 +680,7 @@ class Checkpointer:
         decision = group.decide(local)
         self._until_sync = decision.next_sync
         if decision.emergency:
-            return self._emergency_together(group, step, urgent, parts)
+            return self._emergency(group, step, urgent, parts)
         if decision.advisory:
             kind = f"{advisory[0].source}-{advisory[0].kind}" if advisory else "peer-advisory"
             self.save(step, reason=f"notice:{kind}", parts=parts)
@@ -859,17 +804,6 @@ class Checkpointer:
             future.result()  # retention too
         return future if coordinator else None
 
-    def _emergency(self, step: int, notice: Notice, parts: TrainState) -> bool:
-        logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
-        self._arm_deadline(notice)
-        result: SaveResult | None = None
-        if self._saver.saved_steps_done == step + 1:
-            result = self.flush(self._wait_s(notice))
-        elif self.rank == 0:
-            self._save(step, f"notice:{notice.source}-{notice.kind}", parts, hurry=True)
-            result = self.flush(self._wait_s(notice))
-        return self._stop(notice, result, step + 1)
-
     def _arm_deadline(self, notice: Notice) -> None:
         """From now on no store retry may outlive the notice (see :attr:`Store.deadline_unix`)."""
         if notice.deadline_unix is not None:
@@ -888,11 +822,12 @@ class Checkpointer:
         left = notice.deadline_unix - REPORT_MARGIN_S - time.time()
         return left if left > 0 else None
 
-    def _emergency_together(
-        self, group: Group, step: int, local: Notice | None, parts: TrainState
+    def _emergency(
+        self, group: Group | Alone, step: int, local: Notice | None, parts: TrainState
     ) -> bool:
-        """The coordinated emergency save: same step on every rank, rank 0 writes, every
-        rank waits until it is durable, then all stop."""
+        """The emergency save: the same step on every rank (alone: this one), rank 0
+        writes (unless a save of that step has started), every rank waits until it is
+        durable, then all stop."""
         notice = earliest(group.all_gather(local)) or Notice("peer", "preempt", None)
         logger.warning("costguard: %s: saving step %d now", notice.describe(), step + 1)
         self._arm_deadline(notice)
@@ -968,11 +903,7 @@ class Checkpointer:
         must call it at the same step.
         """
         notice = self.preempting or Notice("demand", "stop", None, "save_now")
-        parts = TrainState(**objects)
-        group = self._coordination()
-        if group is not None:
-            return self._emergency_together(group, step, notice, parts)
-        return self._emergency(step, notice, parts)
+        return self._emergency(self._agreeing(), step, notice, TrainState(**objects))
 
     def abandon_step(self) -> bool:
         """Give up the step in progress and stop: the resume starts from the newest
@@ -1001,13 +932,8 @@ class Checkpointer:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         result = self._saver.flush(timeout_s)
-        if self._pace_written is not None:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                self._pace_written.result(timeout=left)
-            except FutureTimeoutError:
-                return None
-        return result
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        return result if self.pace_records.wait(left) else None
 
     def close(self, *, final: bool = True, timeout_s: float | None = None) -> None:
         """Commit the final state, wait for the save in flight, stop listening for notices.
@@ -1023,26 +949,27 @@ class Checkpointer:
         result = self.flush(timeout_s)
         if final and self._last_step is not None:
             step, parts = self._last_step
-            group = self._coordination()
-            # Under a group every rank must decide alike: by the saves they all started.
-            saved = self._last_steps_done if group is not None else self._saver.saved_steps_done
+            group = self._agreeing()
+            # Under a group every rank must decide alike: by the saves they all started;
+            # alone, by the last durable one (a failed save is tried again here).
+            together = group.world_size > 1
+            saved = self._last_steps_done if together else self._saver.saved_steps_done
             if step + 1 > (saved or 0):
                 self._save(step, "final", parts, hurry=True)
                 result = self.flush(timeout_s)
             durable = self.last_durable
             committed = durable is not None and durable.step == step + 1
             self.publish_pace(step + 1, block=True)
-            if group is not None:
-                # Rank 0 knows; every rank waits for its word, so no rank's close() returns
-                # before the final checkpoint is durable.
-                committed = bool(group.broadcast(committed))
+            # Rank 0 knows; every rank waits for its word, so no rank's close() returns
+            # before the final checkpoint is durable.
+            committed = bool(group.broadcast(committed))
             # Tell costguard run this rank is done: a crash after this (a process-group
             # teardown that aborts) does not undo a finished job.
             self._saver.note(
                 {
                     "event": "closed",
                     "rank": self.rank,
-                    "world": group.world_size if group is not None else 1,
+                    "world": group.world_size,
                     "step": step + 1,
                     "committed": committed,
                 }

@@ -121,6 +121,41 @@ class Group:
         return any(self.all_gather(bool(flag)))
 
 
+class Alone:
+    """The collectives of :class:`Group` in a world of one process (no process group), as
+    DCP's ``_DistWrapper`` works without ``torch.distributed``: each gives back this
+    process's own value, and agreeing costs nothing, so it happens at every step.
+
+    The Checkpointer acts through one of the two, so a process alone takes the same path
+    as the ranks of a job (one decision, one emergency save) with no twin of its own.
+
+    >>> alone = Alone()
+    >>> alone.decide(Decision(scheduled=True, next_sync=40))
+    Decision(emergency=False, advisory=False, scheduled=True, next_sync=1)
+    >>> alone.all_gather("mine"), alone.broadcast(3), alone.world_size
+    (['mine'], 3, 1)
+    """
+
+    rank = 0
+    world_size = 1
+
+    def decide(self, local: Decision) -> Decision:
+        """This process's own decision, to be taken again at the next step."""
+        return Decision(local.emergency, local.advisory, local.scheduled, next_sync=1)
+
+    def all_gather(self, value: Any) -> list[Any]:
+        """This process's ``value``, as the only rank's."""
+        return [value]
+
+    def broadcast(self, value: Any) -> Any:
+        """This process's own ``value``."""
+        return value
+
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` is true here."""
+        return bool(flag)
+
+
 def pipe_is_ours(env: Mapping[str, str]) -> bool:
     """Whether this process is the direct child of ``costguard run`` (the pipe's reader).
 

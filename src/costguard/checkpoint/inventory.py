@@ -101,6 +101,14 @@ def inventory(store: Store, *, verify_latest: bool = True) -> list[Entry]:
     return entries
 
 
+def latest(store: Store) -> Entry | None:
+    """The checkpoint a resume starts from, as its manifest says (``None``: none yet).
+
+    Reading every byte of a big payload again is :func:`verify`'s job, not this one's.
+    """
+    return next((e for e in inventory(store, verify_latest=False) if e.latest), None)
+
+
 @dataclass(frozen=True)
 class Verification:
     """The outcome of checking one checkpoint's objects against its manifest."""

@@ -27,16 +27,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import socket
 import statistics
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from costguard import contract
+from costguard.errors import CostguardError
 from costguard.logs import get_logger
 from costguard.tags import ATTEMPT
 
@@ -282,6 +286,104 @@ def read_pace_or_warn(store: _Store) -> Pace | None:
     except PaceError as exc:
         contract.warn(exc)
         return None
+
+
+class _Queue(Protocol):
+    """What the recorder needs of the Checkpointer's save thread (``saving.Saver``)."""
+
+    @property
+    def durable_saves(self) -> int: ...
+
+    def background(self, work: Callable[[], None]) -> Future[None]: ...
+
+    def note(self, event: dict[str, Any]) -> None: ...
+
+
+class PaceRecorder:
+    """The Checkpointer's pace, published: measured between ``step()`` calls
+    (:attr:`meter`), recorded in the store (``job/pace.json``) and told to ``costguard
+    run`` (its events file) after each save started, every :data:`PUBLISH_S`, and when a
+    pilot's steps are done. Rank 0 only. Each record is written on the save thread after
+    what is queued there (so an older record never lands last, and the saves queued
+    before are counted).
+    """
+
+    def __init__(
+        self,
+        store: _Store,
+        queue: _Queue,
+        *,
+        clock: Callable[[], float],
+        total_steps: int | None = None,
+        pilot_steps: int | None = None,
+    ) -> None:
+        self.store = store
+        self.queue = queue
+        self.meter = PaceMeter()
+        self.total_steps = total_steps
+        self.pilot_steps = pilot_steps
+        self._clock = clock
+        self._started_unix = time.time()
+        self._published_s = clock()
+        #: The save (its steps done) after which the pace was last published.
+        self._published_saved = 0
+        #: The latest record queued on the save thread (:meth:`wait` waits for it).
+        self._written: Future[None] | None = None
+
+    @property
+    def pilot_done(self) -> bool:
+        """Whether a pilot has run its steps (the script is then stopped)."""
+        return self.pilot_steps is not None and self.meter.laps >= self.pilot_steps
+
+    def pace(self, steps_done: int, *, ranks: int = 1) -> Pace:
+        """The pace measured so far, as :meth:`publish` records it."""
+        meter = self.meter
+        return Pace.measured(
+            meter,
+            steps_done=steps_done,
+            started_unix=self._started_unix,
+            env=os.environ,
+            saves=self.queue.durable_saves,
+            overhead_s=round(meter.overhead_s, 6),
+            setup_s=round(meter.setup_s, 6),
+            total_steps=self.total_steps,
+            ranks=ranks,
+            pilot=self.pilot_steps is not None,
+        )
+
+    def publish(self, steps_done: int, *, ranks: int = 1, block: bool = False) -> None:
+        """Queue a record of the pace (with ``block``, wait for it). Never raises: a record
+        that cannot be written is logged."""
+
+        def write() -> None:
+            pace = self.pace(steps_done, ranks=ranks)
+            self.queue.note({"event": "pace", **as_dict(pace)})  # costguard run: the ETA
+            try:
+                write_pace(self.store, pace)
+            except CostguardError as exc:
+                logger.warning("costguard: could not record the pace: %s", exc.message)
+
+        written = self._written = self.queue.background(write)
+        if block:
+            written.result()
+
+    def after_step(self, steps_done: int, saved: int, *, ranks: int = 1) -> None:
+        """Publish when a save was started since the last record (``saved``: the steps
+        done of the newest save started) or :data:`PUBLISH_S` have passed."""
+        now = self._clock()
+        if saved != self._published_saved or now - self._published_s >= PUBLISH_S:
+            self._published_saved, self._published_s = saved, now
+            self.publish(steps_done, ranks=ranks)
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait for the latest record queued; whether it was written within ``timeout_s``."""
+        if self._written is None:
+            return True
+        try:
+            self._written.result(timeout=timeout_s)
+        except FutureTimeoutError:
+            return False
+        return True
 
 
 def device_name() -> str:

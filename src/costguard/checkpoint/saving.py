@@ -126,6 +126,11 @@ class Saver:
         self.writing: Writing | None = None
 
     @property
+    def durable_saves(self) -> int:
+        """How many saves of this process were durable."""
+        return sum(1 for result in self.results if result.ok)
+
+    @property
     def busy(self) -> bool:
         """Whether a save is still in flight."""
         return self._inflight is not None and not self._inflight.done()

@@ -27,15 +27,17 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from costguard import contract
 from costguard.errors import EXIT_BAD_INPUT, CostguardError, InputError
-from costguard.reaper.agent import jobs_dir, registered_job
+from costguard.logs import get_logger
 from costguard.secrets import mask_words
+
+logger = get_logger(__name__)
 
 #: Where the supervisor's lines go (``costguard run`` writes them to stderr).
 Say = Callable[[str], None]
@@ -352,7 +354,7 @@ def eta_line(event: dict[str, Any]) -> str | None:
     ...           "seconds_measured": 200.0, "overhead_s": 0.0})
     'step 500 of 2000 (25%) at 0.5 s/step: finish in 12 min 30 s'
     """
-    from costguard.spot.projection import duration
+    from costguard.money import duration
 
     try:
         done, total = int(event["steps_done"]), int(event["total_steps"])
@@ -500,7 +502,7 @@ def _registered(pid: int) -> Iterator[None]:
     """
     with contextlib.ExitStack() as stack:
         with contextlib.suppress(OSError):
-            stack.enter_context(registered_job(jobs_dir(os.environ), pid))
+            stack.enter_context(contract.registered_job(contract.jobs_dir(os.environ), pid))
         yield
 
 
@@ -736,11 +738,49 @@ def supervise(
         synced = syncer.newest if syncer is not None else None
         say(summary(code, events.newest(synced), interrupted=bool(interrupted)))
     # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
-    from costguard.spot.job import record_exit
-
     record_exit(os.environ, url, code, storage_options)
     if refused is not None:
         from costguard.checkpoint.restoring import NoUsableCheckpointError
 
         raise NoUsableCheckpointError(str(refused["refused"]), hint=refused.get("hint"))
     return code
+
+
+def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:
+    """Write this attempt's exit record (``job/attempt-N.exit.json``, a gang's node its own
+    ``job/attempt-N.node-K.exit.json``: the exit code and latest checkpoint step) when it
+    runs under ``costguard launch``, so the controller tells "done" from "failed" from
+    "preempted".
+
+    Never raises: a record that cannot be written is logged, and the controller then
+    treats the attempt as lost.
+    """
+    import socket
+
+    from costguard.checkpoint.inventory import latest
+    from costguard.checkpoint.store import Store
+
+    launched = contract.launched_attempt(env)
+    if launched is None:
+        return False
+    job_id, attempt, node = launched
+    try:
+        store = Store.open(url, storage_options)
+        try:
+            entry = latest(store)
+        except CostguardError:
+            entry = None
+        record = {
+            "attempt": attempt,
+            "exit_code": code,
+            "last_step": entry.step if entry is not None else None,
+            "finished_unix": time.time(),
+            "host": socket.gethostname(),
+            "job_id": job_id,
+            "node": node,
+        }
+        contract.write(store, contract.exit_record_path(attempt, node), contract.EXIT, record)
+    except CostguardError as exc:
+        logger.warning("costguard: could not write the job's exit record: %s", exc.message)
+        return False
+    return True

@@ -20,7 +20,6 @@ import click
 from costguard._version import __version__
 from costguard.cli.helpformat import HelpGroup, use_help_format
 from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, CostguardError
-from costguard.secrets import redact
 from costguard.settings import Settings
 from costguard.text import visible
 
@@ -295,8 +294,9 @@ def one_line(text: str) -> str:
     >>> one_line("y" + "x" * 1000 + " is too long")[-44:]
     'xxxxxxxxxxxx...(1001 characters) is too long'
     """
-    text = redact(text)
-    text = visible(text)
+    from costguard.secrets import redact  # error and warning lines only: not every run
+
+    text = visible(redact(text))
     text = _LONG_RUN.sub(
         lambda found: f"{found[0][:_KEPT_RUN_CHARS]}...({len(found[0])} characters)", text
     )

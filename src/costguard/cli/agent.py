@@ -92,6 +92,7 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
     `costguard run` jobs and SSH sessions, and logs one line. A dry run unless --execute:
     it logs "would shut down" and goes on watching. Shutting down needs root.
     """
+    from costguard import contract
     from costguard.reaper import agent
     from costguard.reaper.autostop import AgentPolicy, decide_shutdown
 
@@ -112,7 +113,7 @@ def agent_command(ctx: click.Context, /, **options: Any) -> None:
         if options["action"].lower() == "azure-deallocate"
         else agent.PowerOff(command)
     )
-    sampler = agent.SystemSampler(options["jobs_dir"] or agent.jobs_dir(os.environ))
+    sampler = agent.SystemSampler(options["jobs_dir"] or contract.jobs_dir(os.environ))
 
     def log(tick: agent.Tick) -> None:
         verdict = tick.decision.reason

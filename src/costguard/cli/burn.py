@@ -267,7 +267,7 @@ def _print(report: BurnReport, jobs: list[JobBurn]) -> None:
 
 def _print_jobs(jobs: list[JobBurn]) -> None:
     """The jobs' table and what they still have to spend."""
-    from costguard.spot.projection import duration
+    from costguard.money import duration
     from costguard.spot.report import usd
 
     columns = (

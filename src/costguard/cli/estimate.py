@@ -342,7 +342,9 @@ def show_quote(
     caller has read and checked the run's record) and print the answer as ``costguard
     estimate`` prints it; raise its budget error after the figures. With ``fit``, a table
     on a terminal fits its height (:func:`fitting_layout`)."""
-    catalog = load_tables(settings.pricing_dir, settings.pricing_cache_dir)
+    catalog = load_tables(
+        settings.pricing_dir, settings.pricing_cache_dir, parsed=settings.parsed_tables
+    )
     answer = quote(question, catalog, pace=pace)
     warn = stale_warning and settings.stale_warning
     if output_format == "json":
@@ -408,7 +410,7 @@ def print_tables(answer: Quote, layout: Layout | None = None) -> None:
     said: set[str] = set()  # a note (regions not covered...) once, not once per GPU
     last = answer.estimates[-1]
     for one in answer.estimates:
-        fresh = dataclasses.replace(one, notes=tuple(n for n in one.notes if n not in said))
+        fresh = one._replace(notes=tuple(n for n in one.notes if n not in said))
         said.update(one.notes)
         print_table(answer, fresh, answer.shown_of(one), last=one is last)
     assumptions = [

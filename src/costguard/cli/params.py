@@ -29,7 +29,6 @@ import click
 
 from costguard.errors import InputError
 from costguard.money import parse_decimal
-from costguard.secrets import redact
 
 #: The most characters of a refused value an error message quotes.
 SHOWN_CHARS = 60
@@ -61,6 +60,8 @@ def shown(value: object) -> str:
     >>> shown("a10g"), shown("x" * 500)
     ("'a10g'", "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' (500 characters)")
     """
+    from costguard.secrets import redact  # a refusal only: not every run
+
     text = redact(str(value))  # before the cut, which could leave half a token unrecognised
     if len(text) <= SHOWN_CHARS:
         return repr(text)

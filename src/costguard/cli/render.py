@@ -10,15 +10,13 @@ start a line of their own.
 
 from __future__ import annotations
 
-import csv
 import io
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, redirect_stdout
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NamedTuple
 
 import click
 from rich.cells import cell_len
@@ -43,8 +41,7 @@ def is_terminal(stream: IO[str] | None = None) -> bool:
     return bool(isatty and isatty())
 
 
-@dataclass(frozen=True)
-class Pipe:
+class Pipe(NamedTuple):
     """What the layouts need to know of a pipe, a file or cron: not a terminal, and wide.
 
     Plain output is written with ``click.echo``, so it needs no rich console, and a
@@ -119,6 +116,8 @@ def print_json(document: Mapping[str, Any]) -> None:
 def print_csv(columns: Sequence[str], rows: Iterable[Mapping[str, Any]]) -> None:
     """A CSV table on stdout: a header, then one line per row; no text cell is read as a
     formula (:func:`costguard.text.csv_cell`), numbers stay numbers."""
+    import csv  # only for --format csv
+
     writer = csv.DictWriter(stdout(), list(columns), lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for row in rows:
@@ -154,8 +153,7 @@ _GAP = 2  # columns are two spaces apart (rich SIMPLE_HEAD, right padding only)
 _PROSE_MIN = 24  # free text is given at least this many characters before it wraps
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):
     """One column of a table for people.
 
     ``drop`` is 0 for a column always shown; a column with a higher ``drop`` is left out

@@ -353,7 +353,7 @@ def _supervise(
 
 
 def _show(record: ArrayRecord, task_rows: Sequence[Any], output_format: str) -> None:
-    from costguard.spot.projection import duration
+    from costguard.money import duration
     from costguard.spot.report import usd
     from costguard.spot.sweep import outcome_lines, rollup_document
 

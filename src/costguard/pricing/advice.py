@@ -16,7 +16,7 @@ from decimal import ROUND_FLOOR, Decimal
 from typing import NamedTuple
 
 from costguard.money import format_usd
-from costguard.pricing.catalog import Catalog, Market, Region
+from costguard.pricing.catalog import Catalog, InstancePrice, Market, Region
 from costguard.pricing.estimate import CostOption, Estimate, cheaper_unverified, cheapest_of
 
 #: Names for a group of regions (a continent of ``regions.csv``), as people type them.
@@ -170,6 +170,10 @@ def describe(option: CostOption) -> str:
     return f"{_name(option)}{unverified}"
 
 
+def _vcpus(row: InstancePrice | None) -> Decimal | None:
+    return row.vcpus if row is not None else None
+
+
 def spot_size_notes(options: Sequence[CostOption], catalog: Catalog) -> list[str]:
     """One note naming the places among ``options`` (those shown) where the spot pick is a
     bigger instance than the on-demand pick, and why, said once; none when there is none.
@@ -177,7 +181,6 @@ def spot_size_notes(options: Sequence[CostOption], catalog: Catalog) -> list[str
     Places with the same two sizes share a clause: ``aws us-east-2, us-west-2: the spot
     pick g5.2xlarge (8 vCPUs) is bigger than the on-demand g5.xlarge (4 vCPUs)``.
     """
-    shapes = {(i.provider, i.region, i.instance_type): i.vcpus for i in catalog.instances}
     picks: dict[tuple[str, str], dict[Market, CostOption]] = {}
     for option in options:
         picks.setdefault((option.provider, option.region), {})[option.market] = option
@@ -186,8 +189,8 @@ def spot_size_notes(options: Sequence[CostOption], catalog: Catalog) -> list[str
         steady, spot = by_market.get(Market.ON_DEMAND), by_market.get(Market.SPOT)
         if steady is None or spot is None or steady.instance_type == spot.instance_type:
             continue
-        big = shapes.get((provider, region, spot.instance_type))
-        small = shapes.get((provider, region, steady.instance_type))
+        big = _vcpus(catalog.row(provider, region, spot.instance_type))
+        small = _vcpus(catalog.row(provider, region, steady.instance_type))
         if big is None or small is None or big <= small:
             continue
         key = (provider, spot.instance_type, big, steady.instance_type, small)

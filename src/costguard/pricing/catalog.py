@@ -17,6 +17,7 @@ from decimal import Decimal
 from enum import StrEnum
 from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from costguard.errors import UnknownNameError
@@ -184,8 +185,7 @@ class TablePart(NamedTuple):
     source: str
 
 
-@dataclass(frozen=True, slots=True)
-class TableInfo:
+class TableInfo(NamedTuple):
     """Where one table came from and how old it is.
 
     A table rebuilt by ``costguard pricing refresh`` also says when, and has a part per
@@ -198,7 +198,7 @@ class TableInfo:
     as_of: date
     source: str
     refreshed_at: datetime | None = None
-    parts: Mapping[tuple[str, str], TablePart] = field(default_factory=dict)
+    parts: Mapping[tuple[str, str], TablePart] = MappingProxyType({})
 
     def part(self, provider: str, region: str) -> TablePart:
         """The date and source of this table's rows for one provider and region."""
@@ -280,28 +280,30 @@ class Catalog:
             raise UnknownNameError(kind="region", name=bare, known=[r.name for r in self.regions])
         return matches[0]
 
+    @cached_property
+    def _storage_index(self) -> dict[tuple[str, str, str], list[StorageRate]]:
+        index: dict[tuple[str, str, str], list[StorageRate]] = {}
+        for rate in self.storage:
+            index.setdefault((rate.provider, rate.region, rate.kind), []).append(rate)
+        return index
+
     def storage_rates(self, provider: str, region: str, kind: str) -> list[StorageRate]:
         """Storage prices of ``kind`` (block/object) in a region, smallest disk first."""
-        rates = [
-            s
-            for s in self.storage
-            if s.provider == provider and s.region == region and s.kind == kind
-        ]
+        rates = self._storage_index.get((provider, region, kind), [])
         return sorted(rates, key=lambda s: s.disk_size_gib or Decimal(0))
+
+    @cached_property
+    def _transfer_index(self) -> dict[tuple[str, str, str, str], TransferRate]:
+        index: dict[tuple[str, str, str, str], TransferRate] = {}
+        for rate in self.transfer:  # the first of two rows for one route, as a scan finds
+            index.setdefault((rate.provider, rate.region, rate.kind, rate.destination), rate)
+        return index
 
     def transfer_rate(
         self, provider: str, region: str, kind: str, destination: str
     ) -> TransferRate | None:
         """The transfer price out of ``region`` to ``destination``, if the table has one."""
-        for rate in self.transfer:
-            if (rate.provider, rate.region, rate.kind, rate.destination) == (
-                provider,
-                region,
-                kind,
-                destination,
-            ):
-                return rate
-        return None
+        return self._transfer_index.get((provider, region, kind, destination))
 
 
 #: What ``costguard pricing refresh`` needs, per provider, to read a region's prices.

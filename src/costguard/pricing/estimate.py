@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import NamedTuple
 
@@ -133,8 +133,7 @@ class CostOption(NamedTuple):
         return (self.total_usd, self.provider, self.region, self.instance_type, self.market)
 
 
-@dataclass(frozen=True)
-class Estimate:
+class Estimate(NamedTuple):
     """The options, cheapest first, and what the figures assume."""
 
     request: EstimateRequest
@@ -143,7 +142,7 @@ class Estimate:
     #: The cheapest option in the data's own region, when --data-region was given and
     #: that region offers the GPU (it pays no transfer).
     near_data: CostOption | None = None
-    notes: tuple[str, ...] = field(default=())
+    notes: tuple[str, ...] = ()
 
     @property
     def cheapest(self) -> CostOption | None:

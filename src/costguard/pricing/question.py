@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -380,7 +380,7 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     if question.data_url and not question.data_gb:
         extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
     return [
-        replace(r, notes=(*extra, *_near_gpu_notes(question, r, catalog), *r.notes))
+        r._replace(notes=(*extra, *_near_gpu_notes(question, r, catalog), *r.notes))
         for r in results
     ]
 
@@ -418,8 +418,7 @@ def combine(results: Sequence[Estimate]) -> Estimate:
     options = sorted((o for r in results for o in r.options), key=lambda o: o.sort_key)
     near = [r.near_data for r in results if r.near_data is not None]
     notes = dict.fromkeys(n for r in results for n in r.notes)
-    return replace(
-        first,
+    return first._replace(
         options=tuple(options),
         near_data=min(near, key=lambda o: o.sort_key) if near else None,
         notes=tuple(notes),

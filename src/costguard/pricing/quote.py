@@ -17,11 +17,11 @@ age and the budget's verdict. :meth:`Quote.document` is the ``--format json`` do
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from costguard.errors import BudgetExceededError, InputError
 from costguard.money import format_usd
@@ -59,8 +59,7 @@ if TYPE_CHECKING:
     from costguard.pricing.slurm import SlurmOption, SlurmRate
 
 
-@dataclass(frozen=True)
-class Quote:
+class Quote(NamedTuple):
     """A priced :class:`Question`: what ``costguard estimate`` prints, as values.
 
     ``estimates`` has one estimate per GPU asked for; ``estimate`` is them combined,
@@ -98,7 +97,7 @@ class Quote:
         stale = self.stale
         if self.today is not None:
             stale = staleness(self.catalog, places(shown), self.today)
-        return replace(self, question=replace(self.question, top=top), shown=shown, stale=stale)
+        return self._replace(question=replace(self.question, top=top), shown=shown, stale=stale)
 
     def extra_assumptions(self, shown: Sequence[CostOption] | None = None) -> list[str]:
         """What the SLURM, preemption and measured figures assume, after the estimate's;
@@ -262,7 +261,7 @@ def quote(
         question, located = _locate_data(question, catalog)
     estimates = answer(question, catalog)
     if located is not None:
-        estimates = [replace(e, notes=(f"Data: {located.how}", *e.notes)) for e in estimates]
+        estimates = [e._replace(notes=(f"Data: {located.how}", *e.notes)) for e in estimates]
     combined = combine(estimates)
     shown = tuple(limit_places(combined.options, question.top))
     hours = combined.request.hours

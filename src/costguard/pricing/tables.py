@@ -13,8 +13,6 @@ versions) and what makes a row valid are both decided here.
 
 from __future__ import annotations
 
-import csv
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -63,11 +61,14 @@ def bundled_tables_dir() -> Path:
     raise CostguardError(msg, hint="reinstall it: pip install --force-reinstall . in its checkout")
 
 
-def load_catalog(directory: Path | None = None, *, origin: str | None = None) -> Catalog:
+def load_catalog(
+    directory: Path | None = None, *, origin: str | None = None, parsed: Path | None = None
+) -> Catalog:
     """Load and validate the tables in ``directory`` (default: the bundled ones).
 
     ``origin`` names where the directory comes from in what the estimate prints
-    (default: ``directory``, or ``bundled`` for the bundled tables).
+    (default: ``directory``, or ``bundled`` for the bundled tables). ``parsed``: the
+    file of :mod:`costguard.pricing.parsed` that keeps what was parsed, for the next run.
     """
     origin = origin or ("directory" if directory is not None else "bundled")
     directory = bundled_tables_dir() if directory is None else directory
@@ -75,6 +76,12 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
     if not index_path.is_file():
         msg = f"no price tables in {directory} (tables.toml is missing)"
         raise CostguardError(msg, hint="point --pricing-dir at a folder laid out like pricing/")
+    if parsed is not None:
+        from costguard.pricing import parsed as cache
+
+        kept = cache.read(parsed, directory)
+        if kept is not None:
+            return Catalog(*kept, directory=directory, origin=origin)
     index = _read_index(index_path)
     tables = {name: _table_info(name, index, directory) for name in REQUIRED_TABLES}
     instances = tuple(
@@ -82,7 +89,7 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
         for name in INSTANCE_TABLES
         for row in _load(tables[name].path, _instance_parser(tables[name]))
     )
-    return Catalog(
+    catalog = Catalog(
         instances=instances,
         storage=_load(tables["storage"].path, _by_name(_storage)),
         transfer=_load(tables["transfer"].path, _by_name(_transfer)),
@@ -91,6 +98,11 @@ def load_catalog(directory: Path | None = None, *, origin: str | None = None) ->
         directory=directory,
         origin=origin,
     )
+    if parsed is not None:
+        files = [index_path, *(info.path for info in tables.values())]
+        parts = (catalog.instances, catalog.storage, catalog.transfer, catalog.regions, tables)
+        cache.write(parsed, directory, files, parts)
+    return catalog
 
 
 def load_gpu_parts(directory: Path) -> tuple[GpuPart, ...]:
@@ -180,7 +192,9 @@ def _link_value(link: Path) -> Path | None:
         return None
 
 
-def load_tables(pricing_dir: Path | None = None, cache_dir: Path | None = None) -> Catalog:
+def load_tables(
+    pricing_dir: Path | None = None, cache_dir: Path | None = None, *, parsed: Path | None = None
+) -> Catalog:
     """The tables to price from: ``pricing_dir`` when given, else the user cache
     (``cache_dir``, written by ``costguard pricing refresh``) or the bundled tables.
 
@@ -200,18 +214,24 @@ def load_tables(pricing_dir: Path | None = None, cache_dir: Path | None = None) 
     an error that says how to recover. ``pricing_dir`` may also be a folder a refresh
     wrote (``--output``).
 
+    ``parsed``: the file where what was parsed is kept for the next run
+    (:mod:`costguard.pricing.parsed`; :attr:`Settings.parsed_tables
+    <costguard.settings.Settings.parsed_tables>` names the user's).
+
     >>> load_tables(cache_dir=Path("/nonexistent")).origin
     'bundled'
     """
     if pricing_dir is not None:
-        return _load_versioned(pricing_dir, origin="directory", bundled=None)
+        return _load_versioned(pricing_dir, origin="directory", bundled=None, parsed=parsed)
     bundled = bundled_tables_dir()
     if cache_dir is None:
-        return load_catalog(bundled, origin="bundled")
-    return _load_versioned(cache_dir, origin="cache", bundled=bundled)
+        return load_catalog(bundled, origin="bundled", parsed=parsed)
+    return _load_versioned(cache_dir, origin="cache", bundled=bundled, parsed=parsed)
 
 
-def _load_versioned(folder: Path, *, origin: str, bundled: Path | None) -> Catalog:
+def _load_versioned(
+    folder: Path, *, origin: str, bundled: Path | None, parsed: Path | None
+) -> Catalog:
     """Load the tables in use in ``folder`` (a cache, or a plain folder of tables); with
     ``bundled``, those instead when the cache has none or they are newer (see
     :func:`load_tables`)."""
@@ -224,10 +244,10 @@ def _load_versioned(folder: Path, *, origin: str, bundled: Path | None) -> Catal
             if tables is None:
                 if bundled is None:
                     return load_catalog(folder, origin=origin)  # says what is missing
-                return load_catalog(bundled, origin="bundled")
+                return load_catalog(bundled, origin="bundled", parsed=parsed)
             if bundled is not None and _cache_newest(tables) < _oldest(bundled):
-                return load_catalog(bundled, origin="bundled")
-            return load_catalog(tables, origin=origin)
+                return load_catalog(bundled, origin="bundled", parsed=parsed)
+            return load_catalog(tables, origin=origin, parsed=parsed)
         except (CostguardError, OSError) as exc:
             if tables is not None and attempt < CACHE_READ_ATTEMPTS and _moved_on(folder, tables):
                 continue  # a refresh replaced that version as it was read: read the new one
@@ -274,6 +294,8 @@ def _cache_newest(directory: Path) -> date:
 
 
 def _read_index(path: Path) -> dict[str, Any]:
+    import tomllib  # not on the estimate's path when its tables come from the parsed cache
+
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
@@ -344,6 +366,8 @@ def _load(
     columns up once per table, not once per row (the instance tables hold every region of
     the world, and the estimate reads them whole on every run).
     """
+    import csv  # not on the estimate's path when its tables come from the parsed cache
+
     parsed: list[_Row] = []
     try:
         with path.open(newline="", encoding="utf-8") as handle:

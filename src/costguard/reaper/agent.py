@@ -16,7 +16,8 @@ The job contract (what ``costguard run`` writes, what the agent reads)
   unit creates it writable by root only: the boot script runs ``costguard run`` as root).
 * A running job is a file ``<pid>.pid`` in it whose text is that same process id, written
   atomically (temporary file + rename) when the job starts and removed when it ends;
-  :func:`registered_job` does both.
+  :func:`costguard.contract.registered_job` does both (the writer side lives with the job
+  contract, so ``costguard run`` registers a job without importing the agent).
 * A file counts only while process ``<pid>`` is alive, so a wrapper killed with SIGKILL
   cannot keep the machine up forever; only when it is a plain file owned by root or by
   the process's own user (nobody keeps the machine up with another user's process, such
@@ -33,11 +34,9 @@ import json
 import os
 import stat
 import subprocess
-import tempfile
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,51 +50,11 @@ from costguard.reaper.autostop import AgentDecision, AgentPolicy, Reading, decid
 from costguard.settings import Settings
 
 JOBS_DIR_ENV = contract.ENV_JOBS_DIR
-DEFAULT_JOBS_DIR = Path("/run/costguard/jobs")
+DEFAULT_JOBS_DIR = contract.DEFAULT_JOBS_DIR
 POWEROFF = ("systemctl", "poweroff")
 AZURE_IMDS = "http://169.254.169.254"
 #: The identity call's whole answer within this (the service answers in milliseconds).
 IMDS_DEADLINE_S = 5.0
-
-
-def jobs_dir(env: Mapping[str, str]) -> Path:
-    """Where ``costguard run`` registers its jobs: ``$COSTGUARD_JOBS_DIR`` or the default.
-
-    >>> jobs_dir({}), jobs_dir({"COSTGUARD_JOBS_DIR": "/tmp/j"})
-    (PosixPath('/run/costguard/jobs'), PosixPath('/tmp/j'))
-    """
-    return Path(env.get(JOBS_DIR_ENV) or DEFAULT_JOBS_DIR)
-
-
-def job_file(directory: Path, pid: int) -> Path:
-    """The file that says process ``pid`` is a running job.
-
-    >>> job_file(Path("/run/costguard/jobs"), 4242)
-    PosixPath('/run/costguard/jobs/4242.pid')
-    """
-    return directory / f"{pid}.pid"
-
-
-@contextmanager
-def registered_job(directory: Path, pid: int | None = None) -> Iterator[Path]:
-    """Register a running job for the agent (the writer side of the contract).
-
-    ``costguard run`` wraps the user's command in this; the file is removed on exit::
-
-        with registered_job(jobs_dir(os.environ), child.pid):
-            child.wait()
-    """
-    pid = os.getpid() if pid is None else pid
-    directory.mkdir(parents=True, exist_ok=True)
-    target = job_file(directory, pid)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".job-", suffix=".tmp")
-    with os.fdopen(handle, "w") as stream:
-        stream.write(f"{pid}\n")
-    Path(temporary).replace(target)
-    try:
-        yield target
-    finally:
-        target.unlink(missing_ok=True)
 
 
 def pid_alive(pid: int) -> bool:
@@ -178,8 +137,9 @@ def run_agent(
     ``shutdown`` is never called. Returns the ticks (tests bound them with ``max_ticks``;
     the service runs with ``None``: until shutdown). Example::
 
-        run_agent(SystemSampler(jobs_dir(os.environ)), PowerOff(), AgentPolicy(idle_minutes=30),
-                  clock=lambda: datetime.now(UTC), sleep=time.sleep, execute=True)
+        run_agent(SystemSampler(contract.jobs_dir(os.environ)), PowerOff(),
+                  AgentPolicy(idle_minutes=30), clock=lambda: datetime.now(UTC),
+                  sleep=time.sleep, execute=True)
     """
     keep = policy.window_rule.window + timedelta(seconds=3 * policy.interval_seconds)
     history: deque[Reading] = deque()

@@ -732,7 +732,8 @@ class Controller:
         passes the limit; with --stop-at-projection, ask the script to save and stop (the
         job then ends ``stopped``, its checkpoint committed, before the money is spent)."""
         from costguard.checkpoint.pace import read_pace
-        from costguard.spot.projection import duration, of_job
+        from costguard.money import duration
+        from costguard.spot.projection import of_job
 
         cap = job.spec.max_total_usd
         if cap is None or job.current is None or job.stop_requested:

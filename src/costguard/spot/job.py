@@ -34,6 +34,7 @@ from decimal import Decimal
 from typing import Any
 
 from costguard import contract, proof
+from costguard.checkpoint.inventory import latest
 from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
 from costguard.logs import get_logger
@@ -45,7 +46,6 @@ from costguard.spot.recovery import Attempt, AttemptOutcome, Limits
 # The simulation settings are the simulator's; job.json holds them, and its readers name
 # them here too.
 from costguard.spot.simulator import Simulation as Simulation
-from costguard.tags import ATTEMPT, is_job_id
 
 logger = get_logger(__name__)
 
@@ -102,23 +102,14 @@ def read_exit_record(
 
 def latest_step(store: Store) -> int | None:
     """The step of the latest complete checkpoint in ``store`` (``None``: none yet)."""
-    from costguard.checkpoint.inventory import inventory
-
-    # The manifests say it; reading every byte of a big payload again is verify's job.
-    for entry in inventory(store, verify_latest=False):
-        if entry.latest:
-            return entry.step
-    return None
+    entry = latest(store)
+    return entry.step if entry is not None else None
 
 
 def latest_checkpoint_unix(store: Store) -> float | None:
     """When the latest complete checkpoint was written (unix time), if any."""
-    from costguard.checkpoint.inventory import inventory
-
-    for entry in inventory(store, verify_latest=False):
-        if entry.latest:
-            return entry.created_unix
-    return None
+    entry = latest(store)
+    return entry.created_unix if entry is not None else None
 
 
 def request_stop(store: Store, job_id: str, attempt: int, reason: str, now_unix: float) -> None:
@@ -143,50 +134,6 @@ def clear_stop(store: Store) -> None:
         store.delete([STOP_FILE])
     except CostguardError as exc:
         logger.warning("costguard: could not remove %s: %s", STOP_FILE, exc.message)
-
-
-def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:
-    """Write the exit record of this attempt when running under ``costguard launch``.
-
-    Called by ``costguard run`` after its child exits. Never raises: a record that cannot
-    be written is logged, and the controller then treats the attempt as lost.
-    """
-    job_id = env.get(ENV_JOB_ID, "")  # as the launcher set it: not stripped, checked
-    attempt_text = env.get(ENV_JOB_ATTEMPT, "").strip()
-    node_text = env.get(contract.ENV_NODE_RANK, "").strip()
-    if not job_id or not ATTEMPT.fullmatch(attempt_text):
-        return False
-    node = int(node_text) if node_text.isdigit() and len(node_text) <= 4 else None
-    if node_text and (node is None or node >= contract.MAX_NODES):
-        logger.warning("costguard: %s is not a node rank; no exit record written", ENV_NODE_RANK)
-        return False
-    if not is_job_id(job_id):
-        logger.warning(
-            "costguard: %s is not a costguard job id; no exit record written", ENV_JOB_ID
-        )
-        return False
-    try:
-        store = Store.open(url, storage_options)
-        try:
-            step = latest_step(store)
-        except CostguardError:
-            step = None
-        write_exit_record(
-            store,
-            ExitRecord(
-                attempt=int(attempt_text),
-                exit_code=code,
-                last_step=step,
-                finished_unix=time.time(),
-                host=socket.gethostname(),
-                job_id=job_id,
-                node=node,
-            ),
-        )
-    except CostguardError as exc:
-        logger.warning("costguard: could not write the job's exit record: %s", exc.message)
-        return False
-    return True
 
 
 @dataclass(frozen=True)

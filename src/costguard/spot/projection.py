@@ -149,19 +149,3 @@ def document(p: Projection) -> dict[str, Any]:
         "evaluations and saves + a wind-down as long as the attempt's start-up) x the "
         "running attempt's price; relaunches after preemptions are not in it",
     }
-
-
-def duration(seconds: float) -> str:
-    """A time left in words.
-
-    >>> duration(42), duration(4000), duration(200000)
-    ('42 s', '1 h 6 min', '2 d 7 h')
-    """
-    s = round(seconds)
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s"
-    if s < 86400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86400} d {s % 86400 // 3600} h"

@@ -16,14 +16,14 @@ from typing import Any
 
 from costguard.checkpoint.pace import Pace
 from costguard.errors import CostguardError
-from costguard.money import format_usd
+from costguard.money import duration, format_usd
 from costguard.pricing.catalog import Market
 from costguard.retry import RetryPolicy
 from costguard.shell import command
 from costguard.spot.controller import Summary, instances_label, summarise
 from costguard.spot.job import RUNNING, Job, JobSpec, attempt_doc, spec_doc
 from costguard.spot.launcher.base import Offer
-from costguard.spot.projection import Projection, duration
+from costguard.spot.projection import Projection
 from costguard.spot.projection import document as projection_doc
 from costguard.text import visible
 

@@ -75,9 +75,7 @@ def _record_line(name: str, data: bytes) -> str:
 
 def build(package: Path | None = None) -> Wheel:
     """A wheel of the costguard this process runs (``package``: its folder, for tests)."""
-    import costguard
-
-    package = package or Path(costguard.__file__).resolve().parent
+    package = package or Path(__file__).resolve().parents[1]
     try:
         dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError:
