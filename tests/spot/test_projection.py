@@ -197,7 +197,15 @@ def test_jobs_stop_has_the_script_save_and_the_job_end_stopped(
     job_spec = spec(store.url, command=ON_NOTICE_75, spot=False, simulation=None)
     ended: list[Job] = []
     events: list[Event] = []
-    controller = Controller(store, launcher, [ON_DEMAND], poll_s=0.1, on_event=events.append)
+    polls: list[float] = []  # each of the controller's waits between two polls
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        time.sleep(seconds)
+
+    controller = Controller(
+        store, launcher, [ON_DEMAND], poll_s=0.1, on_event=events.append, sleep=sleep
+    )
     job = save_job(store, Job(job_spec))
     thread = threading.Thread(target=lambda: ended.append(controller.run(job)))
     thread.start()
@@ -213,7 +221,8 @@ def test_jobs_stop_has_the_script_save_and_the_job_end_stopped(
                   "proof": "0" * 64}  # fmt: skip
         store.put(STOP_FILE, json.dumps(forged).encode())
         wait_for(lambda: any(e.kind == "warning" for e in events), "the forged request named")
-        time.sleep(0.5)  # a few more polls of the forged request: still one warning
+        seen = len(polls)  # three more polls of the forged request: still one warning
+        wait_for(lambda: len(polls) >= seen + 3, "three more polls of the forged request")
         result = run_cli("jobs", "stop", store.url)
         assert result.exit_code == 0, result.stderr
         assert "asked attempt 1" in result.stderr
