@@ -165,9 +165,16 @@ def test_an_on_demand_attempt_is_never_interrupted_and_find_survives_a_restart(
     spec = launch_spec(tmp_path / "ckpt")
     handle = first.launch(ON_DEMAND, spec, attempt=1)
     first.close()  # the controller goes away; the attempt runs on
-    second = LocalLauncher(sim, job_started_unix=time.time(), state_dir=state, env=local_env)
+    # The new controller's clock is past the notice and deadline a spot attempt launched
+    # with this one would have had: its status would serve the notice, or kill.
+    launched = float(handle.extra["launched_unix"])
+    spot_notice = notice_time(sim, attempt=1, launched_unix=launched, job_started_unix=launched)
+    assert spot_notice is not None
+    late = spot_notice + sim.notice_s + 1.0
+    second = LocalLauncher(
+        sim, job_started_unix=time.time(), state_dir=state, env=local_env, clock=lambda: late
+    )
     try:
-        time.sleep(2.5)  # past any notice a spot attempt would have had
         assert second.status(handle).state is State.RUNNING
         assert not second.emulator.announced
         (found,) = second.find("cg-sim-1")
