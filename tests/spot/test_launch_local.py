@@ -350,7 +350,9 @@ def test_ctrl_c_releases_the_job_for_attach(
     spec: dict[str, Any] = read_job(ckpt)["spec"]  # type: ignore[assignment]
     job_started = spec["created_unix"]
     assert finished["finished_unix"] > job_started + 5  # the notice was due, and not served
-    time.sleep(2)  # the controller comes back later than the job ended
+    # The controller comes back later than the job ended: figures taken at the attach
+    # would be told apart from the exit record's.
+    wait_for(lambda: time.time() > finished["finished_unix"] + 1, "a second past the job's end")
     # The next step it gave works at once, without --force: it supervises to the end.
     attached = subprocess.run(
         launch_argv("--attach", str(ckpt), "--yes", "--poll-seconds", "0.2", "--format", "json"),
