@@ -11,7 +11,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections import defaultdict
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -26,6 +25,7 @@ import pytest
 from costguard.billing import exports
 from costguard.billing.exports import read_spend
 from costguard.billing.spend import report
+from tests.helpers.waiting import wait_for
 
 UTC = ZoneInfo("UTC")
 NOVEMBER = datetime(2026, 11, 1, tzinfo=UTC)
@@ -201,11 +201,13 @@ def test_an_error_in_the_batch_read_ahead_is_raised_and_the_reading_stops() -> N
     read = exports._read_ahead(batches(None), 1)
     assert [next(read), next(read)] == [0, 1]
     read.close()  # the reader left: the thread stops at its next batch
-    deadline = time.monotonic() + 10
-    while len(closed) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: len(closed) >= 2, "both readers' batches closed", timeout_s=10)
     assert closed == [3, None]
-    assert not [t for t in threading.enumerate() if t.name == "costguard-read-ahead"]
+    wait_for(
+        lambda: not [t for t in threading.enumerate() if t.name == "costguard-read-ahead"],
+        "the read-ahead threads ended",
+        timeout_s=10,
+    )
 
 
 PEAK = """
