@@ -29,6 +29,7 @@ from tests.helpers.training import (
     costguard_command,
     train_reference,
 )
+from tests.helpers.waiting import wait_for
 from tests.slurm.cluster import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -233,10 +234,14 @@ def test_scancel_is_final(slurm_cluster: SlurmCluster, tmp_path: Path, env: dict
     job.submit(40, "--sleep", "0.25")
     job.wait(lambda: job.last_step() >= 3, "trained 3 steps")
     slurm_cluster.run("scancel", job.id)
-    deadline = time.monotonic() + 60
-    while job.state() != "CANCELLED" and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    time.sleep(3)  # time for a wrongful requeue to show
+    wait_for(lambda: job.state() == "CANCELLED", "the job cancelled", poll_s=POLL_S)
+    # The batch script's last word is whether it requeues: a wrongful requeue comes before.
+    wait_for(
+        lambda: "costguard: not requeueing" in job.log or "costguard: requeueing" in job.log,
+        "the batch script's decision on requeueing",
+        poll_s=POLL_S,
+    )
+    assert "costguard: requeueing" not in job.log
     assert job.state() == "CANCELLED", job.log
     assert job.readies() == [0]
     assert "costguard: checkpoint saved" in job.log  # it saved on the TERM...
