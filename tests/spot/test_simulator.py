@@ -170,6 +170,7 @@ def test_an_on_demand_attempt_is_never_interrupted_and_find_survives_a_restart(
     launched = float(handle.extra["launched_unix"])
     spot_notice = notice_time(sim, attempt=1, launched_unix=launched, job_started_unix=launched)
     assert spot_notice is not None
+    assert sim.notice_s is not None
     late = spot_notice + sim.notice_s + 1.0
     second = LocalLauncher(
         sim, job_started_unix=time.time(), state_dir=state, env=local_env, clock=lambda: late
