@@ -194,56 +194,31 @@ def test_a_point_stands_for_the_minute_that_ends_at_its_end_time(
         assert f"newest gpu sample ends {int(silent_for)} min before now" in verdict.reason
 
 
-def test_operations_are_polled_on_the_configured_endpoint(
-    fleet: GcpServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_operations_are_polled_on_the_configured_endpoint(fleet: GcpServer) -> None:
     """The stop answers RUNNING; the fleet polls zoneOperations.get on the same (local)
     endpoint until DONE. The SDK's own extended-operation polling would go to
     compute.googleapis.com instead, which a private endpoint (or this test) cannot reach."""
-    polls: dict[str, int] = {}
-    operation = fleet._operation
-
-    def running(kind: str, zone: str, name: str) -> dict[str, Any]:
-        return {**operation(kind, zone, name), "status": "RUNNING", "progress": 0}
-
-    def poll(request: Any, match: Any) -> Any:
-        name = request.path.rsplit("/", 1)[-1]
-        polls[name] = polls.get(name, 0) + 1
-        body = {**operation("stop", match["zone"], name.removeprefix("operation-stop-"))}
-        if polls[name] < 3:
-            body.update(status="RUNNING", progress=50)
-        return 200, body, {}
-
-    monkeypatch.setattr(fleet, "_operation", running)
-    monkeypatch.setattr(fleet, "operation", poll)
+    fleet.done_on_poll = 3
     fleets = [make_fleet(fleet, regions=["us-central1"], poll_interval_s=0.01)]
     report = reap(fleets, policy(), ReapLimits(), NOW, execute=True)
     assert {o.instance.name for o in report.outcomes if o.ok} == {"idle-l4", "spot-t4"}
-    assert polls == {"operation-stop-idle-l4": 3, "operation-stop-spot-t4": 3}
+    assert fleet.operation_polls == {"operation-stop-idle-l4": 3, "operation-stop-spot-t4": 3}
     for call in fleet.calls("GET", "/operations/"):
         assert call.path.startswith(f"/compute/v1/projects/{GCP_PROJECT}/zones/us-central1-")
 
 
 def test_an_operation_that_never_finishes_is_a_failed_outcome_in_bounded_time(
-    fleet: GcpServer, monkeypatch: pytest.MonkeyPatch
+    fleet: GcpServer,
 ) -> None:
-    operation = fleet._operation
-
-    def running(kind: str, zone: str, name: str) -> dict[str, Any]:
-        return {**operation(kind, zone, name), "status": "RUNNING", "progress": 0}
-
-    def poll(request: Any, match: Any) -> Any:
-        return 200, running("stop", match["zone"], "x"), {}
-
-    monkeypatch.setattr(fleet, "_operation", running)
-    monkeypatch.setattr(fleet, "operation", poll)
-    monkeypatch.setattr(gcp, "OPERATION_TIMEOUT_S", 0.5)
-    fleets = [make_fleet(fleet, zones=["us-central1-a"], poll_interval_s=0.05)]
+    fleet.done_on_poll = None  # never DONE
+    fleets = [
+        make_fleet(fleet, zones=["us-central1-a"], poll_interval_s=0.05, operation_timeout_s=0.5)
+    ]
     report = reap(fleets, policy(), ReapLimits(), NOW, execute=True)
     (outcome,) = report.outcomes
     assert outcome.instance.name == "idle-l4"
     assert not outcome.ok
-    assert "not done after" in outcome.message
+    assert "not done after 0.5 s" in outcome.message
     assert 1 <= len(fleet.calls("GET", "/operations/")) <= 10
 
 

@@ -629,6 +629,11 @@ class GcpServer(LocalServer):
         #: Time series per page (None: one page); ``stuck_token`` is handed out forever.
         self.page_size: int | None = None
         self.stuck_token: str | None = None
+        #: Which poll (``zoneOperations.get``) of an operation first answers DONE (the
+        #: ones before answer RUNNING): 0, it is done when started; None, never.
+        self.done_on_poll: int | None = 0
+        #: The polls of each operation, by its name.
+        self.operation_polls: dict[str, int] = {}
         self.requests.clear()
 
     def add(self, vm: GcpVm) -> GcpVm:
@@ -641,15 +646,17 @@ class GcpServer(LocalServer):
         """Raw points of one series (``label``: e.g. the GPU number of a multi-GPU VM)."""
         self.series.setdefault(metric, {}).setdefault((instance_id, label), []).extend(points)
 
-    def _operation(self, kind: str, zone: str, name: str) -> dict[str, Any]:
+    def _operation(self, kind: str, zone: str, name: str, *, polls: int = 0) -> dict[str, Any]:
+        """Operation ``kind`` on VM ``name``, as answered after ``polls`` polls of it."""
+        done = self.done_on_poll is not None and polls >= self.done_on_poll
         return {
             "kind": "compute#operation",
             "id": "4242",
             "name": f"operation-{kind}-{name}",
             "zone": f"https://www.googleapis.com/compute/v1/projects/{GCP_PROJECT}/zones/{zone}",
             "operationType": kind,
-            "status": "DONE",
-            "progress": 100,
+            "status": "DONE" if done else "RUNNING",
+            "progress": 100 if done else 0,
             "targetLink": f"projects/{GCP_PROJECT}/zones/{zone}/instances/{name}",
         }
 
@@ -688,7 +695,12 @@ class GcpServer(LocalServer):
         return 200, self._operation("setLabels", vm.zone, vm.name), {}
 
     def operation(self, request: Request, match: re.Match[str]) -> Reply:
-        return 200, self._operation("stop", match["zone"], "x"), {}
+        """``zoneOperations.get`` of an operation this server started (named
+        ``operation-<kind>-<vm>``)."""
+        name = request.path.rsplit("/", 1)[-1]
+        polls = self.operation_polls[name] = self.operation_polls.get(name, 0) + 1
+        _, kind, vm = name.split("-", 2)
+        return 200, self._operation(kind, match["zone"], vm, polls=polls), {}
 
     def time_series(self, request: Request, match: re.Match[str]) -> Reply:
         """``projects.timeSeries.list`` with the aggregation asked for (rules aligners,

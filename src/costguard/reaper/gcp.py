@@ -50,7 +50,8 @@ MAX_LAG_SECONDS = 300
 #: :data:`costguard.reaper.policy.GPU_MAX_LAG_SECONDS`): one silent for longer has stopped.
 GPU_MAX_LAG_SECONDS = _AGENT_MAX_LAG
 SAMPLING = Sampling(PERIOD_SECONDS, MAX_LAG_SECONDS, GPU_MAX_LAG_SECONDS)
-#: The most seconds :meth:`GcpFleet.apply` waits for all its operations together.
+#: The most seconds :meth:`GcpFleet.apply` waits for all its operations together, unless
+#: a fleet is given its own ``operation_timeout_s``.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 5
 GPU_METRIC = "agent.googleapis.com/gpu/utilization"
 #: The label of ``GPU_METRIC`` that names the GPU (its index from 0): the Ops Agent's NVML
@@ -139,12 +140,15 @@ class GcpFleet:
         operations_client: Any = None,
         monitoring: Any = None,
         poll_interval_s: float = 1.0,
+        operation_timeout_s: float = OPERATION_TIMEOUT_S,
     ) -> None:
         self.project = project
         self.prices = prices
         self.regions = tuple(regions)
         self.zones = tuple(zones)
         self.poll_interval_s = poll_interval_s
+        #: How long :meth:`apply` waits for its operations, all together.
+        self.operation_timeout_s = operation_timeout_s
         if credentials is None and (
             instances_client is None or operations_client is None or monitoring is None
         ):
@@ -329,7 +333,7 @@ class GcpFleet:
         delay = self.poll_interval_s
         while str(getattr(operation.status, "name", operation.status)) != "DONE":
             if time.monotonic() + delay > deadline:
-                msg = f"operation {operation.name} not done after {OPERATION_TIMEOUT_S:g} s"
+                msg = f"operation {operation.name} not done after {self.operation_timeout_s:g} s"
                 raise TimeoutError(msg)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
@@ -342,7 +346,7 @@ class GcpFleet:
         self, action: Action, instances: Sequence[Instance], now: datetime
     ) -> list[ActionOutcome]:
         """Start every operation first, then wait for each (all within
-        :data:`OPERATION_TIMEOUT_S`), so that stops run in parallel."""
+        ``operation_timeout_s``), so that stops run in parallel."""
         started: list[tuple[Instance, str, Any]] = []
         outcomes: list[ActionOutcome] = []
         failures: tuple[type[BaseException], ...] = (*gcp_clouds.errors(), TimeoutError)
@@ -373,7 +377,7 @@ class GcpFleet:
             except gcp_clouds.errors() as exc:
                 message = gcp_clouds.translate(exc, f"{action} {handle.name}").message
                 outcomes.append(ActionOutcome(instance, action, ok=False, message=message))
-        deadline = time.monotonic() + OPERATION_TIMEOUT_S
+        deadline = time.monotonic() + self.operation_timeout_s
         for instance, zone, operation in started:
             try:
                 done = self._wait(operation, zone, deadline)
