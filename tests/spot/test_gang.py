@@ -9,6 +9,7 @@ an attach, a limit), and the records, the plan and the flags.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -58,6 +59,7 @@ from costguard.spot.recovery import (
 from costguard.spot.simulator import MetadataEmulator
 from tests.checkpoint.test_distributed import DDP_SCRIPT
 from tests.helpers.training import STEP, SharedRuns, assert_bitwise_equal, ranks_reference
+from tests.helpers.waiting import WaitTimeoutError, wait_for
 from tests.spot.test_controller import launcher as local_launcher  # noqa: F401 - the fixture
 from tests.spot.test_offers_and_job import spec
 from tests.spot.test_simulator import ON_DEMAND, SPOT, STUBBORN
@@ -177,22 +179,22 @@ def test_a_node_lost_without_notice_has_the_gang_resume_from_its_last_checkpoint
     )
     state = Path(env["COSTGUARD_LOCAL_DIR"])
     watcher = LocalLauncher(Simulation(), job_started_unix=0.0, state_dir=state)
-    deadline = time.monotonic() + TIMEOUT_S
-    node1 = None
-    while node1 is None and time.monotonic() < deadline:
+
+    def past_the_checkpoint() -> Handle | None:
         logs = " ".join(p.read_text(errors="replace") for p in state.glob("*/attempt-1.node-*.log"))
-        if any(int(step) >= 7 for _, step in STEP.findall(logs)):  # past the checkpoint of 5
-            jobs = [d.name for d in state.iterdir() if d.is_dir()]
-            node1 = next(h for h in watcher.find(jobs[0]) if h.extra.get("node") == "1")
-        time.sleep(0.1)
-    assert node1 is not None
+        if not any(int(step) >= 7 for _, step in STEP.findall(logs)):  # the checkpoint is at 5
+            return None
+        jobs = [d.name for d in state.iterdir() if d.is_dir()]
+        return next(h for h in watcher.find(jobs[0]) if h.extra.get("node") == "1")
+
+    node1 = wait_for(past_the_checkpoint, "node 1 past step 7", timeout_s=TIMEOUT_S, poll_s=0.1)
     assert _node_processes(ckpt, 1)  # costguard run, torchrun and its worker
     watcher._kill(node1)
     # All of node 1 is gone at once, torchrun's worker too (torchrun starts it in a
     # session of its own: a kill of the groups alone left it training on, orphaned).
-    gone = time.monotonic() + 5  # a SIGKILL is delivered at the process's next turn
-    while _node_processes(ckpt, 1) and time.monotonic() < gone:
-        time.sleep(0.05)
+    # A SIGKILL is delivered at the process's next turn.
+    with contextlib.suppress(WaitTimeoutError):
+        wait_for(lambda: not _node_processes(ckpt, 1), "node 1's processes gone", timeout_s=5)
     assert [_cmdline(pid) for pid in _node_processes(ckpt, 1)] == []
     stdout, stderr = launch.communicate(timeout=TIMEOUT_S)
     assert launch.returncode == 0, stderr[-4000:]
@@ -274,12 +276,12 @@ def _registered(handle: Handle) -> list[int]:
 
 
 def _wait_dead(handle: Handle, timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not pid_alive(_pid(handle), handle.extra["start_ticks"]):
-            return True
-        time.sleep(0.1)
-    return False
+    return wait_for(
+        lambda: not pid_alive(_pid(handle), handle.extra["start_ticks"]),
+        f"node {handle.extra.get('node')} dead",
+        timeout_s=timeout_s,
+        poll_s=0.1,
+    )
 
 
 def _gang_job(store: Store, **changes: Any) -> Job:
@@ -319,10 +321,7 @@ def test_a_node_lost_without_notice_ends_every_node_and_the_gang_is_relaunched_w
     assert (first.node_count, len(first.nodes)) == (2, 2)
     assert controller.reconcile(job).current == first  # both run: the attempt runs
     # The agent on each node sees the gang's job registered there (busy) while it runs.
-    deadline = time.monotonic() + 60
-    while not all(_registered(h) for h in first.nodes) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_registered(h) for h in first.nodes)
+    wait_for(lambda: all(_registered(h) for h in first.nodes), "both nodes registered", poll_s=0.1)
     gang._kill(first.nodes[1])  # node 1 vanishes (SIGKILL to all of it): no notice, no record
     assert _wait_dead(first.nodes[1])
     job = controller.reconcile(job)
@@ -388,10 +387,10 @@ def test_a_clean_exit_on_one_node_waits_for_the_others_then_ends_them(
     job = controller.launch(job, decision)
     nodes = job.attempts[0].nodes
     assert _wait_dead(nodes[1])
-    deadline = time.monotonic() + 60
-    while read_exit_record(store, 1, JOB, node=1) is None and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert read_exit_record(store, 1, JOB, node=1).exit_code == 75  # type: ignore[union-attr]
+    record = wait_for(
+        lambda: read_exit_record(store, 1, JOB, node=1), "node 1's exit record", poll_s=0.1
+    )
+    assert record.exit_code == 75
     job = controller.reconcile(job)
     assert job.current is not None  # node 0 has its time to save too
     assert pid_alive(_pid(nodes[0]), nodes[0].extra["start_ticks"])
