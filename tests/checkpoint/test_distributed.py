@@ -13,7 +13,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,7 +129,7 @@ def test_the_notice_file_reaches_a_listener_whole_lines_only(tmp_path: Path) -> 
     listener = NoticeFileListener(tmp_path / "later.jsonl", board, interval_s=0.02)
     listener.start()
     try:
-        time.sleep(0.05)
+        wait_for(lambda: listener.polls >= 2, "two polls of the missing file", timeout_s=10)
         assert board.urgent() is None
         append_notice(tmp_path / "later.jsonl", Notice("signal", "signal", None, "SIGTERM"))
         notice = wait_for(board.urgent, "the appended notice", timeout_s=10, poll_s=0.02)

@@ -220,6 +220,8 @@ class NoticeFileListener(threading.Thread):
         self._stop_event = threading.Event()
         self._offset = 0
         self._size = -1
+        #: How many polls :meth:`run` has made (a test waits on it, not on the clock).
+        self.polls = 0
 
     def poll(self) -> list[Notice]:
         """Read what is new (only when the file grew: one ``stat`` otherwise)."""
@@ -240,6 +242,7 @@ class NoticeFileListener(threading.Thread):
         """Poll until :meth:`stop`."""
         while not self._stop_event.is_set():
             self.poll()
+            self.polls += 1
             self._stop_event.wait(self._interval_s)
 
     def stop(self) -> None:
