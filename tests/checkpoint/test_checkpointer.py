@@ -8,7 +8,6 @@ import io
 import logging
 import os
 import random
-import time
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -25,6 +24,7 @@ from costguard.errors import InputError
 from tests.checkpoint.test_notices_azure_ack import PREEMPT, watched_notice
 from tests.helpers.metadata import AckState
 from tests.helpers.stores import make_s3_bucket
+from tests.helpers.waiting import wait_for
 
 
 def tiny() -> tuple[torch.nn.Linear, torch.optim.Optimizer]:
@@ -358,11 +358,10 @@ def test_watch_uses_the_pipe_only_in_the_direct_child_else_the_notice_file(
         ckpt = Checkpointer(tmp_path / "c", notices=NoticeBoard())
         ckpt.watch(env)
         append_notice(notices, Notice("gcp", "preempt", None))
-        for _ in range(200):
-            if ckpt.preempting is not None:
-                break
-            time.sleep(0.02)
-        assert ckpt.preempting == Notice("gcp", "preempt", None)
+        noticed = wait_for(
+            lambda: ckpt.preempting, "the appended notice", timeout_s=10, poll_s=0.02
+        )
+        assert noticed == Notice("gcp", "preempt", None)
         os.fstat(read_fd)  # the pipe was left alone: it is not this process's to read
         ckpt.close()
     finally:
