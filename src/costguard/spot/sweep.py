@@ -29,7 +29,18 @@ from costguard import contract, proof
 from costguard.errors import CostguardError
 from costguard.spot import array
 from costguard.spot.controller import HEARTBEAT_S, STOP_GRACE_S, Controller, Event, summarise
-from costguard.spot.job import FINAL, Job, clear_stop, load_job, request_stop, save_job, sign_spec
+from costguard.spot.job import (
+    FINAL,
+    JOB_FILE,
+    Job,
+    clear_stop,
+    job_doc,
+    load_job,
+    parse_job,
+    request_stop,
+    save_job,
+    sign_spec,
+)
 from costguard.spot.projection import USD_PLACES
 from costguard.spot.recovery import Finish, Launch, spent_usd
 
@@ -141,6 +152,7 @@ class Sweep:
         self._sleep = sleep
         #: The most tasks seen running at once (the report, and the tests, read it).
         self.peak_running = 0
+        self._rolled_up: tuple[tuple[int, Job], ...] = ()
         self._said: set[str] = set()
         #: The least time between two launches of the array's tasks, first launches and
         #: relaunches alike (:data:`costguard.spot.array.LAUNCH_INTERVAL_S`), and when the
@@ -373,6 +385,7 @@ class Sweep:
                 views = self.views(self._clock())
                 self._watch_budget(views)
                 self._start_next(views)
+                self._write_rollup()
                 running = sum(1 for t in self.tasks if t.state == array.RUNNING)
                 self.peak_running = max(self.peak_running, running)
                 if all(t.state in FINAL for t in self.tasks):
@@ -384,9 +397,23 @@ class Sweep:
         finally:
             for task in self.tasks:
                 self._release(task)
+            self._write_rollup()
         if reason is not None:
             clear_stop(self.store)  # acted upon: a later attach must not read it again
         return [t.job for t in self.tasks]
+
+    def _write_rollup(self) -> None:
+        """Store the roll-up when a task's job changed since it was last stored (a store
+        that refuses it now costs ``jobs status`` time only: it reads the tasks)."""
+        jobs = tuple((t.index, t.job) for t in self.tasks)
+        if jobs == self._rolled_up:
+            return
+        try:
+            write_rollup(self.store, self.record.array_id, jobs)
+        except (CostguardError, OSError) as exc:
+            logger.warning("the array's roll-up was not stored: %s", exc)
+            return
+        self._rolled_up = jobs
 
     def _timeout(self) -> None:
         why = f"the controller's timeout of {self.timeout_s:.0f} s"
@@ -425,6 +452,56 @@ def _each(items: Sequence[int], read: Callable[[int], Any], workers: int) -> lis
         return list(pool.map(guarded, items))
 
 
+def rollup_copy(job: Job) -> str:
+    """The text of ``job.json`` as :func:`~costguard.spot.job.save_job` wrote ``job``
+    (the same writer: what it returned is what it stored)."""
+    return contract.dump(job_doc(job), contract.JOB, JOB_FILE).decode()
+
+
+def write_rollup(store: Store, array_id: str, jobs: Iterable[tuple[int, Job]]) -> None:
+    """Store the roll-up: a copy of each task's ``job.json`` (:data:`contract.ROLLUP`)."""
+    doc = {
+        "version": contract.VERSION,
+        "array_id": array_id,
+        "tasks": [{"index": i, "job": rollup_copy(job)} for i, job in jobs],
+    }
+    contract.write(store, contract.ROLLUP_FILE, contract.ROLLUP, doc)
+
+
+def _copies(base: Store, record: array.ArrayRecord) -> dict[int, Job]:
+    """The tasks' jobs the roll-up holds the very bytes of: a copy whose MD5 is the one
+    the store lists for that task's ``job.json`` (the roll-up is trusted for nothing: a
+    forged or stale copy differs from the record and is not used; the record is read).
+    None when the roll-up is missing, not costguard's, of another array, or the store
+    lists no MD5."""
+    import hashlib
+
+    try:
+        doc = contract.read(base, contract.ROLLUP_FILE, contract.ROLLUP, contract.ROLLUP_BYTES)
+    except CostguardError as exc:
+        logger.debug("%s", exc)
+        return {}
+    if doc is None or doc["array_id"] != record.array_id:
+        return {}
+    digests = base.digests()
+    wanted = set(record.indexes)
+    out = {}
+    for task in doc["tasks"]:
+        index, data = task["index"], task["job"].encode()
+        listed = digests.get(f"{array.task_name(index)}/{JOB_FILE}")
+        # MD5 because the store lists it; forging a copy means finding other bytes of the
+        # same MD5 as a record already there (a second preimage, out of reach), and one
+        # who can write the record itself gains nothing from the copy.
+        same = listed is not None and hashlib.md5(data).hexdigest() == listed  # noqa: S324
+        if index not in wanted or not same:
+            continue
+        try:
+            out[index] = parse_job(data, array.task_url(record.url, index))
+        except CostguardError:
+            continue  # read from its record, which says what is wrong with it
+    return out
+
+
 def load_tasks(
     record: array.ArrayRecord, *, skip_bad: bool = False, workers: int = READ_WORKERS
 ) -> list[Task]:
@@ -435,10 +512,12 @@ def load_tasks(
     from costguard.spot.prepare import open_store
 
     base = open_store(record.url)  # one filesystem, its connections, for every task
+    copies = _copies(base, record)
 
     def load(index: int) -> Task:
         task_store = base.child(array.task_name(index))
-        return Task(index, task_store, load_job(task_store))
+        copy = copies.get(index)
+        return Task(index, task_store, copy if copy is not None else load_job(task_store))
 
     tasks = []
     for found in _each(record.indexes, load, workers):
