@@ -673,11 +673,18 @@ ARRAY = Record(
 )
 
 #: The roll-up (``job/array-rollup.json``): each task's ``job.json`` as the sweep last
-#: wrote it, the text itself. Untrusted like all the store holds: a reader uses a copy
-#: only when its MD5 equals the one the store's listing gives for the task's own
-#: ``job.json`` (so it is that record, byte for byte), and parses it as it would the record.
+#: wrote it (and a running task's ``pace.json`` as it last read it), the text itself.
+#: Untrusted like all the store holds: a reader uses a copy only when its MD5 equals the
+#: one the store's listing gives for the task's own record (so it is that record, byte
+#: for byte), and parses it as it would the record.
 ROLLUP_TASK = Record(
-    {"index": whole(0, MAX_ARRAY_INDEX), "job": Text(ROLLUP_JOB_BYTES, lines=True)}
+    {
+        "index": whole(0, MAX_ARRAY_INDEX),
+        "job": Text(ROLLUP_JOB_BYTES, lines=True),
+        #: Its ``pace.json`` as the sweep last read it ("": none), used the same way.
+        "pace": Text(RECORD_BYTES, lines=True),
+    },
+    defaults={"pace": ""},
 )
 
 ROLLUP = Record(

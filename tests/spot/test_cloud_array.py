@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 
 from costguard import contract
+from costguard.checkpoint import pace as pace_module
+from costguard.checkpoint.pace import Pace, read_pace_or_warn, write_pace
 from costguard.checkpoint.store import Store
 from costguard.clouds import aws as aws_clouds
 from costguard.pricing.catalog import Market
@@ -233,31 +235,52 @@ def _stored_array(count: int) -> tuple[array.ArrayRecord, list[tuple[int, Job]]]
 
 @pytest.fixture
 def records_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The task prefixes whose job.json ``jobs status`` reads from the store itself."""
+    """The task prefixes whose job.json (``job``) or pace.json (``pace``) ``jobs status``
+    reads from the store itself."""
     read: list[str] = []
 
     def counted(store: Store) -> Job:
-        read.append(store.url)
+        read.append(f"job {store.url}")
         return load_job(store)
 
+    def counted_pace(store: Store) -> Pace | None:
+        read.append(f"pace {store.url}")
+        return read_pace_or_warn(store)
+
     monkeypatch.setattr(sweep_module, "load_job", counted)
+    monkeypatch.setattr(pace_module, "read_pace_or_warn", counted_pace)
     return read
+
+
+def _paces(jobs: list[tuple[int, Job]]) -> dict[int, str]:
+    """Each task given a pace (100 of 1,000 steps done), and its text as the sweep reads it."""
+    out = {}
+    for index, _ in jobs:
+        store = Store.open(array.task_url(URL, index))
+        write_pace(store, Pace(100, 50.0, 100, time.time(), time.time() - 60, total_steps=1000))
+        out[index] = store.get(contract.PACE_FILE).decode()
+    return out
 
 
 def test_status_takes_the_tasks_from_the_rollup_and_reads_only_those_changed_since(
     bucket: None, records_read: list[str], run_cli: Callable[..., Any]
 ) -> None:
     """A 6-task array whose roll-up the sweep wrote: status reads the roll-up and one
-    listing, and the record only of task 4, which moved on (finished) after it."""
+    listing, and the record only of task 4, which moved on (finished) after it, and the
+    pace only of task 5, which recorded a new one after it."""
     record, jobs = _stored_array(6)
-    write_rollup(Store.open(URL), record.array_id, jobs)
+    write_rollup(Store.open(URL), record.array_id, jobs, _paces(jobs))
     done = replace(jobs[4][1], status="failed", reason="exit 3")
     save_job(Store.open(array.task_url(URL, 4)), done)
+    moved = Pace(900, 450.0, 900, time.time(), 1.0, total_steps=1000)
+    write_pace(Store.open(array.task_url(URL, 5)), moved)
     status = run_cli("jobs", "status", URL, "--format", "json")
     assert status.exit_code == 0, status.stderr
-    assert records_read == [array.task_url(URL, 4)]
-    shown = [t["status"] for t in json.loads(status.stdout)["tasks"]]
-    assert shown == ["running"] * 4 + ["failed", "running"]
+    assert records_read == [f"job {array.task_url(URL, 4)}", f"pace {array.task_url(URL, 5)}"]
+    shown = json.loads(status.stdout)["tasks"]
+    assert [t["status"] for t in shown] == ["running"] * 4 + ["failed", "running"]
+    assert all(t["projected_usd"] is not None for t in shown if t["status"] == "running")
+    assert shown[5]["left_s"] < shown[0]["left_s"]  # 900 steps of 1,000 done, not 100
 
 
 def test_a_forged_or_broken_rollup_shows_nothing_the_tasks_records_do_not_say(
@@ -270,8 +293,10 @@ def test_a_forged_or_broken_rollup_shows_nothing_the_tasks_records_do_not_say(
     record, jobs = _stored_array(3)
     base = Store.open(URL)
     forged = [(i, replace(job, status="succeeded", reason="exit 0")) for i, job in jobs]
+    _paces(jobs)  # the tasks' own paces: 100 steps done; the forged copies say 999
+    fake = Pace(999, 1.0, 999, time.time(), 1.0, total_steps=1000).to_json().decode()
     for broken in (
-        lambda: write_rollup(base, record.array_id, forged),
+        lambda: write_rollup(base, record.array_id, forged, dict.fromkeys(range(3), fake)),
         lambda: write_rollup(base, "cg-me-20261206-000000-other1", jobs),
         lambda: base.put(contract.ROLLUP_FILE, b'{"version": 1, "tasks": ['),
         lambda: base.put(
@@ -290,6 +315,7 @@ def test_a_forged_or_broken_rollup_shows_nothing_the_tasks_records_do_not_say(
         tasks = load_tasks(record, skip_bad=True)
         assert [t.job.status for t in tasks] == ["running"] * 3
         assert [t.job for t in tasks] == [job for _, job in jobs]
+        assert [t.pace_copy for t in tasks] == [None] * 3
         assert len(records_read) == 3
 
 
