@@ -159,6 +159,8 @@ class Sweep:
         self._rolled_up: tuple[tuple[int, Job], ...] = ()
         self._paces: dict[int, str] = {}
         self._paces_read = float("-inf")
+        self._rolled_up_states: tuple[tuple[int, str], ...] = ()
+        self._rollup_written = float("-inf")
         self._said: set[str] = set()
         #: The least time between two launches of the array's tasks, first launches and
         #: relaunches alike (:data:`costguard.spot.array.LAUNCH_INTERVAL_S`), and when the
@@ -403,16 +405,24 @@ class Sweep:
         finally:
             for task in self.tasks:
                 self._release(task)
-            self._write_rollup()
+            self._write_rollup(at_end=True)
         if reason is not None:
             clear_stop(self.store)  # acted upon: a later attach must not read it again
         return [t.job for t in self.tasks]
 
-    def _write_rollup(self) -> None:
-        """Store the roll-up when a task's job changed since it was last stored (a store
-        that refuses it now costs ``jobs status`` time only: it reads the tasks)."""
-        jobs = tuple((t.index, t.job) for t in self.tasks)
+    def _write_rollup(self, *, at_end: bool = False) -> None:
+        """Store the roll-up when a task's state changed since it was last stored, and
+        otherwise at most once a heartbeat when a task's job or pace did (every running
+        task's heartbeat changes its job: a big array's roll-up is not rewritten each
+        poll), and ``at_end``. A copy that lags costs ``jobs status`` a read of that
+        record, as a store that refuses the roll-up does."""
         from costguard.checkpoint.pace import PACE_BYTES
+
+        states = tuple((t.index, t.state) for t in self.tasks)
+        due = time.monotonic() - self._rollup_written >= HEARTBEAT_S
+        if not (at_end or due or states != self._rolled_up_states):
+            return
+        jobs = tuple((t.index, t.job) for t in self.tasks)
 
         paces = self._paces
         if not self.store.is_local and time.monotonic() - self._paces_read >= HEARTBEAT_S:
@@ -423,7 +433,9 @@ class Sweep:
             for task in self.tasks:
                 if task.state == array.RUNNING:
                     with contextlib.suppress(CostguardError, OSError):
-                        paces[task.index] = task.store.get(contract.PACE_FILE, PACE_BYTES).decode()
+                        data = task.store.get(contract.PACE_FILE, PACE_BYTES)
+                        # Not UTF-8: a copy whose MD5 matches none, never used.
+                        paces[task.index] = data.decode(errors="replace")
             self._paces_read = time.monotonic()
         if jobs == self._rolled_up and paces == self._paces:
             return
@@ -432,7 +444,8 @@ class Sweep:
         except (CostguardError, OSError) as exc:
             logger.warning("the array's roll-up was not stored: %s", exc)
             return
-        self._rolled_up, self._paces = jobs, paces
+        self._rolled_up, self._paces, self._rolled_up_states = jobs, paces, states
+        self._rollup_written = time.monotonic()
 
     def _timeout(self) -> None:
         why = f"the controller's timeout of {self.timeout_s:.0f} s"
