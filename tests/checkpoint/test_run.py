@@ -314,10 +314,17 @@ def test_the_job_is_registered_for_the_agent_while_it_runs(
     tmp_path: Path, train_env: Callable[..., dict[str, str]]
 ) -> None:
     jobs = tmp_path / "jobs"
+    # At its first look (costguard run may not have learned the script's pid yet: the job
+    # is then registered under costguard run's own), and then under its own pid.
     child = (
-        "import os, sys\n"
-        "names = os.listdir(os.environ['COSTGUARD_JOBS_DIR'])\n"
-        "sys.exit(0 if names == [f'{os.getpid()}.pid'] else 3)\n"
+        "import os, sys, time\n"
+        "jobs = os.environ['COSTGUARD_JOBS_DIR']\n"
+        "first = set(os.listdir(jobs))\n"
+        "mine, run = f'{os.getpid()}.pid', f'{os.getppid()}.pid'\n"
+        "if not first or not first <= {mine, run}: sys.exit(3)\n"
+        "deadline = time.monotonic() + 30\n"
+        "while os.listdir(jobs) != [mine] and time.monotonic() < deadline: time.sleep(0.01)\n"
+        "sys.exit(0 if os.listdir(jobs) == [mine] else 4)\n"
     )
     env = {**train_env(), "COSTGUARD_JOBS_DIR": str(jobs)}
     done = subprocess.run(
@@ -326,7 +333,7 @@ def test_the_job_is_registered_for_the_agent_while_it_runs(
         timeout=TIMEOUT_S,
         check=False,
     )
-    assert done.returncode == 0  # the child saw its own pid file
+    assert done.returncode == 0  # the child saw the job registered, then its own pid
     assert list(jobs.iterdir()) == []  # and it is gone once the job ended
     unwritable = {**env, "COSTGUARD_JOBS_DIR": "/proc/costguard-no-such-dir"}
     done = subprocess.run(

@@ -597,19 +597,25 @@ def supervise(
             run_pid=os.getpid(),
             start_fresh=start_fresh,
         )
+        # The job is registered before the script starts, under this process's id (alive
+        # as long as the job), then under the script's: the script may look for its job
+        # first thing, and the agent never sees a moment without it.
+        before_start = contextlib.ExitStack()
+        before_start.enter_context(_registered(os.getpid()))
         try:
             # Its own process group: a terminal's Ctrl-C reaches the child once, through us.
             child = subprocess.Popen(list(command), env=env, pass_fds=(read_fd,), process_group=0)
         except OSError as exc:
+            before_start.close()
             os.close(read_fd)
             os.close(write_fd)
             shutil.rmtree(relay_dir, ignore_errors=True)
             msg = f"cannot start {command[0]!r}: {exc.strerror or exc}"
             raise InputError(msg, hint="check the command after --") from None
         os.close(read_fd)
-        # Registered for costguard agent at once: the script may look for its job first thing.
         registration = contextlib.ExitStack()
         registration.enter_context(_registered(child.pid))
+        before_start.close()
 
         #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
         #: the clock's time and the wall clock's (a checkpoint's files carry that one).

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import click
 from click.core import ParameterSource
@@ -308,16 +307,15 @@ def question_from(options: dict[str, Any]) -> Question:
     return Question(**{f.name: options[f.name] for f in dataclasses.fields(Question)})
 
 
-@dataclass(frozen=True)
-class Fit:
+class Fit(NamedTuple):
     """Fit a terminal's height: the assumptions counted, not listed, and (with ``places``)
-    fewer places shown, down to :data:`FEWEST_PLACES`, where that makes the answer fit."""
+    fewer places shown, down to :data:`FEWEST_PLACES`, where that makes the answer fit.
+    (Named tuples, as these two are: cheaper to define than dataclasses, on every run.)"""
 
     places: bool = True
 
 
-@dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
     """What the tables show: the ``top`` cheapest places (0: all), and the assumptions and
     the answers past the cheapest listed (``full``) or counted on one line."""
 

@@ -11,7 +11,7 @@ build.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
 from enum import StrEnum
@@ -216,13 +216,6 @@ class Catalog:
     tables: Mapping[str, TableInfo]
     directory: Path
     origin: str = "bundled"  # "bundled", "cache" (costguard pricing refresh) or "directory"
-    _region_index: dict[tuple[str, str], Region] = field(
-        init=False, repr=False, compare=False, default_factory=dict
-    )
-
-    def __post_init__(self) -> None:
-        for region in self.regions:
-            self._region_index[(region.provider, region.name)] = region
 
     @property
     def as_of(self) -> date:
@@ -256,6 +249,10 @@ class Catalog:
     def accelerators(self) -> tuple[str, ...]:
         """Every accelerator name in the instance tables."""
         return tuple(sorted({i.accelerator for i in self.instances if i.accelerator}))
+
+    @cached_property
+    def _region_index(self) -> dict[tuple[str, str], Region]:
+        return {(region.provider, region.name): region for region in self.regions}
 
     def region(self, provider: str, name: str) -> Region:
         """The region ``name`` of ``provider``; :class:`UnknownNameError` if not in the tables."""
