@@ -123,6 +123,9 @@ PACE_FILE = "job/pace.json"
 #: under its own prefix, ``URL/task-<index>``), and the request that the whole array stop.
 ARRAY_FILE = "job/array.json"
 ARRAY_STOP_FILE = "job/array-stop.json"
+#: The sweep's copy of its tasks' ``job.json`` (:data:`ROLLUP`), so ``jobs status`` of a
+#: big array reads one object and a listing instead of one object per task.
+ROLLUP_FILE = "job/array-rollup.json"
 #: The most tasks of one array: SLURM's default MaxArraySize (1001: indexes 0-1000) less
 #: one, so a sweep that runs as a SLURM array by default runs here, while every task's
 #: ``job.json`` is still read once a poll by one controller (and listed by ``jobs status``).
@@ -140,6 +143,10 @@ JOB_BYTES = 16 * 1024 * 1024
 #: characters, as ``ARRAY_TASK`` bounds it) and index: about 2 MiB at most (1,000 tasks of
 #: a 50-character URL are about 70 KiB, past :data:`RECORD_BYTES`).
 ARRAY_BYTES = 4 * 1024 * 1024
+#: The roll-up's bound: every task's job.json copied, of a few kilobytes each.
+ROLLUP_BYTES = 64 * 1024 * 1024
+#: One task's copied job.json in the roll-up.
+ROLLUP_JOB_BYTES = 256 * 1024
 
 
 def exit_record_path(attempt: int, node: int | None = None) -> str:
@@ -663,6 +670,29 @@ ARRAY = Record(
         "tasks": Items(ARRAY_TASK, MAX_ARRAY_TASKS, least=1),
     },
     defaults={"stop_at_projection": False},
+)
+
+#: The roll-up (``job/array-rollup.json``): each task's ``job.json`` as the sweep last
+#: wrote it (and a running task's ``pace.json`` as it last read it), the text itself.
+#: Untrusted like all the store holds: a reader uses a copy only when its MD5 equals the
+#: one the store's listing gives for the task's own record (so it is that record, byte
+#: for byte), and parses it as it would the record.
+ROLLUP_TASK = Record(
+    {
+        "index": whole(0, MAX_ARRAY_INDEX),
+        "job": Text(ROLLUP_JOB_BYTES, lines=True),
+        #: Its ``pace.json`` as the sweep last read it ("": none), used the same way.
+        "pace": Text(RECORD_BYTES, lines=True),
+    },
+    defaults={"pace": ""},
+)
+
+ROLLUP = Record(
+    {
+        "version": _VERSION,
+        "array_id": _JOB_ID,
+        "tasks": Items(ROLLUP_TASK, MAX_ARRAY_TASKS),
+    }
 )
 
 PACE = Record(

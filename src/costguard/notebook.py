@@ -251,7 +251,8 @@ def job_status(url: str, *, exact: bool = False) -> Any:
     if record is None:
         return single_job_status(url)
     tasks = load_tasks(record, skip_bad=True)
-    task_rows = rows(record.url, ((t.index, t.job) for t in tasks), time.time())
+    paces = {t.index: t.pace_copy for t in tasks if t.pace_copy is not None}
+    task_rows = rows(record.url, ((t.index, t.job) for t in tasks), time.time(), paces=paces)
     records = [
         {
             "index": r.index, "status": r.status, "attempts": r.attempts,

@@ -22,16 +22,20 @@ from typing import Any
 
 import pytest
 
+from costguard import contract
+from costguard.checkpoint import pace as pace_module
+from costguard.checkpoint.pace import Pace, read_pace_or_warn, write_pace
 from costguard.checkpoint.store import Store
 from costguard.clouds import aws as aws_clouds
 from costguard.pricing.catalog import Market
 from costguard.spot import array
+from costguard.spot import sweep as sweep_module
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import Launcher, Offer
-from costguard.spot.recovery import AttemptOutcome
-from costguard.spot.sweep import Sweep, Task, task_specs
+from costguard.spot.recovery import Attempt, AttemptOutcome
+from costguard.spot.sweep import Sweep, Task, load_tasks, rollup_copy, task_specs, write_rollup
 from costguard.tags import ARRAY_TAG, ARRAY_TASK_TAG, ATTEMPT_TAG, JOB_TAG
 from tests.servers.aws import Ec2Faults, reclaim_aws_instance
 
@@ -174,6 +178,14 @@ def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
     assert (tasks[1]["preemptions"], tasks[1]["attempts"]) == (1, 2)
     assert (tasks[2]["failures"], tasks[2]["attempts"]) == (1, 2)
     assert (tasks[3]["failures"], tasks[3]["attempts"]) == (2, 2)
+    # The sweep's roll-up holds every task's job.json as the sweep last wrote it, byte for
+    # byte (what lets jobs status use the copies instead of reading each record).
+    base = Store.open(URL)
+    rolled = contract.read(base, contract.ROLLUP_FILE, contract.ROLLUP, contract.ROLLUP_BYTES)
+    assert rolled is not None
+    assert {t["index"]: t["job"].encode() for t in rolled["tasks"]} == {
+        i: base.child(array.task_name(i)).get(contract.JOB_FILE) for i in range(4)
+    }
 
     array_id = doc["array_id"]
     seen = instances()
@@ -202,6 +214,109 @@ def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
         shell = subprocess.run(["bash", "-c", block + "printenv COSTGUARD_ARRAY_TASK_ID"],
                                capture_output=True, text=True, timeout=30, env={})  # fmt: skip
         assert shell.stdout == f"{index}\n", shell
+
+
+# -- jobs status of a big array: the roll-up -----------------------------------------------
+
+
+def _stored_array(count: int) -> tuple[array.ArrayRecord, list[tuple[int, Job]]]:
+    """An array of ``count`` tasks in the bucket, each running its first attempt, and
+    their jobs as stored."""
+    record = array.ArrayRecord(
+        "cg-me-20261206-000000-abc123", URL, f"0-{count - 1}", tuple(range(count)), count, 1.0
+    )
+    array.write_record(Store.open(URL), record)
+    base, jobs = Store.open(URL), []
+    for index, task in enumerate(task_specs(_template({}), record)):
+        job = Job(task, (Attempt(1, SPOT, time.time() - 60),))
+        jobs.append((index, save_job(base.child(array.task_name(index)), job)))
+    return record, jobs
+
+
+@pytest.fixture
+def records_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The task prefixes whose job.json (``job``) or pace.json (``pace``) ``jobs status``
+    reads from the store itself."""
+    read: list[str] = []
+
+    def counted(store: Store) -> Job:
+        read.append(f"job {store.url}")
+        return load_job(store)
+
+    def counted_pace(store: Store) -> Pace | None:
+        read.append(f"pace {store.url}")
+        return read_pace_or_warn(store)
+
+    monkeypatch.setattr(sweep_module, "load_job", counted)
+    monkeypatch.setattr(pace_module, "read_pace_or_warn", counted_pace)
+    return read
+
+
+def _paces(jobs: list[tuple[int, Job]]) -> dict[int, str]:
+    """Each task given a pace (100 of 1,000 steps done), and its text as the sweep reads it."""
+    out = {}
+    for index, _ in jobs:
+        store = Store.open(array.task_url(URL, index))
+        write_pace(store, Pace(100, 50.0, 100, time.time(), time.time() - 60, total_steps=1000))
+        out[index] = store.get(contract.PACE_FILE).decode()
+    return out
+
+
+def test_status_takes_the_tasks_from_the_rollup_and_reads_only_those_changed_since(
+    bucket: None, records_read: list[str], run_cli: Callable[..., Any]
+) -> None:
+    """A 6-task array whose roll-up the sweep wrote: status reads the roll-up and one
+    listing, and the record only of task 4, which moved on (finished) after it, and the
+    pace only of task 5, which recorded a new one after it."""
+    record, jobs = _stored_array(6)
+    write_rollup(Store.open(URL), record.array_id, jobs, _paces(jobs))
+    done = replace(jobs[4][1], status="failed", reason="exit 3")
+    save_job(Store.open(array.task_url(URL, 4)), done)
+    moved = Pace(900, 450.0, 900, time.time(), 1.0, total_steps=1000)
+    write_pace(Store.open(array.task_url(URL, 5)), moved)
+    status = run_cli("jobs", "status", URL, "--format", "json")
+    assert status.exit_code == 0, status.stderr
+    assert records_read == [f"job {array.task_url(URL, 4)}", f"pace {array.task_url(URL, 5)}"]
+    shown = json.loads(status.stdout)["tasks"]
+    assert [t["status"] for t in shown] == ["running"] * 4 + ["failed", "running"]
+    assert all(t["projected_usd"] is not None for t in shown if t["status"] == "running")
+    assert shown[5]["left_s"] < shown[0]["left_s"]  # 900 steps of 1,000 done, not 100
+
+
+def test_a_forged_or_broken_rollup_shows_nothing_the_tasks_records_do_not_say(
+    bucket: None, records_read: list[str]
+) -> None:
+    """The roll-up is trusted for nothing: a copy is used only when its MD5 is the one the
+    store lists for the task's own job.json. A roll-up saying every task succeeded (valid
+    job documents, the array's id), one of another array, or one that is not JSON: every
+    task is read from its record and shows running."""
+    record, jobs = _stored_array(3)
+    base = Store.open(URL)
+    forged = [(i, replace(job, status="succeeded", reason="exit 0")) for i, job in jobs]
+    _paces(jobs)  # the tasks' own paces: 100 steps done; the forged copies say 999
+    fake = Pace(999, 1.0, 999, time.time(), 1.0, total_steps=1000).to_json().decode()
+    for broken in (
+        lambda: write_rollup(base, record.array_id, forged, dict.fromkeys(range(3), fake)),
+        lambda: write_rollup(base, "cg-me-20261206-000000-other1", jobs),
+        lambda: base.put(contract.ROLLUP_FILE, b'{"version": 1, "tasks": ['),
+        lambda: base.put(
+            contract.ROLLUP_FILE,
+            json.dumps(
+                {
+                    "version": 1,
+                    "array_id": record.array_id,
+                    "tasks": [{"index": 7, "job": rollup_copy(jobs[0][1])}],
+                }
+            ).encode(),
+        ),
+    ):
+        broken()
+        records_read.clear()
+        tasks = load_tasks(record, skip_bad=True)
+        assert [t.job.status for t in tasks] == ["running"] * 3
+        assert [t.job for t in tasks] == [job for _, job in jobs]
+        assert [t.pace_copy for t in tasks] == [None] * 3
+        assert len(records_read) == 3
 
 
 # -- the launches: paced, throttled, a zone full ------------------------------------------

@@ -330,6 +330,35 @@ def one_retry_layer_gcs(fs: Any) -> None:
         fs.requests_timeout = aiohttp.ClientTimeout(sock_connect=10, sock_read=120)
 
 
+def content_md5(info: Mapping[str, Any]) -> str | None:
+    """The MD5 of an fsspec listing entry's content, in hex, where its store says it:
+    s3fs's ``ETag`` of an object written in one part (a multipart or KMS-encrypted
+    object's ETag is no MD5 of its bytes: ``None``), gcsfs's ``md5Hash``. Read
+    from the listing, so it is as trustworthy as the object itself.
+
+    >>> content_md5({"ETag": '"D41D8CD98F00B204E9800998ECF8427E"'})
+    'd41d8cd98f00b204e9800998ecf8427e'
+    >>> content_md5({"ETag": '"9b2cf535f27731c974343645a3985328-2"'}) is None  # multipart
+    True
+    >>> content_md5({"md5Hash": "1B2M2Y8AsgTpgAmY7PhCfg=="}), content_md5({"md5Hash": "x"})
+    ('d41d8cd98f00b204e9800998ecf8427e', None)
+    """
+    import base64
+    import binascii
+
+    etag = str(info.get("ETag") or "").strip('"').lower()
+    if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):
+        return etag
+    md5 = info.get("md5Hash")
+    if isinstance(md5, str):
+        try:
+            raw = base64.b64decode(md5, validate=True)
+        except binascii.Error:
+            return None
+        return raw.hex() if len(raw) == 16 else None
+    return None
+
+
 def modified_unix(info: Mapping[str, Any]) -> float | None:
     """When an fsspec listing entry was last written: ``mtime`` (local, gcsfs),
     ``LastModified`` (s3fs) or ``last_modified`` (adlfs), as unix time."""

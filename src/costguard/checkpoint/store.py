@@ -520,6 +520,30 @@ class Store(StoreCalls):
 
         return self.call("listing", find)
 
+    def digests(self) -> dict[str, str]:
+        """Every object under the root whose store gives the MD5 of its content in a
+        listing (S3, GCS): relative path -> that MD5 in hex; none on this machine's disk
+        (reading a file there costs what hashing it would)."""
+
+        def find() -> dict[str, str]:
+            if self.is_local:
+                return {}
+            self.fs.invalidate_cache()
+            try:
+                found = self.fs.find(self.root, detail=True)
+            except FileNotFoundError:
+                return {}
+            prefix = self.fs._strip_protocol(self.root).rstrip("/") + "/"
+            out = {}
+            for path, info in found.items():
+                stripped = self.fs._strip_protocol(path)
+                md5 = backends.content_md5(info)
+                if stripped.startswith(prefix) and md5 is not None:
+                    out[stripped[len(prefix) :]] = md5
+            return out
+
+        return self.call("listing", find)
+
     def delete(self, paths: Iterable[str]) -> None:
         """Delete objects, in the order given (missing ones are fine)."""
         for path in paths:

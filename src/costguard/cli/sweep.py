@@ -405,7 +405,9 @@ def show_status(store: Store, record: ArrayRecord, output_format: str) -> None:
     from costguard.spot.sweep import load_tasks, rows
 
     tasks = load_tasks(record, skip_bad=True)
-    _show(record, rows(record.url, ((t.index, t.job) for t in tasks), time.time()), output_format)
+    paces = {t.index: t.pace_copy for t in tasks if t.pace_copy is not None}
+    task_rows = rows(record.url, ((t.index, t.job) for t in tasks), time.time(), paces=paces)
+    _show(record, task_rows, output_format)
 
 
 def stop_array(url: str, yes: bool) -> bool:

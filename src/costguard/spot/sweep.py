@@ -18,9 +18,10 @@ are all it needs, so ``costguard launch --attach URL`` takes a sweep over.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -29,11 +30,23 @@ from costguard import contract, proof
 from costguard.errors import CostguardError
 from costguard.spot import array
 from costguard.spot.controller import HEARTBEAT_S, STOP_GRACE_S, Controller, Event, summarise
-from costguard.spot.job import FINAL, Job, clear_stop, load_job, request_stop, save_job, sign_spec
+from costguard.spot.job import (
+    FINAL,
+    JOB_FILE,
+    Job,
+    clear_stop,
+    job_doc,
+    load_job,
+    parse_job,
+    request_stop,
+    save_job,
+    sign_spec,
+)
 from costguard.spot.projection import USD_PLACES
 from costguard.spot.recovery import Finish, Launch, spent_usd
 
 if TYPE_CHECKING:
+    from costguard.checkpoint.pace import Pace
     from costguard.checkpoint.store import Store
     from costguard.spot.job import JobSpec
     from costguard.spot.launcher.base import Launcher, Offer
@@ -102,6 +115,8 @@ class Task:
     launcher: Launcher | None = None
     controller: Controller | None = None
     last_write: float = field(default_factory=time.monotonic)
+    #: Its pace as the roll-up holds it, where that is its ``pace.json`` byte for byte.
+    pace_copy: Pace | None = None
 
     @property
     def state(self) -> str:
@@ -141,6 +156,11 @@ class Sweep:
         self._sleep = sleep
         #: The most tasks seen running at once (the report, and the tests, read it).
         self.peak_running = 0
+        self._rolled_up: tuple[tuple[int, Job], ...] = ()
+        self._paces: dict[int, str] = {}
+        self._paces_read = float("-inf")
+        self._rolled_up_states: tuple[tuple[int, str], ...] = ()
+        self._rollup_written = float("-inf")
         self._said: set[str] = set()
         #: The least time between two launches of the array's tasks, first launches and
         #: relaunches alike (:data:`costguard.spot.array.LAUNCH_INTERVAL_S`), and when the
@@ -373,6 +393,7 @@ class Sweep:
                 views = self.views(self._clock())
                 self._watch_budget(views)
                 self._start_next(views)
+                self._write_rollup()
                 running = sum(1 for t in self.tasks if t.state == array.RUNNING)
                 self.peak_running = max(self.peak_running, running)
                 if all(t.state in FINAL for t in self.tasks):
@@ -384,9 +405,47 @@ class Sweep:
         finally:
             for task in self.tasks:
                 self._release(task)
+            self._write_rollup(at_end=True)
         if reason is not None:
             clear_stop(self.store)  # acted upon: a later attach must not read it again
         return [t.job for t in self.tasks]
+
+    def _write_rollup(self, *, at_end: bool = False) -> None:
+        """Store the roll-up when a task's state changed since it was last stored, and
+        otherwise at most once a heartbeat when a task's job or pace did (every running
+        task's heartbeat changes its job: a big array's roll-up is not rewritten each
+        poll), and ``at_end``. A copy that lags costs ``jobs status`` a read of that
+        record, as a store that refuses the roll-up does."""
+        from costguard.checkpoint.pace import PACE_BYTES
+
+        states = tuple((t.index, t.state) for t in self.tasks)
+        due = time.monotonic() - self._rollup_written >= HEARTBEAT_S
+        if not (at_end or due or states != self._rolled_up_states):
+            return
+        jobs = tuple((t.index, t.job) for t in self.tasks)
+
+        paces = self._paces
+        if not self.store.is_local and time.monotonic() - self._paces_read >= HEARTBEAT_S:
+            # A running task's pace, read as often as its job.json is written: the copy
+            # spares status a GET until the task next records its pace (a store on this
+            # machine lists no MD5: no copy is of use there).
+            paces = {}
+            for task in self.tasks:
+                if task.state == array.RUNNING:
+                    with contextlib.suppress(CostguardError, OSError):
+                        data = task.store.get(contract.PACE_FILE, PACE_BYTES)
+                        # Not UTF-8: a copy whose MD5 matches none, never used.
+                        paces[task.index] = data.decode(errors="replace")
+            self._paces_read = time.monotonic()
+        if jobs == self._rolled_up and paces == self._paces:
+            return
+        try:
+            write_rollup(self.store, self.record.array_id, jobs, paces)
+        except (CostguardError, OSError) as exc:
+            logger.warning("the array's roll-up was not stored: %s", exc)
+            return
+        self._rolled_up, self._paces, self._rolled_up_states = jobs, paces, states
+        self._rollup_written = time.monotonic()
 
     def _timeout(self) -> None:
         why = f"the controller's timeout of {self.timeout_s:.0f} s"
@@ -425,6 +484,73 @@ def _each(items: Sequence[int], read: Callable[[int], Any], workers: int) -> lis
         return list(pool.map(guarded, items))
 
 
+def rollup_copy(job: Job) -> str:
+    """The text of ``job.json`` as :func:`~costguard.spot.job.save_job` wrote ``job``
+    (the same writer: what it returned is what it stored)."""
+    return contract.dump(job_doc(job), contract.JOB, JOB_FILE).decode()
+
+
+def write_rollup(
+    store: Store,
+    array_id: str,
+    jobs: Iterable[tuple[int, Job]],
+    paces: Mapping[int, str] | None = None,
+) -> None:
+    """Store the roll-up: a copy of each task's ``job.json``, and of the ``pace.json``
+    texts in ``paces`` (:data:`contract.ROLLUP`)."""
+    paces = paces or {}
+    doc = {
+        "version": contract.VERSION,
+        "array_id": array_id,
+        "tasks": [
+            {"index": i, "job": rollup_copy(job), "pace": paces.get(i, "")} for i, job in jobs
+        ],
+    }
+    contract.write(store, contract.ROLLUP_FILE, contract.ROLLUP, doc)
+
+
+def _copies(base: Store, record: array.ArrayRecord) -> tuple[dict[int, Job], dict[int, Pace]]:
+    """The tasks' jobs the roll-up holds the very bytes of: a copy whose MD5 is the one
+    the store lists for that task's ``job.json`` (the roll-up is trusted for nothing: a
+    forged or stale copy differs from the record and is not used; the record is read).
+    None when the roll-up is missing, not costguard's, of another array, or the store
+    lists no MD5."""
+    import hashlib
+
+    from costguard.checkpoint.pace import parse_pace
+
+    try:
+        doc = contract.read(base, contract.ROLLUP_FILE, contract.ROLLUP, contract.ROLLUP_BYTES)
+    except CostguardError as exc:
+        logger.debug("%s", exc)
+        return {}, {}
+    if doc is None or doc["array_id"] != record.array_id:
+        return {}, {}
+    digests = base.digests()
+    wanted = set(record.indexes)
+
+    def same(index: int, path: str, data: bytes) -> bool:
+        # MD5 because the store lists it; forging a copy means finding other bytes of the
+        # same MD5 as a record already there (a second preimage, out of reach), and one
+        # who can write the record itself gains nothing from the copy.
+        listed = digests.get(f"{array.task_name(index)}/{path}")
+        return listed is not None and hashlib.md5(data).hexdigest() == listed  # noqa: S324
+
+    jobs, paces = {}, {}
+    for task in doc["tasks"]:
+        index, data, pace = task["index"], task["job"].encode(), task["pace"].encode()
+        if index not in wanted or not same(index, JOB_FILE, data):
+            continue
+        try:
+            jobs[index] = parse_job(data, array.task_url(record.url, index))
+        except CostguardError:
+            continue  # read from its record, which says what is wrong with it
+        found = parse_pace(pace) if pace and same(index, contract.PACE_FILE, pace) else None
+        if found is not None:
+            paces[index] = found
+    return jobs, paces
+
+
 def load_tasks(
     record: array.ArrayRecord, *, skip_bad: bool = False, workers: int = READ_WORKERS
 ) -> list[Task]:
@@ -435,10 +561,13 @@ def load_tasks(
     from costguard.spot.prepare import open_store
 
     base = open_store(record.url)  # one filesystem, its connections, for every task
+    copies, paces = _copies(base, record)
 
     def load(index: int) -> Task:
         task_store = base.child(array.task_name(index))
-        return Task(index, task_store, load_job(task_store))
+        copy = copies.get(index)
+        job = copy if copy is not None else load_job(task_store)
+        return Task(index, task_store, job, pace_copy=paces.get(index))
 
     tasks = []
     for found in _each(record.indexes, load, workers):
@@ -503,10 +632,16 @@ class TaskRow:
 
 
 def rows(
-    url: str, jobs: Iterable[tuple[int, Job]], now: float, *, workers: int = READ_WORKERS
+    url: str,
+    jobs: Iterable[tuple[int, Job]],
+    now: float,
+    *,
+    workers: int = READ_WORKERS,
+    paces: Mapping[int, Pace] | None = None,
 ) -> list[TaskRow]:
     """The roll-up's rows, one per task of the array at ``url`` (the projection read from
-    each running task's pace, at the task's own prefix, ``workers`` at once)."""
+    each running task's pace, at the task's own prefix, ``workers`` at once, or taken from
+    ``paces``: the roll-up's copies proven to be those records)."""
     from costguard.checkpoint.pace import read_pace_or_warn
     from costguard.spot.prepare import open_store
     from costguard.spot.projection import of_job
@@ -518,7 +653,9 @@ def rows(
     def project(at: int) -> Any:
         assert base is not None
         index, job = listed[at]
-        return of_job(job, read_pace_or_warn(base.child(array.task_name(index))), now)
+        copy = (paces or {}).get(index)
+        pace = copy if copy is not None else read_pace_or_warn(base.child(array.task_name(index)))
+        return of_job(job, pace, now)
 
     projections = dict(zip(running, _each(running, project, workers), strict=True))
     out = []
