@@ -35,6 +35,7 @@ from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equa
 from tests.helpers.waiting import wait_for
 from tests.spot.test_launch_cli import assert_refused
 from tests.spot.test_offers_and_job import spec
+from tests.spot.test_ownership import signed
 from tests.spot.test_projection import ON_NOTICE_75
 from tests.spot.test_simulator import ON_DEMAND
 
@@ -489,6 +490,28 @@ def test_attach_runs_no_task_spec_this_user_did_not_launch(
     assert f"task 1's command: `sh -c 'touch {pwned}'`" in error, result.stderr
     assert "Traceback" not in result.stderr
     assert not pwned.exists()
+
+
+def test_attach_refuses_an_array_whose_task_is_a_gang(
+    tmp_path: Path, run_cli: Callable[..., Any]
+) -> None:
+    """Launch refuses --nodes with --array (each task is one instance); a task's job.json
+    that says a gang (signed: an older or hand-made spec) is refused the same way on
+    attach, before any task starts."""
+    url = tmp_path / "sweep"
+    record = array.ArrayRecord("cg-test-1", str(url), "0-1", (0, 1), 1, time.time())
+    template = spec(str(url), command=("train.py",), sync_dir=None,
+                    simulation=Simulation(state_dir=str(tmp_path / "state")))  # fmt: skip
+    for task_spec in task_specs(template, record):
+        if task_spec.checkpoint_url.endswith("task-1"):
+            task_spec = replace(task_spec, nodes=2)
+        save_job(Store.open(task_spec.checkpoint_url), Job(signed(task_spec)))
+    array.write_record(Store.open(str(url)), record)
+    result = run_cli("launch", "--attach", str(url), "--yes", "--force")
+    assert result.exit_code == 2, result.stderr
+    said = " ".join(result.stderr.split())
+    assert "--nodes and --array do not go together" in said, said
+    assert not (tmp_path / "state").exists()  # no task was started
 
 
 def test_the_notebook_gives_an_arrays_tasks_as_a_dataframe(

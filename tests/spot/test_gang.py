@@ -62,6 +62,7 @@ from tests.helpers.training import STEP, SharedRuns, assert_bitwise_equal, ranks
 from tests.helpers.waiting import WaitTimeoutError, wait_for
 from tests.spot.test_controller import launcher as local_launcher  # noqa: F401 - the fixture
 from tests.spot.test_offers_and_job import spec
+from tests.spot.test_ownership import signed
 from tests.spot.test_simulator import ON_DEMAND, SPOT, STUBBORN
 
 TIMEOUT_S = 600
@@ -600,7 +601,8 @@ def test_a_launcher_without_gangs_refuses_nodes_before_anything_is_written(
     tmp_path: Path,
 ) -> None:
     store = Store.open(tmp_path / "ckpt")
-    job_spec = spec(store.url, nodes=2, sync_dir=None, simulation=Simulation())
+    job_spec = spec(store.url, nodes=2, sync_dir=None, simulation=Simulation(),
+                    command=("train.py",))  # fmt: skip
     prepared = Prepared(job_spec, store, [SPOT], Launch(SPOT, 1, "first"), "today")
     launcher = OneAtATime(Simulation(), job_started_unix=0.0, state_dir=tmp_path / "state")
     with pytest.raises(InputError, match="starts one instance per attempt") as refused:
@@ -609,6 +611,43 @@ def test_a_launcher_without_gangs_refuses_nodes_before_anything_is_written(
     assert not (tmp_path / "ckpt" / "job").exists()
     assert check_launcher(prepared, PlainGang(Simulation(), job_started_unix=0.0,
                           state_dir=tmp_path / "state")).spec.nodes == 2  # fmt: skip
+
+
+def test_an_attach_of_a_gang_on_a_launcher_without_gangs_is_refused_before_it_acts(
+    tmp_path: Path, run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Launch refuses --nodes on a launcher that starts one instance per attempt; an
+    attach of a gang's job.json (this user's, signed) on such a launcher is refused the
+    same way, before it lists, launches or records anything."""
+    from costguard.spot import prepare
+
+    store = Store.open(tmp_path / "ckpt")
+    state = tmp_path / "state"
+    job_spec = _gang_job(store, command=("train.py",),
+                         simulation=Simulation(state_dir=str(state))).spec  # fmt: skip
+    save_job(store, Job(signed(job_spec)))
+    asked: list[str] = []
+
+    class Recording(OneAtATime):
+        def find(self, job_id: str) -> list[Handle]:
+            asked.append("find")
+            return list(super().find(job_id))
+
+        def launch(self, offer: Offer, spec: LaunchSpec, attempt: int) -> Handle:
+            asked.append("launch")
+            return super().launch(offer, spec, attempt)
+
+    def one_at_a_time(settings: Any, spec: Any, offers: Any) -> Recording:
+        return Recording(spec.simulation, job_started_unix=spec.created_unix, state_dir=state)
+
+    monkeypatch.setattr(prepare, "launcher_for", one_at_a_time)
+    run = run_cli("launch", "--attach", store.url, "--force", "--yes")
+    assert run.exit_code == 2, run.stderr
+    said = " ".join(run.stderr.split())
+    assert "starts one instance per attempt" in said, said
+    assert "Hint:" in said
+    assert asked == []
+    assert load_job(store).attempts == ()
 
 
 def test_a_gangs_nodes_speak_each_under_its_attempt_and_node(tmp_path: Path) -> None:

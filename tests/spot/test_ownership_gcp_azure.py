@@ -149,3 +149,35 @@ def test_attach_refuses_an_unsigned_command_before_any_cloud_call(
     assert "spec you did not launch" in result.stderr
     assert "curl evil.example" in result.stderr
     assert not cloud.server.calls(*cloud.create)
+
+
+#: What launch refuses in a gang's spec, and what it says: an attach of a job.json that
+#: holds it (signed, so only the gang rules stand in the way) must say the same.
+GANG_REFUSALS = [
+    ({"nodes": 2, "sync_dir": "out/"}, "--sync-dir is for one instance"),
+    ({"nodes": 2, "pilot_steps": 100}, "--pilot-steps times one instance"),
+    ({"nodes": 2, "command": ("python", "train.py")}, "COMMAND is what torchrun runs"),
+    ({"nodes": 1, "procs_per_node": 2}, "--procs-per-node is for a gang"),
+]
+
+
+@CLOUDS
+@pytest.mark.parametrize(("changes", "refusal"), GANG_REFUSALS)
+def test_attach_refuses_a_gang_spec_launch_refuses_before_any_cloud_call(
+    backend: Backend,
+    cloud: Cloud,
+    run_cli: Callable[..., Any],
+    changes: dict[str, Any],
+    refusal: str,
+) -> None:
+    store = open_store(backend)
+    spec = replace(job_spec(store, cloud.provider, cloud.offer, cloud.options),
+                   **{"command": ("train.py",), **changes})  # fmt: skip
+    save_job(store, Job(signed(spec)))
+    # Bounded: an attach that goes on supervises the gang it launches for 7 s at most.
+    result = attach(run_cli, store.url, "--yes", "--timeout-hours", "0.002")
+    assert result.exit_code == 2, result.stderr
+    said = " ".join(result.stderr.split())
+    assert refusal in said, said
+    assert "Hint:" in said
+    assert not cloud.server.requests  # not one call: no find, no create

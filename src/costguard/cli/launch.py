@@ -409,14 +409,16 @@ def _confirm_attach(
     options: Mapping[str, Any],
 ) -> Job:
     """What attaching would run, shown and asked for as a launch is: the command, where
-    it runs and at what price; launch's guards (the launcher's ``check``, its secret
-    search, the budget alarm). A spec this user did not launch (its signature by this
-    user's key does not hold: someone else wrote job.json) is refused unless
-    ``--accept-spec``; accepted, it is signed as this user's from then on."""
+    it runs and at what price; launch's guards (a gang's rules, the launcher's ``check``
+    and its secret search: :func:`~costguard.spot.prepare.check_spec`; the budget
+    alarm). A spec this user did not launch (its signature by this user's key does not
+    hold: someone else wrote job.json) is refused unless ``--accept-spec``; accepted, it
+    is signed as this user's from then on."""
     from dataclasses import replace
 
     from costguard import proof
     from costguard.spot.job import sign_spec, signed_by
+    from costguard.spot.prepare import check_spec
 
     key = proof.user_key(create=True)
     assert key is not None  # made, or InputError
@@ -434,7 +436,7 @@ def _confirm_attach(
                 hint="check the command, instance and price above; --accept-spec runs it as it is",
             )
         click.secho(f"Warning: {msg}; accepted with --accept-spec", err=True, fg="yellow")
-    launcher.check(spec.launch_spec())
+    check_spec(spec.launch_spec(), launcher)  # as launch checked it, before any cloud call
     if spec.provider == "local":
         _echo("launch guard: not needed for --provider local (nothing is billed)")
     else:

@@ -145,10 +145,11 @@ def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, An
     """The tasks an attach may run, as an attach of one job proves its spec: each task's
     spec signed by this user's key (launch signed it; anyone else who can write the
     bucket cannot), else shown and refused unless ``--accept-spec`` (then signed as this
-    user's); every task on the first one's provider; the plan shown and, without
-    ``--yes``, asked for."""
+    user's); every task on the first one's provider, and none a gang; the plan shown
+    and, without ``--yes``, asked for."""
     from costguard import proof
     from costguard.spot.job import save_job, sign_spec, signed_by
+    from costguard.spot.prepare import check_gang
 
     key = proof.user_key(create=True)
     assert key is not None  # made, or InputError
@@ -166,6 +167,8 @@ def _proven(tasks: list[Task], offers: Sequence[Offer], options: Mapping[str, An
     if any(t.job.spec.provider != template.provider for t in tasks):
         msg = f"an array's task names another provider than {template.provider}"
         raise InputError(msg, hint="check who wrote the array's job.json files")
+    for task in tasks:  # as launch --array refused them: no task is a gang
+        check_gang(task.job.spec.launch_spec())
     if unproven:
         names = ", ".join(str(t.index) for t in unproven[:10])
         msg = (

@@ -27,7 +27,7 @@ from costguard.pricing.tables import load_tables
 from costguard.settings import Settings
 from costguard.shell import command
 from costguard.spot.job import RUNNING, Job, JobSpec, job_exists, load_job, save_job
-from costguard.spot.launcher.base import Launcher, Offer
+from costguard.spot.launcher.base import Launcher, LaunchSpec, Offer
 from costguard.spot.offers import fallback_offer, offers_as_of, require_offers
 from costguard.spot.recovery import Launch, decide
 from costguard.spot.simulator import Simulation
@@ -136,8 +136,11 @@ def check_request(request: LaunchRequest) -> None:
     check_gang(request)
 
 
-def check_gang(request: LaunchRequest) -> None:
-    """``--nodes`` and ``--procs-per-node``: a gang's own rules (an InputError).
+def check_gang(gang: LaunchRequest | LaunchSpec) -> None:
+    """``--nodes`` and ``--procs-per-node``: a gang's own rules (an InputError), on a
+    request, or on a job's spec as job.json holds it for an attach (a spec may be older
+    than the rules, or someone else's accepted with ``--accept-spec``); a task of an
+    array is one instance.
 
     >>> check_gang(LaunchRequest("local", "t4", ("train.py",), "c", nodes=2, procs_per_node=2))
     >>> check_gang(LaunchRequest("local", "t4", ("train.py",), "c", procs_per_node=2))
@@ -147,21 +150,22 @@ def check_gang(request: LaunchRequest) -> None:
     """
     from costguard.gang import check_node_command
 
-    if request.nodes < 2:
-        if request.procs_per_node is not None:
+    if gang.nodes < 2:
+        if gang.procs_per_node is not None:
             msg = "--procs-per-node is for a gang, and --nodes is not 2 or more"
             raise InputError(msg, hint="add --nodes N (2 or more), or drop --procs-per-node")
         return
-    if request.array is not None:
+    task = gang.array if isinstance(gang, LaunchRequest) else gang.array_task
+    if task is not None:
         msg = "--nodes and --array do not go together: each array task is one instance"
         raise InputError(msg, hint="launch the gang alone, or drop --nodes from the array")
-    if request.sync_dir is not None:
+    if gang.sync_dir is not None:
         msg = "--sync-dir is for one instance: a gang's nodes would each sync the folder"
         raise InputError(msg, hint="save through the Checkpointer (costguard run's URL)")
-    if request.pilot_steps is not None:
+    if gang.pilot_steps is not None:
         msg = "--pilot-steps times one instance: a gang's pace is its slowest node's"
         raise InputError(msg, hint="pilot on one node first, then launch --nodes")
-    check_node_command(request.command)
+    check_node_command(gang.command)
 
 
 def sync_dir_for(request: LaunchRequest) -> str | None:
@@ -417,22 +421,30 @@ def prepare(
 
 
 def check_launcher(prepared: Prepared, launcher: Launcher) -> Prepared:
-    """The launcher's own checks on the spec (a gang only where the launcher starts one);
-    a local simulator's port goes into the spec (the attempts read their notices there)."""
+    """The launcher's checks on the spec (:func:`check_spec`); a local simulator's port
+    goes into the spec (the attempts read their notices there)."""
     from costguard.spot.launcher.local import LocalLauncher
 
-    spec = prepared.spec
-    if spec.nodes > 1 and type(launcher).launch_gang is Launcher.launch_gang:
-        # The base starts one instance: refused now, before job.json and any launch.
-        msg = f"--nodes {spec.nodes}: the {spec.provider} launcher starts one instance per attempt"
-        raise InputError(msg, hint="drop --nodes, or use costguard slurm script --nodes")
-    launcher.check(spec.launch_spec())
+    check_spec(prepared.spec.launch_spec(), launcher)
     simulation = prepared.spec.simulation
     if not isinstance(launcher, LocalLauncher) or simulation is None:
         return prepared
     simulation = replace(simulation, metadata_port=launcher.emulator.port)
     launcher.simulation = simulation
     return replace(prepared, spec=replace(prepared.spec, simulation=simulation))
+
+
+def check_spec(spec: LaunchSpec, launcher: Launcher) -> None:
+    """What a launch checks on a job's spec with its launcher before job.json is written,
+    and an attach repeats on the spec job.json holds, before any cloud call: a gang's rules
+    (:func:`check_gang`), a gang only where the launcher starts one (the base starts
+    one instance), and the launcher's own :meth:`~Launcher.check`. An InputError if not."""
+    check_gang(spec)
+    if spec.nodes > 1 and type(launcher).launch_gang is Launcher.launch_gang:
+        name = launcher.provider
+        msg = f"--nodes {spec.nodes}: the {name} launcher starts one instance per attempt"
+        raise InputError(msg, hint="drop --nodes, or use costguard slurm script --nodes")
+    launcher.check(spec)
 
 
 def commit(prepared: Prepared) -> Job:
