@@ -205,6 +205,11 @@ class Ec2Faults:
     #: throttling: HTTP 503, launching nothing), counted in ``throttled``; the time of every
     #: ``RunInstances`` that reached the layer is kept in ``run_times`` (monotonic).
     throttle_runs: int = 0
+    #: The next this many ``CreateFleet`` answer ``RequestLimitExceeded`` too ("Account
+    #: ... has been throttled on ec2:CreateFleet because it exceeded its request rate
+    #: limit"): refused before EC2 acts, so nothing is launched and the client token is
+    #: not taken. Counted in ``throttled`` with the throttled ``RunInstances``.
+    throttle_fleets: int = 0
     throttled: int = 0
     run_times: list[float] = field(default_factory=list)
     #: Availability Zones with no capacity: a ``RunInstances`` placed in one answers
@@ -355,6 +360,13 @@ class Ec2FaultLayer:
             refusal = self._refuse_run(form)
             if refusal is not None:
                 return refusal
+        if action == "CreateFleet" and self._throttle_fleet():
+            refused = _error(
+                "RequestLimitExceeded",
+                "Request limit exceeded. Account has been throttled on ec2:CreateFleet "
+                "because it exceeded its request rate limit.",
+            )
+            return 503, refused[1], refused[2]
         launching = action in ("RunInstances", "CreateFleet")
         token = form.get("ClientToken", [""])[0] if launching else ""
         key = (_region(headers), token)
@@ -427,6 +439,15 @@ class Ec2FaultLayer:
                 f"We currently do not have sufficient capacity in the Availability Zone {zone}.",
             )
         return None
+
+    def _throttle_fleet(self) -> bool:
+        """Whether this ``CreateFleet`` is refused for the request rate (and count it)."""
+        with self.faults.lock:
+            if self.faults.throttle_fleets <= 0:
+                return False
+            self.faults.throttle_fleets -= 1
+            self.faults.throttled += 1
+            return True
 
     def _repeat(self, key: tuple[str, str], parameters: list[tuple[str, str]]) -> Reply:
         """A ``RunInstances`` with a token seen before: the first answer, or the mismatch."""

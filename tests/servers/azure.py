@@ -175,6 +175,9 @@ class ArmServer(LocalServer):
         #: (request-limits-and-throttling); counted in ``throttled``.
         self.throttle_puts = 0
         self.throttled = 0
+        #: How many VM PUTs pass before the throttling begins (a gang whose first nodes
+        #: are created and a later one throttled).
+        self.puts_before_throttle = 0
         #: (location, size) -> (zones, zones restricted for the subscription), as the
         #: Resource SKUs API lists them.
         self.skus: dict[tuple[str, str], tuple[list[str], list[str]]] = {
@@ -239,7 +242,9 @@ class ArmServer(LocalServer):
 
     def put(self, request: Request, match: re.Match[str]) -> Reply:
         assert request.query.get("api-version"), request.query
-        if self.throttle_puts > 0:
+        if self.puts_before_throttle > 0:
+            self.puts_before_throttle -= 1
+        elif self.throttle_puts > 0:
             self.throttle_puts -= 1
             self.throttled += 1
             error = {"code": "TooManyRequests", "message": "The request is being throttled."}

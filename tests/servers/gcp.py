@@ -133,10 +133,14 @@ class ComputeServer(LocalServer):
         #: When set, every insert is refused at once with HTTP 403, as a quota check does
         #: (rule quota_exceeded_is_immediate_403).
         self.quota_exceeded = False
-        #: The next this many inserts are refused at once for the project's request rate
-        #: (HTTP 403, reason ``rateLimitExceeded``, as Compute Engine's API rate limits
-        #: answer), counted in ``rate_limited``.
+        #: The next this many inserts and bulk inserts are refused at once for the
+        #: project's request rate, creating nothing: HTTP 403, reason
+        #: ``rateLimitExceeded``, as Compute Engine's rate quotas answer ("you receive a 403
+        #: error with the reason rateLimitExceeded"), or with ``rate_limit_status`` 429 as
+        #: Google's APIs answer a rate limit in general (``RESOURCE_EXHAUSTED``); counted
+        #: in ``rate_limited``.
         self.rate_limit_inserts = 0
+        self.rate_limit_status = 403
         self.rate_limited = 0
         #: (zone, machine or accelerator type name) the zone does not offer (rule
         #: zone_without_the_type); every other pair is offered.
@@ -179,13 +183,9 @@ class ComputeServer(LocalServer):
         request_id = request.query.get("requestId", [""])[0]
         if request_id in self.request_ids:  # the first request's operation; nothing created
             return 200, self.operations[self.request_ids[request_id]], {}
-        if self.rate_limit_inserts > 0:
-            self.rate_limit_inserts -= 1
-            self.rate_limited += 1
-            error = {"code": 403, "message": "Rate Limit Exceeded",
-                     "errors": [{"message": "Rate Limit Exceeded", "domain": "usageLimits",
-                                 "reason": "rateLimitExceeded"}]}  # fmt: skip
-            return 403, {"error": error}, {}
+        limited = self._rate_limited()
+        if limited is not None:
+            return limited
         if self.quota_exceeded:
             refusal = RULES["quota_exceeded_is_immediate_403"]
             return refusal["status"], {"error": refusal["body"]}, {}
@@ -211,6 +211,21 @@ class ComputeServer(LocalServer):
             self.request_ids[request_id] = operation["name"]
         return 200, operation, {}
 
+    def _rate_limited(self) -> Reply | None:
+        """An insert's refusal for the request rate while ``rate_limit_inserts`` last."""
+        if self.rate_limit_inserts <= 0:
+            return None
+        self.rate_limit_inserts -= 1
+        self.rate_limited += 1
+        status = self.rate_limit_status
+        error: dict[str, Any] = {"code": status, "message": "Rate Limit Exceeded",
+                                 "errors": [{"message": "Rate Limit Exceeded",
+                                             "domain": "usageLimits",
+                                             "reason": "rateLimitExceeded"}]}  # fmt: skip
+        if status == 429:
+            error["status"] = "RESOURCE_EXHAUSTED"
+        return status, {"error": error}, {}
+
     def _add(self, vm: ComputeVm) -> None:
         vm.address = f"10.128.0.{next(self.addresses)}"
         self.vms[vm.body["name"]] = vm
@@ -224,6 +239,9 @@ class ComputeServer(LocalServer):
         request_id = request.query.get("requestId", [""])[0]
         if request_id in self.request_ids:
             return 200, self.operations[self.request_ids[request_id]], {}
+        limited = self._rate_limited()
+        if limited is not None:
+            return limited
         if self.quota_exceeded:
             refusal = RULES["quota_exceeded_is_immediate_403"]
             return refusal["status"], {"error": refusal["body"]}, {}

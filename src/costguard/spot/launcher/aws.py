@@ -520,8 +520,10 @@ class AwsLauncher(Launcher):
         A fleet that gives fewer than ``spec.nodes`` instances (whatever its minimum
         said), or anything failing after the fleet, terminates every instance it gave
         before raising: a :class:`CapacityError` when EC2 had no room, so recovery tries
-        another place. The handles come in node-rank order (instance ids sorted, so a
-        fleet answered again for its client token ranks its nodes the same way).
+        another place. A fleet refused for the request rate launched nothing: a
+        :class:`ThrottledError`, sent again later with the same client token. The handles
+        come in node-rank order (instance ids sorted, so a fleet answered again for its
+        client token ranks its nodes the same way).
         """
         if spec.nodes == 1:
             return (self.launch(offer, spec, attempt),)
@@ -543,6 +545,9 @@ class AwsLauncher(Launcher):
             if code in CAPACITY_CODES:
                 message = aws_clouds.translate(exc, action).message
                 raise CapacityError(message, place=offer.place, code=code) from None
+            if code in THROTTLE_CODES:  # refused before EC2 acted: nothing launched
+                msg = f"EC2 throttled {action} in {offer.region} ({code})"
+                raise ThrottledError(msg, code=code) from None
             raise aws_clouds.translate(exc, action) from None
         launched_unix = self._clock()
         ids = sorted(

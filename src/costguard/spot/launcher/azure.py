@@ -628,7 +628,8 @@ class AzureLauncher(base.Launcher):
         address (read from node 0's NIC) in its tags, which the VM reads from IMDS
         (``compute/tagsList``). If any VM fails, every VM of the gang that exists (tagged
         with the job and the attempt) is deleted, its NIC and disk with it, before the
-        error is raised: a :class:`CapacityError` when Azure had no room."""
+        error is raised: a :class:`CapacityError` when Azure had no room, a
+        :class:`ThrottledError` when a VM's PUT was refused for the request rate."""
         if spec.nodes == 1:
             return (self.launch(offer, spec, attempt),)
         template = self.request(offer, spec, attempt)
@@ -731,12 +732,15 @@ class AzureLauncher(base.Launcher):
 
     @staticmethod
     def _refused(exc: BaseException, offer: Offer) -> CostguardError:
-        """A gang VM's refusal: a :class:`CapacityError` when Azure had no room."""
+        """A gang VM's refusal: a :class:`CapacityError` when Azure had no room, a
+        :class:`ThrottledError` for the request rate (the gang is then ended whole and
+        asked for again later)."""
         code = _error_code(exc)
         if code in CAPACITY_CODES:
             text = f"Azure has no room for the gang's {offer.instance_type} in {offer.place}"
             return CapacityError(f"{text}: {code}", place=offer.place, code=code)
-        return azure_clouds.translate(exc, f"creating a VM of the gang in {offer.region}")
+        action = f"creating a VM of the gang in {offer.region}"
+        return throttled(exc, action) or azure_clouds.translate(exc, action)
 
     def _tell_gang(self, compute: Any, group: str, handles: list[Handle]) -> None:
         """Node 0's private address from its NIC, then each VM's tags with its rank and
