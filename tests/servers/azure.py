@@ -193,6 +193,16 @@ class ArmServer(LocalServer):
         self.placement_groups: dict[tuple[str, str], dict[str, Any]] = {}
         #: Network security groups and application security groups: (kind, group, name).
         self.network: dict[tuple[str, str, str], dict[str, Any]] = {}
+        #: The next this many VM DELETEs answer 409 ``AnotherOperationInProgress``
+        #: ("Another operation on this or dependent resource is in progress"), as ARM
+        #: does while an operation on the VM or a resource it uses has not finished.
+        self.busy_deletes = 0
+        #: A deleted VM's NIC (``deleteOption=Delete``) is deleted after the VM, not with
+        #: it: it stays in its security groups for this many more DELETEs of them, each
+        #: refused as in use (see :meth:`network_resource`). Counts, not seconds.
+        self.nic_lingers = 0
+        #: NIC id -> (the security groups it is in, DELETE refusals left before it goes).
+        self.lingering: dict[str, tuple[list[str], int]] = {}
         self.requests.clear()
 
     def resource(self, vm: ArmVm) -> dict[str, Any]:
@@ -301,8 +311,14 @@ class ArmServer(LocalServer):
             return 200, {"name": match["id"], "status": "Failed", "error": error}, {}  # fmt: skip
         if operation["kind"] == "create":
             vm.provisioning, vm.power = "Succeeded", "running"
-        else:
-            self.vms.pop(vm.name, None)
+        elif self.vms.pop(vm.name, None) is not None and self.nic_lingers:
+            nics = vm.body["properties"]["networkProfile"]["networkInterfaceConfigurations"]
+            for nic in nics:
+                self.lingering[_nic_id(vm.group, nic["name"]).lower()] = (
+                    [ref.lower() for ref in _network_references({"properties": {
+                        "networkProfile": {"networkInterfaceConfigurations": [nic]}}})],
+                    self.nic_lingers,
+                )  # fmt: skip
         return 200, {"name": match["id"], "status": "Succeeded"}, {}
 
     def get(self, request: Request, match: re.Match[str]) -> Reply:
@@ -319,6 +335,12 @@ class ArmServer(LocalServer):
         vm = self.vms.get(match["name"])
         if vm is None:
             return 204, None, {}
+        if self.busy_deletes > 0:
+            self.busy_deletes -= 1
+            error = {"code": "AnotherOperationInProgress",
+                     "message": "Another operation on this or dependent resource is in "
+                                "progress."}  # fmt: skip
+            return 409, {"error": error}, {}
         vm.provisioning = "Deleting"
         return 202, None, self._async("delete", vm, vm.body["location"])
 
@@ -421,9 +443,44 @@ class ArmServer(LocalServer):
             error = {"code": "ResourceNotFound", "message": f"The Resource '{name}' was not found."}
             return 404, {"error": error}, {}
         if request.method == "DELETE":
+            users = self._users(self.network[key]["id"])
+            if users:
+                return self._in_use(kind, self.network[key]["id"], users)
             del self.network[key]
             return 200, None, {}
         return 200, self.network[key], {}
+
+    def _users(self, resource_id: str) -> list[str]:
+        """The NICs in the security group ``resource_id``: those of the VMs that exist,
+        and those of deleted VMs not gone yet (each refusal counts one down)."""
+        wanted = resource_id.lower()
+        users = [
+            _nic_id(vm.group, nic["name"])
+            for vm in self.vms.values()
+            for nic in vm.body["properties"]["networkProfile"]["networkInterfaceConfigurations"]
+            if wanted in [r.lower() for r in _network_references(
+                {"properties": {"networkProfile": {"networkInterfaceConfigurations": [nic]}}})]
+        ]  # fmt: skip
+        for nic, (groups, left) in list(self.lingering.items()):
+            if wanted in groups:
+                users.append(nic)
+                if left <= 1:
+                    del self.lingering[nic]
+                else:
+                    self.lingering[nic] = (groups, left - 1)
+        return users
+
+    @staticmethod
+    def _in_use(kind: str, resource_id: str, users: list[str]) -> Reply:
+        """A security group's DELETE refused while a NIC is in it: as ARM answers a
+        network security group's (HTTP 400 ``InUseNetworkSecurityGroupCannotBeDeleted``,
+        "cannot be deleted because it is in use by the following resources"); an
+        application security group's is answered in the same shape."""
+        noun = "Network" if kind == "networkSecurityGroups" else "Application"
+        message = (f"{noun} security group {resource_id} cannot be deleted because it is in "
+                   f"use by the following resources: {', '.join(users)}.")  # fmt: skip
+        error = {"code": f"InUse{noun}SecurityGroupCannotBeDeleted", "message": message}
+        return 400, {"error": error}, {}
 
     def placement_group(self, request: Request, match: re.Match[str]) -> Reply:
         """Proximity placement groups: PUT (synchronous), GET, DELETE, and the group's list."""
@@ -451,6 +508,14 @@ class ArmServer(LocalServer):
             }
             return 404, {"error": error}, {}
         if request.method == "DELETE":
+            placement = self.placement_groups[key]["id"].lower()
+            members = [vm.name for vm in self.vms.values()
+                       if vm.body["properties"].get("proximityPlacementGroup", {})
+                       .get("id", "").lower() == placement]  # fmt: skip
+            if members:
+                message = (f"Proximity placement group {key[1]} cannot be deleted: it is in "
+                           f"use by the virtual machines {', '.join(members)}.")  # fmt: skip
+                return 409, {"error": {"code": "OperationNotAllowed", "message": message}}, {}
             del self.placement_groups[key]
             return 200, None, {}
         return 200, self.placement_groups[key], {}

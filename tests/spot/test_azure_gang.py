@@ -5,8 +5,10 @@ tests/servers/azure.py with the real azure-mgmt-compute client."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -159,3 +161,95 @@ def test_find_names_each_nodes_rank(arm_server: ArmServer, launcher: AzureLaunch
     handles = launcher.launch_gang(offer(), gang(nodes=3), attempt=1)
     found = {h.instance_id: h.extra.get("node") for h in launcher.find("cg-alice-gang-1")}
     assert found == {h.instance_id: str(rank) for rank, h in enumerate(handles)}
+
+
+# -- deletes ARM refuses for now: a busy VM, a NIC deleted after its VM, a VM in the group
+
+
+def test_a_partial_gang_is_deleted_through_busy_answers_and_released_through_in_use_ones(
+    arm_server: ArmServer,
+) -> None:
+    """One node does not fit; the other's VM delete is refused twice as another operation is
+    in progress, and its NIC, deleted after it, keeps the job's security groups in use for
+    two more deletes: each delete is sent again after a back-off, and nothing is left."""
+    from tests.servers.azure import SUBSCRIPTION
+
+    waits: list[float] = []
+    launcher = make(arm_server, subscription_id=SUBSCRIPTION, resource_group=GROUP,
+                    sleep=waits.append)  # fmt: skip
+    arm_server.room[SIZE] = 1
+    arm_server.busy_deletes = 2
+    arm_server.nic_lingers = 2
+    with pytest.raises(CapacityError):
+        launcher.launch_gang(offer(), gang(), attempt=1)
+    assert arm_server.vms == {}
+    assert waits == [0.5, 1.0]
+    launcher.release(gang())
+    assert arm_server.network == {}
+    assert arm_server.placement_groups == {}
+    assert waits == [0.5, 1.0, 0.5, 1.0]  # the security group, while the NIC lingered
+
+
+def test_what_azure_will_not_delete_is_named_with_its_command(arm_server: ArmServer) -> None:
+    """The VM that fitted stays busy: the rollback gives up after its bounded back-off and says
+    which VM may still bill and how to delete it, instead of a capacity refusal that would
+    leave it unsaid; release then names each group that VM still uses."""
+    from costguard.spot.launcher.azure import DELETE_BACKOFF_S
+    from tests.servers.azure import SUBSCRIPTION
+
+    waits: list[float] = []
+    launcher = make(arm_server, subscription_id=SUBSCRIPTION, resource_group=GROUP,
+                    sleep=waits.append)  # fmt: skip
+    arm_server.room[SIZE] = 1
+    arm_server.busy_deletes = 10**6
+    with pytest.raises(CostguardError) as ended:
+        launcher.launch_gang(offer(), gang(), attempt=1)
+    assert not isinstance(ended.value, CapacityError)
+    (node,) = arm_server.vms  # the node that fitted (the creates are polled at once)
+    assert f"Azure did not delete {node}: they may still run" in ended.value.message
+    assert f"az vm delete --resource-group {GROUP} --name {node} --yes" in str(ended.value.hint)
+    assert waits == list(DELETE_BACKOFF_S)  # bounded
+    with pytest.raises(CostguardError) as kept:
+        launcher.release(gang())
+    said = kept.value.message
+    for kind in ("networkSecurityGroups", "applicationSecurityGroups"):
+        assert f"az resource delete --ids /subscriptions/{SUBSCRIPTION}/resourceGroups/{GROUP}/" \
+            f"providers/Microsoft.Network/{kind}/{PLACEMENT}" in said  # fmt: skip
+        # Each one tried, and again after each back-off.
+        assert len(arm_server.calls("DELETE", f"/{kind}/")) == len(DELETE_BACKOFF_S) + 1
+    assert f"az ppg delete --resource-group {GROUP} --name {PLACEMENT}" in said
+    assert "still refused after" in said
+
+
+def test_the_controller_says_which_node_of_a_partial_gang_may_still_bill(
+    arm_server: ArmServer, tmp_path: Path
+) -> None:
+    """Through the controller: the node of a gang that did not start whole cannot be
+    deleted; the attempt fails naming it, the controller tries it once more, and says it
+    may still bill and how to delete it (a failed end was suppressed unsaid)."""
+    from costguard.checkpoint.store import Store
+    from costguard.spot.controller import Controller, Event
+    from costguard.spot.job import Job
+    from costguard.spot.recovery import AttemptOutcome, Launch
+    from tests.contract.test_launcher import _job
+    from tests.servers.azure import SUBSCRIPTION
+
+    launcher = make(arm_server, subscription_id=SUBSCRIPTION, resource_group=GROUP,
+                    sleep=lambda _s: None)  # fmt: skip
+    arm_server.room[SIZE] = 1
+    arm_server.busy_deletes = 10**6
+    events: list[Event] = []
+    controller = Controller(Store.open(tmp_path / "ckpt"), launcher, [offer()],
+                            on_event=events.append)  # fmt: skip
+    spec = _job("azure", "T4", 1, "eastus", "az://ckpt/run-1", options=dict(LAUNCH_OPTIONS),
+                nodes=2)  # fmt: skip
+    job = controller.launch(Job(replace(spec, command=("train.py",))), Launch(offer(), 1, "x"))
+    (node,) = arm_server.vms  # the node that fitted (the creates are polled at once)
+    assert job.status == "failed"
+    assert job.attempts[0].outcome is AttemptOutcome.FAILED
+    assert f"Azure did not delete {node}" in job.reason
+    said = [e.message for e in events if e.kind == "cleanup"]
+    kept = [m for m in said if m.startswith("not terminated, may still bill")]
+    assert kept, said
+    assert node in kept[0]
+    assert f"az vm delete --resource-group {GROUP} --name {node} --yes" in kept[0]

@@ -667,20 +667,38 @@ class Controller:
     def _end_partial_gang(self, job: Job, attempt: Attempt, handles: Sequence[Handle]) -> None:
         """Terminate every node of a gang that did not start whole: those the launcher
         returned, and those the provider lists for the attempt (proven the job's), so no
-        node is left running or billed."""
-        ended = set()
+        node is left running or billed; each node is tried, and any the provider did not
+        confirm ending is said, with what to do (never left unsaid)."""
+        tried: set[str] = set()
+        ended: list[str] = []
+        left: list[str] = []
+
+        def end(handle: Handle) -> None:
+            tried.add(handle.instance_id)
+            try:
+                self.launcher.terminate(handle)
+            except CostguardError as exc:
+                hint = f" ({exc.hint})" if exc.hint else ""
+                left.append(f"{handle.instance_id}: {exc.message}{hint}")
+            else:
+                ended.append(handle.instance_id)
+
         for handle in handles:
-            self.launcher.terminate(handle)
-            ended.add(handle.instance_id)
-        with contextlib.suppress(CostguardError):
-            for found in self.launcher.find(job.spec.job_id):
-                if found.instance_id in ended or found.extra.get("attempt") != str(attempt.number):
-                    continue
-                if self._owners(job, found):
-                    self.launcher.terminate(found)
-                    ended.add(found.instance_id)
+            end(handle)
+        try:
+            listed = self.launcher.find(job.spec.job_id)
+        except CostguardError as exc:
+            left.append(f"the attempt's nodes could not be listed: {exc.message}")
+            listed = []
+        for found in listed:
+            if found.instance_id in tried or found.extra.get("attempt") != str(attempt.number):
+                continue
+            if self._owners(job, found):
+                end(found)
         if ended:
             self._emit("cleanup", f"terminated {', '.join(sorted(ended))}: the gang was not whole")
+        if left:
+            self._emit("cleanup", f"not terminated, may still bill: {'; '.join(left)}")
 
     def _launched_anyway(self, job: Job, attempt: Attempt) -> Handle | None:
         """The instance of a launch that raised: what failed may be the answer, not the

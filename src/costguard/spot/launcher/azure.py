@@ -53,8 +53,10 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -80,6 +82,15 @@ from costguard.tags import ATTEMPT_TAG, JOB_TAG, OWNER_TAG, check_job_id
 
 #: The most seconds one create or delete is waited for.
 OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
+#: The waits between deletes that ARM refuses because what they delete is still in use or
+#: busy (a VM's NIC, deleted after it, still in a security group; a VM still in a
+#: proximity placement group; another operation on the VM in progress): about a minute in
+#: all, then what is left is named with the command that deletes it.
+DELETE_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0)
+#: ARM's codes of a delete refused for now (a dependent resource not gone yet, an
+#: operation in progress), besides any HTTP 409 and the ``InUse...CannotBeDeleted`` family.
+BUSY_CODES = ("AnotherOperationInProgress", "Conflict", "OperationNotAllowed", "NicInUse",
+              "RetryableError")  # fmt: skip
 #: The most SKU entries read from one Resource SKUs listing (a region lists a few
 #: thousand: VM sizes, disks, and more).
 MAX_SKUS = 20_000
@@ -266,6 +277,27 @@ def _refers_to(exc: BaseException, code: str, resource_id: str) -> bool:
     return found == code and resource_id.lower() in text
 
 
+def _busy(exc: object) -> bool:
+    """Whether ARM refused a delete for now: what it deletes is still in use or busy.
+
+    >>> from types import SimpleNamespace as Answer
+    >>> def refused(code, status):
+    ...     return Answer(error=Answer(code=code), status_code=status)
+    >>> _busy(refused("InUseNetworkSecurityGroupCannotBeDeleted", 400)), _busy(refused("", 409))
+    (True, True)
+    >>> _busy(refused("AuthorizationFailed", 403))
+    False
+    """
+    code = str(getattr(getattr(exc, "error", None), "code", "") or "")
+    in_use = code.startswith("InUse") and code.endswith("CannotBeDeleted")
+    return in_use or code in BUSY_CODES or getattr(exc, "status_code", None) == 409
+
+
+def _delete_vm_command(group: str, name: str) -> str:
+    """The Azure CLI command that deletes VM ``name`` of resource group ``group``."""
+    return f"az vm delete --resource-group {group} --name {name} --yes"
+
+
 def _error_code(exc: BaseException) -> str:
     error = getattr(exc, "error", None)
     code = str(getattr(error, "code", "") or "")
@@ -436,8 +468,10 @@ class AzureLauncher(base.Launcher):
         client_options: Mapping[str, Any] | None = None,
         compute: Any = None,
         environ: Mapping[str, str] | None = None,
+        sleep: Callable[[float], object] = time.sleep,
     ) -> None:
         self.settings = settings
+        self._sleep = sleep
         self.subscription_id = subscription_id
         self.resource_group = resource_group
         self._credential = credential
@@ -684,8 +718,10 @@ class AzureLauncher(base.Launcher):
                 raise (capacity or refused)[0]
             self._tell_gang(compute, group, handles)
             return tuple(handles)
-        except BaseException:
-            self._end_gang(compute, group, handles, spec)
+        except BaseException as exc:
+            left = self._end_gang(compute, group, handles, spec)
+            if left is not None:
+                raise left from exc
             raise
 
     def _existing(
@@ -772,22 +808,39 @@ class AzureLauncher(base.Launcher):
         found = configurations[0].get("properties", {}) if configurations else {}
         return str(found.get("privateIPAddress", ""))
 
-    def _end_gang(self, compute: Any, group: str, handles: list[Handle], spec: LaunchSpec) -> None:
+    def _end_gang(
+        self, compute: Any, group: str, handles: list[Handle], spec: LaunchSpec
+    ) -> CostguardError | None:
         """Delete the VMs of a gang that cannot run whole: those that exist and carry the
         job's and the attempt's tags (a VM of the same name that is not the job's is left
-        alone); their NICs and OS disks go with them (``deleteOption=Delete``)."""
+        alone); their NICs and OS disks go with them (``deleteOption=Delete``). Every VM
+        is tried, each delete sent again while ARM says it is busy (:meth:`terminate`);
+        the error naming those not deleted, with the command, or ``None``."""
         core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        left = []
         for handle in handles:
             try:
                 vm = compute.virtual_machines.get(group, handle.instance_id)
             except core.ResourceNotFoundError:
                 continue
+            except azure_clouds.errors():
+                left.append(handle.instance_id)  # cannot tell: it may exist and bill
+                continue
             tags = {k.lower(): v for k, v in (vm.tags or {}).items()}
-            if (
-                tags.get(JOB_TAG) == spec.job_id
-                and tags.get(ATTEMPT_TAG) == handle.extra["attempt"]
-            ):
+            if tags.get(JOB_TAG) != spec.job_id or tags.get(ATTEMPT_TAG) != handle.extra["attempt"]:
+                continue
+            try:
                 self.terminate(handle)
+            except CostguardError:
+                left.append(handle.instance_id)
+        if not left:
+            return None
+        msg = (
+            f"the gang could not start whole, and Azure did not delete {', '.join(left)}: "
+            "they may still run and bill"
+        )
+        commands = "; ".join(_delete_vm_command(group, name) for name in left)
+        return CostguardError(msg, hint=commands)
 
     def _placement_group(self, compute: Any, group: str, region: str, spec: LaunchSpec) -> str:
         """The id of the job's proximity placement group in ``region`` (made once, tagged
@@ -840,23 +893,54 @@ class AzureLauncher(base.Launcher):
     def _arm(self, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
         """One Resource Manager request of the network API (its JSON answer; ``None`` for
         a 404, or for a delete's empty answer), through the compute client's pipeline."""
+        try:
+            return self._arm_call(method, path, body)
+        except azure_clouds.errors() as exc:
+            raise azure_clouds.translate(exc, f"{method} {path.rsplit('/', 2)[-2]}") from None
+
+    def _arm_call(self, method: str, path: str, body: Any = None) -> dict[str, Any] | None:
+        """:meth:`_arm`, its errors the SDK's own."""
         rest = require("azure.core.rest", azure_clouds.EXTRA)
         compute = self._compute(path.split("/")[2])
         url = f"{path}?api-version={NETWORK_API_VERSION}"
-        try:
-            answer = compute.send_request(rest.HttpRequest(method, url, json=body))
-            if answer.status_code == 404:
-                return None
-            answer.raise_for_status()
-        except azure_clouds.errors() as exc:
-            raise azure_clouds.translate(exc, f"{method} {path.rsplit('/', 2)[-2]}") from None
+        answer = compute.send_request(rest.HttpRequest(method, url, json=body))
+        if answer.status_code == 404:
+            return None
+        answer.raise_for_status()
         return answer.json() if answer.content else None
+
+    def _deleting(self, delete: Callable[[], object], action: str, command: str) -> str:
+        """``delete()``, sent again after :data:`DELETE_BACKOFF_S` while ARM refuses it for
+        now (:func:`_busy`: in use, busy); "" once done or gone, else what went wrong,
+        with ``command``, which deletes it by hand."""
+        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        delays = iter(DELETE_BACKOFF_S)
+        while True:
+            try:
+                delete()
+            except core.ResourceNotFoundError:
+                return ""
+            except CostguardError as exc:
+                return f"{exc.message} ({command})"
+            except azure_clouds.errors() as exc:
+                delay = next(delays, None) if _busy(exc) else None
+                if delay is None:
+                    message = azure_clouds.translate(exc, action).message
+                    waited = (
+                        f"still refused after {sum(DELETE_BACKOFF_S):.0f} s: " if _busy(exc) else ""
+                    )
+                    return f"{waited}{message} ({command})"
+                self._sleep(delay)
+                continue
+            return ""
 
     def release(self, spec: LaunchSpec) -> None:
         """Delete what the job's gangs made in its resource group, once their VMs (and the
         NICs deleted with them) are gone: the network security groups, the application
         security groups and the proximity placement groups tagged with the job and its
-        owner."""
+        owner. Each is tried, its delete sent again while ARM says it is still in use (a
+        NIC deleted after its VM); a :class:`CostguardError` names what is left, each with
+        the command that deletes it."""
         subscription, group = self._where(spec)
         compute = self._compute(subscription)
         action = f"releasing the placement groups of {spec.job_id}"
@@ -868,17 +952,33 @@ class AzureLauncher(base.Launcher):
         base_path = (
             f"/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network"
         )
+        left = []
         for kind in ("networkSecurityGroups", "applicationSecurityGroups"):
             listed = (self._arm("GET", f"{base_path}/{kind}") or {}).get("value", [])
             for item in listed:
                 if owned(item.get("tags")):
-                    self._arm("DELETE", f"{base_path}/{kind}/{item['name']}")
+                    path = f"{base_path}/{kind}/{item['name']}"
+                    left.append(self._deleting(
+                        functools.partial(self._arm_call, "DELETE", path),
+                        f"deleting {item['name']}", f"az resource delete --ids {path}",
+                    ))  # fmt: skip
         try:
-            for found in compute.proximity_placement_groups.list_by_resource_group(group):
-                if owned(found.tags):
-                    compute.proximity_placement_groups.delete(group, found.name)
+            found = list(compute.proximity_placement_groups.list_by_resource_group(group))
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, action) from None
+        for placement in found:
+            if owned(placement.tags):
+                left.append(self._deleting(
+                    functools.partial(compute.proximity_placement_groups.delete, group,
+                                      placement.name),
+                    f"deleting {placement.name}",
+                    f"az ppg delete --resource-group {group} --name {placement.name}",
+                ))  # fmt: skip
+        if any(left):
+            msg = f"{spec.job_id} keeps what Azure would not delete: " + "; ".join(
+                filter(None, left)
+            )
+            raise CostguardError(msg, hint="delete them once their VMs and NICs are gone")
 
     # ------------------------------------------------------------------ zones
 
@@ -971,24 +1071,25 @@ class AzureLauncher(base.Launcher):
     # -------------------------------------------------------------- terminate
 
     def terminate(self, handle: Handle) -> None:
-        """``virtualMachines.delete`` (its NIC and OS disk go with it), polled; a VM that is
-        already gone is fine."""
-        core = require("azure.core.exceptions", azure_clouds.EXTRA)
+        """``virtualMachines.delete`` (its NIC and OS disk go with it), polled, and sent
+        again while ARM says the VM is busy (another operation in progress); a VM that is
+        already gone is fine. A :class:`CostguardError` names one it did not delete."""
         subscription, group = handle.extra["subscription"], handle.extra["resource_group"]
         self._deleted.add((subscription, group.lower(), handle.instance_id.lower()))
         action = f"deleting {handle.instance_id}"
-        try:
+
+        def delete() -> None:
             poller = self._compute(subscription).virtual_machines.begin_delete(
                 group, handle.instance_id
             )
             poller.result(timeout=OPERATION_TIMEOUT_S)
-        except core.ResourceNotFoundError:
-            return
-        except azure_clouds.errors() as exc:
-            raise azure_clouds.translate(exc, action) from None
-        if not poller.done():
-            msg = f"{action} did not finish within {OPERATION_TIMEOUT_S} s"
-            raise CostguardError(msg, hint="check it with az vm show; costguard reap finds it too")
+            if not poller.done():
+                msg = f"{action} did not finish within {OPERATION_TIMEOUT_S} s"
+                raise CostguardError(msg)
+
+        left = self._deleting(delete, action, _delete_vm_command(group, handle.instance_id))
+        if left:
+            raise CostguardError(left, hint="costguard reap finds it too")
 
     # ------------------------------------------------------------------- find
 
