@@ -118,9 +118,15 @@ def test_asked_for_a_retired_size_or_gpu_the_estimate_says_so(
 def test_a_gpu_still_sold_elsewhere_is_priced_there_and_its_retired_series_named(
     run_cli: Callable[..., Any],
 ) -> None:
-    options = run_cli("estimate", "--gpu", "v100", "--hours", "8", "--format", "json").json()
-    providers = {o["provider"] for o in options["options"]}
+    answer = run_cli("estimate", "--gpu", "v100", "--hours", "8", "--format", "json").json()
+    providers = {o["provider"] for o in answer["options"]}
     assert providers == {"aws", "gcp"}  # Azure's V100 series, NCv3, is retired
+    said = [n for n in answer["notes"] if NCV3 in n]
+    assert len(said) == 1
+    assert "NCadsH100_v5" in said[0]
+    aws_only = ("estimate", "--gpu", "v100", "--hours", "8", "--region", "us-east-1")
+    notes = run_cli(*aws_only, "--format", "json").json()["notes"]
+    assert not [n for n in notes if "retired" in n]  # Azure was not asked about
     result = run_cli("estimate", "--gpu", "v100", "--provider", "azure", "--hours", "8")
     assert result.exit_code == 2
     error, hint = result.stderr.splitlines()
