@@ -78,9 +78,10 @@ def _wait(predicate: Callable[[], object], what: str, cluster: SlurmCluster) -> 
     that ends meanwhile, or the bound, fails the run with the daemons' logs."""
 
     def running() -> None:
-        ended = [p.args[0] for p in cluster.processes if p.poll() is not None]
+        started = zip(DAEMONS, cluster.processes, strict=False)  # munged first, then the others
+        ended = [name for name, proc in started if proc.poll() is not None]
         if ended:
-            raise AssertionError(f"{', '.join(map(str, ended))} ended")
+            raise AssertionError(f"{', '.join(ended)} ended")
 
     try:
         wait_for(

@@ -69,6 +69,7 @@ def test_projection_at_a_quarter_is_within_15_percent_of_the_final_cost(
             assert pace.steps_done <= total // 2, "the quarter was read too late"
             projection = of_job(job, pace, time.time())
             assert projection is not None
+            assert projection.projected_total_usd is not None
             return (projection.projected_total_usd,)
 
         def launching() -> None:
