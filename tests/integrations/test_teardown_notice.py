@@ -46,7 +46,7 @@ def test_a_notice_in_an_accelerate_scripts_teardown_ends_the_run(
     first.read_until(lambda line: line == "DONE")
     first.proc.send_signal(signal.SIGTERM)  # the script is in its teardown
     assert first.finish() == 0, first.stderr()[-3000:]
-    assert "its loop had ended" in first.stderr(), first.stderr()[-3000:]
+    assert "never looked at the notice" in first.stderr(), first.stderr()[-3000:]
     assert "final checkpoint: step 20 (checkpoint_20 as ckpt-000000000020-" in first.stderr()
     # The same command on a new machine (as a launcher relaunching a 75 would): it resumes
     # at the final checkpoint, has no step left, and a notice in its teardown ends it too.

@@ -528,8 +528,9 @@ def _after_notice(code: int, events: Events, syncer: Any, say: Say, *, unseen: b
         return 0
     if code == 0 and unseen:
         say(
-            "the script never looked at the notice costguard passed on (its loop had ended) "
-            "and exited 0 by itself: its work was done"
+            "the script exited 0 by itself and never looked at the notice costguard passed "
+            "on (it came after the script's last look, as in a teardown after its loop): "
+            "its work was done"
         )
         return 0
     say(
