@@ -443,11 +443,15 @@ def ignored_line(kind: str, seconds: float) -> str:
     )
 
 
-def trainer_end(events: Events, syncer: Any) -> tuple[bool | None, str]:
+def trainer_end(
+    events: Events, syncer: Any, total_steps: int | None = None
+) -> tuple[bool | None, str]:
     """Whether the trainer reached its end, from its own state (``None``: not known), and
     the figures that say so: every rank's Checkpointer closed on its final step, the
     steps done and total of a trainer's callback, the ``global_step`` and ``max_steps``
-    of a Hugging Face ``trainer_state.json`` the run wrote."""
+    of a Hugging Face ``trainer_state.json`` the run wrote; for a trainer that says
+    neither (an Accelerate loop), the step of the newest ``--sync-dir`` checkpoint in the
+    store against ``total_steps`` (``costguard run --total-steps``)."""
     if events.finished():
         return True, "every rank closed with its final checkpoint"
     progress: tuple[int, int] | None = None
@@ -456,6 +460,13 @@ def trainer_end(events: Events, syncer: Any) -> tuple[bool | None, str]:
         progress = (int(pace["steps_done"]), int(pace["total_steps"]))
     if progress is None and syncer is not None:
         progress = syncer.progress()
+    newest = syncer.newest if syncer is not None else None
+    if progress is None and total_steps and newest is not None:
+        return (
+            newest.step >= total_steps,
+            f"its newest checkpoint, {newest.path}, is step {newest.step} of --total-steps "
+            f"{total_steps}",
+        )
     if progress is None or progress[1] <= 0:
         return None, "its end not known"
     done, total = progress
@@ -513,12 +524,14 @@ def untouched(
     return took >= sum(sent < ended for sent in forwarded_ns)
 
 
-def _after_notice(code: int, events: Events, syncer: Any, say: Say, *, unseen: bool) -> int:
+def _after_notice(
+    code: int, events: Events, syncer: Any, say: Say, *, unseen: bool, total_steps: int | None
+) -> int:
     """The true exit of a script that ended (0, or by a signal) after costguard passed on a
     notice: done (0) when the trainer's own state says it reached its end, or when it exited
     0 by itself with the notice never seen (``unseen``: :func:`untouched`), else preempted
     (75: resumable), whatever the script's own code said."""
-    end, figures = trainer_end(events, syncer)
+    end, figures = trainer_end(events, syncer, total_steps)
     if end:
         if code != 0:
             say(
@@ -769,7 +782,7 @@ def supervise(
             unseen = events.saves == saves_at_notice[0] and untouched(
                 events.watches, forwarded_ns, child.pid
             )
-            code = _after_notice(code, events, syncer, say, unseen=unseen)
+            code = _after_notice(code, events, syncer, say, unseen=unseen, total_steps=total_steps)
         return code, events, bool(interrupted), bool(noticed)
 
     restored = syncer.prepare() if syncer is not None else []
