@@ -64,6 +64,7 @@ def test_a_notice_in_an_accelerate_scripts_teardown_ends_the_run(
     assert "saved on a notice" not in again.stderr()
 
 
+@pytest.mark.parametrize("url_env", ["local"], indirect=True)  # the store plays no part
 def test_an_accelerate_script_that_left_its_loop_on_the_notice_was_preempted(
     url_env: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
