@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
 from costguard.errors import StoreError
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
+from tests.helpers.waiting import wait_for
 
 
 def safetensors(payload: bytes) -> bytes:
@@ -166,7 +167,9 @@ def accelerate_folder(root: Path, step: int, files: int) -> Path:
     folder.mkdir(parents=True)
     for index in range(files):
         (folder / f"model_{index}.safetensors").write_bytes(safetensors(os.urandom(2000 + index)))
-    (folder / "random_states_0.pkl").write_bytes(os.urandom(100))
+    # A whole pickle: random bytes that begin with its protocol mark (1 in 256) and do not
+    # end with its STOP are a pickle cut short, and the folder is rightly not finished.
+    (folder / "random_states_0.pkl").write_bytes(pickle.dumps({"step": step, "x": os.urandom(100)}))
     return folder
 
 
@@ -319,10 +322,10 @@ def test_the_sync_and_the_thread_that_sends_its_calls_are_nicer_than_the_trainer
         assert sync._thread is not None
         sync_tid = sync._thread.native_id
         assert sync_tid is not None
-        for _ in range(500):  # the sync thread lowers both as it starts; 5 s at most
-            if os.getpriority(os.PRIO_PROCESS, loop_tid) != before:
-                break
-            time.sleep(0.01)
+        wait_for(
+            lambda: os.getpriority(os.PRIO_PROCESS, loop_tid) != before,
+            "the sync thread to lower the store's event loop as it starts",
+        )
         expected = min(19, before + DEFAULT_SAVE_NICENESS)
         assert os.getpriority(os.PRIO_PROCESS, sync_tid) == expected
         assert os.getpriority(os.PRIO_PROCESS, loop_tid) == expected
