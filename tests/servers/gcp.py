@@ -142,6 +142,9 @@ class ComputeServer(LocalServer):
         self.rate_limit_inserts = 0
         self.rate_limit_status = 403
         self.rate_limited = 0
+        #: The next this many instance deletes are refused at once (HTTP 400, reason
+        #: ``resourceNotReady``: the VM is in the middle of another operation).
+        self.refuse_deletes = 0
         #: (zone, machine or accelerator type name) the zone does not offer (rule
         #: zone_without_the_type); every other pair is offered.
         self.lacking: set[tuple[str, str]] = set()
@@ -484,6 +487,13 @@ class ComputeServer(LocalServer):
         reply = self.get(request, match)
         if reply[0] != 200:
             return reply
+        if self.refuse_deletes > 0:
+            self.refuse_deletes -= 1
+            message = f"The resource '{match['name']}' is not ready"
+            error = {"code": 400, "message": message,
+                     "errors": [{"message": message, "domain": "global",
+                                 "reason": "resourceNotReady"}]}  # fmt: skip
+            return 400, {"error": error}, {}
         vm = self.vms.pop(match["name"])
         return 200, self._operation("delete", vm.zone, vm), {}
 

@@ -109,6 +109,27 @@ def test_a_bulk_insert_that_made_fewer_than_the_gang_leaves_none(
     assert len(compute_server.calls("DELETE", "/instances/")) == 2
 
 
+def test_a_vm_the_rollback_cannot_delete_is_named_and_the_others_deleted(
+    compute_server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    """A bulk insert short of the gang, and the first of its two VMs refused a delete: the
+    rollback still deletes the other, and says which VM may still bill and how to delete
+    it (the first refusal stopped it, leaving the second VM unsaid)."""
+    from tests.servers.gcp import PROJECT
+
+    compute_server.broken_min_count = True
+    compute_server.refuse_deletes = 1
+    with pytest.raises(CostguardError) as ended:
+        launcher.launch_gang(offer(), gang(nodes=3), attempt=1)
+    assert not isinstance(ended.value, CapacityError)  # not a place to move on from
+    (kept,) = compute_server.vms
+    assert f"Google Cloud did not delete {kept}: they may still run" in ended.value.message
+    assert f"gcloud compute instances delete {kept} --zone {ZONE} --project {PROJECT} --quiet" in (
+        ended.value.hint or ""
+    )
+    assert len(compute_server.calls("DELETE", "/instances/")) == 2  # both tried
+
+
 def test_a_repeated_launch_of_the_attempt_uses_its_vms(
     compute_server: ComputeServer, launcher: GcpLauncher
 ) -> None:

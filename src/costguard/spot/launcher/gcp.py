@@ -807,27 +807,48 @@ class GcpLauncher(base.Launcher):
             if operation is not None:
                 self._raise_errors(list(operation.error.errors), offer, zone, action)
             return self._tell_gang(offer, handles, spec)
-        except BaseException:
-            self._end_gang(handles, spec)
+        except BaseException as exc:
+            left = self._end_gang(handles, spec)
+            if left is not None:
+                raise left from exc
             raise
 
-    def _end_gang(self, handles: list[Handle], spec: LaunchSpec) -> None:
+    def _end_gang(self, handles: list[Handle], spec: LaunchSpec) -> CostguardError | None:
         """Delete the VMs of a gang that cannot run whole: those that exist and carry the
         job's label and the attempt's (a VM of the same name that is not the job's is
-        left alone)."""
+        left alone). Every VM is tried; the error naming those not deleted, with the
+        command that deletes them, or ``None``."""
         core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
+        left = []
         for handle in handles:
             where = {"project": handle.extra["project"], "zone": handle.zone}
             try:
                 item = self.instances.get(**where, instance=handle.instance_id)
             except core.NotFound:
                 continue
-            except gcp_clouds.errors() as exc:
-                raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
-            if item.labels.get(gcp_label(JOB_TAG)) == label_value(spec.job_id) and item.labels.get(
+            except gcp_clouds.errors():
+                left.append(handle)  # cannot tell: it may exist and bill
+                continue
+            labels = item.labels
+            if labels.get(gcp_label(JOB_TAG)) != label_value(spec.job_id) or labels.get(
                 gcp_label(ATTEMPT_TAG)
-            ) == handle.extra.get("attempt"):
+            ) != handle.extra.get("attempt"):
+                continue
+            try:
                 self.terminate(handle)
+            except CostguardError:
+                left.append(handle)
+        if not left:
+            return None
+        names = ", ".join(h.instance_id for h in left)
+        msg = f"the gang could not start whole, and Google Cloud did not delete {names}: "
+        msg += "they may still run and bill"
+        commands = "; ".join(
+            f"gcloud compute instances delete {h.instance_id} --zone {h.zone} "
+            f"--project {h.extra['project']} --quiet"
+            for h in left
+        )
+        return CostguardError(msg, hint=commands)
 
     def _tell_gang(
         self, offer: Offer, handles: list[Handle], spec: LaunchSpec
