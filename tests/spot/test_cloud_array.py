@@ -2,8 +2,10 @@
 through the AWS launcher against moto over HTTP (behind the EC2 fault layer of
 tests/servers/aws.py), tagged with the array's id and its index and told
 ``COSTGUARD_ARRAY_TASK_ID`` by its boot script; the launches paced, a throttling answer
-backed off (costguard.retry) without counting as a capacity failure, and a full zone
-failing no task."""
+backed off (costguard.retry) without counting as a capacity failure, a full zone
+failing no task, and each poll reading every running task's instance in one call
+(DescribeInstances; GCP's aggregated list; Azure's status listing) on moto and the GCP and
+Azure servers."""
 
 from __future__ import annotations
 
@@ -610,3 +612,178 @@ def owner() -> str:
     import getpass
 
     return getpass.getuser()
+
+
+# -- one describe per poll for every running task -----------------------------------------
+
+
+def _polls_of_a_running_array(
+    count: int,
+    launcher: Launcher,
+    template: JobSpec,
+    offer: Offer,
+    calls: Callable[[], int],
+    *,
+    polls: int = 3,
+    preempt: Callable[[Sweep], None] | None = None,
+) -> tuple[list[int], list[Job]]:
+    """A sweep of ``count`` tasks at once whose instances run for ``polls`` polls, then
+    exit 0 (``preempt``, if given, acts on the cloud after the first of them): the
+    provider's status calls (``calls()``, a running count) made in each poll, and the
+    tasks' final jobs."""
+    record = array.ArrayRecord(
+        template.job_id, template.checkpoint_url, f"0-{count - 1}", tuple(range(count)),
+        count, 1_000.0,
+    )  # fmt: skip
+    tasks = []
+    for index, spec in zip(record.indexes, task_specs(template, record), strict=True):
+        store = Store.open(spec.checkpoint_url)
+        tasks.append(Task(index, store, save_job(store, Job(spec))))
+    now, seen = [1_000.0], [calls()]
+    per_poll: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        assert len(per_poll) < MAX_ROUNDS
+        now[0] += seconds
+        per_poll.append(calls() - seen[0])
+        seen[0] = calls()
+        if len(per_poll) == 2 and preempt is not None:
+            preempt(sweep)
+        if len(per_poll) <= polls:
+            return
+        for task in sweep.tasks:  # every instance's script is done
+            current = task.job.current
+            if current is not None and current.handle is not None:
+                exit_record = ExitRecord(
+                    current.number, 0, None, now[0], job_id=task.job.spec.job_id
+                )
+                write_exit_record(task.store, exit_record)
+
+    sweep = Sweep(record, Store.open(record.url), tasks, (offer,), lambda spec: launcher,
+                  task_estimate_usd=Decimal("0.45"), poll_s=1.0, clock=lambda: now[0],
+                  sleep=sleep)  # fmt: skip
+    return per_poll, sweep.run()
+
+
+def test_a_poll_describes_every_running_tasks_instance_in_one_call_on_moto(
+    bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
+) -> None:
+    """Five tasks running at once on moto: each poll sends EC2 one DescribeInstances for
+    the five instances (the old sweep sent one per task, five a poll), and the tasks end
+    as before: a reclaimed one (the listing shows it ended: it is read alone, its state
+    reason says spot) is relaunched, every one succeeds."""
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
+
+    def describes() -> int:
+        return ec2_faults.actions.count("DescribeInstances")
+
+    def reclaim_task_2(sweep: Sweep) -> None:
+        handle = sweep.tasks[2].job.attempts[-1].handle
+        assert handle is not None
+        reclaim_aws_instance(handle.instance_id)
+
+    per_poll, jobs = _polls_of_a_running_array(
+        5, launcher, _template(aws_launch_options), SPOT, describes, preempt=reclaim_task_2
+    )
+    assert [j.status for j in jobs] == ["succeeded"] * 5, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 1, 2, 1, 1]
+    assert jobs[2].attempts[0].outcome is AttemptOutcome.PREEMPTED
+    # Poll 1 launches; poll 2 describes the five at once; poll 3 also reads the reclaimed
+    # one alone (its end is the per-instance rule's to say) and relaunches it; then one a
+    # poll again.
+    assert per_poll[1] == 1, per_poll
+    assert per_poll[2] == 2, per_poll
+    assert per_poll[3] == 1, per_poll
+
+
+def test_a_fresh_instance_the_listing_leaves_out_is_read_alone_and_not_ended(
+    bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
+) -> None:
+    """EC2's eventual consistency: instances just launched are missing from the filtered
+    listing (and answer NotFound to the first describe by id). The batch does not call
+    them gone: each is described again alone, with the fresh-instance backoff, and runs."""
+    ec2_faults.hidden_calls = 1
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2(),
+                           sleep=lambda seconds: None)  # fmt: skip
+
+    def describes() -> int:
+        return ec2_faults.actions.count("DescribeInstances")
+
+    per_poll, jobs = _polls_of_a_running_array(
+        3, launcher, _template(aws_launch_options), SPOT, describes, polls=2
+    )
+    assert [j.status for j in jobs] == ["succeeded"] * 3, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 1, 1]
+    assert ec2_faults.not_found == 3  # each fresh one answered NotFound once, then ran
+    # The listing, then each left-out instance twice by id (NotFound, then found).
+    assert per_poll[1] == 1 + 3 * 2, per_poll
+
+
+def _azure_calls(server: Any) -> tuple[Callable[[], int], Callable[[], int]]:
+    """Counters of what Resource Manager was asked: the subscription's VM listings, and
+    the reads of one VM with its instance view."""
+
+    def listings() -> int:
+        return len([r for r in server.requests if r.method == "GET"
+                    and r.path.endswith("/providers/Microsoft.Compute/virtualMachines")
+                    and "resourceGroups" not in r.path])  # fmt: skip
+
+    def reads() -> int:
+        return len([r for r in server.calls("GET", "/virtualMachines/")
+                    if r.query.get("$expand") == ["instanceView"]])  # fmt: skip
+
+    return listings, reads
+
+
+@pytest.mark.parametrize("cloud", ["gcp", "azure"])
+def test_a_poll_reads_every_running_tasks_vm_in_one_listing_on_gcp_and_azure(
+    cloud: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Four tasks running at once through the GCP and Azure launchers and their servers:
+    each poll reads the four VMs in one listing (GCP: an aggregated list filtered by their
+    names; Azure: the subscription's status-only listing, over pages of 3) and no VM one
+    by one (the old sweep read each task's VM alone: four reads a poll)."""
+    launcher, template, offer, _ = (_gcp_array if cloud == "gcp" else _azure_array)(request)
+    template = replace(template, checkpoint_url=f"file://{tmp_path}/sweep")
+    server = request.getfixturevalue("compute_server" if cloud == "gcp" else "arm_server")
+    server.requests.clear()
+    if cloud == "gcp":
+        server.rate_limit_inserts = 0
+
+        def listings() -> int:
+            return len(server.calls("GET", "/aggregated/instances"))
+
+        def reads() -> int:
+            return len([r for r in server.calls("GET", "/instances/")
+                        if "/operations/" not in r.path])  # fmt: skip
+    else:
+        server.throttle_puts = 0
+        server.page_size = 3
+        listings, reads = _azure_calls(server)
+
+    def calls() -> int:
+        return listings() * 1000 + reads()
+
+    per_poll, jobs = _polls_of_a_running_array(4, launcher, template, offer, calls)
+    assert [j.status for j in jobs] == ["succeeded"] * 4, [j.reason for j in jobs]
+    pages = 1 if cloud == "gcp" else 2  # Azure: four VMs over pages of three
+    assert per_poll[1:3] == [pages * 1000] * 2, per_poll  # listings, no VM read alone
+
+
+def test_an_azure_role_on_the_resource_group_only_reads_each_vm_alone(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The launcher's role assigned on the resource group only (infra/azure): Resource
+    Manager refuses the subscription's status listing (403 AuthorizationFailed). The sweep
+    asks it once, then reads each running task's VM alone at each poll, as before, and
+    every task succeeds."""
+    launcher, template, offer, _ = _azure_array(request)
+    template = replace(template, checkpoint_url=f"file://{tmp_path}/sweep")
+    server = request.getfixturevalue("arm_server")
+    server.throttle_puts, server.group_scoped_role = 0, True
+    server.requests.clear()
+    listings, reads = _azure_calls(server)
+    per_poll, jobs = _polls_of_a_running_array(3, launcher, template, offer, reads)
+    assert [j.status for j in jobs] == ["succeeded"] * 3, [j.reason for j in jobs]
+    assert per_poll[1:3] == [3, 3], per_poll
+    assert listings() == 1  # refused once, not asked again at every poll
