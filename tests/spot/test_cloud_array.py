@@ -221,18 +221,36 @@ def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
 # -- jobs status of a big array: the roll-up -----------------------------------------------
 
 
-def _stored_array(count: int) -> tuple[array.ArrayRecord, list[tuple[int, Job]]]:
-    """An array of ``count`` tasks in the bucket, each running its first attempt, and
+def _stored_array(count: int, url: str = URL) -> tuple[array.ArrayRecord, list[tuple[int, Job]]]:
+    """An array of ``count`` tasks at ``url``, each running its first attempt, and
     their jobs as stored."""
     record = array.ArrayRecord(
-        "cg-me-20261206-000000-abc123", URL, f"0-{count - 1}", tuple(range(count)), count, 1.0
+        "cg-me-20261206-000000-abc123", url, f"0-{count - 1}", tuple(range(count)), count, 1.0
     )
-    array.write_record(Store.open(URL), record)
-    base, jobs = Store.open(URL), []
+    array.write_record(Store.open(url), record)
+    base, jobs = Store.open(url), []
     for index, task in enumerate(task_specs(_template({}), record)):
         job = Job(task, (Attempt(1, SPOT, time.time() - 60),))
         jobs.append((index, save_job(base.child(array.task_name(index)), job)))
     return record, jobs
+
+
+@pytest.fixture(params=["s3", "azure"])
+def array_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, aws_env: str) -> str:
+    """Where an array is stored: the S3 bucket on moto, or a container on Azurite (whose
+    listing gives each blob's Content-MD5, as Azure Blob's does)."""
+    if request.param == "s3":
+        request.getfixturevalue("bucket")
+        return URL
+    import adlfs  # type: ignore[import-untyped]
+
+    connection = request.getfixturevalue("azurite")
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    container = f"c{time.monotonic_ns()}"
+    adlfs.AzureBlobFileSystem(connection_string=connection, skip_instance_cache=True).mkdir(
+        container
+    )
+    return f"az://{container}/sweep"
 
 
 @pytest.fixture
@@ -254,31 +272,32 @@ def records_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return read
 
 
-def _paces(jobs: list[tuple[int, Job]]) -> dict[int, str]:
+def _paces(jobs: list[tuple[int, Job]], url: str = URL) -> dict[int, str]:
     """Each task given a pace (100 of 1,000 steps done), and its text as the sweep reads it."""
     out = {}
     for index, _ in jobs:
-        store = Store.open(array.task_url(URL, index))
+        store = Store.open(array.task_url(url, index))
         write_pace(store, Pace(100, 50.0, 100, time.time(), time.time() - 60, total_steps=1000))
         out[index] = store.get(contract.PACE_FILE).decode()
     return out
 
 
 def test_status_takes_the_tasks_from_the_rollup_and_reads_only_those_changed_since(
-    bucket: None, records_read: list[str], run_cli: Callable[..., Any]
+    array_url: str, records_read: list[str], run_cli: Callable[..., Any]
 ) -> None:
     """A 6-task array whose roll-up the sweep wrote: status reads the roll-up and one
     listing, and the record only of task 4, which moved on (finished) after it, and the
     pace only of task 5, which recorded a new one after it."""
-    record, jobs = _stored_array(6)
-    write_rollup(Store.open(URL), record.array_id, jobs, _paces(jobs))
+    url = array_url
+    record, jobs = _stored_array(6, url)
+    write_rollup(Store.open(url), record.array_id, jobs, _paces(jobs, url))
     done = replace(jobs[4][1], status="failed", reason="exit 3")
-    save_job(Store.open(array.task_url(URL, 4)), done)
+    save_job(Store.open(array.task_url(url, 4)), done)
     moved = Pace(900, 450.0, 900, time.time(), 1.0, total_steps=1000)
-    write_pace(Store.open(array.task_url(URL, 5)), moved)
-    status = run_cli("jobs", "status", URL, "--format", "json")
+    write_pace(Store.open(array.task_url(url, 5)), moved)
+    status = run_cli("jobs", "status", url, "--format", "json")
     assert status.exit_code == 0, status.stderr
-    assert records_read == [f"job {array.task_url(URL, 4)}", f"pace {array.task_url(URL, 5)}"]
+    assert records_read == [f"job {array.task_url(url, 4)}", f"pace {array.task_url(url, 5)}"]
     shown = json.loads(status.stdout)["tasks"]
     assert [t["status"] for t in shown] == ["running"] * 4 + ["failed", "running"]
     assert all(t["projected_usd"] is not None for t in shown if t["status"] == "running")
@@ -286,16 +305,16 @@ def test_status_takes_the_tasks_from_the_rollup_and_reads_only_those_changed_sin
 
 
 def test_a_forged_or_broken_rollup_shows_nothing_the_tasks_records_do_not_say(
-    bucket: None, records_read: list[str]
+    array_url: str, records_read: list[str]
 ) -> None:
     """The roll-up is trusted for nothing: a copy is used only when its MD5 is the one the
     store lists for the task's own job.json. A roll-up saying every task succeeded (valid
     job documents, the array's id), one of another array, or one that is not JSON: every
     task is read from its record and shows running."""
-    record, jobs = _stored_array(3)
-    base = Store.open(URL)
+    record, jobs = _stored_array(3, array_url)
+    base = Store.open(array_url)
     forged = [(i, replace(job, status="succeeded", reason="exit 0")) for i, job in jobs]
-    _paces(jobs)  # the tasks' own paces: 100 steps done; the forged copies say 999
+    _paces(jobs, array_url)  # the tasks' own paces: 100 steps done; the forged copies say 999
     fake = Pace(999, 1.0, 999, time.time(), 1.0, total_steps=1000).to_json().decode()
     for broken in (
         lambda: write_rollup(base, record.array_id, forged, dict.fromkeys(range(3), fake)),
