@@ -761,7 +761,8 @@ def test_a_poll_reads_every_running_tasks_vm_in_one_listing_on_gcp_and_azure(
     """Four tasks running at once through the GCP and Azure launchers and their servers:
     each poll reads the four VMs in one listing (GCP: an aggregated list filtered by their
     names; Azure: the subscription's status-only listing, over pages of 3) and no VM one
-    by one (the old sweep read each task's VM alone: four reads a poll)."""
+    by one (the old sweep read each task's VM alone: four reads a poll); a reclaimed VM,
+    gone from the listing, is read alone, called preempted and relaunched."""
     launcher, template, offer, _ = (_gcp_array if cloud == "gcp" else _azure_array)(request)
     template = replace(template, checkpoint_url=f"file://{tmp_path}/sweep")
     server = request.getfixturevalue("compute_server" if cloud == "gcp" else "arm_server")
@@ -783,10 +784,26 @@ def test_a_poll_reads_every_running_tasks_vm_in_one_listing_on_gcp_and_azure(
     def calls() -> int:
         return listings() * 1000 + reads()
 
-    per_poll, jobs = _polls_of_a_running_array(4, launcher, template, offer, calls)
+    def reclaim_task_1(sweep: Sweep) -> None:
+        handle = sweep.tasks[1].job.attempts[-1].handle
+        assert handle is not None
+        (server.preempt if cloud == "gcp" else server.evict)(handle.instance_id)
+
+    per_poll, jobs = _polls_of_a_running_array(
+        4, launcher, template, offer, calls, polls=4, preempt=reclaim_task_1
+    )
     assert [j.status for j in jobs] == ["succeeded"] * 4, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 2, 1, 1]
+    assert jobs[1].attempts[0].outcome is AttemptOutcome.PREEMPTED
     pages = 1 if cloud == "gcp" else 2  # Azure: four VMs over pages of three
-    assert per_poll[1:3] == [pages * 1000] * 2, per_poll  # listings, no VM read alone
+    assert per_poll[1] == pages * 1000, per_poll  # one listing, no VM read alone
+    # The reclaimed VM (gone: its termination action deletes it) is not in the next
+    # listing, and is read alone, whose rules (a system event; a Spot VM gone) say
+    # preempted; then one listing a poll again.
+    listed, alone = divmod(per_poll[2], 1000)
+    assert listed == 1, per_poll
+    assert alone >= 1, per_poll
+    assert per_poll[4] == pages * 1000, per_poll
 
 
 def test_an_azure_role_on_the_resource_group_only_reads_each_vm_alone(
