@@ -9,12 +9,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from costguard.spot.launcher.local import rendezvous_port
+
 
 def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
+    """A TCP port on loopback that nothing listens on right now (where nothing should)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def server_port() -> int:
+    """A free loopback port for a server that binds it later (an emulator, slurmd): drawn
+    below the kernel's ephemeral range, as a gang's rendezvous is, so no other program's
+    bind to port 0 or outgoing connection takes it in between."""
+    return rendezvous_port()
 
 
 def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:

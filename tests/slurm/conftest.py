@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.helpers.processes import free_port
+from tests.helpers.processes import server_port
 from tests.slurm.cluster import SlurmCluster
 
 INSTALL_HINT = "apt-get install -y slurm-wlm munge (as .ci/run does)"
@@ -122,7 +122,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
     node = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, node, free_port(), free_port()))
+    conf.write_text(_config(root, node, server_port(), server_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for name in list(env):
         if name.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SCONTROL_")) and name != "SLURM_CONF":
