@@ -17,7 +17,8 @@ sweep's roll-up (``job/array-rollup.json``) is stored, reading every task's job.
 (what status did before it: a GET each, ``READ_WORKERS`` at once), and after, reading the
 roll-up and one listing instead (the roll-up holds the running tasks' paces too, as the
 sweep last read them). Target
-(issue 46): <= 2 s for 1,000 tasks.
+(issue 46): <= 2 s for 1,000 tasks. ``--store azure``: the same on Azurite (started here
+from .ci-work, as the suite starts it), whose listing gives each blob's Content-MD5.
 
 ``polls``: ``--tasks`` tasks all running on EC2 (the moto server, started here) under
 one :class:`~costguard.spot.sweep.Sweep`, each task's instance running for three polls:
@@ -27,7 +28,7 @@ running task) and with the base's per-instance default (one call per task: what 
 poll sent before, about 100 calls a second for 1,000 tasks at a 10 s poll).
 
     python benchmarks/sweep.py cpu [--tasks 100] [--window 20]
-    python benchmarks/sweep.py status [--tasks 1000]
+    python benchmarks/sweep.py status [--tasks 1000] [--store s3|azure]
     python benchmarks/sweep.py polls [--tasks 100]
 """
 
@@ -222,14 +223,40 @@ def moto_env(endpoint: str) -> dict[str, str]:
     return env
 
 
-def status(count: int) -> None:
-    server, endpoint = start_moto()
-    env = moto_env(endpoint)
-    url = "s3://bench/sweep"
-    try:
-        import boto3
+def start_azurite() -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """Azurite's blob service (the suite's, under .ci-work) in a process of its own, once
+    it answers, with a container ``bench``; this process's environment reaching it."""
+    import adlfs  # type: ignore[import-untyped]
+    from tests.helpers.stores import AZURITE_BIN, AZURITE_KEY, wait_for_http
 
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="costguard-azurite-")
+    argv = [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+            folder, "--silent", "--skipApiVersionCheck", "--loose"]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_http(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list")
+    connection = (
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
+    )
+    adlfs.AzureBlobFileSystem(connection_string=connection).mkdir("bench")
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection
+    return process, {**os.environ}
+
+
+def status(count: int, where: str) -> None:
+    if where == "azure":
+        server, env = start_azurite()
+        url, named = "az://bench/sweep", "Azurite (Azure Blob)"
+    else:
+        server, endpoint = start_moto()
+        env = moto_env(endpoint)
+        url, named = "s3://bench/sweep", "moto S3"
+    try:
+        if where == "s3":
+            import boto3
+
+            boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
         started = time.perf_counter()
         record, jobs = seed(url, count)
         print(f"seeded {count} tasks in {time.perf_counter() - started:.1f} s")
@@ -247,7 +274,7 @@ def status(count: int) -> None:
         server.kill()
         server.wait()
     running = (count + 1) // 3
-    print(f"jobs status --format json of a {count}-task array on moto S3, a fresh process:")
+    print(f"jobs status --format json of a {count}-task array on {named}, a fresh process:")
     print(f"  without the roll-up ({count} job.json + {running} pace GETs): {before_s:.2f} s")
     verdict = "met" if after_s <= STATUS_TARGET_S else "NOT met"
     print(f"  with the roll-up (2 GETs and a listing): {after_s:.2f} s, "
@@ -367,6 +394,7 @@ def main() -> None:
     one.add_argument("--window", type=float, default=20.0)
     two = sub.add_parser("status")
     two.add_argument("--tasks", type=int, default=1000)
+    two.add_argument("--store", choices=("s3", "azure"), default="s3")
     three = sub.add_parser("polls")
     three.add_argument("--tasks", type=int, default=100)
     args = parser.parse_args()
@@ -375,7 +403,7 @@ def main() -> None:
     elif args.what == "polls":
         polls(args.tasks)
     else:
-        status(args.tasks)
+        status(args.tasks, args.store)
 
 
 if __name__ == "__main__":
