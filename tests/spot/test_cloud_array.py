@@ -35,7 +35,7 @@ from costguard.spot import sweep as sweep_module
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.aws import AwsLauncher
-from costguard.spot.launcher.base import Launcher, Offer
+from costguard.spot.launcher.base import Handle, Launcher, Offer, State
 from costguard.spot.recovery import Attempt, AttemptOutcome
 from costguard.spot.sweep import Sweep, Task, load_tasks, rollup_copy, task_specs, write_rollup
 from costguard.tags import ARRAY_TAG, ARRAY_TASK_TAG, ATTEMPT_TAG, JOB_TAG
@@ -736,6 +736,26 @@ def test_a_fresh_instance_the_listing_leaves_out_is_read_alone_and_not_ended(
     assert ec2_faults.not_found == 3  # each fresh one answered NotFound once, then ran
     # The listing, then each left-out instance twice by id (NotFound, then found).
     assert per_poll[1] == 1 + 3 * 2, per_poll
+
+
+def test_the_aws_statuses_of_many_instances_in_their_order_a_gone_one_read_alone(
+    bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
+) -> None:
+    """AwsLauncher.statuses of five running instances, an unknown id (an old attempt's
+    instance EC2 forgot) among them, two ids a call: three DescribeInstances for the six,
+    then the unknown one described alone (NotFound: missing); each status is its own
+    handle's, in the order asked."""
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
+    launcher.describe_ids = 2
+    spec = _template(aws_launch_options).launch_spec()
+    handles = [launcher.launch(replace(SPOT, zone="us-east-1a"), spec, n) for n in range(1, 6)]
+    gone = Handle("aws", "us-east-1", "i-0123456789abcdef0", extra={"launched_unix": "1.0"})
+    asked = [*handles[:2], gone, *handles[2:]]
+    ec2_faults.actions.clear()
+    said = launcher.statuses(asked)
+    assert [s.handle for s in said] == asked
+    assert [s.state for s in said] == [State.RUNNING] * 2 + [State.MISSING] + [State.RUNNING] * 3
+    assert ec2_faults.actions.count("DescribeInstances") == 3 + 1
 
 
 def _azure_calls(server: Any) -> tuple[Callable[[], int], Callable[[], int]]:

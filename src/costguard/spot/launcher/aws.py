@@ -329,6 +329,8 @@ class AwsLauncher(Launcher):
 
     provider = "aws"
     OPTIONS = OPTIONS
+    #: The most instance ids one ``DescribeInstances`` of :meth:`statuses` filters by.
+    describe_ids = DESCRIBE_IDS
 
     def __init__(
         self,
@@ -1024,7 +1026,7 @@ class AwsLauncher(Launcher):
 
     def statuses(self, handles: Sequence[Handle]) -> list[Status]:
         """Many instances' states from one ``DescribeInstances`` per region (per
-        :data:`DESCRIBE_IDS` of them), filtered by ``instance-id`` rather than naming
+        :attr:`describe_ids` of them), filtered by ``instance-id`` rather than naming
         ``InstanceIds``: one id EC2 does not know (yet, or any more) would fail the whole
         call; filtered, it is only left out, and :meth:`status` asks of it alone
         (:meth:`Launcher.batched <costguard.spot.launcher.base.Launcher.batched>`)."""
@@ -1037,8 +1039,8 @@ class AwsLauncher(Launcher):
         shown: dict[int, Status] = {}
         for region, positions in where.items():
             ec2 = self._ec2(region)
-            for start in range(0, len(positions), DESCRIBE_IDS):
-                chunk = positions[start : start + DESCRIBE_IDS]
+            for start in range(0, len(positions), self.describe_ids):
+                chunk = positions[start : start + self.describe_ids]
                 ids = list(dict.fromkeys(handles[at].instance_id for at in chunk))
                 filters = [{"Name": "instance-id", "Values": ids}]
                 try:
