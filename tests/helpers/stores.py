@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from costguard.checkpoint.store import Store
+from costguard.checkpoint.uploads import PartLimits
 from tests.helpers.processes import server_port, stop_process
 from tests.helpers.waiting import wait_for
 
@@ -180,7 +181,8 @@ def backend(
     return Backend(name, f"gs://ckpt-bucket/run{time.monotonic_ns()}", env)
 
 
-def open_store(backend: Backend) -> Store:
-    """The backend's store, opened with COSTGUARD_STORAGE_OPTIONS as the CLI reads it."""
+def open_store(backend: Backend, parts: PartLimits | None = None) -> Store:
+    """The backend's store, opened with COSTGUARD_STORAGE_OPTIONS as the CLI reads it
+    (and the ``parts`` limits, if given)."""
     text = os.environ.get("COSTGUARD_STORAGE_OPTIONS")
-    return Store.open(backend.url, json.loads(text) if text else None)
+    return Store.open(backend.url, json.loads(text) if text else None, parts=parts)

@@ -422,6 +422,21 @@ NOTICE_FIXES = {
 }
 
 
+def take(tokens: list[bool]) -> bool:
+    """Take one of ``tokens`` if one is left: one step (``list.pop``), so of handlers and
+    threads asking at once, as many get one as there are.
+
+    >>> tokens = [True]
+    >>> take(tokens), take(tokens)
+    (True, False)
+    """
+    try:
+        tokens.pop()
+    except IndexError:
+        return False
+    return True
+
+
 def ignored_line(kind: str, seconds: float) -> str:
     """What a script that did not act on a notice is told, with the one-line fix.
 
@@ -620,7 +635,10 @@ def supervise(
         #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
         #: the clock's time and the wall clock's (a checkpoint's files carry that one).
         noticed: list[tuple[float, int]] = []
-        said_ignored: list[bool] = []
+        #: One token: whoever takes it says that the script ignores notices. Signal
+        #: handlers (which interrupt one another) and watcher threads ask; ``pop`` is one
+        #: step, so the line is said once.
+        say_ignored = [True]
         saves_at_notice: list[int] = []
 
         def passed_on() -> None:
@@ -628,12 +646,11 @@ def supervise(
             since the first (no Checkpointer save, no checkpoint written in the sync dir)
             says it ignores them, with the fix."""
             now = time.monotonic()
-            if noticed and not said_ignored:
+            if noticed and say_ignored:
                 acted = events.saves > saves_at_notice[0] or (
                     syncer is not None and syncer.written_ns() > noticed[0][1]
                 )
-                if not acted:
-                    said_ignored.append(True)
+                if not acted and take(say_ignored):
                     kind = syncer.kind() if syncer is not None else ""
                     say(ignored_line(kind, now - noticed[0][0]))
             if not noticed:
