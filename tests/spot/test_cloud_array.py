@@ -35,6 +35,7 @@ from costguard.spot import sweep as sweep_module
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.aws import AwsLauncher
+from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import Handle, Launcher, Offer, State
 from costguard.spot.recovery import Attempt, AttemptOutcome
 from costguard.spot.sweep import Sweep, Task, load_tasks, rollup_copy, task_specs, write_rollup
@@ -824,6 +825,29 @@ def test_a_poll_reads_every_running_tasks_vm_in_one_listing_on_gcp_and_azure(
     assert listed == 1, per_poll
     assert alone >= 1, per_poll
     assert per_poll[4] == pages * 1000, per_poll
+
+
+def test_azures_status_listing_is_paged_only_until_every_vm_asked_is_seen(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Four VMs listed one a page: the statuses of the first two read two pages, not four;
+    with a bound of one page, a VM not seen by then is read alone."""
+    launcher, template, offer, _ = _azure_array(request)
+    assert isinstance(launcher, AzureLauncher)
+    server = request.getfixturevalue("arm_server")
+    server.throttle_puts, server.page_size = 0, 1
+    spec = template.launch_spec()
+    handles = [launcher.launch(offer, spec, attempt) for attempt in range(1, 5)]
+    server.requests.clear()
+    listings, reads = _azure_calls(server)
+    said = launcher.statuses(handles[:2])
+    assert [s.state for s in said] == [State.RUNNING] * 2
+    assert (listings(), reads()) == (2, 0)
+    launcher.list_pages = 1
+    server.requests.clear()
+    said = launcher.statuses([handles[0], handles[3]])
+    assert [(s.handle, s.state) for s in said] == [(h, State.RUNNING) for h in handles[::3]]
+    assert (listings(), reads()) == (1, 1)
 
 
 def test_an_azure_role_on_the_resource_group_only_reads_each_vm_alone(

@@ -436,6 +436,8 @@ class AzureLauncher(base.Launcher):
 
     provider = "azure"
     OPTIONS = OPTIONS
+    #: The most pages of the status listing one :meth:`statuses` reads.
+    list_pages = LIST_PAGES
 
     def __init__(
         self,
@@ -992,7 +994,7 @@ class AzureLauncher(base.Launcher):
         group's listing takes ``$expand=instanceView`` only with a scale set's
         ``$filter``), matched to the handles by resource id (subscription, group and
         name), paged only until every handle's VM is seen, for at most
-        :data:`LIST_PAGES` pages; a VM it does not show running or starting is read
+        :attr:`list_pages` pages; a VM it does not show running or starting is read
         alone by :meth:`status` (:meth:`Launcher.batched
         <costguard.spot.launcher.base.Launcher.batched>`). The listing is at the
         subscription's scope: a credential allowed only on the resource group is refused
@@ -1019,7 +1021,7 @@ class AzureLauncher(base.Launcher):
                         for at in by_id.get(key, []):
                             shown[at] = self._status_of(handles[at], vm, None)
                         left.discard(key)
-                    if not left or number >= LIST_PAGES:
+                    if not left or number >= self.list_pages:
                         break
             except azure_clouds.errors() as exc:
                 if getattr(exc, "status_code", None) != 403:
