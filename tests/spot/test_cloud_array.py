@@ -37,6 +37,7 @@ from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, wri
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import Handle, Launcher, Offer, State
+from costguard.spot.launcher.gcp import GcpLauncher
 from costguard.spot.recovery import Attempt, AttemptOutcome
 from costguard.spot.sweep import Sweep, Task, load_tasks, rollup_copy, task_specs, write_rollup
 from costguard.tags import ARRAY_TAG, ARRAY_TASK_TAG, ATTEMPT_TAG, JOB_TAG
@@ -825,6 +826,31 @@ def test_a_poll_reads_every_running_tasks_vm_in_one_listing_on_gcp_and_azure(
     assert listed == 1, per_poll
     assert alone >= 1, per_poll
     assert per_poll[4] == pages * 1000, per_poll
+
+
+def test_gcps_statuses_list_the_vms_by_name_a_few_names_a_call(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Three VMs and a name no VM has (an old attempt's, deleted), two names a call: two
+    aggregated lists; the deleted one, not listed, is read alone (404, no preemption
+    event: missing); each status its own handle's, in the order asked."""
+    launcher, template, offer, _ = _gcp_array(request)
+    assert isinstance(launcher, GcpLauncher)
+    server = request.getfixturevalue("compute_server")
+    server.rate_limit_inserts = 0
+    spec = template.launch_spec()
+    handles = [launcher.launch(offer, spec, attempt) for attempt in range(1, 4)]
+    gone = replace(handles[0], instance_id="costguard-gone-1")
+    server.requests.clear()
+    launcher.list_names = 2
+    asked = [handles[0], gone, *handles[1:]]
+    said = launcher.statuses(asked)
+    assert [s.handle for s in said] == asked
+    assert [s.state for s in said] == [State.RUNNING, State.MISSING, State.RUNNING, State.RUNNING]
+    assert len(server.calls("GET", "/aggregated/instances")) == 2
+    assert [r.path.rsplit("/", 1)[-1] for r in server.calls("GET", "/instances/")] == [
+        "costguard-gone-1"
+    ]
 
 
 def test_azures_status_listing_is_paged_only_until_every_vm_asked_is_seen(

@@ -476,6 +476,8 @@ class GcpLauncher(base.Launcher):
 
     provider = "gcp"
     OPTIONS = OPTIONS
+    #: The most VM names one ``instances.aggregatedList`` of :meth:`statuses` filters by.
+    list_names = LIST_NAMES
 
     def __init__(
         self,
@@ -1059,7 +1061,7 @@ class GcpLauncher(base.Launcher):
 
     def statuses(self, handles: Sequence[Handle]) -> list[Status]:
         """Many VMs' states from one ``instances.aggregatedList`` per project (per
-        :data:`LIST_NAMES` of them) filtered by their names, ``(name = "a") OR (name =
+        :attr:`list_names` of them) filtered by their names, ``(name = "a") OR (name =
         "b")``; a VM it does not show running or starting is read alone by :meth:`status`,
         which checks it for a preemption (:meth:`Launcher.batched
         <costguard.spot.launcher.base.Launcher.batched>`)."""
@@ -1075,8 +1077,8 @@ class GcpLauncher(base.Launcher):
                 projects.setdefault(handle.extra["project"], []).append(at)
         shown: dict[int, Status] = {}
         for project, positions in projects.items():
-            for start in range(0, len(positions), LIST_NAMES):
-                chunk = positions[start : start + LIST_NAMES]
+            for start in range(0, len(positions), self.list_names):
+                chunk = positions[start : start + self.list_names]
                 names = dict.fromkeys(handles[at].instance_id for at in chunk)
                 request = compute.AggregatedListInstancesRequest(
                     project=project, filter=" OR ".join(f'(name = "{n}")' for n in names)
