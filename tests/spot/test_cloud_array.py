@@ -744,20 +744,23 @@ def test_the_aws_statuses_of_many_instances_in_their_order_a_gone_one_read_alone
     bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
 ) -> None:
     """AwsLauncher.statuses of five running instances, an unknown id (an old attempt's
-    instance EC2 forgot) among them, two ids a call: three DescribeInstances for the six,
-    then the unknown one described alone (NotFound: missing); each status is its own
+    instance EC2 forgot) and a forged one (a wildcard, which a filter would match every
+    instance with) among them, two ids a call: three DescribeInstances for the six ids,
+    then the unknown and the forged one described alone (missing); each status is its own
     handle's, in the order asked."""
     launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
     launcher.describe_ids = 2
     spec = _template(aws_launch_options).launch_spec()
     handles = [launcher.launch(replace(SPOT, zone="us-east-1a"), spec, n) for n in range(1, 6)]
     gone = Handle("aws", "us-east-1", "i-0123456789abcdef0", extra={"launched_unix": "1.0"})
-    asked = [*handles[:2], gone, *handles[2:]]
+    forged = replace(gone, instance_id="i-*")
+    asked = [*handles[:2], gone, forged, *handles[2:]]
     ec2_faults.actions.clear()
     said = launcher.statuses(asked)
     assert [s.handle for s in said] == asked
-    assert [s.state for s in said] == [State.RUNNING] * 2 + [State.MISSING] + [State.RUNNING] * 3
-    assert ec2_faults.actions.count("DescribeInstances") == 3 + 1
+    missing = [State.MISSING] * 2
+    assert [s.state for s in said] == [State.RUNNING] * 2 + missing + [State.RUNNING] * 3
+    assert ec2_faults.actions.count("DescribeInstances") == 3 + 2
 
 
 def _azure_calls(server: Any) -> tuple[Callable[[], int], Callable[[], int]]:

@@ -99,6 +99,8 @@ CAPACITY_CODES = (
 #: backed off from.
 THROTTLE_CODES = ("RequestLimitExceeded", "Throttling", "ThrottlingException")
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+#: An EC2 instance id: what goes into a filter (``*`` and ``?`` are wildcards there).
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,32}")
 #: How long after ``RunInstances`` a NotFound means "not visible yet" rather than "gone"
 #: (EC2 keeps a terminated instance visible for about an hour, so a NotFound later is
 #: an instance long gone).
@@ -1035,7 +1037,10 @@ class AwsLauncher(Launcher):
     def _listed(self, handles: Sequence[Handle]) -> dict[int, Status]:
         where: dict[str, list[int]] = {}
         for at, handle in enumerate(handles):
-            where.setdefault(handle.region, []).append(at)
+            # An id that is no instance id (job.json is not trusted; a wildcard would list
+            # the account) is described alone, never written into a filter.
+            if _INSTANCE_ID.fullmatch(handle.instance_id):
+                where.setdefault(handle.region, []).append(at)
         shown: dict[int, Status] = {}
         for region, positions in where.items():
             ec2 = self._ec2(region)
