@@ -665,15 +665,16 @@ def supervise(
             with contextlib.suppress(OSError):
                 append_notice(notice_file, notice)
 
-        relayed: set[int] = set()
+        #: Each signal's first is relayed as a notice, once: a token per signal (a second
+        #: signal's handler may interrupt the first's).
+        first: dict[int, list[bool]] = {sig: [True] for sig in (signal.SIGINT, *NOTICE_SIGNALS)}
         interrupted: list[bool] = []
 
         def forward(signum: int, frame: FrameType | None) -> None:
             if signum == signal.SIGINT:
                 # Ctrl-C: the first asks the script to save and stop (exit 75); the second
                 # stops everything at once. The script never sees a KeyboardInterrupt.
-                if signum not in relayed:
-                    relayed.add(signum)
+                if take(first[signum]):
                     say("Ctrl-C: asking the script to save and stop (Ctrl-C again stops it now)")
                     relay_notice(Notice("signal", "signal", None, "SIGINT"))
                 else:
@@ -681,8 +682,7 @@ def supervise(
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(child.pid, signal.SIGKILL)
                 return
-            if relay_signals and signum in NOTICE_SIGNALS and signum not in relayed:
-                relayed.add(signum)
+            if relay_signals and signum in NOTICE_SIGNALS and take(first[signum]):
                 name = signal.Signals(signum).name
                 relay_notice(Notice("signal", "signal", None, name))
                 return
