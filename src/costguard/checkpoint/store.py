@@ -541,7 +541,7 @@ class Store(StoreCalls):
 
     def digests(self) -> dict[str, str]:
         """Every object under the root whose store gives the MD5 of its content in a
-        listing (S3, GCS): relative path -> that MD5 in hex; none on this machine's disk
+        listing (S3, GCS, Azure Blob): relative path -> that MD5 in hex; none on this machine's disk
         (reading a file there costs what hashing it would)."""
 
         def find() -> dict[str, str]:

@@ -54,7 +54,7 @@ from __future__ import annotations
 import base64
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -83,6 +83,9 @@ OPERATION_TIMEOUT_S = READ_TIMEOUT_S * 10
 #: The most SKU entries read from one Resource SKUs listing (a region lists a few
 #: thousand: VM sizes, disks, and more).
 MAX_SKUS = 20_000
+#: The most pages of the subscription's VM status listing one poll of many VMs reads
+#: (:meth:`AzureLauncher.statuses`); the VMs not seen by then are read one by one.
+LIST_PAGES = 10
 #: The Network API version of the NIC declared inside the VM.
 NETWORK_API_VERSION = "2022-11-01"
 #: ARM error codes of a create that another zone, region or market may not hit.
@@ -258,6 +261,14 @@ def classify(statuses: list[str], spot: bool, ours: bool) -> State:
     return State.PENDING
 
 
+def _vm_id(subscription: str, group: str, name: str) -> str:
+    """A VM's resource id, in lower case (Resource Manager's ids are case-insensitive)."""
+    return (
+        f"/subscriptions/{subscription}/resourcegroups/{group}/providers/"
+        f"microsoft.compute/virtualmachines/{name}"
+    ).lower()
+
+
 def _refers_to(exc: BaseException, code: str, resource_id: str) -> bool:
     """Whether an ARM error has ``code`` and names ``resource_id`` in its message."""
     error = getattr(exc, "error", None)
@@ -425,6 +436,8 @@ class AzureLauncher(base.Launcher):
 
     provider = "azure"
     OPTIONS = OPTIONS
+    #: The most pages of the status listing one :meth:`statuses` reads.
+    list_pages = LIST_PAGES
 
     def __init__(
         self,
@@ -446,6 +459,9 @@ class AzureLauncher(base.Launcher):
         self._environ = environ
         #: VMs this launcher deleted: their absence is not an eviction.
         self._deleted: set[tuple[str, str, str]] = set()
+        #: Subscriptions whose VM status listing refused this credential (HTTP 403): their
+        #: VMs are read one by one.
+        self._unlisted: set[str] = set()
         #: (subscription, region) -> size -> (zones, Location-restricted): SKU listings.
         self._skus: dict[tuple[str, str], dict[str, tuple[set[str], bool]]] = {}
 
@@ -953,16 +969,67 @@ class AzureLauncher(base.Launcher):
             return Status(handle, State.MISSING, "Azure no longer knows the VM")
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, f"reading {handle.instance_id}") from None
+        return self._status_of(handle, vm, vm.provisioning_state)
+
+    def _status_of(self, handle: Handle, vm: Any, provisioning: str | None) -> Status:
+        """The :class:`Status` of ``handle`` from its VM's instance view (``provisioning``:
+        the model's provisioning state, when the view leaves it out)."""
+        subscription, group = handle.extra["subscription"], handle.extra["resource_group"]
+        spot = handle.extra.get("priority", "").lower() == "spot"
+        ours = (subscription, group.lower(), handle.instance_id.lower()) in self._deleted
         view = vm.instance_view
         statuses = list(view.statuses or []) if view is not None else []
         codes = [str(s.code or "") for s in statuses]
-        if vm.provisioning_state and not any(c.startswith("ProvisioningState/") for c in codes):
-            codes.append(f"ProvisioningState/{vm.provisioning_state.lower()}")
+        if provisioning and not any(c.startswith("ProvisioningState/") for c in codes):
+            codes.append(f"ProvisioningState/{provisioning.lower()}")
         state = classify(codes, spot, ours)
         detail = "; ".join(str(s.display_status or s.code) for s in statuses)
         if state is State.PREEMPTED:
             detail = f"inferred eviction of a Spot VM ({detail})"
-        return Status(handle, state, detail, launched_at=vm.time_created)
+        return Status(handle, state, detail, launched_at=getattr(vm, "time_created", None))
+
+    def statuses(self, handles: Sequence[Handle]) -> list[Status]:
+        """Many VMs' states from one listing per subscription: ``virtualMachines.listAll``
+        with ``statusOnly=true``, the one listing that carries instance views (a resource
+        group's listing takes ``$expand=instanceView`` only with a scale set's
+        ``$filter``), matched to the handles by resource id (subscription, group and
+        name), paged only until every handle's VM is seen, for at most
+        :attr:`list_pages` pages; a VM it does not show running or starting is read
+        alone by :meth:`status` (:meth:`Launcher.batched
+        <costguard.spot.launcher.base.Launcher.batched>`). The listing is at the
+        subscription's scope: a credential allowed only on the resource group is refused
+        it (HTTP 403), and then every VM is read alone, as :meth:`status` does."""
+        return self.batched(handles, self._listed)
+
+    def _listed(self, handles: Sequence[Handle]) -> dict[int, Status]:
+        wanted: dict[str, dict[str, list[int]]] = {}
+        for at, handle in enumerate(handles):
+            subscription = handle.extra["subscription"]
+            key = _vm_id(subscription, handle.extra["resource_group"], handle.instance_id)
+            wanted.setdefault(subscription, {}).setdefault(key, []).append(at)
+        shown: dict[int, Status] = {}
+        for subscription, by_id in wanted.items():
+            if subscription in self._unlisted:
+                continue
+            left = set(by_id)
+            compute = self._compute(subscription)
+            try:
+                pages = compute.virtual_machines.list_all(status_only="true").by_page()
+                for number, page in enumerate(pages, start=1):
+                    for vm in page:
+                        key = str(vm.id or "").lower()
+                        for at in by_id.get(key, []):
+                            shown[at] = self._status_of(handles[at], vm, None)
+                        left.discard(key)
+                    if not left or number >= self.list_pages:
+                        break
+            except azure_clouds.errors() as exc:
+                if getattr(exc, "status_code", None) != 403:
+                    raise azure_clouds.translate(exc, "listing the VMs' states") from None
+                # The launcher's role, assigned on the resource group as infra/azure says,
+                # may not read the subscription's listing: each VM is read alone, as before.
+                self._unlisted.add(subscription)
+        return shown
 
     # -------------------------------------------------------------- terminate
 
