@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,11 @@ from costguard.checkpoint.store import Store
 
 #: DCP's index of every chunk (written by the coordinating rank).
 METADATA = "dcp.metadata"
+
+
+#: What :func:`shard_object` names: the only objects of a checkpoint (with the pool's)
+#: that hold chunks.
+_SHARD = re.compile(r"shard-\d{5,}\.distcp", re.ASCII)
 
 
 def shard_object(rank: int) -> str:
@@ -295,10 +301,17 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
                 if where.dtype is None or where.shape is None:
                     msg = f"chunk {item.storage_index.fqn[:80]!r} has no dtype or shape"
                     raise ManifestError(msg)
-                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                tensor = saved.view(_dtype(where.dtype)).reshape(where.shape)
-                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
                 target = planner.resolve_tensor(item).detach()
+                if _dtype(where.dtype) != target.dtype:
+                    # Read as another dtype, the bytes would be converted, not copied.
+                    msg = (
+                        f"chunk of {item.storage_index.fqn[:80]!r}: {where.dtype[:40]} saved, "
+                        f"{target.dtype} wanted"
+                    )
+                    raise ValueError(msg)
+                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                tensor = saved.view(target.dtype).reshape(where.shape)
+                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
                 if target.size() != tensor.size():
                     msg = (
                         f"chunk of {item.storage_index.fqn[:80]!r}: {tuple(tensor.size())} "
@@ -315,6 +328,9 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             where = self.storage[item.storage_index]
             if where.object not in listed:
                 msg = f"dcp.metadata names {where.object[:80]!r}, which the manifest does not list"
+                raise ManifestError(msg)
+            if not (listed[where.object].pool or _SHARD.fullmatch(where.object)):
+                msg = f"dcp.metadata puts a chunk in {where.object[:80]!r}, which holds none"
                 raise ManifestError(msg)
             return where
 
