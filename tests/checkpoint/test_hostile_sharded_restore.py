@@ -316,14 +316,16 @@ def test_each_sharded_forgery_over_fitting_weights_is_passed_over(
 
 
 def share_forged(root: Path) -> None:
-    """Two forgeries newer than the genuine 2-rank checkpoint, each of which only one
-    rank finds out: ``train.pt`` whose rank 1 state is text, and rank 1's shard cut short."""
+    """Forgeries newer than the genuine 2-rank checkpoint: two that only one rank finds
+    out (``train.pt`` whose rank 1 state is text, rank 1's shard cut short), and an index
+    that would run code."""
     _, objects = genuine_objects(root)
     state = torch.load(io.BytesIO(objects[TRAIN]), weights_only=True)
     state["ranks"][1] = {**state["ranks"][1], "rng": "x"}
     forge(root, 20, {**objects, TRAIN: saved(state)})
     shard = "shard-00001.distcp"
     forge(root, 21, {**objects, shard: objects[shard][: len(objects[shard]) // 2]})
+    forge(root, 22, FORGERIES["index zip runs code"](objects))  # which DCP logs, traceback and all
 
 
 @pytest.mark.slow
@@ -344,10 +346,13 @@ def test_ranks_agree_to_pass_over_a_forgery_only_one_of_them_can_tell(
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert "Traceback" not in out, out[-3000:]
+    assert "PWNED" not in out
+    assert "\x1b" not in out  # torch's messages about a forgery carry ANSI codes
     assert sorted(set(re.findall(r"READY (\d) \d+ (\d+)", done.stdout))) == [
         ("0", str(GENUINE_STEP)),
         ("1", str(GENUINE_STEP)),
     ], out[-3000:]
     assert "ckpt-000000000021-00000015" in done.stderr  # each forgery named, and passed over
     assert "ckpt-000000000020-00000014" in done.stderr
+    assert "ckpt-000000000022-00000016" in done.stderr
     assert_bitwise_equal(final(tmp_path / "back.pt", 2), final(tmp_path / "saved.pt", 2))

@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from costguard.checkpoint import state as state_mod
-from costguard.checkpoint.manifest import Manifest, ManifestError, ObjectEntry
+from costguard.checkpoint.manifest import Manifest, ManifestError, ObjectEntry, UnreadableError
 from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.store import Store
+from costguard.text import visible
 
 #: DCP's index of every chunk (written by the coordinating rank).
 METADATA = "dcp.metadata"
@@ -250,7 +251,23 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
         raise ManifestError(msg)
     state_mod.require_zip(data, METADATA)
     with torch.serialization.safe_globals(_safe_globals()):
-        return torch.load(io.BytesIO(data), weights_only=True)
+        try:
+            meta = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as exc:  # verified bytes: a foreign or forged index
+            msg = f"{METADATA} cannot be loaded: {type(exc).__name__}: {visible(str(exc))[:200]}"
+            raise UnreadableError(msg) from exc
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    storage = getattr(meta, "storage_data", None)
+    if not (
+        isinstance(meta, Metadata)
+        and isinstance(meta.state_dict_metadata, dict)
+        and isinstance(storage, dict)
+        and all(isinstance(where, Stored) for where in storage.values())
+    ):
+        msg = f"{METADATA} is no index of costguard's sharded checkpoint"
+        raise UnreadableError(msg)
+    return meta
 
 
 def storage_reader(store: Store, manifest: Manifest) -> Any:
@@ -264,6 +281,7 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.storage: Mapping[Any, Stored] = {}
+            self._metadata: Any = None
 
         def reset(self, checkpoint_id: Any = None) -> None:
             pass
@@ -273,7 +291,11 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             return True
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            return read_metadata_object(store, manifest)
+            """The index, read once (its errors raised here, before DCP, which would
+            log them with a traceback, asks for it)."""
+            if self._metadata is None:
+                self._metadata = read_metadata_object(store, manifest)
+            return self._metadata
 
         def set_up_storage_reader(
             self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any

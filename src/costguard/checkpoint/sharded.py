@@ -80,6 +80,7 @@ from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
 from costguard.logs import get_logger
 from costguard.secrets import redact
+from costguard.text import visible
 
 logger = get_logger(__name__)
 
@@ -153,11 +154,13 @@ def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
     object_entry(manifest, TRAIN)
     _verify_share(store, manifest, 0, 1)
     state: dict[str, Any] = {}
+    reader = storage_reader(store, manifest)
+    reader.read_metadata()  # its errors raised here: DCP would log them with a traceback
     try:
         # What torch's dcp_to_torch_save calls: dcp.load would not fill an empty dict.
         _load_state_dict(
             state,
-            storage_reader=storage_reader(store, manifest),
+            storage_reader=reader,
             planner=load_planner(whole=True),
             no_dist=True,
         )
@@ -433,7 +436,7 @@ def _describe(exc: BaseException) -> str:
         )
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return redact(text)[:500]
+    return visible(redact(text))[:500]  # torch's own messages carry ANSI codes
 
 
 def _verify_share(store: Store, manifest: Manifest, rank: int, world: int) -> None:
@@ -537,6 +540,7 @@ def _load(store: Store, manifest: Manifest, reader: Any, parts: TrainState, grou
 
     mine = ""
     try:
+        reader.read_metadata()  # checked here: DCP would log its errors with a traceback
         state = dcp_state(parts)
         dcp.load(state, storage_reader=reader, planner=load_planner())
         apply_dcp_state(parts, state)
