@@ -334,3 +334,18 @@ def test_every_reader_of_an_arrays_records_survives_hostile_records(
         check(result, started, " ".join(command[:2]))
         if command[:2] == ("jobs", "status") and genuine(record_=record_, task=task, pace=pace):
             assert result.exit_code == 0, result.stderr[-2000:]  # the setup is an array's
+
+
+@pytest.mark.parametrize("record_path", ["job/job.json", contract.ARRAY_FILE])
+def test_an_empty_record_on_s3_is_named_not_a_failed_read(
+    run_cli: Callable[..., Any], aws_env: str, record_path: str
+) -> None:
+    """A bounded read of an empty object is a range S3 cannot satisfy (HTTP 416): jobs
+    status exited 1, "reading job/array.json ... failed", as for a store it cannot reach."""
+    make_s3_bucket(aws_env, "empty")
+    store = Store.open("s3://empty/job")
+    store.put(record_path, b"")
+    result = run_cli("jobs", "status", store.url)
+    assert result.exit_code == 2, result.stderr
+    assert "failed" not in result.stderr
+    assert record_path in result.stderr
