@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from costguard.cli import cli
 from costguard.pricing.catalog import Catalog
 from costguard.pricing.tables import load_catalog
-from tests.helpers.processes import free_port
+from tests.helpers.processes import server_port
 from tests.helpers.startup.sitecustomize import collect_old_objects_rarely
 from tests.helpers.training import SharedRuns
 
@@ -176,7 +176,7 @@ def moto_server() -> Iterator[str]:
     """One moto server (real HTTP, loopback) for the whole run; fails loudly if it can't start."""
     from moto.server import ThreadedMotoServer
 
-    port = free_port()
+    port = server_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     url = f"http://127.0.0.1:{port}"

@@ -214,8 +214,8 @@ STORE_SIDES = ("launcher-policy.json", "launcher-instance-role-policy.json")
 
 def record_store(side: str, moto: str, monkeypatch: pytest.MonkeyPatch) -> Seen:
     """The S3 requests of one side, seen by the fault proxy in front of moto."""
-    from costguard.checkpoint import uploads
     from costguard.checkpoint.store import Store
+    from costguard.checkpoint.uploads import PartLimits
     from costguard.spot.job import (
         ExitRecord,
         Job,
@@ -229,12 +229,11 @@ def record_store(side: str, moto: str, monkeypatch: pytest.MonkeyPatch) -> Seen:
     from tests.spot.test_offers_and_job import spec
 
     make_s3_bucket(moto, "my-checkpoints")
-    monkeypatch.setattr(uploads, "PART_BYTES", 5 * 2**20)
     url = "s3://my-checkpoints/costguard/run-1"
     faults = Faults(eligible=lambda method, path: True)
     with fault_proxy(moto, faults) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
-        store = Store.open(url)
+        store = Store.open(url, parts=PartLimits(part_bytes=5 * 2**20))
         store.check_writable()
         if side == "launcher-policy.json":
             save_job(store, Job(spec(url)))

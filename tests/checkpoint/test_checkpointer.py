@@ -3,11 +3,15 @@ fallback, retention, failures that are reported and never stop training, bad inp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import logging
 import os
 import random
+import resource
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -178,53 +182,86 @@ def test_a_failing_store_is_reported_and_training_goes_on(
     assert ckpt.store.listing() == before
 
 
+@contextlib.contextmanager
+def files_cut_at(size_bytes: int) -> Iterator[None]:
+    """The kernel refuses to write past ``size_bytes`` of any file this process writes
+    (``RLIMIT_FSIZE``: a write there fails with EFBIG, "File too large", SIGXFSZ being
+    ignored) until the block ends or :func:`uncut` is called: a disk that fails midway."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size_bytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+
+
+def uncut() -> None:
+    hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+
+
+class RepairOnRetry(logging.Handler):
+    """Lifts :func:`files_cut_at`'s cut when the store says it retries a write (the first
+    attempt has failed): the disk fails once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.retries: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "writing " in message and " retry " in message:
+            self.retries.append(message)
+            uncut()
+
+
 def test_a_local_save_streams_into_the_file_and_a_failed_write_is_produced_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A real failing write (the kernel's EFBIG past a file-size limit, midway through the
+    state's 15 kB): the save is produced again into a fresh file and commits."""
     from costguard.checkpoint import state as state_mod
-    from costguard.checkpoint import uploads
 
     def no_copy_in_memory(state: Any) -> Any:
         raise AssertionError("a local save must not serialise the whole state into memory")
 
     monkeypatch.setattr(state_mod, "serialise", no_copy_in_memory)
-    writes = {"n": 0}
-    write = uploads.LocalUpload._write
-
-    def flaky_write(self: Any, data: Any, *, held: bool) -> int:  # the disk fails once, midway
-        writes["n"] += 1
-        if writes["n"] == 3:
-            raise OSError(5, "Input/output error")
-        return write(self, data, held=held)
-
-    monkeypatch.setattr(uploads.LocalUpload, "_write", flaky_write)
     model, opt = tiny()
     train(model, opt)
     ckpt = Checkpointer(tmp_path, retry=RetryPolicy(attempts=2, base_delay_s=0.01))
-    future = ckpt.save(5, model=model, optimizer=opt, block=True)
+    repair = RepairOnRetry()
+    calls = logging.getLogger("costguard.checkpoint.calls")
+    calls.addHandler(repair)
+    try:
+        with files_cut_at(8 * 2**10):
+            future = ckpt.save(5, model=model, optimizer=opt, block=True)
+    finally:
+        calls.removeHandler(repair)
     assert future is not None
     result = future.result()
     assert result.ok, result.error
+    assert len(repair.retries) == 1, repair.retries  # the first attempt failed
+    assert "File too large" in repair.retries[0]
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert not [f for f in files if ".tmp-" in f]  # the failed attempt's file is gone
     (manifest_file,) = tmp_path.rglob(MANIFEST_FILE)
     manifest = parse_manifest(manifest_file.read_bytes(), manifest_file.parent.name)
     (entry,) = manifest.objects
     data = (manifest_file.parent / entry.name).read_bytes()
+    assert entry.size_bytes > 8 * 2**10  # past the cut: written whole the second time
     assert (len(data), hashlib.sha256(data).hexdigest()) == (entry.size_bytes, entry.sha256)
     fresh, fresh_opt = tiny()
     assert Checkpointer(tmp_path).restore(model=fresh, optimizer=fresh_opt) == manifest.step
     assert torch.equal(fresh.weight, model.weight)
 
     # A disk that keeps failing: the report names the disk's error, not torch.save's.
-    def broken(self: Any, data: Any, *, held: bool) -> int:
-        raise OSError(5, "Input/output error")
-
-    monkeypatch.setattr(uploads.LocalUpload, "_write", broken)
-    failed = ckpt.save(6, model=model, optimizer=opt, block=True)
+    with files_cut_at(8 * 2**10):
+        failed = ckpt.save(6, model=model, optimizer=opt, block=True)
     assert failed is not None
     assert not failed.result().ok
-    assert "Input/output error" in str(failed.result().error)
+    assert "File too large" in str(failed.result().error)
     assert "unexpected pos" not in str(failed.result().error)
     ckpt.close()
 

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
-from costguard.checkpoint import Checkpointer, RetryPolicy, uploads
+from costguard.checkpoint import Checkpointer, RetryPolicy
 from costguard.checkpoint.store import Store, StoreError
+from costguard.checkpoint.uploads import PartLimits
 from tests.helpers.faults import Faults, fault_proxy, train
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
@@ -206,13 +207,11 @@ def test_a_store_that_keeps_failing_is_reported_and_loses_nothing(
 
 
 @pytest.mark.slow
-def test_a_large_object_goes_up_in_blocks_retried_and_never_half_visible(
-    flaky: Flaky, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(uploads, "PART_BYTES", 5 * 2**20)  # several blocks, quickly
+def test_a_large_object_goes_up_in_blocks_retried_and_never_half_visible(flaky: Flaky) -> None:
     if flaky.url.startswith("az://"):  # the staged blocks and their commit, too
         flaky.faults.eligible = lambda method, path: method == "PUT" and "restype=" not in path
-    store = Store.open(flaky.url, flaky.options, retry=FAST)
+    # 5 MiB blocks: several, quickly.
+    store = Store.open(flaky.url, flaky.options, retry=FAST, parts=PartLimits(part_bytes=5 * 2**20))
     data = (bytes(range(251)) * (12 * 2**20 // 251 + 1))[: 12 * 2**20 + 7]
     throttle(flaky, 2)
     assert store.put_hashed("ckpt/state.pt", data) == hashlib.sha256(data).hexdigest()

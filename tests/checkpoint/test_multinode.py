@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from costguard.spot.launcher.local import rendezvous_port
 from tests.checkpoint.test_distributed import DDP_SCRIPT, TIMEOUT_S
-from tests.helpers.processes import free_port
 from tests.helpers.training import (
     READY,
     STEP,
@@ -107,7 +107,7 @@ class Node:
 
 
 def two_nodes(procs: int, url: str, out: Path, env: dict[str, str]) -> tuple[Node, Node]:
-    port = free_port()
+    port = rendezvous_port()
     run_id = f"cg{random.randrange(10**6)}"
     return tuple(Node(n, procs, port, run_id, url, out, env) for n in (0, 1))  # type: ignore[return-value]
 

@@ -1,7 +1,8 @@
 """S3 allows 10,000 parts of 5 MiB to 5 GiB and objects of 5 TiB: parts are sized from the
 object (or grow along a stream) so that no object needs more parts, and an object past
-the limit is refused before a byte is sent. The real uploads run with the limits lowered
-(moto takes any part number, so the fault proxy enforces the lowered one as S3 does)."""
+the limit is refused before a byte is sent. The real uploads run on stores given lower
+limits (``Store.open(parts=PartLimits(...))``; moto takes any part number, so the fault
+proxy enforces the lowered one as S3 does)."""
 
 from __future__ import annotations
 
@@ -11,16 +12,18 @@ from typing import Any
 
 import pytest
 
-from costguard.checkpoint import backends, uploads
+from costguard.checkpoint import backends
 from costguard.checkpoint.store import Store, StoreError
 from costguard.checkpoint.uploads import (
     MAX_OBJECT_BYTES,
     MAX_PART_BYTES,
     MAX_PARTS,
     PART_BYTES,
+    PartLimits,
     part_size,
     streamed_part_size,
 )
+from costguard.errors import InputError
 from tests.checkpoint.test_store_multipart import (
     BUCKET,
     FAST,
@@ -62,13 +65,15 @@ def test_a_stream_of_unknown_size_reaches_5_tib_within_10000_parts() -> None:
     assert sizes[0] == PART_BYTES  # small checkpoints keep small parts
 
 
+#: 4 parts at most, of 5 MiB at least: S3's limits scaled down to test objects.
+FOUR = PartLimits(part_bytes=5 * 2**20, max_parts=4)
+
+
 @pytest.fixture
 def four_parts(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
-    """S3 with 4 parts at most (the fault proxy refuses part 5, as S3 refuses 10,001),
-    parts of 5 MiB at least."""
+    """S3 that refuses part 5 (the fault proxy, as S3 refuses part 10,001), for stores
+    opened with :data:`FOUR`."""
     make_s3_bucket(aws_env, BUCKET)
-    monkeypatch.setattr(uploads, "PART_BYTES", 5 * 2**20)
-    monkeypatch.setattr(uploads, "MAX_PARTS", 4)
     faults = Faults(eligible=lambda method, path: True, max_part_number=4)
     with fault_proxy(aws_env, faults) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
@@ -83,7 +88,7 @@ def part_numbers(faults: Faults) -> list[int]:
 
 def test_a_put_larger_than_the_parts_allow_goes_up_in_larger_parts(four_parts: Faults) -> None:
     data = payload(33 * 2**20)  # 7 parts of 5 MiB: more than the 4 allowed
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=FOUR)
     assert store.put_hashed("ckpt/state.pt", data) == hashlib.sha256(data).hexdigest()
     assert store.get("ckpt/state.pt") == data
     assert sorted(part_numbers(four_parts)) == [1, 2, 3, 4]
@@ -91,7 +96,7 @@ def test_a_put_larger_than_the_parts_allow_goes_up_in_larger_parts(four_parts: F
 
 def test_a_stream_grows_its_parts_to_stay_within_the_limit(four_parts: Faults) -> None:
     data = payload(40 * 2**20)
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=FOUR)
     with store.upload("ckpt/stream.pt") as upload:
         for start in range(0, len(data), 2**20):
             upload.write(data[start : start + 2**20])
@@ -100,11 +105,9 @@ def test_a_stream_grows_its_parts_to_stay_within_the_limit(four_parts: Faults) -
     assert sorted(part_numbers(four_parts)) == [1, 2, 3, 4]  # 5, 10, 20, then 5 MiB
 
 
-def test_an_object_past_the_limit_is_refused_before_anything_is_sent(
-    four_parts: Faults, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(uploads, "MAX_OBJECT_BYTES", 12 * 2**20)
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+def test_an_object_past_the_limit_is_refused_before_anything_is_sent(four_parts: Faults) -> None:
+    limits = PartLimits(part_bytes=5 * 2**20, max_parts=4, max_object_bytes=12 * 2**20)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=limits)
     with pytest.raises(StoreError, match="TiB"):
         store.put_hashed("ckpt/big.pt", payload(13 * 2**20))
     assert four_parts.seen == []
@@ -126,9 +129,8 @@ def test_blocks_elsewhere_keep_within_the_backends_limits(
     """GCS and Azure write a large object in blocks too: past the object limit nothing is
     written; within it the blocks are sized from the object."""
     name = backends.backend_name(backend.url)
-    monkeypatch.setitem(backends.PART_LIMITS, name, (4, 12 * 2**20))
-    monkeypatch.setattr(uploads, "PART_BYTES", 2**20)
-    store = open_store(backend)
+    limits = PartLimits(part_bytes=2**20, max_parts=4, max_object_bytes=12 * 2**20)
+    store = open_store(backend, parts=limits)
     with pytest.raises(StoreError, match=name.upper()):
         store.put_hashed("ckpt/big.pt", payload(13 * 2**20))
     assert "ckpt/big.pt" not in store.listing()
@@ -143,3 +145,48 @@ def test_blocks_elsewhere_keep_within_the_backends_limits(
     monkeypatch.setattr(store.fs, "open", watching_open)
     assert store.put_hashed("ckpt/fits.pt", data) == hashlib.sha256(data).hexdigest()
     assert opened == [3 * 2**20]  # 11 MiB in 4 blocks at most
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"part_bytes": 1000}, "not a multiple of 256 KiB"),
+        ({"part_bytes": 0}, "above 0"),
+        ({"part_bytes": 6 * GiB}, "over the largest part"),
+        ({"max_parts": 0}, "above 0"),
+        ({"max_parts": 2.5}, "whole number"),
+        ({"max_object_bytes": -1}, "above 0"),
+        ({"max_parts": True}, "whole number"),
+    ],
+)
+def test_limits_that_cannot_be_are_refused_with_a_hint(given: dict[str, Any], says: str) -> None:
+    with pytest.raises(InputError, match=says) as refused:
+        PartLimits(**given)
+    assert refused.value.hint
+    assert refused.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("url", "given", "says"),
+    [
+        ("s3://b/run", {"part_bytes": 2**20}, "below S3's smallest part"),
+        ("s3://b/run", {"max_parts": 10_001}, "more than S3 allows"),
+        ("s3://b/run", {"max_parts": None}, "more than S3 allows"),
+        ("az://c/run", {"max_parts": 50_001}, "more than AZURE allows"),
+        ("gs://b/run", {"max_object_bytes": MAX_OBJECT_BYTES + 1}, "more than GCS allows"),
+    ],
+)
+def test_limits_above_the_backends_are_refused_before_the_store_is_reached(
+    url: str, given: dict[str, Any], says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing answers at this endpoint: the refusal comes before any call."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    with pytest.raises(InputError, match=says):
+        Store.open(url, parts=PartLimits(**given))
+
+
+def test_a_store_keeps_its_backends_limits_unless_given_lower_ones(tmp_path: Any) -> None:
+    assert Store.open(str(tmp_path)).parts.part_bytes == PART_BYTES
+    local = Store.open(str(tmp_path), parts=PartLimits(part_bytes=2**20))
+    assert local.child("task-1").parts == local.parts
+    assert local.parts.part_bytes == 2**20

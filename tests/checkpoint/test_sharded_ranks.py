@@ -53,6 +53,7 @@ from tests.helpers.training import (
     ranks_reference,
     reached,
 )
+from tests.helpers.waiting import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -202,20 +203,24 @@ def kill_trial(url: Path, env: dict[str, str], rng: random.Random, log: Path) ->
     assert proc.stdout is not None
     try:
         pids: dict[int, int] = {}
-        target, deadline = None, time.monotonic() + TIMEOUT_S
-        while time.monotonic() < deadline:
+        targets: list[int] = []
+
+        def rank_0_past_its_target() -> bool:
+            """One more line of the ranks' output (read as it comes, ``poll_s=0``)."""
+            assert proc.stdout is not None
             line = proc.stdout.readline()
             if not line:
-                break
+                raise AssertionError(f"the ranks ended: {log.read_text()[-4000:]}")
             pids.update({int(r): int(p) for r, p, _ in READY.findall(line)})
             starts = [int(s) for r, _, s in READY.findall(line) if r == "0"]
             if starts:  # rank 0's step after each save waits for the one before
-                target = starts[0] + rng.randint(3, 5)
+                targets[:] = [starts[0] + rng.randint(3, 5)]
             steps = [int(n) for r, n in STEP.findall(line) if r == "0"]
-            if target is not None and steps and steps[0] >= target:
-                break
+            return bool(targets and steps and steps[0] >= targets[0])
+
+        wait_for(rank_0_past_its_target, "rank 0 past its target step", timeout_s=TIMEOUT_S,
+                 poll_s=0)  # fmt: skip
         assert len(pids) == 4, f"the ranks did not start: {log.read_text()[-4000:]}"
-        assert target is not None
         victim = rng.randrange(4)
         time.sleep(rng.uniform(0.0, 1.0))  # saves take most of each step: most kills hit one
         os.kill(pids[victim], signal.SIGKILL)

@@ -28,6 +28,7 @@ from tests.helpers.waiting import wait_for
 
 FAST = RetryPolicy(attempts=4, base_delay_s=0.05, max_delay_s=0.2)
 PART = 5 * 2**20  # S3's smallest part: small test objects still come in several parts
+PARTS = uploads.PartLimits(part_bytes=PART)
 BUCKET = "parts"
 #: One retry layer in these tests, ours: botocore's own would resend each failed part.
 ONE_LAYER = {"config_kwargs": {"read_timeout": 30, "retries": {"max_attempts": 1}}}
@@ -50,9 +51,9 @@ def payload(size: int) -> bytes:
 
 @pytest.fixture
 def parts_proxy(aws_env: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Faults]:
-    """moto behind the fault proxy, with 5 MiB parts; faults apply to part uploads."""
+    """moto behind the fault proxy (for stores opened with :data:`PARTS`: 5 MiB parts);
+    faults apply to part uploads."""
     make_s3_bucket(aws_env, BUCKET)
-    monkeypatch.setattr(uploads, "PART_BYTES", PART)
     faults = Faults(eligible=is_part)
     with fault_proxy(aws_env, faults) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy)
@@ -75,7 +76,7 @@ def test_put_hashed_returns_the_sha256_on_every_backend(backend: Backend) -> Non
 def test_parts_go_up_concurrently_with_checksums(parts_proxy: Faults) -> None:
     parts_proxy.delay_s = 0.3  # long enough for the next parts to arrive meanwhile
     data = payload(6 * PART + 123)
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     digest = store.put_hashed("ckpt/state.pt", data)
     assert digest == hashlib.sha256(data).hexdigest()
     assert store.get("ckpt/state.pt") == data
@@ -134,7 +135,7 @@ def test_botocore_hashes_no_part_twice(scheme: str) -> None:
 def test_a_failed_part_is_resent_alone(parts_proxy: Faults) -> None:
     parts_proxy.fail_puts = 2
     data = payload(4 * PART)
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     store.put("ckpt/state.pt", data)
     assert store.get("ckpt/state.pt") == data
     assert parts_proxy.failed == 2
@@ -144,7 +145,7 @@ def test_a_failed_part_is_resent_alone(parts_proxy: Faults) -> None:
 
 @pytest.mark.slow
 def test_an_upload_that_fails_is_aborted_and_nothing_else_changes(parts_proxy: Faults) -> None:
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     store.put("old/state.pt", b"earlier checkpoint")
     parts_proxy.fail_puts = 10**6  # every part fails, every time
     with pytest.raises(StoreError, match=r"uploading part \d+ of new/state.pt"):
@@ -179,8 +180,7 @@ def test_stale_uploads_is_a_no_op_off_s3(tmp_path: Any) -> None:
 WRITER = """
 import sys
 from costguard.checkpoint import store, uploads
-uploads.PART_BYTES = 5 * 2**20
-s = store.Store.open("s3://parts/run")
+s = store.Store.open("s3://parts/run", parts=uploads.PartLimits(part_bytes=5 * 2**20))
 s.put("ckpt-000000000007-0000abcd/state.pt", bytes(40 * 2**20))
 print("finished")
 """
@@ -243,7 +243,7 @@ def test_torch_save_streams_into_the_store(backend: Backend) -> None:
 
 @pytest.mark.slow
 def test_parts_go_up_while_the_stream_is_still_written(parts_proxy: Faults) -> None:
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     data = payload(5 * PART)
     with store.upload("ckpt/state.pt") as upload:
         upload.write(data[: 2 * PART + 1])  # two full parts: they leave now
@@ -270,7 +270,7 @@ def test_a_long_stream_reuses_a_few_part_buffers(
         return await send(self, number, body, crc32)
 
     monkeypatch.setattr(uploads.S3Upload, "_send", recording)
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     data = payload(20 * PART + 4321)
     with store.upload("ckpt/state.pt") as upload:
         for start in range(0, len(data), 3 * 2**20 + 17):  # writes that straddle parts
@@ -284,7 +284,7 @@ def test_a_long_stream_reuses_a_few_part_buffers(
 
 @pytest.mark.slow
 def test_a_stream_that_fails_writes_nothing_and_aborts_its_upload(parts_proxy: Faults) -> None:
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     store.put("ckpt/state.pt", b"the previous one")
 
     def save_that_breaks() -> None:
@@ -304,7 +304,7 @@ def test_torch_save_into_parts_that_keep_failing_reports_the_store_error(
 ) -> None:
     import torch
 
-    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST)
+    store = Store.open(f"s3://{BUCKET}/run", ONE_LAYER, retry=FAST, parts=PARTS)
     parts_proxy.fail_puts = 10**6  # every part fails, every time
     # More parts than may be in flight: a write waits for a slot, then finds a part failed.
     parts = uploads.PARTS_IN_FLIGHT + 3

@@ -18,11 +18,13 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from costguard.checkpoint.store import Store
-from tests.helpers.processes import free_port, stop_process
+from costguard.checkpoint.uploads import PartLimits
+from tests.helpers.processes import server_port, stop_process
 from tests.helpers.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,8 +35,17 @@ AZURITE_KEY = (
 )
 
 
-def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
-    """Poll until something answers HTTP at ``url`` (any status), or fail."""
+def wait_for_http(
+    url: str, proc: subprocess.Popen[Any] | None = None, timeout_s: float = 30.0
+) -> None:
+    """Poll until something answers HTTP at ``url`` (any status), or fail; at once if
+    ``proc``, the server, has exited (it could not bind its port, say)."""
+
+    def alive() -> None:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(
+                f"the server for {url} exited ({proc.returncode}) before it answered"
+            )
 
     def answers() -> bool:
         try:
@@ -43,7 +54,10 @@ def wait_for_http(url: str, timeout_s: float = 30.0) -> None:
         except urllib.error.HTTPError:
             return True  # an answer all the same
 
-    wait_for(answers, f"a server at {url}", timeout_s=timeout_s, poll_s=0.2, ignoring=(OSError,))
+    wait_for(
+        answers, f"a server at {url}", timeout_s=timeout_s, poll_s=0.2, alive=alive,
+        ignoring=(OSError,),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +68,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             f"Azurite is not installed at {AZURITE_BIN}: "
             "npm install --prefix .ci-work/node azurite@3 (or set COSTGUARD_AZURITE_DIR)"
         )
-    port = free_port()
+    port = server_port()
     location = tmp_path_factory.mktemp("azurite")
     proc = subprocess.Popen(
         [
@@ -73,7 +87,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list")
+        wait_for_http(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list", proc)
         yield (
             "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
             f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
@@ -85,7 +99,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def gcs_emulator() -> Iterator[str]:
     """gcp-storage-emulator (in memory) with a bucket named ``ckpt-bucket``."""
-    port = free_port()
+    port = server_port()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -104,7 +118,7 @@ def gcs_emulator() -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b")
+        wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)
@@ -167,7 +181,8 @@ def backend(
     return Backend(name, f"gs://ckpt-bucket/run{time.monotonic_ns()}", env)
 
 
-def open_store(backend: Backend) -> Store:
-    """The backend's store, opened with COSTGUARD_STORAGE_OPTIONS as the CLI reads it."""
+def open_store(backend: Backend, parts: PartLimits | None = None) -> Store:
+    """The backend's store, opened with COSTGUARD_STORAGE_OPTIONS as the CLI reads it
+    (and the ``parts`` limits, if given)."""
     text = os.environ.get("COSTGUARD_STORAGE_OPTIONS")
-    return Store.open(backend.url, json.loads(text) if text else None)
+    return Store.open(backend.url, json.loads(text) if text else None, parts=parts)

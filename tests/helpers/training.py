@@ -238,7 +238,7 @@ def ranks_reference(
             env={**env, "COSTGUARD_CHECKPOINT_URL": str(folder / "ckpt")},
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=300,  # ranks.py ends hung ranks at 230 s, with their stacks
             check=False,
         )
         # gloo's teardown sometimes aborts a rank after the work is done and written (torch's

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import StreamLines
 from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import Followed, child_env, costguard_command
 
@@ -77,11 +77,23 @@ def test_a_script_that_ignores_the_notice_is_told_the_fix(
     url_env: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
     run = started(url_env, tmp_path / "out", "--done", "10", "--max", "30", "--on-term", "ignore")
-    # Apart: a signal sent while the same one is pending is delivered once.
-    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGINT, signal.SIGINT):
-        run.proc.send_signal(sig)
-        time.sleep(1)  # the second Ctrl-C stops it at once
-    assert run.finish() == 130
+    assert run.proc.stderr is not None
+    stderr = StreamLines(run.proc.stderr)
+    # Each signal once the one before has had its effect (a signal sent while the same
+    # one is pending is delivered once): the first SIGTERM reaches the script, which
+    # ignores it; the second makes costguard say so; the first Ctrl-C reaches the script
+    # as a relayed notice; the second stops it at once.
+    run.proc.send_signal(signal.SIGTERM)
+    run.read_until("TERM ignored".__eq__)
+    run.proc.send_signal(signal.SIGTERM)
+    stderr.wait_until("has not acted on the notice")
+    run.proc.send_signal(signal.SIGINT)
+    run.read_until("NOTICE".__eq__)
+    run.proc.send_signal(signal.SIGINT)
+    assert run.proc.wait(timeout=60) == 130
+    said_all = stderr.text()
+    run.finish()  # the rest of stdout; the pipes closed
+    run.err = said_all
     said = [t for t in run.stderr().splitlines() if "has not acted on the notice" in t]
     assert len(said) == 1, run.stderr()
     assert "transformers.PreemptionCallback()" in said[0]

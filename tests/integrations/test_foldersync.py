@@ -12,7 +12,6 @@ import os
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store
 from costguard.errors import StoreError
 from tests.helpers.stores import Backend, make_s3_bucket, open_store
+from tests.helpers.waiting import wait_for
 
 
 def safetensors(payload: bytes) -> bytes:
@@ -319,10 +319,10 @@ def test_the_sync_and_the_thread_that_sends_its_calls_are_nicer_than_the_trainer
         assert sync._thread is not None
         sync_tid = sync._thread.native_id
         assert sync_tid is not None
-        for _ in range(500):  # the sync thread lowers both as it starts; 5 s at most
-            if os.getpriority(os.PRIO_PROCESS, loop_tid) != before:
-                break
-            time.sleep(0.01)
+        wait_for(
+            lambda: os.getpriority(os.PRIO_PROCESS, loop_tid) != before,
+            "the sync thread to lower the store's event loop as it starts",
+        )
         expected = min(19, before + DEFAULT_SAVE_NICENESS)
         assert os.getpriority(os.PRIO_PROCESS, sync_tid) == expected
         assert os.getpriority(os.PRIO_PROCESS, loop_tid) == expected

@@ -475,7 +475,7 @@ def test_azure_reads_regions_side_by_side(catalog: Catalog) -> None:
 
     regions = ("eastus", "eastus2", "westus2")
     items = [
-        azure_item("Standard_NC12s_v3", region, str((Decimal("0.5") + n) / divide), spot=spot)
+        azure_item("Standard_NC4as_T4_v3", region, str((Decimal("0.5") + n) / divide), spot=spot)
         for n, region in enumerate(regions)
         for spot, divide in ((False, 1), (True, 5))
     ] * 3  # the same prices several times over: several pages per region
@@ -501,7 +501,7 @@ def test_azure_reads_regions_side_by_side(catalog: Catalog) -> None:
         server.close()
     for n, region in enumerate(regions):
         usd = Decimal("0.5") + n
-        assert price(fresh, catalog, region, "Standard_NC12s_v3") == {
+        assert price(fresh, catalog, region, "Standard_NC4as_T4_v3") == {
             Market.ON_DEMAND: usd,
             Market.SPOT: usd / 5,
         }

@@ -33,6 +33,7 @@ from costguard.pricing.refresh import cache
 from costguard.pricing.refresh.merge import MergedTables, TableMeta, merge_tables
 from costguard.pricing.tables import bundled_tables_dir, cache_tables_dir, load_catalog, load_tables
 from costguard.settings import Settings
+from tests.helpers.waiting import wait_for
 
 NOW = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=UTC)
 CATALOG = load_catalog()
@@ -390,6 +391,15 @@ def test_a_read_that_loses_its_version_reads_the_new_one(
     assert len(calls) == 2
 
 
+def blocked_on(lock: Path) -> int:
+    """How many requests for the flock of file ``lock`` the kernel holds waiting (the
+    ``->`` lines of /proc/locks)."""
+    inode = f":{lock.stat().st_ino} "
+    lines = Path("/proc/locks").read_text().splitlines()
+    return sum(1 for line in lines if " -> " in line and inode in line)
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="the kernel's lock table: Linux")
 def test_refreshes_take_turns(tmp_path: Path) -> None:
     target = tmp_path / "pricing"
     order: list[str] = []
@@ -404,8 +414,11 @@ def test_refreshes_take_turns(tmp_path: Path) -> None:
     other.start()
     with cache.locked(target):
         inside.set()
+        lock = target / cache.LOCK_FILE
+        wait_for(lambda: blocked_on(lock), "the second refresh waiting for the lock")
         with cache.locked(target):  # re-entrant in one thread: publish runs under it
-            time.sleep(0.05)
+            pass
+        assert blocked_on(lock) == 1, "the inner block let the lock go"
         order.append("first")
     other.join()
     assert order == ["first", "second"]

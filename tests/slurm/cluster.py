@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.helpers.waiting import WaitTimeoutError, wait_for
 
 
 @dataclass
@@ -40,15 +41,20 @@ class SlurmCluster:
 
     def update(self, job_id: str, setting: str, timeout_s: float = 20) -> None:
         """``scontrol update``, tried again while a requeued job is still completing."""
-        deadline = time.monotonic() + timeout_s
-        while True:
+        refusals: list[AssertionError] = []
+
+        def updated() -> bool:
             try:
                 self.run("scontrol", "update", f"JobId={job_id}", setting)
-                return
-            except AssertionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+            except AssertionError as refused:
+                refusals.append(refused)
+                return False
+            return True
+
+        try:
+            wait_for(updated, f"scontrol update {setting}", timeout_s=timeout_s, poll_s=0.5)
+        except WaitTimeoutError:
+            raise refusals[-1] from None
 
     def run_time_s(self, job_id: str) -> int:
         """How long the job has been running, in seconds (``RunTime``)."""

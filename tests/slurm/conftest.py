@@ -9,18 +9,19 @@ and the packages ``.ci/run`` installs; without them the run fails, it does not s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
 import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tests.helpers.processes import free_port
+from tests.helpers.processes import server_port
+from tests.helpers.waiting import WaitTimeoutError, wait_for
 from tests.slurm.cluster import SlurmCluster
 
 INSTALL_HINT = "apt-get install -y slurm-wlm munge (as .ci/run does)"
@@ -72,18 +73,27 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 """
 
 
-def _wait(predicate: object, what: str, cluster: SlurmCluster | None = None) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if callable(predicate) and predicate():
-                return
-        except (AssertionError, subprocess.TimeoutExpired):
-            pass
-        time.sleep(0.5)
-    pytest.fail(
-        f"the SLURM test cluster did not come up: {what}\n{cluster.logs() if cluster else ''}"
-    )
+def _wait(predicate: Callable[[], object], what: str, cluster: SlurmCluster) -> None:
+    """Wait for ``predicate()`` (a client that fails or hangs means "not yet"); a daemon
+    that ends meanwhile, or the bound, fails the run with the daemons' logs."""
+
+    def running() -> None:
+        started = zip(DAEMONS, cluster.processes, strict=False)  # munged first, then the others
+        ended = [name for name, proc in started if proc.poll() is not None]
+        if ended:
+            raise AssertionError(f"{', '.join(ended)} ended")
+
+    try:
+        wait_for(
+            predicate,
+            what,
+            timeout_s=START_TIMEOUT_S,
+            poll_s=0.5,
+            alive=running,
+            ignoring=(AssertionError, subprocess.TimeoutExpired),
+        )
+    except AssertionError as exc:
+        pytest.fail(f"the SLURM test cluster did not come up: {exc}\n{cluster.logs()}")
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -122,7 +132,7 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         os.chown(path, munge_user.pw_uid, munge_user.pw_gid)
     node = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
-    conf.write_text(_config(root, node, free_port(), free_port()))
+    conf.write_text(_config(root, node, server_port(), server_port()))
     env = {**os.environ, "SLURM_CONF": str(conf)}
     for name in list(env):
         if name.startswith(("SLURM_", "SBATCH_", "SQUEUE_", "SCONTROL_")) and name != "SLURM_CONF":
@@ -148,14 +158,14 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                 stderr=log,
             )
         )
-        _wait(lambda: (munge / "munge.socket").exists(), "munged made no socket", cluster)
+        _wait(lambda: (munge / "munge.socket").exists(), "munged's socket", cluster)
         for daemon, extra in (("slurmctld", ["-c"]), ("slurmd", ["-N", node])):
             cluster.processes.append(
                 subprocess.Popen([binaries[daemon], "-D", *extra], env=env, stdout=log, stderr=log)
             )
         _wait(
             lambda: cluster.run("sinfo", "-h", "-n", node, "-o", "%t").strip() == "idle",
-            "the node is not idle",
+            "the node to be idle",
             cluster,
         )
         yield cluster
@@ -169,8 +179,8 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                     check=False,
                     capture_output=True,
                 )
-                deadline = time.monotonic() + STOP_TIMEOUT_S
-                while time.monotonic() < deadline:
+
+                def queue_empty() -> bool:
                     queue = subprocess.run(
                         [binaries["squeue"], "-h"],
                         env=env,
@@ -179,9 +189,11 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
                         timeout=30,
                         check=False,
                     )
-                    if queue.returncode != 0 or not queue.stdout.strip():
-                        break
-                    time.sleep(0.5)
+                    return queue.returncode != 0 or not queue.stdout.strip()
+
+                # Best effort: the daemons are stopped next whatever the queue holds.
+                with contextlib.suppress(WaitTimeoutError):
+                    wait_for(queue_empty, "an empty queue", timeout_s=STOP_TIMEOUT_S, poll_s=0.5)
         finally:
             _stop(cluster.processes)
             log.close()

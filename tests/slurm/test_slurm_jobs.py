@@ -117,28 +117,37 @@ class Job:
         return steps[-1] if steps else -1
 
     def wait(self, done: Callable[[], bool], what: str, *, release: bool = True) -> None:
-        """Poll until ``done()``, releasing BeginTime holds of the requeued job on the way."""
-        held_since: float | None = None
-        while time.monotonic() < self.deadline:
+        """Poll until ``done()``, releasing BeginTime holds of the requeued job on the way;
+        within the job's deadline, and failed at once by a job that failed."""
+        held_since: list[float] = []
+
+        def step() -> bool:
             state, reason = self.cluster.job_state(self.id)
             event = f"{state} ({reason})"
             if not self.events or not self.events[-1].endswith(event):
                 self.events.append(f"{time.time():.1f} {event}")
-            held = release and state == "PENDING" and reason == "BeginTime"
-            if not held:
-                held_since = None
-            elif held_since is None:
-                held_since = time.monotonic()
-            elif time.monotonic() - held_since >= HOLD_S:
+            if not (release and state == "PENDING" and reason == "BeginTime"):
+                held_since.clear()
+            elif not held_since:
+                held_since.append(time.monotonic())
+            elif time.monotonic() - held_since[0] >= HOLD_S:
                 self.cluster.update(self.id, "StartTime=now")
                 self.released += 1
-                held_since = None
+                held_since.clear()
             if done():
-                return
+                return True
             if state in FAILED:
-                break
-            time.sleep(POLL_S)
-        pytest.fail(f"job {self.id} never {what}: {self.events}\n{self.log}\n{self.cluster.logs()}")
+                raise AssertionError(f"it ended {state}")
+            return False
+
+        try:
+            left_s = max(0.0, self.deadline - time.monotonic())
+            wait_for(step, what, timeout_s=left_s, poll_s=POLL_S)
+        except AssertionError as exc:
+            pytest.fail(
+                f"job {self.id} never {what} ({exc}): {self.events}\n{self.log}\n"
+                f"{self.cluster.logs()}"
+            )
 
     def state(self) -> str:
         return self.cluster.job_state(self.id)[0]

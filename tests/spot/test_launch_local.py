@@ -3,11 +3,13 @@ real notices over the simulator's IMDSv2, real SIGKILLs, and a controller killed
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,12 +23,18 @@ import pytest
 import torch
 
 from costguard.checkpoint.supervisor import record_exit
-from costguard.errors import InputError
+from costguard.errors import CostguardError, InputError
 from costguard.money import format_usd
 from costguard.plots import COST_COLOR, HEIGHT_PX, ON_DEMAND_COLOR, PREEMPTION_COLOR, WIDTH_PX
 from costguard.spot.job import ENV_JOB_ATTEMPT, ENV_JOB_ID, Simulation
 from costguard.spot.launcher.base import LaunchSpec, Market, Offer
-from costguard.spot.launcher.local import LocalLauncher, pid_alive
+from costguard.spot.launcher.local import (
+    EPHEMERAL_LOW,
+    RENDEZVOUS_LOW,
+    LocalLauncher,
+    pid_alive,
+    rendezvous_port,
+)
 from tests.cli.test_widths import read_screen
 from tests.helpers.output import WIDTHS, assert_commands_whole, assert_fits, read_png
 from tests.helpers.training import TRAIN_SCRIPT, SharedRuns, assert_bitwise_equal, train_reference
@@ -503,3 +511,40 @@ def test_a_logs_path_under_home_is_named_from_home(
     assert path == f"  ~/{(folder / 'attempt-1.log').relative_to(tmp_path)}"
     assert len(path) <= 80
     assert Path(path.strip().replace("~", str(tmp_path), 1)).read_text() == "step 1\n"
+
+
+@pytest.mark.parametrize("ranges", ["32768\t60999\n", "40000 60999\n", "", "not a range"])
+def test_a_gang_rendezvous_port_is_free_and_one_the_kernel_never_hands_out(
+    tmp_path: Path, ranges: str
+) -> None:
+    """The port is drawn below the kernel's range for port 0 and outgoing connections
+    (from /proc; 32768, Linux's default, when that cannot be read), so no other program
+    takes it before node 0's torchrun binds it; and it is free when drawn."""
+    ports_file = tmp_path / "ip_local_port_range"
+    ports_file.write_text(ranges)
+    low = int(ranges.split()[0]) if ranges[:1].isdigit() else EPHEMERAL_LOW
+    for _ in range(20):
+        port = rendezvous_port(ports_file)
+        assert RENDEZVOUS_LOW <= port < low
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free: binds
+
+
+def test_a_gang_rendezvous_port_is_never_one_in_use(tmp_path: Path) -> None:
+    """Every port of the range but one is taken (the smallest range drawn from: 1,024
+    ports): the one drawn is the free one, every time; with none free, costguard's own
+    error."""
+    ports_file = tmp_path / "ip_local_port_range"
+    ports_file.write_text(f"{RENDEZVOUS_LOW} 60999")
+    free = RENDEZVOUS_LOW + 512
+    with contextlib.ExitStack() as held:
+        for port in range(RENDEZVOUS_LOW, RENDEZVOUS_LOW + 1024):
+            if port == free:
+                continue
+            sock = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # already taken by someone else: as good
+                sock.bind(("127.0.0.1", port))
+        assert {rendezvous_port(ports_file) for _ in range(3)} == {free}
+        held.enter_context(socket.socket()).bind(("127.0.0.1", free))
+        with pytest.raises(CostguardError, match="no free loopback port between 10000"):
+            rendezvous_port(ports_file)

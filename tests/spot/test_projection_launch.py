@@ -21,6 +21,7 @@ from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError
 from costguard.spot.job import load_job
 from costguard.spot.projection import of_job
+from tests.helpers.waiting import wait_for
 
 STEADY = Path(__file__).parents[1] / "checkpoint" / "steady_script.py"
 TIMEOUT_S = 600
@@ -54,30 +55,37 @@ def test_projection_at_a_quarter_is_within_15_percent_of_the_final_cost(
     proc = subprocess.Popen(
         launch(ckpt, total, 0.025), env=spot_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    projected: Decimal | None = None
     try:
         store = Store.open(str(ckpt))
-        for _ in range(TIMEOUT_S * 10):  # bounded; ends once a quarter is reached
-            if proc.poll() is not None:
-                break
+
+        def projected_at_a_quarter() -> tuple[Decimal] | None:
             try:
                 pace = read_pace(store)
                 job = load_job(store)
             except CostguardError:
-                pace = None
-            if pace is not None and pace.steps_done >= total // 4:
-                assert pace.steps_done <= total // 2, "the quarter was read too late"
-                projection = of_job(job, pace, time.time())
-                assert projection is not None
-                projected = projection.projected_total_usd
-                break
-            time.sleep(0.1)
+                return None
+            if pace is None or pace.steps_done < total // 4:
+                return None
+            assert pace.steps_done <= total // 2, "the quarter was read too late"
+            projection = of_job(job, pace, time.time())
+            assert projection is not None
+            assert projection.projected_total_usd is not None
+            return (projection.projected_total_usd,)
+
+        def launching() -> None:
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                raise AssertionError(f"the launch ended first: {err[-3000:]!r}")
+
+        (projected,) = wait_for(
+            projected_at_a_quarter, "a quarter of the steps", timeout_s=TIMEOUT_S, poll_s=0.1,
+            alive=launching,
+        )  # fmt: skip
         out, err = proc.communicate(timeout=TIMEOUT_S)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    assert projected is not None
     final = Decimal(json.loads(out)["summary"]["cost_usd"])
     print(f"projected at 25%: {projected}, final: {final}")
     assert abs(projected - final) / final <= Decimal("0.15")

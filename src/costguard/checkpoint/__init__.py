@@ -12,10 +12,13 @@ agree on when to save and on which checkpoint to resume from
 from costguard.checkpoint.checkpointer import (
     EXIT_PREEMPTED,
     Checkpointer,
+    JobSettings,
     NoUsableCheckpointError,
     Preempted,
     RestoreError,
+    SavePolicy,
     SaveResult,
+    StoreSettings,
 )
 from costguard.checkpoint.export import export, load_state
 from costguard.checkpoint.schedule import Schedule, suggest_interval_s, young_daly_interval_s
@@ -26,14 +29,17 @@ from costguard.retry import RetryPolicy
 __all__ = [
     "EXIT_PREEMPTED",
     "Checkpointer",
+    "JobSettings",
     "NoUsableCheckpointError",
     "Preempted",
     "RestoreError",
     "ResumableLoader",
     "RetryPolicy",
+    "SavePolicy",
     "SaveResult",
     "Schedule",
     "StoreError",
+    "StoreSettings",
     "export",
     "load_state",
     "suggest_interval_s",

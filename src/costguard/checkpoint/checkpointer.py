@@ -34,17 +34,15 @@ restore uses, and what counts as corrupt or only unreadable, is
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 import secrets
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from concurrent.futures import Future
-from typing import Any, Literal
+from typing import Any, Unpack
 
 from costguard import contract
-from costguard.checkpoint import incremental as incremental_mod
 from costguard.checkpoint import sharded as sharded_mod
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.agreement import Decision, earliest, propose_sync
@@ -59,7 +57,6 @@ from costguard.checkpoint.distributed import (
 )
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
-    PARTIAL_GRACE_S,
     Manifest,
     checkpoint_name,
     parse_manifest,
@@ -83,16 +80,25 @@ from costguard.checkpoint.restoring import (
     fallback,
 )
 from costguard.checkpoint.saving import ENV_EVENTS_FILE, Saver, SaveResult
-from costguard.checkpoint.schedule import Schedule
+from costguard.checkpoint.settings import (
+    DEFAULT_KEEP_LAST,
+    DEFAULT_SAVE_NICENESS,
+    JobSettings,
+    Keywords,
+    SavePolicy,
+    StoreSettings,
+    assemble,
+    flatten,
+)
 from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.sharded import ShardedStateError
 from costguard.checkpoint.state import Stateful, TrainState
 from costguard.checkpoint.store import (
     ENV_STORAGE_OPTIONS,
-    RetryPolicy,
     Store,
     storage_options_from_env,
 )
+from costguard.checkpoint.writers import Order, Replicated, Sharded, Writer
 from costguard.errors import CostguardError, InputError
 from costguard.logs import get_logger
 from costguard.secrets import redact
@@ -102,12 +108,6 @@ logger = get_logger(__name__)
 #: Exit code after a notice-triggered save: EX_TEMPFAIL, "temporary failure, run me again".
 EXIT_PREEMPTED = contract.EXIT_PREEMPTED
 DEFAULT_URL = "checkpoints/"
-DEFAULT_KEEP_LAST = 3
-#: How much nicer (Linux) the background save thread is than training. It changes nothing
-#: on an idle machine (the save has a core of its own); when the cores are contended the
-#: training thread gets them first: steps/s during a save went from 0.39x to 0.77x of the
-#: steps/s without on a 2-core machine loaded by other work, while the save took longer.
-DEFAULT_SAVE_NICENESS = 10
 
 #: Environment variables ``costguard run`` sets for the script (see :meth:`from_env`).
 ENV_URL = contract.ENV_URL
@@ -119,15 +119,20 @@ ENV_START_FRESH = contract.ENV_START_FRESH
 #: Seconds an emergency save keeps in hand before the notice's deadline to say how it went.
 REPORT_MARGIN_S = 2.0
 __all__ = [
+    "DEFAULT_KEEP_LAST",
+    "DEFAULT_SAVE_NICENESS",
     "ENV_STORAGE_OPTIONS",
     "EXIT_PREEMPTED",
     "PAYLOAD",
     "Checkpointer",
+    "JobSettings",
     "NoUsableCheckpointError",
     "Preempted",
     "RestoreError",
+    "SavePolicy",
     "SaveResult",
     "ShardedStateError",
+    "StoreSettings",
 ]
 
 
@@ -171,6 +176,18 @@ class Checkpointer:
             ckpt.step(step, model=model, optimizer=opt, loader=loader)
         ckpt.close()
 
+    What it is told comes in three parts, each a checked value
+    (:mod:`~costguard.checkpoint.settings`): ``policy``, a :class:`SavePolicy` (when to
+    save and what to keep: ``every_steps``, ``every_minutes``, ``keep_last``,
+    ``when_busy``, ``sync_every``, ``incremental``, ``save_niceness``,
+    ``partial_grace_s``); ``storage``, a :class:`StoreSettings` (``storage_options``,
+    ``retry``, ``check``); and ``job``, a :class:`JobSettings` (``rank``, ``events_file``,
+    ``start_fresh``, ``total_steps``, ``pilot_steps``). Each field may be given as a
+    keyword instead (``Checkpointer(url, every_steps=100, keep_last=2)``), but not both
+    ways. ``notices`` is the board notices are posted to (one of its own by default);
+    ``exit_on_notice=False`` makes :meth:`step` return ``True`` after an emergency save
+    rather than raise :class:`Preempted`.
+
     ``when_busy`` says what a scheduled save does while the previous one is still
     uploading: ``"wait"`` for it, or ``"skip"`` this one. The store is checked for write
     access on construction (``check=True``), so a bad URL fails before training starts.
@@ -211,59 +228,37 @@ class Checkpointer:
         self,
         url: str | os.PathLike[str] = DEFAULT_URL,
         *,
-        every_steps: int | None = None,
-        every_minutes: float | None = None,
-        keep_last: int = DEFAULT_KEEP_LAST,
-        when_busy: Literal["wait", "skip"] = "wait",
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
+        policy: SavePolicy | None = None,
+        storage: StoreSettings | None = None,
+        job: JobSettings | None = None,
         notices: NoticeBoard | None = None,
         exit_on_notice: bool = True,
-        rank: int = 0,
-        sync_every: int | None = None,
-        save_niceness: int = DEFAULT_SAVE_NICENESS,
-        partial_grace_s: float = PARTIAL_GRACE_S,
-        events_file: str | None = None,
-        incremental: bool = True,
-        start_fresh: bool = False,
-        check: bool = True,
-        total_steps: int | None = None,
-        pilot_steps: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        **keywords: Unpack[Keywords],
     ) -> None:
-        if keep_last < 1:
-            msg = f"keep_last must be at least 1, not {keep_last}"
-            raise InputError(msg, hint="keep at least the newest checkpoint")
-        if when_busy not in ("wait", "skip"):
-            msg = f"when_busy must be 'wait' or 'skip', not {when_busy!r}"
-            raise InputError(msg)
-        for name, value in (("total_steps", total_steps), ("pilot_steps", pilot_steps)):
-            if value is not None and value < 1:
-                msg = f"{name} must be at least 1, not {value}"
-                raise InputError(msg, hint=f"or leave {name} unset")
-        if sync_every is not None and sync_every < 1:
-            msg = f"sync_every must be at least 1, not {sync_every}"
-            raise InputError(msg, hint="or leave it unset to agree about every 0.1 s")
-        self.schedule = Schedule(every_steps, every_minutes)
-        self.keep_last = keep_last
-        self.when_busy = when_busy
-        self.start_fresh = start_fresh
+        policy, storage, job = assemble(keywords, policy=policy, storage=storage, job=job)
+        #: When to save and what to keep; the store's settings; what the job says.
+        self.policy, self.storage, self.job = policy, storage, job
+        self.schedule = policy.schedule
+        self.keep_last = policy.keep_last
+        self.when_busy = policy.when_busy
+        self.start_fresh = job.start_fresh
         self.board = notices if notices is not None else NoticeBoard()
         self.exit_on_notice = exit_on_notice
-        self.rank = rank
-        self.store = Store.open(url, storage_options, retry=retry)
-        if check and rank == 0:
+        self.rank = job.rank or 0
+        self.store = Store.open(url, storage.storage_options, retry=storage.retry)
+        if storage.check and self.rank == 0:
             self.store.check_writable()
         self._clock = clock
         self._restorer = Restorer(self.store)
         self._saver = Saver(
             self.store,
             self._restorer,
-            keep_last=keep_last,
-            save_niceness=save_niceness,
-            partial_grace_s=partial_grace_s,
-            events_file=events_file,
-            incremental=incremental,
+            keep_last=policy.keep_last,
+            save_niceness=policy.save_niceness,
+            partial_grace_s=policy.partial_grace_s,
+            events_file=job.events_file,
+            incremental=policy.incremental,
         )
         self._last_steps_done = 0
         self._last_save_s = clock()
@@ -271,7 +266,7 @@ class Checkpointer:
         self._last_step: tuple[int, TrainState] | None = None
         self._cleanups: list[Callable[[], None]] = []
         self._closed = False
-        self.sync_every = sync_every
+        self.sync_every = policy.sync_every
         self._group: Group | None = None
         self._until_sync = 0
         self._sync_started_s = clock()
@@ -280,16 +275,20 @@ class Checkpointer:
         #: Whether the state is sharded (saved through DCP); known at the first use.
         self._sharded: bool | None = None
         #: A sharded state's frozen chunks, stored once in the pool (this rank's).
-        self._shard_pool = ShardPool(enabled=incremental)
-        #: The warm buffers a sharded save copies its state into (see sharded.stage).
-        self._shard_copier = state_mod.CpuCopier()
-        #: The process group a sharded save writes over (made at the first one).
-        self._save_group: Group | None = None
+        self._shard_pool = ShardPool(enabled=policy.incremental)
+        #: Who writes a save: rank 0 a replicated state; every rank a sharded one, by
+        #: the writer made when the state is first seen sharded (see :meth:`_writer`).
+        self._replicated = Replicated(self._saver)
+        self._sharded_writer: Sharded | None = None
         #: The manifest restored from, if any.
         self.restored: Manifest | None = None
         #: The training's pace between step() calls, and its records (rank 0's).
         self.pace_records = PaceRecorder(
-            self.store, self._saver, clock=clock, total_steps=total_steps, pilot_steps=pilot_steps
+            self.store,
+            self._saver,
+            clock=clock,
+            total_steps=job.total_steps,
+            pilot_steps=job.pilot_steps,
         )
         #: Whether this process has started a save from step(): the first is a set-up.
         self._saved_once = False
@@ -315,16 +314,18 @@ class Checkpointer:
     ) -> Checkpointer:
         """A Checkpointer configured by ``costguard run`` (or ``default`` and ``defaults``).
 
-        The environment wins over the arguments, which are defaults: ``costguard run
-        --checkpoint URL --every-steps N`` sets ``COSTGUARD_CHECKPOINT_URL`` and
-        ``COSTGUARD_CHECKPOINT_EVERY_STEPS``. With ``watch`` it also listens for notices:
-        SIGTERM and SIGUSR1, the pipe from ``costguard run`` (``COSTGUARD_NOTICE_FD``), or,
-        when not under ``costguard run``, this cloud's metadata service (none off-cloud).
+        The environment wins over the arguments, which are defaults (keywords, or the
+        parts ``policy=``, ``storage=``, ``job=``, whose unset fields the environment may
+        fill): ``costguard run --checkpoint URL --every-steps N`` sets
+        ``COSTGUARD_CHECKPOINT_URL`` and ``COSTGUARD_CHECKPOINT_EVERY_STEPS``. With
+        ``watch`` it also listens for notices: SIGTERM and SIGUSR1, the pipe from
+        ``costguard run`` (``COSTGUARD_NOTICE_FD``), or, when not under ``costguard
+        run``, this cloud's metadata service (none off-cloud).
         ``RANK`` (torchrun) makes non-zero ranks restore only until the process group is
         initialised; then the ranks act together.
         """
         env = os.environ if env is None else env
-        options = dict(defaults)
+        options = flatten(defaults)
         url = env.get(ENV_URL) or os.fspath(default)
         for key, name, kind in (
             ("total_steps", ENV_TOTAL_STEPS, int),
@@ -720,93 +721,46 @@ class Checkpointer:
     def _save(
         self, step: int, reason: str, parts: TrainState, *, block: bool = False, hurry: bool
     ) -> Future[SaveResult] | None:
-        """:meth:`save`; ``hurry`` when training waits for it (block, final, emergency):
-        it may then use a second core (see
+        """:meth:`save`, in either layout (:meth:`_writer`); ``hurry`` when training waits
+        for it (block, final, emergency): it may then use a second core (see
         :attr:`~costguard.checkpoint.incremental.Snapshot.hurry`)."""
         if self._closed:
             msg = "this Checkpointer is closed"
             raise RuntimeError(msg)
-        # Every rank of a sharded model gets here with its shards: all decide alike, at the
-        # first save (sharding does not change during a run).
-        if self._is_sharded(parts):
-            return self._save_sharded(step, reason, parts, block=block)
-        group = self._coordination()
-        ranks: list[Any] | None = None
-        if group is not None:
-            ranks = group.gather(state_mod.capture_rank(parts.loader))
-            if group.rank != 0:
-                self._last_steps_done = step + 1
-                self._last_save_s = self._clock()
-                return None
-        elif self.rank != 0:
-            return None
+        writer = self._writer(parts)
+        group = self._agreeing()
+        if group.world_size == 1 and self.rank != 0:
+            return None  # a worker whose process group is not up yet: it takes no part
         steps_done = step + 1
         self._last_steps_done = steps_done
         self._last_save_s = self._clock()
-        if self._saver.busy:
-            if self.when_busy == "skip" and reason == "schedule":
-                logger.info("costguard: skipped the save of step %d: one is in flight", steps_done)
-                return None
-            self._saver.wait()
-        started = time.perf_counter()
-        captured = state_mod.capture(steps_done, parts)
-        if ranks is not None:
-            captured["ranks"] = ranks
-        trainable = (
-            incremental_mod.trainable_storages(parts.model, parts.optimizer)
-            if self._saver.pool.enabled
-            else None
+        order = Order(
+            checkpoint_name(steps_done, secrets.token_hex(4)),
+            steps_done,
+            reason,
+            parts,
+            hurry=hurry,
+            skip_if_busy=self.when_busy == "skip" and reason == "schedule",
         )
-        snapshot = self._saver.snapshot(captured, trainable, hurry=hurry)
-        stall_s = time.perf_counter() - started
-        name = checkpoint_name(steps_done, secrets.token_hex(4))
-        future = self._saver.submit(snapshot, name, steps_done, parts.epoch, reason, stall_s)
-        if block:
-            self._saver.result(future)
-        return future
-
-    def _save_sharded(
-        self, step: int, reason: str, parts: TrainState, *, block: bool
-    ) -> Future[SaveResult] | None:
-        """:meth:`save` of a sharded state, on every rank together.
-
-        The state is staged on this thread (:func:`~costguard.checkpoint.sharded.stage`);
-        when it was copied, the shards are written on the background thread, over a
-        process group of the save's own (DCP's collectives never meet training's), and
-        training goes on; otherwise they are written here before training resumes. The
-        next save, on every rank, waits for this one first.
-        """
-        group = Group.current()
-        if group is None:  # pragma: no cover - detect() found a process group
-            msg = "no process group"
-            raise RuntimeError(msg)
-        steps_done = step + 1
-        self._last_steps_done = steps_done
-        self._last_save_s = self._clock()
-        self._saver.wait()  # the previous save, written (and on rank 0 retained)
-        if self._save_group is None:
-            self._save_group = group.side()
-        coordinator = group.rank == 0
-        staged = sharded_mod.stage(
-            parts, steps_done, reason, self._shard_pool, self._shard_copier, coordinator=coordinator
-        )
-        job = functools.partial(
-            sharded_mod.write,
-            self.store,
-            self._save_group,
-            checkpoint_name(steps_done, secrets.token_hex(4)),  # rank 0's counts
-            staged,
-            self._shard_pool,
-        )
-        future: Future[SaveResult] | None
-        if staged.copied:
-            future = self._saver.sharded(job, coordinator=coordinator)
-        else:
-            result, manifest = job()
-            future = self._saver.completed(result, manifest) if coordinator else None
+        future = writer.write(group, order)
         if block and future is not None:
-            future.result()  # retention too
-        return future if coordinator else None
+            self._saver.result(future)  # retention too
+        return future if self.rank == 0 else None
+
+    def _writer(self, parts: TrainState) -> Writer:
+        """Who writes this save: rank 0 a replicated state, every rank a sharded one.
+
+        Every rank of a sharded model gets here with its shards: all decide alike, at the
+        first save or restore given objects (sharding does not change during a run)."""
+        if not self._is_sharded(parts):
+            return self._replicated
+        if self._sharded_writer is None:
+            group = Group.current()
+            if group is None:  # pragma: no cover - detect() found a process group
+                msg = "no process group"
+                raise RuntimeError(msg)
+            self._sharded_writer = Sharded(self._saver, group, self._shard_pool)
+        return self._sharded_writer
 
     def _arm_deadline(self, notice: Notice) -> None:
         """From now on no store retry may outlive the notice (see :attr:`Store.deadline_unix`)."""

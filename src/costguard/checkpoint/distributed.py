@@ -143,6 +143,10 @@ class Alone:
         """This process's own decision, to be taken again at the next step."""
         return Decision(local.emergency, local.advisory, local.scheduled, next_sync=1)
 
+    def gather(self, value: Any) -> list[Any]:
+        """This process's ``value``, as the only rank's (this is rank 0)."""
+        return [value]
+
     def all_gather(self, value: Any) -> list[Any]:
         """This process's ``value``, as the only rank's."""
         return [value]

@@ -1,11 +1,16 @@
 """The background half of a save: serialise, checksum, upload, commit, then retention.
 
-The training thread only copies the state into warm CPU buffers (:meth:`Saver.snapshot`);
-one background thread (:meth:`Saver.submit`) writes the payload, writes the manifest
-last (the commit), then deletes what retention allows, which is only ever what
-:func:`~costguard.checkpoint.manifest.plan_retention` proves is no longer needed. A failed
-save is reported (logged, in :attr:`Saver.results`, in the events file of ``costguard
-run``), never raised into training, and never touches an earlier checkpoint.
+A save is written in one of two layouts (:mod:`~costguard.checkpoint.writers` picks one
+per run): replicated, one payload that rank 0 writes (:meth:`Saver.replicated`, from the
+copy the training thread made into warm CPU buffers, :meth:`Saver.snapshot`), or sharded,
+every rank's shards through DCP (:func:`~costguard.checkpoint.sharded.write`). Either way
+the objects are written first and the manifest last (:func:`commit`, one for both), on
+the one background thread of :meth:`Saver.submit`, which then finishes every save alike:
+it deletes what retention allows, which is only ever what
+:func:`~costguard.checkpoint.manifest.plan_retention` proves is no longer needed, logs,
+and records the result. A failed save is reported (logged, in :attr:`Saver.results`, in
+the events file of ``costguard run``), never raised into training, and never touches an
+earlier checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from contextlib import ExitStack
@@ -28,6 +33,7 @@ from costguard._version import __version__
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.incremental import Pool, Snapshot
 from costguard.checkpoint.manifest import (
+    FORMAT_VERSION,
     PARTIAL_GRACE_S,
     Manifest,
     ObjectEntry,
@@ -71,6 +77,44 @@ class SaveResult:
     #: Bytes written to the store by this save (less than ``size_bytes`` when it refers
     #: to pool objects an earlier save stored: an incremental save).
     uploaded_bytes: int = 0
+
+
+#: What writing one save gives: its result, and the manifest it committed (``None``: it
+#: failed, and the result says why).
+Written = tuple[SaveResult, Manifest | None]
+
+
+def commit(
+    store: Store,
+    name: str,
+    steps_done: int,
+    objects: tuple[ObjectEntry, ...],
+    *,
+    epoch: int | None,
+    reason: str,
+    format_version: int = FORMAT_VERSION,
+    extra: Mapping[str, Any] | None = None,
+) -> Manifest:
+    """The commit of checkpoint ``name``, the same for every layout: its manifest, listing
+    ``objects`` (each already durable), written last. Only now does the checkpoint exist
+    for restore and retention; a save cut off before it leaves a partial folder.
+
+    ``format_version`` and ``extra`` say the layout (a sharded one's, see
+    :mod:`~costguard.checkpoint.sharded`).
+    """
+    manifest = Manifest(
+        name=name,
+        step=steps_done,
+        created_unix=time.time(),
+        objects=objects,
+        epoch=epoch,
+        library_version=__version__,
+        format_version=format_version,
+        reason=reason,
+        extra=dict(extra or {}),
+    )
+    store.put(manifest.manifest_path, manifest.to_json().encode())
+    return manifest
 
 
 #: How often a thread waiting for a save redraws its progress line.
@@ -188,18 +232,33 @@ class Saver:
         return snapshot
 
     def submit(
-        self,
-        snapshot: Snapshot,
-        name: str,
-        steps_done: int,
-        epoch: int | None,
-        reason: str,
-        stall_s: float,
+        self, write: Callable[[], Written], *, coordinator: bool = True, here: bool = False
     ) -> Future[SaveResult]:
-        """Write ``snapshot`` as checkpoint ``name`` in the background."""
-        future = self._executor.submit(
-            self._write, snapshot, name, steps_done, epoch, reason, stall_s
-        )
+        """Run one save's ``write`` (its layout's objects and commit: :meth:`replicated`,
+        or every rank's part of a sharded save), then finish it as every save is finished:
+        on the ``coordinator`` (the rank that commits) the commit is remembered, retention
+        runs, and the outcome is logged and recorded (:meth:`_finished`).
+
+        The write runs on the background thread, or ``here`` (on the caller's thread,
+        which waits for it: a sharded state that was not copied); what follows the commit
+        always runs on the background thread. The save's future resolves to its result.
+        """
+
+        def committed() -> Written:
+            result, manifest = write()
+            if coordinator and manifest is not None:
+                self.restorer.remember(manifest)
+                self.saved_steps_done = result.step
+            return result, manifest
+
+        def finished(written: Written) -> SaveResult:
+            return self._finished(*written) if coordinator else written[0]
+
+        if here:
+            written = committed()
+            future = self._executor.submit(finished, written)
+        else:
+            future = self._executor.submit(lambda: finished(committed()))
         self._inflight = future
         return future
 
@@ -207,59 +266,32 @@ class Saver:
         """Run ``work`` on the background thread after what was queued before it."""
         return self._executor.submit(work)
 
-    def completed(self, result: SaveResult, manifest: Manifest | None) -> Future[SaveResult]:
-        """A save written on the caller's thread (a sharded save): recorded as if written
-        here; retention, as after any commit, runs on the background thread."""
-        self._committed(result, manifest)
-        future = self._executor.submit(self._retained, result, manifest)
-        self._inflight = future
-        return future
-
-    def sharded(
-        self, job: Callable[[], tuple[SaveResult, Manifest | None]], *, coordinator: bool
-    ) -> Future[SaveResult]:
-        """Run a sharded save's ``job`` (every rank's part of it) on the background thread;
-        on the coordinator it is recorded, and followed by retention, as any save."""
-
-        def run() -> SaveResult:
-            result, manifest = job()
-            if not coordinator:
-                return result
-            self._committed(result, manifest)
-            return self._retained(result, manifest)
-
-        future = self._executor.submit(run)
-        self._inflight = future
-        return future
-
-    def _committed(self, result: SaveResult, manifest: Manifest | None) -> None:
-        if manifest is not None:
-            self.restorer.remember(manifest)
-            self.saved_steps_done = result.step
-
-    def _retained(self, result: SaveResult, manifest: Manifest | None) -> SaveResult:
-        """After a sharded save: retention, the log line, the record."""
-        done = result
-        if manifest is not None:
-            done = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
-            logger.info(
-                "costguard: saved step %d as %s (%s, %.1f s)",
-                done.step,
-                done.name,
-                human_size(done.size_bytes),
-                done.save_s,
-            )
-        else:
+    def _finished(self, result: SaveResult, manifest: Manifest | None) -> SaveResult:
+        """After a save of either layout, on the background thread: retention (after a
+        commit only), the log line, the record."""
+        if manifest is None:
             logger.error(
                 "costguard: the save of step %d failed; training goes on and the previous "
                 "checkpoints are intact: %s",
-                done.step,
-                done.error,
+                result.step,
+                result.error,
             )
+            self._record(result)
+            return result
+        # A newer checkpoint is committed: now, and only now, retention may count.
+        done = replace(result, deleted=self.retain(count=True, protect=(manifest.name,)))
+        logger.info(
+            "costguard: saved step %d as %s (%s, %s written, %.1f s)",
+            done.step,
+            done.name,
+            human_size(done.size_bytes),
+            human_size(done.uploaded_bytes),
+            done.save_s,
+        )
         self._record(done)
         return done
 
-    def _write(
+    def replicated(
         self,
         snapshot: Snapshot,
         name: str,
@@ -267,7 +299,11 @@ class Saver:
         epoch: int | None,
         reason: str,
         stall_s: float,
-    ) -> SaveResult:
+    ) -> Written:
+        """Write ``snapshot`` (:meth:`snapshot`) as checkpoint ``name``, the replicated
+        layout: its changed frozen tensors to the pool, the rest as one payload
+        (:data:`~costguard.checkpoint.restoring.PAYLOAD`), then the commit (:func:`commit`).
+        For :meth:`submit`; errors are reported in the result, never raised."""
         started = time.perf_counter()
         try:
             snapshot.released.clear()
@@ -279,42 +315,17 @@ class Saver:
                 )
             finally:
                 self.writing = None
-            uploaded = size + snapshot.uploaded_bytes
             snapshot.state = None  # the CPU buffers stay with the copier for the next save
-            manifest = Manifest(
-                name=name,
-                step=steps_done,
-                created_unix=time.time(),
-                objects=(ObjectEntry(PAYLOAD, size, digest), *pooled),
-                epoch=epoch,
-                library_version=__version__,
-                reason=reason,
-            )
-            # The commit: only now does the checkpoint exist for restore and retention.
-            self.store.put(manifest.manifest_path, manifest.to_json().encode())
-            self.restorer.remember(manifest)
+            objects = (ObjectEntry(PAYLOAD, size, digest), *pooled)
+            manifest = commit(self.store, name, steps_done, objects, epoch=epoch, reason=reason)
             self.pool.committed(snapshot)
-            self.saved_steps_done = steps_done
         except Exception as exc:
-            result = SaveResult(
-                name,
-                steps_done,
-                reason,
-                ok=False,
-                stall_s=stall_s,
-                save_s=time.perf_counter() - started,
-                error=f"{type(exc).__name__}: {redact(str(exc))[:500]}",
+            error = f"{type(exc).__name__}: {redact(str(exc))[:500]}"
+            save_s = time.perf_counter() - started
+            failed = SaveResult(
+                name, steps_done, reason, ok=False, stall_s=stall_s, save_s=save_s, error=error
             )
-            logger.error(
-                "costguard: the save of step %d failed; training goes on and the previous "
-                "checkpoints are intact: %s",
-                steps_done,
-                result.error,
-            )
-            self._record(result)
-            return result
-        # A newer checkpoint is committed: now, and only now, retention may count.
-        deleted = self.retain(count=True, protect=(name,))
+            return failed, None
         result = SaveResult(
             name,
             steps_done,
@@ -323,19 +334,9 @@ class Saver:
             size_bytes=manifest.size_bytes,
             stall_s=stall_s,
             save_s=time.perf_counter() - started,
-            deleted=deleted,
-            uploaded_bytes=uploaded,
+            uploaded_bytes=size + snapshot.uploaded_bytes,
         )
-        logger.info(
-            "costguard: saved step %d as %s (%s, %s written, %.1f s)",
-            steps_done,
-            name,
-            human_size(manifest.size_bytes),
-            human_size(uploaded),
-            result.save_s,
-        )
-        self._record(result)
-        return result
+        return result, manifest
 
     def _write_payload(self, snapshot: Any, path: str, *, hash_aside: bool) -> tuple[int, str]:
         """Serialise ``snapshot`` to ``path``; its size and sha256, hashed in the same pass.

@@ -52,7 +52,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from costguard._version import __version__
 from costguard.checkpoint import state as state_mod
 from costguard.checkpoint.dcp_storage import (
     METADATA,
@@ -73,7 +72,7 @@ from costguard.checkpoint.manifest import (
     restore_order,
 )
 from costguard.checkpoint.restoring import MISFIT, Restorer, Skipped
-from costguard.checkpoint.saving import SaveResult
+from costguard.checkpoint.saving import SaveResult, Written, commit
 from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.state import TrainState
 from costguard.checkpoint.store import Store
@@ -339,9 +338,7 @@ def stage(
     return staged
 
 
-def write(
-    store: Store, group: Group, name: str, staged: Staged, pool: ShardPool
-) -> tuple[SaveResult, Manifest | None]:
+def write(store: Store, group: Group, name: str, staged: Staged, pool: ShardPool) -> Written:
     """Write the save :func:`stage` took as checkpoint ``name`` (rank 0's name counts);
     every rank calls it, on ``group``, on the save thread when the state was copied.
 
@@ -388,22 +385,20 @@ def write(
             error = error or _describe(exc)
     manifest = None
     if group.rank == 0 and error is None:
-        manifest = Manifest(
-            name=name,
-            step=staged.steps_done,
-            created_unix=time.time(),
-            objects=tuple(sorted([*objects, *writer.objects])),
-            epoch=staged.epoch,
-            library_version=__version__,
-            format_version=SHARDED_FORMAT_VERSION,
-            reason=staged.reason,
-            extra={"layout": "dcp", "world_size": group.world_size},
-        )
         try:
             # The commit: every rank's objects are durable (DCP gathered their results).
-            store.put(manifest.manifest_path, manifest.to_json().encode())
+            manifest = commit(
+                store,
+                name,
+                staged.steps_done,
+                tuple(sorted([*objects, *writer.objects])),
+                epoch=staged.epoch,
+                reason=staged.reason,
+                format_version=SHARDED_FORMAT_VERSION,
+                extra={"layout": "dcp", "world_size": group.world_size},
+            )
         except Exception as exc:
-            error, manifest = _describe(exc), None
+            error = _describe(exc)
     error = group.broadcast(error)
     pool.committed(error is None)
     written = group.gather(writer.written_bytes)

@@ -150,6 +150,21 @@ class Store(StoreCalls):
     #: Local folders :meth:`open` created, the deepest first (:meth:`remove_if_unused`).
     made_dirs: tuple[Path, ...] = ()
 
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        url: str,
+        *,
+        retry: RetryPolicy | None = None,
+        parts: uploads.PartLimits | None = None,
+    ) -> None:
+        super().__init__(fs, root, url, retry=retry)
+        own = uploads.PartLimits.of(self.backend)
+        #: How large objects are cut into parts: the backend's own limits, or the lower
+        #: ones given (:class:`~costguard.checkpoint.uploads.PartLimits`).
+        self.parts = own if parts is None else parts.within(own)
+
     @classmethod
     def open(
         cls,
@@ -158,13 +173,17 @@ class Store(StoreCalls):
         *,
         retry: RetryPolicy | None = None,
         create: bool = True,
+        parts: uploads.PartLimits | None = None,
     ) -> Store:
         """The store at ``url``; a plain path is a local folder (created if missing, with
-        ``create``; without it a missing folder is a :class:`StoreError`).
+        ``create``; without it a missing folder is a :class:`StoreError`). ``parts``:
+        limits on the parts of large objects lower than the backend's (see
+        :class:`~costguard.checkpoint.uploads.PartLimits`); by default its own.
 
         Raises :class:`InputError` for what looks like a URL but is not one
-        (:func:`~costguard.checkpoint.backends.check_url`), or a URL that carries credentials
-        (they belong in the environment, not in a URL that is logged and passed on), and
+        (:func:`~costguard.checkpoint.backends.check_url`), a URL that carries credentials
+        (they belong in the environment, not in a URL that is logged and passed on), or
+        part limits the backend does not allow, and
         :class:`~costguard.errors.MissingDependencyError` when its fsspec backend is not
         installed. Nothing touches the store before these checks.
         """
@@ -185,6 +204,8 @@ class Store(StoreCalls):
         if backends.PROTOCOLS[scheme] is not None and not text.split("://", 1)[1].split("/", 1)[0]:
             msg = f"the checkpoint URL {text[:200]!r} names no bucket or container"
             raise InputError(msg, hint=f"e.g. {scheme}://my-bucket/run1")
+        if parts is not None:
+            parts.within(uploads.PartLimits.of(backends.backend_name(text)))
         fs, root = open_filesystem(text, storage_options)
         backend = backends.PROTOCOLS[scheme]
         made: tuple[Path, ...] = ()
@@ -197,7 +218,7 @@ class Store(StoreCalls):
             elif not Path(root).is_dir():
                 msg = f"no checkpoint store at {text[:200]}: the folder does not exist"
                 raise StoreError(msg, hint="check the path (nothing was created)")
-        store = cls(fs, root, text, retry=retry)
+        store = cls(fs, root, text, retry=retry, parts=parts)
         store.made_dirs = made
         return store
 
@@ -219,7 +240,7 @@ class Store(StoreCalls):
             msg = f"{name!r} is not a folder name under {self.url}"
             raise InputError(msg, hint="one name, e.g. task-3")
         url = f"{self.url.rstrip('/')}/{name}"
-        return type(self)(self.fs, self.full(name), url, retry=self.retry)
+        return type(self)(self.fs, self.full(name), url, retry=self.retry, parts=self.parts)
 
     def put(self, path: str, data: bytes | memoryview) -> None:
         """Write one whole object; a reader sees the old object, or the complete new one."""
@@ -239,20 +260,20 @@ class Store(StoreCalls):
     def upload(self, path: str, *, hash_aside: bool = True) -> Iterator[uploads.Upload]:
         """Write one object from a stream: ``torch.save(state, upload)`` inside the block.
 
-        On S3 the bytes go up while they are produced: each full part is hashed (in a
-        worker thread, in order) and sent while the producer goes on, at most
-        ``PARTS_IN_FLIGHT`` parts held in memory. In a local folder they go straight into
-        a temporary file, hashed on the way, which is synced and renamed at the end: no
-        copy of the whole object is held in memory. Elsewhere they collect in memory and
-        are written at the end of the block. The object exists (complete) only once the block
-        has ended without an error; on an error nothing is written and a started multipart
-        upload is aborted. Afterwards ``upload.size`` and ``upload.sha256`` describe it.
-        ``hash_aside=False`` keeps a local write's hashing on the writing thread (see
-        :class:`~costguard.checkpoint.uploads.LocalUpload`).
+        On S3 the bytes go up while they are produced, in parts as :attr:`parts` says:
+        each full part is hashed (in a worker thread, in order) and sent while the producer
+        goes on, at most ``PARTS_IN_FLIGHT`` parts held in memory. In a local folder they
+        go straight into a temporary file, hashed on the way, which is synced and renamed
+        at the end: no copy of the whole object is held in memory. Elsewhere they collect
+        in memory and are written at the end of the block. The object exists (complete)
+        only once the block has ended without an error; on an error nothing is written
+        and a started multipart upload is aborted. Afterwards ``upload.size`` and
+        ``upload.sha256`` describe it. ``hash_aside=False`` keeps a local write's hashing
+        on the writing thread (see :class:`~costguard.checkpoint.uploads.LocalUpload`).
         """
         streamed: uploads.S3Upload | uploads.LocalUpload | None = None
         if self.is_s3:
-            streamed = uploads.S3Upload(self, path, hashlib.sha256())
+            streamed = uploads.S3Upload(self, path, hashlib.sha256(), limits=self.parts)
         elif self.is_local:
             streamed = self.translate(
                 f"writing {path}",
@@ -296,8 +317,8 @@ class Store(StoreCalls):
     def _put(self, path: str, data: bytes | memoryview, digest: Any) -> None:
         target = self.full(path)
         view = memoryview(data).cast("B")
-        if self.is_s3 and view.nbytes > uploads.PART_BYTES:
-            upload = uploads.S3Upload(self, path, digest, size=view.nbytes)
+        if self.is_s3 and view.nbytes > self.parts.part_bytes:
+            upload = uploads.S3Upload(self, path, digest, size=view.nbytes, limits=self.parts)
             try:
                 # No outer retry: every call of the upload retries on its own.
                 self.translate(f"writing {path}", lambda: upload.write(view))
@@ -310,7 +331,7 @@ class Store(StoreCalls):
             digest.update(view)
         if self.is_local:
             self.call(f"writing {path}", lambda: _write_local(target, view))
-        elif view.nbytes > uploads.PART_BYTES:
+        elif view.nbytes > self.parts.part_bytes:
             self.call(f"writing {path}", lambda: self._write_in_blocks(target, view))
         else:
             self.call(f"writing {path}", lambda: self.fs.pipe_file(target, bytes(view)))
@@ -318,8 +339,8 @@ class Store(StoreCalls):
     def _write_in_blocks(self, target: str, view: memoryview) -> None:
         """Write a large object through the backend's own chunked upload (GCS: a resumable
         upload; Azure: staged blocks committed at the end), a block at a time: at least
-        ``uploads.PART_BYTES``, larger where the backend's block count needs it
-        (``backends.PART_LIMITS``), and an error before any write past its object limit.
+        the store's part size, larger where its block count needs it (:attr:`parts`), and
+        an error before any write past its object limit.
 
         ``pipe_file`` wants one ``bytes``: a copy of the whole object made with the GIL
         held, which would stop the training thread for as long as it takes and double the
@@ -327,9 +348,7 @@ class Store(StoreCalls):
         upload completes; on an error the upload is cancelled where the backend can
         (gcsfs), and never completed.
         """
-        max_parts, max_object = backends.PART_LIMITS[self.backend]
-        block = uploads.part_size(view.nbytes, target, max_parts=max_parts,
-                                  max_object=max_object, backend=self.backend.upper())  # fmt: skip
+        block = uploads.part_size(view.nbytes, target, self.parts)
         file = self.fs.open(target, "wb", block_size=block)
         try:
             for start in range(0, view.nbytes, block):

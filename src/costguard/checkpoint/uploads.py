@@ -20,13 +20,14 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from costguard.checkpoint import memcopy
+from costguard.checkpoint import backends, memcopy
 from costguard.checkpoint.calls import StoreCalls
 from costguard.clouds import require
-from costguard.errors import StoreError
+from costguard.errors import InputError, StoreError
 from costguard.files import fsync_dir
 from costguard.logs import get_logger
 from costguard.secrets import redact
@@ -50,40 +51,126 @@ PART_WAIT_S = 900.0
 UPLOAD_GRACE_S = 900.0
 
 
-def part_size(size: int, path: str, *, max_parts: int | None = None,
-              max_object: int | None = None, backend: str = "S3") -> int:  # fmt: skip
-    """The part size for an object of ``size`` bytes: :data:`PART_BYTES`, or the smallest
-    whole number of MiB that keeps it within ``max_parts`` parts (default S3's
-    :data:`MAX_PARTS`; None: no limit). A :class:`StoreError` before any byte is sent when
-    the object is larger than the backend allows (default S3's :data:`MAX_OBJECT_BYTES`).
+#: The smallest part S3 takes (every part but the last); GCS wants chunks in 256 KiB steps.
+S3_MIN_PART_BYTES = 5 * 2**20
+PART_STEP_BYTES = 256 * 2**10
+
+
+@dataclass(frozen=True)
+class PartLimits:
+    """How a store cuts a large object into parts: parts of at least ``part_bytes`` (an
+    object larger than that goes up in parts), at most ``max_parts`` of them (None: no
+    limit) and objects of at most ``max_object_bytes``; ``backend`` names whose limits
+    they are in errors. The defaults are S3's (:meth:`of` gives each backend's).
+
+    A store takes lower limits than its backend's (an S3-compatible service with smaller
+    ones; a test that wants several parts of a small object), never higher ones:
+    :meth:`within`. Bad values are an :class:`InputError` here, before any store is used.
+
+    >>> PartLimits(part_bytes=5 * 2**20, max_parts=4).max_parts
+    4
+    >>> PartLimits(part_bytes=1000)
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: part_bytes=1000 is not a multiple of 256 KiB
+    """
+
+    part_bytes: int = PART_BYTES
+    max_parts: int | None = MAX_PARTS
+    max_object_bytes: int = MAX_OBJECT_BYTES
+    backend: str = "S3"
+
+    def __post_init__(self) -> None:
+        hint = "e.g. PartLimits(part_bytes=16 * 2**20, max_parts=10_000)"
+        for name in ("part_bytes", "max_parts", "max_object_bytes"):
+            value = getattr(self, name)
+            if value is None and name == "max_parts":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                msg = f"{name}={value!r} is not a whole number of bytes or parts above 0"
+                raise InputError(msg, hint=hint)
+        if self.part_bytes % PART_STEP_BYTES:
+            msg = f"part_bytes={self.part_bytes} is not a multiple of 256 KiB"
+            raise InputError(msg, hint=hint)
+        if self.part_bytes > MAX_PART_BYTES:
+            msg = f"part_bytes={self.part_bytes} is over the largest part, 5 GiB"
+            raise InputError(msg, hint=hint)
+
+    @classmethod
+    def of(cls, backend: str) -> PartLimits:
+        """The limits of a backend (``s3``, ``gcs``, ``azure``: ``backends.PART_LIMITS``);
+        a local folder has none but the defaults' part size.
+
+        >>> PartLimits.of("azure").max_parts, PartLimits.of("gcs").max_parts
+        (50000, None)
+        """
+        if backend not in backends.PART_LIMITS:
+            return cls(max_parts=None, backend=backend.upper())
+        max_parts, max_object = backends.PART_LIMITS[backend]
+        return cls(max_parts=max_parts, max_object_bytes=max_object, backend=backend.upper())
+
+    def within(self, own: PartLimits) -> PartLimits:
+        """These limits for the backend whose own limits are ``own``; an
+        :class:`InputError` where they ask for more than it allows (parts below S3's
+        5 MiB, more parts or a larger object than the backend takes).
+
+        >>> PartLimits(max_parts=20_000).within(PartLimits.of("s3"))
+        Traceback (most recent call last):
+        ...
+        costguard.errors.InputError: max_parts=20000 is more than S3 allows (10000)
+        """
+        hint = "lower limits than the backend's, or none (its own)"
+        if own.max_parts is not None and (self.max_parts is None or self.max_parts > own.max_parts):
+            msg = f"max_parts={self.max_parts} is more than {own.backend} allows ({own.max_parts})"
+            raise InputError(msg, hint=hint)
+        if self.max_object_bytes > own.max_object_bytes:
+            msg = (
+                f"max_object_bytes={self.max_object_bytes} is more than {own.backend} allows "
+                f"({own.max_object_bytes})"
+            )
+            raise InputError(msg, hint=hint)
+        if own.backend == "S3" and self.part_bytes < S3_MIN_PART_BYTES:
+            msg = f"part_bytes={self.part_bytes} is below S3's smallest part (5 MiB)"
+            raise InputError(msg, hint="part_bytes=5 * 2**20 or more")
+        return PartLimits(self.part_bytes, self.max_parts, self.max_object_bytes, own.backend)
+
+
+#: S3's limits, the default of :func:`part_size` and :func:`streamed_part_size`.
+S3_LIMITS = PartLimits()
+
+
+def part_size(size: int, path: str, limits: PartLimits = S3_LIMITS) -> int:
+    """The part size for an object of ``size`` bytes: ``limits.part_bytes``, or the
+    smallest whole number of MiB that keeps it within ``limits.max_parts`` parts. A
+    :class:`StoreError` before any byte is sent when the object is larger than the
+    limits allow (``max_object_bytes``).
 
     >>> part_size(100 * 2**20, "a"), part_size(208 * 10**9, "b") // 2**20
     (16777216, 20)
     """
-    parts = MAX_PARTS if max_parts is None else max_parts
-    largest = MAX_OBJECT_BYTES if max_object is None else max_object
-    if size > largest:
+    if size > limits.max_object_bytes:
         msg = (
-            f"{path} is {size / 2**40:.2f} TiB; {backend} stores objects of at most "
-            f"{largest / 2**40:.1f} TiB"
+            f"{path} is {size / 2**40:.2f} TiB; {limits.backend} stores objects of at most "
+            f"{limits.max_object_bytes / 2**40:.1f} TiB"
         )
         raise StoreError(msg, hint="save the state in several objects (a sharded save)")
-    if not parts:
-        return PART_BYTES
-    mib = -(-size // (parts * 2**20))  # ceiling
-    return max(PART_BYTES, mib * 2**20)
+    if not limits.max_parts:
+        return limits.part_bytes
+    mib = -(-size // (limits.max_parts * 2**20))  # ceiling
+    return max(limits.part_bytes, mib * 2**20)
 
 
-def streamed_part_size(number: int) -> int:
+def streamed_part_size(number: int, limits: PartLimits = S3_LIMITS) -> int:
     """The size of part ``number`` of an object whose size is not known in advance (a
-    stream): :data:`PART_BYTES`, doubled every tenth of :data:`MAX_PARTS` parts, at most
-    :data:`MAX_PART_BYTES`; 10,000 such parts hold about 12.9 TiB, more than S3's 5 TiB.
+    stream): ``limits.part_bytes``, doubled every tenth of ``limits.max_parts`` parts, at
+    most :data:`MAX_PART_BYTES`; 10,000 such parts of S3 hold about 12.9 TiB, more than
+    its 5 TiB.
 
     >>> [streamed_part_size(n) // 2**20 for n in (1, 1000, 1001, 2001, 9001)]
     [16, 16, 32, 64, 5120]
     """
-    doubling = (number - 1) // max(1, MAX_PARTS // 10)
-    return int(min(MAX_PART_BYTES, PART_BYTES * 2**doubling))
+    doubling = (number - 1) // max(1, (limits.max_parts or MAX_PARTS) // 10)
+    return int(min(MAX_PART_BYTES, limits.part_bytes * 2**doubling))
 
 
 class Upload:
@@ -240,11 +327,20 @@ class S3Upload(Upload):
     plain PUT.
     """
 
-    def __init__(self, store: StoreCalls, path: str, digest: Any, size: int | None = None) -> None:
+    def __init__(
+        self,
+        store: StoreCalls,
+        path: str,
+        digest: Any,
+        size: int | None = None,
+        *,
+        limits: PartLimits = S3_LIMITS,
+    ) -> None:
         super().__init__()
+        self.limits = limits
         #: The part size when the object's size is known (every part but the last),
         #: else each part's size follows :func:`streamed_part_size`.
-        self._fixed = part_size(size, path) if size is not None else None
+        self._fixed = part_size(size, path, limits) if size is not None else None
         self._total = 0
         self.store = store
         self.path = path
@@ -288,7 +384,7 @@ class S3Upload(Upload):
         return n
 
     def _take_buffer(self) -> None:
-        size = self._fixed or streamed_part_size(self._number + 1)
+        size = self._fixed or streamed_part_size(self._number + 1, self.limits)
         with self._lock:
             # Buffers of a smaller size (a stream's earlier parts) are let go.
             self._free = [b for b in self._free if len(b) == size]
@@ -334,10 +430,12 @@ class S3Upload(Upload):
         body = self._body()
         self._number += 1
         self._total += len(body)
-        if self._total > MAX_OBJECT_BYTES:  # a stream: its size shows only now
-            part_size(self._total, self.path)  # raises, naming S3's object limit
-        if self._number > MAX_PARTS:  # cannot happen with the sizes above: a last guard
-            msg = f"{self.path} needs more than S3's {MAX_PARTS} parts"
+        limits = self.limits
+        if self._total > limits.max_object_bytes:  # a stream: its size shows only now
+            part_size(self._total, self.path, limits)  # raises, naming the object limit
+        if limits.max_parts and self._number > limits.max_parts:  # the sizes above keep
+            # within the limit: a last guard
+            msg = f"{self.path} needs more than {limits.backend}'s {limits.max_parts} parts"
             raise StoreError(msg, hint="save the state in several objects (a sharded save)")
         # A full part's buffer is reused once it has been hashed and sent.
         done = self._returns(body, 2) if isinstance(body, bytearray) else None

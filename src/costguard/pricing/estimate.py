@@ -40,6 +40,7 @@ from costguard.pricing.catalog import (
     refresh_hint,
 )
 from costguard.pricing.gpus import gpu_model
+from costguard.pricing.retired import retired_carrying, retired_size
 
 #: Block storage per instance when the user gives none: a boot disk plus room for a
 #: container image, a dataset shard and a few checkpoints.
@@ -527,9 +528,18 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
             hint=refresh_hint(provider, names),
         )
     anywhere = _matching(request, catalog.instances, ignore_location=True, ignore_count=True)
+    asked = request.providers or tuple(
+        sorted({r.provider for r in catalog.regions if r.name in request.regions})
+    )
     if not anywhere:
         if request.instance_type:
             return _unknown_instance_type(request, catalog)
+        gone = retired_carrying(request.gpu or "", asked)
+        if gone:
+            return InputError(
+                f"{what} can no longer be launched: " + "; ".join(series.said() for series in gone),
+                hint=gone[-1].instead(),
+            )
         return InputError(
             f"no instance with {what} in the tables",
             hint="`costguard pricing gpus` lists the GPUs and where they are",
@@ -539,7 +549,9 @@ def _no_match(request: EstimateRequest, catalog: Catalog) -> InputError:
     if not located:
         places = sorted({f"{i.provider}:{i.region}" for i in anywhere})
         hint = f"it is offered in {_shorten(places)}"
-        return InputError(f"{what} is not offered in {where} (in the tables)", hint=hint)
+        gone = retired_carrying(request.gpu or "", asked) if asked else []
+        retired = ": " + "; ".join(series.said() for series in gone) if gone else ""
+        return InputError(f"{what} is not offered in {where} (in the tables){retired}", hint=hint)
     counts = sorted({i.accelerator_count for i in located})
     alternatives = " or ".join(str(c) for c in counts)
     suggestion = next((c for c in counts if c >= request.gpus_per_instance), counts[-1])
@@ -558,6 +570,19 @@ def _unknown_instance_type(request: EstimateRequest, catalog: Catalog) -> InputE
     import difflib  # on error paths only: not worth its import on every run
 
     assert request.instance_type is not None
+    gone = next(
+        (
+            found
+            for p in request.providers or (None,)
+            if (found := retired_size(p, request.instance_type))
+        ),
+        None,
+    )
+    if gone is not None:
+        return InputError(
+            f"{request.instance_type} can no longer be launched: {gone.said()}",
+            hint=gone.instead(),
+        )
     wanted = request.instance_type.lower()
     same_type = [i for i in catalog.instances if i.instance_type.lower() == wanted]
     if same_type and request.gpu:

@@ -49,6 +49,9 @@ MODELS: tuple[GpuModel, ...] = (
     GpuModel("P100", "NVIDIA", 16, ("p100",)),
     GpuModel("P4", "NVIDIA", 8, ("p4",)),
     GpuModel("M60", "NVIDIA", 8, ("m60",)),
+    # Retired everywhere the tables priced it (costguard.pricing.retired): known, so that
+    # `--gpu k80` says so rather than "unknown GPU".
+    GpuModel("K80", "NVIDIA", 12, ("k80", "tesla-k80")),
     GpuModel("Radeon Pro V520", "AMD", 8, ("v520", "radeon-pro-v520")),
     GpuModel("Radeon MI25", "AMD", 16, ("mi25", "radeon-mi25")),
     GpuModel("MI300X", "AMD", 192, ("mi300x", "instinct-mi300x", "amd-mi300x")),

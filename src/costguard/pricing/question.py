@@ -22,6 +22,7 @@ from costguard.pricing.advice import expand_regions, split_names
 from costguard.pricing.catalog import SLURM, Catalog, Market, Region, check_provider
 from costguard.pricing.estimate import DEFAULT_DISK_GB, Estimate, EstimateRequest, estimate
 from costguard.pricing.gpus import canonical_gpu, other_gpus_near
+from costguard.pricing.retired import retired_carrying
 
 if TYPE_CHECKING:
     from costguard.pricing.interruptions import Checkpointing
@@ -380,8 +381,30 @@ def answer(question: Question, catalog: Catalog) -> list[Estimate]:
     if question.data_url and not question.data_gb:
         extra.append("Give --data-gb (how much of the data the run reads) to price moving it")
     return [
-        r._replace(notes=(*extra, *_near_gpu_notes(question, r, catalog), *r.notes))
+        r._replace(
+            notes=(
+                *extra,
+                *_near_gpu_notes(question, r, catalog),
+                *_retired_notes(r, catalog),
+                *r.notes,
+            )
+        )
         for r in results
+    ]
+
+
+def _retired_notes(result: Estimate, catalog: Catalog) -> list[str]:
+    """A note for each retired series of the GPU asked for, of a provider asked for
+    (``--gpu v100``: Azure's V100 sizes are not in the answer because Azure retired them)."""
+    request = result.request
+    if request.gpu is None:
+        return []
+    asked = set(request.providers) or {
+        r.provider for r in catalog.regions if r.name in request.regions
+    }
+    return [
+        f"No {series.series} size is priced: {series.said()} ({series.instead()})"
+        for series in retired_carrying(request.gpu, asked)
     ]
 
 

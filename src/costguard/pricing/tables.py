@@ -13,6 +13,7 @@ versions) and what makes a row valid are both decided here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -39,6 +40,7 @@ from costguard.pricing.catalog import (
     TransferRate,
     check_provider,
 )
+from costguard.pricing.retired import retired_size
 
 if TYPE_CHECKING:
     from costguard.pricing.advisor import InterruptionRow
@@ -81,7 +83,7 @@ def load_catalog(
 
         kept = cache.read(parsed, directory)
         if kept is not None:
-            return Catalog(*kept, directory=directory, origin=origin)
+            return _without_retired(Catalog(*kept, directory=directory, origin=origin))
     index = _read_index(index_path)
     tables = {name: _table_info(name, index, directory) for name in REQUIRED_TABLES}
     instances = tuple(
@@ -102,7 +104,16 @@ def load_catalog(
         files = [index_path, *(info.path for info in tables.values())]
         parts = (catalog.instances, catalog.storage, catalog.transfer, catalog.regions, tables)
         cache.write(parsed, directory, files, parts)
-    return catalog
+    return _without_retired(catalog)
+
+
+def _without_retired(catalog: Catalog) -> Catalog:
+    """``catalog`` without the rows of sizes their provider has retired (a table written
+    before the retirement still has them): a size that cannot be launched is never priced."""
+    kept = tuple(i for i in catalog.instances if retired_size(i.provider, i.instance_type) is None)
+    if len(kept) == len(catalog.instances):
+        return catalog
+    return dataclasses.replace(catalog, instances=kept)
 
 
 def load_gpu_parts(directory: Path) -> tuple[GpuPart, ...]:

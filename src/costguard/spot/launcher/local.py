@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -115,11 +116,33 @@ class _Node:
     torchrun: tuple[str, ...] = ()
 
 
-def _free_port() -> int:
-    """A loopback port free now, for a gang's rendezvous (node 0's torchrun binds it)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+#: Where the kernel's range of ports for port 0 and outgoing connections starts when
+#: ``/proc`` does not say (Linux's default), and the lowest port a rendezvous takes.
+EPHEMERAL_LOW, RENDEZVOUS_LOW = 32768, 10000
+
+
+def rendezvous_port(ports_file: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """A loopback port free now for a gang's rendezvous, drawn at random below the
+    kernel's ephemeral range. Node 0's ``torchrun`` binds it seconds later, after importing
+    torch; a port the kernel hands out (``bind`` to port 0, an outgoing connection's own
+    port) could be taken by any program in between, and a stranger's store on it would
+    have the gang's nodes join that store and wait there for the rendezvous' 10 minutes."""
+    try:
+        low = int(ports_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = EPHEMERAL_LOW
+    size = max(low - RENDEZVOUS_LOW, 1024)
+    start = random.SystemRandom().randrange(size)
+    for step in range(size):  # from a random port on, round the range once
+        port = RENDEZVOUS_LOW + (start + step) % size
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use
+            return port
+    msg = f"no free loopback port between {RENDEZVOUS_LOW} and {low} for the rendezvous"
+    raise CostguardError(msg, hint="stop the programs holding those ports, then retry")
 
 
 def default_state_dir(env: Mapping[str, str]) -> Path:
@@ -290,7 +313,7 @@ class LocalLauncher(Launcher):
         if spec.nodes == 1:
             return (self.launch(offer, spec, attempt),)
         self.emulator.clear()
-        endpoint = f"127.0.0.1:{_free_port()}"
+        endpoint = f"127.0.0.1:{rendezvous_port()}"
         notice = self._notice(offer, attempt, spec.nodes)
         noticed = (attempt - 1) % spec.nodes
         handles: list[Handle] = []
