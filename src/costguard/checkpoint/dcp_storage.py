@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -249,7 +250,10 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
     if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
         msg = f"{manifest.object_path(entry)} does not match the manifest's size and sha256"
         raise ManifestError(msg)
-    state_mod.require_zip(data, METADATA)
+    try:
+        state_mod.require_zip(data, METADATA)
+    except ValueError as exc:  # verified bytes: a forged or foreign index
+        raise UnreadableError(str(exc)) from exc
     with torch.serialization.safe_globals(_safe_globals()):
         try:
             meta = torch.load(io.BytesIO(data), weights_only=True)
@@ -267,7 +271,34 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
     ):
         msg = f"{METADATA} is no index of costguard's sharded checkpoint"
         raise UnreadableError(msg)
+    for name, value in meta.state_dict_metadata.items():
+        if not _covered(value):
+            msg = f"{METADATA}: the chunks of {str(name)[:80]!r} do not make up its tensor"
+            raise UnreadableError(visible(msg))
     return meta
+
+
+def _covered(value: Any) -> bool:
+    """Whether a tensor's chunks in DCP's index lie within its size and add up to it (as
+    DCP's save checks: a whole load would otherwise leave the rest of a tensor unset)."""
+    size = getattr(value, "size", None)
+    chunks = getattr(value, "chunks", None)
+    if size is None or chunks is None:  # a value saved as bytes
+        return True
+    try:
+        total = 0
+        for chunk in chunks:
+            if len(chunk.offsets) != len(size) or len(chunk.sizes) != len(size):
+                return False
+            if any(
+                o < 0 or n < 0 or o + n > s
+                for o, n, s in zip(chunk.offsets, chunk.sizes, size, strict=True)
+            ):
+                return False
+            total += math.prod(chunk.sizes)
+        return total == math.prod(size)
+    except (TypeError, AttributeError):
+        return False
 
 
 def storage_reader(store: Store, manifest: Manifest) -> Any:
