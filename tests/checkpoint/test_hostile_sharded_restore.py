@@ -16,7 +16,9 @@ optimizer, scheduler, ``extra``, the RNG), or refuses with costguard's own error
 another exception, never code run, never a forged value left. One gloo rank in this
 process (the real FSDP2 and DCP paths); a 2-rank run through tests/helpers/ranks.py,
 where only one rank's share of a checkpoint is forged, checks that the ranks agree.
-Derandomized, a bounded number of examples.
+``load_state`` (``checkpoint export``), which assembles the whole state in one process,
+passes over every forgery that is no whole state. Derandomized, a bounded number of
+examples.
 """
 
 from __future__ import annotations
@@ -279,6 +281,7 @@ def restored(root: Path) -> tuple[int | None, tuple[Any, ...]]:
     return step, (full(model, opt), sched.state_dict(), dict(extra), torch.get_rng_state())
 
 
+@pytest.mark.slow
 @reproducible(25)
 @given(
     forged=st.lists(
