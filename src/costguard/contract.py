@@ -67,6 +67,10 @@ ENV_TOTAL_STEPS = "COSTGUARD_TOTAL_STEPS"
 ENV_PILOT_STEPS = "COSTGUARD_PILOT_STEPS"
 #: Where ``costguard run`` reads what the script reports (the trainers' integrations).
 ENV_EVENTS_FILE = "COSTGUARD_EVENTS_FILE"
+#: Two of its events: a script's notice watch is installed, and its process's code ended
+#: (whether it saw a notice; :class:`costguard.integrations.notices.Watch`).
+EVENT_WATCH = "watch"
+EVENT_WATCH_END = "watch-end"
 #: ``costguard run --fresh``: the script starts from step 0 whatever the store holds.
 ENV_START_FRESH = "COSTGUARD_CHECKPOINT_START_FRESH"
 #: The cloud whose metadata service ``costguard run`` polls for notices.

@@ -6,7 +6,11 @@ Each step's batch is drawn from a generator seeded by the step, so a resume is e
 Prints ``READY <step>`` and ``STEP <n>``; writes the final weights to ``--final``.
 ``--ema``: an EMA of the weights registered with ``register_for_checkpointing`` (saved
 after the mark, ``custom_checkpoint_0.pkl``); ``--die-in-custom N``: the process kills
-itself (SIGKILL) while that file of checkpoint_N is written.
+itself (SIGKILL) while that file of checkpoint_N is written. ``--teardown-s S``: after
+``DONE`` the script spends S seconds shutting down (``end_training``, then a wait, as a
+tracker's flush would). ``--on-notice break``: a notice ends the loop without a save (the
+script then finishes as if its work were done, exit 0); ``--on-notice none``: the script
+never calls ``notice()`` (SIGTERM ends it, as a loop without costguard's helper).
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--ema", action="store_true")
     parser.add_argument("--die-in-custom", type=int, default=0)
+    parser.add_argument("--teardown-s", type=float, default=0.0)
+    parser.add_argument("--on-notice", choices=["save", "break", "none"], default="save")
     options = parser.parse_args()
     out = Path(options.out)
     set_seed(0)
@@ -83,7 +89,9 @@ def main() -> None:
     ema = Ema(model, options.die_in_custom) if options.ema else None
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
-    notice()  # the first call turns SIGTERM into a notice
+    watching = options.on_notice != "none"
+    if watching:
+        notice()  # the first call turns SIGTERM into a notice
     start, folder = newest(out)
     if folder is not None:
         accelerator.load_state(str(folder))
@@ -99,13 +107,17 @@ def main() -> None:
             ema.update(step + 1)
         print(f"STEP {step + 1}", flush=True)
         time.sleep(options.sleep)
-        if notice() or (step + 1) % 10 == 0:
+        if options.on_notice == "break" and notice():
+            break
+        if (watching and notice()) or (step + 1) % 10 == 0:
             accelerator.save_state(str(out / f"checkpoint_{step + 1}"))
-            if notice():
+            if watching and notice():
                 raise SystemExit(EXIT_PREEMPTED)
     state = accelerator.unwrap_model(model).state_dict()
     torch.save({k: v.clone() for k, v in state.items()}, options.final)
     print("DONE", flush=True)
+    accelerator.end_training()
+    time.sleep(options.teardown_s)
 
 
 if __name__ == "__main__":

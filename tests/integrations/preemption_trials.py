@@ -9,7 +9,7 @@ without costguard.
 
 ``python -m tests.integrations.preemption_trials TRAINER TRIALS SEED [URL]`` (TRAINER:
 hf, accelerate or lightning; URL: a store, by default a local folder) prints one JSON line
-per trial; ``tests/integrations/test_preemption_trials.py`` runs one."""
+per trial; ``tests/integrations/test_preemption_trials.py`` runs them in the suite."""
 
 from __future__ import annotations
 
@@ -29,12 +29,9 @@ from tests.helpers.training import Followed, child_env, costguard_command
 TRIALS_DIR = Path(__file__).with_name("trials")
 SCRIPTS = {"hf": "hf_trial.py", "accelerate": "accelerate_trial.py",
            "lightning": "lightning_trial.py"}  # fmt: skip
-#: Each script's last step: resumed there, it has no training left for a notice to cut
-#: short (an Accelerate loop's end is not known to costguard: a notice in its teardown
-#: makes the exit 75, and a relaunch finds the same end).
-LAST = {"hf": 30, "accelerate": 40, "lightning": 36}
 #: The notice comes this many seconds after the script says it is ready, at most (its
-#: steps take about 0.1 s each; imports before it are not counted).
+#: steps take about 0.1 s each; imports before it are not counted). An attempt resumed at
+#: the last step gets one too: it lands in the script's teardown, or after it ended.
 MOST_DELAY_S = 3.0
 MOST_ATTEMPTS = 12
 TIMEOUT_S = 600
@@ -60,16 +57,25 @@ def reference(trainer: str, folder: Path, env: dict[str, str]) -> Path:
 
 
 def trial(
-    trainer: str, url: str, folder: Path, env: dict[str, str], rng: random.Random
+    trainer: str,
+    url: str,
+    folder: Path,
+    env: dict[str, str],
+    rng: random.Random,
+    *,
+    most_notices: int = MOST_ATTEMPTS,
+    most_delay_s: float = MOST_DELAY_S,
 ) -> dict[str, Any]:
-    """One trial: attempts until the script finishes; what each did, and any problem."""
+    """One trial: attempts until the script finishes, the first ``most_notices`` of them
+    each sent a notice at a random moment up to ``most_delay_s`` after the script is
+    ready; what each did, and any problem."""
     out, final = folder / "out", folder / "final.pt"
     script = str(TRIALS_DIR / SCRIPTS[trainer])
     command = [*costguard_command(), "run", "--checkpoint", url, "--sync-dir", str(out), "--",
                sys.executable, script, str(out), str(final)]  # fmt: skip
     record: dict[str, Any] = {"trainer": trainer, "ready": [], "codes": [], "delays": [],
                               "problems": []}  # fmt: skip
-    for _ in range(MOST_ATTEMPTS):
+    for number in range(MOST_ATTEMPTS):
         shutil.rmtree(out, ignore_errors=True)  # a new machine
         expected = newest_kept(url)
         run = Followed(command, env, TIMEOUT_S)
@@ -77,11 +83,12 @@ def trial(
         record["ready"].append(ready)
         if ready != expected:
             record["problems"].append(f"resumed from {ready}, the store's newest is {expected}")
-        delay = round(rng.uniform(0.0, MOST_DELAY_S), 2)
-        record["delays"].append(delay)
-        time.sleep(delay)
-        if run.proc.poll() is None and ready < LAST[trainer]:
-            run.proc.send_signal(signal.SIGTERM)
+        if number < most_notices:
+            delay = round(rng.uniform(0.0, most_delay_s), 2)
+            record["delays"].append(delay)
+            time.sleep(delay)
+            if run.proc.poll() is None:
+                run.proc.send_signal(signal.SIGTERM)
         code = run.finish()
         record["codes"].append(code)
         if code == 0:

@@ -99,6 +99,29 @@ def test_a_script_that_ignores_the_notice_is_told_the_fix(
     assert "transformers.PreemptionCallback()" in said[0]
 
 
+def test_the_fix_is_said_once_when_a_ctrl_c_comes_while_it_is_being_said(
+    url_env: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """The second SIGTERM's handler is deciding whether the script ignored the first
+    (and saying so) when a Ctrl-C's handler interrupts it with the same question: the
+    line is said once, not by both."""
+    run = started(url_env, tmp_path / "out", "--done", "10", "--max", "30", "--on-term", "ignore")
+    assert run.proc.stderr is not None
+    stderr = StreamLines(run.proc.stderr)
+    run.proc.send_signal(signal.SIGTERM)
+    run.read_until("TERM ignored".__eq__)
+    run.proc.send_signal(signal.SIGTERM)  # passed on to the script, then the question
+    run.read_until("TERM ignored".__eq__)
+    run.proc.send_signal(signal.SIGINT)  # at once: while costguard may still be deciding
+    run.read_until("NOTICE".__eq__)
+    run.proc.send_signal(signal.SIGINT)
+    assert run.proc.wait(timeout=60) == 130
+    said_all = stderr.text()
+    run.finish()
+    said = [t for t in said_all.splitlines() if "has not acted on the notice" in t]
+    assert len(said) == 1, said_all
+
+
 def test_a_wrong_sync_dir_is_named_with_the_folder_the_trainer_writes(
     url_env: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import pickle
 import sys
 import tempfile
 import threading
@@ -166,7 +167,9 @@ def accelerate_folder(root: Path, step: int, files: int) -> Path:
     folder.mkdir(parents=True)
     for index in range(files):
         (folder / f"model_{index}.safetensors").write_bytes(safetensors(os.urandom(2000 + index)))
-    (folder / "random_states_0.pkl").write_bytes(os.urandom(100))
+    # A whole pickle: random bytes that begin with its protocol mark (1 in 256) and do not
+    # end with its STOP are a pickle cut short, and the folder is rightly not finished.
+    (folder / "random_states_0.pkl").write_bytes(pickle.dumps({"step": step, "x": os.urandom(100)}))
     return folder
 
 

@@ -32,6 +32,7 @@ from costguard.checkpoint.store import Store
 from tests.helpers.stores import make_s3_bucket
 from tests.helpers.waiting import wait_for
 from tests.integrations.test_foldersync import (
+    accelerate_folder,
     folder_files,
     hf_folder,
     killed_at_the_manifest,
@@ -387,3 +388,79 @@ def test_lightnings_last_and_step_file_of_one_step_are_one_save_for_retention(
         (30, "epoch=0-step=30.ckpt"),
         (30, "last.ckpt"),
     ]
+
+
+def test_a_run_whose_trainer_started_over_is_still_this_run(store: Store, tmp_path: Path) -> None:
+    """The store's first checkpoint does not define the run: a trainer that started over
+    below what was put back (its loader refused it, or the script does not resume) goes on
+    in a history of its own, which a later machine puts back; the earlier history is named
+    and kept, not put back. (Told by the first checkpoint's log_history, the new history was
+    'not this run's' and never put back: every later machine resumed the old one.)"""
+    before = {s: 1.0 / s for s in range(5, 101, 5)}
+    after = {s: 3.0 + 1.0 / s for s in range(5, 101, 5)}
+    lines: list[str] = []
+    first = syncer(store, tmp_path / "first", lines)
+    first.prepare()
+    for step in (10, 20):
+        hf_logged(tmp_path / "first", step, before)
+        first.sync(finished=True)
+    out = tmp_path / "second"
+    second = syncer(store, out, lines)
+    assert [m.step for m in second.prepare()] == [20]
+    for step in (5, 10, 15, 20, 25):  # started over at 0
+        if step == 20:
+            shutil.rmtree(out / "checkpoint-20")
+        hf_logged(out, step, after)
+        second.sync(finished=True)
+    assert any("did not resume from it" in line for line in lines)
+    third = syncer(store, tmp_path / "third", lines)
+    (restored,) = third.prepare()
+    assert restored.step == 25
+    named = [line for line in lines if "is not this run's" in line]
+    assert len(named) == 2, lines  # the first history's 10 and 20
+    assert all("recorded it in another run" in line for line in named)
+    assert not any("checkpoint-25" in line for line in named)
+
+
+def lightning_ckpt(root: Path, step: int) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"epoch=0-step={step}.ckpt"
+    torch.save({"global_step": step, "state_dict": {"w": torch.full((3,), float(step))}}, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["accelerate", "lightning"])
+def test_another_runs_accelerate_or_lightning_checkpoint_is_told_apart_by_the_runs_record(
+    store: Store, tmp_path: Path, kind: str
+) -> None:
+    """An older costguard (another machine) uploaded another run's step-90 checkpoint into
+    the store after this run had resumed step 40 with this costguard: Accelerate and
+    Lightning folders carry nothing that ties them to a run, but this run's checkpoints
+    carry costguard's record (resumed from 40), so the 90 is named and never put back
+    (the old code put it back, and the trainer resumed another run's model)."""
+
+    def write(root: Path, step: int) -> dict[str, bytes]:
+        if kind == "lightning":
+            path = lightning_ckpt(root, step)
+            return {path.name: path.read_bytes()}
+        folder = accelerate_folder(root, step, 2)
+        return {f"{folder.name}/{k}": v for k, v in folder_files(folder).items()}
+
+    def path(step: int) -> str:
+        return f"epoch=0-step={step}.ckpt" if kind == "lightning" else f"checkpoint_{step}"
+
+    for step in (10, 30, 40):
+        commit_as_before(store, step, path(step), write(tmp_path / f"old{step}", step), kind)
+    out, lines = tmp_path / "out", list[str]()
+    sync = syncer(store, out, lines)
+    assert [m.step for m in sync.prepare()] == [40]
+    write(out, 50)
+    assert [m.step for m in sync.sync(finished=True)] == [50]
+    commit_as_before(store, 90, path(90), write(tmp_path / "other", 90), kind)
+    again, lines = syncer(store, tmp_path / "again", []), list[str]()
+    again.say = lines.append
+    assert [m.step for m in again.prepare()] == [50]
+    named = [line for line in lines if "is not this run's" in line]
+    assert len(named) == 1, lines
+    assert f"{path(90)}, step 90" in named[0]
+    assert "(step 40)" in named[0]  # where this run's record says it resumed

@@ -38,13 +38,14 @@ again.
 
 Only this run's checkpoints go up: what costguard put back, what it uploaded before on this
 machine (its ledger, :func:`ledger_path`, names the store) and what the trainer
-writes from now on. Another run's Hugging Face checkpoints that an earlier costguard
-uploaded are told apart in the store by their trainer's history (``log_history``), which
-does not continue the run's first checkpoint's: named, never put back, neither counted
-nor deleted by retention. Anything else found in ``out/`` is named; one newer than the store's
-newest would take the trainer's resume over, so it is moved aside (``.costguard-foreign/``,
-never deleted). A link is never followed out of the folder, and a restore writes nothing
-through one.
+writes from now on. Each one uploaded records its run (:mod:`costguard.checkpoint.lineage`),
+which tells another run's checkpoints in the store apart for every trainer; before that
+record, another run's Hugging Face checkpoints that an earlier costguard uploaded are told
+apart by their trainer's history (``log_history``), which does not continue the run's first
+checkpoint's. Either way: named, never put back, neither counted nor deleted by retention.
+Anything else found in ``out/`` is named; one newer than the store's newest would take the
+trainer's resume over, so it is moved aside (``.costguard-foreign/``, never deleted). A
+link is never followed out of the folder, and a restore writes nothing through one.
 """
 
 from __future__ import annotations
@@ -74,6 +75,8 @@ from costguard.checkpoint.completion import (
     item_at,
     items_in,
 )
+from costguard.checkpoint.lineage import KEY as LINEAGE_KEY
+from costguard.checkpoint.lineage import Lineage, lineage_of, others
 from costguard.checkpoint.manifest import (
     FOLDER_FORMAT_VERSION,
     PARTIAL_GRACE_S,
@@ -367,6 +370,9 @@ class FolderSync:
     #: (their trainer's history does not continue the run's): never put back, never
     #: counted by retention, never deleted.
     not_this_runs: set[str] = field(default_factory=set)
+    #: This run's history in the store, recorded in each checkpoint uploaded
+    #: (:mod:`costguard.checkpoint.lineage`); set by :meth:`prepare`.
+    lineage: Lineage | None = None
     #: Where the script runs: checkpoints appearing under it, and none in ``root``, mean a
     #: wrong ``--sync-dir`` (said once).
     workdir: Path | None = None
@@ -472,6 +478,10 @@ class FolderSync:
         if restored:
             top = restored[0]
             self.newest = Kept(top.step, top.name, top.extra["folder"]["path"])
+        # The trainer resumes what was put back: its run goes on (a new one from nothing).
+        self.lineage = (lineage_of(restored[0]) if restored else None) or Lineage.new(
+            restored[0] if restored else None
+        )
         for manifest in restored:
             self.say(
                 f"restored {manifest.extra['folder']['path']} (step {manifest.step}) "
@@ -499,12 +509,32 @@ class FolderSync:
         return usable
 
     def _this_runs(self, manifests: list[Manifest]) -> list[Manifest]:
-        """``manifests`` less the Hugging Face checkpoints that are not this run's: ones
-        an earlier costguard uploaded from another run's folder (before
-        ``.costguard-foreign/``). A run's checkpoints each carry its trainer's history
-        (``trainer_state.json``'s ``log_history``), each one's continuing the one before;
-        the run is the store's first committed checkpoint's. Each other one is named; a
-        history that cannot be read is no proof, and the checkpoint stays a candidate."""
+        """``manifests`` less those that are not this run's, each named once. Where the
+        store's checkpoints carry costguard's record of their run
+        (:func:`costguard.checkpoint.lineage.others`), it decides, for every trainer; a
+        run whose trainer started over is still this run.
+
+        Before that record, the Hugging Face checkpoints that an earlier costguard uploaded
+        from another run's folder (before ``.costguard-foreign/``) are told apart by their
+        trainer's history (``trainer_state.json``'s ``log_history``), each one's continuing
+        the one before; the run is the store's first committed checkpoint's. A history that
+        cannot be read is no proof, and the checkpoint stays a candidate. Accelerate and
+        Lightning write nothing that ties one save to an earlier one (weights, optimizer,
+        scheduler, sampler and random states, a step counter; epoch, global_step, loop
+        progress, callback states, hyperparameters): theirs cannot be told apart."""
+        run, why = others(manifests)
+        for manifest in manifests:
+            if manifest.name in why:
+                self.not_this_runs.add(manifest.name)
+                self._once(
+                    f"other run:{manifest.name}",
+                    f"{manifest.name} ({manifest.extra['folder']['path']}, step "
+                    f"{manifest.step}) is not this run's: {why[manifest.name]}; kept in the "
+                    "store, never put back",
+                )
+        manifests = [m for m in manifests if m.name not in why]
+        if run is not None:
+            return manifests
         hf = [m for m in manifests if m.extra["folder"].get("kind") == "transformers"]
         if len(hf) < 2:
             return manifests
@@ -886,6 +916,8 @@ class FolderSync:
             or max((t for _, _, t in item.files), default=0) < self._started_ns
         ):
             return
+        if "behind" not in self._said:
+            self.lineage = Lineage.new()  # the trainer started over: a new history
         self._once(
             "behind",
             f"warning: the trainer wrote {item.path} (step {item.step}) although "
@@ -1010,7 +1042,14 @@ class FolderSync:
             library_version=__version__,
             format_version=FOLDER_FORMAT_VERSION,
             reason=f"sync:{item.kind}",
-            extra={"folder": {"path": item.path, "kind": item.kind, "files": names}},
+            extra={
+                "folder": {
+                    "path": item.path,
+                    "kind": item.kind,
+                    "files": names,
+                    LINEAGE_KEY: self._lineage().record(),
+                }
+            },
         )
         self.store.put(manifest.manifest_path, manifest.to_json().encode())
         assert self._restorer is not None
@@ -1029,6 +1068,12 @@ class FolderSync:
         )
         self._retain(name)
         return manifest
+
+    def _lineage(self) -> Lineage:
+        """This run's lineage (a sync that was not prepared starts one)."""
+        if self.lineage is None:
+            self.lineage = Lineage.new()
+        return self.lineage
 
     def _hold(self, item: Item, stack: contextlib.ExitStack) -> dict[str, int] | None:
         """A descriptor of each of ``item``'s files, opened without following a link out of

@@ -173,6 +173,9 @@ class Events:
         self.pace: dict[str, Any] | None = None
         #: rank -> its "closed" event: the loop ended and the final checkpoint is durable.
         self.closed: dict[int, dict[str, Any]] = {}
+        #: pid -> the end its notice watch reported (``None`` while its code runs):
+        #: :mod:`costguard.integrations.notices`.
+        self.watches: dict[int, dict[str, Any] | None] = {}
         self._offset = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="costguard-events", daemon=True)
@@ -216,6 +219,11 @@ class Events:
                 )
         elif event.get("event") == "closed":
             self.closed[int(event.get("rank", 0))] = event
+        elif event.get("event") in (contract.EVENT_WATCH, contract.EVENT_WATCH_END) and (
+            isinstance(event.get("pid"), int)
+        ):
+            end = event if event["event"] == contract.EVENT_WATCH_END else None
+            self.watches[event["pid"]] = end or self.watches.get(event["pid"])
         elif event.get("event") == "pace":
             self.pace = event
             if event.get("record") is True and self._store is not None:
@@ -422,6 +430,21 @@ NOTICE_FIXES = {
 }
 
 
+def take(tokens: list[bool]) -> bool:
+    """Take one of ``tokens`` if one is left: one step (``list.pop``), so of handlers and
+    threads asking at once, as many get one as there are.
+
+    >>> tokens = [True]
+    >>> take(tokens), take(tokens)
+    (True, False)
+    """
+    try:
+        tokens.pop()
+    except IndexError:
+        return False
+    return True
+
+
 def ignored_line(kind: str, seconds: float) -> str:
     """What a script that did not act on a notice is told, with the one-line fix.
 
@@ -435,11 +458,15 @@ def ignored_line(kind: str, seconds: float) -> str:
     )
 
 
-def trainer_end(events: Events, syncer: Any) -> tuple[bool | None, str]:
+def trainer_end(
+    events: Events, syncer: Any, total_steps: int | None = None
+) -> tuple[bool | None, str]:
     """Whether the trainer reached its end, from its own state (``None``: not known), and
     the figures that say so: every rank's Checkpointer closed on its final step, the
     steps done and total of a trainer's callback, the ``global_step`` and ``max_steps``
-    of a Hugging Face ``trainer_state.json`` the run wrote."""
+    of a Hugging Face ``trainer_state.json`` the run wrote; for a trainer that says
+    neither (an Accelerate loop), the step of the newest ``--sync-dir`` checkpoint in the
+    store against ``total_steps`` (``costguard run --total-steps``)."""
     if events.finished():
         return True, "every rank closed with its final checkpoint"
     progress: tuple[int, int] | None = None
@@ -448,6 +475,13 @@ def trainer_end(events: Events, syncer: Any) -> tuple[bool | None, str]:
         progress = (int(pace["steps_done"]), int(pace["total_steps"]))
     if progress is None and syncer is not None:
         progress = syncer.progress()
+    newest = syncer.newest if syncer is not None else None
+    if progress is None and total_steps and newest is not None:
+        return (
+            newest.step >= total_steps,
+            f"its newest checkpoint, {newest.path}, is step {newest.step} of --total-steps "
+            f"{total_steps}",
+        )
     if progress is None or progress[1] <= 0:
         return None, "its end not known"
     done, total = progress
@@ -474,17 +508,58 @@ def summary(code: int, newest: str, *, interrupted: bool = False) -> str:
     return f"exit {code}: {what}; newest checkpoint: {newest}. {then}"
 
 
-def _after_notice(code: int, events: Events, syncer: Any, say: Say) -> int:
+def untouched(
+    watches: Mapping[int, Mapping[str, Any] | None], forwarded_ns: Sequence[int], pid: int
+) -> bool:
+    """Whether the notices passed on left the script's course as it would have been
+    without them, from what its notice watches reported
+    (:class:`~costguard.integrations.notices.Watch`): every watch reported the end of its
+    process's code, none was handed a notice, none took a signal that another handler took
+    too, and the script's own process (``pid``) took, before its end, each signal
+    costguard forwarded to it before then (``forwarded_ns``, the wall clock's time of each
+    send): none went to another handler in its place. No watch: not known (``False``).
+
+    >>> end = {"seen": False, "alone": True, "signals": 1, "unix_ns": 50}
+    >>> untouched({7: end}, [40], 7), untouched({7: end}, [40, 45], 7)
+    (True, False)
+    >>> untouched({7: {**end, "seen": True}}, [40], 7), untouched({7: end, 8: None}, [], 7)
+    (False, False)
+    """
+    ends = list(watches.values())
+    if not ends or not all(
+        end is not None and end.get("seen") is False and end.get("alone") is True for end in ends
+    ):
+        return False
+    own = watches.get(pid)
+    if own is None:
+        return not forwarded_ns
+    ended, took = own.get("unix_ns"), own.get("signals")
+    if not isinstance(ended, int) or not isinstance(took, int):
+        return False
+    return took >= sum(sent < ended for sent in forwarded_ns)
+
+
+def _after_notice(
+    code: int, events: Events, syncer: Any, say: Say, *, unseen: bool, total_steps: int | None
+) -> int:
     """The true exit of a script that ended (0, or by a signal) after costguard passed on a
-    notice: done (0) when the trainer's own state says it reached its end, else preempted
+    notice: done (0) when the trainer's own state says it reached its end, or when it exited
+    0 by itself with the notice never seen (``unseen``: :func:`untouched`), else preempted
     (75: resumable), whatever the script's own code said."""
-    end, figures = trainer_end(events, syncer)
+    end, figures = trainer_end(events, syncer, total_steps)
     if end:
         if code != 0:
             say(
                 f"the script's work was done ({figures}) when the notice's signal ended it "
                 f"(exit {code}); reporting 0"
             )
+        return 0
+    if code == 0 and unseen:
+        say(
+            "the script exited 0 by itself and never looked at the notice costguard passed "
+            "on (it came after the script's last look, as in a teardown after its loop): "
+            "its work was done"
+        )
         return 0
     say(
         f"the script exited {code} after costguard passed on a notice, before the trainer "
@@ -620,7 +695,12 @@ def supervise(
         #: When each notice was passed on (a relayed one, a forwarded SIGTERM or SIGUSR1):
         #: the clock's time and the wall clock's (a checkpoint's files carry that one).
         noticed: list[tuple[float, int]] = []
-        said_ignored: list[bool] = []
+        #: The wall clock's time of each notice signal sent to the script itself.
+        forwarded_ns: list[int] = []
+        #: One token: whoever takes it says that the script ignores notices. Signal
+        #: handlers (which interrupt one another) and watcher threads ask; ``pop`` is one
+        #: step, so the line is said once.
+        say_ignored = [True]
         saves_at_notice: list[int] = []
 
         def passed_on() -> None:
@@ -628,12 +708,11 @@ def supervise(
             since the first (no Checkpointer save, no checkpoint written in the sync dir)
             says it ignores them, with the fix."""
             now = time.monotonic()
-            if noticed and not said_ignored:
+            if noticed and say_ignored:
                 acted = events.saves > saves_at_notice[0] or (
                     syncer is not None and syncer.written_ns() > noticed[0][1]
                 )
-                if not acted:
-                    said_ignored.append(True)
+                if not acted and take(say_ignored):
                     kind = syncer.kind() if syncer is not None else ""
                     say(ignored_line(kind, now - noticed[0][0]))
             if not noticed:
@@ -641,6 +720,8 @@ def supervise(
             noticed.append((now, time.time_ns()))
 
         def relay_notice(notice: Any) -> None:
+            if child.poll() is not None:
+                return  # the script has ended (its last checkpoints are going up): no one to tell
             passed_on()
             # The child may have exited or closed the pipe; the notice then has no reader.
             with contextlib.suppress(OSError):
@@ -648,15 +729,16 @@ def supervise(
             with contextlib.suppress(OSError):
                 append_notice(notice_file, notice)
 
-        relayed: set[int] = set()
+        #: Each signal's first is relayed as a notice, once: a token per signal (a second
+        #: signal's handler may interrupt the first's).
+        first: dict[int, list[bool]] = {sig: [True] for sig in (signal.SIGINT, *NOTICE_SIGNALS)}
         interrupted: list[bool] = []
 
         def forward(signum: int, frame: FrameType | None) -> None:
             if signum == signal.SIGINT:
                 # Ctrl-C: the first asks the script to save and stop (exit 75); the second
                 # stops everything at once. The script never sees a KeyboardInterrupt.
-                if signum not in relayed:
-                    relayed.add(signum)
+                if take(first[signum]):
                     say("Ctrl-C: asking the script to save and stop (Ctrl-C again stops it now)")
                     relay_notice(Notice("signal", "signal", None, "SIGINT"))
                 else:
@@ -664,14 +746,15 @@ def supervise(
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(child.pid, signal.SIGKILL)
                 return
-            if relay_signals and signum in NOTICE_SIGNALS and signum not in relayed:
-                relayed.add(signum)
+            if relay_signals and signum in NOTICE_SIGNALS and take(first[signum]):
                 name = signal.Signals(signum).name
                 relay_notice(Notice("signal", "signal", None, name))
                 return
             with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signum)
-                if signum in NOTICE_SIGNALS:
+                sent_ns = time.time_ns()
+                child.send_signal(signum)  # nothing is sent once the script has ended
+                if signum in NOTICE_SIGNALS and child.returncode is None:
+                    forwarded_ns.append(sent_ns)
                     passed_on()
 
         previous: dict[int, Callable[..., Any] | int | None] = {}
@@ -713,7 +796,10 @@ def supervise(
             )
             code = 0
         if noticed and not interrupted and (code == 0 or code > 128):
-            code = _after_notice(code, events, syncer, say)
+            unseen = events.saves == saves_at_notice[0] and untouched(
+                events.watches, forwarded_ns, child.pid
+            )
+            code = _after_notice(code, events, syncer, say, unseen=unseen, total_steps=total_steps)
         return code, events, bool(interrupted), bool(noticed)
 
     restored = syncer.prepare() if syncer is not None else []

@@ -99,7 +99,10 @@ Several processes (a Checkpointer per rank; FSDP2: each writes its shard):
     "--total-steps",
     type=WholeNumber(min=1),
     help="The whole run's steps (or Checkpointer(total_steps=N)): the recorded pace then "
-    "gives its finish time and projected cost (costguard jobs status, estimate --from-run).",
+    "gives its finish time and projected cost (costguard jobs status, estimate --from-run); "
+    "with --sync-dir, a script that a notice ends once the store's newest checkpoint is at "
+    "that step has finished (exit 0), for trainers that do not say where they end "
+    "(an Accelerate loop).",
 )
 @click.option(
     "--pilot-steps",

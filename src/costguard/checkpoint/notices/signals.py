@@ -23,9 +23,16 @@ DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
 def install(
-    board: NoticeBoard, signals: Iterable[signal.Signals] = DEFAULT_SIGNALS
+    board: NoticeBoard,
+    signals: Iterable[signal.Signals] = DEFAULT_SIGNALS,
+    *,
+    received: Callable[[bool], None] | None = None,
 ) -> Callable[[], None]:
     """Post a notice on ``board`` when one of ``signals`` arrives; returns an undo function.
+
+    ``received(alone)`` is called at each one too: ``alone`` says this handler was the
+    process's handler for it, not one another handler called in turn (Lightning's chains
+    the one it found), so no other code learnt of the signal.
 
     Outside the main thread (where Python cannot set handlers) nothing is installed and a
     warning is logged.
@@ -44,6 +51,8 @@ def install(
 
     def handler(signum: int, frame: FrameType | None) -> None:
         board.post(Notice("signal", "signal", None, signal.Signals(signum).name))
+        if received is not None:
+            received(signal.getsignal(signum) is handler)
 
     for sig in signals:
         previous[sig] = signal.signal(sig, handler)
