@@ -583,7 +583,7 @@ class AwsLauncher(Launcher):
         try:
             if len(ids) != spec.nodes:
                 raise _short_fleet(offer, spec, len(ids), answer.get("Errors") or [])
-            return self._tag_gang(ec2, offer, handles)
+            return self._tag_gang(ec2, handles, spec, attempt)
         except BaseException as exc:
             left = self._end_gang(handles)
             if left:
@@ -813,9 +813,12 @@ class AwsLauncher(Launcher):
             )
         return None, found[0]
 
-    def _tag_gang(self, ec2: Any, offer: Offer, handles: Sequence[Handle]) -> tuple[Handle, ...]:
+    def _tag_gang(
+        self, ec2: Any, handles: Sequence[Handle], spec: LaunchSpec, attempt: int
+    ) -> tuple[Handle, ...]:
         """Every node of a whole gang described (its zone, node 0's private address), then
-        told its rank and the rendezvous in tags; the handles with their zones."""
+        told its rank and the rendezvous in tags, signed for its instance
+        (:meth:`LaunchSpec.told`); the handles with their zones."""
         ids = [h.instance_id for h in handles]
         found = self._visible(ec2, ids)
         zones = sorted(
@@ -826,7 +829,7 @@ class AwsLauncher(Launcher):
             raise CostguardError(msg, hint="this launch was ended; launch again")
         address = private_address(found[ids[0]].get("PrivateIpAddress"))
         for rank, instance_id in enumerate(ids):
-            tags = node.told(rank, address)
+            tags = node.signed(spec, attempt, instance_id, rank, address)
             self._retry_visible(
                 functools.partial(ec2.create_tags, Resources=[instance_id], Tags=_tags(tags)),
                 f"telling {instance_id} its node rank",

@@ -697,7 +697,7 @@ class AzureLauncher(base.Launcher):
             if refused:
                 capacity = [f for f in refused if isinstance(f, CapacityError)]
                 raise (capacity or refused)[0]
-            self._tell_gang(compute, group, handles)
+            self._tell_gang(compute, group, handles, spec, attempt)
             return tuple(handles)
         except BaseException:
             self._end_gang(compute, group, handles, spec)
@@ -754,9 +754,12 @@ class AzureLauncher(base.Launcher):
             return CapacityError(f"{text}: {code}", place=offer.place, code=code)
         return azure_clouds.translate(exc, f"creating a VM of the gang in {offer.region}")
 
-    def _tell_gang(self, compute: Any, group: str, handles: list[Handle]) -> None:
+    def _tell_gang(
+        self, compute: Any, group: str, handles: list[Handle], spec: LaunchSpec, attempt: int
+    ) -> None:
         """Node 0's private address from its NIC, then each VM's tags with its rank and
-        the rendezvous added (a PATCH of the whole tag set)."""
+        the rendezvous added, signed for the VM (:meth:`LaunchSpec.told`; a PATCH of the
+        whole tag set)."""
         first = compute.virtual_machines.get(group, handles[0].instance_id)
         address = node.private_ipv4(self._private_address(compute, first))
         if address is None:
@@ -764,7 +767,10 @@ class AzureLauncher(base.Launcher):
             raise CostguardError(msg, hint="this launch was ended; launch again")
         for rank, handle in enumerate(handles):
             vm = compute.virtual_machines.get(group, handle.instance_id)
-            tags = {**(vm.tags or {}), **node.told(rank, address)}
+            tags = {
+                **(vm.tags or {}),
+                **node.signed(spec, attempt, handle.instance_id, rank, address),
+            }
             poller = compute.virtual_machines.begin_update(
                 group, handle.instance_id, {"tags": tags}
             )

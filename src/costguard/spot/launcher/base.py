@@ -111,6 +111,16 @@ class LaunchSpec:
 
         return stop_check(bytes.fromhex(self.job_key), self.job_id, attempt) if self.job_key else ""
 
+    def told_public(self, attempt: int) -> str:
+        """What attempt ``attempt``'s gang nodes check their told rank and rendezvous by
+        (the public half of :func:`costguard.proof.told_public`; no secret); empty without
+        a job key."""
+        from costguard.proof import told_public
+
+        if not self.job_key:
+            return ""
+        return told_public(bytes.fromhex(self.job_key), self.job_id, attempt)
+
     def run_options(self) -> list[str]:
         """The options of ``costguard run`` that every attempt of the job starts with.
 

@@ -826,7 +826,7 @@ class GcpLauncher(base.Launcher):
                 raise self._refusal(exc, offer, zone, action) from None
             if operation is not None:
                 self._raise_errors(list(operation.error.errors), offer, zone, action)
-            return self._tell_gang(offer, handles, spec)
+            return self._tell_gang(offer, handles, spec, attempt)
         except BaseException:
             self._end_gang(handles, spec)
             raise
@@ -850,11 +850,12 @@ class GcpLauncher(base.Launcher):
                 self.terminate(handle)
 
     def _tell_gang(
-        self, offer: Offer, handles: list[Handle], spec: LaunchSpec
+        self, offer: Offer, handles: list[Handle], spec: LaunchSpec, attempt: int
     ) -> tuple[Handle, ...]:
         """Every VM of the gang read (a :class:`CapacityError` if any is missing: the bulk
         insert left fewer than its minimum) and proven this job's by its label, then told
-        its rank and the rendezvous in its metadata; the handles with the VMs' ids."""
+        its rank and the rendezvous in its metadata, signed for the VM
+        (:meth:`LaunchSpec.told`); the handles with the VMs' ids."""
         core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
         project, zone = handles[0].extra["project"], handles[0].zone
         found = {}
@@ -884,7 +885,8 @@ class GcpLauncher(base.Launcher):
             raise CostguardError(msg, hint="this launch was ended; launch again")
         for rank, handle in enumerate(handles):
             item = found[handle.instance_id]
-            told = {gcp_label(k): v for k, v in node.told(rank, address).items()}
+            told = node.signed(spec, attempt, handle.instance_id, rank, address)
+            told = {gcp_label(k): v for k, v in told.items()}
             self._set_metadata(project, zone, item, told)
         return tuple(
             Handle(
