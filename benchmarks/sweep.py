@@ -1,5 +1,6 @@
 """`costguard launch --array`: the controller's CPU while it supervises many local tasks,
-and `costguard jobs status` of a big array on S3, each measured side by side in one run.
+`costguard jobs status` of a big array on S3, and the describes of a cloud array's polls,
+each measured side by side in one run.
 
 ``cpu``: ``--tasks`` local tasks (each ``costguard run`` around a command that waits, on
 the simulator's on-demand offer: no preemption, the steady state) all running at once
@@ -16,10 +17,19 @@ sweep's roll-up (``job/array-rollup.json``) is stored, reading every task's job.
 (what status did before it: a GET each, ``READ_WORKERS`` at once), and after, reading the
 roll-up and one listing instead (the roll-up holds the running tasks' paces too, as the
 sweep last read them). Target
-(issue 46): <= 2 s for 1,000 tasks.
+(issue 46): <= 2 s for 1,000 tasks. ``--store azure``: the same on Azurite (started here
+from .ci-work, as the suite starts it), whose listing gives each blob's Content-MD5.
+
+``polls``: ``--tasks`` tasks all running on EC2 (the moto server, started here) under
+one :class:`~costguard.spot.sweep.Sweep`, each task's instance running for three polls:
+the ``DescribeInstances`` calls EC2 saw and the sweep's time per poll, side by side in one
+run, with the AWS launcher's ``statuses`` (one call, filtered by instance id, for every
+running task) and with the base's per-instance default (one call per task: what every
+poll sent before, about 100 calls a second for 1,000 tasks at a 10 s poll).
 
     python benchmarks/sweep.py cpu [--tasks 100] [--window 20]
-    python benchmarks/sweep.py status [--tasks 1000]
+    python benchmarks/sweep.py status [--tasks 1000] [--store s3|azure]
+    python benchmarks/sweep.py polls [--tasks 100]
 """
 
 from __future__ import annotations
@@ -199,8 +209,8 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     sys.exit("moto server did not start")
 
 
-def status(count: int) -> None:
-    server, endpoint = start_moto()
+def moto_env(endpoint: str) -> dict[str, str]:
+    """This process's environment reaching the moto server at ``endpoint`` (set here too)."""
     env = {
         **os.environ,
         "AWS_ENDPOINT_URL": endpoint,
@@ -210,11 +220,43 @@ def status(count: int) -> None:
         "AWS_EC2_METADATA_DISABLED": "true",
     }
     os.environ.update(env)
-    url = "s3://bench/sweep"
-    try:
-        import boto3
+    return env
 
-        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
+
+def start_azurite() -> tuple[subprocess.Popen[bytes], dict[str, str]]:
+    """Azurite's blob service (the suite's, under .ci-work) in a process of its own, once
+    it answers, with a container ``bench``; this process's environment reaching it."""
+    import adlfs  # type: ignore[import-untyped]
+    from tests.helpers.stores import AZURITE_BIN, AZURITE_KEY, wait_for_http
+
+    port = free_port()
+    folder = tempfile.mkdtemp(prefix="costguard-azurite-")
+    argv = [str(AZURITE_BIN), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location",
+            folder, "--silent", "--skipApiVersionCheck", "--loose"]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_http(f"http://127.0.0.1:{port}/devstoreaccount1?comp=list")
+    connection = (
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        f"AccountKey={AZURITE_KEY};BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1;"
+    )
+    adlfs.AzureBlobFileSystem(connection_string=connection).mkdir("bench")
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = connection
+    return process, {**os.environ}
+
+
+def status(count: int, where: str) -> None:
+    if where == "azure":
+        server, env = start_azurite()
+        url, named = "az://bench/sweep", "Azurite (Azure Blob)"
+    else:
+        server, endpoint = start_moto()
+        env = moto_env(endpoint)
+        url, named = "s3://bench/sweep", "moto S3"
+    try:
+        if where == "s3":
+            import boto3
+
+            boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
         started = time.perf_counter()
         record, jobs = seed(url, count)
         print(f"seeded {count} tasks in {time.perf_counter() - started:.1f} s")
@@ -232,7 +274,7 @@ def status(count: int) -> None:
         server.kill()
         server.wait()
     running = (count + 1) // 3
-    print(f"jobs status --format json of a {count}-task array on moto S3, a fresh process:")
+    print(f"jobs status --format json of a {count}-task array on {named}, a fresh process:")
     print(f"  without the roll-up ({count} job.json + {running} pace GETs): {before_s:.2f} s")
     verdict = "met" if after_s <= STATUS_TARGET_S else "NOT met"
     print(f"  with the roll-up (2 GETs and a listing): {after_s:.2f} s, "
@@ -255,6 +297,95 @@ def cli_status(url: str, env: dict[str, str]) -> float:
     return took
 
 
+# -- polls ------------------------------------------------------------------------------
+
+
+def polls(count: int) -> None:
+    import boto3
+
+    from costguard.spot.launcher.aws import AwsLauncher
+    from costguard.spot.launcher.base import Launcher
+
+    class PerInstance(AwsLauncher):
+        """The AWS launcher describing each instance alone, as every poll did before."""
+
+        statuses = Launcher.statuses
+
+    server, endpoint = start_moto()
+    moto_env(endpoint)
+    try:
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="bench")
+        iam = boto3.client("iam", region_name="us-east-1")
+        iam.create_instance_profile(InstanceProfileName="costguard-instance")
+        figures: dict[str, tuple[list[int], list[float]]] = {}
+        for name, kind in (("one call per task", PerInstance), ("one call", AwsLauncher)):
+            figures[name] = one_sweep_of_polls(count, kind, f"s3://bench/{len(figures)}")
+    finally:
+        server.kill()
+        server.wait()
+    print(f"a sweep's polls of {count} tasks running on EC2 (moto), 3 polls each:")
+    for name, (calls, seconds) in figures.items():
+        shown = ", ".join(str(c) for c in calls)
+        print(f"  {name}: DescribeInstances per poll {shown}; "
+              f"{sum(seconds) / len(seconds):.2f} s a poll")  # fmt: skip
+
+
+def one_sweep_of_polls(count: int, kind: type, url: str) -> tuple[list[int], list[float]]:
+    """The DescribeInstances calls of each poll while every task runs, and those polls'
+    seconds, with a launcher of ``kind``."""
+    from dataclasses import replace
+
+    from costguard.checkpoint.store import Store
+    from costguard.pricing.catalog import Market
+    from costguard.spot.job import ExitRecord, Job, save_job, write_exit_record
+    from costguard.spot.launcher.base import Offer
+    from costguard.spot.sweep import Sweep, Task, task_specs
+
+    calls: list[int] = []
+    launcher = kind(regions=["us-east-1"])
+    launcher._ec2("us-east-1").meta.events.register(
+        "before-send.ec2.DescribeInstances", lambda **_: calls.append(1)
+    )
+    offer = Offer("aws", "us-east-1", "g5.xlarge", Market.SPOT, Decimal("0.45"), "A10G", 1)
+    options = {"image": "ami-12345678", "instance_profile": "costguard-instance"}
+    now = time.time()
+    spec = replace(template(url, ("python", "train.py"), now), provider="aws",
+                   regions=("us-east-1",), spot=True, options=options)  # fmt: skip
+    record = record_of(url, count, now)
+    tasks = []
+    for index, task in zip(record.indexes, task_specs(spec, record), strict=True):
+        store = Store.open(task.checkpoint_url)
+        tasks.append(Task(index, store, save_job(store, Job(task))))
+    seen: list[int] = []
+    seconds: list[float] = []
+    mark = [time.monotonic()]
+    was_running = [False]  # the poll that launched the last task is not counted
+
+    def sleep(_: float) -> None:
+        running = all(t.job.current is not None for t in sweep.tasks)
+        if running and was_running[0] and len(seen) < 3:
+            seen.append(len(calls))
+            seconds.append(time.monotonic() - mark[0])
+            calls.clear()
+        if len(seen) == 3:  # every instance's script is done
+            for task in sweep.tasks:
+                current = task.job.current
+                if current is not None:
+                    exit_record = ExitRecord(current.number, 0, None, time.time(),
+                                             job_id=task.job.spec.job_id)  # fmt: skip
+                    write_exit_record(task.store, exit_record)
+        calls.clear()
+        was_running[0] = running
+        mark[0] = time.monotonic()
+
+    sweep = Sweep(record, Store.open(url), tasks, [offer], lambda _: launcher,
+                  task_estimate_usd=Decimal(1), poll_s=0.0, sleep=sleep)  # fmt: skip
+    jobs = sweep.run()
+    if any(j.status != "succeeded" for j in jobs):
+        sys.exit(f"the sweep did not succeed: {[j.reason for j in jobs if j.reason][:3]}")
+    return seen, seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="what", required=True)
@@ -263,11 +394,16 @@ def main() -> None:
     one.add_argument("--window", type=float, default=20.0)
     two = sub.add_parser("status")
     two.add_argument("--tasks", type=int, default=1000)
+    two.add_argument("--store", choices=("s3", "azure"), default="s3")
+    three = sub.add_parser("polls")
+    three.add_argument("--tasks", type=int, default=100)
     args = parser.parse_args()
     if args.what == "cpu":
         cpu(args.tasks, args.window)
+    elif args.what == "polls":
+        polls(args.tasks)
     else:
-        status(args.tasks)
+        status(args.tasks, args.store)
 
 
 if __name__ == "__main__":

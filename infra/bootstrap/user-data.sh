@@ -115,11 +115,15 @@ else
 fi
 
 NODES={{ nodes }}
+# The public key the controller signs each node's rank and rendezvous with (no secret).
+TOLD_KEY=''
 if [ "$NODES" -gt 1 ]; then
     # One node of a gang (--nodes): its rank and node 0's private address come from this
-    # instance's own metadata, written by the controller once every node is up, never
-    # from the checkpoint store (whose writers could send the collectives elsewhere).
-    gang=$(${RUN[@]+"${RUN[@]}"} python -m costguard.spot.node --cloud {{ cloud }} --nodes "$NODES") \
+    # instance's own metadata, written and signed by the controller once every node is
+    # up, never from the checkpoint store (whose writers could send the collectives
+    # elsewhere); values whose signature does not hold for this instance are not used.
+    gang=$(${RUN[@]+"${RUN[@]}"} python -m costguard.spot.node --cloud {{ cloud }} \
+        --nodes "$NODES" --told-key "$TOLD_KEY") \
         || fail "this node was not told its rank and rendezvous"
     read -r NODE_RANK RDZV_ENDPOINT <<<"$gang"
     # costguard run writes this node's own exit record (job/attempt-N.node-R.exit.json).

@@ -15,8 +15,17 @@ launch) and signs with it:
   it makes no request. ``costguard run`` honours a request only when its proof hashes
   to that check: for its own job and attempt.
 
+- what the controller tells each node of a gang (:func:`told_proof`): its rank and the
+  rendezvous, bound to the node's own instance and the attempt, signed with an Ed25519
+  key (RFC 8032) derived from the job's key for that attempt. The node is given only
+  the public half (:func:`told_public`, in its boot script: no secret) and acts on the
+  values its metadata holds only when the signature holds (:func:`told_holds`), so
+  whoever may write an instance's tags or metadata, but is not this user's controller,
+  cannot send a gang's collectives elsewhere, give two nodes one rank, or move a
+  node's values to another instance or attempt.
+
 HMAC-SHA256 (RFC 2104) and SHA-256: without the key no one can make a digest that holds,
-nor a proof that hashes to a check.
+nor a proof that hashes to a check; nor, without it, an Ed25519 signature that holds.
 
 >>> key = job_key(bytes(32), "cg-a")
 >>> check = stop_check(key, "cg-a", 2)
@@ -28,6 +37,8 @@ True
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import hmac
 import json
@@ -39,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from costguard import contract
-from costguard.errors import InputError
+from costguard.errors import InputError, MissingDependencyError
 from costguard.settings import config_path
 
 #: The environment variable that gives an attempt its stop check (no secret).
@@ -149,3 +160,89 @@ def stop_request(
         contract.warn(contract.RecordError(message), say)
         return None
     return doc["reason"] or "stop requested"
+
+
+def _ed25519() -> Any:
+    """cryptography's Ed25519 (the cloud extras and the train extra install it)."""
+    try:
+        from cryptography.hazmat.primitives.asymmetric import ed25519
+    except ImportError:
+        module = "cryptography"
+        raise MissingDependencyError(module, "train") from None
+    return ed25519
+
+
+def _told_signer(key: bytes, job_id: str, attempt: int) -> Any:
+    """The Ed25519 key of attempt ``attempt``'s told values: its seed a digest of the
+    job's ``key``, so every controller of this user makes the same one again (a launch
+    repeated after a crash, ``launch --attach``)."""
+    seed = bytes.fromhex(_digest(key, "told", job_id, attempt))
+    return _ed25519().Ed25519PrivateKey.from_private_bytes(seed)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes | None:
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _told_message(job_id: str, attempt: int, instance: str, rank: int, rendezvous: str) -> bytes:
+    return json.dumps(["told", job_id, attempt, instance, rank, rendezvous]).encode()
+
+
+def told_public(key: bytes, job_id: str, attempt: int) -> str:
+    """The public half of attempt ``attempt``'s told key (43 characters, base64url): what
+    the attempt's nodes check their told values by. No secret.
+
+    >>> len(told_public(job_key(bytes(32), "cg-a"), "cg-a", 1))
+    43
+    """
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    public = _told_signer(key, job_id, attempt).public_key()
+    return _b64(public.public_bytes(Encoding.Raw, PublicFormat.Raw))
+
+
+def told_proof(
+    key: bytes, job_id: str, attempt: int, instance: str, rank: int, rendezvous: str
+) -> str:
+    """The signature of what node ``rank`` (instance ``instance``) of attempt
+    ``attempt`` is told: its rank and the ``rendezvous`` (86 characters, base64url)."""
+    message = _told_message(job_id, attempt, instance, rank, rendezvous)
+    return _b64(_told_signer(key, job_id, attempt).sign(message))
+
+
+def told_holds(
+    public: str, proof: str, job_id: str, attempt: int, instance: str, rank: int, rendezvous: str
+) -> bool:
+    """Whether ``proof`` is the signature, by the key whose public half is ``public``, of
+    node ``rank`` on instance ``instance`` of attempt ``attempt`` meeting at ``rendezvous``.
+
+    >>> key = job_key(bytes(32), "cg-a")
+    >>> proof = told_proof(key, "cg-a", 1, "i-0a", 1, "10.0.0.5:29500")
+    >>> public = told_public(key, "cg-a", 1)
+    >>> told_holds(public, proof, "cg-a", 1, "i-0a", 1, "10.0.0.5:29500")
+    True
+    >>> told_holds(public, proof, "cg-a", 1, "i-0b", 1, "10.0.0.5:29500")  # another node's
+    False
+    >>> told_holds(public, proof, "cg-a", 1, "i-0a", 0, "10.0.0.5:29500")  # another rank
+    False
+    """
+    ed25519 = _ed25519()
+    from cryptography.exceptions import InvalidSignature
+
+    raw_key, signature = _unb64(public), _unb64(proof)
+    if raw_key is None or signature is None or len(raw_key) != 32 or len(signature) != 64:
+        return False
+    try:
+        ed25519.Ed25519PublicKey.from_public_bytes(raw_key).verify(
+            signature, _told_message(job_id, attempt, instance, rank, rendezvous)
+        )
+    except (InvalidSignature, ValueError):
+        return False
+    return True

@@ -33,6 +33,9 @@ IDLE_MINUTES_TAG = "costguard:idle-minutes"
 #: checkpoint store, whose writers could otherwise send it elsewhere.
 NODE_RANK_TAG = "costguard:node-rank"
 RENDEZVOUS_TAG = "costguard:rendezvous"
+#: The controller's signature of both, for that instance and attempt
+#: (:func:`costguard.proof.told_proof`), which the node checks before it acts on them.
+NODE_PROOF_TAG = "costguard:node-proof"
 #: On the instances of an array's tasks (``costguard launch --array``): the array's job id
 #: and the task's index, so ``costguard reap``, billing exports and people can tell which
 #: sweep and which task an instance runs (each task's own job id is in ``costguard:job``).

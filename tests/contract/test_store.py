@@ -38,6 +38,15 @@ def test_a_large_object_round_trips(backend: Backend) -> None:
     assert store.get("big/state.pt") == data
 
 
+def test_a_bounded_read_of_an_empty_object_is_empty(backend: Backend) -> None:
+    """A record read within its bound asks for its first bytes, a range S3 and GCS cannot
+    satisfy for an empty object (HTTP 416): it is empty, not unreadable (issue 43)."""
+    store = open_store(backend)
+    store.put("job/empty.json", b"")
+    assert store.get("job/empty.json", max_bytes=64) == b""
+    assert store.get("job/empty.json") == b""
+
+
 def test_missing_object_is_a_store_error(backend: Backend) -> None:
     with pytest.raises(StoreError, match="not found"):
         open_store(backend).get("nothing/here")

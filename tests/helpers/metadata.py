@@ -43,6 +43,10 @@ class MetadataState:
     gcp_attributes: dict[str, str] = field(default_factory=dict)
     azure_tags: dict[str, str] = field(default_factory=dict)
     private_address: str = "10.0.0.9"
+    #: This instance's own id (AWS ``instance-id``) and name (GCP ``instance/name``; on
+    #: Azure ``compute/name`` is :attr:`azure_vm_name`), which the cloud sets.
+    instance_id: str = "i-0123456789abcdef0"
+    gcp_name: str = "cg-test-1-a1-n0"
     #: The tags / attributes answer as absent for this many more reads (the controller
     #: has not written them yet).
     hidden_reads: int = 0
@@ -88,6 +92,8 @@ class MetadataHandler(BaseHTTPRequestHandler):
                 self._send(*((200, value) if value is not None else (404, "Not Found")))
             elif self.path == "/latest/meta-data/local-ipv4":
                 self._send(200, s.private_address)
+            elif self.path == "/latest/meta-data/instance-id":
+                self._send(200, s.instance_id)
             elif self.path.endswith("spot/instance-action") and s.aws_action:
                 self._send(200, json.dumps(s.aws_action), "application/json")
             elif self.path.endswith("events/recommendations/rebalance") and s.aws_rebalance:
@@ -95,12 +101,15 @@ class MetadataHandler(BaseHTTPRequestHandler):
             else:
                 self._send(404, "Not Found")
         elif self.path.startswith("/computeMetadata/v1/instance/") and (
-            "/attributes/" in self.path or self.path.endswith("/network-interfaces/0/ip")
+            "/attributes/" in self.path
+            or self.path.endswith(("/network-interfaces/0/ip", "/instance/name"))
         ):
             if self.headers.get("Metadata-Flavor") != "Google":
                 self._send(403, "Missing Metadata-Flavor")
             elif self.path.endswith("/network-interfaces/0/ip"):
                 self._send(200, s.private_address)
+            elif self.path.endswith("/instance/name"):
+                self._send(200, s.gcp_name)
             else:
                 key = self.path.rsplit("/attributes/", 1)[1]
                 value = None if self._hidden() else s.gcp_attributes.get(key)

@@ -203,6 +203,12 @@ class ArmServer(LocalServer):
         self.nic_lingers = 0
         #: NIC id -> (the security groups it is in, DELETE refusals left before it goes).
         self.lingering: dict[str, tuple[list[str], int]] = {}
+        #: VMs per page of ``virtualMachines.listAll`` (0: every VM on one page).
+        self.page_size = 0
+        #: The caller's role is assigned on the resource group only (as
+        #: infra/azure/launcher-role.json says): a subscription-scope listing is refused
+        #: with 403 ``AuthorizationFailed``.
+        self.group_scoped_role = False
         self.requests.clear()
 
     def resource(self, vm: ArmVm) -> dict[str, Any]:
@@ -350,6 +356,49 @@ class ArmServer(LocalServer):
             return refused
         return 200, {"value": [self.resource(vm) for vm in self.vms.values()
                                if vm.group == match["group"]]}, {}  # fmt: skip
+
+    def list_all(self, request: Request, match: re.Match[str]) -> Reply:
+        """``virtualMachines.listAll``: with ``statusOnly=true`` each VM's id, name and
+        instance view only (rule status_only_is_status_only), ``page_size`` a page with a
+        ``nextLink`` (0: one page); the model view otherwise."""
+        refused = check_vm_listing(request)
+        if refused is not None:
+            return refused
+        if self.group_scoped_role:
+            message = (
+                "The client 'costguard' does not have authorization to perform action "
+                "'Microsoft.Compute/virtualMachines/read' over scope "
+                f"'/subscriptions/{SUBSCRIPTION}'"
+            )
+            return 403, {"error": {"code": "AuthorizationFailed", "message": message}}, {}
+        status_only = request.query.get("statusOnly") == ["true"]
+        views = []
+        for vm in self.vms.values():
+            if status_only:
+                body = self.with_view(vm)
+                views.append(
+                    {
+                        "id": body["id"],
+                        "name": vm.name,
+                        "type": body["type"],
+                        "tags": None,
+                        "properties": {"instanceView": body["properties"]["instanceView"]},
+                    }
+                )
+            else:
+                views.append(self.resource(vm))
+        start = int(request.query.get("skip", ["0"])[0])
+        if not self.page_size:
+            return 200, {"value": views}, {}
+        end = start + self.page_size
+        page: dict[str, Any] = {"value": views[start:end]}
+        if end < len(views):
+            query = "&".join(f"{k}={v[0]}" for k, v in request.query.items() if k != "skip")
+            page["nextLink"] = (
+                f"{self.url}/subscriptions/{SUBSCRIPTION}/providers/"
+                f"Microsoft.Compute/virtualMachines?{query}&skip={end}"
+            )
+        return 200, page, {}
 
     def list_skus(self, request: Request, match: re.Match[str]) -> Reply:
         wanted = re.fullmatch(r"location eq '([a-z0-9]+)'", request.query["$filter"][0])
@@ -550,6 +599,8 @@ class ArmServer(LocalServer):
              r"applicationSecurityGroups)", self.network_resource),
             ("DELETE", vm, self.delete),
             ("GET", group + r"/providers/Microsoft\.Compute/virtualMachines", self.list_group),
+            ("GET", subscription + r"/providers/Microsoft\.Compute/virtualMachines",
+             self.list_all),
             ("GET", subscription + r"/providers/Microsoft\.Compute/locations/[^/]+/operations/"
              r"(?P<id>\d+)", self.operation),
         ]  # fmt: skip

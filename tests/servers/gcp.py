@@ -111,6 +111,19 @@ def operation_types(text: str) -> set[str]:
     return {m[1] for m in found if m}
 
 
+_NAME_TERM = re.compile(r'\(name = "([a-z][-a-z0-9]*)"\)')
+
+
+def names(text: str) -> set[str]:
+    """The names of a list filter that is a disjunction of name equalities, each in
+    parentheses: ``(name = "a") OR (name = "b")`` (the documented form of several
+    expressions, joined by an explicit ``OR``; anything else is refused)."""
+    terms = text.split(" OR ")
+    found = [_NAME_TERM.fullmatch(term) for term in terms]
+    assert all(found), text
+    return {m[1] for m in found if m}
+
+
 class ComputeServer(LocalServer):
     """Compute Engine for one project as the spot launcher uses it: VMs, their operations,
     system events (preemption, host maintenance, host error), regions and the machine and
@@ -498,11 +511,21 @@ class ComputeServer(LocalServer):
         return 200, self._operation("delete", vm.zone, vm), {}
 
     def aggregated(self, request: Request, match: re.Match[str]) -> Reply:
-        wanted = re.fullmatch(r'labels\.([a-z0-9_-]+) = "([^"]*)"', request.query["filter"][0])
-        assert wanted, request.query
+        """``instances.aggregatedList`` filtered by one label (``labels.K = "V"``) or by
+        names (:func:`names`)."""
+        text = request.query["filter"][0]
+        wanted = re.fullmatch(r'labels\.([a-z0-9_-]+) = "([^"]*)"', text)
+        named = names(text) if wanted is None else None
+
+        def chosen(vm: ComputeVm) -> bool:
+            if named is not None:
+                return vm.body["name"] in named
+            assert wanted is not None
+            return vm.body.get("labels", {}).get(wanted[1]) == wanted[2]
+
         items: dict[str, Any] = {}
         for vm in self.vms.values():
-            if vm.body.get("labels", {}).get(wanted[1]) == wanted[2]:
+            if chosen(vm):
                 scoped = items.setdefault(f"zones/{vm.zone}", {"instances": []})
                 scoped["instances"].append(self.resource(vm))
         return 200, {"kind": "compute#instanceAggregatedList", "items": items}, {}

@@ -13,14 +13,17 @@ from typing import Any
 
 import pytest
 
+from costguard import proof
+from costguard.checkpoint import notices
 from costguard.clouds import aws as aws_clouds
 from costguard.errors import CostguardError
-from costguard.spot import bootstrap
+from costguard.spot import bootstrap, node
 from costguard.spot.launcher import aws
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import CapacityError, LaunchSpec, Market, Offer
 from costguard.tags import JOB_TAG, NODE_RANK_TAG, OWNER_TAG, RENDEZVOUS_TAG
 from tests.helpers.clock import Clock
+from tests.helpers.metadata import MetadataHandler, MetadataState, serving
 from tests.servers.aws import Ec2Faults
 
 EXPIRES = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
@@ -123,6 +126,31 @@ def test_each_node_is_told_its_rank_and_node_0s_private_address_in_its_own_tags(
     metadata = template_data("costguard-cg-alice-gang-1-1")["MetadataOptions"]
     assert metadata["HttpTokens"] == "required"
     assert metadata["InstanceMetadataTags"] == "enabled"
+
+
+def test_each_node_proves_what_it_was_told_for_its_own_instance(launcher: AwsLauncher) -> None:
+    """The tags the launch wrote on moto, read by each node from the metadata test server
+    as IMDSv2 serves them: every node proves its own; node 1's copied onto node 0's
+    instance (whoever may call CreateTags could) proves nothing there."""
+    spec = replace(gang(), job_key=proof.job_key(bytes(32), "cg-alice-gang-1").hex())
+    handles = launcher.launch_gang(offer(), spec, attempt=1)
+    described = {i["InstanceId"]: i for i in instances_of("cg-alice-gang-1")}
+    env = {"COSTGUARD_JOB_ID": spec.job_id, "COSTGUARD_JOB_ATTEMPT": "1"}
+
+    def place(tags_from: int, on: int) -> node.Rendezvous:
+        item = described[handles[on].instance_id]
+        state = MetadataState(aws_tags=tags_of(described[handles[tags_from].instance_id]),
+                              instance_id=item["InstanceId"],
+                              private_address=item["PrivateIpAddress"])  # fmt: skip
+        clock = Clock()
+        with serving(MetadataHandler, state) as url:
+            return node.wait("aws", 2, {**env, notices.ENDPOINT_ENV["aws"]: url},
+                             told_key=spec.told_public(1), wait_s=4, poll_s=1, clock=clock,
+                             sleep=clock.sleep)  # fmt: skip
+
+    assert [place(rank, rank).rank for rank in range(2)] == [0, 1]
+    with pytest.raises(CostguardError, match="not signed by this job's controller"):
+        place(1, 0)
 
 
 def test_the_security_group_opens_the_ports_only_to_the_jobs_own_nodes(

@@ -12,11 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from costguard import proof
 from costguard.errors import CostguardError
 from costguard.spot import bootstrap
 from costguard.spot.launcher.azure import AzureLauncher
 from costguard.spot.launcher.base import CapacityError, LaunchSpec, Market, Offer
-from costguard.tags import ATTEMPT_TAG, JOB_TAG, NODE_RANK_TAG, OWNER_TAG, RENDEZVOUS_TAG
+from costguard.tags import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    NODE_PROOF_TAG,
+    NODE_RANK_TAG,
+    OWNER_TAG,
+    RENDEZVOUS_TAG,
+)
 from tests.servers.azure import GROUP, LAUNCH_OPTIONS, ArmServer, ArmVm
 from tests.spot.test_azure_launcher import make
 
@@ -72,6 +80,22 @@ def test_two_nodes_are_two_vms_in_one_zone_and_placement_group_told_their_ranks(
         assert body["tags"][RENDEZVOUS_TAG] == f"{first}:{bootstrap.RDZV_PORT}"
         assert body["tags"][JOB_TAG] == "cg-alice-gang-1"  # the job's tags are kept
         assert body["tags"][ATTEMPT_TAG] == "1"
+
+
+def test_each_vm_is_told_its_values_signed_for_its_own_name(
+    arm_server: ArmServer, launcher: AzureLauncher
+) -> None:
+    """What the node proves (costguard.spot.node): the signature in its tags holds for its
+    own name (IMDS ``compute/name``) and nowhere else."""
+    spec = replace(gang(), job_key=proof.job_key(bytes(32), "cg-alice-gang-1").hex())
+    handles = launcher.launch_gang(offer(), spec, attempt=1)
+    key = spec.told_public(1)
+    for rank, handle in enumerate(handles):
+        tags = arm_server.vms[handle.instance_id].body["tags"]
+        signed = (tags[NODE_PROOF_TAG], spec.job_id, 1)
+        assert proof.told_holds(key, *signed, handle.instance_id, rank, tags[RENDEZVOUS_TAG])
+        other = handles[1 - rank].instance_id
+        assert not proof.told_holds(key, *signed, other, rank, tags[RENDEZVOUS_TAG])
 
 
 def test_the_nodes_nics_admit_the_ports_from_the_jobs_nodes_only(

@@ -2,8 +2,10 @@
 through the AWS launcher against moto over HTTP (behind the EC2 fault layer of
 tests/servers/aws.py), tagged with the array's id and its index and told
 ``COSTGUARD_ARRAY_TASK_ID`` by its boot script; the launches paced, a throttling answer
-backed off (costguard.retry) without counting as a capacity failure, and a full zone
-failing no task."""
+backed off (costguard.retry) without counting as a capacity failure, a full zone
+failing no task, and each poll reading every running task's instance in one call
+(DescribeInstances; GCP's aggregated list; Azure's status listing) on moto and the GCP and
+Azure servers."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ from costguard.spot import sweep as sweep_module
 from costguard.spot.controller import Controller, Event
 from costguard.spot.job import ExitRecord, Job, JobSpec, load_job, save_job, write_exit_record
 from costguard.spot.launcher.aws import AwsLauncher
-from costguard.spot.launcher.base import Launcher, Offer
+from costguard.spot.launcher.azure import AzureLauncher
+from costguard.spot.launcher.base import Handle, Launcher, Offer, State
+from costguard.spot.launcher.gcp import GcpLauncher
 from costguard.spot.recovery import Attempt, AttemptOutcome
 from costguard.spot.sweep import Sweep, Task, load_tasks, rollup_copy, task_specs, write_rollup
 from costguard.tags import ARRAY_TAG, ARRAY_TASK_TAG, ATTEMPT_TAG, JOB_TAG
@@ -219,18 +223,36 @@ def test_each_task_of_a_cloud_array_is_a_job_on_its_own_tagged_instance(
 # -- jobs status of a big array: the roll-up -----------------------------------------------
 
 
-def _stored_array(count: int) -> tuple[array.ArrayRecord, list[tuple[int, Job]]]:
-    """An array of ``count`` tasks in the bucket, each running its first attempt, and
+def _stored_array(count: int, url: str = URL) -> tuple[array.ArrayRecord, list[tuple[int, Job]]]:
+    """An array of ``count`` tasks at ``url``, each running its first attempt, and
     their jobs as stored."""
     record = array.ArrayRecord(
-        "cg-me-20261206-000000-abc123", URL, f"0-{count - 1}", tuple(range(count)), count, 1.0
+        "cg-me-20261206-000000-abc123", url, f"0-{count - 1}", tuple(range(count)), count, 1.0
     )
-    array.write_record(Store.open(URL), record)
-    base, jobs = Store.open(URL), []
+    array.write_record(Store.open(url), record)
+    base, jobs = Store.open(url), []
     for index, task in enumerate(task_specs(_template({}), record)):
         job = Job(task, (Attempt(1, SPOT, time.time() - 60),))
         jobs.append((index, save_job(base.child(array.task_name(index)), job)))
     return record, jobs
+
+
+@pytest.fixture(params=["s3", "azure"])
+def array_url(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, aws_env: str) -> str:
+    """Where an array is stored: the S3 bucket on moto, or a container on Azurite (whose
+    listing gives each blob's Content-MD5, as Azure Blob's does)."""
+    if request.param == "s3":
+        request.getfixturevalue("bucket")
+        return URL
+    import adlfs  # type: ignore[import-untyped]
+
+    connection = request.getfixturevalue("azurite")
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", connection)
+    container = f"c{time.monotonic_ns()}"
+    adlfs.AzureBlobFileSystem(connection_string=connection, skip_instance_cache=True).mkdir(
+        container
+    )
+    return f"az://{container}/sweep"
 
 
 @pytest.fixture
@@ -252,31 +274,32 @@ def records_read(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return read
 
 
-def _paces(jobs: list[tuple[int, Job]]) -> dict[int, str]:
+def _paces(jobs: list[tuple[int, Job]], url: str = URL) -> dict[int, str]:
     """Each task given a pace (100 of 1,000 steps done), and its text as the sweep reads it."""
     out = {}
     for index, _ in jobs:
-        store = Store.open(array.task_url(URL, index))
+        store = Store.open(array.task_url(url, index))
         write_pace(store, Pace(100, 50.0, 100, time.time(), time.time() - 60, total_steps=1000))
         out[index] = store.get(contract.PACE_FILE).decode()
     return out
 
 
 def test_status_takes_the_tasks_from_the_rollup_and_reads_only_those_changed_since(
-    bucket: None, records_read: list[str], run_cli: Callable[..., Any]
+    array_url: str, records_read: list[str], run_cli: Callable[..., Any]
 ) -> None:
     """A 6-task array whose roll-up the sweep wrote: status reads the roll-up and one
     listing, and the record only of task 4, which moved on (finished) after it, and the
     pace only of task 5, which recorded a new one after it."""
-    record, jobs = _stored_array(6)
-    write_rollup(Store.open(URL), record.array_id, jobs, _paces(jobs))
+    url = array_url
+    record, jobs = _stored_array(6, url)
+    write_rollup(Store.open(url), record.array_id, jobs, _paces(jobs, url))
     done = replace(jobs[4][1], status="failed", reason="exit 3")
-    save_job(Store.open(array.task_url(URL, 4)), done)
+    save_job(Store.open(array.task_url(url, 4)), done)
     moved = Pace(900, 450.0, 900, time.time(), 1.0, total_steps=1000)
-    write_pace(Store.open(array.task_url(URL, 5)), moved)
-    status = run_cli("jobs", "status", URL, "--format", "json")
+    write_pace(Store.open(array.task_url(url, 5)), moved)
+    status = run_cli("jobs", "status", url, "--format", "json")
     assert status.exit_code == 0, status.stderr
-    assert records_read == [f"job {array.task_url(URL, 4)}", f"pace {array.task_url(URL, 5)}"]
+    assert records_read == [f"job {array.task_url(url, 4)}", f"pace {array.task_url(url, 5)}"]
     shown = json.loads(status.stdout)["tasks"]
     assert [t["status"] for t in shown] == ["running"] * 4 + ["failed", "running"]
     assert all(t["projected_usd"] is not None for t in shown if t["status"] == "running")
@@ -284,16 +307,16 @@ def test_status_takes_the_tasks_from_the_rollup_and_reads_only_those_changed_sin
 
 
 def test_a_forged_or_broken_rollup_shows_nothing_the_tasks_records_do_not_say(
-    bucket: None, records_read: list[str]
+    array_url: str, records_read: list[str]
 ) -> None:
     """The roll-up is trusted for nothing: a copy is used only when its MD5 is the one the
     store lists for the task's own job.json. A roll-up saying every task succeeded (valid
     job documents, the array's id), one of another array, or one that is not JSON: every
     task is read from its record and shows running."""
-    record, jobs = _stored_array(3)
-    base = Store.open(URL)
+    record, jobs = _stored_array(3, array_url)
+    base = Store.open(array_url)
     forged = [(i, replace(job, status="succeeded", reason="exit 0")) for i, job in jobs]
-    _paces(jobs)  # the tasks' own paces: 100 steps done; the forged copies say 999
+    _paces(jobs, array_url)  # the tasks' own paces: 100 steps done; the forged copies say 999
     fake = Pace(999, 1.0, 999, time.time(), 1.0, total_steps=1000).to_json().decode()
     for broken in (
         lambda: write_rollup(base, record.array_id, forged, dict.fromkeys(range(3), fake)),
@@ -610,3 +633,266 @@ def owner() -> str:
     import getpass
 
     return getpass.getuser()
+
+
+# -- one describe per poll for every running task -----------------------------------------
+
+
+def _polls_of_a_running_array(
+    count: int,
+    launcher: Launcher,
+    template: JobSpec,
+    offer: Offer,
+    calls: Callable[[], int],
+    *,
+    polls: int = 3,
+    preempt: Callable[[Sweep], None] | None = None,
+) -> tuple[list[int], list[Job]]:
+    """A sweep of ``count`` tasks at once whose instances run for ``polls`` polls, then
+    exit 0 (``preempt``, if given, acts on the cloud after the first of them): the
+    provider's status calls (``calls()``, a running count) made in each poll, and the
+    tasks' final jobs."""
+    record = array.ArrayRecord(
+        template.job_id, template.checkpoint_url, f"0-{count - 1}", tuple(range(count)),
+        count, 1_000.0,
+    )  # fmt: skip
+    tasks = []
+    for index, spec in zip(record.indexes, task_specs(template, record), strict=True):
+        store = Store.open(spec.checkpoint_url)
+        tasks.append(Task(index, store, save_job(store, Job(spec))))
+    now, seen = [1_000.0], [calls()]
+    per_poll: list[int] = []
+
+    def sleep(seconds: float) -> None:
+        assert len(per_poll) < MAX_ROUNDS
+        now[0] += seconds
+        per_poll.append(calls() - seen[0])
+        seen[0] = calls()
+        if len(per_poll) == 2 and preempt is not None:
+            preempt(sweep)
+        if len(per_poll) <= polls:
+            return
+        for task in sweep.tasks:  # every instance's script is done
+            current = task.job.current
+            if current is not None and current.handle is not None:
+                exit_record = ExitRecord(
+                    current.number, 0, None, now[0], job_id=task.job.spec.job_id
+                )
+                write_exit_record(task.store, exit_record)
+
+    sweep = Sweep(record, Store.open(record.url), tasks, (offer,), lambda spec: launcher,
+                  task_estimate_usd=Decimal("0.45"), poll_s=1.0, clock=lambda: now[0],
+                  sleep=sleep)  # fmt: skip
+    return per_poll, sweep.run()
+
+
+def test_a_poll_describes_every_running_tasks_instance_in_one_call_on_moto(
+    bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
+) -> None:
+    """Five tasks running at once on moto: each poll sends EC2 one DescribeInstances for
+    the five instances (the old sweep sent one per task, five a poll), and the tasks end
+    as before: a reclaimed one (the listing shows it ended: it is read alone, its state
+    reason says spot) is relaunched, every one succeeds."""
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
+
+    def describes() -> int:
+        return ec2_faults.actions.count("DescribeInstances")
+
+    def reclaim_task_2(sweep: Sweep) -> None:
+        handle = sweep.tasks[2].job.attempts[-1].handle
+        assert handle is not None
+        reclaim_aws_instance(handle.instance_id)
+
+    per_poll, jobs = _polls_of_a_running_array(
+        5, launcher, _template(aws_launch_options), SPOT, describes, preempt=reclaim_task_2
+    )
+    assert [j.status for j in jobs] == ["succeeded"] * 5, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 1, 2, 1, 1]
+    assert jobs[2].attempts[0].outcome is AttemptOutcome.PREEMPTED
+    # Poll 1 launches; poll 2 describes the five at once; poll 3 also reads the reclaimed
+    # one alone (its end is the per-instance rule's to say) and relaunches it; then one a
+    # poll again.
+    assert per_poll[1] == 1, per_poll
+    assert per_poll[2] == 2, per_poll
+    assert per_poll[3] == 1, per_poll
+
+
+def test_a_fresh_instance_the_listing_leaves_out_is_read_alone_and_not_ended(
+    bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
+) -> None:
+    """EC2's eventual consistency: instances just launched are missing from the filtered
+    listing (and answer NotFound to the first describe by id). The batch does not call
+    them gone: each is described again alone, with the fresh-instance backoff, and runs."""
+    ec2_faults.hidden_calls = 1
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2(),
+                           sleep=lambda seconds: None)  # fmt: skip
+
+    def describes() -> int:
+        return ec2_faults.actions.count("DescribeInstances")
+
+    per_poll, jobs = _polls_of_a_running_array(
+        3, launcher, _template(aws_launch_options), SPOT, describes, polls=2
+    )
+    assert [j.status for j in jobs] == ["succeeded"] * 3, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 1, 1]
+    assert ec2_faults.not_found == 3  # each fresh one answered NotFound once, then ran
+    # The listing, then each left-out instance twice by id (NotFound, then found).
+    assert per_poll[1] == 1 + 3 * 2, per_poll
+
+
+def test_the_aws_statuses_of_many_instances_in_their_order_a_gone_one_read_alone(
+    bucket: None, ec2_faults: Ec2Faults, aws_launch_options: dict[str, str]
+) -> None:
+    """AwsLauncher.statuses of five running instances, an unknown id (an old attempt's
+    instance EC2 forgot) and a forged one (a wildcard, which a filter would match every
+    instance with) among them, two ids a call: three DescribeInstances for the six ids,
+    then the unknown and the forged one described alone (missing); each status is its own
+    handle's, in the order asked."""
+    launcher = AwsLauncher(regions=["us-east-1"], clients=lambda region: ec2())
+    launcher.describe_ids = 2
+    spec = _template(aws_launch_options).launch_spec()
+    handles = [launcher.launch(replace(SPOT, zone="us-east-1a"), spec, n) for n in range(1, 6)]
+    gone = Handle("aws", "us-east-1", "i-0123456789abcdef0", extra={"launched_unix": "1.0"})
+    forged = replace(gone, instance_id="i-*")
+    asked = [*handles[:2], gone, forged, *handles[2:]]
+    ec2_faults.actions.clear()
+    said = launcher.statuses(asked)
+    assert [s.handle for s in said] == asked
+    missing = [State.MISSING] * 2
+    assert [s.state for s in said] == [State.RUNNING] * 2 + missing + [State.RUNNING] * 3
+    assert ec2_faults.actions.count("DescribeInstances") == 3 + 2
+
+
+def _azure_calls(server: Any) -> tuple[Callable[[], int], Callable[[], int]]:
+    """Counters of what Resource Manager was asked: the subscription's VM listings, and
+    the reads of one VM with its instance view."""
+
+    def listings() -> int:
+        return len([r for r in server.requests if r.method == "GET"
+                    and r.path.endswith("/providers/Microsoft.Compute/virtualMachines")
+                    and "resourceGroups" not in r.path])  # fmt: skip
+
+    def reads() -> int:
+        return len([r for r in server.calls("GET", "/virtualMachines/")
+                    if r.query.get("$expand") == ["instanceView"]])  # fmt: skip
+
+    return listings, reads
+
+
+@pytest.mark.parametrize("cloud", ["gcp", "azure"])
+def test_a_poll_reads_every_running_tasks_vm_in_one_listing_on_gcp_and_azure(
+    cloud: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Four tasks running at once through the GCP and Azure launchers and their servers:
+    each poll reads the four VMs in one listing (GCP: an aggregated list filtered by their
+    names; Azure: the subscription's status-only listing, over pages of 3) and no VM one
+    by one (the old sweep read each task's VM alone: four reads a poll); a reclaimed VM,
+    gone from the listing, is read alone, called preempted and relaunched."""
+    launcher, template, offer, _ = (_gcp_array if cloud == "gcp" else _azure_array)(request)
+    template = replace(template, checkpoint_url=f"file://{tmp_path}/sweep")
+    server = request.getfixturevalue("compute_server" if cloud == "gcp" else "arm_server")
+    server.requests.clear()
+    if cloud == "gcp":
+        server.rate_limit_inserts = 0
+
+        def listings() -> int:
+            return len(server.calls("GET", "/aggregated/instances"))
+
+        def reads() -> int:
+            return len([r for r in server.calls("GET", "/instances/")
+                        if "/operations/" not in r.path])  # fmt: skip
+    else:
+        server.throttle_puts = 0
+        server.page_size = 3
+        listings, reads = _azure_calls(server)
+
+    def calls() -> int:
+        return listings() * 1000 + reads()
+
+    def reclaim_task_1(sweep: Sweep) -> None:
+        handle = sweep.tasks[1].job.attempts[-1].handle
+        assert handle is not None
+        (server.preempt if cloud == "gcp" else server.evict)(handle.instance_id)
+
+    per_poll, jobs = _polls_of_a_running_array(
+        4, launcher, template, offer, calls, polls=4, preempt=reclaim_task_1
+    )
+    assert [j.status for j in jobs] == ["succeeded"] * 4, [j.reason for j in jobs]
+    assert [len(j.attempts) for j in jobs] == [1, 2, 1, 1]
+    assert jobs[1].attempts[0].outcome is AttemptOutcome.PREEMPTED
+    pages = 1 if cloud == "gcp" else 2  # Azure: four VMs over pages of three
+    assert per_poll[1] == pages * 1000, per_poll  # one listing, no VM read alone
+    # The reclaimed VM (gone: its termination action deletes it) is not in the next
+    # listing, and is read alone, whose rules (a system event; a Spot VM gone) say
+    # preempted; then one listing a poll again.
+    listed, alone = divmod(per_poll[2], 1000)
+    assert listed == 1, per_poll
+    assert alone >= 1, per_poll
+    assert per_poll[4] == pages * 1000, per_poll
+
+
+def test_gcps_statuses_list_the_vms_by_name_a_few_names_a_call(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Three VMs and a name no VM has (an old attempt's, deleted), two names a call: two
+    aggregated lists; the deleted one, not listed, is read alone (404, no preemption
+    event: missing); each status its own handle's, in the order asked."""
+    launcher, template, offer, _ = _gcp_array(request)
+    assert isinstance(launcher, GcpLauncher)
+    server = request.getfixturevalue("compute_server")
+    server.rate_limit_inserts = 0
+    spec = template.launch_spec()
+    handles = [launcher.launch(offer, spec, attempt) for attempt in range(1, 4)]
+    gone = replace(handles[0], instance_id="costguard-gone-1")
+    server.requests.clear()
+    launcher.list_names = 2
+    asked = [handles[0], gone, *handles[1:]]
+    said = launcher.statuses(asked)
+    assert [s.handle for s in said] == asked
+    assert [s.state for s in said] == [State.RUNNING, State.MISSING, State.RUNNING, State.RUNNING]
+    assert len(server.calls("GET", "/aggregated/instances")) == 2
+    assert [r.path.rsplit("/", 1)[-1] for r in server.calls("GET", "/instances/")] == [
+        "costguard-gone-1"
+    ]
+
+
+def test_azures_status_listing_is_paged_only_until_every_vm_asked_is_seen(
+    request: pytest.FixtureRequest,
+) -> None:
+    """Four VMs listed one a page: the statuses of the first two read two pages, not four;
+    with a bound of one page, a VM not seen by then is read alone."""
+    launcher, template, offer, _ = _azure_array(request)
+    assert isinstance(launcher, AzureLauncher)
+    server = request.getfixturevalue("arm_server")
+    server.throttle_puts, server.page_size = 0, 1
+    spec = template.launch_spec()
+    handles = [launcher.launch(offer, spec, attempt) for attempt in range(1, 5)]
+    server.requests.clear()
+    listings, reads = _azure_calls(server)
+    said = launcher.statuses(handles[:2])
+    assert [s.state for s in said] == [State.RUNNING] * 2
+    assert (listings(), reads()) == (2, 0)
+    launcher.list_pages = 1
+    server.requests.clear()
+    said = launcher.statuses([handles[0], handles[3]])
+    assert [(s.handle, s.state) for s in said] == [(h, State.RUNNING) for h in handles[::3]]
+    assert (listings(), reads()) == (1, 1)
+
+
+def test_an_azure_role_on_the_resource_group_only_reads_each_vm_alone(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The launcher's role assigned on the resource group only (infra/azure): Resource
+    Manager refuses the subscription's status listing (403 AuthorizationFailed). The sweep
+    asks it once, then reads each running task's VM alone at each poll, as before, and
+    every task succeeds."""
+    launcher, template, offer, _ = _azure_array(request)
+    template = replace(template, checkpoint_url=f"file://{tmp_path}/sweep")
+    server = request.getfixturevalue("arm_server")
+    server.throttle_puts, server.group_scoped_role = 0, True
+    server.requests.clear()
+    listings, reads = _azure_calls(server)
+    per_poll, jobs = _polls_of_a_running_array(3, launcher, template, offer, reads)
+    assert [j.status for j in jobs] == ["succeeded"] * 3, [j.reason for j in jobs]
+    assert per_poll[1:3] == [3, 3], per_poll
+    assert listings() == 1  # refused once, not asked again at every poll

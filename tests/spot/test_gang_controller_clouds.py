@@ -98,3 +98,17 @@ def test_a_finished_gang_leaves_no_group_template_or_placement_of_the_job(
     assert ec2.describe_security_groups(Filters=by_job)["SecurityGroups"] == []
     assert ec2.describe_launch_templates(Filters=by_job)["LaunchTemplates"] == []
     assert ec2_faults.placement_groups == {}
+
+
+def test_a_polls_reconcile_describes_a_gangs_nodes_in_one_call(
+    controller: Controller, aws_launch_options: dict[str, str], ec2_faults: Ec2Faults
+) -> None:
+    """Both nodes of a running gang are read in one DescribeInstances a poll (the old
+    controller described each node alone: two), and the attempt goes on."""
+    job = controller.launch(gang_job(aws_launch_options), Launch(OFFER, 1, "cheapest"))
+    ec2_faults.actions.clear()
+    polled = controller.reconcile(job)
+    assert polled.current is not None
+    assert polled.current.outcome is None
+    assert ec2_faults.actions.count("DescribeInstances") == 1
+    controller.finish(polled, Finish("stopped", "the test is over"))

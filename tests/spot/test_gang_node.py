@@ -10,16 +10,18 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from costguard import proof
 from costguard.checkpoint import notices
 from costguard.errors import CostguardError
 from costguard.spot import bootstrap, node
 from costguard.spot.launcher.base import LaunchSpec
-from costguard.tags import NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
+from costguard.tags import NODE_PROOF_TAG, NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
 from tests.helpers.clock import Clock
 from tests.helpers.metadata import MetadataHandler, MetadataState, serving
 
@@ -39,7 +41,11 @@ def url(state: MetadataState) -> Iterator[str]:
 
 def tell(state: MetadataState, cloud: str, rank: str, rendezvous: str) -> None:
     """What the controller writes on the node after the whole gang is up."""
-    values = {NODE_RANK_TAG: rank, RENDEZVOUS_TAG: rendezvous}
+    tell_values(state, cloud, {NODE_RANK_TAG: rank, RENDEZVOUS_TAG: rendezvous})
+
+
+def tell_values(state: MetadataState, cloud: str, values: dict[str, str]) -> None:
+    """``values`` as the tags or metadata of ``cloud`` on this node (whoever writes them)."""
     if cloud == "aws":
         state.aws_tags.update(values)
     elif cloud == "gcp":
@@ -182,3 +188,99 @@ def test_a_single_node_job_starts_no_torchrun_and_asks_no_metadata(
     assert node_rank is None
     assert argv[argv.index("--") + 1 :] == ["train.py", "--note", "it's $HOME"]
     assert state.requests == []
+
+
+# -- proven, not only well formed: the controller's signature for this instance ----------
+
+KEY = proof.job_key(b"this user's key, never in a bucket", "run-1").hex()
+OTHER_KEY = proof.job_key(b"another user's key, say a labmate", "run-1").hex()
+ATTEMPT = 3
+#: This instance as each cloud's metadata names it (MetadataState's defaults).
+INSTANCE = {"aws": "i-0123456789abcdef0", "gcp": "cg-test-1-a1-n0", "azure": "vm1"}
+
+
+def signed_spec(key: str = KEY) -> LaunchSpec:
+    return replace(gang_spec(2), job_key=key)
+
+
+def told_env(cloud: str, url: str, attempt: int = ATTEMPT) -> dict[str, str]:
+    return {**env_for(cloud, url), "COSTGUARD_JOB_ID": "run-1",
+            "COSTGUARD_JOB_ATTEMPT": str(attempt)}  # fmt: skip
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_a_node_acts_on_what_its_controller_signed_for_this_instance(
+    state: MetadataState, url: str, cloud: str
+) -> None:
+    spec = signed_spec()
+    tell_values(state, cloud, node.signed(spec, ATTEMPT, INSTANCE[cloud], 1, "10.0.0.5"))
+    place = node.wait(cloud, 2, told_env(cloud, url), told_key=spec.told_public(ATTEMPT),
+                      wait_s=5)  # fmt: skip
+    assert place == node.Rendezvous(1, "10.0.0.5", 29500)
+
+
+def forgeries() -> list[tuple[str, dict[str, str]]]:
+    """What someone who may write this instance's tags (or metadata), but holds no key of
+    this user's, can put there: each well formed, none proven."""
+    spec, other = signed_spec(), signed_spec(OTHER_KEY)
+    genuine = node.signed(spec, ATTEMPT, INSTANCE["aws"], 1, "10.0.0.5")
+    return [
+        ("unsigned", {k: v for k, v in genuine.items() if k != NODE_PROOF_TAG}),
+        ("another address", {**genuine, RENDEZVOUS_TAG: "10.9.9.9:29500"}),
+        ("another port", {**genuine, RENDEZVOUS_TAG: "10.0.0.5:29501"}),
+        ("another rank", {**genuine, NODE_RANK_TAG: "0", RENDEZVOUS_TAG: "10.0.0.9:29500"}),
+        ("a sibling's values", node.signed(spec, ATTEMPT, "i-0fedcba9876543210", 1, "10.0.0.5")),
+        ("an earlier attempt's", node.signed(spec, ATTEMPT - 1, INSTANCE["aws"], 1, "10.0.0.5")),
+        ("another key's", node.signed(other, ATTEMPT, INSTANCE["aws"], 1, "10.9.9.9")),
+        ("a proof that is none", {**genuine, NODE_PROOF_TAG: "x" * 86}),
+        ("the public key as proof", {**genuine, NODE_PROOF_TAG: spec.told_public(ATTEMPT)}),
+    ]
+
+
+@pytest.mark.parametrize(("what", "values"), forgeries(), ids=[f[0] for f in forgeries()])
+def test_values_not_signed_for_this_node_are_never_acted_on(
+    state: MetadataState, url: str, what: str, values: dict[str, str]
+) -> None:
+    tell_values(state, "aws", values)
+    clock = Clock()
+    with pytest.raises(CostguardError, match="not signed by this job's controller"):
+        node.wait("aws", 2, told_env("aws", url), told_key=signed_spec().told_public(ATTEMPT),
+                  wait_s=10, poll_s=1, clock=clock, sleep=clock.sleep)  # fmt: skip
+    assert clock.now >= 9  # waited the whole bound for the controller's own values
+
+
+def test_the_controllers_values_written_after_a_forgery_are_taken(
+    state: MetadataState, url: str
+) -> None:
+    """A forger who writes first delays a node, never misdirects it: it waits past
+    values it cannot prove, and takes the controller's when they come."""
+    spec = signed_spec()
+    tell_values(state, "aws", forgeries()[1][1])  # node 0 moved to 10.9.9.9
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if clock.now >= 4:
+            tell_values(state, "aws", node.signed(spec, ATTEMPT, INSTANCE["aws"], 1, "10.0.0.5"))
+
+    place = node.wait("aws", 2, told_env("aws", url), told_key=spec.told_public(ATTEMPT),
+                      wait_s=30, poll_s=1, clock=clock, sleep=sleep)  # fmt: skip
+    assert place.line() == "1 10.0.0.5:29500"
+
+
+def test_the_boot_script_gives_the_node_the_attempts_public_key_and_checks_with_it(
+    state: MetadataState, url: str, tmp_path: Path
+) -> None:
+    """The boot script's node proves its values with the key and the job and attempt it
+    was launched with (a wrong one of those would wait past them all)."""
+    spec = signed_spec()
+    text = bootstrap.render(spec, ATTEMPT, "aws", environ={})
+    assert f"TOLD_KEY={spec.told_public(ATTEMPT)}" in text
+    assert KEY not in text  # the job's key never leaves the controller
+    tell_values(state, "aws", node.signed(spec, ATTEMPT, INSTANCE["aws"], 1, "10.0.0.5"))
+    done = run_gang_part(text, tmp_path, env_for("aws", url))
+    assert done.returncode == 0, done.stderr
+    node_rank, *argv = json.loads(done.stdout.splitlines()[-1])
+    assert node_rank == "1"
+    assert "10.0.0.5:29500" in argv
+    assert any(r.endswith("/tags/instance/costguard:node-proof") for r in state.requests)

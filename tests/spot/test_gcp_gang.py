@@ -5,16 +5,18 @@ google-cloud-compute client (rules bulk_insert_min_count, set_metadata_fingerpri
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
 
+from costguard import proof
 from costguard.errors import CostguardError
 from costguard.spot import bootstrap
 from costguard.spot.launcher.base import CapacityError, LaunchSpec, Market, Offer
 from costguard.spot.launcher.gcp import GcpLauncher
-from costguard.tags import NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
+from costguard.tags import NODE_PROOF_TAG, NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
 from tests.servers.gcp import LAUNCH_OPTIONS, ComputeServer, ComputeVm
 
 ZONE = "us-central1-b"
@@ -45,6 +47,23 @@ def offer(market: Market = Market.SPOT) -> Offer:
 
 def metadata(vm: ComputeVm) -> dict[str, str]:
     return {i["key"]: i["value"] for i in vm.body.get("metadata", {}).get("items", [])}
+
+
+def test_each_vm_is_told_its_values_signed_for_its_own_name(
+    compute_server: ComputeServer, launcher: GcpLauncher
+) -> None:
+    """What the node proves (costguard.spot.node): the signature in its metadata holds for
+    its own name (``instance/name``) and nowhere else."""
+    spec = replace(gang(), job_key=proof.job_key(bytes(32), "cg-alice-gang-1").hex())
+    handles = launcher.launch_gang(offer(), spec, attempt=1)
+    key = spec.told_public(1)
+    for rank, handle in enumerate(handles):
+        told = metadata(compute_server.vms[handle.instance_id])
+        signed = (told[gcp_label(NODE_PROOF_TAG)], spec.job_id, 1)
+        rendezvous = told[gcp_label(RENDEZVOUS_TAG)]
+        assert proof.told_holds(key, *signed, handle.instance_id, rank, rendezvous)
+        other = handles[1 - rank].instance_id
+        assert not proof.told_holds(key, *signed, other, rank, rendezvous)
 
 
 def test_two_nodes_are_one_bulk_insert_of_two_vms_in_one_zone_told_their_ranks(

@@ -15,14 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from costguard import contract
 from costguard.checkpoint.pace import Pace
 from costguard.checkpoint.store import Store
+from costguard.spot import array
+from costguard.spot.job import Job, job_doc
+from costguard.spot.launcher.base import Handle
+from costguard.spot.recovery import Attempt
+from costguard.spot.sweep import rollup_copy, task_specs
 from tests.billing.test_focus import HANDMADE
+from tests.helpers.stores import make_s3_bucket
 from tests.helpers.training import child_env
 from tests.spot.test_hostile_records import running_doc
+from tests.spot.test_offers_and_job import spec
+from tests.spot.test_simulator import ON_DEMAND
 
 pytestmark = pytest.mark.slow
 
@@ -206,3 +215,137 @@ def test_a_huge_record_is_never_read_whole(tmp_path: Path) -> None:
         assert not unexpected
         assert peak_kib < 200 * 1024, (command, peak_kib)  # the object is 64 MiB
     assert (tmp_path / "ckpt" / "job" / "job.json").stat().st_size > 64 * 1024 * 1024
+
+
+# -- gangs (launch --nodes) and arrays (launch --array), added since -----------------------
+
+
+def gang_doc(url: str) -> dict[str, Any]:
+    """A running gang's job.json: 2 nodes of one attempt, 600 s old."""
+    now = time.time()
+    nodes = tuple(Handle("local", "aws:us-east-1", f"local-{r}") for r in range(2))
+    attempt = Attempt(1, ON_DEMAND, now - 600, handle=nodes[0], node_count=2, nodes=nodes)
+    job = Job(spec(url, spot=False, simulation=None, created_unix=now - 605, total_steps=2000,
+                   nodes=2, procs_per_node=2), attempts=(attempt,))  # fmt: skip
+    return json.loads(json.dumps(job_doc(job), default=str))
+
+
+GANG = gang_doc("STORE")
+NODE_EXIT = {**EXIT, "node": 1}
+
+
+def reads(job_url: str) -> list[tuple[str, ...]]:
+    """The commands that read the job (or array) at ``job_url``."""
+    return [
+        ("jobs", "status", job_url),
+        ("jobs", "status", job_url, "--format", "json"),
+        ("launch", "--attach", job_url, "--force"),  # no terminal, no --yes: declined
+        ("burn", "--job", job_url, "--region", "us-east-1", "--budget", "1000000"),
+        ("estimate", "--from-run", job_url, "--gpu", "a10g", "--speedup", "1"),
+        ("spend", str(HANDMADE), "--job", job_url),
+    ]
+
+
+#: Each record as written, with nothing made hostile (every test's first example).
+PLAIN = {"job": GANG, "node0": EXIT, "node1": NODE_EXIT, "pace": PACE, "stop": STOP}
+
+
+def genuine(**given_: bytes) -> bool:
+    """Whether every record given is the plain one (``PLAIN``) as the test writes it."""
+    return all(given_[k] == hostile_bytes(PLAIN[k], [], None) for k in given_)
+
+
+@reproducible(12)
+@example(**{k: hostile_bytes(v, [], None) for k, v in PLAIN.items()})
+@given(job=record(GANG), node0=record(EXIT), node1=record(NODE_EXIT), pace=record(PACE),
+       stop=record(STOP))  # fmt: skip
+def test_every_reader_of_a_gangs_records_survives_hostile_records(
+    run_cli: Callable[..., Any], aws_env: str, store: Store, job: bytes, node0: bytes,
+    node1: bytes, pace: bytes, stop: bytes,
+) -> None:  # fmt: skip
+    """``launch --nodes``: its job.json (nodes, handles, node count), each node's exit
+    record (``job/attempt-1.node-R.exit.json``), its pace and stop request."""
+    store.put("job/job.json", job.replace(b"STORE", store.url.encode()))
+    store.put(contract.exit_record_path(1, 0), node0)
+    store.put(contract.exit_record_path(1, 1), node1)
+    store.put("job/pace.json", pace)
+    store.put("job/stop.json", stop)
+    for command in reads(store.url):
+        started = time.monotonic()
+        result = run_cli(*command)
+        check(result, started, " ".join(command[:2]))
+        if command[:2] == ("jobs", "status") and genuine(job=job, node0=node0, node1=node1):
+            assert result.exit_code == 0, result.stderr[-2000:]  # the setup is a gang's
+            assert "2 nodes" in result.stdout or '"nodes": 2' in result.stdout
+
+
+def array_base(url: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """An array of 2 tasks at ``url`` as the sweep writes it: its record, task 0's
+    job.json (running; task 1's is pending) and the roll-up of both."""
+    now = time.time()
+    record = array.ArrayRecord("cg-test-1", url, "0-1", (0, 1), 2, now - 605)
+    running, pending = task_specs(spec(url, spot=False, simulation=None, total_steps=2000,
+                                       created_unix=now - 605), record)  # fmt: skip
+    attempt = Attempt(1, ON_DEMAND, now - 600, handle=Handle("local", "aws:us-east-1", "l-1"))
+    jobs = [Job(running, attempts=(attempt,)), Job(pending)]
+    array_doc = json.loads(contract.dump(record.document(), contract.ARRAY, "array"))
+    rollup = {"version": contract.VERSION, "array_id": "cg-test-1",
+              "tasks": [{"index": i, "job": rollup_copy(j), "pace": ""}
+                        for i, j in enumerate(jobs)]}  # fmt: skip
+    return array_doc, json.loads(rollup_copy(jobs[0])), rollup
+
+
+ARRAY_DOC, TASK_JOB, ROLLUP = array_base("s3://sweep/array")
+PLAIN.update(record_=ARRAY_DOC, task=TASK_JOB)
+
+
+@reproducible(8)
+@example(
+    **{k: hostile_bytes(PLAIN[k], [], None) for k in ("record_", "task", "pace", "stop")},
+    rollup=hostile_bytes(ROLLUP, [], None), exit_=hostile_bytes(EXIT, [], None), copies=True,
+)  # fmt: skip
+@given(record_=record(ARRAY_DOC), task=record(TASK_JOB), rollup=record(ROLLUP),
+       pace=record(PACE), stop=record(STOP), exit_=record(EXIT), copies=st.booleans())  # fmt: skip
+def test_every_reader_of_an_arrays_records_survives_hostile_records(
+    run_cli: Callable[..., Any], aws_env: str, record_: bytes, task: bytes, rollup: bytes,
+    pace: bytes, stop: bytes, exit_: bytes, copies: bool,
+) -> None:  # fmt: skip
+    """``launch --array`` on S3 (moto), where status takes a task from the roll-up when
+    its copy's MD5 is the one listed: the array's record, a task's job.json, pace, exit
+    record and the roll-up hostile, and (``copies``) the roll-up holding the very bytes
+    of the hostile task records, so that they are used and read through the bounded
+    reader."""
+    make_s3_bucket(aws_env, "sweep")
+    base = Store.open("s3://sweep/array")
+    task0 = Store.open("s3://sweep/array/task-0")
+    base.put(contract.ARRAY_FILE, record_)
+    task0.put("job/job.json", task)
+    task0.put("job/pace.json", pace)
+    task0.put("job/attempt-1.exit.json", exit_)
+    Store.open("s3://sweep/array/task-1").put("job/job.json", ROLLUP["tasks"][1]["job"].encode())
+    base.put("job/stop.json", stop)
+    if copies:
+        copy = {"index": 0, "job": task.decode("latin-1"), "pace": pace.decode("latin-1")}
+        rollup = json.dumps({**ROLLUP, "tasks": [copy, ROLLUP["tasks"][1]]}).encode()
+    base.put(contract.ROLLUP_FILE, rollup)
+    for command in [*reads(base.url), ("jobs", "status", task0.url)]:
+        started = time.monotonic()
+        result = run_cli(*command)
+        check(result, started, " ".join(command[:2]))
+        if command[:2] == ("jobs", "status") and genuine(record_=record_, task=task, pace=pace):
+            assert result.exit_code == 0, result.stderr[-2000:]  # the setup is an array's
+
+
+@pytest.mark.parametrize("record_path", ["job/job.json", contract.ARRAY_FILE])
+def test_an_empty_record_on_s3_is_named_not_a_failed_read(
+    run_cli: Callable[..., Any], aws_env: str, record_path: str
+) -> None:
+    """A bounded read of an empty object is a range S3 cannot satisfy (HTTP 416): jobs
+    status exited 1, "reading job/array.json ... failed", as for a store it cannot reach."""
+    make_s3_bucket(aws_env, "empty")
+    store = Store.open("s3://empty/job")
+    store.put(record_path, b"")
+    result = run_cli("jobs", "status", store.url)
+    assert result.exit_code == 2, result.stderr
+    assert "failed" not in result.stderr
+    assert record_path in result.stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from fnmatch import fnmatchcase
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from costguard.clouds import aws as aws_clouds
+from costguard.spot import node
 from costguard.spot.launcher.aws import AwsLauncher
 from costguard.spot.launcher.base import Handle, LaunchSpec, Market, Offer
 from costguard.tags import JOB_TAG, OWNER_TAG
@@ -550,7 +552,9 @@ def test_aws_policy_covers_every_call_of_a_gang_and_only_its_owners(ec2_faults: 
     arn = "arn:aws:ec2:us-east-1:111122223333"
     mine = {f"aws:ResourceTag/{k}": v for k, v in spec.tags(1).items()}
     theirs = {**mine, f"aws:ResourceTag/{OWNER_TAG}": "bob"}
-    told = {"aws:TagKeys": ["costguard:node-rank", "costguard:rendezvous"]}
+    signed = replace(spec, job_key="00" * 32)  # a launch's spec: its nodes' values signed
+    told = {"aws:TagKeys": sorted(node.signed(signed, 1, "i-0123", 1, "10.0.0.5"))}
+    assert "costguard:node-proof" in told["aws:TagKeys"]
     instance = f"{arn}:instance/i-0123456789abcdef0"
     assert launcher_allows("ec2:CreateTags", instance, {**ALICE, **mine, **told})
     assert not launcher_allows("ec2:CreateTags", instance, {**ALICE, **theirs, **told})

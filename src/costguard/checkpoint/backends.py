@@ -333,8 +333,11 @@ def one_retry_layer_gcs(fs: Any) -> None:
 def content_md5(info: Mapping[str, Any]) -> str | None:
     """The MD5 of an fsspec listing entry's content, in hex, where its store says it:
     s3fs's ``ETag`` of an object written in one part (a multipart or KMS-encrypted
-    object's ETag is no MD5 of its bytes: ``None``), gcsfs's ``md5Hash``. Read
-    from the listing, so it is as trustworthy as the object itself.
+    object's ETag is no MD5 of its bytes: ``None``), gcsfs's ``md5Hash``, adlfs's
+    ``content_settings.content_md5`` (Azure Blob's ``Content-MD5``: the service's MD5 of
+    a blob written in one Put Blob, as costguard's records are; after a Put Block List or
+    Set Blob Properties, what the writer said, or nothing). Read from the listing, so it
+    is as trustworthy as the object itself: only one who may write the object sets it.
 
     >>> content_md5({"ETag": '"D41D8CD98F00B204E9800998ECF8427E"'})
     'd41d8cd98f00b204e9800998ecf8427e'
@@ -342,6 +345,11 @@ def content_md5(info: Mapping[str, Any]) -> str | None:
     True
     >>> content_md5({"md5Hash": "1B2M2Y8AsgTpgAmY7PhCfg=="}), content_md5({"md5Hash": "x"})
     ('d41d8cd98f00b204e9800998ecf8427e', None)
+    >>> empty = bytearray.fromhex("d41d8cd98f00b204e9800998ecf8427e")
+    >>> content_md5({"etag": '"0x8DC"', "content_settings": {"content_md5": empty}})
+    'd41d8cd98f00b204e9800998ecf8427e'
+    >>> content_md5({"content_settings": {"content_md5": None}}) is None  # none was set
+    True
     """
     import base64
     import binascii
@@ -349,6 +357,13 @@ def content_md5(info: Mapping[str, Any]) -> str | None:
     etag = str(info.get("ETag") or "").strip('"').lower()
     if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag):
         return etag
+    settings = info.get("content_settings")
+    if isinstance(settings, Mapping):
+        said = settings.get("content_md5")
+    else:  # the SDK's ContentSettings, where adlfs leaves it as it is
+        said = getattr(settings, "content_md5", None)
+    if isinstance(said, bytes | bytearray) and len(said) == 16:
+        return bytes(said).hex()
     md5 = info.get("md5Hash")
     if isinstance(md5, str):
         try:

@@ -72,6 +72,7 @@ from costguard.checkpoint.notices import (
 from costguard.checkpoint.notices import signals as signals_mod
 from costguard.checkpoint.pace import ENV_PILOT_STEPS, ENV_TOTAL_STEPS, Pace, PaceRecorder
 from costguard.checkpoint.restoring import (
+    MISFIT,
     PAYLOAD,
     MisfitError,
     NoUsableCheckpointError,
@@ -157,8 +158,6 @@ class RestoreError(CostguardError):
     """A checkpoint was read and verified but does not fit the objects given to restore."""
 
 
-#: How a checkpoint the objects cannot take is described (:meth:`Checkpointer._apply`).
-MISFIT = "does not fit the objects given to restore"
 FIT_HINT = (
     "restore into the same model, optimizer and number of ranks it was saved from; to start "
     "over from step 0 on purpose: costguard run --start-fresh, or Checkpointer(start_fresh=True)"
@@ -555,9 +554,14 @@ class Checkpointer:
                 hint="restore into the same model and optimizer it was saved from (the "
                 "number of ranks may differ)",
             ) from exc
-        refusal = None
+        refusal: NoUsableCheckpointError | RestoreError | None = None
         if group.rank == 0:
             refusal = fallback(skipped, self.restored, self.store.url, start_fresh=self.start_fresh)
+            misfits = [s for s in skipped if s.why.startswith(MISFIT)]
+            if refusal is not None and misfits:
+                newest = max(misfits, key=lambda s: (s.step, s.name))
+                msg = f"checkpoint {newest.name} in {self.store.url} {newest.why}"
+                refusal = RestoreError(msg, hint=FIT_HINT)
         self._refuse(group, refusal)
 
     def _load_chosen(

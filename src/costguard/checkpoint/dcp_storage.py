@@ -18,16 +18,24 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from costguard.checkpoint import state as state_mod
-from costguard.checkpoint.manifest import Manifest, ManifestError, ObjectEntry
+from costguard.checkpoint.manifest import Manifest, ManifestError, ObjectEntry, UnreadableError
 from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.store import Store
+from costguard.text import visible
 
 #: DCP's index of every chunk (written by the coordinating rank).
 METADATA = "dcp.metadata"
+
+
+#: What :func:`shard_object` names: the only objects of a checkpoint (with the pool's)
+#: that hold chunks.
+_SHARD = re.compile(r"shard-\d{5,}\.distcp", re.ASCII)
 
 
 def shard_object(rank: int) -> str:
@@ -242,9 +250,55 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
     if len(data) != entry.size_bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
         msg = f"{manifest.object_path(entry)} does not match the manifest's size and sha256"
         raise ManifestError(msg)
-    state_mod.require_zip(data, METADATA)
+    try:
+        state_mod.require_zip(data, METADATA)
+    except ValueError as exc:  # verified bytes: a forged or foreign index
+        raise UnreadableError(str(exc)) from exc
     with torch.serialization.safe_globals(_safe_globals()):
-        return torch.load(io.BytesIO(data), weights_only=True)
+        try:
+            meta = torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as exc:  # verified bytes: a foreign or forged index
+            msg = f"{METADATA} cannot be loaded: {type(exc).__name__}: {visible(str(exc))[:200]}"
+            raise UnreadableError(msg) from exc
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    storage = getattr(meta, "storage_data", None)
+    if not (
+        isinstance(meta, Metadata)
+        and isinstance(meta.state_dict_metadata, dict)
+        and isinstance(storage, dict)
+        and all(isinstance(where, Stored) for where in storage.values())
+    ):
+        msg = f"{METADATA} is no index of costguard's sharded checkpoint"
+        raise UnreadableError(msg)
+    for name, value in meta.state_dict_metadata.items():
+        if not _covered(value):
+            msg = f"{METADATA}: the chunks of {str(name)[:80]!r} do not make up its tensor"
+            raise UnreadableError(visible(msg))
+    return meta
+
+
+def _covered(value: Any) -> bool:
+    """Whether a tensor's chunks in DCP's index lie within its size and add up to it (as
+    DCP's save checks: a whole load would otherwise leave the rest of a tensor unset)."""
+    size = getattr(value, "size", None)
+    chunks = getattr(value, "chunks", None)
+    if size is None or chunks is None:  # a value saved as bytes
+        return True
+    try:
+        total = 0
+        for chunk in chunks:
+            if len(chunk.offsets) != len(size) or len(chunk.sizes) != len(size):
+                return False
+            if any(
+                o < 0 or n < 0 or o + n > s
+                for o, n, s in zip(chunk.offsets, chunk.sizes, size, strict=True)
+            ):
+                return False
+            total += math.prod(chunk.sizes)
+        return total == math.prod(size)
+    except (TypeError, AttributeError):
+        return False
 
 
 def storage_reader(store: Store, manifest: Manifest) -> Any:
@@ -258,6 +312,7 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
         def __init__(self) -> None:
             super().__init__()
             self.storage: Mapping[Any, Stored] = {}
+            self._metadata: Any = None
 
         def reset(self, checkpoint_id: Any = None) -> None:
             pass
@@ -267,7 +322,11 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             return True
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            return read_metadata_object(store, manifest)
+            """The index, read once (its errors raised here, before DCP, which would
+            log them with a traceback, asks for it)."""
+            if self._metadata is None:
+                self._metadata = read_metadata_object(store, manifest)
+            return self._metadata
 
         def set_up_storage_reader(
             self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any
@@ -295,10 +354,17 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
                 if where.dtype is None or where.shape is None:
                     msg = f"chunk {item.storage_index.fqn[:80]!r} has no dtype or shape"
                     raise ManifestError(msg)
-                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                tensor = saved.view(_dtype(where.dtype)).reshape(where.shape)
-                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
                 target = planner.resolve_tensor(item).detach()
+                if _dtype(where.dtype) != target.dtype:
+                    # Read as another dtype, the bytes would be converted, not copied.
+                    msg = (
+                        f"chunk of {item.storage_index.fqn[:80]!r}: {where.dtype[:40]} saved, "
+                        f"{target.dtype} wanted"
+                    )
+                    raise ValueError(msg)
+                saved = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                tensor = saved.view(target.dtype).reshape(where.shape)
+                tensor = _narrow(tensor, item.storage_offsets, item.lengths)
                 if target.size() != tensor.size():
                     msg = (
                         f"chunk of {item.storage_index.fqn[:80]!r}: {tuple(tensor.size())} "
@@ -315,6 +381,9 @@ def storage_reader(store: Store, manifest: Manifest) -> Any:
             where = self.storage[item.storage_index]
             if where.object not in listed:
                 msg = f"dcp.metadata names {where.object[:80]!r}, which the manifest does not list"
+                raise ManifestError(msg)
+            if not (listed[where.object].pool or _SHARD.fullmatch(where.object)):
+                msg = f"dcp.metadata puts a chunk in {where.object[:80]!r}, which holds none"
                 raise ManifestError(msg)
             return where
 

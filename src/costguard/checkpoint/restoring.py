@@ -125,6 +125,10 @@ class Skipped:
     kept: bool
 
 
+#: How a checkpoint the objects cannot take is described (one path or sharded).
+MISFIT = "does not fit the objects given to restore"
+
+
 class MisfitError(UnreadableError):
     """A checkpoint that verifies and loads, but whose state the objects given to restore
     cannot take (another model's, or not a state at all): skipped and kept, never proof

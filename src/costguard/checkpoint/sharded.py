@@ -71,7 +71,7 @@ from costguard.checkpoint.manifest import (
     parse_name,
     restore_order,
 )
-from costguard.checkpoint.restoring import Restorer, Skipped
+from costguard.checkpoint.restoring import MISFIT, Restorer, Skipped
 from costguard.checkpoint.saving import SaveResult, Written, commit
 from costguard.checkpoint.shard_pool import ShardPool
 from costguard.checkpoint.state import TrainState
@@ -79,6 +79,7 @@ from costguard.checkpoint.store import Store
 from costguard.errors import CostguardError, InputError
 from costguard.logs import get_logger
 from costguard.secrets import redact
+from costguard.text import visible
 
 logger = get_logger(__name__)
 
@@ -152,11 +153,13 @@ def load_whole(store: Store, manifest: Manifest) -> dict[str, Any]:
     object_entry(manifest, TRAIN)
     _verify_share(store, manifest, 0, 1)
     state: dict[str, Any] = {}
+    reader = storage_reader(store, manifest)
+    reader.read_metadata()  # its errors raised here: DCP would log them with a traceback
     try:
         # What torch's dcp_to_torch_save calls: dcp.load would not fill an empty dict.
         _load_state_dict(
             state,
-            storage_reader=storage_reader(store, manifest),
+            storage_reader=reader,
             planner=load_planner(whole=True),
             no_dist=True,
         )
@@ -428,7 +431,7 @@ def _describe(exc: BaseException) -> str:
         )
     else:
         text = f"{type(exc).__name__}: {exc}"
-    return redact(text)[:500]
+    return visible(redact(text))[:500]  # torch's own messages carry ANSI codes
 
 
 def _verify_share(store: Store, manifest: Manifest, rank: int, world: int) -> None:
@@ -477,14 +480,14 @@ def restore(
 
     Rank 0 lists the candidates; every rank verifies its share of each in turn and all
     agree on the verdict before anything is loaded: a corrupt one is recorded (retention
-    may delete it), a doubtful one skipped and kept, and the previous one tried. Returns
+    may delete it), a doubtful one skipped and kept, and the previous one tried; so is one
+    that verifies but that some rank cannot take (:func:`_load`: a forger's index, chunks
+    or ``train.pt``), whose parts loaded so far the previous one then replaces. Returns
     the manifest loaded, or ``None`` (nothing changed) when none verifies, and (on rank 0)
     every checkpoint that could not be used, for
     :func:`~costguard.checkpoint.restoring.fallback`. The chunks loaded whole from pool
     objects count as unchanged in ``pool`` (the next save does not write them again).
     """
-    from torch.distributed import checkpoint as dcp
-
     names: list[str] | None = None
     skipped: list[Skipped] = []
     condemned: set[str] = set()
@@ -499,14 +502,14 @@ def restore(
         if kind == "corrupt" or kind == "doubtful" or manifest is None:
             skipped.append(Skipped(name, parse_name(name) or 0, why, kept=kind != "corrupt"))
             continue
-        state = dcp_state(parts)
-        try:
-            reader = storage_reader(store, manifest)
-            dcp.load(state, storage_reader=reader, planner=load_planner())
-        except dcp.CheckpointException as exc:  # verified bytes that do not fit
-            raise RuntimeError(_describe(exc)) from exc
-        apply_dcp_state(parts, state)
-        _apply_train(store, manifest, parts, group)
+        reader = storage_reader(store, manifest)
+        misfit = _load(store, manifest, reader, parts, group)
+        if misfit:
+            # Verified bytes that are no state these objects can take (anyone who can
+            # write the store may leave such): kept, and the previous one tried, which
+            # puts back every part this one may have loaded before it failed.
+            skipped.append(Skipped(name, manifest.step, misfit, kept=True))
+            continue
         if pool is not None:
             pool.adopt((parts.model, parts.optimizer), dcp_state(parts).get("model", {}), {
                 (index.fqn, tuple(int(n) for n in index.offset or ())): (pooled, where.dtype)
@@ -522,11 +525,39 @@ def restore(
     return chosen, skipped
 
 
+def _load(store: Store, manifest: Manifest, reader: Any, parts: TrainState, group: Group) -> str:
+    """Load checkpoint ``manifest`` into ``parts`` on every rank (collective): ``""``, or
+    why it does not fit on some rank (:data:`MISFIT`: then every rank says so, and the
+    parts may hold some of it). Whatever its verified objects hold (a forger's index,
+    chunks, values or ``train.pt``), torch and the objects' errors end here, never in the
+    caller: no rank goes on alone to load another while the others wait."""
+    from torch.distributed import checkpoint as dcp
+
+    mine = ""
+    try:
+        reader.read_metadata()  # checked here: DCP would log its errors with a traceback
+        state = dcp_state(parts)
+        dcp.load(state, storage_reader=reader, planner=load_planner())
+        apply_dcp_state(parts, state)
+        _apply_train(store, manifest, parts, group)
+    except (Exception, dcp.CheckpointException) as exc:  # the latter: a BaseException
+        mine = f"{MISFIT}: {_describe(exc)}"[:300]
+        logger.debug("costguard: %s %s", manifest.name, mine)
+    said = group.all_gather(mine)
+    return next((f"{why} (rank {rank})" for rank, why in enumerate(said) if why), "")
+
+
 def _apply_train(store: Store, manifest: Manifest, parts: TrainState, group: Group) -> None:
     entry = object_entry(manifest, TRAIN)
     with store.verified_file(manifest.object_path(entry), entry.size_bytes, entry.sha256) as path:
         data = state_mod.load_file(path)
+    if not isinstance(data, Mapping):
+        msg = f"{TRAIN} holds a {type(data).__name__}, not a training state"
+        raise TypeError(msg)
     ranks = data.get("ranks") or []
+    if not isinstance(ranks, list) or not all(isinstance(r, Mapping) for r in ranks):
+        msg = f"{TRAIN} holds no list of every rank's state"
+        raise TypeError(msg)
     if len(ranks) == group.world_size:
         own = ranks[group.rank]
         state_mod.set_rng_state(own["rng"])

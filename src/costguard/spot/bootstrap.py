@@ -280,6 +280,8 @@ def render(
         "export COSTGUARD_STOP_CHECK=''",
         f"export COSTGUARD_STOP_CHECK={shlex.quote(spec.stop_check(attempt))}",
     )
+    if spec.nodes > 1:  # a public key, after the search for secrets (it looks like one)
+        text = text.replace("TOLD_KEY=''", f"TOLD_KEY={shlex.quote(spec.told_public(attempt))}")
     size = len(text.encode("utf-8"))
     if size > MAX_BYTES[cloud]:
         msg = f"the boot script is {size} bytes; {cloud} accepts at most {MAX_BYTES[cloud]}"

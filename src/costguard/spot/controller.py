@@ -44,6 +44,7 @@ from costguard.spot.launcher.base import (
     Launcher,
     Offer,
     State,
+    Status,
     Stopped,
     ThrottledError,
     launch_token,
@@ -257,14 +258,21 @@ class Controller:
 
     # -- reconcile --------------------------------------------------------------------
 
-    def reconcile(self, job: Job) -> Job:
-        """Close the current attempt if it has ended (provider state + exit record)."""
+    def reconcile(self, job: Job, statuses: Sequence[Status] | None = None) -> Job:
+        """Close the current attempt if it has ended (provider state + exit record).
+
+        ``statuses``: what the launcher said of the current attempt's instances, in their
+        order (:meth:`Launcher.statuses`: a sweep asks of every task's at once); ``None``
+        (or said of other instances): asked here, in one :meth:`Launcher.statuses` call
+        for a gang's nodes."""
         current = job.current
         if current is None:
             return job
+        if statuses is None or [s.handle for s in statuses] != list(current.instances):
+            statuses = self.launcher.statuses(current.instances)
         now = self._clock()
         # The signed spec says how many nodes there are (job.json's attempts are not signed).
-        nodes = [self._node(job, current, rank) for rank in range(job.spec.nodes)]
+        nodes = [self._node(job, current, rank, statuses) for rank in range(job.spec.nodes)]
         first_end = now
         if any(n.outcome is not None for n in nodes):
             first_end = self._gang_ended.setdefault(current.number, now)
@@ -328,17 +336,17 @@ class Controller:
                 job = self._stopped_instance(job, other.handle)
         return self._save(job)
 
-    def _node(self, job: Job, attempt: Attempt, rank: int) -> _NodeEnd:
-        """What the provider and the exit record say of node ``rank`` of ``attempt`` (its
-        one instance when it is no gang); a node with no handle is missing."""
+    def _node(self, job: Job, attempt: Attempt, rank: int, statuses: Sequence[Status]) -> _NodeEnd:
+        """What the provider (``statuses``, of ``attempt``'s instances in their order) and
+        the exit record say of node ``rank`` of ``attempt`` (its one instance when it is
+        no gang); a node with no handle is missing."""
         gang = job.spec.nodes > 1
         handles = attempt.instances
         handle = handles[rank] if rank < len(handles) else None
         if handle is None:
             state, detail = State.MISSING, "the launch was never confirmed"
         else:
-            status = self.launcher.status(handle)
-            state, detail = status.state, status.detail
+            state, detail = statuses[rank].state, statuses[rank].detail
         record = read_exit_record(
             self.store, attempt.number, job.spec.job_id, node=rank if gang else None
         )

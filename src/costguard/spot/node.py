@@ -14,8 +14,21 @@ What the service answers is checked before it is used: a rank within the gang, a
 IPv4 address (:data:`PRIVATE_NETWORKS`) and a port from 1024 to 65535; node 0 accepts only its own
 private address (it hosts the rendezvous). The wait is bounded (:data:`WAIT_S`).
 
+And it is proven, not only well formed: the controller signs what it tells each node
+(``costguard:node-proof``: :func:`costguard.proof.told_proof`, an Ed25519 signature of the
+job, the attempt, the node's own instance, its rank and the rendezvous, with a key derived
+from this user's job key for that attempt), and the boot script gives the node the public
+half (``--told-key``). The node reads its instance's id or name from the same service
+(set by the cloud: AWS ``instance-id``, GCP ``instance/name``, Azure ``compute/name``) and
+acts only on values whose signature holds for it: whoever may write an instance's tags or
+metadata (``ec2:CreateTags``, ``setMetadata``) but does not hold the user's key cannot
+point a gang elsewhere, give two nodes one rank, or copy one node's values onto another
+instance or a later attempt. Unsigned or forged values are waited past (the controller's
+own may come after them), then refused when the wait ends.
+
 The boot script (``infra/bootstrap/user-data.sh``) runs ``python -m costguard.spot.node
---cloud aws --nodes 2`` and reads ``RANK ADDRESS:PORT`` from its one line of output.
+--cloud aws --nodes 2 --told-key KEY`` and reads ``RANK ADDRESS:PORT`` from its one line
+of output.
 """
 
 from __future__ import annotations
@@ -31,9 +44,11 @@ from dataclasses import dataclass
 
 from costguard.checkpoint import notices
 from costguard.checkpoint.notices.aws import AwsMetadata
+from costguard.contract import ENV_JOB_ATTEMPT, ENV_JOB_ID
 from costguard.errors import CostguardError
 from costguard.spot.bootstrap import RDZV_PORT
-from costguard.tags import NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
+from costguard.spot.launcher.base import LaunchSpec
+from costguard.tags import NODE_PROOF_TAG, NODE_RANK_TAG, RENDEZVOUS_TAG, gcp_label
 
 #: How long a node waits for the controller to tell it its rank (it does so seconds
 #: after the fleet answers; a node boots and installs for minutes before it asks).
@@ -75,6 +90,24 @@ def told(rank: int, address: str) -> dict[str, str]:
     {'costguard:node-rank': '1', 'costguard:rendezvous': '10.0.0.5:29500'}
     """
     return {NODE_RANK_TAG: str(rank), RENDEZVOUS_TAG: f"{address}:{RDZV_PORT}"}
+
+
+def signed(
+    spec: LaunchSpec, attempt: int, instance: str, rank: int, address: str
+) -> dict[str, str]:
+    """:func:`told`, for node ``rank`` on instance ``instance`` of attempt ``attempt`` of
+    ``spec``, with the controller's signature of it (``costguard:node-proof``:
+    :func:`costguard.proof.told_proof`) when the spec carries its job's key: what the
+    launchers write once the whole gang is up."""
+    from costguard import proof
+
+    values = told(rank, address)
+    if spec.job_key:
+        key = bytes.fromhex(spec.job_key)
+        values[NODE_PROOF_TAG] = proof.told_proof(
+            key, spec.job_id, attempt, instance, rank, values[RENDEZVOUS_TAG]
+        )
+    return values
 
 
 def noted(told_values: Mapping[str, str], key: str = NODE_RANK_TAG) -> dict[str, str]:
@@ -144,8 +177,21 @@ _HINT = "only the controller writes it, after the whole gang is up: was it chang
 Get = Callable[[str], tuple[int, str]]
 
 
+@dataclass(frozen=True)
+class Told:
+    """What a node's metadata holds (``None``: not there yet): its rank, the rendezvous,
+    its own private address, the controller's signature of them, and its instance's id
+    (AWS) or name (GCP, Azure)."""
+
+    rank: str | None
+    rendezvous: str | None
+    own: str | None
+    proof: str | None
+    instance: str | None
+
+
 class _Reader:
-    """One cloud's metadata, as the three values a node needs (``None``: not there yet)."""
+    """One cloud's metadata, as the values a node needs (:class:`Told`)."""
 
     def __init__(self, cloud: str, base: str) -> None:
         self.cloud = cloud
@@ -157,8 +203,8 @@ class _Reader:
             return self._aws.get(path)
         return notices.fetch("GET", f"{self.base}{path}", headers)
 
-    def read(self) -> tuple[str | None, str | None, str | None]:
-        """``(rank, rendezvous, own private address)`` as the service answers now."""
+    def read(self) -> Told:
+        """What the service answers now."""
         if self.cloud == "azure":
             tail = f"?api-version={AZURE_API_VERSION}"
             headers = {"Metadata": "true"}
@@ -169,19 +215,25 @@ class _Reader:
                 f"{tail}&format=text",
                 headers,
             )
-            return tags.get(NODE_RANK_TAG), tags.get(RENDEZVOUS_TAG), own
+            name = self._value(f"/metadata/instance/compute/name{tail}&format=text", headers)
+            return Told(tags.get(NODE_RANK_TAG), tags.get(RENDEZVOUS_TAG), own,
+                        tags.get(NODE_PROOF_TAG), name)  # fmt: skip
         if self.cloud == "gcp":
             headers = {"Metadata-Flavor": "Google"}
             base = "/computeMetadata/v1/instance"
-            return (
+            return Told(
                 self._value(f"{base}/attributes/{gcp_label(NODE_RANK_TAG)}", headers),
                 self._value(f"{base}/attributes/{gcp_label(RENDEZVOUS_TAG)}", headers),
                 self._value(f"{base}/network-interfaces/0/ip", headers),
+                self._value(f"{base}/attributes/{gcp_label(NODE_PROOF_TAG)}", headers),
+                self._value(f"{base}/name", headers),
             )
-        return (
+        return Told(
             self._value(f"tags/instance/{NODE_RANK_TAG}", {}),
             self._value(f"tags/instance/{RENDEZVOUS_TAG}", {}),
             self._value("local-ipv4", {}),
+            self._value(f"tags/instance/{NODE_PROOF_TAG}", {}),
+            self._value("instance-id", {}),
         )
 
     def _value(self, path: str, headers: Mapping[str, str]) -> str | None:
@@ -206,11 +258,26 @@ def _azure_tags(body: str) -> dict[str, str]:
     }
 
 
+def proven(place: Rendezvous, told: Told, key: str, job_id: str, attempt: int) -> bool:
+    """Whether ``told`` carries this job's controller's signature of ``place`` for this
+    node's own instance and attempt ``attempt`` (``key``: the public half the boot script
+    gave; :func:`costguard.proof.told_holds`)."""
+    from costguard import proof
+
+    if not told.proof or not told.instance:
+        return False
+    return proof.told_holds(
+        key, told.proof.strip(), job_id, attempt, told.instance.strip(), place.rank,
+        f"{place.address}:{place.port}",
+    )  # fmt: skip
+
+
 def wait(
     cloud: str,
     nodes: int,
     env: Mapping[str, str],
     *,
+    told_key: str = "",
     wait_s: float = WAIT_S,
     poll_s: float = POLL_S,
     clock: Callable[[], float] = time.monotonic,
@@ -218,23 +285,35 @@ def wait(
 ) -> Rendezvous:
     """This node's place in its gang of ``nodes``, read from ``cloud``'s metadata service
     (the endpoint ``env`` names, else the documented one) until the controller has written
-    it, for at most ``wait_s`` seconds; checked by :func:`check`."""
+    it, for at most ``wait_s`` seconds; checked by :func:`check` and, with ``told_key``
+    (the boot script's), proven by :func:`proven` for the job and attempt of ``env``
+    (``COSTGUARD_JOB_ID``, ``COSTGUARD_JOB_ATTEMPT``): values that are not are waited past."""
     if cloud not in notices.CLOUDS:
         msg = f"no metadata service for the cloud {cloud!r}"
         raise CostguardError(msg, hint=f"one of {', '.join(notices.CLOUDS)}")
+    job_id, attempt_text = env.get(ENV_JOB_ID, ""), env.get(ENV_JOB_ATTEMPT, "")
+    if told_key and not (job_id and attempt_text.isascii() and attempt_text.isdigit()):
+        msg = f"{ENV_JOB_ID} and {ENV_JOB_ATTEMPT} are needed to prove what this node is told"
+        raise CostguardError(msg, hint="the boot script exports both before it asks")
     reader = _Reader(cloud, notices.endpoint(cloud, env))
     deadline = clock() + wait_s
     seen = "nothing"
     while True:
         try:
-            rank, rendezvous, own = reader.read()
+            told = reader.read()
         except OSError as exc:
-            rank = rendezvous = own = None
             seen = f"no answer ({exc})"
         else:
-            if rank is not None and rendezvous is not None and own is not None:
-                return check(rank, rendezvous, nodes, own)
-            seen = "no rank and rendezvous yet"
+            if told.rank is not None and told.rendezvous is not None and told.own is not None:
+                place = check(told.rank, told.rendezvous, nodes, told.own)
+                if not told_key or proven(place, told, told_key, job_id, int(attempt_text)):
+                    return place
+                seen = (
+                    "a rank and rendezvous not signed by this job's controller for this "
+                    f"instance and attempt ({place.line()})"
+                )
+            else:
+                seen = "no rank and rendezvous yet"
         if clock() + poll_s > deadline:
             msg = f"this node was not told its rank in {wait_s:.0f} s: {seen}"
             raise CostguardError(
@@ -254,9 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cloud", required=True, choices=notices.CLOUDS)
     parser.add_argument("--nodes", required=True, type=int)
     parser.add_argument("--wait-s", type=float, default=WAIT_S)
+    parser.add_argument(
+        "--told-key", default="", help="the public key the controller signs the values with"
+    )
     args = parser.parse_args(argv)
     try:
-        place = wait(args.cloud, args.nodes, os.environ, wait_s=args.wait_s)
+        place = wait(args.cloud, args.nodes, os.environ, told_key=args.told_key, wait_s=args.wait_s)
     except CostguardError as exc:
         print(f"Error: {exc.message}", file=sys.stderr)
         print(f"Hint: {exc.hint}", file=sys.stderr)

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from costguard.checkpoint.pace import Pace
     from costguard.checkpoint.store import Store
     from costguard.spot.job import JobSpec
-    from costguard.spot.launcher.base import Launcher, Offer
+    from costguard.spot.launcher.base import Handle, Launcher, Offer, Status
 
 logger = logging.getLogger(__name__)
 
@@ -250,17 +250,44 @@ class Sweep:
 
     # -- one task's round -----------------------------------------------------------------
 
-    def _round(self, task: Task, views: Sequence[array.TaskView]) -> None:
+    def _poll(self) -> dict[int, list[Status]]:
+        """What the provider says of every running task's instances, by task index: one
+        :meth:`~costguard.spot.launcher.base.Launcher.statuses` call per launcher (a
+        cloud's one launcher serves every task: one describe for all of them, not one per
+        task; a local task's launcher holds its own processes)."""
+        asked: dict[int, tuple[Launcher, list[tuple[int, tuple[Handle, ...]]]]] = {}
+        for task in self.tasks:
+            current = task.job.current
+            if task.state != array.RUNNING or current is None or not current.instances:
+                continue
+            launcher = self._controller(task).launcher
+            asked.setdefault(id(launcher), (launcher, []))[1].append(
+                (task.index, current.instances)
+            )
+        polled: dict[int, list[Status]] = {}
+        for launcher, owned in asked.values():
+            said = iter(launcher.statuses([h for _, handles in owned for h in handles]))
+            for index, handles in owned:
+                polled[index] = [next(said) for _ in handles]
+        return polled
+
+    def _round(
+        self,
+        task: Task,
+        views: Sequence[array.TaskView],
+        statuses: Sequence[Status] | None = None,
+    ) -> None:
         """One round of the controller's loop for ``task``, its recovery limit the array's
         cap less what the other tasks spent (a relaunch follows a single job's rule: not
-        when one more hour at its price would pass that share)."""
+        when one more hour at its price would pass that share); ``statuses``: what
+        :meth:`_poll` read of its instances."""
         controller = self._controller(task)
         # A pending task's first launch was decided by the array's rule (its estimate
         # within the cap: :func:`array.to_start`); after that the task's own recovery rules
         # hold it to its share, relaunches included.
         share = array.remaining_usd(views, task.index, self.record.max_total_usd)
         first = task.state == array.PENDING
-        job = controller.reconcile(task.job)
+        job = controller.reconcile(task.job, statuses)
         limits = replace(job.spec.limits(), max_total_usd=None if first else share)
         if job.stop_requested and (
             job.current is None or self._clock() - job.stop_requested_unix > STOP_GRACE_S
@@ -383,9 +410,10 @@ class Sweep:
         try:
             while True:
                 views = self.views(self._clock())
+                polled = self._poll()
                 for task in self.tasks:
                     if task.state == array.RUNNING:
-                        self._round(task, views)
+                        self._round(task, views, polled.get(task.index))
                 reason = self._stop_requested()
                 if reason is not None:
                     self._once("stop", f"stop requested for the whole array: {reason}")

@@ -99,12 +99,17 @@ CAPACITY_CODES = (
 #: backed off from.
 THROTTLE_CODES = ("RequestLimitExceeded", "Throttling", "ThrottlingException")
 _NOT_FOUND = ("InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed")
+#: An EC2 instance id: what goes into a filter (``*`` and ``?`` are wildcards there).
+_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,32}")
 #: How long after ``RunInstances`` a NotFound means "not visible yet" rather than "gone"
 #: (EC2 keeps a terminated instance visible for about an hour, so a NotFound later is
 #: an instance long gone).
 VISIBLE_WITHIN_S = 600.0
 #: The waits between the describes of an instance EC2 does not show yet, in one status.
 DESCRIBE_BACKOFF_S = (0.2, 0.5, 1.0)
+#: The most instance ids one ``DescribeInstances`` of many (:meth:`AwsLauncher.statuses`)
+#: filters by: a request of bounded size, one call for a poll of that many tasks.
+DESCRIBE_IDS = 200
 #: The waits between the terminates of an instance EC2 does not show yet (the last one
 #: repeats until :data:`TERMINATE_WAIT_S` has passed).
 TERMINATE_BACKOFF_S = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -215,6 +220,15 @@ def classify(state: str, reason_code: str, spot: bool) -> State:
     return State.TERMINATED
 
 
+def _status_of(handle: Handle, instance: Mapping[str, Any]) -> Status:
+    """The :class:`Status` of ``handle`` from its instance as ``DescribeInstances`` shows it."""
+    reason = instance.get("StateReason", {})
+    spot = instance.get("InstanceLifecycle") == "spot" or handle.extra.get("market") == "spot"
+    state = classify(instance["State"]["Name"], str(reason.get("Code", "")), spot)
+    detail = str(reason.get("Message") or instance.get("StateTransitionReason") or "")
+    return Status(handle, state, detail, launched_at=instance.get("LaunchTime"))
+
+
 def _tags(pairs: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in pairs.items()]
 
@@ -317,6 +331,8 @@ class AwsLauncher(Launcher):
 
     provider = "aws"
     OPTIONS = OPTIONS
+    #: The most instance ids one ``DescribeInstances`` of :meth:`statuses` filters by.
+    describe_ids = DESCRIBE_IDS
 
     def __init__(
         self,
@@ -572,7 +588,7 @@ class AwsLauncher(Launcher):
         try:
             if len(ids) != spec.nodes:
                 raise _short_fleet(offer, spec, len(ids), answer.get("Errors") or [])
-            return self._tag_gang(ec2, offer, handles)
+            return self._tag_gang(ec2, handles, spec, attempt)
         except BaseException as exc:
             left = self._end_gang(handles)
             if left:
@@ -802,9 +818,12 @@ class AwsLauncher(Launcher):
             )
         return None, found[0]
 
-    def _tag_gang(self, ec2: Any, offer: Offer, handles: Sequence[Handle]) -> tuple[Handle, ...]:
+    def _tag_gang(
+        self, ec2: Any, handles: Sequence[Handle], spec: LaunchSpec, attempt: int
+    ) -> tuple[Handle, ...]:
         """Every node of a whole gang described (its zone, node 0's private address), then
-        told its rank and the rendezvous in tags; the handles with their zones."""
+        told its rank and the rendezvous in tags, signed for its instance
+        (:meth:`LaunchSpec.told`); the handles with their zones."""
         ids = [h.instance_id for h in handles]
         found = self._visible(ec2, ids)
         zones = sorted(
@@ -815,7 +834,7 @@ class AwsLauncher(Launcher):
             raise CostguardError(msg, hint="this launch was ended; launch again")
         address = private_address(found[ids[0]].get("PrivateIpAddress"))
         for rank, instance_id in enumerate(ids):
-            tags = node.told(rank, address)
+            tags = node.signed(spec, attempt, instance_id, rank, address)
             self._retry_visible(
                 functools.partial(ec2.create_tags, Resources=[instance_id], Tags=_tags(tags)),
                 f"telling {instance_id} its node rank",
@@ -1013,11 +1032,48 @@ class AwsLauncher(Launcher):
             if fresh:
                 return Status(handle, State.PENDING, "launched; EC2 does not show the instance yet")
             return Status(handle, State.MISSING, "EC2 no longer knows the instance")
-        reason = instance.get("StateReason", {})
-        spot = instance.get("InstanceLifecycle") == "spot" or handle.extra.get("market") == "spot"
-        state = classify(instance["State"]["Name"], str(reason.get("Code", "")), spot)
-        detail = str(reason.get("Message") or instance.get("StateTransitionReason") or "")
-        return Status(handle, state, detail, launched_at=instance.get("LaunchTime"))
+        return _status_of(handle, instance)
+
+    def statuses(self, handles: Sequence[Handle]) -> list[Status]:
+        """Many instances' states from one ``DescribeInstances`` per region (per
+        :attr:`describe_ids` of them), filtered by ``instance-id`` rather than naming
+        ``InstanceIds``: one id EC2 does not know (yet, or any more) would fail the whole
+        call; filtered, it is only left out, and :meth:`status` asks of it alone
+        (:meth:`Launcher.batched <costguard.spot.launcher.base.Launcher.batched>`)."""
+        return self.batched(handles, self._listed)
+
+    def _listed(self, handles: Sequence[Handle]) -> dict[int, Status]:
+        where: dict[str, list[int]] = {}
+        for at, handle in enumerate(handles):
+            # An id that is no instance id (job.json is not trusted; a wildcard would list
+            # the account) is described alone, never written into a filter.
+            if _INSTANCE_ID.fullmatch(handle.instance_id):
+                where.setdefault(handle.region, []).append(at)
+        shown: dict[int, Status] = {}
+        for region, positions in where.items():
+            ec2 = self._ec2(region)
+            for start in range(0, len(positions), self.describe_ids):
+                chunk = positions[start : start + self.describe_ids]
+                ids = list(dict.fromkeys(handles[at].instance_id for at in chunk))
+                filters = [{"Name": "instance-id", "Values": ids}]
+                try:
+                    pages = aws_clouds.paginate(
+                        ec2, "describe_instances", "Reservations", Filters=filters
+                    )
+                    reservations = list(pages)
+                except aws_clouds.errors() as exc:
+                    action = f"describing {len(ids)} instances in {region}"
+                    raise aws_clouds.translate(exc, action) from None
+                found = {
+                    str(i.get("InstanceId")): i
+                    for r in reservations
+                    for i in r.get("Instances", [])
+                }
+                for at in chunk:
+                    instance = found.get(handles[at].instance_id)
+                    if instance is not None:
+                        shown[at] = _status_of(handles[at], instance)
+        return shown
 
     def _describe(self, handle: Handle) -> Mapping[str, Any] | None:
         """The instance as ``DescribeInstances`` shows it; None when EC2 does not."""

@@ -56,7 +56,7 @@ import copy
 import functools
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -94,6 +94,9 @@ BUSY_CODES = ("AnotherOperationInProgress", "Conflict", "OperationNotAllowed", "
 #: The most SKU entries read from one Resource SKUs listing (a region lists a few
 #: thousand: VM sizes, disks, and more).
 MAX_SKUS = 20_000
+#: The most pages of the subscription's VM status listing one poll of many VMs reads
+#: (:meth:`AzureLauncher.statuses`); the VMs not seen by then are read one by one.
+LIST_PAGES = 10
 #: The Network API version of the NIC declared inside the VM.
 NETWORK_API_VERSION = "2022-11-01"
 #: ARM error codes of a create that another zone, region or market may not hit.
@@ -267,6 +270,14 @@ def classify(statuses: list[str], spot: bool, ours: bool) -> State:
     if power in ("stopping", "stopped"):
         return State.STOPPED
     return State.PENDING
+
+
+def _vm_id(subscription: str, group: str, name: str) -> str:
+    """A VM's resource id, in lower case (Resource Manager's ids are case-insensitive)."""
+    return (
+        f"/subscriptions/{subscription}/resourcegroups/{group}/providers/"
+        f"microsoft.compute/virtualmachines/{name}"
+    ).lower()
 
 
 def _refers_to(exc: BaseException, code: str, resource_id: str) -> bool:
@@ -457,6 +468,8 @@ class AzureLauncher(base.Launcher):
 
     provider = "azure"
     OPTIONS = OPTIONS
+    #: The most pages of the status listing one :meth:`statuses` reads.
+    list_pages = LIST_PAGES
 
     def __init__(
         self,
@@ -480,6 +493,9 @@ class AzureLauncher(base.Launcher):
         self._environ = environ
         #: VMs this launcher deleted: their absence is not an eviction.
         self._deleted: set[tuple[str, str, str]] = set()
+        #: Subscriptions whose VM status listing refused this credential (HTTP 403): their
+        #: VMs are read one by one.
+        self._unlisted: set[str] = set()
         #: (subscription, region) -> size -> (zones, Location-restricted): SKU listings.
         self._skus: dict[tuple[str, str], dict[str, tuple[set[str], bool]]] = {}
 
@@ -716,7 +732,7 @@ class AzureLauncher(base.Launcher):
             if refused:
                 capacity = [f for f in refused if isinstance(f, CapacityError)]
                 raise (capacity or refused)[0]
-            self._tell_gang(compute, group, handles)
+            self._tell_gang(compute, group, handles, spec, attempt)
             return tuple(handles)
         except BaseException as exc:
             left = self._end_gang(compute, group, handles, spec)
@@ -778,9 +794,12 @@ class AzureLauncher(base.Launcher):
         action = f"creating a VM of the gang in {offer.region}"
         return throttled(exc, action) or azure_clouds.translate(exc, action)
 
-    def _tell_gang(self, compute: Any, group: str, handles: list[Handle]) -> None:
+    def _tell_gang(
+        self, compute: Any, group: str, handles: list[Handle], spec: LaunchSpec, attempt: int
+    ) -> None:
         """Node 0's private address from its NIC, then each VM's tags with its rank and
-        the rendezvous added (a PATCH of the whole tag set)."""
+        the rendezvous added, signed for the VM (:meth:`LaunchSpec.told`; a PATCH of the
+        whole tag set)."""
         first = compute.virtual_machines.get(group, handles[0].instance_id)
         address = node.private_ipv4(self._private_address(compute, first))
         if address is None:
@@ -788,7 +807,10 @@ class AzureLauncher(base.Launcher):
             raise CostguardError(msg, hint="this launch was ended; launch again")
         for rank, handle in enumerate(handles):
             vm = compute.virtual_machines.get(group, handle.instance_id)
-            tags = {**(vm.tags or {}), **node.told(rank, address)}
+            tags = {
+                **(vm.tags or {}),
+                **node.signed(spec, attempt, handle.instance_id, rank, address),
+            }
             poller = compute.virtual_machines.begin_update(
                 group, handle.instance_id, {"tags": tags}
             )
@@ -1057,16 +1079,67 @@ class AzureLauncher(base.Launcher):
             return Status(handle, State.MISSING, "Azure no longer knows the VM")
         except azure_clouds.errors() as exc:
             raise azure_clouds.translate(exc, f"reading {handle.instance_id}") from None
+        return self._status_of(handle, vm, vm.provisioning_state)
+
+    def _status_of(self, handle: Handle, vm: Any, provisioning: str | None) -> Status:
+        """The :class:`Status` of ``handle`` from its VM's instance view (``provisioning``:
+        the model's provisioning state, when the view leaves it out)."""
+        subscription, group = handle.extra["subscription"], handle.extra["resource_group"]
+        spot = handle.extra.get("priority", "").lower() == "spot"
+        ours = (subscription, group.lower(), handle.instance_id.lower()) in self._deleted
         view = vm.instance_view
         statuses = list(view.statuses or []) if view is not None else []
         codes = [str(s.code or "") for s in statuses]
-        if vm.provisioning_state and not any(c.startswith("ProvisioningState/") for c in codes):
-            codes.append(f"ProvisioningState/{vm.provisioning_state.lower()}")
+        if provisioning and not any(c.startswith("ProvisioningState/") for c in codes):
+            codes.append(f"ProvisioningState/{provisioning.lower()}")
         state = classify(codes, spot, ours)
         detail = "; ".join(str(s.display_status or s.code) for s in statuses)
         if state is State.PREEMPTED:
             detail = f"inferred eviction of a Spot VM ({detail})"
-        return Status(handle, state, detail, launched_at=vm.time_created)
+        return Status(handle, state, detail, launched_at=getattr(vm, "time_created", None))
+
+    def statuses(self, handles: Sequence[Handle]) -> list[Status]:
+        """Many VMs' states from one listing per subscription: ``virtualMachines.listAll``
+        with ``statusOnly=true``, the one listing that carries instance views (a resource
+        group's listing takes ``$expand=instanceView`` only with a scale set's
+        ``$filter``), matched to the handles by resource id (subscription, group and
+        name), paged only until every handle's VM is seen, for at most
+        :attr:`list_pages` pages; a VM it does not show running or starting is read
+        alone by :meth:`status` (:meth:`Launcher.batched
+        <costguard.spot.launcher.base.Launcher.batched>`). The listing is at the
+        subscription's scope: a credential allowed only on the resource group is refused
+        it (HTTP 403), and then every VM is read alone, as :meth:`status` does."""
+        return self.batched(handles, self._listed)
+
+    def _listed(self, handles: Sequence[Handle]) -> dict[int, Status]:
+        wanted: dict[str, dict[str, list[int]]] = {}
+        for at, handle in enumerate(handles):
+            subscription = handle.extra["subscription"]
+            key = _vm_id(subscription, handle.extra["resource_group"], handle.instance_id)
+            wanted.setdefault(subscription, {}).setdefault(key, []).append(at)
+        shown: dict[int, Status] = {}
+        for subscription, by_id in wanted.items():
+            if subscription in self._unlisted:
+                continue
+            left = set(by_id)
+            compute = self._compute(subscription)
+            try:
+                pages = compute.virtual_machines.list_all(status_only="true").by_page()
+                for number, page in enumerate(pages, start=1):
+                    for vm in page:
+                        key = str(vm.id or "").lower()
+                        for at in by_id.get(key, []):
+                            shown[at] = self._status_of(handles[at], vm, None)
+                        left.discard(key)
+                    if not left or number >= self.list_pages:
+                        break
+            except azure_clouds.errors() as exc:
+                if getattr(exc, "status_code", None) != 403:
+                    raise azure_clouds.translate(exc, "listing the VMs' states") from None
+                # The launcher's role, assigned on the resource group as infra/azure says,
+                # may not read the subscription's listing: each VM is read alone, as before.
+                self._unlisted.add(subscription)
+        return shown
 
     # -------------------------------------------------------------- terminate
 

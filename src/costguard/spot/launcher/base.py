@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import enum
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -110,6 +110,16 @@ class LaunchSpec:
         from costguard.proof import stop_check
 
         return stop_check(bytes.fromhex(self.job_key), self.job_id, attempt) if self.job_key else ""
+
+    def told_public(self, attempt: int) -> str:
+        """What attempt ``attempt``'s gang nodes check their told rank and rendezvous by
+        (the public half of :func:`costguard.proof.told_public`; no secret); empty without
+        a job key."""
+        from costguard.proof import told_public
+
+        if not self.job_key:
+            return ""
+        return told_public(bytes.fromhex(self.job_key), self.job_id, attempt)
 
     def run_options(self) -> list[str]:
         """The options of ``costguard run`` that every attempt of the job starts with.
@@ -218,7 +228,8 @@ class Launcher(abc.ABC):
     :meth:`terminate`, :meth:`find`); the abilities only some providers have come with a
     default here, so the controller and the CLI call them on any launcher and never look
     for them: :meth:`zones` (none: the provider places the instance), :meth:`resume`
-    (a lost launch found by its idempotency token: AWS), :meth:`stopped` (an instance the
+    (a lost launch found by its idempotency token: AWS), :meth:`statuses` (many
+    instances described at once: one :meth:`status` each), :meth:`stopped` (an instance the
     provider stopped rather than deleted: GCP), :meth:`release` (what a gang's job holds
     besides its instances), :meth:`close` and :attr:`state_dir` (a
     local launcher's processes and logs). Options are declared in :attr:`OPTIONS` and
@@ -254,6 +265,36 @@ class Launcher(abc.ABC):
     @abc.abstractmethod
     def status(self, handle: Handle) -> Status:
         """What became of it."""
+
+    def statuses(self, handles: Sequence[Handle]) -> list[Status]:
+        """What became of each of ``handles``, in their order: what a poll of many
+        instances reads (every running task of an array, a gang's nodes).
+
+        The default asks :meth:`status` of each; an adapter whose provider describes many
+        instances in one call (EC2 ``DescribeInstances``, a Compute Engine aggregated
+        list, Resource Manager's status listing) overrides it through :meth:`batched`.
+        """
+        return [self.status(handle) for handle in handles]
+
+    def batched(
+        self, handles: Sequence[Handle], listed: Callable[[Sequence[Handle]], Mapping[int, Status]]
+    ) -> list[Status]:
+        """:meth:`statuses` from one listing: ``listed(handles)`` answers, by position in
+        ``handles``, the statuses its calls showed; an instance it showed running or
+        starting is taken from it, and every other (ended, or not shown: a fresh launch
+        not listed yet, a VM gone) is asked of :meth:`status`, whose own rules (a
+        preemption's system event, a fresh instance described again) stay the only ones
+        that end an attempt. One handle is asked of :meth:`status` alone (one call
+        either way)."""
+        if len(handles) <= 1:
+            return [self.status(handle) for handle in handles]
+        shown = listed(handles)
+        out = []
+        for at, handle in enumerate(handles):
+            found = shown.get(at)
+            live = found is not None and found.state in (State.RUNNING, State.PENDING)
+            out.append(found if found is not None and live else self.status(handle))
+        return out
 
     @abc.abstractmethod
     def terminate(self, handle: Handle) -> None:

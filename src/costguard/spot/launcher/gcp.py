@@ -62,7 +62,8 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from costguard.clouds import READ_TIMEOUT_S, require
@@ -113,6 +114,11 @@ CAPACITY_CODES = (
 )
 DEFAULT_SCOPES = ("https://www.googleapis.com/auth/cloud-platform",)
 _ZONE = re.compile(r"[a-z]+-[a-z]+[0-9]+-[a-z]")
+#: A Compute Engine resource name (RFC 1035, at most 63 characters).
+_NAME = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+#: The most VM names one ``instances.aggregatedList`` of many (:meth:`GcpLauncher.statuses`)
+#: filters by: a filter (in the request's URL) of bounded length.
+LIST_NAMES = 50
 #: The options this launcher reads (the boot script's besides), in the order checked.
 OPTIONS = Options(
     Option(
@@ -237,6 +243,18 @@ def classify(status: str, preempted: bool) -> State:
     if status == "RUNNING":
         return State.RUNNING
     return State.PREEMPTED if preempted else State.STOPPED
+
+
+def _status_of(handle: Handle, item: Any) -> Status:
+    """The :class:`Status` of ``handle`` from its VM as Compute Engine shows it (a stopped
+    VM not yet checked for a preemption)."""
+    started = item.last_start_timestamp or item.creation_timestamp
+    return Status(
+        handle,
+        classify(item.status, False),
+        item.status_message or item.status,
+        launched_at=gcp_clouds.timestamp(started) if started else None,
+    )
 
 
 _QUOTA = re.compile(r"Quota '[A-Z0-9_]+' exceeded")
@@ -458,6 +476,8 @@ class GcpLauncher(base.Launcher):
 
     provider = "gcp"
     OPTIONS = OPTIONS
+    #: The most VM names one ``instances.aggregatedList`` of :meth:`statuses` filters by.
+    list_names = LIST_NAMES
 
     def __init__(
         self,
@@ -806,7 +826,7 @@ class GcpLauncher(base.Launcher):
                 raise self._refusal(exc, offer, zone, action) from None
             if operation is not None:
                 self._raise_errors(list(operation.error.errors), offer, zone, action)
-            return self._tell_gang(offer, handles, spec)
+            return self._tell_gang(offer, handles, spec, attempt)
         except BaseException as exc:
             left = self._end_gang(handles, spec)
             if left is not None:
@@ -851,11 +871,12 @@ class GcpLauncher(base.Launcher):
         return CostguardError(msg, hint=commands)
 
     def _tell_gang(
-        self, offer: Offer, handles: list[Handle], spec: LaunchSpec
+        self, offer: Offer, handles: list[Handle], spec: LaunchSpec, attempt: int
     ) -> tuple[Handle, ...]:
         """Every VM of the gang read (a :class:`CapacityError` if any is missing: the bulk
         insert left fewer than its minimum) and proven this job's by its label, then told
-        its rank and the rendezvous in its metadata; the handles with the VMs' ids."""
+        its rank and the rendezvous in its metadata, signed for the VM
+        (:meth:`LaunchSpec.told`); the handles with the VMs' ids."""
         core = require("google.api_core.exceptions", gcp_clouds.EXTRA)
         project, zone = handles[0].extra["project"], handles[0].zone
         found = {}
@@ -885,7 +906,8 @@ class GcpLauncher(base.Launcher):
             raise CostguardError(msg, hint="this launch was ended; launch again")
         for rank, handle in enumerate(handles):
             item = found[handle.instance_id]
-            told = {gcp_label(k): v for k, v in node.told(rank, address).items()}
+            told = node.signed(spec, attempt, handle.instance_id, rank, address)
+            told = {gcp_label(k): v for k, v in told.items()}
             self._set_metadata(project, zone, item, told)
         return tuple(
             Handle(
@@ -1051,18 +1073,52 @@ class GcpLauncher(base.Launcher):
                 if preempted:
                     return Status(handle, State.PREEMPTED, preempted)
                 return Status(handle, State.MISSING, "Compute Engine no longer knows the VM")
-            state = classify(item.status, False)
-            detail = item.status_message or item.status
-            if state is State.STOPPED:
+            found = _status_of(handle, item)
+            if found.state is State.STOPPED:
                 preempted = self._preempted(handle)
                 if preempted:
-                    state, detail = State.PREEMPTED, preempted
+                    found = replace(found, state=State.PREEMPTED, detail=preempted)
         except gcp_clouds.errors() as exc:
             raise gcp_clouds.translate(exc, f"reading {handle.instance_id}") from None
-        started = item.last_start_timestamp or item.creation_timestamp
-        return Status(
-            handle, state, detail, launched_at=gcp_clouds.timestamp(started) if started else None
-        )
+        return found
+
+    def statuses(self, handles: Sequence[Handle]) -> list[Status]:
+        """Many VMs' states from one ``instances.aggregatedList`` per project (per
+        :attr:`list_names` of them) filtered by their names, ``(name = "a") OR (name =
+        "b")``; a VM it does not show running or starting is read alone by :meth:`status`,
+        which checks it for a preemption (:meth:`Launcher.batched
+        <costguard.spot.launcher.base.Launcher.batched>`)."""
+        return self.batched(handles, self._listed)
+
+    def _listed(self, handles: Sequence[Handle]) -> dict[int, Status]:
+        compute = require("google.cloud.compute_v1", gcp_clouds.EXTRA)
+        projects: dict[str, list[int]] = {}
+        for at, handle in enumerate(handles):
+            # A name that is no VM name (job.json is not trusted) is read alone, never
+            # written into a filter.
+            if _NAME.fullmatch(handle.instance_id) and handle.extra.get("project"):
+                projects.setdefault(handle.extra["project"], []).append(at)
+        shown: dict[int, Status] = {}
+        for project, positions in projects.items():
+            for start in range(0, len(positions), self.list_names):
+                chunk = positions[start : start + self.list_names]
+                names = dict.fromkeys(handles[at].instance_id for at in chunk)
+                request = compute.AggregatedListInstancesRequest(
+                    project=project, filter=" OR ".join(f'(name = "{n}")' for n in names)
+                )
+                seen = {}
+                try:
+                    for scope, scoped in self.instances.aggregated_list(request=request):
+                        zone = gcp_clouds.last_segment(scope)
+                        seen.update({(zone, item.name): item for item in scoped.instances})
+                except gcp_clouds.errors() as exc:
+                    action = f"listing {len(names)} VMs in {project}"
+                    raise gcp_clouds.translate(exc, action) from None
+                for at in chunk:
+                    item = seen.get((handles[at].zone, handles[at].instance_id))
+                    if item is not None:
+                        shown[at] = _status_of(handles[at], item)
+        return shown
 
     def stopped(self, handle: Handle, job_id: str) -> base.Stopped | None:
         """The attempt's VM when Compute Engine stopped it (status ``TERMINATED``: host
