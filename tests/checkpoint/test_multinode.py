@@ -57,6 +57,7 @@ class Node:
         url: str,
         out: Path,
         env: dict[str, str],
+        *extra: str,
     ) -> None:
         command = [*costguard_command(), "run", "--checkpoint", url, "--every-steps", "4", "--"]
         command += [
@@ -70,7 +71,7 @@ class Node:
         ]
         command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
         command += ["--rdzv-id", run_id, str(DDP_SCRIPT), "--steps", str(STEPS)]
-        command += ["--out", str(out), "--sleep", "0.1"]
+        command += ["--out", str(out), "--sleep", "0.1", *extra]
         self.log = out.with_name(f"node{rank}-{time.monotonic_ns()}.err")
         with self.log.open("w") as err:  # stdout only through the pipe: one reader
             self.proc = subprocess.Popen(
@@ -106,10 +107,12 @@ class Node:
         return self.proc.returncode
 
 
-def two_nodes(procs: int, url: str, out: Path, env: dict[str, str]) -> tuple[Node, Node]:
+def two_nodes(
+    procs: int, url: str, out: Path, env: dict[str, str], *extra: str
+) -> tuple[Node, Node]:
     port = rendezvous_port()
     run_id = f"cg{random.randrange(10**6)}"
-    return tuple(Node(n, procs, port, run_id, url, out, env) for n in (0, 1))  # type: ignore[return-value]
+    return tuple(Node(n, procs, port, run_id, url, out, env, *extra) for n in (0, 1))  # type: ignore[return-value]
 
 
 def rank_states(out: Path, ranks: int) -> list[object]:
@@ -166,3 +169,21 @@ def test_two_nodes_save_together_on_sigterm_to_one_and_resume_exactly(
         # the floats that came through an all-reduce (weights, the mean loss) agree closely.
         assert_same(rank_states(out, ranks), rank_states(reference_out, ranks), close=True)
         assert_same(weights, expected, close=True)
+
+
+def test_a_rank_that_aborts_after_the_final_checkpoint_means_done_on_its_node_too(
+    tmp_path: Path, train_env: Callable[..., dict[str, str]]
+) -> None:
+    """Two nodes of one rank: global rank 1 aborts after closing with the final checkpoint
+    committed (as gloo's teardown sometimes does). Its node's ``costguard run`` sees only
+    its own ranks close, not the world's, and must still call the job done (exit 0), as a
+    one-node run does (test_distributed.py); and name the final checkpoint, which only rank
+    0 writes, on both nodes, never "none yet"."""
+    url, out = str(tmp_path / "ckpt"), tmp_path / "out.pt"
+    nodes = two_nodes(1, url, out, train_env(), "--abort-after-close", "1")
+    codes = [n.finish() for n in nodes]
+    assert codes == [0, 0], [n.err[-2000:] for n in nodes]
+    assert any("after every rank had closed with its final" in n.err for n in nodes)
+    # Each node names the final checkpoint, the one whose ranks do not write it too.
+    for node in nodes:
+        assert f"exit 0: the script finished; final checkpoint: step {STEPS} (ckpt-" in node.err

@@ -53,6 +53,7 @@ from costguard.checkpoint.distributed import (
     Group,
     NoticeFileListener,
     mark_preempted,
+    node_ranks,
     pipe_is_ours,
 )
 from costguard.checkpoint.manifest import (
@@ -928,6 +929,7 @@ class Checkpointer:
                     "event": "closed",
                     "rank": self.rank,
                     "world": group.world_size,
+                    "node_ranks": node_ranks(group.world_size),
                     "step": step + 1,
                     "committed": committed,
                 }

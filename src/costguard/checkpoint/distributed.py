@@ -175,6 +175,19 @@ def pipe_is_ours(env: Mapping[str, str]) -> bool:
     return not text.isdigit() or int(text) == os.getppid()
 
 
+def node_ranks(world: int, env: Mapping[str, str] = os.environ) -> int:
+    """How many of the ``world`` ranks run on this machine, under its ``costguard run``:
+    torchrun's ``LOCAL_WORLD_SIZE`` (a job of several nodes), else all of them.
+
+    >>> node_ranks(4, {"LOCAL_WORLD_SIZE": "2"}), node_ranks(4, {})
+    (2, 4)
+    >>> node_ranks(1, {"LOCAL_WORLD_SIZE": "9"})
+    1
+    """
+    text = env.get("LOCAL_WORLD_SIZE", "").strip()
+    return int(text) if text.isdigit() and 0 < int(text) <= world else world
+
+
 def append_notice(path: str | os.PathLike[str], notice: Notice) -> None:
     """Append one notice to the relay file (``costguard run``'s side).
 

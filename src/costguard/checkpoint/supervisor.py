@@ -36,6 +36,7 @@ from costguard import contract
 from costguard.errors import EXIT_BAD_INPUT, CostguardError, InputError
 from costguard.logs import get_logger
 from costguard.secrets import mask_words
+from costguard.text import visible
 
 logger = get_logger(__name__)
 
@@ -259,28 +260,45 @@ class Events:
                 self._say(f"could not record the pace: {exc.message}")
 
     def finished(self) -> bool:
-        """Whether every rank closed its Checkpointer after committing the final step."""
+        """Whether every rank under this run (this node's, of a job of several nodes)
+        closed its Checkpointer after the final step was committed (which rank 0 tells
+        every rank of the world)."""
         if not self.closed:
             return False
-        world = {int(e.get("world", 1)) for e in self.closed.values()}
+        world = {_count(e.get("world", 1)) for e in self.closed.values()}
+        here = {_count(e.get("node_ranks", e.get("world", 1))) for e in self.closed.values()}
         steps = {e.get("step") for e in self.closed.values()}
         return (
-            len(world) == 1
-            and set(self.closed) == set(range(world.pop()))
+            len(world) == len(here) == 1
+            and len(self.closed) == here.pop()
+            and all(0 <= rank < max(world) for rank in self.closed)
             and len(steps) == 1
-            and all(e.get("committed") for e in self.closed.values())
+            and all(e.get("committed") is True for e in self.closed.values())
         )
 
-    def newest(self, synced: Any = None) -> str:
+    def newest(self, synced: Any = None, store: Any = None) -> str:
         """The newest durable checkpoint this run knows of, for the exit summary: the
         Checkpointer's, or ``synced`` (a :class:`~costguard.checkpoint.foldersync.Kept`,
-        the newest ``--sync-dir`` checkpoint in the store) when that is newer."""
+        the newest ``--sync-dir`` checkpoint in the store) when that is newer. When this
+        run saw neither (a node of several, whose ranks do not include rank 0, the one
+        that writes; a script that restored nothing and saved nothing), ``store``'s
+        newest committed checkpoint, which is where the next run starts."""
         event = self.last_durable or self.restored
         if synced is not None and (event is None or int(event["step"]) <= synced.step):
             return str(synced.describe())
-        if event is None:
+        if event is not None:
+            return f"step {event['step']} ({event['name']})"
+        if store is None:
             return "none yet (a new run starts from step 0)"
-        return f"step {event['step']} ({event['name']})"
+        from costguard.checkpoint.inventory import latest
+
+        try:
+            entry = latest(store)
+        except CostguardError as exc:
+            return f"unknown (the store could not be listed: {exc.message})"
+        if entry is None:
+            return "none yet (a new run starts from step 0)"
+        return f"step {entry.step} ({visible(entry.name)})"
 
 
 class StopWatch:
@@ -428,6 +446,11 @@ NOTICE_FIXES = {
     "accelerator.save_state(...); sys.exit(75)",
     "": "ckpt = costguard.Checkpointer.from_env(...); ckpt.step(...) at each step",
 }
+
+
+def _count(value: object) -> int:
+    """A count from an event (a rank's own record): a positive int, else 0 (none)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def take(tokens: list[bool]) -> bool:
@@ -828,7 +851,7 @@ def supervise(
         code = EXIT_BAD_INPUT
     else:
         synced = syncer.newest if syncer is not None else None
-        say(summary(code, events.newest(synced), interrupted=bool(interrupted)))
+        say(summary(code, events.newest(synced, store), interrupted=bool(interrupted)))
     # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
     record_exit(os.environ, url, code, storage_options)
     if refused is not None:
