@@ -27,7 +27,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from costguard.checkpoint import Checkpointer
+from costguard.checkpoint import Checkpointer, load_state
 from costguard.checkpoint.incremental import REFS_KEY
 from costguard.checkpoint.manifest import MANIFEST_FILE, checkpoint_name
 from costguard.errors import CostguardError
@@ -195,3 +195,16 @@ def test_costguard_run_resumes_past_every_forgery_at_once(tmp_path: Path) -> Non
     assert "STEP 10" in done.stdout, out[-3000:]
     assert f"SUM {float(weights['weight'].sum())}" in done.stdout
     assert "ckpt-000000000035-00000023" in done.stderr  # the newest forgery, named
+
+
+def test_an_export_reads_past_every_forgery_that_does_not_load(tmp_path: Path) -> None:
+    """``load_state`` (and so ``costguard checkpoint export``) passes over a forger's newer
+    checkpoints that verify but do not load, as a restore does: twelve of them (more than
+    the 8 an export once tried) hide the genuine step 10 from neither."""
+    root = tmp_path / "ckpt"
+    weights = genuine(root)
+    fill(root, [("a list", True)] * 9 + [("a tensor", True)] * 3, [])
+    state = load_state(str(root))
+    assert state["step"] == 10
+    assert set(state["model"]) == set(weights)
+    assert all(torch.equal(state["model"][k], weights[k]) for k in weights)

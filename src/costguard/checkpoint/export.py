@@ -22,7 +22,7 @@ from typing import Any
 
 from costguard.checkpoint import foldersync, sharded
 from costguard.checkpoint.manifest import Manifest, restore_order
-from costguard.checkpoint.restoring import MAX_RESTORE_TRIES, Restorer
+from costguard.checkpoint.restoring import Restorer
 from costguard.checkpoint.store import Store, storage_options_from_env
 from costguard.clouds import require
 from costguard.errors import CostguardError, InputError
@@ -84,7 +84,7 @@ def _load(store: Store, step: int | None) -> tuple[dict[str, Any], Manifest]:
             msg = f"no complete checkpoint of step {step} at {store.url}"
             raise InputError(msg, hint=f"steps there (newest 10): {shown}")
     problems = []
-    for manifest in order[:MAX_RESTORE_TRIES]:  # not every one of 20,000 that do not load
+    for manifest in order:  # as a restore: every one its survey read (at most 64)
         try:
             if manifest.sharded:
                 state = sharded.load_whole(store, manifest)
@@ -100,8 +100,6 @@ def _load(store: Store, step: int | None) -> tuple[dict[str, Any], Manifest]:
             continue
         return state, manifest
     msg = f"no checkpoint at {store.url} could be read and verified"
-    if len(order) > MAX_RESTORE_TRIES:
-        msg += f" (the newest {MAX_RESTORE_TRIES} of {len(order)} tried)"
     if problems:
         msg += f" ({'; '.join(problems[:3])})"
     raise CostguardError(msg, hint="costguard checkpoint ls URL shows what is there")

@@ -66,11 +66,9 @@ PAYLOAD = "state.pt"
 SURVEY_MANIFESTS = 64
 #: The most manifest text a Restorer keeps parsed between surveys (oldest dropped first).
 CACHED_MANIFEST_BYTES = 4 * 2**20
-#: An export tries at most this many checkpoints that do not load before it gives up.
-MAX_RESTORE_TRIES = 8
-#: A restore tries every checkpoint its survey read (at most ``SURVEY_MANIFESTS``): a
-#: forger's newer checkpoints that verify but do not load cost a few reads each, and
-#: cannot hide a valid older one behind a smaller budget.
+#: A restore (and an export) tries every checkpoint its survey read (at most
+#: ``SURVEY_MANIFESTS``): a forger's newer checkpoints that verify but do not load cost a
+#: few reads each, and cannot hide a valid older one behind a smaller budget.
 RESTORE_TRIES = SURVEY_MANIFESTS
 
 
