@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,3 +141,45 @@ def test_a_wrong_sync_dir_is_named_with_the_folder_the_trainer_writes(
     assert str(wrong) in said[0]
     assert f"--sync-dir {out}" in said[0]
     assert not wrong.exists()  # made by costguard, left empty: not left behind
+
+
+#: Started by the script, in its own session: once the script has exited, SIGTERM to
+#: ``costguard run`` every 5 ms until it too has exited (20 s at most).
+LATE_SIGNALS = """
+import os, signal, sys, time
+run, script = int(sys.argv[1]), int(sys.argv[2])
+deadline = time.monotonic() + 20
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+while alive(script) and time.monotonic() < deadline:
+    time.sleep(0.002)
+while alive(run) and time.monotonic() < deadline:
+    os.kill(run, signal.SIGTERM)
+    time.sleep(0.005)
+"""
+SCRIPT = f"""
+import os, subprocess, sys
+subprocess.Popen([sys.executable, "-c", {LATE_SIGNALS!r}, str(os.getppid()), str(os.getpid())],
+                 start_new_session=True)
+print("DONE", flush=True)
+"""
+
+
+def test_a_notice_after_the_script_ended_does_not_cut_costguards_report_short(
+    url_env: tuple[str, dict[str, str]],
+) -> None:
+    """SIGTERMs that keep coming once the script has ended (a spot reclaim as the job
+    finishes) reach ``costguard run`` while it says how the script ended and records it:
+    it finishes that and exits 0, not killed by the signal (-15) half way."""
+    url, env = url_env
+    done = subprocess.run(
+        [*costguard_command(), "run", "--checkpoint", url, "--", sys.executable, "-c", SCRIPT],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "DONE" in done.stdout
+    assert "costguard: exit 0: the script finished" in done.stderr

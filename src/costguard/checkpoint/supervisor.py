@@ -799,8 +799,8 @@ def supervise(
                 syncer.finish(clean=child.returncode in (0, EXIT_PREEMPTED))
             if watcher is not None:
                 watcher.stop()
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            for signum in previous:  # the script is gone: nothing to pass a signal on to
+                signal.signal(signum, previous[signum] if signum == signal.SIGINT else late)
             os.close(write_fd)
             preempted = preempted_file.exists()
             shutil.rmtree(relay_dir, ignore_errors=True)
@@ -825,40 +825,64 @@ def supervise(
             code = _after_notice(code, events, syncer, say, unseen=unseen, total_steps=total_steps)
         return code, events, bool(interrupted), bool(noticed)
 
-    restored = syncer.prepare() if syncer is not None else []
-    refused_by_trainer: list[Any] = []
-    while True:
-        script_started_ns = time.time_ns()
-        code, events, interrupted, noticed = attempt()
-        if syncer is None or not restored or refused_by_trainer:
-            if refused_by_trainer and syncer is not None:
-                syncer.judge_refused(
-                    refused_by_trainer, restored, proven=syncer.wrote_since(script_started_ns)
-                )
-            break
-        if code in (0, EXIT_PREEMPTED) or interrupted or noticed:
-            break
-        if syncer.wrote_since(script_started_ns):
-            break
-        # It failed before writing a checkpoint of its own, right after costguard put one
-        # back: the trainer's loader may refuse it. Run it once more from the one before.
-        refused_by_trainer = restored
-        restored = syncer.fall_back(restored, code)
-        if not restored:
-            break
-    refused = events.refused if code != 0 and not interrupted else None
-    if refused is not None:
-        code = EXIT_BAD_INPUT
-    else:
-        synced = syncer.newest if syncer is not None else None
-        say(summary(code, events.newest(synced, store), interrupted=bool(interrupted)))
-    # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
-    record_exit(os.environ, url, code, storage_options)
-    if refused is not None:
-        from costguard.checkpoint.restoring import NoUsableCheckpointError
+    def late(signum: int, frame: FrameType | None) -> None:
+        """A notice's signal after the script ended: costguard run is only saying how it
+        ended and recording that for the launcher, which a default SIGTERM would cut
+        short (exit -15, no exit record): it is noted, and the run ends as it would."""
+        if take(late_said):
+            say(f"{signal.Signals(signum).name} after the script ended: finishing its report")
 
-        raise NoUsableCheckpointError(str(refused["refused"]), hint=refused.get("hint"))
-    return code
+    late_said = [True]
+    interrupt = signal.getsignal(signal.SIGINT)
+    try:
+        restored = syncer.prepare() if syncer is not None else []
+        refused_by_trainer: list[Any] = []
+        while True:
+            script_started_ns = time.time_ns()
+            code, events, interrupted, noticed = attempt()
+            if syncer is None or not restored or refused_by_trainer:
+                if refused_by_trainer and syncer is not None:
+                    syncer.judge_refused(
+                        refused_by_trainer, restored, proven=syncer.wrote_since(script_started_ns)
+                    )
+                break
+            if code in (0, EXIT_PREEMPTED) or interrupted or noticed:
+                break
+            if syncer.wrote_since(script_started_ns):
+                break
+            # It failed before writing a checkpoint of its own, right after costguard put one
+            # back: the trainer's loader may refuse it. Run it once more from the one before.
+            refused_by_trainer = restored
+            restored = syncer.fall_back(restored, code)
+            if not restored:
+                break
+        refused = events.refused if code != 0 and not interrupted else None
+        if refused is not None:
+            code = EXIT_BAD_INPUT
+        else:
+            synced = syncer.newest if syncer is not None else None
+            say(summary(code, events.newest(synced, store), interrupted=bool(interrupted)))
+        # costguard launch: tell the controller how this attempt ended (job/attempt-N.exit.json).
+        record_exit(os.environ, url, code, storage_options)
+        if refused is not None:
+            from costguard.checkpoint.restoring import NoUsableCheckpointError
+
+            raise NoUsableCheckpointError(str(refused["refused"]), hint=refused.get("hint"))
+        return code
+    finally:
+        # Ctrl-C is the caller's again. A notice's signal stays noted, not fatal: the
+        # process of `costguard run` ends now, with the code said and recorded.
+        signal.signal(signal.SIGINT, interrupt)
+
+
+def ignore_notices_to_the_end() -> None:
+    """For ``costguard run``'s last moments, after :func:`supervise` returned its code: a
+    notice's signal (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) is ignored. Python puts back the
+    default action of every signal it handles as it shuts down, but leaves an ignored one
+    ignored; without this, a SIGTERM then kills the process (-15) after it said exit 0."""
+    for signum in FORWARDED:
+        if signum != signal.SIGINT:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:

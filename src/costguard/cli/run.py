@@ -122,7 +122,7 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     delete a probe object), so a wrong URL or a missing bucket fails at once.
     """
     from costguard.checkpoint.completion import sync_dir_path
-    from costguard.checkpoint.supervisor import supervise
+    from costguard.checkpoint.supervisor import ignore_notices_to_the_end, supervise
     from costguard.secrets import redact
 
     if options["sync_dir"] is not None:  # the rules of every --sync-dir, before the store
@@ -132,4 +132,5 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
         render.print_prose(redact(line), first="costguard: ", indent="  ", err=True)
 
     code = supervise(command, say=say, **options)  # the options are its keywords, by name
+    ignore_notices_to_the_end()
     ctx.exit(code)
