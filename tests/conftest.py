@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import signal
 import sys
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -109,6 +110,25 @@ class Run:
 
     def json(self) -> Any:
         return json.loads(self.stdout)
+
+
+#: The signals whose handling a process passes to the processes it starts: one ignored
+#: here is ignored by each of them (exec keeps it so).
+INHERITED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_kept() -> Iterator[None]:
+    """No test leaves this process's signal handlers changed: a SIGTERM left ignored by
+    an in-process `costguard run` made each script a later test started ignore it too, and
+    that test hung for minutes, far from the cause. Put back, and the test fails."""
+    before = {s: signal.getsignal(s) for s in INHERITED_SIGNALS}
+    yield
+    after = {s: signal.getsignal(s) for s in INHERITED_SIGNALS}
+    changed = [s.name for s in INHERITED_SIGNALS if after[s] is not before[s]]
+    for s in INHERITED_SIGNALS:
+        signal.signal(s, before[s])
+    assert not changed, f"the test left the handlers of {changed} changed: {after}"
 
 
 @pytest.fixture(scope="session", autouse=True)

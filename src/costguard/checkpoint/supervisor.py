@@ -619,9 +619,15 @@ def supervise(
     start_fresh: bool = False,
     total_steps: int | None = None,
     pilot_steps: int | None = None,
+    ending: bool = False,
 ) -> int:
     """Run ``command`` with checkpointing to ``url`` and preemption notices; its exit code
     as ``costguard run`` reports it (75: saved on a notice, run again to resume).
+
+    Signals: see :func:`entry_dispositions`. The caller's handlers are put back on return;
+    with ``ending`` (the process ends once this returns: the console script), a notice's
+    signal is ignored instead, so one that comes while the process ends cannot kill it
+    after it said how the script ended.
 
     When the script's restore refused to start from step 0 (checkpoints exist, none can be
     used), raises that :class:`~costguard.checkpoint.restoring.NoUsableCheckpointError`
@@ -656,6 +662,10 @@ def supervise(
     store = Store.open(url, storage_options)  # refuses credentials in the URL, unknown schemes
     store.check_writable()
     say(f"checkpoints go to {store.url}; running {' '.join(mask_words(command))[:120]}")
+    entry, kept_ignored = entry_dispositions()
+    for signum in kept_ignored:
+        if signum in NOTICE_SIGNALS:
+            say(ignored_at_entry_line(signum))
     syncer = None
     if sync_dir is not None:
         from costguard.checkpoint.foldersync import FolderSync
@@ -695,6 +705,16 @@ def supervise(
             run_pid=os.getpid(),
             start_fresh=start_fresh,
         )
+        early: list[int] = []  # the signals that come before the script has started
+
+        # The handlers are in place before the script starts: a signal in between is
+        # passed on, never this process's death with the script left running; and the
+        # script starts with each of these signals' default action, as exec gives a
+        # caught one (a signal ignored at entry, left alone, stays ignored for it too).
+        queue = _queue(early)
+        for sig in FORWARDED:
+            if sig not in kept_ignored:
+                signal.signal(sig, queue)
         # The job is registered before the script starts, under this process's id (alive
         # as long as the job), then under the script's: the script may look for its job
         # first thing, and the agent never sees a moment without it.
@@ -780,9 +800,11 @@ def supervise(
                     forwarded_ns.append(sent_ns)
                     passed_on()
 
-        previous: dict[int, Callable[..., Any] | int | None] = {}
-        for sig in FORWARDED:
-            previous[sig] = signal.signal(sig, forward)
+        handled = [sig for sig in FORWARDED if sig not in kept_ignored]
+        for sig in handled:
+            signal.signal(sig, forward)
+        for signum in early:  # as they came, now that there is a script to tell
+            forward(signum, None)
         watcher = start_cloud_watcher(NoticeBoard(), notice_env, on_notice=relay_notice)
         events.start()
         stop_watch = StopWatch.under_launch(store, dict(os.environ), relay_notice, say)
@@ -799,8 +821,8 @@ def supervise(
                 syncer.finish(clean=child.returncode in (0, EXIT_PREEMPTED))
             if watcher is not None:
                 watcher.stop()
-            for signum in previous:  # the script is gone: nothing to pass a signal on to
-                signal.signal(signum, previous[signum] if signum == signal.SIGINT else late)
+            for signum in handled:  # the script is gone: nothing to pass a signal on to
+                signal.signal(signum, entry[signum] if signum == signal.SIGINT else late)
             os.close(write_fd)
             preempted = preempted_file.exists()
             shutil.rmtree(relay_dir, ignore_errors=True)
@@ -833,7 +855,6 @@ def supervise(
             say(f"{signal.Signals(signum).name} after the script ended: finishing its report")
 
     late_said = [True]
-    interrupt = signal.getsignal(signal.SIGINT)
     try:
         restored = syncer.prepare() if syncer is not None else []
         refused_by_trainer: list[Any] = []
@@ -870,19 +891,48 @@ def supervise(
             raise NoUsableCheckpointError(str(refused["refused"]), hint=refused.get("hint"))
         return code
     finally:
-        # Ctrl-C is the caller's again. A notice's signal stays noted, not fatal: the
-        # process of `costguard run` ends now, with the code said and recorded.
-        signal.signal(signal.SIGINT, interrupt)
+        # Ctrl-C is the caller's again, and so are the others, unless the process ends
+        # now: Python puts back the default action of every signal it handles as it shuts
+        # down, but leaves an ignored one ignored; a SIGTERM then would kill the process
+        # (-15) after it said exit 0.
+        for signum in FORWARDED:
+            if signum not in kept_ignored:
+                ignore = ending and signum != signal.SIGINT
+                signal.signal(signum, signal.SIG_IGN if ignore else entry[signum])
 
 
-def ignore_notices_to_the_end() -> None:
-    """For ``costguard run``'s last moments, after :func:`supervise` returned its code: a
-    notice's signal (SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) is ignored. Python puts back the
-    default action of every signal it handles as it shuts down, but leaves an ignored one
-    ignored; without this, a SIGTERM then kills the process (-15) after it said exit 0."""
-    for signum in FORWARDED:
-        if signum != signal.SIGINT:
-            signal.signal(signum, signal.SIG_IGN)
+def entry_dispositions() -> tuple[dict[int, Any], frozenset[int]]:
+    """The handlers of the signals :func:`supervise` passes on as it was called, and those
+    of them ignored then, which stay ignored: neither caught nor passed on, and ignored by
+    the script too, as it would be without costguard. So ``nohup costguard run ...`` keeps
+    the script through a hang-up, and a job a batch script starts in the background (its
+    Ctrl-C ignored) is not asked to stop by the terminal's Ctrl-C."""
+    entry: dict[int, Any] = {signum: signal.getsignal(signum) for signum in FORWARDED}
+    return entry, frozenset(s for s, handler in entry.items() if handler == signal.SIG_IGN)
+
+
+def ignored_at_entry_line(signum: int) -> str:
+    """What a run whose notice signal was ignored when it started is told.
+
+    >>> ignored_at_entry_line(signal.SIGTERM)[:60]
+    'warning: SIGTERM was ignored when costguard run started (as '
+    """
+    name = signal.Signals(signum).name
+    return (
+        f"warning: {name} was ignored when costguard run started (as `trap '' "
+        f"{name[3:]}` or its parent leaves it): it stays ignored, by the script too, and is "
+        "no preemption notice; the cloud's notices still are"
+    )
+
+
+def _queue(signals: list[int]) -> Callable[[int, FrameType | None], None]:
+    """A handler that keeps each signal in ``signals``, for the moments before the script
+    starts (they are passed on once it has)."""
+
+    def keep(signum: int, frame: FrameType | None) -> None:
+        signals.append(signum)
+
+    return keep
 
 
 def record_exit(env: Mapping[str, str], url: str, code: int, storage_options: Any = None) -> bool:

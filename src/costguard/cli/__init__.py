@@ -53,6 +53,20 @@ class _StartUp:
             gc.enable()
 
 
+class _Console:
+    """Whether this process is the console script (:func:`main`): it ends with its command.
+    ``cli`` called in a process of its own making (tests, a notebook) goes on after it."""
+
+    script = False
+
+
+def console_script() -> bool:
+    """Whether the process ends once the command returns (see :class:`_Console`): a command
+    may then leave the process in a state its caller could not live with (``costguard
+    run`` ignores a late SIGTERM)."""
+    return _Console.script
+
+
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -382,6 +396,7 @@ def main() -> None:
     or write objects that nothing refers to until the main thread commits them).
     """
     _StartUp.begin()
+    _Console.script = True
     try:
         cli.main()
     except Interrupted:

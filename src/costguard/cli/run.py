@@ -122,7 +122,8 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     delete a probe object), so a wrong URL or a missing bucket fails at once.
     """
     from costguard.checkpoint.completion import sync_dir_path
-    from costguard.checkpoint.supervisor import ignore_notices_to_the_end, supervise
+    from costguard.checkpoint.supervisor import supervise
+    from costguard.cli import console_script
     from costguard.secrets import redact
 
     if options["sync_dir"] is not None:  # the rules of every --sync-dir, before the store
@@ -131,6 +132,6 @@ def run_command(ctx: click.Context, /, command: Sequence[str], **options: Any) -
     def say(line: str) -> None:  # wrapped at a terminal; one line to a log or a pipe
         render.print_prose(redact(line), first="costguard: ", indent="  ", err=True)
 
-    code = supervise(command, say=say, **options)  # the options are its keywords, by name
-    ignore_notices_to_the_end()
+    # The options are its keywords, by name; the console script ends once it returns.
+    code = supervise(command, say=say, ending=console_script(), **options)
     ctx.exit(code)
