@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -40,6 +43,31 @@ def stop_process(proc: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=grace_s)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children first), from the kernel's own lists; a script
+    `costguard run` starts in a process group of its own is one of them."""
+    found: list[int] = []
+    stack = [pid]
+    while stack and len(found) < 1000:
+        parent = stack.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            found.extend(children)
+            stack.extend(children)
+    return found
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc`` and every process below it (none outlives a failed test to hold its
+    pipes or a CPU for the rest of the run)."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def signal_side_thread(pid: int, sig: int, timeout_s: float = 30.0) -> int:

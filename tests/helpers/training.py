@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers.processes import kill_tree
+
 REPO = Path(__file__).resolve().parents[2]
 #: The training scripts (tests/checkpoint/*_train.py, train_script.py, ...).
 SCRIPTS = REPO / "tests" / "checkpoint"
@@ -100,6 +102,7 @@ class Followed:
         self.proc = subprocess.Popen(
             command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd
         )
+        self.command = command
         self.lines: list[str] = []
         self.err: str | None = None
         self.timeout_s = timeout_s
@@ -115,15 +118,25 @@ class Followed:
             self.lines.append(line.strip())
             if predicate(line.strip()):
                 return line.strip()
-        self.proc.kill()
+        kill_tree(self.proc)
         _, self.err = self.proc.communicate(timeout=30)
         raise AssertionError(
             f"child ended or timed out; stdout {self.lines[-6:]}, {self.err[-3000:]}"
         )
 
     def finish(self) -> int:
-        """Wait for the exit (its code); the rest of stdout joins ``lines``, stderr is kept."""
-        out, self.err = self.proc.communicate(timeout=self.timeout_s)
+        """Wait for the exit (its code); the rest of stdout joins ``lines``, stderr is kept.
+        Past the deadline, the process and all below it are killed and the test fails with
+        what it printed."""
+        try:
+            out, self.err = self.proc.communicate(timeout=self.timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc)
+            out, self.err = self.proc.communicate(timeout=30)
+            raise AssertionError(
+                f"{self.command[:3]}... did not end within {self.timeout_s} s: stdout "
+                f"{out.splitlines()[-6:]}, stderr {self.err[-3000:]}"
+            ) from None
         self.lines.extend(line.strip() for line in out.splitlines())
         return self.proc.returncode
 
