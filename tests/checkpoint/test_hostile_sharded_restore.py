@@ -3,13 +3,13 @@
 made from its objects, each with at least one thing no restore may take: a forged
 ``dcp.metadata`` (a pickle that would run code, the legacy format, no index at all,
 chunks of another shape or dtype, past their object's end, in an object the manifest does
-not list, a key missing, sizes that are not the model's), forged shards (cut short, empty,
-an optimizer value that would run code), a forged ``train.pt`` (the forgeries of
-:mod:`test_hostile_restore`), manifests without the index, and the hostile manifests of
-:mod:`test_hostile_manifests`. Most manifests verify (sizes and sha256 match what was
-forged); some do not. Forged weights that fit are written beside some of them, so that a
-restore that loads part of a forgery before it refuses it leaves forged tensors behind
-unless it puts the genuine ones back whole.
+not list, chunks that overlap, a key missing, sizes that are not the model's), forged
+shards (cut short, empty, an optimizer value that would run code), a forged ``train.pt``
+(the forgeries of :mod:`test_hostile_restore`), manifests without the index, and the
+hostile manifests of :mod:`test_hostile_manifests`. Most manifests verify (sizes and
+sha256 match what was forged); some do not. Forged weights that fit are written beside
+some of them, so that a restore that loads part of a forgery before it refuses it leaves
+forged tensors behind unless it puts the genuine ones back whole.
 
 Whatever is there, the restore puts back the genuine step, bit for bit (weights,
 optimizer, scheduler, ``extra``, the RNG), or refuses with costguard's own error: never
@@ -110,6 +110,39 @@ def other_sizes(meta: Any) -> None:
             value.size = torch.Size([value.size[0] + 1, value.size[1]])
 
 
+def overlapping(meta: Any) -> None:
+    """The first tensor of 3 rows or more (one chunk) indexed as two chunks that overlap by
+    a row, each pointing at its rows' genuine bytes: their sizes still add up to the
+    tensor's, and a whole load leaves its last row as it was."""
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+
+    for fqn, value in sorted(meta.state_dict_metadata.items()):
+        size = getattr(value, "size", None)
+        if size is None or len(size) != 2 or size[0] < 3 or len(value.chunks) != 1:
+            continue
+        rows, columns = size
+        (key,) = [k for k in meta.storage_data if k.fqn == fqn]
+        where = meta.storage_data.pop(key)
+        row = where.length // rows
+        half = rows // 2
+        value.chunks = [
+            ChunkStorageMetadata(torch.Size([0, 0]), torch.Size([half, columns])),
+            ChunkStorageMetadata(torch.Size([half - 1, 0]), torch.Size([rows - half, columns])),
+        ]
+        first, second = value.chunks
+        meta.storage_data[MetadataIndex(fqn, first.offsets)] = dataclasses.replace(
+            where, length=half * row, shape=(half, columns)
+        )
+        meta.storage_data[MetadataIndex(fqn, second.offsets)] = dataclasses.replace(
+            where,
+            offset=where.offset + (half - 1) * row,
+            length=(rows - half) * row,
+            shape=(rows - half, columns),
+        )
+        return
+    raise AssertionError("no tensor of 3 rows or more in the index")
+
+
 def value_runs_code(objects: Objects) -> Objects:
     """Every non-tensor value (the optimizer's ``param_groups``) pointed at a pickle that
     would run code, appended to the shard."""
@@ -173,6 +206,7 @@ FORGERIES: dict[str, Callable[[Objects], Objects]] = {
     "chunk in train.pt": lambda o: reindexed(
         o, first_tensor(lambda w: dataclasses.replace(w, object=TRAIN, offset=0))
     ),
+    "chunks overlap": lambda o: reindexed(o, overlapping),
     "index lacks a key": lambda o: reindexed(o, without_a_key),
     "index of other sizes": lambda o: reindexed(o, other_sizes),
     "value runs code": value_runs_code,
@@ -325,7 +359,7 @@ def test_each_sharded_forgery_over_fitting_weights_is_passed_over(
 NO_WHOLE_STATE = sorted(
     k
     for k in FORGERIES
-    if k.startswith(("index ", "chunk ", "shard ", "no index", "no train", "train.pt "))
+    if k.startswith(("index ", "chunk", "shard ", "no index", "no train", "train.pt "))
     and k != "index lacks a key"
 )
 

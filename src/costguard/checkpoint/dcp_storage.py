@@ -33,6 +33,11 @@ from costguard.text import visible
 METADATA = "dcp.metadata"
 
 
+#: How many pairs of chunks the check of one index may compare for overlap: a genuine
+#: index (chunks of rows, or a grid) compares each chunk with a few; a forged one made to
+#: compare every pair is refused at this bound.
+MAX_CHUNK_PAIRS = 1_000_000
+
 #: What :func:`shard_object` names: the only objects of a checkpoint (with the pool's)
 #: that hold chunks.
 _SHARD = re.compile(r"shard-\d{5,}\.distcp", re.ASCII)
@@ -271,22 +276,24 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
     ):
         msg = f"{METADATA} is no index of costguard's sharded checkpoint"
         raise UnreadableError(msg)
+    pairs = [MAX_CHUNK_PAIRS]  # what is left of the bound, for the whole index
     for name, value in meta.state_dict_metadata.items():
-        if not _covered(value):
+        if not _covered(value, pairs):
             msg = f"{METADATA}: the chunks of {str(name)[:80]!r} do not make up its tensor"
             raise UnreadableError(visible(msg))
     return meta
 
 
-def _covered(value: Any) -> bool:
-    """Whether a tensor's chunks in DCP's index lie within its size and add up to it (as
-    DCP's save checks: a whole load would otherwise leave the rest of a tensor unset)."""
+def _covered(value: Any, pairs: list[int]) -> bool:
+    """Whether a tensor's chunks in DCP's index lie within its size, none overlaps
+    another, and they add up to it (as DCP's save checks): a whole load would otherwise
+    leave part of the tensor unset. ``pairs``: the comparisons left to the index's check."""
     size = getattr(value, "size", None)
     chunks = getattr(value, "chunks", None)
     if size is None or chunks is None:  # a value saved as bytes
         return True
     try:
-        total = 0
+        total, boxes = 0, []
         for chunk in chunks:
             if len(chunk.offsets) != len(size) or len(chunk.sizes) != len(size):
                 return False
@@ -295,10 +302,49 @@ def _covered(value: Any) -> bool:
                 for o, n, s in zip(chunk.offsets, chunk.sizes, size, strict=True)
             ):
                 return False
-            total += math.prod(chunk.sizes)
-        return total == math.prod(size)
+            volume = math.prod(chunk.sizes)
+            total += volume
+            if volume:
+                boxes.append((tuple(chunk.offsets), tuple(chunk.sizes)))
+        return total == math.prod(size) and _apart(boxes, pairs)
     except (TypeError, AttributeError):
         return False
+
+
+def _apart(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], pairs: list[int]) -> bool:
+    """Whether no two of ``boxes`` (offsets, sizes; none empty) overlap, swept along the
+    dimension they are cut most along (a genuine index's chunks then meet one or a few at a
+    time): each is compared with those that reach past its start there. False too once
+    ``pairs`` comparisons are spent.
+
+    >>> rows = [((0, 0), (2, 3)), ((2, 0), (2, 3))]
+    >>> _apart(rows, [10]), _apart([*rows[:1], ((1, 0), (2, 3))], [10])
+    (True, False)
+    >>> columns = [((0, i), (5, 1)) for i in range(2000)]  # 2,000 ranks' columns
+    >>> _apart(columns, [4000]), _apart([*columns, ((4, 1500), (1, 1))], [4000])
+    (True, False)
+    >>> stairs = [((i, i), (2000 - i, 1)) for i in range(2000)]  # apart, all reaching
+    >>> _apart(stairs, [4000]), _apart(stairs, [10**7])  # the bound, then the answer
+    (False, True)
+    """
+    if not boxes or not boxes[0][0]:
+        return len(boxes) <= 1  # a scalar: one chunk at most
+    dims = range(len(boxes[0][0]))
+    axis = max(dims, key=lambda d: len({offsets[d] for offsets, _ in boxes}))
+    reaching: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    for offsets, sizes in sorted(boxes, key=lambda b: (b[0][axis], b)):
+        pairs[0] -= len(reaching) + 1
+        if pairs[0] < 0:
+            return False
+        reaching = [b for b in reaching if b[0][axis] + b[1][axis] > offsets[axis]]
+        for other, extent in reaching:
+            if all(
+                o < p + m and p < o + n
+                for o, n, p, m in zip(other, extent, offsets, sizes, strict=True)
+            ):
+                return False
+        reaching.append((offsets, sizes))
+    return True
 
 
 def storage_reader(store: Store, manifest: Manifest) -> Any:
