@@ -906,8 +906,12 @@ def entry_dispositions() -> tuple[dict[int, Any], frozenset[int]]:
     of them ignored then, which stay ignored: neither caught nor passed on, and ignored by
     the script too, as it would be without costguard. So ``nohup costguard run ...`` keeps
     the script through a hang-up, and a job a batch script starts in the background (its
-    Ctrl-C ignored) is not asked to stop by the terminal's Ctrl-C."""
+    Ctrl-C ignored) is not asked to stop by the terminal's Ctrl-C. A handler that was not
+    installed from Python (``None``) is put back as the default action."""
     entry: dict[int, Any] = {signum: signal.getsignal(signum) for signum in FORWARDED}
+    for signum, handler in entry.items():
+        if handler is None:  # a handler not installed from Python cannot be put back
+            entry[signum] = signal.SIG_DFL
     return entry, frozenset(s for s, handler in entry.items() if handler == signal.SIG_IGN)
 
 
