@@ -25,16 +25,18 @@ import pytest
 from click.testing import CliRunner
 
 from costguard.cli import cli
+from tests.helpers.processes import kill_tree
 from tests.helpers.training import costguard_command
 
-#: Prints the signals it starts with ignored (by number, from the kernel's own mask), then
-#: exits 43 on SIGTERM, 75 once `costguard run` has relayed a notice, else 0 in a minute.
+#: Prints the signals it started with ignored (by number, from the kernel's own mask) once
+#: its own SIGTERM handler is in place (not where SIGTERM is ignored), then exits 43 on
+#: SIGTERM, 75 once `costguard run` has relayed a notice, else 0 in a minute.
 SCRIPT = """\
 import json, os, signal, sys, time
 mask = int(next(l for l in open("/proc/self/status") if l.startswith("SigIgn:")).split()[1], 16)
-print("IGNORED", json.dumps([n for n in range(1, 32) if mask >> (n - 1) & 1]), flush=True)
 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(43))
+print("IGNORED", json.dumps([n for n in range(1, 32) if mask >> (n - 1) & 1]), flush=True)
 notices = os.environ["COSTGUARD_NOTICE_FILE"]
 for _ in range(1200):
     if os.path.exists(notices) and os.path.getsize(notices):
@@ -94,7 +96,7 @@ def ended(proc: subprocess.Popen[str]) -> tuple[int, str]:
     try:
         _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        kill_tree(proc)  # the script too: it runs in a process group of its own
         raise
     return proc.returncode, err
 
@@ -129,3 +131,36 @@ def test_a_signal_ignored_at_the_start_stays_ignored_by_the_run_and_the_script(
     assert "Ctrl-C" not in err
     warning = f"warning: SIG{trap} was ignored when costguard run started"
     assert (warning in err) == (trap == "TERM"), err
+
+
+def test_a_handler_that_raises_as_it_is_put_back_leaves_none_of_the_others_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C (or a caller's ``sys.exit`` on SIGTERM) that runs as soon as its handler is
+    put back raises there: the handlers after it are set all the same (they were left as
+    costguard's, which swallow a notice), then the exception goes on."""
+    from costguard.checkpoint.supervisor import put_back
+
+    real = signal.signal
+    before = {s: signal.getsignal(s) for s in PASSED_ON}
+
+    def mine(signum: int, frame: object) -> None:
+        pass
+
+    def raising_once(signum: int, handler: object) -> object:
+        previous = real(signum, handler)  # type: ignore[arg-type]
+        if not raised:
+            raised.append(signum)
+            raise KeyboardInterrupt  # as a handler run at once would
+        return previous
+
+    raised: list[int] = []
+    monkeypatch.setattr(signal, "signal", raising_once)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            put_back(dict.fromkeys(PASSED_ON, mine))
+        assert {s: signal.getsignal(s) for s in PASSED_ON} == dict.fromkeys(PASSED_ON, mine)
+        assert raised[:1] == [signal.SIGTERM]  # the first set; SIGINT's is set last
+    finally:
+        for s, handler in before.items():
+            real(s, handler)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -160,3 +161,36 @@ def test_a_trainer_that_starts_over_below_what_was_put_back_is_told(
         "warning: the trainer wrote checkpoint-5 (step 5) although checkpoint-20 (step 20) "
         "was put back: it did not resume from it"
     ) in result.stderr
+
+
+def test_a_notice_while_it_falls_back_ends_the_run_instead_of_a_second_attempt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM that comes after the script failed, while costguard puts back the
+    checkpoint before the refused one (a download, on a store), is a notice: the machine is
+    going away, so the script is not run once more (it used to be, told nothing)."""
+    from costguard.checkpoint.foldersync import FolderSync
+    from costguard.checkpoint.supervisor import supervise
+
+    url = str(tmp_path / "store")
+    fill(url, tmp_path, [10, 20, 30], bad=30)
+    fall_back = FolderSync.fall_back
+
+    def noticed_meanwhile(self: FolderSync, *args: object, **kwargs: object) -> object:
+        signal.raise_signal(signal.SIGTERM)  # runs costguard's handler here, at once
+        return fall_back(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FolderSync, "fall_back", noticed_meanwhile)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    said: list[str] = []
+    code = supervise(
+        [sys.executable, "-c", TRAINER], url=url, every_steps=None, every_minutes=None,
+        keep=3, cloud="none", signal_mode="auto", quiet=False, say=said.append,
+        sync_dir="out",
+    )  # fmt: skip
+    assert code == 1, said
+    assert "SIGTERM after the script ended: finishing its report" in said
+    assert "not running the script again: a notice (SIGTERM) came after it ended" in said
+    assert not [line for line in said if line.startswith("running the script again")], said
+    assert not list((tmp_path / "out").glob("checkpoint-25")), "the script ran again"

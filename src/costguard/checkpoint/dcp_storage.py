@@ -33,10 +33,11 @@ from costguard.text import visible
 METADATA = "dcp.metadata"
 
 
-#: How many pairs of chunks the check of one index may compare for overlap: a genuine
-#: index (chunks of rows, or a grid) compares each chunk with a few; a forged one made to
-#: compare every pair is refused at this bound.
-MAX_CHUNK_PAIRS = 1_000_000
+#: How many comparisons the overlap check of one tensor's chunks may make, per chunk: a
+#: genuine index compares each chunk with one (rows or columns of ranks) or a few (a grid
+#: of them is swept along its longer side: 32 x 32 ranks, 18 a chunk); a forged one made
+#: to compare every pair is refused at this bound.
+PAIRS_PER_CHUNK = 64
 
 #: What :func:`shard_object` names: the only objects of a checkpoint (with the pool's)
 #: that hold chunks.
@@ -276,45 +277,54 @@ def read_metadata_object(store: Store, manifest: Manifest) -> Any:
     ):
         msg = f"{METADATA} is no index of costguard's sharded checkpoint"
         raise UnreadableError(msg)
-    pairs = [MAX_CHUNK_PAIRS]  # what is left of the bound, for the whole index
     for name, value in meta.state_dict_metadata.items():
-        if not _covered(value, pairs):
-            msg = f"{METADATA}: the chunks of {str(name)[:80]!r} do not make up its tensor"
+        wrong = _covered(value)
+        if wrong is not None:
+            msg = f"{METADATA}: the chunks of {str(name)[:80]!r} {wrong}"
             raise UnreadableError(visible(msg))
     return meta
 
 
-def _covered(value: Any, pairs: list[int]) -> bool:
-    """Whether a tensor's chunks in DCP's index lie within its size, none overlaps
-    another, and they add up to it (as DCP's save checks): a whole load would otherwise
-    leave part of the tensor unset. ``pairs``: the comparisons left to the index's check."""
+def _covered(value: Any) -> str | None:
+    """What is wrong with a tensor's chunks in DCP's index, or ``None``: they must lie
+    within its size, none may overlap another, and they must add up to it (as DCP's save
+    checks): a whole load would otherwise leave part of the tensor unset."""
     size = getattr(value, "size", None)
     chunks = getattr(value, "chunks", None)
     if size is None or chunks is None:  # a value saved as bytes
-        return True
+        return None
+    wrong = "do not make up its tensor"
     try:
         total, boxes = 0, []
         for chunk in chunks:
             if len(chunk.offsets) != len(size) or len(chunk.sizes) != len(size):
-                return False
+                return wrong
             if any(
                 o < 0 or n < 0 or o + n > s
                 for o, n, s in zip(chunk.offsets, chunk.sizes, size, strict=True)
             ):
-                return False
+                return wrong
             volume = math.prod(chunk.sizes)
             total += volume
             if volume:
                 boxes.append((tuple(chunk.offsets), tuple(chunk.sizes)))
-        return total == math.prod(size) and _apart(boxes, pairs)
+        if total != math.prod(size):
+            return wrong
     except (TypeError, AttributeError):
-        return False
+        return wrong
+    apart = _apart(boxes, [PAIRS_PER_CHUNK * len(boxes)])
+    if apart is None:
+        return (
+            f"are {len(boxes)} laid out so that a check for overlaps would compare more "
+            f"than {PAIRS_PER_CHUNK} pairs a chunk"
+        )
+    return None if apart else "overlap one another (part of the tensor would stay unset)"
 
 
-def _apart(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], pairs: list[int]) -> bool:
+def _apart(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], pairs: list[int]) -> bool | None:
     """Whether no two of ``boxes`` (offsets, sizes; none empty) overlap, swept along the
     dimension they are cut most along (a genuine index's chunks then meet one or a few at a
-    time): each is compared with those that reach past its start there. False too once
+    time): each is compared with those that reach past its start there. ``None`` once
     ``pairs`` comparisons are spent.
 
     >>> rows = [((0, 0), (2, 3)), ((2, 0), (2, 3))]
@@ -325,7 +335,7 @@ def _apart(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], pairs: list[int
     (True, False)
     >>> stairs = [((i, i), (2000 - i, 1)) for i in range(2000)]  # apart, all reaching
     >>> _apart(stairs, [4000]), _apart(stairs, [10**7])  # the bound, then the answer
-    (False, True)
+    (None, True)
     """
     if not boxes or not boxes[0][0]:
         return len(boxes) <= 1  # a scalar: one chunk at most
@@ -335,7 +345,7 @@ def _apart(boxes: list[tuple[tuple[int, ...], tuple[int, ...]]], pairs: list[int
     for offsets, sizes in sorted(boxes, key=lambda b: (b[0][axis], b)):
         pairs[0] -= len(reaching) + 1
         if pairs[0] < 0:
-            return False
+            return None
         reaching = [b for b in reaching if b[0][axis] + b[1][axis] > offsets[axis]]
         for other, extent in reaching:
             if all(

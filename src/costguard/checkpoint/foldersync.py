@@ -596,7 +596,8 @@ class FolderSync:
         """The script failed (``code``) before writing a checkpoint, right after
         ``restored`` was put back: its loader may refuse them (corrupt, partial, of another
         model). Move them aside (never deleted) and put back the complete checkpoint before
-        them; what was put back (empty: there is none, which is said)."""
+        them; what was put back (empty: there is none, which is said; else the caller says
+        whether the script runs again from it)."""
         top = restored[0]
         self.say(
             f"the script failed (exit {code}) before writing a checkpoint, right after "
@@ -611,12 +612,7 @@ class FolderSync:
             if local is not None:
                 self._set_aside(local, why="refused by the trainer's loader", under=REFUSED)
         again = self.prepare()
-        if again:
-            self.say(
-                f"running the script again from {again[0].extra['folder']['path']} "
-                f"(step {again[0].step}, {again[0].name})"
-            )
-        else:
+        if not again:
             self.say(
                 "no complete checkpoint before it to fall back to; not starting from step 0 "
                 f"as if it were fine: fix or remove {top.name} (costguard checkpoint verify "

@@ -821,11 +821,11 @@ def supervise(
                 syncer.finish(clean=child.returncode in (0, EXIT_PREEMPTED))
             if watcher is not None:
                 watcher.stop()
-            for signum in handled:  # the script is gone: nothing to pass a signal on to
-                signal.signal(signum, entry[signum] if signum == signal.SIGINT else late)
             os.close(write_fd)
             preempted = preempted_file.exists()
             shutil.rmtree(relay_dir, ignore_errors=True)
+            # The script is gone: nothing to pass a signal on to.
+            put_back({s: entry[s] if s == signal.SIGINT else late for s in handled})
         code = exit_code(returncode)
         if interrupted:
             code = 130  # the shell's code for Ctrl-C: what the ranks did before it is moot
@@ -850,10 +850,13 @@ def supervise(
     def late(signum: int, frame: FrameType | None) -> None:
         """A notice's signal after the script ended: costguard run is only saying how it
         ended and recording that for the launcher, which a default SIGTERM would cut
-        short (exit -15, no exit record): it is noted, and the run ends as it would."""
+        short (exit -15, no exit record): it is noted, and the run ends as it would,
+        never with the script run once more."""
+        came_late.append(signum)
         if take(late_said):
             say(f"{signal.Signals(signum).name} after the script ended: finishing its report")
 
+    came_late: list[int] = []
     late_said = [True]
     try:
         restored = syncer.prepare() if syncer is not None else []
@@ -867,16 +870,26 @@ def supervise(
                         refused_by_trainer, restored, proven=syncer.wrote_since(script_started_ns)
                     )
                 break
-            if code in (0, EXIT_PREEMPTED) or interrupted or noticed:
+            if code in (0, EXIT_PREEMPTED) or interrupted or noticed or came_late:
                 break
             if syncer.wrote_since(script_started_ns):
                 break
             # It failed before writing a checkpoint of its own, right after costguard put one
-            # back: the trainer's loader may refuse it. Run it once more from the one before.
+            # back: the trainer's loader may refuse it. Run it once more from the one before,
+            # unless a notice came meanwhile (the machine is going away).
             refused_by_trainer = restored
             restored = syncer.fall_back(restored, code)
             if not restored:
                 break
+            if came_late:
+                name = signal.Signals(came_late[0]).name
+                say(f"not running the script again: a notice ({name}) came after it ended")
+                break
+            top = restored[0]
+            say(
+                f"running the script again from {top.extra['folder']['path']} "
+                f"(step {top.step}, {top.name})"
+            )
         refused = events.refused if code != 0 and not interrupted else None
         if refused is not None:
             code = EXIT_BAD_INPUT
@@ -895,10 +908,27 @@ def supervise(
         # now: Python puts back the default action of every signal it handles as it shuts
         # down, but leaves an ignored one ignored; a SIGTERM then would kill the process
         # (-15) after it said exit 0.
-        for signum in FORWARDED:
-            if signum not in kept_ignored:
-                ignore = ending and signum != signal.SIGINT
-                signal.signal(signum, signal.SIG_IGN if ignore else entry[signum])
+        put_back(
+            {
+                s: signal.SIG_IGN if ending and s != signal.SIGINT else entry[s]
+                for s in FORWARDED
+                if s not in kept_ignored
+            }
+        )
+
+
+def put_back(handlers: Mapping[int, Any]) -> None:
+    """Set each of ``handlers`` (signal -> handler), SIGINT's last. One that runs as soon as
+    it is set and raises (a Ctrl-C's KeyboardInterrupt, a caller's ``sys.exit`` on SIGTERM)
+    does not leave the others unset: they are set, then the exception goes on."""
+    pending = sorted(handlers.items(), key=lambda item: item[0] == signal.SIGINT)
+    try:
+        while pending:
+            signal.signal(*pending[0])
+            pending.pop(0)
+    finally:
+        if pending:  # set again from the first not known to be set
+            put_back(dict(pending))
 
 
 def entry_dispositions() -> tuple[dict[int, Any], frozenset[int]]:
