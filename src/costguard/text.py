@@ -78,11 +78,20 @@ def csv_cell(value: object) -> object:
     ('-4.21', Decimal('-4.21'), "'-1+cmd")
     >>> csv_cell("\\t=1+1")
     '\\\\t=1+1'
+
+    A list (an option's notes) is one cell, its items joined by ``; ``:
+
+    >>> csv_cell(["spot price unverified", "no spot price"])
+    'spot price unverified; no spot price'
+    >>> csv_cell(["=1+1", "spot"])
+    "'=1+1; spot"
     """
     if isinstance(value, Decimal | int | float) and not isinstance(value, bool):
         return value
     if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, list | tuple):
+        value = "; ".join(str(item) for item in value)
     text = visible(value)
     start = text.lstrip(" ")[:1]
     if start in _FORMULA_START and not _NUMBER.fullmatch(text.strip()):

@@ -86,6 +86,22 @@ def test_csv_output_is_clean_with_assumptions_on_stderr(run_cli) -> None:
     assert "Not included" in result.stderr
 
 
+def test_a_csv_notes_cell_is_its_notes_in_words_not_a_python_list(run_cli) -> None:
+    """An option's notes are a list in JSON; in CSV one cell, joined by "; " (it was the
+    list's Python repr: "['spot price unverified: ...']")."""
+    args = ("estimate", "--gpu", "t4", "--hours", "8", "--region", "af-south-1")
+    doc = run_cli(*args, "--format", "json").json()
+    noted = {(o["instance_type"], o["market"]): o["notes"] for o in doc["options"] if o["notes"]}
+    assert noted  # af-south-1's spot price of g4dn.xlarge is unverified: a note
+    result = run_cli(*args, "--format", "csv")
+    assert result.exit_code == 0, result.stderr
+    read = csv.DictReader(io.StringIO(result.stdout))
+    rows = {(r["instance_type"], r["market"]): r for r in read}
+    for key, notes in noted.items():
+        assert rows[key]["notes"] == "; ".join(notes)
+        assert not rows[key]["notes"].startswith("[")
+
+
 def test_spot_only(run_cli) -> None:
     doc = run_cli(*ARGS, "--spot", "--format", "json").json()
     assert {o["market"] for o in doc["options"]} == {"spot"}

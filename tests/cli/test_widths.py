@@ -174,7 +174,7 @@ def test_readme_first_command_on_an_80_column_terminal() -> None:
         80,
         ["us-east-2", "g5.xlarge", "g5.2xlarge", "$1.006", "$0.3596", "$32.54", "$11.86"],
     )
-    assert "(7 assumptions and 1 more answer not shown to fit: --full shows them)" in screen
+    assert "(8 assumptions and 1 more answer not shown to fit: --full shows them)" in screen
     # Prose wraps at word boundaries: no word is split over two lines.
     assert "a spot in\n" not in screen
 
@@ -245,7 +245,7 @@ def test_full_and_top_on_a_short_terminal(run_cli: Callable[..., Any]) -> None:
     args = QUICKSTART
     plain = run_cli(*args).stdout
     assumptions = plain.split("Assumptions:\n", 1)[1].split("Answers:", 1)[0]
-    assert assumptions.count("  - ") == 7
+    assert assumptions.count("  - ") == 8
     full = first_screen([*args, "--full"], 200, 24)
     assert shown_places(full) == shown_places(plain.splitlines())
     assert len(shown_places(full)) == 10
@@ -253,4 +253,4 @@ def test_full_and_top_on_a_short_terminal(run_cli: Callable[..., Any]) -> None:
     assert "spot prices are set per size" in " ".join(" ".join(full).split())
     top = first_screen([*args, "--top", "5"], 80, 24)
     assert len(shown_places(top)) == 5
-    assert "(7 assumptions and 1 more answer not shown to fit: --full shows them)" in top
+    assert "(8 assumptions and 1 more answer not shown to fit: --full shows them)" in top

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import csv
+import shutil
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
 from costguard.errors import InputError
 from costguard.money import HOURS_PER_MONTH, gb_to_gib
-from costguard.pricing.catalog import Catalog, Market
+from costguard.pricing.catalog import Catalog, Market, StorageRate, TransferRate
+from costguard.pricing.document import option_row
 from costguard.pricing.estimate import (
     EstimateRequest,
     estimate,
     limit_places,
     transfer_rate_between,
 )
+from costguard.pricing.tables import bundled_tables_dir, load_catalog
 
 D = Decimal
 ON_DEMAND = (Market.ON_DEMAND,)
@@ -276,3 +281,85 @@ def test_a_t4_is_priced_where_students_are(
     assert row.ondemand_usd_per_hour is not None
     assert on_demand[0].compute_usd == row.ondemand_usd_per_hour * 10
     assert any(o.market is Market.SPOT for o in result.options) is has_spot
+
+
+def test_each_option_names_the_date_of_every_storage_and_transfer_price_it_pays(
+    catalog: Catalog,
+) -> None:
+    """Issue 48's rule for every figure shown: the storage and egress columns are priced
+    from rows with their own dates (AWS af-south-1: EBS gp3 of 2025-10-28, S3 Standard and
+    egress of 2024-09-25), which the option, its JSON and the assumptions name."""
+    result = estimate(
+        EstimateRequest(
+            gpu="T4",
+            hours=D(8),
+            regions=("af-south-1",),
+            markets=ON_DEMAND,
+            storage_gb=D(500),
+            egress_gb=D(100),
+            data_region=catalog.find_region("eu-west-1"),
+            data_gb=D(10),
+        ),
+        catalog,
+    )
+    option = only(result, "aws", "af-south-1", Market.ON_DEMAND)
+    block = catalog.storage_rates("aws", "af-south-1", "block")[0]
+    bucket = catalog.storage_rates("aws", "af-south-1", "object")[0]
+    egress = catalog.transfer_rate("aws", "af-south-1", "internet_egress", "internet")
+    moved = transfer_rate_between(
+        catalog, catalog.find_region("eu-west-1"), catalog.find_region("af-south-1")
+    )
+    assert egress is not None
+    assert moved is not None
+    expected: dict[str, StorageRate | TransferRate] = {
+        "block_storage": block,
+        "object_storage": bucket,
+        "internet_egress": egress,
+        "data_transfer": moved,
+    }
+    assert {part.part: part.rate for part in option.parts} == expected
+    row = option_row(option, catalog)
+    assert row["part_prices_as_of"] == {k: r.as_of.isoformat() for k, r in expected.items()}
+    days = sorted({r.as_of for r in expected.values()})
+    assert len(days) > 1  # the rows differ in date: the line gives the span
+    (line,) = [a for a in result.assumptions if a.startswith("Storage and transfer prices:")]
+    assert f"dated {days[0]} to {days[-1]}" in line
+    # No storage, no egress: no part, no line.
+    bare = estimate(
+        EstimateRequest(gpu="T4", hours=D(8), regions=("af-south-1",), disk_gb=D(0)), catalog
+    )
+    assert all(o.parts == () for o in bare.options)
+    assert not [a for a in bare.assumptions if a.startswith("Storage and transfer prices:")]
+
+
+def test_a_part_the_tables_do_not_price_is_said_to_be_left_out(tmp_path: Path) -> None:
+    """A region the instance tables price but the storage or transfer table does not (a
+    refresh adds instance regions only): its object storage and egress cost nothing in
+    the figures, and a note says they are not included, as for block storage."""
+    folder = tmp_path / "tables"
+    shutil.copytree(bundled_tables_dir(), folder)
+    for name in ("storage.csv", "transfer.csv"):
+        with (folder / name).open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        with (folder / name).open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+            writer.writeheader()
+            writer.writerows(r for r in rows if r["region"] != "af-south-1")
+    tables = load_catalog(folder)
+    result = estimate(
+        EstimateRequest(
+            gpu="T4",
+            hours=D(8),
+            regions=("af-south-1",),
+            markets=ON_DEMAND,
+            storage_gb=D(500),
+            egress_gb=D(100),
+        ),
+        tables,
+    )
+    option = only(result, "aws", "af-south-1", Market.ON_DEMAND)
+    assert option.storage_usd == option.egress_usd == 0
+    assert "no block-storage price for af-south-1: disks not included" in option.notes
+    assert "no object-storage price for af-south-1: storage not included" in option.notes
+    assert "no internet-egress price for af-south-1: egress not included" in option.notes
+    assert option.parts == ()

@@ -125,7 +125,9 @@ def option_row(
 
     ``price_as_of`` (and, as before, ``pricing_as_of``) is the as-of date of its price
     (its row's date for its market, ``unknown`` where no source gives one), so a region
-    refreshed today says today. With a ``budget``: whether
+    refreshed today says today; ``part_prices_as_of`` the date of each storage and
+    transfer price it pays (``block_storage``, ``object_storage``, ``internet_egress``,
+    ``data_transfer``), which a refresh keeps as the tables have them. With a ``budget``: whether
     the option fits it, and the hours it buys.
     """
     row: dict[str, Any] = {name: getattr(option, name) for name in OPTION_FIELDS}
@@ -135,6 +137,8 @@ def option_row(
     as_of = as_of_text(price_date(catalog, places([option])[0]))
     row["price_as_of"] = as_of
     row["pricing_as_of"] = as_of
+    # The date of each storage or transfer price its figures use (the parts it pays for).
+    row["part_prices_as_of"] = {part.part: part.rate.as_of.isoformat() for part in option.parts}
     if budget is not None and hours is not None:
         verdict = budget_verdict(option, budget, hours)
         row["within_budget"] = verdict.fits

@@ -89,8 +89,20 @@ class EstimateRequest:
             raise InputError(msg, hint="e.g. --data-region us-east-1 --data-gb 500")
 
 
+class PricedPart(NamedTuple):
+    """A storage or transfer price an option's figures use: which part it prices
+    (``block_storage``, ``object_storage``, ``internet_egress`` or ``data_transfer``) and
+    the table row it was read from (its own date, status and source)."""
+
+    part: str
+    rate: StorageRate | TransferRate
+
+
 class CostOption(NamedTuple):
-    """The cost of running ``count`` instances of one type, in one region and market."""
+    """The cost of running ``count`` instances of one type, in one region and market.
+
+    ``parts`` are the storage and transfer prices its figures use (none for a part that
+    costs nothing or that the tables do not price: a note then says so)."""
 
     provider: str
     region: str
@@ -106,6 +118,7 @@ class CostOption(NamedTuple):
     internet_egress_usd: Decimal
     data_transfer_usd: Decimal
     notes: tuple[str, ...] = ()
+    parts: tuple[PricedPart, ...] = ()
 
     @property
     def storage_usd(self) -> Decimal:
@@ -282,14 +295,19 @@ def _cost(
     status = inst.status(market)
     if status in (PriceStatus.UNVERIFIED, PriceStatus.CORRECTED):
         notes.append(f"{market} price {status}: {inst.note}" if inst.note else f"{status}")
-    block, block_note = _block_storage(request, catalog, inst)
-    if block_note:
-        notes.append(block_note)
-    obj = _object_storage(request, catalog, inst)
-    egress = _internet_egress(request.egress_gb, catalog, inst.provider, inst.region)
-    transfer, transfer_note = _data_transfer(request, catalog, inst)
-    if transfer_note:
-        notes.append(transfer_note)
+    block, block_note, block_rate = _block_storage(request, catalog, inst)
+    obj, obj_note, obj_rate = _object_storage(request, catalog, inst)
+    egress, egress_note, egress_rate = _internet_egress(
+        request.egress_gb, catalog, inst.provider, inst.region
+    )
+    transfer, transfer_note, transfer_rate = _data_transfer(request, catalog, inst)
+    notes += [n for n in (block_note, obj_note, egress_note, transfer_note) if n]
+    used = (
+        ("block_storage", block_rate),
+        ("object_storage", obj_rate),
+        ("internet_egress", egress_rate),
+        ("data_transfer", transfer_rate),
+    )
     return CostOption(
         provider=inst.provider,
         region=inst.region,
@@ -305,6 +323,7 @@ def _cost(
         internet_egress_usd=egress,
         data_transfer_usd=transfer,
         notes=tuple(notes),
+        parts=tuple(PricedPart(part, rate) for part, rate in used if rate is not None),
     )
 
 
@@ -313,21 +332,23 @@ def _per_unit(quantity_gb: Decimal, unit: str) -> Decimal:
     return gb_to_gib(quantity_gb) if unit.startswith("GiB") else quantity_gb
 
 
-def _block_storage(
-    request: EstimateRequest, catalog: Catalog, inst: InstancePrice
-) -> tuple[Decimal, str | None]:
+#: A part's cost, the note that goes with it (``None``: none), and the price it used.
+Part = tuple[Decimal, str | None, StorageRate | TransferRate | None]
+
+
+def _block_storage(request: EstimateRequest, catalog: Catalog, inst: InstancePrice) -> Part:
     if request.disk_gb == 0:
-        return ZERO, None
+        return ZERO, None, None
     rates = catalog.storage_rates(inst.provider, inst.region, "block")
     if not rates:
-        return ZERO, f"no block-storage price for {inst.region}: disks not included"
+        return ZERO, f"no block-storage price for {inst.region}: disks not included", None
     # Monthly rates prorated by the hour; dividing last keeps the result exact where it
     # can be (and linear in hours and count).
     instance_hours = request.hours * request.count
     first = rates[0]
     if first.unit != "disk-month":
         size = _per_unit(request.disk_gb, first.unit)
-        return size * first.usd * instance_hours / HOURS_PER_MONTH, None
+        return size * first.usd * instance_hours / HOURS_PER_MONTH, None, first
     # Azure managed disks bill per tier: the smallest tier that holds the disk.
     size_gib = gb_to_gib(request.disk_gb)
     tier = _disk_tier(rates, size_gib)
@@ -335,7 +356,7 @@ def _block_storage(
     note = None
     if disks > 1:
         note = f"{request.disk_gb} GB is more than one {tier.sku} disk: priced as {disks} disks"
-    return tier.usd * disks * instance_hours / HOURS_PER_MONTH, note
+    return tier.usd * disks * instance_hours / HOURS_PER_MONTH, note, tier
 
 
 def _disk_tier(rates: Sequence[StorageRate], size_gib: Decimal) -> StorageRate:
@@ -345,23 +366,24 @@ def _disk_tier(rates: Sequence[StorageRate], size_gib: Decimal) -> StorageRate:
     return rates[-1]
 
 
-def _object_storage(request: EstimateRequest, catalog: Catalog, inst: InstancePrice) -> Decimal:
+def _object_storage(request: EstimateRequest, catalog: Catalog, inst: InstancePrice) -> Part:
     if request.storage_gb == 0:
-        return ZERO
+        return ZERO, None, None
     rates = catalog.storage_rates(inst.provider, inst.region, "object")
     if not rates:
-        return ZERO
+        return ZERO, f"no object-storage price for {inst.region}: storage not included", None
     rate = rates[0]
-    return _per_unit(request.storage_gb, rate.unit) * rate.usd * request.storage_months
+    usd = _per_unit(request.storage_gb, rate.unit) * rate.usd * request.storage_months
+    return usd, None, rate
 
 
-def _internet_egress(quantity_gb: Decimal, catalog: Catalog, provider: str, region: str) -> Decimal:
+def _internet_egress(quantity_gb: Decimal, catalog: Catalog, provider: str, region: str) -> Part:
     if quantity_gb == 0:
-        return ZERO
+        return ZERO, None, None
     rate = catalog.transfer_rate(provider, region, "internet_egress", "internet")
     if rate is None:
-        return ZERO
-    return _per_unit(quantity_gb, rate.unit) * rate.usd
+        return ZERO, f"no internet-egress price for {region}: egress not included", None
+    return _per_unit(quantity_gb, rate.unit) * rate.usd, None, rate
 
 
 def transfer_rate_between(catalog: Catalog, source: Region, target: Region) -> TransferRate | None:
@@ -386,18 +408,17 @@ def transfer_rate_between(catalog: Catalog, source: Region, target: Region) -> T
     return None
 
 
-def _data_transfer(
-    request: EstimateRequest, catalog: Catalog, inst: InstancePrice
-) -> tuple[Decimal, str | None]:
+def _data_transfer(request: EstimateRequest, catalog: Catalog, inst: InstancePrice) -> Part:
     if request.data_region is None or request.data_gb == 0:
-        return ZERO, None
+        return ZERO, None, None
     here = catalog.region(inst.provider, inst.region)
     rate = transfer_rate_between(catalog, request.data_region, here)
     if rate is None:
         if request.data_region == here:
-            return ZERO, None
-        return ZERO, f"no transfer price from {request.data_region}: transfer not included"
-    return _per_unit(request.data_gb, rate.unit) * rate.usd, None
+            return ZERO, None, None
+        note = f"no transfer price from {request.data_region}: transfer not included"
+        return ZERO, note, None
+    return _per_unit(request.data_gb, rate.unit) * rate.usd, None, rate
 
 
 def _near_data(request: EstimateRequest, catalog: Catalog) -> CostOption | None:
@@ -493,6 +514,7 @@ def _assumptions(
             "Transfer at the first paid tier; free allowances (100 GB/month on AWS and "
             "Azure) are per account per month and not applied"
         )
+    lines += _part_dates(options)
     if request.data_gb:
         lines.append(
             f"Data: {request.data_gb} GB read in total from {request.data_region}; same "
@@ -504,6 +526,24 @@ def _assumptions(
         "support plans, public IPs, request charges"
     )
     return tuple(lines)
+
+
+def _part_dates(options: Sequence[CostOption]) -> list[str]:
+    """How old the storage and transfer prices of ``options`` are, and how many of them
+    are not verified: a line, or none when no option pays for storage or transfer."""
+    rates = {part.rate for option in options for part in option.parts}
+    if not rates:
+        return []
+    oldest, newest = min(r.as_of for r in rates), max(r.as_of for r in rates)
+    when = f"dated {oldest}" if oldest == newest else f"dated {oldest} to {newest}"
+    doubtful = sum(1 for r in rates if not r.status.verified)
+    line = (
+        f"Storage and transfer prices: {when} (each row's date and source: `costguard "
+        "pricing show storage` or `transfer`; `costguard pricing refresh` keeps them)"
+    )
+    if doubtful:
+        line += f"; {doubtful} of the {len(rates)} unverified or assumed (--unverified lists why)"
+    return [line]
 
 
 def _uncovered(request: EstimateRequest, catalog: Catalog) -> dict[str, list[str]]:
