@@ -39,6 +39,7 @@ from costguard.pricing.catalog import (
     rows_as_of,
     source_dates,
     table_rows,
+    undated_prices,
 )
 from costguard.pricing.gpus import MODELS, canonical_gpu, gpu_model
 from costguard.pricing.tables import load_interruptions, load_tables
@@ -287,11 +288,13 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
         "transfer": len(catalog.transfer),
         "regions": len(catalog.regions),
     }
+    # A price table is as old as its oldest price (an instance price of no known date:
+    # unknown), never the day its file was written; regions is dated as a whole.
     rows = [
         {
             "table": name,
             "rows": counts[name],
-            "as_of": info.as_of.isoformat(),
+            "as_of": as_of_text(rows_as_of(catalog, name, table_rows(catalog, name))),
             "refreshed_at": info.refreshed_at.isoformat() if info.refreshed_at else None,
             "source": info.source,
         }
@@ -311,6 +314,7 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
     uncovered = catalog.uncovered()
     today = datetime.now(UTC).date()
     dated = source_dates(catalog)
+    undated = undated_prices(catalog)
     if output_format == "json":
         render.print_json(
             {
@@ -323,6 +327,7 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
                         "newest_age_days": (today - new).days,
                         "oldest": old.isoformat(),
                         "oldest_age_days": (today - old).days,
+                        "unknown_date": undated[p],
                     }
                     for p, (old, new) in dated.items()
                 },
@@ -338,6 +343,7 @@ def _show_summary(catalog: Catalog, output_format: str) -> None:
             + "; ".join(
                 f"{p} newest {new} ({(today - new).days} days old), oldest {old} "
                 f"({(today - old).days} days old)"
+                + (f", {undated[p]} of unknown date" if undated[p] else "")
                 for p, (old, new) in dated.items()
             )
         )

@@ -479,6 +479,22 @@ def stale_summary(stale: Staleness, today: date) -> str:
     return f"{stale.old} of {stale.shown} {what} shown are old: {', '.join(parts)}"
 
 
+def undated_prices(catalog: Catalog) -> dict[str, int]:
+    """How many instance prices of each provider have no known date (each market of a
+    row counts). Pure.
+
+    >>> from costguard.pricing.tables import load_catalog
+    >>> undated_prices(load_catalog())["aws"] > 0  # AWS spot prices of SkyPilot's copy
+    True
+    """
+    counts = dict.fromkeys(PROVIDERS, 0)
+    for row in catalog.instances:
+        for market in Market:
+            if row.usd_per_hour(market) is not None and row.price_as_of(market) is None:
+                counts[row.provider] += 1
+    return counts
+
+
 def source_dates(catalog: Catalog) -> dict[str, tuple[date, date]]:
     """The oldest and newest known price dates of each provider's instance rows (a
     provider whose every date is unknown is left out). Pure.
@@ -530,7 +546,11 @@ def rows_as_of(catalog: Catalog, table: str, rows: Iterable[Mapping[str, Any]]) 
     datetime.date(2026, 8, 26)
     """
     if table not in INSTANCE_TABLES:
-        return catalog.tables[table].as_of
+        # storage and transfer rows carry their own dates; regions is dated as a whole
+        dated = [r["as_of"] for r in rows if r.get("as_of")]
+        if not dated:
+            return catalog.tables[table].as_of
+        return min(date.fromisoformat(str(day)) for day in dated)
     columns = ((Market.ON_DEMAND, "ondemand_usd_per_hour"), (Market.SPOT, "spot_usd_per_hour"))
     places = [
         (table, r["provider"], r["region"], market, r["instance_type"])
