@@ -48,7 +48,13 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
-from costguard.errors import CostguardError, InputError, StoreError, TooLargeError
+from costguard.errors import (
+    CostguardError,
+    InputError,
+    NotAnObjectError,
+    StoreError,
+    TooLargeError,
+)
 from costguard.logs import get_warning_logger
 from costguard.tags import ATTEMPT as ATTEMPT_NUMBER
 from costguard.tags import JOB_ID, is_job_id
@@ -451,6 +457,8 @@ class Record:
     fields: Mapping[str, Field]
     defaults: Mapping[str, Any] = field(default_factory=dict)
     optional: bool = False
+    #: A check of the fields together, once each holds (``_fail`` on a problem).
+    whole: Callable[[Mapping[str, Any], str], None] | None = None
 
     def check(self, value: object, where: str, tidy: bool) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -470,6 +478,8 @@ class Record:
                     _fail(here, f"missing: not {kind.what}")
                 _fail(here, "missing")
             out[name] = kind.check(raw, here, tidy)
+        if self.whole is not None:
+            self.whole(out, where)
         return out
 
 
@@ -505,6 +515,29 @@ OFFER = Record(
     defaults={"zone": "", "verified": True},  # job.json written before it had the key
 )
 
+#: What each launcher reads back from a handle's ``extra`` (the pattern its value must
+#: match): a handle without it is refused here, rather than being a ``KeyError`` in a
+#: controller that a forged job.json stops.
+HANDLE_NEEDS = {
+    "local": {"pid": re.compile(r"[0-9]{1,7}")},
+    "gcp": {"project": re.compile(r".+")},
+    "azure": {
+        "subscription": re.compile(r".+"),
+        "resource_group": re.compile(r".+"),
+        "attempt": re.compile(r"[0-9]*"),
+    },
+}
+
+
+def _handle_needs(handle: Mapping[str, Any], where: str) -> None:
+    extra = handle["extra"]
+    for key, pattern in HANDLE_NEEDS.get(handle["provider"], {}).items():
+        value = extra.get(key)
+        if value is None or not pattern.fullmatch(value):
+            here = f"{where}.extra.{key}" if where else f"extra.{key}"
+            _fail(here, f"missing or malformed: a {handle['provider']} handle needs it")
+
+
 HANDLE = Record(
     {
         "provider": _NAME,
@@ -514,6 +547,7 @@ HANDLE = Record(
         "extra": Table(Text(2000), 32),
     },
     defaults={"zone": "", "extra": {}},
+    whole=_handle_needs,
 )
 
 ATTEMPT = Record(
@@ -832,6 +866,9 @@ def read(
         data = store.get(path, max_bytes=max_bytes)
     except TooLargeError:
         msg = f"{name} is not a costguard record: more than {max_bytes:,} bytes"
+        raise RecordError(msg, hint="see what else writes to the store") from None
+    except NotAnObjectError:
+        msg = f"{name} is not a costguard record: not a regular file (a FIFO, a folder)"
         raise RecordError(msg, hint="see what else writes to the store") from None
     except StoreError as exc:
         if isinstance(exc.__cause__, FileNotFoundError):

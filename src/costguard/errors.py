@@ -111,6 +111,13 @@ class TooLargeError(StoreError):
     """An object longer than the most its reader accepts (``Store.get``)."""
 
 
+class NotAnObjectError(StoreError):
+    """A path of a local store that is no regular file (a FIFO, a device, a folder): never
+    opened, since reading a FIFO waits for a writer forever (bad input: exit 2)."""
+
+    exit_code = 2
+
+
 #: What each optional extra brings, in the words a person installing it would use.
 EXTRAS = {
     "aws": "the AWS SDK, boto3",

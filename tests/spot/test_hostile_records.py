@@ -190,3 +190,42 @@ def test_a_forged_exit_record_is_named_and_not_believed(tmp_path: Path) -> None:
     assert read_exit_record(store, 1, "cg-test-1") is None
     store.put("job/attempt-1.exit.json", b'{"attempt": 2, "exit_code": 0, "finished_unix": 1}')
     assert read_exit_record(store, 1) is None  # another attempt's record copied here
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_record_that_is_no_regular_file_is_refused_without_a_wait(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO left at job.json in a shared folder hung `jobs status`, and at an attempt's
+    exit record hung an attached controller (no --max-total or --timeout-hours enforced
+    meanwhile): opening a FIFO waits for a writer. A folder there was an unexpected
+    error (exit 1). Both are now records that are not costguard's: named, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    from costguard.spot.job import read_exit_record
+
+    store = Store.open(tmp_path / "ckpt")
+    save_job(store, Job(spec(store.url)))
+    for name in ("job.json", "attempt-1.exit.json"):
+        target = tmp_path / "ckpt" / "job" / name
+        target.unlink(missing_ok=True)
+        if kind == "fifo":
+            os.mkfifo(target)
+        else:
+            target.mkdir()
+    said: list[str] = []
+    assert (
+        contract.read_or_warn(store, "job/attempt-1.exit.json", contract.EXIT, say=said.append)
+        is None
+    )
+    assert "not a regular file" in said[0]
+    assert read_exit_record(store, 1) is None  # a warning, and no record: not a hang
+    status = subprocess.run(
+        [sys.executable, "-m", "costguard", "jobs", "status", store.url],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert status.returncode == 2, status.stderr
+    assert "job/job.json" in status.stderr
+    assert "not a regular file" in status.stderr

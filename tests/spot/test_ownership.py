@@ -22,11 +22,14 @@ from costguard.checkpoint.store import Store
 from costguard.checkpoint.supervisor import StopWatch
 from costguard.proof import job_key, stop_check, user_key
 from costguard.spot.job import (
+    JOB_FILE,
     STOP_FILE,
     ExitRecord,
     Job,
+    JobError,
     JobSpec,
     Simulation,
+    load_job,
     request_stop,
     save_job,
     sign_spec,
@@ -236,3 +239,100 @@ def test_only_a_stop_request_signed_for_this_attempt_stops_it(tmp_path: Path) ->
     # Without the job's key (a run not under launch, or an old launch) nothing stops it.
     keyless = StopWatch(store, "cg-me-1", 2, None, lambda notice: None, said.append)
     assert keyless._request(set()) is None
+
+
+def test_the_simulator_acts_on_the_schedule_it_registered_never_on_job_json(
+    tmp_path: Path, spot_env: Callable[..., dict[str, str]]
+) -> None:
+    """Another job's process, named in a forged job.json with a notice and deadline long
+    past: attach's simulator SIGKILLed it (it read the times from the handle). Now they
+    come from the registration this user's launcher wrote; the process runs on."""
+    state = tmp_path / "state"
+    theirs = LocalLauncher(Simulation(notice_s=1.0), job_started_unix=time.time(),
+                           state_dir=state, env=spot_env())  # fmt: skip
+    mine = LocalLauncher(Simulation(notice_s=1.0), job_started_unix=time.time(),
+                         state_dir=state, env=spot_env())  # fmt: skip
+    store = Store.open(str(tmp_path / "theirs"))
+    their_job = local_job(store, tmp_path, job_id="cg-them-1", command=("sleep", "300"))
+    try:
+        handle = theirs.launch(A10G_LOCAL, their_job.launch_spec(), 1)  # on-demand: no notice
+        past = time.time() - 100
+        forged = replace(handle, extra={**handle.extra, "notice_unix": repr(past),
+                                        "deadline_unix": repr(past + 1)})  # fmt: skip
+        status = mine.status(forged)
+        assert status.state.value == "running", status
+        assert mine.status(forged).state.value == "running"  # asked again: still
+        os.kill(int(handle.extra["pid"]), 0)  # alive
+        assert theirs.status(handle).state.value == "running"
+    finally:
+        theirs.terminate(handle)
+        theirs.close()
+        mine.close()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"pid": "²"}, {"pid": "-5"}, {"pid": "9" * 40}, {"pid": "1", "start_ticks": "1",
+     "notice_unix": "abc", "deadline_unix": "nan", "launched_unix": "x"}],
+    ids=["no-pid", "superscript", "negative", "huge", "bad-times"],
+)  # fmt: skip
+def test_a_malformed_local_handle_is_not_running_and_raises_nothing(
+    tmp_path: Path, extra: dict[str, str]
+) -> None:
+    """A forged handle's pid or times that are not numbers: attach's controller died of
+    a KeyError or ValueError ("unexpected"), leaving the job unsupervised."""
+    launcher = LocalLauncher(Simulation(notice_s=1.0), job_started_unix=time.time(),
+                             state_dir=tmp_path / "state")  # fmt: skip
+    handle = Handle("local", "aws:us-east-1", f"local-{extra.get('pid', '')}", extra=extra)
+    try:
+        assert launcher.status(handle).state.value == "terminated"
+        launcher.terminate(handle)  # nothing to signal, nothing raised
+    finally:
+        launcher.close()
+
+
+@pytest.mark.parametrize(
+    ("provider", "extra", "field"),
+    [
+        ("local", {}, "extra.pid"),
+        ("local", {"pid": "12a"}, "extra.pid"),
+        ("gcp", {"id": "1"}, "extra.project"),
+        ("azure", {"subscription": "s", "attempt": "1"}, "extra.resource_group"),
+    ],
+)
+def test_job_json_whose_handle_lacks_what_its_launcher_reads_is_refused(
+    tmp_path: Path, provider: str, extra: dict[str, str], field: str
+) -> None:
+    """The class of the KeyErrors above, for every launcher: a handle without the keys its
+    launcher reads back (GCP's project, Azure's subscription and resource group, the
+    simulator's pid) is a forged field of job.json, named, exit 2."""
+    store = Store.open(str(tmp_path / "ckpt"))
+    genuine = Handle("local", "aws:us-east-1", "local-1", extra={"pid": "1"})
+    attempt = Attempt(1, A10G_LOCAL, time.time() - 60, handle=genuine)
+    save_job(store, Job(signed(local_job(store, tmp_path)), attempts=(attempt,)))
+    doc = json.loads(store.get(JOB_FILE))
+    doc["attempts"][0]["handle"].update(provider=provider, instance_id="i-1", extra=extra)
+    store.put(JOB_FILE, json.dumps(doc).encode())  # as someone with the bucket writes it
+    with pytest.raises(JobError) as refused:
+        load_job(store)
+    assert f"attempts[0].handle.{field}" in refused.value.message
+    assert refused.value.exit_code == 2
+
+
+def test_a_job_copied_to_another_folder_is_not_attached_there(
+    tmp_path: Path, run_cli: Callable[..., Any]
+) -> None:
+    """A signed job.json copied into another folder passed attach's checks: its attempts
+    saved to, and wrote their exit records in, the folder the spec names, while the
+    controller waited in the copy; every attempt "lost", relaunched 50 times (on a cloud,
+    50 paid instances), writing into the other job's folder."""
+    store = Store.open(str(tmp_path / "ckpt"))
+    save_job(store, Job(signed(local_job(store, tmp_path, command=("sleep", "300")))))
+    copy = tmp_path / "copy"
+    (copy / "job").mkdir(parents=True)
+    (copy / "job" / "job.json").write_bytes(store.get(JOB_FILE))
+    result = attach(run_cli, str(copy), "--yes")
+    assert result.exit_code == 2, result.stderr
+    assert f"is the job of {tmp_path / 'ckpt'}" in result.stderr
+    assert f"costguard launch --attach {tmp_path / 'ckpt'}" in result.stderr
+    assert not list((tmp_path / "state").glob("*/attempt-*.json"))  # nothing launched

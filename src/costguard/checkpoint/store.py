@@ -38,6 +38,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -51,7 +52,7 @@ from costguard.checkpoint.calls import StoreCalls
 from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
-from costguard.errors import InputError, StoreError, TooLargeError
+from costguard.errors import InputError, NotAnObjectError, StoreError, TooLargeError
 from costguard.files import atomic_write
 from costguard.logs import get_logger
 from costguard.retry import RetryPolicy
@@ -375,6 +376,7 @@ class Store(StoreCalls):
 
         def read() -> bytes:
             full = self.full(path)
+            self._regular(path, full)
             if max_bytes is None:
                 return bytes(self.fs.cat_file(full))
             try:
@@ -414,6 +416,7 @@ class Store(StoreCalls):
         report = progress or (lambda done, total: None)
         if self.is_local:
             local = self.full(path)
+            self._regular(path, local)
             self.call(
                 f"reading {path}",
                 lambda: self._check_file(
@@ -488,9 +491,24 @@ class Store(StoreCalls):
         return self._read_range(path, self.full(path), start, end)
 
     def _read_range(self, path: str, full: str, start: int, end: int) -> bytes:
+        self._regular(path, full)
         return self.call(
             f"reading {path}", lambda: bytes(self.fs.cat_file(full, start=start, end=end))
         )
+
+    def _regular(self, path: str, full: str) -> None:
+        """Refuse to read a local store's ``path`` that is no regular file (a link is
+        followed): opening a FIFO someone left there waits for a writer forever, a
+        device reads without end. A missing path is left to the read that follows."""
+        if not self.is_local:
+            return
+        try:
+            mode = Path(full).stat().st_mode
+        except OSError:
+            return
+        if not stat.S_ISREG(mode):
+            msg = f"{path} on {self.url} is not a regular file: never read"
+            raise NotAnObjectError(msg, hint="see what else writes to the store")
 
     def _check_file(
         self,

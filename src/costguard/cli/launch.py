@@ -397,8 +397,20 @@ def _attached(options: Mapping[str, Any]) -> tuple[Job, Store]:
     if options["command"]:
         msg = "--attach takes no command: the job's own is used"
         raise InputError(msg, hint="`costguard launch --attach URL`")
-    store = open_store(normal_url(options["attach_url"]))
-    return load_job(store), store
+    url = normal_url(options["attach_url"])
+    store = open_store(url)
+    job = load_job(store)
+    # A spec copied to another folder (signed, so it is shown as this user's) would run
+    # attempts that save to, and write their exit records in, the folder it names, while
+    # this controller waits here: each attempt "lost", relaunched until the limit.
+    named = normal_url(job.spec.checkpoint_url)
+    if named.rstrip("/") != url.rstrip("/"):
+        msg = (
+            f"job.json at {url} is the job of {named}: its attempts would save there, "
+            "not here (a copy of another job's folder?)"
+        )
+        raise InputError(msg, hint=f"attach where the job is: costguard launch --attach {named}")
+    return job, store
 
 
 def _confirm_attach(

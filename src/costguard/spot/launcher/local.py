@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -41,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from costguard import contract
 from costguard.checkpoint.notices import ENDPOINT_ENV
@@ -69,6 +70,8 @@ NOTICE_POLL_S = 0.25
 NOTICE_POLLS_PER_WARNING = 24
 #: How long :meth:`LocalLauncher.terminate` waits after SIGTERM before SIGKILL.
 TERMINATE_GRACE_S = 10.0
+#: The most digits a process id has (Linux's pid_max is at most 2**22).
+MAX_PID_DIGITS = 7
 
 
 def recorded_environment(env: Mapping[str, str]) -> dict[str, str]:
@@ -197,6 +200,35 @@ def descendants(roots: Sequence[int]) -> list[int]:
                 found.append(child)
                 todo.append(child)
     return found
+
+
+def _pid(handle: Handle) -> int | None:
+    """The process id a handle names (job.json gives it: untrusted), or ``None`` when it
+    is not a plain decimal number a pid can be.
+
+    >>> _pid(Handle("local", "aws:us-east-1", "local-12", extra={"pid": "12"}))
+    12
+    >>> [_pid(Handle("local", "r", "local-1", extra=e)) for e in ({}, {"pid": "²"}, {"pid": "-1"})]
+    [None, None, None]
+    """
+    text = handle.extra.get("pid", "")
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_PID_DIGITS:
+        return None
+    return int(text)
+
+
+def _instant(text: str | None) -> float | None:
+    """A time a registration gives (seconds since the epoch), or ``None``: blank, not a
+    number, or not finite.
+
+    >>> _instant("1796582602.5"), _instant(""), _instant("abc"), _instant("nan")
+    (1796582602.5, None, None, None)
+    """
+    try:
+        value = float(text or "")
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def pid_alive(pid: int, start_ticks: str = "") -> bool:
@@ -431,9 +463,11 @@ class LocalLauncher(Launcher):
         """The registration this launcher wrote when it started ``handle``'s process (in
         this user's state folder, never the bucket): its pid and start time must match,
         and a start time must have been recorded. ``None``: not proven ours, so never
-        signalled (a job.json may name any process)."""
-        pid, ticks = handle.extra.get("pid", ""), handle.extra.get("start_ticks", "")
-        if not ticks or not pid.isdigit():
+        signalled (a job.json may name any process). What the simulator does to a
+        process (its notice, its kill at the deadline) is read from here, never from the
+        handle, which job.json gives."""
+        pid, ticks = _pid(handle), handle.extra.get("start_ticks", "")
+        if not ticks or pid is None or handle.instance_id != f"local-{pid}":
             return None
         for registration in self.state_dir.glob("*/attempt-*.json"):
             try:
@@ -441,14 +475,16 @@ class LocalLauncher(Launcher):
             except (OSError, ValueError, KeyError, TypeError):
                 continue
             if isinstance(extra, dict) and (extra.get("pid"), extra.get("start_ticks")) == (
-                pid,
+                str(pid),
                 ticks,
             ):
                 return {str(k): str(v) for k, v in extra.items()}
         return None
 
     def _alive(self, handle: Handle) -> bool:
-        pid = int(handle.extra["pid"])
+        pid = _pid(handle)
+        if pid is None:
+            return False
         child = self._children.get(pid)
         if child is not None:
             return child.poll() is None
@@ -463,16 +499,17 @@ class LocalLauncher(Launcher):
         the simulator's resolution.
         """
         now = self._clock()
-        text = handle.extra.get("notice_unix", "")
-        notice = float(text) if text else None
-        text = handle.extra.get("deadline_unix", "")
-        deadline = float(text) if text else None
-        launched = float(handle.extra.get("launched_unix", "0") or 0)
+        # The schedule this launcher registered for the process, not the handle's: a
+        # forged job.json could name another job's process with a notice due now.
+        registered = self._registered(handle) or {}
+        notice = _instant(registered.get("notice_unix"))
+        deadline = _instant(registered.get("deadline_unix"))
+        launched = _instant(registered.get("launched_unix")) or 0.0
         alive = self._alive(handle)
         due = notice is not None and now >= notice
         if alive and due and deadline is not None:
             if handle.instance_id not in self._announced:
-                node = handle.extra.get("node", "0")
+                node = registered.get("node", "0")
                 self.emulator.announce(deadline, node=int(node) if node.isdigit() else 0)
                 self._announced.add(handle.instance_id)
             if now >= deadline:
@@ -480,7 +517,7 @@ class LocalLauncher(Launcher):
                 return Status(
                     handle,
                     State.PREEMPTED,
-                    f"simulated {handle.extra.get('cloud', 'aws')} spot interruption: killed "
+                    f"simulated {registered.get('cloud', 'aws')} spot interruption: killed "
                     f"(SIGKILL) at the notice deadline, {deadline - (notice or deadline):g} s "
                     "after the notice",
                     launched_at=None,
@@ -495,7 +532,7 @@ class LocalLauncher(Launcher):
             return Status(
                 handle,
                 State.PREEMPTED,
-                f"simulated {handle.extra.get('cloud', 'aws')} spot interruption: notice "
+                f"simulated {registered.get('cloud', 'aws')} spot interruption: notice "
                 f"{notice - launched:.0f} s after launch"
                 if notice is not None
                 else "simulated spot interruption",
@@ -537,7 +574,8 @@ class LocalLauncher(Launcher):
         self._reap(handle)
 
     def _reap(self, handle: Handle) -> None:
-        child = self._children.pop(int(handle.extra["pid"]), None)
+        pid = _pid(handle)
+        child = None if pid is None else self._children.pop(pid, None)
         if child is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=10)
@@ -573,16 +611,3 @@ class LocalLauncher(Launcher):
             if self._alive(handle):
                 found.append(handle)
         return found
-
-    def log_tail(self, handle: Handle, lines: int = 5) -> str:
-        """The last lines of an attempt's output (for the report of a failed attempt)."""
-        path = handle.extra.get("log", "")
-        if not path:
-            return ""
-        try:
-            stream: IO[bytes]
-            with Path(path).open("rb") as stream:
-                text = stream.read()[-4000:].decode("utf-8", errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
