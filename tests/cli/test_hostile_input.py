@@ -16,7 +16,7 @@ A new option of a plain ``str``/``int``/``float`` type fails
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler
@@ -437,3 +437,23 @@ def test_no_option_or_command_word_echoes_a_secret(command: str, sandbox: tuple[
         shown = "\n".join([result.stdout, result.stderr, str(result.exception), *written])
         leaks += [f"{args[2:][-3:]}: {core}" for core in SECRET_CORES if core in shown]
     assert leaks == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://user:hunter2@host/x", "https://host.invalid/k?X-Amz-Signature=SIGSECRET"],
+)
+def test_debug_shows_the_traceback_with_secrets_masked_and_keeps_the_exit_code(
+    run_cli: Callable[..., Any], url: str
+) -> None:
+    """--debug re-raised the error: Python printed its message raw (the password, the
+    signature) and exited 1 for bad input. Now the traceback is masked as the error line
+    is, and the exit code stays 2."""
+    result = run_cli("--debug", "estimate", "--gpu", "a10g", "--hours", "1", "--data", url)
+    assert result.exit_code == 2, result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "InputError" in result.stderr
+    said = result.stdout + result.stderr
+    assert "hunter2" not in said
+    assert "SIGSECRET" not in said
+    assert "Error: cannot tell where" in result.stderr

@@ -225,7 +225,7 @@ class CostguardGroup(HelpGroup):
             _fail(exc.format_message(), None, exc.exit_code)
         except CostguardError as exc:
             if _debug_requested(argv):
-                raise
+                _traceback(exc)
             _fail(exc.message, exc.hint, exc.exit_code)
         except KeyboardInterrupt:
             raise Interrupted(EXIT_INTERRUPTED) from None
@@ -233,7 +233,7 @@ class CostguardGroup(HelpGroup):
             sys.exit(EXIT_INTERRUPTED)
         except Exception as exc:
             if _debug_requested(argv):
-                raise
+                _traceback(exc)
             _fail(
                 f"unexpected {type(exc).__name__}: {exc}",
                 "run again with --debug for a traceback, and report it",
@@ -261,6 +261,17 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
     if len(ranked) > 1:
         message += " (or " + ", ".join(f"'{p}'" for p in ranked[1:]) + ")"
     return message
+
+
+def _traceback(exc: BaseException) -> None:
+    """``--debug``'s traceback of ``exc`` on stderr, every URL's credentials and every
+    secret shape in it masked as in the error line (:func:`costguard.secrets.redact`); the
+    error and its exit code follow as without ``--debug``."""
+    import traceback
+
+    from costguard.secrets import redact
+
+    click.echo(redact("".join(traceback.format_exception(exc))), err=True, nl=False)
 
 
 def _fail(message: str, hint: str | None, code: int) -> NoReturn:
