@@ -148,6 +148,32 @@ def test_total_steps_and_epochs_are_one_or_the_other(run_cli, tmp_path: Path) ->
     assert not marker.exists()  # refused before the script ran
 
 
+@pytest.mark.parametrize(
+    ("names", "error"),
+    [
+        (("--gpu", "zzz"), "Error: unknown GPU 'zzz'"),
+        (("--gpu", "a10g", "--region", "us-est-1"), "Error: unknown AWS region 'us-est-1'"),
+        (("--gpu", "a10g", "--provider", "awz"), "Error: unknown provider 'awz'"),
+    ],
+    ids=["gpu", "region", "provider"],
+)
+def test_a_name_the_tables_do_not_know_is_refused_before_the_pilot_runs(
+    run_cli, tmp_path: Path, names: tuple[str, ...], error: str
+) -> None:
+    """A mistyped --gpu or --region was refused only after the whole pilot had run (on a
+    GPU, the time paid for); and without --speedup an unknown GPU was called "no NVIDIA
+    GPU". Now the names are checked first, as estimate checks them."""
+    marker = tmp_path / "ran"
+    command = ("--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()")
+    for speed in (("--speedup", "2"), ()):
+        result = run_cli("pilot", "--steps", "20", "--checkpoint", str(tmp_path / "p"),
+                         *names, *speed, *command)  # fmt: skip
+        assert result.exit_code == 2, result.stderr
+        assert result.stderr.splitlines()[0].startswith(error), result.stderr
+        assert "Hint: " in result.stderr
+        assert not marker.exists()  # the script never ran
+
+
 def test_a_pilot_that_would_be_timed_on_a_cpu_is_refused_before_it_runs(
     run_cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -105,7 +105,7 @@ def forged_job(store: Store) -> None:
     spec = JobSpec("cg-me-20261202-201512-a1b2c3", "local", "T4", 1, ("local",), True,
                    store.url, ("true",), "me", now - 60, datetime.now(UTC))  # fmt: skip
     offer = Offer("local", MARK, MARK, Market.SPOT, Decimal("0.5"), "T4", 1, zone=MARK)
-    handle = Handle("local", MARK, MARK)
+    handle = Handle("local", MARK, MARK, extra={"pid": "1"})
     attempt = Attempt(1, offer, now - 50, handle, now - 10, AttemptOutcome.SUCCEEDED, 0,
                       detail=MARK)  # fmt: skip
     save_job(store, Job(spec, (attempt,), status="succeeded", reason=MARK, kept_stopped=(MARK,)))

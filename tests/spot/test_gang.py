@@ -677,7 +677,9 @@ def test_an_attach_shows_the_gang_it_would_supervise(
     tmp_path: Path, run_cli: Callable[..., Any]
 ) -> None:
     store = Store.open(tmp_path / "ckpt")
-    nodes = tuple(Handle("local", "aws:us-east-1", f"local-{n}") for n in (1, 2))
+    nodes = tuple(
+        Handle("local", "aws:us-east-1", f"local-{n}", extra={"pid": str(n)}) for n in (1, 2)
+    )
     running = Attempt(1, ON_DEMAND, time.time(), handle=nodes[0], node_count=2, nodes=nodes)
     job = _gang_job(store, simulation=Simulation(state_dir=str(tmp_path / "state")))
     save_job(store, replace(job, attempts=(running,)))

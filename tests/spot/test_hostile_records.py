@@ -28,8 +28,8 @@ from tests.spot.test_simulator import ON_DEMAND
 def running_doc(url: str, **spec_changes: object) -> dict[str, Any]:
     """A running job's job.json as costguard writes it: one attempt 600 s old."""
     now = time.time()
-    attempt = Attempt(1, ON_DEMAND, launched_unix=now - 600,
-                      handle=Handle("local", "aws:us-east-1", "local-1"))  # fmt: skip
+    handle = Handle("local", "aws:us-east-1", "local-1", extra={"pid": "1"})
+    attempt = Attempt(1, ON_DEMAND, launched_unix=now - 600, handle=handle)
     job = Job(
         spec(url, spot=False, simulation=None, created_unix=now - 605, total_steps=2000,
              **spec_changes),

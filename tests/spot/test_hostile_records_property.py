@@ -223,7 +223,9 @@ def test_a_huge_record_is_never_read_whole(tmp_path: Path) -> None:
 def gang_doc(url: str) -> dict[str, Any]:
     """A running gang's job.json: 2 nodes of one attempt, 600 s old."""
     now = time.time()
-    nodes = tuple(Handle("local", "aws:us-east-1", f"local-{r}") for r in range(2))
+    nodes = tuple(
+        Handle("local", "aws:us-east-1", f"local-{r}", extra={"pid": str(r)}) for r in range(2)
+    )
     attempt = Attempt(1, ON_DEMAND, now - 600, handle=nodes[0], node_count=2, nodes=nodes)
     job = Job(spec(url, spot=False, simulation=None, created_unix=now - 605, total_steps=2000,
                    nodes=2, procs_per_node=2), attempts=(attempt,))  # fmt: skip
@@ -286,7 +288,9 @@ def array_base(url: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]
     record = array.ArrayRecord("cg-test-1", url, "0-1", (0, 1), 2, now - 605)
     running, pending = task_specs(spec(url, spot=False, simulation=None, total_steps=2000,
                                        created_unix=now - 605), record)  # fmt: skip
-    attempt = Attempt(1, ON_DEMAND, now - 600, handle=Handle("local", "aws:us-east-1", "l-1"))
+    attempt = Attempt(
+        1, ON_DEMAND, now - 600, handle=Handle("local", "aws:us-east-1", "l-1", extra={"pid": "1"})
+    )
     jobs = [Job(running, attempts=(attempt,)), Job(pending)]
     array_doc = json.loads(contract.dump(record.document(), contract.ARRAY, "array"))
     rollup = {"version": contract.VERSION, "array_id": "cg-test-1",

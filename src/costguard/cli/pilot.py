@@ -93,7 +93,8 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
     from costguard.checkpoint.supervisor import supervise
     from costguard.cli.estimate import show_quote
     from costguard.errors import CostguardError, InputError
-    from costguard.pricing.question import Question
+    from costguard.pricing.question import Question, check_names
+    from costguard.pricing.tables import load_tables
     from costguard.secrets import redact
     from costguard.spot.prepare import normal_url, open_store
     from costguard.text import visible
@@ -104,6 +105,19 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
     if options["total_steps"] is not None and options["epochs"] is not None:
         msg = "--total-steps and --epochs both give the run's length"
         raise InputError(msg, hint="keep one of them")
+    question = Question(
+        from_run=options["url"],
+        steps=options["total_steps"],
+        epochs=options["epochs"],
+        gpus=(options["gpu"],) if options["gpu"] else (),
+        speedup=options["speedup"],
+        providers=options["providers"],
+        regions=options["regions"],
+        spot=options["spot"],
+    )
+    # Its names checked before the script runs: a GPU or region the tables do not know
+    # would otherwise be refused only after the whole pilot.
+    check_names(load_tables(settings.pricing_dir, settings.pricing_cache_dir), question)
     if not nvidia_gpu_visible(os.environ) and None in (options["gpu"], options["speedup"]):
         # Refused before the work: the pace would be the CPU's, which no table prices.
         msg = "this machine shows no NVIDIA GPU: the pilot would be timed on its CPU"
@@ -153,16 +167,6 @@ def pilot_command(settings: Settings, /, command: Sequence[str], **options: Any)
             "the script recorded no pace of its own"
         )
         raise InputError(msg, hint=hint)
-    question = Question(
-        from_run=options["url"],
-        steps=options["total_steps"],
-        epochs=options["epochs"],
-        gpus=(options["gpu"],) if options["gpu"] else (),
-        speedup=options["speedup"],
-        providers=options["providers"],
-        regions=options["regions"],
-        spot=options["spot"],
-    )
     # Priced at the record just checked: the store is not read again, so a record written
     # there since (by anyone who can write the bucket) is never what the quote shows.
     show_quote(settings, question, options["output_format"].lower(), pace=pace)

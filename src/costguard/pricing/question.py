@@ -285,23 +285,7 @@ def _given(value: Decimal | None, default: Decimal) -> Decimal:
 def build_request(catalog: Catalog, question: Question, gpu: str | None) -> EstimateRequest:
     """Validate the names of ``question`` against the tables and build the request for
     one GPU (no cloud call)."""
-    clouds = [p for p in question.providers if p.strip().lower() != SLURM]
-    providers = tuple(dict.fromkeys(check_provider(p) for p in clouds))
-    regions = []
-    for name in question.regions:
-        group = expand_regions(name, catalog.regions)
-        if group == []:
-            msg = f"the tables have no region in {name}"
-            raise InputError(msg, hint="`costguard pricing show regions` lists them")
-        for region in group or [_find_region(catalog, name, providers, gpu)]:
-            if providers and region.provider not in providers:
-                if group is not None:
-                    continue  # a group stays within the providers asked for
-                providers = (*providers, region.provider)
-            regions.append(region.name)
-    if question.regions and not regions:
-        msg = f"none of the regions {', '.join(question.regions)} is of {', '.join(providers)}"
-        raise InputError(msg, hint="drop --provider, or name another region")
+    providers, regions = _places(catalog, question, gpu)
     spot = question.spot
     markets = (
         (Market.ON_DEMAND, Market.SPOT)
@@ -358,6 +342,42 @@ def _find_region(
         hint = f"did you mean {'; '.join(close)}?" if close else None
         what = f"{kind} region"
         raise UnknownNameError(what, exc.name, known, hint=hint) from None
+
+
+def _places(
+    catalog: Catalog, question: Question, gpu: str | None
+) -> tuple[tuple[str, ...], list[str]]:
+    """The providers and regions ``question`` names, checked against the tables (for
+    ``gpu``'s closest regions in a hint)."""
+    clouds = [p for p in question.providers if p.strip().lower() != SLURM]
+    providers = tuple(dict.fromkeys(check_provider(p) for p in clouds))
+    regions = []
+    for name in question.regions:
+        group = expand_regions(name, catalog.regions)
+        if group == []:
+            msg = f"the tables have no region in {name}"
+            raise InputError(msg, hint="`costguard pricing show regions` lists them")
+        for region in group or [_find_region(catalog, name, providers, gpu)]:
+            if providers and region.provider not in providers:
+                if group is not None:
+                    continue  # a group stays within the providers asked for
+                providers = (*providers, region.provider)
+            regions.append(region.name)
+    if question.regions and not regions:
+        msg = f"none of the regions {', '.join(question.regions)} is of {', '.join(providers)}"
+        raise InputError(msg, hint="drop --provider, or name another region")
+    return providers, regions
+
+
+def check_names(catalog: Catalog, question: Question) -> None:
+    """Refuse the GPU, provider and region names of ``question`` that the tables do not
+    know (:class:`InputError`, with the closest names), before work that takes time: a
+    pilot runs its script first and prices its pace after. No cloud call."""
+    names: list[str | None] = [*split_names(question.gpus)] or [None]
+    for name in names:
+        if name is not None:
+            canonical_gpu(name, catalog.accelerators)
+        _places(catalog, question, name)
 
 
 def answer(question: Question, catalog: Catalog) -> list[Estimate]:
