@@ -457,3 +457,31 @@ def test_debug_shows_the_traceback_with_secrets_masked_and_keeps_the_exit_code(
     assert "hunter2" not in said
     assert "SIGSECRET" not in said
     assert "Error: cannot tell where" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "status", "s3://bucket/../x"),
+        ("checkpoint", "ls", "s3://bucket/runs/../x"),
+        ("checkpoint", "verify", "gs://bucket/./x"),
+        ("spend", "s3://bucket/../exports"),
+        ("estimate", "--from-run", "az://container/../x", "--steps", "10", "--gpu", "a10g"),
+        ("run", "--checkpoint", "s3://bucket/../x", "--", "true"),
+    ],
+    ids=["jobs", "ls", "verify", "spend", "from-run", "run"],
+)
+def test_a_store_url_with_a_dot_part_is_refused_before_any_call(
+    run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """`s3://bucket/../x` went out as a request for `bucket/../x` (a key named `../x`, or
+    another path once an HTTP client resolves it); `run` wrote a probe object there. Now
+    it is bad input, exit 2, before any call (the endpoint here answers nothing)."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    result = run_cli(*args)
+    assert result.exit_code == 2, result.stderr
+    assert "part, which a store keeps as a name" in result.stderr
+    assert "retry" not in result.stderr
+    assert "Hint: write the prefix without . and .. parts" in result.stderr

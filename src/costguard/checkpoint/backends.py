@@ -123,6 +123,7 @@ def check_url(text: str) -> None:
     """
     scheme, sep, rest = text.partition("://")
     if sep and scheme in PROTOCOLS and not (PROTOCOLS[scheme] and rest.startswith("/")):
+        check_key_parts(text)
         return
     if not sep:
         typo = _SCHEME_LIKE.fullmatch(text)
@@ -143,6 +144,27 @@ def check_url(text: str) -> None:
             "az://container/prefix; an S3-compatible server's address goes in AWS_ENDPOINT_URL"
         )
     raise InputError(msg, hint=hint)
+
+
+def check_key_parts(text: str) -> None:
+    """Refuse an object-store URL with a ``.`` or ``..`` part after its bucket: a store
+    keeps it as part of the object's name (``s3://b/../x`` is the key ``../x``, which an
+    HTTP client may also resolve to another path), never "the folder above".
+
+    >>> check_key_parts("s3://b/runs/run1"), check_key_parts("runs/../run1")
+    (None, None)
+    >>> check_key_parts("s3://b/../run1")
+    Traceback (most recent call last):
+    ...
+    costguard.errors.InputError: 's3://b/../run1' has a '..' part, which a store keeps as a name
+    """
+    scheme, sep, rest = text.partition("://")
+    if not sep or not PROTOCOLS.get(scheme):
+        return  # a local folder: resolved as a path
+    for part in rest.split("?", 1)[0].split("/")[1:]:
+        if part in (".", ".."):
+            msg = f"{redact_url(text)[:200]!r} has a {part!r} part, which a store keeps as a name"
+            raise InputError(msg, hint="write the prefix without . and .. parts")
 
 
 def _probable(scheme: str, rest: str) -> str | None:

@@ -109,6 +109,7 @@ def open_filesystem(
     """
     scheme = text.split("://", 1)[0] if "://" in text else "file"
     backend = backends.PROTOCOLS[scheme]
+    backends.check_key_parts(text)  # before anything goes out
     if backend is not None:
         require(backend, EXTRA)
     if backend == "adlfs":
