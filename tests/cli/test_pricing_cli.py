@@ -123,7 +123,8 @@ def test_pricing_dir_override(run_cli, tmp_path) -> None:
 
 
 def test_broken_pricing_dir_is_a_clear_error(run_cli, tmp_path) -> None:
+    """A --pricing-dir without tables is bad input, exit 2 (it was 1, a failure's code)."""
     result = run_cli("--pricing-dir", str(tmp_path), "estimate", "--gpu", "t4", "--hours", "1")
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert result.stderr.startswith("Error: no price tables in")
     assert "Hint:" in result.stderr

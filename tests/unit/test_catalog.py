@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import csv
 import shutil
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
-from costguard.errors import CostguardError, UnknownNameError
+from costguard.errors import CostguardError, InputError, UnknownNameError
 from costguard.pricing.catalog import Catalog, Market, PriceStatus
 from costguard.pricing.tables import load_catalog
 
@@ -208,3 +209,56 @@ def test_missing_index_is_explained(tmp_path: Path) -> None:
     with pytest.raises(CostguardError, match=r"tables\.toml is missing") as info:
         load_catalog(tmp_path)
     assert info.value.hint
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(128, 256)) * 20)
+
+
+def _sparse(path: Path) -> None:
+    with path.open("wb") as handle:
+        handle.truncate(1024**3)  # a 1 GB file of one line, which csv read into memory
+
+
+def _huge_price(path: Path) -> None:
+    text = path.read_text()
+    row = "aws,us-east-1,g5.xlarge,A10G,1,4,16,1.006,"
+    assert row in text
+    path.write_text(text.replace(row, row.replace("1.006", "1e400")))
+
+
+def _bad_toml(path: Path) -> None:
+    (path.parent / "tables.toml").write_text("x = [\n")
+
+
+@pytest.mark.parametrize(
+    ("table", "spoil", "said"),
+    [
+        ("cpu_instances.csv", _garbage, r"cpu_instances\.csv is not UTF-8 text"),
+        ("gpu_instances.csv", _sparse, r"gpu_instances\.csv is 1,073,741,824 bytes, more than"),
+        ("gpu_instances.csv", _huge_price, r"gpu_instances\.csv, line \d+: ondemand_usd_per_hour "
+         r"is 1e400: more than any"),
+        ("tables.toml", _bad_toml, r"tables\.toml is not valid TOML"),
+    ],
+    ids=["not-utf8", "1GB", "1e400", "toml"],
+)  # fmt: skip
+def test_a_spoilt_table_in_a_pricing_dir_is_named_bad_input(
+    tmp_path: Path, table: str, spoil: Callable[[Path], None], said: str
+) -> None:
+    """A --pricing-dir table of random bytes was "unexpected UnicodeDecodeError" (no file
+    named, exit 1); a 1 GB one was read into memory (2 GB) and refused by csv's field limit
+    as "unexpected"; a price of 1e400 loaded, and `pricing check` then died of
+    InvalidOperation; a broken tables.toml had no hint. Each is now bad input (exit 2)
+    naming the file, and a hint."""
+    directory = copy_tables(tmp_path)
+    spoil(directory / table)
+    with pytest.raises(InputError, match=said) as info:
+        load_catalog(directory)
+    assert info.value.exit_code == 2
+    assert info.value.hint
+
+
+def test_a_pricing_dir_without_tables_is_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"tables\.toml is missing") as info:
+        load_catalog(tmp_path)
+    assert info.value.exit_code == 2

@@ -14,13 +14,14 @@ versions) and what makes a row valid are both decided here.
 from __future__ import annotations
 
 import dataclasses
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from costguard.errors import CostguardError, UnknownNameError
+from costguard.errors import CostguardError, InputError, UnknownNameError
 from costguard.money import parse_decimal
 from costguard.pricing.catalog import (
     INSTANCE_COLUMNS,
@@ -77,7 +78,7 @@ def load_catalog(
     index_path = directory / "tables.toml"
     if not index_path.is_file():
         msg = f"no price tables in {directory} (tables.toml is missing)"
-        raise CostguardError(msg, hint="point --pricing-dir at a folder laid out like pricing/")
+        raise InputError(msg, hint="point --pricing-dir at a folder laid out like pricing/")
     if parsed is not None:
         from costguard.pricing import parsed as cache
 
@@ -308,17 +309,21 @@ def _read_index(path: Path) -> dict[str, Any]:
     import tomllib  # not on the estimate's path when its tables come from the parsed cache
 
     try:
+        _within_limit(path)
         return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        msg = f"{path} is not UTF-8 text (byte {exc.start})"
+        raise InputError(msg, hint="an index of price tables is a TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         msg = f"{path} is not valid TOML: {exc}"
-        raise CostguardError(msg) from None
+        raise InputError(msg, hint="fix it where it says, or copy the bundled one") from None
 
 
 def _table_info(name: str, index: Mapping[str, Any], directory: Path) -> TableInfo:
     entry = index.get(name)
     if not isinstance(entry, Mapping):
         msg = f"{directory / 'tables.toml'} has no [{name}] table"
-        raise CostguardError(msg, hint="each table needs file, as_of and source")
+        raise InputError(msg, hint="each table needs file, as_of and source")
     try:
         parts: Mapping[str, Mapping[str, Mapping[str, Any]]] = entry.get("parts", {})
         refreshed = entry.get("refreshed_at")
@@ -338,9 +343,7 @@ def _table_info(name: str, index: Mapping[str, Any], directory: Path) -> TableIn
         )
     except (KeyError, ValueError, TypeError, AttributeError, UnknownNameError) as exc:
         msg = f"[{name}] in {directory / 'tables.toml'} is incomplete or malformed: {exc}"
-        raise CostguardError(
-            msg, hint="each table needs file, as_of (YYYY-MM-DD) and source"
-        ) from None
+        raise InputError(msg, hint="each table needs file, as_of (YYYY-MM-DD) and source") from None
 
 
 def _as_date(value: Any) -> date:
@@ -380,7 +383,9 @@ def _load(
     import csv  # not on the estimate's path when its tables come from the parsed cache
 
     parsed: list[_Row] = []
+    line = 1
     try:
+        _within_limit(path)
         with path.open(newline="", encoding="utf-8") as handle:
             reader = csv.reader(handle)
             header = [name.strip() for name in next(reader, [])]
@@ -388,10 +393,11 @@ def _load(
                 parse = parser(header)
             except _BadRowError as exc:
                 msg = f"{path}, line 1: {exc}"
-                raise CostguardError(msg, hint="fix the header of that table") from None
+                raise InputError(msg, hint="fix the header of that table") from None
             width = len(header)
             append = parsed.append
             for values in reader:
+                line = reader.line_num
                 if not values:
                     continue  # a blank line, as DictReader skips it
                 try:
@@ -401,11 +407,37 @@ def _load(
                     append(parse(values))
                 except (_BadRowError, UnknownNameError) as exc:
                     msg = f"{path}, line {reader.line_num}: {exc}"
-                    raise CostguardError(msg, hint="fix or remove that row") from None
+                    raise InputError(msg, hint="fix or remove that row") from None
     except FileNotFoundError:
         msg = f"price table {path} is missing"
-        raise CostguardError(msg, hint="check tables.toml in that folder") from None
+        raise InputError(msg, hint="check tables.toml in that folder") from None
+    except UnicodeDecodeError as exc:
+        msg = f"{path} is not UTF-8 text (near line {line + 1}, byte {exc.start} of a block)"
+        raise InputError(msg, hint="a price table is a UTF-8 CSV file") from None
+    except csv.Error as exc:
+        msg = f"{path}, line {line + 1}: not a CSV row ({exc})"
+        raise InputError(msg, hint="a price table is a UTF-8 CSV file") from None
     return tuple(parsed)
+
+
+#: The largest price table or index read (every region of every cloud is a few MB): a
+#: larger file is not one, and reading it would hold it in memory.
+MAX_TABLE_BYTES = 64 * 1024 * 1024
+
+
+def _within_limit(path: Path) -> None:
+    """Refuse a table file that is not a regular file or is larger than any price table
+    (:data:`MAX_TABLE_BYTES`), before it is read. A missing one is the reader's to say."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(info.st_mode):
+        msg = f"{path} is not a regular file"
+        raise InputError(msg, hint="a price table is a UTF-8 CSV file")
+    if info.st_size > MAX_TABLE_BYTES:
+        msg = f"{path} is {info.st_size:,} bytes, more than any price table ({MAX_TABLE_BYTES:,})"
+        raise InputError(msg, hint="is that the right folder?")
 
 
 def _by_name(
@@ -453,7 +485,16 @@ def _price_text(text: str, name: str, *, optional: bool = False) -> Decimal | No
     if value < 0:
         msg = f"{name} is negative ({text})"
         raise _BadRowError(msg)
+    if value > MAX_TABLE_FIGURE:
+        msg = f"{name} is {text}: more than any price or size of a cloud's tables"
+        raise _BadRowError(msg)
     return value
+
+
+#: The largest figure a table holds (a price per hour, GB or month, a size): 10^7 is far
+#: above any; a larger one is a typo or a forgery, and Decimal arithmetic on 1e400
+#: overflows the money formatting.
+MAX_TABLE_FIGURE = Decimal(10) ** 7
 
 
 #: vCPU and memory figures repeat in every region: parsed once (Decimals are immutable).
