@@ -111,11 +111,18 @@ class TooLargeError(StoreError):
     """An object longer than the most its reader accepts (``Store.get``)."""
 
 
+class NoStoreError(StoreError):
+    """A local store folder that a reading command was given and that does not exist:
+    nothing to read, and nothing made (bad input: exit 2)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
 class NotAnObjectError(StoreError):
     """A path of a local store that is no regular file (a FIFO, a device, a folder): never
     opened, since reading a FIFO waits for a writer forever (bad input: exit 2)."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
 
 #: What each optional extra brings, in the words a person installing it would use.

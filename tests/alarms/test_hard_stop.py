@@ -180,10 +180,10 @@ def test_hard_stop_dry_run_lists_the_action(
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (("--hard-stop",), "ARN of the role"),
+        (("--hard-stop",), "ARN of the role AWS Budgets assumes, none was given"),  # not None
         (
             ("--hard-stop", "--hard-stop-role-arn", "not-an-arn", "--hard-stop-target", "user/a"),
-            "ARN of the role",
+            "ARN of the role AWS Budgets assumes, not 'not-an-arn'",
         ),
         (("--hard-stop", "--hard-stop-role-arn", ROLE), "--hard-stop-target"),
         (("--hard-stop", "--hard-stop-role-arn", ROLE, "--hard-stop-target", "alice"), "user/NAME"),

@@ -485,3 +485,45 @@ def test_a_store_url_with_a_dot_part_is_refused_before_any_call(
     assert "part, which a store keeps as a name" in result.stderr
     assert "retry" not in result.stderr
     assert "Hint: write the prefix without . and .. parts" in result.stderr
+
+
+def test_a_local_store_that_is_missing_or_a_file_is_bad_input_said_plainly(
+    run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """`checkpoint ls` of a missing folder exited 1 (`jobs status` 2); of a regular file it
+    said "the folder does not exist"; `run --checkpoint FILE` retried a FileExistsError
+    four times. Each is now exit 2 at once, in words that fit the case."""
+    missing = tmp_path / "no" / "such"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    gone = run_cli("checkpoint", "ls", str(missing))
+    assert gone.exit_code == 2, gone.stderr
+    assert "the folder does not exist" in gone.stderr
+    for args in (
+        ("checkpoint", "ls", str(afile)),
+        ("run", "--checkpoint", str(afile), "--", "true"),
+    ):
+        result = run_cli(*args)
+        assert result.exit_code == 2, result.stderr
+        assert f"{afile} is a file, not a folder" in result.stderr
+        assert "retry" not in result.stderr
+    assert afile.read_text() == "x"
+
+
+def test_a_store_that_does_not_answer_gets_a_hint(
+    run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The error after a store's retries had no Hint line (a store that does not answer
+    takes its retries' seconds: here the store's open fails as it would after them)."""
+    from costguard.checkpoint.store import Store
+    from costguard.errors import StoreError
+
+    def unreachable(*args: object, **kwargs: object) -> Store:
+        msg = "looking for the bucket on s3://bucket/run1 failed: EndpointConnectionError"
+        raise StoreError(msg)
+
+    monkeypatch.setattr(Store, "open", unreachable)
+    result = run_cli("checkpoint", "ls", "s3://bucket/run1")
+    assert result.exit_code == 1, result.stderr
+    assert result.stderr.startswith("Error: looking for the bucket")
+    assert "Hint: the store did not answer after the retries" in result.stderr

@@ -213,7 +213,8 @@ def _hard_stop(
         msg = "--hard-stop is an AWS Budgets action; GCP and Azure budgets only alert"
         raise InputError(msg, hint="leave out --hard-stop-role-arn/--hard-stop-target")
     if role_arn is None or not _ROLE_ARN.fullmatch(role_arn):
-        msg = f"--hard-stop needs the ARN of the role AWS Budgets assumes, not {role_arn!r}"
+        given = "none was given" if role_arn is None else f"not {role_arn!r}"
+        msg = f"--hard-stop needs the ARN of the role AWS Budgets assumes, {given}"
         raise InputError(
             msg,
             hint="create it from infra/aws/budgets-action-role-*.json; "

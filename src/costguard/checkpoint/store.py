@@ -52,7 +52,13 @@ from costguard.checkpoint.calls import StoreCalls
 from costguard.checkpoint.manifest import ManifestError
 from costguard.clouds import azure as azure_clouds
 from costguard.clouds import require
-from costguard.errors import InputError, NotAnObjectError, StoreError, TooLargeError
+from costguard.errors import (
+    InputError,
+    NoStoreError,
+    NotAnObjectError,
+    StoreError,
+    TooLargeError,
+)
 from costguard.files import atomic_write
 from costguard.logs import get_logger
 from costguard.retry import RetryPolicy
@@ -212,6 +218,9 @@ class Store(StoreCalls):
         backend = backends.PROTOCOLS[scheme]
         made: tuple[Path, ...] = ()
         if backend is None:
+            if Path(root).exists() and not Path(root).is_dir():
+                msg = f"{text[:200]} is a file, not a folder: a local checkpoint store is a folder"
+                raise InputError(msg, hint="name a folder (it is made if missing)")
             if create:
                 # A missing local root is created; if that fails, check_writable says why.
                 made = tuple(p for p in (Path(root), *Path(root).parents) if not p.exists())
@@ -219,7 +228,7 @@ class Store(StoreCalls):
                     Path(root).mkdir(parents=True, exist_ok=True)
             elif not Path(root).is_dir():
                 msg = f"no checkpoint store at {text[:200]}: the folder does not exist"
-                raise StoreError(msg, hint="check the path (nothing was created)")
+                raise NoStoreError(msg, hint="check the path (nothing was created)")
         store = cls(fs, root, text, retry=retry, parts=parts)
         store.made_dirs = made
         return store

@@ -20,7 +20,13 @@ import click
 
 from costguard._version import __version__
 from costguard.cli.helpformat import HelpGroup, use_help_format
-from costguard.errors import EXIT_BAD_INPUT, EXIT_FAILURE, EXIT_INTERRUPTED, CostguardError
+from costguard.errors import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    CostguardError,
+    StoreError,
+)
 from costguard.settings import Settings
 from costguard.text import visible
 
@@ -226,7 +232,7 @@ class CostguardGroup(HelpGroup):
         except CostguardError as exc:
             if _debug_requested(argv):
                 _traceback(exc)
-            _fail(exc.message, exc.hint, exc.exit_code)
+            _fail(exc.message, exc.hint or _hint_for(exc), exc.exit_code)
         except KeyboardInterrupt:
             raise Interrupted(EXIT_INTERRUPTED) from None
         except BrokenPipeError:
@@ -261,6 +267,18 @@ def _no_such_option(name: str, possibilities: Sequence[str]) -> str:
     if len(ranked) > 1:
         message += " (or " + ", ".join(f"'{p}'" for p in ranked[1:]) + ")"
     return message
+
+
+def _hint_for(exc: CostguardError) -> str | None:
+    """The hint of an error raised without one: what to check when a store could not be
+    read or written after its retries."""
+    if isinstance(exc, StoreError):
+        return (
+            "the store did not answer after the retries: check the URL, the network and "
+            "the credentials (AWS_PROFILE, GOOGLE_APPLICATION_CREDENTIALS, "
+            "AZURE_STORAGE_CONNECTION_STRING); what is there may be fine"
+        )
+    return None
 
 
 def _traceback(exc: BaseException) -> None:
