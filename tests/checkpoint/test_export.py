@@ -117,7 +117,7 @@ def test_ls_on_a_missing_store_fails_and_creates_nothing(
 ) -> None:
     missing = tmp_path / "missing" / "a" / "b"
     done = CliRunner().invoke(cli, ["checkpoint", "ls", str(missing)])
-    assert done.exit_code == 1
+    assert done.exit_code == 2  # bad input, as `jobs status` of a missing folder
     assert "does not exist" in done.output
     assert not (tmp_path / "missing").exists()
     monkeypatch.setenv("COSTGUARD_STORAGE_OPTIONS", "{not json")
@@ -152,13 +152,13 @@ def test_ls_of_a_missing_path_in_a_bucket_fails_as_a_missing_folder_does(
     aws_env: str, tmp_path: Path
 ) -> None:
     """Issue 49 item 9: `checkpoint ls s3://bucket/nothere` exited 0 ("No checkpoints")
-    where a missing local folder exits 1."""
+    where a missing local folder exits 2 (bad input, as for `jobs status`)."""
     import boto3
 
     boto3.client("s3", region_name="us-east-1").create_bucket(Bucket="runs")
     local = CliRunner().invoke(cli, ["checkpoint", "ls", str(tmp_path / "nothere")])
     remote = CliRunner().invoke(cli, ["checkpoint", "ls", "s3://runs/nothere"])
-    assert local.exit_code == remote.exit_code == 1, remote.output
+    assert local.exit_code == remote.exit_code == 2, remote.output
     assert "Error: no checkpoint store at s3://runs/nothere" in remote.output
     boto3.client("s3", region_name="us-east-1").put_object(
         Bucket="runs", Key="there/job/job.json", Body=b"{}"

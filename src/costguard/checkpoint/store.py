@@ -648,7 +648,7 @@ class Store(StoreCalls):
             found = self.call("looking for the bucket", probe)
         if not found:
             msg = f"no checkpoint store at {self.url}: it does not exist"
-            raise StoreError(msg, hint="check the URL (nothing was created)")
+            raise NoStoreError(msg, hint="check the URL (nothing was created)")
 
     def check_writable(self, *, within_s: float = 30.0) -> None:
         """Write, read back and delete a probe object; :class:`InputError` if that fails.
