@@ -229,3 +229,22 @@ def test_a_record_that_is_no_regular_file_is_refused_without_a_wait(
     assert status.returncode == 2, status.stderr
     assert "job/job.json" in status.stderr
     assert "not a regular file" in status.stderr
+
+
+def test_an_attempt_that_ends_before_the_job_began_shows_no_negative_time(
+    run_cli: Callable[..., Any], tmp_path: Path
+) -> None:
+    """An attempt's end forged (or clocked by another machine) before the job's creation:
+    `jobs status` printed "time: -1796582820.7 s wall"."""
+    store = Store.open(tmp_path / "ckpt")
+    doc = running_doc(store.url)
+    doc["status"] = "failed"
+    doc["attempts"][0].update(ended_unix=1.0, outcome="failed", exit_code=1)
+    forge(store, doc)
+    result = run_cli("jobs", "status", store.url)
+    assert result.exit_code == 0, result.stderr
+    assert "time: 0.0 s wall" in result.stdout
+    assert "time: -" not in result.stdout
+    summary = run_cli("jobs", "status", store.url, "--format", "json").json()["summary"]
+    assert summary["wall_s"] == 0
+    assert all(v >= 0 for k, v in summary.items() if k.endswith("_s") and v is not None)

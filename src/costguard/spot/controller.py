@@ -902,7 +902,8 @@ def summarise(job: Job, offers: Sequence[Offer], now_unix: float) -> Summary:
     """
     attempts = job.attempts
     ends = [a.ended_unix if a.ended_unix is not None else now_unix for a in attempts]
-    wall_s = (max(ends) - job.spec.created_unix) if attempts else 0.0
+    # Never negative: job.json's times are untrusted, and two controllers' clocks differ.
+    wall_s = max(0.0, max(ends) - job.spec.created_unix) if attempts else 0.0
     running_s = sum(
         max(0.0, end - a.launched_unix)
         for a, end in zip(attempts, ends, strict=True)
