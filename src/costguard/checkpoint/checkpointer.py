@@ -58,6 +58,7 @@ from costguard.checkpoint.distributed import (
 )
 from costguard.checkpoint.manifest import (
     MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
     Manifest,
     checkpoint_name,
     parse_manifest,
@@ -574,7 +575,9 @@ class Checkpointer:
         error = ""
         if name is not None and group.rank != 0:
             try:
-                manifest = parse_manifest(self.store.get(f"{name}/{MANIFEST_FILE}"), name)
+                # Read again here, bounded as rank 0's read was: it may have changed since.
+                text = self.store.get(f"{name}/{MANIFEST_FILE}", max_bytes=MAX_MANIFEST_BYTES)
+                manifest = parse_manifest(text, name)
                 self._apply(manifest, self._restorer.load(manifest), train)
                 chosen = manifest, None
             except (CostguardError, ValueError) as exc:
