@@ -8,6 +8,8 @@ import shutil
 from decimal import Decimal
 from pathlib import Path
 
+from costguard.pricing.catalog import Market
+
 REPO_PRICING = Path(__file__).resolve().parents[2] / "pricing"
 
 
@@ -20,6 +22,39 @@ def test_show_summary_lists_every_table_with_date_and_source(run_cli) -> None:
     table = run_cli("pricing", "show")
     assert table.exit_code == 0
     assert "gpu_instances" in table.stdout
+
+
+def test_show_dates_each_table_by_its_oldest_price_never_the_day_it_was_written(
+    run_cli, catalog
+) -> None:
+    """Issue 48: a price's date is its source's, never the day it was read. The summary
+    dated gpu_instances, cpu_instances, storage and transfer 2026-11-30, the day their
+    files were written, with rows of 2022 and of no known date in them."""
+    doc = run_cli("pricing", "show", "--format", "json").json()
+    dated = {t["table"]: t["as_of"] for t in doc["tables"]}
+    assert dated["gpu_instances"] == "unknown"  # AWS spot prices of no known date
+    assert dated["cpu_instances"] == "unknown"  # SkyPilot's undated copy
+    assert dated["storage"] == min(r.as_of for r in catalog.storage).isoformat()
+    assert dated["transfer"] == min(r.as_of for r in catalog.transfer).isoformat()
+    assert dated["regions"] == catalog.tables["regions"].as_of.isoformat()  # a list, not prices
+    undated = {
+        p: sum(
+            1
+            for row in catalog.instances
+            for market in Market
+            if row.provider == p
+            and row.usd_per_hour(market) is not None
+            and row.price_as_of(market) is None
+        )
+        for p in ("aws", "gcp", "azure")
+    }
+    assert undated["aws"] > 0
+    for cloud, figures in doc["instance_prices_by_cloud"].items():
+        assert figures["unknown_date"] == undated[cloud]
+    said = " ".join(run_cli("pricing", "show").stdout.split())
+    assert f"{undated['aws']} of unknown date" in said
+    storage = run_cli("pricing", "show", "storage").stdout.splitlines()[0]
+    assert f"as of {dated['storage']}" in storage
 
 
 def test_show_says_per_cloud_how_old_its_newest_and_oldest_prices_are(run_cli) -> None:
