@@ -52,11 +52,25 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             "Error: no Google Cloud credentials found",
         ),
         (
-            ("reap", "--provider", "azure", "--subscription", "0000"),
+            (
+                "reap",
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+            ),
             "Error: no Azure credentials while listing",
         ),
         (
-            ("burn", "--provider", "azure", "--subscription", "0000", "--budget", "10"),
+            (
+                "burn",
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+                "--budget",
+                "10",
+            ),
             "Error: no Azure credentials while listing",
         ),
         (  # issue 49 item 2: these three said "unexpected ClientAuthenticationError" (exit 1)
@@ -65,7 +79,7 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
                 "--provider",
                 "azure",
                 "--subscription",
-                "0000",
+                "00000000-0000-0000-0000-000000000000",
                 "--budget",
                 "10",
                 "--email",
@@ -74,11 +88,26 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
             "Error: no Azure credentials while",
         ),
         (
-            ("alarm", "status", "--provider", "azure", "--subscription", "0000"),
+            (
+                "alarm",
+                "status",
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+            ),
             "Error: no Azure credentials while",
         ),
         (
-            ("alarm", "delete", "--provider", "azure", "--subscription", "0000", "--yes"),
+            (
+                "alarm",
+                "delete",
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+                "--yes",
+            ),
             "Error: no Azure credentials while",
         ),
         (  # it retried a DNS name for 19 s and never named credentials

@@ -285,7 +285,17 @@ def test_billing_metrics_missing_is_explained(
             "XXXXXX-XXXXXX-XXXXXX",
         ),
         (("--budget", "200", "--provider", "azure", "--email", "a@b.edu"), "--subscription"),
-        (("--budget", "200", "--provider", "azure", "--subscription", "s"), "--email"),
+        (
+            (
+                "--budget",
+                "200",
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+            ),
+            "--email",
+        ),
         (("--budget", "200", "--name", "bad name!"), "--name"),
         (("--budget", "200", "--name", "bad!"), "budget name"),
         ((), "--budget"),

@@ -189,7 +189,15 @@ def test_hard_stop_dry_run_lists_the_action(
         (("--hard-stop", "--hard-stop-role-arn", ROLE, "--hard-stop-target", "alice"), "user/NAME"),
         (("--hard-stop-role-arn", ROLE), "only apply with --hard-stop"),
         (
-            ("--hard-stop", "--provider", "azure", "--subscription", "s", "--email", "a@b.edu"),
+            (
+                "--hard-stop",
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+                "--email",
+                "a@b.edu",
+            ),
             "AWS Budgets action",
         ),
     ],

@@ -527,3 +527,24 @@ def test_a_store_that_does_not_answer_gets_a_hint(
     assert result.exit_code == 1, result.stderr
     assert result.stderr.startswith("Error: looking for the bucket")
     assert "Hint: the store did not answer after the retries" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("alarm", "--budget", "200", "--provider", "azure", "--email", "a@b.edu", "--dry-run"),
+        ("reap", "--provider", "azure"),
+        ("burn", "--provider", "azure", "--budget", "10"),
+    ],
+    ids=["alarm", "reap", "burn"],
+)
+def test_an_azure_subscription_that_is_no_guid_is_refused_before_any_call(
+    run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """`--subscription x` went on to credentials and the first API call, whose error
+    named neither the option nor what a subscription id looks like."""
+    monkeypatch.delenv("AZURE_SUBSCRIPTION_ID", raising=False)
+    result = run_cli(*args, "--subscription", "my-subscription")
+    assert result.exit_code == 2, result.stderr
+    assert "is not an Azure subscription id" in result.stderr
+    assert "credentials" not in result.stderr

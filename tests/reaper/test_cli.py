@@ -52,9 +52,26 @@ def reap(run_cli: Callable[..., Any], monkeypatch: pytest.MonkeyPatch) -> Callab
         (["--provider", "gcp", "--project", "p", "--region", "us-central1-a"], "GCP region"),
         (["--provider", "gcp", "--project", "p", "--zone", "uscentral1"], "GCP zone"),
         (["--provider", "azure"], "needs --subscription"),
-        (["--provider", "azure", "--subscription", "s", "--region", "East US"], "--region"),
         (
-            ["--provider", "azure", "--subscription", "s", "--region", "mars"],
+            [
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+                "--region",
+                "East US",
+            ],
+            "--region",
+        ),
+        (
+            [
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+                "--region",
+                "mars",
+            ],
             "unknown Azure region 'mars'",
         ),
         (
@@ -85,7 +102,17 @@ def test_bad_input_exits_2_before_any_cloud_call(
         (["--region", "eu-centrl-1"], "eu-central-1"),
         (["--provider", "gcp", "--project", "p", "--region", "us-centrl1"], "us-central1"),
         (["--provider", "gcp", "--project", "p", "--zone", "europe-wst4-a"], "europe-west4"),
-        (["--provider", "azure", "--subscription", "s", "--region", "westeuropa"], "westeurope"),
+        (
+            [
+                "--provider",
+                "azure",
+                "--subscription",
+                "00000000-0000-0000-0000-000000000000",
+                "--region",
+                "westeuropa",
+            ],
+            "westeurope",
+        ),
     ],
 )
 def test_unknown_region_suggests_a_close_one(

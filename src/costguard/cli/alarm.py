@@ -15,7 +15,7 @@ from costguard.alarms.spec import AlarmSpec, alarm_spec
 from costguard.billing.spend import SpendReport, exact, report
 from costguard.cli import echo_prose, render
 from costguard.cli.helpformat import HelpGroup
-from costguard.cli.params import Name, Url, option_group, table_or_json
+from costguard.cli.params import AzureSubscription, Name, Url, option_group, table_or_json
 from costguard.errors import InputError
 from costguard.money import format_usd
 from costguard.providers import providers
@@ -54,7 +54,7 @@ def _provider_options(command: Any) -> Any:
             "--billing-account", type=Name(), help="GCP: billing account XXXXXX-XXXXXX-XXXXXX."
         ),
         click.option("--project", type=Name(), help="GCP: scope the budget to this project."),
-        click.option("--subscription", type=Name(), help="Azure: subscription id."),
+        click.option("--subscription", type=AzureSubscription(), help="Azure: subscription id."),
         click.option(
             "--resource-group", type=Name(), help="Azure: scope the budget to a resource group."
         ),

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from costguard.cli.params import Name, option_group
+from costguard.cli.params import AzureSubscription, Name, option_group
 from costguard.providers import adapter_class, providers
 from costguard.reaper.fleet import Fleet, FleetRequest, PriceBook
 from costguard.settings import Settings
@@ -45,7 +45,10 @@ _OPTIONS = (
     ),
     click.option("--project", type=Name(), envvar="GOOGLE_CLOUD_PROJECT", help="GCP project ID."),
     click.option(
-        "--subscription", type=Name(), envvar="AZURE_SUBSCRIPTION_ID", help="Azure subscription ID."
+        "--subscription",
+        type=AzureSubscription(),
+        envvar="AZURE_SUBSCRIPTION_ID",
+        help="Azure subscription ID.",
     ),
     click.option("--resource-group", type=Name(), help="Azure: only this resource group."),
 )

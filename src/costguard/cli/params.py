@@ -264,6 +264,31 @@ class Name(_Bounded):
         return text
 
 
+class AzureSubscription(_Strict):
+    """An Azure subscription id: the GUID ``az account show --query id`` prints, checked
+    before any call (a typo would otherwise be the first API call's error).
+
+    >>> AzureSubscription().convert("00000000-0000-0000-0000-000000000000", None, None)
+    '00000000-0000-0000-0000-000000000000'
+    """
+
+    name = "guid"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        text = str(value).strip()
+        if len(text) > MAX_NAME_CHARS or not _GUID.fullmatch(text):
+            self.refuse(
+                "is not an Azure subscription id (the GUID `az account show --query id` prints)",
+                value,
+                param,
+                ctx,
+            )
+        return text
+
+
+_GUID = re.compile(r"[0-9a-fA-F]{8}-(?:[0-9a-fA-F]{4}-){3}[0-9a-fA-F]{12}")
+
+
 class Text(_Bounded):
     """Free text on one line: a command line, ``KEY=VALUE``, a list. No control characters.
 
