@@ -128,6 +128,24 @@ def test_a_plot_path_that_cannot_be_written_exits_2_first(
         assert "Hint:" in result.stderr
 
 
+def test_a_plot_in_a_folder_that_takes_no_file_exits_2_before_anything_else(
+    run_cli: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spend --plot /proc/x.png --format json` printed the whole JSON, then exited 2 when
+    the picture could not be written; `burn` would have gone on to its cloud calls."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # credentials: the calls come next
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing answers there
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    export = tmp_path / "focus.csv"
+    export.write_text("BilledCost,ChargePeriodStart\n")
+    for args in (("burn", "--region", "us-east-1"), ("spend", str(export), "--format", "json")):
+        result = run_cli(*args, "--plot", "/proc/costguard-test.png")
+        assert result.exit_code == 2, result.stderr
+        assert "cannot write in /proc" in result.stderr
+        assert result.stdout == ""
+
+
 def test_burn_picture_is_drawn_from_the_report_figures() -> None:
     from costguard.plots import burn_series
 

@@ -204,6 +204,17 @@ def check_target(path: Path) -> Path:
     if not path.parent.is_dir():
         msg = f"--plot {path}: the folder {path.parent} does not exist"
         raise InputError(msg, hint="a folder that exists and that you can write to")
+    if path.exists() and not path.is_file():
+        msg = f"--plot {path} is not a file that a picture can replace"
+        raise InputError(msg, hint="name a new file, e.g. --plot burn.png")
+    import tempfile  # --plot only
+
+    try:  # a file made and removed at once: the folder takes one (permissions, /proc...)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".costguard-plot-"):
+            pass
+    except OSError as exc:
+        msg = f"--plot {path}: cannot write in {path.parent}: {exc.strerror or exc}"
+        raise InputError(msg, hint="a folder that exists and that you can write to") from None
     return path
 
 
