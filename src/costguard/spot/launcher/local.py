@@ -280,6 +280,9 @@ class LocalLauncher(Launcher):
         self.notice_poll_max_s = NOTICE_POLL_S
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._announced: set[str] = set()
+        #: Registrations read or written, by (pid, start time): a poll asks of every
+        #: task's process, and a pid with its start time names one process for good.
+        self._registrations: dict[tuple[str, str], dict[str, str]] = {}
 
     # -- the simulator ---------------------------------------------------------------
 
@@ -445,6 +448,8 @@ class LocalLauncher(Launcher):
         tmp = registration.with_suffix(".tmp")
         tmp.write_text(json.dumps({"region": offer.region, "zone": offer.zone, "extra": extra}))
         tmp.replace(registration)
+        if extra["start_ticks"]:
+            self._registrations[(extra["pid"], extra["start_ticks"])] = dict(extra)
         return Handle(PROVIDER, offer.region, f"local-{child.pid}", zone=offer.zone, extra=extra)
 
     def _notice_poll_s(self, notice_s: float) -> float:
@@ -469,6 +474,9 @@ class LocalLauncher(Launcher):
         pid, ticks = _pid(handle), handle.extra.get("start_ticks", "")
         if not ticks or pid is None or handle.instance_id != f"local-{pid}":
             return None
+        known = self._registrations.get((str(pid), ticks))
+        if known is not None:
+            return known
         for registration in self.state_dir.glob("*/attempt-*.json"):
             try:
                 extra = json.loads(registration.read_text())["extra"]
@@ -478,7 +486,9 @@ class LocalLauncher(Launcher):
                 str(pid),
                 ticks,
             ):
-                return {str(k): str(v) for k, v in extra.items()}
+                found = {str(k): str(v) for k, v in extra.items()}
+                self._registrations[(str(pid), ticks)] = found
+                return found
         return None
 
     def _alive(self, handle: Handle) -> bool:
