@@ -29,6 +29,7 @@ from click.testing import CliRunner
 
 from costguard.cli import cli
 from costguard.cli.params import (
+    AzureSubscription,
     DecimalOrWord,
     DecimalRange,
     FiniteFloat,
@@ -176,7 +177,7 @@ def hostile(param: click.Parameter) -> list[str]:
         return CHOICES
     if param.name == "sync_dir":
         return [*TEXTS, *SYNC_DIRS]
-    if isinstance(kind, Name):
+    if isinstance(kind, (Name, AzureSubscription)):
         return NAMES
     if isinstance(kind, Text):
         return TEXTS
