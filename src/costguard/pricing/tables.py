@@ -412,7 +412,7 @@ def _load(
         msg = f"price table {path} is missing"
         raise InputError(msg, hint="check tables.toml in that folder") from None
     except UnicodeDecodeError as exc:
-        msg = f"{path} is not UTF-8 text (near line {line + 1}, byte {exc.start} of a block)"
+        msg = f"{path} is not UTF-8 text (near line {line + 1}: {exc.reason})"
         raise InputError(msg, hint="a price table is a UTF-8 CSV file") from None
     except csv.Error as exc:
         msg = f"{path}, line {line + 1}: not a CSV row ({exc})"
